@@ -1,0 +1,77 @@
+"""The ``ftx`` command line.
+
+Each module in :data:`COMMAND_MODULES` exposes ``commands: list[click.Command]``; the group
+adds them all. A module that fails to import is a bug and raises.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from ftx.cli.common import handle_errors
+
+COMMAND_MODULES = (
+    "ftx.cli.info",
+    "ftx.cli.run",
+    "ftx.cli.convert",
+    "ftx.cli.configure",
+    "ftx.cli.fetch",
+    "ftx.cli.servers",
+    "ftx.cli.image",
+    "ftx.cli.pins",
+)
+
+
+def _version_text() -> str:
+    from ftx.plugins import installed_distributions
+
+    lines = [f"{name} {version}" for name, version in installed_distributions()]
+    return "\n".join(lines)
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    click.echo(_version_text())
+    ctx.exit(0)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Show ftx and every plugin distribution with its version.")
+@click.option("--log-format", type=click.Choice(["auto", "console", "json"]), default="auto",
+              show_default=True, help="Log rendering: console on a terminal, JSON otherwise.")
+@click.option("-v", "--verbose", is_flag=True, help="Show debug events.")
+def cli(log_format: str, verbose: bool) -> None:
+    """Deploy language models on Triton with FasterTransformer: fetch, convert, tune, configure, serve."""
+    from ftx.log import configure_logging
+
+    configure_logging(log_format, verbose)
+
+
+def _add_commands() -> None:
+    for module_name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:  # not written yet
+                continue
+            raise
+        for command in module.commands:
+            cli.add_command(command)
+
+
+_add_commands()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    with handle_errors():
+        cli.main(prog_name="ftx", standalone_mode=True)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

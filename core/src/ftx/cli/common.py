@@ -1,0 +1,48 @@
+"""Helpers shared by CLI command modules: error rendering and common options."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+
+import click
+
+from ftx.errors import FtxError
+
+
+def print_error(exc: FtxError) -> None:
+    """Render an FtxError as ``error: …`` / ``hint: …`` on stderr."""
+    click.secho(f"error: {exc.message}", fg="red", err=True)
+    if exc.hint:
+        click.echo(f"hint: {exc.hint}", err=True)
+
+
+@contextlib.contextmanager
+def handle_errors() -> Iterator[None]:
+    """Turn FtxError into exit 1 without a traceback; anything else keeps its traceback."""
+    try:
+        yield
+    except FtxError as exc:
+        print_error(exc)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+
+
+class FtxCommand(click.Command):
+    """A click command whose FtxErrors print as error/hint and exit 1 (also under CliRunner)."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except FtxError as exc:
+            print_error(exc)
+            ctx.exit(1)
+
+
+class FtxGroup(click.Group):
+    """A click group whose subcommands are FtxCommands."""
+
+    command_class = FtxCommand

@@ -1,0 +1,169 @@
+"""Execute a family table: stream source tensors into FT files, and rebuild them back.
+
+:func:`convert_checkpoint` reads tensors in storage order, holds a tensor only until every
+row that needs it has run (a fused QKV group at most), splits each result across ranks and
+writes ``<out>/<tp>-gpu/``. :func:`invert_checkpoint` reads FT files and yields the Hugging
+Face tensors the table maps from.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import structlog
+
+from ftx import tensormap
+from ftx.dtypes import numpy_dtype
+from ftx.errors import CheckpointError
+from ftx.family import Family, ModelSpec
+from ftx.io.checkpoint import TensorReader
+from ftx.io.ftformat import read_ini, read_tensor, write_ini, write_tensor
+from ftx.ops import OpContext
+from ftx.shapes import eval_shape
+
+log = structlog.get_logger(__name__)
+
+Progress = Callable[[int, int], None]
+"""Called with (bytes read so far, total bytes)."""
+
+
+@dataclass(frozen=True)
+class ConversionResult:
+    """What a conversion wrote."""
+
+    directory: Path
+    files: list[str]
+    bytes_read: int
+    bytes_written: int
+    seconds: float
+
+
+def gpu_dir_name(tp: int) -> str:
+    return f"{tp}-gpu"
+
+
+def convert_checkpoint(
+    family: Family,
+    reader: TensorReader,
+    hf_config: Mapping[str, Any],
+    spec: ModelSpec,
+    out_dir: Path,
+    *,
+    tp: int,
+    weight_dtype: str,
+    progress: Progress | None = None,
+) -> ConversionResult:
+    """Convert ``reader``'s tensors into ``out_dir/<tp>-gpu``; every check runs before the first write."""
+    family.check_weight_dtype(weight_dtype)
+    spec.check_parallel(tp, 1)
+    out_dtype = numpy_dtype(weight_dtype)
+    ctx = OpContext(tp=tp, out_dtype=out_dtype, dims=dict(spec.dims))
+    names = reader.names()
+    shapes = {n: reader.shape(n) for n in names}
+    plan = tensormap.plan(family.tensors, shapes, spec.layers, spec.dims)
+    tensormap.check_tp_split(plan, tp, ctx)
+    sections = family.config_ini(spec, hf_config, weight_dtype)
+
+    target = out_dir / gpu_dir_name(tp)
+    target.mkdir(parents=True, exist_ok=True)
+    waiting: dict[str, list[tensormap.Job]] = {}
+    for job in plan.jobs:
+        for name in job.sources:
+            waiting.setdefault(name, []).append(job)
+    held: dict[str, np.ndarray] = {}
+    remaining = {id(job): len(set(job.sources)) for job in plan.jobs}
+    total = sum(reader.nbytes(n) for n in waiting)
+    done_bytes = written = 0
+    files: list[str] = []
+    started = time.perf_counter()
+    for name in names:
+        if name not in waiting:
+            continue
+        held[name] = reader.read(name)
+        done_bytes += reader.nbytes(name)
+        for job in waiting[name]:
+            remaining[id(job)] -= 1
+            if remaining[id(job)] == 0:
+                out = _run_job(job, held, ctx)
+                for file_name, part in _split(job, out, tp):
+                    written += write_tensor(target / file_name, part)
+                    files.append(file_name)
+                for source in job.sources:
+                    if all(remaining[id(j)] == 0 for j in waiting[source]):
+                        held.pop(source, None)
+        if progress:
+            progress(done_bytes, total)
+    write_ini(target / "config.ini", sections)
+    files.append("config.ini")
+    seconds = time.perf_counter() - started
+    log.info("conversion.finished", family=family.name, tp=tp, weight_dtype=weight_dtype,
+             files=len(files), bytes_written=written, duration_s=round(seconds, 3))
+    return ConversionResult(target, files, done_bytes, written, seconds)
+
+
+def _run_job(job: tensormap.Job, held: Mapping[str, np.ndarray], ctx: OpContext) -> np.ndarray:
+    inputs = [held[n] for n in job.sources]
+    same_dtype = len({x.dtype for x in inputs}) == 1
+    if not (job.row.op.layout_only and same_dtype):
+        inputs = [x.astype(np.float32) for x in inputs]
+    try:
+        out = job.row.op.forward(inputs, ctx)
+    except ValueError as exc:
+        raise CheckpointError(f"cannot build {job.dst} from {', '.join(job.sources)}: {exc}") from exc
+    return out.astype(ctx.out_dtype, copy=False)
+
+
+def _split(job: tensormap.Job, out: np.ndarray, tp: int) -> Iterator[tuple[str, np.ndarray]]:
+    if job.row.split is None:
+        yield f"{job.dst}.bin", out
+        return
+    for rank, part in enumerate(np.split(out, tp, axis=job.row.split)):
+        yield f"{job.dst}.{rank}.bin", part
+
+
+def invert_checkpoint(family: Family, ft_dir: Path, spec: ModelSpec | None = None) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield (Hugging Face name, float32 tensor) rebuilt from a converted ``<tp>-gpu`` directory."""
+    ini = read_ini(ft_dir / "config.ini")
+    spec = spec or family.spec_from_ini(ini)
+    tp = int(ft_dir.name.split("-")[0])
+    weight_dtype = next((s["weight_data_type"] for s in ini.values() if "weight_data_type" in s), "fp32")
+    dtype = numpy_dtype(weight_dtype)
+    ctx = OpContext(tp=tp, out_dtype=np.dtype(np.float32), dims=dict(spec.dims))
+    for row in family.tensors.rows:
+        if not row.invert or row.op.inverse is None:
+            continue
+        shapes = row.source_shapes
+        if shapes is None:
+            raise ValueError(f"row {row.dst!r} declares no shape, so it cannot be inverted")
+        for binding in tensormap.expand(row, spec.layers):
+            dst = tensormap.bind(row.dst, binding)
+            src_shapes = tuple(eval_shape(s, spec.dims) for s in shapes)
+            ft_shape = row.op.shape(src_shapes, ctx)
+            if row.optional and not _exists(ft_dir, dst, row.split):
+                continue
+            array = _read_ranks(ft_dir, dst, row.split, ft_shape, tp, dtype).astype(np.float32)
+            for pattern, tensor in zip(row.sources, row.op.inverse(array, ctx), strict=True):
+                yield tensormap.bind(pattern.split("|")[0], binding), np.ascontiguousarray(tensor)
+
+
+def _exists(ft_dir: Path, dst: str, split: int | None) -> bool:
+    return (ft_dir / (f"{dst}.bin" if split is None else f"{dst}.0.bin")).exists()
+
+
+def _read_ranks(ft_dir: Path, dst: str, split: int | None, shape: tuple[int, ...], tp: int, dtype: np.dtype) -> np.ndarray:
+    if split is None:
+        return read_tensor(ft_dir / f"{dst}.bin", dtype, shape)
+    part_shape = list(shape)
+    part_shape[split] //= tp
+    parts = [read_tensor(ft_dir / f"{dst}.{rank}.bin", dtype, tuple(part_shape)) for rank in range(tp)]
+    return np.concatenate(parts, axis=split)
+
+
+def write_config_only(family: Family, spec: ModelSpec, hf_config: Mapping[str, Any], target: Path, weight_dtype: str) -> None:
+    """Write just config.ini (used when re-describing an existing conversion)."""
+    write_ini(target / "config.ini", family.config_ini(spec, hf_config, weight_dtype))

@@ -1,0 +1,196 @@
+"""The Family base class: what a model-family plugin declares.
+
+A family is mostly data: a tensor table, ``spec()`` (FT hyper-parameters from config.json),
+``config_ini()``, the Triton model type and I/O kind, presets and the GEMM tool. Core owns
+everything else (reading, splitting, writing, caching, serving).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ftx.errors import CheckpointError, ConfigError
+from ftx.io.checkpoint import TensorReader, open_checkpoint
+from ftx.tensormap import TensorMap
+
+SLUG = re.compile(r"^[a-z][a-z0-9]*$")
+
+DEFAULT_FETCH_PATTERNS: tuple[str, ...] = (
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "*.model",
+    "added_tokens.json",
+)
+"""Files a Hugging Face family needs; .bin weights are fetched only when no safetensors exist."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named model: its default source, revision, licence and an optional archive checksum."""
+
+    source: str
+    revision: str | None = None
+    description: str = ""
+    license: str | None = None
+    sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """FasterTransformer hyper-parameters of one checkpoint.
+
+    ``dims`` names sizes used in table shapes (``H``, ``N``, ``D``, ``I``, ``V`` …);
+    ``layers`` binds table placeholders (``{"i": 28}``); ``tp_divisible`` lists the dims that
+    every tensor-parallel size must divide (heads, inner size).
+    """
+
+    dims: Mapping[str, int]
+    layers: Mapping[str, int]
+    start_id: int
+    end_id: int
+    pad_id: int | None = None
+    tp_divisible: tuple[str, ...] = ("N", "I")
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def check_parallel(self, tp: int, pp: int) -> None:
+        """Refuse a tp/pp that FasterTransformer cannot split this model for."""
+        if tp < 1 or pp < 1:
+            raise ConfigError(f"--tp and --pp must be at least 1 (got tp={tp}, pp={pp})")
+        for dim in self.tp_divisible:
+            if self.dims[dim] % tp:
+                raise ConfigError(
+                    f"{DIM_NAMES.get(dim, dim)} = {self.dims[dim]} is not divisible by --tp {tp}",
+                    hint=f"use a --tp that divides {self.dims[dim]}",
+                )
+        for name, count in self.layers.items():
+            if count % pp:
+                raise ConfigError(
+                    f"the layer count {count} ({{{name}}}) is not divisible by --pp {pp}",
+                    hint=f"use a --pp that divides {count}",
+                )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "dims": dict(self.dims),
+            "layers": dict(self.layers),
+            "start_id": self.start_id,
+            "end_id": self.end_id,
+            "pad_id": self.pad_id,
+            "extra": dict(self.extra),
+        }
+
+
+DIM_NAMES = {"N": "head count", "I": "inner (FFN) size", "H": "hidden size", "V": "vocab size", "A": "attention width"}
+
+
+class Family:
+    """Base class of every model family. Subclasses set the class attributes and ``spec``."""
+
+    name: ClassVar[str]
+    title: ClassVar[str] = ""
+    hf_model_types: ClassVar[tuple[str, ...]] = ()
+    hf_architectures: ClassVar[tuple[str, ...]] = ()
+    presets: ClassVar[Mapping[str, Preset]] = {}
+    tensors: ClassVar[TensorMap]
+    ini_section: ClassVar[str] = ""
+    triton_model_type: ClassVar[str]
+    triton_io: ClassVar[str] = "decoder"
+    """``decoder`` (GPT-J/NeoX inputs) or ``encoder-decoder`` (T5 inputs)."""
+    weight_dtypes: ClassVar[tuple[str, ...]] = ("fp32", "fp16", "bf16")
+    data_types: ClassVar[tuple[str, ...]] = ("fp32", "fp16", "bf16")
+    """Compute types FasterTransformer really runs for this model type."""
+    gemm_tool: ClassVar[str] = "gpt_gemm"
+    fetch_patterns: ClassVar[tuple[str, ...]] = DEFAULT_FETCH_PATTERNS
+    license: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        name = cls.__dict__.get("name")
+        if name is not None and not SLUG.match(name):
+            raise TypeError(f"family name {name!r} must be a lowercase slug like 'gptj'")
+
+    # -- what a family must provide -------------------------------------------------------
+
+    def spec(self, hf_config: Mapping[str, Any]) -> ModelSpec:
+        """FT hyper-parameters from a Hugging Face config.json."""
+        raise NotImplementedError
+
+    def config_ini(self, spec: ModelSpec, hf_config: Mapping[str, Any], weight_dtype: str) -> dict[str, dict[str, Any]]:
+        """The ``config.ini`` sections for the converted checkpoint."""
+        raise NotImplementedError
+
+    def hf_config_from_ini(self, ini: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
+        """A Hugging Face config dict rebuilt from ``config.ini`` (used by the python runtime)."""
+        raise NotImplementedError(f"family {self.name} cannot rebuild a Hugging Face config")
+
+    def spec_from_ini(self, ini: Mapping[str, Mapping[str, str]]) -> ModelSpec:
+        """The spec of a converted checkpoint, from its config.ini."""
+        return self.spec(self.hf_config_from_ini(ini))
+
+    def gemm_args(self, spec: ModelSpec, *, batch: int, beam: int, max_input_len: int, data_type: str, tp: int) -> list[str]:
+        """Arguments of the GEMM tool (``gpt_gemm``'s order by default)."""
+        code = {"fp32": 0, "fp16": 1, "bf16": 2}[data_type]
+        d = spec.dims
+        return [str(v) for v in (batch, beam, max_input_len, d["N"], d["D"], d["I"], d["V"], code, tp)]
+
+    # -- defaults a family may override ----------------------------------------------------
+
+    def read_hf_config(self, path: Path) -> dict[str, Any]:
+        """Read config.json of a source directory."""
+        return read_config_json(path)
+
+    def open_weights(self, path: Path) -> TensorReader:
+        """Open the source weights lazily."""
+        return open_checkpoint(path)
+
+    def matches(self, hf_config: Mapping[str, Any]) -> bool:
+        """Whether this family claims a config.json (by model_type or architecture)."""
+        if hf_config.get("model_type") in self.hf_model_types:
+            return True
+        return any(a in self.hf_architectures for a in hf_config.get("architectures") or ())
+
+    def check_weight_dtype(self, weight_dtype: str) -> None:
+        if weight_dtype not in self.weight_dtypes:
+            raise ConfigError(
+                f"family {self.name} cannot store weights as {weight_dtype}",
+                hint=f"use --weight-dtype {' or '.join(self.weight_dtypes)}",
+            )
+
+    def fingerprint(self) -> str:
+        """Digest of the table and of the code that shapes the output (spec, config_ini)."""
+        parts = [self.tensors.digest()]
+        for method in ("spec", "config_ini", "read_hf_config", "open_weights"):
+            func = getattr(type(self), method)
+            try:
+                parts.append(inspect.getsource(func))
+            except (OSError, TypeError):
+                parts.append(func.__qualname__)
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def read_config_json(path: Path) -> dict[str, Any]:
+    """Load ``config.json`` from a checkpoint directory with a clear error."""
+    config_path = path / "config.json"
+    try:
+        return json.loads(config_path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"{path} has no config.json",
+            hint="point at a Hugging Face checkpoint directory (config.json + weights)",
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{config_path} is not valid JSON: {exc}") from exc

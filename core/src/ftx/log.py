@@ -1,0 +1,33 @@
+"""structlog configuration: console on a terminal, JSON otherwise.
+
+Library code only calls ``structlog.get_logger(__name__)``; the CLI calls
+:func:`configure_logging` once. Event names are ``noun.verb_past`` (``stage.finished``).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+
+def configure_logging(log_format: str = "auto", verbose: bool = False) -> None:
+    """Configure structlog to render to stderr; ``auto`` picks console on a TTY, else JSON."""
+    use_json = log_format == "json" or (log_format == "auto" and not sys.stderr.isatty())
+    renderer: structlog.typing.Processor
+    if use_json:
+        renderer = structlog.processors.JSONRenderer(sort_keys=True)
+    else:
+        renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG if verbose else logging.INFO),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )

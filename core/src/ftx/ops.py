@@ -1,0 +1,86 @@
+"""Pure tensor transforms used in family tables, each with its shape rule and inverse.
+
+An op maps the source tensors of one table row (Hugging Face layout) to one
+FasterTransformer tensor, and back. ``layout_only`` ops move bytes without arithmetic,
+so the converter may run them in the source dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class OpContext:
+    """What an op may depend on besides its inputs: the tensor-parallel size and the output dtype."""
+
+    tp: int
+    out_dtype: np.dtype
+    dims: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Op:
+    """A named transform with its inverse (None when the row cannot be inverted)."""
+
+    name: str
+    forward: Callable[[Sequence[np.ndarray], OpContext], np.ndarray]
+    shape: Callable[[Sequence[Shape], OpContext], Shape]
+    inverse: Callable[[np.ndarray, OpContext], list[np.ndarray]] | None = None
+    layout_only: bool = True
+    arity: int = 1
+
+
+identity = Op(
+    "identity",
+    forward=lambda xs, ctx: xs[0],
+    shape=lambda shapes, ctx: tuple(shapes[0]),
+    inverse=lambda y, ctx: [y],
+)
+
+transpose = Op(
+    "transpose",
+    forward=lambda xs, ctx: xs[0].T,
+    shape=lambda shapes, ctx: tuple(reversed(shapes[0])),
+    inverse=lambda y, ctx: [y.T],
+)
+
+
+def _fuse_qkv(xs: Sequence[np.ndarray], ctx: OpContext) -> np.ndarray:
+    # three [out, in] projections -> [in, 3, out]
+    return np.stack(xs, axis=0).transpose(2, 0, 1)
+
+
+def _unfuse_qkv(y: np.ndarray, ctx: OpContext) -> list[np.ndarray]:
+    stacked = y.transpose(1, 2, 0)  # [3, out, in]
+    return [stacked[i] for i in range(stacked.shape[0])]
+
+
+fuse_qkv = Op(
+    "fuse_qkv",
+    forward=_fuse_qkv,
+    shape=lambda shapes, ctx: (shapes[0][1], len(shapes), shapes[0][0]),
+    inverse=_unfuse_qkv,
+    arity=3,
+)
+"""Stack separate q, k, v ``[out, in]`` weights into FT's fused ``[in, 3, out]`` layout."""
+
+
+def _divide_by_tp(xs: Sequence[np.ndarray], ctx: OpContext) -> np.ndarray:
+    x = xs[0]
+    return x / ctx.tp if ctx.tp > 1 else x
+
+
+divide_by_tp = Op(
+    "divide_by_tp",
+    forward=_divide_by_tp,
+    shape=lambda shapes, ctx: tuple(shapes[0]),
+    inverse=lambda y, ctx: [y * ctx.tp if ctx.tp > 1 else y],
+    layout_only=False,
+)
+"""A row-parallel bias added on every rank before the all-reduce: each rank holds 1/tp of it."""

@@ -1,0 +1,103 @@
+"""GPT-J (EleutherAI GPT-J-6B and fine-tunes): tensor table and FT hyper-parameters.
+
+Upstream quirks fixed here, each shown by a test: ``inter_size`` honours ``n_inner`` (upstream
+always writes ``4 * n_embd``); a null ``rotary_dim`` means rotary over the whole head, so
+``rotary_embedding = size_per_head`` (upstream writes ``None``, which FT cannot parse);
+``model.wte.bin`` is written once (upstream rewrites it once per layer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ftx import ops
+from ftx.family import Family, ModelSpec, Preset
+from ftx.tensormap import M, Skip, TensorMap
+
+L = "transformer.h.{i}"
+FT = "model.layers.{i}"
+
+TENSORS = TensorMap(
+    #  Hugging Face source                         FasterTransformer file stem                  op / split / HF shape
+    M("transformer.wte.weight",                    "model.wte",                                   shape=("V", "H")),
+    M(f"{L}.ln_1.weight",                          f"{FT}.input_layernorm.weight",                shape=("H",)),
+    M(f"{L}.ln_1.bias",                            f"{FT}.input_layernorm.bias",                  shape=("H",)),
+    M((f"{L}.attn.q_proj.weight", f"{L}.attn.k_proj.weight", f"{L}.attn.v_proj.weight"),
+                                                   f"{FT}.attention.query_key_value.weight",      ops.fuse_qkv, -1, ("H", "H")),
+    M(f"{L}.attn.out_proj.weight",                 f"{FT}.attention.dense.weight",                ops.transpose, 0, ("H", "H")),
+    M(f"{L}.mlp.fc_in.weight",                     f"{FT}.mlp.dense_h_to_4h.weight",              ops.transpose, -1, ("I", "H")),
+    M(f"{L}.mlp.fc_in.bias",                       f"{FT}.mlp.dense_h_to_4h.bias",                ops.identity, -1, ("I",)),
+    M(f"{L}.mlp.fc_out.weight",                    f"{FT}.mlp.dense_4h_to_h.weight",              ops.transpose, 0, ("H", "I")),
+    # FT adds the FFN output bias once after the all-reduce: full value, one file.
+    M(f"{L}.mlp.fc_out.bias",                      f"{FT}.mlp.dense_4h_to_h.bias",                shape=("H",)),
+    M("transformer.ln_f.weight",                   "model.final_layernorm.weight",                shape=("H",)),
+    M("transformer.ln_f.bias",                     "model.final_layernorm.bias",                  shape=("H",)),
+    M("lm_head.weight",                            "model.lm_head.weight",                        shape=("V", "H")),
+    M("lm_head.bias",                              "model.lm_head.bias",                          shape=("V",)),
+    Skip(f"{L}.attn.bias", f"{L}.attn.masked_bias"),  # causal-mask buffers, not weights
+)
+
+
+class GPTJ(Family):
+    """GPT-J: parallel attention + MLP on one layernorm, interleaved rotary, LM head with bias."""
+
+    name = "gptj"
+    title = "GPT-J (EleutherAI GPT-J-6B and fine-tunes)"
+    hf_model_types = ("gptj",)
+    hf_architectures = ("GPTJForCausalLM",)
+    presets = {
+        "gptj": Preset("hf://EleutherAI/gpt-j-6b", description="GPT-J 6B, Hugging Face weights", license="apache-2.0"),
+    }
+    tensors = TENSORS
+    ini_section = "gptj"
+    triton_model_type = "GPT-J"
+    hf_model_class = "GPTJForCausalLM"
+
+    def spec(self, hf_config: Mapping[str, Any]) -> ModelSpec:
+        width, heads = int(hf_config["n_embd"]), int(hf_config["n_head"])
+        head_size = width // heads
+        return ModelSpec(
+            dims={"H": width, "N": heads, "D": head_size, "I": int(hf_config.get("n_inner") or 4 * width),
+                  "V": int(hf_config["vocab_size"])},
+            layers={"i": int(hf_config["n_layer"])},
+            start_id=int(hf_config.get("bos_token_id", 50256)),
+            end_id=int(hf_config.get("eos_token_id", 50256)),
+            pad_id=hf_config.get("pad_token_id"),
+            extra={"rotary_embedding": int(hf_config.get("rotary_dim") or head_size)},
+        )
+
+    def config_ini(self, spec: ModelSpec, hf_config: Mapping[str, Any], weight_dtype: str) -> dict[str, dict[str, Any]]:
+        d = spec.dims
+        return {
+            self.ini_section: {
+                "model_name": hf_config.get("_name_or_path") or "gptj",
+                "head_num": d["N"],
+                "size_per_head": d["D"],
+                "inter_size": d["I"],
+                "num_layer": spec.layers["i"],
+                "rotary_embedding": spec.extra["rotary_embedding"],
+                "vocab_size": d["V"],
+                "start_id": spec.start_id,
+                "end_id": spec.end_id,
+                "weight_data_type": weight_dtype,
+            }
+        }
+
+    def hf_config_from_ini(self, ini: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
+        s = ini[self.ini_section]
+        heads, head_size = int(s["head_num"]), int(s["size_per_head"])
+        return {
+            "model_type": "gptj",
+            "architectures": ["GPTJForCausalLM"],
+            "n_embd": heads * head_size,
+            "n_head": heads,
+            "n_inner": int(s["inter_size"]),
+            "n_layer": int(s["num_layer"]),
+            "rotary_dim": int(s["rotary_embedding"]),
+            "vocab_size": int(s["vocab_size"]),
+            "bos_token_id": int(s["start_id"]),
+            "eos_token_id": int(s["end_id"]),
+            "layer_norm_epsilon": 1e-5,
+            "tie_word_embeddings": False,
+        }
