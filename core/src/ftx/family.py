@@ -157,6 +157,10 @@ class Family:
         """Open the source weights lazily."""
         return open_checkpoint(path)
 
+    def claims_source(self, path: Path) -> bool:
+        """Whether a source directory is in a format only this family reads (no config.json)."""
+        return False
+
     def matches(self, hf_config: Mapping[str, Any]) -> bool:
         """Whether this family claims a config.json (by model_type or architecture)."""
         if hf_config.get("model_type") in self.hf_model_types:

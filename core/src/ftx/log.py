@@ -20,6 +20,9 @@ def configure_logging(log_format: str = "auto", verbose: bool = False) -> None:
         renderer = structlog.processors.JSONRenderer(sort_keys=True)
     else:
         renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    # On a terminal the CLI prints one human line per stage, so events below WARNING show with -v;
+    # JSON consumers (CI, log shippers) get every INFO event.
+    level = logging.DEBUG if verbose else (logging.INFO if use_json else logging.WARNING)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -27,7 +30,7 @@ def configure_logging(log_format: str = "auto", verbose: bool = False) -> None:
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             renderer,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG if verbose else logging.INFO),
+        wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )

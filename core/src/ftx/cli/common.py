@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import click
 
@@ -46,3 +47,33 @@ class FtxGroup(click.Group):
     """A click group whose subcommands are FtxCommands."""
 
     command_class = FtxCommand
+
+
+def get_host() -> "PluginHost":
+    """The plugin host for this process (loaded once); broken plugins are warned about."""
+    global _HOST
+    if _HOST is None:
+        from ftx.plugins import load_host
+
+        _HOST = load_host()
+        for record in _HOST.broken:
+            click.secho(f"warning: plugin {record.name} ({record.distribution}) failed to load: {record.error}",
+                        fg="yellow", err=True)
+    return _HOST
+
+
+def reset_host() -> None:
+    """Forget the loaded host (tests change the environment between invocations)."""
+    global _HOST
+    _HOST = None
+
+
+def say(text: str) -> None:
+    """A human line on stderr (stdout is kept for results)."""
+    click.echo(text, err=True)
+
+
+_HOST: "PluginHost | None" = None
+
+if TYPE_CHECKING:
+    from ftx.plugins import PluginHost

@@ -1,0 +1,62 @@
+"""Click options shared by several commands, and turning them into RunSettings."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ftx.context import RUNTIMES, STAGES
+from ftx.dtypes import WEIGHT_DTYPES
+
+F = Callable[..., Any]
+
+
+def _compose(*decorators: F) -> Callable[[F], F]:
+    def apply(func: F) -> F:
+        for decorator in reversed(decorators):
+            func = decorator(func)
+        return func
+
+    return apply
+
+
+source_options = _compose(
+    click.option("--source", help="Checkpoint to use instead of the preset's: a path, hf://org/name[@rev] or a URL."),
+    click.option("--revision", help="Branch, tag or commit of a Hugging Face source."),
+    click.option("--family", help="Model family (see `ftx models`); detected from config.json when omitted."),
+)
+
+conversion_options = _compose(
+    click.option("--tp", type=click.IntRange(1, 64), default=1, show_default=True, help="Tensor-parallel GPUs."),
+    click.option("--pp", type=click.IntRange(1, 64), default=1, show_default=True, help="Pipeline-parallel stages."),
+    click.option("--weight-dtype", type=click.Choice(list(WEIGHT_DTYPES)), default="fp32", show_default=True,
+                 help="Data type of the converted weight files (fp32 is what upstream writes)."),
+)
+
+repository_options = _compose(
+    click.option("--data-type", type=click.Choice(list(WEIGHT_DTYPES)),
+                 help="Compute type FasterTransformer runs (default: the weight dtype)."),
+    click.option("--max-batch-size", type=click.IntRange(1, 4096), default=8, show_default=True,
+                 help="Largest batch Triton sends to the model."),
+    click.option("--instances", type=click.IntRange(1, 64), default=1, show_default=True,
+                 help="Model instances (each holds tp x pp GPUs)."),
+    click.option("--streaming/--no-streaming", default=False, show_default=True,
+                 help="Decoupled model: one response per generated token (gRPC streaming)."),
+    click.option("--dynamic-batching/--no-dynamic-batching", default=True, show_default=True,
+                 help="Batch requests of different prompt lengths (ragged input_ids)."),
+    click.option("--tokenizer", type=click.Path(exists=True, path_type=Path),
+                 help="Tokenizer files to use instead of the checkpoint's own."),
+)
+
+stage_options = _compose(
+    click.option("--until", type=click.Choice(STAGES), default="serve", show_default=True,
+                 help="Stop after this stage."),
+    click.option("--runtime", type=click.Choice(RUNTIMES), default="auto", show_default=True,
+                 help="fastertransformer (Docker + GPUs) or python (embedded tritonserver, CPU or one GPU)."),
+    click.option("--force", "force", multiple=True, type=click.Choice(STAGES),
+                 help="Redo this stage even if cached (repeatable)."),
+    click.option("--dry-run", is_flag=True, help="Print what would run, run nothing."),
+)

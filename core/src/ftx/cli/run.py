@@ -1,0 +1,71 @@
+"""``ftx run``: every stage, from a model name to a served endpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ftx.cli.common import FtxCommand, get_host, say
+from ftx.cli.options import conversion_options, repository_options, source_options, stage_options
+from ftx.context import RunSettings
+from ftx.paths import ftx_home
+from ftx.pipeline import Pipeline, RunResult
+from ftx.store import ArtifactStore
+
+
+def settings_from_options(model: str, **opts: Any) -> RunSettings:
+    """RunSettings from click options (unknown keys go to ``options``)."""
+    known = set(RunSettings.__dataclass_fields__)
+    fields = {k: v for k, v in opts.items() if k in known and v is not None}
+    extra = {k: v for k, v in opts.items() if k not in known}
+    if "force" in fields:
+        fields["force"] = frozenset(fields["force"])
+    return RunSettings(model=model, options=extra, **fields)
+
+
+def run_pipeline(settings: RunSettings) -> RunResult:
+    """Build the pipeline over the user's FTX_HOME and run it."""
+    return Pipeline(get_host(), ArtifactStore(ftx_home()), settings, say=say).run()
+
+
+@click.command(cls=FtxCommand)
+@click.argument("model")
+@source_options
+@conversion_options
+@repository_options
+@stage_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address the server binds to.")
+@click.option("--http-port", type=int, help="HTTP port (default: a free one).")
+@click.option("--grpc-port", type=int, help="gRPC port (default: a free one).")
+@click.option("--metrics-port", type=int, help="Metrics port (default: a free one).")
+@click.option("--detach", is_flag=True, help="Leave the server running (see `ftx ps`, `ftx stop`).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Python runtime device.")
+@click.option("--tune/--no-tune", default=True, show_default=True, help="Auto-tune GEMMs (fastertransformer runtime).")
+@click.option("--prompt", help="Generate a continuation of this prompt once the server is ready, then stop.")
+@click.option("--max-tokens", type=click.IntRange(1, 4096), default=16, show_default=True,
+              help="Tokens to generate for --prompt.")
+def run(model: str, prompt: str | None, max_tokens: int, **opts: Any) -> None:
+    """Fetch, convert, tune, configure and serve MODEL.
+
+    MODEL is a preset (see `ftx models`), hf://org/name[@revision], a URL or a local path.
+    """
+    settings = settings_from_options(model, prompt=prompt, max_tokens=max_tokens, **opts)
+    result = run_pipeline(settings)
+    if settings.dry_run:
+        return
+    if result.repository and result.endpoint is None:
+        click.echo(str(result.repository.path))
+    elif result.checkpoint and settings.until in ("convert", "tune"):
+        click.echo(str(result.checkpoint.path))
+    elif result.source and settings.until == "fetch":
+        click.echo(str(result.source.path))
+    if result.endpoint is not None:
+        from ftx.cli.serving import after_serve
+
+        after_serve(result, settings)
+
+
+commands = [run]

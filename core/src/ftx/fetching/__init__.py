@@ -1,0 +1,26 @@
+"""Fetching model sources: Hugging Face revisions, URLs and archives, local directories.
+
+The library behind the core's default ``ftx_fetch`` hook: it parses and pins references,
+downloads (resumable, retried, checksum-verified), extracts archives safely, and shows byte
+progress on a terminal. Publishing the result as an artifact is the core's job.
+"""
+
+from __future__ import annotations
+
+from ftx.fetching.archive import is_archive, safe_extract
+from ftx.fetching.http import download
+from ftx.fetching.hub import download_snapshot
+from ftx.fetching.integrity import normalize_sha256, sha256_file
+from ftx.fetching.refs import local_fingerprint, parse_ref, resolve_revision
+
+__all__ = [
+    "download",
+    "download_snapshot",
+    "is_archive",
+    "local_fingerprint",
+    "normalize_sha256",
+    "parse_ref",
+    "resolve_revision",
+    "safe_extract",
+    "sha256_file",
+]

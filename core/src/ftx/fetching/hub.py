@@ -1,0 +1,334 @@
+"""Hugging Face Hub sources: revision → commit, filtered snapshot downloads, offline use.
+
+``HF_ENDPOINT``, ``HF_HUB_OFFLINE``, ``HF_HOME`` / ``HF_HUB_CACHE`` are read at call time
+(huggingface_hub itself reads them once, at import). The token (``token=`` or ``HF_TOKEN``)
+is passed to huggingface_hub and never logged or put in an error message.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import structlog
+from huggingface_hub import HfApi, constants, snapshot_download
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    GatedRepoError,
+    HfHubHTTPError,
+    OfflineModeIsEnabled,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.utils import (
+    are_progress_bars_disabled,
+    disable_progress_bars,
+    enable_progress_bars,
+    filter_repo_objects,
+)
+
+from ftx.errors import SourceError
+from ftx.fetching.progress import progress_enabled
+
+log = structlog.get_logger(__name__)
+
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+DEFAULT_REVISION = "main"
+_TRUE = {"1", "true", "yes", "on"}
+
+
+# --- environment, read at call time -------------------------------------------------------
+
+
+def hf_endpoint() -> str:
+    """``HF_ENDPOINT`` or huggingface.co."""
+    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+def hf_offline() -> bool:
+    """True when ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) is set."""
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return value.strip().lower() in _TRUE
+
+
+def hf_cache_dir() -> Path:
+    """The Hugging Face hub cache: ``HF_HUB_CACHE``, ``$HF_HOME/hub`` or the default."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    return Path(constants.HF_HUB_CACHE)
+
+
+def repo_page(repo_id: str) -> str:
+    """The web page of a repository, where its licence is accepted."""
+    return f"{hf_endpoint()}/{repo_id}"
+
+
+def _repo_cache(repo_id: str) -> Path:
+    return hf_cache_dir() / f"models--{repo_id.replace('/', '--')}"
+
+
+# --- revision → commit --------------------------------------------------------------------
+
+
+def resolve_commit(repo_id: str, revision: str | None, *, token: str | None = None) -> str:
+    """The 40-hex commit a branch, tag or commit of ``repo_id`` points to.
+
+    Offline (``HF_HUB_OFFLINE``), or when the Hub cannot be reached, the commit recorded in
+    the local Hugging Face cache is used; without one, :class:`SourceError`.
+    """
+    rev = revision or DEFAULT_REVISION
+    if COMMIT_RE.fullmatch(rev.lower()):
+        return rev.lower()
+    if hf_offline():
+        return _cached_commit_or_fail(repo_id, rev, "HF_HUB_OFFLINE is set")
+    try:
+        with hub_errors(repo_id, rev):
+            info = HfApi(endpoint=hf_endpoint(), token=token).model_info(repo_id, revision=rev)
+    except _HubUnreachable as exc:
+        commit = _cached_commit_or_fail(repo_id, rev, f"the Hub cannot be reached ({exc})")
+        log.warning("hub.offline_fallback", repo=repo_id, revision=rev, commit=commit)
+        return commit
+    if not info.sha:
+        raise SourceError(f"the Hub did not return a commit for {repo_id}@{rev}", hint="pass a 40-hex commit as revision")
+    _remember_ref(repo_id, rev, info.sha)
+    log.info("hub.resolved", repo=repo_id, revision=rev, commit=info.sha)
+    return info.sha
+
+
+def _cached_commit_or_fail(repo_id: str, rev: str, why: str) -> str:
+    ref = _repo_cache(repo_id) / "refs" / rev
+    if ref.is_file():
+        commit = ref.read_text().strip()
+        log.info("hub.resolved", repo=repo_id, revision=rev, commit=commit, offline=True)
+        return commit
+    raise SourceError(
+        f"cannot resolve {repo_id}@{rev}: {why} and the local Hugging Face cache ({hf_cache_dir()}) has no snapshot of it",
+        hint="connect and unset HF_HUB_OFFLINE to download it once, or pass a 40-hex commit as the revision",
+    )
+
+
+def _remember_ref(repo_id: str, rev: str, commit: str) -> None:
+    """Record branch → commit in the HF cache (as huggingface_hub does) so offline runs resolve it."""
+    ref = _repo_cache(repo_id) / "refs" / rev
+    try:
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        ref.write_text(commit)
+    except OSError as exc:
+        log.debug("hub.ref_not_recorded", repo=repo_id, revision=rev, error=str(exc))
+
+
+# --- snapshot download --------------------------------------------------------------------
+
+
+def download_snapshot(
+    repo_id: str,
+    commit: str,
+    dest: Path,
+    allow_patterns: Sequence[str],
+    *,
+    token: str | None = None,
+    progress: bool = True,
+) -> list[Path]:
+    """Download the files of ``repo_id`` at ``commit`` matching ``allow_patterns`` into ``dest``.
+
+    Returns the downloaded files. Offline, they are linked or copied from the local Hugging
+    Face cache. Raises :class:`SourceError` with the fix for gated, private or missing repos.
+    """
+    if not COMMIT_RE.fullmatch(commit):
+        raise SourceError(
+            f"download_snapshot needs a 40-hex commit, got {commit!r}",
+            hint="resolve the branch or tag first with resolve_revision()",
+        )
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    patterns = list(allow_patterns)
+    started = time.monotonic()
+    if hf_offline():
+        files = _copy_from_cache(repo_id, commit, dest, patterns)
+    else:
+        files = _download_online(repo_id, commit, dest, patterns, token=token, progress=progress)
+    log.info(
+        "download.finished",
+        source="hf",
+        repo=repo_id,
+        commit=commit,
+        files=len(files),
+        bytes=sum(f.stat().st_size for f in files),
+        seconds=round(time.monotonic() - started, 3),
+    )
+    return files
+
+
+def _download_online(
+    repo_id: str, commit: str, dest: Path, patterns: list[str], *, token: str | None, progress: bool
+) -> list[Path]:
+    try:
+        with hub_errors(repo_id, commit):
+            info = HfApi(endpoint=hf_endpoint(), token=token).model_info(repo_id, revision=commit)
+            wanted = _select(repo_id, commit, [s.rfilename for s in info.siblings or []], patterns)
+            log.info("download.started", source="hf", repo=repo_id, commit=commit, files=wanted, dest=str(dest))
+            with _hf_progress_bars(progress):
+                snapshot_download(
+                    repo_id,
+                    revision=commit,
+                    local_dir=dest,
+                    allow_patterns=patterns,
+                    cache_dir=hf_cache_dir(),
+                    endpoint=hf_endpoint(),
+                    token=token,
+                )
+    except _HubUnreachable as exc:
+        raise SourceError(
+            f"cannot download {repo_id}@{commit[:12]}: the Hub cannot be reached ({exc})",
+            hint="check the network (and HF_ENDPOINT); a proxy goes in HTTPS_PROXY",
+        ) from exc
+    _drop_download_metadata(dest)
+    return [dest / name for name in wanted]
+
+
+def _select(repo_id: str, commit: str, names: list[str], patterns: list[str]) -> list[str]:
+    wanted = sorted(filter_repo_objects(names, allow_patterns=patterns))
+    if not wanted:
+        raise SourceError(
+            f"no file of {repo_id}@{commit[:12]} matches {patterns}; it has: {', '.join(sorted(names)[:20]) or 'nothing'}",
+            hint="check the revision; the model family decides which files are needed",
+        )
+    return wanted
+
+
+def _copy_from_cache(repo_id: str, commit: str, dest: Path, patterns: list[str]) -> list[Path]:
+    """Offline: hard-link (or copy) the matching files of a cached snapshot into ``dest``."""
+    snapshot = _repo_cache(repo_id) / "snapshots" / commit
+    if not snapshot.is_dir():
+        raise SourceError(
+            f"{repo_id}@{commit[:12]} is not in the local Hugging Face cache ({hf_cache_dir()}) and HF_HUB_OFFLINE is set",
+            hint="unset HF_HUB_OFFLINE to download it, or set HF_HOME / HF_HUB_CACHE to the cache that holds it",
+        )
+    names = [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()]
+    wanted = _select(repo_id, commit, names, patterns)
+    log.info("download.started", source="hf-cache", repo=repo_id, commit=commit, files=wanted, dest=str(dest))
+    for name in wanted:
+        _link_or_copy(snapshot / name, dest / name)
+    return [dest / name for name in wanted]
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    real = os.path.realpath(src)  # cache snapshots are symlinks into blobs/
+    try:
+        os.link(real, dst)
+    except OSError:
+        shutil.copyfile(real, dst)
+
+
+def _drop_download_metadata(dest: Path) -> None:
+    """Remove the ``.cache/huggingface`` bookkeeping that local_dir downloads leave behind."""
+    shutil.rmtree(dest / ".cache" / "huggingface", ignore_errors=True)
+    try:
+        (dest / ".cache").rmdir()
+    except OSError:
+        pass
+
+
+@contextmanager
+def _hf_progress_bars(requested: bool) -> Iterator[None]:
+    """huggingface_hub's own bars on a terminal; none otherwise (JSON logs, CI)."""
+    if progress_enabled(requested) or are_progress_bars_disabled():
+        yield
+        return
+    disable_progress_bars()
+    try:
+        yield
+    finally:
+        enable_progress_bars()
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+class _HubUnreachable(Exception):
+    """The Hub could not be reached (network down, offline mode, timeouts)."""
+
+
+def _network_error_types() -> tuple[type[BaseException], ...]:
+    types: list[type[BaseException]] = [OfflineModeIsEnabled, ConnectionError, TimeoutError]
+    try:
+        import requests
+
+        types += [requests.ConnectionError, requests.Timeout]
+    except ImportError:  # huggingface_hub >= 1.0 uses httpx
+        pass
+    try:
+        import httpx
+
+        types.append(httpx.TransportError)
+    except ImportError:
+        pass
+    return tuple(types)
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _status(exc: BaseException) -> int | None:
+    response = getattr(exc, "response", None)
+    return getattr(response, "status_code", None)
+
+
+@contextmanager
+def hub_errors(repo_id: str, revision: str) -> Iterator[None]:
+    """Turn huggingface_hub failures into SourceErrors that say how to fix them.
+
+    Network failures become :class:`_HubUnreachable` so callers can fall back to the cache.
+    """
+    try:
+        yield
+    except SourceError:
+        raise
+    except Exception as exc:
+        mapped = _map_hub_error(exc, repo_id, revision)
+        if mapped is None:
+            raise
+        raise mapped from exc
+
+
+def _map_hub_error(exc: BaseException, repo_id: str, revision: str) -> Exception | None:
+    page = repo_page(repo_id)
+    access_hint = (
+        f"accept the model's licence at {page} while logged in, create a read token at "
+        f"{hf_endpoint()}/settings/tokens and set HF_TOKEN=<token> (ftx never prints it)"
+    )
+    network = _network_error_types()
+    for cause in _causes(exc):
+        if isinstance(cause, GatedRepoError) or _status(cause) == 403:
+            return SourceError(f"access to {repo_id} is restricted (gated repository, licence not accepted)", hint=access_hint)
+        if isinstance(cause, RepositoryNotFoundError) or _status(cause) == 401:
+            return SourceError(
+                f"Hugging Face repository {repo_id} was not found, or it is private or gated and no valid token was sent",
+                hint=f"check the name at {page}; for a private or gated model, {access_hint}",
+            )
+        if isinstance(cause, RevisionNotFoundError):
+            return SourceError(
+                f"revision {revision!r} does not exist in {repo_id}",
+                hint=f"use a branch, tag or 40-hex commit listed at {page}/tree/main",
+            )
+        if isinstance(cause, EntryNotFoundError) and not isinstance(cause, FileNotFoundError):
+            return SourceError(f"a file of {repo_id}@{revision} disappeared from the Hub", hint="run again, or pin another commit")
+        if isinstance(cause, network):
+            return _HubUnreachable(type(cause).__name__)
+    if isinstance(exc, HfHubHTTPError):
+        return SourceError(f"the Hub refused {repo_id}@{revision} (HTTP {_status(exc)})", hint="try again later")
+    return None

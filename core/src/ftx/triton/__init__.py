@@ -1,0 +1,1 @@
+"""Triton Inference Server: the local tritonserver manager and model-repository helpers."""

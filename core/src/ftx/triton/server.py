@@ -1,0 +1,848 @@
+"""Run the ``tritonserver`` shipped in the nvidia-pytriton wheel as a supervised local process.
+
+The wheel's server works on a CPU-only machine once three things are prepared (see
+``reference/serving-stack.md``): a copy of its ``backends`` tree holding the Python-backend stub
+for the running interpreter, ``PATH`` with this interpreter's ``bin`` first (the stub finds its
+environment through ``python3``), and ``LD_LIBRARY_PATH`` = this interpreter's libpython dir, then
+``nvidia_pytriton.libs``. :class:`TritonServer` does that, binds to one host only, waits for the
+server and its models to be ready (a broken stub hangs the server, so the wait has a timeout and
+watches the log), and on failure raises :class:`~ftx.errors.ServeError` with the cause and the
+log tail. Servers left running with :meth:`TritonServer.detach` are recorded under
+``<home>/servers`` and managed with :func:`list_servers` and :func:`stop_server`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from importlib import util as importlib_util
+from pathlib import Path
+from types import TracebackType
+
+import structlog
+
+from ftx.errors import ServeError
+
+log = structlog.get_logger(__name__)
+
+STUB_NAME = "triton_python_backend_stub"
+SHM_DIR = Path("/dev/shm")
+SHM_PREFIX = "triton_python_backend_shm_region_"
+MODEL_CONTROL_MODES = ("none", "poll", "explicit")
+LOG_TAIL_LINES = 30
+_POLL_S = 0.1
+_PORT_ATTEMPTS = 3
+_NAME_RE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+# --------------------------------------------------------------------------- ports
+
+
+@dataclass(frozen=True)
+class ServerPorts:
+    """The three ports a tritonserver listens on."""
+
+    http: int
+    grpc: int
+    metrics: int
+
+
+def free_ports(host: str = "127.0.0.1") -> ServerPorts:
+    """Return three distinct TCP ports that are free on ``host`` right now."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(3):
+            sock = stack.enter_context(socket.socket(family, socket.SOCK_STREAM))
+            sock.bind((host, 0))
+            ports.append(sock.getsockname()[1])
+    return ServerPorts(*ports)
+
+
+# --------------------------------------------------------------------------- install
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    """Where the nvidia-pytriton wheel keeps tritonserver and what it needs at run time."""
+
+    binary: Path  # pytriton/tritonserver/bin/tritonserver
+    backends: Path  # pytriton/tritonserver/backends (no stub inside)
+    stub: Path  # python_backend_stubs/<major.minor>/triton_python_backend_stub
+    libs: Path  # site-packages/nvidia_pytriton.libs
+    python_version: str  # "3.11": the interpreter the stub matches
+
+
+def _python_version() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def find_tritonserver() -> TritonInstall:
+    """Locate tritonserver, its backends, the stub for this Python and the vendored libs."""
+    hint = "pip install nvidia-pytriton (the python runtime's embedded tritonserver)"
+    spec = importlib_util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise ServeError("nvidia-pytriton is not installed, so there is no tritonserver to run", hint=hint)
+    package = Path(next(iter(spec.submodule_search_locations)))
+    root = package / "tritonserver"
+    pyver = _python_version()
+    install = TritonInstall(
+        binary=root / "bin" / "tritonserver",
+        backends=root / "backends",
+        stub=root / "python_backend_stubs" / pyver / STUB_NAME,
+        libs=package.parent / "nvidia_pytriton.libs",
+        python_version=pyver,
+    )
+    for path in (install.binary, install.backends / "python", install.libs):
+        if not path.exists():
+            raise ServeError(f"nvidia-pytriton at {package} is incomplete: {path} is missing",
+                             hint="pip install --force-reinstall nvidia-pytriton")
+    if not install.stub.is_file():
+        stubs = root / "python_backend_stubs"
+        have = sorted(p.name for p in stubs.iterdir()) if stubs.is_dir() else []
+        raise ServeError(f"nvidia-pytriton has no Python-backend stub for Python {pyver} "
+                         f"(it has: {', '.join(have) or 'none'})",
+                         hint=f"use a Python version among {', '.join(have)}" if have else hint)
+    return install
+
+
+def _stamp(install: TritonInstall) -> dict[str, object]:
+    """What a prepared backends tree was copied from; a different stamp means copy again."""
+    lib = install.backends / "python" / "libtriton_python.so"
+    files = [install.stub] + ([lib] if lib.exists() else [])
+    return {"source": str(install.backends), "stub": str(install.stub),
+            "files": {str(p): [p.stat().st_size, p.stat().st_mtime_ns] for p in files}}
+
+
+def _read_stamp(directory: Path) -> object:
+    try:
+        return json.loads((directory / ".ftx-stamp.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def prepare_backends(install: TritonInstall, home: Path) -> Path:
+    """Return ``<home>/triton/backends-<pyver>``: the wheel's backends plus the matching stub.
+
+    Built once in a temporary directory and published by rename; rebuilt when the wheel changes.
+    """
+    parent = Path(home) / "triton"
+    parent.mkdir(parents=True, exist_ok=True)
+    target = parent / f"backends-{install.python_version}"
+    stamp = _stamp(install)
+    if _read_stamp(target) == stamp:
+        return target
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=parent))
+    try:
+        shutil.copytree(install.backends, tmp, dirs_exist_ok=True)
+        shutil.copy2(install.stub, tmp / "python" / STUB_NAME)
+        (tmp / ".ftx-stamp.json").write_text(json.dumps(stamp, sort_keys=True))
+        for _ in range(3):
+            if _read_stamp(target) == stamp:  # another process published it meanwhile
+                return target
+            if target.exists():
+                with contextlib.suppress(FileNotFoundError):
+                    target.rename(parent / f".{target.name}-old-{secrets.token_hex(4)}")
+            try:
+                tmp.rename(target)
+                log.info("server.backends_prepared", path=str(target), stub=str(install.stub))
+                return target
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+        raise ServeError(f"could not publish {target}", hint=f"remove {target} and retry")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        for old in parent.glob(f".{target.name}-old-*"):
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _join_paths(*parts: str | None) -> str:
+    """Join path lists, keeping the first occurrence of each entry."""
+    seen: list[str] = []
+    for part in parts:
+        for entry in (part or "").split(os.pathsep):
+            if entry and entry not in seen:
+                seen.append(entry)
+    return os.pathsep.join(seen)
+
+
+def python_libdir() -> Path | None:
+    """The directory of this interpreter's shared libpython, if it has one."""
+    libdir = sysconfig.get_config_var("LIBDIR")
+    if not libdir:
+        return None
+    pattern = f"libpython{_python_version()}*.so*"
+    return Path(libdir) if any(Path(libdir).glob(pattern)) else None
+
+
+def server_env(install: TritonInstall, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment tritonserver and its stubs need, on top of ``os.environ`` and ``env``."""
+    result = dict(os.environ)
+    result.update(env or {})
+    result["PATH"] = _join_paths(str(Path(sys.executable).parent), result.get("PATH") or os.defpath)
+    libdir = python_libdir()
+    if libdir is None:
+        log.warning("server.libpython_missing", executable=sys.executable,
+                    note="the stub will use the system libpython; a version mismatch can break models")
+    result["LD_LIBRARY_PATH"] = _join_paths(str(libdir) if libdir else None, str(install.libs),
+                                            result.get("LD_LIBRARY_PATH"))
+    return result
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time in clock ticks) of a process, or None if there is none."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = data.rsplit(")", 1)[1].split()
+    return fields[0], int(fields[19])
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _alive(pid: int, start_ticks: int | None = None) -> bool:
+    """True if ``pid`` runs (not a zombie) and, when given, started at ``start_ticks``."""
+    stat = _proc_stat(pid)
+    if stat is None:
+        return False
+    state, started = stat
+    if state in ("Z", "X"):
+        _reap(pid)
+        return False
+    return start_ticks is None or started == start_ticks
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _wait_gone(pid: int, start_ticks: int | None, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while _alive(pid, start_ticks):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _terminate_group(pid: int, start_ticks: int | None, grace_s: float) -> None:
+    """SIGTERM the server, SIGKILL its process group after ``grace_s``, then sweep stragglers.
+
+    Servers run in their own session, so the group id is the server's pid and holds its stubs.
+    """
+    if _alive(pid, start_ticks):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        if not _wait_gone(pid, start_ticks, grace_s):
+            log.warning("server.kill", pid=pid, reason=f"no exit {grace_s:.0f} s after SIGTERM")
+            _killpg(pid, signal.SIGKILL)
+            _wait_gone(pid, start_ticks, 5.0)
+    _killpg(pid, signal.SIGKILL)  # stubs left behind by a killed server
+
+
+def remove_shm(prefix: str) -> list[Path]:
+    """Delete Python-backend shared-memory regions whose names start with ``prefix``."""
+    if not prefix.startswith(SHM_PREFIX) or prefix == SHM_PREFIX:
+        raise ValueError(f"refusing to remove shared memory of other servers: {prefix!r}")
+    removed = []
+    for path in SHM_DIR.glob(f"{prefix}*"):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A preexec_fn that makes the child get SIGTERM when this process dies (Linux only)."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+# --------------------------------------------------------------------------- log reading
+
+
+def _clean_lines(text: str) -> list[str]:
+    """Log lines without blank lines and table borders."""
+    return [line for line in text.splitlines() if line.strip() and not re.fullmatch(r"\+[-+]*\+", line.strip())]
+
+
+def log_tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` meaningful lines of a tritonserver log."""
+    return "\n".join(_clean_lines(text)[-lines:])
+
+
+def _unescape(message: str) -> str:
+    return message.replace("\\n", "\n").replace('\\"', '"').strip().rstrip('"').strip()
+
+
+def _compact_reason(reason: str) -> str:
+    """'Internal: RuntimeError: boom\\n\\nAt:\\n  model.py(2): initialize' in one line."""
+    lines = [line.strip() for line in _unescape(reason).splitlines() if line.strip()]
+    if not lines:
+        return "unknown reason"
+    head, frames = lines[0], [line for line in lines[1:] if line != "At:"]
+    text = head + (f" (at {frames[-1]})" if frames else "")
+    return text if len(text) <= 600 else text[:597] + "..."
+
+
+_FAILED_MODEL = re.compile(r"failed to load '([^']+)' version \d+: (.*)$")
+_POLL_FAILED = re.compile(r"Poll failed for model directory '([^']+)': (.*)$")
+_MISSING_LIB = re.compile(r"error while loading shared libraries: (\S+?): cannot open shared object file")
+_PORT_IN_USE = re.compile(r"Socket '([^']+)' already in use|failed to start (\w+) service.*already in use")
+_LOADING = re.compile(r'"loading: ([^:"]+):\d+"')
+_LOADED = re.compile(r"successfully loaded '([^']+)'")
+
+
+def failed_models(text: str) -> dict[str, str]:
+    """Model name to a one-line reason, for each model the log says failed to load."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        match = _FAILED_MODEL.search(line) or _POLL_FAILED.search(line)
+        if match and match.group(1) not in found:
+            found[match.group(1)] = _compact_reason(match.group(2))
+    return found
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The likely cause of a failed start and what to do about it."""
+
+    cause: str
+    hint: str
+    port_in_use: bool = False
+
+
+def diagnose(text: str, *, log_path: Path | None = None) -> Diagnosis | None:
+    """Recognise why tritonserver did not start from its log text, or None if nothing is known."""
+    see_log = f"full log: {log_path}" if log_path else "see the server log"
+    if match := _MISSING_LIB.search(text):
+        lib = match.group(1)
+        if lib.startswith("libpython"):
+            ver = _python_version()
+            return Diagnosis(f"the Python-backend stub cannot start: {lib} is missing",
+                             f"install the shared libpython for Python {ver} (Debian: apt-get install "
+                             f"libpython{ver}) or use a Python built with --enable-shared")
+        return Diagnosis(f"the Python-backend stub cannot start: shared library {lib} not found",
+                         "LD_LIBRARY_PATH must list <site-packages>/nvidia_pytriton.libs (ftx sets it); "
+                         "reinstall nvidia-pytriton if that directory is incomplete")
+    if match := _PORT_IN_USE.search(text):
+        what = match.group(1) or f"the {match.group(2)} port"
+        return Diagnosis(f"port in use: {what}",
+                         "choose other ports, or let ftx pick free ones; `ftx ps` lists servers ftx left running",
+                         port_in_use=True)
+    failed = failed_models(text)
+    if failed:
+        cause = "; ".join(f"model '{name}' failed to load: {reason}" for name, reason in failed.items())
+        if "_recursion_count" in text:
+            libdir = sysconfig.get_config_var("LIBDIR")
+            return Diagnosis(cause + " — the stub runs a different libpython than this interpreter",
+                             f"put {libdir} first in LD_LIBRARY_PATH, or make the venv from the system python3")
+        if "ModuleNotFoundError" in cause:
+            return Diagnosis(cause, f"install the missing module into the environment of {sys.executable} "
+                                    "(the stub runs the python3 first on PATH)")
+        names = ", ".join(failed)
+        return Diagnosis(cause, f"fix the model ({names}) in the repository; {see_log}")
+    if match := re.search(r"error: creating server: (.*)", text):
+        return Diagnosis(f"tritonserver could not be created: {match.group(1).strip()}", see_log)
+    return None
+
+
+class _LogWatch:
+    """Reads lines appended to a log file since a given offset."""
+
+    def __init__(self, path: Path, offset: int) -> None:
+        self.path, self.offset, self._partial = path, offset, ""
+
+    def new_lines(self) -> list[str]:
+        try:
+            with self.path.open("rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except OSError:
+            return []
+        self.offset += len(data)
+        text = self._partial + data.decode("utf-8", "replace")
+        *lines, self._partial = text.split("\n")
+        return lines
+
+
+def _read_from(path: Path, offset: int) -> str:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+# --------------------------------------------------------------------------- HTTP probes
+
+
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
+
+
+def _http_ok(url: str, timeout_s: float = 2.0) -> bool:
+    """True if GET ``url`` answers 200 (a fresh connection each time: no keep-alive left open)."""
+    try:
+        with _OPENER.open(url, timeout=timeout_s) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _client_host(host: str) -> str:
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def repository_models(repository: Path) -> list[str]:
+    """Model names in a repository: its non-hidden subdirectories."""
+    return sorted(p.name for p in Path(repository).iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _safe_name(text: str) -> str:
+    return _NAME_RE.sub("-", text).strip("-.") or "triton"
+
+
+# --------------------------------------------------------------------------- state records
+
+
+@dataclass(frozen=True)
+class ServerRecord:
+    """A detached server as written to ``<home>/servers/<name>.json``."""
+
+    name: str
+    pid: int
+    host: str
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    repository: str
+    log_path: str
+    started_at: str
+    models: tuple[str, ...] = ()
+    shm_prefix: str = ""
+    exit_timeout_s: int = 10
+    start_ticks: int | None = None
+    state_file: str = field(default="", compare=False)
+    alive: bool = field(default=True, compare=False)
+
+    @property
+    def http_url(self) -> str:
+        return f"{_client_host(self.host)}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{_client_host(self.host)}:{self.grpc_port}"
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data.pop("state_file")
+        data.pop("alive")
+        data["models"] = list(self.models)
+        return json.dumps(data, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_file(cls, path: Path) -> ServerRecord:
+        """Read a state file; ``alive`` says whether that process still runs."""
+        data = json.loads(path.read_text())
+        known = {f for f in cls.__dataclass_fields__ if f not in ("state_file", "alive")}
+        record = cls(**{k: v for k, v in data.items() if k in known}, state_file=str(path))
+        return replace(record, models=tuple(record.models), alive=_alive(record.pid, record.start_ticks))
+
+
+def servers_dir(home: Path) -> Path:
+    return Path(home) / "servers"
+
+
+def list_servers(home: Path) -> list[ServerRecord]:
+    """Detached servers recorded under ``home``, sorted by name; dead ones have ``alive=False``."""
+    records = []
+    for path in sorted(servers_dir(home).glob("*.json")):
+        try:
+            records.append(ServerRecord.from_file(path))
+        except (OSError, ValueError, TypeError) as exc:
+            log.warning("server.state_unreadable", path=str(path), error=str(exc))
+    return records
+
+
+def _stop_record(record: ServerRecord) -> None:
+    if record.alive:
+        _terminate_group(record.pid, record.start_ticks, record.exit_timeout_s + 5)
+    _reap(record.pid)
+    if record.shm_prefix.startswith(SHM_PREFIX + "ftx-"):
+        remove_shm(record.shm_prefix)
+    Path(record.state_file).unlink(missing_ok=True)
+    log.info("server.stopped" if record.alive else "server.record_removed", name=record.name, pid=record.pid)
+
+
+def stop_server(home: Path, name: str | None = None, *, all_servers: bool = False) -> list[ServerRecord]:
+    """Stop detached servers and remove their records; return the records handled.
+
+    ``name`` stops that server. Without a name: ``all_servers`` stops every one; otherwise the
+    only running server is stopped (an error if several run). Records of dead servers are
+    removed along the way and returned with ``alive=False``.
+    """
+    records = list_servers(home)
+    if name is not None:
+        chosen = [r for r in records if r.name == name]
+        if not chosen:
+            known = ", ".join(r.name for r in records) or "none"
+            raise ServeError(f"no server named {name!r} (known: {known})", hint="`ftx ps` lists detached servers")
+    else:
+        live = [r for r in records if r.alive]
+        if len(live) > 1 and not all_servers:
+            raise ServeError(f"{len(live)} servers are running: {', '.join(r.name for r in live)}",
+                             hint="name one (`ftx stop NAME`) or stop them all with `ftx stop --all`")
+        chosen = records
+    for record in chosen:
+        _stop_record(record)
+    return chosen
+
+
+# --------------------------------------------------------------------------- the server
+
+
+class _StartFailure(Exception):
+    """Internal: why a start attempt failed (before the log is diagnosed)."""
+
+
+class TritonServer:
+    """One local tritonserver process: start, wait for readiness, stop, or detach.
+
+    ``model_control`` is Triton's ``--model-control-mode`` (none, poll, explicit);
+    ``load_models`` (explicit mode only) are loaded at startup. ``start`` waits for the server
+    and each expected model (``load_models``, or every model in the repository otherwise).
+    ``die_with_parent`` makes the server get SIGTERM if this process dies; such a server cannot
+    be detached, so pass ``die_with_parent=False`` for servers meant to outlive ftx.
+    """
+
+    def __init__(self, repository: Path, *, home: Path, host: str = "127.0.0.1",
+                 ports: ServerPorts | None = None, model_control: str = "none",
+                 load_models: Sequence[str] = (), ready_timeout_s: float = 180.0,
+                 log_path: Path | None = None, env: Mapping[str, str] | None = None,
+                 exit_timeout_s: int = 10, name: str | None = None,
+                 die_with_parent: bool = True) -> None:
+        if model_control not in MODEL_CONTROL_MODES:
+            raise ServeError(f"unknown model control mode {model_control!r}",
+                             hint=f"use one of: {', '.join(MODEL_CONTROL_MODES)}")
+        if load_models and model_control != "explicit":
+            raise ServeError(f"load_models needs model_control='explicit' (got {model_control!r})",
+                             hint="pass model_control='explicit' or drop load_models")
+        self.repository = Path(repository).resolve()
+        if not self.repository.is_dir():
+            raise ServeError(f"model repository {self.repository} does not exist",
+                             hint="build the repository first (ftx configure)")
+        self.home = Path(home)
+        self.host = host
+        self._auto_ports = ports is None
+        self.ports = ports or free_ports(host)
+        self.model_control = model_control
+        self.load_models = tuple(load_models)
+        self.ready_timeout_s = ready_timeout_s
+        self.env = dict(env or {})
+        self.exit_timeout_s = int(exit_timeout_s)
+        self._explicit_name = name is not None
+        self.name = _safe_name(name or self.repository.name)
+        self.die_with_parent = die_with_parent
+        self.shm_prefix = f"{SHM_PREFIX}ftx-{secrets.token_hex(6)}-"
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        self._log_path = Path(log_path) if log_path else (
+            self.home / "triton" / "logs" / f"{self.name}-{stamp}-{self.shm_prefix[-7:-1]}.log")
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._start_ticks: int | None = None
+        self._state_file: Path | None = None
+        self._started_at = ""
+        self._detached = False
+        self._swept = False
+
+    # ----------------------------------------------------------------- properties
+
+    @property
+    def http_url(self) -> str:
+        """``host:port`` for ``tritonclient.http.InferenceServerClient``."""
+        return f"{_client_host(self.host)}:{self.ports.http}"
+
+    @property
+    def grpc_url(self) -> str:
+        """``host:port`` for ``tritonclient.grpc.InferenceServerClient``."""
+        return f"{_client_host(self.host)}:{self.ports.grpc}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{_client_host(self.host)}:{self.ports.metrics}/metrics"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def log_path(self) -> Path:
+        return self._log_path
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def expected_models(self) -> tuple[str, ...]:
+        """Models ``start`` waits for."""
+        if self.model_control == "explicit":
+            return self.load_models if self.load_models != ("*",) else tuple(repository_models(self.repository))
+        return tuple(repository_models(self.repository))
+
+    def command(self, backends: Path, binary: Path) -> list[str]:
+        """The tritonserver command line."""
+        cmd = [
+            str(binary),
+            f"--model-repository={self.repository}",
+            f"--backend-directory={backends}",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
+            f"--http-address={self.host}", f"--http-port={self.ports.http}",
+            f"--grpc-address={self.host}", f"--grpc-port={self.ports.grpc}",
+            "--allow-metrics=true", f"--metrics-address={self.host}", f"--metrics-port={self.ports.metrics}",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
+            f"--model-control-mode={self.model_control}",
+        ]
+        cmd += [f"--load-model={model}" for model in self.load_models]
+        return cmd
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def start(self, progress: Callable[[str], None] | None = None) -> None:
+        """Spawn tritonserver and return once it and the expected models are ready.
+
+        On failure the server is stopped, its shared memory removed, and ServeError raised with
+        the likely cause and the log tail. Auto-chosen ports that turn out taken are re-picked.
+        """
+        if self._proc is not None:
+            raise ServeError(f"server {self.name} was already started", hint="create a new TritonServer")
+        say = progress or (lambda _msg: None)
+        install = find_tritonserver()
+        backends = prepare_backends(install, self.home)
+        env = server_env(install, self.env)
+        attempts = _PORT_ATTEMPTS if self._auto_ports else 1
+        for attempt in range(1, attempts + 1):
+            offset = self._spawn(install, backends, env)
+            say(f"starting tritonserver on {self.http_url} (log: {self._log_path})")
+            began = time.monotonic()
+            try:
+                self._wait_ready(offset, say)
+            except _StartFailure as failure:
+                self._cleanup_process()
+                text = _read_from(self._log_path, offset)
+                found = diagnose(text, log_path=self._log_path)
+                if found and found.port_in_use and attempt < attempts:
+                    log.info("server.port_retry", name=self.name, attempt=attempt, cause=found.cause)
+                    self.ports = free_ports(self.host)
+                    self._proc, self._swept = None, False
+                    continue
+                raise self._start_error(str(failure), found, text) from None
+            except BaseException:
+                self._cleanup_process()
+                raise
+            self._started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            log.info("server.started", name=self.name, pid=self.pid, http=self.http_url, grpc=self.grpc_url,
+                     models=list(self.expected_models), seconds=round(time.monotonic() - began, 2))
+            say(f"tritonserver ready on {self.http_url} (pid {self.pid})")
+            return
+
+    def _spawn(self, install: TritonInstall, backends: Path, env: dict[str, str]) -> int:
+        """Start the process with output appended to the log; return the log offset of this run."""
+        self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        cmd = self.command(backends, install.binary)
+        with self._log_path.open("ab") as out:
+            out.write(f"# ftx: {' '.join(cmd)}\n".encode())
+            out.flush()
+            offset = out.tell()
+            self._proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                cwd=self._log_path.parent, start_new_session=True,
+                preexec_fn=_parent_death_signal() if self.die_with_parent else None,
+            )
+        stat = _proc_stat(self._proc.pid)
+        self._start_ticks = stat[1] if stat else None
+        log.debug("server.spawned", name=self.name, pid=self._proc.pid, cmd=cmd)
+        return offset
+
+    def _wait_ready(self, offset: int, say: Callable[[str], None]) -> None:
+        """Poll readiness; raise _StartFailure on exit, a fatal log line, or timeout."""
+        assert self._proc is not None
+        base = f"http://{self.http_url}"
+        watch = _LogWatch(self._log_path, offset)
+        expected = self.expected_models
+        pending = list(expected)
+        server_ready = False
+        deadline = time.monotonic() + self.ready_timeout_s
+        while True:
+            for line in watch.new_lines():
+                self._scan_line(line, expected, say)
+            code = self._proc.poll()
+            if code is not None:
+                raise _StartFailure(f"tritonserver exited with code {code} while starting")
+            if not server_ready:
+                server_ready = _http_ok(f"{base}/v2/health/ready")
+            if server_ready:
+                pending = [m for m in pending if not _http_ok(f"{base}/v2/models/{m}/ready")]
+                if not pending:
+                    return
+            if time.monotonic() > deadline:
+                waiting = "the server" if not server_ready else "models " + ", ".join(pending)
+                raise _StartFailure(f"tritonserver was not ready after {self.ready_timeout_s:g} s "
+                                    f"(still waiting for {waiting})")
+            time.sleep(_POLL_S)
+
+    def _scan_line(self, line: str, expected: Sequence[str], say: Callable[[str], None]) -> None:
+        """Report progress from a log line; raise _StartFailure if it means the start has failed."""
+        if match := _LOADING.search(line):
+            say(f"loading model {match.group(1)}")
+        elif match := _LOADED.search(line):
+            say(f"loaded model {match.group(1)}")
+        if _MISSING_LIB.search(line):
+            raise _StartFailure("a Python-backend stub could not start")
+        if _PORT_IN_USE.search(line):
+            raise _StartFailure("a port was in use")
+        failed = failed_models(line)
+        if any(name in expected for name in failed):
+            raise _StartFailure(f"model {', '.join(failed)} failed to load")
+
+    def _start_error(self, summary: str, found: Diagnosis | None, text: str) -> ServeError:
+        cause = found.cause if found else "no known cause found in the log"
+        hint = found.hint if found else f"read the full log: {self._log_path}"
+        message = (f"tritonserver did not start: {summary}\n{cause}\n"
+                   f"--- last lines of {self._log_path} ---\n{log_tail(text)}")
+        log.error("server.start_failed", name=self.name, summary=summary, cause=cause, log=str(self._log_path))
+        return ServeError(message, hint=hint)
+
+    def _cleanup_process(self) -> None:
+        """Stop the process (if any), kill stragglers in its group, remove its shared memory."""
+        if self._proc is not None and not self._swept:
+            if self._proc.poll() is None:
+                self._terminate()
+            _killpg(self._proc.pid, signal.SIGKILL)  # stubs of a killed server; the group is ours
+            self._swept = True
+        remove_shm(self.shm_prefix)
+
+    def _terminate(self) -> None:
+        assert self._proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            self._proc.send_signal(signal.SIGTERM)
+        try:
+            self._proc.wait(timeout=self.exit_timeout_s + 5)
+        except subprocess.TimeoutExpired:
+            log.warning("server.kill", name=self.name, pid=self._proc.pid, reason="no exit after SIGTERM")
+            _killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL) and remove its shared memory; idempotent.
+
+        Close your tritonclient clients first: an open keep-alive connection makes tritonserver
+        wait ``exit_timeout_s`` before it exits.
+        """
+        was_running = self.running
+        self._cleanup_process()
+        if self._state_file is not None:
+            self._state_file.unlink(missing_ok=True)
+            self._state_file = None
+        if was_running:
+            log.info("server.stopped", name=self.name, pid=self.pid, exit_code=self._proc.returncode if self._proc else None)
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Block until the server exits; return its exit code."""
+        if self._proc is None:
+            raise ServeError(f"server {self.name} was not started", hint="call start() first")
+        return self._proc.wait(timeout=timeout)
+
+    def detach(self) -> Path:
+        """Leave the server running after this process ends; record it and return the state file."""
+        if not self.running:
+            raise ServeError(f"server {self.name} is not running, so it cannot be detached",
+                             hint="start() it first")
+        if self.die_with_parent:
+            raise ServeError(f"server {self.name} was started with die_with_parent=True and would die with ftx",
+                             hint="create it with TritonServer(..., die_with_parent=False) to detach it")
+        directory = servers_dir(self.home)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.name = self._free_name(directory)
+        path = directory / f"{self.name}.json"
+        record = ServerRecord(
+            name=self.name, pid=self.pid or 0, host=self.host, http_port=self.ports.http,
+            grpc_port=self.ports.grpc, metrics_port=self.ports.metrics, repository=str(self.repository),
+            log_path=str(self._log_path), started_at=self._started_at, models=self.expected_models,
+            shm_prefix=self.shm_prefix, exit_timeout_s=self.exit_timeout_s, start_ticks=self._start_ticks,
+        )
+        tmp = directory / f".{self.name}.{secrets.token_hex(4)}.tmp"
+        tmp.write_text(record.to_json())
+        os.replace(tmp, path)
+        self._state_file = path
+        self._detached = True
+        log.info("server.detached", name=self.name, pid=self.pid, state=str(path))
+        return path
+
+    def _free_name(self, directory: Path) -> str:
+        """This server's name, or ``name-2``… if a live server already uses it (unless chosen)."""
+        live = {r.name for r in list_servers(self.home) if r.alive and r.pid != self.pid}
+        if self.name not in live:
+            return self.name
+        if self._explicit_name:
+            raise ServeError(f"a server named {self.name!r} is already running",
+                             hint=f"stop it (`ftx stop {self.name}`) or choose another name")
+        n = 2
+        while f"{self.name}-{n}" in live:
+            n += 1
+        return f"{self.name}-{n}"
+
+    # ----------------------------------------------------------------- context manager
+
+    def __enter__(self) -> TritonServer:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if not self._detached:
+            self.stop()
+
+    def __repr__(self) -> str:
+        return f"TritonServer(name={self.name!r}, http={self.http_url}, pid={self.pid})"

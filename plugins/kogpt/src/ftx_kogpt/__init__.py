@@ -1,0 +1,10 @@
+"""ftx plugin for the kogpt family (its table arrives in a later change)."""
+
+from __future__ import annotations
+
+from ftx import hookimpl
+
+
+@hookimpl
+def ftx_register_families() -> list[type]:
+    return []
