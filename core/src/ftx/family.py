@@ -37,6 +37,16 @@ DEFAULT_FETCH_PATTERNS: tuple[str, ...] = (
 )
 """Files a Hugging Face family needs; .bin weights are fetched only when no safetensors exist."""
 
+TOKENIZER_FILES: tuple[str, ...] = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "spiece.model",
+)
+
 
 @dataclass(frozen=True)
 class Preset:
@@ -47,6 +57,8 @@ class Preset:
     description: str = ""
     license: str | None = None
     sha256: str | None = None
+    hf_config: Mapping[str, Any] | None = None
+    """A copy of the model's config.json, so ``--dry-run`` can plan without a download."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +128,15 @@ class Family:
     gemm_tool: ClassVar[str] = "gpt_gemm"
     fetch_patterns: ClassVar[tuple[str, ...]] = DEFAULT_FETCH_PATTERNS
     license: ClassVar[str | None] = None
+    # -- tokenizer and runtime declarations (configure, python runtime) --
+    tokenizer_files: ClassVar[tuple[str, ...]] = TOKENIZER_FILES
+    """Files copied from the source (or --tokenizer) into the repository's pre/post-processing models."""
+    tokenizer_kind: ClassVar[str] = "hf"
+    """``hf`` (tokenizers.Tokenizer from tokenizer.json) or ``sentencepiece`` (spiece.model)."""
+    special_tokens: ClassVar[Mapping[str, str]] = {}
+    """Token strings whose ids must match the spec, e.g. ``{"bos": "[BOS]", "eos": "[EOS]", "pad": "[PAD]"}``."""
+    hf_model_class: ClassVar[str] = ""
+    """transformers class the python runtime rebuilds (``GPTJForCausalLM``)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -1,0 +1,110 @@
+"""Tiny, deterministic, offline checkpoints and tokenizers (tests, the built-in demo, plugin kits).
+
+Models come from ``transformers`` config classes with seeded random weights; tokenizers are
+trained here with ``tokenizers``. Nothing touches the network. Needs the ``torch`` extra.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+CORPUS = (
+    "The quick brown fox jumps over the lazy dog. "
+    "FasterTransformer serves large language models on Triton Inference Server. "
+    "A tensor parallel model is split across several GPUs, and every rank holds a slice. "
+    "Converting a checkpoint writes one binary file per tensor and rank. "
+    "Hello world, this is a tiny model that knows very little about anything. "
+    "Once upon a time there was a small language model that wanted to grow. "
+)
+END_OF_TEXT = "<|endoftext|>"
+
+
+def train_bpe_tokenizer(dest: Path, vocab_size: int = 200, specials: tuple[str, ...] = (END_OF_TEXT,),
+                        extra_config: Mapping[str, Any] | None = None) -> Any:
+    """Train a byte-level BPE tokenizer on a built-in corpus; writes tokenizer.json + tokenizer_config.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator([CORPUS] * 4, trainer=trainer)
+    dest.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(dest / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 2048,
+              "bos_token": specials[0], "eos_token": specials[0], "unk_token": specials[0]}
+    config.update(extra_config or {})
+    (dest / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    return tokenizer
+
+
+def _save(model: Any, dest: Path, dtype: str, safetensors: bool) -> Path:
+    import torch
+
+    torch_dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    model = model.to(torch_dtype)
+    model.save_pretrained(dest, safe_serialization=safetensors)
+    return dest
+
+
+def _seeded(seed: int) -> None:
+    import torch
+
+    torch.manual_seed(seed)
+
+
+def tiny_gptj(dest: Path, *, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, rotary_dim: int | None = 8,
+              vocab_size: int = 256, n_inner: int | None = None, dtype: str = "float32", safetensors: bool = True,
+              tokenizer: bool = True, seed: int = 0) -> Path:
+    """A random GPTJForCausalLM saved with save_pretrained (and a trained tokenizer)."""
+    from transformers import GPTJConfig, GPTJForCausalLM
+
+    eos = 0
+    if tokenizer:
+        tok = train_bpe_tokenizer(dest, vocab_size=min(vocab_size, 200))
+        eos = tok.token_to_id(END_OF_TEXT)
+    config = GPTJConfig(n_layer=n_layer, n_embd=n_embd, n_head=n_head, rotary_dim=rotary_dim, vocab_size=vocab_size,
+                        n_inner=n_inner, n_positions=256, bos_token_id=eos, eos_token_id=eos,
+                        tie_word_embeddings=False)
+    _seeded(seed)
+    return _save(GPTJForCausalLM(config).eval(), dest, dtype, safetensors)
+
+
+def tiny_gptneox(dest: Path, *, num_hidden_layers: int = 2, hidden_size: int = 64, num_attention_heads: int = 4,
+                 rotary_pct: float = 0.25, use_parallel_residual: bool = True, vocab_size: int = 256,
+                 intermediate_size: int = 256, dtype: str = "float32", safetensors: bool = True,
+                 tokenizer: bool = True, seed: int = 0) -> Path:
+    """A random GPTNeoXForCausalLM saved with save_pretrained (and a trained tokenizer)."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    eos = 0
+    if tokenizer:
+        tok = train_bpe_tokenizer(dest, vocab_size=min(vocab_size, 200))
+        eos = tok.token_to_id(END_OF_TEXT)
+    config = GPTNeoXConfig(num_hidden_layers=num_hidden_layers, hidden_size=hidden_size,
+                           num_attention_heads=num_attention_heads, rotary_pct=rotary_pct,
+                           use_parallel_residual=use_parallel_residual, vocab_size=vocab_size,
+                           intermediate_size=intermediate_size, max_position_embeddings=256,
+                           bos_token_id=eos, eos_token_id=eos, tie_word_embeddings=False)
+    _seeded(seed)
+    return _save(GPTNeoXForCausalLM(config).eval(), dest, dtype, safetensors)
+
+
+def tiny_t5(dest: Path, *, d_model: int = 64, d_kv: int = 16, num_heads: int = 4, d_ff: int = 128,
+            num_layers: int = 2, num_decoder_layers: int | None = None, gated: bool = False,
+            tie_word_embeddings: bool = True, vocab_size: int = 256, dtype: str = "float32",
+            safetensors: bool = True, seed: int = 0) -> Path:
+    """A random T5ForConditionalGeneration (v1.0 relu, or v1.1 gated-gelu)."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    config = T5Config(d_model=d_model, d_kv=d_kv, num_heads=num_heads, d_ff=d_ff, num_layers=num_layers,
+                      num_decoder_layers=num_decoder_layers, vocab_size=vocab_size,
+                      feed_forward_proj="gated-gelu" if gated else "relu",
+                      tie_word_embeddings=tie_word_embeddings, relative_attention_num_buckets=32,
+                      decoder_start_token_id=0, eos_token_id=1, pad_token_id=0)
+    _seeded(seed)
+    return _save(T5ForConditionalGeneration(config).eval(), dest, dtype, safetensors)
