@@ -1,0 +1,5 @@
+"""``python -m ftx``."""
+
+from ftx.cli import main
+
+main()

@@ -1,0 +1,25 @@
+"""Shared fixtures: tiny offline checkpoints built once per session (fixtures of the ftx
+pytest plugin — ftx_home, ftx_cli, log_events, plugin_host — come from ``ftx.testing``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+"""Inputs and manifests (sha256 of every file upstream wrote) of FasterTransformer's own converters
+on tiny checkpoints; copied from ../shared/golden without the outputs, which the manifests describe."""
+
+
+@pytest.fixture(scope="session")
+def golden() -> Path:
+    return GOLDEN
+
+
+@pytest.fixture(scope="session")
+def tiny_gptj_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer random GPT-J with a trained tokenizer (safetensors)."""
+    from ftx.tiny import tiny_gptj
+
+    return tiny_gptj(tmp_path_factory.mktemp("tiny-gptj"))
