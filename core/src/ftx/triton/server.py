@@ -32,10 +32,12 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import util as importlib_util
 from pathlib import Path
 from types import TracebackType
+from typing import Self
+from urllib.parse import quote
 
 import structlog
 
@@ -298,9 +300,27 @@ def _parent_death_signal() -> Callable[[], None] | None:
 # --------------------------------------------------------------------------- log reading
 
 
+# Messages every CPU-only start prints; they never explain a failure.
+_NOISE = re.compile(r"Unable to allocate pinned system memory|CUDA memory pool disabled|CudaDriverHelper has not"
+                    r"|Failed to initialize NVML|DCGM unable to start|Collecting CPU metrics")
+
+
 def _clean_lines(text: str) -> list[str]:
-    """Log lines without blank lines and table borders."""
-    return [line for line in text.splitlines() if line.strip() and not re.fullmatch(r"\+[-+]*\+", line.strip())]
+    """Log lines minus blanks, table borders, the server-options table and CPU-only noise."""
+    lines: list[str] = []
+    in_options = False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped or re.fullmatch(r"\+[-+]*\+", stripped) or _NOISE.search(line):
+            continue
+        if stripped.startswith("|"):
+            in_options = in_options or stripped.replace(" ", "").startswith("|Option|Value|")
+            if not in_options:
+                lines.append(re.sub(r" {2,}", " ", stripped))
+            continue
+        in_options = False
+        lines.append(line)
+    return lines
 
 
 def log_tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
@@ -325,7 +345,8 @@ def _compact_reason(reason: str) -> str:
 _FAILED_MODEL = re.compile(r"failed to load '([^']+)' version \d+: (.*)$")
 _POLL_FAILED = re.compile(r"Poll failed for model directory '([^']+)': (.*)$")
 _MISSING_LIB = re.compile(r"error while loading shared libraries: (\S+?): cannot open shared object file")
-_PORT_IN_USE = re.compile(r"Socket '([^']+)' already in use|failed to start (\w+) service.*already in use")
+_PORT_IN_USE = re.compile(r"Socket '([^']+)' already in use")
+_SERVICE_FAILED = re.compile(r"failed to start (\w+) service: (.*)$")
 _LOADING = re.compile(r'"loading: ([^:"]+):\d+"')
 _LOADED = re.compile(r"successfully loaded '([^']+)'")
 
@@ -363,8 +384,7 @@ def diagnose(text: str, *, log_path: Path | None = None) -> Diagnosis | None:
                          "LD_LIBRARY_PATH must list <site-packages>/nvidia_pytriton.libs (ftx sets it); "
                          "reinstall nvidia-pytriton if that directory is incomplete")
     if match := _PORT_IN_USE.search(text):
-        what = match.group(1) or f"the {match.group(2)} port"
-        return Diagnosis(f"port in use: {what}",
+        return Diagnosis(f"port in use: {match.group(1)}",
                          "choose other ports, or let ftx pick free ones; `ftx ps` lists servers ftx left running",
                          port_in_use=True)
     failed = failed_models(text)
@@ -379,6 +399,9 @@ def diagnose(text: str, *, log_path: Path | None = None) -> Diagnosis | None:
                                     "(the stub runs the python3 first on PATH)")
         names = ", ".join(failed)
         return Diagnosis(cause, f"fix the model ({names}) in the repository; {see_log}")
+    if match := _SERVICE_FAILED.search(text):
+        return Diagnosis(f"tritonserver could not start its {match.group(1)} service: {_unescape(match.group(2))}",
+                         see_log)
     if match := re.search(r"error: creating server: (.*)", text):
         return Diagnosis(f"tritonserver could not be created: {match.group(1).strip()}", see_log)
     return None
@@ -681,7 +704,7 @@ class TritonServer:
             except BaseException:
                 self._cleanup_process()
                 raise
-            self._started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            self._started_at = datetime.now(UTC).isoformat(timespec="seconds")
             log.info("server.started", name=self.name, pid=self.pid, http=self.http_url, grpc=self.grpc_url,
                      models=list(self.expected_models), seconds=round(time.monotonic() - began, 2))
             say(f"tritonserver ready on {self.http_url} (pid {self.pid})")
@@ -698,7 +721,8 @@ class TritonServer:
             self._proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                 cwd=self._log_path.parent, start_new_session=True,
-                preexec_fn=_parent_death_signal() if self.die_with_parent else None,
+                # only prctl/getppid/kill run between fork and exec
+                preexec_fn=_parent_death_signal() if self.die_with_parent else None,  # noqa: PLW1509
             )
         stat = _proc_stat(self._proc.pid)
         self._start_ticks = stat[1] if stat else None
@@ -723,7 +747,7 @@ class TritonServer:
             if not server_ready:
                 server_ready = _http_ok(f"{base}/v2/health/ready")
             if server_ready:
-                pending = [m for m in pending if not _http_ok(f"{base}/v2/models/{m}/ready")]
+                pending = [m for m in pending if not _http_ok(f"{base}/v2/models/{quote(m, safe='')}/ready")]
                 if not pending:
                     return
             if time.monotonic() > deadline:
@@ -740,11 +764,11 @@ class TritonServer:
             say(f"loaded model {match.group(1)}")
         if _MISSING_LIB.search(line):
             raise _StartFailure("a Python-backend stub could not start")
-        if _PORT_IN_USE.search(line):
-            raise _StartFailure("a port was in use")
+        if _PORT_IN_USE.search(line) or _SERVICE_FAILED.search(line):
+            raise _StartFailure("a network service could not start")
         failed = failed_models(line)
         if any(name in expected for name in failed):
-            raise _StartFailure(f"model {', '.join(failed)} failed to load")
+            raise _StartFailure("a model failed to load")
 
     def _start_error(self, summary: str, found: Diagnosis | None, text: str) -> ServeError:
         cause = found.cause if found else "no known cause found in the log"
@@ -786,7 +810,8 @@ class TritonServer:
             self._state_file.unlink(missing_ok=True)
             self._state_file = None
         if was_running:
-            log.info("server.stopped", name=self.name, pid=self.pid, exit_code=self._proc.returncode if self._proc else None)
+            code = self._proc.returncode if self._proc else None
+            log.info("server.stopped", name=self.name, pid=self.pid, exit_code=code)
 
     def wait(self, timeout: float | None = None) -> int:
         """Block until the server exits; return its exit code."""
@@ -796,15 +821,15 @@ class TritonServer:
 
     def detach(self) -> Path:
         """Leave the server running after this process ends; record it and return the state file."""
-        if not self.running:
-            raise ServeError(f"server {self.name} is not running, so it cannot be detached",
-                             hint="start() it first")
         if self.die_with_parent:
             raise ServeError(f"server {self.name} was started with die_with_parent=True and would die with ftx",
                              hint="create it with TritonServer(..., die_with_parent=False) to detach it")
+        if not self.running:
+            raise ServeError(f"server {self.name} is not running, so it cannot be detached",
+                             hint="start() it first")
         directory = servers_dir(self.home)
         directory.mkdir(parents=True, exist_ok=True)
-        self.name = self._free_name(directory)
+        self.name = self._free_name()
         path = directory / f"{self.name}.json"
         record = ServerRecord(
             name=self.name, pid=self.pid or 0, host=self.host, http_port=self.ports.http,
@@ -820,7 +845,7 @@ class TritonServer:
         log.info("server.detached", name=self.name, pid=self.pid, state=str(path))
         return path
 
-    def _free_name(self, directory: Path) -> str:
+    def _free_name(self) -> str:
         """This server's name, or ``name-2``… if a live server already uses it (unless chosen)."""
         live = {r.name for r in list_servers(self.home) if r.alive and r.pid != self.pid}
         if self.name not in live:
@@ -835,7 +860,7 @@ class TritonServer:
 
     # ----------------------------------------------------------------- context manager
 
-    def __enter__(self) -> TritonServer:
+    def __enter__(self) -> Self:
         self.start()
         return self
 

@@ -1,0 +1,148 @@
+"""Tiny Triton model repositories for tests that run a real tritonserver (Python backend)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+from ftx.triton.server import SHM_DIR, SHM_PREFIX
+
+IO_CONFIG = """
+max_batch_size: 0
+input [{ name: "input_ids", data_type: TYPE_INT32, dims: [-1, -1] }]
+output [{ name: "output_ids", data_type: TYPE_INT32, dims: [-1, -1] }]
+"""
+
+# The stub must run this interpreter's libpython (LD_LIBRARY_PATH has sysconfig LIBDIR first),
+# so the add-one model refuses to load under any other Python version.
+ADD_ONE_PY = """
+import sys
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+EXPECTED_VERSION = {version!r}
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        if sys.version.split()[0] != EXPECTED_VERSION:
+            raise RuntimeError(f"stub runs Python {{sys.version.split()[0]}}, expected {{EXPECTED_VERSION}}")
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy()
+            out = pb_utils.Tensor("output_ids", (x + 1).astype(np.int32))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+        return responses
+"""
+
+FAILING_PY = """
+class TritonPythonModel:
+    def initialize(self, args):
+        raise RuntimeError("initialize exploded on purpose")
+
+    def execute(self, requests):
+        return []
+"""
+
+ENSEMBLE_CONFIG = """
+name: "{name}"
+platform: "ensemble"
+{io}
+ensemble_scheduling {{
+  step [
+    {{ model_name: "{first}", model_version: -1,
+       input_map {{ key: "input_ids" value: "input_ids" }},
+       output_map {{ key: "output_ids" value: "intermediate_ids" }} }},
+    {{ model_name: "{second}", model_version: -1,
+       input_map {{ key: "input_ids" value: "intermediate_ids" }},
+       output_map {{ key: "output_ids" value: "output_ids" }} }}
+  ]
+}}
+"""
+
+
+def python_model(repo: Path, name: str, source: str) -> Path:
+    """Write a Python-backend model ``name`` with the int32 input_ids → output_ids signature."""
+    model = repo / name
+    (model / "1").mkdir(parents=True)
+    config = f'name: "{name}"\nbackend: "python"\n{IO_CONFIG}\ninstance_group [{{ count: 1, kind: KIND_CPU }}]\n'
+    (model / "config.pbtxt").write_text(config)
+    (model / "1" / "model.py").write_text(source)
+    return model
+
+
+def add_one_model(repo: Path, name: str) -> Path:
+    version = sys.version.split()[0]
+    return python_model(repo, name, ADD_ONE_PY.format(version=version))
+
+
+def ensemble_model(repo: Path, name: str, first: str, second: str) -> Path:
+    model = repo / name
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text(ENSEMBLE_CONFIG.format(name=name, io=IO_CONFIG, first=first, second=second))
+    return model
+
+
+def add_repository(repo: Path, *, failing: bool = False) -> Path:
+    """``add_one``, ``add_one_b`` and the ensemble ``add_two`` (+ ``broken`` if ``failing``)."""
+    repo.mkdir(parents=True, exist_ok=True)
+    add_one_model(repo, "add_one")
+    add_one_model(repo, "add_one_b")
+    ensemble_model(repo, "add_two", "add_one", "add_one_b")
+    if failing:
+        python_model(repo, "broken", FAILING_PY)
+    return repo
+
+
+INPUT = np.array([[1, 2, 3], [4, 5, 6]], dtype=np.int32)
+
+
+def infer_http(url: str, model: str, data: np.ndarray = INPUT) -> np.ndarray:
+    """One request over HTTP; the client is closed before returning (no keep-alive left open)."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(url)
+    try:
+        tensor = httpclient.InferInput("input_ids", list(data.shape), "INT32")
+        tensor.set_data_from_numpy(data)
+        return client.infer(model, [tensor]).as_numpy("output_ids")
+    finally:
+        client.close()
+
+
+def infer_grpc(url: str, model: str, data: np.ndarray = INPUT) -> np.ndarray:
+    """One request over gRPC; the client is closed before returning."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        tensor = grpcclient.InferInput("input_ids", list(data.shape), "INT32")
+        tensor.set_data_from_numpy(data)
+        return client.infer(model, [tensor]).as_numpy("output_ids")
+    finally:
+        client.close()
+
+
+def shm_regions() -> set[str]:
+    """Names of Python-backend shared-memory regions that exist now."""
+    return {p.name for p in SHM_DIR.glob(f"{SHM_PREFIX}*")}
+
+
+def _stat(path: Path) -> list[str] | None:
+    try:
+        return path.read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def process_gone(pid: int | None) -> bool:
+    """True if neither ``pid`` nor any process of its group runs (zombies awaiting reaping count as gone)."""
+    assert pid is not None
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        fields = _stat(stat_file)
+        if fields and fields[0] not in ("Z", "X") and (stat_file.parent.name == str(pid) or fields[2] == str(pid)):
+            return False
+    return True
