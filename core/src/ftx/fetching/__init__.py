@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ftx.fetching.archive import is_archive, safe_extract
 from ftx.fetching.http import download
-from ftx.fetching.hub import download_snapshot
+from ftx.fetching.hub import download_snapshot, list_repo_files
 from ftx.fetching.integrity import normalize_sha256, sha256_file
 from ftx.fetching.refs import local_fingerprint, parse_ref, resolve_revision
 
@@ -17,6 +17,7 @@ __all__ = [
     "download",
     "download_snapshot",
     "is_archive",
+    "list_repo_files",
     "local_fingerprint",
     "normalize_sha256",
     "parse_ref",

@@ -22,7 +22,7 @@ import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 import structlog
 import zstandard
@@ -48,7 +48,9 @@ _CORRUPT_ERRORS = (
     lzma.LZMAError,
     EOFError,
 )
-_UNSAFE_HINT = "the archive is unsafe or corrupt; nothing was extracted. Get it from a trusted source and pass its --sha256"
+_UNSAFE_HINT = (
+    "the archive is unsafe or corrupt; nothing was extracted. Get it from a trusted source and pass its --sha256"
+)
 
 
 class _Unsafe(Exception):
@@ -114,7 +116,9 @@ def _check_inputs(archive: Path, dest: Path) -> str:
     if not archive.is_file():
         raise SourceError(f"archive {archive} does not exist", hint="check the path")
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-        raise OutputError(f"cannot extract into {dest}: it already exists", hint="remove it or choose another directory")
+        raise OutputError(
+            f"cannot extract into {dest}: it already exists", hint="remove it or choose another directory"
+        )
     return fmt
 
 
@@ -169,15 +173,25 @@ def _tar_kind(member: tarfile.TarInfo) -> str:
 
 def _extract_tar(archive: Path, tmp: Path, bar: ByteProgress, *, zstd: bool) -> None:
     """Stream the tar (no seeking, so .tar.zst works), checking each member before writing it."""
-    extra = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-    with open(archive, "rb") as raw, _decompressed(_CountingReader(raw, bar), zstd) as stream:
-        with tarfile.open(fileobj=stream, mode="r|" if zstd else "r|*") as tar:
-            for member in tar:
-                _check_member(member.name, _tar_kind(member), member.linkname or None)
-                try:
-                    tar.extract(member, tmp, set_attrs=True, **extra)
-                except tarfile.FilterError as exc:  # the stdlib's own check, as a second line
-                    raise _Unsafe(member.name, str(exc)) from exc
+    with (
+        open(archive, "rb") as raw,
+        _decompressed(cast(IO[bytes], _CountingReader(raw, bar)), zstd) as stream,
+        tarfile.open(fileobj=stream, mode="r|" if zstd else "r|*") as tar,
+    ):
+        for member in tar:
+            _check_member(member.name, _tar_kind(member), member.linkname or None)
+            _extract_member(tar, member, tmp)
+
+
+def _extract_member(tar: tarfile.TarFile, member: tarfile.TarInfo, tmp: Path) -> None:
+    """Extract with the stdlib's ``data`` filter (3.11.4+) as a second line of defence."""
+    try:
+        if hasattr(tarfile, "data_filter"):
+            tar.extract(member, tmp, filter="data")
+        else:  # pragma: no cover - Python < 3.11.4
+            tar.extract(member, tmp)
+    except tarfile.FilterError as exc:
+        raise _Unsafe(member.name, str(exc)) from exc
 
 
 @contextmanager

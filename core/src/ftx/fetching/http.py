@@ -12,9 +12,11 @@ from __future__ import annotations
 import http.client
 import os
 import re
+import ssl
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 from urllib.error import HTTPError, URLError
 from urllib.parse import urlsplit
 from urllib.request import Request, url2pathname, urlopen
@@ -154,9 +156,11 @@ def _copy_local(url: str, part: Path, progress: bool) -> None:
     source = Path(url2pathname(urlsplit(url).path))
     if not source.is_file():
         raise SourceError(f"{url} is not a file", hint="check the path in the file:// URL")
-    with open(source, "rb") as src, open(part, "wb") as out, byte_progress(
-        source.name, source.stat().st_size, enabled=progress
-    ) as bar:
+    with (
+        open(source, "rb") as src,
+        open(part, "wb") as out,
+        byte_progress(source.name, source.stat().st_size, enabled=progress) as bar,
+    ):
         while chunk := src.read(CHUNK_BYTES):
             out.write(chunk)
             bar.advance(len(chunk))
@@ -204,6 +208,7 @@ def _fetch_once(url: str, part: Path, *, timeout_s: float, bar: ByteProgress) ->
             return
         raise _http_error(url, exc) from exc
     except (URLError, OSError, http.client.HTTPException) as exc:
+        _raise_if_tls_untrusted(url, exc)
         raise _Transient(_describe(exc, timeout_s)) from exc
     with response:
         plan = _plan(response, offset, part)
@@ -241,7 +246,7 @@ def _plan(response: http.client.HTTPResponse, offset: int, part: Path) -> _Plan:
     return _Plan(offset, total if total is not None else (offset + length if length is not None else None))
 
 
-def _copy_body(response: http.client.HTTPResponse, out, bar: ByteProgress, timeout_s: float) -> None:  # noqa: ANN001
+def _copy_body(response: http.client.HTTPResponse, out: BinaryIO, bar: ByteProgress, timeout_s: float) -> None:
     while True:
         try:
             chunk = response.read1(CHUNK_BYTES)
@@ -267,13 +272,25 @@ def _http_error(url: str, exc: HTTPError) -> Exception:
     if exc.code in _TRANSIENT_STATUS:
         return _Transient(f"HTTP {exc.code} {exc.reason}")
     if exc.code == 404:
-        return SourceError(f"{where} was not found (HTTP 404)", hint="check the URL, or pick a preset with `ftx pull --help`")
+        return SourceError(
+            f"{where} was not found (HTTP 404)", hint="check the URL, or pick a preset with `ftx pull --help`"
+        )
     if exc.code in (401, 403):
         return SourceError(
             f"access to {where} was refused (HTTP {exc.code})",
             hint="the URL needs credentials or has expired; download it yourself and pass the local file path instead",
         )
     return SourceError(f"downloading {where} failed: HTTP {exc.code} {exc.reason}", hint="check the URL")
+
+
+def _raise_if_tls_untrusted(url: str, exc: BaseException) -> None:
+    """A certificate problem does not go away by retrying: fail at once, with the fix."""
+    reason = getattr(exc, "reason", exc)
+    if isinstance(reason, ssl.SSLCertVerificationError):
+        raise SourceError(
+            f"the TLS certificate of {urlsplit(url).hostname} could not be verified ({reason.verify_message})",
+            hint="behind a TLS-intercepting proxy, point SSL_CERT_FILE at your organisation's CA bundle",
+        ) from exc
 
 
 def _describe(exc: BaseException, timeout_s: float) -> str:

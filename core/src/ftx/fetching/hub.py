@@ -12,11 +12,11 @@ import re
 import shutil
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import structlog
-from huggingface_hub import HfApi, constants, snapshot_download
+from huggingface_hub import HfApi, constants, get_token, snapshot_download
 from huggingface_hub.errors import (
     EntryNotFoundError,
     GatedRepoError,
@@ -89,14 +89,16 @@ def resolve_commit(repo_id: str, revision: str | None, *, token: str | None = No
     if hf_offline():
         return _cached_commit_or_fail(repo_id, rev, "HF_HUB_OFFLINE is set")
     try:
-        with hub_errors(repo_id, rev):
+        with hub_errors(repo_id, rev, token):
             info = HfApi(endpoint=hf_endpoint(), token=token).model_info(repo_id, revision=rev)
     except _HubUnreachable as exc:
         commit = _cached_commit_or_fail(repo_id, rev, f"the Hub cannot be reached ({exc})")
         log.warning("hub.offline_fallback", repo=repo_id, revision=rev, commit=commit)
         return commit
     if not info.sha:
-        raise SourceError(f"the Hub did not return a commit for {repo_id}@{rev}", hint="pass a 40-hex commit as revision")
+        raise SourceError(
+            f"the Hub did not return a commit for {repo_id}@{rev}", hint="pass a 40-hex commit as revision"
+        )
     _remember_ref(repo_id, rev, info.sha)
     log.info("hub.resolved", repo=repo_id, revision=rev, commit=info.sha)
     return info.sha
@@ -109,7 +111,8 @@ def _cached_commit_or_fail(repo_id: str, rev: str, why: str) -> str:
         log.info("hub.resolved", repo=repo_id, revision=rev, commit=commit, offline=True)
         return commit
     raise SourceError(
-        f"cannot resolve {repo_id}@{rev}: {why} and the local Hugging Face cache ({hf_cache_dir()}) has no snapshot of it",
+        f"cannot resolve {repo_id}@{rev}: {why} and the local Hugging Face cache ({hf_cache_dir()}) "
+        "has no record of it",
         hint="connect and unset HF_HUB_OFFLINE to download it once, or pass a 40-hex commit as the revision",
     )
 
@@ -127,6 +130,21 @@ def _remember_ref(repo_id: str, rev: str, commit: str) -> None:
 # --- snapshot download --------------------------------------------------------------------
 
 
+def list_repo_files(repo_id: str, commit: str, *, token: str | None = None) -> list[str]:
+    """The file names of ``repo_id`` at ``commit``: from the Hub, or offline from the cached snapshot.
+
+    Lets a caller choose patterns (e.g. fall back to ``pytorch_model*.bin`` when a repo has
+    no safetensors) with the same endpoint, token and error handling as the download.
+    """
+    _check_commit(commit)
+    if hf_offline():
+        snapshot = _cached_snapshot(repo_id, commit)
+        return sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file())
+    with _online(repo_id, commit, token):
+        info = HfApi(endpoint=hf_endpoint(), token=token).model_info(repo_id, revision=commit)
+    return sorted(s.rfilename for s in info.siblings or [])
+
+
 def download_snapshot(
     repo_id: str,
     commit: str,
@@ -138,22 +156,34 @@ def download_snapshot(
 ) -> list[Path]:
     """Download the files of ``repo_id`` at ``commit`` matching ``allow_patterns`` into ``dest``.
 
-    Returns the downloaded files. Offline, they are linked or copied from the local Hugging
-    Face cache. Raises :class:`SourceError` with the fix for gated, private or missing repos.
+    Returns the downloaded files. Offline, they are hard-linked (or copied) from the local
+    Hugging Face cache. Raises :class:`SourceError` with the fix for gated, private or missing
+    repos, and when no file matches.
     """
-    if not COMMIT_RE.fullmatch(commit):
-        raise SourceError(
-            f"download_snapshot needs a 40-hex commit, got {commit!r}",
-            hint="resolve the branch or tag first with resolve_revision()",
-        )
     dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
     patterns = list(allow_patterns)
+    wanted = _select(repo_id, commit, list_repo_files(repo_id, commit, token=token), patterns)
+    dest.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    if hf_offline():
-        files = _copy_from_cache(repo_id, commit, dest, patterns)
+    offline = hf_offline()
+    log.info("download.started", source="hf-cache" if offline else "hf", repo=repo_id, commit=commit, files=wanted)
+    if offline:
+        snapshot = _cached_snapshot(repo_id, commit)
+        for name in wanted:
+            _link_or_copy(snapshot / name, dest / name)
     else:
-        files = _download_online(repo_id, commit, dest, patterns, token=token, progress=progress)
+        with _online(repo_id, commit, token), _hf_progress_bars(progress):
+            snapshot_download(
+                repo_id,
+                revision=commit,
+                local_dir=dest,
+                allow_patterns=patterns,
+                cache_dir=hf_cache_dir(),
+                endpoint=hf_endpoint(),
+                token=token,
+            )
+        _drop_download_metadata(dest)
+    files = [dest / name for name in wanted]
     log.info(
         "download.finished",
         source="hf",
@@ -166,57 +196,48 @@ def download_snapshot(
     return files
 
 
-def _download_online(
-    repo_id: str, commit: str, dest: Path, patterns: list[str], *, token: str | None, progress: bool
-) -> list[Path]:
+def _check_commit(commit: str) -> None:
+    if not COMMIT_RE.fullmatch(commit):
+        raise SourceError(
+            f"a 40-hex commit is needed here, got {commit!r}",
+            hint="resolve the branch or tag first with resolve_revision()",
+        )
+
+
+@contextmanager
+def _online(repo_id: str, commit: str, token: str | None) -> Iterator[None]:
+    """:func:`hub_errors`, with an unreachable Hub as a SourceError too (no cache fallback here)."""
     try:
-        with hub_errors(repo_id, commit):
-            info = HfApi(endpoint=hf_endpoint(), token=token).model_info(repo_id, revision=commit)
-            wanted = _select(repo_id, commit, [s.rfilename for s in info.siblings or []], patterns)
-            log.info("download.started", source="hf", repo=repo_id, commit=commit, files=wanted, dest=str(dest))
-            with _hf_progress_bars(progress):
-                snapshot_download(
-                    repo_id,
-                    revision=commit,
-                    local_dir=dest,
-                    allow_patterns=patterns,
-                    cache_dir=hf_cache_dir(),
-                    endpoint=hf_endpoint(),
-                    token=token,
-                )
+        with hub_errors(repo_id, commit, token):
+            yield
     except _HubUnreachable as exc:
         raise SourceError(
             f"cannot download {repo_id}@{commit[:12]}: the Hub cannot be reached ({exc})",
-            hint="check the network (and HF_ENDPOINT); a proxy goes in HTTPS_PROXY",
+            hint="check the network and HF_ENDPOINT (a proxy goes in HTTPS_PROXY), or set HF_HUB_OFFLINE=1 "
+            "to use the local Hugging Face cache",
         ) from exc
-    _drop_download_metadata(dest)
-    return [dest / name for name in wanted]
 
 
 def _select(repo_id: str, commit: str, names: list[str], patterns: list[str]) -> list[str]:
     wanted = sorted(filter_repo_objects(names, allow_patterns=patterns))
     if not wanted:
+        listing = ", ".join(sorted(names)[:20]) or "nothing"
         raise SourceError(
-            f"no file of {repo_id}@{commit[:12]} matches {patterns}; it has: {', '.join(sorted(names)[:20]) or 'nothing'}",
+            f"no file of {repo_id}@{commit[:12]} matches {patterns}; it has: {listing}",
             hint="check the revision; the model family decides which files are needed",
         )
     return wanted
 
 
-def _copy_from_cache(repo_id: str, commit: str, dest: Path, patterns: list[str]) -> list[Path]:
-    """Offline: hard-link (or copy) the matching files of a cached snapshot into ``dest``."""
+def _cached_snapshot(repo_id: str, commit: str) -> Path:
     snapshot = _repo_cache(repo_id) / "snapshots" / commit
     if not snapshot.is_dir():
         raise SourceError(
-            f"{repo_id}@{commit[:12]} is not in the local Hugging Face cache ({hf_cache_dir()}) and HF_HUB_OFFLINE is set",
+            f"{repo_id}@{commit[:12]} is not in the local Hugging Face cache ({hf_cache_dir()}) "
+            "and HF_HUB_OFFLINE is set",
             hint="unset HF_HUB_OFFLINE to download it, or set HF_HOME / HF_HUB_CACHE to the cache that holds it",
         )
-    names = [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()]
-    wanted = _select(repo_id, commit, names, patterns)
-    log.info("download.started", source="hf-cache", repo=repo_id, commit=commit, files=wanted, dest=str(dest))
-    for name in wanted:
-        _link_or_copy(snapshot / name, dest / name)
-    return [dest / name for name in wanted]
+    return snapshot
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -231,10 +252,8 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 def _drop_download_metadata(dest: Path) -> None:
     """Remove the ``.cache/huggingface`` bookkeeping that local_dir downloads leave behind."""
     shutil.rmtree(dest / ".cache" / "huggingface", ignore_errors=True)
-    try:
+    with suppress(OSError):
         (dest / ".cache").rmdir()
-    except OSError:
-        pass
 
 
 @contextmanager
@@ -289,7 +308,7 @@ def _status(exc: BaseException) -> int | None:
 
 
 @contextmanager
-def hub_errors(repo_id: str, revision: str) -> Iterator[None]:
+def hub_errors(repo_id: str, revision: str, token: str | None = None) -> Iterator[None]:
     """Turn huggingface_hub failures into SourceErrors that say how to fix them.
 
     Network failures become :class:`_HubUnreachable` so callers can fall back to the cache.
@@ -299,26 +318,31 @@ def hub_errors(repo_id: str, revision: str) -> Iterator[None]:
     except SourceError:
         raise
     except Exception as exc:
-        mapped = _map_hub_error(exc, repo_id, revision)
+        mapped = _map_hub_error(exc, repo_id, revision, has_token=bool(token or get_token()))
         if mapped is None:
             raise
         raise mapped from exc
 
 
-def _map_hub_error(exc: BaseException, repo_id: str, revision: str) -> Exception | None:
+def _map_hub_error(exc: BaseException, repo_id: str, revision: str, *, has_token: bool) -> Exception | None:
     page = repo_page(repo_id)
-    access_hint = (
+    fix = (
         f"accept the model's licence at {page} while logged in, create a read token at "
         f"{hf_endpoint()}/settings/tokens and set HF_TOKEN=<token> (ftx never prints it)"
     )
     network = _network_error_types()
     for cause in _causes(exc):
-        if isinstance(cause, GatedRepoError) or _status(cause) == 403:
-            return SourceError(f"access to {repo_id} is restricted (gated repository, licence not accepted)", hint=access_hint)
-        if isinstance(cause, RepositoryNotFoundError) or _status(cause) == 401:
+        if isinstance(cause, GatedRepoError) or _status(cause) in (401, 403):
+            return _access_error(repo_id, page, fix, gated=isinstance(cause, GatedRepoError), has_token=has_token)
+        if isinstance(cause, RepositoryNotFoundError):
             return SourceError(
-                f"Hugging Face repository {repo_id} was not found, or it is private or gated and no valid token was sent",
-                hint=f"check the name at {page}; for a private or gated model, {access_hint}",
+                f"Hugging Face repository {repo_id} was not found"
+                + (
+                    ", or the token has no access to it"
+                    if has_token
+                    else ", or it is private or gated and no token was found"
+                ),
+                hint=f"check the name at {page}; for a private or gated model, {fix}",
             )
         if isinstance(cause, RevisionNotFoundError):
             return SourceError(
@@ -326,9 +350,20 @@ def _map_hub_error(exc: BaseException, repo_id: str, revision: str) -> Exception
                 hint=f"use a branch, tag or 40-hex commit listed at {page}/tree/main",
             )
         if isinstance(cause, EntryNotFoundError) and not isinstance(cause, FileNotFoundError):
-            return SourceError(f"a file of {repo_id}@{revision} disappeared from the Hub", hint="run again, or pin another commit")
+            return SourceError(
+                f"a file of {repo_id}@{revision} disappeared from the Hub", hint="run again, or pin another commit"
+            )
         if isinstance(cause, network):
             return _HubUnreachable(type(cause).__name__)
     if isinstance(exc, HfHubHTTPError):
         return SourceError(f"the Hub refused {repo_id}@{revision} (HTTP {_status(exc)})", hint="try again later")
     return None
+
+
+def _access_error(repo_id: str, page: str, fix: str, *, gated: bool, has_token: bool) -> SourceError:
+    what = "gated" if gated else "private or gated"
+    if has_token:
+        message = f"{repo_id} is {what} and the Hugging Face token was refused or has not been granted access"
+    else:
+        message = f"{repo_id} is {what} and no Hugging Face token was found"
+    return SourceError(message, hint=fix)

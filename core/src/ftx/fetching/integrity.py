@@ -30,9 +30,7 @@ def normalize_sha256(value: str | None) -> str | None:
 def sha256_file(path: Path, *, progress: bool = False) -> str:
     """The hex sha256 of a file, with a ``verifying sha256`` bar when asked."""
     digest = hashlib.sha256()
-    with open(path, "rb") as fh, byte_progress(
-        "verifying sha256", path.stat().st_size, enabled=progress
-    ) as bar:
+    with open(path, "rb") as fh, byte_progress("verifying sha256", path.stat().st_size, enabled=progress) as bar:
         while chunk := fh.read(_HASH_CHUNK):
             digest.update(chunk)
             bar.advance(len(chunk))

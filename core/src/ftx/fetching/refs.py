@@ -38,9 +38,7 @@ ACCEPTED_FORMS = (
 )
 
 
-def parse_ref(
-    text: str, *, presets: Mapping[str, SourceRef] | None = None, revision: str | None = None
-) -> SourceRef:
+def parse_ref(text: str, *, presets: Mapping[str, SourceRef] | None = None, revision: str | None = None) -> SourceRef:
     """Turn a model source as typed by the user into a :class:`SourceRef`.
 
     ``revision`` (``--revision``) applies to ``hf`` sources and presets; it must agree with
@@ -134,7 +132,7 @@ def _unknown(text: str, presets: Mapping[str, SourceRef], why: str) -> SourceErr
 def resolve_revision(ref: SourceRef) -> str:
     """Pin ``ref``: a 40-hex commit (hf), the sha256 or ``url-…`` key (url), ``local-…`` (local)."""
     if ref.kind == "hf":
-        return resolve_commit(ref.uri.removeprefix("hf://"), ref.revision, token=os.environ.get("HF_TOKEN") or None)
+        return resolve_commit(ref.uri.removeprefix("hf://"), ref.revision)
     if ref.kind == "url":
         return normalize_sha256(ref.sha256) or _url_key(ref.uri)
     if ref.kind == "local":
@@ -172,7 +170,9 @@ def _http_validators(url: str, timeout_s: float = 10) -> list[str]:
 def local_fingerprint(root: Path) -> str:
     """A quick content fingerprint: relative names, sizes and mtime_ns of every file (VCS dirs skipped)."""
     if not root.is_dir():
-        raise SourceError(f"local source {root} is not a directory", hint="give a directory holding config.json and weights")
+        raise SourceError(
+            f"local source {root} is not a directory", hint="give a directory holding config.json and weights"
+        )
     digest = hashlib.sha256()
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)

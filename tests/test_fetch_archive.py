@@ -1,0 +1,163 @@
+"""ftx.fetching.archive: happy paths per format, refused malicious members, atomicity."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+from fetch_helpers import MODEL_TREE, Entry, LocalServer, sha256, tar_bytes, tree, write_archive, zip_bytes
+from ftx.errors import OutputError, SourceError
+from ftx.fetching.archive import is_archive, safe_extract
+from ftx.fetching.http import download
+
+FORMATS = ["ckpt.tar.zstd", "ckpt.tar.zst", "ckpt.tzst", "ckpt.tar.gz", "ckpt.tgz", "ckpt.tar", "ckpt.zip"]
+
+
+def expected_model_tree() -> dict[str, bytes | str]:
+    return {
+        "config.json": b'{"model_type": "gptj"}',
+        "weights": "/",
+        "weights/latest": "-> shard-0.bin",
+        "weights/shard-0.bin": MODEL_TREE[2].data,
+    }
+
+
+def assert_nothing_left(dest: Path) -> None:
+    assert not dest.exists()
+    assert [p.name for p in dest.parent.iterdir() if ".extracting" in p.name] == []
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_extracts_each_format_and_returns_the_single_top_dir(tmp_path: Path, name: str) -> None:
+    archive = write_archive(tmp_path / name, MODEL_TREE)
+    assert is_archive(archive)
+    root = safe_extract(archive, tmp_path / "out", progress=False)
+    assert root == tmp_path / "out" / "model"
+    assert tree(root) == expected_model_tree()
+
+
+def test_archive_without_a_single_top_dir_returns_dest(tmp_path: Path) -> None:
+    archive = write_archive(tmp_path / "flat.tar.gz", [Entry("config.json", b"{}"), Entry("w.bin", b"w")])
+    assert safe_extract(archive, tmp_path / "out", progress=False) == tmp_path / "out"
+    assert tree(tmp_path / "out") == {"config.json": b"{}", "w.bin": b"w"}
+
+
+def test_existing_empty_dest_is_used(tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    archive = write_archive(tmp_path / "a.zip", MODEL_TREE)
+    assert safe_extract(archive, tmp_path / "out", progress=False) == tmp_path / "out" / "model"
+
+
+def test_downloaded_tar_zstd_end_to_end(tmp_path: Path) -> None:
+    archive = write_archive(tmp_path / "step_383500_slim.tar.zstd", MODEL_TREE)
+    with LocalServer() as server:
+        server.serve_bytes("/step_383500_slim.tar.zstd", archive.read_bytes())
+        got = download(
+            server.url("/step_383500_slim.tar.zstd"),
+            tmp_path / "dl" / archive.name,
+            sha256=sha256(archive.read_bytes()),
+            progress=False,
+        )
+    assert tree(safe_extract(got, tmp_path / "out", progress=False)) == expected_model_tree()
+
+
+MALICIOUS = {
+    "dotdot": [Entry("model/config.json", b"{}"), Entry("model/../../evil.txt", b"pwned")],
+    "absolute": [Entry("/tmp/ftx-evil-abs.txt", b"pwned")],
+    "symlink-out": [Entry("model", kind="dir"), Entry("model/escape", kind="symlink", link="../../outside")],
+    "symlink-absolute": [Entry("passwd", kind="symlink", link="/etc/passwd")],
+    "symlink-then-write": [Entry("link", kind="symlink", link=".."), Entry("link/evil.txt", b"pwned")],
+    "hardlink-out": [Entry("h", kind="hardlink", link="../outside.txt")],
+    "fifo": [Entry("model/pipe", kind="fifo")],
+    "device": [Entry("model/null", kind="chrdev")],
+}
+REASONS = {
+    "dotdot": ("model/../../evil.txt", "'..'"),
+    "absolute": ("/tmp/ftx-evil-abs.txt", "absolute path"),
+    "symlink-out": ("model/escape", "symlink pointing outside"),
+    "symlink-absolute": ("passwd", "symlink to an absolute path"),
+    "symlink-then-write": ("link", "symlink pointing outside"),
+    "hardlink-out": ("'h'", "hardlink pointing outside"),
+    "fifo": ("model/pipe", "special file"),
+    "device": ("model/null", "special file"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALICIOUS))
+@pytest.mark.parametrize("suffix", [".tar", ".tar.zstd"])
+def test_malicious_tar_is_refused_and_leaves_nothing(tmp_path: Path, case: str, suffix: str) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    archive = write_archive(work / f"bad{suffix}", MALICIOUS[case])
+    dest = work / "out"
+    with pytest.raises(SourceError) as err:
+        safe_extract(archive, dest, progress=False)
+    member, reason = REASONS[case]
+    assert member in err.value.message and reason in err.value.message
+    assert "--sha256" in err.value.hint
+    assert_nothing_left(dest)
+    assert not (tmp_path / "evil.txt").exists() and not (tmp_path / "outside").exists()
+    assert not Path("/tmp/ftx-evil-abs.txt").exists()
+
+
+@pytest.mark.parametrize(
+    ("entries", "member", "reason"),
+    [
+        ([Entry("model/ok.txt", b"ok"), Entry("../zip-slip.txt", b"pwned")], "../zip-slip.txt", "'..'"),
+        ([Entry("/abs-zip.txt", b"pwned")], "/abs-zip.txt", "absolute path"),
+        ([Entry("C:/windows.txt", b"pwned")], "C:/windows.txt", "absolute path"),
+        ([Entry("model/escape", kind="symlink", link="../../x")], "model/escape", "symlink pointing outside"),
+    ],
+)
+def test_zip_slip_is_refused_before_anything_is_written(
+    tmp_path: Path, entries: list[Entry], member: str, reason: str
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    archive = work / "bad.zip"
+    archive.write_bytes(zip_bytes(entries))
+    with pytest.raises(SourceError) as err:
+        safe_extract(archive, work / "out", progress=False)
+    assert member in err.value.message and reason in err.value.message
+    assert_nothing_left(work / "out")
+    assert not (tmp_path / "zip-slip.txt").exists()
+
+
+def test_symlink_inside_the_archive_is_kept(tmp_path: Path) -> None:
+    entries = [
+        Entry("m/a/w.bin", b"w"),
+        Entry("m/b/link", kind="symlink", link="../a/w.bin"),
+        Entry("m/h", kind="hardlink", link="m/a/w.bin"),
+    ]
+    root = safe_extract(write_archive(tmp_path / "ok.tar", entries), tmp_path / "out", progress=False)
+    assert (root / "b" / "link").read_bytes() == b"w" and (root / "h").read_bytes() == b"w"
+
+
+@pytest.mark.parametrize("name", ["t.tar.gz", "t.tar.zstd", "t.zip"])
+def test_truncated_archive_is_a_source_error(tmp_path: Path, name: str) -> None:
+    full = write_archive(tmp_path / name, MODEL_TREE).read_bytes()
+    (tmp_path / name).write_bytes(full[: len(full) // 2])
+    with pytest.raises(SourceError, match="corrupt or truncated") as err:
+        safe_extract(tmp_path / name, tmp_path / "out", progress=False)
+    assert "fetch it again" in err.value.hint
+    assert_nothing_left(tmp_path / "out")
+
+
+def test_bad_inputs(tmp_path: Path) -> None:
+    archive = write_archive(tmp_path / "a.tar", MODEL_TREE)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    with pytest.raises(OutputError, match="already exists"):
+        safe_extract(archive, tmp_path / "full", progress=False)
+    with pytest.raises(SourceError, match="not a supported archive") as err:
+        safe_extract(tmp_path / "weights.bin", tmp_path / "o", progress=False)
+    assert ".tar.zstd" in err.value.hint
+    with pytest.raises(SourceError, match="does not exist"):
+        safe_extract(tmp_path / "missing.tar.gz", tmp_path / "o", progress=False)
+
+
+def test_is_archive_goes_by_name(tmp_path: Path) -> None:
+    (tmp_path / "pytorch_model.bin").write_bytes(gzip.compress(tar_bytes(MODEL_TREE)))
+    assert not is_archive(tmp_path / "pytorch_model.bin")
+    assert is_archive(Path("STEP.TAR.ZSTD")) and is_archive(Path("x.tar.xz")) and not is_archive(Path("x.npz"))
