@@ -133,22 +133,19 @@ class Pipeline:
         result = RunResult()
         ref, preset_family = resolve_source(s, self.host)
         family = self.host.family(s.family or preset_family) if (s.family or preset_family) else None
+        if s.dry_run:
+            return self._dry_run(ref, family, result)
         revision = _resolve_revision(ref)
         fetch_inputs = {"ref": ref.uri, "revision": revision,
                         "patterns": list(family.fetch_patterns if family else Family.fetch_patterns)}
-        if s.dry_run:
-            self.say(f"fetch     {ref.display} (revision {revision})")
         fetch_art = self._stage(
             "fetch", fetch_inputs, family, "ftx_fetch",
             lambda dest: self.host.hook.ftx_fetch(ref=ref, revision=revision, family=family or Family(),
                                                   dest=dest, ctx=self.ctx),
             result,
-        ) if not s.dry_run or self._is_local(ref) else None
-        source = _source_from_artifact(fetch_art, ref, revision) if fetch_art else None
+        )
+        source = _source_from_artifact(fetch_art, ref, revision)
         result.source = source
-        if source is None:
-            self.say("(dry run: the remaining stages depend on the fetched config.json)")
-            return result
         family, hf_config = self.host.family_for_source(source.path, family.name if family else None)
         structlog.contextvars.bind_contextvars(family=family.name)
         spec = family.spec(hf_config)
@@ -160,9 +157,6 @@ class Pipeline:
 
         convert_inputs = {"fetch": fetch_art.key, "family": family.name, "fingerprint": family.fingerprint(),
                           "tp": s.tp, "weight_dtype": s.weight_dtype, "format": tensormap.FORMAT_VERSION}
-        if s.dry_run:
-            self._dry("convert", convert_inputs, f"{family.name} -> {s.tp}-gpu {s.weight_dtype}", result)
-            return result
         ckpt_art = self._stage(
             "convert", convert_inputs, family, "ftx_convert",
             lambda dest: self.host.hook.ftx_convert(family=family, source=source, spec=spec, dest=dest, ctx=self.ctx),
@@ -204,14 +198,51 @@ class Pipeline:
             raise PluginError(f"no plugin can serve the {runtime} runtime")
         return result
 
-    def _dry(self, stage: str, inputs: Mapping[str, Any], what: str, result: RunResult) -> None:
-        key = make_key({"stage": stage, **inputs})
-        cached = self.store.lookup(stage, key) is not None
-        self.say(f"{stage:<9} {'cached' if cached else 'would run'}  {what}")
-        result.outcomes.append(StageOutcome(stage, key, None, cached, what))
+    def _dry_run(self, ref: SourceRef, family: Family | None, result: RunResult) -> RunResult:
+        """Say what each stage would do, touching neither the network nor the store."""
+        s = self.settings
+        hf_config: Mapping[str, Any] | None = None
+        if ref.kind == "local" and Path(ref.uri).is_dir():
+            family, hf_config = self.host.family_for_source(Path(ref.uri), family.name if family else None)
+        elif family is not None and ref.preset:
+            hf_config = family.presets[ref.preset].hf_config
+        self.say(f"fetch     {ref.display}" + ("" if ref.kind == "local" else " (download, verify, publish to the store)"))
+        if family is None or hf_config is None:
+            self.say("          the next stages depend on the checkpoint's config.json: run `ftx pull` first, "
+                     "or pass --family for a preset")
+            return result
+        spec = family.spec(hf_config)
+        spec.check_parallel(s.tp, s.pp)
+        family.check_weight_dtype(s.weight_dtype)
+        result.family, result.spec = family, spec
+        store = self.store.root
+        checkpoint_dir = store / "convert" / "<key>" / f"{s.tp}-gpu"
+        repository_dir = store / "configure" / "<key>"
+        self.say(f"convert   {family.name} -> {checkpoint_dir} ({s.weight_dtype}, tp={s.tp})")
+        if not self._wanted("tune"):
+            return result
+        runtime, reason = choose_runtime_for_plan(s.runtime)
+        result.runtime, result.runtime_reason = runtime, reason
+        self.say(f"runtime   {runtime} ({reason})")
+        if runtime == "fastertransformer":
+            from ftx.docker_runtime.plan import describe_run
 
-    def _is_local(self, ref: SourceRef) -> bool:
-        return ref.kind == "local"
+            for line in describe_run(s, family, spec, checkpoint_dir, repository_dir):
+                self.say(line)
+            return result
+        self.say(f"tune      skipped: the python runtime does not use gemm_config.in")
+        self.say(f"configure Triton repository -> {repository_dir} (fastertransformer model on the python backend, "
+                 f"preprocessing, postprocessing, ensemble)")
+        if self._wanted("serve"):
+            self.say(f"serve     tritonserver (nvidia-pytriton) on {s.host}, ports {s.http_port or 'free'}/"
+                     f"{s.grpc_port or 'free'}")
+        return result
+
+
+def choose_runtime_for_plan(requested: str) -> tuple[str, str]:
+    from ftx.runtime.select import choose_runtime
+
+    return choose_runtime(requested)
 
 
 def _resolve_revision(ref: SourceRef) -> str:

@@ -20,12 +20,18 @@ log = structlog.get_logger(__name__)
 WEIGHT_FALLBACK = ("pytorch_model*.bin", "pytorch_model.bin.index.json")
 
 
+BUILTIN = "builtin:"
+
+
 def preset_refs(host: PluginHost) -> dict[str, SourceRef]:
-    """Every preset of every family as a SourceRef."""
+    """Every preset of every family as a SourceRef (built-in models are built on first use)."""
     from ftx.fetching.refs import parse_ref
 
     refs = {}
     for name, (_family, preset) in host.presets().items():
+        if preset.source.startswith(BUILTIN):
+            refs[name] = SourceRef("builtin", preset.source, preset=name)
+            continue
         base = parse_ref(preset.source, revision=preset.revision)
         refs[name] = SourceRef(base.kind, base.uri, preset.revision or base.revision, preset.sha256, preset=name)
     return refs
@@ -44,7 +50,19 @@ def resolve_source(settings: RunSettings, host: PluginHost) -> tuple[SourceRef, 
             log.info("license.notice", model=settings.model, license=preset.license or family.license)
     text = settings.source or settings.model
     ref = parse_ref(text, presets=presets, revision=settings.revision)
+    if ref.kind == "builtin":
+        ref = SourceRef("local", str(build_builtin(ref.uri.removeprefix(BUILTIN))), preset=ref.preset)
     return ref, preset_family
+
+
+def build_builtin(name: str) -> Path:
+    """Build (once, offline, deterministically) a model that ships with ftx."""
+    from ftx.demo import ensure_demo_checkpoint
+    from ftx.paths import ftx_home
+
+    if name != "tiny-gptj":
+        raise SourceError(f"unknown built-in model {name!r}", hint="the built-in model is tiny-gptj")
+    return ensure_demo_checkpoint(ftx_home())
 
 
 @hookimpl(trylast=True)

@@ -39,6 +39,14 @@ TENSORS = TensorMap(
 )
 
 
+GPTJ_6B_CONFIG = {
+    "model_type": "gptj", "architectures": ["GPTJForCausalLM"], "n_embd": 4096, "n_head": 16, "n_layer": 28,
+    "n_inner": None, "rotary_dim": 64, "vocab_size": 50400, "n_positions": 2048, "bos_token_id": 50256,
+    "eos_token_id": 50256, "tie_word_embeddings": False,
+}
+"""EleutherAI/gpt-j-6b's config.json (the fields ftx reads), so dry runs plan without a download."""
+
+
 class GPTJ(Family):
     """GPT-J: parallel attention + MLP on one layernorm, interleaved rotary, LM head with bias."""
 
@@ -47,7 +55,9 @@ class GPTJ(Family):
     hf_model_types = ("gptj",)
     hf_architectures = ("GPTJForCausalLM",)
     presets = {
-        "gptj": Preset("hf://EleutherAI/gpt-j-6b", description="GPT-J 6B, Hugging Face weights", license="apache-2.0"),
+        "gptj": Preset("hf://EleutherAI/gpt-j-6b", description="GPT-J 6B, Hugging Face weights", license="apache-2.0",
+                       hf_config=GPTJ_6B_CONFIG),
+        "tiny-gptj": Preset("builtin:tiny-gptj", description="a tiny GPT-J built offline at first use (the demo)"),
     }
     tensors = TENSORS
     ini_section = "gptj"
