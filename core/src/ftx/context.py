@@ -22,6 +22,7 @@ class RunSettings:
     model: str
     source: str | None = None
     revision: str | None = None
+    sha256: str | None = None
     family: str | None = None
     tp: int = 1
     pp: int = 1

@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "ftx.cli.servers",
     "ftx.cli.image",
     "ftx.cli.pins",
+    "ftx.cli.serving",
 )
 
 

@@ -26,6 +26,7 @@ def _compose(*decorators: F) -> Callable[[F], F]:
 source_options = _compose(
     click.option("--source", help="Checkpoint to use instead of the preset's: a path, hf://org/name[@rev] or a URL."),
     click.option("--revision", help="Branch, tag or commit of a Hugging Face source."),
+    click.option("--sha256", help="Expected sha256 of a downloaded archive or file (checked before use)."),
     click.option("--family", help="Model family (see `ftx models`); detected from config.json when omitted."),
 )
 

@@ -10,6 +10,7 @@ import click
 from ftx.cli.common import FtxCommand, get_host, say
 from ftx.cli.options import conversion_options, repository_options, source_options, stage_options
 from ftx.context import RunSettings
+from ftx.errors import ConfigError
 from ftx.paths import ftx_home
 from ftx.pipeline import Pipeline, RunResult
 from ftx.store import ArtifactStore
@@ -26,12 +27,33 @@ def settings_from_options(model: str, **opts: Any) -> RunSettings:
 
 
 def run_pipeline(settings: RunSettings) -> RunResult:
-    """Build the pipeline over the user's FTX_HOME and run it."""
+    """Check the deployment's pins, then run the pipeline over the user's FTX_HOME."""
+    from ftx.manifest import check_requirements, find_manifest
+
+    manifest = find_manifest()
+    if manifest is not None:
+        check_requirements(manifest)
     return Pipeline(get_host(), ArtifactStore(ftx_home()), settings, say=say).run()
 
 
+def model_from_manifest(model: str | None, opts: dict[str, Any]) -> str:
+    """MODEL may be omitted when ./ftx.toml has a [model] section (as written by `ftx lock`)."""
+    if model:
+        return model
+    from ftx.manifest import find_manifest
+
+    manifest = find_manifest()
+    if manifest is None or "source" not in manifest.model:
+        raise ConfigError("no MODEL given and no ./ftx.toml with a [model] source",
+                          hint="run `ftx run gptj`, or `ftx lock MODEL` to write ftx.toml first")
+    for key in ("revision", "family"):
+        if opts.get(key) is None and manifest.model.get(key):
+            opts[key] = manifest.model[key]
+    return str(manifest.model["source"])
+
+
 @click.command(cls=FtxCommand)
-@click.argument("model")
+@click.argument("model", required=False)
 @source_options
 @conversion_options
 @repository_options
@@ -47,11 +69,13 @@ def run_pipeline(settings: RunSettings) -> RunResult:
 @click.option("--prompt", help="Generate a continuation of this prompt once the server is ready, then stop.")
 @click.option("--max-tokens", type=click.IntRange(1, 4096), default=16, show_default=True,
               help="Tokens to generate for --prompt.")
-def run(model: str, prompt: str | None, max_tokens: int, **opts: Any) -> None:
+def run(model: str | None, prompt: str | None, max_tokens: int, **opts: Any) -> None:
     """Fetch, convert, tune, configure and serve MODEL.
 
-    MODEL is a preset (see `ftx models`), hf://org/name[@revision], a URL or a local path.
+    MODEL is a preset (see `ftx models`), hf://org/name[@revision], a URL or a local path;
+    omitted, it comes from ./ftx.toml (see `ftx lock`).
     """
+    model = model_from_manifest(model, opts)
     settings = settings_from_options(model, prompt=prompt, max_tokens=max_tokens, **opts)
     result = run_pipeline(settings)
     if settings.dry_run:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
+from urllib.request import url2pathname
 
 import structlog
 
@@ -50,6 +53,8 @@ def resolve_source(settings: RunSettings, host: PluginHost) -> tuple[SourceRef, 
             log.info("license.notice", model=settings.model, license=preset.license or family.license)
     text = settings.source or settings.model
     ref = parse_ref(text, presets=presets, revision=settings.revision)
+    if settings.sha256:
+        ref = dataclasses.replace(ref, sha256=settings.sha256)
     if ref.kind == "builtin":
         ref = SourceRef("local", str(build_builtin(ref.uri.removeprefix(BUILTIN))), preset=ref.preset)
     return ref, preset_family
@@ -72,7 +77,7 @@ def ftx_fetch(ref: SourceRef, revision: str, family: Family, dest: Path, ctx: St
     if ref.kind in ("local", "url"):
         return _fetch_archive_or_file(ref, revision, dest, ctx)
     if ref.kind == "hf":
-        return _fetch_hub(ref, revision, family, dest)
+        return _fetch_hub(ref, revision, family, dest, ctx)
     return None
 
 
@@ -80,11 +85,12 @@ def _fetch_archive_or_file(ref: SourceRef, revision: str, dest: Path, ctx: Stage
     from ftx.fetching.archive import is_archive, safe_extract
     from ftx.fetching.http import download
 
-    if ref.kind == "local":
-        downloaded = Path(ref.uri)
+    local = _local_file(ref)
+    if local is not None and not ref.sha256:
+        downloaded = local  # extract in place: no copy of a multi-GB archive
     else:
-        name = ref.uri.rstrip("/").rsplit("/", 1)[-1] or "download"
-        downloads = ctx.home / "downloads"
+        name = urlsplit(ref.uri).path.rstrip("/").rsplit("/", 1)[-1] or "download"
+        downloads = ctx.home / "downloads" / revision
         downloads.mkdir(parents=True, exist_ok=True)
         downloaded = download(ref.uri, downloads / name, sha256=ref.sha256, progress=ctx.show_progress)
     if not is_archive(downloaded):
@@ -94,20 +100,22 @@ def _fetch_archive_or_file(ref: SourceRef, revision: str, dest: Path, ctx: Stage
     return Source(ref=ref, path=root, revision=revision, origin={"kind": ref.kind, "uri": ref.uri, "sha256": ref.sha256})
 
 
-def _fetch_hub(ref: SourceRef, revision: str, family: Family, dest: Path) -> Source:
-    from huggingface_hub import HfApi
+def _local_file(ref: SourceRef) -> Path | None:
+    if ref.kind == "local":
+        return Path(ref.uri)
+    if ref.uri.startswith("file:"):
+        return Path(url2pathname(urlsplit(ref.uri).path))
+    return None
 
-    from ftx.fetching.hub import download_snapshot
+
+def _fetch_hub(ref: SourceRef, revision: str, family: Family, dest: Path, ctx: StageContext) -> Source:
+    from ftx.fetching.hub import download_snapshot, list_repo_files
 
     repo_id = ref.uri.removeprefix("hf://")
     token = os.environ.get("HF_TOKEN") or None
     patterns = list(family.fetch_patterns)
-    try:
-        files = HfApi().list_repo_files(repo_id, revision=revision, token=token)
-    except Exception as exc:  # network/auth errors are mapped by download_snapshot; listing is best effort
-        log.debug("hub.listing_failed", repo=repo_id, error=type(exc).__name__)
-        files = []
-    if files and not any(fnmatch.fnmatch(f, "*.safetensors") for f in files):
+    files = list_repo_files(repo_id, revision, token=token)
+    if not any(fnmatch.fnmatch(f, "*.safetensors") for f in files):
         patterns += list(WEIGHT_FALLBACK)
-    download_snapshot(repo_id, revision, dest, patterns, token=token)
+    download_snapshot(repo_id, revision, dest, patterns, token=token, progress=ctx.show_progress)
     return Source(ref=ref, path=dest, revision=revision, origin={"kind": "hf", "repo": repo_id, "commit": revision})
