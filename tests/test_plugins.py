@@ -121,3 +121,23 @@ def test_hook_stage_hooks_are_firstresult_with_trylast_defaults(plugin_host, hoo
     assert caller.spec.opts["firstresult"]
     defaults = [impl for impl in caller.get_hookimpls() if impl.plugin_name.startswith("ftx.default_plugins")]
     assert len(defaults) == 1 and defaults[0].trylast
+
+
+FUTURE_API = """
+from ftx import hookimpl
+
+FTX_PLUGIN_API = (2, 3)
+
+@hookimpl
+def ftx_register_families():
+    return []
+"""
+
+
+def test_plugin_outside_the_api_range_is_refused(tmp_path: Path) -> None:
+    site = make_dist(tmp_path / "site", "ftx-future", "ftx_future", FUTURE_API)
+    listing = ftx(["plugins", "--json"], site, tmp_path / "home")
+    record = {r["name"]: r for r in json.loads(listing.stdout)}["ftx_future"]
+    assert record["status"] == "broken"
+    assert "supports plugin API 2..3 but this ftx provides API 1" in record["error"]
+    assert "upgrade ftx" in record["error"]

@@ -65,7 +65,7 @@ def convert_checkpoint(
     ctx = OpContext(tp=tp, out_dtype=out_dtype, dims=dict(spec.dims))
     names = reader.names()
     shapes = {n: reader.shape(n) for n in names}
-    plan = tensormap.plan(family.tensors, shapes, spec.layers, spec.dims)
+    plan = tensormap.plan(family.tensor_map(spec), shapes, spec.layers, spec.dims)
     tensormap.check_tp_split(plan, tp, ctx)
     sections = family.config_ini(spec, hf_config, weight_dtype)
 
@@ -134,7 +134,7 @@ def invert_checkpoint(family: Family, ft_dir: Path, spec: ModelSpec | None = Non
     weight_dtype = next((s["weight_data_type"] for s in ini.values() if "weight_data_type" in s), "fp32")
     dtype = numpy_dtype(weight_dtype)
     ctx = OpContext(tp=tp, out_dtype=np.dtype(np.float32), dims=dict(spec.dims))
-    for row in family.tensors.rows:
+    for row in family.tensor_map(spec).rows:
         if not row.invert or row.op.inverse is None:
             continue
         shapes = row.source_shapes
@@ -149,6 +149,19 @@ def invert_checkpoint(family: Family, ft_dir: Path, spec: ModelSpec | None = Non
             array = _read_ranks(ft_dir, dst, row.split, ft_shape, tp, dtype).astype(np.float32)
             for pattern, tensor in zip(row.sources, row.op.inverse(array, ctx), strict=True):
                 yield tensormap.bind(pattern.split("|")[0], binding), np.ascontiguousarray(tensor)
+
+
+def ft_layout(family: Family, spec: ModelSpec) -> dict[str, tuple[tuple[int, ...], int | None]]:
+    """Every FT tensor the table writes for ``spec``: file stem -> (full shape, split axis)."""
+    ctx = OpContext(tp=1, out_dtype=np.dtype(np.float32), dims=dict(spec.dims))
+    layout = {}
+    for row in family.tensor_map(spec).rows:
+        if row.source_shapes is None:
+            continue
+        src_shapes = tuple(eval_shape(s, spec.dims) for s in row.source_shapes)
+        for binding in tensormap.expand(row, spec.layers):
+            layout[tensormap.bind(row.dst, binding)] = (row.op.shape(src_shapes, ctx), row.split)
+    return layout
 
 
 def _exists(ft_dir: Path, dst: str, split: int | None) -> bool:

@@ -150,6 +150,11 @@ class Family:
         """FT hyper-parameters from a Hugging Face config.json."""
         raise NotImplementedError
 
+    def tensor_map(self, spec: ModelSpec) -> TensorMap:
+        """The table for one checkpoint: ``tensors``, unless a family's rows depend on its config
+        (T5: gated or plain FFN, tied or separate LM head) and it overrides this."""
+        return self.tensors
+
     def config_ini(self, spec: ModelSpec, hf_config: Mapping[str, Any], weight_dtype: str) -> dict[str, dict[str, Any]]:
         """The ``config.ini`` sections for the converted checkpoint."""
         raise NotImplementedError

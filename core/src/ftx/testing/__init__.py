@@ -8,6 +8,7 @@ entry points). Heavy imports (torch, transformers) happen inside fixtures only.
 
 from __future__ import annotations
 
+from ftx.testing.conformance import checkpoint, converted
 from ftx.testing.fixtures import CliResult, ftx_cli, ftx_home, log_events, plugin_host
 
-__all__ = ["CliResult", "ftx_cli", "ftx_home", "log_events", "plugin_host"]
+__all__ = ["CliResult", "checkpoint", "converted", "ftx_cli", "ftx_home", "log_events", "plugin_host"]

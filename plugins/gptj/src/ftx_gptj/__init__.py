@@ -5,7 +5,10 @@ from __future__ import annotations
 from ftx import hookimpl
 from ftx_gptj.family import GPTJ
 
-__all__ = ["GPTJ", "ftx_register_families"]
+__all__ = ["FTX_PLUGIN_API", "GPTJ", "ftx_register_families"]
+
+FTX_PLUGIN_API = (1, 1)
+"""The range of ftx plugin API versions this plugin supports."""
 
 
 @hookimpl

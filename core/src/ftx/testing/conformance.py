@@ -1,0 +1,191 @@
+"""``FamilyConformance``: the tests every family plugin inherits.
+
+A plugin's whole conformance test file::
+
+    from ftx.testing.conformance import FamilyConformance
+    from ftx_gptj.family import GPTJ
+
+    class TestGPTJ(FamilyConformance):
+        family = GPTJ
+        tiny_hf_config = {"model_type": "gptj", "n_layer": 2, "n_embd": 64, "n_head": 4,
+                          "rotary_dim": 8, "vocab_size": 128, "n_positions": 64}
+
+The tiny checkpoint is built offline from ``tiny_hf_config`` with the transformers class named by
+``family.hf_model_class`` (seeded random weights), saved as safetensors.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from importlib import metadata
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+
+from ftx.family import Family
+from ftx.io.ftformat import read_ini, read_tensor
+
+TP = 2
+
+
+def build_tiny_checkpoint(family: Family, hf_config: Mapping[str, Any], dest: Path, seed: int = 0) -> Path:
+    """Save a randomly initialised model of ``family`` described by ``hf_config`` into ``dest``."""
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.for_model(**dict(hf_config))
+    model_class = getattr(transformers, family.hf_model_class)
+    torch.manual_seed(seed)
+    model = model_class(config).eval()
+    model.save_pretrained(dest, safe_serialization=True)
+    return dest
+
+
+@pytest.fixture(scope="class")
+def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The conformance class's tiny checkpoint (built once per class)."""
+    cls = request.cls
+    return build_tiny_checkpoint(cls.family(), cls.tiny_hf_config, tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="class")
+def converted(request: pytest.FixtureRequest, checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    """The tiny checkpoint converted at tp 1 and at the class's tp (fp32)."""
+    from ftx.convert import convert_checkpoint
+
+    cls = request.cls
+    family = cls.family()
+    hf_config = family.read_hf_config(checkpoint)
+    out = tmp_path_factory.mktemp("ft")
+    for tp in (1, cls.tp):
+        reader = family.open_weights(checkpoint)
+        convert_checkpoint(family, reader, hf_config, family.spec(hf_config), out, tp=tp, weight_dtype="fp32")
+        reader.close()
+    return {1: out / "1-gpu", cls.tp: out / f"{cls.tp}-gpu"}
+
+
+class FamilyConformance:
+    """Inherit, set ``family`` and ``tiny_hf_config``; every test here must pass."""
+
+    family: ClassVar[type[Family]]
+    tiny_hf_config: ClassVar[Mapping[str, Any]]
+    tp: ClassVar[int] = TP
+
+    def _spec(self, checkpoint: Path) -> Any:
+        family = self.family()
+        return family.spec(family.read_hf_config(checkpoint))
+
+    # -- the tests -----------------------------------------------------------------------
+
+    def test_table_covers_the_checkpoint(self, checkpoint: Path) -> None:
+        from ftx.tensormap import plan
+
+        family = self.family()
+        reader = family.open_weights(checkpoint)
+        spec = self._spec(checkpoint)
+        result = plan(family.tensor_map(spec), {n: reader.shape(n) for n in reader.names()}, spec.layers, spec.dims)
+        consumed = {n for job in result.jobs for n in job.sources}
+        assert consumed | set(result.skipped) == set(reader.names())
+
+    def test_every_ft_file_is_written_once_per_rank(self, checkpoint: Path, converted: dict[int, Path]) -> None:
+        from ftx.convert import ft_layout
+
+        spec = self._spec(checkpoint)
+        for tp, directory in converted.items():
+            expected = {"config.ini"}
+            for dst, (_shape, split) in ft_layout(self.family(), spec).items():
+                expected |= {f"{dst}.bin"} if split is None else {f"{dst}.{r}.bin" for r in range(tp)}
+            written = {p.name for p in directory.iterdir()}
+            optional = self._optional_files(spec, tp)
+            assert expected - optional <= written <= expected, sorted(written ^ expected)
+
+    def _optional_files(self, spec: Any, tp: int) -> set[str]:
+        from ftx import tensormap
+
+        names = set()
+        for row in self.family().tensor_map(spec).rows:
+            if row.optional:
+                for binding in tensormap.expand(row, spec.layers):
+                    dst = tensormap.bind(row.dst, binding)
+                    names |= {f"{dst}.bin"} if row.split is None else {f"{dst}.{r}.bin" for r in range(tp)}
+        return names
+
+    def test_tp_split_joins_back(self, checkpoint: Path, converted: dict[int, Path]) -> None:
+        from ftx.convert import ft_layout
+
+        one, many, dtype = converted[1], converted[self.tp], np.dtype(np.float32)
+        for dst, (shape, split) in ft_layout(self.family(), self._spec(checkpoint)).items():
+            if split is None:
+                if (one / f"{dst}.bin").exists():
+                    assert (many / f"{dst}.bin").read_bytes() == (one / f"{dst}.bin").read_bytes(), dst
+                continue
+            if not (one / f"{dst}.0.bin").exists():
+                continue
+            part = list(shape)
+            part[split] //= self.tp
+            joined = np.concatenate([read_tensor(many / f"{dst}.{r}.bin", dtype, tuple(part))
+                                     for r in range(self.tp)], axis=split)
+            np.testing.assert_array_equal(joined, read_tensor(one / f"{dst}.0.bin", dtype, shape), err_msg=dst)
+
+    def test_round_trip_returns_the_original_tensors(self, checkpoint: Path, converted: dict[int, Path]) -> None:
+        from ftx.convert import invert_checkpoint
+
+        family = self.family()
+        reader = family.open_weights(checkpoint)
+        skipped = set(self._skipped(checkpoint))
+        for tp, directory in converted.items():
+            rebuilt = dict(invert_checkpoint(family, directory))
+            for name in reader.names():
+                if name in skipped:
+                    continue
+                assert name in rebuilt, f"tp={tp}: {name} is not rebuilt"
+                np.testing.assert_array_equal(rebuilt[name], reader.read(name), err_msg=f"tp={tp}: {name}")
+
+    def _skipped(self, checkpoint: Path) -> list[str]:
+        from ftx.tensormap import plan
+
+        family = self.family()
+        reader = family.open_weights(checkpoint)
+        spec = self._spec(checkpoint)
+        return plan(family.tensor_map(spec), {n: reader.shape(n) for n in reader.names()}, spec.layers, spec.dims).skipped
+
+    def test_config_ini_describes_the_checkpoint(self, checkpoint: Path, converted: dict[int, Path]) -> None:
+        family = self.family()
+        spec = self._spec(checkpoint)
+        ini = read_ini(converted[1] / "config.ini")
+        assert all("weight_data_type" in section for name, section in ini.items() if name != "structure")
+        rebuilt = family.spec_from_ini(ini)
+        assert dict(rebuilt.dims) == dict(spec.dims)
+        assert dict(rebuilt.layers) == dict(spec.layers)
+        assert (rebuilt.start_id, rebuilt.end_id) == (spec.start_id, spec.end_id)
+
+    def test_config_pbtxt_agrees_with_config_ini(self, converted: dict[int, Path]) -> None:
+        from ftx.triton.model_config import FtModelOptions, build_ft_model_config
+
+        family = self.family()
+        opts = FtModelOptions(model_type=family.triton_model_type, io_kind=family.triton_io,
+                              checkpoint_path=converted[self.tp], tp=self.tp, data_type=family.data_types[0])
+        config = build_ft_model_config(opts)
+        params = {k: v.string_value for k, v in config.parameters.items()}
+        assert params["model_type"] == family.triton_model_type
+        assert Path(params["model_checkpoint_path"]).name == f"{params['tensor_para_size']}-gpu"
+        assert params["data_type"] in family.data_types
+        assert (Path(params["model_checkpoint_path"]) / "config.ini").is_file()
+
+    def test_slug_is_consistent(self) -> None:
+        family = self.family()
+        module = type(family).__module__.split(".")[0]
+        assert module == f"ftx_{family.name}"
+        eps = [ep for ep in metadata.entry_points(group="ftx") if ep.value.split(":")[0] == module]
+        assert [ep.name for ep in eps] == [family.name]
+        assert eps[0].dist is not None and eps[0].dist.name == f"ftx-{family.name}"
+
+    def test_listed_by_ftx_plugins(self, ftx_cli: Any) -> None:
+        result = ftx_cli("plugins", "--json")
+        records = {r["name"]: r for r in json.loads(result.stdout)}
+        family = self.family()
+        assert family.name in records[family.name]["families"]
+        assert records[family.name]["status"] == "loaded"
