@@ -1,0 +1,14 @@
+"""GPT-2 support for ftx: the plugin template's worked example."""
+
+from __future__ import annotations
+
+from ftx import hookimpl
+from ftx_gpt2.family import GPT2
+
+FTX_PLUGIN_API = (1, 1)
+"""The ftx plugin API versions this plugin supports (core refuses it outside this range)."""
+
+
+@hookimpl
+def ftx_register_families() -> list[type[GPT2]]:
+    return [GPT2]
