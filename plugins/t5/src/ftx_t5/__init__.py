@@ -1,10 +1,16 @@
-"""ftx plugin for the t5 family (its table arrives in a later change)."""
+"""T5 support for ftx: T5ForConditionalGeneration checkpoints (v1.0 relu, v1.1 / Flan-T5 gated)."""
 
 from __future__ import annotations
 
 from ftx import hookimpl
+from ftx_t5.family import T5
+
+__all__ = ["FTX_PLUGIN_API", "T5", "ftx_register_families"]
+
+FTX_PLUGIN_API = (1, 1)
+"""The range of ftx plugin API versions this plugin supports."""
 
 
 @hookimpl
-def ftx_register_families() -> list[type]:
-    return []
+def ftx_register_families() -> list[type[T5]]:
+    return [T5]
