@@ -57,28 +57,50 @@ def _seeded(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _randomize(model: Any, seed: int, std: float = 0.2) -> Any:
+    """Draw every parameter from N(0, std²). The default init leaves biases at 0 and layernorms at
+    1/0, which would hide a wrong layout or scaling of those tensors from a test."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator, dtype=torch.float32) * std)
+    return model
+
+
 def tiny_gptj(dest: Path, *, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, rotary_dim: int | None = 8,
               vocab_size: int = 256, n_inner: int | None = None, dtype: str = "float32", safetensors: bool = True,
-              tokenizer: bool = True, seed: int = 0) -> Path:
-    """A random GPTJForCausalLM saved with save_pretrained (and a trained tokenizer)."""
+              tokenizer: bool = True, token_ids: Mapping[str, int] | None = None, random_init: bool = False,
+              seed: int = 0) -> Path:
+    """A random GPTJForCausalLM saved with save_pretrained (and a trained tokenizer).
+
+    ``token_ids`` overrides config.json ids (``{"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 3}``);
+    by default bos and eos are the tokenizer's end-of-text id (0 without a tokenizer). ``random_init``
+    draws every parameter (biases and layernorms too) at random.
+    """
     from transformers import GPTJConfig, GPTJForCausalLM
 
     eos = 0
     if tokenizer:
         tok = train_bpe_tokenizer(dest, vocab_size=min(vocab_size, 200))
         eos = tok.token_to_id(END_OF_TEXT)
+    ids = {"bos_token_id": eos, "eos_token_id": eos, **(token_ids or {})}
     config = GPTJConfig(n_layer=n_layer, n_embd=n_embd, n_head=n_head, rotary_dim=rotary_dim, vocab_size=vocab_size,
-                        n_inner=n_inner, n_positions=256, bos_token_id=eos, eos_token_id=eos,
-                        tie_word_embeddings=False)
+                        n_inner=n_inner, n_positions=256, tie_word_embeddings=False, **ids)
     _seeded(seed)
-    return _save(GPTJForCausalLM(config).eval(), dest, dtype, safetensors)
+    model = GPTJForCausalLM(config).eval()
+    return _save(_randomize(model, seed) if random_init else model, dest, dtype, safetensors)
 
 
 def tiny_gptneox(dest: Path, *, num_hidden_layers: int = 2, hidden_size: int = 64, num_attention_heads: int = 4,
                  rotary_pct: float = 0.25, use_parallel_residual: bool = True, vocab_size: int = 256,
                  intermediate_size: int = 256, dtype: str = "float32", safetensors: bool = True,
-                 tokenizer: bool = True, seed: int = 0) -> Path:
-    """A random GPTNeoXForCausalLM saved with save_pretrained (and a trained tokenizer)."""
+                 tokenizer: bool = True, random_init: bool = False, seed: int = 0) -> Path:
+    """A random GPTNeoXForCausalLM saved with save_pretrained (and a trained tokenizer).
+
+    ``random_init`` draws every parameter (biases and layernorms too) at random.
+    """
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     eos = 0
@@ -91,7 +113,8 @@ def tiny_gptneox(dest: Path, *, num_hidden_layers: int = 2, hidden_size: int = 6
                            intermediate_size=intermediate_size, max_position_embeddings=256,
                            bos_token_id=eos, eos_token_id=eos, tie_word_embeddings=False)
     _seeded(seed)
-    return _save(GPTNeoXForCausalLM(config).eval(), dest, dtype, safetensors)
+    model = GPTNeoXForCausalLM(config).eval()
+    return _save(_randomize(model, seed) if random_init else model, dest, dtype, safetensors)
 
 
 def tiny_t5(dest: Path, *, d_model: int = 64, d_kv: int = 16, num_heads: int = 4, d_ff: int = 128,

@@ -58,7 +58,8 @@ def write_tensor(path: Path, array: np.ndarray) -> int:
     if data.dtype.byteorder == ">":
         data = data.astype(data.dtype.newbyteorder("<"))
     with path.open("wb") as fh:
-        fh.write(memoryview(data).cast("B"))
+        # As bytes: ml_dtypes' bfloat16 does not export the buffer protocol.
+        fh.write(memoryview(data.reshape(-1).view(np.uint8)))
     return data.nbytes
 
 

@@ -1,10 +1,13 @@
-"""ftx plugin for the kogpt family (its table arrives in a later change)."""
+"""KoGPT support for ftx (kakaobrain/kogpt; a GPT-J, built on ftx-gptj)."""
 
 from __future__ import annotations
 
 from ftx import hookimpl
+from ftx_kogpt.family import KoGPT
+
+__all__ = ["KoGPT", "ftx_register_families"]
 
 
 @hookimpl
-def ftx_register_families() -> list[type]:
-    return []
+def ftx_register_families() -> list[type[KoGPT]]:
+    return [KoGPT]
