@@ -22,7 +22,8 @@ from ftx.dtypes import numpy_dtype
 from ftx.errors import CheckpointError
 from ftx.family import Family, ModelSpec
 from ftx.io.checkpoint import TensorReader
-from ftx.io.ftformat import read_ini, read_tensor, write_ini, write_tensor
+from ftx.io.ftformat import read_ini, read_tensor, write_ini
+from ftx.io.writer import BackgroundWriter
 from ftx.ops import OpContext
 from ftx.shapes import eval_shape
 
@@ -78,26 +79,28 @@ def convert_checkpoint(
     held: dict[str, np.ndarray] = {}
     remaining = {id(job): len(set(job.sources)) for job in plan.jobs}
     total = sum(reader.nbytes(n) for n in waiting)
-    done_bytes = written = 0
+    done_bytes = 0
     files: list[str] = []
     started = time.perf_counter()
-    for name in names:
-        if name not in waiting:
-            continue
-        held[name] = reader.read(name)
-        done_bytes += reader.nbytes(name)
-        for job in waiting[name]:
-            remaining[id(job)] -= 1
-            if remaining[id(job)] == 0:
-                out = _run_job(job, held, ctx)
-                for file_name, part in _split(job, out, tp):
-                    written += write_tensor(target / file_name, part)
-                    files.append(file_name)
-                for source in job.sources:
-                    if all(remaining[id(j)] == 0 for j in waiting[source]):
-                        held.pop(source, None)
-        if progress:
-            progress(done_bytes, total)
+    largest = max((reader.nbytes(n) for n in waiting), default=0)
+    with BackgroundWriter(max_pending_bytes=max(256 << 20, largest)) as writer:
+        for name in names:
+            if name not in waiting:
+                continue
+            held[name] = reader.read(name)
+            done_bytes += reader.nbytes(name)
+            for job in waiting[name]:
+                remaining[id(job)] -= 1
+                if remaining[id(job)] == 0:
+                    names_out = job.files(tp)
+                    writer.submit([target / n for n in names_out], _run_job(job, held, ctx), job.row.split)
+                    files.extend(names_out)
+                    for source in job.sources:
+                        if all(remaining[id(j)] == 0 for j in waiting[source]):
+                            held.pop(source, None)
+            if progress:
+                progress(done_bytes, total)
+    written = writer.bytes_written
     write_ini(target / "config.ini", sections)
     files.append("config.ini")
     seconds = time.perf_counter() - started
@@ -116,14 +119,6 @@ def _run_job(job: tensormap.Job, held: Mapping[str, np.ndarray], ctx: OpContext)
     except ValueError as exc:
         raise CheckpointError(f"cannot build {job.dst} from {', '.join(job.sources)}: {exc}") from exc
     return out.astype(ctx.out_dtype, copy=False)
-
-
-def _split(job: tensormap.Job, out: np.ndarray, tp: int) -> Iterator[tuple[str, np.ndarray]]:
-    if job.row.split is None:
-        yield f"{job.dst}.bin", out
-        return
-    for rank, part in enumerate(np.split(out, tp, axis=job.row.split)):
-        yield f"{job.dst}.{rank}.bin", part
 
 
 def invert_checkpoint(family: Family, ft_dir: Path, spec: ModelSpec | None = None) -> Iterator[tuple[str, np.ndarray]]:

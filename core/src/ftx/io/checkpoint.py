@@ -7,7 +7,7 @@ only, and ``read(name)`` that loads one tensor. Nothing reads the whole model at
 from __future__ import annotations
 
 import json
-import mmap
+import os
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,7 +81,6 @@ class SafetensorsFile:
                 )
             if entry["dtype"] not in SAFETENSORS_DTYPES:
                 raise CheckpointError(f"{path}: tensor {name} has unsupported dtype {entry['dtype']}")
-        self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if size else None
 
     def names(self) -> list[str]:
         return sorted(self._entries, key=lambda n: self._entries[n]["data_offsets"][0])
@@ -94,15 +93,22 @@ class SafetensorsFile:
         return int(end - begin)
 
     def read(self, name: str) -> np.ndarray:
+        """Read one tensor into its own buffer (pread: no memory map whose pages would pile up in RSS)."""
         entry = self._entries[name]
         begin, end = entry["data_offsets"]
         dtype = SAFETENSORS_DTYPES[entry["dtype"]]
-        assert self._map is not None
-        array = np.frombuffer(self._map, dtype=dtype, count=(end - begin) // dtype.itemsize, offset=self._base + begin)
+        array = np.empty((end - begin) // dtype.itemsize, dtype=dtype)
+        view = memoryview(array).cast("B")
+        done, fd = 0, self._file.fileno()
+        while done < len(view):
+            n = os.preadv(fd, [view[done:]], self._base + begin + done)
+            if n == 0:
+                raise CheckpointError(f"{self.path} ended while reading tensor {name}",
+                                      hint="the file is truncated; fetch it again")
+            done += n
         return array.reshape(entry["shape"])
 
     def close(self) -> None:
-        # Views handed out keep the map alive; closing it under them would crash, so rely on GC.
         self._file.close()
 
 

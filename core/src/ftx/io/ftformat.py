@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ftx.errors import CheckpointError
+from ftx.io.fastcopy import contiguous
 
 IniSections = Mapping[str, Mapping[str, object]]
 
@@ -54,7 +55,7 @@ def read_ini(path: Path) -> dict[str, dict[str, str]]:
 
 def write_tensor(path: Path, array: np.ndarray) -> int:
     """Write raw little-endian C-order bytes; returns the byte count."""
-    data = np.ascontiguousarray(array)
+    data = contiguous(array)
     if data.dtype.byteorder == ">":
         data = data.astype(data.dtype.newbyteorder("<"))
     with path.open("wb") as fh:
