@@ -8,12 +8,16 @@ always writes ``4 * n_embd``); a null ``rotary_dim`` means rotary over the whole
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from ftx import ops
 from ftx.family import Family, ModelSpec, Preset
+from ftx.io.checkpoint import TensorReader
 from ftx.tensormap import M, Skip, TensorMap
+from ftx_gptj import slim
 
 L = "transformer.h.{i}"
 FT = "model.layers.{i}"
@@ -58,6 +62,13 @@ class GPTJ(Family):
         "gptj": Preset("hf://EleutherAI/gpt-j-6b", description="GPT-J 6B, Hugging Face weights", license="apache-2.0",
                        hf_config=GPTJ_6B_CONFIG),
         "tiny-gptj": Preset("builtin:tiny-gptj", description="a tiny GPT-J built offline at first use (the demo)"),
+        # The archive the GPT-J guide downloads; its sha256 is not known here, so it is not pinned.
+        "gptj-slim": Preset(
+            "https://the-eye.eu/public/AI/GPT-J-6B/step_383500_slim.tar.zstd",
+            description="GPT-J 6B, original mesh-transformer-jax slim checkpoint (step 383500, bf16, .tar.zstd)",
+            license="apache-2.0",
+            hf_config=GPTJ_6B_CONFIG,
+        ),
     }
     tensors = TENSORS
     ini_section = "gptj"
@@ -76,6 +87,36 @@ class GPTJ(Family):
             pad_id=hf_config.get("pad_token_id"),
             extra={"rotary_embedding": int(hf_config.get("rotary_dim") or head_size)},
         )
+
+    def claims_source(self, path: Path) -> bool:
+        """A mesh-transformer-jax slim checkpoint: ``shard_0/0.npz``, and no config.json of another model.
+
+        A config.json beside the shards that only adds what the weights cannot tell (``n_head``,
+        ``rotary_dim``; no ``model_type``, or ``gptj``) does not stop the claim. Subclasses
+        (KoGPT) inherit the reader but do not claim slim directories.
+        """
+        if self.name != "gptj" or not slim.is_slim_dir(path):
+            return False
+        config = Path(path) / "config.json"
+        if not config.is_file():
+            return True
+        try:
+            model_type = json.loads(config.read_text()).get("model_type")
+        except (ValueError, AttributeError):
+            return False
+        return model_type in (None, *self.hf_model_types)
+
+    def read_hf_config(self, path: Path) -> dict[str, Any]:
+        """config.json, or for a slim checkpoint the config derived from its weights (:func:`slim.read_slim_config`)."""
+        if slim.is_slim_dir(path):
+            return slim.read_slim_config(path)
+        return super().read_hf_config(path)
+
+    def open_weights(self, path: Path) -> TensorReader:
+        """The slim reader for a slim checkpoint directory, else the Hugging Face readers."""
+        if slim.is_slim_dir(path):
+            return slim.SlimCheckpointReader(path)
+        return super().open_weights(path)
 
     def config_ini(self, spec: ModelSpec, hf_config: Mapping[str, Any], weight_dtype: str) -> dict[str, dict[str, Any]]:
         d = spec.dims
