@@ -36,7 +36,8 @@ hf_config = family.read_hf_config(src)
 t0 = time.perf_counter()
 result = convert_checkpoint(family, open_checkpoint(src), hf_config, family.spec(hf_config), out, tp=tp,
                             weight_dtype="fp16")
-print(json.dumps({"seconds": time.perf_counter() - t0, "read": result.bytes_read, "written": result.bytes_written}))
+print(json.dumps({"seconds": time.perf_counter() - t0, "read_s": result.read_seconds,
+                  "stall_s": result.stall_seconds, "written": result.bytes_written}))
 """
 
 
@@ -81,18 +82,25 @@ def write_checkpoint(dest: Path, layers: int, hidden: int, vocab: int) -> tuple[
     return offset, largest
 
 
-def plain_copy(src: Path, dest: Path) -> float:
+def plain_copy(src: Path, dest: Path, chunk: int = 64 << 20) -> float:
+    """Read the input and write the same bytes through user space, as any converter must."""
+    buffer = bytearray(chunk)
+    view = memoryview(buffer)
     t0 = time.perf_counter()
-    shutil.copyfile(src, dest)
+    with src.open("rb", buffering=0) as fin, dest.open("wb", buffering=0) as fout:
+        while n := fin.readinto(buffer):
+            fout.write(view[:n])
     seconds = time.perf_counter() - t0
     dest.unlink()
     return seconds
 
 
-def convert_in_child(src: Path, out: Path, tp: int) -> tuple[dict, int]:
+def convert_in_child(src: Path, out: Path, tp: int, threads: int) -> tuple[dict, int]:
     if out.exists():
         shutil.rmtree(out)
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(src), str(out), str(tp)], stdout=subprocess.PIPE, text=True)
+    env = {**os.environ, **({"FTX_CONVERT_THREADS": str(threads)} if threads else {})}
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(src), str(out), str(tp)], stdout=subprocess.PIPE,
+                            text=True, env=env)
     stdout = proc.stdout.read()  # type: ignore[union-attr]
     _, status, usage = os.wait4(proc.pid, 0)
     if status != 0:
@@ -108,6 +116,8 @@ def main() -> None:
     parser.add_argument("--tp", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--work", type=Path, default=Path("/tmp/ftx-bench-convert"))
+    parser.add_argument("--threads", type=int, nargs="+", default=[0],
+                        help="writer threads to compare (0 = ftx's default); sets FTX_CONVERT_THREADS")
     args = parser.parse_args()
 
     src = args.work / "hf"
@@ -115,18 +125,24 @@ def main() -> None:
     print(f"checkpoint: {args.layers} layers, n_embd {args.hidden}, {total / 1e9:.2f} GB fp16, "
           f"largest tensor {largest / 1e6:.0f} MB; {os.cpu_count()} CPUs")
     budget = 500e6 + 3 * largest
-    print(f"{'what':<10}{'median s':>10}{'GB/s':>8}{'vs copy':>9}{'peak RSS MB':>13}{'RSS target MB':>15}")
+    print(f"{'what':<16}{'median s':>10}{'GB/s':>8}{'vs copy':>9}{'peak RSS MB':>13}{'RSS target MB':>15}"
+          f"{'read s':>8}{'stall s':>9}")
     for tp in args.tp:
-        copies, converts, rss = [], [], []
-        for _ in range(args.repeat):
-            copies.append(plain_copy(src / "model.safetensors", args.work / "copy.bin"))
-            stats, peak = convert_in_child(src, args.work / "ft", tp)
-            converts.append(stats["seconds"])
-            rss.append(peak)
-        copy_s, conv_s = statistics.median(copies), statistics.median(converts)
-        print(f"{'copy':<10}{copy_s:>10.2f}{total / copy_s / 1e9:>8.2f}{'1.00x':>9}")
-        print(f"{f'tp={tp}':<10}{conv_s:>10.2f}{total / conv_s / 1e9:>8.2f}{copy_s / conv_s:>8.2f}x"
-              f"{max(rss) / 1e6:>13.0f}{budget / 1e6:>15.0f}")
+        for threads in args.threads:
+            copies, converts, rss, reads, stalls = [], [], [], [], []
+            for _ in range(args.repeat):
+                copies.append(plain_copy(src / "model.safetensors", args.work / "copy.bin"))
+                stats, peak = convert_in_child(src, args.work / "ft", tp, threads)
+                converts.append(stats["seconds"])
+                reads.append(stats["read_s"])
+                stalls.append(stats["stall_s"])
+                rss.append(peak)
+            copy_s, conv_s = statistics.median(copies), statistics.median(converts)
+            label = f"tp={tp}" + (f" w={threads}" if threads else "")
+            print(f"{'copy':<16}{copy_s:>10.2f}{total / copy_s / 1e9:>8.2f}{'1.00x':>9}")
+            print(f"{label:<16}{conv_s:>10.2f}{total / conv_s / 1e9:>8.2f}{copy_s / conv_s:>8.2f}x"
+                  f"{max(rss) / 1e6:>13.0f}{budget / 1e6:>15.0f}{statistics.median(reads):>8.2f}"
+                  f"{statistics.median(stalls):>9.2f}")
     shutil.rmtree(args.work)
 
 

@@ -8,6 +8,7 @@ Face tensors the table maps from.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -42,6 +43,10 @@ class ConversionResult:
     bytes_read: int
     bytes_written: int
     seconds: float
+    read_seconds: float = 0.0
+    """Time the converter spent reading source tensors."""
+    stall_seconds: float = 0.0
+    """Time it waited for the writer (a measure of write-bound conversion)."""
 
 
 def gpu_dir_name(tp: int) -> str:
@@ -83,11 +88,14 @@ def convert_checkpoint(
     files: list[str] = []
     started = time.perf_counter()
     largest = max((reader.nbytes(n) for n in waiting), default=0)
-    with BackgroundWriter(max_pending_bytes=max(256 << 20, largest)) as writer:
+    read_seconds = 0.0
+    with BackgroundWriter(max_pending_bytes=max(256 << 20, largest), threads=writer_threads()) as writer:
         for name in names:
             if name not in waiting:
                 continue
+            t0 = time.perf_counter()
             held[name] = reader.read(name)
+            read_seconds += time.perf_counter() - t0
             done_bytes += reader.nbytes(name)
             for job in waiting[name]:
                 remaining[id(job)] -= 1
@@ -104,9 +112,16 @@ def convert_checkpoint(
     write_ini(target / "config.ini", sections)
     files.append("config.ini")
     seconds = time.perf_counter() - started
-    log.info("conversion.finished", family=family.name, tp=tp, weight_dtype=weight_dtype,
-             files=len(files), bytes_written=written, duration_s=round(seconds, 3))
-    return ConversionResult(target, files, done_bytes, written, seconds)
+    log.info("conversion.finished", family=family.name, tp=tp, weight_dtype=weight_dtype, files=len(files),
+             bytes_written=written, duration_s=round(seconds, 3), read_s=round(read_seconds, 3),
+             writer_stall_s=round(writer.stall_seconds, 3))
+    return ConversionResult(target, files, done_bytes, written, seconds, read_seconds, writer.stall_seconds)
+
+
+def writer_threads() -> int | None:
+    """``FTX_CONVERT_THREADS`` overrides the number of writer threads (default: up to 4)."""
+    value = os.environ.get("FTX_CONVERT_THREADS")
+    return int(value) if value else None
 
 
 def _run_job(job: tensormap.Job, held: Mapping[str, np.ndarray], ctx: OpContext) -> np.ndarray:

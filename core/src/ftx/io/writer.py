@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 from pathlib import Path
 from types import TracebackType
 
@@ -28,6 +29,7 @@ class BackgroundWriter:
         self._cond = threading.Condition()
         self._error: BaseException | None = None
         self.bytes_written = 0
+        self.stall_seconds = 0.0
         count = threads or min(4, os.cpu_count() or 1)
         self._threads = [threading.Thread(target=self._run, name=f"ftx-writer-{i}", daemon=True) for i in range(count)]
         for thread in self._threads:
@@ -37,7 +39,9 @@ class BackgroundWriter:
         """Write ``array`` to ``paths[0]``, or split along ``split`` into ``len(paths)`` files."""
         with self._cond:
             # One array larger than the limit may still go when nothing else is pending.
+            started = time.perf_counter()
             self._cond.wait_for(lambda: self._error or self._pending == 0 or self._pending + array.nbytes <= self._limit)
+            self.stall_seconds += time.perf_counter() - started
             self._raise_if_failed()
             self._pending += array.nbytes
         self._queue.put((paths, array, split))
