@@ -131,3 +131,29 @@ def tiny_t5(dest: Path, *, d_model: int = 64, d_kv: int = 16, num_heads: int = 4
                       decoder_start_token_id=0, eos_token_id=1, pad_token_id=0)
     _seeded(seed)
     return _save(T5ForConditionalGeneration(config).eval(), dest, dtype, safetensors)
+
+
+def train_sentencepiece_tokenizer(dest: Path, vocab_size: int = 120, model_type: str = "unigram") -> Any:
+    """Train a T5-style sentencepiece model on the built-in corpus; writes spiece.model + tokenizer_config.json.
+
+    Ids follow T5: ``<pad>`` 0, ``</s>`` 1, ``<unk>`` 2, no ``<s>``. Returns the loaded processor.
+    """
+    import io
+
+    import sentencepiece
+
+    sentences = [s.strip() + "." for s in CORPUS.split(".") if s.strip()]
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences * 8), model_writer=model, vocab_size=vocab_size, model_type=model_type,
+        pad_id=0, eos_id=1, unk_id=2, bos_id=-1, pad_piece="<pad>", eos_piece="</s>", unk_piece="<unk>",
+        hard_vocab_limit=False, character_coverage=1.0, minloglevel=2,
+    )
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "spiece.model").write_bytes(model.getvalue())
+    config = {"tokenizer_class": "T5Tokenizer", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>",
+              "model_max_length": 512, "extra_ids": 0}
+    (dest / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    processor = sentencepiece.SentencePieceProcessor()
+    processor.LoadFromSerializedProto(model.getvalue())
+    return processor

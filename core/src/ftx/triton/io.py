@@ -75,3 +75,59 @@ IO_KINDS = {
     "decoder": (DECODER_INPUTS, DECODER_OUTPUTS),
     "encoder-decoder": (ENCODER_DECODER_INPUTS, ENCODER_DECODER_OUTPUTS),
 }
+
+
+# --------------------------------------------------------------------------- generate extension
+# The ensemble speaks Triton's generate-extension names; preprocessing takes the same inputs and
+# produces the fastertransformer model's native ones; postprocessing turns FT's outputs into text.
+
+GENERATE_INPUTS = (
+    TensorDecl("text_input", "STRING", (1,)),
+    TensorDecl("max_tokens", "INT32", (1,)),
+    TensorDecl("temperature", "FP32", (1,), optional=True),
+    TensorDecl("top_k", "INT32", (1,), optional=True),
+    TensorDecl("top_p", "FP32", (1,), optional=True),
+    TensorDecl("beam_width", "INT32", (1,), optional=True),
+    TensorDecl("repetition_penalty", "FP32", (1,), optional=True),
+    TensorDecl("random_seed", "UINT64", (1,), optional=True),
+    TensorDecl("stop", "STRING", (-1,), optional=True),
+    TensorDecl("bad_words", "STRING", (-1,), optional=True),
+    TensorDecl("stream", "BOOL", (1,), optional=True),
+)
+GENERATE_OUTPUTS = (TensorDecl("text_output", "STRING", (-1,)),)
+
+_SAMPLING_FROM_PREPROCESSING = (
+    TensorDecl("runtime_top_k", "UINT32", (1,)),
+    TensorDecl("runtime_top_p", "FP32", (1,)),
+    TensorDecl("temperature", "FP32", (1,)),
+    TensorDecl("repetition_penalty", "FP32", (1,)),
+    TensorDecl("random_seed", "UINT64", (1,)),
+    TensorDecl("beam_width", "UINT32", (1,)),
+    TensorDecl("bad_words_list", "INT32", (2, -1)),
+    TensorDecl("stop_words_list", "INT32", (2, -1)),
+)
+PREPROCESSING_OUTPUTS = {
+    "decoder": (
+        TensorDecl("input_ids", "UINT32", (-1,)),
+        TensorDecl("input_lengths", "UINT32", (1,)),
+        TensorDecl("request_output_len", "UINT32", (1,)),
+        *_SAMPLING_FROM_PREPROCESSING,
+    ),
+    "encoder-decoder": (
+        TensorDecl("input_ids", "UINT32", (-1,)),
+        TensorDecl("sequence_length", "UINT32", (1,)),
+        TensorDecl("max_output_len", "UINT32", (1,)),
+        *_SAMPLING_FROM_PREPROCESSING,
+    ),
+}
+"""Every preprocessing output feeds the fastertransformer input of the same name."""
+
+
+def postprocessing_inputs(io_kind: str) -> tuple[TensorDecl, ...]:
+    """FT's ``output_ids``/``sequence_length`` (dtypes per I/O kind) and the optional prompt lengths."""
+    outputs = {d.name: d for d in IO_KINDS[io_kind][1]}
+    return (
+        outputs["output_ids"],
+        outputs["sequence_length"],
+        TensorDecl("input_lengths", "UINT32", (1,), optional=True),
+    )

@@ -6,6 +6,7 @@ printed with ``text_format`` and parsed back before it is trusted.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,64 @@ class FtModelOptions:
     backend: str = "fastertransformer"
 
 
+FT_DATA_TYPES: dict[str, tuple[str, ...]] = {
+    "GPT-J": ("fp32", "fp16", "bf16"),
+    "GPT-NeoX": ("fp32", "fp16"),
+    "T5": ("fp32", "fp16", "bf16"),
+}
+"""Compute types the backend really builds per model type (src/libfastertransformer.cc)."""
+
+DATA_TYPE_NOTES: dict[str, str] = {
+    "GPT-NeoX": "the FasterTransformer backend builds GPT-NeoX only in fp16; any other data_type "
+                "(bf16 included, despite the README) silently runs as fp32",
+}
+
+MODEL_TYPE_SECTIONS: dict[str, tuple[str, ...]] = {
+    "GPT-J": ("gptj",),
+    "GPT-NeoX": ("gptneox",),
+    "T5": ("encoder", "decoder"),
+}
+"""config.ini sections FasterTransformer reads for each model type."""
+
+
+def allowed_data_types(model_type: str, family_types: Sequence[str]) -> tuple[str, ...]:
+    """Compute types both the family and FasterTransformer's model type accept."""
+    backend = FT_DATA_TYPES.get(model_type)
+    return tuple(t for t in family_types if backend is None or t in backend)
+
+
+def check_data_type(model_type: str, data_type: str, family_types: Sequence[str] = ("fp32", "fp16", "bf16")) -> None:
+    """Refuse a ``data_type`` FasterTransformer would not really run for ``model_type``."""
+    allowed = allowed_data_types(model_type, family_types)
+    if data_type in allowed:
+        return
+    reason = DATA_TYPE_NOTES.get(model_type, f"FasterTransformer runs {model_type} in {', '.join(allowed)} only")
+    raise ConfigError(f"data_type {data_type!r} is not supported for {model_type}: {reason}",
+                      hint=f"use --data-type {' or '.join(allowed)}")
+
+
+def check_ft_options(opts: FtModelOptions) -> None:
+    """Values the fastertransformer backend refuses at load (§6.2), refused here instead.
+
+    Streaming (decoupled) is not refused with any batching ftx writes: the backend streams with
+    dynamic and ragged batching (releases before r23.05 ran decoupled requests one at a time,
+    fastertransformer_backend#149), and Triton streams a decoupled model through the ensemble.
+    FasterTransformer's other batching mode, sequence batching, exists for model_type GPT only
+    (max_batch_size 1, never with dynamic batching); ftx never writes it.
+    """
+    if opts.io_kind not in IO_KINDS:
+        raise ConfigError(f"unknown I/O kind {opts.io_kind!r}", hint=f"use one of: {', '.join(IO_KINDS)}")
+    if opts.tp < 1 or opts.pp < 1:
+        raise ConfigError(f"tensor_para_size and pipeline_para_size must be at least 1 (got {opts.tp}, {opts.pp})")
+    if opts.max_batch_size < 1:
+        raise ConfigError("max_batch_size must be at least 1 (the backend batches along the first dimension)",
+                          hint="use --max-batch-size 1 or more")
+    if opts.instances < 1:
+        raise ConfigError("the instance count must be at least 1", hint="use --instances 1 or more")
+    if opts.backend == "fastertransformer":
+        check_data_type(opts.model_type, opts.data_type)
+
+
 def _add_tensor(collection: object, decl: TensorDecl, output: bool = False) -> None:
     item = collection.add()  # type: ignore[attr-defined]
     item.name = decl.name
@@ -62,11 +121,12 @@ def set_parameters(config: mc.ModelConfig, params: Mapping[str, str]) -> None:
 
 def build_ft_model_config(opts: FtModelOptions) -> mc.ModelConfig:
     """The fastertransformer model's config as a ModelConfig message."""
-    if opts.io_kind not in IO_KINDS:
-        raise ConfigError(f"unknown I/O kind {opts.io_kind!r}")
+    check_ft_options(opts)
     config = mc.ModelConfig(name=FT_MODEL_NAME, backend=opts.backend, max_batch_size=opts.max_batch_size)
     inputs, outputs = IO_KINDS[opts.io_kind]
-    if opts.dynamic_batching and opts.io_kind == "decoder":
+    if opts.dynamic_batching:
+        # Ragged batching (§6.2): requests with different prompt lengths batch together; the
+        # backend right-pads input_ids with 0 up to the longest (lengths travel separately).
         inputs = tuple(
             TensorDecl(d.name, d.dtype, d.dims, d.optional, d.reshape, ragged=True) if d.name == "input_ids" else d
             for d in inputs
@@ -92,6 +152,87 @@ def build_ft_model_config(opts: FtModelOptions) -> mc.ModelConfig:
         "enable_custom_all_reduce": "0",
     })
     return config
+
+
+def build_python_model_config(name: str, inputs: Sequence[TensorDecl], outputs: Sequence[TensorDecl], *,
+                              max_batch_size: int, parameters: Mapping[str, str],
+                              instances: int = 1) -> mc.ModelConfig:
+    """A Python-backend model (preprocessing, postprocessing) on CPU."""
+    config = mc.ModelConfig(name=name, backend="python", max_batch_size=max_batch_size)
+    add_inputs_outputs(config, inputs, outputs)
+    group = config.instance_group.add()
+    group.count = instances
+    group.kind = mc.ModelInstanceGroup.Kind.KIND_CPU
+    set_parameters(config, parameters)
+    return config
+
+
+def parameter(config: mc.ModelConfig, key: str) -> str | None:
+    """A ``parameters`` string value, or None when absent."""
+    return config.parameters[key].string_value if key in config.parameters else None
+
+
+def check_ft_config(config: mc.ModelConfig, path: Path | None = None) -> list[str]:
+    """Rules of §6.2 a fastertransformer-backend config must satisfy; returns the problems."""
+    where = f"{path}: " if path else ""
+    problems = []
+    if config.name != FT_MODEL_NAME:
+        problems.append(f"{where}name is {config.name!r}, not {FT_MODEL_NAME!r}")
+    if config.max_batch_size < 1:
+        problems.append(f"{where}max_batch_size must be at least 1")
+    kinds = [mc.ModelInstanceGroup.Kind.Name(g.kind) for g in config.instance_group]
+    if kinds != ["KIND_CPU"]:
+        problems.append(f"{where}needs exactly one KIND_CPU instance group (has {kinds or 'none'})")
+    for key in ("model_type", "tensor_para_size", "pipeline_para_size", "model_checkpoint_path", "data_type"):
+        if not parameter(config, key):
+            problems.append(f"{where}parameter {key} is not set")
+    if config.HasField("sequence_batching") and config.HasField("dynamic_batching"):
+        problems.append(f"{where}sequence batching cannot be combined with dynamic batching")
+    ragged = [i.name for i in config.input if i.allow_ragged_batch]
+    shapes = {b.source_input[0] for b in config.batch_input
+              if b.kind == mc.BatchInput.Kind.BATCH_ITEM_SHAPE and b.data_type == mc.DataType.TYPE_INT32
+              and list(b.target_name) == [f"{b.source_input[0]}_item_shape"]}
+    for name in ragged:
+        if name not in shapes:
+            problems.append(f"{where}ragged input {name} needs a BATCH_ITEM_SHAPE batch input {name}_item_shape")
+    return problems
+
+
+_RANK_FILE = re.compile(r"(?<=[A-Za-z_])\.(\d+)\.bin$")
+
+
+def checkpoint_ranks(checkpoint_dir: Path) -> set[int]:
+    """Tensor-parallel ranks present in a ``<tp>-gpu`` directory (``….weight.<rank>.bin`` files)."""
+    ranks = set()
+    for path in checkpoint_dir.glob("*.bin"):
+        if match := _RANK_FILE.search(path.name):
+            ranks.add(int(match.group(1)))
+    return ranks
+
+
+def check_against_checkpoint(config: mc.ModelConfig, ini: Mapping[str, Mapping[str, str]],
+                             checkpoint_dir: Path) -> list[str]:
+    """config.pbtxt parameters that disagree with the checkpoint (tp, model type, dtype)."""
+    problems = []
+    tp = parameter(config, "tensor_para_size") or ""
+    model_type = parameter(config, "model_type") or ""
+    data_type = parameter(config, "data_type") or ""
+    if checkpoint_dir.name != f"{tp}-gpu":
+        problems.append(f"tensor_para_size {tp} but model_checkpoint_path is {checkpoint_dir.name}")
+    ranks = checkpoint_ranks(checkpoint_dir)
+    if ranks and (ranks != set(range(len(ranks))) or str(len(ranks)) != tp):
+        problems.append(f"tensor_para_size {tp} but the weight files in {checkpoint_dir} are split for "
+                        f"ranks {sorted(ranks)}")
+    sections = MODEL_TYPE_SECTIONS.get(model_type)
+    if sections and not all(s in ini for s in sections):
+        problems.append(f"model_type {model_type} reads config.ini section(s) {', '.join(sections)}, "
+                        f"but {checkpoint_dir / 'config.ini'} has {', '.join(ini) or 'none'}")
+    weight_types = {v["weight_data_type"] for v in ini.values() if "weight_data_type" in v}
+    if len(weight_types) != 1 or not weight_types <= {"fp32", "fp16", "bf16"}:
+        problems.append(f"config.ini weight_data_type is {sorted(weight_types) or 'missing'}")
+    if model_type in FT_DATA_TYPES and data_type not in FT_DATA_TYPES[model_type]:
+        problems.append(f"data_type {data_type} is not run by FasterTransformer for {model_type}")
+    return problems
 
 
 def write_config(config: mc.ModelConfig, model_dir: Path) -> Path:

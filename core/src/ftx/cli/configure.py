@@ -1,0 +1,119 @@
+"""``ftx configure``: a self-contained Triton model repository for a model, placed where you say."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ftx.cli.common import FtxCommand, get_host, say
+from ftx.cli.options import conversion_options, repository_options
+from ftx.cli.run import run_pipeline, settings_from_options
+from ftx.context import RunSettings
+from ftx.errors import ConfigError, OutputError
+from ftx.store import PROVENANCE_FILE
+
+RUNTIME_CHOICES = ("fastertransformer", "python")
+
+
+def check_output(output: Path) -> Path:
+    """``--output`` must be absent or an empty directory."""
+    output = output.expanduser().resolve()
+    if output.exists():
+        if not output.is_dir():
+            raise OutputError(f"--output {output} exists and is not a directory",
+                              hint="choose a new directory (ftx creates it)")
+        if any(output.iterdir()):
+            raise OutputError(f"--output {output} is not empty",
+                              hint="choose a new or empty directory; ftx never overwrites a repository")
+    return output
+
+
+def precheck_source(settings: RunSettings, source: Path) -> None:
+    """Family, data type, parallelism and tokenizer of a checkpoint directory, before converting it."""
+    from ftx.default_plugins.configure import precheck
+    from ftx.triton.repository import plan_tokenizer
+
+    family, hf_config = get_host().family_for_source(source, settings.family)
+    precheck(family, settings)
+    spec = family.spec(hf_config)
+    spec.check_parallel(settings.tp, settings.pp)
+    plan_tokenizer(settings.tokenizer or source, family, spec, explicit=settings.tokenizer is not None)
+
+
+def fetched_source(settings: RunSettings) -> Path | None:
+    """The checkpoint directory: a local one as is, anything else fetched into the store first."""
+    local = Path(settings.source or settings.model).expanduser()
+    if local.is_dir() and (local / "config.json").is_file():
+        return local.resolve()
+    result = run_pipeline(settings.with_(until="fetch"))
+    return result.source.path if result.source is not None else None
+
+
+def place_repository(repository: Path, output: Path) -> None:
+    """Copy ``repository`` to ``output`` through a sibling temp directory and one rename."""
+    from ftx.triton.repository import verify_repository
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
+    try:
+        shutil.copytree(repository, tmp, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__", PROVENANCE_FILE))
+        tmp.chmod(0o755)
+        verify_repository(tmp)
+        if output.exists():
+            output.rmdir()  # empty, checked before the run
+        os.rename(tmp, output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+@click.command("configure", cls=FtxCommand)
+@click.argument("source")
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path),
+              help="Directory for the repository: must not exist or be empty. Written atomically.")
+@click.option("--family", help="Model family (see `ftx models`); detected from config.json when omitted.")
+@click.option("--revision", help="Branch, tag or commit of a Hugging Face source.")
+@conversion_options
+@repository_options
+@click.option("--runtime", type=click.Choice(RUNTIME_CHOICES), default="fastertransformer", show_default=True,
+              help="What serves the `fastertransformer` model: the FasterTransformer backend, or the python "
+                   "runtime (transformers on the converted files, same inputs and outputs).")
+def configure(source: str, output: Path, runtime: str, **opts: Any) -> None:
+    """Write a Triton model repository for SOURCE into --output.
+
+    SOURCE is a preset (see `ftx models`), hf://org/name[@revision], a URL or a local checkpoint
+    directory. The checkpoint is fetched and converted through the artifact store (cached under
+    FTX_HOME); the repository holds `fastertransformer` (its model_checkpoint_path points at the
+    converted <tp>-gpu directory in the store), `preprocessing` and `postprocessing` (the model's
+    own tokenizer copied in, nothing downloaded at serve time), `ensemble` (Triton's generate
+    names: POST /v2/models/ensemble/generate with {"text_input": "...", "max_tokens": 16}) and
+    ftx-deployment.json (what it was built from).
+
+    Bad options, a data type FasterTransformer does not run for the model, a checkpoint that
+    does not match --tp and a missing tokenizer are reported before anything is written.
+    """
+    target = check_output(output)
+    tokenizer = opts.get("tokenizer")
+    if tokenizer is not None:
+        opts["tokenizer"] = Path(tokenizer).expanduser().resolve()
+    settings = settings_from_options(source, until="configure", runtime=runtime, tune=False, **opts)
+    source_dir = fetched_source(settings)
+    if source_dir is not None:
+        precheck_source(settings, source_dir)
+    result = run_pipeline(settings)
+    if result.repository is None:
+        raise ConfigError("the pipeline stopped before the configure stage", hint="run with -v to see why")
+    place_repository(result.repository.path, target)
+    say(f"repository {target}: {', '.join(result.repository.models)} (runtime {runtime})")
+    if result.checkpoint is not None:
+        say(f"checkpoint {result.checkpoint.path} (kept in the artifact store; the repository points at it)")
+    click.echo(str(target))
+
+
+commands = [configure]

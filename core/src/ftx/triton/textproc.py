@@ -1,0 +1,489 @@
+"""Text <-> token ids for the ``preprocessing`` and ``postprocessing`` Triton models.
+
+This module is copied into every generated repository as ``<model>/1/ftx_textproc.py`` and
+imported by the Python-backend ``model.py`` next to it, so a repository is self-contained: it
+needs numpy and ``tokenizers`` or ``sentencepiece`` in the serving environment, never ftx and
+never the network. Keep it free of ``ftx`` imports.
+
+Tokenizer files live next to the model (``<model>/1/``); ids (start, end, pad) come from the
+model's own spec through the model config parameters, never from a hard-coded vocabulary.
+
+Tensors follow Triton's batching convention (``max_batch_size > 0``): every array starts with
+the batch dimension. Request-level problems raise :class:`RequestError`, which the model turns
+into an error response for that request only.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HF_FILES = ("tokenizer.json",)
+BPE_FILES = ("vocab.json", "merges.txt")
+SPIECE_FILE = "spiece.model"
+
+DECODER = "decoder"
+ENCODER_DECODER = "encoder-decoder"
+
+
+class RequestError(ValueError):
+    """A request this model cannot serve (bad value, missing input)."""
+
+
+class TokenizerLoadError(RuntimeError):
+    """The tokenizer files are missing or unreadable."""
+
+
+# --------------------------------------------------------------------------- tokenizers
+
+
+class Codec:
+    """Encode text to ids and decode ids to text with one tokenizer."""
+
+    kind = ""
+
+    def encode(self, text: str, *, prompt: bool) -> list[int]:
+        """Ids of ``text``; ``prompt`` adds the tokenizer's own special tokens (e.g. T5's ``</s>``)."""
+        raise NotImplementedError
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` without special tokens."""
+        raise NotImplementedError
+
+    def token_id(self, token: str) -> int | None:
+        raise NotImplementedError
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+
+class HFCodec(Codec):
+    """A Hugging Face ``tokenizers`` tokenizer (``tokenizer.json``, or GPT-2 style vocab + merges)."""
+
+    kind = "hf"
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def from_dir(cls, directory: Path) -> HFCodec:
+        try:
+            from tokenizers import Tokenizer
+        except ImportError as exc:  # pragma: no cover - environment problem
+            raise TokenizerLoadError("the 'tokenizers' package is not installed") from exc
+        path = directory / "tokenizer.json"
+        if path.is_file():
+            try:
+                return cls(Tokenizer.from_file(str(path)))
+            except Exception as exc:
+                raise TokenizerLoadError(f"{path} is not a valid tokenizer.json: {exc}") from exc
+        vocab, merges = directory / "vocab.json", directory / "merges.txt"
+        if vocab.is_file() and merges.is_file():
+            from tokenizers import decoders, models, pre_tokenizers, processors
+
+            try:
+                tokenizer = Tokenizer(models.BPE.from_file(str(vocab), str(merges)))
+            except Exception as exc:
+                raise TokenizerLoadError(f"{vocab} / {merges} are not a valid BPE vocabulary: {exc}") from exc
+            tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+            tokenizer.decoder = decoders.ByteLevel()
+            tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+            for token in _added_tokens(directory):
+                tokenizer.add_special_tokens([token])
+            return cls(tokenizer)
+        raise TokenizerLoadError(f"{directory} has no tokenizer.json (nor vocab.json + merges.txt)")
+
+    def encode(self, text: str, *, prompt: bool) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=prompt).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def token_id(self, token: str) -> int | None:
+        return self.tokenizer.token_to_id(token)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
+
+
+class SentencePieceCodec(Codec):
+    """A sentencepiece model (T5's ``spiece.model``); prompts end with ``</s>`` like T5Tokenizer."""
+
+    kind = "sentencepiece"
+
+    def __init__(self, processor: Any) -> None:
+        self.sp = processor
+
+    @classmethod
+    def from_dir(cls, directory: Path) -> SentencePieceCodec:
+        try:
+            import sentencepiece
+        except ImportError as exc:  # pragma: no cover - environment problem
+            raise TokenizerLoadError("the 'sentencepiece' package is not installed") from exc
+        path = directory / SPIECE_FILE
+        if not path.is_file():
+            raise TokenizerLoadError(f"{directory} has no {SPIECE_FILE}")
+        processor = sentencepiece.SentencePieceProcessor()
+        try:
+            processor.Load(str(path))
+        except Exception as exc:
+            raise TokenizerLoadError(f"{path} is not a valid sentencepiece model: {exc}") from exc
+        return cls(processor)
+
+    def encode(self, text: str, *, prompt: bool) -> list[int]:
+        ids = list(self.sp.EncodeAsIds(text))
+        eos = self.sp.eos_id()
+        if prompt and eos >= 0:
+            ids.append(eos)
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        size = self.sp.GetPieceSize()
+        keep = [int(i) for i in ids
+                if 0 <= int(i) < size and not (self.sp.IsControl(int(i)) or self.sp.IsUnknown(int(i)))]
+        return self.sp.DecodeIds(keep)
+
+    def token_id(self, token: str) -> int | None:
+        piece = self.sp.PieceToId(token)
+        return piece if self.sp.IdToPiece(piece) == token else None
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.sp.GetPieceSize())
+
+
+def _added_tokens(directory: Path) -> list[Any]:
+    """Special tokens declared beside a vocab.json (added_tokens.json, tokenizer_config.json)."""
+    from tokenizers import AddedToken
+
+    names: list[str] = []
+    added = directory / "added_tokens.json"
+    if added.is_file():
+        mapping = json.loads(added.read_text())
+        names += [token for token, _ in sorted(mapping.items(), key=lambda item: item[1])]
+    for value in special_token_names(directory).values():
+        if value not in names:
+            names.append(value)
+    return [AddedToken(name, special=True) for name in names]
+
+
+def detect_kind(directory: Path) -> str | None:
+    """``hf`` or ``sentencepiece`` from the files present (tokenizer.json wins), None if neither."""
+    if (directory / "tokenizer.json").is_file() or all((directory / f).is_file() for f in BPE_FILES):
+        return "hf"
+    if (directory / SPIECE_FILE).is_file():
+        return "sentencepiece"
+    return None
+
+
+def load_codec(directory: Path, kind: str = "auto") -> Codec:
+    """The tokenizer in ``directory``: ``hf``, ``sentencepiece`` or ``auto`` (by the files present)."""
+    directory = Path(directory)
+    if kind == "auto":
+        kind = detect_kind(directory) or ""
+    if kind == "hf":
+        return HFCodec.from_dir(directory)
+    if kind == "sentencepiece":
+        return SentencePieceCodec.from_dir(directory)
+    raise TokenizerLoadError(
+        f"{directory} holds no tokenizer (tokenizer.json, vocab.json + merges.txt or {SPIECE_FILE})")
+
+
+def special_token_names(directory: Path) -> dict[str, str]:
+    """``{"bos"|"eos"|"pad"|"unk": token}`` from tokenizer_config.json / special_tokens_map.json."""
+    names: dict[str, str] = {}
+    for filename in ("special_tokens_map.json", "tokenizer_config.json"):
+        path = Path(directory) / filename
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except ValueError:
+            continue
+        for role in ("bos", "eos", "pad", "unk"):
+            value = data.get(f"{role}_token")
+            if isinstance(value, Mapping):
+                value = value.get("content")
+            if isinstance(value, str) and role not in names:
+                names[role] = value
+    return names
+
+
+# --------------------------------------------------------------------------- word lists
+
+
+def word_list(words_per_item: Sequence[Sequence[str]], codec: Codec) -> np.ndarray:
+    """FasterTransformer's stop/bad words tensor ``[B, 2, W]`` (int32).
+
+    Row 0 holds the concatenated ids of every word of an item, row 1 the cumulative end offset of
+    each word, padded with -1 (ids padded with 0). An item without words is ``[[0], [-1]]``,
+    which FasterTransformer reads as "no list".
+    """
+    rows: list[tuple[list[int], list[int]]] = []
+    for words in words_per_item:
+        ids: list[int] = []
+        offsets: list[int] = []
+        for word in words:
+            if not word:
+                continue
+            word_ids = codec.encode(word, prompt=False)
+            if not word_ids:
+                continue
+            ids += word_ids
+            offsets.append(len(ids))
+        rows.append((ids, offsets))
+    width = max([1] + [max(len(ids), len(offsets)) for ids, offsets in rows])
+    out = np.zeros((len(rows), 2, width), dtype=np.int32)
+    out[:, 1, :] = -1
+    for b, (ids, offsets) in enumerate(rows):
+        out[b, 0, : len(ids)] = ids
+        out[b, 1, : len(offsets)] = offsets
+    return out
+
+
+def strings(array: np.ndarray | None) -> list[list[str]]:
+    """A ``[B, …]`` BYTES tensor as one list of non-empty strings per batch item."""
+    if array is None:
+        return []
+    items = array.reshape(array.shape[0], -1) if array.ndim else array.reshape(1, 1)
+    return [[_text(v) for v in row if _text(v)] for row in items]
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    return "" if value is None else str(value)
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+def _bool(text: str | None, default: bool = False) -> bool:
+    if text is None or text == "":
+        return default
+    return text.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _int(params: Mapping[str, str], key: str) -> int | None:
+    value = params.get(key, "")
+    return int(value) if str(value).strip() not in ("", "none") else None
+
+
+@dataclass(frozen=True)
+class TextSettings:
+    """What a pre/post-processing model needs to know, from its config.pbtxt parameters."""
+
+    io_kind: str
+    tokenizer_kind: str
+    start_id: int
+    end_id: int
+    pad_id: int
+    streaming: bool = False
+    max_batch_size: int = 0
+
+    @classmethod
+    def from_parameters(cls, params: Mapping[str, str], max_batch_size: int = 0) -> TextSettings:
+        missing = [k for k in ("io_kind", "start_id", "end_id") if not str(params.get(k, "")).strip()]
+        if missing:
+            raise TokenizerLoadError(f"model parameters lack {', '.join(missing)}")
+        end_id = _int(params, "end_id")
+        assert end_id is not None
+        pad_id = _int(params, "pad_id")
+        return cls(
+            io_kind=params["io_kind"], tokenizer_kind=params.get("tokenizer_kind", "auto") or "auto",
+            start_id=_int(params, "start_id") or 0, end_id=end_id,
+            pad_id=end_id if pad_id is None else pad_id, streaming=_bool(params.get("streaming")),
+            max_batch_size=max_batch_size,
+        )
+
+    def as_parameters(self) -> dict[str, str]:
+        return {
+            "io_kind": self.io_kind, "tokenizer_kind": self.tokenizer_kind, "start_id": str(self.start_id),
+            "end_id": str(self.end_id), "pad_id": str(self.pad_id), "streaming": "1" if self.streaming else "0",
+        }
+
+
+def model_parameters(model_config: Mapping[str, Any]) -> dict[str, str]:
+    """``parameters`` of a model config (as Triton hands it to a Python model) as plain strings."""
+    return {k: str(v.get("string_value", "")) for k, v in (model_config.get("parameters") or {}).items()}
+
+
+# --------------------------------------------------------------------------- the two models
+
+
+def _scalar_column(inputs: Mapping[str, np.ndarray], name: str, batch: int, default: Any, dtype: Any) -> np.ndarray:
+    """A ``[B, 1]`` array from an optional ``[B, 1]`` input, or the default."""
+    value = inputs.get(name)
+    if value is None:
+        return np.full((batch, 1), default, dtype=dtype)
+    value = np.asarray(value).reshape(batch, -1)[:, :1]
+    return value.astype(dtype)
+
+
+class Preprocessor:
+    """Generate-extension inputs (``text_input``, ``max_tokens`` …) → FasterTransformer inputs."""
+
+    def __init__(self, codec: Codec, settings: TextSettings) -> None:
+        self.codec = codec
+        self.settings = settings
+
+    @classmethod
+    def from_directory(cls, directory: Path, params: Mapping[str, str], max_batch_size: int = 0) -> Preprocessor:
+        settings = TextSettings.from_parameters(params, max_batch_size)
+        return cls(load_codec(directory, settings.tokenizer_kind), settings)
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        s = self.settings
+        text = inputs.get("text_input")
+        if text is None:
+            raise RequestError("the request has no text_input")
+        prompts = [" ".join(row) if row else "" for row in _rows_as_text(text)]
+        batch = len(prompts)
+        if "max_tokens" not in inputs:
+            raise RequestError("the request has no max_tokens")
+        max_tokens = _scalar_column(inputs, "max_tokens", batch, 0, np.int64)
+        if (max_tokens < 1).any():
+            raise RequestError(f"max_tokens must be at least 1 (got {int(max_tokens.min())})")
+        if "stream" in inputs:
+            stream = _scalar_column(inputs, "stream", batch, False, np.bool_)
+            if stream.any() and not s.streaming:
+                raise RequestError("this deployment does not stream; configure it with --streaming to use stream=true")
+            if not stream.all() and s.streaming:
+                raise RequestError("this deployment streams (configured with --streaming): send stream=true "
+                                   "through generate_stream or gRPC streaming")
+        top_k = _scalar_column(inputs, "top_k", batch, 0, np.int64)
+        top_p = _scalar_column(inputs, "top_p", batch, 0.0, np.float32)
+        temperature = _scalar_column(inputs, "temperature", batch, 1.0, np.float32)
+        beam_width = _scalar_column(inputs, "beam_width", batch, 1, np.int64)
+        repetition_penalty = _scalar_column(inputs, "repetition_penalty", batch, 1.0, np.float32)
+        if (top_k < 0).any():
+            raise RequestError("top_k must be 0 (off) or positive")
+        if ((top_p < 0) | (top_p > 1)).any():
+            raise RequestError("top_p must be between 0 (off) and 1")
+        if (temperature <= 0).any():
+            raise RequestError("temperature must be positive")
+        if (beam_width < 1).any():
+            raise RequestError("beam_width must be at least 1")
+        if (repetition_penalty <= 0).any():
+            raise RequestError("repetition_penalty must be positive")
+        if "random_seed" in inputs:
+            seed = _scalar_column(inputs, "random_seed", batch, 0, np.uint64)
+        else:  # a fresh seed per request, so sampling differs between requests unless asked otherwise
+            seed = np.array([[secrets.randbits(63)] for _ in range(batch)], dtype=np.uint64)
+
+        encoded = [self.codec.encode(p, prompt=True) for p in prompts]
+        if any(not ids for ids in encoded):
+            raise RequestError("the prompt is empty after tokenization")
+        lengths = np.array([[len(ids)] for ids in encoded], dtype=np.uint32)
+        input_ids = np.full((batch, int(lengths.max())), s.pad_id, dtype=np.uint32)
+        for b, ids in enumerate(encoded):
+            input_ids[b, : len(ids)] = ids
+
+        out = {
+            "input_ids": input_ids,
+            "runtime_top_k": top_k.astype(np.uint32),
+            "runtime_top_p": top_p,
+            "temperature": temperature,
+            "repetition_penalty": repetition_penalty,
+            "random_seed": seed,
+            "beam_width": beam_width.astype(np.uint32),
+            "bad_words_list": word_list(_pad_rows(strings(inputs.get("bad_words")), batch), self.codec),
+            "stop_words_list": word_list(_pad_rows(strings(inputs.get("stop")), batch), self.codec),
+        }
+        if s.io_kind == ENCODER_DECODER:
+            out["sequence_length"] = lengths
+            out["max_output_len"] = max_tokens.astype(np.uint32)
+        else:
+            out["input_lengths"] = lengths
+            out["request_output_len"] = max_tokens.astype(np.uint32)
+        return out
+
+
+class Postprocessor:
+    """FasterTransformer outputs (``output_ids``, ``sequence_length``) → ``text_output``.
+
+    Only the generated part is decoded: ``output_ids[b, k, start:sequence_length[b, k]]`` where
+    ``start`` is the prompt length (``input_lengths``) for decoder models and 0 for T5, whose
+    output holds decoder tokens only; generation ends at the first end id. A streaming ensemble
+    cannot pass ``input_lengths`` (Triton lets no step after a decoupled model read another
+    model's outputs), so there decoder text includes the prompt.
+    """
+
+    def __init__(self, codec: Codec, settings: TextSettings) -> None:
+        self.codec = codec
+        self.settings = settings
+
+    @classmethod
+    def from_directory(cls, directory: Path, params: Mapping[str, str], max_batch_size: int = 0) -> Postprocessor:
+        settings = TextSettings.from_parameters(params, max_batch_size)
+        return cls(load_codec(directory, settings.tokenizer_kind), settings)
+
+    def texts(self, output_ids: np.ndarray, sequence_length: np.ndarray,
+              input_lengths: np.ndarray | None = None) -> list[list[str]]:
+        """Decoded text per batch item and beam."""
+        ids = np.asarray(output_ids)
+        if ids.ndim == 2:  # [B, S]: a model without the beam dimension
+            ids = ids[:, None, :]
+        if ids.ndim != 3:
+            raise RequestError(f"output_ids must be [batch, beam, length], got shape {list(ids.shape)}")
+        batch, beams, width = ids.shape
+        lengths = np.asarray(sequence_length).reshape(batch, -1)
+        if lengths.shape[1] not in (1, beams):
+            raise RequestError(f"sequence_length {list(lengths.shape)} does not match output_ids {list(ids.shape)}")
+        starts = np.zeros(batch, dtype=np.int64)
+        if input_lengths is not None and self.settings.io_kind != ENCODER_DECODER:
+            starts = np.asarray(input_lengths).reshape(batch, -1)[:, 0].astype(np.int64)
+        result = []
+        for b in range(batch):
+            row = []
+            for k in range(beams):
+                end = int(lengths[b, k if lengths.shape[1] > 1 else 0])
+                end = max(0, min(end, width))
+                generated = [int(t) for t in ids[b, k, min(int(starts[b]), end):end]]
+                if self.settings.end_id in generated:
+                    generated = generated[: generated.index(self.settings.end_id)]
+                row.append(self.codec.decode(generated))
+            result.append(row)
+        return result
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        for name in ("output_ids", "sequence_length"):
+            if name not in inputs:
+                raise RequestError(f"the request has no {name}")
+        texts = self.texts(inputs["output_ids"], inputs["sequence_length"], inputs.get("input_lengths"))
+        return {"text_output": np.array([[t.encode("utf-8") for t in row] for row in texts], dtype=np.object_)}
+
+
+def _rows_as_text(array: np.ndarray) -> list[list[str]]:
+    array = np.asarray(array, dtype=np.object_)
+    if array.ndim == 0:
+        array = array.reshape(1, 1)
+    elif array.ndim == 1:
+        array = array.reshape(-1, 1)
+    return [[_text(v) for v in row.reshape(-1)] for row in array]
+
+
+def _pad_rows(rows: list[list[str]], batch: int) -> list[list[str]]:
+    return rows + [[] for _ in range(batch - len(rows))] if len(rows) < batch else rows[:batch]
+
+
+def build_processor(role: str, directory: Path, params: Mapping[str, str], max_batch_size: int = 0) -> Any:
+    """The processor for a model role (``preprocessing`` or ``postprocessing``)."""
+    if role == "preprocessing":
+        return Preprocessor.from_directory(directory, params, max_batch_size)
+    if role == "postprocessing":
+        return Postprocessor.from_directory(directory, params, max_batch_size)
+    raise TokenizerLoadError(f"unknown text model role {role!r}")
+
+
+def outputs_in_order(result: Mapping[str, np.ndarray], names: Iterable[str]) -> list[tuple[str, np.ndarray]]:
+    """The result tensors a model config declares, in its order (extra results are dropped)."""
+    return [(name, result[name]) for name in names if name in result]

@@ -1,0 +1,365 @@
+"""``ftx configure`` and the configure stage: the repository, its config.pbtxt files, bad input.
+
+Every config.pbtxt is parsed back through Triton's protobuf schema here; the models are served on
+the real tritonserver in test_triton_repository.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ftx.errors import ConfigError
+from ftx.triton.ensemble import check_ensemble
+from ftx.triton.model_config import (
+    FtModelOptions,
+    build_ft_model_config,
+    check_data_type,
+    parameter,
+    parse_config,
+)
+from ftx.triton.repository import check_checkpoint, verify_repository
+
+MODELS = {"fastertransformer", "preprocessing", "postprocessing", "ensemble"}
+
+
+def configure(ftx_cli, source: Path, out: Path, *extra: str):
+    result = ftx_cli("--log-format", "json", "configure", str(source), "--output", str(out), *extra)
+    assert result.exit_code == 0, result.stderr + repr(result.exception)
+    assert result.stdout.strip() == str(out.resolve())
+    return result
+
+
+def refused(ftx_cli, source: Path, out: Path, *extra: str):
+    result = ftx_cli("--log-format", "json", "configure", str(source), "--output", str(out), *extra)
+    assert result.exit_code != 0, result.stdout
+    assert result.exception is None, repr(result.exception)  # an FtxError or a click error, not a crash
+    return result
+
+
+def ft_config(repo: Path) -> mc.ModelConfig:
+    return parse_config(repo / "fastertransformer" / "config.pbtxt")
+
+
+def inputs(config: mc.ModelConfig) -> dict[str, mc.ModelInput]:
+    return {i.name: i for i in config.input}
+
+
+# --------------------------------------------------------------------------- the repository
+
+
+def test_help_documents_every_option(ftx_cli) -> None:
+    result = ftx_cli("configure", "--help")
+    assert result.exit_code == 0
+    for option in ("--output", "--family", "--revision", "--tp", "--pp", "--weight-dtype", "--data-type",
+                   "--tokenizer", "--max-batch-size", "--instances", "--streaming", "--dynamic-batching",
+                   "--runtime"):
+        assert option in result.stdout, option
+    from ftx.cli.configure import configure as command
+
+    for param in command.params:
+        if param.param_type_name == "option":
+            assert param.help, f"{param.name} has no help"
+
+
+def test_gptj_repository_layout_and_ft_config(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "repo"
+    configure(ftx_cli, tiny_gptj_dir, out)
+    assert {p.name for p in out.iterdir() if p.is_dir()} == MODELS
+    assert verify_repository(out)  # every config.pbtxt parses back, checks pass
+    for name in MODELS:
+        assert (out / name / "1").is_dir()
+    ft = ft_config(out)
+    assert ft.backend == "fastertransformer" and ft.name == "fastertransformer" and ft.max_batch_size == 8
+    assert [(g.kind, g.count) for g in ft.instance_group] == [(mc.ModelInstanceGroup.Kind.KIND_CPU, 1)]
+    assert parameter(ft, "model_type") == "GPT-J"
+    assert parameter(ft, "tensor_para_size") == "1" and parameter(ft, "pipeline_para_size") == "1"
+    assert parameter(ft, "data_type") == "fp32" and parameter(ft, "enable_custom_all_reduce") == "0"
+    ckpt = Path(parameter(ft, "model_checkpoint_path"))
+    assert ckpt.name == "1-gpu" and ckpt.is_relative_to(ftx_home / "store" / "convert")
+    assert (ckpt / "config.ini").is_file()
+    assert not ft.model_transaction_policy.decoupled
+    # §6.2: ragged input_ids with its BATCH_ITEM_SHAPE batch input
+    ids = inputs(ft)["input_ids"]
+    assert ids.allow_ragged_batch and ids.data_type == mc.TYPE_UINT32
+    (batch_input,) = ft.batch_input
+    assert batch_input.kind == mc.BatchInput.Kind.BATCH_ITEM_SHAPE
+    assert list(batch_input.target_name) == ["input_ids_item_shape"] and list(batch_input.source_input) == ["input_ids"]
+    assert batch_input.data_type == mc.TYPE_INT32
+    assert ft.HasField("dynamic_batching")
+    # §6.3: FasterTransformer's own names and dtypes
+    assert inputs(ft)["input_lengths"].data_type == mc.TYPE_UINT32
+    assert inputs(ft)["request_output_len"].data_type == mc.TYPE_UINT32
+    assert inputs(ft)["bad_words_list"].optional and list(inputs(ft)["bad_words_list"].dims) == [2, -1]
+    assert {o.name: o.data_type for o in ft.output}["output_ids"] == mc.TYPE_UINT32
+
+
+def test_ensemble_speaks_generate_names_and_is_wired(ftx_cli, tiny_gptj_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "repo"
+    configure(ftx_cli, tiny_gptj_dir, out)
+    ens = parse_config(out / "ensemble" / "config.pbtxt")
+    assert ens.platform == "ensemble"
+    ins = inputs(ens)
+    assert ins["text_input"].data_type == mc.TYPE_STRING and not ins["text_input"].optional
+    assert ins["max_tokens"].data_type == mc.TYPE_INT32 and not ins["max_tokens"].optional
+    for name in ("temperature", "top_k", "top_p", "stop", "beam_width", "stream"):
+        assert ins[name].optional, name
+    assert ins["stream"].data_type == mc.TYPE_BOOL
+    assert [(o.name, o.data_type) for o in ens.output] == [("text_output", mc.TYPE_STRING)]
+    assert [s.model_name for s in ens.ensemble_scheduling.step] == ["preprocessing", "fastertransformer",
+                                                                    "postprocessing"]
+    assert check_ensemble(out) == []
+
+
+def test_deployment_record(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "repo"
+    configure(ftx_cli, tiny_gptj_dir, out, "--data-type", "fp16")
+    record = json.loads((out / "ftx-deployment.json").read_text())
+    assert record["family"] == "gptj" and record["model_type"] == "GPT-J"
+    assert (record["tp"], record["pp"], record["weight_dtype"], record["data_type"]) == (1, 1, "fp32", "fp16")
+    assert record["source"]["path"] == str(tiny_gptj_dir) and record["source"]["revision"]
+    assert record["plugins"]["family"]["distribution"] == "ftx-gptj" and record["plugins"]["ftx"]
+    for stage in ("fetch", "convert", "tune"):
+        assert re.fullmatch(r"[0-9a-f]{24}", record["artifacts"][stage]), stage
+    assert (ftx_home / "store" / "convert" / record["artifacts"]["convert"]).is_dir()
+    assert record["preset"] is None and record["endpoints"]["generate"] == "/v2/models/ensemble/generate"
+    assert record["tokenizer"]["files"] == ["tokenizer.json", "tokenizer_config.json"]
+
+
+def test_tp2_points_at_the_2gpu_checkpoint(ftx_cli, tiny_gptj_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "repo"
+    configure(ftx_cli, tiny_gptj_dir, out, "--tp", "2", "--max-batch-size", "16", "--instances", "2")
+    ft = ft_config(out)
+    assert parameter(ft, "tensor_para_size") == "2"
+    assert Path(parameter(ft, "model_checkpoint_path")).name == "2-gpu"
+    assert ft.max_batch_size == 16 and [g.count for g in ft.instance_group] == [2]
+    assert parse_config(out / "ensemble" / "config.pbtxt").max_batch_size == 16
+
+
+def test_streaming_is_decoupled_and_postprocessing_reads_ft_outputs_only(ftx_cli, tiny_gptj_dir: Path,
+                                                                         tmp_path: Path) -> None:
+    out = tmp_path / "repo"
+    configure(ftx_cli, tiny_gptj_dir, out, "--streaming")
+    assert ft_config(out).model_transaction_policy.decoupled
+    post = parse_config(out / "ensemble" / "config.pbtxt").ensemble_scheduling.step[2]
+    assert set(post.input_map) == {"output_ids", "sequence_length"}
+    params = parse_config(out / "preprocessing" / "config.pbtxt").parameters
+    assert params["streaming"].string_value == "1"
+
+
+def test_no_dynamic_batching(ftx_cli, tiny_gptj_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "repo"
+    configure(ftx_cli, tiny_gptj_dir, out, "--no-dynamic-batching")
+    ft = ft_config(out)
+    assert not ft.HasField("dynamic_batching") and not ft.batch_input
+    assert not inputs(ft)["input_ids"].allow_ragged_batch
+
+
+def test_python_runtime_writes_the_python_ft_model(ftx_cli, tiny_gptj_dir: Path, tmp_path: Path) -> None:
+    pytest.importorskip("ftx.runtime.python.repository")
+    out = tmp_path / "repo"
+    configure(ftx_cli, tiny_gptj_dir, out, "--runtime", "python")
+    ft = ft_config(out)
+    assert ft.backend == "python" and (out / "fastertransformer" / "1" / "model.py").is_file()
+    assert check_ensemble(out) == []
+    assert json.loads((out / "ftx-deployment.json").read_text())["runtime"] == "python"
+
+
+def test_second_configure_reuses_the_store(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path) -> None:
+    configure(ftx_cli, tiny_gptj_dir, tmp_path / "a")
+    again = configure(ftx_cli, tiny_gptj_dir, tmp_path / "b")
+    events = [json.loads(line) for line in again.stderr.splitlines() if line.startswith("{")]
+    assert {e["stage"] for e in events if e["event"] == "cache.hit"} == {"fetch", "convert", "tune", "configure"}
+    assert (tmp_path / "b" / "ensemble" / "config.pbtxt").read_text() == \
+        (tmp_path / "a" / "ensemble" / "config.pbtxt").read_text()
+
+
+def test_explicit_tokenizer_is_used(ftx_cli, tiny_gptj_dir: Path, tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    shutil.copytree(tiny_gptj_dir, source)
+    tokenizer = tmp_path / "tok"
+    tokenizer.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (source / name).rename(tokenizer / name)
+    configure(ftx_cli, source, tmp_path / "repo", "--tokenizer", str(tokenizer))
+    for model in ("preprocessing", "postprocessing"):
+        assert (tmp_path / "repo" / model / "1" / "tokenizer.json").read_bytes() == \
+            (tokenizer / "tokenizer.json").read_bytes()
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _nothing_written(ftx_home: Path, out: Path, stages: tuple[str, ...] = ("configure",)) -> None:
+    assert not out.exists()
+    for stage in stages:
+        assert not list((ftx_home / "store" / stage).glob("*")) if (ftx_home / "store" / stage).exists() else True
+    assert not [p for p in out.parent.glob(f".{out.name}.tmp-*")]
+
+
+def test_fp8_data_type_is_a_click_choice_error(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "repo"
+    result = refused(ftx_cli, tiny_gptj_dir, out, "--data-type", "fp8")
+    assert result.exit_code == 2 and "fp8" in result.stderr and "fp16" in result.stderr
+    _nothing_written(ftx_home, out, ("fetch", "convert", "configure"))
+
+
+def test_missing_tokenizer_is_refused_before_converting(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path,
+                                                        tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    shutil.copytree(tiny_gptj_dir, source, ignore=shutil.ignore_patterns("tokenizer*"))
+    out = tmp_path / "repo"
+    result = refused(ftx_cli, source, out)
+    assert result.exit_code == 1
+    assert "error:" in result.stderr and "no tokenizer" in result.stderr and "--tokenizer" in result.stderr
+    _nothing_written(ftx_home, out, ("fetch", "convert", "configure"))
+
+
+def test_missing_tokenizer_in_the_stage_writes_no_repository(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path,
+                                                             tmp_path: Path) -> None:
+    """`ftx run --until configure` reaches the stage itself: it fails before publishing anything."""
+    source = tmp_path / "src"
+    shutil.copytree(tiny_gptj_dir, source, ignore=shutil.ignore_patterns("tokenizer*"))
+    result = ftx_cli("run", str(source), "--until", "configure", "--runtime", "python")
+    assert result.exit_code == 1 and "no tokenizer" in result.stderr
+    assert not list((ftx_home / "store" / "configure").glob("*"))
+
+
+def test_output_must_be_empty(ftx_cli, tiny_gptj_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "repo"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    result = refused(ftx_cli, tiny_gptj_dir, out)
+    assert result.exit_code == 1 and "not empty" in result.stderr
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+def test_gptneox_refuses_bf16_with_the_reason(ftx_cli, ftx_home: Path, tmp_path: Path) -> None:
+    """§8 #13: FasterTransformer runs GPT-NeoX in fp16 or (silently, for anything else) fp32."""
+    from ftx.tiny import tiny_gptneox
+
+    source = tiny_gptneox(tmp_path / "neox")
+    out = tmp_path / "repo"
+    result = refused(ftx_cli, source, out, "--family", "gptneox", "--data-type", "bf16")
+    assert result.exit_code == 1
+    assert "GPT-NeoX" in result.stderr and "fp32" in result.stderr and "--data-type fp32 or fp16" in result.stderr
+    _nothing_written(ftx_home, out, ("convert", "configure"))
+    configure(ftx_cli, source, out, "--family", "gptneox", "--data-type", "fp16")
+    assert parameter(ft_config(out), "model_type") == "GPT-NeoX"
+
+
+def test_data_type_rules_per_model_type() -> None:
+    check_data_type("GPT-J", "bf16")
+    check_data_type("T5", "bf16")
+    check_data_type("GPT-NeoX", "fp16")
+    with pytest.raises(ConfigError, match="silently runs as fp32"):
+        check_data_type("GPT-NeoX", "bf16")
+    with pytest.raises(ConfigError, match="fp16"):
+        check_data_type("GPT-J", "fp16", family_types=("fp32",))
+
+
+def test_ft_options_the_backend_refuses_are_refused() -> None:
+    base = FtModelOptions(model_type="GPT-J", io_kind="decoder", checkpoint_path=Path("/x/1-gpu"), tp=1)
+    for bad, match in ((dict(max_batch_size=0), "max_batch_size"), (dict(instances=0), "instance"),
+                       (dict(tp=0), "tensor_para_size"), (dict(io_kind="encoder"), "I/O kind"),
+                       (dict(model_type="GPT-NeoX", data_type="bf16"), "GPT-NeoX")):
+        with pytest.raises(ConfigError, match=match):
+            build_ft_model_config(replace(base, **bad))
+
+
+def test_t5_config_uses_encoder_decoder_io() -> None:
+    opts = FtModelOptions(model_type="T5", io_kind="encoder-decoder", checkpoint_path=Path("/x/2-gpu"), tp=2)
+    config = build_ft_model_config(opts)
+    names = inputs(config)
+    assert {"input_ids", "sequence_length", "max_output_len"} <= set(names)
+    assert "input_lengths" not in names and names["input_ids"].allow_ragged_batch
+    assert {o.name: o.data_type for o in config.output}["output_ids"] == mc.TYPE_INT32
+    assert parameter(config, "tensor_para_size") == "2" and parameter(config, "pipeline_para_size") == "1"
+
+
+# --------------------------------------------------------------------------- checkpoint vs repository
+
+
+@pytest.fixture
+def converted(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path) -> Path:
+    """The store's 2-gpu conversion of the tiny GPT-J."""
+    result = ftx_cli("run", str(tiny_gptj_dir), "--until", "convert", "--tp", "2")
+    assert result.exit_code == 0, result.stderr
+    return Path(result.stdout.strip())
+
+
+def test_checkpoint_for_another_tp_is_refused(converted: Path, tmp_path: Path, plugin_host) -> None:
+    family = plugin_host.family("gptj")
+    check_checkpoint(family, converted, tp=2, weight_dtype="fp32")
+    with pytest.raises(ConfigError, match="not for --tp 1"):
+        check_checkpoint(family, converted, tp=1, weight_dtype="fp32")
+    renamed = tmp_path / "1-gpu"
+    shutil.copytree(converted, renamed)  # a 2-way split that claims to be 1-gpu
+    with pytest.raises(ConfigError, match=r"ranks \[0, 1\]"):
+        check_checkpoint(family, renamed, tp=1, weight_dtype="fp32")
+    with pytest.raises(ConfigError, match="weight_data_type"):
+        check_checkpoint(family, converted, tp=2, weight_dtype="fp16")
+    with pytest.raises(ConfigError, match="section"):
+        check_checkpoint(plugin_host.family("gptneox"), converted, tp=2, weight_dtype="fp32")
+
+
+def test_configure_hook_refuses_a_checkpoint_for_another_tp(converted: Path, ftx_home: Path, plugin_host) -> None:
+    from ftx.artifacts import Checkpoint, GemmConfig
+    from ftx.context import RunSettings, StageContext
+    from ftx.default_plugins.configure import ftx_configure
+    from ftx.store import ArtifactStore
+
+    family = plugin_host.family("gptj")
+    hf_config = family.read_hf_config(Path(json.loads(
+        (ftx_home / "store" / "fetch" / json.loads((converted.parent / "ftx-artifact.json").read_text())
+         ["inputs"]["fetch"] / "ftx-artifact.json").read_text())["result"]["path"]))
+    ctx = StageContext(RunSettings(model="x", tp=1), ArtifactStore(ftx_home), ftx_home, runtime="fastertransformer")
+    dest = ftx_home / "dest"
+    with pytest.raises(ConfigError, match="tp 2, not the requested --tp 1"):
+        ftx_configure(family=family, spec=family.spec(hf_config), checkpoint=Checkpoint(converted, 2, "fp32", "gptj"),
+                      gemm=GemmConfig(None, False), dest=dest, ctx=ctx)
+    assert not dest.exists()
+
+
+def test_prompt_learning_keys_in_config_ini_are_refused(converted: Path, tmp_path: Path, plugin_host) -> None:
+    """§8 #8: a sample config.ini with num_tasks/prompt_learning_type next to real weights."""
+    copy = tmp_path / "2-gpu"
+    shutil.copytree(converted, copy)
+    ini = copy / "config.ini"
+    ini.write_text(ini.read_text() + "num_tasks = 2\nprompt_learning_type = 2\n\n[task_0]\ntask_name = squad\n")
+    with pytest.raises(ConfigError, match="prompt learning"):
+        check_checkpoint(plugin_host.family("gptj"), copy, tp=2, weight_dtype="fp32")
+
+
+def test_verify_catches_config_pbtxt_that_disagrees_with_config_ini(ftx_cli, tiny_gptj_dir: Path,
+                                                                    tmp_path: Path) -> None:
+    """§8 #9: tp in config.pbtxt must match the converted files."""
+    out = tmp_path / "repo"
+    configure(ftx_cli, tiny_gptj_dir, out)
+    path = out / "fastertransformer" / "config.pbtxt"
+    original = path.read_text()
+    config = parse_config(path)
+    config.parameters["tensor_para_size"].string_value = "2"
+    path.write_text(text_format.MessageToString(config))
+    with pytest.raises(ConfigError, match="tensor_para_size 2"):
+        verify_repository(out)
+    config.parameters["tensor_para_size"].string_value = "1"
+    config.parameters["model_type"].string_value = "T5"
+    path.write_text(text_format.MessageToString(config))
+    with pytest.raises(ConfigError, match="model_type T5"):
+        verify_repository(out)
+    path.write_text(original)
+    record = json.loads((out / "ftx-deployment.json").read_text())
+    (out / "ftx-deployment.json").write_text(json.dumps({**record, "weight_dtype": "fp16"}))
+    with pytest.raises(ConfigError, match="weight_dtype fp16"):
+        verify_repository(out)
+    path.write_text(original.replace("max_batch_size", "max_batch_sise"))
+    with pytest.raises(ConfigError, match="max_batch_sise"):
+        verify_repository(out)
