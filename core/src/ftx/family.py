@@ -8,6 +8,7 @@ everything else (reading, splitting, writing, caching, serving).
 from __future__ import annotations
 
 import hashlib
+import importlib
 import inspect
 import json
 import re
@@ -200,16 +201,28 @@ class Family:
                 hint=f"use --weight-dtype {' or '.join(self.weight_dtypes)}",
             )
 
+    fingerprint_modules: ClassVar[tuple[str, ...]] = ()
+    """Modules whose code shapes the converted bytes besides the table (e.g. a custom checkpoint reader)."""
+
     def fingerprint(self) -> str:
-        """Digest of the table and of the code that shapes the output (spec, config_ini)."""
+        """Digest of what shapes the converted files: the table, its ops, ``spec``, ``config_ini``, the
+        readers, and ``fingerprint_modules``. Not the version: an upgrade that changes none of these
+        reuses cached conversions."""
         parts = [self.tensors.digest()]
-        for method in ("spec", "config_ini", "read_hf_config", "open_weights"):
-            func = getattr(type(self), method)
-            try:
-                parts.append(inspect.getsource(func))
-            except (OSError, TypeError):
-                parts.append(func.__qualname__)
+        funcs: list[Any] = [getattr(type(self), m) for m in ("spec", "config_ini", "read_hf_config", "open_weights",
+                                                              "tensor_map")]
+        for row in self.tensors.rows:
+            funcs += [row.op.forward, row.op.shape, row.op.inverse]
+        parts += [_source_of(f) for f in funcs if f is not None]
+        parts += [_source_of(importlib.import_module(m)) for m in self.fingerprint_modules]
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _source_of(obj: Any) -> str:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return getattr(obj, "__qualname__", repr(obj))
 
 
 def read_config_json(path: Path) -> dict[str, Any]:

@@ -181,7 +181,7 @@ class Pipeline:
         if not self._wanted("configure"):
             return result
 
-        configure_inputs = {"convert": ckpt_art.key, "tune": gemm_art.key, "runtime": runtime,
+        configure_inputs = {"convert": ckpt_art.key, "tune": gemm_art.key, "runtime": runtime, "ftx": ftx.__version__,
                             "fingerprint": family.fingerprint(), "options": _configure_options(s)}
         repo_art = self._stage(
             "configure", configure_inputs, family, "ftx_configure",
@@ -255,8 +255,18 @@ def _configure_options(s: RunSettings) -> dict[str, Any]:
     return {
         "pp": s.pp, "data_type": s.effective_data_type, "max_batch_size": s.max_batch_size,
         "instances": s.instances, "streaming": s.streaming, "dynamic_batching": s.dynamic_batching,
-        "tokenizer": str(s.tokenizer) if s.tokenizer else None, "device": s.device,
+        "tokenizer": _tokenizer_fingerprint(s.tokenizer), "device": s.device,
     }
+
+
+def _tokenizer_fingerprint(path: Path | None) -> str | None:
+    """``--tokenizer`` files by content, so an edit in place makes a new repository."""
+    if path is None:
+        return None
+    from ftx.store import sha256_file
+
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return make_key({"path": str(path), "files": {str(f): sha256_file(f) for f in files}})
 
 
 def _describe(value: Any, tmp: Path, final: Path) -> Any:

@@ -74,6 +74,7 @@ class GPTJ(Family):
     ini_section = "gptj"
     triton_model_type = "GPT-J"
     hf_model_class = "GPTJForCausalLM"
+    fingerprint_modules = ("ftx_gptj.slim",)
 
     def spec(self, hf_config: Mapping[str, Any]) -> ModelSpec:
         width, heads = int(hf_config["n_embd"]), int(hf_config["n_head"])
