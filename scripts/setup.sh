@@ -8,10 +8,11 @@ venv=.venv
 stamp="$venv/.ftx-setup-$dev-$(cat pyproject.toml core/pyproject.toml plugins/*/pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
 
 if [ "$dev" = 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  # Tests drive a real Docker daemon and mpirun.
+  # Tests drive a real Docker daemon (its stand-in image is built from busybox-static) and mpirun.
   missing=()
   command -v dockerd >/dev/null || missing+=(docker.io)
   command -v mpirun >/dev/null || missing+=(openmpi-bin)
+  dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "setup: apt-get install ${missing[*]}" >&2
     apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null

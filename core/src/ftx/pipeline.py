@@ -167,9 +167,7 @@ class Pipeline:
             return result
 
         runtime, reason = choose_runtime(s.runtime)
-        self.ctx.runtime, self.ctx.runtime_reason = runtime, reason
-        result.runtime, result.runtime_reason = runtime, reason
-        self.say(f"runtime   {runtime} ({reason})")
+        s = self._apply_runtime(runtime, reason, result)
         from ftx.default_plugins.tune import tune_key_inputs
 
         gemm_art = self._stage(
@@ -198,6 +196,16 @@ class Pipeline:
             raise PluginError(f"no plugin can serve the {runtime} runtime")
         return result
 
+    def _apply_runtime(self, runtime: str, reason: str, result: RunResult) -> RunSettings:
+        """Record the runtime; FasterTransformer on GPUs computes in fp16 unless --data-type says otherwise."""
+        if self.settings.data_type is None and runtime == "fastertransformer":
+            self.settings = self.settings.with_(data_type="fp16")
+        self.ctx.settings = self.settings
+        self.ctx.runtime, self.ctx.runtime_reason = runtime, reason
+        result.runtime, result.runtime_reason = runtime, reason
+        self.say(f"runtime   {runtime} ({reason})")
+        return self.settings
+
     def _dry_run(self, ref: SourceRef, family: Family | None, result: RunResult) -> RunResult:
         """Say what each stage would do, touching neither the network nor the store."""
         s = self.settings
@@ -222,8 +230,7 @@ class Pipeline:
         if not self._wanted("tune"):
             return result
         runtime, reason = choose_runtime_for_plan(s.runtime)
-        result.runtime, result.runtime_reason = runtime, reason
-        self.say(f"runtime   {runtime} ({reason})")
+        s = self._apply_runtime(runtime, reason, result)
         if runtime == "fastertransformer":
             from ftx.docker_runtime.plan import describe_run
 

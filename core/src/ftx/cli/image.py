@@ -9,26 +9,11 @@ import click
 
 from ftx.cli.common import FtxCommand, FtxGroup, say
 from ftx.cli.options import conversion_options, repository_options, source_options
+from ftx.cli.options import docker_options as _docker_options
+from ftx.cli.options import tune_options as _tune_options
 
 SM_HELP = ("GPU architectures to compile FasterTransformer for, e.g. 80,90 (default: this machine's GPUs; "
            "'none' = upstream's 70,75,80,86, which has no native Hopper code).")
-
-
-def _docker_options(func: Any) -> Any:
-    func = click.option("--docker-host", help="Docker daemon URL (default: DOCKER_HOST or the local socket).")(func)
-    func = click.option("--gpus", help="Host GPU indices to use, e.g. 0,1,2,3 (default: the first tp x pp).")(func)
-    func = click.option("--image", help="FasterTransformer image (default: the one `ftx image build` makes).")(func)
-    return func
-
-
-def _tune_options(func: Any) -> Any:
-    func = click.option("--tune-max-input-len", type=click.IntRange(1, 65536), default=512, show_default=True,
-                        help="Longest prompt (tokens) to tune the context GEMMs for.")(func)
-    func = click.option("--tune-beam", type=click.IntRange(1, 64), default=1, show_default=True,
-                        help="Beam width to tune for.")(func)
-    func = click.option("--tune-batch", type=click.IntRange(1, 4096), default=8, show_default=True,
-                        help="Batch size to tune for (the decoder GEMMs run at batch x beam rows).")(func)
-    return func
 
 
 @click.group("image", cls=FtxGroup)

@@ -61,3 +61,26 @@ stage_options = _compose(
                  help="Redo this stage even if cached (repeatable)."),
     click.option("--dry-run", is_flag=True, help="Print what would run, run nothing."),
 )
+
+docker_options = _compose(
+    click.option("--image", help="FasterTransformer image (default: the one `ftx image build` makes)."),
+    click.option("--gpus", help="Host GPU indices to use, e.g. 0,1,2,3 (default: the first tp x pp)."),
+    click.option("--docker-host", help="Docker daemon URL (default: DOCKER_HOST or the local socket)."),
+)
+"""Where the fastertransformer runtime runs."""
+
+serve_container_options = _compose(
+    click.option("--shm-size", help="Shared memory of the server container [default: 1g]."),
+    click.option("--env", multiple=True, help="KEY=VALUE for the server container (repeatable), e.g. FT_LOG_LEVEL=DEBUG."),
+    click.option("--hosts", type=click.Path(exists=True, dir_okay=False),
+                 help="Multi-node: a file with one host per line (GPUs per node x nodes must equal tp x pp)."),
+)
+
+tune_options = _compose(
+    click.option("--tune-batch", type=click.IntRange(1, 4096), default=8, show_default=True,
+                 help="Batch size to tune for (the decoder GEMMs run at batch x beam rows)."),
+    click.option("--tune-beam", type=click.IntRange(1, 64), default=1, show_default=True,
+                 help="Beam width to tune for."),
+    click.option("--tune-max-input-len", type=click.IntRange(1, 65536), default=512, show_default=True,
+                 help="Longest prompt (tokens) to tune the context GEMMs for."),
+)

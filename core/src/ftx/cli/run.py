@@ -8,7 +8,8 @@ from typing import Any
 import click
 
 from ftx.cli.common import FtxCommand, get_host, say
-from ftx.cli.options import conversion_options, repository_options, source_options, stage_options
+from ftx.cli.options import (conversion_options, docker_options, repository_options, serve_container_options,
+                             source_options, stage_options, tune_options)
 from ftx.context import RunSettings
 from ftx.errors import ConfigError
 from ftx.paths import ftx_home
@@ -58,6 +59,9 @@ def model_from_manifest(model: str | None, opts: dict[str, Any]) -> str:
 @conversion_options
 @repository_options
 @stage_options
+@docker_options
+@serve_container_options
+@tune_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the server binds to.")
 @click.option("--http-port", type=int, help="HTTP port (default: a free one).")
 @click.option("--grpc-port", type=int, help="gRPC port (default: a free one).")
