@@ -6,9 +6,11 @@ only, and ``read(name)`` that loads one tensor. Nothing reads the whole model at
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,6 +32,15 @@ SAFETENSORS_DTYPES: dict[str, np.dtype] = {
     "U8": np.dtype(np.uint8),
     "BOOL": np.dtype(np.bool_),
 }
+
+
+READ_CHUNK = 32 << 20
+"""Tensors larger than this are read by several threads in chunks of this size."""
+
+
+@functools.cache
+def _read_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="ftx-read")
 
 
 class TensorReader(Protocol):
@@ -99,14 +110,21 @@ class SafetensorsFile:
         dtype = SAFETENSORS_DTYPES[entry["dtype"]]
         array = np.empty((end - begin) // dtype.itemsize, dtype=dtype)
         view = memoryview(array).cast("B")
-        done, fd = 0, self._file.fileno()
-        while done < len(view):
-            n = os.preadv(fd, [view[done:]], self._base + begin + done)
+        spans = [(o, min(o + READ_CHUNK, len(view))) for o in range(0, len(view), READ_CHUNK)]
+        if len(spans) > 1:  # big tensors: several preads at once (they release the GIL)
+            list(_read_pool().map(lambda span: self._pread(view, *span, begin, name), spans))
+        elif spans:
+            self._pread(view, *spans[0], begin, name)
+        return array.reshape(entry["shape"])
+
+    def _pread(self, view: memoryview, start: int, stop: int, begin: int, name: str) -> None:
+        done, fd = start, self._file.fileno()
+        while done < stop:
+            n = os.preadv(fd, [view[done:stop]], self._base + begin + done)
             if n == 0:
                 raise CheckpointError(f"{self.path} ended while reading tensor {name}",
                                       hint="the file is truncated; fetch it again")
             done += n
-        return array.reshape(entry["shape"])
 
     def close(self) -> None:
         self._file.close()
