@@ -1,0 +1,370 @@
+#!/usr/bin/env python
+"""Benchmark of ftx's python runtime: tokens/s through the server vs transformers in-process,
+plus the built-in default's time to first token and a fully cached ``ftx run``'s time to ready.
+
+What it does, in one run:
+
+1. builds a synthetic GPT-J (random weights, a small trained tokenizer) of the chosen size —
+   by default ~1B parameters (16 layers x 2048, 16 heads, vocab 50400) saved in fp16;
+2. runs the ftx pipeline on it (fetch → convert → tune → configure → serve, python runtime) and
+   keeps the server up;
+3. loads the same checkpoint with ``transformers`` in this process (same device and dtype);
+4. for each batch size, alternates: one request of B prompts to the server's raw
+   ``fastertransformer`` model over gRPC, then the same prompts through ``model.generate`` here —
+   greedy, exactly ``--new-tokens`` tokens each (end_id is set out of the vocabulary) — and reports
+   median tokens/s of both and their ratio; the generated tokens are compared as a sanity check;
+5. in a fresh FTX_HOME: ``ftx run tiny-gptj --prompt … --max-tokens 1`` from the command to the
+   printed token (builds the demo, converts, configures, starts), then ``ftx run tiny-gptj`` again
+   (every stage cached) from the command to "Ctrl-C stops the server" (ready and printed).
+
+Run on a GPU machine (``--device cuda`` is the default when torch sees CUDA)::
+
+    python benchmarks/bench_python_runtime.py                  # ~1B fp16 GPT-J, batch 1 and 8
+    python benchmarks/bench_python_runtime.py --json out.json  # also write the figures as JSON
+    python benchmarks/bench_python_runtime.py --small          # a few-MB model on CPU (a smoke run)
+
+The figures go into ``docs/benchmarks.md`` by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FULL = {"layers": 16, "hidden": 2048, "heads": 16, "rotary": 64, "vocab": 50400, "dtype": "fp16",
+        "prompt_len": 64, "new_tokens": 128, "repeats": 5}
+SMALL = {"layers": 2, "hidden": 256, "heads": 4, "rotary": 16, "vocab": 1024, "dtype": "fp32",
+         "prompt_len": 16, "new_tokens": 32, "repeats": 3}
+
+
+@dataclass
+class BatchResult:
+    batch: int
+    server_tok_s: list[float] = field(default_factory=list)
+    direct_tok_s: list[float] = field(default_factory=list)
+    tokens_equal: bool = True
+
+    @property
+    def server_median(self) -> float:
+        return statistics.median(self.server_tok_s)
+
+    @property
+    def direct_median(self) -> float:
+        return statistics.median(self.direct_tok_s)
+
+    @property
+    def ratio(self) -> float:
+        return self.server_median / self.direct_median
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- the synthetic model
+
+
+def build_synthetic_gptj(dest: Path, *, layers: int, hidden: int, heads: int, rotary: int, vocab: int,
+                         dtype: str, seed: int = 0) -> Path:
+    """A GPT-J with N(0, 0.02²) weights and a small BPE tokenizer (its <|endoftext|> is id 0)."""
+    import torch
+    from ftx.tiny import END_OF_TEXT, train_bpe_tokenizer
+    from transformers import GPTJConfig, GPTJForCausalLM
+    from transformers.modeling_utils import no_init_weights
+
+    if (dest / "config.json").is_file():
+        return dest
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tokenizer = train_bpe_tokenizer(tmp, vocab_size=400)
+    eos = tokenizer.token_to_id(END_OF_TEXT)
+    config = GPTJConfig(n_layer=layers, n_embd=hidden, n_head=heads, rotary_dim=rotary, vocab_size=vocab,
+                        n_positions=2048, bos_token_id=eos, eos_token_id=eos, tie_word_embeddings=False)
+    torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    with no_init_weights():
+        model = GPTJForCausalLM(config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("ln_1.weight", "ln_f.weight")):
+                param.fill_(1.0)
+            elif name.endswith(".bias"):
+                param.zero_()
+            else:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+    model.to(torch_dtype).save_pretrained(tmp, safe_serialization=True)
+    params = sum(p.numel() for p in model.parameters())
+    (tmp / "bench.json").write_text(json.dumps({"parameters": params, "dtype": dtype}))
+    os.replace(tmp, dest)
+    return dest
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def prompts(batch: int, length: int, vocab: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.integers(1, min(vocab, 400), size=(batch, length), dtype=np.int64)
+
+
+def server_generate(grpc_url: str, ids: np.ndarray, new_tokens: int, end_id: int) -> tuple[float, np.ndarray]:
+    import tritonclient.grpc as grpcclient
+
+    batch, length = ids.shape
+    arrays = {
+        "input_ids": ids.astype(np.uint32),
+        "input_lengths": np.full((batch, 1), length, np.uint32),
+        "request_output_len": np.full((batch, 1), new_tokens, np.uint32),
+        "end_id": np.full((batch, 1), end_id, np.uint32),
+    }
+    client = grpcclient.InferenceServerClient(grpc_url)
+    try:
+        inputs = []
+        for name, value in arrays.items():
+            tensor = grpcclient.InferInput(name, list(value.shape), "UINT32")
+            tensor.set_data_from_numpy(value)
+            inputs.append(tensor)
+        started = time.perf_counter()
+        result = client.infer("fastertransformer", inputs, outputs=[grpcclient.InferRequestedOutput("output_ids")],
+                              client_timeout=3600)
+        seconds = time.perf_counter() - started
+        return seconds, result.as_numpy("output_ids")[:, 0, length:].astype(np.int64)
+    finally:
+        client.close()
+
+
+def direct_generate(model: Any, ids: np.ndarray, new_tokens: int, end_id: int) -> tuple[float, np.ndarray]:
+    import torch
+
+    device = next(model.parameters()).device
+    input_ids = torch.from_numpy(ids).to(device)
+    attention = torch.ones_like(input_ids)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=new_tokens,
+                             min_new_tokens=0, do_sample=False, num_beams=1, eos_token_id=end_id, pad_token_id=0)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    return seconds, out[:, ids.shape[1]:].cpu().numpy()
+
+
+def measure_throughput(grpc_url: str, model: Any, *, batches: list[int], prompt_len: int, new_tokens: int,
+                       repeats: int, vocab: int) -> list[BatchResult]:
+    end_id = vocab  # outside the vocabulary: every sequence generates exactly new_tokens tokens
+    results = []
+    for batch in batches:
+        result = BatchResult(batch)
+        ids = prompts(batch, prompt_len, vocab, seed=batch)
+        server_generate(grpc_url, ids, min(8, new_tokens), end_id)  # warm-up both paths
+        direct_generate(model, ids, min(8, new_tokens), end_id)
+        for r in range(repeats):
+            s_seconds, s_tokens = server_generate(grpc_url, ids, new_tokens, end_id)
+            d_seconds, d_tokens = direct_generate(model, ids, new_tokens, end_id)
+            result.server_tok_s.append(batch * new_tokens / s_seconds)
+            result.direct_tok_s.append(batch * new_tokens / d_seconds)
+            result.tokens_equal &= bool(np.array_equal(s_tokens, d_tokens))
+            say(f"  batch {batch} run {r + 1}/{repeats}: server {result.server_tok_s[-1]:8.1f} tok/s, "
+                f"direct {result.direct_tok_s[-1]:8.1f} tok/s")
+        results.append(result)
+    return results
+
+
+# --------------------------------------------------------------------------- the built-in default
+
+
+def _ftx() -> str:
+    return str(Path(sys.executable).parent / "ftx")
+
+
+def _read_until(proc: subprocess.Popen, predicate: Any, timeout_s: float) -> tuple[str | None, float]:
+    """Read proc.stdout lines until one satisfies ``predicate``; (line, seconds since the call)."""
+    found: list[tuple[str, float]] = []
+    started = time.perf_counter()
+
+    def reader() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if predicate(line):
+                found.append((line, time.perf_counter() - started))
+                return
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return (found[0] if found else (None, time.perf_counter() - started))
+
+
+def measure_default(home: Path, prompt: str = "Once upon a time") -> dict[str, Any]:
+    """The README's first command in a fresh FTX_HOME: command → first token (``--max-tokens 1``);
+    then the same ``ftx run`` with every stage cached: command → ready ("Ctrl-C stops the server")."""
+    env = {**os.environ, "FTX_HOME": str(home)}
+    cmd = [_ftx(), "run", "tiny-gptj", "--runtime", "python"]
+    started = time.perf_counter()
+    first = subprocess.Popen([*cmd, "--prompt", prompt, "--max-tokens", "1"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+    output, _ = _read_until(first, lambda text: text.startswith(prompt), 900)
+    to_first_token = time.perf_counter() - started
+    _, err = first.communicate(timeout=120)
+    if first.returncode != 0 or output is None:
+        raise RuntimeError(f"ftx run --prompt failed ({first.returncode}):\n{err[-3000:]}")
+    started = time.perf_counter()
+    second = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    ready, _ = _read_until(second, lambda text: "Ctrl-C stops the server" in text, 900)
+    to_ready = time.perf_counter() - started
+    second.send_signal(signal.SIGINT)
+    _, err = second.communicate(timeout=120)
+    if ready is None:
+        raise RuntimeError(f"the cached ftx run never became ready:\n{err[-3000:]}")
+    stages = {s: ("cached" if f"{s:<9} cached" in err else "redone" if f"{s:<9} done" in err else "?")
+              for s in ("fetch", "convert", "tune", "configure")}
+    return {"first_run_command_to_first_token_s": round(to_first_token, 2), "first_run_output": output.strip(),
+            "cached_run_command_to_ready_s": round(to_ready, 2), "cached_run_stages": stages,
+            "cached_run_exit_code": second.returncode}
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--small", action="store_true", help="a tiny model on CPU (a quick smoke run)")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument("--layers", type=int)
+    parser.add_argument("--hidden", type=int)
+    parser.add_argument("--heads", type=int)
+    parser.add_argument("--vocab", type=int)
+    parser.add_argument("--dtype", choices=["fp32", "fp16", "bf16"])
+    parser.add_argument("--prompt-len", type=int)
+    parser.add_argument("--new-tokens", type=int)
+    parser.add_argument("--batches", default="1,8", help="comma-separated batch sizes (default 1,8)")
+    parser.add_argument("--repeats", type=int)
+    parser.add_argument("--workdir", type=Path, help="where the model and FTX_HOME go (default: a temp dir)")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--skip-default", action="store_true", help="skip the built-in default's timings")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+
+    import torch
+    from ftx.log import configure_logging
+
+    configure_logging("console")  # events to stderr; the report alone goes to stdout
+    preset = dict(SMALL if args.small else FULL)
+    for key in ("layers", "hidden", "heads", "vocab", "dtype", "prompt_len", "new_tokens", "repeats"):
+        if getattr(args, key) is not None:
+            preset[key] = getattr(args, key)
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() and not args.small else "cpu"
+    if device == "cpu" and preset["dtype"] == "fp16":
+        say("note: fp16 on CPU runs as fp32 in the python runtime; using fp32 for both paths")
+        preset["dtype"] = "fp32"
+    batches = [int(b) for b in args.batches.split(",") if b.strip()]
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="ftx-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {
+        "machine": {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+                    "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None, "cpus": os.cpu_count()},
+        "device": device, "model": preset, "batches": batches,
+    }
+    try:
+        if not args.skip_throughput:
+            report["throughput"] = run_throughput(workdir, preset, batches, device)
+        if not args.skip_default:
+            say("built-in default: fresh FTX_HOME, then a fully cached second run …")
+            report["default"] = measure_default(workdir / "default-home")
+    finally:
+        if not args.keep and args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print_report(report)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+def run_throughput(workdir: Path, preset: dict[str, Any], batches: list[int], device: str) -> dict[str, Any]:
+    import torch
+    from ftx.context import RunSettings
+    from ftx.pipeline import Pipeline
+    from ftx.plugins import load_host
+    from ftx.store import ArtifactStore
+    from transformers import GPTJForCausalLM
+
+    say(f"building a synthetic GPT-J ({preset['layers']} x {preset['hidden']}, vocab {preset['vocab']}, "
+        f"{preset['dtype']}) …")
+    src = build_synthetic_gptj(workdir / "synthetic-gptj", layers=preset["layers"], hidden=preset["hidden"],
+                               heads=preset["heads"], rotary=preset["rotary"], vocab=preset["vocab"],
+                               dtype=preset["dtype"])
+    params = json.loads((src / "bench.json").read_text())["parameters"]
+    home = workdir / "bench-home"
+    home.mkdir(exist_ok=True)
+    settings = RunSettings(model=str(src), runtime="python", weight_dtype=preset["dtype"], data_type=preset["dtype"],
+                           max_batch_size=max(batches), device=device)
+    say("ftx pipeline (python runtime) …")
+    started = time.perf_counter()
+    result = Pipeline(load_host(), ArtifactStore(home), settings, say=say).run()
+    pipeline_s = time.perf_counter() - started
+    server = result.endpoint.handle
+    try:
+        say("loading the same checkpoint with transformers in this process …")
+        dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[preset["dtype"]]
+        model = GPTJForCausalLM.from_pretrained(src, dtype=dtype).to(device).eval()
+        say(f"measuring (greedy, prompt {preset['prompt_len']}, {preset['new_tokens']} new tokens, "
+            f"{preset['repeats']} repeats) …")
+        results = measure_throughput(result.endpoint.grpc_url, model, batches=batches,
+                                     prompt_len=preset["prompt_len"], new_tokens=preset["new_tokens"],
+                                     repeats=preset["repeats"], vocab=preset["vocab"])
+    finally:
+        server.stop()
+    return {
+        "parameters": params, "pipeline_to_ready_s": round(pipeline_s, 2),
+        "results": [{**asdict(r), "server_median_tok_s": round(r.server_median, 1),
+                     "direct_median_tok_s": round(r.direct_median, 1), "ratio": round(r.ratio, 3)} for r in results],
+    }
+
+
+def print_report(report: dict[str, Any]) -> None:
+    machine = report["machine"]
+    print(f"ftx python runtime benchmark — device {report['device']}"
+          f"{' (' + machine['gpu'] + ')' if machine.get('gpu') else ''}, torch {machine['torch']}, "
+          f"{machine['cpus']} CPUs")
+    if "throughput" in report:
+        t = report["throughput"]
+        m = report["model"]
+        print(f"synthetic GPT-J: {t['parameters'] / 1e9:.2f} B parameters ({m['layers']} x {m['hidden']}, "
+              f"vocab {m['vocab']}, {m['dtype']}); prompt {m['prompt_len']}, {m['new_tokens']} new tokens, "
+              f"greedy, median of {m['repeats']}")
+        print(f"pipeline to ready (convert, configure, start, load): {t['pipeline_to_ready_s']} s")
+        print(f"{'batch':>5}  {'server tok/s':>12}  {'direct tok/s':>12}  {'server/direct':>13}  same tokens")
+        for r in t["results"]:
+            print(f"{r['batch']:>5}  {r['server_median_tok_s']:>12.1f}  {r['direct_median_tok_s']:>12.1f}  "
+                  f"{r['ratio']:>13.3f}  {'yes' if r['tokens_equal'] else 'NO'}")
+    if "default" in report:
+        d = report["default"]
+        print(f"built-in default (tiny-gptj), fresh FTX_HOME: command → first token "
+              f"{d['first_run_command_to_first_token_s']} s ({d['first_run_output']!r})")
+        stages = ", ".join(f"{k} {v}" for k, v in d["cached_run_stages"].items())
+        print(f"second ftx run, all stages cached: command → ready {d['cached_run_command_to_ready_s']} s ({stages})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Rebuild a ``transformers`` model from a converted FasterTransformer ``<tp>-gpu`` directory.
+
+The Hugging Face config comes from ``config.ini`` (``family.hf_config_from_ini``) and the
+weights from the FT ``.bin`` files through the family's inverted table
+(:func:`ftx.convert.invert_checkpoint`), for any tensor-parallel size. Nothing is read from the
+original checkpoint, which is what makes the python runtime a proof that the converted files
+hold the model.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from ftx.convert import invert_checkpoint
+from ftx.errors import CheckpointError, ConfigError
+from ftx.family import Family
+from ftx.io.ftformat import read_ini
+
+log = structlog.get_logger(__name__)
+
+DEVICES = ("auto", "cpu", "cuda")
+_TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A rebuilt model and what it was built from."""
+
+    model: Any  # transformers.PreTrainedModel, in eval mode
+    config: Any  # transformers.PretrainedConfig
+    device: Any  # torch.device
+    dtype: Any  # torch.dtype
+    ini: dict[str, dict[str, str]]
+    seconds: float
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return bool(getattr(self.config, "is_encoder_decoder", False))
+
+
+def resolve_device(requested: str = "auto") -> Any:
+    """``auto`` → the first CUDA device when torch sees one, else CPU."""
+    import torch
+
+    if requested not in DEVICES and not requested.startswith("cuda:"):
+        raise ConfigError(f"unknown device {requested!r}", hint="use auto, cpu or cuda")
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if requested.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("--device cuda was asked for but torch sees no CUDA device",
+                          hint="use --device cpu, or install a CUDA build of torch")
+    return torch.device(requested)
+
+
+def torch_dtype(data_type: str | None, device: Any) -> Any:
+    """The compute dtype for an FT ``data_type`` on ``device`` (fp16 runs as fp32 on CPU)."""
+    import torch
+
+    name = _TORCH_DTYPES.get(data_type or "fp32")
+    if name is None:
+        raise ConfigError(f"unknown data_type {data_type!r}", hint="use fp32, fp16 or bf16")
+    if name == "float16" and device.type == "cpu":
+        log.info("runtime.dtype_promoted", data_type=data_type, to="fp32", reason="CPU kernels for fp16 are slow")
+        name = "float32"
+    return getattr(torch, name)
+
+
+def hf_config_for(family: Family, ft_dir: Path) -> tuple[Any, dict[str, dict[str, str]]]:
+    """The transformers config rebuilt from ``<ft_dir>/config.ini``, and the parsed ini."""
+    from transformers import AutoConfig
+
+    ini = read_ini(ft_dir / "config.ini")
+    data = dict(family.hf_config_from_ini(ini))
+    model_type = data.pop("model_type", None) or family.name
+    return AutoConfig.for_model(model_type, **data), ini
+
+
+def _model_class(family: Family, config: Any) -> Any:
+    import transformers
+
+    name = family.hf_model_class or next(iter(getattr(config, "architectures", None) or ()), "")
+    cls = getattr(transformers, name, None) if name else None
+    if cls is None:
+        raise ConfigError(f"family {family.name} names no transformers model class ({name!r})",
+                          hint="set hf_model_class on the family (e.g. 'GPTJForCausalLM')")
+    return cls
+
+
+def load_model(family: Family, ft_dir: Path, *, device: str = "auto", data_type: str | None = None) -> LoadedModel:
+    """Build ``family``'s transformers model from the FT files in ``ft_dir`` (a ``<tp>-gpu`` dir)."""
+    import torch
+    from transformers.modeling_utils import no_init_weights
+
+    started = time.perf_counter()
+    ft_dir = Path(ft_dir)
+    if not (ft_dir / "config.ini").is_file():
+        raise CheckpointError(f"{ft_dir} holds no config.ini", hint="point at a converted <tp>-gpu directory")
+    target = resolve_device(device)
+    dtype = torch_dtype(data_type, target)
+    config, ini = hf_config_for(family, ft_dir)
+    cls = _model_class(family, config)
+    # Built the way ``from_pretrained(..., dtype=…).to(device)`` builds it: on the CPU under the
+    # compute dtype, then moved. Non-parameter tables computed at init (GPT-J's sinusoidal
+    # positions) then hold the same values as there; computed on a GPU they round differently.
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with no_init_weights(), torch.device("cpu"):
+            model = cls(config)
+    finally:
+        torch.set_default_dtype(previous)
+    model.eval()
+    state = model.state_dict(keep_vars=True)
+    loaded: set[str] = set()
+    with torch.no_grad():
+        for name, array in invert_checkpoint(family, ft_dir):
+            if name not in state:
+                raise CheckpointError(f"{ft_dir}: the {family.name} table yields {name!r}, "
+                                      f"which {cls.__name__} does not have")
+            param = state[name]
+            if tuple(param.shape) != tuple(array.shape):
+                raise CheckpointError(f"{ft_dir}: {name} has shape {tuple(array.shape)}, "
+                                      f"{cls.__name__} expects {tuple(param.shape)}",
+                                      hint="the config.ini does not match the .bin files; re-run the conversion")
+            param.copy_(torch.from_numpy(array))
+            loaded.add(name)
+    _check_complete(model, state, loaded, ft_dir)
+    model.to(target)
+    seconds = time.perf_counter() - started
+    log.info("runtime.model_loaded", family=family.name, path=str(ft_dir), device=str(target),
+             dtype=str(dtype).replace("torch.", ""), tensors=len(loaded), seconds=round(seconds, 2),
+             attention=getattr(config, "_attn_implementation", None))
+    return LoadedModel(model, config, target, dtype, ini, seconds)
+
+
+def _check_complete(model: Any, state: dict[str, Any], loaded: set[str], ft_dir: Path) -> None:
+    """Every parameter must come from the files, or be tied to one that did."""
+    buffers = {name for name, _ in model.named_buffers()}
+    loaded_ptrs = {state[name].data_ptr() for name in loaded}
+    missing = [name for name, tensor in state.items()
+               if name not in loaded and name not in buffers and tensor.data_ptr() not in loaded_ptrs]
+    if missing:
+        shown = ", ".join(missing[:5]) + (" …" if len(missing) > 5 else "")
+        raise CheckpointError(f"{ft_dir} does not provide {len(missing)} weight(s) of the model: {shown}",
+                              hint="the family table cannot rebuild these tensors; re-convert or fix the table")

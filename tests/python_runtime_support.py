@@ -1,0 +1,235 @@
+"""Helpers for the python-runtime tests: tiny checkpoints per family, conversions, FT requests.
+
+Everything is built offline from ``transformers`` config classes and ``tokenizers``/``sentencepiece``
+trainers; servers are the real tritonserver from the nvidia-pytriton wheel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from ftx.convert import convert_checkpoint
+from ftx.family import Family
+from ftx.io.checkpoint import open_checkpoint
+
+T5_SPECIALS = {"pad_id": 0, "eos_id": 1, "unk_id": 2, "bos_id": -1}
+T5_SENTENCES = (
+    "translate English to German: The house is wonderful.",
+    "translate English to German: Hello world, this is a tiny model.",
+    "translate English to German: Once upon a time there was a small language model.",
+    "translate English to German: A tensor parallel model is split across several GPUs.",
+)
+T5_REFERENCES = (
+    "Das Haus ist wunderbar.",
+    "Hallo Welt, das ist ein winziges Modell.",
+    "Es war einmal ein kleines Sprachmodell.",
+    "Ein tensorparalleles Modell ist auf mehrere GPUs verteilt.",
+)
+
+
+def tiny_gptj(dest: Path) -> Path:
+    from ftx.tiny import tiny_gptj as build
+
+    return build(dest, random_init=True, seed=3)
+
+
+def tiny_gptneox(dest: Path) -> Path:
+    from ftx.tiny import tiny_gptneox as build
+
+    return build(dest, random_init=True, seed=4)
+
+
+def tiny_kogpt(dest: Path) -> Path:
+    """KoGPT's shape scaled down: GPT-J with [BOS] 0 / [EOS] 1 / [PAD] 3 and a tokenizer holding them."""
+    from ftx.tiny import tiny_gptj as build
+    from ftx.tiny import train_bpe_tokenizer
+
+    build(dest, n_embd=64, n_head=4, n_layer=2, rotary_dim=4, vocab_size=504, tokenizer=False,
+          token_ids={"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 3}, random_init=True, seed=7)
+    train_bpe_tokenizer(dest, specials=("[BOS]", "[EOS]", "[UNK]", "[PAD]", "[MASK]"), extra_config={
+        "bos_token": "[BOS]", "eos_token": "[EOS]", "unk_token": "[UNK]", "pad_token": "[PAD]", "mask_token": "[MASK]"})
+    return dest
+
+
+def train_t5_spiece(dest: Path, vocab_size: int = 120) -> Any:
+    """A sentencepiece model with T5's special ids (pad 0, </s> 1, <unk> 2) as ``dest/spiece.model``."""
+    import io
+
+    import sentencepiece as spm
+    from ftx.tiny import CORPUS
+
+    lines = [s.strip() + "." for s in CORPUS.split(".") if s.strip()] + list(T5_SENTENCES) + list(T5_REFERENCES)
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines * 4), model_writer=model, vocab_size=vocab_size,
+                                   model_type="unigram", character_coverage=1.0, hard_vocab_limit=False,
+                                   **T5_SPECIALS, minloglevel=2)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "spiece.model").write_bytes(model.getvalue())
+    processor = spm.SentencePieceProcessor()
+    processor.Load(str(dest / "spiece.model"))
+    return processor
+
+
+def tiny_t5(dest: Path) -> Path:
+    from ftx.tiny import tiny_t5 as build
+
+    processor = train_t5_spiece(dest)
+    build(dest, vocab_size=max(128, processor.GetPieceSize()), seed=5)
+    return dest
+
+
+BUILDERS: dict[str, Callable[[Path], Path]] = {
+    "gptj": tiny_gptj, "gptneox": tiny_gptneox, "kogpt": tiny_kogpt, "t5": tiny_t5,
+}
+
+
+def registered_families() -> dict[str, Family]:
+    from ftx.plugins import load_host
+
+    host = load_host()
+    return {name: host.family(name) for name in host.families if name in BUILDERS}
+
+
+def convert(family: Family, src: Path, out: Path, tp: int, weight_dtype: str = "fp32") -> Path:
+    """``out/<tp>-gpu`` converted from ``src``."""
+    hf_config = family.read_hf_config(src)
+    reader = open_checkpoint(src)
+    try:
+        convert_checkpoint(family, reader, hf_config, family.spec(hf_config), out, tp=tp, weight_dtype=weight_dtype)
+    finally:
+        reader.close()
+    return out / f"{tp}-gpu"
+
+
+def options(family: Family, ckpt: Path, tp: int, *, streaming: bool = False, max_batch_size: int = 8,
+            data_type: str = "fp32") -> Any:
+    """FtModelOptions for the fastertransformer model of ``family``."""
+    from ftx.triton.model_config import FtModelOptions
+
+    return FtModelOptions(model_type=family.triton_model_type, io_kind=family.triton_io, checkpoint_path=ckpt,
+                          tp=tp, data_type=data_type, max_batch_size=max_batch_size, streaming=streaming)
+
+
+def ft_only_repository(repo: Path, family: Family, ckpt: Path, tp: int, **kwargs: Any) -> Path:
+    """A repository holding only the python runtime's ``fastertransformer`` model."""
+    from ftx.runtime.python.repository import write_python_ft_model
+
+    write_python_ft_model(repo / "fastertransformer", options(family, ckpt, tp, **kwargs), family)
+    return repo
+
+
+def reference_model(src: Path) -> Any:
+    """The original checkpoint in transformers (what the server must agree with)."""
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(src)
+    cls = getattr(transformers, config.architectures[0])
+    return cls.from_pretrained(src).eval()
+
+
+def hf_greedy(model: Any, prompt: Sequence[int], max_new_tokens: int, **kwargs: Any) -> list[int]:
+    """transformers generate on one prompt: decoder → prompt + new tokens; T5 → decoder tokens (no start)."""
+    import torch
+
+    ids = torch.tensor([list(prompt)])
+    eos = kwargs.pop("eos_token_id", model.config.eos_token_id)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                             do_sample=False, eos_token_id=eos, pad_token_id=eos, **kwargs)[0].tolist()
+    return out[1:] if model.config.is_encoder_decoder else out
+
+
+def decoder_inputs(prompts: Sequence[Sequence[int]], output_len: int | Sequence[int], **extra: Any) -> dict[str, np.ndarray]:
+    """FT decoder inputs as FasterTransformer's identity client sends them (UINT32, right-padded)."""
+    width = max(len(p) for p in prompts)
+    ids = np.zeros((len(prompts), width), np.uint32)
+    for i, p in enumerate(prompts):
+        ids[i, : len(p)] = p
+    lens = output_len if isinstance(output_len, Sequence) else [output_len] * len(prompts)
+    inputs = {
+        "input_ids": ids,
+        "input_lengths": np.array([[len(p)] for p in prompts], np.uint32),
+        "request_output_len": np.array([[n] for n in lens], np.uint32),
+    }
+    inputs.update(extra)
+    return inputs
+
+
+def t5_inputs(prompts: Sequence[Sequence[int]], max_output_len: int, **extra: Any) -> dict[str, np.ndarray]:
+    width = max(len(p) for p in prompts)
+    ids = np.zeros((len(prompts), width), np.uint32)
+    for i, p in enumerate(prompts):
+        ids[i, : len(p)] = p
+    inputs = {
+        "input_ids": ids,
+        "sequence_length": np.array([[len(p)] for p in prompts], np.uint32),
+        "max_output_len": np.array([[max_output_len]] * len(prompts), np.uint32),
+    }
+    inputs.update(extra)
+    return inputs
+
+
+def column(value: Any, batch: int, dtype: Any) -> np.ndarray:
+    return np.full((batch, 1), value, dtype=dtype)
+
+
+TRITON_TYPES = {np.dtype(np.uint32): "UINT32", np.dtype(np.int32): "INT32", np.dtype(np.float32): "FP32",
+                np.dtype(np.uint64): "UINT64", np.dtype(np.bool_): "BOOL", np.dtype(np.int64): "INT64",
+                np.dtype(np.object_): "BYTES"}
+
+
+def infer(url: str, inputs: Mapping[str, np.ndarray], model: str = "fastertransformer",
+          outputs: Sequence[str] = ("output_ids", "sequence_length"), types: Mapping[str, str] | None = None
+          ) -> dict[str, np.ndarray]:
+    """One HTTP request (client closed afterwards); raises InferenceServerException on an error response."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(url, network_timeout=300, connection_timeout=300)
+    try:
+        tensors = []
+        for name, value in inputs.items():
+            dtype = (types or {}).get(name) or TRITON_TYPES[np.asarray(value).dtype]
+            tensor = httpclient.InferInput(name, list(np.shape(value)), dtype)
+            tensor.set_data_from_numpy(np.asarray(value), binary_data=True)
+            tensors.append(tensor)
+        result = client.infer(model, tensors, outputs=[httpclient.InferRequestedOutput(n) for n in outputs])
+        return {n: result.as_numpy(n) for n in outputs}
+    finally:
+        client.close()
+
+
+def stream(url: str, inputs: Mapping[str, np.ndarray], model: str = "fastertransformer",
+           outputs: Sequence[str] = ("output_ids", "sequence_length"), timeout_s: float = 120.0
+           ) -> list[tuple[dict[str, np.ndarray], bool]]:
+    """One gRPC streaming request: every response's outputs and final flag, in arrival order."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    got: queue.Queue[Any] = queue.Queue()
+    responses: list[tuple[dict[str, np.ndarray], bool]] = []
+    try:
+        client.start_stream(callback=lambda result, error: got.put((result, error)))
+        tensors = []
+        for name, value in inputs.items():
+            tensor = grpcclient.InferInput(name, list(np.shape(value)), TRITON_TYPES[np.asarray(value).dtype])
+            tensor.set_data_from_numpy(np.asarray(value))
+            tensors.append(tensor)
+        client.async_stream_infer(model, tensors, outputs=[grpcclient.InferRequestedOutput(n) for n in outputs],
+                                  enable_empty_final_response=True)
+        while True:
+            result, error = got.get(timeout=timeout_s)
+            if error is not None:
+                raise error
+            final = result.get_response().parameters["triton_final_response"].bool_param
+            data = {n: result.as_numpy(n) for n in outputs if result.as_numpy(n) is not None}
+            responses.append((data, final))  # an empty final response would show as ({}, True)
+            if final:
+                return responses
+    finally:
+        client.stop_stream()
+        client.close()
