@@ -70,13 +70,14 @@ class Served:
         return t5_inputs(prompts, n, **extra) if self.encoder_decoder else decoder_inputs(prompts, n, **extra)
 
 
-def _start(tmp: Path, name: str, tp: int, src: Path, ref: Any, **repo_kwargs: Any) -> Any:
+def _start(tmp: Path, name: str, tp: int, src: Path, ref: Any, env: dict[str, str] | None = None,
+           **repo_kwargs: Any) -> Any:
     from ftx.triton.server import TritonServer
 
     family = FAMILIES[name]
     ckpt = convert(family, src, tmp / "ft", tp)
     repo = ft_only_repository(tmp / "repo", family, ckpt, tp, **repo_kwargs)
-    server = TritonServer(repo, home=tmp / "home", env={"FTX_DEVICE": "cpu"}, name=f"rt-{name}-{tp}")
+    server = TritonServer(repo, home=tmp / "home", env={"FTX_DEVICE": "cpu", **(env or {})}, name=f"rt-{name}-{tp}")
     server.start()
     return server
 
@@ -216,3 +217,16 @@ def test_decoupled_model_streams_one_response_per_token(sources: dict[str, tuple
         assert data["output_ids"].shape == (1, 1, len(PROMPTS[0]) + step)
         assert _tokens(data, 0) == expected[: len(PROMPTS[0]) + step]
     assert [final for _data, final in ids_then] == [False, True]
+
+
+def test_tensors_cross_the_stub_through_dlpack_too(sources: dict[str, tuple[Path, Any]], tmp_path: Path) -> None:
+    """The DLPack exchange used under numpy 2 (where the stub's numpy bridge returns empty tensors)
+    gives the same answers; FTX_TRITON_DLPACK=1 forces it here, under numpy 1."""
+    src, ref = sources["gptj"]
+    server = _start(tmp_path, "gptj", 1, src, ref, env={"FTX_TRITON_DLPACK": "1"})
+    try:
+        out = infer(server.http_url, decoder_inputs([PROMPTS[0]], 5))
+    finally:
+        server.stop()
+    assert out["output_ids"].dtype == np.uint32 and out["sequence_length"].dtype == np.uint32
+    assert _tokens(out, 0) == hf_greedy(ref, PROMPTS[0], 5)

@@ -180,6 +180,38 @@ class FtModel:
                 send(p.index, Reply(self._cast(build_outputs(p.request, mine), wanted[p.index] if wanted else None)))
 
 
+def use_dlpack() -> bool:
+    """Exchange tensors with the stub through DLPack (torch) rather than its numpy bridge?
+
+    The Python-backend stub shipped with nvidia-pytriton 0.7 (Triton 2.51) was built for numpy 1:
+    under numpy 2 its ``as_numpy()``/``Tensor(name, array)`` silently produce empty tensors.
+    DLPack avoids that bridge. ``FTX_TRITON_DLPACK=1``/``0`` forces the choice.
+    """
+    forced = os.environ.get("FTX_TRITON_DLPACK")
+    if forced is not None:
+        return forced == "1"
+    return int(np.__version__.split(".", 1)[0]) >= 2
+
+
+def tensor_to_numpy(tensor: Any) -> np.ndarray:
+    """A request tensor (numeric) as a numpy array."""
+    if use_dlpack():
+        from torch.utils.dlpack import from_dlpack
+
+        return from_dlpack(tensor.to_dlpack()).numpy()
+    return tensor.as_numpy()
+
+
+def numpy_to_tensor(pb: Any, name: str, value: np.ndarray) -> Any:
+    """A response tensor (numeric) from a numpy array."""
+    if use_dlpack():
+        import torch
+        from torch.utils.dlpack import to_dlpack
+
+        return pb.Tensor.from_dlpack(name, to_dlpack(torch.from_numpy(np.ascontiguousarray(value))))
+    return pb.Tensor(name, value)
+
+
 class TritonPythonModel:
     """The Python-backend entry point (``initialize`` / ``execute`` / ``finalize``)."""
 
@@ -207,7 +239,7 @@ class TritonPythonModel:
         for name in self.input_names:
             tensor = self.pb.get_input_tensor_by_name(request, name)
             if tensor is not None:
-                inputs[name] = tensor.as_numpy()
+                inputs[name] = tensor_to_numpy(tensor)
         return inputs
 
     def _wanted(self, request: Any) -> list[str] | None:
@@ -221,7 +253,7 @@ class TritonPythonModel:
         pb = self.pb
         if reply.error is not None:
             return pb.InferenceResponse(output_tensors=[], error=pb.TritonError(reply.error))
-        tensors = [pb.Tensor(name, value) for name, value in (reply.outputs or {}).items()]
+        tensors = [numpy_to_tensor(pb, name, value) for name, value in (reply.outputs or {}).items()]
         return pb.InferenceResponse(output_tensors=tensors)
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
