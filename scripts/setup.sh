@@ -29,7 +29,7 @@ pip="$venv/bin/pip"
 # The CPU build of torch (a CUDA build is several GB): pinned so pip takes the local wheel.
 "$pip" install -q "torch==2.13.0" 2>&1 | grep -v "^WARNING: Location" >&2 || true
 extras=()
-[ "$dev" = 1 ] && extras+=(-e ".[dev]")
+[ "$dev" = 1 ] && extras+=(-r requirements-dev.txt)
 "$pip" install -q -e "core[torch,serve]" -e plugins/gptj -e plugins/t5 -e plugins/gptneox -e plugins/kogpt \
   "${extras[@]}" 2>&1 | grep -v "^WARNING: Location" >&2 || true
 "$venv/bin/python" -c "import ftx, ftx_gptj, ftx_t5, ftx_gptneox, ftx_kogpt, torch, transformers, tritonclient, pytriton" \
