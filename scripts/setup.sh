@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dev=0; [ "${1:-}" = "--dev" ] && dev=1
 venv=.venv
-stamp="$venv/.ftx-setup-$dev-$(cat pyproject.toml core/pyproject.toml plugins/*/pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
+hash=$(cat pyproject.toml requirements-dev.txt core/pyproject.toml plugins/*/pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+stamp="$venv/.ftx-setup-$hash-$dev"
 
 if [ "$dev" = 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   # Tests drive a real Docker daemon (its stand-in image is built from busybox-static) and mpirun.
@@ -19,8 +20,8 @@ if [ "$dev" = 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   fi
 fi
 
-if [ -f "$stamp" ]; then
-  exit 0
+if [ -f "$stamp" ] || { [ "$dev" = 0 ] && [ -f "$venv/.ftx-setup-$hash-1" ]; }; then
+  exit 0  # up to date (a dev install also serves the plain one)
 fi
 echo "setup: creating $venv (first run takes about a minute)" >&2
 python3 -m venv "$venv"
