@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from ftx.convert import convert_checkpoint
+from ftx.convert import convert_directory
 from ftx.family import Family
-from ftx.io.checkpoint import open_checkpoint
 
 T5_SPECIALS = {"pad_id": 0, "eos_id": 1, "unk_id": 2, "bos_id": -1}
 T5_SENTENCES = (
@@ -95,13 +94,7 @@ def registered_families() -> dict[str, Family]:
 
 def convert(family: Family, src: Path, out: Path, tp: int, weight_dtype: str = "fp32") -> Path:
     """``out/<tp>-gpu`` converted from ``src``."""
-    hf_config = family.read_hf_config(src)
-    reader = open_checkpoint(src)
-    try:
-        convert_checkpoint(family, reader, hf_config, family.spec(hf_config), out, tp=tp, weight_dtype=weight_dtype)
-    finally:
-        reader.close()
-    return out / f"{tp}-gpu"
+    return convert_directory(family, src, out, tp=tp, weight_dtype=weight_dtype).directory
 
 
 def options(family: Family, ckpt: Path, tp: int, *, streaming: bool = False, max_batch_size: int = 8,

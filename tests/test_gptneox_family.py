@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ftx.convert import convert_checkpoint, invert_checkpoint
+from ftx.convert import convert_directory, invert_checkpoint
 from ftx.dtypes import numpy_dtype
 from ftx.errors import ConfigError
 from ftx.io.checkpoint import open_checkpoint
@@ -35,13 +35,7 @@ def _runs() -> list[GoldenRun]:
 
 def _convert(src: Path, out: Path, *, tp: int, weight_dtype: str = "fp32", family: GPTNeoX | None = None) -> Path:
     family = family or GPTNeoX()
-    hf_config = family.read_hf_config(src)
-    reader = open_checkpoint(src)
-    try:
-        convert_checkpoint(family, reader, hf_config, family.spec(hf_config), out, tp=tp, weight_dtype=weight_dtype)
-    finally:
-        reader.close()
-    return out / f"{tp}-gpu"
+    return convert_directory(family, src, out, tp=tp, weight_dtype=weight_dtype).directory
 
 
 def _upstream_ini(run: GoldenRun) -> dict[str, str]:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import ftx_kogpt.family
-from ftx.convert import convert_checkpoint, invert_checkpoint
+from ftx.convert import convert_directory, invert_checkpoint
 from ftx.errors import ConfigError
 from ftx.io.checkpoint import open_checkpoint
 from ftx.io.ftformat import read_ini
@@ -31,13 +31,7 @@ def _gptj_runs() -> list[GoldenRun]:
 
 
 def _convert(family: GPTJ, src: Path, out: Path, *, tp: int, weight_dtype: str = "fp32") -> Path:
-    hf_config = family.read_hf_config(src)
-    reader = open_checkpoint(src)
-    try:
-        convert_checkpoint(family, reader, hf_config, family.spec(hf_config), out, tp=tp, weight_dtype=weight_dtype)
-    finally:
-        reader.close()
-    return out / f"{tp}-gpu"
+    return convert_directory(family, src, out, tp=tp, weight_dtype=weight_dtype).directory
 
 
 def _kogpt_tokenizer(dest: Path, specials: tuple[str, ...] = KOGPT_SPECIALS) -> None:

@@ -124,6 +124,18 @@ def writer_threads() -> int | None:
     return int(value) if value else None
 
 
+def convert_directory(family: Family, source: Path, out_dir: Path, *, tp: int, weight_dtype: str,
+                      progress: Progress | None = None) -> ConversionResult:
+    """Convert the checkpoint directory ``source`` (config + weights, as the family reads them)."""
+    hf_config = family.read_hf_config(source)
+    reader = family.open_weights(source)
+    try:
+        return convert_checkpoint(family, reader, hf_config, family.spec(hf_config), out_dir, tp=tp,
+                                  weight_dtype=weight_dtype, progress=progress)
+    finally:
+        reader.close()
+
+
 def _run_job(job: tensormap.Job, held: Mapping[str, np.ndarray], ctx: OpContext) -> np.ndarray:
     inputs = [held[n] for n in job.sources]
     same_dtype = len({x.dtype for x in inputs}) == 1

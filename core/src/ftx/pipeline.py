@@ -237,7 +237,7 @@ class Pipeline:
             for line in describe_run(s, family, spec, checkpoint_dir, repository_dir):
                 self.say(line)
             return result
-        self.say(f"tune      skipped: the python runtime does not use gemm_config.in")
+        self.say("tune      skipped: the python runtime does not use gemm_config.in")
         self.say(f"configure Triton repository -> {repository_dir} (fastertransformer model on the python backend, "
                  f"preprocessing, postprocessing, ensemble)")
         if self._wanted("serve"):

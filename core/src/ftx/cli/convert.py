@@ -13,7 +13,7 @@ import click
 from ftx.cli.common import FtxCommand, get_host, say
 from ftx.cli.options import conversion_options
 from ftx.cli.run import run_pipeline, settings_from_options
-from ftx.convert import convert_checkpoint
+from ftx.convert import convert_directory
 from ftx.errors import OutputError
 from ftx.progress import byte_progress
 from ftx.store import make_key
@@ -53,11 +53,9 @@ def convert(source: str, family: str | None, revision: str | None, tp: int, pp: 
     output.mkdir(parents=True, exist_ok=True)
     tmp = output / f".ftx-tmp-{uuid.uuid4().hex[:8]}"
     try:
-        reader = fam.open_weights(fetched.source.path)
         with byte_progress(f"convert {fam.name} tp={tp}") as update:
-            result = convert_checkpoint(fam, reader, hf_config, spec, tmp, tp=tp, weight_dtype=weight_dtype,
-                                        progress=update)
-        reader.close()
+            result = convert_directory(fam, fetched.source.path, tmp, tp=tp, weight_dtype=weight_dtype,
+                                       progress=update)
         (result.directory / MARKER).write_text(json.dumps({"key": key, "source": str(fetched.source.path),
                                                             "family": fam.name, "tp": tp, "weight_dtype": weight_dtype}))
         if target.exists():

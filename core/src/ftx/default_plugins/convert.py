@@ -7,7 +7,7 @@ from pathlib import Path
 from ftx import hookimpl
 from ftx.artifacts import Checkpoint, Source
 from ftx.context import StageContext
-from ftx.convert import convert_checkpoint
+from ftx.convert import convert_directory
 from ftx.family import Family, ModelSpec
 from ftx.progress import byte_progress
 
@@ -15,12 +15,6 @@ from ftx.progress import byte_progress
 @hookimpl(trylast=True)
 def ftx_convert(family: Family, source: Source, spec: ModelSpec, dest: Path, ctx: StageContext) -> Checkpoint:
     s = ctx.settings
-    hf_config = family.read_hf_config(source.path)
-    reader = family.open_weights(source.path)
-    try:
-        with byte_progress(f"convert {family.name} tp={s.tp}", ctx.show_progress) as update:
-            result = convert_checkpoint(family, reader, hf_config, spec, dest, tp=s.tp,
-                                        weight_dtype=s.weight_dtype, progress=update)
-    finally:
-        reader.close()
+    with byte_progress(f"convert {family.name} tp={s.tp}", ctx.show_progress) as update:
+        result = convert_directory(family, source.path, dest, tp=s.tp, weight_dtype=s.weight_dtype, progress=update)
     return Checkpoint(result.directory, s.tp, s.weight_dtype, family.name)

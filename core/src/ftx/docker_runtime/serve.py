@@ -39,7 +39,7 @@ from ftx.docker_runtime.options import DEFAULT_PORTS, MEMLOCK, STACK, DockerOpti
 from ftx.docker_runtime.spec import ContainerSpec, Mount
 from ftx.errors import ConfigError, ServeError
 from ftx.paths import ftx_home
-from ftx.triton.server import ServerPorts, free_ports
+from ftx.triton.server import ServerPorts, client_host, free_ports
 
 log = structlog.get_logger(__name__)
 
@@ -81,10 +81,6 @@ def checkpoint_dirs(repository: Path) -> list[Path]:
         if path not in found:
             found.append(path)
     return found
-
-
-def client_host(host: str) -> str:
-    return "127.0.0.1" if host in ("", "0.0.0.0") else host
 
 
 def choose_ports(settings: RunSettings) -> ServerPorts:

@@ -54,16 +54,12 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 @pytest.fixture(scope="class")
 def converted(request: pytest.FixtureRequest, checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     """The tiny checkpoint converted at tp 1 and at the class's tp (fp32)."""
-    from ftx.convert import convert_checkpoint
+    from ftx.convert import convert_directory
 
     cls = request.cls
-    family = cls.family()
-    hf_config = family.read_hf_config(checkpoint)
     out = tmp_path_factory.mktemp("ft")
     for tp in (1, cls.tp):
-        reader = family.open_weights(checkpoint)
-        convert_checkpoint(family, reader, hf_config, family.spec(hf_config), out, tp=tp, weight_dtype="fp32")
-        reader.close()
+        convert_directory(cls.family(), checkpoint, out, tp=tp, weight_dtype="fp32")
     return {1: out / "1-gpu", cls.tp: out / f"{cls.tp}-gpu"}
 
 

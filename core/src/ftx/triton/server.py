@@ -450,7 +450,8 @@ def _http_ok(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def _client_host(host: str) -> str:
+def client_host(host: str) -> str:
+    """The address a client on this machine uses to reach a server bound to ``host``."""
     if host in ("", "0.0.0.0"):
         return "127.0.0.1"
     if host == "::":
@@ -492,11 +493,11 @@ class ServerRecord:
 
     @property
     def http_url(self) -> str:
-        return f"{_client_host(self.host)}:{self.http_port}"
+        return f"{client_host(self.host)}:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
-        return f"{_client_host(self.host)}:{self.grpc_port}"
+        return f"{client_host(self.host)}:{self.grpc_port}"
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -624,16 +625,16 @@ class TritonServer:
     @property
     def http_url(self) -> str:
         """``host:port`` for ``tritonclient.http.InferenceServerClient``."""
-        return f"{_client_host(self.host)}:{self.ports.http}"
+        return f"{client_host(self.host)}:{self.ports.http}"
 
     @property
     def grpc_url(self) -> str:
         """``host:port`` for ``tritonclient.grpc.InferenceServerClient``."""
-        return f"{_client_host(self.host)}:{self.ports.grpc}"
+        return f"{client_host(self.host)}:{self.ports.grpc}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{_client_host(self.host)}:{self.ports.metrics}/metrics"
+        return f"http://{client_host(self.host)}:{self.ports.metrics}/metrics"
 
     @property
     def pid(self) -> int | None:
