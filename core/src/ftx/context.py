@@ -72,3 +72,7 @@ class StageContext:
     runtime_reason: str = ""
     log: Any = field(default_factory=lambda: structlog.get_logger("ftx.stage"))
     show_progress: bool = True
+    artifact_keys: dict[str, str] = field(default_factory=dict)
+    """Keys of the artifacts this run has built or reused so far, by stage."""
+    producer: dict[str, Any] = field(default_factory=dict)
+    """ftx version, the family (name, distribution, version, fingerprint) and loaded plugin versions."""

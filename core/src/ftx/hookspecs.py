@@ -102,7 +102,8 @@ def ftx_tune(family: Family, spec: ModelSpec, dest: Path, ctx: StageContext) -> 
 
 @hookspec(firstresult=True)
 def ftx_configure(
-    family: Family, spec: ModelSpec, checkpoint: Checkpoint, gemm: GemmConfig, dest: Path, ctx: StageContext
+    family: Family, spec: ModelSpec, source: Source, checkpoint: Checkpoint, gemm: GemmConfig, dest: Path,
+    ctx: StageContext,
 ) -> ModelRepository | None:
     """Lay out a Triton model repository in ``dest``.
 
@@ -110,10 +111,12 @@ def ftx_configure(
 
     :param family: the model family (Triton model type, I/O kind, tokenizer).
     :param spec: FT hyper-parameters.
+    :param source: the fetched checkpoint (its tokenizer files, its origin for the deployment record).
     :param checkpoint: the converted ``<tp>-gpu`` directory the model points at.
     :param gemm: the tuning result to place next to the server.
     :param dest: an empty directory owned by core.
-    :param ctx: stage settings (runtime, batching, data type), logger.
+    :param ctx: stage settings (runtime, batching, data type), the keys of the artifacts built so far,
+        the producing plugins, logger.
     :returns: the ModelRepository.
 
     Default: ``ftx.default_plugins.configure``, trylast.

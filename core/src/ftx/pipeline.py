@@ -118,6 +118,8 @@ class Pipeline:
                      duration_s=artifact.provenance.get("duration_s"))
             self.say(f"{stage:<9} done     {artifact.path}")
         result.outcomes.append(StageOutcome(stage, key, artifact.path, cached))
+        self.ctx.artifact_keys[stage] = key
+        self.ctx.producer = dict(artifact.provenance.get("producer") or {})
         return artifact
 
     def _wanted(self, stage: str) -> bool:
@@ -183,8 +185,9 @@ class Pipeline:
                             "fingerprint": family.fingerprint(), "options": _configure_options(s)}
         repo_art = self._stage(
             "configure", configure_inputs, family, "ftx_configure",
-            lambda dest: self.host.hook.ftx_configure(family=family, spec=spec, checkpoint=result.checkpoint,
-                                                      gemm=result.gemm, dest=dest, ctx=self.ctx),
+            lambda dest: self.host.hook.ftx_configure(family=family, spec=spec, source=source,
+                                                      checkpoint=result.checkpoint, gemm=result.gemm, dest=dest,
+                                                      ctx=self.ctx),
             result,
         )
         described = repo_art.provenance.get("result", {})
