@@ -198,6 +198,8 @@ def test_readiness_timeout_stops_the_container(docker_client: Any, standin_image
 
 
 def _interrupt_after(seconds: float) -> threading.Timer:
+    # A shell that starts pytest in the background leaves SIGINT ignored; Ctrl-C must still mean stop.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()
     return timer

@@ -7,6 +7,7 @@ adds them all. A module that fails to import is a bug and raises.
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 
 import click
@@ -70,6 +71,8 @@ _add_commands()
 
 def main() -> None:
     """Console-script entry point."""
+    # Ctrl-C stops ftx even when it was started with SIGINT ignored (a background job of a script).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with handle_errors():
         cli.main(prog_name="ftx", standalone_mode=True)
 
