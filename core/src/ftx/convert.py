@@ -197,8 +197,3 @@ def _read_ranks(ft_dir: Path, dst: str, split: int | None, shape: tuple[int, ...
     part_shape[split] //= tp
     parts = [read_tensor(ft_dir / f"{dst}.{rank}.bin", dtype, tuple(part_shape)) for rank in range(tp)]
     return np.concatenate(parts, axis=split)
-
-
-def write_config_only(family: Family, spec: ModelSpec, hf_config: Mapping[str, Any], target: Path, weight_dtype: str) -> None:
-    """Write just config.ini (used when re-describing an existing conversion)."""
-    write_ini(target / "config.ini", family.config_ini(spec, hf_config, weight_dtype))

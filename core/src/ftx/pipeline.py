@@ -21,6 +21,7 @@ from ftx.context import STAGES, RunSettings, StageContext
 from ftx.errors import ConfigError, PluginError
 from ftx.family import Family, ModelSpec
 from ftx.plugins import PluginHost
+from ftx.runtime.select import choose_runtime
 from ftx.store import Artifact, ArtifactStore, make_key
 
 log = structlog.get_logger(__name__)
@@ -129,7 +130,6 @@ class Pipeline:
 
     def run(self) -> RunResult:
         from ftx.default_plugins.fetch import resolve_source
-        from ftx.runtime.select import choose_runtime
 
         s = self.settings
         result = RunResult()
@@ -232,7 +232,7 @@ class Pipeline:
         self.say(f"convert   {family.name} -> {checkpoint_dir} ({s.weight_dtype}, tp={s.tp})")
         if not self._wanted("tune"):
             return result
-        runtime, reason = choose_runtime_for_plan(s.runtime)
+        runtime, reason = choose_runtime(s.runtime)
         s = self._apply_runtime(runtime, reason, result)
         if runtime == "fastertransformer":
             from ftx.docker_runtime.plan import describe_run
@@ -247,12 +247,6 @@ class Pipeline:
             self.say(f"serve     tritonserver (nvidia-pytriton) on {s.host}, ports {s.http_port or 'free'}/"
                      f"{s.grpc_port or 'free'}")
         return result
-
-
-def choose_runtime_for_plan(requested: str) -> tuple[str, str]:
-    from ftx.runtime.select import choose_runtime
-
-    return choose_runtime(requested)
 
 
 def _resolve_revision(ref: SourceRef) -> str:

@@ -164,14 +164,6 @@ class ArtifactStore:
             log.info("cache.stale_removed", stage=stage, key=key, path=str(stale))
             shutil.rmtree(stale, ignore_errors=True)
 
-    def entries(self) -> list[Artifact]:
-        """Every published artifact."""
-        out = []
-        for meta_path in sorted(self.root.glob(f"*/*/{PROVENANCE_FILE}")):
-            meta = json.loads(meta_path.read_text())
-            out.append(Artifact(meta["stage"], meta["key"], meta_path.parent, meta))
-        return out
-
 
 def _iso(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts, tz=dt.UTC).isoformat(timespec="seconds")

@@ -18,8 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,14 +37,13 @@ from ftx.docker_runtime.options import DEFAULT_PORTS, MEMLOCK, STACK, DockerOpti
 from ftx.docker_runtime.spec import ContainerSpec, Mount
 from ftx.errors import ConfigError, ServeError
 from ftx.paths import ftx_home
-from ftx.triton.server import ServerPorts, client_host, free_ports
+from ftx.triton.server import ServerPorts, client_host, free_ports, http_ok
 
 log = structlog.get_logger(__name__)
 
 GEMM_FILE = "gemm_config.in"
 LOG_TAIL = 40
 _NAME_RE = re.compile(r"[^a-zA-Z0-9_.-]+")
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 # --------------------------------------------------------------------------- planning (pure)
@@ -202,14 +199,6 @@ def _ftx_version() -> str:
 
 
 # --------------------------------------------------------------------------- running
-
-
-def _http_ok(url: str, timeout_s: float = 2.0) -> bool:
-    try:
-        with _OPENER.open(url, timeout=timeout_s) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
 
 
 def _stderr(text: str) -> None:
@@ -383,7 +372,7 @@ class FtServer:
                 code = self._exit_code()
                 raise ServeError(f"the server container {self.name} exited with code {code} before it was ready",
                                  hint=self._tail_hint())
-            if _http_ok(self.plan.ready_url):
+            if http_ok(self.plan.ready_url):
                 self._seen_started.wait(10)  # tritonserver logs "Started HTTPService" after loading the models
                 self._settle()
                 if self.scanner.errors:

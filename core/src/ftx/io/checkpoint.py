@@ -11,7 +11,6 @@ import json
 import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -244,9 +243,3 @@ def _open_file(path: Path) -> TensorReader:
     if path.suffix in {".bin", ".pt", ".pth"}:
         return TorchBinFile(path)
     raise CheckpointError(f"{path}: unknown weight file type", hint="use a .safetensors or pytorch .bin file")
-
-
-def iter_tensors(reader: TensorReader) -> Iterator[tuple[str, np.ndarray]]:
-    """Every tensor in storage order (convenience for tests and inspection)."""
-    for name in reader.names():
-        yield name, reader.read(name)

@@ -441,7 +441,7 @@ def _read_from(path: Path, offset: int) -> str:
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
 
 
-def _http_ok(url: str, timeout_s: float = 2.0) -> bool:
+def http_ok(url: str, timeout_s: float = 2.0) -> bool:
     """True if GET ``url`` answers 200 (a fresh connection each time: no keep-alive left open)."""
     try:
         with _OPENER.open(url, timeout=timeout_s) as response:
@@ -746,9 +746,9 @@ class TritonServer:
             if code is not None:
                 raise _StartFailure(f"tritonserver exited with code {code} while starting")
             if not server_ready:
-                server_ready = _http_ok(f"{base}/v2/health/ready")
+                server_ready = http_ok(f"{base}/v2/health/ready")
             if server_ready:
-                pending = [m for m in pending if not _http_ok(f"{base}/v2/models/{quote(m, safe='')}/ready")]
+                pending = [m for m in pending if not http_ok(f"{base}/v2/models/{quote(m, safe='')}/ready")]
                 if not pending:
                     return
             if time.monotonic() > deadline:
