@@ -7,10 +7,12 @@ trainers; servers are the real tritonserver from the nvidia-pytriton wheel.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from ftx.convert import convert_directory
 from ftx.family import Family
 
@@ -226,3 +228,15 @@ def stream(url: str, inputs: Mapping[str, np.ndarray], model: str = "fastertrans
     finally:
         client.stop_stream()
         client.close()
+
+
+SERVER_MARKS = [
+    pytest.mark.skipif(find_spec("pytriton") is None, reason="nvidia-pytriton is not installed"),
+    pytest.mark.skipif(find_spec("torch") is None, reason="torch is not installed"),
+]
+"""Skips for tests that serve the python runtime on the real tritonserver."""
+
+
+def family_tp_cases(families: Mapping[str, Family]) -> list[tuple[str, int]]:
+    """Every registered family at tp 1 and 2."""
+    return [(name, tp) for name in sorted(families) for tp in (1, 2)]

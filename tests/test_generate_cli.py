@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,9 @@ from ftx.context import RunSettings
 from ftx.errors import ServeError
 from python_runtime_support import (
     BUILDERS,
+    SERVER_MARKS,
     decoder_inputs,
+    family_tp_cases,
     hf_greedy,
     infer,
     reference_model,
@@ -35,13 +36,10 @@ from python_runtime_support import (
     t5_inputs,
 )
 
-pytestmark = [
-    pytest.mark.skipif(find_spec("pytriton") is None, reason="nvidia-pytriton is not installed"),
-    pytest.mark.skipif(find_spec("torch") is None, reason="torch is not installed"),
-]
+pytestmark = SERVER_MARKS
 
 FAMILIES = registered_families()
-CASES = [(name, tp) for name in sorted(FAMILIES) for tp in (1, 2)]
+CASES = family_tp_cases(FAMILIES)
 FTX = [str(Path(sys.executable).parent / "ftx")]
 TEXT_PROMPTS = ("Once upon a time", "The quick brown fox", "Hello world")
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Iterator
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +22,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from python_runtime_support import (
     BUILDERS,
+    SERVER_MARKS,
     T5_REFERENCES,
     T5_SENTENCES,
     column,
     convert,
     decoder_inputs,
+    family_tp_cases,
     ft_only_repository,
     hf_greedy,
     infer,
@@ -37,13 +38,10 @@ from python_runtime_support import (
     t5_inputs,
 )
 
-pytestmark = [
-    pytest.mark.skipif(find_spec("pytriton") is None, reason="nvidia-pytriton is not installed"),
-    pytest.mark.skipif(find_spec("torch") is None, reason="torch is not installed"),
-]
+pytestmark = SERVER_MARKS
 
 FAMILIES = registered_families()
-CASES = [(name, tp) for name in sorted(FAMILIES) for tp in (1, 2)]
+CASES = family_tp_cases(FAMILIES)
 PROMPTS = ([5, 6, 7, 8, 9, 10, 11], [12, 13, 14], [20, 21, 22, 23, 24])
 MAX_BATCH = 4
 
