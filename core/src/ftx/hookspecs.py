@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ftx.artifacts import Checkpoint, Endpoint, GemmConfig, ModelRepository, Source, SourceRef
     from ftx.context import StageContext
     from ftx.family import Family, ModelSpec
+    from ftx.runtime.api import Runtime
 
 hookspec = pluggy.HookspecMarker("ftx")
 
@@ -36,6 +37,18 @@ def ftx_register_families() -> Sequence[type[Family]]:
     ``Family.name``; a name returned by two plugins is a PluginError naming both.
 
     :returns: Family subclasses (not instances); an empty sequence is fine.
+    """
+
+
+@hookspec
+def ftx_register_runtimes() -> Sequence[type[Runtime]]:
+    """Return the runtimes this plugin provides (subclasses of :class:`ftx.runtime.api.Runtime`).
+
+    Called once after all plugins are loaded, like ``ftx_register_families``; a runtime name
+    returned by two plugins is a PluginError naming both. Core's own runtimes (``python``,
+    ``fastertransformer-docker``) are registered through this hook too.
+
+    :returns: Runtime subclasses (not instances); an empty sequence is fine.
     """
 
 
