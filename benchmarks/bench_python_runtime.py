@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_throughput(workdir: Path, preset: dict[str, Any], batches: list[int], device: str) -> dict[str, Any]:
     import torch
-    from ftx.context import RunSettings
+    from ftx.settings import RunSettings
     from ftx.pipeline import Pipeline
     from ftx.plugins import load_host
     from ftx.store import ArtifactStore
@@ -317,7 +317,7 @@ def run_throughput(workdir: Path, preset: dict[str, Any], batches: list[int], de
     params = json.loads((src / "bench.json").read_text())["parameters"]
     home = workdir / "bench-home"
     home.mkdir(exist_ok=True)
-    settings = RunSettings(model=str(src), runtime="python", weight_dtype=preset["dtype"], data_type=preset["dtype"],
+    settings = RunSettings.of(str(src), runtime="python", weight_dtype=preset["dtype"], data_type=preset["dtype"],
                            max_batch_size=max(batches), device=device)
     say("ftx pipeline (python runtime) …")
     started = time.perf_counter()

@@ -313,8 +313,10 @@ def test_checkpoint_for_another_tp_is_refused(converted: Path, tmp_path: Path, p
 
 def test_configure_hook_refuses_a_checkpoint_for_another_tp(converted: Path, ftx_home: Path, plugin_host) -> None:
     from ftx.artifacts import Checkpoint, GemmConfig, Source, SourceRef
-    from ftx.context import RunSettings, StageContext
+    from ftx.context import StageContext
     from ftx.default_plugins.configure import ftx_configure
+    from ftx.docker_runtime.plugin import DockerFasterTransformer
+    from ftx.settings import RunSettings
     from ftx.store import ArtifactStore
 
     family = plugin_host.family("gptj")
@@ -323,12 +325,12 @@ def test_configure_hook_refuses_a_checkpoint_for_another_tp(converted: Path, ftx
          ["inputs"]["fetch"] / "ftx-artifact.json").read_text())["result"]["path"])
     source = Source(SourceRef("local", str(source_path)), source_path, "local-x")
     hf_config = family.read_hf_config(source_path)
-    ctx = StageContext(RunSettings(model="x", tp=1), ArtifactStore(ftx_home), ftx_home, runtime="fastertransformer")
+    ctx = StageContext(RunSettings.of("x", tp=1), ArtifactStore(ftx_home), ftx_home, runtime=DockerFasterTransformer())
     dest = ftx_home / "dest"
     with pytest.raises(ConfigError, match="tp 2, not the requested --tp 1"):
         ftx_configure(family=family, spec=family.spec(hf_config), source=source,
                       checkpoint=Checkpoint(converted, 2, "fp32", "gptj"), gemm=GemmConfig(None, False), dest=dest,
-                      ctx=ctx)
+                      ctx=ctx, runtime=ctx.runtime)
     assert not dest.exists()
 
 

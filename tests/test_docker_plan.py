@@ -7,7 +7,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from ftx.context import RunSettings
+from ftx.settings import RunSettings
 from ftx.docker_runtime import gpus as gpus_mod
 from ftx.docker_runtime.gpus import Gpu
 from ftx.docker_runtime.plan import describe_run
@@ -25,7 +25,7 @@ def plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], Pa
     monkeypatch.setattr("ftx.docker_runtime.plan.local_gpus", lambda: H100)
     ckpt = tmp_path / "home" / "store" / "convert" / "c0ffee" / "4-gpu"
     repo = tmp_path / "home" / "store" / "configure" / "beef"
-    settings = RunSettings(model="gptj", tp=4, runtime="fastertransformer", weight_dtype="fp16", dry_run=True)
+    settings = RunSettings.of("gptj", tp=4, runtime="fastertransformer", weight_dtype="fp16", dry_run=True)
     lines = describe_run(settings, GPTJ(), GPTJ().spec(GPTJ_6B), ckpt, repo)
     return lines, ckpt, repo, tmp_path / "home" / "docker" / "work" / "ftx-gptj-tp4pp1"
 
@@ -116,7 +116,7 @@ def test_no_tune_and_multi_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr("ftx.docker_runtime.plan.local_gpus", lambda: ())
     hosts = tmp_path / "hosts"
     hosts.write_text("node-a gpus=4\nnode-b gpus=4  # second node\n")
-    settings = RunSettings(model="gptj", tp=4, pp=2, tune=False, options={"hosts": str(hosts)})
+    settings = RunSettings.of("gptj", tp=4, pp=2, tune=False, hosts=str(hosts))
     lines = describe_run(settings, GPTJ(), GPTJ().spec(GPTJ_6B), tmp_path / "c" / "4-gpu", tmp_path / "r")
     text = "\n".join(lines)
     assert "3. tune       skipped — --no-tune: FasterTransformer will use cuBLAS's default GEMM" in text

@@ -28,9 +28,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 import docker_daemon
 from docker_daemon import can_raise, free_port, http_get, make_repository, permitted_ulimits
 from ftx.artifacts import GemmConfig, ModelRepository
-from ftx.context import RunSettings, StageContext
+from ftx.context import StageContext
+from ftx.settings import RunSettings
 from ftx.docker_runtime.logscan import ScanContext
 from ftx.docker_runtime.options import MEMLOCK, STACK, DockerOptions
+from ftx.docker_runtime.plugin import DockerFasterTransformer
 from ftx.docker_runtime.serve import FtServer, checkpoint_dirs, plan_serve, serve_fastertransformer
 from ftx.errors import ServeError
 from ftx.store import ArtifactStore
@@ -57,7 +59,7 @@ def _server(client: Any, image: str, tmp_path: Path, *, env: dict[str, str] | No
             weights: bool = True, ready_timeout_s: float = 30, model: str = "tiny", tp: int = 1,
             lines: list[str] | None = None) -> FtServer:
     repo, _ = make_repository(tmp_path / "store", tp=tp, weights=weights)
-    settings = RunSettings(model=model, tp=tp, runtime="fastertransformer", options={"image": image, "env": env or {}})
+    settings = RunSettings.of(model, tp=tp, runtime="fastertransformer", image=image, env=env or {})
     gemm_config = GemmConfig(gemm, gemm is not None, "")
     plan = plan_serve(repository=repo, checkpoints=checkpoint_dirs(repo), settings=settings, family="gptj",
                       options=DockerOptions.from_settings(settings), gemm=gemm_config, ports=_ports())
@@ -253,9 +255,9 @@ def test_serve_without_nvidia_runtime_says_how_to_fix(docker_client: Any, standi
                                                       home: Path) -> None:
     """The whole serve_fastertransformer path with its GPU device request, on a daemon without NVIDIA runtime."""
     repo, _ = make_repository(tmp_path / "store")
-    settings = RunSettings(model="tiny", runtime="fastertransformer", http_port=free_port(), grpc_port=free_port(),
-                           metrics_port=free_port(), options={"image": standin_image})
-    ctx = StageContext(settings=settings, store=ArtifactStore(home), home=home, runtime="fastertransformer")
+    settings = RunSettings.of("tiny", runtime="fastertransformer", http_port=free_port(), grpc_port=free_port(),
+                           metrics_port=free_port(), image=standin_image)
+    ctx = StageContext(settings=settings, store=ArtifactStore(home), home=home, runtime=DockerFasterTransformer())
     repository = ModelRepository(repo, "fastertransformer", ("fastertransformer",), "gptj")
     with pytest.raises(ServeError) as err:
         serve_fastertransformer(repository, GemmConfig(None, False, "--no-tune"), ctx, client=docker_client,

@@ -18,8 +18,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import docker_daemon
-from ftx.context import RunSettings, StageContext
+from ftx.context import StageContext
+from ftx.settings import RunSettings
 from ftx.default_plugins import tune as tune_plugin
+from ftx.docker_runtime.plugin import DockerFasterTransformer
+from ftx.runtime.python.plugin import PythonRuntime
+from ftx.stages import tune_key_inputs
 from ftx.docker_runtime import gpus as gpus_mod
 from ftx.docker_runtime.gpus import Gpu
 from ftx.docker_runtime.tune import gemm_command, run_tune, tune_spec
@@ -40,7 +44,7 @@ BIN = "/workspace/build/fastertransformer_backend/build/bin"
 def test_gpt_gemm_arguments_follow_the_guide() -> None:
     """The backend guide's example: gpt_gemm 8 1 32 16 256 16384 50400 1 2."""
     spec = GPTJ().spec(GPTJ_6B)
-    s = RunSettings(model="gptj", tp=2, data_type="fp16", tune_batch=8, tune_beam=1, tune_max_input_len=32)
+    s = RunSettings.of("gptj", tp=2, data_type="fp16", tune_batch=8, tune_beam=1, tune_max_input_len=32)
     assert gemm_command(GPTJ(), spec, s) == [f"{BIN}/gpt_gemm", "8", "1", "32", "16", "256", "16384", "50400", "1", "2"]
 
 
@@ -48,7 +52,7 @@ def test_t5_gemm_arguments_come_from_the_family() -> None:
     """ft-format §4.4: t5-3b fp16 tp 1 -> t5_gemm 8 4 32 1024 32 128 16384 1024 32 128 16384 32128 1 1."""
     family = T5()
     spec = family.spec(family.presets["t5"].hf_config)
-    s = RunSettings(model="t5", tp=1, data_type="fp16", tune_batch=8, tune_beam=4, tune_max_input_len=32)
+    s = RunSettings.of("t5", tp=1, data_type="fp16", tune_batch=8, tune_beam=4, tune_max_input_len=32)
     assert gemm_command(family, spec, s) == [f"{BIN}/t5_gemm", "8", "4", "32", "1024", "32", "128", "16384", "1024",
                                              "32", "128", "16384", "32128", "1", "1"]
 
@@ -73,7 +77,7 @@ def test_standin_gemm_tool_writes_gemm_config_in_the_work_dir(docker_client: Any
                                                               tmp_path: Path) -> None:
     """Stand-in gpt_gemm in the tuning container (no GPU request here): gemm_config.in lands in the work dir."""
     spec = GPTJ().spec(GPTJ_6B)
-    command = gemm_command(GPTJ(), spec, RunSettings(model="gptj", tp=4, data_type="fp16"))
+    command = gemm_command(GPTJ(), spec, RunSettings.of("gptj", tp=4, data_type="fp16"))
     container = tune_spec(image=standin_image, command=command, work_dir=tmp_path, gpu=0).with_(gpus=None)
     lines: list[str] = []
     result = run_tune(docker_client, container, say=lines.append, prefix="gpt_gemm")
@@ -97,25 +101,34 @@ def test_gemm_tool_usage_exit_0_without_a_file_is_an_error(docker_client: Any, s
 
 
 def _ctx(tmp_path: Path, **settings: Any) -> StageContext:
-    s = RunSettings(model="gptj", runtime="fastertransformer", **settings)
+    s = RunSettings.of("gptj", runtime="fastertransformer", **settings)
     return StageContext(settings=s, store=ArtifactStore(tmp_path / "home"), home=tmp_path / "home",
-                        runtime="fastertransformer")
+                        runtime=DockerFasterTransformer())
+
+
+def _tune(ctx: StageContext, dest: Path) -> Any:
+    return tune_plugin.ftx_tune(family=GPTJ(), spec=GPTJ().spec(GPTJ_6B), dest=dest, ctx=ctx, runtime=ctx.runtime)
+
+
+def _key(ctx: StageContext, spec: Any = None) -> dict[str, Any]:
+    return tune_key_inputs(GPTJ(), spec or GPTJ().spec(GPTJ_6B), ctx.runtime, ctx.settings)
 
 
 def test_no_tune_says_what_it_costs(tmp_path: Path) -> None:
     ctx = _ctx(tmp_path, tune=False)
-    result = tune_plugin.ftx_tune(family=GPTJ(), spec=GPTJ().spec(GPTJ_6B), dest=tmp_path, ctx=ctx)
+    result = _tune(ctx, tmp_path)
     assert result is not None and not result.tuned and result.path is None
     assert "default GEMM algorithms" in result.reason and "slower per token" in result.reason
-    assert tune_plugin.tune_key_inputs(GPTJ(), GPTJ().spec(GPTJ_6B), ctx)["tune"] is False  # no docker needed
+    key = _key(ctx)  # no docker needed
+    assert key["settings"]["tune"] is False and "target" not in key
 
 
 def test_python_runtime_tunes_nothing(tmp_path: Path) -> None:
     ctx = _ctx(tmp_path)
-    ctx.runtime = "python"
-    result = tune_plugin.ftx_tune(family=GPTJ(), spec=GPTJ().spec(GPTJ_6B), dest=tmp_path, ctx=ctx)
+    ctx.runtime = PythonRuntime()
+    result = _tune(ctx, tmp_path)
     assert result is not None and not result.tuned and "python runtime" in result.reason
-    assert "image_id" not in tune_plugin.tune_key_inputs(GPTJ(), GPTJ().spec(GPTJ_6B), ctx)
+    assert "target" not in _key(ctx)
 
 
 @pytest.mark.docker
@@ -124,21 +137,21 @@ def test_tune_key_holds_gpu_model_image_id_and_arguments(docker_env: Any, standi
     h100 = (Gpu(0, "NVIDIA H100 80GB HBM3", (9, 0)), Gpu(1, "NVIDIA H100 80GB HBM3", (9, 0)))
     monkeypatch.setattr(gpus_mod, "local_gpus", lambda: h100)
     spec = GPTJ().spec(GPTJ_6B)
-    key = tune_plugin.tune_key_inputs(GPTJ(), spec, _ctx(tmp_path, tp=2, options={"image": standin_image}))
+    key = _key(_ctx(tmp_path, tp=2, image=standin_image), spec)["target"]
     assert key["gpu"] == "NVIDIA H100 80GB HBM3"
     assert key["image_id"] == docker_env.images.get(standin_image).id
     assert key["args"] == ["8", "1", "512", "16", "256", "16384", "50400", "0", "2"]
     a100 = (Gpu(0, "NVIDIA A100-SXM4-80GB", (8, 0)), Gpu(1, "NVIDIA A100-SXM4-80GB", (8, 0)))
     monkeypatch.setattr(gpus_mod, "local_gpus", lambda: a100)
-    other = tune_plugin.tune_key_inputs(GPTJ(), spec, _ctx(tmp_path, tp=2, options={"image": standin_image}))
+    other = _key(_ctx(tmp_path, tp=2, image=standin_image), spec)["target"]
     assert other["gpu"] == "NVIDIA A100-SXM4-80GB" and other != key
 
 
 @pytest.mark.docker
 def test_tune_stage_without_the_image_says_how_to_build_it(docker_env: Any, tmp_path: Path) -> None:
-    ctx = _ctx(tmp_path, options={"image": "ftx-test/absent:1"})
+    ctx = _ctx(tmp_path, image="ftx-test/absent:1")
     with pytest.raises(ToolError, match="not on this Docker host") as err:
-        tune_plugin.tune_key_inputs(GPTJ(), GPTJ().spec(GPTJ_6B), ctx)
+        _key(ctx)
     assert "ftx image ls" in (err.value.hint or "")
 
 
@@ -146,9 +159,9 @@ def test_tune_stage_without_the_image_says_how_to_build_it(docker_env: Any, tmp_
 def test_tune_stage_on_a_daemon_without_gpus_says_how_to_fix(docker_env: Any, standin_image: str,
                                                              tmp_path: Path) -> None:
     """The whole FT tune path (device request included) on this GPU-less daemon: a clear error, nothing left."""
-    ctx = _ctx(tmp_path, options={"image": standin_image})
+    ctx = _ctx(tmp_path, image=standin_image)
     with pytest.raises(ToolError, match="cannot give GPUs to containers") as err:
-        tune_plugin.ftx_tune(family=GPTJ(), spec=GPTJ().spec(GPTJ_6B), dest=tmp_path, ctx=ctx)
+        _tune(ctx, tmp_path)
     assert "NVIDIA Container Toolkit" in (err.value.hint or "")
     assert not docker_env.containers.list(all=True, filters={"label": "org.ftx.role=tune"})
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from ftx.artifacts import GemmConfig
-from ftx.context import RunSettings
+from ftx.settings import RunSettings
 from ftx.docker_runtime import gpus as gpus_mod
 from ftx.docker_runtime.client import connect, explain
 from ftx.docker_runtime.gpus import Gpu, default_sm, parse_sm_list, select_gpus
@@ -221,8 +221,8 @@ def test_serve_plan_for_tp2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("FTX_HOME", str(tmp_path / "home"))
     repo, ckpt = _repository(tmp_path)
     assert checkpoint_dirs(repo) == [ckpt]
-    s = RunSettings(model="EleutherAI/gpt-j-6b", tp=2, options={"gpus": "4,5", "env": ["FT_LOG_LEVEL=DEBUG"],
-                                                                 "shm_size": "8g"})
+    s = RunSettings.of("EleutherAI/gpt-j-6b", tp=2, gpus="4,5", env=["FT_LOG_LEVEL=DEBUG"],
+                                                                 shm_size="8g")
     gemm = tmp_path / "gemm_config.in"
     plan = plan_serve(repository=repo, checkpoints=[ckpt], settings=s, family="gptj",
                       options=DockerOptions.from_settings(s), gemm=GemmConfig(gemm, True, ""),
@@ -245,14 +245,14 @@ def test_serve_plan_for_tp2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 def test_serve_plan_edge_cases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FTX_HOME", str(tmp_path / "home"))
     repo, ckpt = _repository(tmp_path / "a", tp=1, inside=True)
-    s = RunSettings(model="m", host="0.0.0.0")
+    s = RunSettings.of("m", host="0.0.0.0")
     plan = plan_serve(repository=repo, checkpoints=checkpoint_dirs(repo), settings=s, family="gptj",
                       options=DockerOptions(), gemm=None, ports=ServerPorts(1, 2, 3))
     assert [m.source for m in plan.spec.mounts] == [str(repo), str(plan.work_dir)]  # checkpoint inside repo
     assert not any(a.startswith("--http-address") for a in plan.spec.command)  # all interfaces
     assert plan.ready_url.startswith("http://127.0.0.1:1/") and not plan.expect_gemm
     with pytest.raises(ConfigError, match="exactly 2"):
-        plan_serve(repository=repo, checkpoints=[], settings=RunSettings(model="m", tp=2, options={"gpus": "0"}),
+        plan_serve(repository=repo, checkpoints=[], settings=RunSettings.of("m", tp=2, gpus="0"),
                    family="gptj", options=DockerOptions(gpus=(0,)), gemm=None)
     config = repo / "fastertransformer" / "config.pbtxt"
     config.write_text(config.read_text().replace(str(ckpt), "relative/1-gpu"))
@@ -263,14 +263,14 @@ def test_serve_plan_edge_cases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 def test_choose_ports(monkeypatch: pytest.MonkeyPatch) -> None:
     import socket
 
-    assert choose_ports(RunSettings(model="m", http_port=1, grpc_port=2, metrics_port=3)) == ServerPorts(1, 2, 3)
+    assert choose_ports(RunSettings.of("m", http_port=1, grpc_port=2, metrics_port=3)) == ServerPorts(1, 2, 3)
     with socket.socket() as busy:
         try:
             busy.bind(("127.0.0.1", 8000))
         except OSError:
             pytest.skip("port 8000 is in use on this machine")
         busy.listen()
-        ports = choose_ports(RunSettings(model="m", grpc_port=7001))
+        ports = choose_ports(RunSettings.of("m", grpc_port=7001))
         assert ports.http != 8000 and ports.grpc == 7001
 
 
@@ -346,13 +346,13 @@ def test_connect_to_a_missing_daemon(tmp_path: Path) -> None:
 
 
 def test_options() -> None:
-    opts = DockerOptions.from_settings(RunSettings(model="m", options={"gpus": [1, 2], "env": {"A": 1},
-                                                                       "image": "i:1", "ready_timeout": "5"}))
+    opts = DockerOptions.from_settings(RunSettings.of("m", gpus=[1, 2], env={"A": 1},
+                                                                       image="i:1", ready_timeout="5"))
     assert (opts.gpus, dict(opts.env), opts.image, opts.ready_timeout_s) == ((1, 2), {"A": "1"}, "i:1", 5.0)
     assert parse_env(["A=1", "B=x=y"]) == {"A": "1", "B": "x=y"}
     with pytest.raises(ConfigError, match="not KEY=VALUE"):
         parse_env(["novalue"])
     with pytest.raises(ConfigError, match="not a size"):
-        DockerOptions.from_settings(RunSettings(model="m", options={"shm_size": "lots"}))
+        DockerOptions.from_settings(RunSettings.of("m", shm_size="lots"))
     with pytest.raises(ConfigError, match="not a list of GPU indices"):
-        DockerOptions.from_settings(RunSettings(model="m", options={"gpus": "a,b"}))
+        DockerOptions.from_settings(RunSettings.of("m", gpus="a,b"))

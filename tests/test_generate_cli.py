@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from ftx.artifacts import ModelRepository
 from ftx.cli.serving import generate_text, resolve_target, sampling_values
-from ftx.context import RunSettings
+from ftx.settings import RunSettings
 from ftx.errors import ServeError
 from python_runtime_support import (
     BUILDERS,
@@ -86,7 +86,7 @@ def build_repository(src: Path, home: Path, family: str, tp: int, **settings: An
     from ftx.plugins import load_host
     from ftx.store import ArtifactStore
 
-    run = RunSettings(model=str(src), family=family, tp=tp, runtime="python", until="configure", **settings)
+    run = RunSettings.of(str(src), family=family, tp=tp, runtime="python", until="configure", **settings)
     result = Pipeline(load_host(), ArtifactStore(home), run).run()
     assert result.repository is not None
     return result.repository

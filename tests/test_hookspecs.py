@@ -12,7 +12,7 @@ HOOKS = [f for name, f in vars(hookspecs).items() if inspect.isfunction(f) and h
 
 
 def test_every_hook_is_an_ftx_hook() -> None:
-    assert {f.__name__ for f in HOOKS} == {"ftx_register_families", "ftx_fetch", "ftx_convert", "ftx_tune",
+    assert {f.__name__ for f in HOOKS} == {"ftx_register_families", "ftx_register_runtimes", "ftx_fetch", "ftx_convert", "ftx_tune",
                                            "ftx_configure", "ftx_serve"}
 
 

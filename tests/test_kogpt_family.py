@@ -179,10 +179,10 @@ def test_kogpt_never_claims_generic_gptj_checkpoints(golden: Path, plugin_host) 
 
 
 def test_preset_shows_the_licence_and_pins_the_revision(plugin_host, log_events) -> None:
-    from ftx.context import RunSettings
-    from ftx.default_plugins.fetch import resolve_source
+    from ftx.settings import RunSettings
+    from ftx.sources import resolve_source
 
-    ref, family = resolve_source(RunSettings(model="kogpt"), plugin_host)
+    ref, family = resolve_source(RunSettings.of("kogpt"), plugin_host)
     assert family == "kogpt"
     assert (ref.uri, ref.revision) == ("hf://kakaobrain/kogpt", "KoGPT6B-ryan1.5b-float16")
     notices = [e for e in log_events if e["event"] == "license.notice"]

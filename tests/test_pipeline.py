@@ -50,7 +50,7 @@ def test_provenance_records_inputs_producer_and_hashes(ftx_cli, ftx_home: Path, 
     (convert_dir,) = (ftx_home / "store" / "convert").iterdir()
     meta = json.loads((convert_dir / "ftx-artifact.json").read_text())
     assert meta["stage"] == "convert" and meta["key"] == convert_dir.name
-    assert meta["inputs"]["tp"] == 1 and meta["inputs"]["family"] == "gptj"
+    assert meta["inputs"]["settings"]["tp"] == 1 and meta["inputs"]["family"] == "gptj"
     assert meta["producer"]["family"]["distribution"] == "ftx-gptj"
     assert meta["producer"]["family"]["version"] == "0.1.0"
     assert "1-gpu/model.wte.bin" in meta["outputs"]
@@ -84,7 +84,7 @@ def ftx_convert(family, source, spec, dest, ctx):
             Path(os.environ["FTX_TEST_SIGNAL"]).write_text(str(dest))
             time.sleep(600)
     convert_checkpoint(family, reader, family.read_hf_config(source.path), spec, dest,
-                       tp=ctx.settings.tp, weight_dtype=ctx.settings.weight_dtype, progress=progress)
+                       tp=ctx.settings.convert.tp, weight_dtype=ctx.settings.convert.weight_dtype, progress=progress)
 """
 
 

@@ -5,10 +5,14 @@ Each stage writes into a directory the core gives it; these records describe wha
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,7 @@ class GemmConfig:
 
 @dataclass(frozen=True)
 class ModelRepository:
-    """A Triton model repository ready to serve."""
+    """A Triton model repository ready to serve; ``runtime`` names the runtime it was written for."""
 
     path: Path
     runtime: str
@@ -82,3 +86,63 @@ class Endpoint:
     grpc_url: str
     model: str = "ensemble"
     handle: Any = None
+
+
+# --------------------------------------------------------------------------- stage results on disk
+
+
+def to_record(value: Any, base: Path) -> dict[str, Any]:
+    """A stage result as JSON-able data, paths inside ``base`` stored relative to it.
+
+    The store keeps this in the artifact's provenance, and :func:`from_record` rebuilds the same
+    typed value on a cache hit, so a result is never re-derived from path conventions.
+    """
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(value):
+        item = getattr(value, f.name)
+        if f.name == "handle":
+            continue
+        if isinstance(item, Path):
+            item = _relative(item, base)
+        elif dataclasses.is_dataclass(item):
+            item = to_record(item, base)
+        elif isinstance(item, Mapping):
+            item = dict(item)
+        elif isinstance(item, tuple):
+            item = list(item)
+        out[f.name] = item
+    return out
+
+
+def from_record(cls: type[R], data: Mapping[str, Any], base: Path) -> R:
+    """The inverse of :func:`to_record` for the record class ``cls``."""
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name not in data:
+            continue
+        item = data[f.name]
+        hint = hints[f.name]
+        if item is not None and Path in _members(hint):
+            item = Path(item) if Path(item).is_absolute() else base / item
+        elif isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            item = from_record(hint, item, base)
+        elif item is not None and tuple in _members(hint):
+            item = tuple(item)
+        kwargs[f.name] = item
+    return cls(**kwargs)
+
+
+def _members(hint: Any) -> tuple[Any, ...]:
+    args = typing.get_args(hint)
+    origin = typing.get_origin(hint)
+    if args and origin is not tuple:
+        return tuple(typing.get_origin(a) or a for a in args)
+    return (origin or hint,)
+
+
+def _relative(path: Path, base: Path) -> str:
+    try:
+        return path.relative_to(base).as_posix()
+    except ValueError:
+        return str(path)

@@ -52,25 +52,18 @@ def _marker_ok(path: Path) -> bool:
 
 def ensure_demo_checkpoint(home: Path) -> Path:
     """The built-in tiny GPT-J under ``<home>/builtin/tiny-gptj``, built on first use."""
-    import filelock
+    from ftx.atomic import lock_for, publish_dir
 
     target = demo_dir(home)
     if _marker_ok(target):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with filelock.FileLock(str(target.parent / f".{DEMO_NAME}.lock")):
+    with lock_for(target):
         if _marker_ok(target):  # another process built it while we waited
             return target
-        tmp = Path(tempfile.mkdtemp(prefix=f".{DEMO_NAME}-", dir=target.parent))
-        try:
-            started = time.perf_counter()
+        started = time.perf_counter()
+        with publish_dir(target, replace=True, locked=False) as tmp:
             build_demo_checkpoint(tmp)
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(tmp, target)
-            log.info("demo.built", path=str(target), seconds=round(time.perf_counter() - started, 2))
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        log.info("demo.built", path=str(target), seconds=round(time.perf_counter() - started, 2))
     return target
 
 

@@ -82,7 +82,7 @@ def ftx_fetch(ref: SourceRef, revision: str, family: Family, dest: Path, ctx: St
 def ftx_convert(family: Family, source: Source, spec: ModelSpec, dest: Path, ctx: StageContext) -> Checkpoint | None:
     """Write the FasterTransformer checkpoint for ``source`` into ``dest/<tp>-gpu``.
 
-    Stops at the first non-None result. ``ctx.settings`` carries ``tp`` and ``weight_dtype``.
+    Stops at the first non-None result. ``ctx.settings.convert`` carries ``tp`` and ``weight_dtype``.
 
     :param family: the model family (tensor table, config.ini).
     :param source: the fetched checkpoint.
@@ -96,7 +96,7 @@ def ftx_convert(family: Family, source: Source, spec: ModelSpec, dest: Path, ctx
 
 
 @hookspec(firstresult=True)
-def ftx_tune(family: Family, spec: ModelSpec, dest: Path, ctx: StageContext) -> GemmConfig | None:
+def ftx_tune(family: Family, spec: ModelSpec, dest: Path, ctx: StageContext, runtime: Runtime) -> GemmConfig | None:
     """Produce ``gemm_config.in`` for ``spec`` on the target GPUs.
 
     Stops at the first non-None result. Weights are deliberately not an input, so every
@@ -105,18 +105,20 @@ def ftx_tune(family: Family, spec: ModelSpec, dest: Path, ctx: StageContext) -> 
     :param family: the model family (its ``gemm_tool`` and ``gemm_args``).
     :param spec: FT hyper-parameters.
     :param dest: an empty directory owned by core; write ``gemm_config.in`` here.
-    :param ctx: stage settings (runtime, batch, beam, data type, tp), logger.
-    :returns: the GemmConfig, untuned (``path=None``) where no GPU or image exists.
+    :param ctx: stage settings (``ctx.settings.tune``: batch, beam, max input; the data type, tp), logger.
+    :param runtime: the chosen runtime; its ``tune`` runs the GEMM tool where it serves.
+    :returns: the GemmConfig, untuned (``path=None``) where the runtime needs no tuning or with ``--no-tune``.
 
-    Default: ``ftx.default_plugins.tune`` (the GEMM tool inside the FasterTransformer image),
-    trylast.
+    Default: ``ftx.default_plugins.tune`` (``runtime.tune`` when the runtime uses gemm_config.in),
+    trylast. The cache key is computed by core from the tune settings, the GEMM shapes and
+    ``runtime.tune_key``, whichever plugin tunes.
     """
 
 
 @hookspec(firstresult=True)
 def ftx_configure(
     family: Family, spec: ModelSpec, source: Source, checkpoint: Checkpoint, gemm: GemmConfig, dest: Path,
-    ctx: StageContext,
+    ctx: StageContext, runtime: Runtime,
 ) -> ModelRepository | None:
     """Lay out a Triton model repository in ``dest``.
 
@@ -128,8 +130,9 @@ def ftx_configure(
     :param checkpoint: the converted ``<tp>-gpu`` directory the model points at.
     :param gemm: the tuning result to place next to the server.
     :param dest: an empty directory owned by core.
-    :param ctx: stage settings (runtime, batching, data type), the keys of the artifacts built so far,
-        the producing plugins, logger.
+    :param ctx: stage settings (``ctx.settings.configure``: batching, data type, tokenizer), the keys of the
+        artifacts built so far, the producing plugins, logger.
+    :param runtime: the chosen runtime; its ``write_ft_model`` writes the ``fastertransformer`` model.
     :returns: the ModelRepository.
 
     Default: ``ftx.default_plugins.configure``, trylast.
@@ -137,16 +140,16 @@ def ftx_configure(
 
 
 @hookspec(firstresult=True)
-def ftx_serve(repository: ModelRepository, gemm: GemmConfig, ctx: StageContext) -> Endpoint | None:
+def ftx_serve(repository: ModelRepository, gemm: GemmConfig, ctx: StageContext, runtime: Runtime) -> Endpoint | None:
     """Start serving ``repository`` and return once it reports ready.
 
     Stops at the first non-None result. Never cached.
 
     :param repository: the model repository to serve.
     :param gemm: the tuning result (its ``gemm_config.in`` goes into the server's working dir).
-    :param ctx: stage settings (runtime, host, ports, detach), logger.
+    :param ctx: stage settings (``ctx.settings.serve``: host, ports, detach; ``launch``), logger.
+    :param runtime: the runtime the repository was written for.
     :returns: the Endpoint; its ``handle`` stops a local server.
 
-    Default: ``ftx.default_plugins.serve`` (python runtime: the embedded tritonserver;
-    fastertransformer runtime: Docker), trylast.
+    Default: ``ftx.default_plugins.serve`` (``runtime.serve``), trylast.
     """

@@ -23,6 +23,7 @@ import structlog
 from ftx import PLUGIN_API_VERSION, hookspecs
 from ftx.errors import FamilyResolutionError, PluginError
 from ftx.family import Family, read_config_json
+from ftx.runtime.api import Runtime
 
 log = structlog.get_logger(__name__)
 
@@ -33,7 +34,11 @@ DEFAULT_PLUGINS = (
     "ftx.default_plugins.tune",
     "ftx.default_plugins.configure",
     "ftx.default_plugins.serve",
+    "ftx.runtime.python.plugin",
+    "ftx.docker_runtime.plugin",
 )
+"""Core's own plugins: the stage defaults (``trylast``) and the runtimes it ships. Core never imports
+them for logic; they are registered and called through the hooks like any third-party plugin."""
 
 
 @dataclass
@@ -46,6 +51,7 @@ class PluginRecord:
     module: str
     hooks: list[str] = field(default_factory=list)
     families: list[str] = field(default_factory=list)
+    runtimes: list[str] = field(default_factory=list)
     error: str | None = None
     status: str = "loaded"  # loaded | broken | disabled | skipped
 
@@ -57,6 +63,7 @@ class PluginRecord:
             "module": self.module,
             "hooks": self.hooks,
             "families": self.families,
+            "runtimes": self.runtimes,
             "status": self.status,
             "error": self.error,
         }
@@ -78,6 +85,8 @@ class PluginHost:
         self.records: list[PluginRecord] = []
         self.families: dict[str, Family] = {}
         self.family_owner: dict[str, str] = {}
+        self.runtimes: dict[str, Runtime] = {}
+        self.runtime_owner: dict[str, str] = {}
         for module_name in DEFAULT_PLUGINS:
             self.pm.register(importlib.import_module(module_name), name=module_name)
 
@@ -149,6 +158,25 @@ class PluginHost:
                 self.families[family.name] = family
                 self.family_owner[family.name] = owner.distribution
                 owner.families.append(family.name)
+
+    def collect_runtimes(self) -> None:
+        """Ask every plugin for its runtimes; a duplicate name is an error naming both."""
+        for impl in self.pm.hook.ftx_register_runtimes.get_hookimpls():
+            owner = self._record_for(impl.plugin_name)
+            for cls in impl.function() or ():
+                runtime = cls()
+                if not isinstance(runtime, Runtime) or not runtime.name:
+                    raise PluginError(f"{owner.distribution} registered {cls!r}, which is not a named ftx Runtime",
+                                      hint="subclass ftx.Runtime and set its name")
+                if runtime.name in self.runtimes:
+                    raise PluginError(
+                        f"runtime {runtime.name!r} is registered by both {self.runtime_owner[runtime.name]} "
+                        f"and {owner.distribution}",
+                        hint=f"uninstall one of them, or block one with FTX_DISABLE_PLUGINS={owner.name}",
+                    )
+                self.runtimes[runtime.name] = runtime
+                self.runtime_owner[runtime.name] = owner.distribution
+                owner.runtimes.append(runtime.name)
 
     def _record_for(self, plugin_name: str) -> PluginRecord:
         for record in self.records:
@@ -234,6 +262,7 @@ def load_host(*, entry_points: Iterable[metadata.EntryPoint] | None = None, extr
     for plugin in extra:
         host.register(plugin)
     host.collect_families()
+    host.collect_runtimes()
     return host
 
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +11,11 @@ import click
 from ftx.cli.common import FtxCommand, get_host, say
 from ftx.cli.options import conversion_options, repository_options
 from ftx.cli.run import run_pipeline, settings_from_options
-from ftx.context import RunSettings
+from ftx.atomic import publish_dir
 from ftx.errors import ConfigError, OutputError
+from ftx.settings import RunSettings
 from ftx.store import PROVENANCE_FILE
 
-RUNTIME_CHOICES = ("fastertransformer", "python")
 
 
 def check_output(output: Path) -> Path:
@@ -35,22 +33,23 @@ def check_output(output: Path) -> Path:
 
 def precheck_source(settings: RunSettings, source: Path) -> None:
     """Family, data type, parallelism and tokenizer of a checkpoint directory, before converting it."""
-    from ftx.default_plugins.configure import precheck
+    from ftx.triton.model_config import check_data_type
     from ftx.triton.repository import plan_tokenizer
 
-    family, hf_config = get_host().family_for_source(source, settings.family)
-    precheck(family, settings)
+    family, hf_config = get_host().family_for_source(source, settings.fetch.family)
+    check_data_type(family.triton_model_type, settings.data_type, family.data_types)
     spec = family.spec(hf_config)
-    spec.check_parallel(settings.tp, settings.pp)
-    plan_tokenizer(settings.tokenizer or source, family, spec, explicit=settings.tokenizer is not None)
+    spec.check_parallel(settings.convert.tp, settings.configure.pp)
+    tokenizer = settings.configure.tokenizer
+    plan_tokenizer(tokenizer or source, family, spec, explicit=tokenizer is not None)
 
 
 def fetched_source(settings: RunSettings) -> Path | None:
     """The checkpoint directory: a local one as is, anything else fetched into the store first."""
-    local = Path(settings.source or settings.model).expanduser()
+    local = Path(settings.fetch.source or settings.model).expanduser()
     if local.is_dir() and (local / "config.json").is_file():
         return local.resolve()
-    result = run_pipeline(settings.with_(until="fetch"))
+    result = run_pipeline(settings.replace(until="fetch"))
     return result.source.path if result.source is not None else None
 
 
@@ -58,19 +57,11 @@ def place_repository(repository: Path, output: Path) -> None:
     """Copy ``repository`` to ``output`` through a sibling temp directory and one rename."""
     from ftx.triton.repository import verify_repository
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
-    try:
+    with publish_dir(output) as tmp:
         shutil.copytree(repository, tmp, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("__pycache__", PROVENANCE_FILE))
         tmp.chmod(0o755)
         verify_repository(tmp)
-        if output.exists():
-            output.rmdir()  # empty, checked before the run
-        os.rename(tmp, output)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 @click.command("configure", cls=FtxCommand)
@@ -81,9 +72,9 @@ def place_repository(repository: Path, output: Path) -> None:
 @click.option("--revision", help="Branch, tag or commit of a Hugging Face source.")
 @conversion_options
 @repository_options
-@click.option("--runtime", type=click.Choice(RUNTIME_CHOICES), default="fastertransformer", show_default=True,
-              help="What serves the `fastertransformer` model: the FasterTransformer backend, or the python "
-                   "runtime (transformers on the converted files, same inputs and outputs).")
+@click.option("--runtime", default="fastertransformer", show_default=True,
+              help="What serves the `fastertransformer` model: fastertransformer (the FasterTransformer backend), "
+                   "python (transformers on the converted files, same inputs and outputs), or a plugin's runtime.")
 def configure(source: str, output: Path, runtime: str, **opts: Any) -> None:
     """Write a Triton model repository for SOURCE into --output.
 
@@ -110,7 +101,7 @@ def configure(source: str, output: Path, runtime: str, **opts: Any) -> None:
     if result.repository is None:
         raise ConfigError("the pipeline stopped before the configure stage", hint="run with -v to see why")
     place_repository(result.repository.path, target)
-    say(f"repository {target}: {', '.join(result.repository.models)} (runtime {runtime})")
+    say(f"repository {target}: {', '.join(result.repository.models)} (runtime {result.repository.runtime})")
     if result.checkpoint is not None:
         say(f"checkpoint {result.checkpoint.path} (kept in the artifact store; the repository points at it)")
     click.echo(str(target))

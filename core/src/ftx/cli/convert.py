@@ -1,22 +1,24 @@
-"""``ftx convert``: FasterTransformer files at a path of the user's choice, like the upstream scripts."""
+"""``ftx convert``: FasterTransformer files at a path of the user's choice, like the upstream scripts.
+
+The conversion itself is the pipeline's convert stage (the same artifact ``ftx run --until convert``
+builds and reuses); this command then places a copy of its ``<tp>-gpu`` directory at ``--output``.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import uuid
 from pathlib import Path
 
 import click
 
-from ftx.cli.common import FtxCommand, get_host, say
+from ftx.atomic import publish_dir
+from ftx.cli.common import FtxCommand, say
 from ftx.cli.options import conversion_options
 from ftx.cli.run import run_pipeline, settings_from_options
-from ftx.convert import convert_directory
+from ftx.convert import gpu_dir_name
 from ftx.errors import OutputError
-from ftx.progress import byte_progress
-from ftx.store import make_key
 
 MARKER = "ftx-convert.json"
 
@@ -32,17 +34,15 @@ MARKER = "ftx-convert.json"
 def convert(source: str, family: str | None, revision: str | None, tp: int, pp: int, weight_dtype: str,
             output: Path, overwrite: bool) -> None:
     """Convert SOURCE to FasterTransformer's layout in OUTPUT/<tp>-gpu/."""
+    target = output / gpu_dir_name(tp)
+    if target.exists() and not target.is_dir():
+        raise OutputError(f"{target} exists and is not a directory", hint="remove it or choose another --output")
     settings = settings_from_options(source, family=family, revision=revision, tp=tp, pp=pp,
-                                     weight_dtype=weight_dtype, until="fetch")
-    fetched = run_pipeline(settings)
-    assert fetched.source is not None
-    fam, hf_config = get_host().family_for_source(fetched.source.path, family)
-    spec = fam.spec(hf_config)
-    spec.check_parallel(tp, pp)
-    fam.check_weight_dtype(weight_dtype)
-    key = make_key({"source": fetched.source.revision, "family": fam.name, "fingerprint": fam.fingerprint(),
-                    "tp": tp, "weight_dtype": weight_dtype})
-    target = output / f"{tp}-gpu"
+                                     weight_dtype=weight_dtype, until="convert", runtime="auto")
+    result = run_pipeline(settings)
+    checkpoint = result.checkpoint
+    assert checkpoint is not None
+    key = next(o.key for o in result.outcomes if o.stage == "convert")
     if _up_to_date(target, key):
         say(f"{target} is already converted from this source; nothing to do")
         click.echo(str(target))
@@ -50,26 +50,32 @@ def convert(source: str, family: str | None, revision: str | None, tp: int, pp: 
     if target.exists() and any(target.iterdir()) and not overwrite:
         raise OutputError(f"{target} already exists and holds something else",
                           hint="choose another --output, or pass --overwrite to replace it")
-    output.mkdir(parents=True, exist_ok=True)
-    tmp = output / f".ftx-tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        with byte_progress(f"convert {fam.name} tp={tp}") as update:
-            result = convert_directory(fam, fetched.source.path, tmp, tp=tp, weight_dtype=weight_dtype,
-                                       progress=update)
-        (result.directory / MARKER).write_text(json.dumps({"key": key, "source": str(fetched.source.path),
-                                                            "family": fam.name, "tp": tp, "weight_dtype": weight_dtype}))
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(result.directory, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    say(f"wrote {len(result.files)} files ({result.bytes_written / 1e6:.1f} MB) in {result.seconds:.2f}s")
+    with publish_dir(target, replace=overwrite) as tmp:
+        files = _place(checkpoint.path, tmp)
+        (tmp / MARKER).write_text(json.dumps({"key": key, "source": str(result.source.path if result.source else ""),
+                                              "family": checkpoint.family, "tp": tp, "weight_dtype": weight_dtype}))
+    say(f"placed {files} files from {checkpoint.path}")
     click.echo(str(target))
+
+
+def _place(src: Path, dest: Path) -> int:
+    """Hard-link (same filesystem) or copy every file of the converted checkpoint into ``dest``."""
+    count = 0
+    for file in sorted(p for p in src.iterdir() if p.is_file()):
+        try:
+            os.link(file, dest / file.name)
+        except OSError:
+            shutil.copy2(file, dest / file.name)
+        count += 1
+    return count
 
 
 def _up_to_date(target: Path, key: str) -> bool:
     marker = target / MARKER
-    return marker.is_file() and json.loads(marker.read_text()).get("key") == key
+    try:
+        return json.loads(marker.read_text()).get("key") == key
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 commands = [convert]

@@ -150,7 +150,7 @@ def package(model: str, tag: str, base_image: str | None, **opts: Any) -> None:
         provenance.update({"source": result.source.ref.display, "revision": result.source.revision})
     gemm = result.gemm.path if result.gemm is not None and result.gemm.tuned else None
     inputs = PackageInputs(repository=result.repository.path, tag=tag, base_image=base_image or options.image,
-                           gemm=gemm, tp=settings.tp, pp=settings.pp, provenance=provenance)
+                           gemm=gemm, tp=settings.convert.tp, pp=settings.configure.pp, provenance=provenance)
     built = package_image(connect(options.docker_host), inputs, say=say)
     click.echo(built.id)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from ftx.context import RUNTIMES, STAGES
+from ftx.settings import STAGES
 from ftx.dtypes import WEIGHT_DTYPES
 
 F = Callable[..., Any]
@@ -55,8 +55,9 @@ repository_options = _compose(
 stage_options = _compose(
     click.option("--until", type=click.Choice(STAGES), default="serve", show_default=True,
                  help="Stop after this stage."),
-    click.option("--runtime", type=click.Choice(RUNTIMES), default="auto", show_default=True,
-                 help="fastertransformer (Docker + GPUs) or python (embedded tritonserver, CPU or one GPU)."),
+    click.option("--runtime", default="auto", show_default=True,
+                 help="auto, fastertransformer (its Docker or native launcher, on GPUs), python (embedded "
+                      "tritonserver, CPU or one GPU), or any runtime a plugin registers (see `ftx plugins`)."),
     click.option("--force", "force", multiple=True, type=click.Choice(STAGES),
                  help="Redo this stage even if cached (repeatable)."),
     click.option("--dry-run", is_flag=True, help="Print what would run, run nothing."),

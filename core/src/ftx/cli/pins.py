@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from ftx.cli.common import FtxCommand, get_host, say
-from ftx.context import RunSettings
-from ftx.default_plugins.fetch import resolve_source
+from ftx.settings import RunSettings
+from ftx.sources import resolve_source
 from ftx.manifest import MANIFEST_NAME, write_lock
 from ftx.plugins import installed_distributions
 
@@ -24,7 +24,7 @@ def lock(model: str, revision: str | None, family: str | None, output: Path) -> 
     from ftx.fetching.refs import resolve_revision
 
     host = get_host()
-    ref, preset_family = resolve_source(RunSettings(model=model, revision=revision, family=family), host)
+    ref, preset_family = resolve_source(RunSettings.of(model, revision=revision, family=family), host)
     resolved = resolve_revision(ref)
     loaded = {r.distribution for r in host.records if r.status == "loaded"} | {"ftx"}
     requires = [f"{name}=={version}" for name, version in installed_distributions() if name in loaded]

@@ -9,7 +9,7 @@ import click
 from ftx.cli.common import FtxCommand, get_host, say
 from ftx.cli.options import (conversion_options, docker_options, repository_options, serve_container_options,
                              source_options, stage_options, tune_options)
-from ftx.context import RunSettings
+from ftx.settings import RunSettings
 from ftx.errors import ConfigError
 from ftx.paths import ftx_home
 from ftx.pipeline import Pipeline, RunResult
@@ -17,13 +17,8 @@ from ftx.store import ArtifactStore
 
 
 def settings_from_options(model: str, **opts: Any) -> RunSettings:
-    """RunSettings from click options (unknown keys go to ``options``)."""
-    known = set(RunSettings.__dataclass_fields__)
-    fields = {k: v for k, v in opts.items() if k in known and v is not None}
-    extra = {k: v for k, v in opts.items() if k not in known}
-    if "force" in fields:
-        fields["force"] = frozenset(fields["force"])
-    return RunSettings(model=model, options=extra, **fields)
+    """RunSettings from click options (flat names; each lands in its stage's section)."""
+    return RunSettings.of(model, **opts)
 
 
 def run_pipeline(settings: RunSettings) -> RunResult:
@@ -79,7 +74,7 @@ def run(model: str | None, prompt: str | None, max_tokens: int, **opts: Any) -> 
     omitted, it comes from ./ftx.toml (see `ftx lock`).
     """
     model = model_from_manifest(model, opts)
-    settings = settings_from_options(model, prompt=prompt, max_tokens=max_tokens, **opts)
+    settings = settings_from_options(model, **opts)
     result = run_pipeline(settings)
     if settings.dry_run:
         return
@@ -92,7 +87,7 @@ def run(model: str | None, prompt: str | None, max_tokens: int, **opts: Any) -> 
     if result.endpoint is not None:
         from ftx.cli.serving import after_serve
 
-        after_serve(result, settings)
+        after_serve(result, settings, prompt=prompt, max_tokens=max_tokens)
 
 
 commands = [run]

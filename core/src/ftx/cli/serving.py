@@ -331,9 +331,9 @@ def describe_endpoint(result: Any, settings: Any, *, detached_name: str | None =
     repository = result.repository.path if result.repository else None
     stream = _decoupled(repository)
     models = ", ".join(sorted(p.name for p in Path(repository).iterdir() if p.is_dir())) if repository else endpoint.model
-    runtime = result.runtime or (result.repository.runtime if result.repository else "")
+    runtime = result.runtime.name if result.runtime else (result.repository.runtime if result.repository else "")
     metrics = getattr(server, "metrics_url", None)
-    bound = getattr(settings, "host", None) or endpoint.http_url.rsplit(":", 1)[0]
+    bound = settings.serve.host or endpoint.http_url.rsplit(":", 1)[0]
     lines = [
         f"serving {settings.model} ({runtime} runtime) on {bound}",
         f"  HTTP     http://{endpoint.http_url}",
@@ -393,7 +393,7 @@ def _read(path: Path) -> str:
         return ""
 
 
-def after_serve(result: Any, settings: Any) -> None:
+def after_serve(result: Any, settings: Any, *, prompt: str | None = None, max_tokens: int = EXAMPLE_TOKENS) -> None:
     """What ``ftx run`` does once the server is ready.
 
     ``--prompt``: generate once, print the text, stop the server (unless ``--detach``).
@@ -402,20 +402,19 @@ def after_serve(result: Any, settings: Any) -> None:
     """
     endpoint = result.endpoint
     server = endpoint.handle
-    options = settings.options or {}
-    prompt = options.get("prompt")
+    detach = settings.serve.detach
     try:
         if prompt is not None:
             say(describe_endpoint(result, settings))
             stream = _decoupled(result.repository.path if result.repository else None)
             text = generate_text(endpoint.grpc_url, endpoint.model, prompt,
-                                 max_tokens=int(options.get("max_tokens") or EXAMPLE_TOKENS),
+                                 max_tokens=max_tokens,
                                  stream=stream, on_text=_writer() if stream else None, echo_prompt=True)
             click.echo("" if stream else text)
-            if not settings.detach:
+            if not detach:
                 server.stop()
                 return
-        if settings.detach:
+        if detach:
             name = _detach(server)
             click.echo(describe_endpoint(result, settings, detached_name=name))
             if _is_local_server(server):
@@ -428,7 +427,7 @@ def after_serve(result: Any, settings: Any) -> None:
         sys.stdout.flush()
         _serve_until_stopped(server)
     except BaseException:
-        if server is not None and not settings.detach:
+        if server is not None and not detach:
             server.stop()
         raise
 

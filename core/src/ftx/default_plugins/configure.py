@@ -15,26 +15,12 @@ from typing import Any
 import ftx
 from ftx import hookimpl
 from ftx.artifacts import Checkpoint, GemmConfig, ModelRepository, Source
-from ftx.context import RunSettings, StageContext
+from ftx.context import StageContext
 from ftx.errors import ConfigError
 from ftx.family import Family, ModelSpec
+from ftx.runtime.api import Runtime
 from ftx.triton.model_config import FtModelOptions, check_data_type
 from ftx.triton.repository import plan_repository, write_repository
-
-
-def ft_options(family: Family, checkpoint: Checkpoint, settings: RunSettings) -> FtModelOptions:
-    """The fastertransformer model's options from the run settings."""
-    return FtModelOptions(
-        model_type=family.triton_model_type, io_kind=family.triton_io, checkpoint_path=checkpoint.path,
-        tp=settings.tp, pp=settings.pp, data_type=settings.effective_data_type,
-        max_batch_size=settings.max_batch_size, instances=settings.instances, streaming=settings.streaming,
-        dynamic_batching=settings.dynamic_batching,
-    )
-
-
-def precheck(family: Family, settings: RunSettings) -> None:
-    """Checks that need only the family and the settings (the CLI runs them before converting)."""
-    check_data_type(family.triton_model_type, settings.effective_data_type, family.data_types)
 
 
 def deployment_info(family: Family, spec: ModelSpec, source: Source, checkpoint: Checkpoint,
@@ -59,18 +45,20 @@ def deployment_info(family: Family, spec: ModelSpec, source: Source, checkpoint:
 
 @hookimpl(trylast=True)
 def ftx_configure(family: Family, spec: ModelSpec, source: Source, checkpoint: Checkpoint, gemm: GemmConfig,
-                  dest: Path, ctx: StageContext) -> ModelRepository:
+                  dest: Path, ctx: StageContext, runtime: Runtime) -> ModelRepository:
     s = ctx.settings
-    precheck(family, s)
-    if checkpoint.tensor_parallel != s.tp:
+    check_data_type(family.triton_model_type, s.data_type, family.data_types)
+    tp = s.convert.tp
+    if checkpoint.tensor_parallel != tp:
         raise ConfigError(f"the converted checkpoint {checkpoint.path} is for tp {checkpoint.tensor_parallel}, "
-                          f"not the requested --tp {s.tp}", hint=f"convert with --tp {s.tp}")
-    tokenizer = s.tokenizer or source.path
+                          f"not the requested --tp {tp}", hint=f"convert with --tp {tp}")
+    tokenizer = s.configure.tokenizer or source.path
     info = deployment_info(family, spec, source, checkpoint, ctx)
     info["gemm_tuning"] = {"tuned": gemm.tuned, "path": str(gemm.path) if gemm.path else None, "reason": gemm.reason}
-    plan = plan_repository(family, spec, ft_options(family, checkpoint, s), runtime=ctx.runtime,
-                           tokenizer=tokenizer, tokenizer_explicit=s.tokenizer is not None,
+    options = FtModelOptions.from_settings(family, checkpoint.path, s)
+    plan = plan_repository(family, spec, options, runtime=runtime.name, tokenizer=tokenizer,
+                           tokenizer_explicit=s.configure.tokenizer is not None,
                            weight_dtype=checkpoint.weight_dtype, deployment=info)
-    models = write_repository(plan, dest)
-    ctx.log.info("configure.written", family=family.name, models=list(models), runtime=ctx.runtime)
-    return ModelRepository(dest, ctx.runtime, models, family.name)
+    models = write_repository(plan, dest, runtime.write_ft_model)
+    ctx.log.info("configure.written", family=family.name, models=list(models), runtime=runtime.name)
+    return ModelRepository(dest, runtime.name, models, family.name)

@@ -1,18 +1,19 @@
-"""Choices of the fastertransformer runtime, read from ``RunSettings`` (its ``options`` mapping).
+"""Choices of the fastertransformer runtime's Docker launcher, read from the ``launch`` settings section.
 
-CLI commands pass them as extra options (``--image``, ``--gpus``, ``--shm-size``, ``--env``,
-``--hosts``, ``--docker-host``), which ``settings_from_options`` stores in ``settings.options``.
+CLI commands pass them as options (``--image``, ``--gpus``, ``--shm-size``, ``--env``, ``--hosts``,
+``--docker-host``); this module validates them into one frozen :class:`DockerOptions`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ftx.context import RunSettings
+from ftx.settings import RunSettings
 from ftx.docker_runtime import DEFAULT_IMAGE_TAG
 from ftx.errors import ConfigError
 
@@ -39,7 +40,7 @@ class DockerOptions:
 
     @classmethod
     def from_settings(cls, settings: RunSettings) -> DockerOptions:
-        o = settings.options or {}
+        o = dataclasses.asdict(settings.launch)
         kwargs: dict[str, Any] = {}
         if o.get("image"):
             kwargs["image"] = str(o["image"])

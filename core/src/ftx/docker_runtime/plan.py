@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ftx.artifacts import GemmConfig
-from ftx.context import RunSettings
+from ftx.settings import RunSettings
 from ftx.docker_runtime import (
     DEFAULT_BACKEND_REF,
     DEFAULT_BACKEND_REPO,
@@ -40,11 +40,12 @@ def _triton_version(image: str) -> str:
 
 
 def _source(settings: RunSettings, family: Family) -> str:
-    if settings.source:
-        return settings.source + (f"@{settings.revision}" if settings.revision else "")
+    fetch = settings.fetch
+    if fetch.source:
+        return fetch.source + (f"@{fetch.revision}" if fetch.revision else "")
     preset = family.presets.get(settings.model)
     if preset is not None:
-        revision = settings.revision or preset.revision
+        revision = fetch.revision or preset.revision
         return preset.source + (f"@{revision}" if revision else "")
     return settings.model
 
@@ -60,11 +61,12 @@ def describe_run(settings: RunSettings, family: Family, spec: ModelSpec, checkpo
     gpus_here = local_gpus()
     sm = default_sm(gpus_here)
     s = settings
-    data_type = s.effective_data_type
-    ports = ServerPorts(s.http_port or DEFAULT_PORTS[0], s.grpc_port or DEFAULT_PORTS[1],
-                        s.metrics_port or DEFAULT_PORTS[2])
+    tp, pp, repo, tune_s, serve_s = s.convert.tp, s.configure.pp, s.configure, s.tune, s.serve
+    data_type = s.data_type
+    ports = ServerPorts(serve_s.http_port or DEFAULT_PORTS[0], serve_s.grpc_port or DEFAULT_PORTS[1],
+                        serve_s.metrics_port or DEFAULT_PORTS[2])
     warnings: list[str] = []
-    gemm_placeholder = GemmConfig(Path(GEMM_FILE), True, "") if s.tune else GemmConfig(None, False, "")
+    gemm_placeholder = GemmConfig(Path(GEMM_FILE), True, "") if tune_s.tune else GemmConfig(None, False, "")
     try:
         plan = plan_serve(repository=repository_dir, checkpoints=[checkpoint_dir], settings=s, family=family.name,
                           options=options, gemm=gemm_placeholder, ports=ports)
@@ -73,13 +75,13 @@ def describe_run(settings: RunSettings, family: Family, spec: ModelSpec, checkpo
             raise
         warnings.append(f"! {exc.message} ({exc.hint})" if exc.hint else f"! {exc.message}")
         plan = plan_serve(repository=repository_dir, checkpoints=[checkpoint_dir], settings=s, family=family.name,
-                          options=replace(options, gpus=tuple(range(s.tp * s.pp))),
+                          options=replace(options, gpus=tuple(range(tp * pp))),
                           gemm=gemm_placeholder, ports=ports)
     layout = plan.layout
     work = plan.work_dir
     title = family.title or family.name
     lines = [
-        f"fastertransformer runtime: {title} — tp {s.tp} x pp {s.pp} = {s.tp * s.pp} GPU(s) on "
+        f"fastertransformer runtime: {title} — tp {tp} x pp {pp} = {tp * pp} GPU(s) on "
         f"{layout.nodes} node(s), image {options.image}",
         *warnings,
     ]
@@ -112,35 +114,36 @@ def describe_run(settings: RunSettings, family: Family, spec: ModelSpec, checkpo
 
     # 2. convert -------------------------------------------------------------------------
     source = _source(s, family)
-    convert_cli = ["ftx", "convert", source, "--family", family.name, "--tp", str(s.tp),
-                   *_flag("--pp", s.pp, 1), "--weight-dtype", s.weight_dtype, "-o", str(checkpoint_dir.parent)]
+    weight_dtype = s.convert.weight_dtype
+    convert_cli = ["ftx", "convert", source, "--family", family.name, "--tp", str(tp),
+                   *_flag("--pp", pp, 1), "--weight-dtype", weight_dtype, "-o", str(checkpoint_dir.parent)]
     lines += [
         f"2. convert    {source} -> {checkpoint_dir} (config.ini + one .bin per tensor and rank, "
-        f"{s.weight_dtype} weights, tp {s.tp}); in-process, no container",
+        f"{weight_dtype} weights, tp {tp}); in-process, no container",
         f"{INDENT}$ {shlex.join(convert_cli)}",
     ]
 
     # 3. tune ----------------------------------------------------------------------------
-    if s.tune:
+    if tune_s.tune:
         args = gemm_arguments(family, spec, s)
         tune = tune_spec(image=options.image, command=[gemm_tool_path(family), *args], work_dir=work,
                          gpu=plan.gpus[0])
         lines += [
-            f"3. tune       {family.gemm_tool} for batch {s.tune_batch}, beam {s.tune_beam}, max input "
-            f"{s.tune_max_input_len}, {data_type}, tp {s.tp} on GPU {plan.gpus[0]} -> {work / GEMM_FILE}",
+            f"3. tune       {family.gemm_tool} for batch {tune_s.tune_batch}, beam {tune_s.tune_beam}, max input "
+            f"{tune_s.tune_max_input_len}, {data_type}, tp {tp} on GPU {plan.gpus[0]} -> {work / GEMM_FILE}",
             f"{INDENT}$ mkdir -p {shlex.quote(str(work))}",
             f"{INDENT}$ {tune.docker_run_line()}",
         ]
     else:
-        from ftx.default_plugins.tune import NO_TUNE_COST
+        from ftx.stages import NO_TUNE_COST
 
         lines.append(f"3. tune       skipped — {NO_TUNE_COST}")
 
     # 4. configure -----------------------------------------------------------------------
     config = build_ft_model_config(FtModelOptions(
-        model_type=family.triton_model_type, io_kind=family.triton_io, checkpoint_path=checkpoint_dir, tp=s.tp,
-        pp=s.pp, data_type=data_type, max_batch_size=s.max_batch_size, instances=s.instances,
-        streaming=s.streaming, dynamic_batching=s.dynamic_batching))
+        model_type=family.triton_model_type, io_kind=family.triton_io, checkpoint_path=checkpoint_dir, tp=tp,
+        pp=pp, data_type=data_type, max_batch_size=repo.max_batch_size, instances=repo.instances,
+        streaming=repo.streaming, dynamic_batching=repo.dynamic_batching))
     order = ("model_type", "tensor_para_size", "pipeline_para_size", "data_type", "model_checkpoint_path")
     keys = sorted(config.parameters, key=lambda k: (order.index(k) if k in order else len(order), k))
     params = ", ".join(f"{k} {config.parameters[k].string_value}" for k in keys)
@@ -154,7 +157,7 @@ def describe_run(settings: RunSettings, family: Family, spec: ModelSpec, checkpo
     ]
 
     # 5. serve ---------------------------------------------------------------------------
-    host = "127.0.0.1" if s.host in ("", "0.0.0.0") else s.host
+    host = "127.0.0.1" if serve_s.host in ("", "0.0.0.0") else serve_s.host
     lines.append(
         f"5. serve      {layout.gpus_per_node} GPU(s) per node (host GPUs {','.join(map(str, plan.gpus))}), "
         f"HTTP {host}:{ports.http}, gRPC {host}:{ports.grpc}, metrics {ports.metrics} "
@@ -168,7 +171,7 @@ def describe_run(settings: RunSettings, family: Family, spec: ModelSpec, checkpo
             f"{INDENT}$ {plan.worker_spec.docker_run_line(detach=True) if plan.worker_spec else ''}",
             f"{INDENT}then on {layout.hosts[0]} (MPI rank 0, which receives the requests):",
         ]
-    elif not s.tune:
+    elif not tune_s.tune:
         lines.append(f"{INDENT}$ mkdir -p {shlex.quote(str(work))}")
     lines += [
         f"{INDENT}$ {plan.spec.docker_run_line()}",

@@ -27,7 +27,8 @@ import structlog
 
 import ftx
 from ftx.artifacts import Endpoint, GemmConfig, ModelRepository
-from ftx.context import RunSettings, StageContext
+from ftx.context import StageContext
+from ftx.settings import RunSettings
 from ftx.docker_runtime import LABEL_PREFIX, TRITONSERVER
 from ftx.docker_runtime.client import connect, docker_errors, explain
 from ftx.docker_runtime.gpus import default_sm, select_gpus
@@ -54,7 +55,7 @@ def container_name(settings: RunSettings, family: str) -> str:
     model = Path(settings.model).name if "/" in settings.model else settings.model
     slug = _NAME_RE.sub("-", model).strip("-.").lower() or "model"
     stem = family if slug == family else f"{family}-{slug}"
-    return f"ftx-{stem}-tp{settings.tp}pp{settings.pp}"[:120]
+    return f"ftx-{stem}-tp{settings.convert.tp}pp{settings.configure.pp}"[:120]
 
 
 def work_dir_for(name: str, home: Path | None = None) -> Path:
@@ -82,13 +83,13 @@ def checkpoint_dirs(repository: Path) -> list[Path]:
 
 def choose_ports(settings: RunSettings) -> ServerPorts:
     """The user's ports, else Triton's 8000/8001/8002 when free, else free ones."""
-    wanted = (settings.http_port, settings.grpc_port, settings.metrics_port)
+    wanted = (settings.serve.http_port, settings.serve.grpc_port, settings.serve.metrics_port)
     if all(p is not None for p in wanted):
         return ServerPorts(*wanted)  # type: ignore[arg-type]
-    if all(_port_free(settings.host, p) for p in DEFAULT_PORTS):
+    if all(_port_free(settings.serve.host, p) for p in DEFAULT_PORTS):
         defaults: tuple[int, int, int] = DEFAULT_PORTS
     else:
-        spare = free_ports(client_host(settings.host))
+        spare = free_ports(client_host(settings.serve.host))
         defaults = (spare.http, spare.grpc, spare.metrics)
     http, grpc, metrics = (w if w is not None else d for w, d in zip(wanted, defaults))
     return ServerPorts(http, grpc, metrics)
@@ -151,8 +152,8 @@ def plan_serve(*, repository: Path, checkpoints: Sequence[Path], settings: RunSe
     """The serving container for a repository (no Docker call; ``--dry-run`` prints this)."""
     repository = Path(repository).resolve()
     hosts = read_hosts(options.hosts_file) if options.hosts_file else None
-    layout = node_layout(hosts, tp=settings.tp, pp=settings.pp,
-                         instances=settings.instances if instances is None else instances, ssh_port=options.ssh_port)
+    layout = node_layout(hosts, tp=settings.convert.tp, pp=settings.configure.pp,
+                         instances=settings.configure.instances if instances is None else instances, ssh_port=options.ssh_port)
     gpus = select_gpus(layout.gpus_per_node, options.gpus) if not layout.multi_node or options.gpus \
         else tuple(range(layout.gpus_per_node))
     ports = ports or choose_ports(settings)
@@ -169,8 +170,8 @@ def plan_serve(*, repository: Path, checkpoints: Sequence[Path], settings: RunSe
         TRITONSERVER, f"--model-repository={repository}",
         f"--http-port={ports.http}", f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}",
     ]
-    if settings.host not in ("", "0.0.0.0"):
-        command += [f"--http-address={settings.host}", f"--grpc-address={settings.host}"]
+    if settings.serve.host not in ("", "0.0.0.0"):
+        command += [f"--http-address={settings.serve.host}", f"--grpc-address={settings.serve.host}"]
     environment = {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(layout.gpus_per_node)), **options.env}
     labels = {
         f"{LABEL_PREFIX}.role": "serve", f"{LABEL_PREFIX}.model": settings.model, f"{LABEL_PREFIX}.family": family,
@@ -188,7 +189,7 @@ def plan_serve(*, repository: Path, checkpoints: Sequence[Path], settings: RunSe
     if layout.multi_node:
         worker = ContainerSpec(command=("/usr/sbin/sshd", "-D", "-p", str(layout.ssh_port)), name=f"{name}-worker",
                                labels={**labels, f"{LABEL_PREFIX}.role": "serve-worker"}, **common)  # type: ignore[arg-type]
-    return ServePlan(spec, ports, settings.host, work_dir, layout, gemm.path if gemm else None, expect_gemm, gpus, worker)
+    return ServePlan(spec, ports, settings.serve.host, work_dir, layout, gemm.path if gemm else None, expect_gemm, gpus, worker)
 
 
 def _ftx_version() -> str:
@@ -489,7 +490,7 @@ def serve_fastertransformer(repository: ModelRepository, gemm: GemmConfig, ctx: 
     if gemm is not None and not gemm.tuned:
         say(f"serve     no gemm_config.in: {gemm.reason}")
     client = client or connect(options.docker_host)
-    scan = ScanContext(tp=s.tp, pp=s.pp, expect_gemm=plan.expect_gemm, gpu_sm=default_sm(), image=options.image)
+    scan = ScanContext(tp=s.convert.tp, pp=s.configure.pp, expect_gemm=plan.expect_gemm, gpu_sm=default_sm(), image=options.image)
     server = FtServer(client, plan, scan=scan, say=say, ready_timeout_s=options.ready_timeout_s,
                       stop_timeout_s=options.stop_timeout_s)
     server.start()

@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 
-from ftx.context import RunSettings
+from ftx.settings import RunSettings
 from ftx.docker_runtime import GEMM_BIN_DIR, LABEL_PREFIX
 from ftx.docker_runtime.client import docker_errors, explain
 from ftx.docker_runtime.spec import ContainerSpec, Mount
@@ -36,9 +36,9 @@ def gemm_tool_path(family: Family) -> str:
 
 def gemm_arguments(family: Family, spec: ModelSpec, settings: RunSettings) -> list[str]:
     """The family's GEMM tool arguments for the serving settings (batch, beam, input length, dtype, tp)."""
-    return family.gemm_args(spec, batch=settings.tune_batch, beam=settings.tune_beam,
-                            max_input_len=settings.tune_max_input_len, data_type=settings.effective_data_type,
-                            tp=settings.tp)
+    t = settings.tune
+    return family.gemm_args(spec, batch=t.tune_batch, beam=t.tune_beam, max_input_len=t.tune_max_input_len,
+                            data_type=settings.data_type, tp=settings.convert.tp)
 
 
 def gemm_command(family: Family, spec: ModelSpec, settings: RunSettings) -> list[str]:

@@ -1,42 +1,41 @@
-"""``--runtime auto``: the fastertransformer runtime when Docker, an NVIDIA runtime and the image exist."""
+"""``--runtime``: pick a registered runtime by name, by alias, or (``auto``) by availability and priority."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ftx.errors import ConfigError
+from ftx.runtime.api import Runtime, runtime_names
+from ftx.settings import RunSettings
 
 
-def fastertransformer_available() -> tuple[bool, str]:
-    """Whether the FasterTransformer image can run here, and why not."""
-    try:
-        import docker
-    except ImportError:
-        return False, "the docker SDK is not installed"
-    try:
-        client = docker.from_env(timeout=3)
-        info = client.info()
-    except Exception:
-        return False, "no Docker daemon is reachable"
-    runtimes = info.get("Runtimes") or {}
-    if "nvidia" not in runtimes:
-        return False, "Docker has no NVIDIA runtime (no GPU support)"
-    try:
-        from ftx.docker_runtime import DEFAULT_IMAGE_TAG
-    except ImportError:
-        return False, "the fastertransformer runtime is not available in this ftx build"
-    try:
-        client.images.get(DEFAULT_IMAGE_TAG)
-    except Exception:
-        return False, f"the image {DEFAULT_IMAGE_TAG} is not built (run `ftx image build`)"
-    return True, "Docker, the NVIDIA runtime and the FasterTransformer image are present"
+def choose_runtime(runtimes: Mapping[str, Runtime], settings: RunSettings) -> tuple[Runtime, str]:
+    """The runtime for ``settings.runtime`` and why it was chosen.
 
-
-def choose_runtime(requested: str) -> tuple[str, str]:
-    """Resolve ``auto`` and say why."""
-    if requested == "python":
-        return "python", "requested with --runtime python"
-    if requested == "fastertransformer":
-        return "fastertransformer", "requested with --runtime fastertransformer"
-    if requested != "auto":
-        raise ConfigError(f"unknown runtime {requested!r}", hint="use auto, python or fastertransformer")
-    ok, why = fastertransformer_available()
-    return ("fastertransformer", why) if ok else ("python", f"{why}; serving with the embedded python runtime")
+    A runtime's own name selects it. ``auto`` and an alias (``fastertransformer``) rank their
+    candidates by priority and take the first available one; an alias whose candidates are all
+    unavailable still selects its highest-priority runtime (it was asked for by name: planning and
+    ``--dry-run`` work anywhere, and the runtime itself reports what is missing when it runs).
+    """
+    requested = settings.runtime
+    if requested in runtimes:
+        return runtimes[requested], f"requested with --runtime {requested}"
+    if requested == "auto":
+        candidates = list(runtimes.values())
+    else:
+        candidates = [r for r in runtimes.values() if requested in r.selects_as]
+    if not candidates:
+        raise ConfigError(f"unknown runtime {requested!r}",
+                          hint=f"use one of: {', '.join(runtime_names(list(runtimes.values())))} (see `ftx plugins`)")
+    unavailable: list[str] = []
+    for runtime in sorted(candidates, key=lambda r: (-r.priority, r.name)):
+        availability = runtime.available(settings)
+        if availability.ok:
+            why = availability.reason if requested == "auto" else f"requested with --runtime {requested}"
+            return runtime, "; ".join([*unavailable, why])
+        unavailable.append(f"{runtime.name}: {availability.reason}")
+    if requested == "auto":
+        raise ConfigError("no runtime can serve on this machine: " + "; ".join(unavailable),
+                          hint="install what the runtime you want needs, or pick one with --runtime")
+    best = max(candidates, key=lambda r: (r.priority, r.name))
+    return best, f"requested with --runtime {requested} ({'; '.join(unavailable)})"

@@ -10,12 +10,17 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ftx.errors import ConfigError
 from ftx.triton.io import IO_KINDS, TensorDecl
+
+if TYPE_CHECKING:
+    from ftx.family import Family
+    from ftx.settings import RunSettings
 
 FT_MODEL_NAME = "fastertransformer"
 
@@ -35,6 +40,15 @@ class FtModelOptions:
     streaming: bool = False
     dynamic_batching: bool = True
     backend: str = "fastertransformer"
+
+    @classmethod
+    def from_settings(cls, family: Family, checkpoint_path: Path, settings: RunSettings) -> FtModelOptions:
+        """The fastertransformer model's options for ``family`` from the run's configure settings."""
+        repo = settings.configure
+        return cls(model_type=family.triton_model_type, io_kind=family.triton_io, checkpoint_path=checkpoint_path,
+                   tp=settings.convert.tp, pp=repo.pp, data_type=settings.data_type,
+                   max_batch_size=repo.max_batch_size, instances=repo.instances, streaming=repo.streaming,
+                   dynamic_batching=repo.dynamic_batching)
 
 
 FT_DATA_TYPES: dict[str, tuple[str, ...]] = {

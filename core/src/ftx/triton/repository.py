@@ -56,7 +56,8 @@ TEXTPROC_MODULE = "ftx_textproc.py"
 MODEL_NAMES = (FT_MODEL_NAME, PREPROCESSING, POSTPROCESSING, ENSEMBLE_NAME)
 _PYTHON_MODELS = Path(__file__).parent / "python_models"
 
-FtWriter = Callable[[Path, FtModelOptions, Family], None]
+FtWriter = Callable[[Path, FtModelOptions, Family], str]
+"""A runtime's ``write_ft_model``: writes ``fastertransformer/`` and returns its backend."""
 
 
 # --------------------------------------------------------------------------- tokenizer
@@ -229,30 +230,17 @@ def plan_repository(family: Family, spec: ModelSpec, ft: FtModelOptions, *, runt
 # --------------------------------------------------------------------------- write
 
 
-def python_runtime_writer() -> FtWriter | None:
-    """The python runtime's ``write_python_ft_model``, if that runtime is installed."""
-    try:
-        from ftx.runtime.python.repository import write_python_ft_model
-    except ModuleNotFoundError as exc:
-        if exc.name in ("ftx.runtime.python", "ftx.runtime.python.repository"):
-            return None
-        raise
-    return write_python_ft_model
+def write_backend_ft_model(model_dir: Path, options: FtModelOptions, family: Family) -> str:
+    """``fastertransformer/`` on the FasterTransformer backend (what every FT launcher serves)."""
+    write_config(build_ft_model_config(options), model_dir)
+    return options.backend
 
 
-def write_ft_model(plan: RepositoryPlan, dest: Path) -> str:
-    """``fastertransformer/``: the FT backend, or the python runtime's model. Returns the backend."""
+def write_ft_model(plan: RepositoryPlan, dest: Path, writer: FtWriter) -> str:
+    """``fastertransformer/``, written by the runtime's ``writer``; returns the backend it runs on."""
     model_dir = dest / FT_MODEL_NAME
-    if plan.runtime == "python":
-        writer = python_runtime_writer()
-        if writer is not None:
-            model_dir.mkdir(parents=True, exist_ok=True)
-            writer(model_dir, plan.ft, plan.family)
-            return parse_config(model_dir / "config.pbtxt").backend or "python"
-        log.warning("configure.python_runtime_missing", note="ftx.runtime.python is not installed; "
-                    "writing the FasterTransformer-backend model instead")
-    write_config(build_ft_model_config(plan.ft), model_dir)
-    return plan.ft.backend
+    model_dir.mkdir(parents=True, exist_ok=True)
+    return writer(model_dir, plan.ft, plan.family) or parse_config(model_dir / "config.pbtxt").backend
 
 
 def write_text_model(dest: Path, role: str, plan: RepositoryPlan) -> None:
@@ -275,10 +263,12 @@ def write_text_model(dest: Path, role: str, plan: RepositoryPlan) -> None:
         shutil.copyfile(src, version / name)
 
 
-def write_repository(plan: RepositoryPlan, dest: Path) -> tuple[str, ...]:
-    """Write every model and ``ftx-deployment.json`` into ``dest``; verify; return the model names."""
+def write_repository(plan: RepositoryPlan, dest: Path, ft_writer: FtWriter = write_backend_ft_model) -> tuple[str, ...]:
+    """Write every model and ``ftx-deployment.json`` into ``dest``; verify; return the model names.
+
+    ``ft_writer`` is the serving runtime's contribution (the ``fastertransformer`` model)."""
     dest.mkdir(parents=True, exist_ok=True)
-    backend = write_ft_model(plan, dest)
+    backend = write_ft_model(plan, dest, ft_writer)
     write_text_model(dest, PREPROCESSING, plan)
     write_text_model(dest, POSTPROCESSING, plan)
     write_config(build_ensemble_config(plan.io_kind, max_batch_size=plan.ft.max_batch_size,

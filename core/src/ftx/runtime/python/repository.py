@@ -63,7 +63,7 @@ def build_python_ft_model_config(opts: FtModelOptions, family: Family) -> mc.Mod
     return config
 
 
-def write_python_ft_model(model_dir: Path, opts: FtModelOptions, family: Family) -> None:
+def write_python_ft_model(model_dir: Path, opts: FtModelOptions, family: Family) -> str:
     """Write ``<model_dir>/config.pbtxt`` and ``<model_dir>/1/model.py`` (model_dir is ``…/fastertransformer``)."""
     model_dir = Path(model_dir)
     if model_dir.name != FT_MODEL_NAME:
@@ -76,3 +76,4 @@ def write_python_ft_model(model_dir: Path, opts: FtModelOptions, family: Family)
                           f"runtime cannot serve it", hint="set hf_model_class on the family")
     write_config(build_python_ft_model_config(opts, family), model_dir)
     (model_dir / "1" / "model.py").write_text(MODEL_PY.format(roots=import_roots(family)))
+    return "python"

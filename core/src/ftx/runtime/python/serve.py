@@ -34,7 +34,7 @@ def server_name(model: str) -> str:
 def _ports(ctx: StageContext):  # -> ServerPorts | None
     from ftx.triton.server import ServerPorts, free_ports
 
-    s = ctx.settings
+    s = ctx.settings.serve
     if s.http_port is None and s.grpc_port is None and s.metrics_port is None:
         return None
     free = free_ports(s.host)
@@ -96,7 +96,7 @@ def serve_python(repository: ModelRepository, ctx: StageContext) -> Endpoint:
     """
     from ftx.triton.server import TritonServer
 
-    s = ctx.settings
+    s = ctx.settings.serve
     if s.device == "cuda":
         from ftx.runtime.python.hf_model import resolve_device
 
@@ -104,7 +104,7 @@ def serve_python(repository: ModelRepository, ctx: StageContext) -> Endpoint:
     path = Path(repository.path)
     if not (path / FT_MODEL_NAME / "config.pbtxt").is_file():
         raise ServeError(f"{path} has no {FT_MODEL_NAME} model", hint="re-run the configure stage (--force configure)")
-    server = TritonServer(path, home=ctx.home, host=s.host, ports=_ports(ctx), name=server_name(s.model),
+    server = TritonServer(path, home=ctx.home, host=s.host, ports=_ports(ctx), name=server_name(ctx.settings.model),
                           env={DEVICE_ENV: s.device}, ready_timeout_s=READY_TIMEOUT_S,
                           die_with_parent=not s.detach)
 

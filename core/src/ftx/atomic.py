@@ -1,0 +1,82 @@
+"""Build a directory beside its final place and publish it with one rename: the one helper for it.
+
+A killed build leaves only a hidden ``.<name>.tmp-*`` sibling, which the next build of the same
+target removes (under the target's lock, so never while another process still writes it). A
+replacement moves the old directory aside to ``.<name>.old-*`` first; if a kill lands between the
+two renames, the next build (or :func:`recover`) puts the old one back, so a target is never lost
+without its successor in place. Written here rather than taken from a library: none of the kept
+ones (``atomicwrites`` is for files and unmaintained) publishes directories.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import filelock
+
+
+def _siblings(final: Path, kind: str) -> list[Path]:
+    return sorted(final.parent.glob(f".{final.name}.{kind}-*"))
+
+
+def lock_for(final: Path) -> filelock.FileLock:
+    """The lock that serialises builders of ``final`` (a hidden file beside it)."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    return filelock.FileLock(str(final.parent / f".{final.name}.lock"))
+
+
+def recover(final: Path) -> None:
+    """Undo what a killed build left: restore a moved-aside original, drop stale temp and old copies.
+
+    Call with the target's lock held.
+    """
+    olds = _siblings(final, "old")
+    if olds and not final.exists():
+        os.replace(olds[-1], final)
+        olds = olds[:-1]
+    for stale in [*olds, *_siblings(final, "tmp")]:
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def publish_dir(final: Path, *, replace: bool = False, locked: bool = True) -> Iterator[Path]:
+    """Yield an empty temp directory beside ``final``; on success publish it as ``final``.
+
+    ``final`` may be absent or an empty directory; with ``replace`` an existing one is swapped
+    out (moved aside, the new one renamed in, the old one removed). On any exception the temp
+    directory is removed and ``final`` is untouched.
+    """
+    final = Path(final)
+    guard = lock_for(final) if locked else contextlib.nullcontext()
+    with guard:
+        recover(final)
+        tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            yield tmp
+            _swap_in(tmp, final, replace)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+
+def _swap_in(tmp: Path, final: Path, replace: bool) -> None:
+    if final.is_dir() and not any(final.iterdir()):
+        final.rmdir()
+    if final.exists() or final.is_symlink():
+        if not replace:
+            raise FileExistsError(f"{final} appeared while it was being built")
+        old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+
+
+__all__ = ["lock_for", "publish_dir", "recover"]
