@@ -51,12 +51,19 @@ def plugins(as_json: bool, freeze: bool) -> None:
     if as_json:
         click.echo(json.dumps([r.as_dict() for r in records], indent=2))
     else:
-        table = Table("name", "distribution", "version", "hooks", "families", "status", title="ftx plugins")
+        table = Table("name", "distribution", "version", "hooks", "families", "runtimes", "status",
+                      title="ftx plugins")
         for r in records:
             status = r.status if not r.error else f"[red]{r.status}: {r.error}[/red]"
             table.add_row(r.name, r.distribution, r.version, ", ".join(r.hooks) or "-", ", ".join(r.families) or "-",
-                          status)
-        Console().print(table)
+                          ", ".join(r.runtimes) or "-", status)
+        console = Console()
+        console.print(table)
+        runtimes = Table("runtime", "--runtime", "priority", "from", "what", title="runtimes")
+        for name, runtime in sorted(host.runtimes.items(), key=lambda item: -item[1].priority):
+            runtimes.add_row(name, ", ".join((name, *runtime.selects_as)), str(runtime.priority),
+                             host.runtime_owner.get(name, "?"), runtime.description or "-")
+        console.print(runtimes)
     if host.broken:
         raise SystemExit(1)
 

@@ -417,10 +417,8 @@ def after_serve(result: Any, settings: Any, *, prompt: str | None = None, max_to
         if detach:
             name = _detach(server)
             click.echo(describe_endpoint(result, settings, detached_name=name))
-            if _is_local_server(server):
-                click.echo(f"\nleft running as {name!r}: `ftx ps` lists it, `ftx stop {name}` stops it")
-            else:
-                click.echo(f"\nleft running as container {name!r}: `docker stop {name}` stops it")
+            stop_hint = getattr(server, "stop_hint", None) or f"`ftx ps` lists it, `ftx stop {name}` stops it"
+            click.echo(f"\nleft running as {name!r}: {stop_hint}")
             return
         click.echo(describe_endpoint(result, settings))
         click.echo("\nCtrl-C stops the server.")

@@ -247,6 +247,11 @@ class FtServer:
         return f"{client_host(self.plan.host)}:{self.plan.ports.grpc}"
 
     @property
+    def stop_hint(self) -> str:
+        """How a user stops this server once ftx has detached from it."""
+        return f"a container; `docker stop {self.name}` stops it"
+
+    @property
     def running(self) -> bool:
         return self._status() == "running"
 
