@@ -15,13 +15,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from ftx.errors import CheckpointError, ConfigError
+from ftx.triton.textproc import encode_words
 from ftx.runtime.python.generation import (
     Generator,
     ModelLimits,
     RequestError,
     build_outputs,
     decode_words,
-    encode_words,
     finished_length,
     parse_request,
 )

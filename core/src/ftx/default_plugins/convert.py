@@ -15,6 +15,7 @@ from ftx.progress import byte_progress
 @hookimpl(trylast=True)
 def ftx_convert(family: Family, source: Source, spec: ModelSpec, dest: Path, ctx: StageContext) -> Checkpoint:
     s = ctx.settings.convert
-    with byte_progress(f"convert {family.name} tp={s.tp}", ctx.show_progress) as update:
-        result = convert_directory(family, source.path, dest, tp=s.tp, weight_dtype=s.weight_dtype, progress=update)
+    with byte_progress(f"convert {family.name} tp={s.tp}", enabled=ctx.show_progress) as bar:
+        result = convert_directory(family, source.path, dest, tp=s.tp, weight_dtype=s.weight_dtype,
+                                   progress=bar.update)
     return Checkpoint(result.directory, s.tp, s.weight_dtype, family.name)

@@ -28,7 +28,7 @@ import structlog
 import zstandard
 
 from ftx.errors import OutputError, SourceError
-from ftx.fetching.progress import ByteProgress, byte_progress
+from ftx.progress import ByteProgress, byte_progress
 
 log = structlog.get_logger(__name__)
 

@@ -26,7 +26,7 @@ from filelock import FileLock, Timeout
 
 from ftx.errors import SourceError
 from ftx.fetching.integrity import normalize_sha256, redact_url, sha256_file
-from ftx.fetching.progress import ByteProgress, byte_progress
+from ftx.progress import ByteProgress, byte_progress
 
 log = structlog.get_logger(__name__)
 

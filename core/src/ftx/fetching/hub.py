@@ -33,7 +33,7 @@ from huggingface_hub.utils import (
 )
 
 from ftx.errors import SourceError
-from ftx.fetching.progress import progress_enabled
+from ftx.progress import progress_enabled
 
 log = structlog.get_logger(__name__)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from ftx.errors import SourceError
-from ftx.fetching.progress import byte_progress
+from ftx.progress import byte_progress
 
 _SHA256_RE = re.compile(r"^(?:sha256:)?([0-9a-f]{64})$")
 _HASH_CHUNK = 4 << 20

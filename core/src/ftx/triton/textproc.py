@@ -220,25 +220,21 @@ def special_token_names(directory: Path) -> dict[str, str]:
 # --------------------------------------------------------------------------- word lists
 
 
-def word_list(words_per_item: Sequence[Sequence[str]], codec: Codec) -> np.ndarray:
-    """FasterTransformer's stop/bad words tensor ``[B, 2, W]`` (int32).
+def encode_words(words_per_item: Sequence[Sequence[Sequence[int]]]) -> np.ndarray:
+    """Per-item lists of token-id words as FasterTransformer's stop/bad words tensor ``[B, 2, W]`` (int32).
 
     Row 0 holds the concatenated ids of every word of an item, row 1 the cumulative end offset of
     each word, padded with -1 (ids padded with 0). An item without words is ``[[0], [-1]]``,
-    which FasterTransformer reads as "no list".
+    which FasterTransformer reads as "no list". Empty words are left out.
     """
     rows: list[tuple[list[int], list[int]]] = []
     for words in words_per_item:
         ids: list[int] = []
         offsets: list[int] = []
         for word in words:
-            if not word:
-                continue
-            word_ids = codec.encode(word, prompt=False)
-            if not word_ids:
-                continue
-            ids += word_ids
-            offsets.append(len(ids))
+            if word:
+                ids += [int(t) for t in word]
+                offsets.append(len(ids))
         rows.append((ids, offsets))
     width = max([1] + [max(len(ids), len(offsets)) for ids, offsets in rows])
     out = np.zeros((len(rows), 2, width), dtype=np.int32)
@@ -247,6 +243,11 @@ def word_list(words_per_item: Sequence[Sequence[str]], codec: Codec) -> np.ndarr
         out[b, 0, : len(ids)] = ids
         out[b, 1, : len(offsets)] = offsets
     return out
+
+
+def word_list(words_per_item: Sequence[Sequence[str]], codec: Codec) -> np.ndarray:
+    """Stop/bad words given as text, tokenized (no BOS) and encoded by :func:`encode_words`."""
+    return encode_words([[codec.encode(word, prompt=False) for word in words if word] for words in words_per_item])
 
 
 def strings(array: np.ndarray | None) -> list[list[str]]:

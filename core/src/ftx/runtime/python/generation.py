@@ -169,22 +169,6 @@ def decode_words(array: np.ndarray | None, batch: int, what: str) -> list[Words]
     return out
 
 
-def encode_words(words_per_item: Sequence[Sequence[Sequence[int]]]) -> np.ndarray:
-    """Per-item lists of token-id words → FT's ``[B, 2, W]`` INT32 encoding (the inverse of decode_words)."""
-    rows = []
-    for words in words_per_item:
-        ids = [t for word in words for t in word]
-        offsets = list(np.cumsum([len(word) for word in words])) if words else []
-        rows.append((ids, offsets))
-    width = max(1, *(max(len(ids), len(off)) for ids, off in rows)) if rows else 1
-    out = np.zeros((len(rows), 2, width), np.int32)
-    out[:, 1, :] = -1
-    for i, (ids, offsets) in enumerate(rows):
-        out[i, 0, : len(ids)] = ids
-        out[i, 1, : len(offsets)] = offsets
-    return out
-
-
 def _per_item(inputs: Mapping[str, np.ndarray], name: str, batch: int) -> np.ndarray | None:
     """An optional ``[B]``/``[B, 1]`` input as a flat array of length ``batch`` (a single value broadcasts)."""
     value = inputs.get(name)
