@@ -23,7 +23,7 @@ from ftx.dtypes import numpy_dtype
 from ftx.errors import CheckpointError
 from ftx.family import Family, ModelSpec
 from ftx.io.checkpoint import TensorReader
-from ftx.io.ftformat import read_ini, read_tensor, write_ini
+from ftx.io.ftformat import gpu_dir_name, read_ini, read_tensor, write_ini
 from ftx.io.writer import BackgroundWriter
 from ftx.ops import OpContext
 from ftx.shapes import eval_shape
@@ -47,10 +47,6 @@ class ConversionResult:
     """Time the converter spent reading source tensors."""
     stall_seconds: float = 0.0
     """Time it waited for the writer (a measure of write-bound conversion)."""
-
-
-def gpu_dir_name(tp: int) -> str:
-    return f"{tp}-gpu"
 
 
 def convert_checkpoint(

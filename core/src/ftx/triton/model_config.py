@@ -16,6 +16,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ftx.errors import ConfigError
+from ftx.io.ftformat import gpu_dir_name
 from ftx.triton.io import IO_KINDS, TensorDecl
 
 if TYPE_CHECKING:
@@ -231,7 +232,7 @@ def check_against_checkpoint(config: mc.ModelConfig, ini: Mapping[str, Mapping[s
     tp = parameter(config, "tensor_para_size") or ""
     model_type = parameter(config, "model_type") or ""
     data_type = parameter(config, "data_type") or ""
-    if checkpoint_dir.name != f"{tp}-gpu":
+    if checkpoint_dir.name != gpu_dir_name(tp):
         problems.append(f"tensor_para_size {tp} but model_checkpoint_path is {checkpoint_dir.name}")
     ranks = checkpoint_ranks(checkpoint_dir)
     if ranks and (ranks != set(range(len(ranks))) or str(len(ranks)) != tp):

@@ -26,6 +26,7 @@ from typing import Any
 
 import structlog
 
+from ftx.io.ftformat import gpu_dir_name
 from ftx.errors import CheckpointError, ConfigError
 from ftx.family import Family, ModelSpec
 from ftx.io.ftformat import read_ini
@@ -186,7 +187,7 @@ def check_checkpoint(family: Family, checkpoint_dir: Path, *, tp: int, weight_dt
         raise CheckpointError(f"{checkpoint_dir} has no config.ini",
                               hint="convert the checkpoint again (--force convert)")
     ini = read_ini(ini_path)
-    if checkpoint_dir.name != f"{tp}-gpu":
+    if checkpoint_dir.name != gpu_dir_name(tp):
         raise ConfigError(f"{checkpoint_dir} was converted for {checkpoint_dir.name}, not for --tp {tp}",
                           hint=f"convert with --tp {tp} (ftx converts automatically when it owns the checkpoint)")
     ranks = checkpoint_ranks(checkpoint_dir)
