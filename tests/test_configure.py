@@ -38,7 +38,7 @@ def configure(ftx_cli, source: Path, out: Path, *extra: str):
 
 
 def refused(ftx_cli, source: Path, out: Path, *extra: str):
-    result = ftx_cli("--log-format", "json", "configure", str(source), "--output", str(out), *extra)
+    result = ftx_cli("configure", str(source), "--output", str(out), *extra)
     assert result.exit_code != 0, result.stdout
     assert result.exception is None, repr(result.exception)  # an FtxError or a click error, not a crash
     return result

@@ -93,7 +93,7 @@ def test_sigkill_during_convert_leaves_nothing_trusted(ftx_home: Path, tiny_gptj
     signal_file = tmp_path / "in-convert"
     env = {**os.environ, "FTX_HOME": str(ftx_home), "FTX_TEST_SIGNAL": str(signal_file),
            "PYTHONPATH": str(site)}
-    cmd = [sys.executable, "-m", "ftx", "run", str(tiny_gptj_dir), "--until", "convert"]
+    cmd = [sys.executable, "-m", "ftx", "run", str(tiny_gptj_dir), "--until", "convert", "--log-format", "json"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.time() + 60

@@ -30,6 +30,22 @@ def lock_for(final: Path) -> filelock.FileLock:
     return filelock.FileLock(str(final.parent / f".{final.name}.lock"))
 
 
+@contextlib.contextmanager
+def announced(lock: filelock.BaseFileLock, what: str, timeout_s: float = -1) -> Iterator[None]:
+    """Hold ``lock``; if another process holds it, say so (``what`` it is doing) before waiting."""
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        from ftx.console import say
+
+        say(f"waiting for another ftx process that is {what} (lock {lock.lock_file}) …")
+        lock.acquire(timeout=timeout_s)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def recover(final: Path) -> None:
     """Undo what a killed build left: restore a moved-aside original, drop stale temp and old copies.
 
@@ -52,7 +68,7 @@ def publish_dir(final: Path, *, replace: bool = False, locked: bool = True) -> I
     directory is removed and ``final`` is untouched.
     """
     final = Path(final)
-    guard = lock_for(final) if locked else contextlib.nullcontext()
+    guard = announced(lock_for(final), f"building {final}") if locked else contextlib.nullcontext()
     with guard:
         recover(final)
         tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
@@ -79,4 +95,4 @@ def _swap_in(tmp: Path, final: Path, replace: bool) -> None:
         os.replace(tmp, final)
 
 
-__all__ = ["lock_for", "publish_dir", "recover"]
+__all__ = ["announced", "lock_for", "publish_dir", "recover"]

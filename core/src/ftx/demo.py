@@ -57,11 +57,15 @@ def ensure_demo_checkpoint(home: Path) -> Path:
     target = demo_dir(home)
     if _marker_ok(target):
         return target
-    with lock_for(target):
+    from ftx.atomic import announced
+    from ftx.console import status
+
+    with announced(lock_for(target), f"building the built-in {DEMO_NAME} model"):
         if _marker_ok(target):  # another process built it while we waited
             return target
         started = time.perf_counter()
-        with publish_dir(target, replace=True, locked=False) as tmp:
+        with status(f"building the built-in {DEMO_NAME} model (first use only: trains a tiny GPT-J offline, "
+                    "about 10 s) …"), publish_dir(target, replace=True, locked=False) as tmp:
             build_demo_checkpoint(tmp)
         log.info("demo.built", path=str(target), seconds=round(time.perf_counter() - started, 2))
     return target

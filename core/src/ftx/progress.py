@@ -1,16 +1,15 @@
 """Byte progress bars for long byte-counted work (downloads, extraction, conversion): bytes, rate, ETA.
 
-The one progress helper of ftx. Drawn with rich on stderr when it is a terminal (stdout stays
-for results); silent (a no-op) otherwise, so JSON logs and CI output stay clean.
+The one progress helper of ftx. Drawn with rich on the shared stderr console (:mod:`ftx.console`,
+so log lines print above a live bar) when stderr is a terminal and JSON logs were not asked for;
+stdout stays for results. Silent (a no-op) otherwise, so JSON logs and CI output stay clean.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -21,10 +20,12 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from ftx.console import console, is_terminal
+
 
 def progress_enabled(requested: bool = True) -> bool:
-    """True when bars were asked for and stderr is a terminal."""
-    return requested and sys.stderr.isatty()
+    """True when bars were asked for, stderr is a terminal and the logs are not JSON."""
+    return requested and is_terminal()
 
 
 class ByteProgress:
@@ -68,8 +69,10 @@ def byte_progress(
         DownloadColumn(),
         TransferSpeedColumn(),
         TimeRemainingColumn(),
-        console=Console(stderr=True),
+        console=console(),
         transient=False,
+        redirect_stdout=False,  # stdout is for results, never drawn into the bar
+        redirect_stderr=False,  # every stderr line goes through the same console (above the bar)
     )
     with progress:
         task = progress.add_task(description, total=total, completed=completed)

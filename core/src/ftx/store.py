@@ -92,7 +92,11 @@ class ArtifactStore:
 
     @contextlib.contextmanager
     def lock(self, stage: str, key: str, timeout_s: float = -1) -> Iterator[None]:
-        with filelock.FileLock(str(self.lock_root / f"{stage}-{key}.lock"), timeout=timeout_s):
+        """One builder per (stage, key); a process that has to wait says so first."""
+        from ftx.atomic import announced
+
+        with announced(filelock.FileLock(str(self.lock_root / f"{stage}-{key}.lock")), f"building {stage} {key}",
+                       timeout_s):
             yield
 
     def build(

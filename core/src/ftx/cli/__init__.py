@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from ftx.cli.common import handle_errors
+from ftx.cli.common import ENV_PREFIX, FtxGroup, global_options, handle_errors
 
 COMMAND_MODULES = (
     "ftx.cli.info",
@@ -41,17 +41,21 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     ctx.exit(0)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=FtxGroup, params=global_options(),
+             context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": ENV_PREFIX})
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              allow_from_autoenv=False, show_envvar=False,
               help="Show ftx and every plugin distribution with its version.")
-@click.option("--log-format", type=click.Choice(["auto", "console", "json"]), default="auto",
-              show_default=True, help="Log rendering: console on a terminal, JSON otherwise.")
-@click.option("-v", "--verbose", is_flag=True, help="Show debug events.")
-def cli(log_format: str, verbose: bool) -> None:
-    """Deploy language models on Triton with FasterTransformer: fetch, convert, tune, configure, serve."""
+def cli() -> None:
+    """Deploy language models on Triton with FasterTransformer: fetch, convert, tune, configure, serve.
+
+    Every option can also be set in the environment: FTX_<COMMAND>_<OPTION> (shown in each
+    command's --help), FTX_LOG_FORMAT and FTX_VERBOSE for the global flags, FTX_HOME for the store.
+    """
     from ftx.log import configure_logging
 
-    configure_logging(log_format, verbose)
+    meta = click.get_current_context().meta
+    configure_logging(meta.get("log_format") or "human", bool(meta.get("verbose")))
 
 
 def _add_commands() -> None:

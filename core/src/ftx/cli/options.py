@@ -8,36 +8,42 @@ from typing import Any
 
 import click
 
+from ftx.cli.common import HELP_SECTIONS
 from ftx.settings import STAGES
 from ftx.dtypes import WEIGHT_DTYPES
 
 F = Callable[..., Any]
 
 
-def _compose(*decorators: F) -> Callable[[F], F]:
+def section(title: str, *decorators: F) -> Callable[[F], F]:
+    """Apply click option decorators and list their options under ``title`` in --help."""
+
     def apply(func: F) -> F:
+        before = len(getattr(func, "__click_params__", []))
         for decorator in reversed(decorators):
             func = decorator(func)
+        for param in getattr(func, "__click_params__", [])[before:]:
+            HELP_SECTIONS.setdefault(param.name or "", title)
         return func
 
     return apply
 
 
-source_options = _compose(
+source_options = section("Source",
     click.option("--source", help="Checkpoint to use instead of the preset's: a path, hf://org/name[@rev] or a URL."),
     click.option("--revision", help="Branch, tag or commit of a Hugging Face source."),
     click.option("--sha256", help="Expected sha256 of a downloaded archive or file (checked before use)."),
     click.option("--family", help="Model family (see `ftx models`); detected from config.json when omitted."),
 )
 
-conversion_options = _compose(
+conversion_options = section("Conversion",
     click.option("--tp", type=click.IntRange(1, 64), default=1, show_default=True, help="Tensor-parallel GPUs."),
     click.option("--pp", type=click.IntRange(1, 64), default=1, show_default=True, help="Pipeline-parallel stages."),
     click.option("--weight-dtype", type=click.Choice(list(WEIGHT_DTYPES)), default="fp32", show_default=True,
                  help="Data type of the converted weight files (fp32 is what upstream writes)."),
 )
 
-repository_options = _compose(
+repository_options = section("Triton repository",
     click.option("--data-type", type=click.Choice(list(WEIGHT_DTYPES)),
                  help="Compute type FasterTransformer runs (default: the weight dtype)."),
     click.option("--max-batch-size", type=click.IntRange(1, 4096), default=8, show_default=True,
@@ -52,7 +58,7 @@ repository_options = _compose(
                  help="Tokenizer files to use instead of the checkpoint's own."),
 )
 
-stage_options = _compose(
+stage_options = section("Stages and runtime",
     click.option("--until", type=click.Choice(STAGES), default="serve", show_default=True,
                  help="Stop after this stage."),
     click.option("--runtime", default="auto", show_default=True,
@@ -63,21 +69,21 @@ stage_options = _compose(
     click.option("--dry-run", is_flag=True, help="Print what would run, run nothing."),
 )
 
-docker_options = _compose(
+docker_options = section("FasterTransformer runtime (Docker)",
     click.option("--image", help="FasterTransformer image (default: the one `ftx image build` makes)."),
     click.option("--gpus", help="Host GPU indices to use, e.g. 0,1,2,3 (default: the first tp x pp)."),
     click.option("--docker-host", help="Docker daemon URL (default: DOCKER_HOST or the local socket)."),
 )
 """Where the fastertransformer runtime runs."""
 
-serve_container_options = _compose(
+serve_container_options = section("FasterTransformer runtime (Docker)",
     click.option("--shm-size", help="Shared memory of the server container [default: 1g]."),
     click.option("--env", multiple=True, help="KEY=VALUE for the server container (repeatable), e.g. FT_LOG_LEVEL=DEBUG."),
     click.option("--hosts", type=click.Path(exists=True, dir_okay=False),
                  help="Multi-node: a file with one host per line (GPUs per node x nodes must equal tp x pp)."),
 )
 
-tune_options = _compose(
+tune_options = section("GEMM tuning",
     click.option("--tune-batch", type=click.IntRange(1, 4096), default=8, show_default=True,
                  help="Batch size to tune for (the decoder GEMMs run at batch x beam rows)."),
     click.option("--tune-beam", type=click.IntRange(1, 64), default=1, show_default=True,

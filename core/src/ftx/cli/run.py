@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from ftx.cli.common import FtxCommand, get_host, say
-from ftx.cli.options import (conversion_options, docker_options, repository_options, serve_container_options,
+from ftx.cli.options import (conversion_options, section, docker_options, repository_options, serve_container_options,
                              source_options, stage_options, tune_options)
 from ftx.settings import RunSettings
 from ftx.errors import ConfigError
@@ -56,17 +56,20 @@ def model_from_manifest(model: str | None, opts: dict[str, Any]) -> str:
 @docker_options
 @serve_container_options
 @tune_options
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address the server binds to.")
-@click.option("--http-port", type=int, help="HTTP port (default: a free one).")
-@click.option("--grpc-port", type=int, help="gRPC port (default: a free one).")
-@click.option("--metrics-port", type=int, help="Metrics port (default: a free one).")
-@click.option("--detach", is_flag=True, help="Leave the server running (see `ftx ps`, `ftx stop`).")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-              help="Python runtime device.")
-@click.option("--tune/--no-tune", default=True, show_default=True, help="Auto-tune GEMMs (fastertransformer runtime).")
-@click.option("--prompt", help="Generate a continuation of this prompt once the server is ready, then stop.")
-@click.option("--max-tokens", type=click.IntRange(1, 4096), default=16, show_default=True,
-              help="Tokens to generate for --prompt.")
+@section("Serving",
+         click.option("--host", default="127.0.0.1", show_default=True, help="Address the server binds to."),
+         click.option("--http-port", type=int, help="HTTP port (default: a free one)."),
+         click.option("--grpc-port", type=int, help="gRPC port (default: a free one)."),
+         click.option("--metrics-port", type=int, help="Metrics port (default: a free one)."),
+         click.option("--detach", is_flag=True, help="Leave the server running (see `ftx ps`, `ftx stop`)."),
+         click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+                      help="Python runtime device."),
+         click.option("--tune/--no-tune", default=True, show_default=True,
+                      help="Auto-tune GEMMs (fastertransformer runtime)."))
+@section("Try it",
+         click.option("--prompt", help="Generate a continuation of this prompt once the server is ready, then stop."),
+         click.option("--max-tokens", type=click.IntRange(1, 4096), default=16, show_default=True,
+                      help="Tokens to generate for --prompt."))
 def run(model: str | None, prompt: str | None, max_tokens: int, **opts: Any) -> None:
     """Fetch, convert, tune, configure and serve MODEL.
 

@@ -25,6 +25,7 @@ import structlog
 from filelock import FileLock, Timeout
 
 from ftx.errors import SourceError
+from ftx.interrupt import keeping
 from ftx.fetching.integrity import normalize_sha256, redact_url, sha256_file
 from ftx.progress import ByteProgress, byte_progress
 
@@ -83,7 +84,9 @@ def download(
         if scheme == "file":
             _copy_local(url, part, progress)
         else:
-            _fetch_with_retries(url, part, retries=retries, timeout_s=timeout_s, progress=progress)
+            with keeping(lambda: f"{_size(part)} bytes of {dest.name} in {part} (the next run resumes the download)"
+                         if _size(part) else None):
+                _fetch_with_retries(url, part, retries=retries, timeout_s=timeout_s, progress=progress)
         _verify(part, expected, url, progress)
         os.replace(part, dest)
         _validator_path(part).unlink(missing_ok=True)

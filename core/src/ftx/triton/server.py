@@ -302,6 +302,7 @@ def _parent_death_signal() -> Callable[[], None] | None:
 
 # Messages every CPU-only start prints; they never explain a failure.
 _NOISE = re.compile(r"Unable to allocate pinned system memory|CUDA memory pool disabled|CudaDriverHelper has not"
+                    r"|unable to create stream for ensemble: CUDA driver"
                     r"|Failed to initialize NVML|DCGM unable to start|Collecting CPU metrics")
 
 
@@ -772,11 +773,14 @@ class TritonServer:
             raise _StartFailure("a model failed to load")
 
     def _start_error(self, summary: str, found: Diagnosis | None, text: str) -> ServeError:
+        # A known cause is said once (the log repeats it in several forms); the tail is shown only
+        # when the cause is unknown. The CLI prints the error, so the event is for JSON logs only.
         cause = found.cause if found else "no known cause found in the log"
         hint = found.hint if found else f"read the full log: {self._log_path}"
-        message = (f"tritonserver did not start: {summary}\n{cause}\n"
-                   f"--- last lines of {self._log_path} ---\n{log_tail(text)}")
-        log.error("server.start_failed", name=self.name, summary=summary, cause=cause, log=str(self._log_path))
+        message = f"tritonserver did not start: {summary}\n{cause}"
+        if found is None:
+            message += f"\n--- last lines of {self._log_path} ---\n{log_tail(text)}"
+        log.info("server.start_failed", name=self.name, summary=summary, cause=cause, log=str(self._log_path))
         return ServeError(message, hint=hint)
 
     def _cleanup_process(self) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import queue
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ import numpy as np
 import structlog
 
 from ftx.artifacts import Endpoint, ModelRepository
+from ftx.console import say as console_say
 from ftx.context import StageContext
 from ftx.errors import ServeError
 from ftx.runtime.python.triton_model import DEVICE_ENV
@@ -110,7 +110,7 @@ def serve_python(repository: ModelRepository, ctx: StageContext) -> Endpoint:
 
     def say(text: str) -> None:
         if ctx.show_progress:
-            print(text, file=sys.stderr, flush=True)
+            console_say(text)
 
     server.start(progress=say)
     config = _ft_config(path)

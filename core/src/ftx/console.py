@@ -1,0 +1,80 @@
+"""The one terminal channel of ftx: stderr, shared by human lines, log events and live progress bars.
+
+stdout carries only a command's result (a path, generated text, a table asked for). Everything
+else goes through :func:`console` (a rich ``Console`` on stderr) so that a line printed while a
+bar is live lands above the bar instead of inside it. With ``--log-format json`` every human line
+becomes a JSON event instead, so a machine reading stderr never sees the two mixed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+_STATE: dict[str, Any] = {"json": False, "console": None, "stderr": None}
+
+
+def console() -> Console:
+    """The stderr console (made again when ``sys.stderr`` was replaced, as test runners do)."""
+    if _STATE["console"] is None or _STATE["stderr"] is not sys.stderr:
+        _STATE["console"] = Console(stderr=True, soft_wrap=True, highlight=False)
+        _STATE["stderr"] = sys.stderr
+    return _STATE["console"]
+
+
+def set_json(enabled: bool) -> None:
+    """Render human lines as JSON events (``--log-format json``)."""
+    _STATE["json"] = enabled
+
+
+def json_mode() -> bool:
+    return bool(_STATE["json"])
+
+
+def is_terminal() -> bool:
+    """Whether stderr is a terminal a person watches (and not a JSON consumer)."""
+    return not json_mode() and sys.stderr.isatty()
+
+
+def say(text: str, *, style: str | None = None) -> None:
+    """One human line on stderr (above any live bar); a ``message`` event in JSON mode."""
+    if json_mode():
+        emit_json({"event": "message", "level": "info", "text": text})
+        return
+    console().print(Text(text, style=style or ""), soft_wrap=True)
+
+
+def warn(text: str) -> None:
+    """A ``warning: …`` line (yellow on a terminal); a warning event in JSON mode."""
+    if json_mode():
+        emit_json({"event": "message", "level": "warning", "text": text})
+        return
+    line = Text("warning: ", style="yellow")
+    line.append(text)
+    console().print(line, soft_wrap=True)
+
+
+def emit_json(event: dict[str, Any]) -> None:
+    """One JSON line on stderr, written directly (never wrapped or styled)."""
+    sys.stderr.write(json.dumps(event, sort_keys=True, default=str) + "\n")
+    sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def status(text: str) -> Iterator[None]:
+    """Say what a long, quiet step is doing (a spinner on a terminal, one line otherwise)."""
+    if is_terminal():
+        with console().status(text):
+            yield
+        return
+    say(text)
+    yield
+
+
+__all__ = ["console", "emit_json", "is_terminal", "json_mode", "say", "set_json", "status", "warn"]
