@@ -12,6 +12,18 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 on tiny checkpoints; copied from ../shared/golden without the outputs, which the manifests describe."""
 
 
+@pytest.fixture(autouse=True)
+def _fresh_logging():
+    """Each test starts from structlog's defaults (a CLI run in an earlier test configures it)."""
+    import structlog
+
+    structlog.reset_defaults()
+    structlog.contextvars.clear_contextvars()
+    yield
+    structlog.reset_defaults()
+    structlog.contextvars.clear_contextvars()
+
+
 @pytest.fixture(scope="session")
 def golden() -> Path:
     return GOLDEN

@@ -86,7 +86,8 @@ def build_repository(src: Path, home: Path, family: str, tp: int, **settings: An
     from ftx.plugins import load_host
     from ftx.store import ArtifactStore
 
-    run = RunSettings.of(str(src), family=family, tp=tp, runtime="python", until="configure", **settings)
+    run = RunSettings.of(str(src), family=family, tp=tp, runtime="python", until="configure", accept_license=True,
+                         **settings)
     result = Pipeline(load_host(), ArtifactStore(home), run).run()
     assert result.repository is not None
     return result.repository

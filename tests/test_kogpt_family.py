@@ -151,7 +151,10 @@ def test_without_a_tokenizer_the_config_ids_are_used(tmp_path: Path) -> None:
 
 
 def test_cli_convert_with_family_kogpt(tiny_kogpt: Path, tmp_path: Path, ftx_cli) -> None:
-    result = ftx_cli("convert", str(tiny_kogpt), "--family", "kogpt", "--tp", "2", "-o", str(tmp_path / "out"))
+    args = ("convert", str(tiny_kogpt), "--family", "kogpt", "--tp", "2", "-o", str(tmp_path / "out"))
+    refused = ftx_cli(*args)  # the family's CC-BY-NC-ND licence needs an explicit acceptance
+    assert refused.exit_code == 1 and "--accept-license" in refused.stderr
+    result = ftx_cli(*args, "--accept-license")
     assert result.exit_code == 0, result.stderr
     ini = read_ini(tmp_path / "out" / "2-gpu" / "config.ini")["gptj"]
     assert (ini["start_id"], ini["end_id"], ini["vocab_size"]) == ("0", "1", "504")

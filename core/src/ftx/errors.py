@@ -53,3 +53,11 @@ class ToolError(FtxError):
 
 class ServeError(FtxError):
     """A server did not start, or stopped serving."""
+
+
+class ResourceError(FtxError):
+    """Disk or memory would not hold what a run is about to make."""
+
+
+class LicenseError(FtxError):
+    """A model's licence needs an explicit acceptance that was not given."""

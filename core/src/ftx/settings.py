@@ -37,6 +37,7 @@ class ConvertSettings:
 
     tp: int = 1
     weight_dtype: str = "fp32"
+    """``auto`` (the CLI's default) becomes the source's dtype once the pipeline has read the source."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,12 @@ class RunSettings:
     runtime: str = "auto"
     force: frozenset[str] = frozenset()
     dry_run: bool = False
+    accept_license: bool = False
+    """A non-commercial licence was accepted explicitly (``--accept-license``)."""
+    resource_check: bool = True
+    """Refuse a build that would not fit the disk or memory (``--no-resource-check`` turns it off)."""
+    runtime_given: bool = True
+    """``runtime`` was chosen by the user (not a command's default): reasons may say "requested"."""
     fetch: SourceSettings = field(default_factory=SourceSettings)
     convert: ConvertSettings = field(default_factory=ConvertSettings)
     tune: TuneSettings = field(default_factory=TuneSettings)
@@ -116,7 +123,8 @@ class RunSettings:
     serve: ServeSettings = field(default_factory=ServeSettings)
     launch: LaunchSettings = field(default_factory=LaunchSettings)
 
-    RUN_WIDE: ClassVar[tuple[str, ...]] = ("until", "runtime", "force", "dry_run")
+    RUN_WIDE: ClassVar[tuple[str, ...]] = ("until", "runtime", "force", "dry_run", "accept_license", "resource_check",
+                                           "runtime_given")
 
     @classmethod
     def of(cls, model: str, **flat: Any) -> RunSettings:
@@ -145,7 +153,8 @@ class RunSettings:
 
     @property
     def data_type(self) -> str:
-        """The compute type: ``--data-type``, else the weight dtype (before a runtime default applies)."""
+        """The compute type: ``--data-type``, else the weight dtype (before a runtime default applies;
+        ``auto`` until the source's dtype is known)."""
         return self.configure.data_type or self.convert.weight_dtype
 
 

@@ -73,6 +73,8 @@ class Stages:
         self.ctx = ctx
         self.say = say or (lambda text: None)
         self.outcomes: list[StageOutcome] = []
+        self.before_build: Callable[[str], None] = lambda stage: None
+        """Called with the stage name when a stage really builds (a cache miss), before its hook."""
 
     @property
     def settings(self) -> RunSettings:
@@ -128,6 +130,7 @@ class Stages:
         hook_name = f"ftx_{stage}"
 
         def builder(tmp: Path) -> Mapping[str, Any]:
+            self.before_build(stage)
             value = call(tmp)
             if value is None:
                 raise PluginError(f"no plugin implemented {hook_name} for this model",

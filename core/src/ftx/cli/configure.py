@@ -1,4 +1,5 @@
-"""``ftx configure``: a self-contained Triton model repository for a model, placed where you say."""
+"""``ftx configure``: a Triton model repository for a model, placed where you say (its weights stay in the
+artifact store, which the repository's ``model_checkpoint_path`` points at)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from ftx.cli.common import FtxCommand, get_host, say
-from ftx.cli.options import conversion_options, repository_options
+from ftx.cli.options import conversion_options, repository_options, safety_options
 from ftx.cli.run import run_pipeline, settings_from_options
 from ftx.atomic import publish_dir
 from ftx.errors import ConfigError, OutputError
@@ -37,7 +39,8 @@ def precheck_source(settings: RunSettings, source: Path) -> None:
     from ftx.triton.repository import plan_tokenizer
 
     family, hf_config = get_host().family_for_source(source, settings.fetch.family)
-    check_data_type(family.triton_model_type, settings.data_type, family.data_types)
+    if settings.data_type != "auto":  # else the source's dtype, checked once the pipeline knows it
+        check_data_type(family.triton_model_type, settings.data_type, family.data_types)
     spec = family.spec(hf_config)
     spec.check_parallel(settings.convert.tp, settings.configure.pp)
     tokenizer = settings.configure.tokenizer
@@ -72,6 +75,7 @@ def place_repository(repository: Path, output: Path) -> None:
 @click.option("--revision", help="Branch, tag or commit of a Hugging Face source.")
 @conversion_options
 @repository_options
+@safety_options
 @click.option("--runtime", default="fastertransformer", show_default=True,
               help="What serves the `fastertransformer` model: fastertransformer (the FasterTransformer backend), "
                    "python (transformers on the converted files, same inputs and outputs), or a plugin's runtime.")
@@ -93,7 +97,9 @@ def configure(source: str, output: Path, runtime: str, **opts: Any) -> None:
     tokenizer = opts.get("tokenizer")
     if tokenizer is not None:
         opts["tokenizer"] = Path(tokenizer).expanduser().resolve()
-    settings = settings_from_options(source, until="configure", runtime=runtime, tune=False, **opts)
+    given = click.get_current_context().get_parameter_source("runtime") is not ParameterSource.DEFAULT
+    settings = settings_from_options(source, until="configure", runtime=runtime, runtime_given=given, tune=False,
+                                     **opts)
     source_dir = fetched_source(settings)
     if source_dir is not None:
         precheck_source(settings, source_dir)

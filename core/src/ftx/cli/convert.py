@@ -15,7 +15,7 @@ import click
 
 from ftx.atomic import publish_dir
 from ftx.cli.common import FtxCommand, say
-from ftx.cli.options import conversion_options
+from ftx.cli.options import conversion_options, safety_options
 from ftx.cli.run import run_pipeline, settings_from_options
 from ftx.io.ftformat import gpu_dir_name
 from ftx.errors import OutputError
@@ -31,14 +31,16 @@ MARKER = "ftx-convert.json"
 @click.option("--output", "-o", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Directory that receives <tp>-gpu/ (config.ini + .bin files).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing <tp>-gpu directory.")
+@safety_options
 def convert(source: str, family: str | None, revision: str | None, tp: int, pp: int, weight_dtype: str,
-            output: Path, overwrite: bool) -> None:
+            output: Path, overwrite: bool, accept_license: bool, resource_check: bool) -> None:
     """Convert SOURCE to FasterTransformer's layout in OUTPUT/<tp>-gpu/."""
     target = output / gpu_dir_name(tp)
     if target.exists() and not target.is_dir():
         raise OutputError(f"{target} exists and is not a directory", hint="remove it or choose another --output")
     settings = settings_from_options(source, family=family, revision=revision, tp=tp, pp=pp,
-                                     weight_dtype=weight_dtype, until="convert", runtime="auto")
+                                     weight_dtype=weight_dtype, until="convert", runtime="auto",
+                                     accept_license=accept_license, resource_check=resource_check)
     result = run_pipeline(settings)
     checkpoint = result.checkpoint
     assert checkpoint is not None
@@ -53,7 +55,8 @@ def convert(source: str, family: str | None, revision: str | None, tp: int, pp: 
     with publish_dir(target, replace=overwrite) as tmp:
         files = _place(checkpoint.path, tmp)
         (tmp / MARKER).write_text(json.dumps({"key": key, "source": str(result.source.path if result.source else ""),
-                                              "family": checkpoint.family, "tp": tp, "weight_dtype": weight_dtype}))
+                                              "family": checkpoint.family, "tp": tp,
+                                              "weight_dtype": checkpoint.weight_dtype}))
     say(f"placed {files} files from {checkpoint.path}")
     click.echo(str(target))
 

@@ -7,13 +7,14 @@ from typing import Any
 import click
 
 from ftx.cli.common import FtxCommand
-from ftx.cli.options import source_options
+from ftx.cli.options import safety_options, source_options
 from ftx.cli.run import run_pipeline, settings_from_options
 
 
 @click.command(cls=FtxCommand)
 @click.argument("model")
 @source_options
+@safety_options
 @click.option("--force", "force", multiple=True, type=click.Choice(["fetch"]), help="Fetch again even if cached.")
 def pull(model: str, **opts: Any) -> None:
     """Fetch MODEL (a preset, hf://org/name[@revision], a URL or a path) into the store; print its path."""

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from ftx.cli.common import FtxCommand, FtxGroup, say
-from ftx.cli.options import conversion_options, repository_options, source_options
+from ftx.cli.options import conversion_options, repository_options, safety_options, source_options
 from ftx.cli.options import docker_options as _docker_options
 from ftx.cli.options import tune_options as _tune_options
 
@@ -96,7 +96,7 @@ def image_ls(as_json: bool, docker_host: str | None) -> None:
 def _settings(model: str, until: str, opts: dict[str, Any]) -> Any:
     from ftx.cli.run import settings_from_options
 
-    return settings_from_options(model, until=until, runtime="fastertransformer", **opts)
+    return settings_from_options(model, until=until, runtime="fastertransformer", runtime_given=False, **opts)
 
 
 @click.command("tune", cls=FtxCommand)
@@ -107,6 +107,7 @@ def _settings(model: str, until: str, opts: dict[str, Any]) -> Any:
               help="Compute type to tune for (default: the weight dtype).")
 @_tune_options
 @_docker_options
+@safety_options
 @click.option("--force", "force", multiple=True, type=click.Choice(["fetch", "convert", "tune"]),
               help="Redo this stage even if cached (repeatable).")
 def tune(model: str, **opts: Any) -> None:
@@ -131,6 +132,7 @@ def tune(model: str, **opts: Any) -> None:
 @click.option("--tune/--no-tune", default=True, show_default=True, help="Put a tuned gemm_config.in in the image.")
 @_tune_options
 @_docker_options
+@safety_options
 def package(model: str, tag: str, base_image: str | None, **opts: Any) -> None:
     """Build an image holding MODEL's repository, checkpoint and gemm_config.in, runnable with one docker run."""
     from ftx.cli.run import run_pipeline

@@ -29,6 +29,9 @@ def section(title: str, *decorators: F) -> Callable[[F], F]:
     return apply
 
 
+DATA_TYPE_HELP = ("Compute type (default: the runtime's own — fp16 on the fastertransformer runtime — else the "
+                  "weight dtype; the python runtime computes fp16 as fp32 on a CPU; --dry-run shows the choice).")
+
 source_options = section("Source",
     click.option("--source", help="Checkpoint to use instead of the preset's: a path, hf://org/name[@rev] or a URL."),
     click.option("--revision", help="Branch, tag or commit of a Hugging Face source."),
@@ -39,13 +42,14 @@ source_options = section("Source",
 conversion_options = section("Conversion",
     click.option("--tp", type=click.IntRange(1, 64), default=1, show_default=True, help="Tensor-parallel GPUs."),
     click.option("--pp", type=click.IntRange(1, 64), default=1, show_default=True, help="Pipeline-parallel stages."),
-    click.option("--weight-dtype", type=click.Choice(list(WEIGHT_DTYPES)), default="fp32", show_default=True,
-                 help="Data type of the converted weight files (fp32 is what upstream writes)."),
+    click.option("--weight-dtype", type=click.Choice(["auto", *WEIGHT_DTYPES]), default="auto", show_default=True,
+                 help="Data type of the converted weight files; auto = the source's own (config.json's "
+                      "torch_dtype, else the weight files'), so an fp16 checkpoint is not doubled to fp32."),
 )
 
 repository_options = section("Triton repository",
     click.option("--data-type", type=click.Choice(list(WEIGHT_DTYPES)),
-                 help="Compute type FasterTransformer runs (default: the weight dtype)."),
+                 help=DATA_TYPE_HELP),
     click.option("--max-batch-size", type=click.IntRange(1, 4096), default=8, show_default=True,
                  help="Largest batch Triton sends to the model."),
     click.option("--instances", type=click.IntRange(1, 64), default=1, show_default=True,
@@ -90,4 +94,14 @@ tune_options = section("GEMM tuning",
                  help="Beam width to tune for."),
     click.option("--tune-max-input-len", type=click.IntRange(1, 65536), default=512, show_default=True,
                  help="Longest prompt (tokens) to tune the context GEMMs for."),
+)
+
+safety_options = section(
+    "Safety",
+    click.option("--accept-license", is_flag=True, envvar="FTX_ACCEPT_LICENSE", show_envvar=True,
+                 help="Accept a non-commercial model licence (e.g. KoGPT's CC-BY-NC-ND-4.0); without it such a "
+                      "model is not fetched."),
+    click.option("--resource-check/--no-resource-check", default=True, show_default=True,
+                 help="Refuse to download, convert or serve what would not fit this machine's free disk "
+                      "(FTX_HOME) or memory (estimated from the model's parameter count and dtypes)."),
 )

@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from ftx.cli.common import FtxCommand, get_host, say
-from ftx.cli.options import (conversion_options, section, docker_options, repository_options, serve_container_options,
+from ftx.cli.options import (conversion_options, safety_options, section, docker_options, repository_options, serve_container_options,
                              source_options, stage_options, tune_options)
 from ftx.settings import RunSettings
 from ftx.errors import ConfigError
@@ -53,6 +53,7 @@ def model_from_manifest(model: str | None, opts: dict[str, Any]) -> str:
 @conversion_options
 @repository_options
 @stage_options
+@safety_options
 @docker_options
 @serve_container_options
 @tune_options

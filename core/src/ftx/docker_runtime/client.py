@@ -46,7 +46,8 @@ def daemon_unreachable(exc: BaseException, base_url: str | None = None) -> ToolE
         hint = "add your user to the docker group (`sudo usermod -aG docker $USER`, then log in again) or run as root"
     else:
         hint = ("start the Docker daemon (`sudo systemctl start docker`), or point DOCKER_HOST at a running one; "
-                "the fastertransformer runtime needs Docker with the NVIDIA runtime (or use --runtime python)")
+                "the fastertransformer runtime needs Docker with the NVIDIA runtime (`ftx run MODEL --runtime python` serves "
+                "without Docker or a GPU)")
     return ToolError(f"cannot reach a Docker daemon at {where}: {_first_line(text)}", hint=hint)
 
 

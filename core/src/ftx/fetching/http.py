@@ -25,6 +25,7 @@ import structlog
 from filelock import FileLock, Timeout
 
 from ftx.errors import SourceError
+from ftx.console import say
 from ftx.interrupt import keeping
 from ftx.fetching.integrity import normalize_sha256, redact_url, sha256_file
 from ftx.progress import ByteProgress, byte_progress
@@ -123,6 +124,7 @@ class _locked:
             self._lock.acquire(timeout=0)
         except Timeout:
             log.info("download.waiting", url=redact_url(self._url), reason="another download of it is running")
+            say(f"waiting for another process that is downloading {redact_url(self._url)} …")
             self._lock.acquire()
 
     def __exit__(self, *exc: object) -> None:

@@ -8,6 +8,7 @@ preset name.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import os
 import re
@@ -121,7 +122,14 @@ def _unknown(text: str, presets: Mapping[str, SourceRef], why: str) -> SourceErr
     forms = "; ".join(ACCEPTED_FORMS)
     names = ", ".join(sorted(presets)) or "none installed"
     hint = f"use a preset ({names}) or one of: {forms}"
-    if _REPO_ID_RE.match(text) and "/" in text:
+    if text.startswith(("./", "../", "~", os.sep)) or text in (".", ".."):
+        # Written as a path: it is one, and it is missing (never a Hub id).
+        return SourceError(f"unknown model source: {text!r} does not exist",
+                           hint="check the path (a checkpoint directory with config.json, or an archive)")
+    close = difflib.get_close_matches(text, list(presets), n=3, cutoff=0.6)
+    if close:
+        hint = f"did you mean {' or '.join(close)}? (`ftx models` lists the presets)"
+    elif _REPO_ID_RE.match(text) and "/" in text:
         hint = f"did you mean hf://{text} ? Otherwise {hint}"
     return SourceError(f"unknown model source: {why}", hint=hint)
 

@@ -102,6 +102,10 @@ class SafetensorsFile:
         begin, end = self._entries[name]["data_offsets"]
         return int(end - begin)
 
+    def dtype(self, name: str) -> np.dtype:
+        """The stored element type (from the header: no data read)."""
+        return SAFETENSORS_DTYPES[self._entries[name]["dtype"]]
+
     def read(self, name: str) -> np.ndarray:
         """Read one tensor into its own buffer (pread: no memory map whose pages would pile up in RSS)."""
         entry = self._entries[name]
@@ -148,6 +152,9 @@ class ShardedReader:
     def nbytes(self, name: str) -> int:
         return self._owner[name].nbytes(name)
 
+    def dtype(self, name: str) -> np.dtype:
+        return self._owner[name].dtype(name)
+
     def read(self, name: str) -> np.ndarray:
         return self._owner[name].read(name)
 
@@ -188,6 +195,15 @@ class TorchBinFile:
     def nbytes(self, name: str) -> int:
         t = self._state[name]
         return int(t.numel() * t.element_size())
+
+    def dtype(self, name: str) -> np.dtype:
+        """The stored element type (no data read: the tensors are memory-mapped)."""
+        import torch
+
+        torch_dtype = self._state[name].dtype
+        if torch_dtype == torch.bfloat16:
+            return np.dtype(ml_dtypes.bfloat16)
+        return torch.empty(0, dtype=torch_dtype).numpy().dtype
 
     def read(self, name: str) -> np.ndarray:
         import torch

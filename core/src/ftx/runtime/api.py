@@ -63,6 +63,8 @@ class Runtime:
     """Compute type when ``--data-type`` is not given (None: the weight dtype)."""
     uses_gemm_config: ClassVar[bool] = False
     """Whether ``gemm_config.in`` matters to this runtime (the tune stage asks it to tune)."""
+    loads_into_host_memory: ClassVar[bool] = False
+    """Whether serving holds the whole model in this machine's RAM (checked before fetching)."""
 
     # -- selection -------------------------------------------------------------------------
 

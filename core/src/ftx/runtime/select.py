@@ -18,8 +18,9 @@ def choose_runtime(runtimes: Mapping[str, Runtime], settings: RunSettings) -> tu
     ``--dry-run`` work anywhere, and the runtime itself reports what is missing when it runs).
     """
     requested = settings.runtime
+    asked = f"requested with --runtime {requested}" if settings.runtime_given else f"{requested} is this command's default"
     if requested in runtimes:
-        return runtimes[requested], f"requested with --runtime {requested}"
+        return runtimes[requested], asked
     if requested == "auto":
         candidates = list(runtimes.values())
     else:
@@ -31,11 +32,11 @@ def choose_runtime(runtimes: Mapping[str, Runtime], settings: RunSettings) -> tu
     for runtime in sorted(candidates, key=lambda r: (-r.priority, r.name)):
         availability = runtime.available(settings)
         if availability.ok:
-            why = availability.reason if requested == "auto" else f"requested with --runtime {requested}"
+            why = availability.reason if requested == "auto" else asked
             return runtime, "; ".join([*unavailable, why])
         unavailable.append(f"{runtime.name}: {availability.reason}")
     if requested == "auto":
         raise ConfigError("no runtime can serve on this machine: " + "; ".join(unavailable),
                           hint="install what the runtime you want needs, or pick one with --runtime")
     best = max(candidates, key=lambda r: (r.priority, r.name))
-    return best, f"requested with --runtime {requested} ({'; '.join(unavailable)})"
+    return best, f"{asked} ({'; '.join(unavailable)})"

@@ -53,11 +53,16 @@ def ftx_cli(ftx_home: Path) -> Callable[..., CliResult]:
 
 @pytest.fixture
 def log_events() -> Iterator[list[dict[str, Any]]]:
-    """Every structlog event emitted during the test, as dicts."""
+    """Every structlog event emitted during the test, as dicts (whatever level an earlier CLI run set)."""
     import structlog.testing
 
-    with structlog.testing.capture_logs() as events:
-        yield events
+    saved = structlog.get_config()
+    structlog.reset_defaults()
+    try:
+        with structlog.testing.capture_logs() as events:
+            yield events
+    finally:
+        structlog.configure(**saved)
 
 
 @pytest.fixture

@@ -46,7 +46,7 @@ TENSORS = TensorMap(
 GPTJ_6B_CONFIG = {
     "model_type": "gptj", "architectures": ["GPTJForCausalLM"], "n_embd": 4096, "n_head": 16, "n_layer": 28,
     "n_inner": None, "rotary_dim": 64, "vocab_size": 50400, "n_positions": 2048, "bos_token_id": 50256,
-    "eos_token_id": 50256, "tie_word_embeddings": False,
+    "eos_token_id": 50256, "tie_word_embeddings": False, "torch_dtype": "float32",
 }
 """EleutherAI/gpt-j-6b's config.json (the fields ftx reads), so dry runs plan without a download."""
 
@@ -67,7 +67,7 @@ class GPTJ(Family):
             "https://the-eye.eu/public/AI/GPT-J-6B/step_383500_slim.tar.zstd",
             description="GPT-J 6B, original mesh-transformer-jax slim checkpoint (step 383500, bf16, .tar.zstd)",
             license="apache-2.0",
-            hf_config=GPTJ_6B_CONFIG,
+            hf_config={**GPTJ_6B_CONFIG, "torch_dtype": "bfloat16"},
         ),
     }
     tensors = TENSORS

@@ -168,7 +168,8 @@ class GPTNeoX(Family):
                           license="apache-2.0", hf_config=_config(4096, 32, 16384, 32)),
         "gpt-neox-20b": Preset("hf://EleutherAI/gpt-neox-20b", description="GPT-NeoX 20B, Hugging Face weights",
                                license="apache-2.0",
-                               hf_config={**_config(6144, 64, 24576, 44), "hidden_act": "gelu_fast"}),
+                               hf_config={**_config(6144, 64, 24576, 44), "hidden_act": "gelu_fast",
+                                          "torch_dtype": "float16"}),
     }
     tensors = TENSORS
     ini_section = "gptneox"

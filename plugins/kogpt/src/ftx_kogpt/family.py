@@ -23,6 +23,7 @@ KOGPT6B_CONFIG = {
     # FFN 16384, rotary 64, vocab 64512, context 2048, distributed in fp16 on this revision.
     "model_type": "gptj", "architectures": ["GPTJForCausalLM"], "n_embd": 4096, "n_head": 16, "n_layer": 28,
     "n_inner": 16384, "rotary_dim": 64, "vocab_size": 64512, "n_positions": 2048, "tie_word_embeddings": False,
+    "torch_dtype": "float16",
     # Assumed ids of [BOS], [EOS], [PAD] (unverified; a real conversion takes them from the tokenizer).
     "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 3,
 }

@@ -25,6 +25,7 @@ class PythonRuntime(Runtime):
 
     name = "python"
     priority = 10
+    loads_into_host_memory = True  # the model is rebuilt on the CPU before it moves to a GPU
     description = "embedded tritonserver (nvidia-pytriton) + transformers on the converted files; CPU or one GPU"
 
     def available(self, settings: RunSettings) -> Availability:
