@@ -4,10 +4,13 @@ keys that follow the family table's fingerprint rather than version strings."""
 from __future__ import annotations
 
 import json
+import sys
 import tomllib
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture
@@ -68,3 +71,68 @@ def test_provenance_keys_follow_the_table_fingerprint(ftx_cli, ftx_home: Path, t
     changed = ftx_cli("run", str(tiny_gptj_dir), "--until", "convert")
     assert changed.exit_code == 0 and changed.stdout != first.stdout
     assert len(list((ftx_home / "store" / "convert").iterdir())) == 2
+
+
+# --------------------------------------------------------------------------- ftx lock reproduces the deployment
+
+
+def test_lock_records_settings_and_run_without_model_reproduces_them(ftx_cli, in_tmp_cwd: Path,
+                                                                    tiny_gptj_dir: Path) -> None:
+    locked = ftx_cli("lock", str(tiny_gptj_dir), "--tp", "2", "--weight-dtype", "fp16", "--runtime", "python",
+                     "--max-batch-size", "4")
+    assert locked.exit_code == 0, locked.stderr
+    data = tomllib.loads((in_tmp_cwd / "ftx.toml").read_text())
+    assert data["model"]["tree_sha256"] and data["model"]["fingerprint"].startswith("local-")
+    settings = data["settings"]
+    assert (settings["tp"], settings["weight_dtype"], settings["runtime"], settings["max_batch_size"]) == (
+        2, "fp16", "python", 4)
+    assert settings["data_type"] == "fp16"  # resolved as the run resolves it
+    run = ftx_cli("run", "--until", "convert")
+    assert run.exit_code == 0, run.stderr
+    ft_dir = Path(run.stdout.strip())
+    assert ft_dir.name == "2-gpu" and "weight_data_type = fp16" in (ft_dir / "config.ini").read_text()
+    override = ftx_cli("run", "--until", "convert", "--tp", "1")  # the command line wins over the file
+    assert override.exit_code == 0 and Path(override.stdout.strip()).name == "1-gpu"
+
+
+def test_lock_of_a_changed_local_source_is_refused(ftx_cli, in_tmp_cwd: Path, tiny_gptj_dir: Path,
+                                                   tmp_path: Path) -> None:
+    import shutil
+
+    src = tmp_path / 'we"ird dir'  # a quote in the path: TOML written by tomlkit stays valid
+    shutil.copytree(tiny_gptj_dir, src)
+    assert ftx_cli("lock", str(src)).exit_code == 0
+    assert tomllib.loads((in_tmp_cwd / "ftx.toml").read_text())["model"]["source"] == str(src)
+    assert ftx_cli("run", "--until", "fetch").exit_code == 0
+    config = src / "config.json"
+    config.write_text(config.read_text() + "\n")
+    changed = ftx_cli("run", "--until", "fetch")
+    assert changed.exit_code == 1 and "changed since `ftx lock`" in changed.stderr
+
+
+def test_lock_of_the_builtin_demo_records_its_name_not_a_path(ftx_cli, in_tmp_cwd: Path, ftx_home: Path) -> None:
+    locked = ftx_cli("lock", "tiny-gptj")
+    assert locked.exit_code == 0, locked.stderr
+    text = (in_tmp_cwd / "ftx.toml").read_text()
+    assert tomllib.loads(text)["model"]["source"] == "tiny-gptj"
+    assert str(ftx_home) not in text and "/builtin/" not in text
+
+
+def test_lock_of_a_url_records_its_sha256_and_the_download_is_not_kept(ftx_cli, ftx_home: Path, in_tmp_cwd: Path,
+                                                                        tiny_gptj_dir: Path) -> None:
+    from fetch_helpers import LocalServer, sha256, write_archive
+    from test_fetch_pipeline import checkpoint_entries
+
+    data = write_archive(in_tmp_cwd / "m.tar.zst", checkpoint_entries(tiny_gptj_dir)).read_bytes()
+    with LocalServer() as server:
+        server.serve_bytes("/m.tar.zst", data)
+        locked = ftx_cli("lock", server.url("/m.tar.zst"))
+        assert locked.exit_code == 0, locked.stderr
+        assert tomllib.loads((in_tmp_cwd / "ftx.toml").read_text())["model"]["sha256"] == sha256(data)
+        kept = [p for p in (ftx_home / "downloads").rglob("*") if p.is_file() and p.suffix != ".lock"]
+        assert not kept, "the archive is removed once extracted"
+        run = ftx_cli("run", "--until", "convert")
+        assert run.exit_code == 0, run.stderr
+        server.serve_bytes("/m.tar.zst", data[:-1] + b"x")  # the URL now serves other bytes
+        tampered = ftx_cli("run", "--until", "fetch", "--force", "fetch")
+        assert tampered.exit_code == 1 and "sha256" in tampered.stderr, "the pinned sha256 is checked"

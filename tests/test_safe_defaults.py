@@ -140,7 +140,7 @@ def test_a_commands_default_runtime_is_not_called_a_flag() -> None:
     from ftx.plugins import load_host
 
     runtimes = load_host().runtimes
-    _, why = choose_runtime(runtimes, RunSettings.of("m", runtime="python", runtime_given=False))
-    assert "--runtime" not in why and "default" in why
+    _, why = choose_runtime(runtimes, RunSettings.of("m", runtime="python", runtime_origin="ftx configure's default"))
+    assert why == "python from ftx configure's default"
     _, why = choose_runtime(runtimes, RunSettings.of("m", runtime="python"))
     assert why == "requested with --runtime python"

@@ -7,6 +7,11 @@ requires = ["ftx>=0.1,<1", "ftx-kogpt==0.1.0"]
 source = "hf://kakaobrain/kogpt"
 revision = "4f5b1d9c…"          # written by `ftx lock`
 family = "kogpt"
+
+[settings]                      # written by `ftx lock`: every setting of the deployment
+runtime = "python"
+tp = 1
+weight_dtype = "fp16"
 ```
 ``requires`` is checked against the installed distributions before any stage runs; an unmet
 requirement is an error listing each one with what is installed.
@@ -35,6 +40,7 @@ class Manifest:
     path: Path
     requires: tuple[str, ...] = ()
     model: Mapping[str, Any] = field(default_factory=dict)
+    settings: Mapping[str, Any] = field(default_factory=dict)
 
 
 def load_manifest(path: Path) -> Manifest:
@@ -49,7 +55,10 @@ def load_manifest(path: Path) -> Manifest:
     model = data.get("model", {})
     if not isinstance(model, dict):
         raise ConfigError(f"{path}: [model] must be a table")
-    return Manifest(path, tuple(requires), model)
+    settings = data.get("settings", {})
+    if not isinstance(settings, dict):
+        raise ConfigError(f"{path}: [settings] must be a table")
+    return Manifest(path, tuple(requires), model, settings)
 
 
 def find_manifest(start: Path | None = None) -> Manifest | None:
@@ -87,14 +96,75 @@ def check_requirements(manifest: Manifest) -> None:
         )
 
 
-def write_lock(path: Path, requires: Sequence[str], model: Mapping[str, Any]) -> None:
-    """Write ftx.toml with exact pins and the resolved source (kept human-readable)."""
-    lines = ["# Written by `ftx lock`: exact plugin versions and the resolved model source.", "requires = ["]
-    lines += [f'  "{r}",' for r in requires]
-    lines += ["]", "", "[model]"]
+LOCKED_SECTIONS = ("convert", "tune", "configure", "serve", "launch")
+"""Settings sections ``ftx lock`` records (every field that is set), so ``ftx run`` reproduces them."""
+_NOT_LOCKED = frozenset({"detach"})
+
+
+def locked_settings(settings: Any) -> dict[str, Any]:
+    """Flat option values of a (resolved) RunSettings that shape the deployment, TOML-ready."""
+    from dataclasses import fields
+
+    out: dict[str, Any] = {"runtime": settings.runtime}
+    for section_name in LOCKED_SECTIONS:
+        section = getattr(settings, section_name)
+        for f in fields(section):
+            value = getattr(section, f.name)
+            if value is None or f.name in _NOT_LOCKED or value == () or value == {}:
+                continue
+            if isinstance(value, Path):
+                value = str(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, Mapping):
+                value = {str(k): str(v) for k, v in value.items()}
+            out[f.name] = value
+    return out
+
+
+def write_lock(path: Path, requires: Sequence[str], model: Mapping[str, Any],
+               settings: Mapping[str, Any] | None = None) -> None:
+    """Write ftx.toml (with tomlkit: any path or value is quoted correctly) through a temp file and a rename."""
+    import os
+
+    import tomlkit
+
+    doc = tomlkit.document()
+    doc.add(tomlkit.comment("Written by `ftx lock`: exact plugin versions, the resolved model source and every "
+                            "setting of the deployment."))
+    doc.add(tomlkit.comment("`ftx run` with no MODEL reproduces it; options given on the command line override it."))
+    doc["requires"] = tomlkit.array()
+    for requirement in requires:
+        doc["requires"].append(requirement)
+    doc["requires"].multiline(True)
+    table = tomlkit.table()
     for key, value in model.items():
-        if value is None:
-            continue
-        rendered = f'"{value}"' if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
-        lines.append(f"{key} = {rendered}")
-    path.write_text("\n".join(lines) + "\n")
+        if value is not None:
+            table[key] = value
+    doc["model"] = table
+    if settings:
+        section = tomlkit.table()
+        for key, value in settings.items():
+            section[key] = value
+        doc["settings"] = section
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(tomlkit.dumps(doc))
+    os.replace(tmp, path)
+
+
+def check_local_source(model: Mapping[str, Any]) -> None:
+    """A locked local source must hold what it held at ``ftx lock`` time (by content)."""
+    from ftx.fetching.refs import local_fingerprint
+    from ftx.settings import path_fingerprint
+
+    source = Path(str(model.get("source", "")))
+    if "tree_sha256" not in model:
+        return
+    if not source.is_dir():
+        raise ConfigError(f"the locked source {source} does not exist",
+                          hint="restore it, or run `ftx lock` again for the new source")
+    if model.get("fingerprint") == local_fingerprint(source):
+        return  # same names, sizes and times: unchanged
+    if path_fingerprint(source).get("tree") != model["tree_sha256"]:
+        raise ConfigError(f"the locked source {source} changed since `ftx lock` (its files' sha256 differ)",
+                          hint="restore the locked checkpoint, or run `ftx lock` again to pin the new one")

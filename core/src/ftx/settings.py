@@ -114,8 +114,8 @@ class RunSettings:
     """A non-commercial licence was accepted explicitly (``--accept-license``)."""
     resource_check: bool = True
     """Refuse a build that would not fit the disk or memory (``--no-resource-check`` turns it off)."""
-    runtime_given: bool = True
-    """``runtime`` was chosen by the user (not a command's default): reasons may say "requested"."""
+    runtime_origin: str | None = None
+    """Where ``runtime`` came from when not from ``--runtime`` (``ftx configure's default``, ``ftx.toml``)."""
     fetch: SourceSettings = field(default_factory=SourceSettings)
     convert: ConvertSettings = field(default_factory=ConvertSettings)
     tune: TuneSettings = field(default_factory=TuneSettings)
@@ -124,7 +124,7 @@ class RunSettings:
     launch: LaunchSettings = field(default_factory=LaunchSettings)
 
     RUN_WIDE: ClassVar[tuple[str, ...]] = ("until", "runtime", "force", "dry_run", "accept_license", "resource_check",
-                                           "runtime_given")
+                                           "runtime_origin")
 
     @classmethod
     def of(cls, model: str, **flat: Any) -> RunSettings:

@@ -98,8 +98,8 @@ def configure(source: str, output: Path, runtime: str, **opts: Any) -> None:
     if tokenizer is not None:
         opts["tokenizer"] = Path(tokenizer).expanduser().resolve()
     given = click.get_current_context().get_parameter_source("runtime") is not ParameterSource.DEFAULT
-    settings = settings_from_options(source, until="configure", runtime=runtime, runtime_given=given, tune=False,
-                                     **opts)
+    settings = settings_from_options(source, until="configure", runtime=runtime, tune=False,
+                                     runtime_origin=None if given else "ftx configure's default", **opts)
     source_dir = fetched_source(settings)
     if source_dir is not None:
         precheck_source(settings, source_dir)

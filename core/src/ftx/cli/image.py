@@ -96,7 +96,8 @@ def image_ls(as_json: bool, docker_host: str | None) -> None:
 def _settings(model: str, until: str, opts: dict[str, Any]) -> Any:
     from ftx.cli.run import settings_from_options
 
-    return settings_from_options(model, until=until, runtime="fastertransformer", runtime_given=False, **opts)
+    return settings_from_options(model, until=until, runtime="fastertransformer",
+                                 runtime_origin=f"ftx {until if until == 'tune' else 'package'}'s default", **opts)
 
 
 @click.command("tune", cls=FtxCommand)

@@ -1,37 +1,118 @@
-"""``ftx lock``: pin the installed plugin versions and the resolved model source into ftx.toml."""
+"""``ftx lock``: pin the plugin versions, the resolved model source and every setting into ftx.toml."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
 from ftx.cli.common import FtxCommand, get_host, say
+from ftx.cli.options import conversion_options, repository_options, section, source_options, tune_options
+from ftx.manifest import MANIFEST_NAME, locked_settings, write_lock
 from ftx.settings import RunSettings
-from ftx.sources import resolve_source
-from ftx.manifest import MANIFEST_NAME, write_lock
-from ftx.plugins import installed_distributions
+
+
+def _resolved_settings(settings: RunSettings) -> RunSettings:
+    """The settings a run would end up with: weight dtype, runtime and compute type resolved where
+    they can be without downloading (a preset's or local config.json); the rest is fixed by the pin."""
+    from ftx.errors import FtxError
+    from ftx.paths import ftx_home
+    from ftx.pipeline import Pipeline
+    from ftx.runtime.select import choose_runtime
+    from ftx.store import ArtifactStore
+
+    pipeline = Pipeline(get_host(), ArtifactStore(ftx_home()), settings.replace(dry_run=True))
+    try:
+        pipeline.run()
+    except FtxError:
+        pass  # planning needs the checkpoint's config: resolved at run time from the pinned source
+    resolved = pipeline.settings
+    runtime = resolved.runtime
+    if pipeline.ctx.runtime is not None:
+        runtime = pipeline.ctx.runtime.name
+    else:
+        try:
+            runtime = choose_runtime(get_host().runtimes, resolved)[0].name
+        except FtxError:
+            pass
+    return resolved.replace(runtime=runtime, dry_run=False)
+
+
+def _model_table(settings: RunSettings, family: str | None) -> tuple[dict[str, Any], str]:
+    """[model]: the source as a user would type it, pinned (commit, sha256 or content hash)."""
+    from ftx.cli.run import run_pipeline
+    from ftx.fetching.refs import resolve_revision
+    from ftx.settings import path_fingerprint
+    from ftx.sources import preset_refs, resolve_source
+
+    host = get_host()
+    ref, preset_family = resolve_source(settings, host)
+    table: dict[str, Any] = {"family": family or preset_family, "preset": ref.preset}
+    builtin = ref.preset is not None and preset_refs(host)[ref.preset].kind == "builtin"
+    if builtin:  # built on this machine from ftx itself: the name is the pin, never the build's path
+        table["source"] = ref.preset
+        return table, f"{ref.preset} (built in)"
+    table["source"] = settings.fetch.source or settings.model if ref.preset else ref.uri
+    if ref.kind == "hf":
+        table["revision"] = resolve_revision(ref)
+        return table, f"{ref.display} -> {table['revision']}"
+    if ref.kind == "url":
+        sha = ref.sha256
+        if not sha:
+            say(f"downloading {ref.display} to pin its sha256 …")
+            fetched = run_pipeline(settings.replace(until="fetch"))
+            sha = (fetched.source.origin if fetched.source else {}).get("sha256")
+        table["sha256"] = sha
+        return table, f"{ref.display} -> sha256 {sha}"
+    path = Path(ref.uri)
+    say(f"hashing {path} to pin its content …")
+    table["source"] = str(path.resolve())
+    table["fingerprint"] = resolve_revision(ref)
+    table["tree_sha256"] = path_fingerprint(path).get("tree") if path.is_dir() else path_fingerprint(path)["sha256"]
+    return table, f"{path} -> content {table['tree_sha256'][:16]}…"
 
 
 @click.command(cls=FtxCommand)
 @click.argument("model")
-@click.option("--revision", help="Branch, tag or commit to resolve (Hugging Face sources).")
-@click.option("--family", help="Model family, if it cannot be detected.")
+@source_options
+@conversion_options
+@repository_options
+@section("Stages and runtime",
+         click.option("--runtime", default="auto", show_default=True,
+                      help="Runtime to pin (auto: the one `ftx run` would choose here)."))
+@tune_options
+@section("Serving",
+         click.option("--host", default="127.0.0.1", show_default=True, help="Address the server binds to."),
+         click.option("--http-port", type=int, help="HTTP port."),
+         click.option("--grpc-port", type=int, help="gRPC port."),
+         click.option("--metrics-port", type=int, help="Metrics port."),
+         click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+                      help="Python runtime device."))
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), default=Path(MANIFEST_NAME),
               show_default=True, help="The deployment file to write.")
-def lock(model: str, revision: str | None, family: str | None, output: Path) -> None:
-    """Write ftx.toml: exact versions of ftx and every plugin, and MODEL resolved to a commit."""
-    from ftx.fetching.refs import resolve_revision
+def lock(model: str, output: Path, **opts: Any) -> None:
+    """Write ftx.toml: exact versions of ftx and every plugin, MODEL pinned, and every setting.
+
+    MODEL is pinned by kind: a Hugging Face revision to its commit, a URL to its sha256 (downloaded
+    once), a local directory to its content hash, a built-in model to its name. The settings are
+    resolved as `ftx run` would resolve them here (runtime, weight dtype, compute type), so
+    `ftx run` with no MODEL, in the directory of ftx.toml, reproduces the deployment.
+    """
+    from ftx.plugins import installed_distributions
 
     host = get_host()
-    ref, preset_family = resolve_source(RunSettings.of(model, revision=revision, family=family), host)
-    resolved = resolve_revision(ref)
+    tokenizer = opts.get("tokenizer")
+    if tokenizer is not None:
+        opts["tokenizer"] = Path(tokenizer).expanduser().resolve()
+    settings = RunSettings.of(model, **opts)
+    table, pinned = _model_table(settings, opts.get("family"))
+    resolved = _resolved_settings(settings)
     loaded = {r.distribution for r in host.records if r.status == "loaded"} | {"ftx"}
     requires = [f"{name}=={version}" for name, version in installed_distributions() if name in loaded]
-    source = ref.uri if ref.kind != "local" else ref.uri
-    write_lock(output, requires, {"source": source, "revision": resolved if ref.kind == "hf" else None,
-                                  "family": family or preset_family, "preset": ref.preset})
-    say(f"pinned {len(requires)} distributions and {ref.display} -> {resolved}")
+    write_lock(output, requires, table, locked_settings(resolved))
+    say(f"pinned {len(requires)} distributions, {pinned}, runtime {resolved.runtime}, "
+        f"tp {resolved.convert.tp}, weights {resolved.convert.weight_dtype}")
     click.echo(str(output))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from ftx.cli.common import FtxCommand, get_host, say
 from ftx.cli.options import (conversion_options, safety_options, section, docker_options, repository_options, serve_container_options,
@@ -32,18 +33,30 @@ def run_pipeline(settings: RunSettings) -> RunResult:
 
 
 def model_from_manifest(model: str | None, opts: dict[str, Any]) -> str:
-    """MODEL may be omitted when ./ftx.toml has a [model] section (as written by `ftx lock`)."""
+    """MODEL may be omitted when ./ftx.toml has a [model] section (as written by `ftx lock`).
+
+    Then the locked source, its pin (revision, sha256, content hash) and every locked setting apply;
+    an option given on the command line (or in its environment twin) overrides the file.
+    """
     if model:
         return model
-    from ftx.manifest import find_manifest
+    from ftx.manifest import check_local_source, find_manifest
 
     manifest = find_manifest()
     if manifest is None or "source" not in manifest.model:
         raise ConfigError("no MODEL given and no ./ftx.toml with a [model] source",
                           hint="run `ftx run gptj`, or `ftx lock MODEL` to write ftx.toml first")
-    for key in ("revision", "family"):
-        if opts.get(key) is None and manifest.model.get(key):
-            opts[key] = manifest.model[key]
+    check_local_source(manifest.model)
+    ctx = click.get_current_context()
+    locked = {**manifest.settings, **{k: manifest.model.get(k) for k in ("revision", "family", "sha256")}}
+    for key, value in locked.items():
+        if value is None or key not in ctx.params and key not in opts:
+            continue
+        source = ctx.get_parameter_source(key)
+        if source in (None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP):
+            opts[key] = tuple(value) if isinstance(value, list) else value
+            if key == "runtime":
+                opts["runtime_origin"] = manifest.path.name
     return str(manifest.model["source"])
 
 

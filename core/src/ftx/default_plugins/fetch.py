@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import os
 from pathlib import Path
@@ -36,8 +37,11 @@ def _fetch_archive_or_file(ref: SourceRef, revision: str, dest: Path, ctx: Stage
     from ftx.fetching.archive import is_archive, safe_extract
     from ftx.fetching.http import download
 
+    from ftx.fetching.integrity import sha256_file
+
     local = _local_file(ref)
-    if local is not None and not ref.sha256:
+    temporary = local is None or bool(ref.sha256)
+    if not temporary:
         downloaded = local  # extract in place: no copy of a multi-GB archive
     else:
         name = urlsplit(ref.uri).path.rstrip("/").rsplit("/", 1)[-1] or "download"
@@ -47,8 +51,14 @@ def _fetch_archive_or_file(ref: SourceRef, revision: str, dest: Path, ctx: Stage
     if not is_archive(downloaded):
         raise SourceError(f"{ref.uri} is neither a checkpoint directory nor an archive",
                           hint="point at a directory with config.json, or a .tar.zstd/.tar.gz/.tar/.zip archive")
+    sha256 = ref.sha256 or sha256_file(downloaded, progress=ctx.show_progress)  # recorded: `ftx lock` pins it
     root = safe_extract(downloaded, dest / "extracted", progress=ctx.show_progress)
-    return Source(ref=ref, path=root, revision=revision, origin={"kind": ref.kind, "uri": ref.uri, "sha256": ref.sha256})
+    if temporary:  # the extracted tree is the artifact; the archive would only double the disk used
+        downloaded.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            downloaded.parent.rmdir()
+        log.info("download.removed", path=str(downloaded), reason="extracted into the store")
+    return Source(ref=ref, path=root, revision=revision, origin={"kind": ref.kind, "uri": ref.uri, "sha256": sha256})
 
 
 def _local_file(ref: SourceRef) -> Path | None:

@@ -18,7 +18,8 @@ def choose_runtime(runtimes: Mapping[str, Runtime], settings: RunSettings) -> tu
     ``--dry-run`` work anywhere, and the runtime itself reports what is missing when it runs).
     """
     requested = settings.runtime
-    asked = f"requested with --runtime {requested}" if settings.runtime_given else f"{requested} is this command's default"
+    origin = settings.runtime_origin
+    asked = f"requested with --runtime {requested}" if origin is None else f"{requested} from {origin}"
     if requested in runtimes:
         return runtimes[requested], asked
     if requested == "auto":
