@@ -256,7 +256,8 @@ def test_ftx_run_with_a_prompt_prints_a_continuation_and_stops(demo_home: Path) 
                              "--max-tokens", "12"], check=False, capture_output=True, text=True, timeout=600, env=_env(demo_home))
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == "Once upon a time there was a small language model that wanted"
-    assert "/v2/models/ensemble/generate" in result.stderr and "ftx generate ensemble" in result.stderr
+    assert "/v2/models/ensemble/generate" in result.stderr
+    assert "ftx generate 'Once upon a time' --max-tokens 16 --url http://127.0.0.1:" in result.stderr
     _no_ftx_servers_left(demo_home)
     print(f"ftx run --prompt (demo already built): {time.monotonic() - started:.1f} s")
 
@@ -282,6 +283,20 @@ def test_detach_then_generate_ps_and_stop(demo_home: Path) -> None:
         sampled = subprocess.run([*FTX, "generate", "ensemble", "Hello", "--max-tokens", "5", "--temperature", "0.8",
                                   "--top-k", "5"], check=False, capture_output=True, text=True, timeout=300, env=env)
         assert sampled.returncode == 0 and sampled.stdout.startswith("Hello"), sampled.stderr
+        # MODEL omitted (the served ensemble), --url as `ftx run` prints it (HTTP), and --stream against a
+        # model deployed without --streaming: the same text, and a note saying why it came whole
+        http = re.search(r"HTTP\s+(http://\S+)", run.stdout).group(1)
+        over_http = subprocess.run([*FTX, "generate", "The quick brown", "--max-tokens", "6", "--url", http],
+                                   check=False, capture_output=True, text=True, timeout=300, env=env)
+        assert over_http.returncode == 0, over_http.stderr
+        assert over_http.stdout == plain.stdout
+        streamed = subprocess.run([*FTX, "generate", "The quick brown", "--max-tokens", "6", "--url", http,
+                                   "--stream"], check=False, capture_output=True, text=True, timeout=300, env=env)
+        assert streamed.returncode == 0 and streamed.stdout.strip() == plain.stdout.strip(), streamed.stderr
+        assert "deployed without --streaming, so the text arrives whole" in streamed.stderr
+        no_model = subprocess.run([*FTX, "generate", "The quick brown", "--max-tokens", "6"],
+                                  check=False, capture_output=True, text=True, timeout=300, env=env)
+        assert no_model.returncode == 0 and no_model.stdout == plain.stdout, no_model.stderr
     finally:
         stop = subprocess.run([*FTX, "stop", "tiny-gptj"], check=False, capture_output=True, text=True, timeout=120, env=env)
     assert stop.returncode == 0 and "stopped tiny-gptj" in stop.stdout, stop.stderr
@@ -312,6 +327,10 @@ def test_streaming_deployment_streams_tokens_through_the_ensemble(demo_home: Pat
         assert whole.returncode == 0 and whole.stdout.strip() == text.strip(), whole.stderr
         assert generate_text(record.grpc_url, "ensemble", "Once upon a time", max_tokens=8) == text.removeprefix(
             "Once upon a time")
+        over_http: list[str] = []  # the generate extension's server-sent events
+        assert generate_text(f"http://{record.http_url}", "ensemble", "Once upon a time", max_tokens=8, stream=True,
+                             on_text=over_http.append) == text
+        assert len(over_http) >= 8
     finally:
         subprocess.run([*FTX, "stop", "--all"], check=False, capture_output=True, text=True, timeout=120, env=env)
     _no_ftx_servers_left(demo_home)

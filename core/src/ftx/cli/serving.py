@@ -1,8 +1,8 @@
 """After ``ftx run`` serves: print how to reach the server, then generate once, detach or serve until stopped.
 
-Also ``ftx generate MODEL PROMPT``: one request through the ensemble's text interface
-(``text_input``, ``max_tokens`` … → ``text_output``) of a running server, over gRPC, printing
-tokens as they stream when ``--stream`` is given.
+Also ``ftx generate [MODEL] PROMPT``: one request through the ensemble's text interface
+(``text_input``, ``max_tokens`` … → ``text_output``) of a running server, over HTTP (the address
+``ftx run`` prints) or gRPC, printing tokens as they stream when ``--stream`` is given.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,110 +22,10 @@ import click
 
 from ftx.cli.common import FtxCommand, say
 from ftx.errors import ServeError
+from ftx.triton.text_client import TextInterface, first_text, pieces, sampling_values, text_interface
 
 EXAMPLE_PROMPT = "Once upon a time"
 EXAMPLE_TOKENS = 16
-
-# Roles of the text interface and the input names that may carry them (generate-extension
-# names first, then FasterTransformer's own).
-ROLES: dict[str, tuple[str, ...]] = {
-    "prompt": ("text_input", "INPUT_0", "prompt"),
-    "max_tokens": ("max_tokens", "request_output_len", "INPUT_1"),
-    "temperature": ("temperature",),
-    "top_k": ("top_k", "runtime_top_k"),
-    "top_p": ("top_p", "runtime_top_p"),
-    "stream": ("stream",),
-}
-TEXT_OUTPUTS = ("text_output", "OUTPUT_0")
-_NUMPY = {"BYTES": "object", "BOOL": "bool", "INT32": "int32", "INT64": "int64", "UINT32": "uint32",
-          "UINT64": "uint64", "FP32": "float32", "FP64": "float64", "FP16": "float16"}
-
-
-# --------------------------------------------------------------------------- the client
-
-
-@dataclass(frozen=True)
-class TextInterface:
-    """Which inputs of a served model carry each role, with their Triton types and shapes."""
-
-    model: str
-    inputs: Mapping[str, tuple[str, str, tuple[int, ...]]]  # role -> (name, datatype, shape)
-    output: str
-    decoupled: bool
-    continues_prompt: bool = True
-    """A decoder model continues the prompt; an encoder-decoder (T5) answers it with new text."""
-
-    def tensors(self, values: Mapping[str, Any], module: Any) -> list[Any]:
-        """tritonclient InferInputs for the given role values (roles the model lacks are skipped)."""
-        import numpy as np
-
-        out = []
-        for role, value in values.items():
-            if value is None or role not in self.inputs:
-                continue
-            name, datatype, shape = self.inputs[role]
-            full = tuple(1 if d < 0 else d for d in shape) or (1,)
-            if datatype == "BYTES":
-                array = np.array([str(value).encode("utf-8")], dtype=np.object_)
-            else:
-                array = np.array([value], dtype=_NUMPY.get(datatype, "float32"))
-            tensor = module.InferInput(name, list(full), datatype)
-            tensor.set_data_from_numpy(array.reshape(full))
-            out.append(tensor)
-        return out
-
-
-def _grpc_target(url: str) -> str:
-    return url.removeprefix("grpc://")
-
-
-def text_interface(client: Any, model: str) -> TextInterface:
-    """Read a served model's metadata and config and find its text interface."""
-    meta = client.get_model_metadata(model, as_json=True)
-    config = client.get_model_config(model, as_json=True).get("config", {})
-    declared = {i["name"]: (i["datatype"], tuple(int(d) for d in i.get("shape", ()))) for i in meta.get("inputs", ())}
-    inputs = {}
-    for role, names in ROLES.items():
-        for name in names:
-            if name in declared:
-                datatype, shape = declared[name]  # metadata shapes include the batch dimension (-1)
-                inputs[role] = (name, datatype, shape)
-                break
-    outputs = [o["name"] for o in meta.get("outputs", ())]
-    output = next((n for n in TEXT_OUTPUTS if n in outputs), None)
-    if "prompt" not in inputs or output is None:
-        raise ServeError(f"model {model!r} has no text interface (inputs {', '.join(declared) or 'none'})",
-                         hint="send text to the 'ensemble' model; the raw 'fastertransformer' model takes token ids")
-    configs = [config, *_step_configs(client, config)]
-    decoupled = any((c.get("model_transaction_policy") or {}).get("decoupled") for c in configs)
-    encoder_decoder = any(i.get("name") == "max_output_len" for c in configs for i in c.get("input", ()))
-    return TextInterface(model, inputs, output, decoupled, continues_prompt=not encoder_decoder)
-
-
-def _step_configs(client: Any, config: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """Configs of an ensemble's steps (Triton streams an ensemble whose step is decoupled)."""
-    from tritonclient.utils import InferenceServerException
-
-    configs = []
-    for step in (config.get("ensemble_scheduling") or {}).get("step", ()):
-        try:
-            configs.append(client.get_model_config(step["model_name"], as_json=True).get("config", {}))
-        except InferenceServerException:  # a step we cannot read: it tells us nothing
-            continue
-    return configs
-
-
-def _first_text(array: Any) -> str:
-    import numpy as np
-
-    if array is None:
-        return ""
-    flat = np.asarray(array, dtype=np.object_).reshape(-1)
-    if not flat.size:
-        return ""
-    value = flat[0]
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
 
 def _client_error(exc: Exception, url: str, model: str) -> ServeError:
     text = str(exc).strip() or type(exc).__name__
@@ -140,37 +39,83 @@ def _client_error(exc: Exception, url: str, model: str) -> ServeError:
     return ServeError(f"the server refused the request: {text}")
 
 
-def sampling_values(max_tokens: int, temperature: float | None, top_k: int | None,
-                    top_p: float | None) -> dict[str, Any]:
-    """Role values for a request; a temperature alone samples from the whole distribution (top-p 1)."""
-    values: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p}
-    if temperature is not None and temperature > 0 and top_k is None and top_p is None:
-        values["top_p"] = 1.0
-    return values
-
-
 def generate_text(url: str, model: str, prompt: str, *, max_tokens: int = EXAMPLE_TOKENS,
                   temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
                   stream: bool = False, on_text: Callable[[str], None] | None = None, echo_prompt: bool = False,
-                  timeout_s: float = 600.0) -> str:
-    """Generate once through ``model``'s text interface at the gRPC ``url``; return the text.
+                  timeout_s: float = 600.0, on_note: Callable[[str], None] | None = None) -> str:
+    """Generate once through ``model``'s text interface at ``url``; return the text.
 
-    The result is the generated text; with ``echo_prompt`` a decoder model's result starts with
-    the prompt it continues (an encoder-decoder's answer never does). With ``stream``, ``on_text``
-    gets each new piece of text as responses arrive — for decoder models the prompt first — and
-    the result is everything it got. A decoupled (streaming) model is always read as a stream.
+    ``url`` is Triton's HTTP address (``http://host:port``, as ``ftx run`` prints it: the generate
+    extension) or its gRPC address (``host:port`` or ``grpc://host:port``). The result is the
+    generated text; with ``echo_prompt`` a decoder model's result starts with the prompt it continues
+    (an encoder-decoder's answer never does). With ``stream``, ``on_text`` gets each new piece of text
+    as responses arrive — for decoder models the prompt first — and the result is everything it got.
+    A decoupled (streaming) model is always read as a stream; ``stream`` against a model deployed
+    without ``--streaming`` still works, and ``on_note`` is told that the text arrives whole.
     """
+    values = {"prompt": prompt, **sampling_values(max_tokens, temperature, top_k, top_p)}
+    if url.startswith(("http://", "https://")):
+        return _generate_http(url, model, prompt, values, stream=stream, on_text=on_text, echo_prompt=echo_prompt,
+                              timeout_s=timeout_s, on_note=on_note)
+    return _generate_grpc(url, model, prompt, values, stream=stream, on_text=on_text, echo_prompt=echo_prompt,
+                          timeout_s=timeout_s, on_note=on_note)
+
+
+def _not_streaming_note(model: str) -> str:
+    return (f"model {model!r} was deployed without --streaming, so the text arrives whole "
+            "(deploy with `ftx run MODEL --streaming` to get it token by token)")
+
+
+def _finish(text: str, prompt: str, iface: TextInterface, echo_prompt: bool) -> str:
+    if echo_prompt and iface.continues_prompt and not text.startswith(prompt):
+        return prompt + text
+    return text
+
+
+def _generate_http(url: str, model: str, prompt: str, values: dict[str, Any], *, stream: bool,
+                   on_text: Callable[[str], None] | None, echo_prompt: bool, timeout_s: float,
+                   on_note: Callable[[str], None] | None) -> str:
+    from ftx.triton.text_client import HttpError, HttpTriton
+
+    server = HttpTriton(url, timeout_s=timeout_s)
+    try:
+        iface = text_interface(server, model)
+        if stream and not iface.decoupled and on_note:
+            on_note(_not_streaming_note(model))
+        if iface.decoupled:
+            values["stream"] = True
+        if stream or iface.decoupled:
+            text = ""
+            for piece in pieces(server.generate_stream(iface, values), prompt, iface.continues_prompt):
+                text += piece
+                if stream and on_text:
+                    on_text(piece)
+            if stream or echo_prompt or not iface.continues_prompt:
+                return text
+            return text.removeprefix(prompt)
+        return _finish(server.generate(iface, values), prompt, iface, echo_prompt)
+    except HttpError as exc:
+        if exc.status == 404 or "unknown model" in exc.message.lower():
+            raise ServeError(f"the server at {server.base} has no model {model!r}: {exc.message}",
+                             hint="the text model is 'ensemble'") from None
+        raise ServeError(f"the server refused the request: {exc.message}") from None
+
+
+def _generate_grpc(url: str, model: str, prompt: str, values: dict[str, Any], *, stream: bool,
+                   on_text: Callable[[str], None] | None, echo_prompt: bool, timeout_s: float,
+                   on_note: Callable[[str], None] | None) -> str:
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
-    target = _grpc_target(url)
+    target = url.removeprefix("grpc://")
     client = grpcclient.InferenceServerClient(target)
     try:
         try:
             iface = text_interface(client, model)
         except InferenceServerException as exc:
             raise _client_error(exc, target, model) from None
-        values = {"prompt": prompt, **sampling_values(max_tokens, temperature, top_k, top_p)}
+        if stream and not iface.decoupled and on_note:
+            on_note(_not_streaming_note(model))
         if iface.decoupled:
             values["stream"] = True
         inputs = iface.tensors(values, grpcclient)
@@ -184,25 +129,20 @@ def generate_text(url: str, model: str, prompt: str, *, max_tokens: int = EXAMPL
             result = client.infer(model, inputs, outputs=outputs, client_timeout=timeout_s)
         except InferenceServerException as exc:
             raise _client_error(exc, target, model) from None
-        text = _first_text(result.as_numpy(iface.output))
-        if echo_prompt and iface.continues_prompt and not text.startswith(prompt):
-            text = prompt + text
-        return text
+        return _finish(first_text(result.as_numpy(iface.output)), prompt, iface, echo_prompt)
     finally:
         client.close()
 
 
 def _stream(client: Any, iface: TextInterface, inputs: list[Any], outputs: list[Any],
             on_text: Callable[[str], None] | None, timeout_s: float, target: str, prompt: str) -> str:
-    """Print pieces as they arrive; the text starts with the prompt whether or not the model repeats it
-    (a streaming ensemble sends the whole text so far, a classic one only the continuation)."""
+    """Print pieces as they arrive (gRPC); the text starts with the prompt whether or not the model repeats it."""
     from tritonclient.utils import InferenceServerException
 
     responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
-    printed = ""
-    try:
-        client.async_stream_infer(iface.model, inputs, outputs=outputs, enable_empty_final_response=True)
+
+    def texts() -> Iterator[str]:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -212,17 +152,19 @@ def _stream(client: Any, iface: TextInterface, inputs: list[Any], outputs: list[
             if error is not None:
                 raise _client_error(error if isinstance(error, Exception) else InferenceServerException(str(error)),
                                     target, iface.model)
-            text = _first_text(result.as_numpy(iface.output))
-            if not printed and iface.continues_prompt and not text.startswith(prompt):
-                text = prompt + text
-            piece = text.removeprefix(printed)
-            if piece:
-                printed += piece
-                if on_text:
-                    on_text(piece)
+            yield first_text(result.as_numpy(iface.output))
             final = result.get_response().parameters.get("triton_final_response")
             if final is None or final.bool_param:
-                return printed
+                return
+
+    printed = ""
+    try:
+        client.async_stream_infer(iface.model, inputs, outputs=outputs, enable_empty_final_response=True)
+        for piece in pieces(texts(), prompt, iface.continues_prompt):
+            printed += piece
+            if on_text:
+                on_text(piece)
+        return printed
     finally:
         client.stop_stream()
 
@@ -236,51 +178,57 @@ def _home() -> Path:
     return ftx_home()
 
 
-def resolve_target(model: str, url: str | None) -> tuple[str, str]:
-    """(gRPC url, Triton model) for ``ftx generate``: ``--url``, or a detached server from ``ftx ps``.
+def resolve_target(model: str | None, url: str | None) -> tuple[str, str]:
+    """(server address, Triton model) for ``ftx generate``: ``--url``, or a detached server from ``ftx ps``.
 
     MODEL is the Triton model to call (``ensemble``) or the name of a detached server (its
-    ensemble is called then).
+    ensemble is called then); omitted, it is the served ensemble (of the only running server).
     """
     if url:
-        return url, model
+        return url, model or "ensemble"
     from ftx.triton.server import list_servers
 
     live = [r for r in list_servers(_home()) if r.alive]
-    named = [r for r in live if r.name == model]
+    named = [r for r in live if model is not None and r.name == model]
     if named:
         record = named[0]
         return record.grpc_url, "ensemble" if "ensemble" in record.models or not record.models else record.models[0]
     if len(live) == 1:
-        return live[0].grpc_url, model
+        record = live[0]
+        served = "ensemble" if "ensemble" in record.models or not record.models else record.models[0]
+        return record.grpc_url, model or served
     if not live:
         raise ServeError("no running ftx server found",
-                         hint="start one with `ftx run MODEL --detach`, or pass --url HOST:GRPC_PORT")
+                         hint="start one with `ftx run MODEL --detach`, or pass the address `ftx run` printed "
+                              "(--url http://HOST:PORT)")
     names = ", ".join(r.name for r in live)
     raise ServeError(f"{len(live)} servers are running ({names}); which one?",
-                     hint="name one as MODEL, or pass --url HOST:GRPC_PORT")
+                     hint="name one as MODEL, or pass --url http://HOST:PORT")
 
 
 @click.command(cls=FtxCommand)
-@click.argument("model")
-@click.argument("prompt")
+@click.argument("args", nargs=-1, required=True, metavar="[MODEL] PROMPT")
 @click.option("--max-tokens", type=click.IntRange(1, 1 << 20), default=EXAMPLE_TOKENS, show_default=True,
               help="Tokens to generate.")
 @click.option("--temperature", type=click.FloatRange(0, min_open=False),
               help="Sampling temperature (alone it samples from the whole distribution; 0 = greedy).")
 @click.option("--top-k", type=click.IntRange(0), help="Sample from the k most likely tokens (0 = off).")
 @click.option("--top-p", type=click.FloatRange(0, 1), help="Nucleus sampling probability mass (0 = off).")
-@click.option("--stream", is_flag=True, help="Print tokens as they are generated (gRPC streaming).")
-@click.option("--url", help="gRPC address HOST:PORT of the server (default: the detached server, see `ftx ps`).")
+@click.option("--stream", is_flag=True, help="Print tokens as they are generated (a model served with --streaming).")
+@click.option("--url", help="The server: the HTTP address `ftx run` prints (http://HOST:PORT) or a gRPC HOST:PORT "
+                            "(default: the detached server, see `ftx ps`).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(0, min_open=True), default=600.0, show_default=True,
               help="Seconds to wait for the answer.")
-def generate(model: str, prompt: str, max_tokens: int, temperature: float | None, top_k: int | None,
+def generate(args: tuple[str, ...], max_tokens: int, temperature: float | None, top_k: int | None,
              top_p: float | None, stream: bool, url: str | None, timeout_s: float) -> None:
-    """Generate a continuation of PROMPT with MODEL on a running server.
+    """Generate a continuation of PROMPT on a running server.
 
-    MODEL is the served model to call (normally `ensemble`) or the name of a detached server
-    from `ftx ps`. Without --temperature/--top-k/--top-p decoding is greedy.
+    MODEL is the served model to call or the name of a detached server from `ftx ps`; omitted, it
+    is the served ensemble. Without --temperature/--top-k/--top-p decoding is greedy.
     """
+    if len(args) > 2:
+        raise click.UsageError(f"expected [MODEL] PROMPT, got {len(args)} arguments (quote a prompt with spaces)")
+    model, prompt = (None, args[0]) if len(args) == 1 else args
     if not prompt.strip():
         raise click.BadParameter("the prompt is empty", param_hint="PROMPT")
     target, triton_model = resolve_target(model, url)
@@ -288,7 +236,7 @@ def generate(model: str, prompt: str, max_tokens: int, temperature: float | None
         temperature = None  # greedy
     text = generate_text(target, triton_model, prompt, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
                          top_p=top_p, stream=stream, on_text=_writer() if stream else None, echo_prompt=True,
-                         timeout_s=timeout_s)
+                         timeout_s=timeout_s, on_note=lambda note: say(f"note: {note}"))
     click.echo("" if stream else text)
 
 
@@ -345,9 +293,9 @@ def describe_endpoint(result: Any, settings: Any, *, detached_name: str | None =
     if getattr(server, "log_path", None):
         lines.append(f"  log      {server.log_path}")
     lines += ["", "try it:", f"  {_curl(endpoint.http_url, endpoint.model, stream)}"]
-    where = "" if detached_name is not None and _is_local_server(server) else f"--url {endpoint.grpc_url}"
+    where = "" if detached_name is not None and _is_local_server(server) else f"--url http://{endpoint.http_url}"
     stream_flag = " --stream" if stream else ""
-    example = f"ftx generate {endpoint.model} {shlex.quote(EXAMPLE_PROMPT)} --max-tokens {EXAMPLE_TOKENS}{stream_flag}"
+    example = f"ftx generate {shlex.quote(EXAMPLE_PROMPT)} --max-tokens {EXAMPLE_TOKENS}{stream_flag}"
     lines.append(f"  {example} {where}".rstrip())
     return "\n".join(lines)
 
