@@ -74,6 +74,10 @@ class ServeSettings:
     metrics_port: int | None = None
     detach: bool = False
     device: str = "auto"
+    openai: bool = True
+    """Start the OpenAI-compatible endpoint beside the server (``ftx run``)."""
+    openai_host: str = "127.0.0.1"
+    openai_port: int | None = None
 
 
 @dataclass(frozen=True)

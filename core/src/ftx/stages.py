@@ -151,6 +151,7 @@ class Stages:
         value = from_record(result_type, artifact.provenance.get("result") or {}, artifact.path)
         detail = getattr(value, "reason", "") if isinstance(value, GemmConfig) and not value.tuned else ""
         if cached:
+            self.store.mark_used(artifact)
             log.info("cache.hit", stage=stage, key=key, path=str(artifact.path))
             self.say(f"{stage:<9} cached   {artifact.path}")
         elif detail:

@@ -90,6 +90,11 @@ class ArtifactStore:
                 return None
         return Artifact(stage, key, path, meta)
 
+    def mark_used(self, artifact: Artifact) -> None:
+        """Record a use (a cache hit): the provenance file's mtime is the artifact's "last used"."""
+        with contextlib.suppress(OSError):
+            os.utime(artifact.path / PROVENANCE_FILE)
+
     @contextlib.contextmanager
     def lock(self, stage: str, key: str, timeout_s: float = -1) -> Iterator[None]:
         """One builder per (stage, key); a process that has to wait says so first."""

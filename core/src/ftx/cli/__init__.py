@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "ftx.cli.image",
     "ftx.cli.pins",
     "ftx.cli.serving",
+    "ftx.cli.store",
 )
 
 

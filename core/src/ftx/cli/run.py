@@ -26,9 +26,12 @@ def run_pipeline(settings: RunSettings) -> RunResult:
     """Check the deployment's pins, then run the pipeline over the user's FTX_HOME."""
     from ftx.manifest import check_requirements, find_manifest
 
+    from ftx.housekeeping import rotate_logs
+
     manifest = find_manifest()
     if manifest is not None:
         check_requirements(manifest)
+    rotate_logs(ftx_home())  # server logs do not pile up: the newest ones are kept
     return Pipeline(get_host(), ArtifactStore(ftx_home()), settings, say=say).run()
 
 
@@ -79,7 +82,14 @@ def model_from_manifest(model: str | None, opts: dict[str, Any]) -> str:
          click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
                       help="Python runtime device."),
          click.option("--tune/--no-tune", default=True, show_default=True,
-                      help="Auto-tune GEMMs (fastertransformer runtime)."))
+                      help="Auto-tune GEMMs (fastertransformer runtime)."),
+         click.option("--openai/--no-openai", default=True, show_default=True,
+                      help="Also serve an OpenAI-compatible endpoint (/v1/completions, /v1/chat/completions) in "
+                           "front of the ensemble."),
+         click.option("--openai-host", default="127.0.0.1", show_default=True,
+                      help="Address the OpenAI-compatible endpoint binds to."),
+         click.option("--openai-port", type=click.IntRange(1, 65535),
+                      help="Its port (default: the first free one from 9000)."))
 @section("Try it",
          click.option("--prompt", help="Generate a continuation of this prompt once the server is ready, then stop."),
          click.option("--max-tokens", type=click.IntRange(1, 4096), default=16, show_default=True,

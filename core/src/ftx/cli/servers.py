@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ftx.cli.common import FtxCommand
+from ftx.cli.common import FtxCommand, say
 
 
 def _home() -> Path:
@@ -23,24 +23,46 @@ def _table(rows: list[list[str]]) -> str:
 
 
 @click.command("ps", cls=FtxCommand)
-@click.option("--json", "as_json", is_flag=True, help="Print the records as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the servers as JSON.")
 def ps_command(as_json: bool) -> None:
-    """List tritonservers started with --detach (name, pid, ports, repository, state)."""
+    """List running tritonservers: name, model, runtime, device, memory, uptime and endpoints.
+
+    Every tritonserver on this machine is listed (foreground, detached or in a container); a
+    detached one has its name (`ftx stop NAME`). Records of detached servers that died are shown too.
+    """
+    from ftx.processes import served_models
+    from ftx.resources import human_bytes
     from ftx.triton.server import list_servers
 
-    records = list_servers(_home())
+    served = served_models(_home())
+    dead = [r for r in list_servers(_home()) if not r.alive]
     if as_json:
-        data = [{**json.loads(r.to_json()), "alive": r.alive, "http_url": r.http_url, "grpc_url": r.grpc_url}
-                for r in records]
+        data = [{**s.as_dict(), "alive": True} for s in served]
+        data += [{"name": r.name, "pid": r.pid, "alive": False, "repository": r.repository} for r in dead]
         click.echo(json.dumps(data, indent=2))
         return
-    if not records:
-        click.echo("no detached servers")
+    if not served and not dead:
+        say("no tritonserver is running")
         return
-    rows = [["NAME", "PID", "HTTP", "GRPC", "STATE", "MODELS", "REPOSITORY"]]
-    rows += [[r.name, str(r.pid), r.http_url, r.grpc_url, "running" if r.alive else "dead",
-              ",".join(r.models) or "-", r.repository] for r in records]
+    rows = [["NAME", "MODEL", "RUNTIME", "DEVICE", "MEMORY", "UPTIME", "HTTP", "OPENAI", "PID"]]
+    rows += [[s.name, s.model, s.runtime, s.device, human_bytes(s.memory_bytes), _uptime(s.uptime_s),
+              f"http://{s.http}", s.openai or "-", str(s.pid)] for s in served]
+    rows += [[r.name, "-", "-", "-", "-", "dead", "-", "-", str(r.pid)] for r in dead]
     click.echo(_table(rows))
+    if dead:
+        say("dead servers' records are removed by `ftx stop NAME` (or `ftx stop --all`)")
+
+
+def _uptime(seconds: float) -> str:
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s"
 
 
 @click.command("stop", cls=FtxCommand)
@@ -52,7 +74,13 @@ def stop_command(name: str | None, all_servers: bool) -> None:
 
     if name and all_servers:
         raise click.UsageError("give a NAME or --all, not both")
+    from ftx.openai_api.records import read_records, stop_record
+
     handled = stop_server(_home(), name, all_servers=all_servers)
+    names = {r.name for r in handled}
+    for front in read_records(_home()):
+        if front["name"] in names or all_servers:
+            stop_record(front)
     if not handled:
         click.echo("no detached servers")
     for record in handled:

@@ -289,6 +289,9 @@ def describe_endpoint(result: Any, settings: Any, *, detached_name: str | None =
     ]
     if metrics:
         lines.append(f"  metrics  {metrics}")
+    openai = getattr(result, "openai", None)
+    if openai is not None:
+        lines.append(f"  OpenAI   {openai.url}  (model {openai_model_id(settings.model)!r})")
     lines.append(f"  models   {models}")
     if getattr(server, "log_path", None):
         lines.append(f"  log      {server.log_path}")
@@ -297,7 +300,27 @@ def describe_endpoint(result: Any, settings: Any, *, detached_name: str | None =
     stream_flag = " --stream" if stream else ""
     example = f"ftx generate {shlex.quote(EXAMPLE_PROMPT)} --max-tokens {EXAMPLE_TOKENS}{stream_flag}"
     lines.append(f"  {example} {where}".rstrip())
+    if openai is not None:
+        body = json.dumps({"model": openai_model_id(settings.model),
+                           "messages": [{"role": "user", "content": EXAMPLE_PROMPT}], "max_tokens": EXAMPLE_TOKENS})
+        lines.append(f"  curl -s {openai.url}/chat/completions -H 'Content-Type: application/json' -d {shlex.quote(body)}")
     return "\n".join(lines)
+
+
+def openai_model_id(model: str) -> str:
+    """The model name OpenAI clients send: what the user ran, without a scheme or revision."""
+    return model.removeprefix("hf://").split("@", 1)[0].rstrip("/") or model
+
+
+def _start_openai(result: Any, settings: Any, detach: bool) -> Any:
+    """The OpenAI-compatible endpoint for this deployment (None with --no-openai or no repository)."""
+    if not settings.serve.openai or result.repository is None:
+        return None
+    from ftx.openai_api.launch import start_openai
+
+    s = settings.serve
+    return start_openai(f"http://{result.endpoint.http_url}", result.repository.path, openai_model_id(settings.model),
+                        home=_home(), host=s.openai_host, port=s.openai_port, detach=detach)
 
 
 class _Terminate(Exception):
@@ -351,7 +374,10 @@ def after_serve(result: Any, settings: Any, *, prompt: str | None = None, max_to
     endpoint = result.endpoint
     server = endpoint.handle
     detach = settings.serve.detach
+    result.openai = None
     try:
+        if prompt is None or detach:
+            result.openai = _start_openai(result, settings, detach)
         if prompt is not None:
             say(describe_endpoint(result, settings))
             stream = _decoupled(result.repository.path if result.repository else None)
@@ -364,6 +390,11 @@ def after_serve(result: Any, settings: Any, *, prompt: str | None = None, max_to
                 return
         if detach:
             name = _detach(server)
+            if result.openai is not None:
+                from ftx.openai_api.records import write_record
+
+                write_record(_home(), {"name": name, "pid": result.openai.process.pid, "url": result.openai.url,
+                                       "triton_pid": getattr(server, "pid", None), "log": str(result.openai.log_path)})
             click.echo(describe_endpoint(result, settings, detached_name=name))
             stop_hint = getattr(server, "stop_hint", None) or f"`ftx ps` lists it, `ftx stop {name}` stops it"
             click.echo(f"\nleft running as {name!r}: {stop_hint}")
@@ -372,14 +403,20 @@ def after_serve(result: Any, settings: Any, *, prompt: str | None = None, max_to
         click.echo("\nCtrl-C stops the server.")
         sys.stdout.flush()
         _serve_until_stopped(server)
+        if result.openai is not None:
+            result.openai.stop()
     except BaseException:
         if server is not None and not detach:
             _stop(result)
+        if result.openai is not None and not detach:
+            result.openai.stop()
         raise
 
 
 def _stop(result: Any) -> None:
-    """Stop what the runtime started (through the runtime, which knows how)."""
+    """Stop what the runtime started (through the runtime, which knows how), and the OpenAI endpoint."""
+    if getattr(result, "openai", None) is not None:
+        result.openai.stop()
     if result.runtime is not None:
         result.runtime.stop(result.endpoint)
     else:

@@ -1,0 +1,265 @@
+"""What the store holds and what may go: artifacts with size, source, age and use; removal; logs.
+
+Every artifact's provenance (``ftx-artifact.json``) names the keys it was built from, so the store
+is a graph: ``convert`` builds on ``fetch``, ``configure`` on ``convert`` and ``tune``. A
+``configure`` artifact (a model repository) points at its ``convert`` artifact at serve time, so
+removing a checkpoint removes the repositories built on it too. An artifact a running tritonserver
+serves (found with psutil, whatever started it) is never removed. "Last used" is the provenance
+file's modification time, which a cache hit refreshes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import filelock
+import structlog
+
+from ftx.errors import ConfigError
+from ftx.store import PROVENANCE_FILE, ArtifactStore
+
+log = structlog.get_logger(__name__)
+
+UPSTREAM_KEYS = {"convert": ("fetch",), "configure": ("convert", "tune")}
+"""Which artifact keys each stage's provenance inputs name."""
+LOGS_KEPT = 20
+"""Server logs kept under ``<home>/triton/logs`` (the newest; older ones are removed)."""
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+@dataclass
+class StoreEntry:
+    """One published artifact."""
+
+    stage: str
+    key: str
+    path: Path
+    size: int
+    created: str
+    last_used: float
+    source: str
+    upstream: list[tuple[str, str]] = field(default_factory=list)
+    in_use: bool = False
+
+    @property
+    def ref(self) -> str:
+        return f"{self.stage}/{self.key}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "key": self.key, "path": str(self.path), "size": self.size,
+                "created": self.created, "last_used": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.last_used)),
+                "source": self.source, "in_use": self.in_use,
+                "upstream": [f"{stage}/{key}" for stage, key in self.upstream]}
+
+
+def parse_size(text: str) -> int:
+    """``50GB``, ``500M``, ``1.5g``, ``1024`` → bytes (decimal units)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise ConfigError(f"not a size: {text!r}", hint="write it like 50GB, 500MB or 1.5T")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+
+
+def parse_age(text: str) -> float:
+    """``30d``, ``12h``, ``2w``, ``90m`` → seconds."""
+    match = _AGE.match(text)
+    if not match:
+        raise ConfigError(f"not a duration: {text!r}", hint="write it like 30d, 12h, 2w or 90m")
+    return float(match.group(1)) * _AGE_UNITS[match.group(2).lower()]
+
+
+def _tree_size(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
+def _source_text(stage: str, meta: dict[str, Any]) -> str:
+    result = meta.get("result") or {}
+    if stage == "fetch":
+        ref = result.get("ref") or {}
+        return str(ref.get("preset") or ref.get("uri") or meta.get("inputs", {}).get("ref") or "?")
+    if stage == "tune":
+        inputs = meta.get("inputs") or {}
+        return f"{inputs.get('family', '?')} GEMMs ({inputs.get('runtime', '?')})"
+    return ""
+
+
+def running_repositories() -> set[Path]:
+    """Model repositories of every tritonserver running on this machine (any user, any launcher)."""
+    import psutil
+
+    found: set[Path] = set()
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        cmdline = proc.info.get("cmdline") or []
+        if not cmdline or "tritonserver" not in Path(cmdline[0]).name and proc.info.get("name") != "tritonserver":
+            continue
+        for arg in cmdline:
+            if arg.startswith("--model-repository="):
+                found.add(Path(arg.split("=", 1)[1]).resolve())
+    return found
+
+
+def inventory(store: ArtifactStore) -> list[StoreEntry]:
+    """Every published artifact, its source traced through the keys it was built from."""
+    entries: dict[tuple[str, str], StoreEntry] = {}
+    for meta_path in sorted(store.root.glob(f"*/*/{PROVENANCE_FILE}")):
+        path = meta_path.parent
+        stage, key = path.parent.name, path.name
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            continue
+        inputs = meta.get("inputs") or {}
+        upstream = [(name, str(inputs[name])) for name in UPSTREAM_KEYS.get(stage, ()) if inputs.get(name)]
+        entries[(stage, key)] = StoreEntry(stage, key, path, _tree_size(path), str(meta.get("finished_at", "")),
+                                           meta_path.stat().st_mtime, _source_text(stage, meta), upstream)
+    for entry in entries.values():  # sources of derived artifacts: follow the keys up to a fetch
+        if not entry.source:
+            entry.source = _trace_source(entry, entries)
+    served = running_repositories()
+    for entry in entries.values():
+        if entry.stage == "configure" and entry.path.resolve() in served:
+            for used in [entry, *closure(entry, entries)]:
+                used.in_use = True
+    return sorted(entries.values(), key=lambda e: (e.stage, -e.last_used))
+
+
+def _trace_source(entry: StoreEntry, entries: dict[tuple[str, str], StoreEntry]) -> str:
+    for stage, key in entry.upstream:
+        found = entries.get((stage, key))
+        if found is not None and stage != "tune":
+            return found.source or _trace_source(found, entries)
+    return "?"
+
+
+def closure(entry: StoreEntry, entries: dict[tuple[str, str], StoreEntry]) -> list[StoreEntry]:
+    """What ``entry`` was built from, transitively."""
+    out: list[StoreEntry] = []
+    for stage, key in entry.upstream:
+        found = entries.get((stage, key))
+        if found is not None and found not in out:
+            out += [found, *closure(found, entries)]
+    return out
+
+
+def dependents(targets: Iterable[StoreEntry], entries: Iterable[StoreEntry]) -> list[StoreEntry]:
+    """Repositories that point at a removed checkpoint or GEMM config (they cannot serve without it)."""
+    removed = {(t.stage, t.key) for t in targets}
+    return [e for e in entries if e.stage == "configure" and (e.stage, e.key) not in removed
+            and any(up in removed for up in e.upstream if up[0] in ("convert", "tune"))]
+
+
+def find(entries: list[StoreEntry], text: str) -> list[StoreEntry]:
+    """Artifacts named by a key (or a unique prefix of 4+ characters), ``stage/key`` or their path."""
+    text = text.strip().rstrip("/")
+    as_path = Path(text).expanduser()
+    if as_path.is_absolute() or os.sep in text and not re.fullmatch(r"\w+/[0-9a-f]+", text):
+        resolved = as_path.resolve()
+        return [e for e in entries if e.path.resolve() == resolved]
+    stage, _, key = text.rpartition("/")
+    if len(key) < 4:
+        raise ConfigError(f"{text!r} is too short to name an artifact", hint="give 4 or more characters of a key")
+    matches = [e for e in entries if e.key.startswith(key) and (not stage or e.stage == stage)]
+    if len(matches) > 1 and len({e.key for e in matches}) > 1:
+        shown = ", ".join(e.ref for e in matches[:5])
+        raise ConfigError(f"{text!r} matches several artifacts ({shown})", hint="give more characters of the key")
+    return matches
+
+
+def remove_entry(store: ArtifactStore, entry: StoreEntry) -> int:
+    """Remove one artifact under its build lock (never while it is being built); return the bytes freed."""
+    lock = filelock.FileLock(str(store.lock_root / f"{entry.stage}-{entry.key}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        raise ConfigError(f"{entry.ref} is being built by another ftx process",
+                          hint="wait for it to finish, then remove it") from None
+    try:
+        trash = store.tmp_root / f"rm-{entry.stage}-{entry.key}-{uuid.uuid4().hex[:8]}"
+        os.replace(entry.path, trash)  # gone from the store at once; the bytes follow
+        shutil.rmtree(trash, ignore_errors=True)
+    finally:
+        lock.release()
+        Path(lock.lock_file).unlink(missing_ok=True)
+    log.info("store.removed", stage=entry.stage, key=entry.key, bytes=entry.size)
+    return entry.size
+
+
+def prune_selection(entries: list[StoreEntry], *, unused: bool = False, older_than_s: float | None = None,
+                    to_size: int | None = None, now: float | None = None) -> list[StoreEntry]:
+    """What ``ftx prune`` removes: never what a running server uses; repositories on removed parts follow."""
+    now = time.time() if now is None else now
+    free = [e for e in entries if not e.in_use]
+    chosen: list[StoreEntry] = []
+    if unused:
+        needed = {(up_stage, up_key) for e in entries for up_stage, up_key in e.upstream}
+        chosen += [e for e in free if (e.stage, e.key) not in needed]
+    if older_than_s is not None:
+        chosen += [e for e in free if now - e.last_used > older_than_s and e not in chosen]
+    if to_size is not None:
+        total = sum(e.size for e in entries) - sum(e.size for e in chosen)
+        for entry in sorted(free, key=lambda e: e.last_used):  # least recently used first
+            if total <= to_size:
+                break
+            if entry not in chosen:
+                chosen.append(entry)
+                total -= entry.size
+    chosen += [d for d in dependents(chosen, entries) if d not in chosen and not d.in_use]
+    return chosen
+
+
+def rotate_logs(home: Path, keep: int = LOGS_KEPT) -> list[Path]:
+    """Remove all but the ``keep`` newest server logs; return what was removed."""
+    logs = sorted((Path(home) / "triton" / "logs").glob("*.log"), key=lambda p: p.stat().st_mtime, reverse=True)
+    removed = []
+    for old in logs[keep:]:
+        with contextlib.suppress(OSError):
+            old.unlink()
+            removed.append(old)
+    return removed
+
+
+def leftovers(store: ArtifactStore) -> list[Path]:
+    """Builds of processes that are gone (``store/.tmp``) and download remnants not being written."""
+    import psutil
+
+    found = []
+    for tmp in store.tmp_root.iterdir() if store.tmp_root.is_dir() else ():
+        match = re.match(r"^\w+-[0-9a-f]+-(\d+)-", tmp.name)
+        if match is None or not psutil.pid_exists(int(match.group(1))):
+            found.append(tmp)
+    downloads = store.home / "downloads"
+    for part in downloads.rglob("*") if downloads.is_dir() else ():
+        if part.is_file() and part.suffix != ".lock" and time.time() - part.stat().st_mtime > 7 * 86400:
+            found.append(part)
+    return found
+
+
+def remove_path(path: Path) -> int:
+    size = _tree_size(path) if path.is_dir() else path.stat().st_size
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+    return size
+
+
+__all__ = ["LOGS_KEPT", "StoreEntry", "closure", "dependents", "find", "inventory", "leftovers", "parse_age",
+           "parse_size", "prune_selection", "remove_entry", "remove_path", "rotate_logs", "running_repositories"]
