@@ -183,3 +183,45 @@ def test_what_a_running_server_uses_is_marked_and_not_removed(served: Served) ->
     assert Path(repo["path"]).is_dir()
     prune = subprocess.run([*FTX, "prune", "--unused"], capture_output=True, text=True, timeout=120, env=env)
     assert prune.returncode == 0 and Path(repo["path"]).is_dir()
+
+
+# --------------------------------------------------------------------------- ftx bench on the same deployment
+
+
+def _bench(served: Served, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "FTX_HOME": str(served.home)}
+    return subprocess.run([*FTX, "bench", "--concurrency", "1,2", "--requests", "6", "--max-tokens", "4", "--json",
+                           *args], capture_output=True, text=True, timeout=600, env=env)
+
+
+def _stored(served: Served) -> list[dict]:
+    env = {**os.environ, "FTX_HOME": str(served.home)}
+    ps = json.loads(subprocess.run([*FTX, "ps", "--json"], capture_output=True, text=True, timeout=120,
+                                   env=env).stdout)
+    return json.loads((Path(ps[0]["repository"]) / "ftx-bench.json").read_text())
+
+
+def test_bench_builtin_measures_and_stores_beside_the_deployment(served: Served) -> None:
+    done = _bench(served, "--tool", "builtin")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["tool"] == "builtin" and "requested with --tool builtin" in done.stderr
+    assert [p["concurrency"] for p in result["points"]] == [1, 2]
+    for point in result["points"]:
+        assert point["requests"] == 6 and point["throughput_rps"] > 0
+        assert 0 < point["latency_p50_ms"] <= point["latency_p90_ms"] <= point["latency_p99_ms"]
+        assert point["tokens_per_s"] > 0
+    assert _stored(served)[-1]["points"] == result["points"]
+
+
+def test_bench_with_perf_analyzer(served: Served) -> None:
+    from ftx.bench import find_perf_analyzer
+
+    if find_perf_analyzer() is None:
+        pytest.skip("perf_analyzer is not installed here (scripts/setup.sh --dev installs it)")
+    done = _bench(served, "--tool", "perf_analyzer")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["tool"] == "perf_analyzer" and [p["concurrency"] for p in result["points"]] == [1, 2]
+    assert all(p["throughput_rps"] > 0 and p["latency_p99_ms"] > 0 for p in result["points"])
+    assert _stored(served)[-1]["tool"] == "perf_analyzer"

@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "ftx.cli.pins",
     "ftx.cli.serving",
     "ftx.cli.store",
+    "ftx.cli.bench",
 )
 
 

@@ -46,6 +46,8 @@ from ftx.errors import ServeError
 log = structlog.get_logger(__name__)
 
 STUB_NAME = "triton_python_backend_stub"
+STUB_PYTHON_ENV = "FTX_STUB_PYTHON"
+"""In ``env``: the python3 whose environment the Python-backend stubs run in (default: this interpreter)."""
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "triton_python_backend_shm_region_"
 MODEL_CONTROL_MODES = ("none", "poll", "explicit")
@@ -200,7 +202,9 @@ def server_env(install: TritonInstall, env: Mapping[str, str] | None = None) -> 
     """The environment tritonserver and its stubs need, on top of ``os.environ`` and ``env``."""
     result = dict(os.environ)
     result.update(env or {})
-    result["PATH"] = _join_paths(str(Path(sys.executable).parent), result.get("PATH") or os.defpath)
+    # STUB_PYTHON_ENV names another python3 for the stubs (the python runtime's numpy-1 side environment)
+    python = result.pop(STUB_PYTHON_ENV, None) or sys.executable
+    result["PATH"] = _join_paths(str(Path(python).parent), result.get("PATH") or os.defpath)
     libdir = python_libdir()
     if libdir is None:
         log.warning("server.libpython_missing", executable=sys.executable,

@@ -94,8 +94,8 @@ def _model_class(family: Family, config: Any) -> Any:
 def load_model(family: Family, ft_dir: Path, *, device: str = "auto", data_type: str | None = None) -> LoadedModel:
     """Build ``family``'s transformers model from the FT files in ``ft_dir`` (a ``<tp>-gpu`` dir)."""
     import torch
-    from transformers.modeling_utils import no_init_weights
 
+    no_init_weights = _no_init_weights()
     started = time.perf_counter()
     ft_dir = Path(ft_dir)
     if not (ft_dir / "config.ini").is_file():
@@ -136,6 +136,15 @@ def load_model(family: Family, ft_dir: Path, *, device: str = "auto", data_type:
              dtype=str(dtype).replace("torch.", ""), tensors=len(loaded), seconds=round(seconds, 2),
              attention=getattr(config, "_attn_implementation", None))
     return LoadedModel(model, config, target, dtype, ini, seconds)
+
+
+def _no_init_weights() -> Any:
+    """transformers' context that skips weight initialisation (moved in transformers 5)."""
+    try:
+        from transformers.initialization import no_init_weights  # transformers >= 5
+    except ImportError:
+        from transformers.modeling_utils import no_init_weights  # transformers 4
+    return no_init_weights
 
 
 def _check_complete(model: Any, state: dict[str, Any], loaded: set[str], ft_dir: Path) -> None:

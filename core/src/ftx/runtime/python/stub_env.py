@@ -1,0 +1,105 @@
+"""A numpy-1 view of this environment for the Python-backend stubs, when this environment has numpy 2.
+
+The ``triton_python_backend_stub`` in the nvidia-pytriton wheel (Triton 2.51) was built against
+numpy 1: under numpy 2 its numpy bridge hands models garbage — numeric tensors are exchanged through
+DLPack instead (see ``triton_model.use_dlpack``), but BYTES tensors (the ensemble's text) have no
+other path. The stub finds its Python environment through the ``python3`` first on ``PATH``, so ftx
+gives it a tiny venv of its own (:func:`stub_python`): numpy 1 in its site-packages, then — through a
+``.pth`` file — every ``sys.path`` entry of this environment (torch, transformers, ftx and its
+plugins as installed). This environment itself keeps numpy 2; nothing is pinned for the user.
+
+numpy 1 comes from ``FTX_STUB_NUMPY`` (a wheel file), a wheel cached under ``<home>/triton/wheels``,
+or ``pip download`` from the package index the first time (said on the terminal).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from ftx.errors import ServeError
+
+NUMPY_REQUIREMENT = "numpy<2"
+WHEEL_ENV = "FTX_STUB_NUMPY"
+
+
+def needed() -> bool:
+    """Whether this environment's numpy is one the stub cannot exchange tensors with."""
+    return int(np.__version__.split(".", 1)[0]) >= 2
+
+
+def _numpy1_wheel(home: Path) -> Path:
+    explicit = os.environ.get(WHEEL_ENV)
+    if explicit:
+        if not Path(explicit).is_file():
+            raise ServeError(f"{WHEEL_ENV}={explicit} is not a file", hint="point it at a numpy 1.x wheel")
+        return Path(explicit)
+    cache = Path(home) / "triton" / "wheels"
+    found = sorted(cache.glob("numpy-1.*.whl"))
+    if found:
+        return found[-1]
+    from ftx.console import say
+
+    cache.mkdir(parents=True, exist_ok=True)
+    say("fetching numpy 1 for the Python-backend stub (built for numpy 1; this environment keeps numpy 2) …")
+    done = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                           NUMPY_REQUIREMENT, "-d", str(cache)], capture_output=True, text=True, check=False)
+    found = sorted(cache.glob("numpy-1.*.whl"))
+    if done.returncode != 0 or not found:
+        raise ServeError(f"could not fetch a numpy 1 wheel for the Python-backend stub: {done.stderr.strip()[-500:]}",
+                         hint=f"set {WHEEL_ENV}=/path/to/numpy-1.x.whl (pip download 'numpy<2' --no-deps), "
+                              "or use numpy<2 in this environment")
+    return found[-1]
+
+
+def _roots() -> list[str]:
+    """This process's import roots outside the standard library (site-packages, editable sources)."""
+    stdlib = {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib")}
+    roots = []
+    for entry in sys.path:
+        path = Path(entry or ".").resolve()
+        if path.is_dir() and path not in stdlib and not any(path.is_relative_to(s) and "site-packages" not in
+                                                             path.parts for s in stdlib):
+            roots.append(str(path))
+    return list(dict.fromkeys(roots))
+
+
+def stub_python(home: Path) -> Path | None:
+    """The ``python3`` the stubs should run (a numpy-1 side venv under numpy 2), or None for this one."""
+    if not needed():
+        return None
+    from ftx.atomic import publish_dir
+
+    wheel = _numpy1_wheel(home)
+    roots = _roots()
+    digest = hashlib.sha256("\n".join([sys.executable, wheel.name, *roots]).encode()).hexdigest()[:12]
+    pyver = f"{sys.version_info.major}.{sys.version_info.minor}"
+    target = Path(home) / "triton" / f"stub-env-{pyver}-{digest}"
+    python = target / "bin" / "python3"
+    if python.exists():
+        return python
+    with publish_dir(target, replace=True) as tmp:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp)], check=True, capture_output=True)
+        site = tmp / "lib" / f"python{pyver}" / "site-packages"
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extractall(site)
+        (site / "ftx-main-environment.pth").write_text("\n".join(roots) + "\n")
+    return python
+
+
+def stub_env(home: Path) -> dict[str, str]:
+    """``TritonServer(env=...)`` entries that run the stubs in :func:`stub_python`'s environment."""
+    from ftx.triton.server import STUB_PYTHON_ENV
+
+    python = stub_python(home)
+    return {STUB_PYTHON_ENV: str(python)} if python is not None else {}
+
+
+__all__ = ["needed", "stub_env", "stub_python"]
