@@ -46,10 +46,11 @@ def make_checkpoint(directory: Path, gigabytes: float) -> int:
     state: dict[str, torch.Tensor] = {"transformer.wte.weight": torch.randn(512, HIDDEN)}
     for i in range(layers):
         p = f"transformer.h.{i}"
-        for name, shape in ((f"{p}.attn.q_proj.weight", (HIDDEN, HIDDEN)), (f"{p}.attn.k_proj.weight", (HIDDEN, HIDDEN)),
-                            (f"{p}.attn.v_proj.weight", (HIDDEN, HIDDEN)), (f"{p}.attn.out_proj.weight", (HIDDEN, HIDDEN)),
-                            (f"{p}.mlp.fc_in.weight", (4 * HIDDEN, HIDDEN)), (f"{p}.mlp.fc_out.weight", (HIDDEN, 4 * HIDDEN))):
-            state[name] = torch.randn(*shape)
+        square = (HIDDEN, HIDDEN)
+        shapes = {"attn.q_proj": square, "attn.k_proj": square, "attn.v_proj": square, "attn.out_proj": square,
+                  "mlp.fc_in": (4 * HIDDEN, HIDDEN), "mlp.fc_out": (HIDDEN, 4 * HIDDEN)}
+        for name, shape in shapes.items():
+            state[f"{p}.{name}.weight"] = torch.randn(*shape)
     torch.save(state, directory / "pytorch_model.bin")
     # the same tensors as safetensors (header + raw little-endian data)
     header, offset, blobs = {}, 0, []
@@ -121,7 +122,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ftx-bin-rss-", dir=args.dir) as tmp:
         directory = Path(tmp)
         size = make_checkpoint(directory, args.gb)
-        print(f"checkpoint: {size / 1e9:.2f} GB of fp32 tensors ({os.path.getsize(directory / 'pytorch_model.bin') / 1e9:.2f} GB .bin)")
+        on_disk = os.path.getsize(directory / "pytorch_model.bin") / 1e9
+        print(f"checkpoint: {size / 1e9:.2f} GB of fp32 tensors ({on_disk:.2f} GB .bin)")
         print(f"{'reader':<18}{'peak RSS':>12}{'peak anon RSS':>16}{'seconds':>10}")
         for mode in ("ftx .bin", "torch.load", "ftx safetensors"):
             done = subprocess.run([sys.executable, __file__, "--measure", mode, "--dir", str(directory)],

@@ -331,6 +331,18 @@ class FakePbUtils:
         def as_numpy(self) -> np.ndarray:
             return self.value
 
+        def to_dlpack(self) -> Any:  # the exchange TritonPythonModel uses under numpy 2
+            import torch
+            from torch.utils.dlpack import to_dlpack
+
+            return to_dlpack(torch.from_numpy(np.ascontiguousarray(self.value)))
+
+        @classmethod
+        def from_dlpack(cls, name: str, capsule: Any) -> Any:
+            from torch.utils.dlpack import from_dlpack
+
+            return cls(name, from_dlpack(capsule).numpy())
+
     class TritonError:
         def __init__(self, message: str) -> None:
             self.message = message

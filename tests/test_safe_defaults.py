@@ -5,7 +5,6 @@ true (did-you-mean, missing paths, who chose the runtime)."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -101,7 +100,8 @@ def test_weight_dtype_defaults_to_the_sources(ftx_cli, tmp_path: Path, declared:
     assert "weight_data_type = fp16" in ini
     assert json.loads((out / "1-gpu" / "ftx-convert.json").read_text())["weight_dtype"] == "fp16"
     explicit = ftx_cli("convert", str(src), "-o", str(tmp_path / "out32"), "--weight-dtype", "fp32")
-    assert explicit.exit_code == 0 and "weight_data_type = fp32" in (tmp_path / "out32" / "1-gpu" / "config.ini").read_text()
+    assert explicit.exit_code == 0
+    assert "weight_data_type = fp32" in (tmp_path / "out32" / "1-gpu" / "config.ini").read_text()
 
 
 def test_noncommercial_licence_is_shown_and_needs_acceptance(ftx_cli, ftx_home: Path) -> None:

@@ -58,7 +58,8 @@ def test_rm_by_key_prefix_takes_the_repositories_built_on_it(ftx_cli, ftx_home: 
     assert short.exit_code == 1 and "too short" in short.stderr
 
 
-def test_prune_older_than_and_to_size_remove_least_recently_used(ftx_cli, store_with_two_models: dict[str, Path]) -> None:
+def test_prune_older_than_and_to_size_remove_least_recently_used(ftx_cli,
+                                                                 store_with_two_models: dict[str, Path]) -> None:
     rows = _ls(ftx_cli)
     old = time.time() - 40 * 86400
     for row in rows:  # model a was last used 40 days ago
@@ -77,8 +78,8 @@ def test_prune_older_than_and_to_size_remove_least_recently_used(ftx_cli, store_
     assert bad.exit_code == 1 and "50GB" in bad.stderr
 
 
-def test_prune_unused_keeps_what_others_build_on_and_removes_leftovers(ftx_cli, ftx_home: Path,
-                                                                         store_with_two_models: dict[str, Path]) -> None:
+def test_prune_unused_keeps_what_others_build_on_and_removes_leftovers(
+        ftx_cli, ftx_home: Path, store_with_two_models: dict[str, Path]) -> None:
     stale = ftx_home / "store" / ".tmp" / "convert-0123abcd-999999999-deadbeef"  # a killed build's remains
     stale.mkdir(parents=True)
     (stale / "x.bin").write_bytes(b"0" * 100)

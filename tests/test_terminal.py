@@ -143,3 +143,13 @@ def test_ctrl_c_while_the_demo_builds_says_so_and_exits_130(tmp_path: Path) -> N
     assert sum("interrupted" in line for line in screen.splitlines()) == 1, screen
     assert "Traceback" not in screen and "Aborted" not in screen
     assert not (home / "builtin" / "tiny-gptj").exists(), "nothing half-built is published"
+
+
+def test_cpu_only_cuda_lines_are_not_shown_as_causes() -> None:
+    from ftx.triton.server import log_tail
+
+    text = ('E1123 02:00:29.132840 17765 ensemble_scheduler.cc:1468] "unable to create stream for ensemble: CUDA driver '
+            'version is insufficient for CUDA runtime version"\n'
+            'E1123 02:00:20.091490 17765 server.cc:241] "CudaDriverHelper has not been initialized."\n'
+            "I1123 02:00:30.0 1 model_lifecycle.cc:1] \"successfully loaded 'ensemble'\"\n")
+    assert log_tail(text).splitlines() == ["I1123 02:00:30.0 1 model_lifecycle.cc:1] \"successfully loaded 'ensemble'\""]

@@ -55,7 +55,9 @@ def run_cli(home: Path, *args: str) -> str:
 
     reset_host()
     try:
-        result = CliRunner().invoke(cli, list(args), env={"FTX_HOME": str(home)}, catch_exceptions=True)
+        # FTX_ACCEPT_LICENSE: the tiny KoGPT stand-in carries KoGPT's non-commercial licence
+        result = CliRunner().invoke(cli, list(args), env={"FTX_HOME": str(home), "FTX_ACCEPT_LICENSE": "1"},
+                                    catch_exceptions=True)
     finally:
         reset_host()
     assert result.exit_code == 0, f"{result.stderr}\n{result.exception!r}"

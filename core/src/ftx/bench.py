@@ -134,18 +134,20 @@ def builtin_load(url: str, model: str, prompt: str, max_tokens: int, concurrency
 
 
 def run_perf_analyzer(binary: Path, grpc_url: str, model: str, prompt: str, max_tokens: int,
-                      concurrency: Sequence[int], requests: int) -> list[Point]:
-    """``perf_analyzer`` over gRPC with the prompt as input data, one CSV row per concurrency."""
+                      concurrency: Sequence[int], requests: int, *, streaming: bool = False) -> list[Point]:
+    """``perf_analyzer`` over gRPC with the prompt as input data, one CSV row per concurrency
+    (``--streaming`` for a decoupled model: latency is then the time to the first response)."""
     with tempfile.TemporaryDirectory(prefix="ftx-bench-") as tmp:
         data = Path(tmp) / "input.json"
-        data.write_text(json.dumps({"data": [{"text_input": [prompt], "max_tokens": [max_tokens]}]}))
+        request = {"text_input": [prompt], "max_tokens": [max_tokens], **({"stream": [True]} if streaming else {})}
+        data.write_text(json.dumps({"data": [request]}))
         report = Path(tmp) / "report.csv"
         points = []
         for c in concurrency:  # one run per level: a level that cannot stabilise does not lose the others
             cmd = [str(binary), "-m", model, "-u", grpc_url.removeprefix("grpc://"), "-i", "grpc",
                    "--input-data", str(data), "--concurrency-range", f"{c}:{c}", "--measurement-mode",
                    "count_windows", "--measurement-request-count", str(requests), "--stability-percentage", "100",
-                   "--max-trials", "3", "-f", str(report)]
+                   "--max-trials", "3", "-f", str(report), *(["--streaming"] if streaming else [])]
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
             if done.returncode != 0 or not report.is_file():
                 tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-8:])

@@ -209,7 +209,8 @@ class Pipeline:
                  result: RunResult) -> RunResult:
         """Say what each stage would do, touching neither the network nor the store."""
         s = self.settings
-        self.say(f"fetch     {ref.display}" + ("" if ref.kind == "local" else " (download, verify, publish to the store)"))
+        where = "" if ref.kind == "local" else " (download, verify, publish to the store)"
+        self.say(f"fetch     {ref.display}{where}")
         if family is None or hf_config is None:
             self.say("          the next stages depend on the checkpoint's config.json: run `ftx pull` first, "
                      "or pass --family for a preset")

@@ -2,9 +2,10 @@
 
 A server is found by its process (whoever started it: ``ftx run`` in the foreground, ``--detach``,
 or the Docker launcher, whose container processes are visible to the host) serving a repository in
-this ``FTX_HOME``'s store, so a foreground run is listed too. Its deployment record (``ftx-deployment.json`` in the model repository) says which
-model and runtime it serves; records of detached servers (``<home>/servers``) add their names, and
-the OpenAI-compatible endpoint's record its address.
+this ``FTX_HOME``'s store, so a foreground run is listed too. Its deployment record
+(``ftx-deployment.json`` in the model repository) says which model and runtime it serves; records
+of detached servers (``<home>/servers``) add their names, and the OpenAI-compatible endpoint's
+record its address.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class ServedModel:
 
     def as_dict(self) -> dict[str, Any]:
         data = {k: v for k, v in self.__dict__.items() if k != "extra"}
-        return {**data, **self.extra}
+        return {**data, "http_url": self.http, "grpc_url": self.grpc, **self.extra}
 
 
 def _flag(cmdline: list[str], name: str) -> str | None:
@@ -68,7 +69,7 @@ def _device(proc: Any, runtime: str) -> str:
     """The python runtime's --device (its FTX_DEVICE); GPUs for the FasterTransformer runtime."""
     import psutil
 
-    if runtime and runtime != "python":
+    if runtime not in ("python", "?", ""):  # the FasterTransformer runtimes run on GPUs
         return "gpu"
     try:
         device = proc.environ().get("FTX_DEVICE", "auto")

@@ -80,7 +80,11 @@ def bench(name: str | None, url: str | None, tool: str, concurrency: str, reques
                          max_tokens)
     say(f"bench     {target.name} ({target.model}) with {result.tool}: {why}")
     if use_pa:
-        result.points = run_perf_analyzer(binary, target.grpc, "ensemble", prompt, max_tokens, levels, requests)
+        from ftx.triton.text_client import HttpTriton, text_interface
+
+        streaming = text_interface(HttpTriton(f"http://{target.http}"), "ensemble").decoupled
+        result.points = run_perf_analyzer(binary, target.grpc, "ensemble", prompt, max_tokens, levels, requests,
+                                          streaming=streaming)
     else:
         from ftx.triton.textproc import load_codec
 

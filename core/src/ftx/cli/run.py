@@ -8,7 +8,8 @@ import click
 from click.core import ParameterSource
 
 from ftx.cli.common import FtxCommand, get_host, say
-from ftx.cli.options import (conversion_options, safety_options, section, docker_options, repository_options, serve_container_options,
+from ftx.cli.options import (conversion_options, docker_options, repository_options, safety_options, section,
+                             serve_container_options,
                              source_options, stage_options, tune_options)
 from ftx.settings import RunSettings
 from ftx.errors import ConfigError

@@ -44,10 +44,10 @@ def ps_command(as_json: bool) -> None:
     if not served and not dead:
         say("no tritonserver is running")
         return
-    rows = [["NAME", "MODEL", "RUNTIME", "DEVICE", "MEMORY", "UPTIME", "HTTP", "OPENAI", "PID"]]
-    rows += [[s.name, s.model, s.runtime, s.device, human_bytes(s.memory_bytes), _uptime(s.uptime_s),
+    rows = [["NAME", "STATE", "MODEL", "RUNTIME", "DEVICE", "MEMORY", "UPTIME", "HTTP", "OPENAI", "PID"]]
+    rows += [[s.name, "running", s.model, s.runtime, s.device, human_bytes(s.memory_bytes), _uptime(s.uptime_s),
               f"http://{s.http}", s.openai or "-", str(s.pid)] for s in served]
-    rows += [[r.name, "-", "-", "-", "-", "dead", "-", "-", str(r.pid)] for r in dead]
+    rows += [[r.name, "dead", "-", "-", "-", "-", "-", "-", "-", str(r.pid)] for r in dead]
     click.echo(_table(rows))
     if dead:
         say("dead servers' records are removed by `ftx stop NAME` (or `ftx stop --all`)")

@@ -303,7 +303,8 @@ def describe_endpoint(result: Any, settings: Any, *, detached_name: str | None =
     if openai is not None:
         body = json.dumps({"model": openai_model_id(settings.model),
                            "messages": [{"role": "user", "content": EXAMPLE_PROMPT}], "max_tokens": EXAMPLE_TOKENS})
-        lines.append(f"  curl -s {openai.url}/chat/completions -H 'Content-Type: application/json' -d {shlex.quote(body)}")
+        lines.append(f"  curl -s {openai.url}/chat/completions -H 'Content-Type: application/json' "
+                     f"-d {shlex.quote(body)}")
     return "\n".join(lines)
 
 

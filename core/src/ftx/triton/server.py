@@ -689,7 +689,9 @@ class TritonServer:
         say = progress or (lambda _msg: None)
         install = find_tritonserver()
         backends = prepare_backends(install, self.home)
-        env = server_env(install, self.env)
+        from ftx.triton.stub_env import stub_env  # numpy 2 here: the stubs get a numpy-1 view of this environment
+
+        env = server_env(install, {**stub_env(self.home), **self.env})
         attempts = _PORT_ATTEMPTS if self._auto_ports else 1
         for attempt in range(1, attempts + 1):
             offset = self._spawn(install, backends, env)
@@ -781,6 +783,8 @@ class TritonServer:
         # when the cause is unknown. The CLI prints the error, so the event is for JSON logs only.
         cause = found.cause if found else "no known cause found in the log"
         hint = found.hint if found else f"read the full log: {self._log_path}"
+        if str(self._log_path) not in hint:
+            hint += f" (full log: {self._log_path})"
         message = f"tritonserver did not start: {summary}\n{cause}"
         if found is None:
             message += f"\n--- last lines of {self._log_path} ---\n{log_tail(text)}"

@@ -9,6 +9,7 @@ hold the model.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,8 +118,10 @@ def load_model(family: Family, ft_dir: Path, *, device: str = "auto", data_type:
     model.eval()
     state = model.state_dict(keep_vars=True)
     loaded: set[str] = set()
+    rename = _renamer(cls, config)
     with torch.no_grad():
-        for name, array in invert_checkpoint(family, ft_dir):
+        for original, array in invert_checkpoint(family, ft_dir):
+            name = rename(original)
             if name not in state:
                 raise CheckpointError(f"{ft_dir}: the {family.name} table yields {name!r}, "
                                       f"which {cls.__name__} does not have")
@@ -129,6 +132,8 @@ def load_model(family: Family, ft_dir: Path, *, device: str = "auto", data_type:
                                       hint="the config.ini does not match the .bin files; re-run the conversion")
             param.copy_(torch.from_numpy(array))
             loaded.add(name)
+    model.tie_weights()  # tied parameters (T5's embed_tokens, a tied lm_head) share the loaded tensor again
+    state = model.state_dict(keep_vars=True)
     _check_complete(model, state, loaded, ft_dir)
     model.to(target)
     seconds = time.perf_counter() - started
@@ -136,6 +141,28 @@ def load_model(family: Family, ft_dir: Path, *, device: str = "auto", data_type:
              dtype=str(dtype).replace("torch.", ""), tensors=len(loaded), seconds=round(seconds, 2),
              attention=getattr(config, "_attn_implementation", None))
     return LoadedModel(model, config, target, dtype, ini, seconds)
+
+
+def _renamer(cls: Any, config: Any) -> Any:
+    """Checkpoint names -> this transformers' parameter names (transformers 5 renamed some, e.g.
+    GPT-NeoX's ``embed_out`` to ``lm_head``, and maps the old names when loading; so does ftx)."""
+    try:
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming
+    except ImportError:  # transformers 4: names are as the checkpoints have them
+        return lambda name: name
+    rules: list[tuple[str, str]] = []
+    for key in dict.fromkeys((cls.__name__, getattr(config, "model_type", ""))):
+        for transform in get_checkpoint_conversion_mapping(key) or ():
+            if isinstance(transform, WeightRenaming):
+                rules += list(zip(transform.source_patterns, transform.target_patterns, strict=False))
+
+    def rename(name: str) -> str:
+        for source, target in rules:
+            name = re.sub(source, target, name)
+        return name
+
+    return rename
 
 
 def _no_init_weights() -> Any:

@@ -104,11 +104,8 @@ def serve_python(repository: ModelRepository, ctx: StageContext) -> Endpoint:
     path = Path(repository.path)
     if not (path / FT_MODEL_NAME / "config.pbtxt").is_file():
         raise ServeError(f"{path} has no {FT_MODEL_NAME} model", hint="re-run the configure stage (--force configure)")
-    from ftx.runtime.python.stub_env import stub_env
-
-    env = {DEVICE_ENV: s.device, **stub_env(ctx.home)}  # under numpy 2: a numpy-1 view of this environment
     server = TritonServer(path, home=ctx.home, host=s.host, ports=_ports(ctx), name=server_name(ctx.settings.model),
-                          env=env, ready_timeout_s=READY_TIMEOUT_S,
+                          env={DEVICE_ENV: s.device}, ready_timeout_s=READY_TIMEOUT_S,
                           die_with_parent=not s.detach)
 
     def say(text: str) -> None:

@@ -1,10 +1,10 @@
 """A numpy-1 view of this environment for the Python-backend stubs, when this environment has numpy 2.
 
 The ``triton_python_backend_stub`` in the nvidia-pytriton wheel (Triton 2.51) was built against
-numpy 1: under numpy 2 its numpy bridge hands models garbage — numeric tensors are exchanged through
-DLPack instead (see ``triton_model.use_dlpack``), but BYTES tensors (the ensemble's text) have no
-other path. The stub finds its Python environment through the ``python3`` first on ``PATH``, so ftx
-gives it a tiny venv of its own (:func:`stub_python`): numpy 1 in its site-packages, then — through a
+numpy 1: under numpy 2 its numpy bridge hands models garbage — numeric tensors could go through
+DLPack (the python runtime's model can), but BYTES tensors (the ensemble's text) have no other path.
+The stub finds its Python environment through the ``python3`` first on ``PATH``, so ftx gives it a
+tiny venv of its own (:func:`stub_python`): numpy 1 in its site-packages, then — through a
 ``.pth`` file — every ``sys.path`` entry of this environment (torch, transformers, ftx and its
 plugins as installed). This environment itself keeps numpy 2; nothing is pinned for the user.
 
