@@ -153,3 +153,24 @@ def test_cpu_only_cuda_lines_are_not_shown_as_causes() -> None:
             'E1123 02:00:20.091490 17765 server.cc:241] "CudaDriverHelper has not been initialized."\n'
             "I1123 02:00:30.0 1 model_lifecycle.cc:1] \"successfully loaded 'ensemble'\"\n")
     assert log_tail(text).splitlines() == ["I1123 02:00:30.0 1 model_lifecycle.cc:1] \"successfully loaded 'ensemble'\""]
+
+
+def test_waiting_on_another_process_lock_says_so(tmp_path: Path) -> None:
+    from ftx.atomic import lock_for
+    from ftx.demo import demo_dir
+
+    home = tmp_path / "home"
+    lock = lock_for(demo_dir(home))
+    lock.acquire()  # this test process plays the other ftx, building the demo
+    proc = subprocess.Popen([FTX, "run", "tiny-gptj", "--until", "fetch"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env(home))
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert "waiting for another ftx process that is building the built-in tiny-gptj model" in line, line
+        assert proc.poll() is None, "it waits instead of failing"
+    finally:
+        lock.release()
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert "building the built-in tiny-gptj model" in err and out.strip()
