@@ -56,7 +56,7 @@ class RepositorySettings:
     pp: int = 1
     data_type: str | None = None
     """Compute type; None until the runtime is chosen (then its default, else the weight dtype)."""
-    max_batch_size: int = 8
+    max_batch_size: int = 128  # ftx.triton.model_config.DEFAULT_MAX_BATCH_SIZE
     instances: int = 1
     streaming: bool = False
     dynamic_batching: bool = True

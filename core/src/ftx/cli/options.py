@@ -40,7 +40,7 @@ conversion_options = _compose(
 repository_options = _compose(
     click.option("--data-type", type=click.Choice(list(WEIGHT_DTYPES)),
                  help="Compute type FasterTransformer runs (default: the weight dtype)."),
-    click.option("--max-batch-size", type=click.IntRange(1, 4096), default=8, show_default=True,
+    click.option("--max-batch-size", type=click.IntRange(1, 4096), default=128, show_default=True,
                  help="Largest batch Triton sends to the model."),
     click.option("--instances", type=click.IntRange(1, 64), default=1, show_default=True,
                  help="Model instances (each holds tp x pp GPUs)."),

@@ -55,7 +55,7 @@ def ftx_configure(family: Family, spec: ModelSpec, source: Source, checkpoint: C
     tokenizer = s.configure.tokenizer or source.path
     info = deployment_info(family, spec, source, checkpoint, ctx)
     info["gemm_tuning"] = {"tuned": gemm.tuned, "path": str(gemm.path) if gemm.path else None, "reason": gemm.reason}
-    options = FtModelOptions.from_settings(family, checkpoint.path, s)
+    options = FtModelOptions.from_settings(family, checkpoint.path, s, source=source.path)
     plan = plan_repository(family, spec, options, runtime=runtime.name, tokenizer=tokenizer,
                            tokenizer_explicit=s.configure.tokenizer is not None,
                            weight_dtype=checkpoint.weight_dtype, deployment=info)

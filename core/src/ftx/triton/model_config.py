@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ftx.errors import ConfigError
+from ftx.errors import ConfigError, FtxError
 from ftx.triton.io import IO_KINDS, TensorDecl
 
 if TYPE_CHECKING:
@@ -23,6 +23,19 @@ if TYPE_CHECKING:
     from ftx.settings import RunSettings
 
 FT_MODEL_NAME = "fastertransformer"
+
+DEFAULT_MAX_BATCH_SIZE = 128
+"""Default ``max_batch_size`` of every model in a repository.
+
+fastertransformer_backend's clients send batches of 8 (``identity_test.py``, ``end_to_end_test.py``,
+the sample requests), 32 in its guides and 128 (``evaluate_lambada.py``'s default); Triton refuses
+a request whose batch exceeds ``max_batch_size`` outright, so the default takes all of them.
+Upstream's samples say 1024. Memory stays bounded because the batch only caps what the dynamic
+batcher may combine: FasterTransformer sizes its buffers per executed batch, and the python
+runtime runs a batch as ``generate`` calls of at most ``FTX_MAX_BATCH_TOKENS`` tokens each.
+"""
+POSITION_KEYS = ("n_positions", "max_position_embeddings", "n_ctx", "max_sequence_length")
+"""config.json keys that hold a decoder's context size (prompt + generated tokens)."""
 
 
 @dataclass(frozen=True)
@@ -35,20 +48,45 @@ class FtModelOptions:
     tp: int
     pp: int = 1
     data_type: str = "fp16"
-    max_batch_size: int = 8
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     instances: int = 1
     streaming: bool = False
     dynamic_batching: bool = True
     backend: str = "fastertransformer"
+    max_positions: int | None = None
+    """A decoder's context size from the source's config.json (None: unknown, or not a decoder)."""
 
     @classmethod
-    def from_settings(cls, family: Family, checkpoint_path: Path, settings: RunSettings) -> FtModelOptions:
-        """The fastertransformer model's options for ``family`` from the run's configure settings."""
+    def from_settings(cls, family: Family, checkpoint_path: Path, settings: RunSettings,
+                      source: Path | None = None) -> FtModelOptions:
+        """The fastertransformer model's options for ``family`` from the run's configure settings
+        (and the ``source`` checkpoint's config.json, for a decoder's context size)."""
         repo = settings.configure
+        positions = source_context_size(family, source) if source is not None else None
         return cls(model_type=family.triton_model_type, io_kind=family.triton_io, checkpoint_path=checkpoint_path,
                    tp=settings.convert.tp, pp=repo.pp, data_type=settings.data_type,
                    max_batch_size=repo.max_batch_size, instances=repo.instances, streaming=repo.streaming,
-                   dynamic_batching=repo.dynamic_batching)
+                   dynamic_batching=repo.dynamic_batching, max_positions=positions)
+
+
+def source_context_size(family: Family, source: Path) -> int | None:
+    """A decoder's context size from its source's config.json; None for encoder-decoders (relative
+    positions) or when the source has no readable config."""
+    if family.triton_io != "decoder":
+        return None
+    try:
+        return context_size(family.read_hf_config(Path(source)))
+    except (FtxError, OSError, ValueError):
+        return None
+
+
+def context_size(hf_config: Mapping[str, object]) -> int | None:
+    """The positions a decoder's config.json declares (prompt + generated tokens), if any."""
+    for key in POSITION_KEYS:
+        value = hf_config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 FT_DATA_TYPES: dict[str, tuple[str, ...]] = {

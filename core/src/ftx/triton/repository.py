@@ -6,6 +6,7 @@ Layout (ft-format.md §6.1)::
     preprocessing/config.pbtxt, 1/model.py   text → FT inputs (Python backend), tokenizer files in 1/
     postprocessing/config.pbtxt, 1/model.py  FT outputs → text
     ensemble/config.pbtxt, 1/                generate-extension I/O
+    ft_ensemble/config.pbtxt, 1/             fastertransformer_backend's ensemble I/O (INPUT_0 … → OUTPUT_0)
     ftx-deployment.json                      what this repository was built from
 
 :func:`plan_repository` raises every :class:`~ftx.errors.FtxError` a user can fix before a
@@ -30,8 +31,16 @@ from ftx.errors import CheckpointError, ConfigError
 from ftx.family import Family, ModelSpec
 from ftx.io.ftformat import read_ini
 from ftx.triton import textproc
-from ftx.triton.ensemble import ENSEMBLE_NAME, POSTPROCESSING, PREPROCESSING, build_ensemble_config, check_ensemble
-from ftx.triton.io import GENERATE_INPUTS, GENERATE_OUTPUTS, PREPROCESSING_OUTPUTS, postprocessing_inputs
+from ftx.triton.ensemble import (
+    ENSEMBLE_NAME,
+    FT_ENSEMBLE_NAME,
+    POSTPROCESSING,
+    PREPROCESSING,
+    build_ensemble_config,
+    build_ft_ensemble_config,
+    check_ensemble,
+)
+from ftx.triton.io import POSTPROCESSING_OUTPUTS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS, postprocessing_inputs
 from ftx.triton.model_config import (
     FT_MODEL_NAME,
     MODEL_TYPE_SECTIONS,
@@ -53,7 +62,8 @@ log = structlog.get_logger(__name__)
 DEPLOYMENT_FILE = "ftx-deployment.json"
 DEPLOYMENT_SCHEMA = "ftx.deployment/1"
 TEXTPROC_MODULE = "ftx_textproc.py"
-MODEL_NAMES = (FT_MODEL_NAME, PREPROCESSING, POSTPROCESSING, ENSEMBLE_NAME)
+MODEL_NAMES = (FT_MODEL_NAME, PREPROCESSING, POSTPROCESSING, ENSEMBLE_NAME, FT_ENSEMBLE_NAME)
+ENSEMBLES = (ENSEMBLE_NAME, FT_ENSEMBLE_NAME)
 _PYTHON_MODELS = Path(__file__).parent / "python_models"
 
 FtWriter = Callable[[Path, FtModelOptions, Family], str]
@@ -75,9 +85,10 @@ class TokenizerPlan:
     pad_id: int
     vocab_size: int
 
-    def settings(self, io_kind: str, streaming: bool) -> textproc.TextSettings:
+    def settings(self, io_kind: str, streaming: bool, max_positions: int | None = None) -> textproc.TextSettings:
         return textproc.TextSettings(io_kind=io_kind, tokenizer_kind=self.kind, start_id=self.start_id,
-                                     end_id=self.end_id, pad_id=self.pad_id, streaming=streaming)
+                                     end_id=self.end_id, pad_id=self.pad_id, streaming=streaming,
+                                     max_prompt_tokens=max_positions)
 
 
 def collect_tokenizer_files(path: Path, family: Family) -> dict[str, Path]:
@@ -246,12 +257,12 @@ def write_ft_model(plan: RepositoryPlan, dest: Path, writer: FtWriter) -> str:
 def write_text_model(dest: Path, role: str, plan: RepositoryPlan) -> None:
     """``preprocessing/`` or ``postprocessing/``: config, model.py, textproc copy, tokenizer files."""
     io_kind = plan.io_kind
-    settings = plan.tokenizer.settings(io_kind, plan.ft.streaming)
+    settings = plan.tokenizer.settings(io_kind, plan.ft.streaming, plan.ft.max_positions)
     params = {"role": role, **settings.as_parameters(), "tokenizer_files": ",".join(sorted(plan.tokenizer.files))}
     if role == PREPROCESSING:
-        inputs, outputs = GENERATE_INPUTS, PREPROCESSING_OUTPUTS[io_kind]
+        inputs, outputs = PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS[io_kind]
     else:
-        inputs, outputs = postprocessing_inputs(io_kind), GENERATE_OUTPUTS
+        inputs, outputs = postprocessing_inputs(io_kind), POSTPROCESSING_OUTPUTS
     config = build_python_model_config(role, inputs, outputs, max_batch_size=plan.ft.max_batch_size,
                                        parameters=params, instances=1)
     model_dir = dest / role
@@ -271,9 +282,13 @@ def write_repository(plan: RepositoryPlan, dest: Path, ft_writer: FtWriter = wri
     backend = write_ft_model(plan, dest, ft_writer)
     write_text_model(dest, PREPROCESSING, plan)
     write_text_model(dest, POSTPROCESSING, plan)
+    ft_outputs = {o.name for o in parse_config(dest / FT_MODEL_NAME / "config.pbtxt").output}
     write_config(build_ensemble_config(plan.io_kind, max_batch_size=plan.ft.max_batch_size,
-                                       streaming=plan.ft.streaming), dest / ENSEMBLE_NAME)
-    (dest / ENSEMBLE_NAME / "1" / ".ftx-keep").write_text("Triton needs this version directory to exist.\n")
+                                       streaming=plan.ft.streaming, ft_outputs=ft_outputs), dest / ENSEMBLE_NAME)
+    write_config(build_ft_ensemble_config(plan.io_kind, max_batch_size=plan.ft.max_batch_size),
+                 dest / FT_ENSEMBLE_NAME)
+    for name in ENSEMBLES:
+        (dest / name / "1" / ".ftx-keep").write_text("Triton needs this version directory to exist.\n")
     (dest / DEPLOYMENT_FILE).write_text(json.dumps(deployment_record(plan, backend), indent=2, sort_keys=True) + "\n")
     verify_repository(dest)
     return MODEL_NAMES
@@ -301,7 +316,8 @@ def deployment_record(plan: RepositoryPlan, backend: str) -> dict[str, Any]:
         "models": list(MODEL_NAMES),
         "endpoints": {"generate": f"/v2/models/{ENSEMBLE_NAME}/generate",
                       "generate_stream": f"/v2/models/{ENSEMBLE_NAME}/generate_stream",
-                      "fastertransformer": f"/v2/models/{FT_MODEL_NAME}/infer"},
+                      "fastertransformer": f"/v2/models/{FT_MODEL_NAME}/infer",
+                      "ft_ensemble": f"/v2/models/{FT_ENSEMBLE_NAME}/infer"},
     }
     record.update(plan.deployment)
     return record
@@ -344,8 +360,9 @@ def verify_repository(repository: Path) -> tuple[str, ...]:
                 if recorded and found != {recorded}:
                     problems.append(f"{DEPLOYMENT_FILE} says weight_dtype {recorded} but {checkpoint}/config.ini "
                                     f"says {', '.join(sorted(found)) or 'nothing'}")
-    if (repository / ENSEMBLE_NAME / "config.pbtxt").is_file() and not problems:
-        problems += check_ensemble(repository)
+    for name in ENSEMBLES:
+        if (repository / name / "config.pbtxt").is_file() and not problems:
+            problems += check_ensemble(repository, name)
     for role in (PREPROCESSING, POSTPROCESSING):
         version = repository / role / "1"
         if not problems and version.is_dir():
