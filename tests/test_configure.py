@@ -19,6 +19,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ftx.errors import ConfigError
 from ftx.triton.ensemble import check_ensemble
 from ftx.triton.model_config import (
+    DEFAULT_MAX_BATCH_SIZE,
     FtModelOptions,
     build_ft_model_config,
     check_data_type,
@@ -27,7 +28,7 @@ from ftx.triton.model_config import (
 )
 from ftx.triton.repository import check_checkpoint, verify_repository
 
-MODELS = {"fastertransformer", "preprocessing", "postprocessing", "ensemble"}
+MODELS = {"fastertransformer", "preprocessing", "postprocessing", "ensemble", "ft_ensemble"}
 
 
 def configure(ftx_cli, source: Path, out: Path, *extra: str):
@@ -77,7 +78,7 @@ def test_gptj_repository_layout_and_ft_config(ftx_cli, ftx_home: Path, tiny_gptj
     for name in MODELS:
         assert (out / name / "1").is_dir()
     ft = ft_config(out)
-    assert ft.backend == "fastertransformer" and ft.name == "fastertransformer" and ft.max_batch_size == 8
+    assert ft.backend == "fastertransformer" and ft.name == "fastertransformer" and ft.max_batch_size == DEFAULT_MAX_BATCH_SIZE
     assert [(g.kind, g.count) for g in ft.instance_group] == [(mc.ModelInstanceGroup.Kind.KIND_CPU, 1)]
     assert parameter(ft, "model_type") == "GPT-J"
     assert parameter(ft, "tensor_para_size") == "1" and parameter(ft, "pipeline_para_size") == "1"
@@ -109,7 +110,8 @@ def test_ensemble_speaks_generate_names_and_is_wired(ftx_cli, tiny_gptj_dir: Pat
     assert ens.platform == "ensemble"
     ins = inputs(ens)
     assert ins["text_input"].data_type == mc.TYPE_STRING and not ins["text_input"].optional
-    assert ins["max_tokens"].data_type == mc.TYPE_INT32 and not ins["max_tokens"].optional
+    # INT64: Triton casts a JSON number to the declared type unchecked, so INT32 would wrap 2**32 + 5 to 5
+    assert ins["max_tokens"].data_type == mc.TYPE_INT64 and not ins["max_tokens"].optional
     for name in ("temperature", "top_k", "top_p", "stop", "beam_width", "stream"):
         assert ins[name].optional, name
     assert ins["stream"].data_type == mc.TYPE_BOOL
@@ -117,6 +119,31 @@ def test_ensemble_speaks_generate_names_and_is_wired(ftx_cli, tiny_gptj_dir: Pat
     assert [s.model_name for s in ens.ensemble_scheduling.step] == ["preprocessing", "fastertransformer",
                                                                     "postprocessing"]
     assert check_ensemble(out) == []
+
+
+def test_ft_ensemble_speaks_fastertransformer_backends_ensemble_names(ftx_cli, tiny_gptj_dir: Path,
+                                                                      tmp_path: Path) -> None:
+    """The second ensemble has fastertransformer_backend's all_models/gptj/ensemble interface."""
+    out = tmp_path / "repo"
+    configure(ftx_cli, tiny_gptj_dir, out)
+    ens = parse_config(out / "ft_ensemble" / "config.pbtxt")
+    ins = inputs(ens)
+    expected = {"INPUT_0": (mc.TYPE_STRING, [-1]), "INPUT_1": (mc.TYPE_UINT32, [-1]), "INPUT_2": (mc.TYPE_STRING, [-1]),
+                "INPUT_3": (mc.TYPE_STRING, [-1]), "beam_width": (mc.TYPE_UINT32, [1]),
+                "runtime_top_k": (mc.TYPE_UINT32, [1]), "runtime_top_p": (mc.TYPE_FP32, [1]),
+                "random_seed": (mc.TYPE_UINT64, [1]), "is_return_log_probs": (mc.TYPE_BOOL, [1]),
+                "start_id": (mc.TYPE_UINT32, [1]), "end_id": (mc.TYPE_UINT32, [1]),
+                "temperature": (mc.TYPE_FP32, [1]), "len_penalty": (mc.TYPE_FP32, [1]),
+                "repetition_penalty": (mc.TYPE_FP32, [1]), "beam_search_diversity_rate": (mc.TYPE_FP32, [1])}
+    for name, (dtype, dims) in expected.items():
+        assert (ins[name].data_type, list(ins[name].dims)) == (dtype, dims), name
+    assert not ins["INPUT_0"].optional and not ins["INPUT_1"].optional and ins["INPUT_2"].optional
+    outs = {o.name: o.data_type for o in ens.output}
+    assert outs == {"OUTPUT_0": mc.TYPE_STRING, "sequence_length": mc.TYPE_UINT32, "cum_log_probs": mc.TYPE_FP32,
+                    "output_log_probs": mc.TYPE_FP32}
+    assert check_ensemble(out, "ft_ensemble") == []
+    record = json.loads((out / "ftx-deployment.json").read_text())
+    assert "ft_ensemble" in record["models"] and record["endpoints"]["ft_ensemble"] == "/v2/models/ft_ensemble/infer"
 
 
 def test_deployment_record(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path) -> None:

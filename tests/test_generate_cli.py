@@ -177,7 +177,7 @@ def test_malformed_ensemble_requests_get_errors_and_serving_continues(deployment
     def text_request(texts: list[str], max_tokens: Any, types: dict[str, str] | None = None) -> dict[str, Any]:
         n = len(texts)
         inputs = {"text_input": np.array([[t.encode()] for t in texts], dtype=np.object_),
-                  "max_tokens": np.array([[max_tokens]] * n, dtype=np.int32 if not types else np.float32)}
+                  "max_tokens": np.array([[max_tokens]] * n, dtype=np.int64 if not types else np.float32)}
         return infer(url, inputs, model="ensemble", outputs=("text_output",), types=types)
 
     good = text_request(["Once upon a time"], 6)["text_output"]

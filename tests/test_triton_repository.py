@@ -187,7 +187,7 @@ def test_text_round_trips_through_the_server(text_models) -> None:
     """text → preprocessing → ids (the model's own tokenizer and ids) → postprocessing → the same text."""
     family, repo, served = text_models
     prompt = PROMPTS[family]
-    pre = served.infer("preprocessing", {"text_input": text(prompt), "max_tokens": np.array([[8]], dtype=np.int32)},
+    pre = served.infer("preprocessing", {"text_input": text(prompt), "max_tokens": np.array([[8]], dtype=np.int64)},
                        pre_outputs(family))
     codec = load_codec(repo / "preprocessing" / "1")
     deployment = json.loads((repo / "ftx-deployment.json").read_text())
@@ -229,7 +229,7 @@ def test_ids_come_from_the_model_not_gpt2(text_models) -> None:
     assert int(params["end_id"]) == deployment["tokenizer"]["end_id"] != 50256
     out = served.infer("preprocessing", {
         "text_input": np.array([[b"Hello"], [PROMPTS[family].encode()]], dtype=np.object_),
-        "max_tokens": np.array([[4], [4]], dtype=np.int32)}, pre_outputs(family))
+        "max_tokens": np.array([[4], [4]], dtype=np.int64)}, pre_outputs(family))
     short = int((out["sequence_length"] if family == "t5" else out["input_lengths"])[0, 0])
     assert set(out["input_ids"][0, short:].tolist()) == {int(params["pad_id"])}
 
@@ -238,7 +238,7 @@ def test_stop_and_bad_words_are_encoded_ft_style_by_the_server(text_models) -> N
     family, repo, served = text_models
     codec = load_codec(repo / "preprocessing" / "1")
     words = np.array([[b" dog", b" fox"]], dtype=np.object_)
-    out = served.infer("preprocessing", {"text_input": text(PROMPTS[family]), "max_tokens": np.array([[4]], np.int32),
+    out = served.infer("preprocessing", {"text_input": text(PROMPTS[family]), "max_tokens": np.array([[4]], np.int64),
                                          "stop": words, "bad_words": np.array([[b" lazy"]], dtype=np.object_)},
                        pre_outputs(family))
     assert out["stop_words_list"].tolist() == word_list([[" dog", " fox"]], codec).tolist()
@@ -268,7 +268,7 @@ def test_bad_request_values_are_request_errors(text_models) -> None:
 
     family, repo, served = text_models
     with pytest.raises(InferenceServerException, match="max_tokens must be at least 1"):
-        served.infer("preprocessing", {"text_input": text("Hello"), "max_tokens": np.array([[0]], dtype=np.int32)},
+        served.infer("preprocessing", {"text_input": text("Hello"), "max_tokens": np.array([[0]], dtype=np.int64)},
                      ["input_ids"])
 
 

@@ -23,6 +23,7 @@ import click
 
 from ftx.cli.common import FtxCommand, say
 from ftx.errors import ServeError
+from ftx.triton.io import STREAM_OFFSET
 
 EXAMPLE_PROMPT = "Once upon a time"
 EXAMPLE_TOKENS = 16
@@ -55,6 +56,9 @@ class TextInterface:
     decoupled: bool
     continues_prompt: bool = True
     """A decoder model continues the prompt; an encoder-decoder (T5) answers it with new text."""
+    streams_pieces: bool = False
+    """Each streamed response holds only its new text (the ensemble reads the FT model's stream
+    offset), rather than all the text so far."""
 
     def tensors(self, values: Mapping[str, Any], module: Any) -> list[Any]:
         """tritonclient InferInputs for the given role values (roles the model lacks are skipped)."""
@@ -100,7 +104,10 @@ def text_interface(client: Any, model: str) -> TextInterface:
     configs = [config, *_step_configs(client, config)]
     decoupled = any((c.get("model_transaction_policy") or {}).get("decoupled") for c in configs)
     encoder_decoder = any(i.get("name") == "max_output_len" for c in configs for i in c.get("input", ()))
-    return TextInterface(model, inputs, output, decoupled, continues_prompt=not encoder_decoder)
+    pieces = any(STREAM_OFFSET in (step.get("input_map") or {})
+                 for step in (config.get("ensemble_scheduling") or {}).get("step", ()))
+    return TextInterface(model, inputs, output, decoupled, continues_prompt=not encoder_decoder,
+                         streams_pieces=pieces)
 
 
 def _step_configs(client: Any, config: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -195,7 +202,7 @@ def generate_text(url: str, model: str, prompt: str, *, max_tokens: int = EXAMPL
 def _stream(client: Any, iface: TextInterface, inputs: list[Any], outputs: list[Any],
             on_text: Callable[[str], None] | None, timeout_s: float, target: str, prompt: str) -> str:
     """Print pieces as they arrive; the text starts with the prompt whether or not the model repeats it
-    (a streaming ensemble sends the whole text so far, a classic one only the continuation)."""
+    (ftx's streaming ensemble sends each new piece once, one without stream offsets the whole text so far)."""
     from tritonclient.utils import InferenceServerException
 
     responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
@@ -213,9 +220,9 @@ def _stream(client: Any, iface: TextInterface, inputs: list[Any], outputs: list[
                 raise _client_error(error if isinstance(error, Exception) else InferenceServerException(str(error)),
                                     target, iface.model)
             text = _first_text(result.as_numpy(iface.output))
-            if not printed and iface.continues_prompt and not text.startswith(prompt):
+            if not printed and iface.continues_prompt and (iface.streams_pieces or not text.startswith(prompt)):
                 text = prompt + text
-            piece = text.removeprefix(printed)
+            piece = text if iface.streams_pieces and printed else text.removeprefix(printed)
             if piece:
                 printed += piece
                 if on_text:
