@@ -531,8 +531,10 @@ class Postprocessor:
         return np.broadcast_to(values[:, :1] if values.shape[1] != beams else values, (batch, beams))
 
     def texts(self, output_ids: np.ndarray, sequence_length: np.ndarray,
-              input_lengths: np.ndarray | None = None) -> list[list[str]]:
-        """Decoded generated text per batch item and beam."""
+              input_lengths: np.ndarray | None = None, *, whole: bool = False) -> list[list[str]]:
+        """Decoded generated text per batch item and beam; a character whose last bytes were not
+        generated (cut off by the output length) is left out, as a stream leaves it out. ``whole``:
+        every token up to sequence_length, as decoded (FasterTransformer's ensemble text)."""
         ids, ends = self._shaped(output_ids, sequence_length)
         batch, beams, _ = ids.shape
         starts = self._per_beam(input_lengths if self.settings.io_kind != ENCODER_DECODER else None, batch, beams)
@@ -543,9 +545,12 @@ class Postprocessor:
                 end = int(ends[b, k])
                 start = min(int(starts[b, k]), end) if starts is not None else 0
                 generated = [int(t) for t in ids[b, k, start:end]]
+                if whole:
+                    row.append(self.codec.decode(generated))
+                    continue
                 if self.settings.end_id in generated:
                     generated = generated[: generated.index(self.settings.end_id)]
-                row.append(self.codec.decode(generated))
+                row.append(self.codec.decode(generated).rstrip(_INCOMPLETE))
             result.append(row)
         return result
 
@@ -579,7 +584,7 @@ class Postprocessor:
             texts = self.new_texts(ids, lengths, offsets)
         else:
             texts = self.texts(ids, lengths, inputs.get("input_lengths"))
-        whole = self.texts(ids, lengths)
+        whole = self.texts(ids, lengths, whole=True)
         return {"text_output": _as_bytes(texts), "OUTPUT": _as_bytes(whole)}
 
 
