@@ -376,12 +376,8 @@ def _serve_until_stopped(server: Any) -> None:
                 code = server.wait(timeout=0.5)
             except subprocess.TimeoutExpired:
                 continue
-            text = _read(server.log_path)
-            from ftx.triton.server import log_tail
-
-            raise ServeError(f"tritonserver exited on its own with code {code}\n"
-                             f"--- last lines of {server.log_path} ---\n{log_tail(text)}",
-                             hint=f"see the full log: {server.log_path}")
+            report = server.exit_report() if hasattr(server, "exit_report") else f"the server exited with code {code}"
+            raise ServeError(report, hint=f"see the full log: {server.log_path}")
     except (KeyboardInterrupt, _Terminate):
         say("stopping tritonserver …")
     finally:
@@ -391,13 +387,6 @@ def _serve_until_stopped(server: Any) -> None:
         finally:
             signal.signal(signal.SIGTERM, previous)
     say("stopped")
-
-
-def _read(path: Path) -> str:
-    try:
-        return Path(path).read_text(errors="replace")
-    except OSError:
-        return ""
 
 
 def after_serve(result: Any, settings: Any, *, prompt: str | None = None, max_tokens: int = EXAMPLE_TOKENS) -> None:
