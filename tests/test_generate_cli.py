@@ -4,6 +4,7 @@ and ``ftx run`` (prompt, detach, foreground with Ctrl-C / SIGTERM)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -330,3 +331,45 @@ def test_foreground_server_stops_cleanly_on_a_signal(demo_home: Path, sig: int) 
     assert code == 0, err[-3000:]
     assert "stopped" in err
     _no_ftx_servers_left(demo_home)
+
+
+def test_foreground_server_whose_stub_dies_stops_with_the_cause(demo_home: Path) -> None:
+    """#14.4/#14.6: a server that dies under `ftx run` (here: its model's stub is killed) is seen,
+    reported with the cause from its log, and stopped with nothing left behind."""
+    from ftx.triton.server import stub_processes
+
+    proc = subprocess.Popen([*FTX, "run", "tiny-gptj", "--runtime", "python"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env(demo_home))
+    try:
+        lines = []
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and (line := proc.stdout.readline()):
+            lines.append(line)
+            if "Ctrl-C stops the server" in line:
+                break
+        log_line = next(line for line in lines if line.strip().startswith("log"))
+        log_path = Path(log_line.split(None, 1)[1].strip())
+        supervisor = _supervisor_pid(log_path)
+        time.sleep(1.5)  # the supervisor looks at the stubs every 0.5 s
+        next(p for p in stub_processes(supervisor) if "/fastertransformer/" in p.cmdline()[1]).kill()
+        code = proc.wait(timeout=60)
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 1, err[-3000:]
+    assert "fastertransformer_0_0" in err and "SIGKILL" in err and "error:" in err
+    _no_ftx_servers_left(demo_home)
+
+
+def _supervisor_pid(log_path: Path) -> int:
+    """The pid of the supervisor that writes ``log_path`` (the process whose stdout it is)."""
+    import psutil
+
+    for process in psutil.process_iter(["cmdline"]):
+        args = process.info["cmdline"] or []
+        if args[1:3] == ["-m", "ftx.triton.supervisor"]:
+            with contextlib.suppress(psutil.Error):
+                if any(f.path == str(log_path) for f in process.open_files()):
+                    return process.pid
+    raise AssertionError(f"no supervisor writes {log_path}")
