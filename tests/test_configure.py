@@ -396,3 +396,27 @@ def test_verify_catches_config_pbtxt_that_disagrees_with_config_ini(ftx_cli, tin
     path.write_text(original.replace("max_batch_size", "max_batch_sise"))
     with pytest.raises(ConfigError, match="max_batch_sise"):
         verify_repository(out)
+
+
+def test_t5_fastertransformer_model_takes_upstreams_optional_inputs(tmp_path: Path) -> None:
+    """#16.3: ia3_tasks, request_prompt_lengths and request_prompt_embedding as upstream's T5 config has
+    them, so Triton passes such requests to FasterTransformer (and to the python runtime)."""
+    options = FtModelOptions(model_type="T5", io_kind="encoder-decoder", checkpoint_path=tmp_path / "1-gpu", tp=1)
+    ins = inputs(build_ft_model_config(options))
+    expected = {"ia3_tasks": (mc.TYPE_INT32, [1]), "request_prompt_lengths": (mc.TYPE_UINT32, [1]),
+                "request_prompt_embedding": (mc.TYPE_FP16, [-1, -1])}
+    for name, (dtype, dims) in expected.items():
+        assert (ins[name].data_type, list(ins[name].dims), ins[name].optional) == (dtype, dims, True), name
+
+
+def test_default_max_batch_size_takes_upstreams_client_batches(ftx_cli) -> None:
+    """#16.6: 32 (the guides) and 128 (evaluate_lambada.py's default) fit; the CLI, the settings and
+    the model options agree."""
+    from ftx.settings import RunSettings
+
+    assert DEFAULT_MAX_BATCH_SIZE >= 128
+    help_text = " ".join(ftx_cli("configure", "--help").stdout.split())
+    assert f"--max-batch-size INTEGER RANGE Largest batch Triton sends to the model. [default: {DEFAULT_MAX_BATCH_SIZE};" \
+        in help_text
+    assert RunSettings.of("m").configure.max_batch_size == DEFAULT_MAX_BATCH_SIZE
+    assert FtModelOptions("GPT-J", "decoder", Path("x"), 1).max_batch_size == DEFAULT_MAX_BATCH_SIZE
