@@ -17,7 +17,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from dataclasses import replace
 
 from ftx.errors import CheckpointError, ConfigError
-from ftx.triton.textproc import encode_words
 from ftx.runtime.python.generation import (
     Generator,
     ModelLimits,
@@ -29,6 +28,7 @@ from ftx.runtime.python.generation import (
 )
 from ftx.runtime.python.hf_model import load_model
 from ftx.runtime.python.triton_model import FtModel, TritonPythonModel
+from ftx.triton.textproc import encode_words
 from python_runtime_support import (
     BUILDERS,
     column,
@@ -551,7 +551,7 @@ def test_request_errors_are_invalid_argument_and_failures_internal(built: dict[s
 
 
 def test_a_large_batch_runs_as_token_budgeted_generate_calls(gptj: Any) -> None:
-    ref, gen, _spec = gptj
+    _ref, gen, _spec = gptj
     prompts = [list(PROMPTS[i % 3]) for i in range(6)]
     inputs = decoder_inputs(prompts, 5)
     expected = _run(gen, inputs)

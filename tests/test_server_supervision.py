@@ -26,9 +26,9 @@ from ftx.triton.server import (
     FTX_SHM_PREFIX,
     SHM_DIR,
     TritonServer,
+    find_tritonserver,
     list_servers,
     prepare_backends,
-    find_tritonserver,
     stub_processes,
     sweep_orphans,
 )
@@ -129,8 +129,8 @@ def test_a_killed_stub_stops_the_server_and_says_which(tmp_path: Path) -> None:
 
 
 def test_ftx_ps_reports_a_detached_server_whose_stub_died_as_dead(tmp_path: Path) -> None:
-    from ftx.cli.servers import commands
     import click
+    from ftx.cli.servers import commands
 
     home = tmp_path / "home"
     repo = add_repository(tmp_path / "repo")
@@ -191,11 +191,11 @@ def test_killing_ftx_during_startup_leaves_no_stub_or_shared_memory(tmp_path: Pa
         try:
             pid, prefix = _wait_for(child, "starting tritonserver" if moment == "spawned" else "loading model slow")
             if moment == "loading":
-                assert _eventually(lambda: len(stub_processes(pid)) == 2, 30), "the stubs never started"
+                assert _eventually(lambda pid=pid: len(stub_processes(pid)) == 2, 30), "the stubs never started"
             child.kill()
             child.wait()
-            assert _eventually(lambda: process_gone(pid), 30), (moment, attempt)
-            assert _eventually(lambda: not _own_shm(prefix), 10), (moment, attempt, _own_shm(prefix))
+            assert _eventually(lambda pid=pid: process_gone(pid), 30), (moment, attempt)
+            assert _eventually(lambda prefix=prefix: not _own_shm(prefix), 10), (moment, attempt, _own_shm(prefix))
             assert not [p for p in _stub_orphans() if prefix in " ".join(p)], (moment, attempt)
         finally:
             child.kill()
@@ -237,10 +237,9 @@ def test_orphaned_stubs_and_stale_shared_memory_are_swept_at_the_next_start(tmp_
     stale.write_bytes(b"x")
     dead_pid = subprocess.Popen(["true"])
     dead_pid.wait()
-    orphan = subprocess.Popen(
-        ["bash", "-c", f'exec -a /x/{server_mod.STUB_NAME} "$0" -c "import time; time.sleep(120)" '
-                       f'{FTX_SHM_PREFIX}0123456789ab-region 1048576 {dead_pid.pid} /x 336 m_0_0 DEFAULT',
-         sys.executable], start_new_session=True)
+    script = (f'exec -a /x/{server_mod.STUB_NAME} "$0" -c "import time; time.sleep(120)" '
+              f'{FTX_SHM_PREFIX}0123456789ab-region 1048576 {dead_pid.pid} /x 336 m_0_0 DEFAULT')
+    orphan = subprocess.Popen(["bash", "-c", script, sys.executable], start_new_session=True)
     try:
         assert _eventually(lambda: any(server_mod.STUB_NAME in " ".join(a) for a in [_args(orphan.pid)]), 5)
         swept = sweep_orphans()
