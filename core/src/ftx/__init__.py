@@ -21,6 +21,7 @@ PLUGIN_API_VERSION = 1
 _EXPORTS: dict[str, str] = {
     # families
     "Family": "ftx.family", "ModelSpec": "ftx.family", "Preset": "ftx.family",
+    "FtIni": "ftx.ftini", "IniSection": "ftx.ftini",
     "M": "ftx.tensormap", "Skip": "ftx.tensormap", "TensorMap": "ftx.tensormap",
     "Op": "ftx.ops", "OpContext": "ftx.ops",
     # runtimes
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
     from ftx.errors import (CheckpointError, ConfigError, FamilyResolutionError, FtxError, MappingError, OutputError,
                             PluginError, ServeError, SourceError, ToolError)
     from ftx.family import Family, ModelSpec, Preset
+    from ftx.ftini import FtIni, IniSection
     from ftx.ops import Op, OpContext
     from ftx.pipeline import Pipeline, RunResult
     from ftx.plugins import PluginHost, load_host

@@ -1,8 +1,9 @@
 """The Family base class: what a model-family plugin declares.
 
-A family is mostly data: a tensor table, ``spec()`` (FT hyper-parameters from config.json),
-``config_ini()``, the Triton model type and I/O kind, presets and the GEMM tool. Core owns
-everything else (reading, splitting, writing, caching, serving).
+A family is mostly data: a tensor table, ``spec()`` (FT hyper-parameters from config.json), its
+config.ini declaration (``ini``, see :mod:`ftx.ftini`), the Triton model type's facts (I/O kind,
+compute types, GEMM tool), presets. Core owns everything else (reading, splitting, writing,
+caching, serving).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ftx import ftini
 from ftx.errors import CheckpointError, ConfigError
 from ftx.io.checkpoint import TensorReader, open_checkpoint
 from ftx.tensormap import TensorMap
@@ -119,13 +121,17 @@ class Family:
     hf_architectures: ClassVar[tuple[str, ...]] = ()
     presets: ClassVar[Mapping[str, Preset]] = {}
     tensors: ClassVar[TensorMap]
-    ini_section: ClassVar[str] = ""
+    ini: ClassVar[ftini.FtIni] = ftini.NO_INI
+    """config.ini: sections and keys written, Hugging Face fields read back (:class:`ftx.ftini.FtIni`)."""
+    # -- facts of the Triton model type (config.pbtxt model_type) that serves the family --
     triton_model_type: ClassVar[str]
     triton_io: ClassVar[str] = "decoder"
     """``decoder`` (GPT-J/NeoX inputs) or ``encoder-decoder`` (T5 inputs)."""
     weight_dtypes: ClassVar[tuple[str, ...]] = ("fp32", "fp16", "bf16")
     data_types: ClassVar[tuple[str, ...]] = ("fp32", "fp16", "bf16")
     """Compute types FasterTransformer really runs for this model type."""
+    data_type_note: ClassVar[str] = ""
+    """Why another compute type is refused, when there is more to say than the list."""
     gemm_tool: ClassVar[str] = "gpt_gemm"
     fetch_patterns: ClassVar[tuple[str, ...]] = DEFAULT_FETCH_PATTERNS
     license: ClassVar[str | None] = None
@@ -157,12 +163,12 @@ class Family:
         return self.tensors
 
     def config_ini(self, spec: ModelSpec, hf_config: Mapping[str, Any], weight_dtype: str) -> dict[str, dict[str, Any]]:
-        """The ``config.ini`` sections for the converted checkpoint."""
-        raise NotImplementedError
+        """The ``config.ini`` sections for the converted checkpoint, from ``ini`` (a hook for the exotic)."""
+        return ftini.config_sections(self, spec, hf_config, weight_dtype)
 
     def hf_config_from_ini(self, ini: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
-        """A Hugging Face config dict rebuilt from ``config.ini`` (used by the python runtime)."""
-        raise NotImplementedError(f"family {self.name} cannot rebuild a Hugging Face config")
+        """A Hugging Face config dict rebuilt from ``config.ini`` by ``ini.hf_fields`` (used by the python runtime)."""
+        return ftini.hf_config_from_ini(self, ini)
 
     def spec_from_ini(self, ini: Mapping[str, Mapping[str, str]]) -> ModelSpec:
         """The spec of a converted checkpoint, from its config.ini."""
@@ -205,12 +211,14 @@ class Family:
     """Modules whose code shapes the converted bytes besides the table (e.g. a custom checkpoint reader)."""
 
     def fingerprint(self) -> str:
-        """Digest of what shapes the converted files: the table, its ops, ``spec``, ``config_ini``, the
-        readers, and ``fingerprint_modules``. Not the version: an upgrade that changes none of these
-        reuses cached conversions."""
-        parts = [self.tensors.digest()]
+        """Digest of what shapes the converted files: the table, its ops, ``spec``, the config.ini
+        declaration (``ini``, its functions, a ``config_ini`` override), the readers, and
+        ``fingerprint_modules``. Not the version: an upgrade that changes none of these reuses cached
+        conversions."""
+        parts = [self.tensors.digest(), self.ini.digest()]
         funcs: list[Any] = [getattr(type(self), m) for m in ("spec", "config_ini", "read_hf_config", "open_weights",
                                                               "tensor_map")]
+        funcs += self.ini.functions()
         for row in self.tensors.rows:
             funcs += [row.op.forward, row.op.shape, row.op.inverse]
         parts += [_source_of(f) for f in funcs if f is not None]

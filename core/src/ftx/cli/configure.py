@@ -37,7 +37,7 @@ def precheck_source(settings: RunSettings, source: Path) -> None:
     from ftx.triton.repository import plan_tokenizer
 
     family, hf_config = get_host().family_for_source(source, settings.fetch.family)
-    check_data_type(family.triton_model_type, settings.data_type, family.data_types)
+    check_data_type(family, settings.data_type)
     spec = family.spec(hf_config)
     spec.check_parallel(settings.convert.tp, settings.configure.pp)
     tokenizer = settings.configure.tokenizer

@@ -34,8 +34,8 @@ from ftx.triton import textproc
 from ftx.triton.ensemble import ENSEMBLE_NAME, POSTPROCESSING, PREPROCESSING, build_ensemble_config, check_ensemble
 from ftx.triton.io import GENERATE_INPUTS, GENERATE_OUTPUTS, PREPROCESSING_OUTPUTS, postprocessing_inputs
 from ftx.triton.model_config import (
+    DATA_TYPES,
     FT_MODEL_NAME,
-    MODEL_TYPE_SECTIONS,
     FtModelOptions,
     build_ft_model_config,
     build_python_model_config,
@@ -194,8 +194,7 @@ def check_checkpoint(family: Family, checkpoint_dir: Path, *, tp: int, weight_dt
     if ranks and ranks != set(range(tp)):
         raise ConfigError(f"{checkpoint_dir} holds weights split for ranks {sorted(ranks)}, not for --tp {tp}",
                           hint=f"convert again with --tp {tp}")
-    sections = MODEL_TYPE_SECTIONS.get(family.triton_model_type, (family.ini_section,) if family.ini_section else ())
-    missing = [s for s in sections if s not in ini]
+    missing = [s for s in family.ini.required_sections() if s not in ini]
     if missing:
         raise ConfigError(f"{ini_path} has no [{'], ['.join(missing)}] section, so it is not a "
                           f"{family.triton_model_type} checkpoint (sections: {', '.join(ini) or 'none'})",
@@ -221,7 +220,7 @@ def plan_repository(family: Family, spec: ModelSpec, ft: FtModelOptions, *, runt
     if ft.model_type != family.triton_model_type or ft.io_kind != family.triton_io:
         raise ConfigError(f"options say model_type {ft.model_type} ({ft.io_kind}) but family {family.name} is "
                           f"{family.triton_model_type} ({family.triton_io})")
-    check_data_type(family.triton_model_type, ft.data_type, family.data_types)
+    check_data_type(family, ft.data_type)
     check_ft_options(ft)
     check_checkpoint(family, Path(ft.checkpoint_path), tp=ft.tp, weight_dtype=weight_dtype)
     tok = plan_tokenizer(tokenizer, family, spec, explicit=tokenizer_explicit)
@@ -287,6 +286,8 @@ def deployment_record(plan: RepositoryPlan, backend: str) -> dict[str, Any]:
         "schema": DEPLOYMENT_SCHEMA,
         "family": plan.family.name,
         "model_type": ft.model_type,
+        "ini_sections": list(plan.family.ini.required_sections()),
+        "data_types": list(ft.data_types),
         "runtime": plan.runtime,
         "backend": backend,
         "tp": ft.tp,
@@ -339,7 +340,13 @@ def verify_repository(repository: Path) -> tuple[str, ...]:
                 problems.append(f"{ft_path}: model_checkpoint_path {checkpoint} holds no config.ini")
             else:
                 ini = read_ini(checkpoint / "config.ini")
-                problems += [f"{ft_path}: {p}" for p in check_against_checkpoint(ft, ini, checkpoint)]
+                problems += [f"{ft_path}: {p}" for p in check_against_checkpoint(
+                    ft, ini, checkpoint, sections=_recorded(repository, "ini_sections") or (),
+                    data_types=_recorded(repository, "data_types") or DATA_TYPES)]
+                model_type = _recorded(repository, "model_type")
+                if model_type and parameter(ft, "model_type") != model_type:
+                    problems.append(f"{ft_path}: model_type {parameter(ft, 'model_type')} but {DEPLOYMENT_FILE} "
+                                    f"says {model_type}")
                 recorded = _recorded(repository, "weight_dtype")
                 found = {v["weight_data_type"] for v in ini.values() if "weight_data_type" in v}
                 if recorded and found != {recorded}:
