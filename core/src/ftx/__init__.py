@@ -15,8 +15,11 @@ import pluggy
 hookimpl = pluggy.HookimplMarker("ftx")
 """Marker for plugin hook implementations: ``@ftx.hookimpl``."""
 
-PLUGIN_API_VERSION = 1
-"""Version of the hook, Family and Runtime API; plugins declare the range they support."""
+PLUGIN_API_VERSION = 2
+"""Version of the hook, Family and Runtime API; plugins declare the range they support.
+
+2: runtimes are plugins (``ftx_register_runtimes``; ``runtime`` passed to the tune, configure and serve
+hooks), stage settings are per-stage sections, and a family declares its config.ini as data (``ini``)."""
 
 _EXPORTS: dict[str, str] = {
     # families
