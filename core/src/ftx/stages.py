@@ -95,7 +95,7 @@ class Stages:
         inputs = {"fetch": self.ctx.artifact_keys["fetch"], "family": family.name, "fingerprint": family.fingerprint(),
                   "format": tensormap.FORMAT_VERSION, "settings": section_fingerprint(self.settings.convert)}
         return self._build("convert", inputs, family, Checkpoint, lambda dest: self.host.hook.ftx_convert(
-            family=family, source=source, spec=spec, dest=dest, ctx=self.ctx), hash_outputs=False)
+            family=family, source=source, spec=spec, dest=dest, ctx=self.ctx))
 
     def tune(self, family: Family, spec: ModelSpec, runtime: Runtime) -> GemmConfig:
         inputs = tune_key_inputs(family, spec, runtime, self.settings)
@@ -122,7 +122,7 @@ class Stages:
     # -- machinery -------------------------------------------------------------------------
 
     def _build(self, stage: str, key_inputs: Mapping[str, Any], family: Family | None, result_type: type[R],
-               call: Callable[[Path], R | None], *, hash_outputs: bool = True) -> R:
+               call: Callable[[Path], R | None]) -> R:
         """Build (or reuse) one stage's artifact and return the hook's typed result."""
         key = make_key({"stage": stage, **key_inputs})
         hook_name = f"ftx_{stage}"
@@ -141,7 +141,7 @@ class Stages:
         try:
             artifact, cached = self.store.build(
                 stage, key, builder, inputs=key_inputs, producer=self._producer(family, hook_name),
-                force=stage in self.settings.force, hash_outputs=hash_outputs,
+                force=stage in self.settings.force,
             )
         finally:
             structlog.contextvars.unbind_contextvars("stage")

@@ -151,7 +151,7 @@ def run_spec(tag: str, gpus: int) -> ContainerSpec:
 
 def package_labels(inputs: PackageInputs, base_id: str, rewritten: Mapping[str, str]) -> dict[str, str]:
     from ftx.docker_runtime.serve import _ftx_version
-    from ftx.store import sha256_file
+    from ftx.hashing import sha256_file
 
     labels: dict[str, str] = {}
     deployment = inputs.repository / "ftx-deployment.json"

@@ -25,7 +25,8 @@ import structlog
 from filelock import FileLock, Timeout
 
 from ftx.errors import SourceError
-from ftx.fetching.integrity import normalize_sha256, redact_url, sha256_file
+from ftx.fetching.integrity import normalize_sha256, redact_url
+from ftx.hashing import sha256_file
 from ftx.progress import ByteProgress, byte_progress
 
 log = structlog.get_logger(__name__)
