@@ -7,6 +7,7 @@ or the store on a real FTX_HOME); each failed before its fix. Bad input ends in 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -184,3 +185,109 @@ def test_stale_build_and_old_directories_are_removed_under_the_lock(ftx_home: Pa
     build_three_files(store, force=True, tag=b"v2")
     assert [p for p in stale if p.exists()] == []
     assert (art.path / "1-gpu" / "model.wte.bin").read_bytes() == b"v2" * 1000
+
+
+# --- secrets: presigned URLs and tokens are stored nowhere, servers get no token ---------------
+
+SIGNATURE = "SIGsecret0123456789abcdef"
+HF_SECRET = "hf_" + "Q" * 34
+
+
+def files_holding(root: Path, secret: str) -> list[str]:
+    return [str(p) for p in root.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+
+
+def test_presigned_url_is_stored_nowhere(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path) -> None:
+    """`ftx run URL?X-Amz-Signature=…` then `ftx configure URL -o DIR`: the signature is in no log line,
+    no provenance, no deployment record, no copied repository (a server on 127.0.0.1 plays S3)."""
+    from fetch_helpers import LocalServer, write_archive
+    from test_fetch_pipeline import checkpoint_entries
+
+    archive = write_archive(tmp_path / "tiny-gptj.tar.zst", checkpoint_entries(tiny_gptj_dir))
+    with LocalServer() as server:
+        server.serve_bytes("/bucket/tiny-gptj.tar.zst", archive.read_bytes())
+        url = server.url(f"/bucket/tiny-gptj.tar.zst?X-Amz-Credential=AKIA%2F{SIGNATURE}&X-Amz-Signature={SIGNATURE}")
+        ran = ftx_cli("--log-format", "json", "-v", "run", url, "--until", "configure", "--runtime", "python")
+        assert ran.exit_code == 0, ran.stderr
+        placed = ftx_cli("--log-format", "json", "configure", url, "--runtime", "python", "-o", str(tmp_path / "o"))
+        assert placed.exit_code == 0, placed.stderr
+    assert json.loads((tmp_path / "o" / "ftx-deployment.json").read_text())["source"]["ref"].endswith("?<redacted>")
+    for result in (ran, placed):
+        assert SIGNATURE not in result.stderr + result.stdout
+    assert files_holding(ftx_home, SIGNATURE) == []
+    assert files_holding(tmp_path / "o", SIGNATURE) == []
+
+
+def test_log_lines_redact_urls_and_tokens_wherever_they_appear() -> None:
+    """An event that carries a presigned URL or a token in any field is redacted by the log processor."""
+    import structlog
+    from ftx.log import configure_logging
+
+    configure_logging("json")
+    try:
+        buffer = io.StringIO()
+        structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=buffer))
+        structlog.get_logger("t").warning("x.happened", note=f"GET https://h/p?sig={SIGNATURE} with {HF_SECRET}",
+                                          nested={"urls": [f"https://user:{SIGNATURE}@h/p"]})
+        line = buffer.getvalue()
+    finally:
+        structlog.reset_defaults()
+    assert "x.happened" in line and SIGNATURE not in line and HF_SECRET not in line
+
+
+def test_package_labels_carry_no_signature(tmp_path: Path) -> None:
+    """Labels are built from the repository's deployment record (here one an older ftx wrote, unredacted)
+    and the run's provenance; both may hold the URL. Docker itself is not needed to read the labels."""
+    from ftx.docker_runtime.package import PackageInputs, package_labels
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    url = f"https://s3.example/b/m.tar.zst?X-Amz-Signature={SIGNATURE}"
+    (repo / "ftx-deployment.json").write_text(json.dumps({"source": {"ref": url}, "model": url}))
+    inputs = PackageInputs(repository=repo, tag="t:1", base_image="b:1", provenance={"source": url, "model": url})
+    labels = package_labels(inputs, "sha256:base", {})
+    assert labels["org.ftx.source"] == "https://s3.example/b/m.tar.zst?<redacted>"
+    assert SIGNATURE not in json.dumps(labels)
+
+
+def test_docker_serve_spec_has_no_token_and_a_redacted_model_label(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The container spec the fastertransformer runtime would start (fake GPUs: none here)."""
+    from ftx.docker_runtime import gpus as gpus_mod
+    from ftx.docker_runtime.gpus import Gpu
+    from ftx.docker_runtime.options import DockerOptions
+    from ftx.docker_runtime.serve import plan_serve
+    from ftx.settings import RunSettings
+
+    fake = (Gpu(0, "NVIDIA H100 80GB HBM3", (9, 0)),)
+    monkeypatch.setattr(gpus_mod, "local_gpus", lambda: fake)
+    monkeypatch.setenv("HF_TOKEN", HF_SECRET)
+    url = f"https://s3.example/b/m.tar.zst?X-Amz-Signature={SIGNATURE}"
+    settings = RunSettings.of(url, runtime="fastertransformer")
+    options = DockerOptions(env={"HF_TOKEN": HF_SECRET, "HUGGING_FACE_HUB_TOKEN": HF_SECRET, "FT_LOG_LEVEL": "DEBUG"})
+    plan = plan_serve(repository=tmp_path, checkpoints=[], settings=settings, family="gptj", options=options,
+                      gemm=None, home=tmp_path)
+    assert plan.spec.environment["FT_LOG_LEVEL"] == "DEBUG"
+    assert plan.spec.labels["org.ftx.model"] == "https://s3.example/b/m.tar.zst?<redacted>"
+    spec = repr(plan.spec) + plan.spec.docker_run_line()
+    assert HF_SECRET not in spec and SIGNATURE not in spec
+
+
+def test_tritonserver_inherits_no_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real tritonserver started with HF_TOKEN (and friends) in ftx's environment: its /proc environ lacks them."""
+    from importlib.util import find_spec
+
+    if find_spec("pytriton") is None:
+        pytest.skip("nvidia-pytriton is not installed")
+    from ftx.triton.server import TritonServer
+    from triton_helpers import add_one_model
+
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, HF_SECRET)
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")  # not a secret: kept
+    repo = tmp_path / "repo"
+    add_one_model(repo, "add_one")
+    with TritonServer(repo, home=tmp_path / "home", exit_timeout_s=5) as server:
+        environ = Path(f"/proc/{server.pid}/environ").read_bytes()
+    assert HF_SECRET.encode() not in environ
+    assert b"TOKENIZERS_PARALLELISM=false" in environ

@@ -39,6 +39,7 @@ import structlog
 
 from ftx.atomic import recover, swap_in
 from ftx.hashing import sha256_files
+from ftx.redact import redact_data
 
 log = structlog.get_logger(__name__)
 
@@ -238,7 +239,7 @@ class ArtifactStore:
                     extra: Mapping[str, Any], started: float) -> dict[str, Any]:
         outputs = _record_outputs(tmp)
         now = time.time()
-        return {
+        return redact_data({
             "schema": SCHEMA,
             "stage": stage,
             "key": key,
@@ -249,7 +250,7 @@ class ArtifactStore:
             "finished_at": _iso(now),
             "duration_s": round(now - started, 3),
             **extra,
-        }
+        })
 
     def _refresh_signatures(self, stage: str, key: str, meta: dict[str, Any], fresh: dict[str, dict[str, int]]) -> None:
         """Record the signatures of re-hashed, intact files, so the next lookup need not re-read them.

@@ -1,9 +1,8 @@
-"""Checksum arguments and URL redaction shared by the fetchers."""
+"""Checksum arguments of the fetchers."""
 
 from __future__ import annotations
 
 import re
-from urllib.parse import urlsplit, urlunsplit
 
 from ftx.errors import SourceError
 
@@ -21,12 +20,3 @@ def normalize_sha256(value: str | None) -> str | None:
             hint="give the 64 hex digits printed by `sha256sum FILE` (optionally prefixed with 'sha256:')",
         )
     return match.group(1)
-
-
-def redact_url(url: str) -> str:
-    """The URL without credentials or query string (presigned URLs carry secrets there)."""
-    parts = urlsplit(url)
-    netloc = parts.hostname or ""
-    if parts.port:
-        netloc = f"{netloc}:{parts.port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, "<redacted>" if parts.query else "", ""))

@@ -22,7 +22,8 @@ import structlog
 from ftx.artifacts import SourceRef
 from ftx.errors import SourceError
 from ftx.fetching.hub import resolve_commit
-from ftx.fetching.integrity import normalize_sha256, redact_url
+from ftx.fetching.integrity import normalize_sha256
+from ftx.redact import redact_url
 
 log = structlog.get_logger(__name__)
 

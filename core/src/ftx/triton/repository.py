@@ -30,6 +30,7 @@ from ftx.io.ftformat import gpu_dir_name
 from ftx.errors import CheckpointError, ConfigError
 from ftx.family import Family, ModelSpec
 from ftx.io.ftformat import read_ini
+from ftx.redact import redact_data
 from ftx.triton import textproc
 from ftx.triton.ensemble import ENSEMBLE_NAME, POSTPROCESSING, PREPROCESSING, build_ensemble_config, check_ensemble
 from ftx.triton.io import GENERATE_INPUTS, GENERATE_OUTPUTS, PREPROCESSING_OUTPUTS, postprocessing_inputs
@@ -274,7 +275,8 @@ def write_repository(plan: RepositoryPlan, dest: Path, ft_writer: FtWriter = wri
     write_config(build_ensemble_config(plan.io_kind, max_batch_size=plan.ft.max_batch_size,
                                        streaming=plan.ft.streaming), dest / ENSEMBLE_NAME)
     (dest / ENSEMBLE_NAME / "1" / ".ftx-keep").write_text("Triton needs this version directory to exist.\n")
-    (dest / DEPLOYMENT_FILE).write_text(json.dumps(deployment_record(plan, backend), indent=2, sort_keys=True) + "\n")
+    record = redact_data(deployment_record(plan, backend))
+    (dest / DEPLOYMENT_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     verify_repository(dest)
     return MODEL_NAMES
 
