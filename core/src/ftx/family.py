@@ -8,10 +8,10 @@ caching, serving).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import inspect
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ftx import ftini
-from ftx.errors import CheckpointError, ConfigError
+from ftx.errors import CheckpointError, ConfigError, FtxError
 from ftx.io.checkpoint import TensorReader, open_checkpoint
+from ftx.io.jsonfile import read_json_object
 from ftx.tensormap import TensorMap
 
 SLUG = re.compile(r"^[a-z][a-z0-9]*$")
@@ -81,6 +82,21 @@ class ModelSpec:
     tp_divisible: tuple[str, ...] = ("N", "I")
     extra: Mapping[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        for dim, value in self.dims.items():
+            if not _positive_int(value):
+                raise CheckpointError(
+                    f"the model config gives {DIM_NAMES.get(dim, 'size')} {dim} = {value!r}; it must be an integer "
+                    "above 0", hint=_SPEC_HINT)
+        for name, count in self.layers.items():
+            if not _positive_int(count):
+                raise CheckpointError(f"the model config gives layer count {{{name}}} = {count!r}; it must be an "
+                                      "integer above 0", hint=_SPEC_HINT)
+        for role, value in (("start", self.start_id), ("end", self.end_id), ("pad", self.pad_id)):
+            if not (value is None and role == "pad") and not (_positive_int(value) or value == 0):
+                raise CheckpointError(f"the model config gives {role} token id {value!r}; it must be an integer "
+                                      ">= 0", hint=_SPEC_HINT)
+
     def check_parallel(self, tp: int, pp: int) -> None:
         """Refuse a tp/pp that FasterTransformer cannot split this model for."""
         if tp < 1 or pp < 1:
@@ -107,6 +123,13 @@ class ModelSpec:
             "pad_id": self.pad_id,
             "extra": dict(self.extra),
         }
+
+
+_SPEC_HINT = "config.json is corrupt or does not belong to these weights; fetch the checkpoint again"
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 DIM_NAMES = {"N": "head count", "I": "inner (FFN) size", "H": "hidden size", "V": "vocab size", "A": "attention width"}
@@ -150,6 +173,8 @@ class Family:
         name = cls.__dict__.get("name")
         if name is not None and not SLUG.match(name):
             raise TypeError(f"family name {name!r} must be a lowercase slug like 'gptj'")
+        if "spec" in cls.__dict__:  # every family's config reading fails with error/hint, never a traceback
+            cls.spec = _checked_spec(cls.__dict__["spec"])  # type: ignore[method-assign]
 
     # -- what a family must provide -------------------------------------------------------
 
@@ -235,13 +260,55 @@ def _source_of(obj: Any) -> str:
 
 def read_config_json(path: Path) -> dict[str, Any]:
     """Load ``config.json`` from a checkpoint directory with a clear error."""
-    config_path = path / "config.json"
     try:
-        return json.loads(config_path.read_text())
+        return read_json_object(path / "config.json", hint="config.json must be the model's configuration "
+                                "(a JSON object); fetch the checkpoint again")
     except FileNotFoundError:
         raise CheckpointError(
             f"{path} has no config.json",
             hint="point at a Hugging Face checkpoint directory (config.json + weights)",
         ) from None
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{config_path} is not valid JSON: {exc}") from exc
+
+
+class _ReadConfig(dict):  # type: ignore[type-arg]
+    """A config dict that remembers the last key read, to name the value a family's ``spec`` choked on."""
+
+    last: str | None = None
+
+    def __getitem__(self, key: str) -> Any:
+        self.last = key
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.last = key
+        return super().get(key, default)
+
+
+_CONFIG_ERRORS = (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError, IndexError, OverflowError)
+
+
+def _checked_spec(spec: Any) -> Any:
+    """Wrap a family's ``spec``: a config value it cannot use becomes a CheckpointError naming the key."""
+
+    @functools.wraps(spec)
+    def checked(self: Family, hf_config: Mapping[str, Any]) -> ModelSpec:
+        config = _ReadConfig(hf_config)
+        try:
+            return spec(self, config)
+        except FtxError:
+            raise
+        except _CONFIG_ERRORS as exc:
+            if isinstance(exc, KeyError) and exc.args and exc.args[0] not in config:
+                problem = f"it has no {exc.args[0]!r}"
+            elif config.last is not None and config.last in config:
+                problem = f"{config.last} = {config[config.last]!r} cannot be used ({type(exc).__name__}: {exc})"
+            else:
+                problem = f"{type(exc).__name__}: {exc}"
+            model_type = hf_config.get("model_type")
+            raise CheckpointError(
+                f"the model config (config.json) does not describe a {self.name} model: {problem}",
+                hint=f"check that config.json belongs to these weights and the --family (its model_type is "
+                     f"{model_type!r}; `ftx models` lists the families)",
+            ) from exc
+
+    return checked

@@ -120,11 +120,11 @@ def plan_tokenizer(path: Path | None, family: Family, spec: ModelSpec, *, explic
             raise ConfigError(f"{flag} at {path} has no tokenizer for {family.name} ({found})", hint=hint)
         try:
             codec = textproc.load_codec(staged, kind)
+            names = textproc.special_token_names(staged)
         except textproc.TokenizerLoadError as exc:
             if "is not installed" in str(exc):
                 hint = "pip install tokenizers sentencepiece (or ftx[serve]); the serving image needs them too"
             raise ConfigError(f"cannot load the tokenizer from {path}: {exc}", hint=hint) from exc
-        names = textproc.special_token_names(staged)
     names.update(family.special_tokens)
     pad_id = spec.pad_id if spec.pad_id is not None else spec.end_id
     expected = {"eos": spec.end_id, "pad": spec.pad_id}
