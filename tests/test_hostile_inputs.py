@@ -145,6 +145,21 @@ def test_unreadable_provenance_does_not_stop_runs(ftx_cli, ftx_home: Path, tiny_
         "fetch", "convert", "tune", "configure"]
 
 
+@pytest.mark.parametrize("result", [{"bogus": 1}, [1, 2], "x", {"path": 5, "ref": None}])
+def test_unusable_result_record_is_rebuilt(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, result: object) -> None:
+    """Provenance whose stage result cannot be turned back into the typed record (hand-edited, or an
+    older schema) is rebuilt instead of ending every run in a TypeError."""
+    run_until_configure(ftx_cli, tiny_gptj_dir)
+    for meta_path in (ftx_home / "store").glob(f"*/*/{PROVENANCE_FILE}"):
+        meta = json.loads(meta_path.read_text())
+        meta["result"] = result
+        meta_path.write_text(json.dumps(meta))
+    again = run_until_configure(ftx_cli, tiny_gptj_dir)
+    evs = events(again.stderr)
+    assert [e["stage"] for e in evs if e["event"] == "stage.finished"] == ["fetch", "convert", "tune", "configure"]
+    assert {e["stage"] for e in evs if e["event"] == "cache.corrupt"} == {"fetch", "convert", "tune", "configure"}
+
+
 KILL_BETWEEN_RENAMES = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path

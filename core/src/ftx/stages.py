@@ -27,7 +27,7 @@ from ftx.family import Family, ModelSpec
 from ftx.plugins import PluginHost
 from ftx.runtime.api import Runtime
 from ftx.settings import RunSettings, section_fingerprint
-from ftx.store import ArtifactStore, make_key
+from ftx.store import Artifact, ArtifactStore, make_key
 
 log = structlog.get_logger(__name__)
 
@@ -141,11 +141,11 @@ class Stages:
         try:
             artifact, cached = self.store.build(
                 stage, key, builder, inputs=key_inputs, producer=self._producer(family, hook_name),
-                force=stage in self.settings.force,
+                force=stage in self.settings.force, accept=lambda hit: _result(result_type, hit),
             )
         finally:
             structlog.contextvars.unbind_contextvars("stage")
-        value = from_record(result_type, artifact.provenance.get("result") or {}, artifact.path)
+        value = _result(result_type, artifact)
         detail = getattr(value, "reason", "") if isinstance(value, GemmConfig) and not value.tuned else ""
         if cached:
             log.info("cache.hit", stage=stage, key=key, path=str(artifact.path))
@@ -179,6 +179,11 @@ class Stages:
                                    "distribution": self.host.runtime_owner.get(self.ctx.runtime.name)}
         producer["plugins"] = {r.distribution: r.version for r in self.host.records if r.status == "loaded"}
         return producer
+
+
+def _result(result_type: type[R], artifact: Artifact) -> R:
+    """The stage's typed result, rebuilt from the artifact's provenance."""
+    return from_record(result_type, artifact.provenance.get("result") or {}, artifact.path)
 
 
 __all__ = ["NO_TUNE_COST", "StageOutcome", "Stages", "tune_key_inputs"]

@@ -212,13 +212,18 @@ class ArtifactStore:
         inputs: Mapping[str, Any],
         producer: Mapping[str, Any],
         force: bool = False,
+        accept: Callable[[Artifact], object] | None = None,
     ) -> tuple[Artifact, bool]:
-        """Return (artifact, cached). ``builder(tmp_dir)`` writes the files and returns extra provenance."""
-        if not force and (hit := self.lookup(stage, key)):
+        """Return (artifact, cached). ``builder(tmp_dir)`` writes the files and returns extra provenance.
+
+        ``accept(artifact)`` may refuse a cached artifact's provenance by raising (TypeError, ValueError,
+        KeyError, AttributeError): it is then rebuilt like a corrupt one.
+        """
+        if not force and (hit := self._usable(stage, key, accept)):
             return hit, True
         with self.lock(stage, key):
             self._recover(stage, key)
-            if not force and (hit := self.lookup(stage, key)):  # built by another process meanwhile
+            if not force and (hit := self._usable(stage, key, accept)):  # built by another process meanwhile
                 return hit, True
             tmp = self.tmp_root / f"{stage}-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             tmp.mkdir(parents=True)
@@ -234,6 +239,18 @@ class ArtifactStore:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
             return Artifact(stage, key, final, meta), False
+
+    def _usable(self, stage: str, key: str, accept: Callable[[Artifact], object] | None) -> Artifact | None:
+        hit = self.lookup(stage, key)
+        if hit is None or accept is None:
+            return hit
+        try:
+            accept(hit)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            log.warning("cache.corrupt", stage=stage, key=key, path=str(hit.path),
+                        problem=f"its provenance cannot be used ({type(exc).__name__}: {exc})"[:300])
+            return None
+        return hit
 
     def _provenance(self, stage: str, key: str, tmp: Path, inputs: Mapping[str, Any], producer: Mapping[str, Any],
                     extra: Mapping[str, Any], started: float) -> dict[str, Any]:
