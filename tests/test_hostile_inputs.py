@@ -21,6 +21,7 @@ from urllib.parse import quote
 
 import pytest
 from ftx.store import PROVENANCE_FILE, ArtifactStore
+from test_bad_input import assert_clean_failure
 from test_pipeline import events, run_until_configure
 
 # --- the store: content, provenance, publishing ----------------------------------------------
@@ -311,15 +312,6 @@ def test_tritonserver_inherits_no_token(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 # --- bad checkpoints, configs, manifests and outputs through the real CLI ----------------------
-
-
-def assert_clean_failure(result, *needles: str) -> None:
-    assert result.exit_code == 1, (result.exit_code, result.stderr, result.exception)
-    assert result.exception is None, repr(result.exception)  # an FtxError, not a bug
-    assert "Traceback" not in result.stderr
-    assert "error:" in result.stderr and "hint:" in result.stderr, result.stderr
-    for needle in needles:
-        assert needle in result.stderr, (needle, result.stderr)
 
 
 def nothing_half_written(home: Path, out: Path) -> None:
