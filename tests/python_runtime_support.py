@@ -104,8 +104,8 @@ def options(family: Family, ckpt: Path, tp: int, *, streaming: bool = False, max
     """FtModelOptions for the fastertransformer model of ``family``."""
     from ftx.triton.model_config import FtModelOptions
 
-    return FtModelOptions(model_type=family.triton_model_type, io_kind=family.triton_io, checkpoint_path=ckpt,
-                          tp=tp, data_type=data_type, max_batch_size=max_batch_size, streaming=streaming)
+    return FtModelOptions.for_family(family, ckpt, tp, data_type=data_type, max_batch_size=max_batch_size,
+                                     streaming=streaming)
 
 
 def build_repository(src: Path, home: Path, family: str, tp: int, **settings: Any) -> Any:

@@ -25,6 +25,7 @@ from ftx.triton.model_config import (
     check_data_type,
     parameter,
     parse_config,
+    refuse_data_type,
 )
 from ftx.triton.repository import check_checkpoint, verify_repository
 
@@ -283,23 +284,27 @@ def test_gptneox_refuses_bf16_with_the_reason(ftx_cli, ftx_home: Path, tmp_path:
     assert parameter(ft_config(out), "model_type") == "GPT-NeoX"
 
 
-def test_data_type_rules_per_model_type() -> None:
-    check_data_type("GPT-J", "bf16")
-    check_data_type("T5", "bf16")
-    check_data_type("GPT-NeoX", "fp16")
-    with pytest.raises(ConfigError, match="silently runs as fp32"):
-        check_data_type("GPT-NeoX", "bf16")
-    with pytest.raises(ConfigError, match="fp16"):
-        check_data_type("GPT-J", "fp16", family_types=("fp32",))
+def test_data_type_rules_come_from_the_family(plugin_host) -> None:
+    check_data_type(plugin_host.family("gptj"), "bf16")
+    check_data_type(plugin_host.family("t5"), "bf16")
+    check_data_type(plugin_host.family("gptneox"), "fp16")
+    with pytest.raises(ConfigError, match="silently runs as fp32") as caught:
+        check_data_type(plugin_host.family("gptneox"), "bf16")
+    assert caught.value.hint == "use --data-type fp32 or fp16"
+    with pytest.raises(ConfigError, match="runs GPT-J in fp32 only"):
+        refuse_data_type("GPT-J", "fp16", ("fp32",))
 
 
-def test_ft_options_the_backend_refuses_are_refused() -> None:
+def test_ft_options_the_backend_refuses_are_refused(plugin_host) -> None:
     base = FtModelOptions(model_type="GPT-J", io_kind="decoder", checkpoint_path=Path("/x/1-gpu"), tp=1)
-    for bad, match in ((dict(max_batch_size=0), "max_batch_size"), (dict(instances=0), "instance"),
-                       (dict(tp=0), "tensor_para_size"), (dict(io_kind="encoder"), "I/O kind"),
-                       (dict(model_type="GPT-NeoX", data_type="bf16"), "GPT-NeoX")):
+    neox = FtModelOptions.for_family(plugin_host.family("gptneox"), Path("/x/1-gpu"), 1, data_type="bf16")
+    assert (neox.model_type, neox.data_types) == ("GPT-NeoX", ("fp32", "fp16"))
+    for options, match in ((replace(base, max_batch_size=0), "max_batch_size"), (replace(base, instances=0), "instance"),
+                           (replace(base, tp=0), "tensor_para_size"), (replace(base, io_kind="encoder"), "I/O kind"),
+                           (neox, "GPT-NeoX")):
         with pytest.raises(ConfigError, match=match):
-            build_ft_model_config(replace(base, **bad))
+            build_ft_model_config(options)
+    build_ft_model_config(replace(neox, data_type="fp16"))
 
 
 def test_t5_config_uses_encoder_decoder_io() -> None:
@@ -390,6 +395,17 @@ def test_verify_catches_config_pbtxt_that_disagrees_with_config_ini(ftx_cli, tin
         verify_repository(out)
     path.write_text(original)
     record = json.loads((out / "ftx-deployment.json").read_text())
+    assert (record["model_type"], record["ini_sections"], record["data_types"]) == \
+        ("GPT-J", ["gptj"], ["fp32", "fp16", "bf16"])
+    # the model type's facts travel in the record: sections FT reads, compute types it runs
+    (out / "ftx-deployment.json").write_text(json.dumps({**record, "ini_sections": ["encoder", "decoder"]}))
+    with pytest.raises(ConfigError, match=r"model_type GPT-J reads config.ini section\(s\) encoder, decoder"):
+        verify_repository(out)
+    data_type = parameter(parse_config(path), "data_type")
+    others = [t for t in record["data_types"] if t != data_type]
+    (out / "ftx-deployment.json").write_text(json.dumps({**record, "data_types": others}))
+    with pytest.raises(ConfigError, match=f"data_type {data_type} is not run by FasterTransformer for GPT-J"):
+        verify_repository(out)
     (out / "ftx-deployment.json").write_text(json.dumps({**record, "weight_dtype": "fp16"}))
     with pytest.raises(ConfigError, match="weight_dtype fp16"):
         verify_repository(out)

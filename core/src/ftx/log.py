@@ -11,6 +11,8 @@ import sys
 
 import structlog
 
+from ftx.redact import redact_log_event
+
 
 def configure_logging(log_format: str = "auto", verbose: bool = False) -> None:
     """Configure structlog to render to stderr; ``auto`` picks console on a TTY, else JSON."""
@@ -28,6 +30,7 @@ def configure_logging(log_format: str = "auto", verbose: bool = False) -> None:
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            redact_log_event,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),

@@ -15,7 +15,7 @@ import structlog
 
 from ftx.artifacts import Checkpoint, Endpoint, GemmConfig, ModelRepository, Source, SourceRef
 from ftx.context import StageContext
-from ftx.convert import gpu_dir_name
+from ftx.io.ftformat import gpu_dir_name
 from ftx.errors import ConfigError
 from ftx.family import Family, ModelSpec
 from ftx.plugins import PluginHost

@@ -195,7 +195,7 @@ def _key_value(value: Any) -> Any:
 
 def path_fingerprint(path: Path) -> dict[str, Any]:
     """A path by what it holds: every file's relative name and sha256 (a missing path keys as missing)."""
-    from ftx.store import sha256_file
+    from ftx.hashing import sha256_file
 
     path = Path(path)
     if path.is_file():

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ftx.errors import FtxError
+from ftx.errors import FtxError, file_system_error
 
 
 def print_error(exc: FtxError) -> None:
@@ -27,6 +27,9 @@ def handle_errors() -> Iterator[None]:
     except FtxError as exc:
         print_error(exc)
         sys.exit(1)
+    except OSError as exc:
+        print_error(_file_system_error_or_raise(exc))
+        sys.exit(1)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)
@@ -41,6 +44,17 @@ class FtxCommand(click.Command):
         except FtxError as exc:
             print_error(exc)
             ctx.exit(1)
+        except OSError as exc:
+            print_error(_file_system_error_or_raise(exc))
+            ctx.exit(1)
+
+
+def _file_system_error_or_raise(exc: OSError) -> FtxError:
+    """A full or read-only disk is the user's to fix (error/hint); any other OSError is a bug and re-raised."""
+    error = file_system_error(exc)
+    if error is None:
+        raise exc
+    return error
 
 
 class FtxGroup(click.Group):

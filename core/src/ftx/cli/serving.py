@@ -408,7 +408,7 @@ def after_serve(result: Any, settings: Any, *, prompt: str | None = None, max_to
                                  stream=stream, on_text=_writer() if stream else None, echo_prompt=True)
             click.echo("" if stream else text)
             if not detach:
-                server.stop()
+                _stop(result)
                 return
         if detach:
             name = _detach(server)
@@ -422,8 +422,16 @@ def after_serve(result: Any, settings: Any, *, prompt: str | None = None, max_to
         _serve_until_stopped(server)
     except BaseException:
         if server is not None and not detach:
-            server.stop()
+            _stop(result)
         raise
+
+
+def _stop(result: Any) -> None:
+    """Stop what the runtime started (through the runtime, which knows how)."""
+    if result.runtime is not None:
+        result.runtime.stop(result.endpoint)
+    else:
+        result.endpoint.handle.stop()
 
 
 def _detach(server: Any) -> str:

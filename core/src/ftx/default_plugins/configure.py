@@ -47,7 +47,7 @@ def deployment_info(family: Family, spec: ModelSpec, source: Source, checkpoint:
 def ftx_configure(family: Family, spec: ModelSpec, source: Source, checkpoint: Checkpoint, gemm: GemmConfig,
                   dest: Path, ctx: StageContext, runtime: Runtime) -> ModelRepository:
     s = ctx.settings
-    check_data_type(family.triton_model_type, s.data_type, family.data_types)
+    check_data_type(family, s.data_type)
     tp = s.convert.tp
     if checkpoint.tensor_parallel != tp:
         raise ConfigError(f"the converted checkpoint {checkpoint.path} is for tp {checkpoint.tensor_parallel}, "

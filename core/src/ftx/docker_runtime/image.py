@@ -114,25 +114,22 @@ def backend_checkout(build: ImageBuild, home: Path, say: Callable[[str], None]) 
     key = hashlib.sha256(f"{build.backend_repo}@{build.backend_ref}".encode()).hexdigest()[:16]
     dest = home / "images" / "src" / f"fastertransformer_backend-{key}"
     if not (dest / DOCKERFILE).is_file():
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
-        argv = ["git", "clone", "--depth", "1"]
-        if build.backend_ref:
-            argv += ["--branch", build.backend_ref]
-        argv += [build.backend_repo, str(tmp)]
-        say(f"image     cloning {build.backend_repo}" + (f" ({build.backend_ref})" if build.backend_ref else ""))
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
-        except FileNotFoundError:
-            raise ToolError("git is not installed, so the backend repository cannot be cloned",
-                            hint="install git, or pass --backend-repo PATH to a checkout") from None
-        if done.returncode != 0:
-            import shutil
+        from ftx.atomic import publish_dir
 
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise ToolError(f"cloning {build.backend_repo} failed: {done.stderr.strip().splitlines()[-1:] or ''}",
-                            hint="check the URL and --backend-ref, or pass --backend-repo PATH to a local checkout")
-        tmp.rename(dest)
+        say(f"image     cloning {build.backend_repo}" + (f" ({build.backend_ref})" if build.backend_ref else ""))
+        with publish_dir(dest, replace=True) as tmp:
+            argv = ["git", "clone", "--depth", "1"]
+            if build.backend_ref:
+                argv += ["--branch", build.backend_ref]
+            argv += [build.backend_repo, str(tmp)]
+            try:
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+            except FileNotFoundError:
+                raise ToolError("git is not installed, so the backend repository cannot be cloned",
+                                hint="install git, or pass --backend-repo PATH to a checkout") from None
+            if done.returncode != 0:
+                raise ToolError(f"cloning {build.backend_repo} failed: {done.stderr.strip().splitlines()[-1:] or ''}",
+                                hint="check the URL and --backend-ref, or pass --backend-repo PATH to a local checkout")
     return dest, _git_commit(dest)
 
 

@@ -77,3 +77,8 @@ def read_tensor(path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarr
             hint="weight_data_type or the <tp>-gpu directory does not match these files; re-convert",
         )
     return np.fromfile(path, dtype=dtype).reshape(shape)
+
+
+def gpu_dir_name(tp: int) -> str:
+    """The directory FasterTransformer reads a checkpoint split for ``tp`` GPUs from: ``<tp>-gpu``."""
+    return f"{tp}-gpu"

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from ftx.family import Family
-from ftx.io.ftformat import read_ini, read_tensor
+from ftx.io.ftformat import gpu_dir_name, read_ini, read_tensor
 
 TP = 2
 
@@ -60,7 +60,7 @@ def converted(request: pytest.FixtureRequest, checkpoint: Path, tmp_path_factory
     out = tmp_path_factory.mktemp("ft")
     for tp in (1, cls.tp):
         convert_directory(cls.family(), checkpoint, out, tp=tp, weight_dtype="fp32")
-    return {1: out / "1-gpu", cls.tp: out / f"{cls.tp}-gpu"}
+    return {1: out / gpu_dir_name(1), cls.tp: out / gpu_dir_name(cls.tp)}
 
 
 class FamilyConformance:
@@ -162,12 +162,11 @@ class FamilyConformance:
         from ftx.triton.model_config import FtModelOptions, build_ft_model_config
 
         family = self.family()
-        opts = FtModelOptions(model_type=family.triton_model_type, io_kind=family.triton_io,
-                              checkpoint_path=converted[self.tp], tp=self.tp, data_type=family.data_types[0])
+        opts = FtModelOptions.for_family(family, converted[self.tp], self.tp, data_type=family.data_types[0])
         config = build_ft_model_config(opts)
         params = {k: v.string_value for k, v in config.parameters.items()}
         assert params["model_type"] == family.triton_model_type
-        assert Path(params["model_checkpoint_path"]).name == f"{params['tensor_para_size']}-gpu"
+        assert Path(params["model_checkpoint_path"]).name == gpu_dir_name(int(params["tensor_para_size"]))
         assert params["data_type"] in family.data_types
         assert (Path(params["model_checkpoint_path"]) / "config.ini").is_file()
 

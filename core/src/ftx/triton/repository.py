@@ -29,7 +29,8 @@ import structlog
 
 from ftx.errors import CheckpointError, ConfigError
 from ftx.family import Family, ModelSpec
-from ftx.io.ftformat import read_ini
+from ftx.io.ftformat import gpu_dir_name, read_ini
+from ftx.redact import redact_data
 from ftx.triton import textproc
 from ftx.triton.ensemble import (
     ENSEMBLE_NAME,
@@ -42,8 +43,8 @@ from ftx.triton.ensemble import (
 )
 from ftx.triton.io import POSTPROCESSING_OUTPUTS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS, postprocessing_inputs
 from ftx.triton.model_config import (
+    DATA_TYPES,
     FT_MODEL_NAME,
-    MODEL_TYPE_SECTIONS,
     FtModelOptions,
     build_ft_model_config,
     build_python_model_config,
@@ -129,11 +130,11 @@ def plan_tokenizer(path: Path | None, family: Family, spec: ModelSpec, *, explic
             raise ConfigError(f"{flag} at {path} has no tokenizer for {family.name} ({found})", hint=hint)
         try:
             codec = textproc.load_codec(staged, kind)
+            names = textproc.special_token_names(staged)
         except textproc.TokenizerLoadError as exc:
             if "is not installed" in str(exc):
                 hint = "pip install tokenizers sentencepiece (or ftx[serve]); the serving image needs them too"
             raise ConfigError(f"cannot load the tokenizer from {path}: {exc}", hint=hint) from exc
-        names = textproc.special_token_names(staged)
     names.update(family.special_tokens)
     pad_id = spec.pad_id if spec.pad_id is not None else spec.end_id
     expected = {"eos": spec.end_id, "pad": spec.pad_id}
@@ -197,15 +198,14 @@ def check_checkpoint(family: Family, checkpoint_dir: Path, *, tp: int, weight_dt
         raise CheckpointError(f"{checkpoint_dir} has no config.ini",
                               hint="convert the checkpoint again (--force convert)")
     ini = read_ini(ini_path)
-    if checkpoint_dir.name != f"{tp}-gpu":
+    if checkpoint_dir.name != gpu_dir_name(tp):
         raise ConfigError(f"{checkpoint_dir} was converted for {checkpoint_dir.name}, not for --tp {tp}",
                           hint=f"convert with --tp {tp} (ftx converts automatically when it owns the checkpoint)")
     ranks = checkpoint_ranks(checkpoint_dir)
     if ranks and ranks != set(range(tp)):
         raise ConfigError(f"{checkpoint_dir} holds weights split for ranks {sorted(ranks)}, not for --tp {tp}",
                           hint=f"convert again with --tp {tp}")
-    sections = MODEL_TYPE_SECTIONS.get(family.triton_model_type, (family.ini_section,) if family.ini_section else ())
-    missing = [s for s in sections if s not in ini]
+    missing = [s for s in family.ini.required_sections() if s not in ini]
     if missing:
         raise ConfigError(f"{ini_path} has no [{'], ['.join(missing)}] section, so it is not a "
                           f"{family.triton_model_type} checkpoint (sections: {', '.join(ini) or 'none'})",
@@ -231,7 +231,7 @@ def plan_repository(family: Family, spec: ModelSpec, ft: FtModelOptions, *, runt
     if ft.model_type != family.triton_model_type or ft.io_kind != family.triton_io:
         raise ConfigError(f"options say model_type {ft.model_type} ({ft.io_kind}) but family {family.name} is "
                           f"{family.triton_model_type} ({family.triton_io})")
-    check_data_type(family.triton_model_type, ft.data_type, family.data_types)
+    check_data_type(family, ft.data_type)
     check_ft_options(ft)
     check_checkpoint(family, Path(ft.checkpoint_path), tp=ft.tp, weight_dtype=weight_dtype)
     tok = plan_tokenizer(tokenizer, family, spec, explicit=tokenizer_explicit)
@@ -289,7 +289,8 @@ def write_repository(plan: RepositoryPlan, dest: Path, ft_writer: FtWriter = wri
                  dest / FT_ENSEMBLE_NAME)
     for name in ENSEMBLES:
         (dest / name / "1" / ".ftx-keep").write_text("Triton needs this version directory to exist.\n")
-    (dest / DEPLOYMENT_FILE).write_text(json.dumps(deployment_record(plan, backend), indent=2, sort_keys=True) + "\n")
+    record = redact_data(deployment_record(plan, backend))
+    (dest / DEPLOYMENT_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     verify_repository(dest)
     return MODEL_NAMES
 
@@ -301,6 +302,8 @@ def deployment_record(plan: RepositoryPlan, backend: str) -> dict[str, Any]:
         "schema": DEPLOYMENT_SCHEMA,
         "family": plan.family.name,
         "model_type": ft.model_type,
+        "ini_sections": list(plan.family.ini.required_sections()),
+        "data_types": list(ft.data_types),
         "runtime": plan.runtime,
         "backend": backend,
         "tp": ft.tp,
@@ -354,7 +357,13 @@ def verify_repository(repository: Path) -> tuple[str, ...]:
                 problems.append(f"{ft_path}: model_checkpoint_path {checkpoint} holds no config.ini")
             else:
                 ini = read_ini(checkpoint / "config.ini")
-                problems += [f"{ft_path}: {p}" for p in check_against_checkpoint(ft, ini, checkpoint)]
+                problems += [f"{ft_path}: {p}" for p in check_against_checkpoint(
+                    ft, ini, checkpoint, sections=_recorded(repository, "ini_sections") or (),
+                    data_types=_recorded(repository, "data_types") or DATA_TYPES)]
+                model_type = _recorded(repository, "model_type")
+                if model_type and parameter(ft, "model_type") != model_type:
+                    problems.append(f"{ft_path}: model_type {parameter(ft, 'model_type')} but {DEPLOYMENT_FILE} "
+                                    f"says {model_type}")
                 recorded = _recorded(repository, "weight_dtype")
                 found = {v["weight_data_type"] for v in ini.values() if "weight_data_type" in v}
                 if recorded and found != {recorded}:

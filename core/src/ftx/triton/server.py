@@ -49,6 +49,7 @@ import psutil
 import structlog
 
 from ftx.errors import ServeError
+from ftx.redact import strip_secrets
 
 log = structlog.get_logger(__name__)
 
@@ -217,8 +218,7 @@ def python_libdir() -> Path | None:
 
 def server_env(install: TritonInstall, env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment tritonserver and its stubs need, on top of ``os.environ`` and ``env``."""
-    result = dict(os.environ)
-    result.update(env or {})
+    result = strip_secrets({**os.environ, **(env or {})})  # a server needs no Hub or cloud credentials
     result["PATH"] = _join_paths(str(Path(sys.executable).parent), result.get("PATH") or os.defpath)
     libdir = python_libdir()
     if libdir is None:

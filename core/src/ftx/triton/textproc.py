@@ -206,9 +206,11 @@ def special_token_names(directory: Path) -> dict[str, str]:
         if not path.is_file():
             continue
         try:
-            data = json.loads(path.read_text())
-        except ValueError:
-            continue
+            data = json.loads(path.read_bytes())
+        except ValueError as exc:
+            raise TokenizerLoadError(f"{filename} is not valid JSON ({exc})") from exc
+        if not isinstance(data, Mapping):
+            raise TokenizerLoadError(f"{filename} is not a JSON object (it holds a JSON {type(data).__name__})")
         for role in ("bos", "eos", "pad", "unk"):
             value = data.get(f"{role}_token")
             if isinstance(value, Mapping):
