@@ -97,8 +97,25 @@ def _python_version() -> str:
     return f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
+TRITONSERVER_DIR_ENV = "FTX_TRITONSERVER_DIR"
+"""A tritonserver install to use instead of the wheel's: ``bin/``, ``lib/``, ``backends/``, ``python_backend_stubs/``."""
+
+
+def _install_from_dir(root: Path) -> TritonInstall:
+    pyver = _python_version()
+    install = TritonInstall(binary=root / "bin" / "tritonserver", backends=root / "backends",
+                            stub=root / "python_backend_stubs" / pyver / STUB_NAME, libs=root / "lib", python_version=pyver)
+    for path in (install.binary, install.backends / "python", install.libs, install.stub):
+        if not path.exists():
+            raise ServeError(f"{TRITONSERVER_DIR_ENV}={root} is not a tritonserver install: {path} is missing",
+                             hint=f"unset {TRITONSERVER_DIR_ENV} to use the nvidia-pytriton wheel's server")
+    return install
+
+
 def find_tritonserver() -> TritonInstall:
     """Locate tritonserver, its backends, the stub for this Python and the vendored libs."""
+    if os.environ.get(TRITONSERVER_DIR_ENV):
+        return _install_from_dir(Path(os.environ[TRITONSERVER_DIR_ENV]))
     hint = "pip install nvidia-pytriton (the python runtime's embedded tritonserver)"
     spec = importlib_util.find_spec("pytriton")
     if spec is None or not spec.submodule_search_locations:
@@ -586,7 +603,8 @@ class TritonServer:
                  load_models: Sequence[str] = (), ready_timeout_s: float = 180.0,
                  log_path: Path | None = None, env: Mapping[str, str] | None = None,
                  exit_timeout_s: int = 10, name: str | None = None,
-                 die_with_parent: bool = True) -> None:
+                 die_with_parent: bool = True, backend_directory: Path | None = None,
+                 cwd: Path | None = None, launcher: Sequence[str] = ()) -> None:
         if model_control not in MODEL_CONTROL_MODES:
             raise ServeError(f"unknown model control mode {model_control!r}",
                              hint=f"use one of: {', '.join(MODEL_CONTROL_MODES)}")
@@ -609,6 +627,12 @@ class TritonServer:
         self._explicit_name = name is not None
         self.name = _safe_name(name or self.repository.name)
         self.die_with_parent = die_with_parent
+        self.backend_directory = Path(backend_directory) if backend_directory else None
+        """Serve with this ``--backend-directory`` instead of the prepared wheel backends (python only)."""
+        self.cwd = Path(cwd) if cwd else None
+        """The server's working directory (default: its log folder); FasterTransformer reads gemm_config.in there."""
+        self.launcher = tuple(launcher)
+        """Put before the server's command line (``mpirun -n 2 …`` for several nodes)."""
         self.shm_prefix = f"{SHM_PREFIX}ftx-{secrets.token_hex(6)}-"
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         self._log_path = Path(log_path) if log_path else (
@@ -683,7 +707,7 @@ class TritonServer:
             raise ServeError(f"server {self.name} was already started", hint="create a new TritonServer")
         say = progress or (lambda _msg: None)
         install = find_tritonserver()
-        backends = prepare_backends(install, self.home)
+        backends = self.backend_directory or prepare_backends(install, self.home)
         env = server_env(install, self.env)
         attempts = _PORT_ATTEMPTS if self._auto_ports else 1
         for attempt in range(1, attempts + 1):
@@ -714,14 +738,14 @@ class TritonServer:
     def _spawn(self, install: TritonInstall, backends: Path, env: dict[str, str]) -> int:
         """Start the process with output appended to the log; return the log offset of this run."""
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
-        cmd = self.command(backends, install.binary)
+        cmd = [*self.launcher, *self.command(backends, install.binary)]
         with self._log_path.open("ab") as out:
             out.write(f"# ftx: {' '.join(cmd)}\n".encode())
             out.flush()
             offset = out.tell()
             self._proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                cwd=self._log_path.parent, start_new_session=True,
+                cwd=self.cwd or self._log_path.parent, start_new_session=True,
                 # only prctl/getppid/kill run between fork and exec
                 preexec_fn=_parent_death_signal() if self.die_with_parent else None,  # noqa: PLW1509
             )
