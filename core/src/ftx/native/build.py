@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import structlog
 
@@ -44,7 +44,7 @@ from ftx.store import ArtifactStore, make_key
 
 log = structlog.get_logger(__name__)
 
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 """Bump when the configure flags or the artifact layout change (part of the key)."""
 TARGETS = ("triton-fastertransformer-backend", "gpt_gemm", "t5_gemm")
 BACKEND_FILES = ("libtriton_fastertransformer.so", "libtransformer-shared.so")
@@ -138,7 +138,10 @@ def cmake_arguments(pre: Preflight, src: Path, build: Path, deps: Path, link_dir
     # on the compiler flags (not only CMake's include lists): CMake's try_run checks (NCCL's version) see them too
     includes = " ".join(f"-I{d}" for d in dict.fromkeys([*p.cuda_include_dirs, p.nccl_include]))
     lib_dirs = [link_dir, *p.cuda_lib_dirs, p.nccl_lib, p.mpi_prefix / "lib"]
-    link_flags = " ".join([*(f"-L{d}" for d in lib_dirs), *(f"-Wl,-rpath,{d}" for d in lib_dirs[1:])])
+    # DT_RPATH (not RUNPATH): the build's Open MPI, NCCL and CUDA libraries win over LD_LIBRARY_PATH, which may
+    # list a system Open MPI with the same soname (libmpi.so.40)
+    link_flags = " ".join(["-Wl,--disable-new-dtags", *(f"-L{d}" for d in lib_dirs),
+                           *(f"-Wl,-rpath,{d}" for d in lib_dirs[1:])])
     return [
         str(p.cmake), "-S", str(src / "fastertransformer_backend"), "-B", str(build), "-G", "Ninja",
         "-DCMAKE_BUILD_TYPE=Release", f"-DSM={sm}", f"-DCMAKE_CUDA_ARCHITECTURES={sm.replace(',', ';')}",
@@ -242,7 +245,7 @@ class NinjaProgress:
         self._task: Any = None
         self._last_decile = -1
 
-    def __enter__(self) -> NinjaProgress:
+    def __enter__(self) -> Self:
         if self.enabled and sys.stderr.isatty():
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -308,9 +311,31 @@ def _collect(build: Path, dest: Path) -> dict[str, str]:
     return found
 
 
+def configure_fastertransformer(pre: Preflight, src: Path, build: Path, work: Path) -> list[str]:
+    """Prepare RapidJSON's CMake config and the unversioned library links; return the configure command."""
+    p = pre.probe
+    rapidjson_config(work / "deps" / "RapidJSON", src / "rapidjson" / "include")
+    lib_dirs = [*p.cuda_lib_dirs, *([p.nccl_lib] if p.nccl_lib else [])]
+    link_unversioned(work / "link", lib_dirs, (*CUDA_LIBS, "nccl"))
+    return cmake_arguments(pre, src, build, work / "deps", work / "link")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How verified sources become the artifact: staging (copy + patch), the configure command, ninja targets."""
+
+    stage: Callable[[Path, Path], None] = stage_sources
+    configure: Callable[[Preflight, Path, Path, Path], list[str]] = configure_fastertransformer
+    targets: tuple[str, ...] = TARGETS
+
+
+FASTERTRANSFORMER = Recipe()
+
+
 def build_backend(store: ArtifactStore, pre: Preflight, *, sources: Callable[[], Path], jobs: int | None = None,
                   force: bool = False, say: Callable[[str], None] = lambda text: None,
-                  show_progress: bool = True, producer: Mapping[str, Any] | None = None) -> BuiltBackend:
+                  show_progress: bool = True, producer: Mapping[str, Any] | None = None,
+                  recipe: Recipe = FASTERTRANSFORMER) -> BuiltBackend:
     """The backend build for ``pre``'s toolchain and SM list: from the store, else built now.
 
     ``sources`` is called only when a build is needed (it may download or extract). Raises ToolError
@@ -327,34 +352,31 @@ def build_backend(store: ArtifactStore, pre: Preflight, *, sources: Callable[[],
         started = time.monotonic()
         work.mkdir(parents=True, exist_ok=True)
         log_file = work / "build.log"
-        src, build, deps, link = work / "src", work / "build", work / "deps", work / "link"
+        src, build, link = work / "src", work / "build", work / "link"
         stamp = {"key": key, "sources": "staged"}
         if not _staged(work, stamp):
             say("backend   staging and patching the sources")
             root = sources()
             shutil.rmtree(build, ignore_errors=True)
             log_file.write_text("")
-            stage_sources(root, src)
+            recipe.stage(root, src)
             (work / READY_MARK).write_text(json.dumps(stamp))
         else:
             say(f"backend   resuming the build in {work}")
         p = pre.probe
-        rapidjson_config(deps / "RapidJSON", src / "rapidjson" / "include")
-        lib_dirs = [*p.cuda_lib_dirs, *([p.nccl_lib] if p.nccl_lib else [])]
-        link_unversioned(link, lib_dirs, (*CUDA_LIBS, "nccl"))
+        argv = recipe.configure(pre, src, build, work)
         env = build_environment(pre, link)
         if not (build / "build.ninja").is_file():
             say(f"backend   configuring (CMake, SM {','.join(map(str, pre.sm))}); log: {log_file}")
             try:
-                run_logged(cmake_arguments(pre, src, build, deps, link), log_file=log_file, env=env,
-                           what="CMake configure")
+                run_logged(argv, log_file=log_file, env=env, what="CMake configure")
             except BaseException:
                 shutil.rmtree(build, ignore_errors=True)  # CMake caches failed checks; the next try starts clean
                 raise
         n = jobs or os.cpu_count() or 4
         say(f"backend   compiling with ninja -j{n} (a few minutes on 16 cores); log: {log_file}")
         with NinjaProgress(say, show_progress) as progress:
-            run_logged([str(p.ninja), "-C", str(build), f"-j{n}", *TARGETS], log_file=log_file, env=env,
+            run_logged([str(p.ninja), "-C", str(build), f"-j{n}", *recipe.targets], log_file=log_file, env=env,
                        on_line=progress.line, what="the FasterTransformer build")
         outputs = _collect(build, tmp)
         libs = RuntimeLibraries.of(p)
@@ -376,5 +398,6 @@ def build_backend(store: ArtifactStore, pre: Preflight, *, sources: Callable[[],
     return BuiltBackend(artifact.path, key, cached, manifest)
 
 
-__all__ = ["BuiltBackend", "backend_key", "build_backend", "cmake_arguments", "find_backend", "key_inputs",
-           "link_unversioned", "run_logged", "stage_sources"]
+__all__ = ["FASTERTRANSFORMER", "BuiltBackend", "Recipe", "backend_key", "build_backend", "cmake_arguments",
+           "configure_fastertransformer", "find_backend", "key_inputs", "link_unversioned", "run_logged",
+           "stage_sources"]

@@ -102,8 +102,6 @@ def _ready(directory: Path, key: str) -> bool:
 
 def sources_from(spec: Path, cache: Path, *, progress: bool = True) -> Path:
     """The verified source root for ``--sources DIR|ARCHIVE`` (an archive is extracted once into ``cache``)."""
-    from ftx.fetching.archive import is_archive, safe_extract
-
     spec = Path(spec).expanduser()
     if spec.is_dir():
         root = _layout_root(spec.resolve())
@@ -111,6 +109,8 @@ def sources_from(spec: Path, cache: Path, *, progress: bool = True) -> Path:
         return root
     if not spec.is_file():
         raise SourceError(f"--sources {spec} does not exist", hint="pass a source directory or archive")
+    from ftx.fetching.archive import is_archive, safe_extract
+
     if not is_archive(spec):
         raise SourceError(f"--sources {spec} is neither a directory nor an archive ftx can open",
                           hint="use a directory, .tar.gz, .tar.xz, .tar.zst or .zip")

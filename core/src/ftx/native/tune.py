@@ -27,6 +27,8 @@ def runtime_environment(built: BuiltBackend, gpus: Sequence[int], extra: Mapping
     """What the backend and its tools need: the build's library folders, Open MPI's prefix, exactly ``gpus``."""
     env = dict(os.environ if base is None else base)
     dirs = [str(built.backend_dir), *map(str, built.lib_dirs)]
+    if built.opal_prefix is not None:  # Open MPI's private libraries (libfabric, libpmix …) before any system copy
+        dirs += [str(built.opal_prefix / "lib"), str(built.opal_prefix / "lib" / "openmpi")]
     env["LD_LIBRARY_PATH"] = os.pathsep.join([*dirs, *([env["LD_LIBRARY_PATH"]] if env.get("LD_LIBRARY_PATH") else [])])
     if built.opal_prefix is not None:
         env["OPAL_PREFIX"] = str(built.opal_prefix)
@@ -51,7 +53,7 @@ def run_gemm_tool(built: BuiltBackend, tool: str, args: Sequence[str], dest: Pat
         out = subprocess.run(argv, cwd=dest, env=env, capture_output=True, text=True, errors="replace",
                              timeout=timeout_s, check=False)
     except OSError as exc:
-        raise ToolError(f"cannot run {tool}: {exc.strerror or exc}", hint=f"rebuild with `ftx backend build --force`") from None
+        raise ToolError(f"cannot run {tool}: {exc.strerror or exc}", hint="rebuild with `ftx backend build --force`") from None
     except subprocess.TimeoutExpired:
         raise ToolError(f"{tool} ran longer than {timeout_s:.0f} s", hint="lower --tune-batch / --tune-max-input-len") from None
     text = (out.stdout or "") + (out.stderr or "")

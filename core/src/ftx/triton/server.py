@@ -222,8 +222,10 @@ def server_env(install: TritonInstall, env: Mapping[str, str] | None = None) -> 
     if libdir is None:
         log.warning("server.libpython_missing", executable=sys.executable,
                     note="the stub will use the system libpython; a version mismatch can break models")
-    result["LD_LIBRARY_PATH"] = _join_paths(str(libdir) if libdir else None, str(install.libs),
-                                            result.get("LD_LIBRARY_PATH"))
+    # folders the caller names come first: a backend's own libraries (the native FasterTransformer build's
+    # Open MPI) must win over same-named ones in libpython's folder (a system Open MPI in /usr/lib)
+    result["LD_LIBRARY_PATH"] = _join_paths((env or {}).get("LD_LIBRARY_PATH"), str(libdir) if libdir else None,
+                                            str(install.libs), result.get("LD_LIBRARY_PATH"))
     return result
 
 
