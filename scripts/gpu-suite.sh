@@ -75,7 +75,10 @@ start() {
   ( nvidia-smi; nvcc --version; $PY -m pip list 2>/dev/null | grep -i -E "torch|transformers|numpy|nvidia" ) \
     > "$WORK/logs/host.txt" 2>&1
   rm -f "$WORK/status" "$WORK/done"
+  # the job runs from its own copy of the tests: the checkout may be replaced while it runs
+  rm -rf "$WORK/code" && mkdir -p "$WORK/code" && cp -r tests benchmarks pyproject.toml "$WORK/code/"
   setsid bash -c "
+    cd '$WORK/code'
     . '$WORK/env.sh'
     echo preflight > '$WORK/status'
     $PY -c 'from ftx.cli import main; main()' backend preflight > '$WORK/logs/preflight.log' 2>&1

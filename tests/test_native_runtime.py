@@ -232,3 +232,12 @@ def test_server_runs_in_the_given_directory_behind_the_launcher(tmp_path: Path) 
         assert Path(os.readlink(f"/proc/{server.pid}/cwd")) == work
         environ = Path(f"/proc/{server.pid}/environ").read_bytes().split(b"\0")
         assert b"FTX_LAUNCHED=1" in environ
+
+
+def test_options_come_from_the_launch_settings_and_the_build_variables(tmp_path: Path) -> None:
+    s = _settings(gpus="1,0", env=("A=1",), hosts=str(tmp_path / "hosts"), ready_timeout=30.0)
+    options = NativeOptions.from_settings(s, {"FTX_FT_SOURCES": str(tmp_path), "FTX_FT_SM": "80,90", "FTX_FT_JOBS": "8"})
+    assert options.gpus == (1, 0) and options.env == {"A": "1"} and options.hosts_file == tmp_path / "hosts"
+    assert options.ready_timeout_s == 30.0
+    assert (options.sources, options.sm, options.jobs) == (tmp_path, "80,90", 8)
+    assert NativeOptions.from_settings(_settings(), {}) == NativeOptions()

@@ -31,9 +31,10 @@ def preflight_command(sm_text: str | None) -> None:
 
 
 @backend.command("build")
-@click.option("--sm", "sm_text", default=None, help=SM_HELP)
-@click.option("--sources", type=click.Path(exists=True, path_type=Path), help=SOURCES_HELP)
-@click.option("-j", "--jobs", type=click.IntRange(1, 1024), help="Parallel compile jobs [default: CPU count].")
+@click.option("--sm", "sm_text", default=None, envvar="FTX_FT_SM", help=SM_HELP)
+@click.option("--sources", type=click.Path(exists=True, path_type=Path), envvar="FTX_FT_SOURCES", help=SOURCES_HELP)
+@click.option("-j", "--jobs", type=click.IntRange(1, 1024), envvar="FTX_FT_JOBS",
+              help="Parallel compile jobs [default: CPU count].")
 @click.option("--force", is_flag=True, help="Build again even if a build for this toolchain and SM list exists.")
 def build_command(sm_text: str | None, sources: Path | None, jobs: int | None, force: bool) -> None:
     """Build (or find) the backend for this toolchain and SM list; print the artifact's path."""
