@@ -267,8 +267,9 @@ def main() -> None:
 def markdown(report: dict[str, Any]) -> str:
     """The table for docs/benchmarks.md."""
     bw = report["bandwidth_gbs"] * 1e9
-    lines = ["| shape | tp | batch | FT untuned tok/s | FT tuned tok/s | tuned / untuned | python tok/s | FT / python "
-             "| HBM bound tok/s | FT / bound |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    header = ("| shape | tp | batch | FT untuned tok/s | FT tuned tok/s | tuned / untuned | python tok/s | FT / python "
+              "| HBM bound tok/s | FT / bound |")
+    lines = [header, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, entry in report["shapes"].items():
         python = entry.get("python") or {}
         for tp, run in entry["native"].items():

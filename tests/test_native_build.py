@@ -35,7 +35,7 @@ def test_build_publishes_the_libraries_and_tools_then_hits_the_cache(tmp_path: P
     for name in ("libtriton_fastertransformer.so", "libtransformer-shared.so"):
         assert (built.backend_dir / name).is_file()
     assert os.access(built.tool("gpt_gemm"), os.X_OK) and os.access(built.tool("t5_gemm"), os.X_OK)
-    assert subprocess.run([built.tool("gpt_gemm")], capture_output=True, text=True).stdout == "gemm\n"
+    assert subprocess.run([built.tool("gpt_gemm")], capture_output=True, text=True, check=True).stdout == "gemm\n"
     assert "ninja" in (built.path / "build.log").read_text()
     assert built.manifest["sm"] == [90] and built.manifest["opal_prefix"] == "/nonexistent/ompi"
     assert any("compiling with ninja" in line for line in lines)

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from ftx.cli import cli
 from ftx.docker_runtime.gpus import Gpu
 from ftx.errors import ConfigError, ToolError

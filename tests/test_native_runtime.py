@@ -14,7 +14,6 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
-
 from ftx.artifacts import GemmConfig
 from ftx.docker_runtime.gpus import Gpu
 from ftx.errors import ConfigError, ServeError

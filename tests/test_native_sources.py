@@ -12,7 +12,6 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from ftx.errors import SourceError
 from ftx.native import patches as patches_mod
 from ftx.native.patches import PATCHES, Edit, apply_patches, check_patches, patch_set_digest
