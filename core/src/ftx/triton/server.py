@@ -117,8 +117,25 @@ def _python_version() -> str:
     return f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
+TRITONSERVER_DIR_ENV = "FTX_TRITONSERVER_DIR"
+"""A tritonserver install to use instead of the wheel's: ``bin/``, ``lib/``, ``backends/``, ``python_backend_stubs/``."""
+
+
+def _install_from_dir(root: Path) -> TritonInstall:
+    pyver = _python_version()
+    install = TritonInstall(binary=root / "bin" / "tritonserver", backends=root / "backends",
+                            stub=root / "python_backend_stubs" / pyver / STUB_NAME, libs=root / "lib", python_version=pyver)
+    for path in (install.binary, install.backends / "python", install.libs, install.stub):
+        if not path.exists():
+            raise ServeError(f"{TRITONSERVER_DIR_ENV}={root} is not a tritonserver install: {path} is missing",
+                             hint=f"unset {TRITONSERVER_DIR_ENV} to use the nvidia-pytriton wheel's server")
+    return install
+
+
 def find_tritonserver() -> TritonInstall:
     """Locate tritonserver, its backends, the stub for this Python and the vendored libs."""
+    if os.environ.get(TRITONSERVER_DIR_ENV):
+        return _install_from_dir(Path(os.environ[TRITONSERVER_DIR_ENV]))
     hint = "pip install nvidia-pytriton (the python runtime's embedded tritonserver)"
     spec = importlib_util.find_spec("pytriton")
     if spec is None or not spec.submodule_search_locations:
@@ -224,8 +241,10 @@ def server_env(install: TritonInstall, env: Mapping[str, str] | None = None) -> 
     if libdir is None:
         log.warning("server.libpython_missing", executable=sys.executable,
                     note="the stub will use the system libpython; a version mismatch can break models")
-    result["LD_LIBRARY_PATH"] = _join_paths(str(libdir) if libdir else None, str(install.libs),
-                                            result.get("LD_LIBRARY_PATH"))
+    # folders the caller names come first: a backend's own libraries (the native FasterTransformer build's
+    # Open MPI) must win over same-named ones in libpython's folder (a system Open MPI in /usr/lib)
+    result["LD_LIBRARY_PATH"] = _join_paths((env or {}).get("LD_LIBRARY_PATH"), str(libdir) if libdir else None,
+                                            str(install.libs), result.get("LD_LIBRARY_PATH"))
     return result
 
 
@@ -732,7 +751,9 @@ class TritonServer:
                  log_path: Path | None = None, env: Mapping[str, str] | None = None,
                  exit_timeout_s: int = 10, name: str | None = None,
                  die_with_parent: bool = True, http_front: bool = True,
-                 max_body_bytes: int | None = None, stub_start_timeout_s: float = STUB_START_TIMEOUT_S) -> None:
+                 max_body_bytes: int | None = None, stub_start_timeout_s: float = STUB_START_TIMEOUT_S,
+                 backend_directory: Path | None = None, cwd: Path | None = None,
+                 launcher: Sequence[str] = ()) -> None:
         if model_control not in MODEL_CONTROL_MODES:
             raise ServeError(f"unknown model control mode {model_control!r}",
                              hint=f"use one of: {', '.join(MODEL_CONTROL_MODES)}")
@@ -760,6 +781,12 @@ class TritonServer:
         self.stub_start_timeout_s = stub_start_timeout_s
         self._internal_http_port: int | None = None
         self.shm_prefix = f"{FTX_SHM_PREFIX}{secrets.token_hex(6)}-"
+        self.backend_directory = Path(backend_directory) if backend_directory else None
+        """Serve with this ``--backend-directory`` instead of the prepared wheel backends (python only)."""
+        self.cwd = Path(cwd) if cwd else None
+        """The server's working directory (default: its log folder); FasterTransformer reads gemm_config.in there."""
+        self.launcher = tuple(launcher)
+        """Put before the server's command line (``mpirun -n 2 …`` for several nodes)."""
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         self._log_path = Path(log_path) if log_path else (
             self.home / "triton" / "logs" / f"{self.name}-{stamp}-{self.shm_prefix[-7:-1]}.log")
@@ -837,7 +864,7 @@ class TritonServer:
             raise ServeError(f"server {self.name} was already started", hint="create a new TritonServer")
         say = progress or (lambda _msg: None)
         install = find_tritonserver()
-        backends = safe_path(prepare_backends(install, self.home), self.home)
+        backends = safe_path(self.backend_directory or prepare_backends(install, self.home), self.home)
         repository = safe_path(self.repository, self.home)
         sweep_orphans()
         env = server_env(install, self.env)
@@ -883,7 +910,7 @@ class TritonServer:
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
         if self.http_front and self._internal_http_port is None:
             self._internal_http_port = _loopback_port()
-        triton = self.command(backends, install.binary, repository)
+        triton = [*self.launcher, *self.command(backends, install.binary, repository)]
         cmd = self.supervisor_command(triton)
         with self._log_path.open("ab") as out:
             out.write(f"# ftx: {' '.join(triton)}\n".encode())
@@ -891,7 +918,7 @@ class TritonServer:
             offset = out.tell()
             self._proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                cwd=self._log_path.parent, start_new_session=True,
+                cwd=self.cwd or self._log_path.parent, start_new_session=True,
                 # only prctl/getppid/kill run between fork and exec
                 preexec_fn=_parent_death_signal() if self.die_with_parent else None,  # noqa: PLW1509
             )
