@@ -104,8 +104,22 @@ def options(family: Family, ckpt: Path, tp: int, *, streaming: bool = False, max
     """FtModelOptions for the fastertransformer model of ``family``."""
     from ftx.triton.model_config import FtModelOptions
 
-    return FtModelOptions(model_type=family.triton_model_type, io_kind=family.triton_io, checkpoint_path=ckpt,
-                          tp=tp, data_type=data_type, max_batch_size=max_batch_size, streaming=streaming)
+    return FtModelOptions.for_family(family, ckpt, tp, data_type=data_type, max_batch_size=max_batch_size,
+                                     streaming=streaming)
+
+
+def build_repository(src: Path, home: Path, family: str, tp: int, **settings: Any) -> Any:
+    """Fetch → convert → tune → configure with the python runtime, in ``home`` (a ModelRepository)."""
+    from ftx.pipeline import Pipeline
+    from ftx.plugins import load_host
+    from ftx.settings import RunSettings
+    from ftx.store import ArtifactStore
+
+    run = RunSettings.of(str(src), family=family, tp=tp, runtime="python", until="configure", accept_license=True,
+                         **settings)
+    result = Pipeline(load_host(), ArtifactStore(home), run).run()
+    assert result.repository is not None
+    return result.repository
 
 
 def ft_only_repository(repo: Path, family: Family, ckpt: Path, tp: int, **kwargs: Any) -> Path:

@@ -19,15 +19,17 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ftx.errors import ConfigError
 from ftx.triton.ensemble import check_ensemble
 from ftx.triton.model_config import (
+    DEFAULT_MAX_BATCH_SIZE,
     FtModelOptions,
     build_ft_model_config,
     check_data_type,
     parameter,
     parse_config,
+    refuse_data_type,
 )
 from ftx.triton.repository import check_checkpoint, verify_repository
 
-MODELS = {"fastertransformer", "preprocessing", "postprocessing", "ensemble"}
+MODELS = {"fastertransformer", "preprocessing", "postprocessing", "ensemble", "ft_ensemble"}
 
 
 def configure(ftx_cli, source: Path, out: Path, *extra: str):
@@ -77,7 +79,7 @@ def test_gptj_repository_layout_and_ft_config(ftx_cli, ftx_home: Path, tiny_gptj
     for name in MODELS:
         assert (out / name / "1").is_dir()
     ft = ft_config(out)
-    assert ft.backend == "fastertransformer" and ft.name == "fastertransformer" and ft.max_batch_size == 8
+    assert ft.backend == "fastertransformer" and ft.name == "fastertransformer" and ft.max_batch_size == DEFAULT_MAX_BATCH_SIZE
     assert [(g.kind, g.count) for g in ft.instance_group] == [(mc.ModelInstanceGroup.Kind.KIND_CPU, 1)]
     assert parameter(ft, "model_type") == "GPT-J"
     assert parameter(ft, "tensor_para_size") == "1" and parameter(ft, "pipeline_para_size") == "1"
@@ -109,7 +111,8 @@ def test_ensemble_speaks_generate_names_and_is_wired(ftx_cli, tiny_gptj_dir: Pat
     assert ens.platform == "ensemble"
     ins = inputs(ens)
     assert ins["text_input"].data_type == mc.TYPE_STRING and not ins["text_input"].optional
-    assert ins["max_tokens"].data_type == mc.TYPE_INT32 and not ins["max_tokens"].optional
+    # INT64: Triton casts a JSON number to the declared type unchecked, so INT32 would wrap 2**32 + 5 to 5
+    assert ins["max_tokens"].data_type == mc.TYPE_INT64 and not ins["max_tokens"].optional
     for name in ("temperature", "top_k", "top_p", "stop", "beam_width", "stream"):
         assert ins[name].optional, name
     assert ins["stream"].data_type == mc.TYPE_BOOL
@@ -117,6 +120,31 @@ def test_ensemble_speaks_generate_names_and_is_wired(ftx_cli, tiny_gptj_dir: Pat
     assert [s.model_name for s in ens.ensemble_scheduling.step] == ["preprocessing", "fastertransformer",
                                                                     "postprocessing"]
     assert check_ensemble(out) == []
+
+
+def test_ft_ensemble_speaks_fastertransformer_backends_ensemble_names(ftx_cli, tiny_gptj_dir: Path,
+                                                                      tmp_path: Path) -> None:
+    """The second ensemble has fastertransformer_backend's all_models/gptj/ensemble interface."""
+    out = tmp_path / "repo"
+    configure(ftx_cli, tiny_gptj_dir, out)
+    ens = parse_config(out / "ft_ensemble" / "config.pbtxt")
+    ins = inputs(ens)
+    expected = {"INPUT_0": (mc.TYPE_STRING, [-1]), "INPUT_1": (mc.TYPE_UINT32, [-1]), "INPUT_2": (mc.TYPE_STRING, [-1]),
+                "INPUT_3": (mc.TYPE_STRING, [-1]), "beam_width": (mc.TYPE_UINT32, [1]),
+                "runtime_top_k": (mc.TYPE_UINT32, [1]), "runtime_top_p": (mc.TYPE_FP32, [1]),
+                "random_seed": (mc.TYPE_UINT64, [1]), "is_return_log_probs": (mc.TYPE_BOOL, [1]),
+                "start_id": (mc.TYPE_UINT32, [1]), "end_id": (mc.TYPE_UINT32, [1]),
+                "temperature": (mc.TYPE_FP32, [1]), "len_penalty": (mc.TYPE_FP32, [1]),
+                "repetition_penalty": (mc.TYPE_FP32, [1]), "beam_search_diversity_rate": (mc.TYPE_FP32, [1])}
+    for name, (dtype, dims) in expected.items():
+        assert (ins[name].data_type, list(ins[name].dims)) == (dtype, dims), name
+    assert not ins["INPUT_0"].optional and not ins["INPUT_1"].optional and ins["INPUT_2"].optional
+    outs = {o.name: o.data_type for o in ens.output}
+    assert outs == {"OUTPUT_0": mc.TYPE_STRING, "sequence_length": mc.TYPE_UINT32, "cum_log_probs": mc.TYPE_FP32,
+                    "output_log_probs": mc.TYPE_FP32}
+    assert check_ensemble(out, "ft_ensemble") == []
+    record = json.loads((out / "ftx-deployment.json").read_text())
+    assert "ft_ensemble" in record["models"] and record["endpoints"]["ft_ensemble"] == "/v2/models/ft_ensemble/infer"
 
 
 def test_deployment_record(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path) -> None:
@@ -256,23 +284,27 @@ def test_gptneox_refuses_bf16_with_the_reason(ftx_cli, ftx_home: Path, tmp_path:
     assert parameter(ft_config(out), "model_type") == "GPT-NeoX"
 
 
-def test_data_type_rules_per_model_type() -> None:
-    check_data_type("GPT-J", "bf16")
-    check_data_type("T5", "bf16")
-    check_data_type("GPT-NeoX", "fp16")
-    with pytest.raises(ConfigError, match="silently runs as fp32"):
-        check_data_type("GPT-NeoX", "bf16")
-    with pytest.raises(ConfigError, match="fp16"):
-        check_data_type("GPT-J", "fp16", family_types=("fp32",))
+def test_data_type_rules_come_from_the_family(plugin_host) -> None:
+    check_data_type(plugin_host.family("gptj"), "bf16")
+    check_data_type(plugin_host.family("t5"), "bf16")
+    check_data_type(plugin_host.family("gptneox"), "fp16")
+    with pytest.raises(ConfigError, match="silently runs as fp32") as caught:
+        check_data_type(plugin_host.family("gptneox"), "bf16")
+    assert caught.value.hint == "use --data-type fp32 or fp16"
+    with pytest.raises(ConfigError, match="runs GPT-J in fp32 only"):
+        refuse_data_type("GPT-J", "fp16", ("fp32",))
 
 
-def test_ft_options_the_backend_refuses_are_refused() -> None:
+def test_ft_options_the_backend_refuses_are_refused(plugin_host) -> None:
     base = FtModelOptions(model_type="GPT-J", io_kind="decoder", checkpoint_path=Path("/x/1-gpu"), tp=1)
-    for bad, match in ((dict(max_batch_size=0), "max_batch_size"), (dict(instances=0), "instance"),
-                       (dict(tp=0), "tensor_para_size"), (dict(io_kind="encoder"), "I/O kind"),
-                       (dict(model_type="GPT-NeoX", data_type="bf16"), "GPT-NeoX")):
+    neox = FtModelOptions.for_family(plugin_host.family("gptneox"), Path("/x/1-gpu"), 1, data_type="bf16")
+    assert (neox.model_type, neox.data_types) == ("GPT-NeoX", ("fp32", "fp16"))
+    for options, match in ((replace(base, max_batch_size=0), "max_batch_size"), (replace(base, instances=0), "instance"),
+                           (replace(base, tp=0), "tensor_para_size"), (replace(base, io_kind="encoder"), "I/O kind"),
+                           (neox, "GPT-NeoX")):
         with pytest.raises(ConfigError, match=match):
-            build_ft_model_config(replace(base, **bad))
+            build_ft_model_config(options)
+    build_ft_model_config(replace(neox, data_type="fp16"))
 
 
 def test_t5_config_uses_encoder_decoder_io() -> None:
@@ -363,9 +395,44 @@ def test_verify_catches_config_pbtxt_that_disagrees_with_config_ini(ftx_cli, tin
         verify_repository(out)
     path.write_text(original)
     record = json.loads((out / "ftx-deployment.json").read_text())
+    assert (record["model_type"], record["ini_sections"], record["data_types"]) == \
+        ("GPT-J", ["gptj"], ["fp32", "fp16", "bf16"])
+    # the model type's facts travel in the record: sections FT reads, compute types it runs
+    (out / "ftx-deployment.json").write_text(json.dumps({**record, "ini_sections": ["encoder", "decoder"]}))
+    with pytest.raises(ConfigError, match=r"model_type GPT-J reads config.ini section\(s\) encoder, decoder"):
+        verify_repository(out)
+    data_type = parameter(parse_config(path), "data_type")
+    others = [t for t in record["data_types"] if t != data_type]
+    (out / "ftx-deployment.json").write_text(json.dumps({**record, "data_types": others}))
+    with pytest.raises(ConfigError, match=f"data_type {data_type} is not run by FasterTransformer for GPT-J"):
+        verify_repository(out)
     (out / "ftx-deployment.json").write_text(json.dumps({**record, "weight_dtype": "fp16"}))
     with pytest.raises(ConfigError, match="weight_dtype fp16"):
         verify_repository(out)
     path.write_text(original.replace("max_batch_size", "max_batch_sise"))
     with pytest.raises(ConfigError, match="max_batch_sise"):
         verify_repository(out)
+
+
+def test_t5_fastertransformer_model_takes_upstreams_optional_inputs(tmp_path: Path) -> None:
+    """#16.3: ia3_tasks, request_prompt_lengths and request_prompt_embedding as upstream's T5 config has
+    them, so Triton passes such requests to FasterTransformer (and to the python runtime)."""
+    options = FtModelOptions(model_type="T5", io_kind="encoder-decoder", checkpoint_path=tmp_path / "1-gpu", tp=1)
+    ins = inputs(build_ft_model_config(options))
+    expected = {"ia3_tasks": (mc.TYPE_INT32, [1]), "request_prompt_lengths": (mc.TYPE_UINT32, [1]),
+                "request_prompt_embedding": (mc.TYPE_FP16, [-1, -1])}
+    for name, (dtype, dims) in expected.items():
+        assert (ins[name].data_type, list(ins[name].dims), ins[name].optional) == (dtype, dims, True), name
+
+
+def test_default_max_batch_size_takes_upstreams_client_batches(ftx_cli) -> None:
+    """#16.6: 32 (the guides) and 128 (evaluate_lambada.py's default) fit; the CLI, the settings and
+    the model options agree."""
+    from ftx.settings import RunSettings
+
+    assert DEFAULT_MAX_BATCH_SIZE >= 128
+    help_text = " ".join(ftx_cli("configure", "--help").stdout.split())
+    assert f"--max-batch-size INTEGER RANGE Largest batch Triton sends to the model. [default: {DEFAULT_MAX_BATCH_SIZE};" \
+        in help_text
+    assert RunSettings.of("m").configure.max_batch_size == DEFAULT_MAX_BATCH_SIZE
+    assert FtModelOptions("GPT-J", "decoder", Path("x"), 1).max_batch_size == DEFAULT_MAX_BATCH_SIZE

@@ -6,10 +6,11 @@ import gzip
 from pathlib import Path
 
 import pytest
-from fetch_helpers import MODEL_TREE, Entry, LocalServer, sha256, tar_bytes, tree, write_archive, zip_bytes
+from fetch_helpers import MODEL_TREE, Entry, LocalServer, payload, sha256, tar_bytes, tree, write_archive, zip_bytes
 from ftx.errors import OutputError, SourceError
 from ftx.fetching.archive import is_archive, safe_extract
 from ftx.fetching.http import download
+from mounts import tmpfs
 
 FORMATS = ["ckpt.tar.zstd", "ckpt.tar.zst", "ckpt.tzst", "ckpt.tar.gz", "ckpt.tgz", "ckpt.tar", "ckpt.zip"]
 
@@ -161,3 +162,135 @@ def test_is_archive_goes_by_name(tmp_path: Path) -> None:
     (tmp_path / "pytorch_model.bin").write_bytes(gzip.compress(tar_bytes(MODEL_TREE)))
     assert not is_archive(tmp_path / "pytorch_model.bin")
     assert is_archive(Path("STEP.TAR.ZSTD")) and is_archive(Path("x.tar.xz")) and not is_archive(Path("x.npz"))
+
+
+# --- links already on disk, duplicates, bombs ------------------------------------------------
+
+DEEP = "x1/x2/x3/x4/x5"
+CHAINED = [  # each link looks inside when read as text; together they reach 5 levels above the target
+    Entry(f"{DEEP}/l", kind="symlink", link="../../../../.."),
+    Entry(f"{DEEP}/l/esc", kind="symlink", link="../../../../.."),
+    Entry(f"{DEEP}/l/esc/PWNED-chained", b"pwned"),
+]
+ON_DISK = {
+    "chained-symlinks": (CHAINED, "x1/x2/x3/x4/x5/l/esc", "symlink"),
+    "write-through-inside-link": (
+        [Entry("m/real", kind="dir"), Entry("m/link", kind="symlink", link="real"), Entry("m/link/PWNED-in", b"x")],
+        "m/link/PWNED-in",
+        "symlink",
+    ),
+    "link-through-link": (  # 'd' is the target itself, so d/e/../.. is one level above it
+        [Entry("e", kind="dir"), Entry("d", kind="symlink", link="."), Entry("a", kind="symlink", link="d/e/../..")],
+        "a",
+        "resolves outside",
+    ),
+    "file-then-dir": ([Entry("m/w.bin", b"w"), Entry("m/w.bin/PWNED-under", b"x")], "m/w.bin/PWNED-under", "file"),
+    "duplicate-file": ([Entry("m/config.json", b"{}"), Entry("m/config.json", b"{evil}")], "m/config.json", "twice"),
+    "duplicate-after-dot-slash": ([Entry("m/w.bin", b"a"), Entry("./m/w.bin", b"b")], "m/w.bin", "twice"),
+    "duplicate-link-then-file": (
+        [Entry("m/w.bin", kind="symlink", link="x"), Entry("m/w.bin", b"b")],
+        "m/w.bin",
+        "twice",
+    ),
+}
+
+
+def nested_work(tmp_path: Path) -> Path:
+    """tmp/a/b/c/d/work: five levels above the staging directory is tmp/a, still inside tmp_path."""
+    work = tmp_path / "a" / "b" / "c" / "d" / "work"
+    work.mkdir(parents=True)
+    return work
+
+
+def assert_nothing_escaped(tmp_path: Path) -> None:
+    assert [p for p in tmp_path.rglob("PWNED*")] == []
+    assert not Path("/PWNED-chained").exists()
+
+
+@pytest.mark.filterwarnings("ignore:Duplicate name")
+@pytest.mark.parametrize("case", sorted(ON_DISK))
+@pytest.mark.parametrize("suffix", [".zip", ".tar", ".tar.zstd", ".tar.gz"])
+def test_members_never_write_through_links_or_twice(tmp_path: Path, case: str, suffix: str) -> None:
+    entries, member, reason = ON_DISK[case]
+    work = nested_work(tmp_path)
+    archive = write_archive(work / f"bad{suffix}", entries)
+    with pytest.raises(SourceError) as err:
+        safe_extract(archive, work / "out", progress=False)
+    assert member in err.value.message and reason in err.value.message, err.value.message
+    assert "nothing was extracted" in err.value.hint
+    assert_nothing_left(work / "out")
+    assert_nothing_escaped(tmp_path)
+
+
+def test_directories_may_repeat(tmp_path: Path) -> None:
+    entries = [Entry("m/sub/w.bin", b"w"), Entry("m", kind="dir"), Entry("m/sub", kind="dir"), Entry("./m/", kind="dir")]
+    root = safe_extract(write_archive(tmp_path / "ok.zip", entries), tmp_path / "out", progress=False)
+    assert tree(root) == {"sub": "/", "sub/w.bin": b"w"}
+
+
+def zip_of_zeros(path: Path, size: int, name: str = "m/zeros.bin") -> Path:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf, zf.open(name, "w") as out:
+        block = bytes(1 << 20)
+        for _ in range(size >> 20):
+            out.write(block)
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".zip", ".tar.gz", ".tar.zstd"])
+def test_decompression_bomb_is_refused_before_writing_it(tmp_path: Path, suffix: str) -> None:
+    """A 64 MiB file of zeros compresses ~1000x: over the ratio limit, refused from the declared sizes."""
+    size = 64 << 20
+    if suffix == ".zip":
+        archive = zip_of_zeros(tmp_path / "bomb.zip", size)
+    else:
+        archive = write_archive(tmp_path / f"bomb{suffix}", [Entry("m/zeros.bin", bytes(size))])
+    assert archive.stat().st_size < 1 << 20
+    with pytest.raises(SourceError) as err:
+        safe_extract(archive, tmp_path / "out", progress=False)
+    assert "m/zeros.bin" in err.value.message and "expands" in err.value.message, err.value.message
+    assert "extract it yourself" in err.value.hint
+    assert_nothing_left(tmp_path / "out")
+
+
+def test_bomb_limits_count_written_bytes(tmp_path: Path) -> None:
+    """Explicit limits: the byte cap and the ratio each stop an extraction."""
+    archive = write_archive(tmp_path / "ok.tar", MODEL_TREE)
+    with pytest.raises(SourceError, match="expands to more than 1000 bytes"):
+        safe_extract(archive, tmp_path / "out", progress=False, max_bytes=1000)
+    assert_nothing_left(tmp_path / "out")
+    assert safe_extract(archive, tmp_path / "out", progress=False, max_bytes=1 << 20).name == "model"
+
+
+def test_full_disk_is_an_output_error_and_leaves_nothing(tmp_path: Path) -> None:
+    """More than the free space of a real 1 MiB tmpfs (needs root to mount; skipped otherwise)."""
+    archive = write_archive(tmp_path / "big.tar", [Entry("m/w.bin", payload(3 << 20, 7))])
+    with tmpfs(tmp_path / "small") as mnt:
+        with pytest.raises(OutputError) as err:
+            safe_extract(archive, mnt / "out", progress=False)
+        assert "no space left" in err.value.message and str(mnt) in err.value.message
+        assert list(mnt.iterdir()) == []
+
+
+def test_read_only_destination_is_an_output_error(tmp_path: Path) -> None:
+    """A real read-only file system (a tmpfs mounted ro; needs root, skipped otherwise)."""
+    archive = write_archive(tmp_path / "a.tar", MODEL_TREE)
+    with tmpfs(tmp_path / "ro", read_only=True) as mnt:
+        with pytest.raises(OutputError) as err:
+            safe_extract(archive, mnt / "out", progress=False)
+        assert "cannot extract into" in err.value.message and "writable" in err.value.hint
+
+
+def test_pull_of_a_chained_symlink_zip_writes_nothing_outside(ftx_cli, ftx_home: Path, tmp_path: Path) -> None:
+    """Through `ftx pull` (local file) and `ftx run http://…/a.zip` (a server on 127.0.0.1)."""
+    archive = write_archive(tmp_path / "a.zip", CHAINED)
+    pulled = ftx_cli("pull", str(archive))
+    assert pulled.exit_code == 1 and "error:" in pulled.stderr and "Traceback" not in pulled.stderr, pulled.stderr
+    assert_nothing_escaped(tmp_path)
+    with LocalServer() as server:
+        server.serve_bytes("/a.zip", archive.read_bytes())
+        ran = ftx_cli("run", server.url("/a.zip"), "--until", "convert")
+    assert ran.exit_code == 1 and "x1/x2/x3/x4/x5/l/esc" in ran.stderr, ran.stderr
+    assert_nothing_escaped(tmp_path)
+    assert [p.name for p in (ftx_home / "store").glob("fetch/*")] == []

@@ -106,7 +106,8 @@ def test_kogpt_subclasses_gptj_without_copying_it() -> None:
     assert KoGPT.tensors is GPTJ.tensors
     for method in ("spec", "config_ini", "hf_config_from_ini", "open_weights"):
         assert getattr(KoGPT, method) is getattr(GPTJ, method), method
-    assert (KoGPT.ini_section, KoGPT.triton_model_type, KoGPT.triton_io) == ("gptj", "GPT-J", "decoder")
+    assert KoGPT.ini is GPTJ.ini and KoGPT.ini.required_sections() == ("gptj",)
+    assert (KoGPT.triton_model_type, KoGPT.triton_io) == ("GPT-J", "decoder")
     source = inspect.getsource(ftx_kogpt.family)
     assert "TensorMap(" not in source and "M(" not in source
 

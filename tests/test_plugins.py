@@ -126,7 +126,7 @@ def test_hook_stage_hooks_are_firstresult_with_trylast_defaults(plugin_host, hoo
 FUTURE_API = """
 from ftx import hookimpl
 
-FTX_PLUGIN_API = (2, 3)
+FTX_PLUGIN_API = (3, 4)
 
 @hookimpl
 def ftx_register_families():
@@ -139,5 +139,5 @@ def test_plugin_outside_the_api_range_is_refused(tmp_path: Path) -> None:
     listing = ftx(["plugins", "--json"], site, tmp_path / "home")
     record = {r["name"]: r for r in json.loads(listing.stdout)}["ftx_future"]
     assert record["status"] == "broken"
-    assert "supports plugin API 2..3 but this ftx provides API 1" in record["error"]
+    assert "supports plugin API 3..4 but this ftx provides API 2" in record["error"]
     assert "upgrade ftx" in record["error"]

@@ -14,8 +14,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from dataclasses import replace
+
 from ftx.errors import CheckpointError, ConfigError
-from ftx.triton.textproc import encode_words
 from ftx.runtime.python.generation import (
     Generator,
     ModelLimits,
@@ -27,6 +28,7 @@ from ftx.runtime.python.generation import (
 )
 from ftx.runtime.python.hf_model import load_model
 from ftx.runtime.python.triton_model import FtModel, TritonPythonModel
+from ftx.triton.textproc import encode_words
 from python_runtime_support import (
     BUILDERS,
     column,
@@ -422,3 +424,163 @@ def test_ft_model_streams_a_whole_batch_request(built: dict[str, Any]) -> None:
     whole = ft.infer([inputs])[0].outputs
     assert np.array_equal(replies[-1].outputs["output_ids"], whole["output_ids"])
     assert np.array_equal(replies[-1].outputs["sequence_length"], whole["sequence_length"])
+
+
+# --------------------------------------------------------------------------- streaming (#16)
+
+
+@pytest.fixture(scope="module")
+def streaming_gptj(built: dict[str, Any]) -> tuple[Any, FtModel]:
+    family, _src, ckpts, ref = built["gptj"]
+    return ref, FtModel.from_config(_config(family, ckpts[1], 1, streaming=True), device="cpu")
+
+
+def test_streamed_responses_carry_the_log_probs_of_their_tokens(streaming_gptj: Any) -> None:
+    """#16.1: with is_return_log_probs every streamed response (the final one too) has the log
+    probabilities of the tokens so far, equal to the unstreamed answer's."""
+    _ref, ft = streaming_gptj
+    inputs = decoder_inputs([PROMPTS[0]], 5, end_id=column(10_000, 1, np.uint32),
+                            is_return_log_probs=column(True, 1, np.bool_))
+    replies: list[Any] = []
+    ft.stream([inputs], lambda index, reply: replies.append(reply))
+    whole = ft.infer([inputs])[0].outputs
+    assert [r.final for r in replies] == [False] * 4 + [True]
+    final = replies[-1].outputs
+    assert (final["output_log_probs"] < 0).all() and final["cum_log_probs"][0, 0] < 0
+    np.testing.assert_allclose(final["output_log_probs"], whole["output_log_probs"], rtol=1e-5)
+    np.testing.assert_allclose(final["cum_log_probs"], whole["cum_log_probs"], rtol=1e-5)
+    for step, reply in enumerate(replies, start=1):  # each partial response: the log probs so far
+        np.testing.assert_allclose(reply.outputs["output_log_probs"][0, 0, :step],
+                                   whole["output_log_probs"][0, 0, :step], rtol=1e-5)
+
+
+def test_stream_offsets_mark_where_each_responses_new_tokens_start(streaming_gptj: Any) -> None:
+    _ref, ft = streaming_gptj
+    inputs = decoder_inputs([PROMPTS[0]], 4, end_id=column(10_000, 1, np.uint32))
+    replies: list[Any] = []
+    ft.stream([inputs], lambda index, reply: replies.append(reply))
+    offsets = [int(r.outputs["ftx_stream_offset"][0, 0]) for r in replies]
+    lengths = [int(r.outputs["sequence_length"][0, 0]) for r in replies]
+    assert offsets == [len(PROMPTS[0])] + lengths[:-1]
+    assert [b - a for a, b in zip(offsets, lengths, strict=True)] == [1, 1, 1, 1]
+
+
+def test_beam_search_streams_one_response_per_step(streaming_gptj: Any) -> None:
+    """#16.7: beam width 2 streams the best running beams each step, then the finished beams."""
+    _ref, ft = streaming_gptj
+    inputs = decoder_inputs([PROMPTS[1]], 4, end_id=column(10_000, 1, np.uint32), beam_width=column(2, 1, np.uint32))
+    replies: list[Any] = []
+    ft.stream([inputs], lambda index, reply: replies.append(reply))
+    whole = ft.infer([inputs])[0].outputs
+    assert [r.final for r in replies] == [False] * 4 + [True]
+    for step, reply in enumerate(replies[:-1], start=1):
+        assert reply.outputs["output_ids"].shape == (1, 2, len(PROMPTS[1]) + step)
+        assert (reply.outputs["output_ids"][0, :, : len(PROMPTS[1])] == PROMPTS[1]).all()
+    assert np.array_equal(replies[-1].outputs["output_ids"], whole["output_ids"])
+
+
+# --------------------------------------------------------------------------- one request fails alone (#14.3)
+
+
+def _hostile(prompt: list[int]) -> dict[str, np.ndarray]:
+    """Finite, in-range values that still break sampling inside generate(): a temperature of 1e-40
+    turns the logits into infinities (a real failure of torch.multinomial, nothing staged)."""
+    return decoder_inputs([prompt], 3, temperature=np.array([[1e-40]], np.float32),
+                          runtime_top_p=np.array([[1.0]], np.float32))
+
+
+def test_a_request_that_fails_inside_generate_fails_alone(gptj: Any, streaming_gptj: Any) -> None:
+    ref, gen, _spec = gptj
+    ft = FtModel(gen, {"output_ids": np.uint32, "sequence_length": np.uint32})
+    batch = [decoder_inputs([PROMPTS[0]], 3), _hostile(PROMPTS[1]), decoder_inputs([PROMPTS[2]], 4)]
+    replies = ft.infer(batch)
+    assert replies[1].error and "generation failed" in replies[1].error and replies[1].kind == "internal"
+    for reply, (prompt, n) in ((replies[0], (PROMPTS[0], 3)), (replies[2], (PROMPTS[2], 4))):
+        assert reply.error is None
+        assert _tokens(reply.outputs) == hf_greedy(ref, prompt, n)
+    _ref, streaming = streaming_gptj
+    sent: dict[int, list[Any]] = {}
+    streaming.stream(batch, lambda index, reply: sent.setdefault(index, []).append(reply))
+    assert [r.error is not None for r in sent[1]] == [True]
+    for index in (0, 2):
+        assert sent[index][-1].final and sent[index][-1].error is None
+        assert not any(r.error for r in sent[index])
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"temperature": np.array([[np.nan]], np.float32)}, "temperature must be a finite"),
+    ({"temperature": np.array([[np.inf]], np.float32)}, "temperature must be a finite"),
+    ({"temperature": np.array([[-1.0]], np.float32)}, "temperature must not be negative"),
+    ({"repetition_penalty": np.array([[np.nan]], np.float32)}, "repetition_penalty must be a finite"),
+    ({"runtime_top_p": np.array([[np.nan]], np.float32)}, "runtime_top_p must be a finite"),
+    ({"len_penalty": np.array([[np.inf]], np.float32)}, "len_penalty must be a finite"),
+    ({"beam_search_diversity_rate": np.array([[np.nan]], np.float32)}, "beam_search_diversity_rate"),
+    ({"runtime_top_k": np.array([[1000]], np.uint32)}, "runtime_top_k"),
+    ({"random_seed": np.array([[-5]], np.int64)}, "random_seed"),
+    ({"request_prompt_lengths": np.array([[4]], np.uint32),
+      "request_prompt_embedding": np.zeros((1, 4, 8), np.float16)}, "p-tuning"),
+])
+def test_sampling_values_are_checked_finite_and_in_range(change: dict[str, np.ndarray], message: str) -> None:
+    inputs = {**decoder_inputs([[1, 2, 3, 4, 5]], 4), **change}
+    with pytest.raises(RequestError, match=message):
+        parse_request(inputs, LIMITS)
+
+
+def test_fastertransformer_defaults_from_upstream_clients_are_accepted() -> None:
+    """GPT-2's start id 50256 on a small decoder (FT ignores start_id there), any uint64 seed,
+    T5's ia3_tasks; a T5 start id outside the vocabulary is still refused."""
+    inputs = decoder_inputs([[1, 2, 3]], 4, start_id=column(50256, 1, np.uint32), end_id=column(50256, 1, np.uint32),
+                            random_seed=np.array([[2**64 - 1]], np.uint64))
+    request = parse_request(inputs, LIMITS)
+    assert request.items[0].sampling.end_id == 50256
+    t5 = t5_inputs([[1, 2, 3]], 4, ia3_tasks=np.array([[0]], np.int32))
+    assert parse_request(t5, LIMITS, "encoder-decoder").items
+    with pytest.raises(RequestError, match="start_id"):
+        parse_request({**t5, "start_id": column(50256, 1, np.uint32)}, LIMITS, "encoder-decoder")
+
+
+def test_request_errors_are_invalid_argument_and_failures_internal(built: dict[str, Any]) -> None:
+    """#16.4: a refused request becomes TritonError(INVALID_ARG) — HTTP 400 / gRPC INVALID_ARGUMENT."""
+    family, _src, ckpts, _ref = built["gptj"]
+
+    class CodedPbUtils(FakePbUtils):
+        class TritonError:
+            INVALID_ARG, INTERNAL = "INVALID_ARG", "INTERNAL"
+
+            def __init__(self, message: str, code: str = "INTERNAL") -> None:
+                self.message, self.code = message, code
+
+    model = TritonPythonModel(CodedPbUtils)
+    model.initialize({"model_config": json.dumps(_config(family, ckpts[1], 1))})
+    bad = CodedPbUtils.Request(decoder_inputs([PROMPTS[1]], 0))
+    failing = CodedPbUtils.Request(_hostile(PROMPTS[0]))
+    responses = model.execute([bad, failing])
+    assert (responses[0].error.code, responses[1].error.code) == ("INVALID_ARG", "INTERNAL")
+    model.finalize()
+
+
+# --------------------------------------------------------------------------- sizes
+
+
+def test_a_large_batch_runs_as_token_budgeted_generate_calls(gptj: Any) -> None:
+    _ref, gen, _spec = gptj
+    prompts = [list(PROMPTS[i % 3]) for i in range(6)]
+    inputs = decoder_inputs(prompts, 5)
+    expected = _run(gen, inputs)
+    small = Generator(gen.model, gen.kind, gen.device, replace(gen.limits, max_batch_tokens=2 * (6 + 5)))
+    out = _run(small, inputs)
+    assert small.groups_run == 3  # two rows of (longest prompt 6 + 5 new tokens) per call
+    assert np.array_equal(out["output_ids"], expected["output_ids"])
+
+
+def test_the_context_size_is_the_source_checkpoints(built: dict[str, Any]) -> None:
+    """#14.3: config.ini has no context size, so the rebuilt model got transformers' 2048; the
+    source's (carried as max_positions) is what requests are checked against."""
+    family, _src, ckpts, _ref = built["gptj"]
+    loaded = load_model(family, ckpts[1], device="cpu", max_positions=32)
+    assert loaded.config.n_positions == 32
+    spec = family.spec_from_ini(loaded.ini)
+    gen = Generator.for_model(loaded.model, end_id=spec.end_id, start_id=spec.start_id, max_positions=32)
+    with pytest.raises(RequestError, match="exceeds the model's 32 positions"):
+        gen.parse(decoder_inputs([PROMPTS[0]], 30))
+    assert gen.parse(decoder_inputs([PROMPTS[0]], 20)).items

@@ -189,7 +189,7 @@ def test_text_round_trips_through_the_server(text_models) -> None:
     """text → preprocessing → ids (the model's own tokenizer and ids) → postprocessing → the same text."""
     family, repo, served = text_models
     prompt = PROMPTS[family]
-    pre = served.infer("preprocessing", {"text_input": text(prompt), "max_tokens": np.array([[8]], dtype=np.int32)},
+    pre = served.infer("preprocessing", {"text_input": text(prompt), "max_tokens": np.array([[8]], dtype=np.int64)},
                        pre_outputs(family))
     codec = load_codec(repo / "preprocessing" / "1")
     deployment = json.loads((repo / "ftx-deployment.json").read_text())
@@ -231,7 +231,7 @@ def test_ids_come_from_the_model_not_gpt2(text_models) -> None:
     assert int(params["end_id"]) == deployment["tokenizer"]["end_id"] != 50256
     out = served.infer("preprocessing", {
         "text_input": np.array([[b"Hello"], [PROMPTS[family].encode()]], dtype=np.object_),
-        "max_tokens": np.array([[4], [4]], dtype=np.int32)}, pre_outputs(family))
+        "max_tokens": np.array([[4], [4]], dtype=np.int64)}, pre_outputs(family))
     short = int((out["sequence_length"] if family == "t5" else out["input_lengths"])[0, 0])
     assert set(out["input_ids"][0, short:].tolist()) == {int(params["pad_id"])}
 
@@ -240,7 +240,7 @@ def test_stop_and_bad_words_are_encoded_ft_style_by_the_server(text_models) -> N
     family, repo, served = text_models
     codec = load_codec(repo / "preprocessing" / "1")
     words = np.array([[b" dog", b" fox"]], dtype=np.object_)
-    out = served.infer("preprocessing", {"text_input": text(PROMPTS[family]), "max_tokens": np.array([[4]], np.int32),
+    out = served.infer("preprocessing", {"text_input": text(PROMPTS[family]), "max_tokens": np.array([[4]], np.int64),
                                          "stop": words, "bad_words": np.array([[b" lazy"]], dtype=np.object_)},
                        pre_outputs(family))
     assert out["stop_words_list"].tolist() == word_list([[" dog", " fox"]], codec).tolist()
@@ -270,7 +270,7 @@ def test_bad_request_values_are_request_errors(text_models) -> None:
 
     family, repo, served = text_models
     with pytest.raises(InferenceServerException, match="max_tokens must be at least 1"):
-        served.infer("preprocessing", {"text_input": text("Hello"), "max_tokens": np.array([[0]], dtype=np.int32)},
+        served.infer("preprocessing", {"text_input": text("Hello"), "max_tokens": np.array([[0]], dtype=np.int64)},
                      ["input_ids"])
 
 
@@ -421,7 +421,7 @@ def test_ensemble_with_the_python_runtime_generates_like_transformers(home: Path
     generated = out[0, len(ids):].tolist()
     eos = model.config.eos_token_id
     generated = generated[: generated.index(eos)] if eos in generated else generated
-    expected = tokenizer.decode(generated, skip_special_tokens=True)
+    expected = tokenizer.decode(generated, skip_special_tokens=True).rstrip("\ufffd")  # a cut-off character is left out
     for served in serve(repo, home, ["fastertransformer", "preprocessing", "postprocessing", "ensemble"]):
         status, body = served.post("/v2/models/ensemble/generate", {"text_input": prompt, "max_tokens": max_tokens})
         assert status == 200, body
@@ -440,7 +440,7 @@ def test_streaming_ensemble_streams_through_generate_stream(home: Path, tmp_path
         assert status == 200, body
         events = [json.loads(line[len("data: "):]) for line in body.splitlines() if line.startswith("data: ")]
         texts = [e["text_output"] for e in events if "text_output" in e]
-        assert len(texts) >= 2, body
-        assert all(t.startswith(prompt) for t in texts)  # decoder text includes the prompt when streaming
-        assert [len(t) for t in texts] == sorted(len(t) for t in texts)
+        assert len(texts) == 4, body  # one response per token
+        # each response holds only its new text: no prompt, nothing sent before (#16.2)
+        assert not any(t.startswith(prompt) for t in texts if t)
 

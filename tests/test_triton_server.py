@@ -289,7 +289,8 @@ def test_backends_prepared_once_and_env(home: Path) -> None:
     env = server_env(install, {"LD_LIBRARY_PATH": "/extra"})
     assert env["PATH"].split(":")[0] == str(Path(sys.executable).parent)
     libs = env["LD_LIBRARY_PATH"].split(":")
-    assert libs[-2:] == [str(install.libs), "/extra"]
+    # the caller's folders first (a backend's own libraries beat same-named ones beside libpython), the wheel's last
+    assert libs[0] == "/extra" and libs[-1] == str(install.libs)
 
 
 def test_invalid_options_are_rejected(tmp_path: Path, home: Path) -> None:

@@ -15,12 +15,16 @@ import pluggy
 hookimpl = pluggy.HookimplMarker("ftx")
 """Marker for plugin hook implementations: ``@ftx.hookimpl``."""
 
-PLUGIN_API_VERSION = 1
-"""Version of the hook, Family and Runtime API; plugins declare the range they support."""
+PLUGIN_API_VERSION = 2
+"""Version of the hook, Family and Runtime API; plugins declare the range they support.
+
+2: runtimes are plugins (``ftx_register_runtimes``; ``runtime`` passed to the tune, configure and serve
+hooks), stage settings are per-stage sections, and a family declares its config.ini as data (``ini``)."""
 
 _EXPORTS: dict[str, str] = {
     # families
     "Family": "ftx.family", "ModelSpec": "ftx.family", "Preset": "ftx.family",
+    "FtIni": "ftx.ftini", "IniSection": "ftx.ftini",
     "M": "ftx.tensormap", "Skip": "ftx.tensormap", "TensorMap": "ftx.tensormap",
     "Op": "ftx.ops", "OpContext": "ftx.ops",
     # runtimes
@@ -63,6 +67,7 @@ if TYPE_CHECKING:
     from ftx.errors import (CheckpointError, ConfigError, FamilyResolutionError, FtxError, MappingError, OutputError,
                             PluginError, ServeError, SourceError, ToolError)
     from ftx.family import Family, ModelSpec, Preset
+    from ftx.ftini import FtIni, IniSection
     from ftx.ops import Op, OpContext
     from ftx.pipeline import Pipeline, RunResult
     from ftx.plugins import PluginHost, load_host

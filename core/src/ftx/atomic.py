@@ -75,13 +75,14 @@ def publish_dir(final: Path, *, replace: bool = False, locked: bool = True) -> I
         tmp.mkdir()
         try:
             yield tmp
-            _swap_in(tmp, final, replace)
+            swap_in(tmp, final, replace)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
 
 
-def _swap_in(tmp: Path, final: Path, replace: bool) -> None:
+def swap_in(tmp: Path, final: Path, replace: bool) -> None:
+    """Rename ``tmp`` onto ``final``; with ``replace`` an existing ``final`` is moved aside first, then removed."""
     if final.is_dir() and not any(final.iterdir()):
         final.rmdir()
     if final.exists() or final.is_symlink():

@@ -22,7 +22,7 @@ from ftx import tensormap
 from ftx.dtypes import numpy_dtype
 from ftx.errors import CheckpointError
 from ftx.family import Family, ModelSpec
-from ftx.io.checkpoint import TensorReader
+from ftx.io.checkpoint import TensorReader, check_weight_dtype, tensor_dtype
 from ftx.io.ftformat import gpu_dir_name, read_ini, read_tensor, write_ini
 from ftx.io.writer import BackgroundWriter
 from ftx.ops import OpContext
@@ -71,12 +71,14 @@ def convert_checkpoint(
     tensormap.check_tp_split(plan, tp, ctx)
     sections = family.config_ini(spec, hf_config, weight_dtype)
 
-    target = out_dir / gpu_dir_name(tp)
-    target.mkdir(parents=True, exist_ok=True)
     waiting: dict[str, list[tensormap.Job]] = {}
     for job in plan.jobs:
         for name in job.sources:
             waiting.setdefault(name, []).append(job)
+    for name in waiting:
+        check_weight_dtype(name, tensor_dtype(reader, name))
+    target = out_dir / gpu_dir_name(tp)
+    target.mkdir(parents=True, exist_ok=True)
     held: dict[str, np.ndarray] = {}
     remaining = {id(job): len(set(job.sources)) for job in plan.jobs}
     total = sum(reader.nbytes(n) for n in waiting)
@@ -91,6 +93,7 @@ def convert_checkpoint(
                 continue
             t0 = time.perf_counter()
             held[name] = reader.read(name)
+            check_weight_dtype(name, held[name].dtype)  # readers that cannot tell the dtype up front
             read_seconds += time.perf_counter() - t0
             done_bytes += reader.nbytes(name)
             for job in waiting[name]:

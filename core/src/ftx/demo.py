@@ -14,9 +14,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path

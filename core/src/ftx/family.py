@@ -1,24 +1,27 @@
 """The Family base class: what a model-family plugin declares.
 
-A family is mostly data: a tensor table, ``spec()`` (FT hyper-parameters from config.json),
-``config_ini()``, the Triton model type and I/O kind, presets and the GEMM tool. Core owns
-everything else (reading, splitting, writing, caching, serving).
+A family is mostly data: a tensor table, ``spec()`` (FT hyper-parameters from config.json), its
+config.ini declaration (``ini``, see :mod:`ftx.ftini`), the Triton model type's facts (I/O kind,
+compute types, GEMM tool), presets. Core owns everything else (reading, splitting, writing,
+caching, serving).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import inspect
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ftx.errors import CheckpointError, ConfigError
+from ftx import ftini
+from ftx.errors import CheckpointError, ConfigError, FtxError
 from ftx.io.checkpoint import TensorReader, open_checkpoint
+from ftx.io.jsonfile import read_json_object
 from ftx.tensormap import TensorMap
 
 SLUG = re.compile(r"^[a-z][a-z0-9]*$")
@@ -79,6 +82,21 @@ class ModelSpec:
     tp_divisible: tuple[str, ...] = ("N", "I")
     extra: Mapping[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        for dim, value in self.dims.items():
+            if not _positive_int(value):
+                raise CheckpointError(
+                    f"the model config gives {DIM_NAMES.get(dim, 'size')} {dim} = {value!r}; it must be an integer "
+                    "above 0", hint=_SPEC_HINT)
+        for name, count in self.layers.items():
+            if not _positive_int(count):
+                raise CheckpointError(f"the model config gives layer count {{{name}}} = {count!r}; it must be an "
+                                      "integer above 0", hint=_SPEC_HINT)
+        for role, value in (("start", self.start_id), ("end", self.end_id), ("pad", self.pad_id)):
+            if not (value is None and role == "pad") and not (_positive_int(value) or value == 0):
+                raise CheckpointError(f"the model config gives {role} token id {value!r}; it must be an integer "
+                                      ">= 0", hint=_SPEC_HINT)
+
     def check_parallel(self, tp: int, pp: int) -> None:
         """Refuse a tp/pp that FasterTransformer cannot split this model for."""
         if tp < 1 or pp < 1:
@@ -107,6 +125,13 @@ class ModelSpec:
         }
 
 
+_SPEC_HINT = "config.json is corrupt or does not belong to these weights; fetch the checkpoint again"
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 DIM_NAMES = {"N": "head count", "I": "inner (FFN) size", "H": "hidden size", "V": "vocab size", "A": "attention width"}
 
 
@@ -119,13 +144,17 @@ class Family:
     hf_architectures: ClassVar[tuple[str, ...]] = ()
     presets: ClassVar[Mapping[str, Preset]] = {}
     tensors: ClassVar[TensorMap]
-    ini_section: ClassVar[str] = ""
+    ini: ClassVar[ftini.FtIni] = ftini.NO_INI
+    """config.ini: sections and keys written, Hugging Face fields read back (:class:`ftx.ftini.FtIni`)."""
+    # -- facts of the Triton model type (config.pbtxt model_type) that serves the family --
     triton_model_type: ClassVar[str]
     triton_io: ClassVar[str] = "decoder"
     """``decoder`` (GPT-J/NeoX inputs) or ``encoder-decoder`` (T5 inputs)."""
     weight_dtypes: ClassVar[tuple[str, ...]] = ("fp32", "fp16", "bf16")
     data_types: ClassVar[tuple[str, ...]] = ("fp32", "fp16", "bf16")
     """Compute types FasterTransformer really runs for this model type."""
+    data_type_note: ClassVar[str] = ""
+    """Why another compute type is refused, when there is more to say than the list."""
     gemm_tool: ClassVar[str] = "gpt_gemm"
     fetch_patterns: ClassVar[tuple[str, ...]] = DEFAULT_FETCH_PATTERNS
     license: ClassVar[str | None] = None
@@ -144,6 +173,8 @@ class Family:
         name = cls.__dict__.get("name")
         if name is not None and not SLUG.match(name):
             raise TypeError(f"family name {name!r} must be a lowercase slug like 'gptj'")
+        if "spec" in cls.__dict__:  # every family's config reading fails with error/hint, never a traceback
+            cls.spec = _checked_spec(cls.__dict__["spec"])  # type: ignore[method-assign]
 
     # -- what a family must provide -------------------------------------------------------
 
@@ -157,12 +188,12 @@ class Family:
         return self.tensors
 
     def config_ini(self, spec: ModelSpec, hf_config: Mapping[str, Any], weight_dtype: str) -> dict[str, dict[str, Any]]:
-        """The ``config.ini`` sections for the converted checkpoint."""
-        raise NotImplementedError
+        """The ``config.ini`` sections for the converted checkpoint, from ``ini`` (a hook for the exotic)."""
+        return ftini.config_sections(self, spec, hf_config, weight_dtype)
 
     def hf_config_from_ini(self, ini: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
-        """A Hugging Face config dict rebuilt from ``config.ini`` (used by the python runtime)."""
-        raise NotImplementedError(f"family {self.name} cannot rebuild a Hugging Face config")
+        """A Hugging Face config dict rebuilt from ``config.ini`` by ``ini.hf_fields`` (used by the python runtime)."""
+        return ftini.hf_config_from_ini(self, ini)
 
     def spec_from_ini(self, ini: Mapping[str, Mapping[str, str]]) -> ModelSpec:
         """The spec of a converted checkpoint, from its config.ini."""
@@ -205,12 +236,14 @@ class Family:
     """Modules whose code shapes the converted bytes besides the table (e.g. a custom checkpoint reader)."""
 
     def fingerprint(self) -> str:
-        """Digest of what shapes the converted files: the table, its ops, ``spec``, ``config_ini``, the
-        readers, and ``fingerprint_modules``. Not the version: an upgrade that changes none of these
-        reuses cached conversions."""
-        parts = [self.tensors.digest()]
+        """Digest of what shapes the converted files: the table, its ops, ``spec``, the config.ini
+        declaration (``ini``, its functions, a ``config_ini`` override), the readers, and
+        ``fingerprint_modules``. Not the version: an upgrade that changes none of these reuses cached
+        conversions."""
+        parts = [self.tensors.digest(), self.ini.digest()]
         funcs: list[Any] = [getattr(type(self), m) for m in ("spec", "config_ini", "read_hf_config", "open_weights",
                                                               "tensor_map")]
+        funcs += self.ini.functions()
         for row in self.tensors.rows:
             funcs += [row.op.forward, row.op.shape, row.op.inverse]
         parts += [_source_of(f) for f in funcs if f is not None]
@@ -227,13 +260,55 @@ def _source_of(obj: Any) -> str:
 
 def read_config_json(path: Path) -> dict[str, Any]:
     """Load ``config.json`` from a checkpoint directory with a clear error."""
-    config_path = path / "config.json"
     try:
-        return json.loads(config_path.read_text())
+        return read_json_object(path / "config.json", hint="config.json must be the model's configuration "
+                                "(a JSON object); fetch the checkpoint again")
     except FileNotFoundError:
         raise CheckpointError(
             f"{path} has no config.json",
             hint="point at a Hugging Face checkpoint directory (config.json + weights)",
         ) from None
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{config_path} is not valid JSON: {exc}") from exc
+
+
+class _ReadConfig(dict):  # type: ignore[type-arg]
+    """A config dict that remembers the last key read, to name the value a family's ``spec`` choked on."""
+
+    last: str | None = None
+
+    def __getitem__(self, key: str) -> Any:
+        self.last = key
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.last = key
+        return super().get(key, default)
+
+
+_CONFIG_ERRORS = (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError, IndexError, OverflowError)
+
+
+def _checked_spec(spec: Any) -> Any:
+    """Wrap a family's ``spec``: a config value it cannot use becomes a CheckpointError naming the key."""
+
+    @functools.wraps(spec)
+    def checked(self: Family, hf_config: Mapping[str, Any]) -> ModelSpec:
+        config = _ReadConfig(hf_config)
+        try:
+            return spec(self, config)
+        except FtxError:
+            raise
+        except _CONFIG_ERRORS as exc:
+            if isinstance(exc, KeyError) and exc.args and exc.args[0] not in config:
+                problem = f"it has no {exc.args[0]!r}"
+            elif config.last is not None and config.last in config:
+                problem = f"{config.last} = {config[config.last]!r} cannot be used ({type(exc).__name__}: {exc})"
+            else:
+                problem = f"{type(exc).__name__}: {exc}"
+            model_type = hf_config.get("model_type")
+            raise CheckpointError(
+                f"the model config (config.json) does not describe a {self.name} model: {problem}",
+                hint=f"check that config.json belongs to these weights and the --family (its model_type is "
+                     f"{model_type!r}; `ftx models` lists the families)",
+            ) from exc
+
+    return checked

@@ -20,6 +20,7 @@ import structlog
 from rich.text import Text
 
 from ftx import console as term
+from ftx.redact import redact_log_event
 
 LOG_FORMATS = ("human", "json")
 ENV_LOG_FORMAT = "FTX_LOG_FORMAT"
@@ -98,7 +99,8 @@ def configure_logging(log_format: str | None = "human", verbose: bool = False) -
     # A person reads one line per stage from the CLI, so events below WARNING show with -v;
     # JSON consumers (CI, log shippers) get every INFO event.
     level = logging.DEBUG if verbose else (logging.INFO if use_json else logging.WARNING)
-    processors: list[Any] = [structlog.contextvars.merge_contextvars, structlog.processors.add_log_level]
+    processors: list[Any] = [structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
+                             redact_log_event]
     if use_json:
         processors += [structlog.processors.TimeStamper(fmt="iso", utc=True), _to_json]
     else:

@@ -31,6 +31,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from ftx.errors import ConfigError, PluginError
 
 MANIFEST_NAME = "ftx.toml"
+MODEL_KEYS = ("source", "revision", "family", "preset", "sha256")
+"""Keys of ``[model]``; each is a string."""
 
 
 @dataclass(frozen=True)
@@ -46,18 +48,26 @@ class Manifest:
 def load_manifest(path: Path) -> Manifest:
     """Parse ``path``; errors name the file and the key."""
     try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}", hint="fix the TOML syntax") from exc
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # TOMLDecodeError and UnicodeDecodeError are ValueErrors
+        raise ConfigError(f"cannot read {path}: {exc}", hint="fix the TOML syntax (UTF-8 text), or rewrite it "
+                          "with `ftx lock MODEL`") from exc
     requires = data.get("requires", [])
     if not isinstance(requires, list) or not all(isinstance(r, str) for r in requires):
-        raise ConfigError(f"{path}: 'requires' must be a list of strings like \"ftx-gptj==0.1.0\"")
+        raise ConfigError(f"{path}: 'requires' must be a list of strings",
+                          hint='write requires = ["ftx-gptj==0.1.0"], or rewrite the file with `ftx lock MODEL`')
     model = data.get("model", {})
     if not isinstance(model, dict):
-        raise ConfigError(f"{path}: [model] must be a table")
+        raise ConfigError(f"{path}: [model] must be a table", hint='write [model] on its own line, then source = "…"')
+    for key in MODEL_KEYS:
+        if key in model and not isinstance(model[key], str):
+            raise ConfigError(f"{path}: [model] {key} must be a string, not {type(model[key]).__name__} "
+                              f"{model[key]!r}", hint=f'write {key} = "…" (quoted), or rewrite the file with '
+                              "`ftx lock MODEL`")
     settings = data.get("settings", {})
     if not isinstance(settings, dict):
-        raise ConfigError(f"{path}: [settings] must be a table")
+        raise ConfigError(f"{path}: [settings] must be a table", hint="write [settings] on its own line, then "
+                          "one `option = value` per line, or rewrite the file with `ftx lock MODEL`")
     return Manifest(path, tuple(requires), model, settings)
 
 
@@ -74,7 +84,8 @@ def unmet_requirements(requires: Sequence[str]) -> list[tuple[str, str]]:
         try:
             req = Requirement(text)
         except InvalidRequirement as exc:
-            raise ConfigError(f"invalid requirement {text!r} in ftx.toml: {exc}") from exc
+            raise ConfigError(f"invalid requirement {text!r} in ftx.toml: {exc}",
+                              hint='write a pip requirement such as "ftx-gptj==0.1.0"') from exc
         try:
             installed = metadata.version(req.name)
         except metadata.PackageNotFoundError:

@@ -36,6 +36,7 @@ DEFAULT_PLUGINS = (
     "ftx.default_plugins.serve",
     "ftx.runtime.python.plugin",
     "ftx.docker_runtime.plugin",
+    "ftx.native.plugin",
 )
 """Core's own plugins: the stage defaults (``trylast``) and the runtimes it ships. Core never imports
 them for logic; they are registered and called through the hooks like any third-party plugin."""

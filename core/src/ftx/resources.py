@@ -54,7 +54,8 @@ def stored_dtype(reader: Any) -> str | None:
         return None
     weights: Counter[str] = Counter()
     for name in reader.names():
-        found = _NUMPY_NAMES.get(np.dtype(dtype_of(name)))
+        dtype = dtype_of(name)  # None: a type numpy cannot name
+        found = _NUMPY_NAMES.get(np.dtype(dtype)) if dtype is not None else None
         if found:
             weights[found] += reader.nbytes(name)
     return weights.most_common(1)[0][0] if weights else None

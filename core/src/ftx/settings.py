@@ -57,7 +57,7 @@ class RepositorySettings:
     pp: int = 1
     data_type: str | None = None
     """Compute type; None until the runtime is chosen (then its default, else the weight dtype)."""
-    max_batch_size: int = 8
+    max_batch_size: int = 128  # ftx.triton.model_config.DEFAULT_MAX_BATCH_SIZE
     instances: int = 1
     streaming: bool = False
     dynamic_batching: bool = True
@@ -208,7 +208,7 @@ def _key_value(value: Any) -> Any:
 
 def path_fingerprint(path: Path) -> dict[str, Any]:
     """A path by what it holds: every file's relative name and sha256 (a missing path keys as missing)."""
-    from ftx.store import sha256_file
+    from ftx.hashing import sha256_file
 
     path = Path(path)
     if path.is_file():

@@ -27,7 +27,7 @@ from ftx.family import Family, ModelSpec
 from ftx.plugins import PluginHost
 from ftx.runtime.api import Runtime
 from ftx.settings import RunSettings, section_fingerprint
-from ftx.store import ArtifactStore, make_key
+from ftx.store import Artifact, ArtifactStore, make_key
 
 log = structlog.get_logger(__name__)
 
@@ -97,7 +97,7 @@ class Stages:
         inputs = {"fetch": self.ctx.artifact_keys["fetch"], "family": family.name, "fingerprint": family.fingerprint(),
                   "format": tensormap.FORMAT_VERSION, "settings": section_fingerprint(self.settings.convert)}
         return self._build("convert", inputs, family, Checkpoint, lambda dest: self.host.hook.ftx_convert(
-            family=family, source=source, spec=spec, dest=dest, ctx=self.ctx), hash_outputs=False)
+            family=family, source=source, spec=spec, dest=dest, ctx=self.ctx))
 
     def tune(self, family: Family, spec: ModelSpec, runtime: Runtime) -> GemmConfig:
         inputs = tune_key_inputs(family, spec, runtime, self.settings)
@@ -124,7 +124,7 @@ class Stages:
     # -- machinery -------------------------------------------------------------------------
 
     def _build(self, stage: str, key_inputs: Mapping[str, Any], family: Family | None, result_type: type[R],
-               call: Callable[[Path], R | None], *, hash_outputs: bool = True) -> R:
+               call: Callable[[Path], R | None]) -> R:
         """Build (or reuse) one stage's artifact and return the hook's typed result."""
         key = make_key({"stage": stage, **key_inputs})
         hook_name = f"ftx_{stage}"
@@ -144,11 +144,11 @@ class Stages:
         try:
             artifact, cached = self.store.build(
                 stage, key, builder, inputs=key_inputs, producer=self._producer(family, hook_name),
-                force=stage in self.settings.force, hash_outputs=hash_outputs,
+                force=stage in self.settings.force, accept=lambda hit: _result(result_type, hit),
             )
         finally:
             structlog.contextvars.unbind_contextvars("stage")
-        value = from_record(result_type, artifact.provenance.get("result") or {}, artifact.path)
+        value = _result(result_type, artifact)
         detail = getattr(value, "reason", "") if isinstance(value, GemmConfig) and not value.tuned else ""
         if cached:
             self.store.mark_used(artifact)
@@ -183,6 +183,11 @@ class Stages:
                                    "distribution": self.host.runtime_owner.get(self.ctx.runtime.name)}
         producer["plugins"] = {r.distribution: r.version for r in self.host.records if r.status == "loaded"}
         return producer
+
+
+def _result(result_type: type[R], artifact: Artifact) -> R:
+    """The stage's typed result, rebuilt from the artifact's provenance."""
+    return from_record(result_type, artifact.provenance.get("result") or {}, artifact.path)
 
 
 __all__ = ["NO_TUNE_COST", "StageOutcome", "Stages", "tune_key_inputs"]

@@ -14,7 +14,6 @@ checked. Only ``tokenizer.json`` is read (plain JSON, no ``tokenizers`` import n
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import structlog
 
 from ftx.errors import CheckpointError, ConfigError
+from ftx.io.jsonfile import read_json_object
 
 log = structlog.get_logger(__name__)
 
@@ -78,17 +78,17 @@ def reconcile_token_ids(family: str, tokens: Mapping[str, str], path: Path,
 
 def _vocabulary(file: Path) -> dict[str, int]:
     """Token string -> id: the added (special) tokens, then the model's own vocabulary."""
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{file} is not a readable tokenizer file ({exc})",
-                              hint="fetch the tokenizer again") from exc
+    data = read_json_object(file, hint="fetch the tokenizer again")
     vocab: dict[str, int] = {}
-    model_vocab = (data.get("model") or {}).get("vocab")
-    if isinstance(model_vocab, dict):  # BPE, WordPiece, WordLevel
-        vocab.update({str(k): int(v) for k, v in model_vocab.items()})
-    elif isinstance(model_vocab, list):  # Unigram: [[piece, score], ...]
-        vocab.update({str(entry[0]): i for i, entry in enumerate(model_vocab)})
-    for added in data.get("added_tokens") or ():
-        vocab[str(added["content"])] = int(added["id"])
+    try:
+        model_vocab = (data.get("model") or {}).get("vocab")
+        if isinstance(model_vocab, dict):  # BPE, WordPiece, WordLevel
+            vocab.update({str(k): int(v) for k, v in model_vocab.items()})
+        elif isinstance(model_vocab, list):  # Unigram: [[piece, score], ...]
+            vocab.update({str(entry[0]): i for i, entry in enumerate(model_vocab)})
+        for added in data.get("added_tokens") or ():
+            vocab[str(added["content"])] = int(added["id"])
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{file} does not hold a tokenizer vocabulary ftx can read ({type(exc).__name__}: {exc})",
+                              hint="fetch the tokenizer again") from exc
     return vocab

@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "ftx.cli.fetch",
     "ftx.cli.servers",
     "ftx.cli.image",
+    "ftx.cli.backend",
     "ftx.cli.pins",
     "ftx.cli.serving",
     "ftx.cli.store",

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ftx.errors import FtxError
+from ftx.errors import FtxError, file_system_error
 
 
 ENV_PREFIX = "FTX"
@@ -49,6 +49,9 @@ def handle_errors() -> Iterator[None]:
         yield
     except FtxError as exc:
         print_error(exc)
+        sys.exit(1)
+    except OSError as exc:
+        print_error(_file_system_error_or_raise(exc))
         sys.exit(1)
     except KeyboardInterrupt:
         print_interrupted()
@@ -117,6 +120,9 @@ class FtxCommand(click.Command):
         except FtxError as exc:
             print_error(exc)
             ctx.exit(1)
+        except OSError as exc:
+            print_error(_file_system_error_or_raise(exc))
+            ctx.exit(1)
         except KeyboardInterrupt:
             print_interrupted()
             ctx.exit(EXIT_CODE)
@@ -135,6 +141,14 @@ class FtxCommand(click.Command):
         for title in order:
             with formatter.section(title):
                 formatter.write_dl(sections[title])
+
+
+def _file_system_error_or_raise(exc: OSError) -> FtxError:
+    """A full or read-only disk is the user's to fix (error/hint); any other OSError is a bug and re-raised."""
+    error = file_system_error(exc)
+    if error is None:
+        raise exc
+    return error
 
 
 SECTION_ORDER = ("Source", "Conversion", "Triton repository", "Stages and runtime", "Safety", "Serving", "Try it",

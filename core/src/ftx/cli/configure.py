@@ -40,7 +40,7 @@ def precheck_source(settings: RunSettings, source: Path) -> None:
 
     family, hf_config = get_host().family_for_source(source, settings.fetch.family)
     if settings.data_type != "auto":  # else the source's dtype, checked once the pipeline knows it
-        check_data_type(family.triton_model_type, settings.data_type, family.data_types)
+        check_data_type(family, settings.data_type)
     spec = family.spec(hf_config)
     spec.check_parallel(settings.convert.tp, settings.configure.pp)
     tokenizer = settings.configure.tokenizer
@@ -61,8 +61,14 @@ def place_repository(repository: Path, output: Path) -> None:
     from ftx.triton.repository import verify_repository
 
     with publish_dir(output) as tmp:
-        shutil.copytree(repository, tmp, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("__pycache__", PROVENANCE_FILE))
+        for src in sorted(repository.rglob("*")):  # not copytree: it folds a full disk into one shutil.Error
+            rel = src.relative_to(repository)
+            if "__pycache__" in rel.parts or rel.as_posix() == PROVENANCE_FILE:
+                continue
+            if src.is_dir():
+                (tmp / rel).mkdir(exist_ok=True)
+            else:
+                shutil.copy2(src, tmp / rel)
         tmp.chmod(0o755)
         verify_repository(tmp)
 

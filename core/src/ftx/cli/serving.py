@@ -86,7 +86,7 @@ def _generate_http(url: str, model: str, prompt: str, values: dict[str, Any], *,
             values["stream"] = True
         if stream or iface.decoupled:
             text = ""
-            for piece in pieces(server.generate_stream(iface, values), prompt, iface.continues_prompt):
+            for piece in pieces(server.generate_stream(iface, values), iface, prompt):
                 text += piece
                 if stream and on_text:
                     on_text(piece)
@@ -136,7 +136,8 @@ def _generate_grpc(url: str, model: str, prompt: str, values: dict[str, Any], *,
 
 def _stream(client: Any, iface: TextInterface, inputs: list[Any], outputs: list[Any],
             on_text: Callable[[str], None] | None, timeout_s: float, target: str, prompt: str) -> str:
-    """Print pieces as they arrive (gRPC); the text starts with the prompt whether or not the model repeats it."""
+    """Print pieces as they arrive; the text starts with the prompt whether or not the model repeats it
+    (ftx's streaming ensemble sends each new piece once, one without stream offsets the whole text so far)."""
     from tritonclient.utils import InferenceServerException
 
     responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
@@ -160,7 +161,7 @@ def _stream(client: Any, iface: TextInterface, inputs: list[Any], outputs: list[
     printed = ""
     try:
         client.async_stream_infer(iface.model, inputs, outputs=outputs, enable_empty_final_response=True)
-        for piece in pieces(texts(), prompt, iface.continues_prompt):
+        for piece in pieces(texts(), iface, prompt):
             printed += piece
             if on_text:
                 on_text(piece)
@@ -341,12 +342,8 @@ def _serve_until_stopped(server: Any) -> None:
                 code = server.wait(timeout=0.5)
             except subprocess.TimeoutExpired:
                 continue
-            text = _read(server.log_path)
-            from ftx.triton.server import log_tail
-
-            raise ServeError(f"tritonserver exited on its own with code {code}\n"
-                             f"--- last lines of {server.log_path} ---\n{log_tail(text)}",
-                             hint=f"see the full log: {server.log_path}")
+            report = server.exit_report() if hasattr(server, "exit_report") else f"the server exited with code {code}"
+            raise ServeError(report, hint=f"see the full log: {server.log_path}")
     except (KeyboardInterrupt, _Terminate):
         say("stopping tritonserver …")
     finally:
@@ -356,13 +353,6 @@ def _serve_until_stopped(server: Any) -> None:
         finally:
             signal.signal(signal.SIGTERM, previous)
     say("stopped")
-
-
-def _read(path: Path) -> str:
-    try:
-        return Path(path).read_text(errors="replace")
-    except OSError:
-        return ""
 
 
 def after_serve(result: Any, settings: Any, *, prompt: str | None = None, max_tokens: int = EXAMPLE_TOKENS) -> None:

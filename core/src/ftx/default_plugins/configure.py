@@ -47,7 +47,7 @@ def deployment_info(family: Family, spec: ModelSpec, source: Source, checkpoint:
 def ftx_configure(family: Family, spec: ModelSpec, source: Source, checkpoint: Checkpoint, gemm: GemmConfig,
                   dest: Path, ctx: StageContext, runtime: Runtime) -> ModelRepository:
     s = ctx.settings
-    check_data_type(family.triton_model_type, s.data_type, family.data_types)
+    check_data_type(family, s.data_type)
     tp = s.convert.tp
     if checkpoint.tensor_parallel != tp:
         raise ConfigError(f"the converted checkpoint {checkpoint.path} is for tp {checkpoint.tensor_parallel}, "
@@ -55,7 +55,7 @@ def ftx_configure(family: Family, spec: ModelSpec, source: Source, checkpoint: C
     tokenizer = s.configure.tokenizer or source.path
     info = deployment_info(family, spec, source, checkpoint, ctx)
     info["gemm_tuning"] = {"tuned": gemm.tuned, "path": str(gemm.path) if gemm.path else None, "reason": gemm.reason}
-    options = FtModelOptions.from_settings(family, checkpoint.path, s)
+    options = FtModelOptions.from_settings(family, checkpoint.path, s, source=source.path)
     plan = plan_repository(family, spec, options, runtime=runtime.name, tokenizer=tokenizer,
                            tokenizer_explicit=s.configure.tokenizer is not None,
                            weight_dtype=checkpoint.weight_dtype, deployment=info)

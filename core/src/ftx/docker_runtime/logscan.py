@@ -42,6 +42,10 @@ class ScanContext:
     expect_gemm: bool = False
     gpu_sm: tuple[int, ...] = ()
     image: str = ""
+    work_dir: str = ""
+    """The server's working directory when it runs on the host (the native launcher); empty in Docker."""
+    rebuild: str = ""
+    """The command that rebuilds the backend for other GPUs (default: the Docker image's)."""
 
 
 def _weight_missing(m: re.Match[str], c: ScanContext) -> tuple[str, str, str]:
@@ -87,6 +91,9 @@ def _visible_gpus(m: re.Match[str], c: ScanContext) -> tuple[str, str, str]:
 
 def _wrong_sm(m: re.Match[str], c: ScanContext) -> tuple[str, str, str]:
     sm = ",".join(map(str, c.gpu_sm)) or "<your GPU's SM, e.g. 90 for H100>"
+    if c.rebuild:
+        return ("error", f"the FasterTransformer build has no GPU code for this GPU ({m.group(0).strip()})",
+                f"rebuild it for this GPU: `{c.rebuild} --sm {sm}`")
     return ("error",
             f"the FasterTransformer image has no GPU code for this GPU ({m.group(0).strip()}): it was compiled "
             "for other compute capabilities",
@@ -100,8 +107,9 @@ def _gemm_missing(m: re.Match[str], c: ScanContext) -> tuple[str, str, str] | No
     return ("error",
             "gemm_config.in was tuned for this run but FasterTransformer did not find it in its working "
             "directory; it is using default GEMM algorithms",
-            "the server must start in the directory holding gemm_config.in (ftx mounts it and sets -w); "
-            "re-run with --force tune, or --no-tune to serve untuned on purpose")
+            "the server must start in the directory holding gemm_config.in ("
+            + (f"ftx starts it in {c.work_dir}" if c.work_dir else "ftx mounts it and sets -w")
+            + "); re-run with --force tune, or --no-tune to serve untuned on purpose")
 
 
 def _driver(m: re.Match[str], c: ScanContext) -> tuple[str, str, str]:

@@ -28,6 +28,7 @@ from ftx.docker_runtime.image import KIND_LABEL, BuildDisplay, _now, stream_buil
 from ftx.docker_runtime.options import MEMLOCK, STACK
 from ftx.docker_runtime.spec import ContainerSpec
 from ftx.errors import ConfigError, ToolError
+from ftx.redact import redact_data
 from ftx.triton.model_config import parse_config
 
 log = structlog.get_logger(__name__)
@@ -151,7 +152,7 @@ def run_spec(tag: str, gpus: int) -> ContainerSpec:
 
 def package_labels(inputs: PackageInputs, base_id: str, rewritten: Mapping[str, str]) -> dict[str, str]:
     from ftx.docker_runtime.serve import _ftx_version
-    from ftx.store import sha256_file
+    from ftx.hashing import sha256_file
 
     labels: dict[str, str] = {}
     deployment = inputs.repository / "ftx-deployment.json"
@@ -177,7 +178,7 @@ def package_labels(inputs: PackageInputs, base_id: str, rewritten: Mapping[str, 
         "org.opencontainers.image.title": inputs.tag,
     })
     labels[f"{LABEL_PREFIX}.run"] = run_spec(inputs.tag, inputs.tp * inputs.pp).docker_run_line()
-    return labels
+    return redact_data(labels)
 
 
 def package_image(client: Any, inputs: PackageInputs, *, say: Callable[[str], None] | None = None,

@@ -140,10 +140,9 @@ def describe_run(settings: RunSettings, family: Family, spec: ModelSpec, checkpo
         lines.append(f"3. tune       skipped — {NO_TUNE_COST}")
 
     # 4. configure -----------------------------------------------------------------------
-    config = build_ft_model_config(FtModelOptions(
-        model_type=family.triton_model_type, io_kind=family.triton_io, checkpoint_path=checkpoint_dir, tp=tp,
-        pp=pp, data_type=data_type, max_batch_size=repo.max_batch_size, instances=repo.instances,
-        streaming=repo.streaming, dynamic_batching=repo.dynamic_batching))
+    config = build_ft_model_config(FtModelOptions.for_family(
+        family, checkpoint_dir, tp, pp=pp, data_type=data_type, max_batch_size=repo.max_batch_size,
+        instances=repo.instances, streaming=repo.streaming, dynamic_batching=repo.dynamic_batching))
     order = ("model_type", "tensor_para_size", "pipeline_para_size", "data_type", "model_checkpoint_path")
     keys = sorted(config.parameters, key=lambda k: (order.index(k) if k in order else len(order), k))
     params = ", ".join(f"{k} {config.parameters[k].string_value}" for k in keys)

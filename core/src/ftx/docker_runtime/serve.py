@@ -38,6 +38,7 @@ from ftx.docker_runtime.options import DEFAULT_PORTS, MEMLOCK, STACK, DockerOpti
 from ftx.docker_runtime.spec import ContainerSpec, Mount
 from ftx.errors import ConfigError, ServeError
 from ftx.paths import ftx_home
+from ftx.redact import redact, strip_secrets
 from ftx.triton.server import ServerPorts, client_host, free_ports, http_ok
 
 log = structlog.get_logger(__name__)
@@ -172,9 +173,10 @@ def plan_serve(*, repository: Path, checkpoints: Sequence[Path], settings: RunSe
     ]
     if settings.serve.host not in ("", "0.0.0.0"):
         command += [f"--http-address={settings.serve.host}", f"--grpc-address={settings.serve.host}"]
-    environment = {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(layout.gpus_per_node)), **options.env}
+    environment = strip_secrets({"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(layout.gpus_per_node)),
+                                 **options.env})
     labels = {
-        f"{LABEL_PREFIX}.role": "serve", f"{LABEL_PREFIX}.model": settings.model, f"{LABEL_PREFIX}.family": family,
+        f"{LABEL_PREFIX}.role": "serve", f"{LABEL_PREFIX}.model": redact(settings.model), f"{LABEL_PREFIX}.family": family,
         f"{LABEL_PREFIX}.repository": str(repository), f"{LABEL_PREFIX}.http-port": str(ports.http),
         f"{LABEL_PREFIX}.grpc-port": str(ports.grpc), f"{LABEL_PREFIX}.version": _ftx_version(),
     }

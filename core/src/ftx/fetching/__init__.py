@@ -10,8 +10,9 @@ from __future__ import annotations
 from ftx.fetching.archive import is_archive, safe_extract
 from ftx.fetching.http import download
 from ftx.fetching.hub import download_snapshot, list_repo_files
-from ftx.fetching.integrity import normalize_sha256, sha256_file
+from ftx.fetching.integrity import normalize_sha256
 from ftx.fetching.refs import local_fingerprint, parse_ref, resolve_revision
+from ftx.hashing import sha256_file
 
 __all__ = [
     "download",

@@ -26,9 +26,11 @@ from filelock import FileLock, Timeout
 
 from ftx.errors import SourceError
 from ftx.console import say
+from ftx.fetching.integrity import normalize_sha256
+from ftx.hashing import sha256_file
 from ftx.interrupt import keeping
-from ftx.fetching.integrity import normalize_sha256, redact_url, sha256_file
 from ftx.progress import ByteProgress, byte_progress
+from ftx.redact import redact_url
 
 log = structlog.get_logger(__name__)
 

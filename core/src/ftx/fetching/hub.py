@@ -74,6 +74,30 @@ def _repo_cache(repo_id: str) -> Path:
     return hf_cache_dir() / f"models--{repo_id.replace('/', '--')}"
 
 
+_REVISION_RE = re.compile(r"^[A-Za-z0-9._+\-]+(?:/[A-Za-z0-9._+\-]+)*$")
+
+
+def check_revision(revision: str) -> str:
+    """``revision`` if it is a branch, tag or commit name that is safe as a path under the cache's ``refs/``.
+
+    Git's own rules, narrowed: ASCII letters, digits, ``. _ + -`` and ``/`` between parts; no part
+    starting with ``.`` (so no ``..``) or ending in ``.lock``. ``refs/pr/1`` is fine.
+    """
+    parts = revision.split("/")
+    if not _REVISION_RE.match(revision) or any(p.startswith(".") or p.endswith(".lock") for p in parts):
+        raise SourceError(
+            f"invalid revision {revision!r}",
+            hint="give a branch, tag or 40-hex commit: letters, digits, '.', '_', '+', '-' and '/' between "
+                 "parts, no part starting with '.' (e.g. main, v1.0, refs/pr/1)",
+        )
+    return revision
+
+
+def _ref_file(repo_id: str, revision: str) -> Path:
+    """Where the HF cache records what ``revision`` points to (checked: never outside the cache)."""
+    return _repo_cache(repo_id) / "refs" / check_revision(revision)
+
+
 # --- revision → commit --------------------------------------------------------------------
 
 
@@ -83,7 +107,7 @@ def resolve_commit(repo_id: str, revision: str | None, *, token: str | None = No
     Offline (``HF_HUB_OFFLINE``), or when the Hub cannot be reached, the commit recorded in
     the local Hugging Face cache is used; without one, :class:`SourceError`.
     """
-    rev = revision or DEFAULT_REVISION
+    rev = check_revision(revision or DEFAULT_REVISION)
     if COMMIT_RE.fullmatch(rev.lower()):
         return rev.lower()
     if hf_offline():
@@ -105,7 +129,7 @@ def resolve_commit(repo_id: str, revision: str | None, *, token: str | None = No
 
 
 def _cached_commit_or_fail(repo_id: str, rev: str, why: str) -> str:
-    ref = _repo_cache(repo_id) / "refs" / rev
+    ref = _ref_file(repo_id, rev)
     if ref.is_file():
         commit = ref.read_text().strip()
         log.info("hub.resolved", repo=repo_id, revision=rev, commit=commit, offline=True)
@@ -119,7 +143,7 @@ def _cached_commit_or_fail(repo_id: str, rev: str, why: str) -> str:
 
 def _remember_ref(repo_id: str, rev: str, commit: str) -> None:
     """Record branch → commit in the HF cache (as huggingface_hub does) so offline runs resolve it."""
-    ref = _repo_cache(repo_id) / "refs" / rev
+    ref = _ref_file(repo_id, rev)
     try:
         ref.parent.mkdir(parents=True, exist_ok=True)
         ref.write_text(commit)
@@ -220,6 +244,9 @@ def _online(repo_id: str, commit: str, token: str | None) -> Iterator[None]:
 
 def _select(repo_id: str, commit: str, names: list[str], patterns: list[str]) -> list[str]:
     wanted = sorted(filter_repo_objects(names, allow_patterns=patterns))
+    if bad := [n for n in wanted if n.startswith("/") or ".." in n.replace("\\", "/").split("/")]:
+        raise SourceError(f"{repo_id}@{commit[:12]} lists a file outside the repository: {bad[0]!r}",
+                          hint="the Hub (or HF_ENDPOINT) answered with a hostile file list; check HF_ENDPOINT")
     if not wanted:
         listing = ", ".join(sorted(names)[:20]) or "nothing"
         raise SourceError(

@@ -1,17 +1,12 @@
-"""Checksums and URL redaction shared by the fetchers."""
+"""Checksum arguments of the fetchers."""
 
 from __future__ import annotations
 
-import hashlib
 import re
-from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 from ftx.errors import SourceError
-from ftx.progress import byte_progress
 
 _SHA256_RE = re.compile(r"^(?:sha256:)?([0-9a-f]{64})$")
-_HASH_CHUNK = 4 << 20
 
 
 def normalize_sha256(value: str | None) -> str | None:
@@ -25,22 +20,3 @@ def normalize_sha256(value: str | None) -> str | None:
             hint="give the 64 hex digits printed by `sha256sum FILE` (optionally prefixed with 'sha256:')",
         )
     return match.group(1)
-
-
-def sha256_file(path: Path, *, progress: bool = False) -> str:
-    """The hex sha256 of a file, with a ``verifying sha256`` bar when asked."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh, byte_progress("verifying sha256", path.stat().st_size, enabled=progress) as bar:
-        while chunk := fh.read(_HASH_CHUNK):
-            digest.update(chunk)
-            bar.advance(len(chunk))
-    return digest.hexdigest()
-
-
-def redact_url(url: str) -> str:
-    """The URL without credentials or query string (presigned URLs carry secrets there)."""
-    parts = urlsplit(url)
-    netloc = parts.hostname or ""
-    if parts.port:
-        netloc = f"{netloc}:{parts.port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, "<redacted>" if parts.query else "", ""))

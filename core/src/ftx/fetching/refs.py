@@ -22,8 +22,9 @@ import structlog
 
 from ftx.artifacts import SourceRef
 from ftx.errors import SourceError
-from ftx.fetching.hub import resolve_commit
-from ftx.fetching.integrity import normalize_sha256, redact_url
+from ftx.fetching.hub import check_revision, resolve_commit
+from ftx.fetching.integrity import normalize_sha256
+from ftx.redact import redact_url
 
 log = structlog.get_logger(__name__)
 
@@ -73,6 +74,9 @@ def _parse_hf(body: str, revision: str | None) -> SourceRef:
             f"invalid Hugging Face repository {repo_id!r}",
             hint="write hf://ORG/NAME or hf://ORG/NAME@REVISION, e.g. hf://EleutherAI/gpt-j-6b@main",
         )
+    for given in (inline_rev, revision):
+        if given:
+            check_revision(given)
     if inline_rev and revision and inline_rev != revision:
         raise SourceError(
             f"two revisions given for {repo_id}: @{inline_rev} and --revision {revision}",
@@ -97,6 +101,8 @@ def _parse_path(path: Path, text: str) -> SourceRef:
 
 
 def _from_preset(name: str, preset: SourceRef, revision: str | None) -> SourceRef:
+    if revision:
+        check_revision(revision)
     if revision and preset.kind != "hf":
         raise SourceError(
             f"preset {name!r} downloads {preset.uri}, which has no revisions",

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
 import ml_dtypes
 import numpy as np
 
 from ftx.errors import CheckpointError
+from ftx.io.jsonfile import json_kind, read_json_object
 
 SAFETENSORS_DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype(np.float64),
@@ -61,36 +63,93 @@ class TensorReader(Protocol):
         """Release files."""
 
 
+FLOAT_DTYPES = frozenset({np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64),
+                          np.dtype(ml_dtypes.bfloat16)})
+
+
+def tensor_dtype(reader: TensorReader, name: str) -> np.dtype | None:
+    """The stored dtype from the header when the reader tells it (``dtype(name)`` is optional), else None."""
+    dtype = getattr(reader, "dtype", None)
+    return dtype(name) if dtype is not None else None
+
+
+def check_weight_dtype(name: str, dtype: np.dtype | None) -> None:
+    """A weight must be floating point: an integer or bool dtype means a corrupt or relabelled header."""
+    if dtype is not None and np.dtype(dtype) not in FLOAT_DTYPES:
+        raise CheckpointError(
+            f"tensor {name} is stored as {np.dtype(dtype).name}, not floating point",
+            hint="a weight is F16, BF16, F32 or F64; this checkpoint's header says otherwise, so the file is "
+                 "corrupt or not the model's weights; fetch it again",
+        )
+
+
+_CORRUPT_HINT = "the file is corrupt or was not written by a safetensors library; delete it and fetch it again"
+
+
+def _check_entry(path: Path, name: str, entry: object, data_len: int) -> None:
+    """Refuse a header entry that is not ``{dtype, shape, data_offsets}`` describing bytes inside the file."""
+
+    def bad(problem: str, hint: str = _CORRUPT_HINT) -> CheckpointError:
+        return CheckpointError(f"{path}: tensor {name} {problem}", hint=hint)
+
+    if not isinstance(entry, dict):
+        raise bad(f"is described by {json_kind(entry)}, not an object with dtype, shape and data_offsets")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype not in SAFETENSORS_DTYPES:
+        raise bad(f"has unsupported dtype {dtype!r}",
+                  hint=f"ftx reads {', '.join(SAFETENSORS_DTYPES)}; save the checkpoint in one of them")
+    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+        raise bad(f"has shape {shape!r}, not a list of sizes >= 0")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(o) for o in offsets):
+        raise bad(f"has data_offsets {offsets!r}, not [begin, end] with 0 <= begin")
+    begin, end = offsets
+    if begin > end:
+        raise bad(f"has data_offsets {offsets!r} that end before they begin")
+    if end > data_len:
+        raise CheckpointError(
+            f"{path} is truncated: tensor {name} needs bytes {begin}..{end} of data but the file holds {data_len}",
+            hint="the download is incomplete; delete the file and fetch it again")
+    expected = math.prod(shape) * SAFETENSORS_DTYPES[dtype].itemsize
+    if end - begin != expected:
+        raise bad(f"spans {end - begin} bytes but its shape {shape} of {dtype} needs {expected}")
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 class SafetensorsFile:
-    """One .safetensors file, parsed from its header and memory-mapped."""
+    """One .safetensors file, parsed from its header (every entry checked) and read with pread."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
             self._file = path.open("rb")
-            size = path.stat().st_size
+            size = os.fstat(self._file.fileno()).st_size
             (header_len,) = struct.unpack("<Q", self._file.read(8))
             if header_len > size - 8:
                 raise ValueError("header length beyond end of file")
             header = json.loads(self._file.read(header_len))
-        except (OSError, ValueError, struct.error) as exc:
+        except (OSError, ValueError, RecursionError, struct.error) as exc:
             raise CheckpointError(
                 f"{path} is not a readable safetensors file ({exc})",
-                hint="the download is probably truncated or corrupt; delete it and fetch again",
+                hint="the download is probably truncated or corrupt; delete it and fetch it again",
             ) from exc
-        header.pop("__metadata__", None)
         self._base = 8 + header_len
+        try:
+            if not isinstance(header, dict):
+                raise CheckpointError(f"{path} is not a readable safetensors file: its header is not a JSON object",
+                                      hint=_CORRUPT_HINT)
+            header.pop("__metadata__", None)
+            for name, entry in header.items():
+                _check_entry(path, name, entry, size - self._base)
+        except CheckpointError:
+            self._file.close()
+            raise
         self._entries: dict[str, dict[str, Any]] = header
-        data_len = size - self._base
-        for name, entry in header.items():
-            begin, end = entry["data_offsets"]
-            if end > data_len:
-                raise CheckpointError(
-                    f"{path} is truncated: tensor {name} needs bytes {begin}..{end} of data but the file holds {data_len}",
-                    hint="the download is incomplete; delete the file and fetch again",
-                )
-            if entry["dtype"] not in SAFETENSORS_DTYPES:
-                raise CheckpointError(f"{path}: tensor {name} has unsupported dtype {entry['dtype']}")
+
+    def dtype(self, name: str) -> np.dtype:
+        return SAFETENSORS_DTYPES[self._entries[name]["dtype"]]
 
     def names(self) -> list[str]:
         return sorted(self._entries, key=lambda n: self._entries[n]["data_offsets"][0])
@@ -101,10 +160,6 @@ class SafetensorsFile:
     def nbytes(self, name: str) -> int:
         begin, end = self._entries[name]["data_offsets"]
         return int(end - begin)
-
-    def dtype(self, name: str) -> np.dtype:
-        """The stored element type (from the header: no data read)."""
-        return SAFETENSORS_DTYPES[self._entries[name]["dtype"]]
 
     def read(self, name: str) -> np.ndarray:
         """Read one tensor into its own buffer (pread: no memory map whose pages would pile up in RSS)."""
@@ -152,8 +207,8 @@ class ShardedReader:
     def nbytes(self, name: str) -> int:
         return self._owner[name].nbytes(name)
 
-    def dtype(self, name: str) -> np.dtype:
-        return self._owner[name].dtype(name)
+    def dtype(self, name: str) -> np.dtype | None:
+        return tensor_dtype(self._owner[name], name)
 
     def read(self, name: str) -> np.ndarray:
         return self._owner[name].read(name)
@@ -196,14 +251,16 @@ class TorchBinFile:
         t = self._state[name]
         return int(t.numel() * t.element_size())
 
-    def dtype(self, name: str) -> np.dtype:
-        """The stored element type (no data read: the tensors are memory-mapped)."""
+    def dtype(self, name: str) -> np.dtype | None:
         import torch
 
-        torch_dtype = self._state[name].dtype
-        if torch_dtype == torch.bfloat16:
+        tensor = self._state[name]
+        if tensor.dtype == torch.bfloat16:
             return np.dtype(ml_dtypes.bfloat16)
-        return torch.empty(0, dtype=torch_dtype).numpy().dtype
+        try:
+            return np.dtype(str(tensor.dtype).removeprefix("torch."))
+        except TypeError:
+            return None
 
     def read(self, name: str) -> np.ndarray:
         import torch
@@ -221,12 +278,25 @@ class TorchBinFile:
 
 
 def _index_files(path: Path, index_name: str) -> list[Path]:
-    index = json.loads((path / index_name).read_text())
-    files = list(dict.fromkeys(index["weight_map"].values()))
+    """The shard files an index names: plain file names inside ``path``, each present."""
+    index_path = path / index_name
+    hint = "the index is corrupt; fetch the checkpoint again"
+    index = read_json_object(index_path, hint=hint)
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+        raise CheckpointError(f"{index_path}: 'weight_map' is not an object of tensor name -> shard file name",
+                              hint=hint)
+    files = list(dict.fromkeys(weight_map.values()))
+    for name in files:
+        parts = PurePosixPath(name.replace("\\", "/")).parts
+        if not parts or parts[0] == "/" or ":" in parts[0] or ".." in parts:
+            where = "an absolute path" if parts and (parts[0] == "/" or ":" in parts[0]) else "outside the checkpoint"
+            raise CheckpointError(f"{index_path} names shard {name!r}, {where}",
+                                  hint="a shard must be a file inside the checkpoint directory; " + hint)
     missing = [f for f in files if not (path / f).is_file()]
     if missing:
         raise CheckpointError(
-            f"{path / index_name} lists shard(s) that are missing: {', '.join(missing[:5])}",
+            f"{index_path} lists shard(s) that are missing: {', '.join(missing[:5])}",
             hint="fetch the complete checkpoint",
         )
     return [path / f for f in files]

@@ -129,7 +129,7 @@ class Generation:
         iface = self.deployment.iface()
         values = {**self.values, "stream": True} if iface.decoupled else self.values
         sent, seen, stopped = "", "", False
-        for piece in pieces(self.deployment.triton.generate_stream(iface, values), self.prompt, iface.continues_prompt):
+        for piece in pieces(self.deployment.triton.generate_stream(iface, values), iface, self.prompt):
             seen += piece  # a decoder's stream starts with the prompt (pieces() makes sure of it)
             text, stopped = _cut(_continuation(seen, self.prompt, iface), self.stop)
             if len(text) > len(sent):

@@ -162,8 +162,7 @@ class FamilyConformance:
         from ftx.triton.model_config import FtModelOptions, build_ft_model_config
 
         family = self.family()
-        opts = FtModelOptions(model_type=family.triton_model_type, io_kind=family.triton_io,
-                              checkpoint_path=converted[self.tp], tp=self.tp, data_type=family.data_types[0])
+        opts = FtModelOptions.for_family(family, converted[self.tp], self.tp, data_type=family.data_types[0])
         config = build_ft_model_config(opts)
         params = {k: v.string_value for k, v in config.parameters.items()}
         assert params["model_type"] == family.triton_model_type

@@ -1,24 +1,41 @@
-"""The ``ensemble`` model: text in, text out, through preprocessing → fastertransformer → postprocessing.
+"""The ensembles: text in, text out, through preprocessing → fastertransformer → postprocessing.
 
-Its inputs and output are Triton's generate-extension names (``text_input``, ``max_tokens`` …
-→ ``text_output``), so ``POST /v2/models/ensemble/generate`` works; the inner
-``fastertransformer`` model keeps FasterTransformer's native names.
+``ensemble`` speaks Triton's generate-extension names (``text_input``, ``max_tokens`` … →
+``text_output``), so ``POST /v2/models/ensemble/generate`` works; ``ft_ensemble`` speaks
+fastertransformer_backend's own ensemble interface (``INPUT_0``..``INPUT_3`` → ``OUTPUT_0``,
+``sequence_length``, log probabilities), so that project's clients work too. Both share the
+preprocessing and postprocessing models; the inner ``fastertransformer`` model keeps
+FasterTransformer's native names.
 
 Triton refuses an ensemble step that reads outputs of a decoupled (streaming) model together with
-outputs of another model, so with streaming the postprocessing step gets FT's outputs only.
+outputs of another model, so with streaming the postprocessing step gets FT's outputs only: the
+prompt length then travels as the FT model's stream offset, when it has one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ftx.errors import ConfigError
-from ftx.triton.io import GENERATE_INPUTS, GENERATE_OUTPUTS, PREPROCESSING_OUTPUTS
+from ftx.triton.io import (
+    FT_PASS_THROUGH,
+    FT_TEXT_INPUTS,
+    FT_TEXT_OUTPUT,
+    FT_TEXT_TO_PREPROCESSING,
+    GENERATE_INPUTS,
+    GENERATE_OUTPUTS,
+    PREPROCESSING_OUTPUTS,
+    PROMPT_OUTPUTS,
+    STREAM_OFFSET,
+    ft_ensemble_outputs,
+)
 from ftx.triton.model_config import FT_MODEL_NAME, add_inputs_outputs, parse_config
 
 ENSEMBLE_NAME = "ensemble"
+FT_ENSEMBLE_NAME = "ft_ensemble"
 PREPROCESSING = "preprocessing"
 POSTPROCESSING = "postprocessing"
 
@@ -28,8 +45,12 @@ def _internal(name: str) -> str:
 
 
 def build_ensemble_config(io_kind: str, *, max_batch_size: int, streaming: bool,
-                          ft_model: str = FT_MODEL_NAME) -> mc.ModelConfig:
-    """The ensemble's config: generate-extension I/O and the three steps."""
+                          ft_model: str = FT_MODEL_NAME, ft_outputs: Collection[str] = ()) -> mc.ModelConfig:
+    """The generate ensemble's config: generate-extension I/O and the three steps.
+
+    ``ft_outputs`` are the outputs the fastertransformer model declares; when it has a stream
+    offset, postprocessing reads it and streams each piece of text once.
+    """
     if io_kind not in PREPROCESSING_OUTPUTS:
         raise ConfigError(f"unknown I/O kind {io_kind!r}")
     config = mc.ModelConfig(name=ENSEMBLE_NAME, platform="ensemble", max_batch_size=max_batch_size)
@@ -47,13 +68,55 @@ def build_ensemble_config(io_kind: str, *, max_batch_size: int, streaming: bool,
         ft.input_map[decl.name] = _internal(decl.name)
     ft.output_map["output_ids"] = _internal("output_ids")
     ft.output_map["sequence_length"] = "_generated_length"
+    if STREAM_OFFSET in ft_outputs:
+        ft.output_map[STREAM_OFFSET] = _internal(STREAM_OFFSET)
 
     post = steps.add(model_name=POSTPROCESSING, model_version=-1)
     post.input_map["output_ids"] = _internal("output_ids")
     post.input_map["sequence_length"] = "_generated_length"
-    if io_kind == "decoder" and not streaming:
+    if STREAM_OFFSET in ft_outputs:
+        post.input_map[STREAM_OFFSET] = _internal(STREAM_OFFSET)
+    elif io_kind == "decoder" and not streaming:
         post.input_map["input_lengths"] = _internal("input_lengths")
     post.output_map["text_output"] = "text_output"
+    return config
+
+
+def build_ft_ensemble_config(io_kind: str, *, max_batch_size: int, ft_model: str = FT_MODEL_NAME) -> mc.ModelConfig:
+    """FasterTransformer's ensemble interface over the same three steps.
+
+    Preprocessing turns the prompts, output lengths and word lists into FT tensors; every sampling
+    input goes to the fastertransformer model unchanged; ``OUTPUT_0`` is prompt plus generation
+    (decoder models) as upstream's postprocessing gives it, the rest are FT's own outputs.
+    """
+    if io_kind not in PREPROCESSING_OUTPUTS:
+        raise ConfigError(f"unknown I/O kind {io_kind!r}")
+    outputs = ft_ensemble_outputs(io_kind)
+    config = mc.ModelConfig(name=FT_ENSEMBLE_NAME, platform="ensemble", max_batch_size=max_batch_size)
+    add_inputs_outputs(config, (*FT_TEXT_INPUTS, *FT_PASS_THROUGH), outputs)
+    steps = config.ensemble_scheduling.step
+
+    pre = steps.add(model_name=PREPROCESSING, model_version=-1)
+    for decl in FT_TEXT_INPUTS:
+        pre.input_map[FT_TEXT_TO_PREPROCESSING[decl.name]] = decl.name
+    prompt = PREPROCESSING_OUTPUTS[io_kind][:PROMPT_OUTPUTS]
+    words = ("bad_words_list", "stop_words_list")
+    for name in (*(d.name for d in prompt), *words):
+        pre.output_map[name] = _internal(name)
+
+    ft = steps.add(model_name=ft_model, model_version=-1)
+    for name in (*(d.name for d in prompt), *words):
+        ft.input_map[name] = _internal(name)
+    for decl in FT_PASS_THROUGH:
+        ft.input_map[decl.name] = decl.name
+    ft.output_map["output_ids"] = _internal("output_ids")
+    for decl in outputs[1:]:
+        ft.output_map[decl.name] = decl.name
+
+    post = steps.add(model_name=POSTPROCESSING, model_version=-1)
+    post.input_map["output_ids"] = _internal("output_ids")
+    post.input_map["sequence_length"] = "sequence_length"
+    post.output_map["OUTPUT"] = FT_TEXT_OUTPUT
     return config
 
 

@@ -63,6 +63,9 @@ ENCODER_DECODER_INPUTS = (
     TensorDecl("sequence_length", "UINT32", (1,), reshape=()),
     TensorDecl("max_output_len", "UINT32", (1,), reshape=()),
     *SAMPLING_INPUTS,
+    _scalar("ia3_tasks", "INT32"),
+    _scalar("request_prompt_lengths", "UINT32"),
+    TensorDecl("request_prompt_embedding", "FP16", (-1, -1), optional=True),
 )
 ENCODER_DECODER_OUTPUTS = (
     TensorDecl("output_ids", "INT32", (-1, -1)),
@@ -80,14 +83,16 @@ IO_KINDS = {
 # --------------------------------------------------------------------------- generate extension
 # The ensemble speaks Triton's generate-extension names; preprocessing takes the same inputs and
 # produces the fastertransformer model's native ones; postprocessing turns FT's outputs into text.
+# Integers are INT64: Triton converts a JSON number to the declared type without a range check, so
+# ``max_tokens: 4294967301`` would reach an INT32 input as 5; as INT64 it arrives whole and is refused.
 
 GENERATE_INPUTS = (
     TensorDecl("text_input", "STRING", (1,)),
-    TensorDecl("max_tokens", "INT32", (1,)),
+    TensorDecl("max_tokens", "INT64", (1,)),
     TensorDecl("temperature", "FP32", (1,), optional=True),
-    TensorDecl("top_k", "INT32", (1,), optional=True),
+    TensorDecl("top_k", "INT64", (1,), optional=True),
     TensorDecl("top_p", "FP32", (1,), optional=True),
-    TensorDecl("beam_width", "INT32", (1,), optional=True),
+    TensorDecl("beam_width", "INT64", (1,), optional=True),
     TensorDecl("repetition_penalty", "FP32", (1,), optional=True),
     TensorDecl("random_seed", "UINT64", (1,), optional=True),
     TensorDecl("stop", "STRING", (-1,), optional=True),
@@ -95,6 +100,49 @@ GENERATE_INPUTS = (
     TensorDecl("stream", "BOOL", (1,), optional=True),
 )
 GENERATE_OUTPUTS = (TensorDecl("text_output", "STRING", (-1,)),)
+
+STREAM_OFFSET = "ftx_stream_offset"
+"""An output of the python runtime's decoupled fastertransformer model ([B, beam], UINT32): where the
+tokens new in this response start in ``output_ids``. Postprocessing decodes only those, so a stream
+carries each piece of text once (FasterTransformer itself resends the whole sequence every step)."""
+STREAM_OFFSET_DECL = TensorDecl(STREAM_OFFSET, "UINT32", (-1,))
+
+# --------------------------------------------------------------------------- FasterTransformer's ensemble
+# The interface of fastertransformer_backend's own ensemble (all_models/gptj/ensemble), served as a
+# second ensemble so its clients work unchanged: prompt strings, output lengths and CSV word lists
+# in, text plus FT's sequence_length and log probabilities out; sampling inputs go to FT untouched.
+
+FT_TEXT_INPUTS = (
+    TensorDecl("INPUT_0", "STRING", (-1,)),
+    TensorDecl("INPUT_1", "UINT32", (-1,)),
+    TensorDecl("INPUT_2", "STRING", (-1,), optional=True),
+    TensorDecl("INPUT_3", "STRING", (-1,), optional=True),
+)
+FT_TEXT_TO_PREPROCESSING = {"INPUT_0": "QUERY", "INPUT_1": "REQUEST_OUTPUT_LEN", "INPUT_2": "BAD_WORDS_DICT",
+                            "INPUT_3": "STOP_WORDS_DICT"}
+"""FT ensemble input -> the preprocessing input it feeds (upstream's preprocessing names)."""
+FT_PASS_THROUGH = tuple(
+    TensorDecl(d.name, d.dtype, d.dims, optional=True) for d in SAMPLING_INPUTS
+    if d.name not in ("bad_words_list", "stop_words_list")
+)
+"""Sampling inputs the FT ensemble hands to the fastertransformer model as they are."""
+FT_TEXT_OUTPUT = "OUTPUT_0"
+
+
+def ft_ensemble_outputs(io_kind: str) -> tuple[TensorDecl, ...]:
+    """``OUTPUT_0`` (text) and FT's ``sequence_length``, ``cum_log_probs``, ``output_log_probs``."""
+    outputs = {d.name: d for d in IO_KINDS[io_kind][1]}
+    return (TensorDecl(FT_TEXT_OUTPUT, "STRING", (-1,)), outputs["sequence_length"], outputs["cum_log_probs"],
+            outputs["output_log_probs"])
+
+
+# --------------------------------------------------------------------------- pre/post-processing
+
+PREPROCESSING_INPUTS = (
+    *(TensorDecl(d.name, d.dtype, d.dims, optional=True) for d in GENERATE_INPUTS),
+    *(TensorDecl(FT_TEXT_TO_PREPROCESSING[d.name], d.dtype, d.dims, optional=True) for d in FT_TEXT_INPUTS),
+)
+"""Both interfaces' text inputs, all optional here: each ensemble declares which it requires."""
 
 _SAMPLING_FROM_PREPROCESSING = (
     TensorDecl("runtime_top_k", "UINT32", (1,)),
@@ -121,13 +169,22 @@ PREPROCESSING_OUTPUTS = {
     ),
 }
 """Every preprocessing output feeds the fastertransformer input of the same name."""
+PROMPT_OUTPUTS = 3
+"""The first PREPROCESSING_OUTPUTS (ids, lengths, output length) and the word lists are all the FT
+ensemble takes from preprocessing; its sampling inputs come from the client."""
+
+POSTPROCESSING_OUTPUTS = (*GENERATE_OUTPUTS, TensorDecl("OUTPUT", "STRING", (-1,)))
+"""``text_output``: the generated text (only the new piece of it per streamed response);
+``OUTPUT``: prompt and generation, FasterTransformer's ensemble text (its ``OUTPUT_0``)."""
 
 
 def postprocessing_inputs(io_kind: str) -> tuple[TensorDecl, ...]:
-    """FT's ``output_ids``/``sequence_length`` (dtypes per I/O kind) and the optional prompt lengths."""
+    """FT's ``output_ids``/``sequence_length`` (dtypes per I/O kind), the optional prompt lengths and
+    stream offsets."""
     outputs = {d.name: d for d in IO_KINDS[io_kind][1]}
     return (
         outputs["output_ids"],
         outputs["sequence_length"],
         TensorDecl("input_lengths", "UINT32", (1,), optional=True),
+        TensorDecl(STREAM_OFFSET, "UINT32", (-1,), optional=True),
     )

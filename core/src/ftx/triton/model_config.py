@@ -10,12 +10,12 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ftx.errors import ConfigError
+from ftx.errors import ConfigError, FtxError
 from ftx.io.ftformat import gpu_dir_name
 from ftx.triton.io import IO_KINDS, TensorDecl
 
@@ -25,10 +25,27 @@ if TYPE_CHECKING:
 
 FT_MODEL_NAME = "fastertransformer"
 
+DEFAULT_MAX_BATCH_SIZE = 128
+"""Default ``max_batch_size`` of every model in a repository.
+
+fastertransformer_backend's clients send batches of 8 (``identity_test.py``, ``end_to_end_test.py``,
+the sample requests), 32 in its guides and 128 (``evaluate_lambada.py``'s default); Triton refuses
+a request whose batch exceeds ``max_batch_size`` outright, so the default takes all of them.
+Upstream's samples say 1024. Memory stays bounded because the batch only caps what the dynamic
+batcher may combine: FasterTransformer sizes its buffers per executed batch, and the python
+runtime runs a batch as ``generate`` calls of at most ``FTX_MAX_BATCH_TOKENS`` tokens each.
+"""
+POSITION_KEYS = ("n_positions", "max_position_embeddings", "n_ctx", "max_sequence_length")
+"""config.json keys that hold a decoder's context size (prompt + generated tokens)."""
+
+
+DATA_TYPES: tuple[str, ...] = ("fp32", "fp16", "bf16")
+"""Every compute type the backend knows; a family narrows it to what its model type really runs."""
+
 
 @dataclass(frozen=True)
 class FtModelOptions:
-    """Deployment choices for the fastertransformer model."""
+    """Deployment choices for the fastertransformer model, and the facts of its model type."""
 
     model_type: str
     io_kind: str
@@ -36,56 +53,68 @@ class FtModelOptions:
     tp: int
     pp: int = 1
     data_type: str = "fp16"
-    max_batch_size: int = 8
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     instances: int = 1
     streaming: bool = False
     dynamic_batching: bool = True
     backend: str = "fastertransformer"
+    data_types: tuple[str, ...] = DATA_TYPES
+    """Compute types FasterTransformer really runs for ``model_type`` (the family's ``data_types``)."""
+    data_type_note: str = ""
+    max_positions: int | None = None
+    """A decoder's context size from the source's config.json (None: unknown, or not a decoder)."""
 
     @classmethod
-    def from_settings(cls, family: Family, checkpoint_path: Path, settings: RunSettings) -> FtModelOptions:
-        """The fastertransformer model's options for ``family`` from the run's configure settings."""
-        repo = settings.configure
+    def for_family(cls, family: Family, checkpoint_path: Path, tp: int, **choices: Any) -> FtModelOptions:
+        """Options for ``family``'s model type (type, I/O kind, compute types) plus the deployment ``choices``."""
         return cls(model_type=family.triton_model_type, io_kind=family.triton_io, checkpoint_path=checkpoint_path,
-                   tp=settings.convert.tp, pp=repo.pp, data_type=settings.data_type,
-                   max_batch_size=repo.max_batch_size, instances=repo.instances, streaming=repo.streaming,
-                   dynamic_batching=repo.dynamic_batching)
+                   tp=tp, data_types=tuple(family.data_types), data_type_note=family.data_type_note, **choices)
+
+    @classmethod
+    def from_settings(cls, family: Family, checkpoint_path: Path, settings: RunSettings,
+                      source: Path | None = None) -> FtModelOptions:
+        """The fastertransformer model's options for ``family`` from the run's configure settings
+        (and the ``source`` checkpoint's config.json, for a decoder's context size)."""
+        repo = settings.configure
+        positions = source_context_size(family, source) if source is not None else None
+        return cls.for_family(family, checkpoint_path, settings.convert.tp, pp=repo.pp, data_type=settings.data_type,
+                              max_batch_size=repo.max_batch_size, instances=repo.instances,
+                              streaming=repo.streaming, dynamic_batching=repo.dynamic_batching,
+                              max_positions=positions)
 
 
-FT_DATA_TYPES: dict[str, tuple[str, ...]] = {
-    "GPT-J": ("fp32", "fp16", "bf16"),
-    "GPT-NeoX": ("fp32", "fp16"),
-    "T5": ("fp32", "fp16", "bf16"),
-}
-"""Compute types the backend really builds per model type (src/libfastertransformer.cc)."""
-
-DATA_TYPE_NOTES: dict[str, str] = {
-    "GPT-NeoX": "the FasterTransformer backend builds GPT-NeoX only in fp16; any other data_type "
-                "(bf16 included, despite the README) silently runs as fp32",
-}
-
-MODEL_TYPE_SECTIONS: dict[str, tuple[str, ...]] = {
-    "GPT-J": ("gptj",),
-    "GPT-NeoX": ("gptneox",),
-    "T5": ("encoder", "decoder"),
-}
-"""config.ini sections FasterTransformer reads for each model type."""
+def source_context_size(family: Family, source: Path) -> int | None:
+    """A decoder's context size from its source's config.json; None for encoder-decoders (relative
+    positions) or when the source has no readable config."""
+    if family.triton_io != "decoder":
+        return None
+    try:
+        return context_size(family.read_hf_config(Path(source)))
+    except (FtxError, OSError, ValueError):
+        return None
 
 
-def allowed_data_types(model_type: str, family_types: Sequence[str]) -> tuple[str, ...]:
-    """Compute types both the family and FasterTransformer's model type accept."""
-    backend = FT_DATA_TYPES.get(model_type)
-    return tuple(t for t in family_types if backend is None or t in backend)
+def context_size(hf_config: Mapping[str, object]) -> int | None:
+    """The positions a decoder's config.json declares (prompt + generated tokens), if any."""
+    for key in POSITION_KEYS:
+        value = hf_config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
-def check_data_type(model_type: str, data_type: str, family_types: Sequence[str] = ("fp32", "fp16", "bf16")) -> None:
-    """Refuse a ``data_type`` FasterTransformer would not really run for ``model_type``."""
-    allowed = allowed_data_types(model_type, family_types)
+def refuse_data_type(model_type: str, data_type: str, allowed: Sequence[str], note: str = "") -> None:
+    """Refuse a ``data_type`` outside ``allowed``, what FasterTransformer really runs for ``model_type``."""
     if data_type in allowed:
         return
-    reason = DATA_TYPE_NOTES.get(model_type, f"FasterTransformer runs {model_type} in {', '.join(allowed)} only")
+    reason = note or f"FasterTransformer runs {model_type} in {', '.join(allowed)} only"
     raise ConfigError(f"data_type {data_type!r} is not supported for {model_type}: {reason}",
                       hint=f"use --data-type {' or '.join(allowed)}")
+
+
+def check_data_type(family: Family, data_type: str) -> None:
+    """Refuse a ``data_type`` FasterTransformer would not really run for ``family``'s model type."""
+    refuse_data_type(family.triton_model_type, data_type, family.data_types, family.data_type_note)
 
 
 def check_ft_options(opts: FtModelOptions) -> None:
@@ -107,7 +136,7 @@ def check_ft_options(opts: FtModelOptions) -> None:
     if opts.instances < 1:
         raise ConfigError("the instance count must be at least 1", hint="use --instances 1 or more")
     if opts.backend == "fastertransformer":
-        check_data_type(opts.model_type, opts.data_type)
+        refuse_data_type(opts.model_type, opts.data_type, opts.data_types, opts.data_type_note)
 
 
 def _add_tensor(collection: object, decl: TensorDecl, output: bool = False) -> None:
@@ -225,9 +254,10 @@ def checkpoint_ranks(checkpoint_dir: Path) -> set[int]:
     return ranks
 
 
-def check_against_checkpoint(config: mc.ModelConfig, ini: Mapping[str, Mapping[str, str]],
-                             checkpoint_dir: Path) -> list[str]:
-    """config.pbtxt parameters that disagree with the checkpoint (tp, model type, dtype)."""
+def check_against_checkpoint(config: mc.ModelConfig, ini: Mapping[str, Mapping[str, str]], checkpoint_dir: Path, *,
+                             sections: Sequence[str] = (), data_types: Sequence[str] = DATA_TYPES) -> list[str]:
+    """config.pbtxt parameters that disagree with the checkpoint (tp, dtype) or with the model type's facts:
+    the config.ini ``sections`` it reads and the compute ``data_types`` it runs."""
     problems = []
     tp = parameter(config, "tensor_para_size") or ""
     model_type = parameter(config, "model_type") or ""
@@ -238,14 +268,13 @@ def check_against_checkpoint(config: mc.ModelConfig, ini: Mapping[str, Mapping[s
     if ranks and (ranks != set(range(len(ranks))) or str(len(ranks)) != tp):
         problems.append(f"tensor_para_size {tp} but the weight files in {checkpoint_dir} are split for "
                         f"ranks {sorted(ranks)}")
-    sections = MODEL_TYPE_SECTIONS.get(model_type)
-    if sections and not all(s in ini for s in sections):
+    if not all(s in ini for s in sections):
         problems.append(f"model_type {model_type} reads config.ini section(s) {', '.join(sections)}, "
                         f"but {checkpoint_dir / 'config.ini'} has {', '.join(ini) or 'none'}")
     weight_types = {v["weight_data_type"] for v in ini.values() if "weight_data_type" in v}
-    if len(weight_types) != 1 or not weight_types <= {"fp32", "fp16", "bf16"}:
+    if len(weight_types) != 1 or not weight_types <= set(DATA_TYPES):
         problems.append(f"config.ini weight_data_type is {sorted(weight_types) or 'missing'}")
-    if model_type in FT_DATA_TYPES and data_type not in FT_DATA_TYPES[model_type]:
+    if data_type not in data_types:
         problems.append(f"data_type {data_type} is not run by FasterTransformer for {model_type}")
     return problems
 

@@ -6,6 +6,7 @@ Layout (ft-format.md §6.1)::
     preprocessing/config.pbtxt, 1/model.py   text → FT inputs (Python backend), tokenizer files in 1/
     postprocessing/config.pbtxt, 1/model.py  FT outputs → text
     ensemble/config.pbtxt, 1/                generate-extension I/O
+    ft_ensemble/config.pbtxt, 1/             fastertransformer_backend's ensemble I/O (INPUT_0 … → OUTPUT_0)
     ftx-deployment.json                      what this repository was built from
 
 :func:`plan_repository` raises every :class:`~ftx.errors.FtxError` a user can fix before a
@@ -26,16 +27,24 @@ from typing import Any
 
 import structlog
 
-from ftx.io.ftformat import gpu_dir_name
 from ftx.errors import CheckpointError, ConfigError
 from ftx.family import Family, ModelSpec
-from ftx.io.ftformat import read_ini
+from ftx.io.ftformat import gpu_dir_name, read_ini
+from ftx.redact import redact_data
 from ftx.triton import textproc
-from ftx.triton.ensemble import ENSEMBLE_NAME, POSTPROCESSING, PREPROCESSING, build_ensemble_config, check_ensemble
-from ftx.triton.io import GENERATE_INPUTS, GENERATE_OUTPUTS, PREPROCESSING_OUTPUTS, postprocessing_inputs
+from ftx.triton.ensemble import (
+    ENSEMBLE_NAME,
+    FT_ENSEMBLE_NAME,
+    POSTPROCESSING,
+    PREPROCESSING,
+    build_ensemble_config,
+    build_ft_ensemble_config,
+    check_ensemble,
+)
+from ftx.triton.io import POSTPROCESSING_OUTPUTS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS, postprocessing_inputs
 from ftx.triton.model_config import (
+    DATA_TYPES,
     FT_MODEL_NAME,
-    MODEL_TYPE_SECTIONS,
     FtModelOptions,
     build_ft_model_config,
     build_python_model_config,
@@ -54,7 +63,8 @@ log = structlog.get_logger(__name__)
 DEPLOYMENT_FILE = "ftx-deployment.json"
 DEPLOYMENT_SCHEMA = "ftx.deployment/1"
 TEXTPROC_MODULE = "ftx_textproc.py"
-MODEL_NAMES = (FT_MODEL_NAME, PREPROCESSING, POSTPROCESSING, ENSEMBLE_NAME)
+MODEL_NAMES = (FT_MODEL_NAME, PREPROCESSING, POSTPROCESSING, ENSEMBLE_NAME, FT_ENSEMBLE_NAME)
+ENSEMBLES = (ENSEMBLE_NAME, FT_ENSEMBLE_NAME)
 _PYTHON_MODELS = Path(__file__).parent / "python_models"
 
 FtWriter = Callable[[Path, FtModelOptions, Family], str]
@@ -76,9 +86,10 @@ class TokenizerPlan:
     pad_id: int
     vocab_size: int
 
-    def settings(self, io_kind: str, streaming: bool) -> textproc.TextSettings:
+    def settings(self, io_kind: str, streaming: bool, max_positions: int | None = None) -> textproc.TextSettings:
         return textproc.TextSettings(io_kind=io_kind, tokenizer_kind=self.kind, start_id=self.start_id,
-                                     end_id=self.end_id, pad_id=self.pad_id, streaming=streaming)
+                                     end_id=self.end_id, pad_id=self.pad_id, streaming=streaming,
+                                     max_prompt_tokens=max_positions)
 
 
 def collect_tokenizer_files(path: Path, family: Family) -> dict[str, Path]:
@@ -119,11 +130,11 @@ def plan_tokenizer(path: Path | None, family: Family, spec: ModelSpec, *, explic
             raise ConfigError(f"{flag} at {path} has no tokenizer for {family.name} ({found})", hint=hint)
         try:
             codec = textproc.load_codec(staged, kind)
+            names = textproc.special_token_names(staged)
         except textproc.TokenizerLoadError as exc:
             if "is not installed" in str(exc):
                 hint = "pip install tokenizers sentencepiece (or ftx[serve]); the serving image needs them too"
             raise ConfigError(f"cannot load the tokenizer from {path}: {exc}", hint=hint) from exc
-        names = textproc.special_token_names(staged)
     names.update(family.special_tokens)
     pad_id = spec.pad_id if spec.pad_id is not None else spec.end_id
     expected = {"eos": spec.end_id, "pad": spec.pad_id}
@@ -194,8 +205,7 @@ def check_checkpoint(family: Family, checkpoint_dir: Path, *, tp: int, weight_dt
     if ranks and ranks != set(range(tp)):
         raise ConfigError(f"{checkpoint_dir} holds weights split for ranks {sorted(ranks)}, not for --tp {tp}",
                           hint=f"convert again with --tp {tp}")
-    sections = MODEL_TYPE_SECTIONS.get(family.triton_model_type, (family.ini_section,) if family.ini_section else ())
-    missing = [s for s in sections if s not in ini]
+    missing = [s for s in family.ini.required_sections() if s not in ini]
     if missing:
         raise ConfigError(f"{ini_path} has no [{'], ['.join(missing)}] section, so it is not a "
                           f"{family.triton_model_type} checkpoint (sections: {', '.join(ini) or 'none'})",
@@ -221,7 +231,7 @@ def plan_repository(family: Family, spec: ModelSpec, ft: FtModelOptions, *, runt
     if ft.model_type != family.triton_model_type or ft.io_kind != family.triton_io:
         raise ConfigError(f"options say model_type {ft.model_type} ({ft.io_kind}) but family {family.name} is "
                           f"{family.triton_model_type} ({family.triton_io})")
-    check_data_type(family.triton_model_type, ft.data_type, family.data_types)
+    check_data_type(family, ft.data_type)
     check_ft_options(ft)
     check_checkpoint(family, Path(ft.checkpoint_path), tp=ft.tp, weight_dtype=weight_dtype)
     tok = plan_tokenizer(tokenizer, family, spec, explicit=tokenizer_explicit)
@@ -247,12 +257,12 @@ def write_ft_model(plan: RepositoryPlan, dest: Path, writer: FtWriter) -> str:
 def write_text_model(dest: Path, role: str, plan: RepositoryPlan) -> None:
     """``preprocessing/`` or ``postprocessing/``: config, model.py, textproc copy, tokenizer files."""
     io_kind = plan.io_kind
-    settings = plan.tokenizer.settings(io_kind, plan.ft.streaming)
+    settings = plan.tokenizer.settings(io_kind, plan.ft.streaming, plan.ft.max_positions)
     params = {"role": role, **settings.as_parameters(), "tokenizer_files": ",".join(sorted(plan.tokenizer.files))}
     if role == PREPROCESSING:
-        inputs, outputs = GENERATE_INPUTS, PREPROCESSING_OUTPUTS[io_kind]
+        inputs, outputs = PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS[io_kind]
     else:
-        inputs, outputs = postprocessing_inputs(io_kind), GENERATE_OUTPUTS
+        inputs, outputs = postprocessing_inputs(io_kind), POSTPROCESSING_OUTPUTS
     config = build_python_model_config(role, inputs, outputs, max_batch_size=plan.ft.max_batch_size,
                                        parameters=params, instances=1)
     model_dir = dest / role
@@ -272,10 +282,15 @@ def write_repository(plan: RepositoryPlan, dest: Path, ft_writer: FtWriter = wri
     backend = write_ft_model(plan, dest, ft_writer)
     write_text_model(dest, PREPROCESSING, plan)
     write_text_model(dest, POSTPROCESSING, plan)
+    ft_outputs = {o.name for o in parse_config(dest / FT_MODEL_NAME / "config.pbtxt").output}
     write_config(build_ensemble_config(plan.io_kind, max_batch_size=plan.ft.max_batch_size,
-                                       streaming=plan.ft.streaming), dest / ENSEMBLE_NAME)
-    (dest / ENSEMBLE_NAME / "1" / ".ftx-keep").write_text("Triton needs this version directory to exist.\n")
-    (dest / DEPLOYMENT_FILE).write_text(json.dumps(deployment_record(plan, backend), indent=2, sort_keys=True) + "\n")
+                                       streaming=plan.ft.streaming, ft_outputs=ft_outputs), dest / ENSEMBLE_NAME)
+    write_config(build_ft_ensemble_config(plan.io_kind, max_batch_size=plan.ft.max_batch_size),
+                 dest / FT_ENSEMBLE_NAME)
+    for name in ENSEMBLES:
+        (dest / name / "1" / ".ftx-keep").write_text("Triton needs this version directory to exist.\n")
+    record = redact_data(deployment_record(plan, backend))
+    (dest / DEPLOYMENT_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     verify_repository(dest)
     return MODEL_NAMES
 
@@ -287,6 +302,8 @@ def deployment_record(plan: RepositoryPlan, backend: str) -> dict[str, Any]:
         "schema": DEPLOYMENT_SCHEMA,
         "family": plan.family.name,
         "model_type": ft.model_type,
+        "ini_sections": list(plan.family.ini.required_sections()),
+        "data_types": list(ft.data_types),
         "runtime": plan.runtime,
         "backend": backend,
         "tp": ft.tp,
@@ -302,7 +319,8 @@ def deployment_record(plan: RepositoryPlan, backend: str) -> dict[str, Any]:
         "models": list(MODEL_NAMES),
         "endpoints": {"generate": f"/v2/models/{ENSEMBLE_NAME}/generate",
                       "generate_stream": f"/v2/models/{ENSEMBLE_NAME}/generate_stream",
-                      "fastertransformer": f"/v2/models/{FT_MODEL_NAME}/infer"},
+                      "fastertransformer": f"/v2/models/{FT_MODEL_NAME}/infer",
+                      "ft_ensemble": f"/v2/models/{FT_ENSEMBLE_NAME}/infer"},
     }
     record.update(plan.deployment)
     return record
@@ -339,14 +357,21 @@ def verify_repository(repository: Path) -> tuple[str, ...]:
                 problems.append(f"{ft_path}: model_checkpoint_path {checkpoint} holds no config.ini")
             else:
                 ini = read_ini(checkpoint / "config.ini")
-                problems += [f"{ft_path}: {p}" for p in check_against_checkpoint(ft, ini, checkpoint)]
+                problems += [f"{ft_path}: {p}" for p in check_against_checkpoint(
+                    ft, ini, checkpoint, sections=_recorded(repository, "ini_sections") or (),
+                    data_types=_recorded(repository, "data_types") or DATA_TYPES)]
+                model_type = _recorded(repository, "model_type")
+                if model_type and parameter(ft, "model_type") != model_type:
+                    problems.append(f"{ft_path}: model_type {parameter(ft, 'model_type')} but {DEPLOYMENT_FILE} "
+                                    f"says {model_type}")
                 recorded = _recorded(repository, "weight_dtype")
                 found = {v["weight_data_type"] for v in ini.values() if "weight_data_type" in v}
                 if recorded and found != {recorded}:
                     problems.append(f"{DEPLOYMENT_FILE} says weight_dtype {recorded} but {checkpoint}/config.ini "
                                     f"says {', '.join(sorted(found)) or 'nothing'}")
-    if (repository / ENSEMBLE_NAME / "config.pbtxt").is_file() and not problems:
-        problems += check_ensemble(repository)
+    for name in ENSEMBLES:
+        if (repository / name / "config.pbtxt").is_file() and not problems:
+            problems += check_ensemble(repository, name)
     for role in (PREPROCESSING, POSTPROCESSING):
         version = repository / role / "1"
         if not problems and version.is_dir():

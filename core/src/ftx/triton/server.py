@@ -9,6 +9,12 @@ server and its models to be ready (a broken stub hangs the server, so the wait h
 watches the log), and on failure raises :class:`~ftx.errors.ServeError` with the cause and the
 log tail. Servers left running with :meth:`TritonServer.detach` are recorded under
 ``<home>/servers`` and managed with :func:`list_servers` and :func:`stop_server`.
+
+tritonserver runs under :mod:`ftx.triton.supervisor`, which owns its process tree (no stub outlives
+it, its shared memory is removed however it ends), stops it when a stub dies, and serves the HTTP
+front (:mod:`ftx.triton.front`) that keeps requests tritonserver cannot survive away from it.
+Paths the Python backend hands to ``bash -c`` (the repository, the backends directory) are given
+to tritonserver through links of plain characters when they hold anything else (a space, ``$``).
 """
 
 from __future__ import annotations
@@ -39,9 +45,11 @@ from types import TracebackType
 from typing import Self
 from urllib.parse import quote
 
+import psutil
 import structlog
 
 from ftx.errors import ServeError
+from ftx.redact import strip_secrets
 
 log = structlog.get_logger(__name__)
 
@@ -50,6 +58,11 @@ STUB_PYTHON_ENV = "FTX_STUB_PYTHON"
 """In ``env``: the python3 whose environment the Python-backend stubs run in (default: this interpreter)."""
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "triton_python_backend_shm_region_"
+FTX_SHM_PREFIX = SHM_PREFIX + "ftx-"
+STUB_START_TIMEOUT_S = 60.0
+"""A Python model being loaded with no stub process running for it this long will never load."""
+_SAFE_PATH = re.compile(r"[A-Za-z0-9_./+=:,@%-]+")
+"""Characters that pass through the Python backend's ``bash -c`` stub command line unchanged."""
 MODEL_CONTROL_MODES = ("none", "poll", "explicit")
 LOG_TAIL_LINES = 30
 _POLL_S = 0.1
@@ -81,6 +94,13 @@ def free_ports(host: str = "127.0.0.1") -> ServerPorts:
     return ServerPorts(*ports)
 
 
+def _loopback_port() -> int:
+    """A free port on 127.0.0.1 (tritonserver's own HTTP port behind the front)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 # --------------------------------------------------------------------------- install
 
 
@@ -99,8 +119,25 @@ def _python_version() -> str:
     return f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
+TRITONSERVER_DIR_ENV = "FTX_TRITONSERVER_DIR"
+"""A tritonserver install to use instead of the wheel's: ``bin/``, ``lib/``, ``backends/``, ``python_backend_stubs/``."""
+
+
+def _install_from_dir(root: Path) -> TritonInstall:
+    pyver = _python_version()
+    install = TritonInstall(binary=root / "bin" / "tritonserver", backends=root / "backends",
+                            stub=root / "python_backend_stubs" / pyver / STUB_NAME, libs=root / "lib", python_version=pyver)
+    for path in (install.binary, install.backends / "python", install.libs, install.stub):
+        if not path.exists():
+            raise ServeError(f"{TRITONSERVER_DIR_ENV}={root} is not a tritonserver install: {path} is missing",
+                             hint=f"unset {TRITONSERVER_DIR_ENV} to use the nvidia-pytriton wheel's server")
+    return install
+
+
 def find_tritonserver() -> TritonInstall:
     """Locate tritonserver, its backends, the stub for this Python and the vendored libs."""
+    if os.environ.get(TRITONSERVER_DIR_ENV):
+        return _install_from_dir(Path(os.environ[TRITONSERVER_DIR_ENV]))
     hint = "pip install nvidia-pytriton (the python runtime's embedded tritonserver)"
     spec = importlib_util.find_spec("pytriton")
     if spec is None or not spec.submodule_search_locations:
@@ -200,8 +237,7 @@ def python_libdir() -> Path | None:
 
 def server_env(install: TritonInstall, env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment tritonserver and its stubs need, on top of ``os.environ`` and ``env``."""
-    result = dict(os.environ)
-    result.update(env or {})
+    result = strip_secrets({**os.environ, **(env or {})})  # a server needs no Hub or cloud credentials
     # STUB_PYTHON_ENV names another python3 for the stubs (the python runtime's numpy-1 side environment)
     python = result.pop(STUB_PYTHON_ENV, None) or sys.executable
     result["PATH"] = _join_paths(str(Path(python).parent), result.get("PATH") or os.defpath)
@@ -209,8 +245,10 @@ def server_env(install: TritonInstall, env: Mapping[str, str] | None = None) -> 
     if libdir is None:
         log.warning("server.libpython_missing", executable=sys.executable,
                     note="the stub will use the system libpython; a version mismatch can break models")
-    result["LD_LIBRARY_PATH"] = _join_paths(str(libdir) if libdir else None, str(install.libs),
-                                            result.get("LD_LIBRARY_PATH"))
+    # folders the caller names come first: a backend's own libraries (the native FasterTransformer build's
+    # Open MPI) must win over same-named ones in libpython's folder (a system Open MPI in /usr/lib)
+    result["LD_LIBRARY_PATH"] = _join_paths((env or {}).get("LD_LIBRARY_PATH"), str(libdir) if libdir else None,
+                                            str(install.libs), result.get("LD_LIBRARY_PATH"))
     return result
 
 
@@ -285,6 +323,96 @@ def remove_shm(prefix: str) -> list[Path]:
     return removed
 
 
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
+
+
+def _is_stub(process: psutil.Process) -> bool:
+    args = _cmdline(process)
+    return bool(args) and Path(args[0]).name == STUB_NAME
+
+
+def stub_processes(pid: int) -> list[psutil.Process]:
+    """The live (not zombie) Python-backend stubs below process ``pid``."""
+    try:
+        below = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    live = []
+    for process in below:
+        with contextlib.suppress(psutil.Error):
+            if _is_stub(process) and process.status() != psutil.STATUS_ZOMBIE:
+                live.append(process)
+    return live
+
+
+def sweep_orphans() -> list[str]:
+    """Kill ftx's Python-backend stubs whose tritonserver is gone and remove shared memory no live
+    process uses any more (what a server killed mid-start can leave); return what was removed."""
+    live_prefixes: set[str] = set()
+    orphans: list[psutil.Process] = []
+    for process in psutil.process_iter():
+        args = _cmdline(process)
+        text = " ".join(args)
+        found = re.findall(rf"({re.escape(FTX_SHM_PREFIX)}[0-9a-f]+-)", text)
+        if not found:
+            continue
+        if args and Path(args[0]).name == STUB_NAME and len(args) > 5 and args[5].isdigit() \
+                and not _alive(int(args[5])):
+            orphans.append(process)
+            continue
+        live_prefixes.update(found)
+    swept = []
+    for process in orphans:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+            swept.append(f"stub pid {process.pid}")
+    psutil.wait_procs(orphans, timeout=5)
+    for path in SHM_DIR.glob(f"{FTX_SHM_PREFIX}*"):
+        match = re.match(rf"({re.escape(FTX_SHM_PREFIX)}[0-9a-f]+-)", path.name)
+        if match and match.group(1) not in live_prefixes:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                swept.append(path.name)
+    if swept:
+        log.warning("server.orphans_swept", removed=swept)
+    return swept
+
+
+def safe_path(path: Path, home: Path) -> Path:
+    """``path``, or a link to it whose path has only plain characters.
+
+    The Python backend starts each stub with ``bash -c "… exec <backends>/… <repository>/…"``: a
+    space in either path breaks the command and the stub never starts; ``$(…)`` would run. Links
+    live under a directory of the system's temporary space (or ``home``'s parent chain is refused).
+    """
+    path = Path(path).resolve()
+    if _SAFE_PATH.fullmatch(str(path)):
+        return path
+    import hashlib
+
+    for root in (Path(tempfile.gettempdir()), Path("/tmp")):
+        links = root / f"ftx-{os.getuid()}" / "links"
+        if _SAFE_PATH.fullmatch(str(links)):
+            break
+    else:
+        raise ServeError(f"{path} holds characters the Python backend cannot pass to its stubs "
+                         "and no temporary directory with a plain path is available for a link",
+                         hint="use an FTX_HOME (and repository path) of letters, digits and ._-/ only")
+    links.mkdir(parents=True, exist_ok=True)
+    link = links / hashlib.sha256(str(path).encode()).hexdigest()[:16]
+    if not (link.is_symlink() and link.resolve() == path):
+        tmp = links / f".{link.name}.{secrets.token_hex(4)}"
+        tmp.symlink_to(path, target_is_directory=True)
+        os.replace(tmp, link)
+    log.info("server.path_linked", path=str(path), link=str(link),
+             reason="the Python backend's stub command line cannot quote this path")
+    return link
+
+
 def _parent_death_signal() -> Callable[[], None] | None:
     """A preexec_fn that makes the child get SIGTERM when this process dies (Linux only)."""
     try:
@@ -353,6 +481,9 @@ _MISSING_LIB = re.compile(r"error while loading shared libraries: (\S+?): cannot
 _PORT_IN_USE = re.compile(r"Socket '([^']+)' already in use")
 _SERVICE_FAILED = re.compile(r"failed to start (\w+) service: (.*)$")
 _LOADING = re.compile(r'"loading: ([^:"]+):\d+"')
+_STUB_LAUNCH = re.compile(r"^bash: (?:line \d+: )?(.*)$", re.MULTILINE)
+_CRASH = re.compile(r"Signal \((\d+)\) received")
+_SUPERVISOR = re.compile(r"^ftx-supervisor: (.*)$", re.MULTILINE)
 _LOADED = re.compile(r"successfully loaded '([^']+)'")
 
 
@@ -388,6 +519,11 @@ def diagnose(text: str, *, log_path: Path | None = None) -> Diagnosis | None:
         return Diagnosis(f"the Python-backend stub cannot start: shared library {lib} not found",
                          "LD_LIBRARY_PATH must list <site-packages>/nvidia_pytriton.libs (ftx sets it); "
                          "reinstall nvidia-pytriton if that directory is incomplete")
+    if match := _STUB_LAUNCH.search(text):
+        return Diagnosis(f"the Python-backend stub could not be launched: bash: {match.group(1)}",
+                         "tritonserver starts stubs through `bash -c`; a path it cannot split right (a space, "
+                         "a `$`) breaks the command: use an FTX_HOME and repository path of plain characters; "
+                         + see_log)
     if match := _PORT_IN_USE.search(text):
         return Diagnosis(f"port in use: {match.group(1)}",
                          "choose other ports, or let ftx pick free ones; `ftx ps` lists servers ftx left running",
@@ -410,6 +546,31 @@ def diagnose(text: str, *, log_path: Path | None = None) -> Diagnosis | None:
     if match := re.search(r"error: creating server: (.*)", text):
         return Diagnosis(f"tritonserver could not be created: {match.group(1).strip()}", see_log)
     return None
+
+
+def exit_cause(text: str) -> str | None:
+    """Why a running tritonserver stopped, from its log: the supervisor's report of a dead stub or of
+    how tritonserver ended, a crash signal, or a model failure."""
+    causes = []
+    crashes = [int(n) for n in _CRASH.findall(text) if int(n) not in (signal.SIGTERM, signal.SIGINT)]
+    if crashes:  # tritonserver also says "Signal (15) received." when it is asked to stop
+        number = crashes[0]
+        try:
+            causes.append(f"tritonserver crashed with {signal.Signals(number).name} (signal {number})")
+        except ValueError:
+            causes.append(f"tritonserver crashed with signal {number}")
+    causes += [r for r in _SUPERVISOR.findall(text) if "died" in r or "exited by itself" in r]
+    return "; ".join(causes) if causes else None
+
+
+def python_backend_models(repository: Path) -> list[str]:
+    """Models of a repository that run on the Python backend (each needs a stub process)."""
+    found = []
+    for config in Path(repository).glob("*/config.pbtxt"):
+        with contextlib.suppress(OSError):
+            if re.search(r'^\s*backend:\s*"python"', config.read_text(), re.MULTILINE):
+                found.append(config.parent.name)
+    return sorted(found)
 
 
 class _LogWatch:
@@ -537,7 +698,7 @@ def list_servers(home: Path) -> list[ServerRecord]:
 
 def _stop_record(record: ServerRecord) -> None:
     if record.alive:
-        _terminate_group(record.pid, record.start_ticks, record.exit_timeout_s + 5)
+        _terminate_group(record.pid, record.start_ticks, record.exit_timeout_s + 20)
     _reap(record.pid)
     if record.shm_prefix.startswith(SHM_PREFIX + "ftx-"):
         remove_shm(record.shm_prefix)
@@ -584,6 +745,9 @@ class TritonServer:
     and each expected model (``load_models``, or every model in the repository otherwise).
     ``die_with_parent`` makes the server get SIGTERM if this process dies; such a server cannot
     be detached, so pass ``die_with_parent=False`` for servers meant to outlive ftx.
+    ``http_front`` puts :mod:`ftx.triton.front` on the HTTP port (bodies up to ``max_body_bytes``);
+    ``stub_start_timeout_s``: how long a Python model may load without a stub process of its own.
+    ``pid`` is the supervisor's (:mod:`ftx.triton.supervisor`), the leader of the server's processes.
     """
 
     def __init__(self, repository: Path, *, home: Path, host: str = "127.0.0.1",
@@ -591,7 +755,10 @@ class TritonServer:
                  load_models: Sequence[str] = (), ready_timeout_s: float = 180.0,
                  log_path: Path | None = None, env: Mapping[str, str] | None = None,
                  exit_timeout_s: int = 10, name: str | None = None,
-                 die_with_parent: bool = True) -> None:
+                 die_with_parent: bool = True, http_front: bool = True,
+                 max_body_bytes: int | None = None, stub_start_timeout_s: float = STUB_START_TIMEOUT_S,
+                 backend_directory: Path | None = None, cwd: Path | None = None,
+                 launcher: Sequence[str] = ()) -> None:
         if model_control not in MODEL_CONTROL_MODES:
             raise ServeError(f"unknown model control mode {model_control!r}",
                              hint=f"use one of: {', '.join(MODEL_CONTROL_MODES)}")
@@ -614,7 +781,17 @@ class TritonServer:
         self._explicit_name = name is not None
         self.name = _safe_name(name or self.repository.name)
         self.die_with_parent = die_with_parent
-        self.shm_prefix = f"{SHM_PREFIX}ftx-{secrets.token_hex(6)}-"
+        self.http_front = http_front
+        self.max_body_bytes = max_body_bytes
+        self.stub_start_timeout_s = stub_start_timeout_s
+        self._internal_http_port: int | None = None
+        self.shm_prefix = f"{FTX_SHM_PREFIX}{secrets.token_hex(6)}-"
+        self.backend_directory = Path(backend_directory) if backend_directory else None
+        """Serve with this ``--backend-directory`` instead of the prepared wheel backends (python only)."""
+        self.cwd = Path(cwd) if cwd else None
+        """The server's working directory (default: its log folder); FasterTransformer reads gemm_config.in there."""
+        self.launcher = tuple(launcher)
+        """Put before the server's command line (``mpirun -n 2 …`` for several nodes)."""
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         self._log_path = Path(log_path) if log_path else (
             self.home / "triton" / "logs" / f"{self.name}-{stamp}-{self.shm_prefix[-7:-1]}.log")
@@ -660,14 +837,18 @@ class TritonServer:
             return self.load_models if self.load_models != ("*",) else tuple(repository_models(self.repository))
         return tuple(repository_models(self.repository))
 
-    def command(self, backends: Path, binary: Path) -> list[str]:
-        """The tritonserver command line."""
+    def command(self, backends: Path, binary: Path, repository: Path | None = None) -> list[str]:
+        """The tritonserver command line (its HTTP on the loopback behind the front, if any)."""
+        if self.http_front:
+            http = f"--http-address=127.0.0.1 --http-port={self._internal_http_port}".split()
+        else:
+            http = [f"--http-address={self.host}", f"--http-port={self.ports.http}"]
         cmd = [
             str(binary),
-            f"--model-repository={self.repository}",
+            f"--model-repository={repository or self.repository}",
             f"--backend-directory={backends}",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
-            f"--http-address={self.host}", f"--http-port={self.ports.http}",
+            *http,
             f"--grpc-address={self.host}", f"--grpc-port={self.ports.grpc}",
             "--allow-metrics=true", f"--metrics-address={self.host}", f"--metrics-port={self.ports.metrics}",
             f"--exit-timeout-secs={self.exit_timeout_s}",
@@ -688,13 +869,15 @@ class TritonServer:
             raise ServeError(f"server {self.name} was already started", hint="create a new TritonServer")
         say = progress or (lambda _msg: None)
         install = find_tritonserver()
-        backends = prepare_backends(install, self.home)
+        backends = safe_path(self.backend_directory or prepare_backends(install, self.home), self.home)
+        repository = safe_path(self.repository, self.home)
+        sweep_orphans()
         from ftx.triton.stub_env import stub_env  # numpy 2 here: the stubs get a numpy-1 view of this environment
 
         env = server_env(install, {**stub_env(self.home), **self.env})
         attempts = _PORT_ATTEMPTS if self._auto_ports else 1
         for attempt in range(1, attempts + 1):
-            offset = self._spawn(install, backends, env)
+            offset = self._spawn(install, backends, env, repository)
             say(f"starting tritonserver on {self.http_url} (log: {self._log_path})")
             began = time.monotonic()
             try:
@@ -706,6 +889,7 @@ class TritonServer:
                 if found and found.port_in_use and attempt < attempts:
                     log.info("server.port_retry", name=self.name, attempt=attempt, cause=found.cause)
                     self.ports = free_ports(self.host)
+                    self._internal_http_port = None
                     self._proc, self._swept = None, False
                     continue
                 raise self._start_error(str(failure), found, text) from None
@@ -718,17 +902,30 @@ class TritonServer:
             say(f"tritonserver ready on {self.http_url} (pid {self.pid})")
             return
 
-    def _spawn(self, install: TritonInstall, backends: Path, env: dict[str, str]) -> int:
-        """Start the process with output appended to the log; return the log offset of this run."""
+    def supervisor_command(self, triton_command: list[str]) -> list[str]:
+        """``python -m ftx.triton.supervisor SPEC`` for a tritonserver command line."""
+        spec: dict[str, object] = {"command": triton_command, "shm_prefix": self.shm_prefix,
+                                   "exit_timeout_s": self.exit_timeout_s}
+        if self.http_front:
+            spec["front"] = {"host": self.host, "port": self.ports.http, "upstream_port": self._internal_http_port,
+                             "max_body_bytes": self.max_body_bytes}
+        return [sys.executable, "-m", "ftx.triton.supervisor", json.dumps(spec)]
+
+    def _spawn(self, install: TritonInstall, backends: Path, env: dict[str, str], repository: Path) -> int:
+        """Start the supervisor (and so tritonserver) with output appended to the log; return the log
+        offset of this run."""
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
-        cmd = self.command(backends, install.binary)
+        if self.http_front and self._internal_http_port is None:
+            self._internal_http_port = _loopback_port()
+        triton = [*self.launcher, *self.command(backends, install.binary, repository)]
+        cmd = self.supervisor_command(triton)
         with self._log_path.open("ab") as out:
-            out.write(f"# ftx: {' '.join(cmd)}\n".encode())
+            out.write(f"# ftx: {' '.join(triton)}\n".encode())
             out.flush()
             offset = out.tell()
             self._proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                cwd=self._log_path.parent, start_new_session=True,
+                cwd=self.cwd or self._log_path.parent, start_new_session=True,
                 # only prctl/getppid/kill run between fork and exec
                 preexec_fn=_parent_death_signal() if self.die_with_parent else None,  # noqa: PLW1509
             )
@@ -746,12 +943,19 @@ class TritonServer:
         pending = list(expected)
         server_ready = False
         deadline = time.monotonic() + self.ready_timeout_s
+        python_models = set(python_backend_models(self.repository))
+        loading: dict[str, float] = {}
         while True:
             for line in watch.new_lines():
                 self._scan_line(line, expected, say)
+                if (match := _LOADING.search(line)) and match.group(1) in python_models:
+                    loading[match.group(1)] = time.monotonic()
+                elif match := _LOADED.search(line):
+                    loading.pop(match.group(1), None)
             code = self._proc.poll()
             if code is not None:
                 raise _StartFailure(f"tritonserver exited with code {code} while starting")
+            self._check_stubs_started(loading)
             if not server_ready:
                 server_ready = http_ok(f"{base}/v2/health/ready")
             if server_ready:
@@ -764,13 +968,29 @@ class TritonServer:
                                     f"(still waiting for {waiting})")
             time.sleep(_POLL_S)
 
+    def _check_stubs_started(self, loading: dict[str, float]) -> None:
+        """A Python model loading for STUB_START_TIMEOUT_S with no stub process of its own never
+        will load (tritonserver waits for it forever)."""
+        assert self._proc is not None
+        overdue = [m for m, since in loading.items() if time.monotonic() - since > self.stub_start_timeout_s]
+        if not overdue:
+            return
+        running = {part for stub in stub_processes(self._proc.pid) for part in Path(_cmdline(stub)[1]).parts[-3:-2]
+                   if len(_cmdline(stub)) > 1}
+        missing = [m for m in overdue if m not in running]
+        if missing:
+            raise _StartFailure(f"no Python-backend stub started for {', '.join(missing)} within "
+                                f"{self.stub_start_timeout_s:g} s of loading")
+        for model in overdue:
+            loading.pop(model)  # its stub runs: the model is just slow to load
+
     def _scan_line(self, line: str, expected: Sequence[str], say: Callable[[str], None]) -> None:
         """Report progress from a log line; raise _StartFailure if it means the start has failed."""
         if match := _LOADING.search(line):
             say(f"loading model {match.group(1)}")
         elif match := _LOADED.search(line):
             say(f"loaded model {match.group(1)}")
-        if _MISSING_LIB.search(line):
+        if _MISSING_LIB.search(line) or _STUB_LAUNCH.search(line):
             raise _StartFailure("a Python-backend stub could not start")
         if _PORT_IN_USE.search(line) or _SERVICE_FAILED.search(line):
             raise _StartFailure("a network service could not start")
@@ -804,8 +1024,8 @@ class TritonServer:
         assert self._proc is not None
         with contextlib.suppress(ProcessLookupError):
             self._proc.send_signal(signal.SIGTERM)
-        try:
-            self._proc.wait(timeout=self.exit_timeout_s + 5)
+        try:  # the supervisor gives tritonserver exit_timeout_s + 5 s, then cleans up
+            self._proc.wait(timeout=self.exit_timeout_s + 20)
         except subprocess.TimeoutExpired:
             log.warning("server.kill", name=self.name, pid=self._proc.pid, reason="no exit after SIGTERM")
             _killpg(self._proc.pid, signal.SIGKILL)
@@ -825,6 +1045,16 @@ class TritonServer:
         if was_running:
             code = self._proc.returncode if self._proc else None
             log.info("server.stopped", name=self.name, pid=self.pid, exit_code=code)
+
+    def exit_report(self) -> str:
+        """Why the server stopped by itself, from its log: the cause (a crash signal, a dead stub, a
+        model failure) and the log's last lines."""
+        text = _read_from(self._log_path, 0)
+        code = self._proc.returncode if self._proc else None
+        cause = exit_cause(text) or (diagnose(text, log_path=self._log_path) or Diagnosis("", "")).cause
+        head = f"tritonserver stopped by itself (supervisor exit code {code})"
+        return f"{head}: {cause}\n--- last lines of {self._log_path} ---\n{log_tail(text)}" if cause else \
+            f"{head}\n--- last lines of {self._log_path} ---\n{log_tail(text)}"
 
     def wait(self, timeout: float | None = None) -> int:
         """Block until the server exits; return its exit code."""

@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ftx.errors import ServeError
+from ftx.triton.io import STREAM_OFFSET
 
 # Roles of the text interface and the input names that may carry them (generate-extension
 # names first, then FasterTransformer's own).
@@ -45,6 +46,9 @@ class TextInterface:
     decoupled: bool
     continues_prompt: bool = True
     """A decoder model continues the prompt; an encoder-decoder (T5) answers it with new text."""
+    streams_pieces: bool = False
+    """Each streamed response holds only its new text (the ensemble reads the FT model's stream
+    offset), rather than all the text so far."""
 
     def tensors(self, values: Mapping[str, Any], module: Any) -> list[Any]:
         """tritonclient InferInputs for the given role values (roles the model lacks are skipped)."""
@@ -91,7 +95,10 @@ def text_interface(client: Any, model: str) -> TextInterface:
     configs = [config, *_step_configs(client, config)]
     decoupled = any((c.get("model_transaction_policy") or {}).get("decoupled") for c in configs)
     encoder_decoder = any(i.get("name") == "max_output_len" for c in configs for i in c.get("input", ()))
-    return TextInterface(model, inputs, output, decoupled, continues_prompt=not encoder_decoder)
+    streams_pieces = any(STREAM_OFFSET in (step.get("input_map") or {})
+                         for step in (config.get("ensemble_scheduling") or {}).get("step", ()))
+    return TextInterface(model, inputs, output, decoupled, continues_prompt=not encoder_decoder,
+                         streams_pieces=streams_pieces)
 
 
 def _step_configs(client: Any, config: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -201,14 +208,19 @@ class HttpTriton:
                 yield str(event.get(iface.output, ""))
 
 
-def pieces(texts: Iterator[str], prompt: str, continues_prompt: bool) -> Iterator[str]:
-    """New text from successive stream answers, the whole text starting with the prompt for a decoder
-    (a streaming ensemble sends the whole text so far, a classic one only the continuation)."""
+def pieces(texts: Iterator[str], iface: TextInterface, prompt: str) -> Iterator[str]:
+    """New text from successive stream answers, the whole text starting with the prompt for a decoder.
+
+    ftx's streaming ensemble sends each new piece once (``iface.streams_pieces``); one without stream
+    offsets sends the whole text so far, and a classic one only the continuation."""
     printed = ""
     for text in texts:
-        if not printed and continues_prompt and not text.startswith(prompt):
+        if not printed and iface.continues_prompt and (iface.streams_pieces or not text.startswith(prompt)):
             text = prompt + text
-        piece = text.removeprefix(printed) if text.startswith(printed) else text
+        if iface.streams_pieces and printed:
+            piece = text
+        else:
+            piece = text.removeprefix(printed) if text.startswith(printed) else text
         if piece:
             printed += piece
             yield piece

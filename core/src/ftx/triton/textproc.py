@@ -15,6 +15,7 @@ into an error response for that request only.
 
 from __future__ import annotations
 
+import csv
 import json
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
@@ -205,9 +206,11 @@ def special_token_names(directory: Path) -> dict[str, str]:
         if not path.is_file():
             continue
         try:
-            data = json.loads(path.read_text())
-        except ValueError:
-            continue
+            data = json.loads(path.read_bytes())
+        except ValueError as exc:
+            raise TokenizerLoadError(f"{filename} is not valid JSON ({exc})") from exc
+        if not isinstance(data, Mapping):
+            raise TokenizerLoadError(f"{filename} is not a JSON object (it holds a JSON {type(data).__name__})")
         for role in ("bos", "eos", "pad", "unk"):
             value = data.get(f"{role}_token")
             if isinstance(value, Mapping):
@@ -250,18 +253,28 @@ def word_list(words_per_item: Sequence[Sequence[str]], codec: Codec) -> np.ndarr
     return encode_words([[codec.encode(word, prompt=False) for word in words if word] for words in words_per_item])
 
 
-def strings(array: np.ndarray | None) -> list[list[str]]:
+def strings(array: np.ndarray | None, name: str = "input") -> list[list[str]]:
     """A ``[B, …]`` BYTES tensor as one list of non-empty strings per batch item."""
     if array is None:
         return []
     items = array.reshape(array.shape[0], -1) if array.ndim else array.reshape(1, 1)
-    return [[_text(v) for v in row if _text(v)] for row in items]
+    return [[t for t in (_text(v, name) for v in row) if t] for row in items]
 
 
-def _text(value: Any) -> str:
+def _text(value: Any, name: str = "input") -> str:
     if isinstance(value, bytes):
-        return value.decode("utf-8")
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RequestError(f"{name} is not valid UTF-8 text (byte {exc.start} cannot be decoded)") from None
     return "" if value is None else str(value)
+
+
+def csv_words(array: np.ndarray | None, name: str) -> list[list[str]]:
+    """FasterTransformer's word-list strings (one CSV line of words per item, ``"Hawks, Hawks"``)
+    as one list of words per item; spaces are kept, they are part of a word's tokens."""
+    return [[word for line in row for fields in csv.reader([line]) for word in fields if word]
+            for row in strings(array, name)]
 
 
 # --------------------------------------------------------------------------- parameters
@@ -289,6 +302,8 @@ class TextSettings:
     pad_id: int
     streaming: bool = False
     max_batch_size: int = 0
+    max_prompt_tokens: int | None = None
+    """The model's context size: a prompt longer than this is refused (None: no known limit)."""
 
     @classmethod
     def from_parameters(cls, params: Mapping[str, str], max_batch_size: int = 0) -> TextSettings:
@@ -302,14 +317,17 @@ class TextSettings:
             io_kind=params["io_kind"], tokenizer_kind=params.get("tokenizer_kind", "auto") or "auto",
             start_id=_int(params, "start_id") or 0, end_id=end_id,
             pad_id=end_id if pad_id is None else pad_id, streaming=_bool(params.get("streaming")),
-            max_batch_size=max_batch_size,
+            max_batch_size=max_batch_size, max_prompt_tokens=_int(params, "max_prompt_tokens"),
         )
 
     def as_parameters(self) -> dict[str, str]:
-        return {
+        params = {
             "io_kind": self.io_kind, "tokenizer_kind": self.tokenizer_kind, "start_id": str(self.start_id),
             "end_id": str(self.end_id), "pad_id": str(self.pad_id), "streaming": "1" if self.streaming else "0",
         }
+        if self.max_prompt_tokens is not None:
+            params["max_prompt_tokens"] = str(self.max_prompt_tokens)
+        return params
 
 
 def model_parameters(model_config: Mapping[str, Any]) -> dict[str, str]:
@@ -320,17 +338,37 @@ def model_parameters(model_config: Mapping[str, Any]) -> dict[str, str]:
 # --------------------------------------------------------------------------- the two models
 
 
+UINT32_MAX = 2**32 - 1
+PROMPT_CHARS_PER_TOKEN = 16
+"""Characters of a long prompt tokenized first to see whether it can fit the context at all: texts
+average about 4 characters a token, so a prefix this generous yielding too many tokens proves the
+whole prompt too long without tokenizing megabytes of it."""
+_PREFIX_MARGIN = 64
+"""Tokens a prefix may differ from the same stretch of the whole text (a word cut at its end)."""
+
+
 def _scalar_column(inputs: Mapping[str, np.ndarray], name: str, batch: int, default: Any, dtype: Any) -> np.ndarray:
     """A ``[B, 1]`` array from an optional ``[B, 1]`` input, or the default."""
     value = inputs.get(name)
     if value is None:
         return np.full((batch, 1), default, dtype=dtype)
-    value = np.asarray(value).reshape(batch, -1)[:, :1]
-    return value.astype(dtype)
+    value = np.asarray(value)
+    if value.size == 0 or value.size % batch:
+        raise RequestError(f"{name} must have one value per prompt ({batch}), got shape {list(value.shape)}")
+    return value.reshape(batch, -1)[:, :1].astype(dtype)
+
+
+def _finite(name: str, values: np.ndarray) -> None:
+    if not np.isfinite(values).all():
+        raise RequestError(f"{name} must be a finite number (got {float(values[~np.isfinite(values)][0])})")
 
 
 class Preprocessor:
-    """Generate-extension inputs (``text_input``, ``max_tokens`` …) → FasterTransformer inputs."""
+    """Text inputs → FasterTransformer inputs, for either ensemble.
+
+    The generate ensemble sends ``text_input``, ``max_tokens`` and sampling settings; FT's ensemble
+    sends ``QUERY``, ``REQUEST_OUTPUT_LEN`` and CSV word lists (its sampling inputs bypass this model).
+    """
 
     def __init__(self, codec: Codec, settings: TextSettings) -> None:
         self.codec = codec
@@ -342,17 +380,34 @@ class Preprocessor:
         return cls(load_codec(directory, settings.tokenizer_kind), settings)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if "QUERY" in inputs:
+            return self._ft_interface(inputs)
+        return self._generate_interface(inputs)
+
+    def _ft_interface(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """FasterTransformer's ensemble: ``QUERY`` [B, 1], ``REQUEST_OUTPUT_LEN`` [B, 1], word lists."""
+        prompts = [" ".join(row) for row in _rows_as_text(inputs["QUERY"], "INPUT_0")]
+        batch = len(prompts)
+        if "REQUEST_OUTPUT_LEN" not in inputs:
+            raise RequestError("the request has no INPUT_1 (output lengths)")
+        lengths = self._output_lengths(_scalar_column(inputs, "REQUEST_OUTPUT_LEN", batch, 0, np.int64), "INPUT_1")
+        out = self._prompts(prompts, lengths)
+        out["bad_words_list"] = word_list(_pad_rows(csv_words(inputs.get("BAD_WORDS_DICT"), "INPUT_2"), batch),
+                                          self.codec)
+        out["stop_words_list"] = word_list(_pad_rows(csv_words(inputs.get("STOP_WORDS_DICT"), "INPUT_3"), batch),
+                                           self.codec)
+        return out
+
+    def _generate_interface(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         s = self.settings
         text = inputs.get("text_input")
         if text is None:
             raise RequestError("the request has no text_input")
-        prompts = [" ".join(row) if row else "" for row in _rows_as_text(text)]
+        prompts = [" ".join(row) if row else "" for row in _rows_as_text(text, "text_input")]
         batch = len(prompts)
         if "max_tokens" not in inputs:
             raise RequestError("the request has no max_tokens")
-        max_tokens = _scalar_column(inputs, "max_tokens", batch, 0, np.int64)
-        if (max_tokens < 1).any():
-            raise RequestError(f"max_tokens must be at least 1 (got {int(max_tokens.min())})")
+        max_tokens = self._output_lengths(_scalar_column(inputs, "max_tokens", batch, 0, np.int64), "max_tokens")
         if "stream" in inputs:
             stream = _scalar_column(inputs, "stream", batch, False, np.bool_)
             if stream.any() and not s.streaming:
@@ -365,13 +420,16 @@ class Preprocessor:
         temperature = _scalar_column(inputs, "temperature", batch, 1.0, np.float32)
         beam_width = _scalar_column(inputs, "beam_width", batch, 1, np.int64)
         repetition_penalty = _scalar_column(inputs, "repetition_penalty", batch, 1.0, np.float32)
-        if (top_k < 0).any():
-            raise RequestError("top_k must be 0 (off) or positive")
+        for name, values in (("top_p", top_p), ("temperature", temperature),
+                             ("repetition_penalty", repetition_penalty)):
+            _finite(name, values)
+        if ((top_k < 0) | (top_k > UINT32_MAX)).any():
+            raise RequestError("top_k must be 0 (off) or a positive token count")
         if ((top_p < 0) | (top_p > 1)).any():
             raise RequestError("top_p must be between 0 (off) and 1")
         if (temperature <= 0).any():
             raise RequestError("temperature must be positive")
-        if (beam_width < 1).any():
+        if ((beam_width < 1) | (beam_width > UINT32_MAX)).any():
             raise RequestError("beam_width must be at least 1")
         if (repetition_penalty <= 0).any():
             raise RequestError("repetition_penalty must be positive")
@@ -380,42 +438,70 @@ class Preprocessor:
         else:  # a fresh seed per request, so sampling differs between requests unless asked otherwise
             seed = np.array([[secrets.randbits(63)] for _ in range(batch)], dtype=np.uint64)
 
-        encoded = [self.codec.encode(p, prompt=True) for p in prompts]
-        if any(not ids for ids in encoded):
-            raise RequestError("the prompt is empty after tokenization")
-        lengths = np.array([[len(ids)] for ids in encoded], dtype=np.uint32)
-        input_ids = np.full((batch, int(lengths.max())), s.pad_id, dtype=np.uint32)
-        for b, ids in enumerate(encoded):
-            input_ids[b, : len(ids)] = ids
-
-        out = {
-            "input_ids": input_ids,
+        out = self._prompts(prompts, max_tokens)
+        out.update({
             "runtime_top_k": top_k.astype(np.uint32),
             "runtime_top_p": top_p,
             "temperature": temperature,
             "repetition_penalty": repetition_penalty,
             "random_seed": seed,
             "beam_width": beam_width.astype(np.uint32),
-            "bad_words_list": word_list(_pad_rows(strings(inputs.get("bad_words")), batch), self.codec),
-            "stop_words_list": word_list(_pad_rows(strings(inputs.get("stop")), batch), self.codec),
-        }
-        if s.io_kind == ENCODER_DECODER:
-            out["sequence_length"] = lengths
-            out["max_output_len"] = max_tokens.astype(np.uint32)
-        else:
-            out["input_lengths"] = lengths
-            out["request_output_len"] = max_tokens.astype(np.uint32)
+            "bad_words_list": word_list(_pad_rows(strings(inputs.get("bad_words"), "bad_words"), batch), self.codec),
+            "stop_words_list": word_list(_pad_rows(strings(inputs.get("stop"), "stop"), batch), self.codec),
+        })
         return out
+
+    @staticmethod
+    def _output_lengths(values: np.ndarray, name: str) -> np.ndarray:
+        """Output lengths within [1, 2^32 - 1] (what FT's UINT32 input holds), as UINT32."""
+        if (values < 1).any():
+            raise RequestError(f"{name} must be at least 1 (got {int(values.min())})")
+        if (values > UINT32_MAX).any():
+            raise RequestError(f"{name} {int(values.max())} is too large (at most {UINT32_MAX})")
+        return values.astype(np.uint32)
+
+    def _encode(self, prompt: str) -> list[int]:
+        """The prompt's ids; a prompt that cannot fit the context is refused after tokenizing a prefix."""
+        limit = self.settings.max_prompt_tokens
+        if limit is not None:
+            head = prompt[: (limit + _PREFIX_MARGIN) * PROMPT_CHARS_PER_TOKEN]
+            if len(head) < len(prompt):
+                n = len(self.codec.encode(head, prompt=False))
+                if n > limit + _PREFIX_MARGIN:
+                    raise RequestError(f"the prompt is longer than the model's context of {limit} tokens "
+                                       f"({len(prompt)} characters, {n}+ tokens)")
+        ids = self.codec.encode(prompt, prompt=True)
+        if limit is not None and len(ids) >= limit:
+            raise RequestError(f"the prompt has {len(ids)} tokens; the model's context holds {limit} "
+                               "(prompt and generated tokens together)")
+        return ids
+
+    def _prompts(self, prompts: Sequence[str], output_lengths: np.ndarray) -> dict[str, np.ndarray]:
+        """FT's ids, lengths and output-length inputs for the prompts."""
+        s = self.settings
+        batch = len(prompts)
+        encoded = [self._encode(p) for p in prompts]
+        if any(not ids for ids in encoded):
+            raise RequestError("the prompt is empty after tokenization")
+        lengths = np.array([[len(ids)] for ids in encoded], dtype=np.uint32)
+        input_ids = np.full((batch, int(lengths.max())), s.pad_id, dtype=np.uint32)
+        for b, ids in enumerate(encoded):
+            input_ids[b, : len(ids)] = ids
+        if s.io_kind == ENCODER_DECODER:
+            return {"input_ids": input_ids, "sequence_length": lengths, "max_output_len": output_lengths}
+        return {"input_ids": input_ids, "input_lengths": lengths, "request_output_len": output_lengths}
 
 
 class Postprocessor:
-    """FasterTransformer outputs (``output_ids``, ``sequence_length``) → ``text_output``.
+    """FasterTransformer outputs (``output_ids``, ``sequence_length``) → ``text_output`` and ``OUTPUT``.
 
-    Only the generated part is decoded: ``output_ids[b, k, start:sequence_length[b, k]]`` where
-    ``start`` is the prompt length (``input_lengths``) for decoder models and 0 for T5, whose
-    output holds decoder tokens only; generation ends at the first end id. A streaming ensemble
-    cannot pass ``input_lengths`` (Triton lets no step after a decoupled model read another
-    model's outputs), so there decoder text includes the prompt.
+    ``text_output`` is the generated part: ``output_ids[b, k, start:sequence_length[b, k]]`` where
+    ``start`` is the prompt length (``input_lengths``) for decoder models and 0 for T5, whose output
+    holds decoder tokens only; generation ends at the first end id. A streamed response carries
+    the FT model's stream offset instead (Triton lets no step after a decoupled model read another
+    model's outputs): then ``text_output`` is only the text the tokens from that offset add, so a
+    stream sends every piece once. Without either, decoder text includes the prompt.
+    ``OUTPUT`` is the whole sequence up to ``sequence_length``, as FasterTransformer's ensemble has it.
     """
 
     def __init__(self, codec: Codec, settings: TextSettings) -> None:
@@ -427,9 +513,7 @@ class Postprocessor:
         settings = TextSettings.from_parameters(params, max_batch_size)
         return cls(load_codec(directory, settings.tokenizer_kind), settings)
 
-    def texts(self, output_ids: np.ndarray, sequence_length: np.ndarray,
-              input_lengths: np.ndarray | None = None) -> list[list[str]]:
-        """Decoded text per batch item and beam."""
+    def _shaped(self, output_ids: np.ndarray, sequence_length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ids = np.asarray(output_ids)
         if ids.ndim == 2:  # [B, S]: a model without the beam dimension
             ids = ids[:, None, :]
@@ -439,19 +523,56 @@ class Postprocessor:
         lengths = np.asarray(sequence_length).reshape(batch, -1)
         if lengths.shape[1] not in (1, beams):
             raise RequestError(f"sequence_length {list(lengths.shape)} does not match output_ids {list(ids.shape)}")
-        starts = np.zeros(batch, dtype=np.int64)
-        if input_lengths is not None and self.settings.io_kind != ENCODER_DECODER:
-            starts = np.asarray(input_lengths).reshape(batch, -1)[:, 0].astype(np.int64)
+        ends = np.clip(np.broadcast_to(lengths, (batch, beams)).astype(np.int64), 0, width)
+        return ids, ends
+
+    def _per_beam(self, values: np.ndarray | None, batch: int, beams: int) -> np.ndarray | None:
+        if values is None:
+            return None
+        values = np.asarray(values).reshape(batch, -1).astype(np.int64)
+        return np.broadcast_to(values[:, :1] if values.shape[1] != beams else values, (batch, beams))
+
+    def texts(self, output_ids: np.ndarray, sequence_length: np.ndarray,
+              input_lengths: np.ndarray | None = None, *, whole: bool = False) -> list[list[str]]:
+        """Decoded generated text per batch item and beam; a character whose last bytes were not
+        generated (cut off by the output length) is left out, as a stream leaves it out. ``whole``:
+        every token up to sequence_length, as decoded (FasterTransformer's ensemble text)."""
+        ids, ends = self._shaped(output_ids, sequence_length)
+        batch, beams, _ = ids.shape
+        starts = self._per_beam(input_lengths if self.settings.io_kind != ENCODER_DECODER else None, batch, beams)
         result = []
         for b in range(batch):
             row = []
             for k in range(beams):
-                end = int(lengths[b, k if lengths.shape[1] > 1 else 0])
-                end = max(0, min(end, width))
-                generated = [int(t) for t in ids[b, k, min(int(starts[b]), end):end]]
+                end = int(ends[b, k])
+                start = min(int(starts[b, k]), end) if starts is not None else 0
+                generated = [int(t) for t in ids[b, k, start:end]]
+                if whole:
+                    row.append(self.codec.decode(generated))
+                    continue
                 if self.settings.end_id in generated:
                     generated = generated[: generated.index(self.settings.end_id)]
-                row.append(self.codec.decode(generated))
+                row.append(self.codec.decode(generated).rstrip(_INCOMPLETE))
+            result.append(row)
+        return result
+
+    def new_texts(self, output_ids: np.ndarray, sequence_length: np.ndarray,
+                  offsets: np.ndarray) -> list[list[str]]:
+        """Per batch item and beam, the text that the tokens from ``offsets`` on add to what precedes
+        them (the whole sequence is decoded, so pieces join exactly as the full text reads)."""
+        ids, ends = self._shaped(output_ids, sequence_length)
+        batch, beams, _ = ids.shape
+        starts = self._per_beam(offsets, batch, beams)
+        assert starts is not None
+        result = []
+        for b in range(batch):
+            row = []
+            for k in range(beams):
+                tokens = [int(t) for t in ids[b, k, : int(ends[b, k])]]
+                start = min(max(int(starts[b, k]), 0), len(tokens))
+                if self.settings.end_id in tokens[start:]:
+                    tokens = tokens[: tokens.index(self.settings.end_id, start)]
+                row.append(added_text(self.codec.decode(tokens[:start]), self.codec.decode(tokens)))
             result.append(row)
         return result
 
@@ -459,17 +580,43 @@ class Postprocessor:
         for name in ("output_ids", "sequence_length"):
             if name not in inputs:
                 raise RequestError(f"the request has no {name}")
-        texts = self.texts(inputs["output_ids"], inputs["sequence_length"], inputs.get("input_lengths"))
-        return {"text_output": np.array([[t.encode("utf-8") for t in row] for row in texts], dtype=np.object_)}
+        ids, lengths = inputs["output_ids"], inputs["sequence_length"]
+        offsets = inputs.get(STREAM_OFFSET)
+        if offsets is not None:
+            texts = self.new_texts(ids, lengths, offsets)
+        else:
+            texts = self.texts(ids, lengths, inputs.get("input_lengths"))
+        whole = self.texts(ids, lengths, whole=True)
+        return {"text_output": _as_bytes(texts), "OUTPUT": _as_bytes(whole)}
 
 
-def _rows_as_text(array: np.ndarray) -> list[list[str]]:
+STREAM_OFFSET = "ftx_stream_offset"
+_INCOMPLETE = "\ufffd"
+"""What a decoder makes of a character whose bytes have not all been generated yet."""
+
+
+def added_text(before: str, after: str) -> str:
+    """What ``after`` (the text of a longer token sequence) adds to ``before``.
+
+    A trailing incomplete character is held back until its last byte arrives. Should decoding
+    rewrite the end of ``before`` (a tokenizer's clean-up of spaces), what was sent stays sent and
+    only the text beyond its length is new.
+    """
+    before, after = before.rstrip(_INCOMPLETE), after.rstrip(_INCOMPLETE)
+    return after[len(before):]
+
+
+def _as_bytes(texts: list[list[str]]) -> np.ndarray:
+    return np.array([[t.encode("utf-8") for t in row] for row in texts], dtype=np.object_)
+
+
+def _rows_as_text(array: np.ndarray, name: str = "input") -> list[list[str]]:
     array = np.asarray(array, dtype=np.object_)
     if array.ndim == 0:
         array = array.reshape(1, 1)
     elif array.ndim == 1:
         array = array.reshape(-1, 1)
-    return [[_text(v) for v in row.reshape(-1)] for row in array]
+    return [[_text(v, name) for v in row.reshape(-1)] for row in array]
 
 
 def _pad_rows(rows: list[list[str]], batch: int) -> list[list[str]]:

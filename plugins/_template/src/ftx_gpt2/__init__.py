@@ -5,7 +5,7 @@ from __future__ import annotations
 from ftx import hookimpl
 from ftx_gpt2.family import GPT2
 
-FTX_PLUGIN_API = (1, 1)
+FTX_PLUGIN_API = (2, 2)
 """The ftx plugin API versions this plugin supports (core refuses it outside this range)."""
 
 

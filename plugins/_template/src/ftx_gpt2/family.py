@@ -1,4 +1,4 @@
-"""GPT-2: a tensor table, the FT hyper-parameters, and one custom op.
+"""GPT-2: a tensor table, the FT hyper-parameters, its config.ini as data, and one custom op.
 
 GPT-2 stores its projections as Conv1D weights ``[in, out]`` (already FT's orientation), with q, k
 and v fused along the output axis (``c_attn``: ``[H, 3H]``). FT wants ``[H, 3, H]`` split by heads
@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ftx.family import Family, ModelSpec, Preset
+from ftx.ftini import FtIni, IniSection
 from ftx.ops import Op
 from ftx.tensormap import M, Skip, TensorMap
 
@@ -55,7 +56,17 @@ class GPT2(Family):
     hf_architectures = ("GPT2LMHeadModel",)
     presets = {"gpt2": Preset("hf://openai-community/gpt2", description="GPT-2 124M", license="mit")}
     tensors = TENSORS
-    ini_section = "gpt"
+    ini = FtIni(
+        # The section FT's GPT model reads; keys from ftx.ftini.KEYS, in the order they are written.
+        sections=(IniSection("gpt", ("model_name", "head_num", "size_per_head", "inter_size", "num_layer",
+                                     "max_pos_seq_len", "vocab_size", "start_id", "end_id", "layernorm_eps",
+                                     "weight_data_type")),),
+        # Read back for the python runtime: Hugging Face field <- spec quantity (dims, layers "i", ids, extra).
+        hf_fields={"n_embd": "H", "n_head": "N", "n_inner": "I", "n_layer": "i", "n_positions": "P",
+                   "vocab_size": "V", "bos_token_id": "start_id", "eos_token_id": "end_id",
+                   "layer_norm_epsilon": "layernorm_eps"},
+        hf_constants={"model_type": "gpt2"},
+    )
     triton_model_type = "GPT"
     hf_model_class = "GPT2LMHeadModel"
 
@@ -67,21 +78,5 @@ class GPT2(Family):
             layers={"i": int(hf_config["n_layer"])},
             start_id=int(hf_config.get("bos_token_id", 50256)),
             end_id=int(hf_config.get("eos_token_id", 50256)),
+            extra={"layernorm_eps": float(hf_config.get("layer_norm_epsilon", 1e-5))},
         )
-
-    def config_ini(self, spec: ModelSpec, hf_config: Mapping[str, Any], weight_dtype: str) -> dict[str, dict[str, Any]]:
-        d = spec.dims
-        return {self.ini_section: {
-            "model_name": hf_config.get("_name_or_path") or "gpt2", "head_num": d["N"], "size_per_head": d["D"],
-            "inter_size": d["I"], "num_layer": spec.layers["i"], "max_pos_seq_len": d["P"], "vocab_size": d["V"],
-            "start_id": spec.start_id, "end_id": spec.end_id, "layernorm_eps": hf_config.get("layer_norm_epsilon", 1e-5),
-            "weight_data_type": weight_dtype,
-        }}
-
-    def hf_config_from_ini(self, ini: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
-        s = ini[self.ini_section]
-        heads, head_size = int(s["head_num"]), int(s["size_per_head"])
-        return {"model_type": "gpt2", "n_embd": heads * head_size, "n_head": heads, "n_inner": int(s["inter_size"]),
-                "n_layer": int(s["num_layer"]), "n_positions": int(s["max_pos_seq_len"]),
-                "vocab_size": int(s["vocab_size"]), "bos_token_id": int(s["start_id"]),
-                "eos_token_id": int(s["end_id"]), "layer_norm_epsilon": float(s["layernorm_eps"])}

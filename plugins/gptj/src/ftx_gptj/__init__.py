@@ -7,7 +7,7 @@ from ftx_gptj.family import GPTJ
 
 __all__ = ["FTX_PLUGIN_API", "GPTJ", "ftx_register_families"]
 
-FTX_PLUGIN_API = (1, 1)
+FTX_PLUGIN_API = (2, 2)
 """The range of ftx plugin API versions this plugin supports."""
 
 

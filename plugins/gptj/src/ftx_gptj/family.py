@@ -15,6 +15,7 @@ from typing import Any
 
 from ftx import ops
 from ftx.family import Family, ModelSpec, Preset
+from ftx.ftini import FtIni, IniSection
 from ftx.io.checkpoint import TensorReader
 from ftx.tensormap import M, Skip, TensorMap
 from ftx_gptj import slim
@@ -51,6 +52,17 @@ GPTJ_6B_CONFIG = {
 """EleutherAI/gpt-j-6b's config.json (the fields ftx reads), so dry runs plan without a download."""
 
 
+INI = FtIni(
+    sections=(IniSection("gptj", ("model_name", "head_num", "size_per_head", "inter_size", "num_layer",
+                                  "rotary_embedding", "vocab_size", "start_id", "end_id", "weight_data_type")),),
+    hf_fields={"n_embd": "H", "n_head": "N", "n_inner": "I", "n_layer": "i", "rotary_dim": "rotary_embedding",
+               "vocab_size": "V", "bos_token_id": "start_id", "eos_token_id": "end_id"},
+    hf_constants={"model_type": "gptj", "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False},
+    model_name="gptj",
+)
+"""``[gptj]``, the section FT's GPT-J model reads (KoGPT too); the name ``gptj`` without ``_name_or_path``."""
+
+
 class GPTJ(Family):
     """GPT-J: parallel attention + MLP on one layernorm, interleaved rotary, LM head with bias."""
 
@@ -71,7 +83,7 @@ class GPTJ(Family):
         ),
     }
     tensors = TENSORS
-    ini_section = "gptj"
+    ini = INI
     triton_model_type = "GPT-J"
     hf_model_class = "GPTJForCausalLM"
     fingerprint_modules = ("ftx_gptj.slim",)
@@ -118,38 +130,3 @@ class GPTJ(Family):
         if slim.is_slim_dir(path):
             return slim.SlimCheckpointReader(path)
         return super().open_weights(path)
-
-    def config_ini(self, spec: ModelSpec, hf_config: Mapping[str, Any], weight_dtype: str) -> dict[str, dict[str, Any]]:
-        d = spec.dims
-        return {
-            self.ini_section: {
-                "model_name": hf_config.get("_name_or_path") or "gptj",
-                "head_num": d["N"],
-                "size_per_head": d["D"],
-                "inter_size": d["I"],
-                "num_layer": spec.layers["i"],
-                "rotary_embedding": spec.extra["rotary_embedding"],
-                "vocab_size": d["V"],
-                "start_id": spec.start_id,
-                "end_id": spec.end_id,
-                "weight_data_type": weight_dtype,
-            }
-        }
-
-    def hf_config_from_ini(self, ini: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
-        s = ini[self.ini_section]
-        heads, head_size = int(s["head_num"]), int(s["size_per_head"])
-        return {
-            "model_type": "gptj",
-            "architectures": ["GPTJForCausalLM"],
-            "n_embd": heads * head_size,
-            "n_head": heads,
-            "n_inner": int(s["inter_size"]),
-            "n_layer": int(s["num_layer"]),
-            "rotary_dim": int(s["rotary_embedding"]),
-            "vocab_size": int(s["vocab_size"]),
-            "bos_token_id": int(s["start_id"]),
-            "eos_token_id": int(s["end_id"]),
-            "layer_norm_epsilon": 1e-5,
-            "tie_word_embeddings": False,
-        }

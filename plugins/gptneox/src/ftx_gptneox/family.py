@@ -29,6 +29,7 @@ import numpy as np
 from ftx import ops
 from ftx.errors import ConfigError
 from ftx.family import Family, ModelSpec, Preset
+from ftx.ftini import FtIni, IniSection, Key
 from ftx.ops import Op, OpContext, Shape
 from ftx.tensormap import M, Skip, TensorMap
 
@@ -155,6 +156,23 @@ def _config(hidden: int, heads: int, inter: int, layers: int) -> dict[str, Any]:
     }
 
 
+HIDDEN_ACT = Key("hidden_act", str, "the checkpoint's activation: not read by FT (which always runs its tanh GELU); "
+                "lets the python runtime rebuild the checkpoint's own", "hidden_act", None)
+
+INI = FtIni(
+    sections=(IniSection("gptneox", ("model_name", "head_num", "size_per_head", "inter_size", "num_layer",
+                                     "rotary_embedding", "vocab_size", "start_id", "end_id", "use_gptj_residual",
+                                     "weight_data_type", HIDDEN_ACT)),),
+    hf_fields={"hidden_size": "H", "num_attention_heads": "N", "intermediate_size": "I", "num_hidden_layers": "i",
+               "rotary_pct": lambda q: q["rotary_embedding"] / q["D"], "vocab_size": "V",
+               "bos_token_id": "start_id", "eos_token_id": "end_id",
+               "use_parallel_residual": lambda q: bool(q["use_gptj_residual"]), "hidden_act": "hidden_act"},
+    hf_constants={"model_type": "gpt_neox", "rotary_emb_base": FT_ROTARY_BASE, "layer_norm_eps": 1e-5,
+                  "tie_word_embeddings": False},
+)
+"""``[gptneox]``; an absent ``use_gptj_residual`` is FT's default, the parallel residual."""
+
+
 class GPTNeoX(Family):
     """GPT-NeoX: fused head-interleaved QKV, NeoX-style partial rotary, parallel or sequential residual."""
 
@@ -172,10 +190,12 @@ class GPTNeoX(Family):
                                           "torch_dtype": "float16"}),
     }
     tensors = TENSORS
-    ini_section = "gptneox"
+    ini = INI
     triton_model_type = "GPT-NeoX"
     weight_dtypes = ("fp32", "fp16", "bf16")
     data_types = ("fp32", "fp16")
+    data_type_note = ("the FasterTransformer backend builds GPT-NeoX only in fp16; any other data_type "
+                      "(bf16 included, despite the README) silently runs as fp32")
     hf_model_class = "GPTNeoXForCausalLM"
 
     def spec(self, hf_config: Mapping[str, Any]) -> ModelSpec:
@@ -199,51 +219,6 @@ class GPTNeoX(Family):
 
     def tensor_map(self, spec: ModelSpec) -> TensorMap:
         return TENSORS if spec.extra["use_gptj_residual"] else TENSORS_SEQUENTIAL
-
-    def config_ini(self, spec: ModelSpec, hf_config: Mapping[str, Any], weight_dtype: str) -> dict[str, dict[str, Any]]:
-        d = spec.dims
-        return {
-            self.ini_section: {
-                "model_name": hf_config.get("_name_or_path") or self.name,
-                "head_num": d["N"],
-                "size_per_head": d["D"],
-                "inter_size": d["I"],
-                "num_layer": spec.layers["i"],
-                "rotary_embedding": spec.extra["rotary_embedding"],
-                "vocab_size": d["V"],
-                "start_id": spec.start_id,
-                "end_id": spec.end_id,
-                "use_gptj_residual": spec.extra["use_gptj_residual"],
-                "weight_data_type": weight_dtype,
-                # Not read by FT (which always runs its tanh GELU); lets the python runtime rebuild
-                # the checkpoint's own activation.
-                "hidden_act": spec.extra["hidden_act"],
-            }
-        }
-
-    def hf_config_from_ini(self, ini: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
-        s = ini[self.ini_section]
-        heads, head_size = int(s["head_num"]), int(s["size_per_head"])
-        config: dict[str, Any] = {
-            "model_type": "gpt_neox",
-            "architectures": ["GPTNeoXForCausalLM"],
-            "hidden_size": heads * head_size,
-            "num_attention_heads": heads,
-            "intermediate_size": int(s["inter_size"]),
-            "num_hidden_layers": int(s["num_layer"]),
-            "rotary_pct": int(s["rotary_embedding"]) / head_size,
-            "rotary_emb_base": FT_ROTARY_BASE,
-            "vocab_size": int(s["vocab_size"]),
-            "bos_token_id": int(s["start_id"]),
-            "eos_token_id": int(s["end_id"]),
-            # FT's default when the key is absent is the parallel (GPT-J style) residual.
-            "use_parallel_residual": s.get("use_gptj_residual", "1").strip().lower() in ("1", "true", "yes", "on"),
-            "layer_norm_eps": 1e-5,
-            "tie_word_embeddings": False,
-        }
-        if "hidden_act" in s:
-            config["hidden_act"] = s["hidden_act"]
-        return config
 
 
 def _rotary_pct(hf_config: Mapping[str, Any]) -> float:

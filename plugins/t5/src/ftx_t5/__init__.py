@@ -7,7 +7,7 @@ from ftx_t5.family import T5
 
 __all__ = ["FTX_PLUGIN_API", "T5", "ftx_register_families"]
 
-FTX_PLUGIN_API = (1, 1)
+FTX_PLUGIN_API = (2, 2)
 """The range of ftx plugin API versions this plugin supports."""
 
 

@@ -26,6 +26,7 @@ import structlog
 from ftx import ops
 from ftx.errors import ConfigError
 from ftx.family import Family, ModelSpec, Preset, read_config_json
+from ftx.ftini import FtIni, IniSection
 from ftx.tensormap import M, Skip, TensorMap
 
 log = structlog.get_logger(__name__)
@@ -140,23 +141,42 @@ FLAN_T5_XL_CONFIG: dict[str, Any] = {
     "is_encoder_decoder": True,
 }
 
-_TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
-
-
-def ini_bool(text: str | None, default: bool) -> bool:
-    """A boolean as FasterTransformer's INI reader parses it (``True``/``False`` from upstream files too)."""
-    if text is None:
-        return default
-    value = text.strip().lower()
-    return True if value in _TRUE else False if value in _FALSE else default
-
-
 def _int(hf_config: Mapping[str, Any], key: str) -> int:
     value = hf_config.get(key)
     if value is None:
         raise ConfigError(f"config.json has no {key!r}, which a T5 checkpoint needs",
                           hint="point at a T5ForConditionalGeneration checkpoint (config.json + weights)")
     return int(value)
+
+
+STACK_KEYS = ("_name_or_path", "model_type", "num_heads", "d_kv", "d_model", "d_ff", "num_layers", "num_decoder_layers",
+              "vocab_size", "relative_attention_num_buckets_or_max_pos_seq_len", "relative_attention_max_distance",
+              "feed_forward_proj", "is_gated_act", "layer_norm_epsilon", "tie_word_embeddings",
+              "decoder_start_token_id", "eos_token_id", "pad_token_id", "weight_data_type")
+"""The keys FasterTransformer's Triton T5 and its PyTorch T5 examples read, not a dump of the HF config."""
+
+
+def _activation(q: Mapping[str, Any]) -> str:
+    """``feed_forward_proj``, gated when ``[structure]`` says so (``use_gated_activation = 1`` next to ``gelu``)."""
+    activation = str(q["feed_forward_proj"])
+    return f"gated-{activation}" if q.get("gated") and not activation.startswith("gated-") else activation
+
+
+INI = FtIni(
+    sections=(
+        IniSection("encoder", STACK_KEYS, layers="e", values={"model_type": "t5"}),
+        IniSection("decoder", STACK_KEYS, layers="d", values={"model_type": "t5"}),
+        IniSection("structure", ("t5_with_bias", "use_gated_activation", "position_embedding_type"), required=False,
+                   values={"t5_with_bias": False, "position_embedding_type": "relative"}),
+    ),
+    hf_fields={"_name_or_path": "name", "d_model": "H", "d_kv": "D", "num_heads": "N", "d_ff": "I", "num_layers": "e",
+               "num_decoder_layers": "d", "vocab_size": "V", "relative_attention_num_buckets": "B",
+               "relative_attention_max_distance": "relative_attention_max_distance", "feed_forward_proj": _activation,
+               "layer_norm_epsilon": "layer_norm_epsilon", "tie_word_embeddings": "tie_word_embeddings",
+               "decoder_start_token_id": "start_id", "eos_token_id": "end_id", "pad_token_id": "pad_id"},
+    hf_constants={"model_type": "t5", "is_encoder_decoder": True},
+)
+"""``[encoder]``, ``[decoder]`` (the same keys; ``num_layers`` counts each stack) and ``[structure]``."""
 
 
 class T5(Family):
@@ -174,6 +194,7 @@ class T5(Family):
     }
     tensors = TABLES["plain-tied"]
     """The v1.0 table (t5-3b); :meth:`tensor_map` picks the variant of each checkpoint."""
+    ini = INI
     triton_model_type = "T5"
     triton_io = "encoder-decoder"
     data_types = ("fp32", "fp16", "bf16")
@@ -232,71 +253,6 @@ class T5(Family):
                 "layer_norm_epsilon": float(c["layer_norm_epsilon"]),
             },
         )
-
-    def config_ini(self, spec: ModelSpec, hf_config: Mapping[str, Any], weight_dtype: str) -> dict[str, dict[str, Any]]:
-        d, x = spec.dims, spec.extra
-
-        def section(layers: int) -> dict[str, Any]:
-            return {
-                "_name_or_path": x["name"],
-                "model_type": "t5",
-                "num_heads": d["N"],
-                "d_kv": d["D"],
-                "d_model": d["H"],
-                "d_ff": d["I"],
-                "num_layers": layers,
-                "num_decoder_layers": spec.layers["d"],  # read by FT's PyTorch T5 examples
-                "vocab_size": d["V"],
-                "relative_attention_num_buckets_or_max_pos_seq_len": d["B"],
-                "relative_attention_max_distance": x["relative_attention_max_distance"],
-                "feed_forward_proj": x["feed_forward_proj"],
-                "is_gated_act": x["gated"],
-                "layer_norm_epsilon": x["layer_norm_epsilon"],
-                "tie_word_embeddings": x["tie_word_embeddings"],
-                "decoder_start_token_id": spec.start_id,
-                "eos_token_id": spec.end_id,
-                "pad_token_id": spec.pad_id,
-                "weight_data_type": weight_dtype,
-            }
-
-        return {
-            "encoder": section(spec.layers["e"]),
-            "decoder": section(spec.layers["d"]),
-            "structure": {
-                "t5_with_bias": False,
-                "use_gated_activation": x["gated"],
-                "position_embedding_type": "relative",
-            },
-        }
-
-    def hf_config_from_ini(self, ini: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
-        enc, dec = ini["encoder"], ini["decoder"]
-        structure = ini.get("structure", {})
-        activation = enc.get("feed_forward_proj", "relu")
-        gated = ini_bool(structure.get("use_gated_activation"), False)
-        if gated and not activation.startswith("gated-"):
-            activation = f"gated-{activation}"
-        return {
-            "model_type": "t5",
-            "architectures": [self.hf_model_class],
-            "_name_or_path": enc.get("_name_or_path", self.name),
-            "d_model": int(enc["d_model"]),
-            "d_kv": int(enc["d_kv"]),
-            "num_heads": int(enc["num_heads"]),
-            "d_ff": int(enc["d_ff"]),
-            "num_layers": int(enc["num_layers"]),
-            "num_decoder_layers": int(dec["num_layers"]),
-            "vocab_size": int(enc["vocab_size"]),
-            "relative_attention_num_buckets": int(enc["relative_attention_num_buckets_or_max_pos_seq_len"]),
-            "relative_attention_max_distance": int(enc.get("relative_attention_max_distance", FT_MAX_DISTANCE)),
-            "feed_forward_proj": activation,
-            "layer_norm_epsilon": float(enc.get("layer_norm_epsilon", T5_DEFAULTS["layer_norm_epsilon"])),
-            "tie_word_embeddings": ini_bool(dec.get("tie_word_embeddings"), True),  # FT's default
-            "decoder_start_token_id": int(dec["decoder_start_token_id"]),
-            "eos_token_id": int(dec["eos_token_id"]),
-            "pad_token_id": int(dec.get("pad_token_id", enc.get("pad_token_id", T5_DEFAULTS["pad_token_id"]))),
-            "is_encoder_decoder": True,
-        }
 
     def gemm_args(self, spec: ModelSpec, *, batch: int, beam: int, max_input_len: int, data_type: str,
                   tp: int) -> list[str]:

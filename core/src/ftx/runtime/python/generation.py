@@ -15,17 +15,22 @@ element for the batch), ``random_seed``, ``start_id``/``end_id``, ``bad_words_li
 (``[2, W]`` per item: concatenated ids, then cumulative end offsets padded with -1) and
 ``is_return_log_probs``. A generated sequence ends with ``end_id`` (counted in its length), after a
 stop word (counted), or after its own ``request_output_len``; what follows is ``end_id`` padding.
-``beam_search_diversity_rate``, ``top_p_decay``/``top_p_min``/``top_p_reset_ids`` and
-``prompt_learning_task_name_ids`` have no ``transformers`` counterpart: they are accepted, and a
-value that would change FasterTransformer's output is logged once (``runtime.input_ignored``).
+``beam_search_diversity_rate``, ``top_p_decay``/``top_p_min``/``top_p_reset_ids``,
+``prompt_learning_task_name_ids`` and T5's ``ia3_tasks`` have no ``transformers`` counterpart: they
+are accepted, and a value that would change FasterTransformer's output is logged once
+(``runtime.input_ignored``); prompt embeddings (``request_prompt_embedding``) are refused.
+Every number is checked (finite, in range) when a request is parsed, so one bad request is refused
+alone instead of failing the batch it would have joined.
 
 Each batch item is one :class:`Item`; items of any number of requests with the same sampling
-settings run as one left-padded ``generate`` call (:meth:`Generator.run`).
+settings run as left-padded ``generate`` calls of at most ``max_batch_tokens`` tokens
+(:meth:`Generator.run`). While streaming, each step reaches a :class:`StepSink`: the new token of
+every running item (with its log probability when asked) or, for beam search, the current beams.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,6 +41,10 @@ log = structlog.get_logger(__name__)
 
 MAX_NEW_TOKENS = 4096
 """Upper bound on tokens generated per request when the model has no position limit."""
+MAX_BATCH_TOKENS = 32768
+"""Default of ``FTX_MAX_BATCH_TOKENS``: rows x (prompt + new tokens) one ``generate`` call may hold,
+so a large dynamic batch runs as several calls instead of exhausting memory."""
+BATCH_TOKENS_ENV = "FTX_MAX_BATCH_TOKENS"
 
 DECODER = "decoder"
 ENCODER_DECODER = "encoder-decoder"
@@ -137,6 +146,7 @@ class ModelLimits:
     max_positions: int | None = None  # prompt + generated tokens, for models with learned/cached positions
     max_new_tokens: int = MAX_NEW_TOKENS
     max_beam_width: int = 16
+    max_batch_tokens: int = MAX_BATCH_TOKENS
 
 
 # --------------------------------------------------------------------------- parsing
@@ -240,17 +250,33 @@ def parse_request(inputs: Mapping[str, np.ndarray], limits: ModelLimits, kind: s
 
     def scalar(name: str, default: float, cast: type) -> np.ndarray:
         values = _per_item(inputs, name, batch)
-        return np.full(batch, default) if values is None else values.astype(np.float64 if cast is float else np.int64)
+        if values is None:
+            return np.full(batch, default)
+        if cast is float:
+            values = values.astype(np.float64)
+            if not np.isfinite(values).all():
+                raise RequestError(f"{name} must be a finite number (got {values[~np.isfinite(values)][0]})")
+            return values
+        if values.dtype.kind == "f":
+            raise RequestError(f"{name} must be an integer")
+        if values.dtype == np.uint64 and (values > np.iinfo(np.int64).max).any():
+            raise RequestError(f"{name} {int(values.max())} is out of range")
+        return values.astype(np.int64)
 
     top_k, top_p = scalar("runtime_top_k", 0, int), scalar("runtime_top_p", 0.0, float)
     temperature = scalar("temperature", 1.0, float)
     repetition = scalar("repetition_penalty", 1.0, float)
     len_penalty = scalar("len_penalty", 0.0, float)
-    seeds = scalar("random_seed", 0, int)
+    for name in ("beam_search_diversity_rate", "top_p_decay", "top_p_min"):
+        scalar(name, 0.0, float)  # finite, though transformers has no use for them
+    seed_values = _per_item(inputs, "random_seed", batch)
+    if seed_values is not None and (seed_values.dtype.kind not in "iub" or (
+            seed_values.dtype.kind == "i" and (seed_values < 0).any())):
+        raise RequestError("random_seed must be an unsigned integer")
+    seeds = [0] * batch if seed_values is None else [int(v) for v in seed_values.astype(np.uint64)]
     end_ids = scalar("end_id", limits.end_id, int)
     start_ids = scalar("start_id", limits.start_id, int)
-    beam_values = _per_item(inputs, "beam_width", batch)
-    beam = int(beam_values[0]) if beam_values is not None else 1
+    beam = int(scalar("beam_width", 1, int)[0])
     log_probs_in = _per_item(inputs, "is_return_log_probs", batch)
     want_log_probs = bool(log_probs_in[0]) if log_probs_in is not None else False
     bad = decode_words(inputs.get("bad_words_list"), batch, "bad_words_list")
@@ -260,14 +286,18 @@ def parse_request(inputs: Mapping[str, np.ndarray], limits: ModelLimits, kind: s
         raise RequestError(f"beam_width must be between 1 and {limits.max_beam_width} (got {beam})")
     if ((top_p < 0) | (top_p > 1)).any():
         raise RequestError(f"runtime_top_p must be within [0, 1] (got {float(top_p.max() if top_p.max() > 1 else top_p.min())})")
-    if (top_k > limits.vocab_size).any():
+    if ((top_k < 0) | (top_k > limits.vocab_size)).any():
         raise RequestError(f"runtime_top_k must be at most the vocabulary size {limits.vocab_size}")
+    if (temperature < 0).any():
+        raise RequestError(f"temperature must not be negative (got {float(temperature.min())}; 0 = greedy)")
     if (repetition <= 0).any():
         raise RequestError("repetition_penalty must be greater than 0 (1.0 = off)")
-    if ((start_ids < 0) | (start_ids >= limits.vocab_size)).any():
+    # FT reads start_id only to start a T5 decoder; a decoder model's request may carry any (GPT-2's 50256).
+    if kind == ENCODER_DECODER and ((start_ids < 0) | (start_ids >= limits.vocab_size)).any():
         raise RequestError(f"start_id must be a token id below {limits.vocab_size}")
     if (end_ids < 0).any():
         raise RequestError("end_id must not be negative")
+    _refuse_prompt_embeddings(inputs)
     _check_ids("input_ids", np.concatenate([ids[i, : lengths[i]] for i in range(batch)]), limits.vocab_size)
     # transformers indexes logits with bad word ids; stop words are only compared, any id is fine.
     _check_ids("bad_words_list", np.array([t for words in bad for word in words for t in word], np.int64),
@@ -284,7 +314,7 @@ def parse_request(inputs: Mapping[str, np.ndarray], limits: ModelLimits, kind: s
         sampling = Sampling(
             end_id=int(end_ids[i]), start_id=int(start_ids[i]), top_k=int(top_k[i]), top_p=float(top_p[i]),
             temperature=float(temperature[i]), repetition_penalty=float(repetition[i]),
-            len_penalty=float(len_penalty[i]), beam_width=beam, random_seed=int(seeds[i]),
+            len_penalty=float(len_penalty[i]), beam_width=beam, random_seed=seeds[i],
             bad_words=bad[i], log_probs=want_log_probs,
         )
         if not sampling.do_sample:  # settings greedy and beam search ignore: let such items batch together
@@ -294,9 +324,21 @@ def parse_request(inputs: Mapping[str, np.ndarray], limits: ModelLimits, kind: s
 
 
 IGNORED_INPUTS = {"beam_search_diversity_rate": 0.0, "top_p_decay": 1.0, "top_p_min": 0.0, "top_p_reset_ids": None,
-                  "prompt_learning_task_name_ids": None}
-"""FT inputs without a transformers counterpart, and the value that makes them a no-op (None: any)."""
+                  "prompt_learning_task_name_ids": None, "ia3_tasks": None}
+"""FT inputs without a transformers counterpart, and the value that makes them a no-op (None: any;
+ftx writes no prompt tables or IA3 adapters, so no task id changes FasterTransformer's output)."""
 _warned: set[str] = set()
+
+
+def _refuse_prompt_embeddings(inputs: Mapping[str, np.ndarray]) -> None:
+    """P-tuning prompts (``request_prompt_embedding`` + ``request_prompt_lengths``) change what FT
+    generates; the python runtime cannot prepend them, so it says so rather than ignore them."""
+    lengths = inputs.get("request_prompt_lengths")
+    embedding = inputs.get("request_prompt_embedding")
+    if (lengths is not None and np.asarray(lengths).astype(np.int64).any()) or (
+            embedding is not None and np.asarray(embedding).size):
+        raise RequestError("request_prompt_embedding / request_prompt_lengths (p-tuning prompts) are not supported "
+                           "by the python runtime; send the request without them")
 
 
 def _note_ignored(inputs: Mapping[str, np.ndarray]) -> None:
@@ -333,46 +375,95 @@ def finished_length(prompt: Sequence[int], generated: Sequence[int], item: Item)
 # --------------------------------------------------------------------------- generation
 
 
-StepCallback = Callable[[list[tuple[int, int, bool]]], None]
-"""Called once per decoding step with ``(item index, new token, item finished)`` for every item
-still running before that step (beam width 1 only)."""
+@dataclass(frozen=True)
+class TokenEvent:
+    """One running item's new token in one decoding step (beam width 1)."""
+
+    item: int  # index into the items given to Generator.run
+    token: int
+    finished: bool
+    log_prob: float | None = None  # log-softmax of the model's logits at the token, when asked
+
+
+class StepSink:
+    """Receives decoding steps while items generate (streaming); the default ignores them."""
+
+    def on_tokens(self, events: list[TokenEvent]) -> None:
+        """One call per step with an event for every item that was still running (beam width 1)."""
+
+    def on_beams(self, rows: list[tuple[int, np.ndarray]]) -> None:
+        """One call per step of beam search: ``(item index, tokens [beam, n])``, the best running
+        beams' generated tokens so far, best first."""
 
 
 class _StopWords:
-    """A transformers StoppingCriteria: a row stops once it ends with one of its stop words."""
+    """A transformers StoppingCriteria: a row stops once it ends with one of its item's stop words.
 
-    def __init__(self, rows: Sequence[Words]) -> None:
-        self.rows = rows
+    Rows come in equal groups per item (one row, the beams, or the beam candidates ranked by beam
+    search), so a row's item is its index divided by the group size.
+    """
+
+    def __init__(self, words: Sequence[Words]) -> None:
+        self.words = words
 
     def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
         import torch
 
         done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-        tails = None
-        for r, words in enumerate(self.rows):
-            if not words:
-                continue
-            if tails is None:
-                longest = max(len(w) for ws in self.rows for w in ws)
-                tails = input_ids[:, -longest:].tolist()
-            done[r] = ends_with_word(tails[r], words)
+        group = max(1, input_ids.shape[0] // len(self.words))
+        longest = max(len(w) for ws in self.words for w in ws)
+        tails = input_ids[:, -longest:].tolist()
+        for r, tail in enumerate(tails):
+            words = self.words[min(r // group, len(self.words) - 1)]
+            if words:
+                done[r] = ends_with_word(tail, words)
         return done
 
 
-class _Streamer:
-    """A transformers streamer turning each decoding step into a StepCallback call."""
+class _BeamWatcher:
+    """A StoppingCriteria that never stops anything: it hands each beam-search step's best running
+    beams to a sink (transformers' streamers do not support beam search)."""
 
-    def __init__(self, items: Sequence[Item], indices: Sequence[int], callback: StepCallback) -> None:
-        self.items, self.indices, self.callback = items, indices, callback
+    def __init__(self, items: Sequence[Item], indices: Sequence[int], beam: int, start: int, sink: StepSink) -> None:
+        self.items, self.indices, self.beam, self.start, self.sink = items, indices, beam, start, sink
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        group = input_ids.shape[0] // len(self.items)
+        ranked = input_ids.reshape(len(self.items), group, -1)[:, : self.beam, self.start:].cpu().numpy()
+        self.sink.on_beams([(index, ranked[n].astype(np.int64)) for n, index in enumerate(self.indices)])
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
+class _Streamer:
+    """A transformers streamer turning each decoding step into TokenEvents for a sink.
+
+    With log probabilities asked for, a forward hook keeps the logits each step was chosen from
+    (the raw logits, as ``output_logits`` returns them at the end).
+    """
+
+    def __init__(self, items: Sequence[Item], indices: Sequence[int], sink: StepSink) -> None:
+        self.items, self.indices, self.sink = items, indices, sink
         self.generated: list[list[int]] = [[] for _ in items]
         self.finished = [False] * len(items)
+        self.logits: Any = None
         self._first = True
+
+    def keep_logits(self, module: Any, args: Any, output: Any) -> None:
+        self.logits = output.logits[:, -1, :]
 
     def put(self, value: Any) -> None:
         if self._first:  # generate() first hands over the prompt (or decoder start tokens)
             self._first = False
             return
         tokens = value.reshape(-1).tolist()
+        chosen = None
+        if self.logits is not None:
+            import torch
+
+            log_probs = torch.log_softmax(self.logits.float(), dim=-1)
+            chosen = log_probs.gather(-1, value.reshape(-1, 1).to(log_probs.device)).reshape(-1).tolist()
         events = []
         for r, (item, token) in enumerate(zip(self.items, tokens, strict=True)):
             if self.finished[r]:
@@ -380,9 +471,9 @@ class _Streamer:
             self.generated[r].append(int(token))
             done = _is_final(item, self.generated[r])
             self.finished[r] = done
-            events.append((self.indices[r], int(token), done))
+            events.append(TokenEvent(self.indices[r], int(token), done, None if chosen is None else chosen[r]))
         if events:
-            self.callback(events)
+            self.sink.on_tokens(events)
 
     def end(self) -> None:
         pass
@@ -408,30 +499,54 @@ class Generator:
     groups_run: int = field(default=0, init=False)
 
     @classmethod
-    def for_model(cls, model: Any, *, end_id: int, start_id: int, device: Any = None) -> Generator:
+    def for_model(cls, model: Any, *, end_id: int, start_id: int, device: Any = None,
+                  max_positions: int | None = None) -> Generator:
+        """A generator for ``model``; ``max_positions`` (the source checkpoint's context size) wins
+        over the rebuilt config's, which may hold transformers' default."""
+        import os
+
         config = model.config
         kind = ENCODER_DECODER if getattr(config, "is_encoder_decoder", False) else DECODER
         positions = None if kind == ENCODER_DECODER else (
-            getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None))
+            max_positions or getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None))
+        budget = int(os.environ.get(BATCH_TOKENS_ENV) or MAX_BATCH_TOKENS)
         limits = ModelLimits(vocab_size=int(config.vocab_size), end_id=end_id, start_id=start_id,
-                             max_positions=int(positions) if positions else None)
+                             max_positions=int(positions) if positions else None, max_batch_tokens=max(1, budget))
         return cls(model, kind, device or next(model.parameters()).device, limits)
 
     def parse(self, inputs: Mapping[str, np.ndarray]) -> ParsedRequest:
         assert self.limits is not None
         return parse_request(inputs, self.limits, self.kind)
 
-    def run(self, items: Sequence[Item], on_step: StepCallback | None = None) -> list[ItemResult]:
-        """Generate every item; items with equal sampling settings share one ``generate`` call."""
+    def run(self, items: Sequence[Item], sink: StepSink | None = None) -> list[ItemResult]:
+        """Generate every item; items with equal sampling settings share ``generate`` calls, as many
+        per call as ``max_batch_tokens`` allows."""
         results: list[ItemResult | None] = [None] * len(items)
         for sampling, indices in group_items(items).items():
-            group = [items[i] for i in indices]
-            for index, result in zip(indices, self._run_group(sampling, group, indices, on_step), strict=True):
-                results[index] = result
+            for chunk in self._chunks(sampling, items, indices):
+                group = [items[i] for i in chunk]
+                for index, result in zip(chunk, self._run_group(sampling, group, chunk, sink), strict=True):
+                    results[index] = result
         return [r for r in results if r is not None]
 
+    def _chunks(self, sampling: Sampling, items: Sequence[Item], indices: Sequence[int]) -> list[list[int]]:
+        """``indices`` split so that rows x (longest prompt + longest output) stays within the budget."""
+        assert self.limits is not None
+        chunks: list[list[int]] = []
+        current: list[int] = []
+        longest_prompt = longest_out = 0
+        for index in indices:
+            item = items[index]
+            prompt, out = max(longest_prompt, len(item.prompt)), max(longest_out, item.output_len)
+            if current and (len(current) + 1) * sampling.beam_width * (prompt + out) > self.limits.max_batch_tokens:
+                chunks.append(current)
+                current, prompt, out = [], len(item.prompt), item.output_len
+            current.append(index)
+            longest_prompt, longest_out = prompt, out
+        return [*chunks, current] if current else chunks
+
     def _run_group(self, sampling: Sampling, items: Sequence[Item], indices: Sequence[int],
-                   on_step: StepCallback | None) -> list[ItemResult]:
+                   sink: StepSink | None) -> list[ItemResult]:
         import torch
         from transformers import GenerationConfig, StoppingCriteriaList
 
@@ -449,18 +564,30 @@ class Generator:
         config = GenerationConfig(max_new_tokens=max_new, min_new_tokens=0, return_dict_in_generate=True,
                                   output_scores=want_scores and beam > 1, output_logits=want_scores and beam == 1,
                                   **kwargs)
-        stop_rows = [item.stop_words for item in items for _ in range(beam)]
-        criteria = StoppingCriteriaList([_StopWords(stop_rows)]) if any(stop_rows) else None
-        streamer = _Streamer(items, indices, on_step) if on_step is not None and beam == 1 else None
+        start = input_ids.shape[1] if self.kind == DECODER else 1  # drop the prompt / decoder start token
+        criteria = []
+        if any(item.stop_words for item in items):
+            criteria.append(_StopWords([item.stop_words for item in items]))
+        streamer = hook = None
+        if sink is not None and beam == 1:
+            streamer = _Streamer(items, indices, sink)
+            if want_scores:
+                hook = self.model.register_forward_hook(streamer.keep_logits)
+        elif sink is not None:
+            criteria.append(_BeamWatcher(items, indices, beam, start, sink))
         torch.manual_seed(sampling.random_seed)
         if torch.cuda.is_available():
             torch.cuda.manual_seed_all(sampling.random_seed)
-        with torch.inference_mode():
-            out = self.model.generate(input_ids=input_ids, attention_mask=attention, generation_config=config,
-                                      stopping_criteria=criteria, streamer=streamer)
+        try:
+            with torch.inference_mode():
+                out = self.model.generate(input_ids=input_ids, attention_mask=attention, generation_config=config,
+                                          stopping_criteria=StoppingCriteriaList(criteria) if criteria else None,
+                                          streamer=streamer)
+        finally:
+            if hook is not None:
+                hook.remove()
         self.groups_run += 1
         sequences = out.sequences
-        start = input_ids.shape[1] if self.kind == DECODER else 1  # drop the prompt / decoder start token
         generated = sequences[:, start:].cpu().numpy().astype(np.int64)
         log_probs = self._log_probs(out, sequences, beam) if want_scores else None
         results = []
@@ -559,10 +686,27 @@ def build_outputs(request: ParsedRequest, results: Sequence[ItemResult], *,
     return {"output_ids": out, "sequence_length": seq, "cum_log_probs": cum, "output_log_probs": log_probs}
 
 
-def partial_result(item: Item, generated: Sequence[int]) -> ItemResult:
+def partial_result(item: Item, generated: Sequence[int], log_probs: Sequence[float] | None = None) -> ItemResult:
     """An ItemResult (beam 1) from the tokens streamed so far (streaming stops adding tokens to an
-    item once it is finished, so all of them count)."""
+    item once it is finished, so all of them count), with their log probabilities when known."""
     n = min(len(generated), item.output_len)
-    tokens = np.full((1, max(item.output_len, n)), item.sampling.end_id, np.int64)
+    width = max(item.output_len, n)
+    tokens = np.full((1, width), item.sampling.end_id, np.int64)
     tokens[0, :n] = list(generated)[:n]
-    return ItemResult(tokens, np.array([n], np.int64))
+    probs = None
+    if log_probs is not None:
+        probs = np.zeros((1, width), np.float32)
+        probs[0, :n] = list(log_probs)[:n]
+    return ItemResult(tokens, np.array([n], np.int64), probs)
+
+
+def partial_beams(item: Item, rows: np.ndarray) -> ItemResult:
+    """An ItemResult from the running beams of a beam-search step (each cut by the finishing rules)."""
+    beam = rows.shape[0]
+    tokens = np.full((beam, max(item.output_len, rows.shape[1])), item.sampling.end_id, np.int64)
+    lengths = np.zeros(beam, np.int64)
+    for k, row in enumerate(rows):
+        length = finished_length(item.prompt, row, item)
+        tokens[k, :length] = row[:length]
+        lengths[k] = length
+    return ItemResult(tokens, lengths)

