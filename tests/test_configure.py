@@ -432,7 +432,7 @@ def test_default_max_batch_size_takes_upstreams_client_batches(ftx_cli) -> None:
 
     assert DEFAULT_MAX_BATCH_SIZE >= 128
     help_text = " ".join(ftx_cli("configure", "--help").stdout.split())
-    assert f"--max-batch-size INTEGER RANGE Largest batch Triton sends to the model. [default: {DEFAULT_MAX_BATCH_SIZE};" \
-        in help_text
+    assert re.search(r"--max-batch-size INTEGER RANGE Largest batch Triton sends to the model\. "
+                     rf"\[(env var: \w+; )?default: {DEFAULT_MAX_BATCH_SIZE};", help_text), help_text
     assert RunSettings.of("m").configure.max_batch_size == DEFAULT_MAX_BATCH_SIZE
     assert FtModelOptions("GPT-J", "decoder", Path("x"), 1).max_batch_size == DEFAULT_MAX_BATCH_SIZE

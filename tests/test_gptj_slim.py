@@ -441,7 +441,7 @@ def test_preset() -> None:
     assert preset.source == "https://the-eye.eu/public/AI/GPT-J-6B/step_383500_slim.tar.zstd"
     assert preset.sha256 is None  # not known here
     assert preset.license == "apache-2.0"
-    assert preset.hf_config == GPTJ_6B_CONFIG
+    assert preset.hf_config == {**GPTJ_6B_CONFIG, "torch_dtype": "bfloat16"}  # the slim shards are bf16
 
 
 def test_claims_slim_directories(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -204,13 +205,9 @@ def served(request: pytest.FixtureRequest, checkpoints: dict[str, Path], built: 
         pytest.skip(f"FasterTransformer has no {dtype} {family.name} (the family computes in {family.data_types})")
     if tp > _gpu_count():
         pytest.skip(f"tp {tp} needs {tp} GPUs")
-    # FTX_GPU_SERVER_PYTHONPATH: what the server's Python stubs import first (e.g. a numpy < 2 for the stub
-    # of nvidia-pytriton 0.7, whose numpy bridge returns empty tensors under numpy 2), passed like --env does
-    server_env = ((f"PYTHONPATH={os.environ['FTX_GPU_SERVER_PYTHONPATH']}",)
-                  if os.environ.get("FTX_GPU_SERVER_PYTHONPATH") else ())
+    # under numpy 2 the server's Python stubs run in ftx's numpy-1 side environment (FTX_STUB_NUMPY: the wheel)
     settings = RunSettings.of(str(checkpoints[case]), runtime="fastertransformer-native", tp=tp, data_type=dtype,
-                              family=family.name, max_batch_size=4, tune_batch=len(PROMPTS), tune_max_input_len=16,
-                              env=server_env)
+                              family=family.name, max_batch_size=4, tune_batch=len(PROMPTS), tune_max_input_len=16)
     result = Pipeline(host, ArtifactStore(home), settings, say=lambda text: print(text, flush=True)).run()
     assert result.runtime is not None and result.runtime.name == "fastertransformer-native"
     assert result.gemm is not None and result.gemm.tuned, result.gemm
@@ -222,8 +219,11 @@ def served(request: pytest.FixtureRequest, checkpoints: dict[str, Path], built: 
 
 def _post(url: str, payload: dict[str, Any]) -> dict[str, Any]:
     request = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=120) as response:
-        return json.loads(response.read())
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:  # the server's reason, not only the status
+        raise AssertionError(f"{url}: HTTP {exc.code}: {exc.read().decode(errors='replace')[:2000]}") from exc
 
 
 def _processors(repository: Path) -> tuple[Any, Any]:

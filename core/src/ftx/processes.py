@@ -87,6 +87,28 @@ def _deployment(repository: Path) -> dict[str, Any]:
         return {}
 
 
+def _supervisor(proc: Any) -> tuple[Any, dict[str, Any]]:
+    """The ``ftx.triton.supervisor`` process above a tritonserver (None if it has none) and its spec."""
+    import psutil
+
+    try:
+        parents = proc.parents()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None, {}
+    for parent in parents:
+        try:
+            cmdline = parent.cmdline()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if "ftx.triton.supervisor" in cmdline:
+            try:
+                spec = json.loads(cmdline[-1])
+            except ValueError:
+                spec = {}
+            return parent, spec if isinstance(spec, dict) else {}
+    return None, {}
+
+
 def served_models(home: Path) -> list[ServedModel]:
     """The running tritonservers of this home (serving a repository under it, or recorded by
     ``--detach``), oldest first, with the detached record's name where there is one."""
@@ -106,17 +128,23 @@ def served_models(home: Path) -> list[ServedModel]:
         if repo_text is None:
             continue
         repository = Path(repo_text)
-        record = records.get(proc.pid)
+        supervisor, spec = _supervisor(proc)
+        owner = supervisor.pid if supervisor is not None else proc.pid  # the pid ftx recorded
+        record = records.get(owner)
         if record is None and not repository.resolve().is_relative_to(Path(home).resolve()):
             continue  # another FTX_HOME's (or not ftx's) server
         deployment = _deployment(repository)
         runtime = str(deployment.get("runtime", "?"))
-        front = openai.get(proc.pid, {})
+        front = openai.get(owner, {})
+        http = _address(cmdline, "http", "8000")
+        if isinstance(spec.get("front"), dict):  # clients reach tritonserver's HTTP through the supervisor's front
+            http = _address([f"--http-address={spec['front'].get('host', '')}",
+                             f"--http-port={spec['front'].get('port', '')}"], "http", "8000")
         found.append(ServedModel(
-            pid=proc.pid, name=record.name if record else "(foreground)",
+            pid=owner, name=record.name if record else "(foreground)",
             model=str(deployment.get("model") or repository.name), runtime=runtime, device=_device(proc, runtime),
             memory_bytes=_tree_rss(proc), uptime_s=time.time() - proc.info["create_time"],
-            http=_address(cmdline, "http", "8000"), grpc=_address(cmdline, "grpc", "8001"),
+            http=http, grpc=_address(cmdline, "grpc", "8001"),
             repository=str(repository), openai=front.get("url", ""),
             extra={"detached": record is not None, "family": deployment.get("family"),
                    "tp": deployment.get("tp"), "data_type": deployment.get("data_type")}))

@@ -37,7 +37,7 @@ def _fetch_archive_or_file(ref: SourceRef, revision: str, dest: Path, ctx: Stage
     from ftx.fetching.archive import is_archive, safe_extract
     from ftx.fetching.http import download
 
-    from ftx.fetching.integrity import sha256_file
+    from ftx.hashing import sha256_file
 
     local = _local_file(ref)
     temporary = local is None or bool(ref.sha256)

@@ -50,12 +50,11 @@ import structlog
 
 from ftx.errors import ServeError
 from ftx.redact import strip_secrets
+from ftx.triton.stub_env import STUB_PYTHON_ENV, stub_env
 
 log = structlog.get_logger(__name__)
 
 STUB_NAME = "triton_python_backend_stub"
-STUB_PYTHON_ENV = "FTX_STUB_PYTHON"
-"""In ``env``: the python3 whose environment the Python-backend stubs run in (default: this interpreter)."""
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "triton_python_backend_shm_region_"
 FTX_SHM_PREFIX = SHM_PREFIX + "ftx-"
@@ -872,8 +871,6 @@ class TritonServer:
         backends = safe_path(self.backend_directory or prepare_backends(install, self.home), self.home)
         repository = safe_path(self.repository, self.home)
         sweep_orphans()
-        from ftx.triton.stub_env import stub_env  # numpy 2 here: the stubs get a numpy-1 view of this environment
-
         env = server_env(install, {**stub_env(self.home), **self.env})
         attempts = _PORT_ATTEMPTS if self._auto_ports else 1
         for attempt in range(1, attempts + 1):

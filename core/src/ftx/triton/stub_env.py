@@ -26,6 +26,8 @@ import numpy as np
 
 from ftx.errors import ServeError
 
+STUB_PYTHON_ENV = "FTX_STUB_PYTHON"
+"""In a server's ``env``: the python3 whose environment the Python-backend stubs run in (default: this one)."""
 NUMPY_REQUIREMENT = "numpy<2"
 WHEEL_ENV = "FTX_STUB_NUMPY"
 
@@ -96,10 +98,8 @@ def stub_python(home: Path) -> Path | None:
 
 def stub_env(home: Path) -> dict[str, str]:
     """``TritonServer(env=...)`` entries that run the stubs in :func:`stub_python`'s environment."""
-    from ftx.triton.server import STUB_PYTHON_ENV
-
     python = stub_python(home)
     return {STUB_PYTHON_ENV: str(python)} if python is not None else {}
 
 
-__all__ = ["needed", "stub_env", "stub_python"]
+__all__ = ["STUB_PYTHON_ENV", "needed", "stub_env", "stub_python"]
