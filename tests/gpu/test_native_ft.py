@@ -207,7 +207,8 @@ def served(request: pytest.FixtureRequest, checkpoints: dict[str, Path], built: 
         pytest.skip(f"tp {tp} needs {tp} GPUs")
     # under numpy 2 the server's Python stubs run in ftx's numpy-1 side environment (FTX_STUB_NUMPY: the wheel)
     settings = RunSettings.of(str(checkpoints[case]), runtime="fastertransformer-native", tp=tp, data_type=dtype,
-                              family=family.name, max_batch_size=4, tune_batch=len(PROMPTS), tune_max_input_len=16)
+                              family=family.name, max_batch_size=4, tune_batch=len(PROMPTS), tune_max_input_len=16,
+                              accept_license=True)
     result = Pipeline(host, ArtifactStore(home), settings, say=lambda text: print(text, flush=True)).run()
     assert result.runtime is not None and result.runtime.name == "fastertransformer-native"
     assert result.gemm is not None and result.gemm.tuned, result.gemm
