@@ -2,6 +2,7 @@
 # The native FasterTransformer GPU suite (and optionally its benchmark) on a GPU machine, in one command:
 #
 #   scripts/gpu-suite.sh all --sources ft-upstream-sources.tar.xz --wheels DIR [--tps 1,2] [--bench ARGS] [--out DIR]
+# (FTX_GPU_PYTEST_ARGS: more pytest arguments, e.g. -k to pick cases)
 #
 # builds the backend (`ftx backend build`), runs `pytest -m gpu tests/gpu` and, with --bench, the benchmark,
 # all in a background job whose logs and results land in --out. A host that limits how long one command may
@@ -87,7 +88,7 @@ start() {
     $PY -c 'from ftx.cli import main; main()' backend build ${FTX_FT_SOURCES:+--sources $FTX_FT_SOURCES} > '$WORK/logs/build.log' 2>&1 || echo 'build failed' >> '$WORK/status'
     if [ $WAIT_WHEELS = 1 ]; then while [ ! -e '$WORK/wheels.ok' ]; do sleep 2; done; . '$WORK/env.sh'; fi
     echo tests >> '$WORK/status'
-    $PY -m pytest -m gpu tests/gpu -v -rA -p no:cacheprovider --junitxml='$WORK/logs/gpu-junit.xml' \
+    $PY -m pytest -m gpu tests/gpu -v -rA -p no:cacheprovider --junitxml='$WORK/logs/gpu-junit.xml' ${FTX_GPU_PYTEST_ARGS:-} \
       > '$WORK/logs/gpu-tests.log' 2>&1
     echo \"tests exit \$?\" >> '$WORK/status'
     if [ -n '$BENCH' ]; then

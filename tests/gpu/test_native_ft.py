@@ -275,7 +275,7 @@ def test_text_through_the_ensemble_equals_transformers(served: Served) -> None:
         got = _post(url, {"text_input": prompt, "max_tokens": NEW_TOKENS})["text_output"]
         _, generated, expected = _reference(served, prompt)
         assert generated, f"transformers generated nothing for {prompt!r}"
-        assert got == expected, (served.case, served.tp, served.dtype, prompt)
+        assert got == expected, (served.case, served.tp, served.dtype, prompt, got, expected, generated)
 
 
 def _infer_json(http_url: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
