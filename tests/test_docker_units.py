@@ -249,7 +249,8 @@ def test_serve_plan_edge_cases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     plan = plan_serve(repository=repo, checkpoints=checkpoint_dirs(repo), settings=s, family="gptj",
                       options=DockerOptions(), gemm=None, ports=ServerPorts(1, 2, 3))
     assert [m.source for m in plan.spec.mounts] == [str(repo), str(plan.work_dir)]  # checkpoint inside repo
-    assert not any(a.startswith("--http-address") for a in plan.spec.command)  # all interfaces
+    assert "--http-address=0.0.0.0" in plan.spec.command  # all interfaces, asked for
+    assert plan.exposure is not None and "cannot restrict" in (plan.exposure.caveat or "")  # the 23.05 default image
     assert plan.ready_url.startswith("http://127.0.0.1:1/") and not plan.expect_gemm
     with pytest.raises(ConfigError, match="exactly 2"):
         plan_serve(repository=repo, checkpoints=[], settings=RunSettings.of("m", tp=2, gpus="0"),

@@ -24,6 +24,13 @@ from google.protobuf import text_format
 
 from ftx.docker_runtime import LABEL_PREFIX, TRITONSERVER
 from ftx.docker_runtime.client import docker_errors, explain
+from ftx.docker_runtime.exposure import (
+    ADMIN_APIS,
+    ADMIN_KEY_HEADER,
+    METRICS_ADDRESS_SINCE,
+    RESTRICTED_API_SINCE,
+    triton_version_of,
+)
 from ftx.docker_runtime.image import KIND_LABEL, BuildDisplay, _now, stream_build
 from ftx.docker_runtime.options import MEMLOCK, STACK
 from ftx.docker_runtime.spec import ContainerSpec
@@ -42,16 +49,31 @@ SERVE_SH = """#!/bin/sh
 # Entrypoint of an ftx-packaged FasterTransformer image: serve {models_dir}.
 #   docker run --rm --gpus '"device={devices}"' --shm-size 1g --ulimit memlock=-1 --ulimit stack=67108864 \\
 #     --ipc host --network host IMAGE
-# Environment: FTX_HTTP_PORT / FTX_GRPC_PORT / FTX_METRICS_PORT (8000/8001/8002), FTX_HTTP_ADDRESS,
-# CUDA_VISIBLE_DEVICES (default: the first {gpus} GPU(s), = tp x pp). Extra arguments go to tritonserver.
+# Environment: FTX_HTTP_PORT / FTX_GRPC_PORT / FTX_METRICS_PORT (8000/8001/8002), FTX_HTTP_ADDRESS (127.0.0.1;
+# another address also needs FTX_ADMIN_KEY where this tritonserver can restrict its admin APIs to requests
+# carrying the header {admin_header}), CUDA_VISIBLE_DEVICES (default: the first {gpus} GPU(s), = tp x pp).
+# Extra arguments go to tritonserver.
 set -e
 : "${{CUDA_VISIBLE_DEVICES:={devices}}}"
 export CUDA_VISIBLE_DEVICES
+address="${{FTX_HTTP_ADDRESS:-127.0.0.1}}"
+restrict=""
+case "$address" in
+  127.*|localhost|::1) ;;
+  *) if [ -n "{restricted_api}" ]; then
+       : "${{FTX_ADMIN_KEY:?set FTX_ADMIN_KEY to serve on $address: the {admin_apis} APIs then need it}}"
+       restrict="--http-restricted-api={admin_apis}:{admin_header}=$FTX_ADMIN_KEY"
+       restrict="$restrict --grpc-restricted-protocol={admin_apis}:{admin_header}=$FTX_ADMIN_KEY"
+     else
+       echo "warning: this tritonserver cannot restrict its {admin_apis} APIs on $address" >&2
+     fi ;;
+esac
 cd {work_dir}
+# shellcheck disable=SC2086
 exec mpirun -n 1 --allow-run-as-root {tritonserver} --model-repository={models_dir} \\
   --http-port="${{FTX_HTTP_PORT:-8000}}" --grpc-port="${{FTX_GRPC_PORT:-8001}}" \\
   --metrics-port="${{FTX_METRICS_PORT:-8002}}" \\
-  ${{FTX_HTTP_ADDRESS:+--http-address=$FTX_HTTP_ADDRESS}} ${{FTX_HTTP_ADDRESS:+--grpc-address=$FTX_HTTP_ADDRESS}} "$@"
+  --http-address="$address" --grpc-address="$address" {metrics_address}$restrict "$@"
 """
 
 DOCKERFILE = """FROM {base}
@@ -136,8 +158,13 @@ def assemble_context(inputs: PackageInputs, context: Path) -> dict[str, str]:
     if inputs.gemm is not None:
         _link_or_copy(inputs.gemm, work / "gemm_config.in")
     devices = ",".join(str(i) for i in range(inputs.tp * inputs.pp))
-    (context / "serve.sh").write_text(SERVE_SH.format(models_dir=MODELS_DIR, work_dir=WORK_DIR, tritonserver=TRITONSERVER,
-                                                      devices=devices, gpus=inputs.tp * inputs.pp))
+    version = triton_version_of(inputs.base_image)
+    metrics_address = '--metrics-address="$address" ' if version and version >= METRICS_ADDRESS_SINCE else ""
+    restricted_api = "yes" if version and version >= RESTRICTED_API_SINCE else ""
+    (context / "serve.sh").write_text(SERVE_SH.format(
+        models_dir=MODELS_DIR, work_dir=WORK_DIR, tritonserver=TRITONSERVER, devices=devices, gpus=inputs.tp * inputs.pp,
+        metrics_address=metrics_address, restricted_api=restricted_api, admin_apis=ADMIN_APIS,
+        admin_header=ADMIN_KEY_HEADER))
     (context / "Dockerfile").write_text(DOCKERFILE.format(base=inputs.base_image, models_dir=MODELS_DIR,
                                                           work_dir=WORK_DIR, entrypoint=ENTRYPOINT))
     return rewritten

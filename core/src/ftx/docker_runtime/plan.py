@@ -161,6 +161,8 @@ def describe_run(settings: RunSettings, family: Family, spec: ModelSpec, checkpo
         f"5. serve      {layout.gpus_per_node} GPU(s) per node (host GPUs {','.join(map(str, plan.gpus))}), "
         f"HTTP {host}:{ports.http}, gRPC {host}:{ports.grpc}, metrics {ports.metrics} "
         "(ftx takes free ports when these are busy)")
+    if plan.exposure and plan.exposure.caveat:
+        lines.append(f"{INDENT}! {plan.exposure.caveat}")
     if layout.multi_node:
         lines += [
             f"{INDENT}hostfile {work / HOSTFILE_NAME}: " + "; ".join(layout.hostfile_text().splitlines()),

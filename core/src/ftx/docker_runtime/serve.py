@@ -31,6 +31,7 @@ from ftx.context import StageContext
 from ftx.settings import RunSettings
 from ftx.docker_runtime import LABEL_PREFIX, TRITONSERVER
 from ftx.docker_runtime.client import connect, docker_errors, explain
+from ftx.docker_runtime.exposure import ADMIN_APIS, ADMIN_KEY_HEADER, Exposure, exposure_for, triton_version_of
 from ftx.docker_runtime.gpus import default_sm, select_gpus
 from ftx.docker_runtime.hosts import HOSTFILE_NAME, NodeLayout, mpirun_argv, node_layout, read_hosts
 from ftx.docker_runtime.logscan import LogScanner, ScanContext
@@ -120,6 +121,7 @@ class ServePlan:
     expect_gemm: bool
     gpus: tuple[int, ...]
     worker_spec: ContainerSpec | None = None
+    exposure: Exposure | None = None
 
     @property
     def ready_url(self) -> str:
@@ -171,8 +173,8 @@ def plan_serve(*, repository: Path, checkpoints: Sequence[Path], settings: RunSe
         TRITONSERVER, f"--model-repository={repository}",
         f"--http-port={ports.http}", f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}",
     ]
-    if settings.serve.host not in ("", "0.0.0.0"):
-        command += [f"--http-address={settings.serve.host}", f"--grpc-address={settings.serve.host}"]
+    exposure = exposure_for(settings.serve.host, triton_version_of(options.image))
+    command += list(exposure.flags)
     environment = strip_secrets({"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(layout.gpus_per_node)),
                                  **options.env})
     labels = {
@@ -191,7 +193,8 @@ def plan_serve(*, repository: Path, checkpoints: Sequence[Path], settings: RunSe
     if layout.multi_node:
         worker = ContainerSpec(command=("/usr/sbin/sshd", "-D", "-p", str(layout.ssh_port)), name=f"{name}-worker",
                                labels={**labels, f"{LABEL_PREFIX}.role": "serve-worker"}, **common)  # type: ignore[arg-type]
-    return ServePlan(spec, ports, settings.serve.host, work_dir, layout, gemm.path if gemm else None, expect_gemm, gpus, worker)
+    return ServePlan(spec, ports, settings.serve.host, work_dir, layout, gemm.path if gemm else None, expect_gemm, gpus, worker,
+                     exposure)
 
 
 def _ftx_version() -> str:
@@ -496,6 +499,11 @@ def serve_fastertransformer(repository: ModelRepository, gemm: GemmConfig, ctx: 
         say(f"          {plan.worker_spec.docker_run_line(detach=True) if plan.worker_spec else ''}")
     if gemm is not None and not gemm.tuned:
         say(f"serve     no gemm_config.in: {gemm.reason}")
+    if plan.exposure and plan.exposure.caveat:
+        log.warning("serve.exposed", address=s.serve.host, detail=plan.exposure.caveat)
+    if plan.exposure and plan.exposure.admin_key:
+        say(f"serve     listening on {s.serve.host}: the {ADMIN_APIS} APIs need the header "
+            f"'{ADMIN_KEY_HEADER}: {plan.exposure.admin_key}' (this run only)")
     client = client or connect(options.docker_host)
     scan = ScanContext(tp=s.convert.tp, pp=s.configure.pp, expect_gemm=plan.expect_gemm, gpu_sm=default_sm(), image=options.image)
     server = FtServer(client, plan, scan=scan, say=say, ready_timeout_s=options.ready_timeout_s,
