@@ -9,7 +9,7 @@ import pytest
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 """Inputs and manifests (sha256 of every file upstream wrote) of FasterTransformer's own converters
-on tiny checkpoints; copied from ../shared/golden without the outputs, which the manifests describe."""
+on tiny checkpoints; the outputs themselves are not stored, only their manifests."""
 
 
 @pytest.fixture(autouse=True)

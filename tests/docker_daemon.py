@@ -1,7 +1,7 @@
 """A real Docker daemon for the docker tests, and the stand-in images they run.
 
 ``docker_client`` (session) uses a daemon that is already reachable (``DOCKER_HOST`` or the
-default socket); otherwise it starts ``dockerd`` as in ``serving-stack.md`` §3 — its own data-root,
+default socket); otherwise it starts ``dockerd`` — its own data-root,
 exec-root, pidfile and socket under a temporary directory, ``--bridge=none``, ``--iptables=false``,
 overlay2 storage (vfs where the filesystem cannot hold overlay2) — and stops it at the end (SIGTERM,
 unmount the netns nsfs left under exec-root, remove the directory; a killed test run's dockerd gets
@@ -164,7 +164,7 @@ def sweep_stale(prefix: str = "ftx-dockerd-") -> None:
 
 
 class LocalDockerd:
-    """A dockerd owned by the tests (serving-stack.md §3), under one temporary directory."""
+    """A dockerd owned by the tests, under one temporary directory."""
 
     def __init__(self, storage_driver: str = "overlay2") -> None:
         self.storage_driver = storage_driver

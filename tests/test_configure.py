@@ -89,7 +89,7 @@ def test_gptj_repository_layout_and_ft_config(ftx_cli, ftx_home: Path, tiny_gptj
     assert ckpt.name == "1-gpu" and ckpt.is_relative_to(ftx_home / "store" / "convert")
     assert (ckpt / "config.ini").is_file()
     assert not ft.model_transaction_policy.decoupled
-    # §6.2: ragged input_ids with its BATCH_ITEM_SHAPE batch input
+    # ragged input_ids with its BATCH_ITEM_SHAPE batch input
     ids = inputs(ft)["input_ids"]
     assert ids.allow_ragged_batch and ids.data_type == mc.TYPE_UINT32
     (batch_input,) = ft.batch_input
@@ -97,7 +97,7 @@ def test_gptj_repository_layout_and_ft_config(ftx_cli, ftx_home: Path, tiny_gptj
     assert list(batch_input.target_name) == ["input_ids_item_shape"] and list(batch_input.source_input) == ["input_ids"]
     assert batch_input.data_type == mc.TYPE_INT32
     assert ft.HasField("dynamic_batching")
-    # §6.3: FasterTransformer's own names and dtypes
+    # FasterTransformer's own names and dtypes
     assert inputs(ft)["input_lengths"].data_type == mc.TYPE_UINT32
     assert inputs(ft)["request_output_len"].data_type == mc.TYPE_UINT32
     assert inputs(ft)["bad_words_list"].optional and list(inputs(ft)["bad_words_list"].dims) == [2, -1]
@@ -271,7 +271,7 @@ def test_output_must_be_empty(ftx_cli, tiny_gptj_dir: Path, tmp_path: Path) -> N
 
 
 def test_gptneox_refuses_bf16_with_the_reason(ftx_cli, ftx_home: Path, tmp_path: Path) -> None:
-    """§8 #13: FasterTransformer runs GPT-NeoX in fp16 or (silently, for anything else) fp32."""
+    """FasterTransformer runs GPT-NeoX in fp16 or (silently, for anything else) fp32."""
     from ftx.tiny import tiny_gptneox
 
     source = tiny_gptneox(tmp_path / "neox")
@@ -367,7 +367,7 @@ def test_configure_hook_refuses_a_checkpoint_for_another_tp(converted: Path, ftx
 
 
 def test_prompt_learning_keys_in_config_ini_are_refused(converted: Path, tmp_path: Path, plugin_host) -> None:
-    """§8 #8: a sample config.ini with num_tasks/prompt_learning_type next to real weights."""
+    """A sample config.ini with num_tasks/prompt_learning_type next to real weights."""
     copy = tmp_path / "2-gpu"
     shutil.copytree(converted, copy)
     ini = copy / "config.ini"
@@ -378,7 +378,7 @@ def test_prompt_learning_keys_in_config_ini_are_refused(converted: Path, tmp_pat
 
 def test_verify_catches_config_pbtxt_that_disagrees_with_config_ini(ftx_cli, tiny_gptj_dir: Path,
                                                                     tmp_path: Path) -> None:
-    """§8 #9: tp in config.pbtxt must match the converted files."""
+    """The tp in config.pbtxt must match the converted files."""
     out = tmp_path / "repo"
     configure(ftx_cli, tiny_gptj_dir, out)
     path = out / "fastertransformer" / "config.pbtxt"

@@ -1,6 +1,6 @@
 """ftx.triton.textproc: the logic of the preprocessing/postprocessing models, without a server.
 
-Tokenizers are trained offline here (ftx.tiny). The upstream bugs of ft-format.md §8 that live in
+Tokenizers are trained offline here (ftx.tiny). The known upstream bugs that live in
 pre/post-processing code are shown absent: #1/#2/#6/#7 (decode honours sequence_length and only
 the generated part), #5 (optional word lists, the configured tokenizer, the model's pad id),
 #7 (ids from the model, no GPT-2 constants).
@@ -77,7 +77,7 @@ def test_word_list_without_any_word_is_disabled_list(bpe_dir: Path) -> None:
 
 
 def test_preprocessing_without_optional_inputs_fills_ft_defaults(bpe_dir: Path) -> None:
-    """§8 #5: BAD/STOP words are optional and really may be omitted."""
+    """BAD/STOP words are optional and really may be omitted."""
     codec = load_codec(bpe_dir, "hf")
     pre = Preprocessor(codec, decoder_settings(codec))
     out = pre.run({"text_input": text_batch("Hello world"), "max_tokens": np.array([[5]], dtype=np.int64)})
@@ -92,7 +92,7 @@ def test_preprocessing_without_optional_inputs_fills_ft_defaults(bpe_dir: Path) 
 
 
 def test_preprocessing_pads_with_the_models_pad_id_not_gpt2s(kogpt_dir: Path) -> None:
-    """§8 #5/#7: padding uses the configured pad id (KoGPT's [PAD]), never 50256 or a hard-coded 2."""
+    """Padding uses the configured pad id (KoGPT's [PAD]), never 50256 or a hard-coded 2."""
     codec = load_codec(kogpt_dir, "hf")
     pad = codec.token_id("[PAD]")
     settings = TextSettings("decoder", "hf", start_id=codec.token_id("[BOS]"), end_id=codec.token_id("[EOS]"),
@@ -158,7 +158,7 @@ def test_t5_preprocessing_appends_eos_and_uses_encoder_decoder_names(spiece_dir:
 
 
 def test_postprocessing_decodes_only_the_generated_part_up_to_sequence_length(bpe_dir: Path) -> None:
-    """§8 #1/#2/#6/#7: sequence_length is honoured and the prompt is not returned."""
+    """Sequence_length is honoured and the prompt is not returned."""
     codec = load_codec(bpe_dir, "hf")
     prompt = codec.encode("The quick brown", prompt=True)
     generated = codec.encode(" fox jumps", prompt=False)
@@ -243,7 +243,7 @@ def test_stream_flag_must_match_the_deployment(bpe_dir: Path) -> None:
 
 
 def _stream_pieces(post: Postprocessor, full: list[int], first: int) -> list[str]:
-    """text_output of each response of a stream that adds one token per response, FT-style (every
+    """Text_output of each response of a stream that adds one token per response, FT-style (every
     response holds the whole sequence) with the stream offset where its new token starts."""
     pieces = []
     for end in range(first + 1, len(full) + 1):

@@ -49,7 +49,7 @@ def test_gpt_gemm_arguments_follow_the_guide() -> None:
 
 
 def test_t5_gemm_arguments_come_from_the_family() -> None:
-    """ft-format §4.4: t5-3b fp16 tp 1 -> t5_gemm 8 4 32 1024 32 128 16384 1024 32 128 16384 32128 1 1."""
+    """t5-3b fp16 tp 1 -> t5_gemm 8 4 32 1024 32 128 16384 1024 32 128 16384 32128 1 1."""
     family = T5()
     spec = family.spec(family.presets["t5"].hf_config)
     s = RunSettings.of("t5", tp=1, data_type="fp16", tune_batch=8, tune_beam=4, tune_max_input_len=32)

@@ -1,6 +1,6 @@
 """GPT-J mesh-transformer-jax "slim" checkpoints: the reader, parity with upstream, config, bad input.
 
-Golden: ``tests/golden/gptj_slim-fp16`` (copy of ``../shared/golden``; 28 layers, 8 shards, d_model 16, vocab 64, fp16),
+Golden: ``tests/golden/gptj_slim-fp16`` (28 layers, 8 shards, d_model 16, vocab 64, fp16),
 converted by upstream's ``gptj_ckpt_convert.py`` at tp1 and tp2. Other checkpoints here are
 written by :func:`write_slim`, a small re-implementation of mesh-transformer-jax's layout
 (``shard_<s>/<piece>.npz``, leaves in ``jax.tree_flatten`` order, cut into 16 pieces).
@@ -74,7 +74,7 @@ def assert_bins_match_golden(out_dir: Path, tp: int) -> None:
 
 
 def loader_bytes(ini: dict, tp: int) -> dict[str, int]:
-    """Bytes FasterTransformer's GPT-J loader reads per file for this config.ini (ft-format.md §2.3)."""
+    """Bytes FasterTransformer's GPT-J loader reads per file for this config.ini."""
     s = ini["gptj"]
     H = int(s["head_num"]) * int(s["size_per_head"])
     I, V, L = int(s["inter_size"]), int(s["vocab_size"]), int(s["num_layer"])

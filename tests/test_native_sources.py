@@ -1,7 +1,7 @@
 """Pinned upstream sources and ftx's patch set for the native FasterTransformer build (no GPU needed).
 
-Synthetic source trees check the digest and patch rules; the real upstream sources (the offline
-bundle beside the checkout, ``../shared/ft-sources``) check that the pins and the patch set fit them —
+Synthetic source trees check the digest and patch rules; the real upstream sources (an offline
+bundle of the pinned, unpatched sources, when one is beside the checkout) check that the pins and the patch set fit them —
 those tests skip where the bundle is absent.
 """
 

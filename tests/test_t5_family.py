@@ -151,7 +151,7 @@ def test_t5_tp_files_join_back_to_tp1(tiny, tmp_path: Path, variant: str, tp: in
 
 
 def test_t5_layouts_follow_ft_loader(tiny, tmp_path: Path) -> None:
-    """Spot checks against ft-format §4.2: fused decoder qkv [H, 3, A/tp]; bias [N/tp, buckets]; N*D != H."""
+    """Spot checks of FasterTransformer's T5 layout: fused decoder qkv [H, 3, A/tp]; bias [N/tp, buckets]; N*D != H."""
     src = tiny("gated-untied-3enc-1dec")  # H 48, N 4, D 8 (A 32), I 96
     family, spec, ft_dir = convert(src, tmp_path, 2)
     tensors = load_file(src / "model.safetensors")
@@ -209,7 +209,7 @@ def test_t5_presets_plan_offline() -> None:
 def test_t5_gemm_args_follow_t5_gemm_order() -> None:
     family = T5()
     spec = family.spec(family.presets["t5"].hf_config)
-    # ft-format §4.4: t5-3b fp16 tp 1 (without the optional is_append)
+    # t5-3b fp16 tp 1 (without the optional is_append)
     args = family.gemm_args(spec, batch=8, beam=4, max_input_len=32, data_type="fp16", tp=1)
     assert args == "8 4 32 1024 32 128 16384 1024 32 128 16384 32128 1 1".split()
     assert family.gemm_tool == "t5_gemm"

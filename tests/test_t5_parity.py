@@ -26,7 +26,7 @@ REQUIRED = object()
 DIMS = {key: (int, REQUIRED) for key in ("num_heads", "d_kv", "d_model", "d_ff", "num_layers", "vocab_size",
                                          "relative_attention_num_buckets_or_max_pos_seq_len")}
 FT_READS: dict[str, dict[str, tuple[type, object]]] = {
-    # ft-format §4.3: what T5TritonModel and the T5 weight loaders read, with their defaults
+    # what T5TritonModel and the T5 weight loaders read, with their defaults
     "encoder": {**DIMS, "_name_or_path": (str, REQUIRED), "feed_forward_proj": (str, REQUIRED),
                 "weight_data_type": (str, REQUIRED), "adapter_inter_size": (int, 0),
                 "adapter_norm_position": (str, "pre"), "num_tasks": (int, 0), "prompt_learning_type": (int, 0)},

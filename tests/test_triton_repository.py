@@ -11,7 +11,7 @@ with a stand-in for it: ``FAKE_FT_MODEL_PY``, a Python model with the FT model's
 (names, dtypes, ragged batching) that echoes the prompt as its "generation" — and, where ftx's
 python runtime is installed, with that runtime's real model.
 
-The upstream bugs of ft-format.md §8 that concern repositories are shown absent (see each test).
+The known upstream bugs that concern repositories are shown absent (see each test).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def repositories(home: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """family → a repository written by ``ftx configure`` (families not installed are left out)."""
+    """Family → a repository written by ``ftx configure`` (families not installed are left out)."""
     repos = {}
     for family in FAMILIES:
         if not family_registered(family):
@@ -166,7 +166,7 @@ def text_models(request: pytest.FixtureRequest, repositories: dict[str, Path], h
     """One family's preprocessing + postprocessing on the real server, from a *copy* of its repository.
 
     The copy lives elsewhere and tritonserver runs in another working directory, so nothing in the
-    repository may depend on where it was written (§8 #4).
+    repository may depend on where it was written.
     """
     family = request.param
     original = repository(repositories, family)
@@ -186,7 +186,7 @@ def pre_outputs(family: str) -> list[str]:
 
 
 def test_text_round_trips_through_the_server(text_models) -> None:
-    """text → preprocessing → ids (the model's own tokenizer and ids) → postprocessing → the same text."""
+    """Text → preprocessing → ids (the model's own tokenizer and ids) → postprocessing → the same text."""
     family, repo, served = text_models
     prompt = PROMPTS[family]
     pre = served.infer("preprocessing", {"text_input": text(prompt), "max_tokens": np.array([[8]], dtype=np.int64)},
@@ -196,7 +196,7 @@ def test_text_round_trips_through_the_server(text_models) -> None:
     ids = pre["input_ids"][0].tolist()
     assert ids == codec.encode(prompt, prompt=True)
     assert pre["input_ids"].dtype == np.uint32
-    # optional stop/bad words omitted (§8 #5): FT's "no list"
+    # optional stop/bad words omitted: FT's "no list"
     assert pre["stop_words_list"].tolist() == [[[0], [-1]]] == pre["bad_words_list"].tolist()
     if family == "t5":
         assert ids[-1] == deployment["tokenizer"]["end_id"] == 1  # </s>, as T5Tokenizer appends it
@@ -220,7 +220,7 @@ def test_text_round_trips_through_the_server(text_models) -> None:
 
 
 def test_ids_come_from_the_model_not_gpt2(text_models) -> None:
-    """§8 #5/#7: start/end/pad ids are the model's (KoGPT: [BOS]/[EOS]/[PAD]), padding uses its pad id."""
+    """Start/end/pad ids are the model's (KoGPT: [BOS]/[EOS]/[PAD]), padding uses its pad id."""
     family, repo, served = text_models
     deployment = json.loads((repo / "ftx-deployment.json").read_text())
     codec = load_codec(repo / "preprocessing" / "1")
@@ -252,7 +252,7 @@ def test_stop_and_bad_words_are_encoded_ft_style_by_the_server(text_models) -> N
 
 
 def test_postprocessing_honours_sequence_length(text_models) -> None:
-    """§8 #1/#2/#6: decode stops at sequence_length; no GPT-only response_input_lengths is needed."""
+    """Decode stops at sequence_length; no GPT-only response_input_lengths is needed."""
     family, repo, served = text_models
     codec = load_codec(repo / "preprocessing" / "1")
     generated = codec.encode(" quick brown", prompt=False)
@@ -274,12 +274,12 @@ def test_bad_request_values_are_request_errors(text_models) -> None:
                      ["input_ids"])
 
 
-# --------------------------------------------------------------------------- static checks of §8
+# --------------------------------------------------------------------------- static checks of known upstream bugs
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_repository_is_self_contained(repositories: dict[str, Path], family: str) -> None:
-    """§8 #4/#7: each text model has its own tokenizer copy; no path, download or hub import anywhere."""
+    """Each text model has its own tokenizer copy; no path, download or hub import anywhere."""
     repo = repository(repositories, family)
     for role in ("preprocessing", "postprocessing"):
         version = repo / role / "1"
@@ -300,7 +300,7 @@ def test_repository_is_self_contained(repositories: dict[str, Path], family: str
 @pytest.mark.parametrize("family", FAMILIES)
 def test_checkpoint_config_ini_has_no_prompt_learning_keys_and_matches(repositories: dict[str, Path],
                                                                        family: str) -> None:
-    """§8 #8/#9/#10: the checkpoint the repository points at has no prompt tables, no '#' comments, right tp."""
+    """The checkpoint the repository points at has no prompt tables, no '#' comments, right tp."""
     from ftx.io.ftformat import read_ini
     from ftx.triton.model_config import parameter
 

@@ -1,6 +1,6 @@
 """Inputs and outputs of the ``fastertransformer`` Triton model, per I/O kind.
 
-Names, dtypes and dims are FasterTransformer's own (ft-format.md §6.3), so existing
+Names, dtypes and dims are FasterTransformer's own, so existing
 FasterTransformer clients work unchanged. Dims exclude the batch dimension.
 """
 

@@ -118,7 +118,7 @@ def check_data_type(family: Family, data_type: str) -> None:
 
 
 def check_ft_options(opts: FtModelOptions) -> None:
-    """Values the fastertransformer backend refuses at load (§6.2), refused here instead.
+    """Values the fastertransformer backend refuses at load, refused here instead.
 
     Streaming (decoupled) is not refused with any batching ftx writes: the backend streams with
     dynamic and ragged batching (releases before r23.05 ran decoupled requests one at a time,
@@ -169,7 +169,7 @@ def build_ft_model_config(opts: FtModelOptions) -> mc.ModelConfig:
     config = mc.ModelConfig(name=FT_MODEL_NAME, backend=opts.backend, max_batch_size=opts.max_batch_size)
     inputs, outputs = IO_KINDS[opts.io_kind]
     if opts.dynamic_batching:
-        # Ragged batching (§6.2): requests with different prompt lengths batch together; the
+        # Ragged batching: requests with different prompt lengths batch together; the
         # backend right-pads input_ids with 0 up to the longest (lengths travel separately).
         inputs = tuple(
             TensorDecl(d.name, d.dtype, d.dims, d.optional, d.reshape, ragged=True) if d.name == "input_ids" else d
@@ -217,7 +217,7 @@ def parameter(config: mc.ModelConfig, key: str) -> str | None:
 
 
 def check_ft_config(config: mc.ModelConfig, path: Path | None = None) -> list[str]:
-    """Rules of §6.2 a fastertransformer-backend config must satisfy; returns the problems."""
+    """Rules a fastertransformer-backend config must satisfy; returns the problems."""
     where = f"{path}: " if path else ""
     problems = []
     if config.name != FT_MODEL_NAME:

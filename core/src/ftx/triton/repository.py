@@ -1,6 +1,6 @@
 """A whole Triton model repository for one family: plan (every check), then write, then verify.
 
-Layout (ft-format.md §6.1)::
+Layout::
 
     fastertransformer/config.pbtxt, 1/       FT backend (or the python runtime's model)
     preprocessing/config.pbtxt, 1/model.py   text → FT inputs (Python backend), tokenizer files in 1/
@@ -219,7 +219,7 @@ def check_checkpoint(family: Family, checkpoint_dir: Path, *, tp: int, weight_dt
     prompt += [f"[{name}]" for name in ini if name.startswith("task_")]
     if prompt:
         raise ConfigError(f"{ini_path} declares prompt learning ({'; '.join(prompt)}): FasterTransformer would "
-                          "look for prompt tables that do not exist (ft-format.md §8 #8)",
+                          "look for prompt tables that do not exist",
                           hint="convert the checkpoint again with ftx, which writes no prompt-learning keys")
     return ini
 

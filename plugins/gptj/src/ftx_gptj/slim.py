@@ -1,6 +1,6 @@
 """mesh-transformer-jax "slim" GPT-J checkpoints (``step_383500/shard_<s>/<piece>.npz``), read lazily.
 
-Layout (``../shared/reference/ft-format.md`` §2.2): one ``shard_<s>/`` folder per model-parallel
+Layout: one ``shard_<s>/`` folder per model-parallel
 shard; in each, ``0.npz … 15.npz`` hold the leaves of the parameter tree in ``jax.tree_flatten``
 order (haiku module path, then parameter name, sorted as strings), cut into consecutive runs;
 members ``arr_0.npy, arr_1.npy, …`` in order. bfloat16 leaves are stored as the opaque 2-byte

@@ -146,7 +146,7 @@ ROTARY_PCT_DEFAULT = 0.25
 
 
 def _config(hidden: int, heads: int, inter: int, layers: int) -> dict[str, Any]:
-    """config.json of a released GPT-NeoX checkpoint (values from ft-format §3.4)."""
+    """config.json of a released GPT-NeoX checkpoint."""
     return {
         "model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"], "hidden_size": hidden,
         "num_attention_heads": heads, "intermediate_size": inter, "num_hidden_layers": layers,

@@ -19,7 +19,7 @@ from ftx_gptj.family import GPTJ
 LICENSE = "CC-BY-NC-ND-4.0"
 
 KOGPT6B_CONFIG = {
-    # KoGPT6B-ryan1.5b (ft-format §2.6, model card): GPT-J shaped, 28 x 4096, 16 heads of 256,
+    # KoGPT6B-ryan1.5b (model card): GPT-J shaped, 28 x 4096, 16 heads of 256,
     # FFN 16384, rotary 64, vocab 64512, context 2048, distributed in fp16 on this revision.
     "model_type": "gptj", "architectures": ["GPTJForCausalLM"], "n_embd": 4096, "n_head": 16, "n_layer": 28,
     "n_inner": 16384, "rotary_dim": 64, "vocab_size": 64512, "n_positions": 2048, "tie_word_embeddings": False,

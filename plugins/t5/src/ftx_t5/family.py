@@ -1,7 +1,7 @@
 """T5 (t5-3b and the other v1.0 checkpoints; T5 v1.1 / Flan-T5): tensor tables and FT hyper-parameters.
 
 FasterTransformer reads T5 from ``[encoder]``, ``[decoder]`` and ``[structure]`` of config.ini and
-from files without a ``model.`` prefix (ft-format §4). Differences from upstream's converter, each
+from files without a ``model.`` prefix. Differences from upstream's converter, each
 covered by a test:
 
 * upstream's ``shared.weight.bin`` (the transposed embedding) is **not written**: no FT loader

@@ -1,6 +1,6 @@
 """FasterTransformer request tensors → ``transformers`` ``generate`` → FasterTransformer outputs.
 
-The python runtime answers the ``fastertransformer`` model's own interface (ft-format.md §6.3):
+The python runtime answers the ``fastertransformer`` model's own interface:
 
 * decoder models (GPT-J, GPT-NeoX, KoGPT): ``input_ids`` [B, S] right-padded, ``input_lengths``
   [B], ``request_output_len`` [B, 1] → ``output_ids`` [B, beam, S + max(request_output_len)]
