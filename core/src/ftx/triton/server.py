@@ -3,8 +3,8 @@
 The wheel's server works on a CPU-only machine once three things are prepared: a copy of its
 ``backends`` tree holding the Python-backend stub for the running interpreter, ``PATH`` with this
 interpreter's ``bin`` first (the stub finds its environment through ``python3``), and
-``LD_LIBRARY_PATH`` = this interpreter's libpython dir, then ``nvidia_pytriton.libs``. :class:`TritonServer` does that, binds to one host only, waits for the
-server and its models to be ready (a broken stub hangs the server, so the wait has a timeout and
+``LD_LIBRARY_PATH`` = this interpreter's libpython dir, then ``nvidia_pytriton.libs``.
+:class:`TritonServer` does that, binds to one host only, waits for the server and its models to be ready (a broken stub hangs the server, so the wait has a timeout and
 watches the log), and on failure raises :class:`~ftx.errors.ServeError` with the cause and the
 log tail. Servers left running with :meth:`TritonServer.detach` are recorded under
 ``<home>/servers`` and managed with :func:`list_servers` and :func:`stop_server`.
