@@ -4,9 +4,10 @@ The wheel's server works on a CPU-only machine once three things are prepared: a
 ``backends`` tree holding the Python-backend stub for the running interpreter, ``PATH`` with this
 interpreter's ``bin`` first (the stub finds its environment through ``python3``), and
 ``LD_LIBRARY_PATH`` = this interpreter's libpython dir, then ``nvidia_pytriton.libs``.
-:class:`TritonServer` does that, binds to one host only, waits for the server and its models to be ready (a broken stub hangs the server, so the wait has a timeout and
-watches the log), and on failure raises :class:`~ftx.errors.ServeError` with the cause and the
-log tail. Servers left running with :meth:`TritonServer.detach` are recorded under
+:class:`TritonServer` does that, binds to one host only, waits for the server and its models to be
+ready (a broken stub hangs the server, so the wait has a timeout and watches the log), and on
+failure raises :class:`~ftx.errors.ServeError` with the cause and the log tail. Servers left running
+with :meth:`TritonServer.detach` are recorded under
 ``<home>/servers`` and managed with :func:`list_servers` and :func:`stop_server`.
 
 tritonserver runs under :mod:`ftx.triton.supervisor`, which owns its process tree (no stub outlives
