@@ -221,22 +221,39 @@ class GPTNeoX(Family):
         return TENSORS if spec.extra["use_gptj_residual"] else TENSORS_SEQUENTIAL
 
 
-def _rotary_pct(hf_config: Mapping[str, Any]) -> float:
-    for key in ("rotary_pct", "partial_rotary_factor"):
+def _rope(hf_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The rotary settings of either config.json spelling: transformers 4 keeps them at the top level
+    (``rotary_pct``, ``rotary_emb_base``, ``rope_scaling``), transformers 5 in ``rope_parameters``
+    (``partial_rotary_factor``, ``rope_theta``, ``rope_type``)."""
+    nested = hf_config.get("rope_parameters")
+    rope = dict(nested) if isinstance(nested, Mapping) else {}
+    for key in ("rotary_pct", "partial_rotary_factor", "rotary_emb_base", "rope_theta"):
         if hf_config.get(key) is not None:
-            return float(hf_config[key])
+            rope[key] = hf_config[key]
+    scaling = hf_config.get("rope_scaling")
+    if isinstance(scaling, Mapping) and (scaling.get("rope_type") or scaling.get("type")):
+        rope["rope_type"] = scaling.get("rope_type") or scaling.get("type")
+    return rope
+
+
+def _rotary_pct(hf_config: Mapping[str, Any]) -> float:
+    rope = _rope(hf_config)
+    for key in ("rotary_pct", "partial_rotary_factor"):
+        if rope.get(key) is not None:
+            return float(rope[key])
     return ROTARY_PCT_DEFAULT
 
 
 def _check_runnable(hf_config: Mapping[str, Any]) -> None:
     """Refuse configurations FasterTransformer's GPT-NeoX would run as a different model."""
-    base = hf_config.get("rotary_emb_base", hf_config.get("rope_theta", FT_ROTARY_BASE))
+    rope = _rope(hf_config)
+    base = rope.get("rotary_emb_base", rope.get("rope_theta", FT_ROTARY_BASE))
     if float(base) != FT_ROTARY_BASE:
         raise ConfigError(f"this GPT-NeoX uses rotary base {base}; FasterTransformer hard-codes {FT_ROTARY_BASE}",
                           hint="FasterTransformer cannot serve this checkpoint correctly")
-    scaling = hf_config.get("rope_scaling")
-    if scaling and (scaling.get("rope_type") or scaling.get("type")) not in (None, "default"):
-        raise ConfigError(f"this GPT-NeoX uses rope_scaling {scaling}; FasterTransformer has no rotary scaling",
+    scaling = rope.get("rope_type")
+    if scaling not in (None, "default"):
+        raise ConfigError(f"this GPT-NeoX uses {scaling!r} rotary scaling; FasterTransformer has none",
                           hint="FasterTransformer cannot serve this checkpoint correctly")
     if hf_config.get("attention_bias", True) is False:
         raise ConfigError("this GPT-NeoX has no attention biases; FasterTransformer's GPT-NeoX loads them",
