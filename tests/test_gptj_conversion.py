@@ -102,7 +102,13 @@ def test_gptj_config_ini_fixes_upstream_quirks(tmp_path: Path) -> None:
     rotary_dim; FT would then build the wrong FFN or fail to parse the ini."""
     from ftx.tiny import tiny_gptj
 
-    src = tiny_gptj(tmp_path / "hf", n_inner=96, rotary_dim=None, tokenizer=False)
+    import json
+
+    # rotary over the whole head (16), stored as released checkpoints may store it: "rotary_dim": null
+    # (transformers 5's GPTJConfig refuses None, so the file is edited after saving)
+    src = tiny_gptj(tmp_path / "hf", n_inner=96, rotary_dim=16, tokenizer=False)
+    config_path = src / "config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "rotary_dim": None}))
     family = GPTJ()
     hf_config = family.read_hf_config(src)
     assert hf_config["n_inner"] == 96 and hf_config["rotary_dim"] is None

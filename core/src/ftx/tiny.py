@@ -130,7 +130,23 @@ def tiny_t5(dest: Path, *, d_model: int = 64, d_kv: int = 16, num_heads: int = 4
                       tie_word_embeddings=tie_word_embeddings, relative_attention_num_buckets=32,
                       decoder_start_token_id=0, eos_token_id=1, pad_token_id=0)
     _seeded(seed)
-    return _save(T5ForConditionalGeneration(config).eval(), dest, dtype, safetensors)
+    model = T5ForConditionalGeneration(config).eval()
+    if not tie_word_embeddings and model.lm_head.weight.data_ptr() == model.shared.weight.data_ptr():
+        _untie_t5_head(model)
+    return _save(model, dest, dtype, safetensors)
+
+
+def _untie_t5_head(model: Any) -> None:
+    """Give a T5 its own LM head, as T5 v1.1 checkpoints have. transformers 5 builds every T5 tied
+    (its config forces ``tie_word_embeddings``, keeping the flag only to choose decoder-output scaling)
+    yet loads a checkpoint whose head differs from ``shared`` untied; this writes such a checkpoint."""
+    import torch
+
+    head = model.lm_head.weight
+    model.lm_head.weight = torch.nn.Parameter(torch.randn(head.shape, dtype=head.dtype) * float(head.detach().std()))
+    model.config.tie_word_embeddings = False
+    if hasattr(model.config, "scale_decoder_outputs"):
+        model.config.scale_decoder_outputs = False  # untied T5 (v1.1) does not scale the decoder output
 
 
 def train_sentencepiece_tokenizer(dest: Path, vocab_size: int = 120, model_type: str = "unigram") -> Any:

@@ -86,6 +86,9 @@ def hf_config_for(family: Family, ft_dir: Path, max_positions: int | None = None
     data = dict(family.hf_config_from_ini(ini))
     model_type = data.pop("model_type", None) or family.name
     config = AutoConfig.for_model(model_type, **data)
+    # transformers 5 builds some models tied whatever the flag says (T5: the flag only picks decoder-output
+    # scaling) and unties them only when loading a checkpoint whose head differs; ftx loads tensors itself
+    config.ftx_untied_head = data.get("tie_word_embeddings") is False
     if max_positions:
         for name in POSITION_ATTRIBUTES:
             if hasattr(config, name):
@@ -130,6 +133,9 @@ def load_model(family: Family, ft_dir: Path, *, device: str = "auto", data_type:
     finally:
         torch.set_default_dtype(previous)
     model.eval()
+    untied = getattr(config, "ftx_untied_head", False)
+    if untied:
+        _untie_head(model)
     state = model.state_dict(keep_vars=True)
     loaded: set[str] = set()
     rename = _renamer(cls, config)
@@ -146,7 +152,11 @@ def load_model(family: Family, ft_dir: Path, *, device: str = "auto", data_type:
                                       hint="the config.ini does not match the .bin files; re-run the conversion")
             param.copy_(torch.from_numpy(array))
             loaded.add(name)
+    head = model.get_output_embeddings()
+    kept_head = head.weight if untied and head is not None else None
     model.tie_weights()  # tied parameters (T5's embed_tokens, a tied lm_head) share the loaded tensor again
+    if kept_head is not None and head.weight is not kept_head:  # transformers 5 re-tied the head: undo that
+        head.weight = kept_head
     state = model.state_dict(keep_vars=True)
     _check_complete(model, state, loaded, ft_dir)
     model.to(target)
@@ -155,6 +165,16 @@ def load_model(family: Family, ft_dir: Path, *, device: str = "auto", data_type:
              dtype=str(dtype).replace("torch.", ""), tensors=len(loaded), seconds=round(seconds, 2),
              attention=getattr(config, "_attn_implementation", None))
     return LoadedModel(model, config, target, dtype, ini, seconds)
+
+
+def _untie_head(model: Any) -> None:
+    """Give the output embedding its own parameter when the model was built sharing the input's."""
+    import torch
+
+    head, inputs = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is None or inputs is None or head.weight.data_ptr() != inputs.weight.data_ptr():
+        return
+    head.weight = torch.nn.Parameter(head.weight.detach().clone())
 
 
 def _renamer(cls: Any, config: Any) -> Any:
