@@ -1,8 +1,9 @@
 """ftx.fetching.hub and hf:// refs against a fake Hub on 127.0.0.1 (HF_ENDPOINT points at it).
 
-The fake answers what huggingface_hub 0.x asks for a snapshot: ``GET /api/models/{repo}/revision/{rev}``
-(model_info / repo_info) and ``HEAD``/``GET /{repo}/resolve/{commit}/{file}`` with ``X-Repo-Commit``,
-``ETag``, ``Content-Length`` (and ``X-Linked-Etag``/``X-Linked-Size`` for LFS files).
+The fake answers what huggingface_hub asks for a snapshot: ``GET /api/models/{repo}/revision/{rev}``
+(model_info / repo_info), ``GET /api/models/{repo}/tree/{rev}?recursive=true`` (the file listing that
+huggingface_hub 1.x and later snapshots from) and ``HEAD``/``GET /{repo}/resolve/{commit}/{file}`` with
+``X-Repo-Commit``, ``ETag``, ``Content-Length`` (and ``X-Linked-Etag``/``X-Linked-Size`` for LFS files).
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ class FakeHub:
         path = h.path.split("?")[0]
         if m := re.fullmatch(rf"/api/models/{REPO}/revision/([^/]+)", path):
             self._model_info(h, m.group(1))
+        elif m := re.fullmatch(rf"/api/models/{REPO}/tree/([^/]+)/?", path):
+            self._tree(h, m.group(1))
         elif m := re.fullmatch(rf"/{REPO}/resolve/([^/]+)/(.+)", path):
             self._resolve(h, m.group(1), m.group(2))
         else:
@@ -102,6 +105,24 @@ class FakeHub:
             "siblings": [{"rfilename": n} for n in sorted(self.files[commit])],
         }
         send_body(h, json.dumps(body).encode(), {"Content-Type": "application/json"})
+
+    def _tree(self, h: BaseHTTPRequestHandler, rev: str) -> None:
+        """The recursive listing of a revision: every file (with its LFS pointer for weights) and folder."""
+        commit = self._commit(rev)
+        if commit is None:
+            send_status(h, 404, {"X-Error-Code": "RevisionNotFound"})
+            return
+        entries: list[dict[str, object]] = []
+        folders = sorted({name.rsplit("/", 1)[0] for name in self.files[commit] if "/" in name})
+        entries += [{"type": "directory", "path": folder, "oid": hashlib.sha1(folder.encode()).hexdigest(), "size": 0}
+                    for folder in folders]
+        for name, data in sorted(self.files[commit].items()):
+            entry: dict[str, object] = {"type": "file", "path": name, "size": len(data),
+                                        "oid": hashlib.sha1(data).hexdigest()}
+            if name.endswith(".safetensors"):
+                entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+            entries.append(entry)
+        send_body(h, json.dumps(entries).encode(), {"Content-Type": "application/json"})
 
     def _resolve(self, h: BaseHTTPRequestHandler, rev: str, name: str) -> None:
         commit = self._commit(rev)
