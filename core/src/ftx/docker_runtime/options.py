@@ -16,11 +16,12 @@ from typing import Any
 from ftx.settings import RunSettings
 from ftx.docker_runtime import DEFAULT_IMAGE_TAG
 from ftx.errors import ConfigError
+from ftx.triton.server import TRITON_PORTS
 
 DEFAULT_SHM_SIZE = "1g"
 DEFAULT_READY_TIMEOUT_S = 900.0
 """Loading a 6B-20B model onto GPUs takes minutes; a hung NCCL init must still end."""
-DEFAULT_PORTS = (8000, 8001, 8002)
+DEFAULT_PORTS = (TRITON_PORTS.http, TRITON_PORTS.grpc, TRITON_PORTS.metrics)
 """Triton's own defaults (HTTP, gRPC, metrics); ftx takes free ones when these are busy."""
 MEMLOCK = -1
 STACK = 67108864

@@ -35,12 +35,13 @@ from ftx.docker_runtime.exposure import ADMIN_APIS, ADMIN_KEY_HEADER, Exposure, 
 from ftx.docker_runtime.gpus import default_sm, select_gpus
 from ftx.docker_runtime.hosts import HOSTFILE_NAME, NodeLayout, mpirun_argv, node_layout, read_hosts
 from ftx.docker_runtime.logscan import LogScanner, ScanContext
-from ftx.docker_runtime.options import DEFAULT_PORTS, MEMLOCK, STACK, DockerOptions
+from ftx.docker_runtime.options import MEMLOCK, STACK, DockerOptions
 from ftx.docker_runtime.spec import ContainerSpec, Mount
 from ftx.errors import ConfigError, ServeError
 from ftx.paths import ftx_home
 from ftx.redact import redact, strip_secrets
-from ftx.triton.server import ServerPorts, client_host, free_ports, http_ok
+from ftx.triton.server import ServerPorts, busy_ports, client_host, http_ok
+from ftx.triton.server import choose_ports as shared_choose_ports
 
 log = structlog.get_logger(__name__)
 
@@ -84,28 +85,12 @@ def checkpoint_dirs(repository: Path) -> list[Path]:
 
 
 def choose_ports(settings: RunSettings) -> ServerPorts:
-    """The user's ports, else Triton's 8000/8001/8002 when free, else free ones."""
-    wanted = (settings.serve.http_port, settings.serve.grpc_port, settings.serve.metrics_port)
-    if all(p is not None for p in wanted):
-        return ServerPorts(*wanted)  # type: ignore[arg-type]
-    if all(_port_free(settings.serve.host, p) for p in DEFAULT_PORTS):
-        defaults: tuple[int, int, int] = DEFAULT_PORTS
-    else:
-        spare = free_ports(client_host(settings.serve.host))
-        defaults = (spare.http, spare.grpc, spare.metrics)
-    http, grpc, metrics = (w if w is not None else d for w, d in zip(wanted, defaults))
-    return ServerPorts(http, grpc, metrics)
-
-
-def _port_free(host: str, port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        try:
-            sock.bind((client_host(host), port))
-        except OSError:
-            return False
-    return True
+    """The user's ports, else Triton's 8000/8001/8002 when free, else free ones (said in the log)."""
+    serve = settings.serve
+    ports, note = shared_choose_ports(serve.host, serve.http_port, serve.grpc_port, serve.metrics_port)
+    if note:
+        log.info("serve.ports", note=note)
+    return ports
 
 
 @dataclass(frozen=True)
@@ -305,7 +290,7 @@ class FtServer:
         self.prepare()
         self._remove_leftover()
         ports = self.plan.ports
-        busy = [p for p in (ports.http, ports.grpc, ports.metrics) if not _port_free(self.plan.host, p)]
+        busy = busy_ports(self.plan.host, ports)
         if busy:
             raise ServeError(f"port(s) {', '.join(map(str, busy))} on {client_host(self.plan.host)} are in use "
                              "(the server shares the host's network)",

@@ -81,6 +81,47 @@ class ServerPorts:
     metrics: int
 
 
+TRITON_PORTS = ServerPorts(8000, 8001, 8002)
+"""Triton's own defaults (HTTP, gRPC, metrics), what its clients and guides assume."""
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether ``port`` can be bound on ``host`` right now."""
+    family = socket.AF_INET6 if ":" in client_host(host) else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((client_host(host), port))
+        except OSError:
+            return False
+    return True
+
+
+def choose_ports(host: str, http: int | None = None, grpc: int | None = None,
+                 metrics: int | None = None) -> tuple[ServerPorts, str | None]:
+    """The ports a server should take, and a sentence for the user when they are not the usual ones.
+
+    Ports given are kept; the others are Triton's 8000/8001/8002 when all three are free, else free ones
+    (the sentence says which defaults were taken).
+    """
+    wanted = (http, grpc, metrics)
+    if all(p is not None for p in wanted):
+        return ServerPorts(*wanted), None  # type: ignore[arg-type]
+    taken = [p for p in (TRITON_PORTS.http, TRITON_PORTS.grpc, TRITON_PORTS.metrics) if not port_free(host, p)]
+    defaults, note = TRITON_PORTS, None
+    if taken:
+        defaults = free_ports(client_host(host))
+        note = (f"Triton's usual port(s) {', '.join(map(str, taken))} are in use on {client_host(host)}; "
+                "taking free ones (pass --http-port/--grpc-port/--metrics-port to choose)")
+    chosen = (w if w is not None else d for w, d in zip(wanted, (defaults.http, defaults.grpc, defaults.metrics),
+                                                       strict=True))
+    return ServerPorts(*chosen), note
+
+
+def busy_ports(host: str, ports: ServerPorts) -> list[int]:
+    """Which of ``ports`` cannot be bound on ``host`` now (checked before any model loads)."""
+    return [p for p in (ports.http, ports.grpc, ports.metrics) if not port_free(host, p)]
+
+
 def free_ports(host: str = "127.0.0.1") -> ServerPorts:
     """Return three distinct TCP ports that are free on ``host`` right now."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

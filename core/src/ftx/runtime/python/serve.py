@@ -5,8 +5,9 @@ from __future__ import annotations
 import queue
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import structlog
@@ -17,6 +18,9 @@ from ftx.context import StageContext
 from ftx.errors import ServeError
 from ftx.runtime.python.triton_model import DEVICE_ENV
 from ftx.triton.model_config import FT_MODEL_NAME
+
+if TYPE_CHECKING:
+    from ftx.triton.server import ServerPorts
 
 log = structlog.get_logger(__name__)
 
@@ -31,14 +35,22 @@ def server_name(model: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.") or "ftx"
 
 
-def _ports(ctx: StageContext):  # -> ServerPorts | None
-    from ftx.triton.server import ServerPorts, free_ports
+def _ports(ctx: StageContext, say: Callable[[str], None]) -> ServerPorts:
+    """Triton's 8000/8001/8002 (free ones when taken, said), or the user's, which must be free before any
+    model loads."""
+    from ftx.triton.server import busy_ports, choose_ports
 
     s = ctx.settings.serve
-    if s.http_port is None and s.grpc_port is None and s.metrics_port is None:
-        return None
-    free = free_ports(s.host)
-    return ServerPorts(s.http_port or free.http, s.grpc_port or free.grpc, s.metrics_port or free.metrics)
+    ports, note = choose_ports(s.host, s.http_port, s.grpc_port, s.metrics_port)
+    given = {s.http_port, s.grpc_port, s.metrics_port} - {None}
+    busy = [p for p in busy_ports(s.host, ports) if p in given]
+    if busy:
+        raise ServeError(f"port(s) {', '.join(map(str, busy))} on {s.host} are in use",
+                         hint="pass free --http-port/--grpc-port/--metrics-port, or leave them out "
+                              "(ftx takes Triton's 8000-8002, or free ones when those are taken)")
+    if note:
+        say(note)
+    return ports
 
 
 def smoke_test(grpc_url: str, io_kind: str = "decoder", decoupled: bool = False, timeout_s: float = 300.0) -> float:
@@ -104,14 +116,14 @@ def serve_python(repository: ModelRepository, ctx: StageContext) -> Endpoint:
     path = Path(repository.path)
     if not (path / FT_MODEL_NAME / "config.pbtxt").is_file():
         raise ServeError(f"{path} has no {FT_MODEL_NAME} model", hint="re-run the configure stage (--force configure)")
-    server = TritonServer(path, home=ctx.home, host=s.host, ports=_ports(ctx), name=server_name(ctx.settings.model),
-                          env={DEVICE_ENV: s.device}, ready_timeout_s=READY_TIMEOUT_S,
-                          die_with_parent=not s.detach)
 
     def say(text: str) -> None:
         if ctx.show_progress:
             console_say(text)
 
+    server = TritonServer(path, home=ctx.home, host=s.host, ports=_ports(ctx, say), name=server_name(ctx.settings.model),
+                          env={DEVICE_ENV: s.device}, ready_timeout_s=READY_TIMEOUT_S,
+                          die_with_parent=not s.detach)
     server.start(progress=say)
     config = _ft_config(path)
     io_kind = "decoder" if "input_lengths" in {i.name for i in config.input} else "encoder-decoder"
