@@ -248,6 +248,16 @@ def test_ftx_run_with_a_prompt_prints_a_continuation_and_stops(demo_home: Path) 
     assert "ftx generate 'Once upon a time' --max-tokens 16 --url http://127.0.0.1:" in result.stderr
     _no_ftx_servers_left(demo_home)
     print(f"ftx run --prompt (demo already built): {time.monotonic() - started:.1f} s")
+    # the bytecode the stubs wrote beside the models is dropped on the next lookup, which reuses every stage
+    # instead of finding the configure artifact changed
+    again = subprocess.run([*FTX, "run", "tiny-gptj", "--runtime", "python", "--until", "configure",
+                            "--log-format", "json"], check=False, capture_output=True, text=True, timeout=600,
+                           env=_env(demo_home))
+    assert again.returncode == 0, again.stderr[-3000:]
+    events = [json.loads(line) for line in again.stderr.splitlines() if line.startswith("{")]
+    assert not [e for e in events if e["event"] == "cache.corrupt"]
+    assert {e["stage"] for e in events if e["event"] == "cache.hit"} >= {"convert", "configure"}
+    assert not list((demo_home / "store").rglob("__pycache__"))
 
 
 def test_detach_then_generate_ps_and_stop(demo_home: Path) -> None:

@@ -137,6 +137,26 @@ def test_same_size_edit_in_the_store_is_caught_by_the_cli(ftx_cli, ftx_home: Pat
     assert (art / rel).read_bytes() == original
 
 
+def test_bytecode_left_by_serving_is_dropped_and_the_artifact_still_counts(ftx_cli, ftx_home: Path,
+                                                                          tiny_gptj_dir: Path) -> None:
+    """Triton's Python stub writes ``__pycache__`` beside the models it imports from a configure artifact;
+    the next lookup removes it (a planted .pyc must not run) and the artifact is still a cache hit, while
+    any other unrecorded file still makes it untrusted."""
+    run_until_configure(ftx_cli, tiny_gptj_dir)
+    (art,) = (ftx_home / "store" / "configure").iterdir()
+    for model in ("fastertransformer", "preprocessing"):
+        cache = art / model / "1" / "__pycache__"
+        cache.mkdir()
+        (cache / "model.cpython-311.pyc").write_bytes(b"planted bytecode")
+    again = run_until_configure(ftx_cli, tiny_gptj_dir)
+    evs = events(again.stderr)
+    assert "configure" in [e["stage"] for e in evs if e["event"] == "cache.hit"]
+    assert not [e for e in evs if e["event"] == "cache.corrupt"] and not list(art.rglob("__pycache__"))
+    (art / "preprocessing" / "1" / "planted.py").write_text("import os\n")
+    evs = events(run_until_configure(ftx_cli, tiny_gptj_dir).stderr)
+    assert any(e["event"] == "cache.corrupt" and e["stage"] == "configure" for e in evs)
+
+
 def test_unreadable_provenance_does_not_stop_runs(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path) -> None:
     run_until_configure(ftx_cli, tiny_gptj_dir)
     for meta_path in (ftx_home / "store").glob(f"*/*/{PROVENANCE_FILE}"):

@@ -99,6 +99,24 @@ def _scan(root: Path) -> dict[str, os.stat_result]:
     return found
 
 
+def _drop_bytecode(root: Path, outputs: object) -> None:
+    """Remove the ``__pycache__`` folders that serving leaves beside an artifact's Python models.
+
+    Triton's Python-backend stub imports ``model.py`` from the artifact through an embedded interpreter that
+    writes bytecode whatever the environment says; left in place, that bytecode would make the artifact
+    differ from its record (and a planted ``.pyc`` could run instead of the verified source), so every
+    lookup drops what the record does not name before verifying the rest.
+    """
+    recorded = set(outputs) if isinstance(outputs, dict) else set()
+    for dirpath, dirnames, _ in os.walk(root):
+        for name in dirnames:
+            cache = Path(dirpath, name)
+            if name == "__pycache__" and not cache.is_symlink() and not any(
+                    rel.startswith(cache.relative_to(root).as_posix() + "/") for rel in recorded):
+                shutil.rmtree(cache, ignore_errors=True)
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+
+
 def _signature(st: os.stat_result) -> dict[str, int]:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "inode": st.st_ino,
             "device": st.st_dev}
@@ -187,6 +205,7 @@ class ArtifactStore:
             problem: str | None = "its provenance names another stage or key"
             fresh: dict[str, dict[str, int]] = {}
         else:
+            _drop_bytecode(path, meta.get("outputs"))
             problem, fresh = _verify(path, meta.get("outputs"))
         if problem:
             log.warning("cache.corrupt", stage=stage, key=key, path=str(path), problem=problem)
