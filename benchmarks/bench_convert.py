@@ -70,7 +70,7 @@ def write_checkpoint(dest: Path, layers: int, hidden: int, vocab: int) -> tuple[
     chunk = (rng.standard_normal(1 << 22, dtype=np.float32) * 0.02).astype(np.float16)
     with (dest / "model.safetensors").open("wb") as fh:
         fh.write(len(blob).to_bytes(8, "little") + blob)
-        for name, shape in tensors:
+        for _name, shape in tensors:
             count = int(np.prod(shape))
             reps = -(-count // chunk.size)
             fh.write(np.tile(chunk, reps)[:count].tobytes() if reps > 1 else chunk[:count].tobytes())

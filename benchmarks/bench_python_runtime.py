@@ -303,9 +303,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_throughput(workdir: Path, preset: dict[str, Any], batches: list[int], device: str) -> dict[str, Any]:
     import torch
-    from ftx.settings import RunSettings
     from ftx.pipeline import Pipeline
     from ftx.plugins import load_host
+    from ftx.settings import RunSettings
     from ftx.store import ArtifactStore
     from transformers import GPTJForCausalLM
 

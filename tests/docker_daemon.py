@@ -87,7 +87,8 @@ www=/tmp/standin-www; mkdir -p "$www/v2/health" "$www/v2/models"
 for cfg in "$repo"/*/config.pbtxt; do
   [ -f "$cfg" ] || continue
   model=$(basename "$(dirname "$cfg")")
-  ckpt=$(awk '/key: "model_checkpoint_path"/{f=1} f && /string_value/{sub(/.*string_value: "/,""); sub(/".*/,""); print; exit}' "$cfg")
+  ckpt=$(awk '/key: "model_checkpoint_path"/{f=1}
+              f && /string_value/{sub(/.*string_value: "/,""); sub(/".*/,""); print; exit}' "$cfg")
   if [ -n "$ckpt" ]; then
     if [ -r "$ckpt/config.ini" ]; then echo "standin-tritonserver: read $ckpt/config.ini"
     else echo "[ERROR] Can't load '$ckpt/config.ini'"; fi
@@ -113,7 +114,8 @@ GEMM = r"""#!/bin/sh
 # usage and exits 0 on a wrong argument count, and otherwise writes gemm_config.in in its cwd.
 if [ $# -lt 8 ]; then echo "[ERROR] Usage: $(basename "$0") batch_size beam_width max_input_len ..."; exit 0; fi
 echo "standin-gemm: $(basename "$0") $* (uid $(id -u), cwd $(pwd), CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset})"
-{ echo "batch_size, seq_len, head_num, size_per_head dataType ### batchCount, n, m, k, algoId, customOption, tile, numSplitsK, swizzle, reductionScheme, workspaceSize, stages, exec_time"
+{ echo "batch_size, seq_len, head_num, size_per_head dataType ### batchCount, n, m, k, algoId, customOption, tile,\
+ numSplitsK, swizzle, reductionScheme, workspaceSize, stages, exec_time"
   echo "standin $(basename "$0") $*"; } > gemm_config.in
 """
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-
 from ftx.cli import cli
 
 

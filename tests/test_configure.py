@@ -13,9 +13,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2 as mc
-
 from ftx.errors import ConfigError
 from ftx.triton.ensemble import check_ensemble
 from ftx.triton.model_config import (
@@ -28,6 +25,8 @@ from ftx.triton.model_config import (
     refuse_data_type,
 )
 from ftx.triton.repository import check_checkpoint, verify_repository
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
 
 MODELS = {"fastertransformer", "preprocessing", "postprocessing", "ensemble", "ft_ensemble"}
 

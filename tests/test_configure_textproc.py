@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from ftx.tiny import END_OF_TEXT, train_bpe_tokenizer, train_sentencepiece_tokenizer
 from ftx.triton import textproc
 from ftx.triton.textproc import Postprocessor, Preprocessor, RequestError, TextSettings, load_codec, word_list

@@ -7,10 +7,10 @@ import shlex
 from pathlib import Path
 
 import pytest
-from ftx.settings import RunSettings
 from ftx.docker_runtime import gpus as gpus_mod
 from ftx.docker_runtime.gpus import Gpu
 from ftx.docker_runtime.plan import describe_run
+from ftx.settings import RunSettings
 from ftx_gptj.family import GPTJ
 
 GPTJ_6B = {"n_embd": 4096, "n_head": 16, "n_layer": 28, "rotary_dim": 64, "vocab_size": 50400,

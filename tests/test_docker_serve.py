@@ -29,12 +29,12 @@ import docker_daemon
 from docker_daemon import can_raise, free_port, http_get, make_repository, permitted_ulimits
 from ftx.artifacts import GemmConfig, ModelRepository
 from ftx.context import StageContext
-from ftx.settings import RunSettings
 from ftx.docker_runtime.logscan import ScanContext
 from ftx.docker_runtime.options import MEMLOCK, STACK, DockerOptions
 from ftx.docker_runtime.plugin import DockerFasterTransformer
 from ftx.docker_runtime.serve import FtServer, checkpoint_dirs, plan_serve, serve_fastertransformer
 from ftx.errors import ServeError
+from ftx.settings import RunSettings
 from ftx.store import ArtifactStore
 from ftx.triton.server import ServerPorts
 

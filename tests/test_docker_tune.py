@@ -19,15 +19,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import docker_daemon
 from ftx.context import StageContext
-from ftx.settings import RunSettings
 from ftx.default_plugins import tune as tune_plugin
-from ftx.docker_runtime.plugin import DockerFasterTransformer
-from ftx.runtime.python.plugin import PythonRuntime
-from ftx.stages import tune_key_inputs
 from ftx.docker_runtime import gpus as gpus_mod
 from ftx.docker_runtime.gpus import Gpu
+from ftx.docker_runtime.plugin import DockerFasterTransformer
 from ftx.docker_runtime.tune import gemm_command, run_tune, tune_spec
 from ftx.errors import ToolError
+from ftx.runtime.python.plugin import PythonRuntime
+from ftx.settings import RunSettings
+from ftx.stages import tune_key_inputs
 from ftx.store import ArtifactStore
 from ftx_gptj.family import GPTJ
 from ftx_t5.family import T5
@@ -68,7 +68,8 @@ def test_tuning_container_spec(tmp_path: Path) -> None:
     assert request["DeviceIDs"] == ["3"] and request["Capabilities"] == [["gpu"]]
     assert kwargs["working_dir"] == str(tmp_path) and kwargs["command"] == [f"{BIN}/gpt_gemm", "8"]
     assert spec.docker_run_line() == (
-        f"docker run --rm --init --gpus '\"device=3\"' --network none -u 1000:1000 -v {tmp_path}:{tmp_path} -w {tmp_path} img:1 {BIN}/gpt_gemm 8")
+        f"docker run --rm --init --gpus '\"device=3\"' --network none -u 1000:1000 -v {tmp_path}:{tmp_path} "
+        f"-w {tmp_path} img:1 {BIN}/gpt_gemm 8")
     assert tune_spec(image="i", command=["x"], work_dir=tmp_path, gpu=0).user == f"{os.getuid()}:{os.getgid()}"
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from ftx.artifacts import GemmConfig
-from ftx.settings import RunSettings
 from ftx.docker_runtime import gpus as gpus_mod
 from ftx.docker_runtime.client import connect, explain
 from ftx.docker_runtime.gpus import Gpu, default_sm, parse_sm_list, select_gpus
@@ -21,6 +20,7 @@ from ftx.docker_runtime.options import DockerOptions, parse_env
 from ftx.docker_runtime.serve import checkpoint_dirs, choose_ports, plan_serve
 from ftx.docker_runtime.spec import ContainerSpec, Mount
 from ftx.errors import ConfigError, ServeError, ToolError
+from ftx.settings import RunSettings
 from ftx.triton.model_config import FtModelOptions, build_ft_model_config, write_config
 from ftx.triton.server import ServerPorts
 

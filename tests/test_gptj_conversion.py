@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from ftx.convert import convert_checkpoint, invert_checkpoint
 from ftx.io.checkpoint import open_checkpoint
 from ftx.io.ftformat import read_ini, read_tensor
@@ -100,9 +99,9 @@ def test_gptj_round_trip_is_exact(tiny_gptj_dir: Path, tmp_path: Path, tp: int) 
 def test_gptj_config_ini_fixes_upstream_quirks(tmp_path: Path) -> None:
     """Upstream writes inter_size = 4*n_embd (ignoring n_inner) and rotary_embedding = None for a null
     rotary_dim; FT would then build the wrong FFN or fail to parse the ini."""
-    from ftx.tiny import tiny_gptj
-
     import json
+
+    from ftx.tiny import tiny_gptj
 
     # rotary over the whole head (16), stored as released checkpoints may store it: "rotary_dim": null
     # (transformers 5's GPTJConfig refuses None, so the file is edited after saving)

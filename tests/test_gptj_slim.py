@@ -77,7 +77,7 @@ def loader_bytes(ini: dict, tp: int) -> dict[str, int]:
     """Bytes FasterTransformer's GPT-J loader reads per file for this config.ini."""
     s = ini["gptj"]
     H = int(s["head_num"]) * int(s["size_per_head"])
-    I, V, L = int(s["inter_size"]), int(s["vocab_size"]), int(s["num_layer"])
+    I, V, L = int(s["inter_size"]), int(s["vocab_size"]), int(s["num_layer"])  # noqa: E741 - the tables' names
     item = {"fp32": 4, "fp16": 2, "bf16": 2}[s["weight_data_type"]]
     sizes = {"model.wte.bin": V * H, "model.final_layernorm.weight.bin": H, "model.final_layernorm.bias.bin": H,
              "model.lm_head.weight.bin": V * H, "model.lm_head.bias.bin": V}

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from ftx.convert import convert_directory, invert_checkpoint
 from ftx.dtypes import numpy_dtype
 from ftx.errors import ConfigError
@@ -167,9 +166,8 @@ def test_gptneox_round_trip_is_exact(models_root: Path, tmp_path: Path, parallel
 def test_gptneox_inverse_rebuilds_the_same_transformers_model(models_root: Path, tmp_path: Path) -> None:
     """What the python runtime does: config from config.ini, tensors from the FT files -> same logits."""
     import torch
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
-
     from ftx.runtime.python.hf_model import load_model
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     src = _tiny(models_root, False, 0.25, 4)
     ft_dir = _convert(src, tmp_path, tp=2)
@@ -241,7 +239,7 @@ def ft_neox_logits(ft_dir: Path, tokens: list[int]) -> np.ndarray:
         ln1 = _layernorm(x, load(f"{p}.input_layernorm.weight", h), load(f"{p}.input_layernorm.bias", h))
         ln2_weights = load(f"{p}.post_attention_layernorm.weight", h), load(f"{p}.post_attention_layernorm.bias", h)
 
-        def attention(rank: int, inp: np.ndarray) -> np.ndarray:
+        def attention(rank: int, inp: np.ndarray, p: str = p) -> np.ndarray:
             w = load(f"{p}.attention.query_key_value.weight.{rank}", h, 3, h // tp)
             b = load(f"{p}.attention.query_key_value.bias.{rank}", 3, h // tp)
             qkv = np.einsum("th,hcj->tcj", inp, w) + b
@@ -253,7 +251,7 @@ def ft_neox_logits(ft_dir: Path, tokens: list[int]) -> np.ndarray:
             context = np.einsum("nts,snd->tnd", probs, v).reshape(steps, h // tp)
             return context @ load(f"{p}.attention.dense.weight.{rank}", h // tp, h)
 
-        def mlp(rank: int, inp: np.ndarray) -> np.ndarray:
+        def mlp(rank: int, inp: np.ndarray, p: str = p) -> np.ndarray:
             up = inp @ load(f"{p}.mlp.dense_h_to_4h.weight.{rank}", h, inner // tp)
             up = _gelu(up + load(f"{p}.mlp.dense_h_to_4h.bias.{rank}", inner // tp))
             return up @ load(f"{p}.mlp.dense_4h_to_h.weight.{rank}", inner // tp, h)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import inspect
 
 import pytest
-
 from ftx import hookspecs
 
 HOOKS = [f for name, f in vars(hookspecs).items() if inspect.isfunction(f) and hasattr(f, "ftx_spec")]

@@ -6,10 +6,9 @@ import inspect
 import json
 from pathlib import Path
 
+import ftx_kogpt.family
 import numpy as np
 import pytest
-
-import ftx_kogpt.family
 from ftx.convert import convert_directory, invert_checkpoint
 from ftx.errors import ConfigError
 from ftx.io.checkpoint import open_checkpoint

@@ -121,9 +121,8 @@ def test_sigkill_during_convert_leaves_nothing_trusted(ftx_home: Path, tiny_gptj
 
 
 def test_configure_writes_a_config_pbtxt_that_parses_through_the_triton_schema(ftx_cli, tiny_gptj_dir: Path) -> None:
-    from tritonclient.grpc import model_config_pb2 as mc
-
     from ftx.triton.model_config import parse_config
+    from tritonclient.grpc import model_config_pb2 as mc
 
     repo = Path(run_until_configure(ftx_cli, tiny_gptj_dir, "--tp", "2").stdout.strip())
     config = parse_config(repo / "fastertransformer" / "config.pbtxt")

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from plugin_dists import make_dist
 
 BROKEN = "import does_not_exist_anywhere\n"

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from plugin_dists import make_dist
 
 TOY_RUNTIME = '''

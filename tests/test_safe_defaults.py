@@ -9,7 +9,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from ftx.tiny import tiny_gptj
 
 
@@ -135,9 +134,9 @@ def test_preset_typo_gets_did_you_mean_and_a_missing_path_is_called_one(ftx_cli,
 
 
 def test_a_commands_default_runtime_is_not_called_a_flag() -> None:
+    from ftx.plugins import load_host
     from ftx.runtime.select import choose_runtime
     from ftx.settings import RunSettings
-    from ftx.plugins import load_host
 
     runtimes = load_host().runtimes
     _, why = choose_runtime(runtimes, RunSettings.of("m", runtime="python", runtime_origin="ftx configure's default"))

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from ftx.settings import FIELD_SECTION, SECTIONS, RepositorySettings, RunSettings, section_fingerprint
 
 

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from ftx.tiny import tiny_gptj
 
 

@@ -10,13 +10,12 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from safetensors.numpy import load_file, save_file
-
 from ftx.convert import convert_checkpoint, ft_layout, invert_checkpoint
 from ftx.errors import ConfigError, MappingError
 from ftx.io.checkpoint import open_checkpoint
 from ftx.io.ftformat import read_ini, read_tensor
 from ftx_t5.family import T5
+from safetensors.numpy import load_file, save_file
 
 VARIANTS = {
     # name: tiny_t5 arguments

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from ftx.convert import convert_checkpoint
 from ftx.dtypes import numpy_dtype
 from ftx.io.checkpoint import open_checkpoint

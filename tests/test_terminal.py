@@ -18,7 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from fetch_helpers import LocalServer, payload, tar_bytes, Entry  # noqa: E402
+from fetch_helpers import Entry, LocalServer, payload, tar_bytes  # noqa: E402
 from terminal import FTX, run_in_terminal  # noqa: E402
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -77,7 +77,6 @@ def test_json_errors_are_events_too(tmp_path: Path) -> None:
 def test_a_warning_prints_above_a_live_bar_as_one_human_line(monkeypatch: pytest.MonkeyPatch) -> None:
     """In-process: a terminal-like stderr, a live byte bar, a warning event in the middle of it."""
     import structlog
-
     from ftx.log import configure_logging
     from ftx.progress import byte_progress
 

@@ -26,10 +26,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from google.protobuf import text_format
-
 from ftx.triton.model_config import parse_config
 from ftx.triton.textproc import load_codec, word_list
+from google.protobuf import text_format
 
 pytestmark = pytest.mark.skipif(find_spec("pytriton") is None, reason="nvidia-pytriton is not installed")
 
@@ -49,7 +48,6 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFL
 
 def run_cli(home: Path, *args: str) -> str:
     from click.testing import CliRunner
-
     from ftx.cli import cli
     from ftx.cli.common import reset_host
 

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from ftx.io.fastcopy import contiguous
 from ftx.io.writer import BackgroundWriter
 

@@ -113,7 +113,10 @@ def _t5_model(kind: str, dest: Path) -> Path:
     model = transformers.T5ForConditionalGeneration.from_pretrained(dest).to("cuda").train()
     src = [processor.EncodeAsIds(s) + [1] for s in T5_SENTENCES]
     tgt = [processor.EncodeAsIds(s) + [1] for s in T5_REFERENCES]
-    pad = lambda rows: torch.tensor([r + [0] * (max(map(len, rows)) - len(r)) for r in rows], device="cuda")
+
+    def pad(rows: list[list[int]]) -> Any:
+        return torch.tensor([r + [0] * (max(map(len, rows)) - len(r)) for r in rows], device="cuda")
+
     inputs, labels = pad(src), pad(tgt)
     labels = labels.masked_fill(labels == 0, -100)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)

@@ -64,8 +64,18 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from ftx.artifacts import Checkpoint, Endpoint, GemmConfig, ModelRepository, Source, SourceRef
     from ftx.context import StageContext
-    from ftx.errors import (CheckpointError, ConfigError, FamilyResolutionError, FtxError, MappingError, OutputError,
-                            PluginError, ServeError, SourceError, ToolError)
+    from ftx.errors import (
+        CheckpointError,
+        ConfigError,
+        FamilyResolutionError,
+        FtxError,
+        MappingError,
+        OutputError,
+        PluginError,
+        ServeError,
+        SourceError,
+        ToolError,
+    )
     from ftx.family import Family, ModelSpec, Preset
     from ftx.ftini import FtIni, IniSection
     from ftx.ops import Op, OpContext

@@ -98,7 +98,8 @@ def builtin_load(url: str, model: str, prompt: str, max_tokens: int, concurrency
         left = [requests]
         errors: list[BaseException] = []
 
-        def client() -> None:
+        def client(lock: threading.Lock, left: list[int], errors: list[BaseException], latencies: list[float],
+                   tokens: list[int]) -> None:
             while True:
                 with lock:
                     if left[0] <= 0 or errors:
@@ -119,7 +120,8 @@ def builtin_load(url: str, model: str, prompt: str, max_tokens: int, concurrency
                         tokens.append(count_tokens(text.removeprefix(prompt)))
 
         started = time.perf_counter()
-        threads = [threading.Thread(target=client, daemon=True) for _ in range(c)]
+        threads = [threading.Thread(target=client, args=(lock, left, errors, latencies, tokens), daemon=True)
+                   for _ in range(c)]
         for t in threads:
             t.start()
         for t in threads:

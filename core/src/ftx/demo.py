@@ -127,7 +127,8 @@ def build_demo_checkpoint(dest: Path) -> Path:
             loss.backward()
             optimizer.step()
         model.eval()
-        model.generation_config.pad_token_id = eos
+        if model.generation_config is not None:
+            model.generation_config.pad_token_id = eos
         model.save_pretrained(dest, safe_serialization=True)
     files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(dest.iterdir()) if p.is_file()}
     (dest / MARKER).write_text(json.dumps({

@@ -92,9 +92,9 @@ class ModelSpec:
             if not _positive_int(count):
                 raise CheckpointError(f"the model config gives layer count {{{name}}} = {count!r}; it must be an "
                                       "integer above 0", hint=_SPEC_HINT)
-        for role, value in (("start", self.start_id), ("end", self.end_id), ("pad", self.pad_id)):
-            if not (value is None and role == "pad") and not (_positive_int(value) or value == 0):
-                raise CheckpointError(f"the model config gives {role} token id {value!r}; it must be an integer "
+        for role, token in (("start", self.start_id), ("end", self.end_id), ("pad", self.pad_id)):
+            if not (token is None and role == "pad") and not (_positive_int(token) or token == 0):
+                raise CheckpointError(f"the model config gives {role} token id {token!r}; it must be an integer "
                                       ">= 0", hint=_SPEC_HINT)
 
     def check_parallel(self, tp: int, pp: int) -> None:
@@ -270,7 +270,7 @@ def read_config_json(path: Path) -> dict[str, Any]:
         ) from None
 
 
-class _ReadConfig(dict):  # type: ignore[type-arg]
+class _ReadConfig(dict):
     """A config dict that remembers the last key read, to name the value a family's ``spec`` choked on."""
 
     last: str | None = None

@@ -15,9 +15,9 @@ import structlog
 
 from ftx.artifacts import Checkpoint, Endpoint, GemmConfig, ModelRepository, Source, SourceRef
 from ftx.context import StageContext
-from ftx.io.ftformat import gpu_dir_name
 from ftx.errors import ConfigError
 from ftx.family import Family, ModelSpec
+from ftx.io.ftformat import gpu_dir_name
 from ftx.plugins import PluginHost
 from ftx.resources import Estimate
 from ftx.runtime.api import DryRunPlan, Runtime

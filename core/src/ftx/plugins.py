@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import pluggy
 import structlog
@@ -148,7 +148,8 @@ class PluginHost:
         """Ask every plugin for its families; a duplicate name is an error naming both."""
         for impl in self.pm.hook.ftx_register_families.get_hookimpls():
             owner = self._record_for(impl.plugin_name)
-            for cls in impl.function() or ():
+            families = cast(Iterable[type[Family]], impl.function() or ())
+            for cls in families:
                 family = cls()
                 if family.name in self.families:
                     raise PluginError(
@@ -164,7 +165,8 @@ class PluginHost:
         """Ask every plugin for its runtimes; a duplicate name is an error naming both."""
         for impl in self.pm.hook.ftx_register_runtimes.get_hookimpls():
             owner = self._record_for(impl.plugin_name)
-            for cls in impl.function() or ():
+            runtimes = cast(Iterable[type[Runtime]], impl.function() or ())
+            for cls in runtimes:
                 runtime = cls()
                 if not isinstance(runtime, Runtime) or not runtime.name:
                     raise PluginError(f"{owner.distribution} registered {cls!r}, which is not a named ftx Runtime",

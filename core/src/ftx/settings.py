@@ -162,7 +162,7 @@ class RunSettings:
         return self.configure.data_type or self.convert.weight_dtype
 
 
-_NULLABLE_OVERRIDES = frozenset()
+_NULLABLE_OVERRIDES: frozenset[str] = frozenset()
 """Fields whose None is a value, not "keep the default" (none today)."""
 
 

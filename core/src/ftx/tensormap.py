@@ -52,7 +52,7 @@ class M:
         if self.shape is None:
             return None
         if self.shape and isinstance(self.shape[0], tuple):
-            return self.shape  # type: ignore[return-value]
+            return self.shape
         return (self.shape,) * len(self.sources)  # type: ignore[return-value]
 
     def placeholders(self) -> list[str]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import signal
-import sys
 
 import click
 
@@ -85,4 +84,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    main()

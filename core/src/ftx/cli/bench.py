@@ -79,7 +79,7 @@ def bench(name: str | None, url: str | None, tool: str, concurrency: str, reques
     result = BenchResult("perf_analyzer" if use_pa else "builtin", why, target.model, f"http://{target.http}", prompt,
                          max_tokens)
     say(f"bench     {target.name} ({target.model}) with {result.tool}: {why}")
-    if use_pa:
+    if use_pa and binary is not None:
         from ftx.triton.text_client import HttpTriton, text_interface
 
         streaming = text_interface(HttpTriton(f"http://{target.http}"), "ensemble").decoupled

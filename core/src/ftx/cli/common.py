@@ -12,7 +12,6 @@ import click
 
 from ftx.errors import FtxError, file_system_error
 
-
 ENV_PREFIX = "FTX"
 """Every option has an environment twin: ``FTX_<COMMAND>_<OPTION>`` (click's auto_envvar_prefix),
 and the global flags ``FTX_LOG_FORMAT`` / ``FTX_VERBOSE``."""
@@ -171,7 +170,7 @@ class FtxGroup(click.Group):
                 param.show_envvar = True
 
 
-def get_host() -> "PluginHost":
+def get_host() -> PluginHost:
     """The plugin host for this process (loaded once); broken plugins are warned about."""
     global _HOST
     if _HOST is None:
@@ -198,7 +197,7 @@ def say(text: str) -> None:
     console_say(text)
 
 
-_HOST: "PluginHost | None" = None
+_HOST: PluginHost | None = None
 
 if TYPE_CHECKING:
     from ftx.plugins import PluginHost

@@ -10,14 +10,13 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from ftx.atomic import publish_dir
 from ftx.cli.common import FtxCommand, get_host, say
 from ftx.cli.options import conversion_options, repository_options, safety_options
 from ftx.cli.run import run_pipeline, settings_from_options
-from ftx.atomic import publish_dir
 from ftx.errors import ConfigError, OutputError
 from ftx.settings import RunSettings
 from ftx.store import PROVENANCE_FILE
-
 
 
 def check_output(output: Path) -> Path:

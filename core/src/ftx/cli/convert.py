@@ -17,8 +17,8 @@ from ftx.atomic import publish_dir
 from ftx.cli.common import FtxCommand, say
 from ftx.cli.options import conversion_options, safety_options
 from ftx.cli.run import run_pipeline, settings_from_options
-from ftx.io.ftformat import gpu_dir_name
 from ftx.errors import OutputError
+from ftx.io.ftformat import gpu_dir_name
 
 MARKER = "ftx-convert.json"
 

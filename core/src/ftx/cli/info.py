@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 from rich.console import Console
@@ -16,7 +17,7 @@ from ftx.cli.common import FtxCommand, get_host
 def models(as_json: bool) -> None:
     """List model families and presets."""
     host = get_host()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for family in sorted(host.families.values(), key=lambda f: f.name):
         rows.append({
             "family": family.name, "title": family.title, "distribution": host.family_owner.get(family.name),

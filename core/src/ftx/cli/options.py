@@ -9,8 +9,8 @@ from typing import Any
 import click
 
 from ftx.cli.common import HELP_SECTIONS
-from ftx.settings import STAGES
 from ftx.dtypes import WEIGHT_DTYPES
+from ftx.settings import STAGES
 
 F = Callable[..., Any]
 

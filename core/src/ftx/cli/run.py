@@ -8,13 +8,21 @@ import click
 from click.core import ParameterSource
 
 from ftx.cli.common import FtxCommand, get_host, say
-from ftx.cli.options import (conversion_options, docker_options, repository_options, safety_options, section,
-                             serve_container_options,
-                             source_options, stage_options, tune_options)
-from ftx.settings import RunSettings
+from ftx.cli.options import (
+    conversion_options,
+    docker_options,
+    repository_options,
+    safety_options,
+    section,
+    serve_container_options,
+    source_options,
+    stage_options,
+    tune_options,
+)
 from ftx.errors import ConfigError
 from ftx.paths import ftx_home
 from ftx.pipeline import Pipeline, RunResult
+from ftx.settings import RunSettings
 from ftx.store import ArtifactStore
 
 
@@ -25,9 +33,8 @@ def settings_from_options(model: str, **opts: Any) -> RunSettings:
 
 def run_pipeline(settings: RunSettings) -> RunResult:
     """Check the deployment's pins, then run the pipeline over the user's FTX_HOME."""
-    from ftx.manifest import check_requirements, find_manifest
-
     from ftx.housekeeping import rotate_logs
+    from ftx.manifest import check_requirements, find_manifest
 
     manifest = find_manifest()
     if manifest is not None:

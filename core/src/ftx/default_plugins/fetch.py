@@ -36,12 +36,11 @@ def ftx_fetch(ref: SourceRef, revision: str, family: Family, dest: Path, ctx: St
 def _fetch_archive_or_file(ref: SourceRef, revision: str, dest: Path, ctx: StageContext) -> Source:
     from ftx.fetching.archive import is_archive, safe_extract
     from ftx.fetching.http import download
-
     from ftx.hashing import sha256_file
 
     local = _local_file(ref)
     temporary = local is None or bool(ref.sha256)
-    if not temporary:
+    if local is not None and not temporary:
         downloaded = local  # extract in place: no copy of a multi-GB archive
     else:
         name = urlsplit(ref.uri).path.rstrip("/").rsplit("/", 1)[-1] or "download"

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ftx.settings import RunSettings
 from ftx.docker_runtime import DEFAULT_IMAGE_TAG
 from ftx.errors import ConfigError
+from ftx.settings import RunSettings
 from ftx.triton.server import TRITON_PORTS
 
 DEFAULT_SHM_SIZE = "1g"

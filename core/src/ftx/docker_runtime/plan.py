@@ -13,7 +13,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from ftx.artifacts import GemmConfig
-from ftx.settings import RunSettings
 from ftx.docker_runtime import (
     DEFAULT_BACKEND_REF,
     DEFAULT_BACKEND_REPO,
@@ -28,6 +27,7 @@ from ftx.docker_runtime.serve import plan_serve
 from ftx.docker_runtime.tune import GEMM_FILE, gemm_arguments, gemm_tool_path, tune_spec
 from ftx.errors import ConfigError
 from ftx.family import Family, ModelSpec
+from ftx.settings import RunSettings
 from ftx.triton.model_config import FT_MODEL_NAME, FtModelOptions, build_ft_model_config
 from ftx.triton.server import ServerPorts
 

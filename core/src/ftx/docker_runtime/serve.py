@@ -28,7 +28,6 @@ import structlog
 import ftx
 from ftx.artifacts import Endpoint, GemmConfig, ModelRepository
 from ftx.context import StageContext
-from ftx.settings import RunSettings
 from ftx.docker_runtime import LABEL_PREFIX, TRITONSERVER
 from ftx.docker_runtime.client import connect, docker_errors, explain
 from ftx.docker_runtime.exposure import ADMIN_APIS, ADMIN_KEY_HEADER, Exposure, exposure_for, triton_version_of
@@ -40,6 +39,7 @@ from ftx.docker_runtime.spec import ContainerSpec, Mount
 from ftx.errors import ConfigError, ServeError
 from ftx.paths import ftx_home
 from ftx.redact import redact, strip_secrets
+from ftx.settings import RunSettings
 from ftx.triton.server import ServerPorts, busy_ports, client_host, http_ok
 from ftx.triton.server import choose_ports as shared_choose_ports
 
@@ -173,11 +173,11 @@ def plan_serve(*, repository: Path, checkpoints: Sequence[Path], settings: RunSe
         "shm_size": options.shm_size, "ulimits": {"memlock": MEMLOCK, "stack": STACK}, "ipc_mode": "host",
         "network_mode": "host", "init": True,
     }
-    spec = ContainerSpec(command=tuple(command), name=name, labels=labels, **common)  # type: ignore[arg-type]
+    spec = ContainerSpec(command=tuple(command), name=name, labels=labels, **common)
     worker = None
     if layout.multi_node:
         worker = ContainerSpec(command=("/usr/sbin/sshd", "-D", "-p", str(layout.ssh_port)), name=f"{name}-worker",
-                               labels={**labels, f"{LABEL_PREFIX}.role": "serve-worker"}, **common)  # type: ignore[arg-type]
+                               labels={**labels, f"{LABEL_PREFIX}.role": "serve-worker"}, **common)
     return ServePlan(spec, ports, settings.serve.host, work_dir, layout, gemm.path if gemm else None, expect_gemm, gpus, worker,
                      exposure)
 

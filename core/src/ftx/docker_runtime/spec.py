@@ -91,8 +91,8 @@ class ContainerSpec:
             argv += ["-e", f"{key}={value}"]
         if self.shm_size:
             argv += ["--shm-size", self.shm_size]
-        for name, value in self.ulimits.items():
-            argv += ["--ulimit", f"{name}={value}" if value != -1 else f"{name}=-1"]
+        for name, limit in self.ulimits.items():
+            argv += ["--ulimit", f"{name}={limit}" if limit != -1 else f"{name}=-1"]
         if self.ipc_mode:
             argv += ["--ipc", self.ipc_mode]
         if self.network_mode:

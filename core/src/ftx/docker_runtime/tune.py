@@ -18,12 +18,12 @@ from typing import Any
 
 import structlog
 
-from ftx.settings import RunSettings
 from ftx.docker_runtime import GEMM_BIN_DIR, LABEL_PREFIX
 from ftx.docker_runtime.client import docker_errors, explain
 from ftx.docker_runtime.spec import ContainerSpec, Mount
 from ftx.errors import ToolError
 from ftx.family import Family, ModelSpec
+from ftx.settings import RunSettings
 
 log = structlog.get_logger(__name__)
 

@@ -24,8 +24,8 @@ from urllib.request import Request, url2pathname, urlopen
 import structlog
 from filelock import FileLock, Timeout
 
-from ftx.errors import SourceError
 from ftx.console import say
+from ftx.errors import SourceError
 from ftx.fetching.integrity import normalize_sha256
 from ftx.hashing import sha256_file
 from ftx.interrupt import keeping

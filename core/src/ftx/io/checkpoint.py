@@ -167,12 +167,13 @@ class SafetensorsFile:
         begin, end = entry["data_offsets"]
         dtype = SAFETENSORS_DTYPES[entry["dtype"]]
         array = np.empty((end - begin) // dtype.itemsize, dtype=dtype)
-        view = memoryview(array).cast("B")
+        view = array.data.cast("B")
         spans = [(o, min(o + READ_CHUNK, len(view))) for o in range(0, len(view), READ_CHUNK)]
         if len(spans) > 1:  # big tensors: several preads at once (they release the GIL)
-            list(_read_pool().map(lambda span: self._pread(view, *span, begin, name), spans))
+            list(_read_pool().map(lambda span: self._pread(view, span[0], span[1], begin, name), spans))
         elif spans:
-            self._pread(view, *spans[0], begin, name)
+            start, stop = spans[0]
+            self._pread(view, start, stop, begin, name)
         return array.reshape(entry["shape"])
 
     def _pread(self, view: memoryview, start: int, stop: int, begin: int, name: str) -> None:
@@ -233,8 +234,9 @@ class TorchBinFile:
         try:
             state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
         except Exception as exc:  # torch raises many types for corrupt archives
+            first_line = str(exc).splitlines()[0] if str(exc) else ""
             raise CheckpointError(
-                f"{path} cannot be read as a PyTorch checkpoint: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                f"{path} cannot be read as a PyTorch checkpoint: {type(exc).__name__}: {first_line}",
                 hint="the file is truncated, corrupt, or not a weights-only state dict; fetch it again",
             ) from exc
         if not isinstance(state, dict):

@@ -60,7 +60,7 @@ def write_tensor(path: Path, array: np.ndarray) -> int:
         data = data.astype(data.dtype.newbyteorder("<"))
     with path.open("wb") as fh:
         # As bytes: ml_dtypes' bfloat16 does not export the buffer protocol.
-        fh.write(memoryview(data.reshape(-1).view(np.uint8)))
+        fh.write(data.reshape(-1).view(np.uint8).data)
     return data.nbytes
 
 
@@ -79,6 +79,6 @@ def read_tensor(path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarr
     return np.fromfile(path, dtype=dtype).reshape(shape)
 
 
-def gpu_dir_name(tp: int) -> str:
+def gpu_dir_name(tp: int | str) -> str:
     """The directory FasterTransformer reads a checkpoint split for ``tp`` GPUs from: ``<tp>-gpu``."""
     return f"{tp}-gpu"

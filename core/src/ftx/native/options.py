@@ -37,7 +37,7 @@ class NativeOptions:
         launch = settings.launch
         environ = os.environ if environ is None else environ
         return cls(
-            gpus=parse_gpus(launch.gpus) if launch.gpus not in (None, "", ()) else None,  # type: ignore[arg-type]
+            gpus=parse_gpus(launch.gpus) if launch.gpus not in (None, "", ()) else None,
             env=parse_env(launch.env) if launch.env else {},
             hosts_file=Path(launch.hosts) if launch.hosts else None,
             ssh_port=int(launch.ssh_port or 2222),

@@ -69,27 +69,33 @@ COMPONENTS: tuple[Component, ...] = (
     Component(
         # The submodule commit FasterTransformer pins; a GitHub archive of FasterTransformer lacks it.
         "cutlass", "NVIDIA/cutlass", "cc85b64", "FasterTransformer/3rdparty/cutlass",
-        used=("include/",), tree_sha256="8e4ef9b0d3ed00cd8a748ab3a3a2992e570f622392b40baaf6487cef1724e5b9",
+        used=("include/",),
+        tree_sha256="8e4ef9b0d3ed00cd8a748ab3a3a2992e570f622392b40baaf6487cef1724e5b9",
     ),
     Component(
         # Only the short sha is known (the offline bundle carries no git metadata).
         "fastertransformer_backend", "triton-inference-server/fastertransformer_backend", "c6936c3",
-        "fastertransformer_backend", used=("CMakeLists.txt", "cmake/", "src/"), tree_sha256="20958bab7a60fcea160bcd8edb4fa9c908252299439064287f9f30661830a7bc",
+        "fastertransformer_backend", used=("CMakeLists.txt", "cmake/", "src/"),
+        tree_sha256="20958bab7a60fcea160bcd8edb4fa9c908252299439064287f9f30661830a7bc",
     ),
     Component(
         "triton-common", "triton-inference-server/common", TRITON_TAG, "triton/common",
-        used=("CMakeLists.txt", "cmake/", "include/", "src/", "protobuf/"), tree_sha256="ef7744e1234632c2a0f49b993c3cb501d115ff2d4da3235f81a8d4686592a111", tag=True,
+        used=("CMakeLists.txt", "cmake/", "include/", "src/", "protobuf/"),
+        tree_sha256="ef7744e1234632c2a0f49b993c3cb501d115ff2d4da3235f81a8d4686592a111", tag=True,
     ),
     Component(
         "triton-core", "triton-inference-server/core", TRITON_TAG, "triton/core",
-        used=("CMakeLists.txt", "cmake/", "include/", "src/"), tree_sha256="59900103f1a699054ea38f7f252fe64ddd58aba52c128579f26ea59bb0d5c652", tag=True,
+        used=("CMakeLists.txt", "cmake/", "include/", "src/"),
+        tree_sha256="59900103f1a699054ea38f7f252fe64ddd58aba52c128579f26ea59bb0d5c652", tag=True,
     ),
     Component(
         "triton-backend", "triton-inference-server/backend", TRITON_TAG, "triton/backend",
-        used=("CMakeLists.txt", "cmake/", "include/", "src/"), tree_sha256="858cff719b4691e15aac9129242b765e3f1c73f67fbf3cb1c25b44d9348d8d17", tag=True,
+        used=("CMakeLists.txt", "cmake/", "include/", "src/"),
+        tree_sha256="858cff719b4691e15aac9129242b765e3f1c73f67fbf3cb1c25b44d9348d8d17", tag=True,
     ),
     Component(
-        "rapidjson", "Tencent/rapidjson", "v1.1.0", "rapidjson", used=("include/",), tree_sha256="a854f3aa1c3b7a863ffe4011d27ef2ba002c1aa8ae6d7f2f73659beed51b2478",
+        "rapidjson", "Tencent/rapidjson", "v1.1.0", "rapidjson", used=("include/",),
+        tree_sha256="a854f3aa1c3b7a863ffe4011d27ef2ba002c1aa8ae6d7f2f73659beed51b2478",
         tag=True,
     ),
 )

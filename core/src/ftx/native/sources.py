@@ -20,8 +20,8 @@ import structlog
 
 from ftx.atomic import publish_dir
 from ftx.errors import SourceError
-from ftx.native.pins import COMPONENTS, Component, pins_fingerprint
 from ftx.hashing import sha256_file
+from ftx.native.pins import COMPONENTS, Component, pins_fingerprint
 from ftx.store import make_key
 
 log = structlog.get_logger(__name__)

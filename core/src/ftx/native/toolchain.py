@@ -300,7 +300,7 @@ def probe_host() -> HostProbe:
 def build_sm(probe: HostProbe, sm: str | Sequence[int] | None) -> tuple[int, ...]:
     """``--sm`` when given (checked against FT's list), else the local GPUs' architectures."""
     if sm not in (None, "", "auto"):
-        return parse_sm_list(sm)  # type: ignore[arg-type]
+        return parse_sm_list(sm)
     return tuple(sorted({g.sm for g in probe.gpus if g.sm is not None}))
 
 

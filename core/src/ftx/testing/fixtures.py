@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,7 +52,7 @@ def ftx_cli(ftx_home: Path) -> Callable[..., CliResult]:
 
 
 @pytest.fixture
-def log_events() -> Iterator[list[dict[str, Any]]]:
+def log_events() -> Iterator[list[MutableMapping[str, Any]]]:
     """Every structlog event emitted during the test, as dicts (whatever level an earlier CLI run set)."""
     import structlog.testing
 

@@ -118,7 +118,8 @@ class _Handler(BaseHTTPRequestHandler):
         return self.rfile.read(length) if length > 0 else b""
 
     def _read_chunked(self, limit: int) -> bytes:
-        parts, total = [], 0
+        parts: list[bytes] = []
+        total = 0
         while True:
             line = self.rfile.readline(1024)
             try:

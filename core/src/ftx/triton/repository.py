@@ -41,7 +41,13 @@ from ftx.triton.ensemble import (
     build_ft_ensemble_config,
     check_ensemble,
 )
-from ftx.triton.io import POSTPROCESSING_OUTPUTS, PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS, postprocessing_inputs
+from ftx.triton.io import (
+    POSTPROCESSING_OUTPUTS,
+    PREPROCESSING_INPUTS,
+    PREPROCESSING_OUTPUTS,
+    TensorDecl,
+    postprocessing_inputs,
+)
 from ftx.triton.model_config import (
     DATA_TYPES,
     FT_MODEL_NAME,
@@ -259,6 +265,8 @@ def write_text_model(dest: Path, role: str, plan: RepositoryPlan) -> None:
     io_kind = plan.io_kind
     settings = plan.tokenizer.settings(io_kind, plan.ft.streaming, plan.ft.max_positions)
     params = {"role": role, **settings.as_parameters(), "tokenizer_files": ",".join(sorted(plan.tokenizer.files))}
+    inputs: tuple[TensorDecl, ...]
+    outputs: tuple[TensorDecl, ...]
     if role == PREPROCESSING:
         inputs, outputs = PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS[io_kind]
     else:

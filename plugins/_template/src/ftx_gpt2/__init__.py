@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ftx import hookimpl
+
 from ftx_gpt2.family import GPT2
 
 FTX_PLUGIN_API = (2, 2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ftx import hookimpl
+
 from ftx_gptj.family import GPTJ
 
 __all__ = ["FTX_PLUGIN_API", "GPTJ", "ftx_register_families"]

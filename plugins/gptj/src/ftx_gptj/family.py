@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ftx import ops
 from ftx.family import Family, ModelSpec, Preset
 from ftx.ftini import FtIni, IniSection
 from ftx.io.checkpoint import TensorReader
 from ftx.tensormap import M, Skip, TensorMap
+
 from ftx_gptj import slim
 
 L = "transformer.h.{i}"
@@ -68,8 +69,8 @@ class GPTJ(Family):
 
     name = "gptj"
     title = "GPT-J (EleutherAI GPT-J-6B and fine-tunes)"
-    hf_model_types = ("gptj",)
-    hf_architectures = ("GPTJForCausalLM",)
+    hf_model_types: ClassVar[tuple[str, ...]] = ("gptj",)
+    hf_architectures: ClassVar[tuple[str, ...]] = ("GPTJForCausalLM",)
     presets = {
         "gptj": Preset("hf://EleutherAI/gpt-j-6b", description="GPT-J 6B, Hugging Face weights", license="apache-2.0",
                        hf_config=GPTJ_6B_CONFIG),

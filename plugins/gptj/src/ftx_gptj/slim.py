@@ -61,7 +61,6 @@ from typing import IO, Any
 import ml_dtypes
 import numpy as np
 import structlog
-
 from ftx.errors import CheckpointError, ConfigError
 
 log = structlog.get_logger(__name__)
@@ -164,7 +163,7 @@ def _read_header(fh: IO[bytes]) -> tuple[tuple[int, ...], np.dtype]:
     elif version == (2, 0):
         shape, _fortran, dtype = np.lib.format.read_array_header_2_0(fh)
     else:  # (3, 0): utf-8 field names, only for structured dtypes
-        shape, _fortran, dtype = np.lib.format._read_array_header(fh, version)  # noqa: SLF001
+        shape, _fortran, dtype = np.lib.format._read_array_header(fh, version)  # type: ignore[attr-defined]  # numpy's only reader of v3
     return tuple(int(n) for n in shape), np.dtype(dtype)
 
 
@@ -462,7 +461,7 @@ def _plan_leaves(members: list[Member], shards: int, path: Path) -> tuple[list[L
 
 def _outputs(leaves: list[Leaf], dims: SlimDims) -> dict[str, _Output]:
     """Hugging Face name -> (shape, leaves), in storage order."""
-    H, I, V = dims.hidden, dims.inner, dims.vocab
+    H, I, V = dims.hidden, dims.inner, dims.vocab  # noqa: E741 - the tables' dimension names
     by_name = {leaf.name: leaf for leaf in leaves}
     outputs: dict[str, _Output] = {}
     shapes = {"attn.q_proj.weight": (H, H), "attn.v_proj.weight": (H, H), "attn.k_proj.weight": (H, H),

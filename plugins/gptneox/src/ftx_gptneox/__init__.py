@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ftx import hookimpl
+
 from ftx_gptneox.family import GPTNeoX
 
 __all__ = ["GPTNeoX", "ftx_register_families"]

@@ -25,7 +25,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-
 from ftx import ops
 from ftx.errors import ConfigError
 from ftx.family import Family, ModelSpec, Preset
@@ -107,7 +106,8 @@ _ROWS = (
     M("gpt_neox.embed_in.weight",                   "model.wte",                                  shape=("V", "H")),
     M(f"{L}.input_layernorm.weight",                f"{FT}.input_layernorm.weight",               shape=("H",)),
     M(f"{L}.input_layernorm.bias",                  f"{FT}.input_layernorm.bias",                 shape=("H",)),
-    M(f"{L}.attention.query_key_value.weight",      f"{FT}.attention.query_key_value.weight",     neox_qkv_weight, -1, ("3*H", "H")),
+    M(f"{L}.attention.query_key_value.weight",      f"{FT}.attention.query_key_value.weight",     neox_qkv_weight, -1,
+      ("3*H", "H")),
     M(f"{L}.attention.query_key_value.bias",        f"{FT}.attention.query_key_value.bias",       neox_qkv_bias, -1, ("3*H",)),
     M(f"{L}.attention.dense.weight",                f"{FT}.attention.dense.weight",               ops.transpose, 0, ("H", "H")),
     # Full values: FT (sequential residual) adds them once after the all-reduce. Not read with the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ftx import hookimpl
+
 from ftx_kogpt.family import KoGPT
 
 __all__ = ["KoGPT", "ftx_register_families"]

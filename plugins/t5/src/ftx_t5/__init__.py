@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ftx import hookimpl
+
 from ftx_t5.family import T5
 
 __all__ = ["FTX_PLUGIN_API", "T5", "ftx_register_families"]

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-
 from ftx import ops
 from ftx.errors import ConfigError
 from ftx.family import Family, ModelSpec, Preset, read_config_json

@@ -361,7 +361,7 @@ def ends_with_word(sequence: Sequence[int], words: Words) -> bool:
     return any(len(w) <= n and tuple(sequence[n - len(w):]) == w for w in words)
 
 
-def finished_length(prompt: Sequence[int], generated: Sequence[int], item: Item) -> int:
+def finished_length(prompt: Sequence[int] | np.ndarray, generated: Sequence[int] | np.ndarray, item: Item) -> int:
     """How many generated tokens count: up to and including end_id or a stop word, at most output_len."""
     end_id = item.sampling.end_id
     history = list(prompt)
@@ -565,7 +565,7 @@ class Generator:
                                   output_scores=want_scores and beam > 1, output_logits=want_scores and beam == 1,
                                   **kwargs)
         start = input_ids.shape[1] if self.kind == DECODER else 1  # drop the prompt / decoder start token
-        criteria = []
+        criteria: list[Any] = []
         if any(item.stop_words for item in items):
             criteria.append(_StopWords([item.stop_words for item in items]))
         streamer = hook = None
@@ -600,7 +600,7 @@ class Generator:
                 length = finished_length(item.prompt, row, item)
                 tokens[k, :length] = row[:length]
                 lengths[k] = length
-                if probs is not None:
+                if probs is not None and log_probs is not None:
                     probs[k, :length] = log_probs[n * beam + k, :length]
             results.append(ItemResult(tokens, lengths, probs))
         return results

@@ -125,11 +125,11 @@ class _Stream(StepSink):
         for item_index, beams in rows:
             p, k = self.owners[item_index]
             by_request.setdefault(p.index, (p, {}))[1][k] = beams
-        for p, beams in by_request.values():
-            if len(beams) < len(p.request.items):
+        for p, by_item in by_request.values():
+            if len(by_item) < len(p.request.items):
                 continue  # items of one request in different generate calls: wait for the last call
-            results = [partial_beams(item, beams[k]) for k, item in enumerate(p.request.items)]
-            self.reply(p, results, steps=max(b.shape[1] for b in beams.values()), final=False)
+            results = [partial_beams(item, by_item[k]) for k, item in enumerate(p.request.items)]
+            self.reply(p, results, steps=max(b.shape[1] for b in by_item.values()), final=False)
 
 
 class FtModel:
@@ -353,4 +353,4 @@ class TritonPythonModel:
         return None
 
     def finalize(self) -> None:
-        self.model = None
+        self.model = None  # type: ignore[assignment]  # released: Triton calls nothing after finalize

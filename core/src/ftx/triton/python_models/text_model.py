@@ -10,9 +10,8 @@ import json
 import traceback
 from pathlib import Path
 
-import triton_python_backend_utils as pb_utils
-
 import ftx_textproc as textproc
+import triton_python_backend_utils as pb_utils
 
 
 def invalid_argument(message):
