@@ -148,7 +148,7 @@ def serve_native(repository: ModelRepository, gemm: GemmConfig, settings: RunSet
     """Start tritonserver with the FasterTransformer backend on ``repository``; return once it generates."""
     from ftx.docker_runtime.gpus import local_gpus
     from ftx.runtime.python.serve import _ft_config, server_name, smoke_test
-    from ftx.triton.server import ServerPorts, TritonServer, free_ports
+    from ftx.triton.server import TritonServer, ports_for
 
     say = say or (lambda text: print(text, file=sys.stderr, flush=True))
     options = NativeOptions.from_settings(settings)
@@ -157,11 +157,9 @@ def serve_native(repository: ModelRepository, gemm: GemmConfig, settings: RunSet
     if gemm is not None and not gemm.tuned:
         say(f"serve     no gemm_config.in: {gemm.reason}")
     s = settings.serve
-    ports = None
-    if s.http_port or s.grpc_port or s.metrics_port:
-        free = free_ports(s.host)
-        ports = ServerPorts(s.http_port or free.http, s.grpc_port or free.grpc, s.metrics_port or free.metrics)
-    server = TritonServer(repository.path, home=home, host=s.host, ports=ports, name=server_name(settings.model),
+    ports, given = ports_for(s.host, s.http_port, s.grpc_port, s.metrics_port, say)
+    server = TritonServer(repository.path, home=home, host=s.host, ports=ports, ports_given=given,
+                          name=server_name(settings.model),
                           env=plan.env, ready_timeout_s=options.ready_timeout_s, die_with_parent=not s.detach,
                           backend_directory=backends_directory(built, home), cwd=plan.work_dir, launcher=plan.launcher)
     context = ScanContext(tp=settings.convert.tp, pp=settings.configure.pp, expect_gemm=plan.expect_gemm,

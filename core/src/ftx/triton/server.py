@@ -117,6 +117,21 @@ def choose_ports(host: str, http: int | None = None, grpc: int | None = None,
     return ServerPorts(*chosen), note
 
 
+def ports_for(host: str, http: int | None = None, grpc: int | None = None, metrics: int | None = None,
+              say: Callable[[str], None] | None = None) -> tuple[ServerPorts, bool]:
+    """The ports a local tritonserver takes (see :func:`choose_ports`; a change from Triton's usual ones is
+    said) and whether the user gave any. A port the user gave that is busy fails now, before any model loads."""
+    ports, note = choose_ports(host, http, grpc, metrics)
+    given = {http, grpc, metrics} - {None}
+    if busy := [p for p in busy_ports(host, ports) if p in given]:
+        raise ServeError(f"port(s) {', '.join(map(str, busy))} on {host} are in use",
+                         hint="pass free --http-port/--grpc-port/--metrics-port, or leave them out "
+                              "(ftx takes Triton's 8000-8002, or free ones when those are taken)")
+    if note and say is not None:
+        say(note)
+    return ports, bool(given)
+
+
 def busy_ports(host: str, ports: ServerPorts) -> list[int]:
     """Which of ``ports`` cannot be bound on ``host`` now (checked before any model loads)."""
     return [p for p in (ports.http, ports.grpc, ports.metrics) if not port_free(host, p)]
@@ -798,7 +813,7 @@ class TritonServer:
                  die_with_parent: bool = True, http_front: bool = True,
                  max_body_bytes: int | None = None, stub_start_timeout_s: float = STUB_START_TIMEOUT_S,
                  backend_directory: Path | None = None, cwd: Path | None = None,
-                 launcher: Sequence[str] = ()) -> None:
+                 launcher: Sequence[str] = (), ports_given: bool | None = None) -> None:
         if model_control not in MODEL_CONTROL_MODES:
             raise ServeError(f"unknown model control mode {model_control!r}",
                              hint=f"use one of: {', '.join(MODEL_CONTROL_MODES)}")
@@ -811,7 +826,8 @@ class TritonServer:
                              hint="build the repository first (ftx configure)")
         self.home = Path(home)
         self.host = host
-        self._auto_ports = ports is None
+        # ports ftx chose (not the user) are re-picked when another process takes them first
+        self._auto_ports = ports is None if ports_given is None else not ports_given
         self.ports = ports or free_ports(host)
         self.model_control = model_control
         self.load_models = tuple(load_models)

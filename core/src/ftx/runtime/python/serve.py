@@ -5,9 +5,8 @@ from __future__ import annotations
 import queue
 import re
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import structlog
@@ -18,9 +17,6 @@ from ftx.context import StageContext
 from ftx.errors import ServeError
 from ftx.runtime.python.triton_model import DEVICE_ENV
 from ftx.triton.model_config import FT_MODEL_NAME
-
-if TYPE_CHECKING:
-    from ftx.triton.server import ServerPorts
 
 log = structlog.get_logger(__name__)
 
@@ -33,24 +29,6 @@ def server_name(model: str) -> str:
     text = model.rstrip("/").split("@", 1)[0]
     text = re.split(r"[/:]", text)[-1] or "ftx"
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.") or "ftx"
-
-
-def _ports(ctx: StageContext, say: Callable[[str], None]) -> ServerPorts:
-    """Triton's 8000/8001/8002 (free ones when taken, said), or the user's, which must be free before any
-    model loads."""
-    from ftx.triton.server import busy_ports, choose_ports
-
-    s = ctx.settings.serve
-    ports, note = choose_ports(s.host, s.http_port, s.grpc_port, s.metrics_port)
-    given = {s.http_port, s.grpc_port, s.metrics_port} - {None}
-    busy = [p for p in busy_ports(s.host, ports) if p in given]
-    if busy:
-        raise ServeError(f"port(s) {', '.join(map(str, busy))} on {s.host} are in use",
-                         hint="pass free --http-port/--grpc-port/--metrics-port, or leave them out "
-                              "(ftx takes Triton's 8000-8002, or free ones when those are taken)")
-    if note:
-        say(note)
-    return ports
 
 
 def smoke_test(grpc_url: str, io_kind: str = "decoder", decoupled: bool = False, timeout_s: float = 300.0) -> float:
@@ -106,7 +84,7 @@ def serve_python(repository: ModelRepository, ctx: StageContext) -> Endpoint:
     The server binds ``--host`` (127.0.0.1 by default) on the chosen or free ports; with
     ``--detach`` it is started so that it can outlive this process.
     """
-    from ftx.triton.server import TritonServer
+    from ftx.triton.server import TritonServer, ports_for
 
     s = ctx.settings.serve
     if s.device == "cuda":
@@ -121,9 +99,10 @@ def serve_python(repository: ModelRepository, ctx: StageContext) -> Endpoint:
         if ctx.show_progress:
             console_say(text)
 
-    server = TritonServer(path, home=ctx.home, host=s.host, ports=_ports(ctx, say), name=server_name(ctx.settings.model),
-                          env={DEVICE_ENV: s.device}, ready_timeout_s=READY_TIMEOUT_S,
-                          die_with_parent=not s.detach)
+    ports, given = ports_for(s.host, s.http_port, s.grpc_port, s.metrics_port, say)
+    server = TritonServer(path, home=ctx.home, host=s.host, ports=ports, ports_given=given,
+                          name=server_name(ctx.settings.model), env={DEVICE_ENV: s.device},
+                          ready_timeout_s=READY_TIMEOUT_S, die_with_parent=not s.detach)
     server.start(progress=say)
     config = _ft_config(path)
     io_kind = "decoder" if "input_lengths" in {i.name for i in config.input} else "encoder-decoder"
