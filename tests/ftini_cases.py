@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ftx.scaffold import TEMPLATE
+
 GOLDEN = Path(__file__).resolve().parent / "golden"
-TEMPLATE_FAMILY = Path(__file__).resolve().parents[1] / "plugins" / "_template" / "src" / "ftx_gpt2" / "family.py"
+TEMPLATE_FAMILY = TEMPLATE / "src" / "ftx_gpt2" / "family.py"
 SNAPSHOT = Path(__file__).resolve().parent / "ftini_snapshot.json"
 
 
@@ -73,7 +75,7 @@ CASES: tuple[IniCase, ...] = (
 
 
 def template_module() -> Any:
-    """plugins/_template's family module, imported from its file (the template is not installed here)."""
+    """The plugin template's family module, imported from its file (the template is not installed here)."""
     name = "ftx_gpt2_template_family"
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, TEMPLATE_FAMILY)

@@ -1,11 +1,10 @@
-"""A third-party family plugin, built out of tree from plugins/_template as docs/writing-a-plugin.md
-describes, installed as a wheel into a fresh virtual environment next to ftx: listed, converting,
-passing the conformance kit — with no change to core."""
+"""A third-party family plugin written by `ftx plugin new` (from the template inside ftx) as
+docs/writing-a-plugin.md describes, built out of tree and installed as a wheel into a fresh virtual
+environment next to ftx: listed, converting, passing the conformance kit — with no change to core."""
 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-TEMPLATE = Path(__file__).resolve().parents[1] / "plugins" / "_template"
+SLUG = "mygpt"
 
 
 def run(*args: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -25,10 +24,11 @@ def run(*args: str | Path, cwd: Path | None = None, env: dict[str, str] | None =
 @pytest.fixture(scope="module")
 def third_party_env(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("third-party")
-    project = root / "ftx-gpt2"
-    shutil.copytree(TEMPLATE, project)
+    project = root / f"ftx-{SLUG}"
+    written = run(sys.executable, "-m", "ftx", "plugin", "new", SLUG, "--dir", project, cwd=root)
+    assert Path(written.stdout.strip()) == project and "model_type 'gpt2'" in written.stderr
     run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", root / "dist", project)
-    (wheel,) = (root / "dist").glob("ftx_gpt2-0.1.0-*.whl")
+    (wheel,) = (root / "dist").glob(f"ftx_{SLUG}-0.1.0-*.whl")
     env_dir = root / "env"
     run(sys.executable, "-m", "venv", "--without-pip", env_dir)
     python = env_dir / "bin" / "python"
@@ -43,11 +43,11 @@ def test_listed_by_ftx_models_and_plugins(third_party_env: tuple[Path, Path], tm
     python, _ = third_party_env
     env = {"FTX_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin"}
     models = {m["family"]: m for m in json.loads(run(python, "-m", "ftx", "models", "--json", env=env).stdout)}
-    assert models["gpt2"]["distribution"] == "ftx-gpt2"
-    assert {"gptj", "gpt2"} <= set(models)
+    assert models[SLUG]["distribution"] == f"ftx-{SLUG}"
+    assert {"gptj", SLUG} <= set(models)
     plugins = {r["name"]: r for r in json.loads(run(python, "-m", "ftx", "plugins", "--json", env=env).stdout)}
-    assert plugins["gpt2"]["status"] == "loaded" and plugins["gpt2"]["families"] == ["gpt2"]
-    assert plugins["gpt2"]["hooks"] == ["ftx_register_families"]
+    assert plugins[SLUG]["status"] == "loaded" and plugins[SLUG]["families"] == [SLUG]
+    assert plugins[SLUG]["hooks"] == ["ftx_register_families"]
 
 
 def test_converts_a_gpt2_checkpoint(third_party_env: tuple[Path, Path], tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "ftx.cli.serving",
     "ftx.cli.store",
     "ftx.cli.bench",
+    "ftx.cli.plugin",
 )
 
 
