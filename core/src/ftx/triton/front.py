@@ -191,6 +191,9 @@ class FrontServer(ThreadingHTTPServer):
     """The front: listens on (host, port), forwards to tritonserver at 127.0.0.1:upstream_port."""
 
     daemon_threads = True
+    request_queue_size = 256
+    """Connections waiting to be accepted: a burst of clients (socketserver's default is 5) must queue, not be
+    turned away while the accepting thread starts handlers."""
 
     def __init__(self, host: str, port: int, upstream_port: int, *, max_body_bytes: int = MAX_BODY_BYTES,
                  max_json_depth: int = MAX_JSON_DEPTH, on_refused: Any = None) -> None:
