@@ -61,7 +61,10 @@ start() {
   [ -d "$src/wheels" ] && install_wheels "$src/wheels"
   # shared libraries given with the wheels complete a trimmed tritonserver (the python backend's libarchive)
   if [ -d "$src/tritonserver/lib" ]; then
-    for dir in "${WHEELS[@]}"; do cp "$dir"/*.so* "$src/tritonserver/lib/" 2>/dev/null || true; done
+    for dir in "${WHEELS[@]}"; do
+      cp "$dir"/*.so* "$src/tritonserver/lib/" 2>/dev/null || true
+      [ -f "$dir/tritonserver-libs.tar.xz" ] && tar xJf "$dir/tritonserver-libs.tar.xz" -C "$src/tritonserver/lib/"
+    done
   fi
   {
     echo "export PYTHONPATH=$WORK/site:$WORK/ompi/lib/python$PYVER/site-packages\${PYTHONPATH:+:\$PYTHONPATH}"
@@ -117,6 +120,9 @@ report() {
   for f in build.log gpu-tests.log bench.log; do
     [ -f "$WORK/logs/$f" ] && { echo "--- $f (tail)"; tail -n 25 "$WORK/logs/$f"; }
   done
+  # the first failures' own lines, which the summary above only names
+  [ -f "$WORK/logs/gpu-tests.log" ] && grep -q "^E " "$WORK/logs/gpu-tests.log" &&
+    { echo "--- first failure lines"; grep -n -m 60 -B 3 "^E " "$WORK/logs/gpu-tests.log" | cut -c1-400; }
 }
 
 wait_job() {

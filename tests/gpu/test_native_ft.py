@@ -41,6 +41,8 @@ CORPUS = [
 ]
 PROMPTS = ["The quick brown fox", "Once upon a time there", "A tensor parallel model is"]
 NEW_TOKENS = 12
+TRAIN_DEVICE = "cuda"
+"""Where the tiny models are trained (a CPU smoke run of the builders sets "cpu")."""
 
 
 def _gpu_count() -> int:
@@ -62,7 +64,7 @@ def _tps() -> list[int]:
 def _train_causal(model: Any, ids: list[list[int]], steps: int = 150) -> Any:
     import torch
 
-    device = "cuda"
+    device = TRAIN_DEVICE
     model = model.to(device).train()
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     width = max(len(r) for r in ids)
@@ -110,12 +112,12 @@ def _t5_model(kind: str, dest: Path) -> Path:
     processor = train_t5_spiece(dest)
     tiny.tiny_t5(dest, d_model=128, d_kv=32, num_heads=4, d_ff=256, gated=kind == "t5-v1_1",
                  vocab_size=max(128, processor.GetPieceSize()), seed=5)
-    model = transformers.T5ForConditionalGeneration.from_pretrained(dest).to("cuda").train()
+    model = transformers.T5ForConditionalGeneration.from_pretrained(dest).to(TRAIN_DEVICE).train()
     src = [processor.EncodeAsIds(s) + [1] for s in T5_SENTENCES]
     tgt = [processor.EncodeAsIds(s) + [1] for s in T5_REFERENCES]
 
     def pad(rows: list[list[int]]) -> Any:
-        return torch.tensor([r + [0] * (max(map(len, rows)) - len(r)) for r in rows], device="cuda")
+        return torch.tensor([r + [0] * (max(map(len, rows)) - len(r)) for r in rows], device=TRAIN_DEVICE)
 
     inputs, labels = pad(src), pad(tgt)
     labels = labels.masked_fill(labels == 0, -100)

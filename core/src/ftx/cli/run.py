@@ -83,9 +83,9 @@ def model_from_manifest(model: str | None, opts: dict[str, Any]) -> str:
 @tune_options
 @section("Serving",
          click.option("--host", default="127.0.0.1", show_default=True, help="Address the server binds to."),
-         click.option("--http-port", type=int, help="HTTP port (default: a free one)."),
-         click.option("--grpc-port", type=int, help="gRPC port (default: a free one)."),
-         click.option("--metrics-port", type=int, help="Metrics port (default: a free one)."),
+         click.option("--http-port", type=int, help="HTTP port (default: Triton's 8000, or a free one when taken)."),
+         click.option("--grpc-port", type=int, help="gRPC port (default: Triton's 8001, or a free one when taken)."),
+         click.option("--metrics-port", type=int, help="Metrics port (default: Triton's 8002, or a free one when taken)."),
          click.option("--detach", is_flag=True, help="Leave the server running (see `ftx ps`, `ftx stop`)."),
          click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
                       help="Python runtime device."),
