@@ -8,7 +8,8 @@
 #
 # Then, on the GPU host: scripts/gpu-suite.sh all --wheels DIR --sources ft-upstream-sources.tar.xz
 # --slim: drop tritonclient's perf_analyzer binaries (40 MB; only its Python client is needed there) and
-# re-compress the largest wheels with LZMA, for transfer limits.
+# re-compress the largest wheels with LZMA, for transfer limits. DIR/tritonserver-libs.tar.xz: the shared
+# libraries tritonserver's python backend needs, from the local nvidia-pytriton install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest="${1:?usage: scripts/offline-wheels.sh DIR [PYTHON_VERSION] [--slim]}"; pyver="${2:-3.12}"; slim=0
@@ -40,5 +41,13 @@ for wheel in pathlib.Path(sys.argv[1]).glob("*.whl"):
             out.writestr(packed, data)
     tmp.replace(wheel)
 PY
+fi
+# The trimmed tritonserver shipped with the FasterTransformer sources lacks the shared libraries its
+# python backend links (libarchive and the three it needs beyond the trimmed set); the nvidia-pytriton wheel bundles them.
+libs="$("$py" -c 'import importlib.util as u, pathlib; print(pathlib.Path(u.find_spec("pytriton").origin).parent.parent / "nvidia_pytriton.libs")' 2>/dev/null || true)"
+if [ -n "$libs" ] && [ -d "$libs" ]; then
+  (cd "$libs" && tar cJf - libarchive-*.so* libacl-*.so* liblz4-*.so* libbz2-*.so*) > "$dest/tritonserver-libs.tar.xz"
+else
+  echo "warning: nvidia-pytriton is not installed here; $dest has no tritonserver-libs.tar.xz" >&2
 fi
 du -sh "$dest"
