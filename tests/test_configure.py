@@ -139,7 +139,8 @@ def test_ft_ensemble_speaks_fastertransformer_backends_ensemble_names(ftx_cli, t
         assert (ins[name].data_type, list(ins[name].dims)) == (dtype, dims), name
     assert not ins["INPUT_0"].optional and not ins["INPUT_1"].optional and ins["INPUT_2"].optional
     outs = {o.name: o.data_type for o in ens.output}
-    assert outs == {"OUTPUT_0": mc.TYPE_STRING, "sequence_length": mc.TYPE_UINT32, "cum_log_probs": mc.TYPE_FP32,
+    # FasterTransformer's GPT-J returns INT32 lengths (its NeoX UINT32): the ensemble passes on what it gets
+    assert outs == {"OUTPUT_0": mc.TYPE_STRING, "sequence_length": mc.TYPE_INT32, "cum_log_probs": mc.TYPE_FP32,
                     "output_log_probs": mc.TYPE_FP32}
     assert check_ensemble(out, "ft_ensemble") == []
     record = json.loads((out / "ftx-deployment.json").read_text())
@@ -304,6 +305,25 @@ def test_ft_options_the_backend_refuses_are_refused(plugin_host) -> None:
         with pytest.raises(ConfigError, match=match):
             build_ft_model_config(options)
     build_ft_model_config(replace(neox, data_type="fp16"))
+
+
+@pytest.mark.parametrize(("family", "dtype"), [("gptj", mc.TYPE_INT32), ("kogpt", mc.TYPE_INT32),
+                                               ("gptneox", mc.TYPE_UINT32), ("t5", mc.TYPE_INT32)])
+def test_sequence_length_is_declared_as_fastertransformer_returns_it(plugin_host, family: str, dtype: int) -> None:
+    """Triton forwards the backend's own dtype and an ensemble step refuses another: a config saying
+    UINT32 for GPT-J's INT32 lengths fails every ensemble request on the real backend."""
+    options = FtModelOptions.for_family(plugin_host.family(family), Path("/x/1-gpu"), 1)
+    assert {o.name: o.data_type for o in build_ft_model_config(options).output}["sequence_length"] == dtype
+
+
+def test_postprocessing_reads_the_lengths_in_the_dtype_the_model_declares(ftx_cli, tiny_gptj_dir: Path,
+                                                                           tmp_path: Path) -> None:
+    out = tmp_path / "repo"
+    configure(ftx_cli, tiny_gptj_dir, out)
+    declared = {o.name: o.data_type for o in ft_config(out).output}["sequence_length"]
+    post = inputs(parse_config(out / "postprocessing" / "config.pbtxt"))
+    assert post["sequence_length"].data_type == declared == mc.TYPE_INT32
+    assert check_ensemble(out) == [] and check_ensemble(out, "ft_ensemble") == []
 
 
 def test_t5_config_uses_encoder_decoder_io() -> None:

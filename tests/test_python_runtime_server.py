@@ -121,7 +121,9 @@ def test_identity_client_request_gets_documented_shapes_and_dtypes(served: Serve
         assert (out["sequence_length"] <= out_len).all()
     else:  # output_ids include the prompt
         assert (out["output_ids"].dtype, out["output_ids"].shape) == (np.uint32, (batch, 1, width + out_len))
-        assert (out["sequence_length"].dtype, out["sequence_length"].shape) == (np.uint32, (batch, 1))
+        # as FasterTransformer returns them: INT32 lengths from GPT-J (and KoGPT), UINT32 from GPT-NeoX
+        lengths = np.uint32 if served.family.triton_model_type == "GPT-NeoX" else np.int32
+        assert (out["sequence_length"].dtype, out["sequence_length"].shape) == (lengths, (batch, 1))
         for b, prompt in enumerate(PROMPTS):
             assert out["output_ids"][b, 0, : len(prompt)].tolist() == list(prompt)
             assert len(prompt) < out["sequence_length"][b, 0] <= len(prompt) + out_len
@@ -226,5 +228,5 @@ def test_tensors_cross_the_stub_through_dlpack_too(sources: dict[str, tuple[Path
         out = infer(server.http_url, decoder_inputs([PROMPTS[0]], 5))
     finally:
         server.stop()
-    assert out["output_ids"].dtype == np.uint32 and out["sequence_length"].dtype == np.uint32
+    assert out["output_ids"].dtype == np.uint32 and out["sequence_length"].dtype == np.int32  # as GPT-J's FT model
     assert _tokens(out, 0) == hf_greedy(ref, PROMPTS[0], 5)

@@ -177,6 +177,15 @@ def text(value: str) -> np.ndarray:
     return np.array([[value.encode()]], dtype=np.object_)
 
 
+def declared_dtype(repo: Path, model: str, tensor: str) -> type[np.generic]:
+    """The numpy dtype ``model``'s config.pbtxt declares for its input ``tensor``."""
+    from tritonclient.grpc import model_config_pb2 as mc
+    from tritonclient.utils import triton_to_np_dtype
+
+    declared = {t.name: t.data_type for t in parse_config(repo / model / "config.pbtxt").input}
+    return triton_to_np_dtype(mc.DataType.Name(declared[tensor]).removeprefix("TYPE_"))
+
+
 def pre_outputs(family: str) -> list[str]:
     first = ["input_ids", "sequence_length", "max_output_len"] if family == "t5" else \
         ["input_ids", "input_lengths", "request_output_len"]
@@ -212,7 +221,7 @@ def test_text_round_trips_through_the_server(text_models) -> None:
         row = ids + ids + junk
         post = served.infer("postprocessing", {
             "output_ids": np.array([[row]], dtype=np.uint32),
-            "sequence_length": np.array([[2 * n]], dtype=np.uint32),
+            "sequence_length": np.array([[2 * n]], dtype=declared_dtype(repo, "postprocessing", "sequence_length")),
             "input_lengths": np.array([[n]], dtype=np.uint32)}, ["text_output"])
     assert [[t.decode() for t in r] for r in post["text_output"].tolist()] == [[prompt]]
 
@@ -255,10 +264,12 @@ def test_postprocessing_honours_sequence_length(text_models) -> None:
     codec = load_codec(repo / "preprocessing" / "1")
     generated = codec.encode(" quick brown", prompt=False)
     junk = codec.encode(" lazy dog", prompt=False)
-    dtype = np.int32 if family == "t5" else np.uint32
+    # as FasterTransformer returns them: T5 INT32 ids and lengths, GPT-J INT32 lengths, GPT-NeoX UINT32
     post = served.infer("postprocessing", {
-        "output_ids": np.array([[generated + junk]], dtype=dtype),
-        "sequence_length": np.array([[len(generated)]], dtype=dtype)}, ["text_output"])
+        "output_ids": np.array([[generated + junk]], dtype=declared_dtype(repo, "postprocessing", "output_ids")),
+        "sequence_length": np.array([[len(generated)]],
+                                    dtype=declared_dtype(repo, "postprocessing", "sequence_length"))},
+        ["text_output"])
     assert post["text_output"].tolist() == [[codec.decode(generated).encode()]]
     assert "dog" not in post["text_output"][0, 0].decode()
 
@@ -341,6 +352,8 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         self.t5 = config["parameters"]["model_type"]["string_value"] == "T5"
+        # the dtypes the real model returns, as its config declares them
+        self.dtypes = {o["name"]: pb_utils.triton_string_to_numpy(o["data_type"]) for o in config["output"]}
 
     def execute(self, requests):
         responses = []
@@ -359,11 +372,10 @@ class TritonPythonModel:
                 seq.append(len(row))
                 rows.append(row + [7, 7, 7])
             width = max(len(r) for r in rows)
-            dtype = np.int32 if self.t5 else np.uint32
-            out = np.array([[r + [0] * (width - len(r))] for r in rows], dtype=dtype)
+            out = np.array([[r + [0] * (width - len(r))] for r in rows], dtype=self.dtypes["output_ids"])
+            lengths = np.array(seq, dtype=self.dtypes["sequence_length"]).reshape(-1, 1)
             responses.append(pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor("output_ids", out),
-                pb_utils.Tensor("sequence_length", np.array(seq, dtype=dtype).reshape(-1, 1))]))
+                pb_utils.Tensor("output_ids", out), pb_utils.Tensor("sequence_length", lengths)]))
         return responses
 '''
 

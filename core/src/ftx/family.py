@@ -150,6 +150,9 @@ class Family:
     triton_model_type: ClassVar[str]
     triton_io: ClassVar[str] = "decoder"
     """``decoder`` (GPT-J/NeoX inputs) or ``encoder-decoder`` (T5 inputs)."""
+    ft_output_dtypes: ClassVar[Mapping[str, str]] = {}
+    """Outputs the model type returns in another dtype than its I/O kind's table says (Triton
+    forwards the backend's own dtype, and an ensemble step refuses a dtype it did not declare)."""
     weight_dtypes: ClassVar[tuple[str, ...]] = ("fp32", "fp16", "bf16")
     data_types: ClassVar[tuple[str, ...]] = ("fp32", "fp16", "bf16")
     """Compute types FasterTransformer really runs for this model type."""

@@ -188,7 +188,8 @@ def serve_native(repository: ModelRepository, gemm: GemmConfig, settings: RunSet
             raise ServeError(f"the server started but FasterTransformer could not generate a token: {exc}",
                              hint=f"see the server log: {server.log_path}") from None
         raise
-    log.info("serve.ready", runtime="fastertransformer-native", http=server.http_url, smoke_s=round(seconds, 3),
+    log.info("serve.ready", runtime="fastertransformer-native", http=server.http_url, grpc=server.grpc_url,
+             smoke_s=round(seconds, 3),
              gpus=list(plan.gpus), tuned=plan.expect_gemm)
     model = "ensemble" if "ensemble" in repository.models or (repository.path / "ensemble").is_dir() else "fastertransformer"
     return Endpoint(http_url=server.http_url, grpc_url=server.grpc_url, model=model, handle=server)

@@ -14,7 +14,7 @@ prompt length then travels as the FT model's stream offset, when it has one.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -82,7 +82,8 @@ def build_ensemble_config(io_kind: str, *, max_batch_size: int, streaming: bool,
     return config
 
 
-def build_ft_ensemble_config(io_kind: str, *, max_batch_size: int, ft_model: str = FT_MODEL_NAME) -> mc.ModelConfig:
+def build_ft_ensemble_config(io_kind: str, *, max_batch_size: int, ft_model: str = FT_MODEL_NAME,
+                             output_dtypes: Mapping[str, str] | None = None) -> mc.ModelConfig:
     """FasterTransformer's ensemble interface over the same three steps.
 
     Preprocessing turns the prompts, output lengths and word lists into FT tensors; every sampling
@@ -91,7 +92,7 @@ def build_ft_ensemble_config(io_kind: str, *, max_batch_size: int, ft_model: str
     """
     if io_kind not in PREPROCESSING_OUTPUTS:
         raise ConfigError(f"unknown I/O kind {io_kind!r}")
-    outputs = ft_ensemble_outputs(io_kind)
+    outputs = ft_ensemble_outputs(io_kind, output_dtypes)
     config = mc.ModelConfig(name=FT_ENSEMBLE_NAME, platform="ensemble", max_batch_size=max_batch_size)
     add_inputs_outputs(config, (*FT_TEXT_INPUTS, *FT_PASS_THROUGH), outputs)
     steps = config.ensemble_scheduling.step

@@ -6,7 +6,8 @@ FasterTransformer clients work unchanged. Dims exclude the batch dimension.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,13 @@ IO_KINDS = {
 }
 
 
+def ft_outputs(io_kind: str, dtypes: Mapping[str, str] | None = None) -> tuple[TensorDecl, ...]:
+    """The fastertransformer model's outputs for ``io_kind``, with the ``dtypes`` a model type really
+    returns where they differ from the kind's table (GPT-J's ``sequence_length`` is INT32)."""
+    overrides = dtypes or {}
+    return tuple(replace(d, dtype=overrides.get(d.name, d.dtype)) for d in IO_KINDS[io_kind][1])
+
+
 # --------------------------------------------------------------------------- generate extension
 # The ensemble speaks Triton's generate-extension names; preprocessing takes the same inputs and
 # produces the fastertransformer model's native ones; postprocessing turns FT's outputs into text.
@@ -129,9 +137,9 @@ FT_PASS_THROUGH = tuple(
 FT_TEXT_OUTPUT = "OUTPUT_0"
 
 
-def ft_ensemble_outputs(io_kind: str) -> tuple[TensorDecl, ...]:
+def ft_ensemble_outputs(io_kind: str, dtypes: Mapping[str, str] | None = None) -> tuple[TensorDecl, ...]:
     """``OUTPUT_0`` (text) and FT's ``sequence_length``, ``cum_log_probs``, ``output_log_probs``."""
-    outputs = {d.name: d for d in IO_KINDS[io_kind][1]}
+    outputs = {d.name: d for d in ft_outputs(io_kind, dtypes)}
     return (TensorDecl(FT_TEXT_OUTPUT, "STRING", (-1,)), outputs["sequence_length"], outputs["cum_log_probs"],
             outputs["output_log_probs"])
 
@@ -178,10 +186,10 @@ POSTPROCESSING_OUTPUTS = (*GENERATE_OUTPUTS, TensorDecl("OUTPUT", "STRING", (-1,
 ``OUTPUT``: prompt and generation, FasterTransformer's ensemble text (its ``OUTPUT_0``)."""
 
 
-def postprocessing_inputs(io_kind: str) -> tuple[TensorDecl, ...]:
-    """FT's ``output_ids``/``sequence_length`` (dtypes per I/O kind), the optional prompt lengths and
-    stream offsets."""
-    outputs = {d.name: d for d in IO_KINDS[io_kind][1]}
+def postprocessing_inputs(io_kind: str, dtypes: Mapping[str, str] | None = None) -> tuple[TensorDecl, ...]:
+    """FT's ``output_ids``/``sequence_length`` (dtypes per I/O kind and model type), the optional
+    prompt lengths and stream offsets."""
+    outputs = {d.name: d for d in ft_outputs(io_kind, dtypes)}
     return (
         outputs["output_ids"],
         outputs["sequence_length"],

@@ -17,7 +17,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ftx.errors import ConfigError, FtxError
 from ftx.io.ftformat import gpu_dir_name
-from ftx.triton.io import IO_KINDS, TensorDecl
+from ftx.triton.io import IO_KINDS, TensorDecl, ft_outputs
 
 if TYPE_CHECKING:
     from ftx.family import Family
@@ -63,12 +63,15 @@ class FtModelOptions:
     data_type_note: str = ""
     max_positions: int | None = None
     """A decoder's context size from the source's config.json (None: unknown, or not a decoder)."""
+    output_dtypes: tuple[tuple[str, str], ...] = ()
+    """(output, dtype) where ``model_type`` returns another dtype than its I/O kind's table."""
 
     @classmethod
     def for_family(cls, family: Family, checkpoint_path: Path, tp: int, **choices: Any) -> FtModelOptions:
         """Options for ``family``'s model type (type, I/O kind, compute types) plus the deployment ``choices``."""
         return cls(model_type=family.triton_model_type, io_kind=family.triton_io, checkpoint_path=checkpoint_path,
-                   tp=tp, data_types=tuple(family.data_types), data_type_note=family.data_type_note, **choices)
+                   tp=tp, data_types=tuple(family.data_types), data_type_note=family.data_type_note,
+                   output_dtypes=tuple(sorted(family.ft_output_dtypes.items())), **choices)
 
     @classmethod
     def from_settings(cls, family: Family, checkpoint_path: Path, settings: RunSettings,
@@ -167,7 +170,7 @@ def build_ft_model_config(opts: FtModelOptions) -> mc.ModelConfig:
     """The fastertransformer model's config as a ModelConfig message."""
     check_ft_options(opts)
     config = mc.ModelConfig(name=FT_MODEL_NAME, backend=opts.backend, max_batch_size=opts.max_batch_size)
-    inputs, outputs = IO_KINDS[opts.io_kind]
+    inputs, outputs = IO_KINDS[opts.io_kind][0], ft_outputs(opts.io_kind, dict(opts.output_dtypes))
     if opts.dynamic_batching:
         # Ragged batching: requests with different prompt lengths batch together; the
         # backend right-pads input_ids with 0 up to the longest (lengths travel separately).

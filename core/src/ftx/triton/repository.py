@@ -270,7 +270,7 @@ def write_text_model(dest: Path, role: str, plan: RepositoryPlan) -> None:
     if role == PREPROCESSING:
         inputs, outputs = PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS[io_kind]
     else:
-        inputs, outputs = postprocessing_inputs(io_kind), POSTPROCESSING_OUTPUTS
+        inputs, outputs = postprocessing_inputs(io_kind, dict(plan.ft.output_dtypes)), POSTPROCESSING_OUTPUTS
     config = build_python_model_config(role, inputs, outputs, max_batch_size=plan.ft.max_batch_size,
                                        parameters=params, instances=1)
     model_dir = dest / role
@@ -293,7 +293,8 @@ def write_repository(plan: RepositoryPlan, dest: Path, ft_writer: FtWriter = wri
     ft_outputs = {o.name for o in parse_config(dest / FT_MODEL_NAME / "config.pbtxt").output}
     write_config(build_ensemble_config(plan.io_kind, max_batch_size=plan.ft.max_batch_size,
                                        streaming=plan.ft.streaming, ft_outputs=ft_outputs), dest / ENSEMBLE_NAME)
-    write_config(build_ft_ensemble_config(plan.io_kind, max_batch_size=plan.ft.max_batch_size),
+    write_config(build_ft_ensemble_config(plan.io_kind, max_batch_size=plan.ft.max_batch_size,
+                                          output_dtypes=dict(plan.ft.output_dtypes)),
                  dest / FT_ENSEMBLE_NAME)
     for name in ENSEMBLES:
         (dest / name / "1" / ".ftx-keep").write_text("Triton needs this version directory to exist.\n")

@@ -10,6 +10,10 @@ plugins as installed). This environment itself keeps numpy 2; nothing is pinned 
 
 numpy 1 comes from ``FTX_STUB_NUMPY`` (a wheel file), a wheel cached under ``<home>/triton/wheels``,
 or ``pip download`` from the package index the first time (said on the terminal).
+
+Packages of this environment that cannot import under numpy 1 (SciPy 1.14+ requires numpy 2, and
+scikit-learn requires SciPy) are hidden from the stubs: transformers imports scikit-learn whenever it
+finds it, and a half-importable SciPy would fail the python runtime's model at load.
 """
 
 from __future__ import annotations
@@ -20,9 +24,14 @@ import subprocess
 import sys
 import sysconfig
 import zipfile
+from collections.abc import Iterable
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
+from packaging.markers import UndefinedComparison, UndefinedEnvironmentName
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 from ftx.errors import ServeError
 
@@ -61,6 +70,60 @@ def _numpy1_wheel(home: Path) -> Path:
     return found[-1]
 
 
+def _requirements(dist: metadata.Distribution) -> list[Requirement]:
+    """``dist``'s unconditional requirements (extras left out); unparsable ones are skipped."""
+    found = []
+    for text in dist.requires or []:
+        try:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                found.append(req)
+        except (InvalidRequirement, UndefinedEnvironmentName, UndefinedComparison):
+            continue
+    return found
+
+
+def _top_level_modules(dist: metadata.Distribution) -> set[str]:
+    """The importable top-level names ``dist`` installs (top_level.txt, else its file list)."""
+    listed = dist.read_text("top_level.txt")
+    if listed:
+        return {name for name in listed.split() if name.isidentifier()}
+    names = set()
+    for file in dist.files or []:
+        top = file.parts[0]
+        name = top.split(".", 1)[0] if len(file.parts) == 1 else top
+        if name.isidentifier() and name != "__pycache__":
+            names.add(name)
+    return names
+
+
+def numpy1_incompatible_modules(numpy_version: str, dists: Iterable[metadata.Distribution] | None = None
+                                ) -> list[str]:
+    """Top-level modules of ``dists`` (default: this environment's) that cannot import with numpy
+    ``numpy_version``: their distribution requires a numpy it does not satisfy, or requires (directly
+    or not) a distribution that does."""
+    by_name = {canonicalize_name(d.metadata["Name"] or ""): d
+               for d in (metadata.distributions() if dists is None else dists) if d.metadata["Name"]}
+    needs = {name: _requirements(d) for name, d in by_name.items()}
+    broken = {name for name, reqs in needs.items()
+              if any(canonicalize_name(r.name) == "numpy" and not r.specifier.contains(numpy_version, prereleases=True)
+                     for r in reqs)}
+    grew = True
+    while grew:  # whatever needs a broken distribution is broken too
+        more = {name for name, reqs in needs.items() if name not in broken
+                and any(canonicalize_name(r.name) in broken for r in reqs)}
+        broken |= more
+        grew = bool(more)
+    modules = set().union(*(_top_level_modules(by_name[name]) for name in broken)) if broken else set()
+    return sorted(modules - {"numpy"})
+
+
+def hiding_line(modules: Iterable[str]) -> str:
+    """A ``.pth`` line that makes ``modules`` unimportable and invisible to ``importlib.util.find_spec``
+    (a ``None`` entry in ``sys.modules``), for every interpreter started in that environment."""
+    return f"import sys; sys.modules.update(dict.fromkeys({sorted(modules)!r}))\n"
+
+
 def _roots() -> list[str]:
     """This process's import roots outside the standard library (site-packages, editable sources)."""
     stdlib = {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib")}
@@ -81,7 +144,8 @@ def stub_python(home: Path) -> Path | None:
 
     wheel = _numpy1_wheel(home)
     roots = _roots()
-    digest = hashlib.sha256("\n".join([sys.executable, wheel.name, *roots]).encode()).hexdigest()[:12]
+    hidden = numpy1_incompatible_modules(wheel.name.split("-")[1])
+    digest = hashlib.sha256("\n".join([sys.executable, wheel.name, *roots, *hidden]).encode()).hexdigest()[:12]
     pyver = f"{sys.version_info.major}.{sys.version_info.minor}"
     target = Path(home) / "triton" / f"stub-env-{pyver}-{digest}"
     python = target / "bin" / "python3"
@@ -93,6 +157,8 @@ def stub_python(home: Path) -> Path | None:
         with zipfile.ZipFile(wheel) as zf:
             zf.extractall(site)
         (site / "ftx-main-environment.pth").write_text("\n".join(roots) + "\n")
+        if hidden:
+            (site / "ftx-numpy2-only-hidden.pth").write_text(hiding_line(hidden))
     return python
 
 
@@ -102,4 +168,4 @@ def stub_env(home: Path) -> dict[str, str]:
     return {STUB_PYTHON_ENV: str(python)} if python is not None else {}
 
 
-__all__ = ["STUB_PYTHON_ENV", "needed", "stub_env", "stub_python"]
+__all__ = ["STUB_PYTHON_ENV", "hiding_line", "needed", "numpy1_incompatible_modules", "stub_env", "stub_python"]

@@ -86,6 +86,7 @@ class GPTJ(Family):
     tensors = TENSORS
     ini = INI
     triton_model_type = "GPT-J"
+    ft_output_dtypes = {"sequence_length": "INT32"}  # FasterTransformer's GPT-J returns INT32 lengths
     hf_model_class = "GPTJForCausalLM"
     fingerprint_modules = ("ftx_gptj.slim",)
 
