@@ -11,27 +11,25 @@ plugins as installed). This environment itself keeps numpy 2; nothing is pinned 
 numpy 1 comes from ``FTX_STUB_NUMPY`` (a wheel file), a wheel cached under ``<home>/triton/wheels``,
 or ``pip download`` from the package index the first time (said on the terminal).
 
-Packages of this environment that cannot import under numpy 1 (SciPy 1.14+ requires numpy 2, and
-scikit-learn requires SciPy) are hidden from the stubs: transformers imports scikit-learn whenever it
-finds it, and a half-importable SciPy would fail the python runtime's model at load.
+Optional packages of this environment that fail to import under numpy 1 are hidden from the stubs
+(:func:`modules_to_hide`): transformers imports scikit-learn whenever it finds it, scikit-learn imports
+SciPy, and a SciPy built for numpy 2 fails there, which failed the python runtime's model at load.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
 import sysconfig
 import zipfile
 from collections.abc import Iterable
-from importlib import metadata
+from importlib.util import find_spec
 from pathlib import Path
 
 import numpy as np
-from packaging.markers import UndefinedComparison, UndefinedEnvironmentName
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
 
 from ftx.errors import ServeError
 
@@ -70,52 +68,53 @@ def _numpy1_wheel(home: Path) -> Path:
     return found[-1]
 
 
-def _requirements(dist: metadata.Distribution) -> list[Requirement]:
-    """``dist``'s unconditional requirements (extras left out); unparsable ones are skipped."""
-    found = []
-    for text in dist.requires or []:
+PROBE_MODULE = "transformers.generation.utils"
+"""What the python runtime's model imports first; transformers' optional imports happen there."""
+
+_PROBE = """
+import json, sys, traceback
+try:
+    __import__(sys.argv[1])
+except Exception as exc:
+    root = exc
+    while root.__cause__ is not None or root.__context__ is not None:
+        root = root.__cause__ or root.__context__
+    paths = sorted((p.rstrip("/") + "/" for p in sys.path if p), key=len, reverse=True)
+    tops = []
+    for frame in traceback.extract_tb(root.__traceback__):
+        base = next((p for p in paths if frame.filename.startswith(p)), None)
+        if base is not None:
+            tops.append(frame.filename[len(base):].split("/", 1)[0].removesuffix(".py"))
+    print(json.dumps({"error": repr(root)[:300], "modules": list(dict.fromkeys(tops))}))
+else:
+    print(json.dumps({"error": None, "modules": []}))
+"""
+
+
+def modules_to_hide(python: Path, site: Path, probe: str = PROBE_MODULE, attempts: int = 5) -> list[str]:
+    """Import ``probe`` with ``python``; while that fails inside an optional package it pulled in (the
+    first top-level package in the failing traceback other than ``probe``'s own and numpy), hide that
+    package through ``site`` and try again. Returns what it hid (written to ``site`` already).
+
+    Probing, not package metadata: SciPy 1.17 declares ``numpy>=1.26.4`` yet fails under numpy 1.
+    """
+    own = probe.split(".", 1)[0]
+    hidden: list[str] = []
+    for _ in range(attempts):
+        done = subprocess.run([str(python), "-c", _PROBE, probe], capture_output=True, text=True, check=False)
         try:
-            req = Requirement(text)
-            if req.marker is None or req.marker.evaluate({"extra": ""}):
-                found.append(req)
-        except (InvalidRequirement, UndefinedEnvironmentName, UndefinedComparison):
-            continue
-    return found
+            found = json.loads(done.stdout.strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError):
+            return hidden  # the probe itself could not run: leave the environment as it is
+        culprit = next((m for m in found["modules"] if m not in {own, "numpy", *hidden} and m.isidentifier()), None)
+        if found["error"] is None or culprit is None:
+            return hidden
+        hidden.append(culprit)
+        (site / HIDING_PTH).write_text(hiding_line(hidden))
+    return hidden
 
 
-def _top_level_modules(dist: metadata.Distribution) -> set[str]:
-    """The importable top-level names ``dist`` installs (top_level.txt, else its file list)."""
-    listed = dist.read_text("top_level.txt")
-    if listed:
-        return {name for name in listed.split() if name.isidentifier()}
-    names = set()
-    for file in dist.files or []:
-        top = file.parts[0]
-        name = top.split(".", 1)[0] if len(file.parts) == 1 else top
-        if name.isidentifier() and name != "__pycache__":
-            names.add(name)
-    return names
-
-
-def numpy1_incompatible_modules(numpy_version: str, dists: Iterable[metadata.Distribution] | None = None
-                                ) -> list[str]:
-    """Top-level modules of ``dists`` (default: this environment's) that cannot import with numpy
-    ``numpy_version``: their distribution requires a numpy it does not satisfy, or requires (directly
-    or not) a distribution that does."""
-    by_name = {canonicalize_name(d.metadata["Name"] or ""): d
-               for d in (metadata.distributions() if dists is None else dists) if d.metadata["Name"]}
-    needs = {name: _requirements(d) for name, d in by_name.items()}
-    broken = {name for name, reqs in needs.items()
-              if any(canonicalize_name(r.name) == "numpy" and not r.specifier.contains(numpy_version, prereleases=True)
-                     for r in reqs)}
-    grew = True
-    while grew:  # whatever needs a broken distribution is broken too
-        more = {name for name, reqs in needs.items() if name not in broken
-                and any(canonicalize_name(r.name) in broken for r in reqs)}
-        broken |= more
-        grew = bool(more)
-    modules = set().union(*(_top_level_modules(by_name[name]) for name in broken)) if broken else set()
-    return sorted(modules - {"numpy"})
+HIDING_PTH = "ftx-hidden-under-numpy1.pth"
 
 
 def hiding_line(modules: Iterable[str]) -> str:
@@ -144,8 +143,8 @@ def stub_python(home: Path) -> Path | None:
 
     wheel = _numpy1_wheel(home)
     roots = _roots()
-    hidden = numpy1_incompatible_modules(wheel.name.split("-")[1])
-    digest = hashlib.sha256("\n".join([sys.executable, wheel.name, *roots, *hidden]).encode()).hexdigest()[:12]
+    layout = [sys.executable, wheel.name, HIDING_PTH, *roots]  # HIDING_PTH: envs made before the probe are redone
+    digest = hashlib.sha256("\n".join(layout).encode()).hexdigest()[:12]
     pyver = f"{sys.version_info.major}.{sys.version_info.minor}"
     target = Path(home) / "triton" / f"stub-env-{pyver}-{digest}"
     python = target / "bin" / "python3"
@@ -157,8 +156,8 @@ def stub_python(home: Path) -> Path | None:
         with zipfile.ZipFile(wheel) as zf:
             zf.extractall(site)
         (site / "ftx-main-environment.pth").write_text("\n".join(roots) + "\n")
-        if hidden:
-            (site / "ftx-numpy2-only-hidden.pth").write_text(hiding_line(hidden))
+        if find_spec(PROBE_MODULE.split(".", 1)[0]) is not None:
+            modules_to_hide(tmp / "bin" / "python3", site, probe=PROBE_MODULE)
     return python
 
 
@@ -168,4 +167,4 @@ def stub_env(home: Path) -> dict[str, str]:
     return {STUB_PYTHON_ENV: str(python)} if python is not None else {}
 
 
-__all__ = ["STUB_PYTHON_ENV", "hiding_line", "needed", "numpy1_incompatible_modules", "stub_env", "stub_python"]
+__all__ = ["STUB_PYTHON_ENV", "hiding_line", "modules_to_hide", "needed", "stub_env", "stub_python"]
