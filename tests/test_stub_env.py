@@ -22,6 +22,8 @@ FAKES = {
     "fakeformers/__init__.py": "",
     "fakeformers/generation.py": "import importlib.util\nif importlib.util.find_spec('learnlike'):\n"
                                  "    import learnlike\nREADY = True\n",
+    # transformers' losses: import SciPy when they find it
+    "fakeformers/losses.py": "import importlib.util\nif importlib.util.find_spec('sciplike'):\n    import sciplike\n",
     # scikit-learn: needs SciPy
     "learnlike/__init__.py": "import sciplike\n",
     # SciPy built for numpy 2: fails under numpy 1
@@ -55,7 +57,7 @@ def _imports(python: Path, module: str) -> bool:
 def test_the_probe_hides_the_optional_package_that_fails(tmp_path: Path, fake_site: Path) -> None:
     python, site = _venv(tmp_path, fake_site)
     assert not _imports(python, "fakeformers.generation")  # the failure the probe is for
-    assert stub_env.modules_to_hide(python, site, probe="fakeformers.generation") == ["learnlike"]
+    assert stub_env.modules_to_hide(python, site, probes=["fakeformers.generation"]) == ["learnlike"]
     assert _imports(python, "fakeformers.generation")
     assert not _imports(python, "learnlike")
 
@@ -63,7 +65,7 @@ def test_the_probe_hides_the_optional_package_that_fails(tmp_path: Path, fake_si
 def test_nothing_is_hidden_when_the_probe_imports(tmp_path: Path, fake_site: Path) -> None:
     (fake_site / "sciplike" / "__init__.py").write_text("")
     python, site = _venv(tmp_path, fake_site)
-    assert stub_env.modules_to_hide(python, site, probe="fakeformers.generation") == []
+    assert stub_env.modules_to_hide(python, site, probes=["fakeformers.generation"]) == []
     assert not (site / stub_env.HIDING_PTH).exists() and _imports(python, "learnlike")
 
 
@@ -73,16 +75,21 @@ def test_a_failure_in_the_probed_package_itself_hides_nothing(tmp_path: Path, fa
     (fake_site / "sciplike" / "__init__.py").write_text("")
     (fake_site / "fakeformers" / "__init__.py").write_text("raise ImportError('broken install')\n")
     python, site = _venv(tmp_path, fake_site)
-    assert stub_env.modules_to_hide(python, site, probe="fakeformers.generation") == []
+    assert stub_env.modules_to_hide(python, site, probes=["fakeformers.generation"]) == []
 
 
 def test_the_hiding_line_makes_modules_unimportable_and_unfindable(tmp_path: Path, fake_site: Path) -> None:
     python, site = _venv(tmp_path, fake_site)
+    (fake_site / "sciplike" / "__init__.py").write_text("")
     (site / "ftx-hide.pth").write_text(stub_env.hiding_line(["learnlike"]))
-    probe = "import importlib.util; print(importlib.util.find_spec('learnlike')); import learnlike"
+    probe = ("import importlib.util as u; print(u.find_spec('learnlike'))\n"
+             "try:\n    u.find_spec('learnlike.sub')\nexcept ModuleNotFoundError as e:\n    print(e)\n"
+             "import sciplike; import learnlike")
     done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, cwd="/")
-    assert done.stdout.splitlines() == ["None"], done.stdout + done.stderr
-    assert "ModuleNotFoundError: import of learnlike halted" in done.stderr
+    # as if not installed: find_spec None (of a submodule: ModuleNotFoundError), the import fails
+    assert done.stdout.splitlines() == ["None", "No module named 'learnlike'"], done.stdout + done.stderr
+    assert "ModuleNotFoundError: No module named 'learnlike'" in done.stderr
+    assert "sciplike" not in done.stderr  # only the named ones are hidden
 
 
 def test_the_stub_environment_is_probed_when_built(tmp_path: Path, fake_site: Path,
@@ -94,8 +101,10 @@ def test_the_stub_environment_is_probed_when_built(tmp_path: Path, fake_site: Pa
         zf.writestr("numpy_stand_in.py", "")
     monkeypatch.setenv(stub_env.WHEEL_ENV, str(wheel))
     monkeypatch.setattr(stub_env, "needed", lambda: True)
-    monkeypatch.setattr(stub_env, "PROBE_MODULE", "fakeformers.generation")
+    monkeypatch.setattr(stub_env, "PROBE_MODULES", ("fakeformers.losses", "fakeformers.generation"))
     monkeypatch.syspath_prepend(str(fake_site))
     python = stub_env.stub_python(tmp_path / "home")
     assert python is not None
-    assert _imports(python, "fakeformers.generation") and not _imports(python, "learnlike")
+    for module in ("fakeformers.losses", "fakeformers.generation"):
+        assert _imports(python, module), module
+    assert not _imports(python, "learnlike") and not _imports(python, "sciplike")

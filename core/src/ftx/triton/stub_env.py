@@ -25,7 +25,7 @@ import subprocess
 import sys
 import sysconfig
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -68,13 +68,15 @@ def _numpy1_wheel(home: Path) -> Path:
     return found[-1]
 
 
-PROBE_MODULE = "transformers.generation.utils"
-"""What the python runtime's model imports first; transformers' optional imports happen there."""
+PROBE_MODULES = ("transformers.modeling_utils", "transformers.generation.utils")
+"""What the python runtime's model imports; transformers' optional imports (SciPy for its losses,
+scikit-learn for assisted generation) happen there."""
 
 _PROBE = """
 import json, sys, traceback
 try:
-    __import__(sys.argv[1])
+    for name in sys.argv[1:]:
+        __import__(name)
 except Exception as exc:
     root = exc
     while root.__cause__ is not None or root.__context__ is not None:
@@ -91,22 +93,22 @@ else:
 """
 
 
-def modules_to_hide(python: Path, site: Path, probe: str = PROBE_MODULE, attempts: int = 5) -> list[str]:
-    """Import ``probe`` with ``python``; while that fails inside an optional package it pulled in (the
-    first top-level package in the failing traceback other than ``probe``'s own and numpy), hide that
+def modules_to_hide(python: Path, site: Path, probes: Sequence[str] = PROBE_MODULES, attempts: int = 8) -> list[str]:
+    """Import ``probes`` with ``python``; while that fails inside an optional package they pulled in (the
+    first top-level package in the failing traceback other than the probes' own and numpy), hide that
     package through ``site`` and try again. Returns what it hid (written to ``site`` already).
 
     Probing, not package metadata: SciPy 1.17 declares ``numpy>=1.26.4`` yet fails under numpy 1.
     """
-    own = probe.split(".", 1)[0]
+    own = {probe.split(".", 1)[0] for probe in probes}
     hidden: list[str] = []
     for _ in range(attempts):
-        done = subprocess.run([str(python), "-c", _PROBE, probe], capture_output=True, text=True, check=False)
+        done = subprocess.run([str(python), "-c", _PROBE, *probes], capture_output=True, text=True, check=False)
         try:
             found = json.loads(done.stdout.strip().splitlines()[-1])
         except (IndexError, json.JSONDecodeError):
             return hidden  # the probe itself could not run: leave the environment as it is
-        culprit = next((m for m in found["modules"] if m not in {own, "numpy", *hidden} and m.isidentifier()), None)
+        culprit = next((m for m in found["modules"] if m not in {*own, "numpy", *hidden} and m.isidentifier()), None)
         if found["error"] is None or culprit is None:
             return hidden
         hidden.append(culprit)
@@ -117,10 +119,28 @@ def modules_to_hide(python: Path, site: Path, probe: str = PROBE_MODULE, attempt
 HIDING_PTH = "ftx-hidden-under-numpy1.pth"
 
 
+_HIDER = """
+import sys
+from importlib.machinery import PathFinder
+
+class FtxHiddenUnderNumpy1(PathFinder):
+    hidden = frozenset(%r)
+
+    @classmethod
+    def find_spec(cls, fullname, path=None, target=None):
+        if fullname.partition(".")[0] in cls.hidden:
+            return None
+        return PathFinder.find_spec(fullname, path, target)
+
+sys.meta_path[:] = [FtxHiddenUnderNumpy1 if f is PathFinder else f for f in sys.meta_path]
+"""
+
+
 def hiding_line(modules: Iterable[str]) -> str:
-    """A ``.pth`` line that makes ``modules`` unimportable and invisible to ``importlib.util.find_spec``
-    (a ``None`` entry in ``sys.modules``), for every interpreter started in that environment."""
-    return f"import sys; sys.modules.update(dict.fromkeys({sorted(modules)!r}))\n"
+    """A ``.pth`` line after which ``modules`` (and their submodules) look not installed: imports raise
+    ModuleNotFoundError and ``importlib.util.find_spec`` returns None. The path finder is filtered
+    rather than ``sys.modules`` set to None, which breaks ``find_spec`` of a hidden package's submodules."""
+    return f"import sys; exec({_HIDER % (sorted(modules),)!r}, {{}})\n"
 
 
 def _roots() -> list[str]:
@@ -156,8 +176,8 @@ def stub_python(home: Path) -> Path | None:
         with zipfile.ZipFile(wheel) as zf:
             zf.extractall(site)
         (site / "ftx-main-environment.pth").write_text("\n".join(roots) + "\n")
-        if find_spec(PROBE_MODULE.split(".", 1)[0]) is not None:
-            modules_to_hide(tmp / "bin" / "python3", site, probe=PROBE_MODULE)
+        if all(find_spec(probe.split(".", 1)[0]) is not None for probe in PROBE_MODULES):
+            modules_to_hide(tmp / "bin" / "python3", site, probes=PROBE_MODULES)
     return python
 
 
