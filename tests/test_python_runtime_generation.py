@@ -379,7 +379,10 @@ class FakePbUtils:
 def test_triton_model_casts_outputs_to_the_config_dtypes_and_isolates_bad_requests(built: dict[str, Any]) -> None:
     family, _src, ckpts, ref = built["gptj"]
     model = TritonPythonModel(FakePbUtils)
-    model.initialize({"model_config": json.dumps(_config(family, ckpts[1], 1))})
+    config = _config(family, ckpts[1], 1)
+    model.initialize({"model_config": json.dumps(config)})
+    declared = {o["name"]: o["data_type"] for o in config["output"]}
+    assert declared["sequence_length"] == "TYPE_INT32"  # GPT-J's, as FasterTransformer returns it
     good = FakePbUtils.Request(decoder_inputs([PROMPTS[0]], 5))
     bad = FakePbUtils.Request(decoder_inputs([PROMPTS[1]], 0))
     responses = model.execute([good, bad, good])
@@ -387,7 +390,7 @@ def test_triton_model_casts_outputs_to_the_config_dtypes_and_isolates_bad_reques
     for response in (responses[0], responses[2]):
         assert response.error is None
         assert response.outputs["output_ids"].dtype == np.uint32
-        assert response.outputs["sequence_length"].dtype == np.uint32
+        assert response.outputs["sequence_length"].dtype == np.int32
         assert response.outputs["output_ids"].shape == (1, 1, len(PROMPTS[0]) + 5)
         ids = response.outputs["output_ids"][0, 0, : response.outputs["sequence_length"][0, 0]].tolist()
         assert ids == hf_greedy(ref, PROMPTS[0], 5)
