@@ -18,7 +18,7 @@ from ftx.docker_runtime.package import SERVE_SH
 from ftx.docker_runtime.serve import plan_serve
 from ftx.settings import RunSettings
 from ftx.triton.model_config import FtModelOptions, build_ft_model_config, write_config
-from ftx.triton.server import ServerPorts
+from ftx.triton.ports import ServerPorts
 
 
 @pytest.mark.parametrize(("image", "version"), [

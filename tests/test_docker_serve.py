@@ -36,7 +36,7 @@ from ftx.docker_runtime.serve import FtServer, checkpoint_dirs, plan_serve, serv
 from ftx.errors import ServeError
 from ftx.settings import RunSettings
 from ftx.store import ArtifactStore
-from ftx.triton.server import ServerPorts
+from ftx.triton.ports import ServerPorts
 
 docker_client = docker_daemon.docker_client  # a session fixture (shared daemon and images; see docker_daemon)
 standin_image = docker_daemon.standin_image  # a session fixture (shared daemon and images; see docker_daemon)

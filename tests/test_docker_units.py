@@ -22,7 +22,7 @@ from ftx.docker_runtime.spec import ContainerSpec, Mount
 from ftx.errors import ConfigError, ServeError, ToolError
 from ftx.settings import RunSettings
 from ftx.triton.model_config import FtModelOptions, build_ft_model_config, write_config
-from ftx.triton.server import ServerPorts
+from ftx.triton.ports import ServerPorts
 
 # --------------------------------------------------------------------------- logscan
 

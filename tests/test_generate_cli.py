@@ -55,7 +55,7 @@ def _shm_prefixes(home: Path) -> set[str]:
 def _no_ftx_servers_left(home: Path) -> None:
     """No tritonserver of this home runs and none of its Python-backend shared memory remains
     (other servers on this machine, e.g. of concurrent test runs, are not ours to judge)."""
-    from ftx.triton.server import SHM_DIR
+    from ftx.triton.process_tree import SHM_DIR
 
     prefixes = _shm_prefixes(home)
     assert prefixes, f"no server log under {home}"
@@ -212,7 +212,7 @@ def test_resolve_target_without_servers_says_how_to_start_one(tmp_path: Path, mo
 
 
 def test_generate_against_nothing_is_an_error_with_a_hint(tmp_path: Path) -> None:
-    from ftx.triton.server import free_ports
+    from ftx.triton.ports import free_ports
 
     port = free_ports().grpc
     result = subprocess.run([*FTX, "generate", "ensemble", "Hello", "--url", f"127.0.0.1:{port}", "--timeout", "5"],
@@ -308,7 +308,7 @@ def test_streaming_deployment_streams_tokens_through_the_ensemble(demo_home: Pat
     assert run.returncode == 0, run.stderr[-3000:]
     assert "generate_stream" in run.stdout and "--stream" in run.stdout
     try:
-        from ftx.triton.server import list_servers
+        from ftx.triton.records import list_servers
 
         record = next(r for r in list_servers(demo_home) if r.alive)
         pieces: list[str] = []
@@ -365,7 +365,7 @@ def test_foreground_server_stops_cleanly_on_a_signal(demo_home: Path, sig: int) 
 def test_foreground_server_whose_stub_dies_stops_with_the_cause(demo_home: Path) -> None:
     """#14.4/#14.6: a server that dies under `ftx run` (here: its model's stub is killed) is seen,
     reported with the cause from its log, and stopped with nothing left behind."""
-    from ftx.triton.server import stub_processes
+    from ftx.triton.process_tree import stub_processes
 
     proc = subprocess.Popen([*FTX, "run", "tiny-gptj", "--runtime", "python"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=_env(demo_home))

@@ -123,7 +123,7 @@ def test_work_dir_holds_the_tuned_gemm_config_or_none(built: BuiltBackend, tmp_p
 @needs_pytriton
 def test_backend_directory_links_the_build_the_server_library_and_the_python_backend(
         built: BuiltBackend, tmp_path: Path) -> None:
-    from ftx.triton.server import find_tritonserver
+    from ftx.triton.install import find_tritonserver
 
     root = backends_directory(built, tmp_path)
     ft = root / "fastertransformer"
@@ -209,7 +209,7 @@ def test_dry_run_lines_show_build_tune_and_serve(tmp_path: Path, monkeypatch: py
 
 
 def test_a_tritonserver_dir_that_is_not_an_install_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ftx.triton.server import find_tritonserver
+    from ftx.triton.install import find_tritonserver
 
     monkeypatch.setenv("FTX_TRITONSERVER_DIR", str(tmp_path))
     with pytest.raises(ServeError, match="is not a tritonserver install"):
@@ -218,7 +218,7 @@ def test_a_tritonserver_dir_that_is_not_an_install_is_refused(tmp_path: Path, mo
 
 @needs_pytriton
 def test_library_folders_the_caller_names_come_first() -> None:
-    from ftx.triton.server import find_tritonserver, server_env
+    from ftx.triton.install import find_tritonserver, server_env
 
     env = server_env(find_tritonserver(), {"LD_LIBRARY_PATH": "/opt/ompi/lib"})
     assert env["LD_LIBRARY_PATH"].split(os.pathsep)[0] == "/opt/ompi/lib"

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ftx.triton.server import TRITON_PORTS, ServerPorts, busy_ports, choose_ports, port_free
+from ftx.triton.ports import TRITON_PORTS, ServerPorts, busy_ports, choose_ports, port_free
 
 
 @pytest.fixture

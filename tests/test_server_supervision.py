@@ -22,16 +22,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from ftx.errors import ServeError
 from ftx.triton import server as server_mod
-from ftx.triton.server import (
-    FTX_SHM_PREFIX,
-    SHM_DIR,
-    TritonServer,
-    find_tritonserver,
-    list_servers,
-    prepare_backends,
-    stub_processes,
-    sweep_orphans,
-)
+from ftx.triton.install import STUB_NAME, find_tritonserver, prepare_backends
+from ftx.triton.process_tree import FTX_SHM_PREFIX, SHM_DIR, stub_processes, sweep_orphans
+from ftx.triton.records import list_servers
+from ftx.triton.server import TritonServer
 from ftx.triton.supervisor import STUB_DIED
 from triton_helpers import add_one_model, add_repository, infer_http, process_gone, python_model, shm_regions
 
@@ -208,7 +202,7 @@ def _stub_orphans() -> list[list[str]]:
     found = []
     for process in psutil.process_iter(["cmdline", "ppid"]):
         args = process.info["cmdline"] or []
-        if args and Path(args[0]).name == server_mod.STUB_NAME and process.info["ppid"] == 1:
+        if args and Path(args[0]).name == STUB_NAME and process.info["ppid"] == 1:
             found.append(args)
     return found
 
@@ -237,11 +231,11 @@ def test_orphaned_stubs_and_stale_shared_memory_are_swept_at_the_next_start(tmp_
     stale.write_bytes(b"x")
     dead_pid = subprocess.Popen(["true"])
     dead_pid.wait()
-    script = (f'exec -a /x/{server_mod.STUB_NAME} "$0" -c "import time; time.sleep(120)" '
+    script = (f'exec -a /x/{STUB_NAME} "$0" -c "import time; time.sleep(120)" '
               f'{FTX_SHM_PREFIX}0123456789ab-region 1048576 {dead_pid.pid} /x 336 m_0_0 DEFAULT')
     orphan = subprocess.Popen(["bash", "-c", script, sys.executable], start_new_session=True)
     try:
-        assert _eventually(lambda: any(server_mod.STUB_NAME in " ".join(a) for a in [_args(orphan.pid)]), 5)
+        assert _eventually(lambda: any(STUB_NAME in " ".join(a) for a in [_args(orphan.pid)]), 5)
         swept = sweep_orphans()
         assert stale.name in swept and f"stub pid {orphan.pid}" in swept
         assert _eventually(lambda: not _args(orphan.pid), 10)  # killed (and reaped by the sweep's wait)
@@ -278,7 +272,7 @@ def test_a_home_with_a_space_and_shell_syntax_serves_and_runs_nothing(tmp_path: 
 def test_a_stub_that_cannot_be_launched_fails_at_once_with_the_reason(tmp_path: Path) -> None:
     home = tmp_path / "home"
     backends = prepare_backends(find_tritonserver(), home)
-    (backends / "python" / server_mod.STUB_NAME).write_text("#!/nonexistent/interpreter\n")  # bash: … cannot execute
+    (backends / "python" / STUB_NAME).write_text("#!/nonexistent/interpreter\n")  # bash: … cannot execute
     repo = tmp_path / "repo"
     add_one_model(repo, "add_one")
     started = time.monotonic()
@@ -291,7 +285,7 @@ def test_a_stub_that_cannot_be_launched_fails_at_once_with_the_reason(tmp_path: 
 def test_a_stub_that_never_connects_times_out_with_the_reason(tmp_path: Path) -> None:
     home = tmp_path / "home"
     backends = prepare_backends(find_tritonserver(), home)
-    stub = backends / "python" / server_mod.STUB_NAME
+    stub = backends / "python" / STUB_NAME
     stub.write_text("#!/bin/sh\nexec sleep 600\n")  # starts, never connects
     stub.chmod(0o755)
     repo = tmp_path / "repo"

@@ -145,7 +145,7 @@ def test_ctrl_c_while_the_demo_builds_says_so_and_exits_130(tmp_path: Path) -> N
 
 
 def test_cpu_only_cuda_lines_are_not_shown_as_causes() -> None:
-    from ftx.triton.server import log_tail
+    from ftx.triton.server_log import log_tail
 
     text = ('E1123 02:00:29.132840 17765 ensemble_scheduler.cc:1468] "unable to create stream for ensemble: CUDA driver '
             'version is insufficient for CUDA runtime version"\n'

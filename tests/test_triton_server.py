@@ -22,19 +22,14 @@ sys.path.insert(0, str(Path(__file__).parent))  # triton_helpers, whatever pytes
 
 from ftx.cli.servers import commands
 from ftx.errors import ServeError
+from ftx.triton import install as install_mod
+from ftx.triton import process_tree
 from ftx.triton import server as server_mod
-from ftx.triton.server import (
-    ServerPorts,
-    TritonServer,
-    diagnose,
-    failed_models,
-    find_tritonserver,
-    free_ports,
-    list_servers,
-    prepare_backends,
-    server_env,
-    stop_server,
-)
+from ftx.triton.install import find_tritonserver, prepare_backends, server_env
+from ftx.triton.ports import ServerPorts, free_ports
+from ftx.triton.records import ServerRecord, list_servers, stop_server
+from ftx.triton.server import TritonServer
+from ftx.triton.server_log import diagnose, failed_models
 from triton_helpers import (
     FAILING_PY,
     INPUT,
@@ -271,7 +266,7 @@ def test_free_ports_are_distinct() -> None:
 
 
 def test_missing_pytriton_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(server_mod.importlib_util, "find_spec", lambda name: None)
+    monkeypatch.setattr(install_mod.importlib_util, "find_spec", lambda name: None)
     with pytest.raises(ServeError) as info:
         find_tritonserver()
     assert "pip install nvidia-pytriton" in (info.value.hint or "")
@@ -332,11 +327,11 @@ def test_diagnose_recognises_known_failures() -> None:
 
 
 def _fake_record(home: Path, name: str, pid: int) -> None:
-    stat = server_mod._proc_stat(pid)
-    record = server_mod.ServerRecord(
+    stat = process_tree.proc_stat(pid)
+    record = ServerRecord(
         name=name, pid=pid, host="127.0.0.1", http_port=1, grpc_port=2, metrics_port=3,
         repository="/repo", log_path="/log", started_at="now", start_ticks=stat[1] if stat else None,
-        shm_prefix=server_mod.SHM_PREFIX + f"ftx-test{name}-", exit_timeout_s=1)
+        shm_prefix=process_tree.SHM_PREFIX + f"ftx-test{name}-", exit_timeout_s=1)
     (home / "servers").mkdir(parents=True, exist_ok=True)
     (home / "servers" / f"{name}.json").write_text(record.to_json())
 

@@ -115,7 +115,7 @@ def served_models(home: Path) -> list[ServedModel]:
     import psutil
 
     from ftx.openai_api.records import read_records
-    from ftx.triton.server import list_servers
+    from ftx.triton.records import list_servers
 
     records = {r.pid: r for r in list_servers(home) if r.alive}
     openai = {r["triton_pid"]: r for r in read_records(home)}

@@ -32,7 +32,7 @@ def ps_command(as_json: bool) -> None:
     """
     from ftx.processes import served_models
     from ftx.resources import human_bytes
-    from ftx.triton.server import list_servers
+    from ftx.triton.records import list_servers
 
     served = served_models(_home())
     dead = [r for r in list_servers(_home()) if not r.alive]
@@ -70,7 +70,7 @@ def _uptime(seconds: float) -> str:
 @click.option("--all", "all_servers", is_flag=True, help="Stop every detached server.")
 def stop_command(name: str | None, all_servers: bool) -> None:
     """Stop a detached tritonserver (NAME, the only one running, or --all)."""
-    from ftx.triton.server import stop_server
+    from ftx.triton.records import stop_server
 
     if name and all_servers:
         raise click.UsageError("give a NAME or --all, not both")

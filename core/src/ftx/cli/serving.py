@@ -187,7 +187,7 @@ def resolve_target(model: str | None, url: str | None) -> tuple[str, str]:
     """
     if url:
         return url, model or "ensemble"
-    from ftx.triton.server import list_servers
+    from ftx.triton.records import list_servers
 
     live = [r for r in list_servers(_home()) if r.alive]
     named = [r for r in live if model is not None and r.name == model]

@@ -16,7 +16,7 @@ from typing import Any
 from ftx.docker_runtime import DEFAULT_IMAGE_TAG
 from ftx.errors import ConfigError
 from ftx.settings import RunSettings
-from ftx.triton.server import TRITON_PORTS
+from ftx.triton.ports import TRITON_PORTS
 
 DEFAULT_SHM_SIZE = "1g"
 DEFAULT_READY_TIMEOUT_S = 900.0

@@ -29,7 +29,7 @@ from ftx.errors import ConfigError
 from ftx.family import Family, ModelSpec
 from ftx.settings import RunSettings
 from ftx.triton.model_config import FT_MODEL_NAME, FtModelOptions, build_ft_model_config
-from ftx.triton.server import ServerPorts
+from ftx.triton.ports import ServerPorts
 
 INDENT = "     "
 

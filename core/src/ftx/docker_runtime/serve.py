@@ -40,8 +40,8 @@ from ftx.errors import ConfigError, ServeError
 from ftx.paths import ftx_home
 from ftx.redact import redact, strip_secrets
 from ftx.settings import RunSettings
-from ftx.triton.server import ServerPorts, busy_ports, client_host, http_ok
-from ftx.triton.server import choose_ports as shared_choose_ports
+from ftx.triton.ports import ServerPorts, busy_ports, client_host, http_ok
+from ftx.triton.ports import choose_ports as shared_choose_ports
 
 log = structlog.get_logger(__name__)
 

@@ -101,7 +101,7 @@ def prepare_work_dir(plan: NativeServePlan) -> None:
 def backends_directory(built: BuiltBackend, home: Path) -> Path:
     """``--backend-directory`` for the native server: ``fastertransformer/`` (the build, plus the
     ``libtritonserver.so`` the backend links, pointing at the server's library) and ``python/``."""
-    from ftx.triton.server import find_tritonserver, prepare_backends
+    from ftx.triton.install import find_tritonserver, prepare_backends
 
     install = find_tritonserver()
     python_backends = prepare_backends(install, home)
@@ -148,7 +148,8 @@ def serve_native(repository: ModelRepository, gemm: GemmConfig, settings: RunSet
     """Start tritonserver with the FasterTransformer backend on ``repository``; return once it generates."""
     from ftx.docker_runtime.gpus import local_gpus
     from ftx.runtime.python.serve import _ft_config, server_name, smoke_test
-    from ftx.triton.server import TritonServer, ports_for
+    from ftx.triton.ports import ports_for
+    from ftx.triton.server import TritonServer
 
     say = say or (lambda text: print(text, file=sys.stderr, flush=True))
     options = NativeOptions.from_settings(settings)

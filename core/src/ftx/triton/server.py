@@ -8,7 +8,9 @@ interpreter's ``bin`` first (the stub finds its environment through ``python3``)
 ready (a broken stub hangs the server, so the wait has a timeout and watches the log), and on
 failure raises :class:`~ftx.errors.ServeError` with the cause and the log tail. Servers left running
 with :meth:`TritonServer.detach` are recorded under
-``<home>/servers`` and managed with :func:`list_servers` and :func:`stop_server`.
+``<home>/servers`` and managed with :mod:`ftx.triton.records`; ports, the install, the process
+tree and the log reading live in :mod:`~ftx.triton.ports`, :mod:`~ftx.triton.install`,
+:mod:`~ftx.triton.process_tree` and :mod:`~ftx.triton.server_log`.
 
 tritonserver runs under :mod:`ftx.triton.supervisor`, which owns its process tree (no stub outlives
 it, its shared memory is removed however it ends), stops it when a stub dies, and serves the HTTP
@@ -21,420 +23,76 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import json
 import os
 import re
 import secrets
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
-from importlib import util as importlib_util
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 from urllib.parse import quote
 
-import psutil
 import structlog
 
 from ftx.errors import ServeError
-from ftx.redact import strip_secrets
-from ftx.triton.stub_env import STUB_PYTHON_ENV, stub_env
+from ftx.triton.install import TritonInstall, find_tritonserver, prepare_backends, server_env
+from ftx.triton.ports import ServerPorts, client_host, free_ports, http_ok, loopback_port
+from ftx.triton.process_tree import (
+    FTX_SHM_PREFIX,
+    cmdline,
+    killpg,
+    proc_stat,
+    remove_shm,
+    stub_processes,
+    sweep_orphans,
+)
+from ftx.triton.records import ServerRecord, list_servers, servers_dir
+from ftx.triton.server_log import (
+    LOADED,
+    LOADING,
+    MISSING_LIB,
+    PORT_IN_USE,
+    SERVICE_FAILED,
+    STUB_LAUNCH,
+    Diagnosis,
+    LogWatch,
+    diagnose,
+    exit_cause,
+    failed_models,
+    log_tail,
+    python_backend_models,
+    read_from,
+)
+from ftx.triton.stub_env import stub_env
 
 log = structlog.get_logger(__name__)
 
-STUB_NAME = "triton_python_backend_stub"
-SHM_DIR = Path("/dev/shm")
-SHM_PREFIX = "triton_python_backend_shm_region_"
-FTX_SHM_PREFIX = SHM_PREFIX + "ftx-"
 STUB_START_TIMEOUT_S = 60.0
 """A Python model being loaded with no stub process running for it this long will never load."""
 _SAFE_PATH = re.compile(r"[A-Za-z0-9_./+=:,@%-]+")
 """Characters that pass through the Python backend's ``bash -c`` stub command line unchanged."""
 MODEL_CONTROL_MODES = ("none", "poll", "explicit")
-LOG_TAIL_LINES = 30
 _POLL_S = 0.1
 _PORT_ATTEMPTS = 3
 _NAME_RE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-# --------------------------------------------------------------------------- ports
 
+def repository_models(repository: Path) -> list[str]:
+    """Model names in a repository: its non-hidden subdirectories."""
+    return sorted(p.name for p in Path(repository).iterdir() if p.is_dir() and not p.name.startswith("."))
 
-@dataclass(frozen=True)
-class ServerPorts:
-    """The three ports a tritonserver listens on."""
 
-    http: int
-    grpc: int
-    metrics: int
+def _safe_name(text: str) -> str:
+    return _NAME_RE.sub("-", text).strip("-.") or "triton"
 
-
-TRITON_PORTS = ServerPorts(8000, 8001, 8002)
-"""Triton's own defaults (HTTP, gRPC, metrics), what its clients and guides assume."""
-
-
-def port_free(host: str, port: int) -> bool:
-    """Whether ``port`` can be bound on ``host`` right now."""
-    family = socket.AF_INET6 if ":" in client_host(host) else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((client_host(host), port))
-        except OSError:
-            return False
-    return True
-
-
-def choose_ports(host: str, http: int | None = None, grpc: int | None = None,
-                 metrics: int | None = None) -> tuple[ServerPorts, str | None]:
-    """The ports a server should take, and a sentence for the user when they are not the usual ones.
-
-    Ports given are kept; the others are Triton's 8000/8001/8002 when all three are free, else free ones
-    (the sentence says which defaults were taken).
-    """
-    wanted = (http, grpc, metrics)
-    if all(p is not None for p in wanted):
-        return ServerPorts(*wanted), None  # type: ignore[arg-type]
-    taken = [p for p in (TRITON_PORTS.http, TRITON_PORTS.grpc, TRITON_PORTS.metrics) if not port_free(host, p)]
-    defaults, note = TRITON_PORTS, None
-    if taken:
-        defaults = free_ports(client_host(host))
-        note = (f"Triton's usual port(s) {', '.join(map(str, taken))} are in use on {client_host(host)}; "
-                "taking free ones (pass --http-port/--grpc-port/--metrics-port to choose)")
-    chosen = (w if w is not None else d for w, d in zip(wanted, (defaults.http, defaults.grpc, defaults.metrics),
-                                                       strict=True))
-    return ServerPorts(*chosen), note
-
-
-def ports_for(host: str, http: int | None = None, grpc: int | None = None, metrics: int | None = None,
-              say: Callable[[str], None] | None = None) -> tuple[ServerPorts, bool]:
-    """The ports a local tritonserver takes (see :func:`choose_ports`; a change from Triton's usual ones is
-    said) and whether the user gave any. A port the user gave that is busy fails now, before any model loads."""
-    ports, note = choose_ports(host, http, grpc, metrics)
-    given = {http, grpc, metrics} - {None}
-    if busy := [p for p in busy_ports(host, ports) if p in given]:
-        raise ServeError(f"port(s) {', '.join(map(str, busy))} on {host} are in use",
-                         hint="pass free --http-port/--grpc-port/--metrics-port, or leave them out "
-                              "(ftx takes Triton's 8000-8002, or free ones when those are taken)")
-    if note and say is not None:
-        say(note)
-    return ports, bool(given)
-
-
-def busy_ports(host: str, ports: ServerPorts) -> list[int]:
-    """Which of ``ports`` cannot be bound on ``host`` now (checked before any model loads)."""
-    return [p for p in (ports.http, ports.grpc, ports.metrics) if not port_free(host, p)]
-
-
-def free_ports(host: str = "127.0.0.1") -> ServerPorts:
-    """Return three distinct TCP ports that are free on ``host`` right now."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(3):
-            sock = stack.enter_context(socket.socket(family, socket.SOCK_STREAM))
-            sock.bind((host, 0))
-            ports.append(sock.getsockname()[1])
-    return ServerPorts(*ports)
-
-
-def _loopback_port() -> int:
-    """A free port on 127.0.0.1 (tritonserver's own HTTP port behind the front)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-# --------------------------------------------------------------------------- install
-
-
-@dataclass(frozen=True)
-class TritonInstall:
-    """Where the nvidia-pytriton wheel keeps tritonserver and what it needs at run time."""
-
-    binary: Path  # pytriton/tritonserver/bin/tritonserver
-    backends: Path  # pytriton/tritonserver/backends (no stub inside)
-    stub: Path  # python_backend_stubs/<major.minor>/triton_python_backend_stub
-    libs: Path  # site-packages/nvidia_pytriton.libs
-    python_version: str  # "3.11": the interpreter the stub matches
-
-
-def _python_version() -> str:
-    return f"{sys.version_info.major}.{sys.version_info.minor}"
-
-
-TRITONSERVER_DIR_ENV = "FTX_TRITONSERVER_DIR"
-"""A tritonserver install to use instead of the wheel's: ``bin/``, ``lib/``, ``backends/``, ``python_backend_stubs/``."""
-
-
-def _install_from_dir(root: Path) -> TritonInstall:
-    pyver = _python_version()
-    install = TritonInstall(binary=root / "bin" / "tritonserver", backends=root / "backends",
-                            stub=root / "python_backend_stubs" / pyver / STUB_NAME, libs=root / "lib", python_version=pyver)
-    for path in (install.binary, install.backends / "python", install.libs, install.stub):
-        if not path.exists():
-            raise ServeError(f"{TRITONSERVER_DIR_ENV}={root} is not a tritonserver install: {path} is missing",
-                             hint=f"unset {TRITONSERVER_DIR_ENV} to use the nvidia-pytriton wheel's server")
-    return install
-
-
-def find_tritonserver() -> TritonInstall:
-    """Locate tritonserver, its backends, the stub for this Python and the vendored libs."""
-    if os.environ.get(TRITONSERVER_DIR_ENV):
-        return _install_from_dir(Path(os.environ[TRITONSERVER_DIR_ENV]))
-    hint = "pip install nvidia-pytriton (the python runtime's embedded tritonserver)"
-    spec = importlib_util.find_spec("pytriton")
-    if spec is None or not spec.submodule_search_locations:
-        raise ServeError("nvidia-pytriton is not installed, so there is no tritonserver to run", hint=hint)
-    package = Path(next(iter(spec.submodule_search_locations)))
-    root = package / "tritonserver"
-    pyver = _python_version()
-    install = TritonInstall(
-        binary=root / "bin" / "tritonserver",
-        backends=root / "backends",
-        stub=root / "python_backend_stubs" / pyver / STUB_NAME,
-        libs=package.parent / "nvidia_pytriton.libs",
-        python_version=pyver,
-    )
-    for path in (install.binary, install.backends / "python", install.libs):
-        if not path.exists():
-            raise ServeError(f"nvidia-pytriton at {package} is incomplete: {path} is missing",
-                             hint="pip install --force-reinstall nvidia-pytriton")
-    if not install.stub.is_file():
-        stubs = root / "python_backend_stubs"
-        have = sorted(p.name for p in stubs.iterdir()) if stubs.is_dir() else []
-        raise ServeError(f"nvidia-pytriton has no Python-backend stub for Python {pyver} "
-                         f"(it has: {', '.join(have) or 'none'})",
-                         hint=f"use a Python version among {', '.join(have)}" if have else hint)
-    return install
-
-
-def _stamp(install: TritonInstall) -> dict[str, object]:
-    """What a prepared backends tree was copied from; a different stamp means copy again."""
-    lib = install.backends / "python" / "libtriton_python.so"
-    files = [install.stub] + ([lib] if lib.exists() else [])
-    return {"source": str(install.backends), "stub": str(install.stub),
-            "files": {str(p): [p.stat().st_size, p.stat().st_mtime_ns] for p in files}}
-
-
-def _read_stamp(directory: Path) -> object:
-    try:
-        return json.loads((directory / ".ftx-stamp.json").read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def prepare_backends(install: TritonInstall, home: Path) -> Path:
-    """Return ``<home>/triton/backends-<pyver>``: the wheel's backends plus the matching stub.
-
-    Built once in a temporary directory and published by rename; rebuilt when the wheel changes.
-    """
-    parent = Path(home) / "triton"
-    parent.mkdir(parents=True, exist_ok=True)
-    target = parent / f"backends-{install.python_version}"
-    stamp = _stamp(install)
-    if _read_stamp(target) == stamp:
-        return target
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=parent))
-    try:
-        shutil.copytree(install.backends, tmp, dirs_exist_ok=True)
-        shutil.copy2(install.stub, tmp / "python" / STUB_NAME)
-        (tmp / ".ftx-stamp.json").write_text(json.dumps(stamp, sort_keys=True))
-        for _ in range(3):
-            if _read_stamp(target) == stamp:  # another process published it meanwhile
-                return target
-            if target.exists():
-                with contextlib.suppress(FileNotFoundError):
-                    target.rename(parent / f".{target.name}-old-{secrets.token_hex(4)}")
-            try:
-                tmp.rename(target)
-                log.info("server.backends_prepared", path=str(target), stub=str(install.stub))
-                return target
-            except OSError as exc:
-                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
-                    raise
-        raise ServeError(f"could not publish {target}", hint=f"remove {target} and retry")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        for old in parent.glob(f".{target.name}-old-*"):
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def _join_paths(*parts: str | None) -> str:
-    """Join path lists, keeping the first occurrence of each entry."""
-    seen: list[str] = []
-    for part in parts:
-        for entry in (part or "").split(os.pathsep):
-            if entry and entry not in seen:
-                seen.append(entry)
-    return os.pathsep.join(seen)
-
-
-def python_libdir() -> Path | None:
-    """The directory of this interpreter's shared libpython, if it has one."""
-    libdir = sysconfig.get_config_var("LIBDIR")
-    if not libdir:
-        return None
-    pattern = f"libpython{_python_version()}*.so*"
-    return Path(libdir) if any(Path(libdir).glob(pattern)) else None
-
-
-def server_env(install: TritonInstall, env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment tritonserver and its stubs need, on top of ``os.environ`` and ``env``."""
-    result = strip_secrets({**os.environ, **(env or {})})  # a server needs no Hub or cloud credentials
-    # STUB_PYTHON_ENV names another python3 for the stubs (the python runtime's numpy-1 side environment)
-    python = result.pop(STUB_PYTHON_ENV, None) or sys.executable
-    result["PATH"] = _join_paths(str(Path(python).parent), result.get("PATH") or os.defpath)
-    libdir = python_libdir()
-    if libdir is None:
-        log.warning("server.libpython_missing", executable=sys.executable,
-                    note="the stub will use the system libpython; a version mismatch can break models")
-    # folders the caller names come first: a backend's own libraries (the native FasterTransformer build's
-    # Open MPI) must win over same-named ones in libpython's folder (a system Open MPI in /usr/lib)
-    result["LD_LIBRARY_PATH"] = _join_paths((env or {}).get("LD_LIBRARY_PATH"), str(libdir) if libdir else None,
-                                            str(install.libs), result.get("LD_LIBRARY_PATH"))
-    return result
-
-
-# --------------------------------------------------------------------------- processes
-
-
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state, start time in clock ticks) of a process, or None if there is none."""
-    try:
-        data = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = data.rsplit(")", 1)[1].split()
-    return fields[0], int(fields[19])
-
-
-def _reap(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
-
-
-def _alive(pid: int, start_ticks: int | None = None) -> bool:
-    """True if ``pid`` runs (not a zombie) and, when given, started at ``start_ticks``."""
-    stat = _proc_stat(pid)
-    if stat is None:
-        return False
-    state, started = stat
-    if state in ("Z", "X"):
-        _reap(pid)
-        return False
-    return start_ticks is None or started == start_ticks
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def _wait_gone(pid: int, start_ticks: int | None, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while _alive(pid, start_ticks):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def _terminate_group(pid: int, start_ticks: int | None, grace_s: float) -> None:
-    """SIGTERM the server, SIGKILL its process group after ``grace_s``, then sweep stragglers.
-
-    Servers run in their own session, so the group id is the server's pid and holds its stubs.
-    """
-    if _alive(pid, start_ticks):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        if not _wait_gone(pid, start_ticks, grace_s):
-            log.warning("server.kill", pid=pid, reason=f"no exit {grace_s:.0f} s after SIGTERM")
-            _killpg(pid, signal.SIGKILL)
-            _wait_gone(pid, start_ticks, 5.0)
-    _killpg(pid, signal.SIGKILL)  # stubs left behind by a killed server
-
-
-def remove_shm(prefix: str) -> list[Path]:
-    """Delete Python-backend shared-memory regions whose names start with ``prefix``."""
-    if not prefix.startswith(SHM_PREFIX) or prefix == SHM_PREFIX:
-        raise ValueError(f"refusing to remove shared memory of other servers: {prefix!r}")
-    removed = []
-    for path in SHM_DIR.glob(f"{prefix}*"):
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-            removed.append(path)
-    return removed
-
-
-def _cmdline(process: psutil.Process) -> list[str]:
-    try:
-        return process.cmdline()
-    except psutil.Error:
-        return []
-
-
-def _is_stub(process: psutil.Process) -> bool:
-    args = _cmdline(process)
-    return bool(args) and Path(args[0]).name == STUB_NAME
-
-
-def stub_processes(pid: int) -> list[psutil.Process]:
-    """The live (not zombie) Python-backend stubs below process ``pid``."""
-    try:
-        below = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
-    live = []
-    for process in below:
-        with contextlib.suppress(psutil.Error):
-            if _is_stub(process) and process.status() != psutil.STATUS_ZOMBIE:
-                live.append(process)
-    return live
-
-
-def sweep_orphans() -> list[str]:
-    """Kill ftx's Python-backend stubs whose tritonserver is gone and remove shared memory no live
-    process uses any more (what a server killed mid-start can leave); return what was removed."""
-    live_prefixes: set[str] = set()
-    orphans: list[psutil.Process] = []
-    for process in psutil.process_iter():
-        args = _cmdline(process)
-        text = " ".join(args)
-        found = re.findall(rf"({re.escape(FTX_SHM_PREFIX)}[0-9a-f]+-)", text)
-        if not found:
-            continue
-        if args and Path(args[0]).name == STUB_NAME and len(args) > 5 and args[5].isdigit() \
-                and not _alive(int(args[5])):
-            orphans.append(process)
-            continue
-        live_prefixes.update(found)
-    swept = []
-    for process in orphans:
-        with contextlib.suppress(psutil.Error):
-            process.kill()
-            swept.append(f"stub pid {process.pid}")
-    psutil.wait_procs(orphans, timeout=5)
-    for path in SHM_DIR.glob(f"{FTX_SHM_PREFIX}*"):
-        match = re.match(rf"({re.escape(FTX_SHM_PREFIX)}[0-9a-f]+-)", path.name)
-        if match and match.group(1) not in live_prefixes:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-                swept.append(path.name)
-    if swept:
-        log.warning("server.orphans_swept", removed=swept)
-    return swept
 
 
 def safe_path(path: Path, home: Path) -> Path:
@@ -483,306 +141,6 @@ def _parent_death_signal() -> Callable[[], None] | None:
 
     return preexec
 
-
-# --------------------------------------------------------------------------- log reading
-
-
-# Messages every CPU-only start prints; they never explain a failure.
-_NOISE = re.compile(r"Unable to allocate pinned system memory|CUDA memory pool disabled|CudaDriverHelper has not"
-                    r"|unable to create stream for ensemble: CUDA driver"
-                    r"|Failed to initialize NVML|DCGM unable to start|Collecting CPU metrics")
-
-
-def _clean_lines(text: str) -> list[str]:
-    """Log lines minus blanks, table borders, the server-options table and CPU-only noise."""
-    lines: list[str] = []
-    in_options = False
-    for line in text.splitlines():
-        stripped = line.strip()
-        if not stripped or re.fullmatch(r"\+[-+]*\+", stripped) or _NOISE.search(line):
-            continue
-        if stripped.startswith("|"):
-            in_options = in_options or stripped.replace(" ", "").startswith("|Option|Value|")
-            if not in_options:
-                lines.append(re.sub(r" {2,}", " ", stripped))
-            continue
-        in_options = False
-        lines.append(line)
-    return lines
-
-
-def log_tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
-    """The last ``lines`` meaningful lines of a tritonserver log."""
-    return "\n".join(_clean_lines(text)[-lines:])
-
-
-def _unescape(message: str) -> str:
-    return message.replace("\\n", "\n").replace('\\"', '"').strip().rstrip('"').strip()
-
-
-def _compact_reason(reason: str) -> str:
-    """'Internal: RuntimeError: boom\\n\\nAt:\\n  model.py(2): initialize' in one line."""
-    lines = [line.strip() for line in _unescape(reason).splitlines() if line.strip()]
-    if not lines:
-        return "unknown reason"
-    head, frames = lines[0], [line for line in lines[1:] if line != "At:"]
-    text = head + (f" (at {frames[-1]})" if frames else "")
-    return text if len(text) <= 600 else text[:597] + "..."
-
-
-_FAILED_MODEL = re.compile(r"failed to load '([^']+)' version \d+: (.*)$")
-_POLL_FAILED = re.compile(r"Poll failed for model directory '([^']+)': (.*)$")
-_MISSING_LIB = re.compile(r"error while loading shared libraries: (\S+?): cannot open shared object file")
-_PORT_IN_USE = re.compile(r"Socket '([^']+)' already in use")
-_SERVICE_FAILED = re.compile(r"failed to start (\w+) service: (.*)$")
-_LOADING = re.compile(r'"loading: ([^:"]+):\d+"')
-_STUB_LAUNCH = re.compile(r"^bash: (?:line \d+: )?(.*)$", re.MULTILINE)
-_CRASH = re.compile(r"Signal \((\d+)\) received")
-_SUPERVISOR = re.compile(r"^ftx-supervisor: (.*)$", re.MULTILINE)
-_LOADED = re.compile(r"successfully loaded '([^']+)'")
-
-
-def failed_models(text: str) -> dict[str, str]:
-    """Model name to a one-line reason, for each model the log says failed to load."""
-    found: dict[str, str] = {}
-    for line in text.splitlines():
-        match = _FAILED_MODEL.search(line) or _POLL_FAILED.search(line)
-        if match and match.group(1) not in found:
-            found[match.group(1)] = _compact_reason(match.group(2))
-    return found
-
-
-@dataclass(frozen=True)
-class Diagnosis:
-    """The likely cause of a failed start and what to do about it."""
-
-    cause: str
-    hint: str
-    port_in_use: bool = False
-
-
-def diagnose(text: str, *, log_path: Path | None = None) -> Diagnosis | None:
-    """Recognise why tritonserver did not start from its log text, or None if nothing is known."""
-    see_log = f"full log: {log_path}" if log_path else "see the server log"
-    if match := _MISSING_LIB.search(text):
-        lib = match.group(1)
-        if lib.startswith("libpython"):
-            ver = _python_version()
-            return Diagnosis(f"the Python-backend stub cannot start: {lib} is missing",
-                             f"install the shared libpython for Python {ver} (Debian: apt-get install "
-                             f"libpython{ver}) or use a Python built with --enable-shared")
-        return Diagnosis(f"the Python-backend stub cannot start: shared library {lib} not found",
-                         "LD_LIBRARY_PATH must list <site-packages>/nvidia_pytriton.libs (ftx sets it); "
-                         "reinstall nvidia-pytriton if that directory is incomplete")
-    if match := _STUB_LAUNCH.search(text):
-        return Diagnosis(f"the Python-backend stub could not be launched: bash: {match.group(1)}",
-                         "tritonserver starts stubs through `bash -c`; a path it cannot split right (a space, "
-                         "a `$`) breaks the command: use an FTX_HOME and repository path of plain characters; "
-                         + see_log)
-    if match := _PORT_IN_USE.search(text):
-        return Diagnosis(f"port in use: {match.group(1)}",
-                         "choose other ports, or let ftx pick free ones; `ftx ps` lists servers ftx left running",
-                         port_in_use=True)
-    failed = failed_models(text)
-    if failed:
-        cause = "; ".join(f"model '{name}' failed to load: {reason}" for name, reason in failed.items())
-        if "_recursion_count" in text:
-            libdir = sysconfig.get_config_var("LIBDIR")
-            return Diagnosis(cause + " — the stub runs a different libpython than this interpreter",
-                             f"put {libdir} first in LD_LIBRARY_PATH, or make the venv from the system python3")
-        if "ModuleNotFoundError" in cause:
-            return Diagnosis(cause, f"install the missing module into the environment of {sys.executable} "
-                                    "(the stub runs the python3 first on PATH)")
-        names = ", ".join(failed)
-        return Diagnosis(cause, f"fix the model ({names}) in the repository; {see_log}")
-    if match := _SERVICE_FAILED.search(text):
-        return Diagnosis(f"tritonserver could not start its {match.group(1)} service: {_unescape(match.group(2))}",
-                         see_log)
-    if match := re.search(r"error: creating server: (.*)", text):
-        return Diagnosis(f"tritonserver could not be created: {match.group(1).strip()}", see_log)
-    return None
-
-
-def exit_cause(text: str) -> str | None:
-    """Why a running tritonserver stopped, from its log: the supervisor's report of a dead stub or of
-    how tritonserver ended, a crash signal, or a model failure."""
-    causes = []
-    crashes = [int(n) for n in _CRASH.findall(text) if int(n) not in (signal.SIGTERM, signal.SIGINT)]
-    if crashes:  # tritonserver also says "Signal (15) received." when it is asked to stop
-        number = crashes[0]
-        try:
-            causes.append(f"tritonserver crashed with {signal.Signals(number).name} (signal {number})")
-        except ValueError:
-            causes.append(f"tritonserver crashed with signal {number}")
-    causes += [r for r in _SUPERVISOR.findall(text) if "died" in r or "exited by itself" in r]
-    return "; ".join(causes) if causes else None
-
-
-def python_backend_models(repository: Path) -> list[str]:
-    """Models of a repository that run on the Python backend (each needs a stub process)."""
-    found = []
-    for config in Path(repository).glob("*/config.pbtxt"):
-        with contextlib.suppress(OSError):
-            if re.search(r'^\s*backend:\s*"python"', config.read_text(), re.MULTILINE):
-                found.append(config.parent.name)
-    return sorted(found)
-
-
-class _LogWatch:
-    """Reads lines appended to a log file since a given offset."""
-
-    def __init__(self, path: Path, offset: int) -> None:
-        self.path, self.offset, self._partial = path, offset, ""
-
-    def new_lines(self) -> list[str]:
-        try:
-            with self.path.open("rb") as fh:
-                fh.seek(self.offset)
-                data = fh.read()
-        except OSError:
-            return []
-        self.offset += len(data)
-        text = self._partial + data.decode("utf-8", "replace")
-        *lines, self._partial = text.split("\n")
-        return lines
-
-
-def _read_from(path: Path, offset: int) -> str:
-    try:
-        with path.open("rb") as fh:
-            fh.seek(offset)
-            return fh.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
-# --------------------------------------------------------------------------- HTTP probes
-
-
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
-
-
-def http_ok(url: str, timeout_s: float = 2.0) -> bool:
-    """True if GET ``url`` answers 200 (a fresh connection each time: no keep-alive left open)."""
-    try:
-        with _OPENER.open(url, timeout=timeout_s) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
-
-def client_host(host: str) -> str:
-    """The address a client on this machine uses to reach a server bound to ``host``."""
-    if host in ("", "0.0.0.0"):
-        return "127.0.0.1"
-    if host == "::":
-        return "[::1]"
-    return f"[{host}]" if ":" in host else host
-
-
-def repository_models(repository: Path) -> list[str]:
-    """Model names in a repository: its non-hidden subdirectories."""
-    return sorted(p.name for p in Path(repository).iterdir() if p.is_dir() and not p.name.startswith("."))
-
-
-def _safe_name(text: str) -> str:
-    return _NAME_RE.sub("-", text).strip("-.") or "triton"
-
-
-# --------------------------------------------------------------------------- state records
-
-
-@dataclass(frozen=True)
-class ServerRecord:
-    """A detached server as written to ``<home>/servers/<name>.json``."""
-
-    name: str
-    pid: int
-    host: str
-    http_port: int
-    grpc_port: int
-    metrics_port: int
-    repository: str
-    log_path: str
-    started_at: str
-    models: tuple[str, ...] = ()
-    shm_prefix: str = ""
-    exit_timeout_s: int = 10
-    start_ticks: int | None = None
-    state_file: str = field(default="", compare=False)
-    alive: bool = field(default=True, compare=False)
-
-    @property
-    def http_url(self) -> str:
-        return f"{client_host(self.host)}:{self.http_port}"
-
-    @property
-    def grpc_url(self) -> str:
-        return f"{client_host(self.host)}:{self.grpc_port}"
-
-    def to_json(self) -> str:
-        data = asdict(self)
-        data.pop("state_file")
-        data.pop("alive")
-        data["models"] = list(self.models)
-        return json.dumps(data, indent=2, sort_keys=True)
-
-    @classmethod
-    def from_file(cls, path: Path) -> ServerRecord:
-        """Read a state file; ``alive`` says whether that process still runs."""
-        data = json.loads(path.read_text())
-        known = {f for f in cls.__dataclass_fields__ if f not in ("state_file", "alive")}
-        record = cls(**{k: v for k, v in data.items() if k in known}, state_file=str(path))
-        return replace(record, models=tuple(record.models), alive=_alive(record.pid, record.start_ticks))
-
-
-def servers_dir(home: Path) -> Path:
-    return Path(home) / "servers"
-
-
-def list_servers(home: Path) -> list[ServerRecord]:
-    """Detached servers recorded under ``home``, sorted by name; dead ones have ``alive=False``."""
-    records = []
-    for path in sorted(servers_dir(home).glob("*.json")):
-        try:
-            records.append(ServerRecord.from_file(path))
-        except (OSError, ValueError, TypeError) as exc:
-            log.warning("server.state_unreadable", path=str(path), error=str(exc))
-    return records
-
-
-def _stop_record(record: ServerRecord) -> None:
-    if record.alive:
-        _terminate_group(record.pid, record.start_ticks, record.exit_timeout_s + 20)
-    _reap(record.pid)
-    if record.shm_prefix.startswith(SHM_PREFIX + "ftx-"):
-        remove_shm(record.shm_prefix)
-    Path(record.state_file).unlink(missing_ok=True)
-    log.info("server.stopped" if record.alive else "server.record_removed", name=record.name, pid=record.pid)
-
-
-def stop_server(home: Path, name: str | None = None, *, all_servers: bool = False) -> list[ServerRecord]:
-    """Stop detached servers and remove their records; return the records handled.
-
-    ``name`` stops that server. Without a name: ``all_servers`` stops every one; otherwise the
-    only running server is stopped (an error if several run). Records of dead servers are
-    removed along the way and returned with ``alive=False``.
-    """
-    records = list_servers(home)
-    if name is not None:
-        chosen = [r for r in records if r.name == name]
-        if not chosen:
-            known = ", ".join(r.name for r in records) or "none"
-            raise ServeError(f"no server named {name!r} (known: {known})", hint="`ftx ps` lists detached servers")
-    else:
-        live = [r for r in records if r.alive]
-        if len(live) > 1 and not all_servers:
-            raise ServeError(f"{len(live)} servers are running: {', '.join(r.name for r in live)}",
-                             hint="name one (`ftx stop NAME`) or stop them all with `ftx stop --all`")
-        chosen = records
-    for record in chosen:
-        _stop_record(record)
-    return chosen
 
 
 # --------------------------------------------------------------------------- the server
@@ -938,7 +296,7 @@ class TritonServer:
                 self._wait_ready(offset, say)
             except _StartFailure as failure:
                 self._cleanup_process()
-                text = _read_from(self._log_path, offset)
+                text = read_from(self._log_path, offset)
                 found = diagnose(text, log_path=self._log_path)
                 if found and found.port_in_use and attempt < attempts:
                     log.info("server.port_retry", name=self.name, attempt=attempt, cause=found.cause)
@@ -970,7 +328,7 @@ class TritonServer:
         offset of this run."""
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
         if self.http_front and self._internal_http_port is None:
-            self._internal_http_port = _loopback_port()
+            self._internal_http_port = loopback_port()
         triton = [*self.launcher, *self.command(backends, install.binary, repository)]
         cmd = self.supervisor_command(triton)
         with self._log_path.open("ab") as out:
@@ -983,7 +341,7 @@ class TritonServer:
                 # only prctl/getppid/kill run between fork and exec
                 preexec_fn=_parent_death_signal() if self.die_with_parent else None,  # noqa: PLW1509
             )
-        stat = _proc_stat(self._proc.pid)
+        stat = proc_stat(self._proc.pid)
         self._start_ticks = stat[1] if stat else None
         log.debug("server.spawned", name=self.name, pid=self._proc.pid, cmd=cmd)
         return offset
@@ -992,7 +350,7 @@ class TritonServer:
         """Poll readiness; raise _StartFailure on exit, a fatal log line, or timeout."""
         assert self._proc is not None
         base = f"http://{self.http_url}"
-        watch = _LogWatch(self._log_path, offset)
+        watch = LogWatch(self._log_path, offset)
         expected = self.expected_models
         pending = list(expected)
         server_ready = False
@@ -1002,9 +360,9 @@ class TritonServer:
         while True:
             for line in watch.new_lines():
                 self._scan_line(line, expected, say)
-                if (match := _LOADING.search(line)) and match.group(1) in python_models:
+                if (match := LOADING.search(line)) and match.group(1) in python_models:
                     loading[match.group(1)] = time.monotonic()
-                elif match := _LOADED.search(line):
+                elif match := LOADED.search(line):
                     loading.pop(match.group(1), None)
             code = self._proc.poll()
             if code is not None:
@@ -1029,8 +387,8 @@ class TritonServer:
         overdue = [m for m, since in loading.items() if time.monotonic() - since > self.stub_start_timeout_s]
         if not overdue:
             return
-        running = {part for stub in stub_processes(self._proc.pid) for part in Path(_cmdline(stub)[1]).parts[-3:-2]
-                   if len(_cmdline(stub)) > 1}
+        running = {part for stub in stub_processes(self._proc.pid) for part in Path(cmdline(stub)[1]).parts[-3:-2]
+                   if len(cmdline(stub)) > 1}
         missing = [m for m in overdue if m not in running]
         if missing:
             raise _StartFailure(f"no Python-backend stub started for {', '.join(missing)} within "
@@ -1040,13 +398,13 @@ class TritonServer:
 
     def _scan_line(self, line: str, expected: Sequence[str], say: Callable[[str], None]) -> None:
         """Report progress from a log line; raise _StartFailure if it means the start has failed."""
-        if match := _LOADING.search(line):
+        if match := LOADING.search(line):
             say(f"loading model {match.group(1)}")
-        elif match := _LOADED.search(line):
+        elif match := LOADED.search(line):
             say(f"loaded model {match.group(1)}")
-        if _MISSING_LIB.search(line) or _STUB_LAUNCH.search(line):
+        if MISSING_LIB.search(line) or STUB_LAUNCH.search(line):
             raise _StartFailure("a Python-backend stub could not start")
-        if _PORT_IN_USE.search(line) or _SERVICE_FAILED.search(line):
+        if PORT_IN_USE.search(line) or SERVICE_FAILED.search(line):
             raise _StartFailure("a network service could not start")
         failed = failed_models(line)
         if any(name in expected for name in failed):
@@ -1070,7 +428,7 @@ class TritonServer:
         if self._proc is not None and not self._swept:
             if self._proc.poll() is None:
                 self._terminate()
-            _killpg(self._proc.pid, signal.SIGKILL)  # stubs of a killed server; the group is ours
+            killpg(self._proc.pid, signal.SIGKILL)  # stubs of a killed server; the group is ours
             self._swept = True
         remove_shm(self.shm_prefix)
 
@@ -1082,7 +440,7 @@ class TritonServer:
             self._proc.wait(timeout=self.exit_timeout_s + 20)
         except subprocess.TimeoutExpired:
             log.warning("server.kill", name=self.name, pid=self._proc.pid, reason="no exit after SIGTERM")
-            _killpg(self._proc.pid, signal.SIGKILL)
+            killpg(self._proc.pid, signal.SIGKILL)
             self._proc.wait(timeout=10)
 
     def stop(self) -> None:
@@ -1103,7 +461,7 @@ class TritonServer:
     def exit_report(self) -> str:
         """Why the server stopped by itself, from its log: the cause (a crash signal, a dead stub, a
         model failure) and the log's last lines."""
-        text = _read_from(self._log_path, 0)
+        text = read_from(self._log_path, 0)
         code = self._proc.returncode if self._proc else None
         cause = exit_cause(text) or (diagnose(text, log_path=self._log_path) or Diagnosis("", "")).cause
         head = f"tritonserver stopped by itself (supervisor exit code {code})"

@@ -84,7 +84,8 @@ def serve_python(repository: ModelRepository, ctx: StageContext) -> Endpoint:
     The server binds ``--host`` (127.0.0.1 by default) on the chosen or free ports; with
     ``--detach`` it is started so that it can outlive this process.
     """
-    from ftx.triton.server import TritonServer, ports_for
+    from ftx.triton.ports import ports_for
+    from ftx.triton.server import TritonServer
 
     s = ctx.settings.serve
     if s.device == "cuda":
