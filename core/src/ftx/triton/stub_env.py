@@ -30,8 +30,11 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import numpy as np
+import structlog
 
 from ftx.errors import ServeError
+
+log = structlog.get_logger(__name__)
 
 STUB_PYTHON_ENV = "FTX_STUB_PYTHON"
 """In a server's ``env``: the python3 whose environment the Python-backend stubs run in (default: this one)."""
@@ -112,6 +115,8 @@ def modules_to_hide(python: Path, site: Path, probes: Sequence[str] = PROBE_MODU
         if found["error"] is None or culprit is None:
             return hidden
         hidden.append(culprit)
+        log.info("stub_env.hidden", module=culprit, failure=found["error"],
+                 reason="it fails to import under the stubs' numpy 1; transformers imports it only when found")
         (site / HIDING_PTH).write_text(hiding_line(hidden))
     return hidden
 
