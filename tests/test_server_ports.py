@@ -4,12 +4,20 @@ when given — and a busy port the user chose is refused before any model loads.
 from __future__ import annotations
 
 import socket
+import sys
 from collections.abc import Iterator
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
-from ftx.triton.ports import TRITON_PORTS, ServerPorts, busy_ports, choose_ports, port_free
+from ftx.triton.ports import TRITON_PORTS, ServerPorts, busy_ports, choose_ports, free_ports, port_free
+from ftx.triton.server import TritonServer
+
+sys.path.insert(0, str(Path(__file__).parent))  # triton_helpers, whatever pytest's import mode
+
+from triton_helpers import INPUT, add_repository, infer_http
 
 
 @pytest.fixture
@@ -64,3 +72,41 @@ def test_a_busy_port_given_to_ftx_run_fails_before_any_model_loads(ftx_cli: Any,
     assert "loading model" not in result.stderr and "starting tritonserver" not in result.stderr
     logs = ftx_home / "triton" / "logs"
     assert not logs.exists() or not list(logs.glob("*.log"))  # no tritonserver was started
+
+
+def _leave_time_wait_on(port: int) -> None:
+    """What a server that just answered a client and stopped leaves behind: a connection of ``port`` in
+    TIME_WAIT (the server side closed first) and no listener. The listener sets SO_REUSEADDR, as
+    tritonserver's do."""
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", port))
+        server.listen()
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = server.accept()
+            accepted.close()  # the server closes first: its side of the connection lingers in TIME_WAIT
+            client.recv(1)
+    with socket.socket() as plain:  # the state that used to move a second run off Triton's ports
+        with pytest.raises(OSError):
+            plain.bind(("127.0.0.1", port))
+
+
+def test_a_port_left_in_time_wait_by_a_stopped_server_counts_as_free() -> None:
+    port = free_ports().http
+    _leave_time_wait_on(port)
+    assert port_free("127.0.0.1", port)
+    assert busy_ports("127.0.0.1", ServerPorts(port, port, port)) == []
+
+
+@pytest.mark.skipif(find_spec("pytriton") is None, reason="nvidia-pytriton is not installed")
+def test_tritonserver_serves_on_ports_left_in_time_wait(tmp_path: Path) -> None:
+    """A second run right after the first keeps Triton's ports: tritonserver's listeners bind where only
+    lingering connections of the last server remain (real tritonserver)."""
+    ports = free_ports()
+    for port in (ports.http, ports.grpc, ports.metrics):
+        _leave_time_wait_on(port)
+    assert busy_ports("127.0.0.1", ports) == []
+    with TritonServer(add_repository(tmp_path / "repo"), home=tmp_path / "home", ports=ports,
+                      exit_timeout_s=5) as server:
+        assert server.http_url == f"127.0.0.1:{ports.http}"
+        np.testing.assert_array_equal(infer_http(server.http_url, "add_one"), INPUT + 1)

@@ -30,9 +30,15 @@ TRITON_PORTS = ServerPorts(8000, 8001, 8002)
 
 
 def port_free(host: str, port: int) -> bool:
-    """Whether ``port`` can be bound on ``host`` right now."""
+    """Whether a server could listen on ``port`` of ``host`` right now.
+
+    Probed with SO_REUSEADDR, as tritonserver's HTTP, gRPC and metrics listeners bind: connections of a
+    server that just stopped linger in TIME_WAIT on its port for a minute, and they block a plain bind but
+    not a server's, so without it a second run right after the first would move off Triton's ports.
+    """
     family = socket.AF_INET6 if ":" in client_host(host) else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((client_host(host), port))
         except OSError:
