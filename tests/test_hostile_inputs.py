@@ -675,3 +675,23 @@ def test_read_only_or_full_file_system(ftx_cli, ftx_home: Path, tiny_gptj_dir: P
             assert where == "output" or not list((home / "store").glob("convert/*"))
             assert [p.name for p in mnt.iterdir() if p.name.startswith(".out.") and p.suffix != ".lock"] == []
             assert not (mnt / "out" / "1-gpu").exists() and not (mnt / "out" / "ftx-deployment.json").exists()
+
+
+# --- FTX_HOME that is no directory ftx can use ----------------------------------------------------
+
+HOMES = {
+    "a file": ("FILE", "it is a file", ("ls", "ps")),
+    "below a file": ("FILE/sub", "a directory above it is a file", ("ls", "ps")),
+    # root writes through permission bits; /proc/1 refuses even root (ps only reads FTX_HOME: not here)
+    "unwritable": ("/proc/1", "no such file or directory", ("ls",)),
+}
+
+
+@pytest.mark.parametrize(("case", "command"), [(c, cmd) for c in sorted(HOMES) for cmd in HOMES[c][2]])
+def test_ftx_home_that_is_not_a_usable_directory(ftx_cli, tmp_path: Path, case: str, command: str) -> None:
+    where, why, _ = HOMES[case]
+    (tmp_path / "FILE").write_text("hi\n")
+    home = where.replace("FILE", str(tmp_path / "FILE"))
+    result = ftx_cli(command, env={"FTX_HOME": home})
+    assert_clean_failure(result, f"FTX_HOME={home} is not a directory ftx can use", why, "FTX_HOME at a writable")
+    assert (tmp_path / "FILE").read_text() == "hi\n"

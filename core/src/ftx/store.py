@@ -39,6 +39,7 @@ import structlog
 
 from ftx.atomic import recover, swap_in
 from ftx.hashing import sha256_files
+from ftx.paths import unusable_home
 from ftx.redact import redact_data
 
 log = structlog.get_logger(__name__)
@@ -189,8 +190,11 @@ class ArtifactStore:
         self.tmp_root = self.root / ".tmp"
         self.lock_root = home / "locks"
         self._locks: dict[str, filelock.FileLock] = {}
-        for d in (self.root, self.tmp_root, self.lock_root):
-            d.mkdir(parents=True, exist_ok=True)
+        try:
+            for d in (self.root, self.tmp_root, self.lock_root):
+                d.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise unusable_home(home, exc) from exc
 
     def path(self, stage: str, key: str) -> Path:
         return self.root / stage / key
