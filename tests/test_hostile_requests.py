@@ -116,8 +116,11 @@ def test_malformed_requests_fail_alone_among_concurrent_valid_ones(deployment: D
                                                {"400"}),
         "broken stop word offsets": (lambda: infer(http, raw({"stop_words_list": np.array([[[1, 2], [5, -1]]],
                                                                                          np.int32)})), {"400"}),
-        "temperature 1e-40: fails inside generate": (
-            lambda: infer(http, raw({"temperature": np.array([[1e-40]], np.float32), **sample})), {"500"}),
+        "repetition_penalty 1e-40 (sampling)": (
+            lambda: infer(http, raw({"repetition_penalty": np.array([[1e-40]], np.float32), **sample})), {"400"}),
+        "len_penalty 1e30 (beam search)": (
+            lambda: infer(http, raw({"len_penalty": np.array([[1e30]], np.float32),
+                                     "beam_width": column(2, 1, np.uint32)})), {"400"}),
         "ensemble: invalid UTF-8": (lambda: _raise(_generate(http, b'{"text_input":"\xff\xfe","max_tokens":3}')),
                                     {"400"}),
         "ensemble: max_tokens 2^32+5": (lambda: _raise(_generate(http, {"text_input": "Hi", "max_tokens": 2**32 + 5})),

@@ -263,6 +263,17 @@ def test_greedy_items_batch_together_whatever_their_seeds(gptj: Any) -> None:
 LIMITS = ModelLimits(vocab_size=100, end_id=0, start_id=0, max_positions=64)
 
 
+def test_a_vanishing_temperature_decodes_greedily(gptj: Any) -> None:
+    """A temperature of 1e-40 with sampling on used to turn the logits into infinities inside generate()
+    (HTTP 500); below 1e-5 the item decodes greedily, its limit."""
+    ref, gen, _spec = gptj
+    for temperature in (1e-40, 0.0):
+        inputs = decoder_inputs([PROMPTS[0]], 4, temperature=np.array([[temperature]], np.float32),
+                                runtime_top_k=column(5, 1, np.uint32), runtime_top_p=np.array([[0.9]], np.float32))
+        assert not gen.parse(inputs).items[0].sampling.do_sample
+        assert _tokens(_run(gen, inputs)) == hf_greedy(ref, PROMPTS[0], 4)
+
+
 @pytest.mark.parametrize(("change", "message"), [
     ({"input_ids": np.zeros((1, 0), np.uint32)}, "empty"),
     ({"input_lengths": np.array([[0]], np.uint32)}, "at least 1"),
@@ -485,14 +496,35 @@ def test_beam_search_streams_one_response_per_step(streaming_gptj: Any) -> None:
 # --------------------------------------------------------------------------- one request fails alone (#14.3)
 
 
+POISON = 250
+"""A token id no prompt here uses: with ``poisoned_generate`` a generate() call holding it fails."""
+
+
 def _hostile(prompt: list[int]) -> dict[str, np.ndarray]:
-    """Finite, in-range values that still break sampling inside generate(): a temperature of 1e-40
-    turns the logits into infinities (a real failure of torch.multinomial, nothing staged)."""
-    return decoder_inputs([prompt], 3, temperature=np.array([[1e-40]], np.float32),
-                          runtime_top_p=np.array([[1.0]], np.float32))
+    """A request whose generate() call fails (staged by ``poisoned_generate``)."""
+    return decoder_inputs([[POISON, *prompt]], 3)
 
 
-def test_a_request_that_fails_inside_generate_fails_alone(gptj: Any, streaming_gptj: Any) -> None:
+@pytest.fixture
+def poisoned_generate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Staged failure inside transformers' generate() for any batch holding POISON: every finite,
+    in-range request value decodes now (a vanishing temperature is greedy, penalties are bounded), so no
+    real request fails there any more, but a model or a device still can."""
+    from transformers.generation.utils import GenerationMixin
+
+    real = GenerationMixin.generate
+
+    def generate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None and (ids == POISON).any():
+            raise RuntimeError("staged failure inside generate()")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(GenerationMixin, "generate", generate)
+
+
+def test_a_request_that_fails_inside_generate_fails_alone(gptj: Any, streaming_gptj: Any,
+                                                          poisoned_generate: None) -> None:
     ref, gen, _spec = gptj
     ft = FtModel(gen, {"output_ids": np.uint32, "sequence_length": np.uint32})
     batch = [decoder_inputs([PROMPTS[0]], 3), _hostile(PROMPTS[1]), decoder_inputs([PROMPTS[2]], 4)]
@@ -517,6 +549,11 @@ def test_a_request_that_fails_inside_generate_fails_alone(gptj: Any, streaming_g
     ({"repetition_penalty": np.array([[np.nan]], np.float32)}, "repetition_penalty must be a finite"),
     ({"runtime_top_p": np.array([[np.nan]], np.float32)}, "runtime_top_p must be a finite"),
     ({"len_penalty": np.array([[np.inf]], np.float32)}, "len_penalty must be a finite"),
+    ({"len_penalty": np.array([[1e30]], np.float32), "beam_width": column(2, 1, np.uint32)},
+     "len_penalty must be between -10 and 10"),
+    ({"len_penalty": np.array([[-11]], np.float32)}, "len_penalty must be between"),
+    ({"repetition_penalty": np.array([[1e-40]], np.float32)}, "repetition_penalty must be between 0.0001 and 10000"),
+    ({"repetition_penalty": np.array([[1e30]], np.float32)}, "repetition_penalty must be between"),
     ({"beam_search_diversity_rate": np.array([[np.nan]], np.float32)}, "beam_search_diversity_rate"),
     ({"runtime_top_k": np.array([[1000]], np.uint32)}, "runtime_top_k"),
     ({"random_seed": np.array([[-5]], np.int64)}, "random_seed"),
@@ -542,7 +579,8 @@ def test_fastertransformer_defaults_from_upstream_clients_are_accepted() -> None
         parse_request({**t5, "start_id": column(50256, 1, np.uint32)}, LIMITS, "encoder-decoder")
 
 
-def test_request_errors_are_invalid_argument_and_failures_internal(built: dict[str, Any]) -> None:
+def test_request_errors_are_invalid_argument_and_failures_internal(built: dict[str, Any],
+                                                                   poisoned_generate: None) -> None:
     """#16.4: a refused request becomes TritonError(INVALID_ARG) — HTTP 400 / gRPC INVALID_ARGUMENT."""
     family, _src, ckpts, _ref = built["gptj"]
 

@@ -56,6 +56,14 @@ class RequestError(ValueError):
     """A request the model refuses; it becomes a Triton error response for that request only."""
 
 
+GREEDY_BELOW_TEMPERATURE = 1e-5
+"""Temperatures below this decode greedily: the limit of sampling as the temperature falls."""
+REPETITION_PENALTY_RANGE = (1e-4, 1e4)
+"""Beyond these, dividing or multiplying a logit by the penalty overflows float32."""
+LEN_PENALTY_LIMIT = 10.0
+"""|len_penalty| above this overflows a beam's length ** len_penalty."""
+
+
 @dataclass(frozen=True)
 class Sampling:
     """How one item is decoded (FasterTransformer semantics); items with equal Sampling batch together."""
@@ -74,8 +82,9 @@ class Sampling:
 
     @property
     def do_sample(self) -> bool:
-        """FT: top-k 0 and top-p 0 (or top-k 1) is greedy; a temperature <= 0 also means greedy here."""
-        if self.beam_width > 1 or self.temperature <= 0:
+        """FT: top-k 0 and top-p 0 (or top-k 1) is greedy; a temperature below GREEDY_BELOW_TEMPERATURE
+        (0 included) also means greedy here, its limit (dividing the logits by less overflows them)."""
+        if self.beam_width > 1 or self.temperature < GREEDY_BELOW_TEMPERATURE:
             return False
         return self.top_k > 1 or (self.top_k == 0 and self.top_p > 0)
 
@@ -290,8 +299,12 @@ def parse_request(inputs: Mapping[str, np.ndarray], limits: ModelLimits, kind: s
         raise RequestError(f"runtime_top_k must be at most the vocabulary size {limits.vocab_size}")
     if (temperature < 0).any():
         raise RequestError(f"temperature must not be negative (got {float(temperature.min())}; 0 = greedy)")
-    if (repetition <= 0).any():
-        raise RequestError("repetition_penalty must be greater than 0 (1.0 = off)")
+    low, high = REPETITION_PENALTY_RANGE
+    if ((repetition < low) | (repetition > high)).any():
+        raise RequestError(f"repetition_penalty must be between {low:g} and {high:g} (1.0 = off)")
+    if (np.abs(len_penalty) > LEN_PENALTY_LIMIT).any():
+        raise RequestError(f"len_penalty must be between {-LEN_PENALTY_LIMIT:g} and {LEN_PENALTY_LIMIT:g} "
+                           f"(0 = off; got {float(len_penalty[np.argmax(np.abs(len_penalty))]):g})")
     # FT reads start_id only to start a T5 decoder; a decoder model's request may carry any (GPT-2's 50256).
     if kind == ENCODER_DECODER and ((start_ids < 0) | (start_ids >= limits.vocab_size)).any():
         raise RequestError(f"start_id must be a token id below {limits.vocab_size}")
