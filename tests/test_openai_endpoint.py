@@ -29,9 +29,9 @@ TEMPLATE = ("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def _post(url: str, body: Any, raw: bool = False) -> tuple[int, Any]:
+def _post(url: str, body: Any, raw: bool = False, headers: dict[str, str] | None = None) -> tuple[int, Any]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(url, data=data, headers=headers or {"Content-Type": "application/json"})
     try:
         with _OPENER.open(request, timeout=300) as response:
             text = response.read().decode()
@@ -141,18 +141,39 @@ def test_stop_strings_cut_the_text(served: Served) -> None:
     assert answer["choices"][0]["finish_reason"] == "stop"
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"prompt": "", "max_tokens": 4}, "prompt"),
-    ({"prompt": "Hi", "n": 2}, "n"),
-    ({"prompt": "Hi", "model": "gpt-4"}, "model"),
-    ({"prompt": "Hi", "temperature": 5}, "temperature"),
-    ({"prompt": "Hi", "max_tokens": "many"}, "max_tokens"),
-    ({"prompt": "Hi", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+@pytest.mark.parametrize("body, param, status", [
+    ({"prompt": "", "max_tokens": 4}, "prompt", 400),
+    ({"prompt": "Hi", "n": 2}, "n", 400),
+    ({"prompt": "Hi", "model": "gpt-4"}, "model", 404),  # OpenAI's model_not_found
+    ({"prompt": "Hi", "temperature": 5}, "temperature", 400),
+    ({"prompt": "Hi", "max_tokens": "many"}, "max_tokens", 400),
+    ({"prompt": "Hi", "stop": ["a", "b", "c", "d", "e"]}, "stop", 400),
+    ({"prompt": "Hi", "echo": "no"}, "echo", 400),
 ])
-def test_bad_requests_get_openai_errors(served: Served, body: dict, param: str) -> None:
-    status, answer = _post(served.openai + "/completions", body)
-    assert status == 400
+def test_bad_requests_get_openai_errors(served: Served, body: dict, param: str, status: int) -> None:
+    answered, answer = _post(served.openai + "/completions", body)
+    assert answered == status
     assert answer["error"]["type"] == "invalid_request_error" and answer["error"]["param"] == param
+
+
+@pytest.mark.parametrize("data, headers", [
+    (b"[" * 100_000 + b"]" * 100_000, {"Content-Type": "application/json"}),  # deeper than the parser recurses
+    (b'{"prompt": "Hi"}', {"Content-Type": "application/json; charset=foobar"}),  # no such charset
+    (b'{"prompt": "Hi"}', {"Content-Type": "application/json", "Content-Encoding": "gzip"}),  # not gzip
+    (b'{"prompt": "Hi"}', {"Content-Type": "application/json", "Content-Encoding": "deflate"}),
+], ids=["deep", "charset", "gzip", "deflate"])
+def test_unreadable_bodies_are_400_not_500(served: Served, data: bytes, headers: dict[str, str]) -> None:
+    status, answer = _post(served.openai + "/completions", data, headers=headers)
+    assert status == 400 and "not readable JSON" in answer["error"]["message"], answer
+    assert _post(served.openai + "/completions", {"prompt": "Hi", "max_tokens": 1})[0] == 200
+
+
+def test_a_stream_the_model_refuses_is_an_http_error_not_a_200(served: Served) -> None:
+    """The refusal comes before the stream starts: 400 with the model's own reason, no event framing."""
+    status, answer = _post(served.openai + "/completions", {"prompt": "Hi", "stream": True, "max_tokens": 5000})
+    assert status == 400, answer
+    message = answer["error"]["message"]
+    assert "5000" in message and "data:" not in message and answer["error"]["type"] == "invalid_request_error"
 
 
 def test_bad_json_and_bad_messages_are_400(served: Served) -> None:
@@ -212,6 +233,12 @@ def test_bench_builtin_measures_and_stores_beside_the_deployment(served: Served)
         assert 0 < point["latency_p50_ms"] <= point["latency_p90_ms"] <= point["latency_p99_ms"]
         assert point["tokens_per_s"] > 0
     assert _stored(served)[-1]["points"] == result["points"]
+
+
+def test_bench_builtin_says_why_the_server_refused_its_request(served: Served) -> None:
+    done = _bench(served, "--tool", "builtin", "--max-tokens", "4096")  # past the positions
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "error: the server refused the benchmark's request" in done.stderr and "hint:" in done.stderr
 
 
 def test_bench_with_perf_analyzer(served: Served) -> None:

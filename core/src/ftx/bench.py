@@ -84,12 +84,16 @@ def _percentile(values: Sequence[float], q: float) -> float:
 def builtin_load(url: str, model: str, prompt: str, max_tokens: int, concurrency: Sequence[int], requests: int,
                  count_tokens: Any = None) -> list[Point]:
     """Closed loop: ``c`` clients each sending requests back to back until ``requests`` are done."""
-    from ftx.triton.text_client import HttpTriton, text_interface
+    from ftx.triton.text_client import HttpError, HttpTriton, text_interface
 
     server = HttpTriton(url)
     iface = text_interface(server, model)
     values = {"prompt": prompt, "max_tokens": max_tokens, **({"stream": True} if iface.decoupled else {})}
-    server.generate(iface, values) if not iface.decoupled else list(server.generate_stream(iface, values))  # warm up
+    try:  # warm up, and find out whether the model takes this request at all
+        server.generate(iface, values) if not iface.decoupled else list(server.generate_stream(iface, values))
+    except HttpError as exc:
+        raise ToolError(f"the server refused the benchmark's request: {exc.message}",
+                        hint="choose a --prompt and --max-tokens the model accepts (try them with `ftx generate`)") from None
     points = []
     for c in concurrency:
         latencies: list[float] = []

@@ -29,11 +29,16 @@ MAX_TOKENS_DEFAULT = 16
 
 
 class BadRequest(Exception):
-    """A request OpenAI's API would refuse (HTTP 400)."""
+    """A request OpenAI's API would refuse (HTTP 400, or ``status``; ``code`` as OpenAI names it)."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, *, status: int = 400, code: str | None = None) -> None:
         super().__init__(message)
-        self.param = param
+        self.param, self.status, self.code = param, status, code
+
+
+UNREADABLE_BODY = (ValueError, UnicodeDecodeError, LookupError, RecursionError, web.RequestPayloadError)
+"""What reading a client's body as JSON raises on bad input: not JSON, bytes not in its charset, an
+unknown charset, nesting deeper than the parser recurses, a body its Content-Encoding cannot decode."""
 
 
 @dataclass
@@ -60,8 +65,8 @@ class Deployment:
         return len(self._codec.encode(text, prompt=prompt))
 
 
-def _error(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": None}},
+def _error(status: int, message: str, kind: str, param: str | None = None, code: str | None = None) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": code}},
                              status=status)
 
 
@@ -182,13 +187,14 @@ class Handlers:
     async def _body(self, request: web.Request) -> dict[str, Any]:
         try:
             body = await request.json()
-        except (ValueError, UnicodeDecodeError):
-            raise BadRequest("the body is not JSON") from None
+        except UNREADABLE_BODY as exc:
+            raise BadRequest(f"the body is not readable JSON ({type(exc).__name__})") from None
         if not isinstance(body, dict):
             raise BadRequest("the body must be a JSON object")
         model = body.get("model")
         if model is not None and model != self.d.model_id:
-            raise BadRequest(f"this endpoint serves {self.d.model_id!r}, not {model!r}", "model")
+            raise BadRequest(f"this endpoint serves {self.d.model_id!r}, not {model!r}", "model", status=404,
+                             code="model_not_found")
         return body
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -198,7 +204,9 @@ class Handlers:
         if not prompts or not isinstance(prompts, list) or not all(isinstance(p, str) and p for p in prompts):
             raise BadRequest("prompt must be a non-empty string or a list of them", "prompt")
         values, stop, stream = _request_values(body, MAX_TOKENS_DEFAULT)
-        echo = bool(body.get("echo", False))
+        echo = body.get("echo", False)
+        if not isinstance(echo, bool):
+            raise BadRequest("echo must be true or false", "echo")
         ident, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         if stream:
             if len(prompts) != 1:
@@ -254,6 +262,13 @@ class Handlers:
     async def _sse(self, request: web.Request, generation: Generation, chunk: Any, *, first: str | None = None,
                    role: bool = False) -> web.StreamResponse:
         await asyncio.to_thread(self.d.iface)  # fail before the 200 if the ensemble cannot be read
+        # the first piece too: a request the model refuses, or a server that is gone, is an HTTP error
+        # status (400 / 502 from the middleware), not a 200 whose stream holds the error
+        stream = _in_thread_iter(generation.stream())
+        try:
+            opening: str | None = await anext(stream)
+        except StopAsyncIteration:
+            opening = None
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
 
@@ -268,7 +283,9 @@ class Handlers:
         if first:
             await send(chunk(first, None))
         try:
-            async for piece in _in_thread_iter(generation.stream()):
+            if opening is not None:
+                await send(chunk(opening, None))
+            async for piece in stream:
                 await send(chunk(piece, None))
             await send(chunk("", generation.finish_reason))
         except (HttpError, FtxError) as exc:
@@ -288,7 +305,7 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     try:
         return await handler(request)
     except BadRequest as exc:
-        return _error(400, str(exc), "invalid_request_error", exc.param)
+        return _error(exc.status, str(exc), "invalid_request_error", exc.param, exc.code)
     except HttpError as exc:
         status = 400 if 400 <= exc.status < 500 else 502
         return _error(status, f"the model refused the request: {exc.message}",
