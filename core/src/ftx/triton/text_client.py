@@ -162,9 +162,9 @@ class HttpTriton:
             return _OPENER.open(request, timeout=self.timeout_s)
         except urllib.error.HTTPError as exc:
             text = exc.read().decode("utf-8", "replace")
-            body = text.strip().removeprefix("data:")  # generate_stream frames its error as an event
+            unframed = text.strip().removeprefix("data:")  # generate_stream frames its error as an event
             try:
-                text = json.loads(body).get("error", text)
+                text = json.loads(unframed).get("error", text)
             except (ValueError, AttributeError):
                 pass
             raise HttpError(exc.code, str(text)) from None
