@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -258,6 +259,23 @@ def test_ftx_run_with_a_prompt_prints_a_continuation_and_stops(demo_home: Path) 
     assert not [e for e in events if e["event"] == "cache.corrupt"]
     assert {e["stage"] for e in events if e["event"] == "cache.hit"} >= {"convert", "configure"}
     assert not list((demo_home / "store").rglob("__pycache__"))
+
+
+def test_a_detached_run_that_fails_after_its_server_started_leaves_nothing_running(demo_home: Path) -> None:
+    """The OpenAI front cannot take its port (held here) after tritonserver is up: the run fails with
+    error/hint and stops the server it started, instead of leaving one that `ftx stop` does not know."""
+    env = _env(demo_home)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        run = subprocess.run([*FTX, "run", "tiny-gptj", "--runtime", "python", "--detach", "--openai-port",
+                              str(held.getsockname()[1])], check=False, capture_output=True, text=True, timeout=600,
+                             env=env)
+    assert run.returncode == 1 and "error:" in run.stderr and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert "tritonserver ready" in run.stderr  # it failed after the server was up
+    _no_ftx_servers_left(demo_home)
+    ps = subprocess.run([*FTX, "ps", "--json"], check=False, capture_output=True, text=True, timeout=120, env=env)
+    assert not [r for r in json.loads(ps.stdout or "[]") if r["alive"]]
 
 
 def test_detach_then_generate_ps_and_stop(demo_home: Path) -> None:

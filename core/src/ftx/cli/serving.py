@@ -366,6 +366,7 @@ def after_serve(result: Any, settings: Any, *, prompt: str | None = None, max_to
     server = endpoint.handle
     detach = settings.serve.detach
     result.openai = None
+    left_running = False  # once detached and recorded, `ftx ps`/`ftx stop` own the server
     try:
         if prompt is None or detach:
             result.openai = _start_openai(result, settings, detach)
@@ -386,6 +387,7 @@ def after_serve(result: Any, settings: Any, *, prompt: str | None = None, max_to
 
                 write_record(_home(), {"name": name, "pid": result.openai.process.pid, "url": result.openai.url,
                                        "triton_pid": getattr(server, "pid", None), "log": str(result.openai.log_path)})
+            left_running = True
             click.echo(describe_endpoint(result, settings, detached_name=name))
             stop_hint = getattr(server, "stop_hint", None) or f"`ftx ps` lists it, `ftx stop {name}` stops it"
             click.echo(f"\nleft running as {name!r}: {stop_hint}")
@@ -397,10 +399,11 @@ def after_serve(result: Any, settings: Any, *, prompt: str | None = None, max_to
         if result.openai is not None:
             result.openai.stop()
     except BaseException:
-        if server is not None and not detach:
-            _stop(result)
-        if result.openai is not None and not detach:
-            result.openai.stop()
+        if not left_running:  # a detached run that failed before it was recorded leaves nothing behind
+            if server is not None:
+                _stop(result)
+            elif result.openai is not None:
+                result.openai.stop()
         raise
 
 
