@@ -222,6 +222,19 @@ def test_generate_against_nothing_is_an_error_with_a_hint(tmp_path: Path) -> Non
     assert "error: cannot reach" in result.stderr and "hint:" in result.stderr
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["Hello", "--url", "http://[::1"], "is not a server address"),  # an IPv6 bracket never closed
+    (["Hello", "--url", "127.0.0.1:99999"], "is not a server address"),  # port out of range
+    (["Hello", "--url", "http://:8000"], "is not a server address"),  # no host
+    ([b"a\xff".decode("utf-8", "surrogateescape")], "not valid UTF-8"),  # bytes a terminal could not decode
+], ids=["ipv6", "port", "no-host", "non-utf8"])
+def test_generate_refuses_a_bad_url_or_prompt_with_a_usage_error(tmp_path: Path, argv: list[str], says: str) -> None:
+    env = {**os.environ, "FTX_HOME": str(tmp_path), "PYTHONIOENCODING": "utf-8"}
+    result = subprocess.run([*FTX, "generate", *argv], check=False, capture_output=True, timeout=120, env=env)
+    stderr = result.stderr.decode(errors="replace")
+    assert result.returncode == 2 and says in stderr and "Traceback" not in stderr, stderr
+
+
 # --------------------------------------------------------------------------- ftx run, end to end
 
 

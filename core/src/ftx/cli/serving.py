@@ -186,7 +186,7 @@ def resolve_target(model: str | None, url: str | None) -> tuple[str, str]:
     ensemble is called then); omitted, it is the served ensemble (of the only running server).
     """
     if url:
-        return url, model or "ensemble"
+        return _checked_url(url), model or "ensemble"
     from ftx.triton.records import list_servers
 
     live = [r for r in list_servers(_home()) if r.alive]
@@ -205,6 +205,21 @@ def resolve_target(model: str | None, url: str | None) -> tuple[str, str]:
     names = ", ".join(r.name for r in live)
     raise ServeError(f"{len(live)} servers are running ({names}); which one?",
                      hint="name one as MODEL, or pass --url http://HOST:PORT")
+
+
+def _checked_url(url: str) -> str:
+    """``url`` when it names a host (and a port in range); a usage error naming it otherwise."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url if "://" in url else f"grpc://{url}")
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+        if not parts.hostname:
+            raise ValueError("no host")
+    except ValueError as exc:
+        raise click.BadParameter(f"{url!r} is not a server address ({exc})",
+                                 param_hint="--url (http://HOST:PORT or HOST:PORT, as `ftx run` prints it)") from None
+    return url
 
 
 @click.command(cls=FtxCommand)
@@ -232,6 +247,10 @@ def generate(args: tuple[str, ...], max_tokens: int, temperature: float | None, 
     model, prompt = (None, args[0]) if len(args) == 1 else args
     if not prompt.strip():
         raise click.BadParameter("the prompt is empty", param_hint="PROMPT")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:  # bytes the terminal's encoding could not decode reach Python as surrogates
+        raise click.BadParameter("the prompt is not valid UTF-8 text", param_hint="PROMPT") from None
     target, triton_model = resolve_target(model, url)
     if temperature == 0:
         temperature = None  # greedy
