@@ -74,6 +74,31 @@ def test_a_busy_port_given_to_ftx_run_fails_before_any_model_loads(ftx_cli: Any,
     assert not logs.exists() or not list(logs.glob("*.log"))  # no tritonserver was started
 
 
+PORT_OPTIONS = ["--http-port", "--grpc-port", "--metrics-port"]
+
+
+@pytest.mark.parametrize("value", ["70000", "-5", "0"])
+@pytest.mark.parametrize("option", PORT_OPTIONS)
+@pytest.mark.parametrize("command", [("run", "--prompt", "Hi", "--max-tokens", "1"), ("run", "--dry-run"), ("lock",)])
+def test_a_port_out_of_range_is_a_usage_error(ftx_cli: Any, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path,
+                                              command: tuple[str, ...], option: str, value: str) -> None:
+    """Once a traceback (OverflowError from bind) or a dry run printing ``ports 70000/free``."""
+    name, *rest = command
+    out = ("-o", str(tmp_path / "ftx.toml")) if name == "lock" else ()
+    result = ftx_cli(name, str(tiny_gptj_dir), *rest, *out, f"{option}={value}")
+    assert result.exit_code == 2 and result.exception is None, (result.stderr, result.exception)
+    assert f"'{option}': {value} is not in the range 1<=x<=65535" in result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == "" and not (tmp_path / "ftx.toml").exists()
+
+
+@pytest.mark.parametrize("option", PORT_OPTIONS)
+def test_a_port_out_of_range_in_the_environment_is_a_usage_error(ftx_cli: Any, ftx_home: Path, tiny_gptj_dir: Path,
+                                                                 option: str) -> None:
+    env = {"FTX_RUN_" + option[2:].replace("-", "_").upper(): "-5"}
+    result = ftx_cli("run", str(tiny_gptj_dir), "--prompt", "Hi", "--max-tokens", "1", env=env)
+    assert result.exit_code == 2 and f"'{option}': -5 is not in the range" in result.stderr
+
+
 def _leave_time_wait_on(port: int) -> None:
     """What a server that just answered a client and stopped leaves behind: a connection of ``port`` in
     TIME_WAIT (the server side closed first) and no listener. The listener sets SO_REUSEADDR, as

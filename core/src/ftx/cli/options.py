@@ -14,6 +14,9 @@ from ftx.settings import STAGES
 
 F = Callable[..., Any]
 
+PORT = click.IntRange(1, 65535)
+"""Every TCP port option (--http-port, --grpc-port, --metrics-port, --openai-port): refused outside 1-65535."""
+
 
 def section(title: str, *decorators: F) -> Callable[[F], F]:
     """Apply click option decorators and list their options under ``title`` in --help."""

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from ftx.cli.common import FtxCommand, get_host, say
-from ftx.cli.options import conversion_options, repository_options, section, source_options, tune_options
+from ftx.cli.options import PORT, conversion_options, repository_options, section, source_options, tune_options
 from ftx.manifest import MANIFEST_NAME, locked_settings, write_lock
 from ftx.settings import RunSettings
 
@@ -84,9 +84,9 @@ def _model_table(settings: RunSettings, family: str | None) -> tuple[dict[str, A
 @tune_options
 @section("Serving",
          click.option("--host", default="127.0.0.1", show_default=True, help="Address the server binds to."),
-         click.option("--http-port", type=int, help="HTTP port."),
-         click.option("--grpc-port", type=int, help="gRPC port."),
-         click.option("--metrics-port", type=int, help="Metrics port."),
+         click.option("--http-port", type=PORT, help="HTTP port."),
+         click.option("--grpc-port", type=PORT, help="gRPC port."),
+         click.option("--metrics-port", type=PORT, help="Metrics port."),
          click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
                       help="Python runtime device."))
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), default=Path(MANIFEST_NAME),

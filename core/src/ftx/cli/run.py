@@ -9,6 +9,7 @@ from click.core import ParameterSource
 
 from ftx.cli.common import FtxCommand, get_host, say
 from ftx.cli.options import (
+    PORT,
     conversion_options,
     docker_options,
     repository_options,
@@ -83,9 +84,9 @@ def model_from_manifest(model: str | None, opts: dict[str, Any]) -> str:
 @tune_options
 @section("Serving",
          click.option("--host", default="127.0.0.1", show_default=True, help="Address the server binds to."),
-         click.option("--http-port", type=int, help="HTTP port (default: Triton's 8000, or a free one when taken)."),
-         click.option("--grpc-port", type=int, help="gRPC port (default: Triton's 8001, or a free one when taken)."),
-         click.option("--metrics-port", type=int, help="Metrics port (default: Triton's 8002, or a free one when taken)."),
+         click.option("--http-port", type=PORT, help="HTTP port (default: Triton's 8000, or a free one when taken)."),
+         click.option("--grpc-port", type=PORT, help="gRPC port (default: Triton's 8001, or a free one when taken)."),
+         click.option("--metrics-port", type=PORT, help="Metrics port (default: Triton's 8002, or a free one when taken)."),
          click.option("--detach", is_flag=True, help="Leave the server running (see `ftx ps`, `ftx stop`)."),
          click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
                       help="Python runtime device."),
@@ -96,7 +97,7 @@ def model_from_manifest(model: str | None, opts: dict[str, Any]) -> str:
                            "front of the ensemble."),
          click.option("--openai-host", default="127.0.0.1", show_default=True,
                       help="Address the OpenAI-compatible endpoint binds to."),
-         click.option("--openai-port", type=click.IntRange(1, 65535),
+         click.option("--openai-port", type=PORT,
                       help="Its port (default: the first free one from 9000)."))
 @section("Try it",
          click.option("--prompt", help="Generate a continuation of this prompt once the server is ready, then stop."),
