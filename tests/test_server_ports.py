@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from ftx.errors import ConfigError
 from ftx.triton.ports import TRITON_PORTS, ServerPorts, busy_ports, choose_ports, free_ports, port_free
 from ftx.triton.server import TritonServer
 
@@ -70,6 +71,35 @@ def test_a_busy_port_given_to_ftx_run_fails_before_any_model_loads(ftx_cli: Any,
     assert result.exit_code == 1
     assert f"port(s) {port} on 127.0.0.1 are in use" in result.stderr and "hint:" in result.stderr
     assert "loading model" not in result.stderr and "starting tritonserver" not in result.stderr
+    logs = ftx_home / "triton" / "logs"
+    assert not logs.exists() or not list(logs.glob("*.log"))  # no tritonserver was started
+
+
+BAD_HOSTS = {"not a host": "does not resolve", "[::1]": "does not resolve", "a" * 70: "does not resolve",
+             "192.0.2.1": "is no address of this machine"}  # TEST-NET-1: never this machine's
+
+
+@pytest.mark.parametrize("host", sorted(BAD_HOSTS))
+def test_a_host_that_is_no_address_of_this_machine_is_refused(host: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        choose_ports(host, 8000, 8001, 8002)  # before any port is probed, even when all three are given
+    assert f"--host {host!r} {BAD_HOSTS[host]}" in caught.value.message and "127.0.0.1" in (caught.value.hint or "")
+
+
+def test_ipv6_hosts_get_ports() -> None:
+    """A bare IPv6 address once reached bind() bracketed as in a URL ([::1]): a socket.gaierror."""
+    for host in ("::1", "::"):
+        ports, _ = choose_ports(host)
+        assert busy_ports(host, ports) == []
+
+
+def test_an_unresolvable_host_given_to_ftx_run_fails_before_any_server_starts(ftx_cli: Any, ftx_home: Path,
+                                                                              tiny_gptj_dir: Path) -> None:
+    result = ftx_cli("run", str(tiny_gptj_dir), "--runtime", "python", "--prompt", "Hi", "--max-tokens", "1",
+                     "--host", "not a host")
+    assert result.exit_code == 1 and result.exception is None, (result.stderr, result.exception)
+    assert "error: --host 'not a host' does not resolve" in result.stderr and "hint: pass an address" in result.stderr
+    assert "starting tritonserver" not in result.stderr and "Traceback" not in result.stderr
     logs = ftx_home / "triton" / "logs"
     assert not logs.exists() or not list(logs.glob("*.log"))  # no tritonserver was started
 

@@ -5,13 +5,14 @@ reaches it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import socket
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ftx.errors import ServeError
+from ftx.errors import ConfigError, ServeError
 
 # --------------------------------------------------------------------------- ports
 
@@ -36,14 +37,31 @@ def port_free(host: str, port: int) -> bool:
     server that just stopped linger in TIME_WAIT on its port for a minute, and they block a plain bind but
     not a server's, so without it a second run right after the first would move off Triton's ports.
     """
-    family = socket.AF_INET6 if ":" in client_host(host) else socket.AF_INET
+    address = client_host(host).strip("[]")  # a socket takes ::1, not the URL's [::1]
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((client_host(host), port))
+            sock.bind((address, port))
         except OSError:
             return False
     return True
+
+
+def check_host(host: str) -> None:
+    """Refuse a ``--host`` that does not resolve, or is no address of this machine, before any server starts."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+    except (OSError, ValueError) as exc:  # gaierror, EADDRNOTAVAIL; ValueError: a NUL or an over-long label
+        if isinstance(exc, OSError) and not isinstance(exc, socket.gaierror) and exc.errno != errno.EADDRNOTAVAIL:
+            raise
+        why = "is no address of this machine" if isinstance(exc, OSError) and exc.errno == errno.EADDRNOTAVAIL \
+            else "does not resolve to an address"
+        raise ConfigError(f"--host {host!r} {why}",
+                          hint="pass an address of this machine: 127.0.0.1 (this machine only), 0.0.0.0 (every "
+                               "interface), ::1, :: or one of its own IPs or host names") from exc
 
 
 def choose_ports(host: str, http: int | None = None, grpc: int | None = None,
@@ -53,13 +71,14 @@ def choose_ports(host: str, http: int | None = None, grpc: int | None = None,
     Ports given are kept; the others are Triton's 8000/8001/8002 when all three are free, else free ones
     (the sentence says which defaults were taken).
     """
+    check_host(host)
     wanted = (http, grpc, metrics)
     if all(p is not None for p in wanted):
         return ServerPorts(*wanted), None  # type: ignore[arg-type]
     taken = [p for p in (TRITON_PORTS.http, TRITON_PORTS.grpc, TRITON_PORTS.metrics) if not port_free(host, p)]
     defaults, note = TRITON_PORTS, None
     if taken:
-        defaults = free_ports(client_host(host))
+        defaults = free_ports(client_host(host).strip("[]"))
         note = (f"Triton's usual port(s) {', '.join(map(str, taken))} are in use on {client_host(host)}; "
                 "taking free ones (pass --http-port/--grpc-port/--metrics-port to choose)")
     chosen = (w if w is not None else d for w, d in zip(wanted, (defaults.http, defaults.grpc, defaults.metrics),
