@@ -283,15 +283,18 @@ class Handlers:
         if first:
             await send(chunk(first, None))
         try:
-            if opening is not None:
-                await send(chunk(opening, None))
-            async for piece in stream:
-                await send(chunk(piece, None))
-            await send(chunk("", generation.finish_reason))
-        except (HttpError, FtxError) as exc:
-            await send({"error": {"message": str(exc), "type": "server_error", "param": None, "code": None}})
-        await send("[DONE]")
-        await response.write_eof()
+            try:
+                if opening is not None:
+                    await send(chunk(opening, None))
+                async for piece in stream:
+                    await send(chunk(piece, None))
+                await send(chunk("", generation.finish_reason))
+            except (HttpError, FtxError) as exc:
+                await send({"error": {"message": str(exc), "type": "server_error", "param": None, "code": None}})
+            await send("[DONE]")
+            await response.write_eof()
+        except ConnectionResetError:  # the client stopped reading; the stream ends here
+            pass
         return response
 
 
@@ -312,6 +315,8 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
                       "invalid_request_error" if status == 400 else "server_error")
     except FtxError as exc:
         return _error(502, f"the Triton server did not answer: {exc.message}", "server_error")
+    except ConnectionResetError:  # the client left mid-request: nobody to answer, nothing worth a traceback
+        return web.Response(status=400)
 
 
 async def _health(_request: web.Request) -> web.Response:
