@@ -273,6 +273,14 @@ def test_log_lines_redact_urls_and_tokens_wherever_they_appear() -> None:
     assert "x.happened" in line and SIGNATURE not in line and HF_SECRET not in line
 
 
+def test_malformed_urls_are_redacted_too() -> None:
+    """urlsplit refuses an unclosed IPv6 bracket: redaction (of a log line, an error) must not."""
+    from ftx.redact import redact, redact_url
+
+    assert redact_url(f"http://u:{SIGNATURE}@[::1/x?sig={SIGNATURE}") == "http://[::1/x?<redacted>"
+    assert SIGNATURE not in redact(f"GET http://[::1/p?sig={SIGNATURE} failed")
+
+
 def test_package_labels_carry_no_signature(tmp_path: Path) -> None:
     """Labels are built from the repository's deployment record (here one an older ftx wrote, unredacted)
     and the run's provenance; both may hold the URL. Docker itself is not needed to read the labels."""
@@ -565,6 +573,24 @@ def test_duplicate_zip_names_through_the_cli(ftx_cli, ftx_home: Path, tiny_gptj_
     result = ftx_cli("run", str(archive), "--until", "convert")
     assert_clean_failure(result, "m/config.json", "twice")
     assert not [p for p in (ftx_home / "store").glob("fetch/*")]
+
+
+MALFORMED_URLS = {
+    "unclosed IPv6 bracket": ("http://[::1/x", "Invalid IPv6 URL"),
+    "not an IPv6 address": ("http://[zz]/x", "does not appear to be an IPv4 or IPv6 address"),
+    "port out of range": ("http://[::1]:99999/x", "Port out of range"),
+    "port not a number": ("https://host:abc/x", "abc"),
+}
+
+
+@pytest.mark.parametrize("command", ["convert", "run", "pull"])
+@pytest.mark.parametrize("case", sorted(MALFORMED_URLS))
+def test_malformed_url_source(ftx_cli, ftx_home: Path, tmp_path: Path, command: str, case: str) -> None:
+    url, why = MALFORMED_URLS[case]
+    extra = {"convert": ("-o", str(tmp_path / "out")), "run": ("--until", "fetch"), "pull": ()}[command]
+    result = ftx_cli(command, url, *extra)
+    assert_clean_failure(result, f"invalid URL {url!r}", why, "IPv6 host goes in brackets")
+    assert not (tmp_path / "out").exists() and not (ftx_home / "downloads").exists()
 
 
 # --- revisions that would write outside the Hugging Face cache (item 11) ------------------------

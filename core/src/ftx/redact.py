@@ -23,7 +23,13 @@ SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_HUB_TOKEN", "HU
 
 def redact_url(url: str) -> str:
     """The URL without credentials or query string; unchanged when it has neither."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # malformed (e.g. an unclosed IPv6 bracket): cut the same parts by hand
+        head, query, _ = url.partition("?")
+        scheme, sep, rest = head.partition("://")
+        authority, slash, path = rest.partition("/")
+        return f"{scheme}{sep}{authority.rsplit('@', 1)[-1]}{slash}{path}" + (f"?{REDACTED}" if query else "")
     if not parts.query and "@" not in parts.netloc:
         return url
     netloc = parts.netloc.rsplit("@", 1)[-1]

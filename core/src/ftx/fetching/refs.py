@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from urllib.error import URLError
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 from urllib.request import Request, url2pathname, urlopen
 
 import structlog
@@ -54,16 +54,29 @@ def parse_ref(text: str, *, presets: Mapping[str, SourceRef] | None = None, revi
         return _parse_hf(text[len("hf://") :], revision)
     if web := _HF_WEB_RE.match(text):
         return _parse_hf(web.group(1) + (f"@{web.group(2)}" if web.group(2) else ""), revision)
-    scheme = urlsplit(text).scheme.lower()
-    if scheme in ("http", "https"):
+    parts = _split_url(text)
+    if parts.scheme.lower() in ("http", "https"):
         return _with_no_revision(_parse_http(text), revision)
-    if scheme == "file":
-        return _with_no_revision(_parse_path(Path(url2pathname(urlsplit(text).path)), text), revision)
+    if parts.scheme.lower() == "file":
+        return _with_no_revision(_parse_path(Path(url2pathname(parts.path)), text), revision)
     if text in presets and not _looks_like_path(text):
         return _from_preset(text, presets[text], revision)
     if Path(text).expanduser().exists():
         return _with_no_revision(_parse_path(Path(text).expanduser(), text), revision)
     raise _unknown(text, presets, f"{text!r} is not a preset, a URL or an existing path")
+
+
+def _split_url(text: str) -> SplitResult:
+    """``urlsplit(text)``; a malformed URL (an unclosed or invalid IPv6 bracket, a port that is no number
+    in 0-65535) is a SourceError."""
+    try:
+        parts = urlsplit(text)
+        _ = parts.port  # parsed lazily: raises here, not in the download
+    except ValueError as exc:
+        raise SourceError(f"invalid URL {redact_url(text)!r}: {exc}",
+                          hint="write https://HOST[:PORT]/PATH; an IPv6 host goes in brackets, e.g. "
+                               "http://[::1]:8000/model.tar.gz") from exc
+    return parts
 
 
 def _parse_hf(body: str, revision: str | None) -> SourceRef:
