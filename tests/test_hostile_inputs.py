@@ -560,6 +560,48 @@ def test_bad_ftx_toml(ftx_cli, ftx_home: Path, tmp_path: Path, monkeypatch: pyte
     assert not (tmp_path / "hf").exists() or not any((tmp_path / "hf").rglob("x"))
 
 
+SETTINGS = {  # [settings] value -> what the error says; checked as the command line checks the option
+    'tp = "two"': "tp must be an integer in 1-64, not str 'two'",
+    "tp = 1.5": "tp must be an integer in 1-64, not float 1.5",
+    "tp = true": "tp must be an integer in 1-64, not bool True",
+    "tp = 0": "tp must be an integer in 1-64, not int 0",
+    "instances = 1.5": "instances must be an integer in 1-64, not float 1.5",
+    'streaming = "false"': "streaming must be true or false, not str 'false'",
+    'device = "tpu"': "device must be one of auto, cpu, cuda, not str 'tpu'",
+    'force = ["bogus"]': "force must be a list, each item one of fetch, convert, tune, configure, serve, not list",
+    'force = "convert"': "force must be a list",
+    "host = {a = 1}": "host must be a string, not dict {'a': 1}",
+    'http_port = "abc"': "http_port must be an integer in 1-65535, not str 'abc'",
+    "http_port = 70000": "http_port must be an integer in 1-65535, not int 70000",
+    "runtime = 5": "runtime must be a string, not int 5",
+}
+
+
+@pytest.mark.parametrize("line", sorted(SETTINGS))
+@pytest.mark.parametrize("until", ["--dry-run", "configure"])
+def test_wrong_value_in_ftx_toml_settings(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch, line: str, until: str) -> None:
+    """[settings] bypassed click's checks: a TypeError deep in a stage, or a wrong value taken silently."""
+    manifest = tmp_path / "ftx.toml"
+    manifest.write_text(f'[model]\nsource = {json.dumps(str(tiny_gptj_dir))}\n[settings]\nruntime = "python"\n'
+                        f"{line}\n".replace('runtime = "python"\nruntime', "runtime"))
+    monkeypatch.chdir(tmp_path)
+    result = ftx_cli("run", *(["--dry-run"] if until == "--dry-run" else ["--until", until]))
+    assert_clean_failure(result, f"{manifest}: [settings] {SETTINGS[line]}", "ftx lock")
+    assert not list((ftx_home / "store").glob("*/*"))  # refused before any stage ran
+
+
+def test_settings_as_ftx_lock_writes_them_are_taken(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert ftx_cli("lock", str(tiny_gptj_dir), "--http-port", "8123", "--tp", "2").exit_code == 0
+    text = (tmp_path / "ftx.toml").read_text()
+    (tmp_path / "ftx.toml").write_text(text + 'force = ["convert"]\n')
+    result = ftx_cli("run", "--dry-run")
+    assert result.exit_code == 0, result.stderr
+    assert "tp=2" in result.stderr and "ports 8123/free" in result.stderr
+
+
 def test_duplicate_zip_names_through_the_cli(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path) -> None:
     import warnings
     import zipfile

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
 from typing import Any
 
 import click
@@ -61,15 +63,56 @@ def model_from_manifest(model: str | None, opts: dict[str, Any]) -> str:
     check_local_source(manifest.model)
     ctx = click.get_current_context()
     locked = {**manifest.settings, **{k: manifest.model.get(k) for k in ("revision", "family", "sha256")}}
+    params = {p.name: p for p in ctx.command.params}
     for key, value in locked.items():
         if value is None or key not in ctx.params and key not in opts:
             continue
+        if key in params:
+            value = locked_value(ctx, params[key], value, manifest.path)
         source = ctx.get_parameter_source(key)
         if source in (None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP):
             opts[key] = tuple(value) if isinstance(value, list) else value
             if key == "runtime":
                 opts["runtime_origin"] = manifest.path.name
     return str(manifest.model["source"])
+
+
+def locked_value(ctx: click.Context, param: click.Parameter, value: Any, path: Path) -> Any:
+    """A [settings] value checked as its command-line option checks it (TOML type, then the option's own
+    type: range, choices), so the file and the command line never disagree; a wrong one is a ConfigError."""
+    if param.name == "env" and isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
+        return value  # KEY = "VALUE" pairs, as `ftx lock` writes a mapping
+    kind = {click.types.BoolParamType: bool, click.types.IntParamType: int, click.types.FloatParamType: float}
+    want: type = next((t for cls, t in kind.items() if isinstance(param.type, cls)), str)
+    items = value if isinstance(value, list) and param.multiple else [value]
+    fits = (isinstance(value, list) or not param.multiple) and all(
+        type(v) is want or (want is float and type(v) is int) for v in items)
+    if fits:
+        with contextlib.suppress(click.BadParameter):
+            return param.type_cast_value(ctx, value)
+    raise ConfigError(f"{path}: [settings] {param.name} must be {_expected(param)}, not {type(value).__name__} "
+                      f"{value!r}", hint=f"write what {'/'.join(param.opts + param.secondary_opts)} takes on the "
+                                         "command line, or rewrite the file with `ftx lock MODEL`")
+
+
+def _expected(param: click.Parameter) -> str:
+    """What an option takes, in words: "an integer in 1-64", "one of auto, cpu, cuda", "true or false" …"""
+    t = param.type
+    if isinstance(t, click.Choice):
+        what = "one of " + ", ".join(map(str, t.choices))
+    elif isinstance(t, click.IntRange):
+        what = f"an integer in {t.min}-{t.max}"
+    elif isinstance(t, click.types.IntParamType):
+        what = "an integer"
+    elif isinstance(t, click.types.FloatParamType):
+        what = "a number"
+    elif isinstance(t, click.types.BoolParamType):
+        what = "true or false"
+    elif isinstance(t, click.Path):
+        what = "a path that exists" if t.exists else "a path"
+    else:
+        what = "a string"
+    return f"a list, each item {what}" if param.multiple else what
 
 
 @click.command(cls=FtxCommand)
