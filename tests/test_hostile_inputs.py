@@ -256,6 +256,31 @@ def test_presigned_url_is_stored_nowhere(ftx_cli, ftx_home: Path, tiny_gptj_dir:
     assert files_holding(tmp_path / "o", SIGNATURE) == []
 
 
+@pytest.mark.parametrize("how", ["presigned", "user-info", "--source of a preset"])
+def test_ftx_lock_refuses_a_url_with_credentials(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """ftx.toml is meant to be committed: it once got the whole presigned URL, and stderr printed it."""
+    from fetch_helpers import LocalServer, write_archive
+    from test_fetch_pipeline import checkpoint_entries
+
+    archive = write_archive(tmp_path / "tiny-gptj.tar.zst", checkpoint_entries(tiny_gptj_dir))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    with LocalServer() as server:
+        server.serve_bytes("/bucket/tiny-gptj.tar.zst", archive.read_bytes())
+        signed = server.url(f"/bucket/tiny-gptj.tar.zst?X-Amz-Signature={SIGNATURE}")
+        args = {"presigned": [signed], "--source of a preset": ["tiny-gptj", "--source", signed],
+                "user-info": [signed.split("?")[0].replace("://", f"://me:{SIGNATURE}@")]}[how]
+        result = ftx_cli("lock", *args)
+        assert server.requests == []  # refused before any download
+    assert_clean_failure(result, "carries credentials", "ftx run URL")
+    assert f"{server.base_url}/bucket/tiny-gptj.tar.zst" in result.stderr
+    assert SIGNATURE not in result.stderr + result.stdout
+    assert not (work / "ftx.toml").exists()
+    assert files_holding(ftx_home, SIGNATURE) == [] and files_holding(work, SIGNATURE) == []
+
+
 def test_log_lines_redact_urls_and_tokens_wherever_they_appear() -> None:
     """An event that carries a presigned URL or a token in any field is redacted by the log processor."""
     import structlog

@@ -58,6 +58,7 @@ def _model_table(settings: RunSettings, family: str | None) -> tuple[dict[str, A
         table["revision"] = resolve_revision(ref)
         return table, f"{ref.display} -> {table['revision']}"
     if ref.kind == "url":
+        _check_lockable(str(table["source"]))
         sha = ref.sha256
         if not sha:
             say(f"downloading {ref.display} to pin its sha256 …")
@@ -71,6 +72,19 @@ def _model_table(settings: RunSettings, family: str | None) -> tuple[dict[str, A
     table["fingerprint"] = resolve_revision(ref)
     table["tree_sha256"] = path_fingerprint(path).get("tree") if path.is_dir() else path_fingerprint(path)["sha256"]
     return table, f"{path} -> content {table['tree_sha256'][:16]}…"
+
+
+def _check_lockable(url: str) -> None:
+    """ftx.toml is meant to be committed: a URL with credentials (a presigned query, user:password@) is refused,
+    as a redacted one could not be fetched again."""
+    from ftx.errors import SourceError
+    from ftx.redact import redact_url
+
+    if redact_url(url) != url:
+        raise SourceError(f"{redact_url(url)} carries credentials (a query string or user-info), which ftx.toml, "
+                          "a file meant to be committed, must not hold",
+                          hint="lock a URL without them (one your machines can fetch as it is), or pass the "
+                               "signed URL at run time: `ftx run URL`")
 
 
 @click.command(cls=FtxCommand)
