@@ -599,6 +599,7 @@ SETTINGS = {  # [settings] value -> what the error says; checked as the command 
     'http_port = "abc"': "http_port must be an integer in 1-65535, not str 'abc'",
     "http_port = 70000": "http_port must be an integer in 1-65535, not int 70000",
     "runtime = 5": "runtime must be a string, not int 5",
+    "tpp = 2": "'tpp' is no setting of `ftx run` (did you mean 'tp'?)",  # once ignored without a word
 }
 
 

@@ -104,6 +104,16 @@ def test_an_unresolvable_host_given_to_ftx_run_fails_before_any_server_starts(ft
     assert not logs.exists() or not list(logs.glob("*.log"))  # no tritonserver was started
 
 
+def test_an_unresolvable_openai_host_fails_before_any_server_starts(ftx_cli: Any, ftx_home: Path,
+                                                                   tiny_gptj_dir: Path) -> None:
+    """The OpenAI front starts after tritonserver: its host is checked before either."""
+    result = ftx_cli("run", str(tiny_gptj_dir), "--runtime", "python", "--detach", "--openai-host", "bad host")
+    assert result.exit_code == 1 and result.exception is None, (result.stderr, result.exception)
+    assert "error: --openai-host 'bad host' does not resolve" in result.stderr
+    logs = ftx_home / "triton" / "logs"
+    assert not logs.exists() or not list(logs.glob("*.log"))  # no tritonserver was started
+
+
 PORT_OPTIONS = ["--http-port", "--grpc-port", "--metrics-port"]
 
 

@@ -64,6 +64,14 @@ def model_from_manifest(model: str | None, opts: dict[str, Any]) -> str:
     ctx = click.get_current_context()
     locked = {**manifest.settings, **{k: manifest.model.get(k) for k in ("revision", "family", "sha256")}}
     params = {p.name: p for p in ctx.command.params}
+    if unknown := sorted(k for k in manifest.settings if k not in ctx.params and k not in opts):
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], [k for k in params if k], n=1)
+        raise ConfigError(f"{manifest.path}: [settings] {unknown[0]!r} is no setting of `ftx run`"
+                          + (f" (did you mean {close[0]!r}?)" if close else ""),
+                          hint="the keys are `ftx run` option names with _ for - (see `ftx run --help`); "
+                               "`ftx lock` writes a complete file")
     for key, value in locked.items():
         if value is None or key not in ctx.params and key not in opts:
             continue
@@ -154,6 +162,10 @@ def run(model: str | None, prompt: str | None, max_tokens: int, **opts: Any) -> 
     """
     model = model_from_manifest(model, opts)
     settings = settings_from_options(model, **opts)
+    if settings.serve.openai and (prompt is None or settings.serve.detach):  # the front starts after the server
+        from ftx.triton.ports import check_host
+
+        check_host(settings.serve.openai_host, option="--openai-host")
     result = run_pipeline(settings)
     if settings.dry_run:
         return

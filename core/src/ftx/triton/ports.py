@@ -48,8 +48,9 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
-def check_host(host: str) -> None:
-    """Refuse a ``--host`` that does not resolve, or is no address of this machine, before any server starts."""
+def check_host(host: str, option: str = "--host") -> None:
+    """Refuse a host (given as ``option``) that does not resolve, or is no address of this machine, before
+    any server starts."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         with socket.socket(family, socket.SOCK_STREAM) as sock:
@@ -59,7 +60,7 @@ def check_host(host: str) -> None:
             raise
         why = "is no address of this machine" if isinstance(exc, OSError) and exc.errno == errno.EADDRNOTAVAIL \
             else "does not resolve to an address"
-        raise ConfigError(f"--host {host!r} {why}",
+        raise ConfigError(f"{option} {host!r} {why}",
                           hint="pass an address of this machine: 127.0.0.1 (this machine only), 0.0.0.0 (every "
                                "interface), ::1, :: or one of its own IPs or host names") from exc
 
