@@ -789,3 +789,19 @@ def test_ftx_home_that_is_not_a_usable_directory(ftx_cli, tmp_path: Path, case: 
     result = ftx_cli(command, env={"FTX_HOME": home})
     assert_clean_failure(result, f"FTX_HOME={home} is not a directory ftx can use", why, "FTX_HOME at a writable")
     assert (tmp_path / "FILE").read_text() == "hi\n"
+
+
+@pytest.mark.parametrize("command", ["pull", "run"])
+@pytest.mark.parametrize(("source", "sha256", "says"), [
+    ("tiny-gptj", "not-hex", "invalid sha256 checksum 'not-hex'"),
+    ("tiny-gptj", "ab" * 32, "'tiny-gptj' is a model built by ftx"),
+    ("DIR", "ab" * 32, "is a directory"),
+    ("hf://org/name", "ab" * 32, "is a Hugging Face repository"),
+], ids=["not-hex", "builtin", "directory", "hub"])
+def test_sha256_that_is_malformed_or_cannot_apply(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, command: str,
+                                                  source: str, sha256: str, says: str) -> None:
+    """--sha256 was accepted and ignored for sources it cannot check (and unchecked for its form)."""
+    source = str(tiny_gptj_dir) if source == "DIR" else source
+    result = ftx_cli(command, source, "--sha256", sha256, *(["--dry-run"] if command == "run" else []))
+    assert_clean_failure(result, says)
+    assert not list((ftx_home / "store").glob("*/*"))

@@ -45,10 +45,26 @@ def resolve_source(settings: RunSettings, host: PluginHost) -> tuple[SourceRef, 
     text = settings.fetch.source or settings.model
     ref = parse_ref(text, presets=presets, revision=settings.fetch.revision)
     if settings.fetch.sha256:
+        _check_sha256_applies(ref, text, settings.fetch.sha256)
         ref = dataclasses.replace(ref, sha256=settings.fetch.sha256)
     if ref.kind == "builtin":
         ref = SourceRef("local", str(build_builtin(ref.uri.removeprefix(BUILTIN))), preset=ref.preset)
     return ref, preset_family
+
+
+def _check_sha256_applies(ref: SourceRef, text: str, sha256: str) -> None:
+    """--sha256 checks a file that is downloaded or extracted (a URL, a local archive): well-formed, and
+    never silently ignored for a source it cannot check."""
+    from ftx.fetching.integrity import normalize_sha256
+
+    normalize_sha256(sha256)
+    what = {"builtin": "a model built by ftx", "hf": "a Hugging Face repository"}.get(ref.kind)
+    if ref.kind == "local" and Path(ref.uri).is_dir():
+        what = "a directory"
+    if what is not None:
+        raise SourceError(f"--sha256 checks a downloaded or archived file, and {text!r} is {what}",
+                          hint="drop --sha256: a Hugging Face source is pinned by --revision COMMIT, a directory "
+                               "or a built-in model by `ftx lock`")
 
 
 def build_builtin(name: str) -> Path:
