@@ -805,3 +805,22 @@ def test_sha256_that_is_malformed_or_cannot_apply(ftx_cli, ftx_home: Path, tiny_
     result = ftx_cli(command, source, "--sha256", sha256, *(["--dry-run"] if command == "run" else []))
     assert_clean_failure(result, says)
     assert not list((ftx_home / "store").glob("*/*"))
+
+
+@pytest.mark.parametrize("value", ["-3", "0", "abc", "100000"])
+def test_writer_thread_count_from_the_environment_is_checked(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path,
+                                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             value: str) -> None:
+    """FTX_CONVERT_THREADS=-3 once published a conversion without a single weight file (no writer thread ran)
+    that every later run reused; abc and 100000 were tracebacks."""
+    monkeypatch.setenv("FTX_CONVERT_THREADS", value)
+    result = ftx_cli("convert", str(tiny_gptj_dir), "-o", str(tmp_path / "out"))
+    assert_clean_failure(result, f"FTX_CONVERT_THREADS={value!r} is not an integer in 1-64")
+    assert not (tmp_path / "out").exists() and not list((ftx_home / "store").glob("convert/*"))
+
+
+def test_a_writer_without_threads_refuses_to_start() -> None:
+    from ftx.io.writer import BackgroundWriter
+
+    with pytest.raises(ValueError, match="at least one thread"):
+        BackgroundWriter(threads=-3)

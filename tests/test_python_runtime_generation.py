@@ -625,3 +625,12 @@ def test_the_context_size_is_the_source_checkpoints(built: dict[str, Any]) -> No
     with pytest.raises(RequestError, match="exceeds the model's 32 positions"):
         gen.parse(decoder_inputs([PROMPTS[0]], 30))
     assert gen.parse(decoder_inputs([PROMPTS[0]], 20)).items
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5"])
+def test_batch_token_budget_from_the_environment_is_checked(gptj: Any, monkeypatch: pytest.MonkeyPatch,
+                                                            value: str) -> None:
+    _ref, gen, spec = gptj
+    monkeypatch.setenv("FTX_MAX_BATCH_TOKENS", value)
+    with pytest.raises(ConfigError, match=f"FTX_MAX_BATCH_TOKENS={value!r} is not an integer"):
+        Generator.for_model(gen.model, end_id=spec.end_id, start_id=spec.start_id)

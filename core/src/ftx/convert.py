@@ -8,7 +8,6 @@ Face tensors the table maps from.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import structlog
 
 from ftx import tensormap
 from ftx.dtypes import numpy_dtype
+from ftx.envvars import env_int
 from ftx.errors import CheckpointError
 from ftx.family import Family, ModelSpec
 from ftx.io.checkpoint import TensorReader, check_weight_dtype, tensor_dtype
@@ -118,9 +118,8 @@ def convert_checkpoint(
 
 
 def writer_threads() -> int | None:
-    """``FTX_CONVERT_THREADS`` overrides the number of writer threads (default: up to 4)."""
-    value = os.environ.get("FTX_CONVERT_THREADS")
-    return int(value) if value else None
+    """``FTX_CONVERT_THREADS`` (1-64) overrides the number of writer threads (default: up to 4)."""
+    return env_int("FTX_CONVERT_THREADS", None, 1, 64)
 
 
 def convert_directory(family: Family, source: Path, out_dir: Path, *, tp: int, weight_dtype: str,

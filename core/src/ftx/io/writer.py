@@ -31,6 +31,8 @@ class BackgroundWriter:
         self.bytes_written = 0
         self.stall_seconds = 0.0
         count = threads or min(4, os.cpu_count() or 1)
+        if count < 1:  # no thread would write, and every submitted tensor would be silently dropped
+            raise ValueError(f"a writer needs at least one thread, not {count}")
         self._threads = [threading.Thread(target=self._run, name=f"ftx-writer-{i}", daemon=True) for i in range(count)]
         for thread in self._threads:
             thread.start()

@@ -516,13 +516,13 @@ class Generator:
                   max_positions: int | None = None) -> Generator:
         """A generator for ``model``; ``max_positions`` (the source checkpoint's context size) wins
         over the rebuilt config's, which may hold transformers' default."""
-        import os
+        from ftx.envvars import env_int
 
         config = model.config
         kind = ENCODER_DECODER if getattr(config, "is_encoder_decoder", False) else DECODER
         positions = None if kind == ENCODER_DECODER else (
             max_positions or getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None))
-        budget = int(os.environ.get(BATCH_TOKENS_ENV) or MAX_BATCH_TOKENS)
+        budget = env_int(BATCH_TOKENS_ENV, MAX_BATCH_TOKENS, 1, 1 << 31) or MAX_BATCH_TOKENS
         limits = ModelLimits(vocab_size=int(config.vocab_size), end_id=end_id, start_id=start_id,
                              max_positions=int(positions) if positions else None, max_batch_tokens=max(1, budget))
         return cls(model, kind, device or next(model.parameters()).device, limits)
