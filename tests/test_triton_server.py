@@ -336,6 +336,30 @@ def _fake_record(home: Path, name: str, pid: int) -> None:
     (home / "servers" / f"{name}.json").write_text(record.to_json())
 
 
+@pytest.mark.parametrize("start_ticks", ["missing", None, "12", 12345])
+def test_a_record_whose_pid_cannot_be_verified_stops_nothing(home: Path, start_ticks: object) -> None:
+    """A record without the process's start time (or a wrong one) names a pid that may be anybody's now:
+    `ftx stop` once killed an unrelated process (and its group) through such a record."""
+    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        _fake_record(home, "old", bystander.pid)
+        path = home / "servers" / "old.json"
+        data = json.loads(path.read_text())
+        if start_ticks == "missing":
+            del data["start_ticks"]
+        else:
+            data["start_ticks"] = start_ticks
+        path.write_text(json.dumps(data))
+        assert [r.alive for r in list_servers(home)] == [False]
+        handled = stop_server(home, "old")
+        assert [r.alive for r in handled] == [False] and not path.exists()
+        time.sleep(0.2)
+        assert bystander.poll() is None, "the unrelated process was signalled"
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
 def test_stop_server_choices_and_stale_records(home: Path) -> None:
     sleepers = [subprocess.Popen(["sleep", "60"], start_new_session=True) for _ in range(2)]
     try:

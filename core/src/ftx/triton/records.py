@@ -58,7 +58,10 @@ class ServerRecord:
         data = json.loads(path.read_text())
         known = {f for f in cls.__dataclass_fields__ if f not in ("state_file", "alive")}
         record = cls(**{k: v for k, v in data.items() if k in known}, state_file=str(path))
-        return replace(record, models=tuple(record.models), alive=alive(record.pid, record.start_ticks))
+        # only a pid whose start time matches is ours: without one, a reused pid could be anybody's process
+        verifiable = type(record.pid) is int and record.pid > 1 and type(record.start_ticks) is int
+        return replace(record, models=tuple(record.models),
+                       alive=verifiable and alive(record.pid, record.start_ticks))
 
 
 def servers_dir(home: Path) -> Path:
