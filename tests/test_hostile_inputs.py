@@ -513,7 +513,25 @@ CONFIG_CASES: dict[str, tuple[Callable[[Path], None], tuple[str, ...]]] = {
     "n_embd-negative": (edit_config(lambda c: c.update(n_embd=-64)), ("-64",)),
     "n_head-missing": (edit_config(lambda c: c.pop("n_head")), ("n_head",)),
     "vocab_size-a-list": (edit_config(lambda c: c.update(vocab_size=[256])), ("vocab_size",)),
+    # geometry FasterTransformer cannot run, once written into config.ini and published
+    "n_head-not-dividing": (edit_config(lambda c: c.update(n_head=3)), ("not a multiple of n_head = 3",)),
+    "rotary_dim-huge": (edit_config(lambda c: c.update(rotary_dim=10**6)), ("rotary_dim = 1000000",)),
+    "rotary_dim-negative": (edit_config(lambda c: c.update(rotary_dim=-8)), ("rotary_dim = -8",)),
+    "rotary_dim-odd": (edit_config(lambda c: c.update(rotary_dim=3)), ("rotary_dim = 3",)),
 }
+
+
+@pytest.mark.parametrize("checked", [True, False], ids=["resource-check", "no-resource-check"])
+def test_a_config_claiming_a_billion_layers_is_refused_at_once(ftx_cli, tiny_gptj_dir: Path, tmp_path: Path,
+                                                               checked: bool) -> None:
+    """ftx once expanded the tensor table for every claimed layer: 24 GB, then the OOM killer, no message.
+    The size estimate refuses it now, and past that estimate the plan does before expanding anything."""
+    ckpt = shutil.copytree(tiny_gptj_dir, tmp_path / "ckpt")
+    edit_config(lambda c: c.update(n_layer=10**9))(ckpt)
+    result = ftx_cli("convert", str(ckpt), "-o", str(tmp_path / "out"), *([] if checked else ["--no-resource-check"]))
+    assert_clean_failure(result, *(["TB", "--no-resource-check"] if checked else ["1000000000 layers",
+                                                                                  "tensors in all"]))
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("case", sorted(CONFIG_CASES))

@@ -8,6 +8,7 @@ Face tensors the table maps from.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -182,6 +183,20 @@ def ft_layout(family: Family, spec: ModelSpec) -> dict[str, tuple[tuple[int, ...
         for binding in tensormap.expand(row, spec.layers):
             layout[tensormap.bind(row.dst, binding)] = (row.op.shape(src_shapes, ctx), row.split)
     return layout
+
+
+def ft_element_count(family: Family, spec: ModelSpec) -> int:
+    """Elements of every FT tensor the table writes for ``spec``: each row's shape times its layer bindings,
+    without expanding the table (a config claiming a billion layers costs nothing here)."""
+    ctx = OpContext(tp=1, out_dtype=np.dtype(np.float32), dims=dict(spec.dims))
+    per_row = {}
+    for row in family.tensor_map(spec).rows:
+        if row.source_shapes is None:
+            continue
+        src_shapes = tuple(eval_shape(s, spec.dims) for s in row.source_shapes)
+        bindings = math.prod(spec.layers[name] for name in row.placeholders())
+        per_row[row.dst] = math.prod(row.op.shape(src_shapes, ctx)) * bindings
+    return sum(per_row.values())
 
 
 def _exists(ft_dir: Path, dst: str, split: int | None) -> bool:

@@ -132,6 +132,22 @@ def _positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+def head_size_of(width: int, heads: int, width_key: str, heads_key: str) -> int:
+    """``width // heads`` for a model whose heads split its width exactly (FT multiplies them back)."""
+    if width > 0 and heads > 0 and width % heads:  # sizes not above 0 are ModelSpec's to refuse
+        raise CheckpointError(f"the model config gives {width_key} = {width}, not a multiple of {heads_key} = {heads}",
+                              hint=_SPEC_HINT)
+    return width // heads  # a head count of 0 raises here, and the spec wrapper names its key
+
+
+def checked_rotary(rotary: int, head_size: int, key: str) -> int:
+    """The rotary dimensions of a head: even, from 0 to the head size (rotations turn pairs of them)."""
+    if head_size > 0 and (not 0 <= rotary <= head_size or rotary % 2):
+        raise CheckpointError(f"the model config gives {key} = {rotary} rotary dimensions; it must be an even number "
+                              f"from 0 to the head size {head_size}", hint=_SPEC_HINT)
+    return rotary
+
+
 DIM_NAMES = {"N": "head count", "I": "inner (FFN) size", "H": "hidden size", "V": "vocab size", "A": "attention width"}
 
 

@@ -15,7 +15,6 @@ A build that would not fit is refused before it starts, naming the flag that ove
 
 from __future__ import annotations
 
-import math
 import shutil
 from collections import Counter
 from collections.abc import Mapping
@@ -85,9 +84,9 @@ def default_weight_dtype(family: Any, found: str | None) -> str:
 
 def parameter_count(family: Any, spec: Any) -> int:
     """Every element of every tensor the family's table writes for ``spec``."""
-    from ftx.convert import ft_layout
+    from ftx.convert import ft_element_count
 
-    return sum(math.prod(shape) for shape, _split in ft_layout(family, spec).values())
+    return ft_element_count(family, spec)
 
 
 def _bytes(dtype: str | None) -> int:

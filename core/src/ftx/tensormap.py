@@ -159,6 +159,11 @@ def plan(
     Raises MappingError listing unmapped and missing tensors (first few and counts), and
     CheckpointError when a tensor's shape disagrees with the shape implied by config.json.
     """
+    for name, count in layers.items():  # every layer holds a tensor: more layers than tensors cannot be, and
+        if count > len(available):       # expanding the table for them would take minutes and gigabytes
+            raise CheckpointError(f"the model config gives {count} layers ({{{name}}}), but the checkpoint holds "
+                                  f"{len(available)} tensors in all",
+                                  hint="config.json is corrupt or does not belong to these weights")
     jobs: list[Job] = []
     consumed: set[str] = set()
     missing: list[str] = []

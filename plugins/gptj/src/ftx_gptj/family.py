@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ftx import ops
-from ftx.family import Family, ModelSpec, Preset
+from ftx.family import Family, ModelSpec, Preset, checked_rotary, head_size_of
 from ftx.ftini import FtIni, IniSection
 from ftx.io.checkpoint import TensorReader
 from ftx.tensormap import M, Skip, TensorMap
@@ -92,7 +92,7 @@ class GPTJ(Family):
 
     def spec(self, hf_config: Mapping[str, Any]) -> ModelSpec:
         width, heads = int(hf_config["n_embd"]), int(hf_config["n_head"])
-        head_size = width // heads
+        head_size = head_size_of(width, heads, "n_embd", "n_head")
         return ModelSpec(
             dims={"H": width, "N": heads, "D": head_size, "I": int(hf_config.get("n_inner") or 4 * width),
                   "V": int(hf_config["vocab_size"])},
@@ -100,7 +100,8 @@ class GPTJ(Family):
             start_id=int(hf_config.get("bos_token_id", 50256)),
             end_id=int(hf_config.get("eos_token_id", 50256)),
             pad_id=hf_config.get("pad_token_id"),
-            extra={"rotary_embedding": int(hf_config.get("rotary_dim") or head_size)},
+            extra={"rotary_embedding": checked_rotary(int(hf_config.get("rotary_dim") or head_size), head_size,
+                                                      "rotary_dim")},
         )
 
     def claims_source(self, path: Path) -> bool:

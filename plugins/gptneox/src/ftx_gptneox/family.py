@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from ftx import ops
 from ftx.errors import ConfigError
-from ftx.family import Family, ModelSpec, Preset
+from ftx.family import Family, ModelSpec, Preset, checked_rotary, head_size_of
 from ftx.ftini import FtIni, IniSection, Key
 from ftx.ops import Op, OpContext, Shape
 from ftx.tensormap import M, Skip, TensorMap
@@ -200,11 +200,8 @@ class GPTNeoX(Family):
 
     def spec(self, hf_config: Mapping[str, Any]) -> ModelSpec:
         width, heads = int(hf_config["hidden_size"]), int(hf_config["num_attention_heads"])
-        if width % heads:
-            raise ConfigError(f"hidden_size {width} is not a multiple of num_attention_heads {heads}",
-                              hint="config.json is inconsistent; check that it belongs to these weights")
+        head_size = head_size_of(width, heads, "hidden_size", "num_attention_heads")
         _check_runnable(hf_config)
-        head_size = width // heads
         parallel = bool(hf_config.get("use_parallel_residual", True))
         return ModelSpec(
             dims={"H": width, "N": heads, "D": head_size, "I": int(hf_config["intermediate_size"]),
@@ -213,7 +210,9 @@ class GPTNeoX(Family):
             start_id=int(hf_config.get("bos_token_id", 0)),
             end_id=int(hf_config.get("eos_token_id", 0)),
             pad_id=hf_config.get("pad_token_id"),
-            extra={"rotary_embedding": int(head_size * _rotary_pct(hf_config)), "use_gptj_residual": int(parallel),
+            extra={"rotary_embedding": checked_rotary(int(head_size * _rotary_pct(hf_config)), head_size,
+                                                      "the rotary share (rotary_pct x head size)"),
+                   "use_gptj_residual": int(parallel),
                    "hidden_act": str(hf_config.get("hidden_act", "gelu"))},
         )
 
