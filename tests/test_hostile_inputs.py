@@ -842,3 +842,29 @@ def test_a_writer_without_threads_refuses_to_start() -> None:
 
     with pytest.raises(ValueError, match="at least one thread"):
         BackgroundWriter(threads=-3)
+
+
+def _fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+def _dev_zero(path: Path) -> None:
+    path.unlink()
+    path.symlink_to("/dev/zero")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("name", "make", "says"), [
+    ("config.json", _fifo, "config.json is a named pipe"),
+    ("config.json", _dev_zero, "config.json is a character device"),
+    ("model.safetensors", _fifo, "model.safetensors is a named pipe"),
+], ids=["config-fifo", "config-dev-zero", "weights-fifo"])
+def test_special_files_in_a_checkpoint_are_refused_not_read(ftx_cli, tiny_gptj_dir: Path, tmp_path: Path, name: str,
+                                                             make: Callable[[Path], None], says: str) -> None:
+    """A named pipe once blocked ftx forever; /dev/zero as config.json grew memory until the OOM killer."""
+    ckpt = shutil.copytree(tiny_gptj_dir, tmp_path / "ckpt")
+    make(ckpt / name)
+    result = ftx_cli("convert", str(ckpt), "-o", str(tmp_path / "out"))
+    assert_clean_failure(result, says)
+    assert not (tmp_path / "out").exists()

@@ -20,6 +20,7 @@ import numpy as np
 
 from ftx.errors import CheckpointError
 from ftx.io.jsonfile import json_kind, read_json_object
+from ftx.io.regular import open_regular
 
 SAFETENSORS_DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype(np.float64),
@@ -124,7 +125,7 @@ class SafetensorsFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            self._file = path.open("rb")
+            self._file = open_regular(path)  # a named pipe would block here forever
             size = os.fstat(self._file.fileno()).st_size
             (header_len,) = struct.unpack("<Q", self._file.read(8))
             if header_len > size - 8:
@@ -231,6 +232,10 @@ class TorchBinFile:
                 hint="pip install 'ftx[torch]', or convert from safetensors",
             ) from exc
         self.path = path
+        try:
+            open_regular(path).close()  # torch.load would block on a named pipe
+        except OSError as exc:
+            raise CheckpointError(f"{path} cannot be read: {exc}", hint="check the file and its permissions") from exc
         try:
             state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
         except Exception as exc:  # torch raises many types for corrupt archives

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ftx.errors import CheckpointError
+from ftx.io.regular import open_regular
 
 _KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
           type(None): "null"}
@@ -17,11 +18,21 @@ def json_kind(value: object) -> str:
     return _KINDS.get(type(value), type(value).__name__)
 
 
+MAX_JSON_BYTES = 1 << 30
+"""The largest JSON file of a checkpoint ftx reads (tokenizer.json files run to tens of MB)."""
+
+
 def read_json_object(path: Path, *, hint: str) -> dict[str, Any]:
     """The JSON object in ``path``; :class:`CheckpointError` (with ``hint``) when it is unreadable,
-    not JSON, or JSON of another type. A missing file raises ``FileNotFoundError`` for the caller."""
+    not a regular file, larger than MAX_JSON_BYTES, not JSON, or JSON of another type. A missing file
+    raises ``FileNotFoundError`` for the caller."""
     try:
-        data = json.loads(Path(path).read_bytes())
+        with open_regular(Path(path)) as fh:
+            raw = fh.read(MAX_JSON_BYTES + 1)
+        if len(raw) > MAX_JSON_BYTES:
+            raise CheckpointError(f"{path} is larger than {MAX_JSON_BYTES >> 20} MB, too large for a JSON file of a "
+                                  "checkpoint", hint=hint)
+        data = json.loads(raw)
     except FileNotFoundError:
         raise
     except (OSError, ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, a directory …
