@@ -130,3 +130,27 @@ def test_unknown_model_type_lists_families(ftx_cli, tiny_gptj_dir: Path, tmp_pat
     (src / "config.json").write_text(json.dumps(config))
     result = ftx_cli("convert", str(src), "--output", str(tmp_path / "out"))
     assert_clean_failure(result, "no installed family handles model_type 'mamba'", "gptj", "--family")
+
+
+@pytest.mark.parametrize("damage", ["remove", "truncate", "add"])
+def test_a_damaged_output_of_our_own_is_placed_again(ftx_cli, tiny_gptj_dir: Path, tmp_path: Path,
+                                                     damage: str) -> None:
+    """The marker alone once made a rerun say "nothing to do" over an output missing a .bin."""
+    out = tmp_path / "out"
+    assert ftx_cli("convert", str(tiny_gptj_dir), "--output", str(out)).exit_code == 0
+    target = out / "1-gpu"
+    before = sorted(p.name for p in target.iterdir())
+    victim = next(p for p in sorted(target.glob("*.bin")))
+    original = victim.read_bytes()
+    if damage == "remove":
+        victim.unlink()
+    elif damage == "truncate":
+        data = victim.read_bytes()
+        victim.unlink()  # a new file: the hard link into the store stays intact
+        victim.write_bytes(data[:-4])
+    else:
+        (target / "stray.bin").write_bytes(b"x")
+    again = ftx_cli("convert", str(tiny_gptj_dir), "--output", str(out))
+    assert again.exit_code == 0 and "placing it again" in again.stderr, again.stderr
+    assert sorted(p.name for p in target.iterdir()) == before
+    assert victim.read_bytes() == original

@@ -45,10 +45,14 @@ def convert(source: str, family: str | None, revision: str | None, tp: int, pp: 
     checkpoint = result.checkpoint
     assert checkpoint is not None
     key = next(o.key for o in result.outcomes if o.stage == "convert")
-    if _up_to_date(target, key):
-        say(f"{target} is already converted from this source; nothing to do")
-        click.echo(str(target))
-        return
+    if _placed_from(target, key):
+        damage = _damage(target, checkpoint.path)
+        if damage is None:
+            say(f"{target} is already converted from this source; nothing to do")
+            click.echo(str(target))
+            return
+        say(f"{target} was converted from this source, but {damage}; placing it again")
+        overwrite = True
     if target.exists() and any(target.iterdir()) and not overwrite:
         raise OutputError(f"{target} already exists and holds something else",
                           hint="choose another --output, or pass --overwrite to replace it")
@@ -73,12 +77,29 @@ def _place(src: Path, dest: Path) -> int:
     return count
 
 
-def _up_to_date(target: Path, key: str) -> bool:
+def _placed_from(target: Path, key: str) -> bool:
+    """Whether ``target`` says it holds the conversion with ``key`` (its marker)."""
     marker = target / MARKER
     try:
         return json.loads(marker.read_text()).get("key") == key
     except (OSError, ValueError, AttributeError):
         return False
+
+
+def _damage(target: Path, converted: Path) -> str | None:
+    """What differs between a placed output and the store's (content-verified) conversion: a file missing,
+    added, or of another size; None when every file is there as placed (a hard link to the store's, or a
+    copy of its size)."""
+    want = {p.name: p for p in converted.iterdir() if p.is_file()}
+    have = {p.name: p for p in target.iterdir() if p.is_file() and p.name != MARKER}
+    if missing := sorted(want.keys() - have.keys()):
+        return f"{len(missing)} file(s) are missing ({', '.join(missing[:3])})"
+    if extra := sorted(have.keys() - want.keys()):
+        return f"it holds {len(extra)} file(s) the conversion does not ({', '.join(extra[:3])})"
+    for name, placed in have.items():
+        if not placed.samefile(want[name]) and placed.stat().st_size != want[name].stat().st_size:
+            return f"{name} has another size"
+    return None
 
 
 commands = [convert]
