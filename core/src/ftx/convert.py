@@ -172,30 +172,25 @@ def invert_checkpoint(family: Family, ft_dir: Path, spec: ModelSpec | None = Non
                 yield tensormap.bind(pattern.split("|")[0], binding), np.ascontiguousarray(tensor)
 
 
+def _shaped_rows(family: Family, spec: ModelSpec) -> Iterator[tuple[tensormap.M, tuple[int, ...]]]:
+    """Each table row with source shapes, and the full shape of the FT tensor it writes (one layer's)."""
+    ctx = OpContext(tp=1, out_dtype=np.dtype(np.float32), dims=dict(spec.dims))
+    for row in family.tensor_map(spec).rows:
+        if row.source_shapes is not None:
+            yield row, row.op.shape(tuple(eval_shape(s, spec.dims) for s in row.source_shapes), ctx)
+
+
 def ft_layout(family: Family, spec: ModelSpec) -> dict[str, tuple[tuple[int, ...], int | None]]:
     """Every FT tensor the table writes for ``spec``: file stem -> (full shape, split axis)."""
-    ctx = OpContext(tp=1, out_dtype=np.dtype(np.float32), dims=dict(spec.dims))
-    layout = {}
-    for row in family.tensor_map(spec).rows:
-        if row.source_shapes is None:
-            continue
-        src_shapes = tuple(eval_shape(s, spec.dims) for s in row.source_shapes)
-        for binding in tensormap.expand(row, spec.layers):
-            layout[tensormap.bind(row.dst, binding)] = (row.op.shape(src_shapes, ctx), row.split)
-    return layout
+    return {tensormap.bind(row.dst, binding): (shape, row.split)
+            for row, shape in _shaped_rows(family, spec) for binding in tensormap.expand(row, spec.layers)}
 
 
 def ft_element_count(family: Family, spec: ModelSpec) -> int:
     """Elements of every FT tensor the table writes for ``spec``: each row's shape times its layer bindings,
     without expanding the table (a config claiming a billion layers costs nothing here)."""
-    ctx = OpContext(tp=1, out_dtype=np.dtype(np.float32), dims=dict(spec.dims))
-    per_row = {}
-    for row in family.tensor_map(spec).rows:
-        if row.source_shapes is None:
-            continue
-        src_shapes = tuple(eval_shape(s, spec.dims) for s in row.source_shapes)
-        bindings = math.prod(spec.layers[name] for name in row.placeholders())
-        per_row[row.dst] = math.prod(row.op.shape(src_shapes, ctx)) * bindings
+    per_row = {row.dst: math.prod(shape) * math.prod(spec.layers[name] for name in row.placeholders())
+               for row, shape in _shaped_rows(family, spec)}
     return sum(per_row.values())
 
 
