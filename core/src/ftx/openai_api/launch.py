@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,31 +19,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ftx.errors import ServeError
+from ftx.triton.ports import port_free
 
 DEFAULT_PORT = 9000
 READY_TIMEOUT_S = 60.0
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def _free(host: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 def choose_port(host: str, port: int | None) -> int:
     """``port`` if it is free (an error if not), else the first free port from DEFAULT_PORT up."""
     if port is not None:
-        if not _free(host, port):
+        if not port_free(host, port):
             raise ServeError(f"--openai-port {port} is in use on {host}",
                              hint="choose another port, or leave --openai-port out to take the next free one")
         return port
     for candidate in range(DEFAULT_PORT, DEFAULT_PORT + 200):
-        if _free(host, candidate):
+        if port_free(host, candidate):
             return candidate
     raise ServeError(f"no free port from {DEFAULT_PORT} to {DEFAULT_PORT + 199} on {host}",
                      hint="pass --openai-port, or --no-openai")

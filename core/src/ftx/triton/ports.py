@@ -30,6 +30,11 @@ TRITON_PORTS = ServerPorts(8000, 8001, 8002)
 """Triton's own defaults (HTTP, gRPC, metrics), what its clients and guides assume."""
 
 
+def address_family(address: str) -> socket.AddressFamily:
+    """The socket family of a literal address or host name (IPv6 when it has a colon)."""
+    return socket.AF_INET6 if ":" in address else socket.AF_INET
+
+
 def port_free(host: str, port: int) -> bool:
     """Whether a server could listen on ``port`` of ``host`` right now.
 
@@ -38,8 +43,7 @@ def port_free(host: str, port: int) -> bool:
     not a server's, so without it a second run right after the first would move off Triton's ports.
     """
     address = client_host(host).strip("[]")  # a socket takes ::1, not the URL's [::1]
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
+    with socket.socket(address_family(address), socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((address, port))
@@ -51,9 +55,8 @@ def port_free(host: str, port: int) -> bool:
 def check_host(host: str, option: str = "--host") -> None:
     """Refuse a host (given as ``option``) that does not resolve, or is no address of this machine, before
     any server starts."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
+        with socket.socket(address_family(host), socket.SOCK_STREAM) as sock:
             sock.bind((host, 0))
     except (OSError, ValueError) as exc:  # gaierror, EADDRNOTAVAIL; ValueError: a NUL or an over-long label
         if isinstance(exc, OSError) and not isinstance(exc, socket.gaierror) and exc.errno != errno.EADDRNOTAVAIL:
@@ -76,7 +79,7 @@ def choose_ports(host: str, http: int | None = None, grpc: int | None = None,
     wanted = (http, grpc, metrics)
     if all(p is not None for p in wanted):
         return ServerPorts(*wanted), None  # type: ignore[arg-type]
-    taken = [p for p in (TRITON_PORTS.http, TRITON_PORTS.grpc, TRITON_PORTS.metrics) if not port_free(host, p)]
+    taken = busy_ports(host, TRITON_PORTS)
     defaults, note = TRITON_PORTS, None
     if taken:
         defaults = free_ports(client_host(host).strip("[]"))
@@ -109,11 +112,10 @@ def busy_ports(host: str, ports: ServerPorts) -> list[int]:
 
 def free_ports(host: str = "127.0.0.1") -> ServerPorts:
     """Return three distinct TCP ports that are free on ``host`` right now."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with contextlib.ExitStack() as stack:
         ports = []
         for _ in range(3):
-            sock = stack.enter_context(socket.socket(family, socket.SOCK_STREAM))
+            sock = stack.enter_context(socket.socket(address_family(host), socket.SOCK_STREAM))
             sock.bind((host, 0))
             ports.append(sock.getsockname()[1])
     return ServerPorts(*ports)
