@@ -175,3 +175,9 @@ def test_tritonserver_serves_on_ports_left_in_time_wait(tmp_path: Path) -> None:
                       exit_timeout_s=5) as server:
         assert server.http_url == f"127.0.0.1:{ports.http}"
         np.testing.assert_array_equal(infer_http(server.http_url, "add_one"), INPUT + 1)
+
+
+def test_a_port_held_on_one_interface_is_busy_for_a_server_on_all(listening: socket.socket) -> None:
+    """A server given 0.0.0.0 binds every interface: a listener on 127.0.0.1 alone keeps that port from it."""
+    port = listening.getsockname()[1]
+    assert not port_free("0.0.0.0", port) and not port_free("127.0.0.1", port)

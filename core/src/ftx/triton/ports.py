@@ -42,7 +42,7 @@ def port_free(host: str, port: int) -> bool:
     server that just stopped linger in TIME_WAIT on its port for a minute, and they block a plain bind but
     not a server's, so without it a second run right after the first would move off Triton's ports.
     """
-    address = client_host(host).strip("[]")  # a socket takes ::1, not the URL's [::1]
+    address = (host or "0.0.0.0").strip("[]")  # the address the server binds: all interfaces for 0.0.0.0
     with socket.socket(address_family(address), socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
