@@ -6,10 +6,15 @@ click's ``envvar`` twins cover the options; these are the knobs without an optio
 from __future__ import annotations
 
 import os
+from typing import overload
 
 from ftx.errors import ConfigError
 
 
+@overload
+def env_int(name: str, default: int, low: int, high: int) -> int: ...
+@overload
+def env_int(name: str, default: None, low: int, high: int) -> int | None: ...
 def env_int(name: str, default: int | None, low: int, high: int) -> int | None:
     """``$name`` as an integer in ``low..high``; ``default`` when unset or empty."""
     raw = os.environ.get(name, "").strip()

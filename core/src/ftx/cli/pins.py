@@ -80,8 +80,8 @@ def _check_lockable(url: str) -> None:
     from ftx.errors import SourceError
     from ftx.redact import redact_url
 
-    if redact_url(url) != url:
-        raise SourceError(f"{redact_url(url)} carries credentials (a query string or user-info), which ftx.toml, "
+    if (redacted := redact_url(url)) != url:
+        raise SourceError(f"{redacted} carries credentials (a query string or user-info), which ftx.toml, "
                           "a file meant to be committed, must not hold",
                           hint="lock a URL without them (one your machines can fetch as it is), or pass the "
                                "signed URL at run time: `ftx run URL`")

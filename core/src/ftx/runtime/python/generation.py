@@ -522,9 +522,9 @@ class Generator:
         kind = ENCODER_DECODER if getattr(config, "is_encoder_decoder", False) else DECODER
         positions = None if kind == ENCODER_DECODER else (
             max_positions or getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None))
-        budget = env_int(BATCH_TOKENS_ENV, MAX_BATCH_TOKENS, 1, 1 << 31) or MAX_BATCH_TOKENS
+        budget = env_int(BATCH_TOKENS_ENV, MAX_BATCH_TOKENS, 1, 1 << 31)
         limits = ModelLimits(vocab_size=int(config.vocab_size), end_id=end_id, start_id=start_id,
-                             max_positions=int(positions) if positions else None, max_batch_tokens=max(1, budget))
+                             max_positions=int(positions) if positions else None, max_batch_tokens=budget)
         return cls(model, kind, device or next(model.parameters()).device, limits)
 
     def parse(self, inputs: Mapping[str, np.ndarray]) -> ParsedRequest:
