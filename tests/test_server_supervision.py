@@ -235,7 +235,9 @@ def test_orphaned_stubs_and_stale_shared_memory_are_swept_at_the_next_start(tmp_
               f'{FTX_SHM_PREFIX}0123456789ab-region 1048576 {dead_pid.pid} /x 336 m_0_0 DEFAULT')
     orphan = subprocess.Popen(["bash", "-c", script, sys.executable], start_new_session=True)
     try:
-        assert _eventually(lambda: any(STUB_NAME in " ".join(a) for a in [_args(orphan.pid)]), 5)
+        # Wait for the exec itself: before it, the pid is a bash whose own command line names the region,
+        # which the sweep rightly counts as a live user of it.
+        assert _eventually(lambda: Path((_args(orphan.pid) or [""])[0]).name == STUB_NAME, 5)
         swept = sweep_orphans()
         assert stale.name in swept and f"stub pid {orphan.pid}" in swept
         assert _eventually(lambda: not _args(orphan.pid), 10)  # killed (and reaped by the sweep's wait)
