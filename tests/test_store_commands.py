@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -108,3 +112,108 @@ def test_sizes_and_ages_parse() -> None:
 
     assert parse_size("50GB") == 50_000_000_000 and parse_size("1.5g") == 1_500_000_000 and parse_size("512") == 512
     assert parse_age("30d") == 30 * 86400 and parse_age("2w") == 14 * 86400 and parse_age("90m") == 5400
+
+
+# --------------------------------------------------------------------------- artifacts a running ftx uses
+
+# What a run's stage does with an artifact it builds on (the convert stage with its checkpoint): look it
+# up through the store, then work on it. A real second process, holding until told to go.
+_HOLDER = """
+import sys
+from pathlib import Path
+from ftx.store import ArtifactStore
+store = ArtifactStore(Path(sys.argv[1]))
+assert store.lookup(sys.argv[2], sys.argv[3]) is not None
+print("holding", flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.fixture
+def lone_fetch(ftx_cli, store_with_two_models: dict[str, Path]) -> dict:
+    """Model a's checkpoint with nothing built on it any more: what a run that is converting it sees."""
+    rows = _ls(ftx_cli)
+    convert_a = next(r for r in rows if r["stage"] == "convert" and r["source"] == str(store_with_two_models["a"]))
+    assert ftx_cli("rm", convert_a["key"]).exit_code == 0
+    fetch_key = convert_a["upstream"][0].split("/", 1)[1]
+    return next(r for r in _ls(ftx_cli) if r["key"] == fetch_key)
+
+
+@contextlib.contextmanager
+def _held_by_another_process(home: Path, stage: str, key: str) -> Iterator[subprocess.Popen[str]]:
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(home), stage, key], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_prune_keeps_what_a_running_ftx_process_is_building_from(ftx_cli, ftx_home: Path, lone_fetch: dict) -> None:
+    """`ftx prune --unused` while another ftx converts a checkpoint: the checkpoint has no published
+    dependent yet, but the process using it keeps it; once that process is gone, prune takes it."""
+    with _held_by_another_process(ftx_home, "fetch", lone_fetch["key"]):
+        assert next(r for r in _ls(ftx_cli) if r["key"] == lone_fetch["key"])["in_use"]
+        table = ftx_cli("ls")
+        assert "in use" in table.stdout
+        pruned = ftx_cli("prune", "--unused")
+        assert pruned.exit_code == 0, pruned.stderr
+        assert Path(lone_fetch["path"]).is_dir() and f"fetch/{lone_fetch['key']}" not in pruned.stdout
+        refused = ftx_cli("rm", lone_fetch["key"])
+        assert refused.exit_code == 1 and "in use by a running server or ftx process" in refused.stderr
+        assert Path(lone_fetch["path"]).is_dir()
+    pruned = ftx_cli("prune", "--unused")
+    assert pruned.exit_code == 0 and f"fetch/{lone_fetch['key']}" in pruned.stdout
+    assert not Path(lone_fetch["path"]).exists()
+
+
+def test_an_artifact_taken_up_after_the_listing_is_kept_by_prune(ftx_home: Path, lone_fetch: dict,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The use begins between prune's listing and its removal: the removal itself checks, and prune
+    goes on with the rest."""
+    from ftx.cli.store import _remove
+    from ftx.housekeeping import inventory
+    from ftx.store import ArtifactStore
+
+    store = ArtifactStore(ftx_home)
+    chosen = [e for e in inventory(store) if e.key == lone_fetch["key"]]
+    assert chosen and not chosen[0].in_use
+    with _held_by_another_process(ftx_home, "fetch", lone_fetch["key"]):
+        _remove(store, chosen, dry_run=False, skip_busy=True)
+    assert Path(lone_fetch["path"]).is_dir()
+    assert "a running ftx process took it up meanwhile" in capsys.readouterr().err
+
+
+def test_a_process_removes_what_it_used_itself(ftx_home: Path, lone_fetch: dict) -> None:
+    """Its own lease never blocks a process: `ftx rm` run in-process after a lookup there removes."""
+    from ftx.housekeeping import inventory, remove_entry
+    from ftx.store import ArtifactStore
+
+    store = ArtifactStore(ftx_home)
+    assert store.lookup("fetch", lone_fetch["key"]) is not None
+    entry = next(e for e in inventory(store) if e.key == lone_fetch["key"])
+    assert not entry.in_use
+    assert remove_entry(store, entry) > 0 and not Path(lone_fetch["path"]).exists()
+    assert not store.lease("fetch", lone_fetch["key"]).exists(), "the lease file goes with its artifact"
+
+
+def test_a_planted_link_as_lease_file_is_neither_followed_nor_fatal(ftx_home: Path, lone_fetch: dict,
+                                                                     tmp_path: Path) -> None:
+    """A link planted where a lease file goes, pointing where no file is: lookups and removal still
+    work, and nothing is created where it points."""
+    from ftx.housekeeping import inventory, remove_entry
+    from ftx.store import ArtifactStore
+
+    target = tmp_path / "elsewhere" / "made-by-ftx"
+    target.parent.mkdir()
+    store = ArtifactStore(ftx_home)
+    lease = store.lease("fetch", lone_fetch["key"])
+    lease.unlink(missing_ok=True)
+    lease.symlink_to(target)
+    assert store.lookup("fetch", lone_fetch["key"]) is not None
+    entry = next(e for e in inventory(store) if e.key == lone_fetch["key"])
+    remove_entry(store, entry)
+    assert not Path(lone_fetch["path"]).exists()
+    assert not target.exists()

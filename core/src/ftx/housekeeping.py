@@ -25,6 +25,7 @@ from typing import Any
 import filelock
 import structlog
 
+from ftx import leases
 from ftx.errors import ConfigError
 from ftx.store import PROVENANCE_FILE, ArtifactStore
 
@@ -135,7 +136,8 @@ def inventory(store: ArtifactStore) -> list[StoreEntry]:
             entry.source = _trace_source(entry, entries)
     served = running_repositories()
     for entry in entries.values():
-        if entry.stage == "configure" and entry.path.resolve() in served:
+        if (entry.stage == "configure" and entry.path.resolve() in served) \
+                or leases.held_elsewhere(store.lease(entry.stage, entry.key)):
             for used in [entry, *closure(entry, entries)]:
                 used.in_use = True
     return sorted(entries.values(), key=lambda e: (e.stage, -e.last_used))
@@ -183,6 +185,10 @@ def find(entries: list[StoreEntry], text: str) -> list[StoreEntry]:
     return matches
 
 
+class ArtifactInUse(ConfigError):
+    """An artifact a running ftx process holds a lease on."""
+
+
 def remove_entry(store: ArtifactStore, entry: StoreEntry) -> int:
     """Remove one artifact under its build lock (never while it is being built); return the bytes freed."""
     lock = filelock.FileLock(str(store.lock_root / f"{entry.stage}-{entry.key}.lock"))
@@ -192,9 +198,13 @@ def remove_entry(store: ArtifactStore, entry: StoreEntry) -> int:
         raise ConfigError(f"{entry.ref} is being built by another ftx process",
                           hint="wait for it to finish, then remove it") from None
     try:
-        trash = store.tmp_root / f"rm-{entry.stage}-{entry.key}-{uuid.uuid4().hex[:8]}"
-        os.replace(entry.path, trash)  # gone from the store at once; the bytes follow
-        shutil.rmtree(trash, ignore_errors=True)
+        with leases.exclusive(store.lease(entry.stage, entry.key)) as free:
+            if not free:
+                raise ArtifactInUse(f"{entry.ref} is in use by another running ftx process",
+                                    hint="let it finish (`ftx ps` lists servers), then remove it")
+            trash = store.tmp_root / f"rm-{entry.stage}-{entry.key}-{uuid.uuid4().hex[:8]}"
+            os.replace(entry.path, trash)  # gone from the store at once; the bytes follow
+            shutil.rmtree(trash, ignore_errors=True)
     finally:
         lock.release()
         Path(lock.lock_file).unlink(missing_ok=True)
@@ -261,5 +271,5 @@ def remove_path(path: Path) -> int:
     return size
 
 
-__all__ = ["LOGS_KEPT", "StoreEntry", "closure", "dependents", "find", "inventory", "leftovers", "parse_age",
-           "parse_size", "prune_selection", "remove_entry", "remove_path", "rotate_logs", "running_repositories"]
+__all__ = ["LOGS_KEPT", "ArtifactInUse", "StoreEntry", "closure", "dependents", "find", "inventory", "leftovers",
+           "parse_age", "parse_size", "prune_selection", "remove_entry", "remove_path", "rotate_logs", "running_repositories"]

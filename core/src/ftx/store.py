@@ -5,6 +5,7 @@ Layout under ``FTX_HOME``::
     store/<stage>/<key>/             a published artifact (holds ftx-artifact.json)
     store/.tmp/<stage>-<key>-<pid>-… a build in progress (never trusted)
     locks/<stage>-<key>.lock         one builder per key
+    locks/<stage>-<key>.use          shared by every process using the artifact (see ftx.leases)
 
 An artifact counts as done only when its final directory exists; that directory appears by one
 ``os.replace`` after every file was written and hashed, so a killed run leaves nothing trusted.
@@ -29,6 +30,7 @@ import shutil
 import stat
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +39,7 @@ from typing import Any
 import filelock
 import structlog
 
+from ftx import leases
 from ftx.atomic import recover, swap_in
 from ftx.hashing import sha256_files
 from ftx.paths import unusable_home
@@ -190,6 +193,8 @@ class ArtifactStore:
         self.tmp_root = self.root / ".tmp"
         self.lock_root = home / "locks"
         self._locks: dict[str, filelock.FileLock] = {}
+        self._leased: list[Path] = []  # what this store's user holds; given back when the store goes
+        weakref.finalize(self, leases.release_all, self._leased)
         try:
             for d in (self.root, self.tmp_root, self.lock_root):
                 d.mkdir(parents=True, exist_ok=True)
@@ -202,6 +207,7 @@ class ArtifactStore:
     def lookup(self, stage: str, key: str) -> Artifact | None:
         """The published artifact for (stage, key) if its provenance is readable and its files intact."""
         path = self.path(stage, key)
+        self._hold(stage, key)  # before reading: a removal running now finishes first
         meta = read_provenance(path)
         if meta is None:
             return None
@@ -218,6 +224,15 @@ class ArtifactStore:
             log.info("cache.rehashed", stage=stage, key=key, files=len(fresh))
             self._refresh_signatures(stage, key, meta, fresh)
         return Artifact(stage, key, path, meta)
+
+    def _hold(self, stage: str, key: str) -> None:
+        path = self.lease(stage, key)
+        if path not in self._leased and leases.hold(path):
+            self._leased.append(path)
+
+    def lease(self, stage: str, key: str) -> Path:
+        """The lease file whose shared lock marks (stage, key) as used by a running ftx process."""
+        return leases.lease_path(self.lock_root, stage, key)
 
     def mark_used(self, artifact: Artifact) -> None:
         """Record a use (a cache hit): the provenance file's mtime is the artifact's "last used"."""
@@ -250,6 +265,7 @@ class ArtifactStore:
         ``accept(artifact)`` may refuse a cached artifact's provenance by raising (TypeError, ValueError,
         KeyError, AttributeError): it is then rebuilt like a corrupt one.
         """
+        self._hold(stage, key)
         if not force and (hit := self._usable(stage, key, accept)):
             return hit, True
         with self.lock(stage, key):

@@ -35,7 +35,7 @@ def _table(entries: list) -> None:  # list[StoreEntry]
     table = Table("STAGE", "KEY", "SIZE", "USED", "SOURCE", "", box=None, pad_edge=False)
     for e in entries:
         table.add_row(e.stage, e.key[:12], human_bytes(e.size), f"{_age(now - e.last_used)} ago", e.source,
-                      "serving" if e.in_use else "")
+                      "in use" if e.in_use else "")
     Console(width=max(120, Console().width)).print(table)
 
 
@@ -43,7 +43,7 @@ def _table(entries: list) -> None:  # list[StoreEntry]
 @click.option("--stage", type=click.Choice(["fetch", "convert", "tune", "configure"]), help="Only this stage.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def ls_command(stage: str | None, as_json: bool) -> None:
-    """List the artifacts in the store: stage, key, size, source, last use, and whether a server uses it."""
+    """List the artifacts in the store: stage, key, size, source, last use, and whether a server or a running ftx command uses it."""
     from ftx.housekeeping import inventory
     from ftx.resources import human_bytes
 
@@ -59,19 +59,29 @@ def ls_command(stage: str | None, as_json: bool) -> None:
     say(f"{len(entries)} artifacts, {human_bytes(sum(e.size for e in entries))} in {store.root}")
 
 
-def _remove(store, chosen: list, dry_run: bool) -> None:  # StoreEntry list
-    from ftx.housekeeping import remove_entry
+def _remove(store, chosen: list, dry_run: bool, *, skip_busy: bool = False) -> None:  # StoreEntry list
+    """Remove ``chosen``; with ``skip_busy`` an artifact a running ftx took up since the listing is kept."""
+    from ftx.housekeeping import ArtifactInUse, remove_entry
     from ftx.resources import human_bytes
 
     freed = 0
+    removed = 0
     for entry in chosen:
         if dry_run:
             say(f"would remove {entry.ref} ({human_bytes(entry.size)}, {entry.source})")
             continue
-        freed += remove_entry(store, entry)
+        try:
+            freed += remove_entry(store, entry)
+        except ArtifactInUse:
+            if not skip_busy:
+                raise
+            say(f"kept {entry.ref}: a running ftx process took it up meanwhile")
+            continue
+        removed += 1
         click.echo(entry.ref)
     verb = "would free" if dry_run else "freed"
-    say(f"{verb} {human_bytes(sum(e.size for e in chosen) if dry_run else freed)} ({len(chosen)} artifacts)")
+    count = len(chosen) if dry_run else removed
+    say(f"{verb} {human_bytes(sum(e.size for e in chosen) if dry_run else freed)} ({count} artifacts)")
 
 
 @click.command("rm", cls=FtxCommand)
@@ -99,8 +109,8 @@ def rm_command(artifacts: tuple[str, ...], dry_run: bool) -> None:
     chosen += follow
     busy = [e for e in chosen if e.in_use]
     if busy:
-        raise ConfigError(f"{', '.join(e.ref for e in busy)} is in use by a running server",
-                          hint="stop the server first (`ftx ps`, `ftx stop`)")
+        raise ConfigError(f"{', '.join(e.ref for e in busy)} is in use by a running server or ftx process",
+                          hint="stop the server first (`ftx ps`, `ftx stop`), or let the ftx command finish")
     _remove(store, chosen, dry_run)
 
 
@@ -114,7 +124,7 @@ def prune_command(unused: bool, older_than: str | None, to_size: str | None, dry
     """Free the store: leftovers of killed builds and old downloads always, old server logs beyond the
     newest 20, and the artifacts chosen by --unused, --older-than or --to-size.
 
-    Never removes what a running server uses; a repository whose checkpoint goes goes with it.
+    Never removes what a running server or ftx command uses; a repository whose checkpoint goes goes with it.
     """
     from ftx.housekeeping import inventory, leftovers, parse_age, parse_size, prune_selection, remove_path, rotate_logs
     from ftx.resources import human_bytes
@@ -133,7 +143,8 @@ def prune_command(unused: bool, older_than: str | None, to_size: str | None, dry
     if not (unused or age is not None or limit is not None):
         say("no artifacts selected (use --unused, --older-than or --to-size)")
         return
-    _remove(store, prune_selection(inventory(store), unused=unused, older_than_s=age, to_size=limit), dry_run)
+    _remove(store, prune_selection(inventory(store), unused=unused, older_than_s=age, to_size=limit), dry_run,
+            skip_busy=True)
 
 
 commands = [ls_command, rm_command, prune_command]
