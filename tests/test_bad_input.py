@@ -121,6 +121,7 @@ def test_rerunning_convert_into_same_output_is_a_no_op(ftx_cli, tiny_gptj_dir: P
     assert first.exit_code == 0, first.stderr
     second = ftx_cli("convert", str(tiny_gptj_dir), "--output", str(tmp_path / "out"))
     assert second.exit_code == 0 and "nothing to do" in second.stderr
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["1-gpu"], "nothing beside it (no lock file)"
 
 
 def test_unknown_model_type_lists_families(ftx_cli, tiny_gptj_dir: Path, tmp_path: Path) -> None:
@@ -130,6 +131,18 @@ def test_unknown_model_type_lists_families(ftx_cli, tiny_gptj_dir: Path, tmp_pat
     (src / "config.json").write_text(json.dumps(config))
     result = ftx_cli("convert", str(src), "--output", str(tmp_path / "out"))
     assert_clean_failure(result, "no installed family handles model_type 'mamba'", "gptj", "--family")
+
+
+def test_a_config_whose_model_type_and_architectures_disagree_names_both(ftx_cli, tiny_gptj_dir: Path,
+                                                                         tmp_path: Path) -> None:
+    """A GPT-J checkpoint relabelled model_type t5: two families claim it, and the message says why."""
+    src = copy_checkpoint(tiny_gptj_dir, tmp_path / "ckpt")
+    config = json.loads((src / "config.json").read_text())
+    config.update(model_type="t5")
+    (src / "config.json").write_text(json.dumps(config))
+    result = ftx_cli("convert", str(src), "--output", str(tmp_path / "out"))
+    assert_clean_failure(result, "several families claim this checkpoint", "model_type 't5'", "GPTJForCausalLM",
+                         "gptj, t5", "--family")
 
 
 @pytest.mark.parametrize("damage", ["remove", "truncate", "add"])

@@ -35,6 +35,7 @@ def configure(ftx_cli, source: Path, out: Path, *extra: str):
     result = ftx_cli("--log-format", "json", "configure", str(source), "--output", str(out), *extra)
     assert result.exit_code == 0, result.stderr + repr(result.exception)
     assert result.stdout.strip() == str(out.resolve())
+    assert not list(out.parent.glob(f".{out.name}*")), "nothing beside the output (no lock, no temp copy)"
     return result
 
 

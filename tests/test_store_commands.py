@@ -169,6 +169,13 @@ def test_prune_keeps_what_a_running_ftx_process_is_building_from(ftx_cli, ftx_ho
     assert not Path(lone_fetch["path"]).exists()
 
 
+def test_a_command_gives_its_leases_back_when_it_ends(ftx_home: Path, store_with_two_models: dict[str, Path]) -> None:
+    """In-process commands (tests, tools embedding ftx) do not go on holding what they used once they end."""
+    from ftx.leases import held_here
+
+    assert not [path for path in held_here() if ftx_home in path.parents]
+
+
 def test_an_artifact_taken_up_after_the_listing_is_kept_by_prune(ftx_home: Path, lone_fetch: dict,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """The use begins between prune's listing and its removal: the removal itself checks, and prune

@@ -11,6 +11,7 @@ ones (``atomicwrites`` is for files and unmaintained) publishes directories.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import uuid
@@ -24,10 +25,16 @@ def _siblings(final: Path, kind: str) -> list[Path]:
     return sorted(final.parent.glob(f".{final.name}.{kind}-*"))
 
 
-def lock_for(final: Path) -> filelock.FileLock:
-    """The lock that serialises builders of ``final`` (a hidden file beside it)."""
+def lock_for(final: Path, lock_dir: Path | None = None) -> filelock.FileLock:
+    """The lock that serialises builders of ``final``: a hidden file beside it, or, for a directory of
+    the user's (``ftx convert -o``), a file in ``lock_dir`` named by the target's absolute path, so
+    nothing is left beside what the user asked for."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    return filelock.FileLock(str(final.parent / f".{final.name}.lock"))
+    if lock_dir is None:
+        return filelock.FileLock(str(final.parent / f".{final.name}.lock"))
+    target = str(final.parent.resolve() / final.name).encode(errors="surrogateescape")
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    return filelock.FileLock(str(lock_dir / f"publish-{hashlib.sha256(target).hexdigest()[:24]}.lock"))
 
 
 @contextlib.contextmanager
@@ -60,7 +67,8 @@ def recover(final: Path) -> None:
 
 
 @contextlib.contextmanager
-def publish_dir(final: Path, *, replace: bool = False, locked: bool = True) -> Iterator[Path]:
+def publish_dir(final: Path, *, replace: bool = False, locked: bool = True,
+                lock_dir: Path | None = None) -> Iterator[Path]:
     """Yield an empty temp directory beside ``final``; on success publish it as ``final``.
 
     ``final`` may be absent or an empty directory; with ``replace`` an existing one is swapped
@@ -68,7 +76,7 @@ def publish_dir(final: Path, *, replace: bool = False, locked: bool = True) -> I
     directory is removed and ``final`` is untouched.
     """
     final = Path(final)
-    guard = announced(lock_for(final), f"building {final}") if locked else contextlib.nullcontext()
+    guard = announced(lock_for(final, lock_dir), f"building {final}") if locked else contextlib.nullcontext()
     with guard:
         recover(final)
         tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"

@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["exclusive", "hold", "held_elsewhere", "lease_path", "release", "release_all"]
+__all__ = ["exclusive", "hold", "held_elsewhere", "held_here", "lease_path", "release", "release_all"]
 
 _OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 _held: dict[Path, tuple[int, int]] = {}  # lease file -> (locked fd, owners counting on it)
@@ -83,6 +83,11 @@ def release_all(paths: list[Path]) -> None:
     """Give back one count for each of ``paths`` (an owner's leases, when the owner goes)."""
     for path in paths:
         release(path)
+
+
+def held_here() -> list[Path]:
+    """The lease files this process holds now."""
+    return list(_held)
 
 
 def held_elsewhere(path: Path) -> bool:

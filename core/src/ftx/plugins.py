@@ -219,8 +219,9 @@ class PluginHost:
                 hint=self._broken_hint() or "pick one with --family, or install the plugin for this model",
             )
         raise FamilyResolutionError(
-            f"several families claim model_type {model_type!r}: {', '.join(f.name for f in matches)}",
-            hint="pick one with --family",
+            f"several families claim this checkpoint (model_type {model_type!r}, architectures: {arch}): "
+            f"{', '.join(f.name for f in matches)}",
+            hint="pick one with --family, or fix config.json if its model_type and architectures disagree",
         )
 
     def family_for_source(self, path: Path, explicit: str | None = None) -> tuple[Family, dict[str, Any]]:

@@ -230,6 +230,11 @@ class ArtifactStore:
         if path not in self._leased and leases.hold(path):
             self._leased.append(path)
 
+    def close(self) -> None:
+        """Give back the leases this store holds (also done when it is collected)."""
+        leases.release_all(self._leased)
+        self._leased.clear()
+
     def lease(self, stage: str, key: str) -> Path:
         """The lease file whose shared lock marks (stage, key) as used by a running ftx process."""
         return leases.lease_path(self.lock_root, stage, key)

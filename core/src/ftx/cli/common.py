@@ -190,6 +190,19 @@ def reset_host() -> None:
     _HOST = None
 
 
+def command_store() -> ArtifactStore:
+    """The store of the user's FTX_HOME for this command: the artifacts it uses stay leased (kept from
+    `ftx rm`/`ftx prune` of other processes) until the command ends."""
+    from ftx.paths import ftx_home
+    from ftx.store import ArtifactStore
+
+    store = ArtifactStore(ftx_home())
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.call_on_close(store.close)
+    return store
+
+
 def say(text: str) -> None:
     """A human line on stderr (stdout is kept for results; above live bars; JSON with --log-format json)."""
     from ftx.console import say as console_say
@@ -201,3 +214,4 @@ _HOST: PluginHost | None = None
 
 if TYPE_CHECKING:
     from ftx.plugins import PluginHost
+    from ftx.store import ArtifactStore

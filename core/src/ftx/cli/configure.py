@@ -15,6 +15,7 @@ from ftx.cli.common import FtxCommand, get_host, say
 from ftx.cli.options import conversion_options, repository_options, safety_options
 from ftx.cli.run import run_pipeline, settings_from_options
 from ftx.errors import ConfigError, OutputError
+from ftx.paths import ftx_home
 from ftx.settings import RunSettings
 from ftx.store import PROVENANCE_FILE
 
@@ -59,7 +60,7 @@ def place_repository(repository: Path, output: Path) -> None:
     """Copy ``repository`` to ``output`` through a sibling temp directory and one rename."""
     from ftx.triton.repository import verify_repository
 
-    with publish_dir(output) as tmp:
+    with publish_dir(output, lock_dir=ftx_home() / "locks") as tmp:
         for src in sorted(repository.rglob("*")):  # not copytree: it folds a full disk into one shutil.Error
             rel = src.relative_to(repository)
             if "__pycache__" in rel.parts or rel.as_posix() == PROVENANCE_FILE:

@@ -19,6 +19,7 @@ from ftx.cli.options import conversion_options, safety_options
 from ftx.cli.run import run_pipeline, settings_from_options
 from ftx.errors import OutputError
 from ftx.io.ftformat import gpu_dir_name
+from ftx.paths import ftx_home
 
 MARKER = "ftx-convert.json"
 
@@ -56,7 +57,7 @@ def convert(source: str, family: str | None, revision: str | None, tp: int, pp: 
     if target.exists() and any(target.iterdir()) and not overwrite:
         raise OutputError(f"{target} already exists and holds something else",
                           hint="choose another --output, or pass --overwrite to replace it")
-    with publish_dir(target, replace=overwrite) as tmp:
+    with publish_dir(target, replace=overwrite, lock_dir=ftx_home() / "locks") as tmp:
         files = _place(checkpoint.path, tmp)
         (tmp / MARKER).write_text(json.dumps({"key": key, "source": str(result.source.path if result.source else ""),
                                               "family": checkpoint.family, "tp": tp,

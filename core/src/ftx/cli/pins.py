@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ftx.cli.common import FtxCommand, get_host, say
+from ftx.cli.common import FtxCommand, command_store, get_host, say
 from ftx.cli.options import PORT, conversion_options, repository_options, section, source_options, tune_options
 from ftx.manifest import MANIFEST_NAME, locked_settings, write_lock
 from ftx.settings import RunSettings
@@ -17,12 +17,10 @@ def _resolved_settings(settings: RunSettings) -> RunSettings:
     """The settings a run would end up with: weight dtype, runtime and compute type resolved where
     they can be without downloading (a preset's or local config.json); the rest is fixed by the pin."""
     from ftx.errors import FtxError
-    from ftx.paths import ftx_home
     from ftx.pipeline import Pipeline
     from ftx.runtime.select import choose_runtime
-    from ftx.store import ArtifactStore
 
-    pipeline = Pipeline(get_host(), ArtifactStore(ftx_home()), settings.replace(dry_run=True))
+    pipeline = Pipeline(get_host(), command_store(), settings.replace(dry_run=True))
     try:
         pipeline.run()
     except FtxError:

@@ -9,7 +9,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from ftx.cli.common import FtxCommand, get_host, say
+from ftx.cli.common import FtxCommand, command_store, get_host, say
 from ftx.cli.options import (
     PORT,
     conversion_options,
@@ -26,7 +26,6 @@ from ftx.errors import ConfigError
 from ftx.paths import ftx_home
 from ftx.pipeline import Pipeline, RunResult
 from ftx.settings import RunSettings
-from ftx.store import ArtifactStore
 
 
 def settings_from_options(model: str, **opts: Any) -> RunSettings:
@@ -43,7 +42,7 @@ def run_pipeline(settings: RunSettings) -> RunResult:
     if manifest is not None:
         check_requirements(manifest)
     rotate_logs(ftx_home())  # server logs do not pile up: the newest ones are kept
-    return Pipeline(get_host(), ArtifactStore(ftx_home()), settings, say=say).run()
+    return Pipeline(get_host(), command_store(), settings, say=say).run()
 
 
 def model_from_manifest(model: str | None, opts: dict[str, Any]) -> str:

@@ -7,15 +7,8 @@ import time
 
 import click
 
-from ftx.cli.common import FtxCommand, say
+from ftx.cli.common import FtxCommand, command_store, say
 from ftx.errors import ConfigError
-
-
-def _store():  # -> ArtifactStore
-    from ftx.paths import ftx_home
-    from ftx.store import ArtifactStore
-
-    return ArtifactStore(ftx_home())
 
 
 def _age(seconds: float) -> str:
@@ -43,11 +36,11 @@ def _table(entries: list) -> None:  # list[StoreEntry]
 @click.option("--stage", type=click.Choice(["fetch", "convert", "tune", "configure"]), help="Only this stage.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def ls_command(stage: str | None, as_json: bool) -> None:
-    """List the artifacts in the store: stage, key, size, source, last use, and whether a server or a running ftx command uses it."""
+    """List the artifacts in the store: stage, key, size, source, last use, and whether a server or an ftx command uses it."""
     from ftx.housekeeping import inventory
     from ftx.resources import human_bytes
 
-    store = _store()
+    store = command_store()
     entries = [e for e in inventory(store) if stage is None or e.stage == stage]
     if as_json:
         click.echo(json.dumps([e.as_dict() for e in entries], indent=2))
@@ -95,7 +88,7 @@ def rm_command(artifacts: tuple[str, ...], dry_run: bool) -> None:
     """
     from ftx.housekeeping import dependents, find, inventory
 
-    store = _store()
+    store = command_store()
     entries = inventory(store)
     chosen = []
     for text in artifacts:
@@ -129,7 +122,7 @@ def prune_command(unused: bool, older_than: str | None, to_size: str | None, dry
     from ftx.housekeeping import inventory, leftovers, parse_age, parse_size, prune_selection, remove_path, rotate_logs
     from ftx.resources import human_bytes
 
-    store = _store()
+    store = command_store()
     age = parse_age(older_than) if older_than else None
     limit = parse_size(to_size) if to_size else None
     for path in leftovers(store):
