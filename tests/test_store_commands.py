@@ -123,9 +123,14 @@ import sys
 from pathlib import Path
 from ftx.store import ArtifactStore
 store = ArtifactStore(Path(sys.argv[1]))
-assert store.lookup(sys.argv[2], sys.argv[3]) is not None
-print("holding", flush=True)
-sys.stdin.readline()
+if sys.argv[4] == "build":  # what `ftx run --force` holds while it rebuilds the artifact
+    with store.lock(sys.argv[2], sys.argv[3]):
+        print("holding", flush=True)
+        sys.stdin.readline()
+else:
+    assert store.lookup(sys.argv[2], sys.argv[3]) is not None
+    print("holding", flush=True)
+    sys.stdin.readline()
 """
 
 
@@ -140,8 +145,8 @@ def lone_fetch(ftx_cli, store_with_two_models: dict[str, Path]) -> dict:
 
 
 @contextlib.contextmanager
-def _held_by_another_process(home: Path, stage: str, key: str) -> Iterator[subprocess.Popen[str]]:
-    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(home), stage, key], stdin=subprocess.PIPE,
+def _held_by_another_process(home: Path, stage: str, key: str, how: str = "use") -> Iterator[subprocess.Popen[str]]:
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(home), stage, key, how], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
@@ -190,7 +195,18 @@ def test_an_artifact_taken_up_after_the_listing_is_kept_by_prune(ftx_home: Path,
     with _held_by_another_process(ftx_home, "fetch", lone_fetch["key"]):
         _remove(store, chosen, dry_run=False, skip_busy=True)
     assert Path(lone_fetch["path"]).is_dir()
-    assert "a running ftx process took it up meanwhile" in capsys.readouterr().err
+    assert "another running ftx process uses or builds it" in capsys.readouterr().err
+
+
+def test_an_artifact_being_rebuilt_elsewhere_is_refused_by_rm_and_kept_by_prune(
+        ftx_cli, ftx_home: Path, lone_fetch: dict) -> None:
+    with _held_by_another_process(ftx_home, "fetch", lone_fetch["key"], how="build"):
+        refused = ftx_cli("rm", lone_fetch["key"])
+        assert refused.exit_code == 1 and "is being built by another ftx process" in refused.stderr
+        pruned = ftx_cli("prune", "--unused")
+        assert pruned.exit_code == 0, pruned.stderr
+        assert "kept fetch/" in pruned.stderr and Path(lone_fetch["path"]).is_dir()
+    assert ftx_cli("rm", lone_fetch["key"]).exit_code == 0 and not Path(lone_fetch["path"]).exists()
 
 
 def test_a_process_removes_what_it_used_itself(ftx_home: Path, lone_fetch: dict) -> None:

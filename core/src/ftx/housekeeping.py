@@ -186,28 +186,32 @@ def find(entries: list[StoreEntry], text: str) -> list[StoreEntry]:
 
 
 class ArtifactInUse(ConfigError):
-    """An artifact a running ftx process holds a lease on."""
+    """An artifact another running ftx process uses or builds."""
 
 
 def remove_entry(store: ArtifactStore, entry: StoreEntry) -> int:
-    """Remove one artifact under its build lock (never while it is being built); return the bytes freed."""
+    """Remove one artifact, never while another ftx process builds or uses it; return the bytes freed.
+
+    Under the key's build lock and its exclusive use lease the artifact is only renamed out of the store;
+    its bytes are deleted after both are given back, so a run waiting to look it up waits for a rename.
+    (The build lock's file stays: filelock cannot tell a waiter that its file was unlinked.)
+    """
     lock = filelock.FileLock(str(store.lock_root / f"{entry.stage}-{entry.key}.lock"))
     try:
         lock.acquire(timeout=0)
     except filelock.Timeout:
-        raise ConfigError(f"{entry.ref} is being built by another ftx process",
-                          hint="wait for it to finish, then remove it") from None
+        raise ArtifactInUse(f"{entry.ref} is being built by another ftx process",
+                            hint="wait for it to finish, then remove it") from None
+    trash = store.tmp_root / f"rm-{entry.stage}-{entry.key}-{uuid.uuid4().hex[:8]}"
     try:
         with leases.exclusive(store.lease(entry.stage, entry.key)) as free:
             if not free:
                 raise ArtifactInUse(f"{entry.ref} is in use by another running ftx process",
                                     hint="let it finish (`ftx ps` lists servers), then remove it")
-            trash = store.tmp_root / f"rm-{entry.stage}-{entry.key}-{uuid.uuid4().hex[:8]}"
             os.replace(entry.path, trash)  # gone from the store at once; the bytes follow
-            shutil.rmtree(trash, ignore_errors=True)
     finally:
         lock.release()
-        Path(lock.lock_file).unlink(missing_ok=True)
+    shutil.rmtree(trash, ignore_errors=True)
     log.info("store.removed", stage=entry.stage, key=entry.key, bytes=entry.size)
     return entry.size
 

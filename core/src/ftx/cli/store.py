@@ -68,7 +68,7 @@ def _remove(store, chosen: list, dry_run: bool, *, skip_busy: bool = False) -> N
         except ArtifactInUse:
             if not skip_busy:
                 raise
-            say(f"kept {entry.ref}: a running ftx process took it up meanwhile")
+            say(f"kept {entry.ref}: another running ftx process uses or builds it")
             continue
         removed += 1
         click.echo(entry.ref)
