@@ -1,9 +1,9 @@
 """Use leases on store artifacts, so that `ftx rm` and `ftx prune` leave alone what a running ftx uses.
 
-A process that resolves an artifact holds a shared lock on ``locks/<stage>-<key>.use`` for as long as
-the store object that resolved it lives (the kernel drops it when the process dies, however it dies);
-removing an artifact needs the exclusive lock, taken without waiting. A process never blocks on its
-own leases: it gives its own up before it removes.
+A process that resolves an artifact holds a shared lock on ``locks/<stage>-<key>.use`` until the store
+object that resolved it is closed (a CLI command closes its store when it ends) or collected; the kernel
+drops it when the process dies, however it dies. Removing an artifact needs the exclusive lock, taken
+without waiting. A process never blocks on its own leases: it gives its own up before it removes.
 
 Written on ``fcntl.flock`` directly because filelock, which the build locks use, has no shared mode.
 A lease file is unlinked by the remover while it holds the exclusive lock, so every taker checks,
