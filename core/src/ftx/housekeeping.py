@@ -11,7 +11,6 @@ file's modification time, which a cache hit refreshes.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -27,7 +26,7 @@ import structlog
 
 from ftx import leases
 from ftx.errors import ConfigError
-from ftx.store import PROVENANCE_FILE, ArtifactStore
+from ftx.store import PROVENANCE_FILE, ArtifactStore, read_provenance
 
 log = structlog.get_logger(__name__)
 
@@ -54,6 +53,7 @@ class StoreEntry:
     source: str
     upstream: list[tuple[str, str]] = field(default_factory=list)
     in_use: bool = False
+    damaged: bool = False
 
     @property
     def ref(self) -> str:
@@ -62,7 +62,7 @@ class StoreEntry:
     def as_dict(self) -> dict[str, Any]:
         return {"stage": self.stage, "key": self.key, "path": str(self.path), "size": self.size,
                 "created": self.created, "last_used": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.last_used)),
-                "source": self.source, "in_use": self.in_use,
+                "source": self.source, "in_use": self.in_use, "damaged": self.damaged,
                 "upstream": [f"{stage}/{key}" for stage, key in self.upstream]}
 
 
@@ -92,13 +92,12 @@ def _tree_size(path: Path) -> int:
 
 
 def _source_text(stage: str, meta: dict[str, Any]) -> str:
-    result = meta.get("result") or {}
+    inputs = _mapping(meta.get("inputs"))
     if stage == "fetch":
-        ref = result.get("ref") or {}
-        return str(ref.get("preset") or ref.get("uri") or meta.get("inputs", {}).get("ref") or "?")
+        ref = _mapping(_mapping(meta.get("result")).get("ref"))
+        return str(ref.get("preset") or ref.get("uri") or inputs.get("ref") or "?")[:300]
     if stage == "tune":
-        inputs = meta.get("inputs") or {}
-        return f"{inputs.get('family', '?')} GEMMs ({inputs.get('runtime', '?')})"
+        return f"{inputs.get('family', '?')} GEMMs ({inputs.get('runtime', '?')})"[:300]
     return ""
 
 
@@ -118,19 +117,23 @@ def running_repositories() -> set[Path]:
 
 
 def inventory(store: ArtifactStore) -> list[StoreEntry]:
-    """Every published artifact, its source traced through the keys it was built from."""
+    """Every published artifact, its source traced through the keys it was built from; one whose
+    provenance cannot be read (never used again: a lookup rebuilds it) is listed as damaged."""
     entries: dict[tuple[str, str], StoreEntry] = {}
-    for meta_path in sorted(store.root.glob(f"*/*/{PROVENANCE_FILE}")):
-        path = meta_path.parent
+    for path in sorted(store.root.glob("*/*")):
         stage, key = path.parent.name, path.name
-        try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, ValueError):
+        if stage.startswith(".") or key.startswith(".") or not path.is_dir() or path.is_symlink():
+            continue  # builds in progress, a swap's moved-aside original
+        last_used = _mtime(path / PROVENANCE_FILE) or _mtime(path)
+        meta = read_provenance(path)
+        if meta is None:
+            entries[(stage, key)] = StoreEntry(stage, key, path, _tree_size(path), "", last_used,
+                                               "damaged: its provenance is missing or unreadable", damaged=True)
             continue
-        inputs = meta.get("inputs") or {}
-        upstream = [(name, str(inputs[name])) for name in UPSTREAM_KEYS.get(stage, ()) if inputs.get(name)]
-        entries[(stage, key)] = StoreEntry(stage, key, path, _tree_size(path), str(meta.get("finished_at", "")),
-                                           meta_path.stat().st_mtime, _source_text(stage, meta), upstream)
+        inputs = _mapping(meta.get("inputs"))
+        upstream = [(name, inputs[name]) for name in UPSTREAM_KEYS.get(stage, ()) if isinstance(inputs.get(name), str)]
+        entries[(stage, key)] = StoreEntry(stage, key, path, _tree_size(path), str(meta.get("finished_at", ""))[:40],
+                                           last_used, _source_text(stage, meta), upstream)
     for entry in entries.values():  # sources of derived artifacts: follow the keys up to a fetch
         if not entry.source:
             entry.source = _trace_source(entry, entries)
@@ -141,6 +144,18 @@ def inventory(store: ArtifactStore) -> list[StoreEntry]:
             for used in [entry, *closure(entry, entries)]:
                 used.in_use = True
     return sorted(entries.values(), key=lambda e: (e.stage, -e.last_used))
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return os.lstat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def _mapping(value: object) -> dict[str, Any]:
+    """``value`` if it is a JSON object, else an empty one (provenance is read from disk, not trusted)."""
+    return value if isinstance(value, dict) else {}
 
 
 def _trace_source(entry: StoreEntry, entries: dict[tuple[str, str], StoreEntry]) -> str:

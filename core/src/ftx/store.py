@@ -41,13 +41,17 @@ import structlog
 
 from ftx import leases
 from ftx.atomic import recover, swap_in
+from ftx.errors import CheckpointError
 from ftx.hashing import sha256_files
+from ftx.io.regular import open_regular
 from ftx.paths import unusable_home
 from ftx.redact import redact_data
 
 log = structlog.get_logger(__name__)
 
 PROVENANCE_FILE = "ftx-artifact.json"
+PROVENANCE_MAX_BYTES = 64 << 20
+"""A provenance record lists every output file with its hash: far below this even for thousands of files."""
 SCHEMA = "ftx.artifact/1"
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
@@ -71,12 +75,17 @@ class Artifact:
 
 
 def read_provenance(path: Path) -> dict[str, Any] | None:
-    """The provenance record in ``path``, or None when it is missing or unreadable in any way."""
+    """The provenance record in ``path``, or None when it is missing or unreadable in any way (a named
+    pipe or device in its place is not opened for long, a huge file not read whole)."""
     try:
-        meta = json.loads((path / PROVENANCE_FILE).read_bytes())
+        with open_regular(path / PROVENANCE_FILE) as file:
+            data = file.read(PROVENANCE_MAX_BYTES + 1)
+        if len(data) > PROVENANCE_MAX_BYTES:
+            raise ValueError(f"larger than {PROVENANCE_MAX_BYTES} bytes")
+        meta = json.loads(data)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, RecursionError) as exc:  # not JSON, not UTF-8, a directory, too deep …
+    except (OSError, ValueError, RecursionError, CheckpointError) as exc:  # not JSON, not UTF-8, a pipe, too deep …
         log.warning("cache.provenance_unreadable", path=str(path), error=f"{type(exc).__name__}: {exc}"[:200])
         return None
     if not isinstance(meta, dict):

@@ -52,7 +52,8 @@ def ls_command(stage: str | None, as_json: bool) -> None:
     say(f"{len(entries)} artifacts, {human_bytes(sum(e.size for e in entries))} in {store.root}")
 
 
-def _remove(store, chosen: list, dry_run: bool, *, skip_busy: bool = False) -> None:  # StoreEntry list
+def _remove(store, chosen: list, dry_run: bool, *, skip_busy: bool = False,  # StoreEntry list
+            summary: bool = True) -> None:
     """Remove ``chosen``; with ``skip_busy`` an artifact a running ftx took up since the listing is kept."""
     from ftx.housekeeping import ArtifactInUse, remove_entry
     from ftx.resources import human_bytes
@@ -72,6 +73,8 @@ def _remove(store, chosen: list, dry_run: bool, *, skip_busy: bool = False) -> N
             continue
         removed += 1
         click.echo(entry.ref)
+    if not summary:
+        return
     verb = "would free" if dry_run else "freed"
     count = len(chosen) if dry_run else removed
     say(f"{verb} {human_bytes(sum(e.size for e in chosen) if dry_run else freed)} ({count} artifacts)")
@@ -133,11 +136,16 @@ def prune_command(unused: bool, older_than: str | None, to_size: str | None, dry
     if not dry_run:
         for old in rotate_logs(store.home):
             say(f"removed old server log {old.name}")
+    entries = inventory(store)
+    damaged = [e for e in entries if e.damaged and not e.in_use]  # never used again: a lookup rebuilds them
+    for entry in damaged if not dry_run else ():  # a dry run names them with their source, "damaged: …"
+        say(f"removing damaged {entry.ref} ({human_bytes(entry.size)}): its provenance is missing or unreadable")
+    _remove(store, damaged, dry_run, skip_busy=True, summary=False)
     if not (unused or age is not None or limit is not None):
         say("no artifacts selected (use --unused, --older-than or --to-size)")
         return
-    _remove(store, prune_selection(inventory(store), unused=unused, older_than_s=age, to_size=limit), dry_run,
-            skip_busy=True)
+    sound = [e for e in entries if not e.damaged]
+    _remove(store, prune_selection(sound, unused=unused, older_than_s=age, to_size=limit), dry_run, skip_busy=True)
 
 
 commands = [ls_command, rm_command, prune_command]
