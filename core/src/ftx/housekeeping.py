@@ -11,9 +11,11 @@ file's modification time, which a cache hit refreshes.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import shutil
+import stat
 import time
 import uuid
 from collections.abc import Iterable
@@ -25,7 +27,8 @@ import filelock
 import structlog
 
 from ftx import leases
-from ftx.errors import ConfigError
+from ftx.errors import CheckpointError, ConfigError
+from ftx.io.regular import open_regular
 from ftx.store import PROVENANCE_FILE, ArtifactStore, read_provenance
 
 log = structlog.get_logger(__name__)
@@ -36,7 +39,11 @@ LOGS_KEPT = 20
 """Server logs kept under ``<home>/triton/logs`` (the newest; older ones are removed)."""
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
+_STAGE_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
+_KEY_NAME = re.compile(r"[0-9a-f]{8,64}")  # make_key's hex digests
 _SIZE_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+_MAX_SIZE = 1e18
+_REMOVAL_TRASH = re.compile(r"\.[0-9a-f]{8,64}\.rm-[0-9a-f]{8}")
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -71,7 +78,10 @@ def parse_size(text: str) -> int:
     match = _SIZE.match(text)
     if not match:
         raise ConfigError(f"not a size: {text!r}", hint="write it like 50GB, 500MB or 1.5T")
-    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+    size = float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+    if not math.isfinite(size) or size > _MAX_SIZE:
+        raise ConfigError(f"size out of range: {text!r}", hint="write it like 50GB, 500MB or 1.5T (at most 1000000T)")
+    return int(size)
 
 
 def parse_age(text: str) -> float:
@@ -92,13 +102,16 @@ def _tree_size(path: Path) -> int:
 
 
 def _source_text(stage: str, meta: dict[str, Any]) -> str:
+    """What an artifact was made from, for `ftx ls`: printable text only (provenance is read from disk)."""
     inputs = _mapping(meta.get("inputs"))
     if stage == "fetch":
         ref = _mapping(_mapping(meta.get("result")).get("ref"))
-        return str(ref.get("preset") or ref.get("uri") or inputs.get("ref") or "?")[:300]
-    if stage == "tune":
-        return f"{inputs.get('family', '?')} GEMMs ({inputs.get('runtime', '?')})"[:300]
-    return ""
+        text = str(ref.get("preset") or ref.get("uri") or inputs.get("ref") or "?")
+    elif stage == "tune":
+        text = f"{inputs.get('family', '?')} GEMMs ({inputs.get('runtime', '?')})"
+    else:
+        return ""
+    return "".join(c if c.isprintable() else "?" for c in text[:300])
 
 
 def running_repositories() -> set[Path]:
@@ -120,10 +133,8 @@ def inventory(store: ArtifactStore) -> list[StoreEntry]:
     """Every published artifact, its source traced through the keys it was built from; one whose
     provenance cannot be read (never used again: a lookup rebuilds it) is listed as damaged."""
     entries: dict[tuple[str, str], StoreEntry] = {}
-    for path in sorted(store.root.glob("*/*")):
+    for path in _artifact_dirs(store):
         stage, key = path.parent.name, path.name
-        if stage.startswith(".") or key.startswith(".") or not path.is_dir() or path.is_symlink():
-            continue  # builds in progress, a swap's moved-aside original
         last_used = _mtime(path / PROVENANCE_FILE) or _mtime(path)
         meta = read_provenance(path)
         if meta is None:
@@ -138,12 +149,42 @@ def inventory(store: ArtifactStore) -> list[StoreEntry]:
         if not entry.source:
             entry.source = _trace_source(entry, entries)
     served = running_repositories()
+    pointed_at = _served_model_configs(served)
     for entry in entries.values():
-        if (entry.stage == "configure" and entry.path.resolve() in served) \
+        if (entry.stage == "configure" and entry.path.resolve() in served) or _named_in(entry.path, pointed_at) \
                 or leases.held_elsewhere(store.lease(entry.stage, entry.key)):
             for used in [entry, *closure(entry, entries)]:
                 used.in_use = True
     return sorted(entries.values(), key=lambda e: (e.stage, -e.last_used))
+
+
+def _served_model_configs(repositories: set[Path]) -> str:
+    """The model configs of served repositories, as one text: a repository placed outside the store
+    (``ftx configure -o``) names the store's converted weights in them."""
+    texts = []
+    for repository in repositories:
+        for config in repository.glob("*/config.pbtxt"):
+            with contextlib.suppress(OSError, CheckpointError), open_regular(config) as file:
+                texts.append(file.read(1 << 20).decode(errors="replace"))
+    return "\n".join(texts)
+
+
+def _named_in(path: Path, text: str) -> bool:
+    return bool(text) and (f"{path}/" in text or f"{path.resolve()}/" in text)
+
+
+def _artifact_dirs(store: ArtifactStore) -> list[Path]:
+    """The directories ``store/<stage>/<key>`` named as ftx names them, that are directories of the
+    store itself: a link (to another file system, or out of the home) is no artifact, so nothing
+    reached through one is ever listed, let alone removed."""
+    found = []
+    for stage_dir in sorted(store.root.iterdir()) if store.root.is_dir() else ():
+        if not _STAGE_NAME.fullmatch(stage_dir.name) or stage_dir.is_symlink() or not stage_dir.is_dir():
+            continue
+        for path in sorted(stage_dir.iterdir()):
+            if _KEY_NAME.fullmatch(path.name) and not path.is_symlink() and path.is_dir():
+                found.append(path)
+    return found
 
 
 def _mtime(path: Path) -> float:
@@ -185,14 +226,14 @@ def dependents(targets: Iterable[StoreEntry], entries: Iterable[StoreEntry]) -> 
 
 def find(entries: list[StoreEntry], text: str) -> list[StoreEntry]:
     """Artifacts named by a key (or a unique prefix of 4+ characters), ``stage/key`` or their path."""
-    text = text.strip().rstrip("/")
+    given, text = text, text.strip().rstrip("/")
     as_path = Path(text).expanduser()
     if as_path.is_absolute() or os.sep in text and not re.fullmatch(r"\w+/[0-9a-f]+", text):
         resolved = as_path.resolve()
         return [e for e in entries if e.path.resolve() == resolved]
     stage, _, key = text.rpartition("/")
     if len(key) < 4:
-        raise ConfigError(f"{text!r} is too short to name an artifact", hint="give 4 or more characters of a key")
+        raise ConfigError(f"{given!r} is too short to name an artifact", hint="give 4 or more characters of a key")
     matches = [e for e in entries if e.key.startswith(key) and (not stage or e.stage == stage)]
     if len(matches) > 1 and len({e.key for e in matches}) > 1:
         shown = ", ".join(e.ref for e in matches[:5])
@@ -207,8 +248,9 @@ class ArtifactInUse(ConfigError):
 def remove_entry(store: ArtifactStore, entry: StoreEntry) -> int:
     """Remove one artifact, never while another ftx process builds or uses it; return the bytes freed.
 
-    Under the key's build lock and its exclusive use lease the artifact is only renamed out of the store;
-    its bytes are deleted after both are given back, so a run waiting to look it up waits for a rename.
+    Under the key's build lock and its exclusive use lease the artifact is only renamed to a hidden
+    sibling (same directory, so same file system); its bytes are deleted after both are given back, so a
+    run waiting to look it up waits for a rename. One removed meanwhile by another ftx frees nothing.
     (The build lock's file stays: filelock cannot tell a waiter that its file was unlinked.)
     """
     lock = filelock.FileLock(str(store.lock_root / f"{entry.stage}-{entry.key}.lock"))
@@ -217,13 +259,19 @@ def remove_entry(store: ArtifactStore, entry: StoreEntry) -> int:
     except filelock.Timeout:
         raise ArtifactInUse(f"{entry.ref} is being built by another ftx process",
                             hint="wait for it to finish, then remove it") from None
-    trash = store.tmp_root / f"rm-{entry.stage}-{entry.key}-{uuid.uuid4().hex[:8]}"
+    except OSError as exc:
+        raise ConfigError(f"cannot lock {entry.ref}: {lock.lock_file} is unusable ({exc.strerror or exc})",
+                          hint="remove that path (no ftx process is using it), then try again") from None
+    trash = entry.path.with_name(f".{entry.key}.rm-{uuid.uuid4().hex[:8]}")
     try:
         with leases.exclusive(store.lease(entry.stage, entry.key)) as free:
             if not free:
                 raise ArtifactInUse(f"{entry.ref} is in use by another running ftx process",
                                     hint="let it finish (`ftx ps` lists servers), then remove it")
-            os.replace(entry.path, trash)  # gone from the store at once; the bytes follow
+            try:
+                os.replace(entry.path, trash)  # gone from the store at once; the bytes follow
+            except FileNotFoundError:
+                return 0  # another ftx removed it first
     finally:
         lock.release()
     shutil.rmtree(trash, ignore_errors=True)
@@ -258,35 +306,66 @@ def rotate_logs(home: Path, keep: int = LOGS_KEPT) -> list[Path]:
     """Remove all but the ``keep`` newest server logs; return what was removed."""
     logs = sorted((Path(home) / "triton" / "logs").glob("*.log"), key=lambda p: p.stat().st_mtime, reverse=True)
     removed = []
+    written = _open_for_writing(set(logs[keep:]))
     for old in logs[keep:]:
+        if old in written:
+            continue  # a running server's log
         with contextlib.suppress(OSError):
             old.unlink()
             removed.append(old)
     return removed
 
 
+def _open_for_writing(paths: set[Path]) -> set[Path]:
+    """Those of ``paths`` that a running process (a detached server's stdout) has open."""
+    import psutil
+
+    if not paths:
+        return set()
+    found: set[Path] = set()
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            found |= {Path(f.path) for f in process.open_files()} & paths
+    return found
+
+
 def leftovers(store: ArtifactStore) -> list[Path]:
-    """Builds of processes that are gone (``store/.tmp``) and download remnants not being written."""
+    """Builds of processes that are gone (``store/.tmp``), removals a kill interrupted, and download
+    remnants not being written; never anything reached through a link (``.tmp`` or ``downloads`` itself
+    a link is skipped: pruning must not reach out of the home)."""
     import psutil
 
     found = []
-    for tmp in store.tmp_root.iterdir() if store.tmp_root.is_dir() else ():
-        match = re.match(r"^\w+-[0-9a-f]+-(\d+)-", tmp.name)
-        if match is None or not psutil.pid_exists(int(match.group(1))):
-            found.append(tmp)
+    if store.tmp_root.is_dir() and not store.tmp_root.is_symlink():
+        for tmp in store.tmp_root.iterdir():
+            match = re.match(r"^\w+-[0-9a-f]+-(\d+)-", tmp.name)
+            if match is None or not psutil.pid_exists(int(match.group(1))):
+                found.append(tmp)
+    for stage_dir in store.root.iterdir() if store.root.is_dir() else ():
+        if _STAGE_NAME.fullmatch(stage_dir.name) and not stage_dir.is_symlink() and stage_dir.is_dir():
+            found += [p for p in stage_dir.glob(".*.rm-*") if _REMOVAL_TRASH.fullmatch(p.name)]
     downloads = store.home / "downloads"
-    for part in downloads.rglob("*") if downloads.is_dir() else ():
-        if part.is_file() and part.suffix != ".lock" and time.time() - part.stat().st_mtime > 7 * 86400:
-            found.append(part)
+    if downloads.is_dir() and not downloads.is_symlink():
+        for root, _dirs, files in os.walk(downloads):  # does not descend into linked directories
+            for name in files:
+                part = Path(root) / name
+                with contextlib.suppress(OSError):
+                    info = part.lstat()
+                    if stat.S_ISREG(info.st_mode) and part.suffix != ".lock" and time.time() - info.st_mtime > 7 * 86400:
+                        found.append(part)
     return found
 
 
 def remove_path(path: Path) -> int:
-    size = _tree_size(path) if path.is_dir() else path.stat().st_size
-    if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
+    """Remove a leftover (a link is unlinked, never followed); return the bytes freed."""
+    if path.is_symlink() or not path.is_dir():
+        with contextlib.suppress(FileNotFoundError):
+            size = path.lstat().st_size
+            path.unlink()
+            return size
+        return 0
+    size = _tree_size(path)
+    shutil.rmtree(path, ignore_errors=True)
     return size
 
 

@@ -78,6 +78,8 @@ def read_provenance(path: Path) -> dict[str, Any] | None:
     """The provenance record in ``path``, or None when it is missing or unreadable in any way (a named
     pipe or device in its place is not opened for long, a huge file not read whole)."""
     try:
+        if (path / PROVENANCE_FILE).is_symlink():  # ftx writes a file: a link is someone else's doing
+            raise ValueError("it is a symbolic link")
         with open_regular(path / PROVENANCE_FILE) as file:
             data = file.read(PROVENANCE_MAX_BYTES + 1)
         if len(data) > PROVENANCE_MAX_BYTES:
@@ -251,7 +253,7 @@ class ArtifactStore:
     def mark_used(self, artifact: Artifact) -> None:
         """Record a use (a cache hit): the provenance file's mtime is the artifact's "last used"."""
         with contextlib.suppress(OSError):
-            os.utime(artifact.path / PROVENANCE_FILE)
+            os.utime(artifact.path / PROVENANCE_FILE, follow_symlinks=False)
 
     @contextlib.contextmanager
     def lock(self, stage: str, key: str, timeout_s: float = -1) -> Iterator[None]:

@@ -12,6 +12,7 @@ from ftx.errors import ConfigError
 
 
 def _age(seconds: float) -> str:
+    seconds = max(seconds, 0.0)  # a clock set back, or a time written in the future
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
             return f"{seconds / size:.0f}{unit}"
@@ -126,8 +127,8 @@ def prune_command(unused: bool, older_than: str | None, to_size: str | None, dry
     from ftx.resources import human_bytes
 
     store = command_store()
-    age = parse_age(older_than) if older_than else None
-    limit = parse_size(to_size) if to_size else None
+    age = parse_age(older_than) if older_than is not None else None
+    limit = parse_size(to_size) if to_size is not None else None
     for path in leftovers(store):
         if dry_run:
             say(f"would remove leftover {path}")
