@@ -14,7 +14,10 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ftx.triton.records import ServerRecord
 
 DEPLOYMENT_FILE = "ftx-deployment.json"
 
@@ -109,16 +112,17 @@ def _supervisor(proc: Any) -> tuple[Any, dict[str, Any]]:
     return None, {}
 
 
-def served_models(home: Path) -> list[ServedModel]:
+def served_models(home: Path, servers: list[ServerRecord] | None = None) -> list[ServedModel]:
     """The running tritonservers of this home (serving a repository under it, or recorded by
-    ``--detach``), oldest first, with the detached record's name where there is one."""
+    ``--detach``), oldest first, with the detached record's name where there is one (``servers``:
+    the records of ``home`` when the caller has read them already)."""
     import psutil
 
     from ftx.openai_api.records import read_records
     from ftx.triton.records import list_servers
 
-    records = {r.pid: r for r in list_servers(home) if r.alive}
-    openai = {r["triton_pid"]: r for r in read_records(home)}
+    records = {r.pid: r for r in (list_servers(home) if servers is None else servers) if r.alive}
+    openai = {r["triton_pid"]: r["url"] for r in read_records(home)}
     found = []
     for proc in psutil.process_iter(["pid", "name", "cmdline", "create_time"]):
         cmdline = proc.info.get("cmdline") or []
@@ -135,7 +139,6 @@ def served_models(home: Path) -> list[ServedModel]:
             continue  # another FTX_HOME's (or not ftx's) server
         deployment = _deployment(repository)
         runtime = str(deployment.get("runtime", "?"))
-        front = openai.get(owner, {})
         http = _address(cmdline, "http", "8000")
         if isinstance(spec.get("front"), dict):  # clients reach tritonserver's HTTP through the supervisor's front
             http = _address([f"--http-address={spec['front'].get('host', '')}",
@@ -145,7 +148,7 @@ def served_models(home: Path) -> list[ServedModel]:
             model=str(deployment.get("model") or repository.name), runtime=runtime, device=_device(proc, runtime),
             memory_bytes=_tree_rss(proc), uptime_s=time.time() - proc.info["create_time"],
             http=http, grpc=_address(cmdline, "grpc", "8001"),
-            repository=str(repository), openai=front.get("url", ""),
+            repository=str(repository), openai=openai.get(owner, ""),
             extra={"detached": record is not None, "family": deployment.get("family"),
                    "tp": deployment.get("tp"), "data_type": deployment.get("data_type")}))
     return sorted(found, key=lambda s: -s.uptime_s)

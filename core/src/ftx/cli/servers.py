@@ -34,8 +34,9 @@ def ps_command(as_json: bool) -> None:
     from ftx.resources import human_bytes
     from ftx.triton.records import list_servers
 
-    served = served_models(_home())
-    dead = [r for r in list_servers(_home()) if not r.alive]
+    records = list_servers(_home())  # read once: a malformed record is reported once
+    served = served_models(_home(), records)
+    dead = [r for r in records if not r.alive]
     if as_json:
         data = [{**s.as_dict(), "alive": True} for s in served]
         data += [{"name": r.name, "pid": r.pid, "alive": False, "repository": r.repository} for r in dead]
@@ -69,19 +70,25 @@ def _uptime(seconds: float) -> str:
 @click.argument("name", required=False)
 @click.option("--all", "all_servers", is_flag=True, help="Stop every detached server.")
 def stop_command(name: str | None, all_servers: bool) -> None:
-    """Stop a detached tritonserver (NAME, the only one running, or --all)."""
-    from ftx.triton.records import stop_server
+    """Stop a detached tritonserver (NAME, the only one running, or --all).
 
+    Malformed records (`ftx ps` warns about them) are removed by NAME (their file's) or --all.
+    """
     if name and all_servers:
         raise click.UsageError("give a NAME or --all, not both")
-    from ftx.openai_api.records import read_records, stop_record
+    from ftx.openai_api.records import read_records, remove_malformed_fronts, stop_record
+    from ftx.triton.records import remove_malformed_servers, stop_server
 
-    handled = stop_server(_home(), name, all_servers=all_servers)
-    names = {r.name for r in handled}
+    removed = (remove_malformed_servers(_home(), name) + remove_malformed_fronts(_home(), name)
+               if name or all_servers else [])
+    handled = stop_server(_home(), name, all_servers=all_servers, missing_ok=bool(removed))
+    names = {r.name for r in handled} | ({name} if name else set())
     for front in read_records(_home()):
         if front["name"] in names or all_servers:
             stop_record(front)
-    if not handled:
+    for bad in removed:
+        click.echo(f"removed malformed record {bad.path} ({bad.problem})")
+    if not handled and not removed:
         click.echo("no detached servers")
     for record in handled:
         if record.alive:
