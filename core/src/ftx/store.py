@@ -43,7 +43,7 @@ from ftx import leases
 from ftx.atomic import recover, swap_in
 from ftx.errors import CheckpointError
 from ftx.hashing import sha256_files
-from ftx.io.regular import open_regular
+from ftx.io.regular import read_regular
 from ftx.paths import unusable_home
 from ftx.redact import redact_data
 
@@ -80,11 +80,7 @@ def read_provenance(path: Path) -> dict[str, Any] | None:
     try:
         if (path / PROVENANCE_FILE).is_symlink():  # ftx writes a file: a link is someone else's doing
             raise ValueError("it is a symbolic link")
-        with open_regular(path / PROVENANCE_FILE) as file:
-            data = file.read(PROVENANCE_MAX_BYTES + 1)
-        if len(data) > PROVENANCE_MAX_BYTES:
-            raise ValueError(f"larger than {PROVENANCE_MAX_BYTES} bytes")
-        meta = json.loads(data)
+        meta = json.loads(read_regular(path / PROVENANCE_FILE, PROVENANCE_MAX_BYTES))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, RecursionError, CheckpointError) as exc:  # not JSON, not UTF-8, a pipe, too deep …

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ftx.errors import CheckpointError
-from ftx.io.regular import open_regular
+from ftx.io.regular import TooLarge, read_regular
 
 _KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
           type(None): "null"}
@@ -27,14 +27,12 @@ def read_json_object(path: Path, *, hint: str) -> dict[str, Any]:
     not a regular file, larger than MAX_JSON_BYTES, not JSON, or JSON of another type. A missing file
     raises ``FileNotFoundError`` for the caller."""
     try:
-        with open_regular(Path(path)) as fh:
-            raw = fh.read(MAX_JSON_BYTES + 1)
-        if len(raw) > MAX_JSON_BYTES:
-            raise CheckpointError(f"{path} is larger than {MAX_JSON_BYTES >> 20} MB, too large for a JSON file of a "
-                                  "checkpoint", hint=hint)
-        data = json.loads(raw)
+        data = json.loads(read_regular(Path(path), MAX_JSON_BYTES))
     except FileNotFoundError:
         raise
+    except TooLarge:
+        raise CheckpointError(f"{path} is larger than {MAX_JSON_BYTES >> 20} MB, too large for a JSON file of a "
+                              "checkpoint", hint=hint) from None
     except (OSError, ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, a directory …
         raise CheckpointError(f"{path} is not valid JSON ({type(exc).__name__}: {exc})"[:300], hint=hint) from exc
     if not isinstance(data, dict):

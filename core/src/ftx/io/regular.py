@@ -1,8 +1,9 @@
-"""Opening a checkpoint's files, which come from strangers: regular files only.
+"""Opening files that come from strangers (a checkpoint's, records and provenance in the home): regular
+files only.
 
 A named pipe blocks ``open()`` until a writer comes (forever), and a device such as ``/dev/zero`` never
 ends, so a file is opened without blocking, checked to be a regular file (links followed), and only then
-handed out as an ordinary blocking file object.
+handed out as an ordinary blocking file object; :func:`read_regular` also caps how much is read.
 """
 
 from __future__ import annotations
@@ -33,3 +34,17 @@ def open_regular(path: Path) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+class TooLarge(ValueError):
+    """A file beyond the size its reader accepts."""
+
+
+def read_regular(path: Path, max_bytes: int) -> bytes:
+    """The bytes of the regular file ``path``; :class:`TooLarge` beyond ``max_bytes`` (never read whole),
+    CheckpointError for a pipe, device or directory, ``FileNotFoundError`` when it is missing."""
+    with open_regular(path) as file:
+        data = file.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise TooLarge(f"larger than {max_bytes} bytes")
+    return data

@@ -16,7 +16,8 @@ from typing import Any
 import structlog
 
 from ftx.errors import CheckpointError, ServeError
-from ftx.io.regular import open_regular
+from ftx.io.jsonfile import json_kind
+from ftx.io.regular import TooLarge, read_regular
 from ftx.triton.ports import client_host
 from ftx.triton.process_tree import SHM_PREFIX, alive, reap, remove_shm, terminate_group
 
@@ -63,8 +64,6 @@ NAME_CHECK: Check = (_name, "a non-empty name")
 PID_CHECK: Check = (is_pid, f"a pid (an integer from 1 to {PID_MAX})")
 TEXT_CHECK: Check = (_text, "a string")
 
-_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
-               float: "a number", type(None): "null"}
 
 
 def _shown(value: object, limit: int = 40) -> str:
@@ -76,20 +75,19 @@ def read_json_record(path: Path, checks: Mapping[str, Check], optional: frozense
     """The JSON object in ``path`` whose fields pass ``checks`` (those in ``optional`` may be missing);
     other keys are kept unchecked. Raises :class:`RecordError` saying what is wrong."""
     try:
-        with open_regular(path) as file:  # a named pipe put there would block a plain read forever
-            raw = file.read(_RECORD_MAX_BYTES + 1)
+        raw = read_regular(path, _RECORD_MAX_BYTES)  # a named pipe put there would block a plain read forever
     except OSError as exc:
         raise RecordError(f"unreadable: {exc.strerror or exc}") from exc
     except CheckpointError as exc:
         raise RecordError("not a regular file") from exc
-    if len(raw) > _RECORD_MAX_BYTES:
-        raise RecordError(f"larger than {_RECORD_MAX_BYTES} bytes")
+    except TooLarge as exc:
+        raise RecordError(str(exc)) from exc
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError) as exc:
         raise RecordError(f"not JSON: {exc}") from exc
     if not isinstance(data, dict):
-        raise RecordError(f"not a JSON object but {_JSON_TYPES.get(type(data), type(data).__name__)}")
+        raise RecordError(f"not a JSON object but {json_kind(data)}")
     for key, (ok, what) in checks.items():
         if key not in data:
             if key not in optional:
