@@ -177,14 +177,15 @@ def _artifact_dirs(store: ArtifactStore) -> list[Path]:
     """The directories ``store/<stage>/<key>`` named as ftx names them, that are directories of the
     store itself: a link (to another file system, or out of the home) is no artifact, so nothing
     reached through one is ever listed, let alone removed."""
-    found = []
-    for stage_dir in sorted(store.root.iterdir()) if store.root.is_dir() else ():
-        if not _STAGE_NAME.fullmatch(stage_dir.name) or stage_dir.is_symlink() or not stage_dir.is_dir():
-            continue
-        for path in sorted(stage_dir.iterdir()):
-            if _KEY_NAME.fullmatch(path.name) and not path.is_symlink() and path.is_dir():
-                found.append(path)
-    return found
+    return [path for stage_dir in _stage_dirs(store) for path in sorted(stage_dir.iterdir())
+            if _KEY_NAME.fullmatch(path.name) and not path.is_symlink() and path.is_dir()]
+
+
+def _stage_dirs(store: ArtifactStore) -> list[Path]:
+    """``store/<stage>`` directories named as ftx names stages, never links."""
+    if not store.root.is_dir():
+        return []
+    return [d for d in sorted(store.root.iterdir()) if _STAGE_NAME.fullmatch(d.name) and not d.is_symlink() and d.is_dir()]
 
 
 def _mtime(path: Path) -> float:
@@ -253,7 +254,7 @@ def remove_entry(store: ArtifactStore, entry: StoreEntry) -> int:
     run waiting to look it up waits for a rename. One removed meanwhile by another ftx frees nothing.
     (The build lock's file stays: filelock cannot tell a waiter that its file was unlinked.)
     """
-    lock = filelock.FileLock(str(store.lock_root / f"{entry.stage}-{entry.key}.lock"))
+    lock = filelock.FileLock(str(store.lock_path(entry.stage, entry.key)))
     try:
         lock.acquire(timeout=0)
     except filelock.Timeout:
@@ -341,9 +342,8 @@ def leftovers(store: ArtifactStore) -> list[Path]:
             match = re.match(r"^\w+-[0-9a-f]+-(\d+)-", tmp.name)
             if match is None or not psutil.pid_exists(int(match.group(1))):
                 found.append(tmp)
-    for stage_dir in store.root.iterdir() if store.root.is_dir() else ():
-        if _STAGE_NAME.fullmatch(stage_dir.name) and not stage_dir.is_symlink() and stage_dir.is_dir():
-            found += [p for p in stage_dir.glob(".*.rm-*") if _REMOVAL_TRASH.fullmatch(p.name)]
+    for stage_dir in _stage_dirs(store):
+        found += [p for p in stage_dir.glob(".*.rm-*") if _REMOVAL_TRASH.fullmatch(p.name)]
     downloads = store.home / "downloads"
     if downloads.is_dir() and not downloads.is_symlink():
         for root, _dirs, files in os.walk(downloads):  # does not descend into linked directories

@@ -242,6 +242,10 @@ class ArtifactStore:
         leases.release_all(self._leased)
         self._leased.clear()
 
+    def lock_path(self, stage: str, key: str) -> Path:
+        """The file whose lock lets one process at a time build (or remove) (stage, key)."""
+        return self.lock_root / f"{stage}-{key}.lock"
+
     def lease(self, stage: str, key: str) -> Path:
         """The lease file whose shared lock marks (stage, key) as used by a running ftx process."""
         return leases.lease_path(self.lock_root, stage, key)
@@ -257,7 +261,7 @@ class ArtifactStore:
         so first."""
         from ftx.atomic import announced
 
-        lock = self._locks.setdefault(key + stage, filelock.FileLock(str(self.lock_root / f"{stage}-{key}.lock")))
+        lock = self._locks.setdefault(key + stage, filelock.FileLock(str(self.lock_path(stage, key))))
         with announced(lock, f"building {stage} {key}", timeout_s):
             yield
 
