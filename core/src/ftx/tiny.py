@@ -57,15 +57,20 @@ def _seeded(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _randomize(model: Any, seed: int, std: float = 0.2) -> Any:
-    """Draw every parameter from N(0, std²). The default init leaves biases at 0 and layernorms at
-    1/0, which would hide a wrong layout or scaling of those tensors from a test."""
+def randomize(model: Any, seed: int, std: float = 0.2, *, around_init: bool = False) -> Any:
+    """Draw every parameter from N(0, std²), or with ``around_init`` add N(0, std²) to its initial value
+    (layernorm scales stay near 1). The default init leaves biases at 0 and layernorms at 1/0, which
+    would hide a wrong layout or scaling of those tensors from a test."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for param in model.parameters():
-            param.copy_(torch.randn(param.shape, generator=generator, dtype=torch.float32) * std)
+        for param in model.parameters():  # a tied parameter is one object: drawn once
+            noise = torch.randn(param.shape, generator=generator, dtype=torch.float32) * std
+            if around_init:
+                param.add_(noise.to(param.dtype))
+            else:
+                param.copy_(noise)
     return model
 
 
@@ -90,7 +95,7 @@ def tiny_gptj(dest: Path, *, n_layer: int = 2, n_embd: int = 64, n_head: int = 4
                         n_inner=n_inner, n_positions=256, tie_word_embeddings=False, **ids)
     _seeded(seed)
     model = GPTJForCausalLM(config).eval()
-    return _save(_randomize(model, seed) if random_init else model, dest, dtype, safetensors)
+    return _save(randomize(model, seed) if random_init else model, dest, dtype, safetensors)
 
 
 def tiny_gptneox(dest: Path, *, num_hidden_layers: int = 2, hidden_size: int = 64, num_attention_heads: int = 4,
@@ -114,7 +119,7 @@ def tiny_gptneox(dest: Path, *, num_hidden_layers: int = 2, hidden_size: int = 6
                            bos_token_id=eos, eos_token_id=eos, tie_word_embeddings=False)
     _seeded(seed)
     model = GPTNeoXForCausalLM(config).eval()
-    return _save(_randomize(model, seed) if random_init else model, dest, dtype, safetensors)
+    return _save(randomize(model, seed) if random_init else model, dest, dtype, safetensors)
 
 
 def tiny_t5(dest: Path, *, d_model: int = 64, d_kv: int = 16, num_heads: int = 4, d_ff: int = 128,

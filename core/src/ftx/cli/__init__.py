@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "ftx.cli.store",
     "ftx.cli.bench",
     "ftx.cli.plugin",
+    "ftx.cli.verify",
 )
 
 

@@ -11,7 +11,15 @@ A plugin's whole conformance test file::
                           "rotary_dim": 8, "vocab_size": 128, "n_positions": 64}
 
 The tiny checkpoint is built offline from ``tiny_hf_config`` with the transformers class named by
-``family.hf_model_class`` (seeded random weights), saved as safetensors.
+``family.hf_model_class`` (seeded random weights drawn with ``tiny_weight_std``, so that
+attention is far from uniform), saved as safetensors.
+
+``test_ftx_reference_matches_transformers`` checks the converted files against an oracle that
+shares nothing with the family's table: :mod:`ftx.oracle`, FasterTransformer's own math on CPU
+for the family's ``triton_model_type``, reading the files as FT's loaders do, compared with
+transformers' logits on the original checkpoint. A table that swaps q and k, splits on the wrong
+axis or fuses in the wrong order passes the round trip (the python runtime inverts the same
+table) but fails here.
 """
 
 from __future__ import annotations
@@ -31,15 +39,28 @@ from ftx.io.ftformat import gpu_dir_name, read_ini, read_tensor
 TP = 2
 
 
-def build_tiny_checkpoint(family: Family, hf_config: Mapping[str, Any], dest: Path, seed: int = 0) -> Path:
-    """Save a randomly initialised model of ``family`` described by ``hf_config`` into ``dest``."""
+TINY_WEIGHT_STD = 0.2
+"""Every weight of a tiny checkpoint gets N(0, 0.2²) added to transformers' init
+(:func:`ftx.tiny.randomize`). The default init alone (std 0.02) leaves a tiny model's attention almost
+uniform, where swapping q and k moves its logits less than FasterTransformer's own approximations do;
+with the noise a wrong layout moves them by tens of percent."""
+
+
+def build_tiny_checkpoint(family: Family, hf_config: Mapping[str, Any], dest: Path, seed: int = 0,
+                          weight_std: float | None = None) -> Path:
+    """Save a randomly initialised model of ``family`` described by ``hf_config`` into ``dest``: transformers'
+    own init, plus N(0, ``weight_std``²) on every parameter when ``weight_std`` is given."""
     import torch
     import transformers
+
+    from ftx.tiny import randomize
 
     config = transformers.AutoConfig.for_model(**dict(hf_config))
     model_class = getattr(transformers, family.hf_model_class)
     torch.manual_seed(seed)
     model = model_class(config).eval()
+    if weight_std is not None:
+        randomize(model, seed, weight_std, around_init=True)
     model.save_pretrained(dest, safe_serialization=True)
     return dest
 
@@ -48,7 +69,8 @@ def build_tiny_checkpoint(family: Family, hf_config: Mapping[str, Any], dest: Pa
 def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The conformance class's tiny checkpoint (built once per class)."""
     cls = request.cls
-    return build_tiny_checkpoint(cls.family(), cls.tiny_hf_config, tmp_path_factory.mktemp("tiny"))
+    return build_tiny_checkpoint(cls.family(), cls.tiny_hf_config, tmp_path_factory.mktemp("tiny"),
+                                 weight_std=cls.tiny_weight_std)
 
 
 @pytest.fixture(scope="class")
@@ -69,6 +91,7 @@ class FamilyConformance:
     family: ClassVar[type[Family]]
     tiny_hf_config: ClassVar[Mapping[str, Any]]
     tp: ClassVar[int] = TP
+    tiny_weight_std: ClassVar[float | None] = TINY_WEIGHT_STD
 
     def _spec(self, checkpoint: Path) -> Any:
         family = self.family()
@@ -191,6 +214,18 @@ class FamilyConformance:
             want = original.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=end)
             got = rebuilt.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=end)
         assert got.tolist() == want.tolist()
+
+    def test_ftx_reference_matches_transformers(self, checkpoint: Path, converted: dict[int, Path]) -> None:
+        """What FasterTransformer would compute from the converted files, at tp 1 and at the class's tp,
+        matches transformers on the original checkpoint (the oracle reads FT's files, not the table)."""
+        from ftx.oracle import verify
+
+        family = self.family()
+        for tp, directory in converted.items():
+            verdict = verify(directory, checkpoint, model_class=family.hf_model_class)
+            assert verdict.model_type == family.triton_model_type, verdict.describe()
+            assert verdict.tp == tp
+            assert verdict.passed, verdict.describe()
 
     def test_slug_is_consistent(self) -> None:
         family = self.family()
