@@ -39,6 +39,23 @@ def third_party_env(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pat
     return python, project
 
 
+def test_the_wheel_declares_a_test_extra_pulling_the_kit(third_party_env: tuple[Path, Path]) -> None:
+    """`pip install 'ftx-mygpt[test]'` brings core's kit extra (pytest, torch, transformers)."""
+    import zipfile
+    from email.parser import Parser
+
+    from packaging.requirements import Requirement
+
+    _, project = third_party_env
+    (wheel,) = (project.parent / "dist").glob(f"ftx_{SLUG}-0.1.0-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = Parser().parsestr(archive.read(f"ftx_{SLUG}-0.1.0.dist-info/METADATA").decode())
+    assert "test" in metadata.get_all("Provides-Extra", [])
+    kit = [r for r in map(Requirement, metadata.get_all("Requires-Dist", [])) if r.extras == {"kit"}]
+    assert kit and kit[0].marker is not None and kit[0].marker.evaluate({"extra": "test"})
+    assert not kit[0].marker.evaluate({"extra": ""})
+
+
 def test_listed_by_ftx_models_and_plugins(third_party_env: tuple[Path, Path], tmp_path: Path) -> None:
     python, _ = third_party_env
     env = {"FTX_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin"}

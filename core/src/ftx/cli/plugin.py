@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import click
@@ -28,8 +29,15 @@ def new_command(slug: str, directory: Path | None) -> None:
     say(f"plugin    ftx-{slug} written: package ftx_{slug}, entry point {slug!r}, family {slug!r}")
     for caveat in caveats:
         say(f"  note: {caveat}")
-    say(f"next      pip install -e {dest} && pytest {dest / 'tests'}   (the conformance kit)")
+    say(f"next      {next_step(dest)}")
     click.echo(str(dest))
+
+
+def next_step(dest: Path) -> str:
+    """The commands that install the new plugin with its test extra (pytest and the kit's dependencies: torch,
+    transformers) and run the conformance kit."""
+    return (f"pip install -e {shlex.quote(f'{dest}[test]')} && pytest {shlex.quote(str(dest / 'tests'))}"
+            "   (the test extra brings pytest, torch and transformers for the conformance kit)")
 
 
 commands: list[click.Command] = [plugin]
