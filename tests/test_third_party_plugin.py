@@ -87,4 +87,4 @@ def test_template_passes_the_conformance_kit(third_party_env: tuple[Path, Path],
     python, project = third_party_env
     result = run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", project, project / "tests",
                  cwd=project, env={"FTX_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin"})
-    assert "10 passed" in result.stdout, result.stdout  # every test of the kit: generation through the python runtime, the FT reference
+    assert "10 passed" in result.stdout, result.stdout  # every test of the kit (python runtime and FT reference too)
