@@ -169,3 +169,46 @@ def test_a_file_of_the_wrong_size_is_named(tmp_path: Path) -> None:
     files = FtFiles(directory)
     with pytest.raises(CheckpointError, match=r"model\.lm_head\.bias\.bin holds 508 bytes; FasterTransformer loads 512"):
         files.whole("model.lm_head.bias", (128,), np.dtype(np.float32))
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("head_num", "0", r"head_num = 0; a size must be at least 1"),
+    ("vocab_size", "-3", r"vocab_size = -3; a size must be at least 1"),
+    ("rotary_embedding", "7", r"rotary_embedding = 7 is not an even number within the head size 16"),
+    ("inter_size", "many", r"inter_size = 'many' is not an integer"),
+])
+def test_a_damaged_config_ini_is_refused_with_the_key_named(tmp_path: Path, key: str, value: str, message: str) -> None:
+    """A converted directory may come from someone else: its config.ini is checked before any size is used."""
+    from ftx.errors import ConfigError
+    from ftx_gptj.family import GPTJ
+
+    directory, checkpoint = _converted(GPTJ(), GPTJ_TINY, tmp_path, 1)
+    ini = directory / "config.ini"
+    lines = [f"{key} = {value}" if line.startswith(f"{key} =") else line for line in ini.read_text().splitlines()]
+    ini.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match=message):
+        verify(directory, checkpoint)
+
+
+def test_a_t5_start_id_outside_the_vocabulary_is_refused(tmp_path: Path) -> None:
+    from ftx.errors import ConfigError
+    from ftx_t5.family import T5
+
+    directory, checkpoint = _converted(T5(), T5_TINY, tmp_path, 1)
+    ini = directory / "config.ini"
+    ini.write_text(ini.read_text().replace("decoder_start_token_id = 0", "decoder_start_token_id = 128"))
+    with pytest.raises(ConfigError, match=r"decoder_start_token_id = 128 is outside the vocabulary of 128"):
+        verify(directory, checkpoint)
+
+
+def test_a_named_pipe_in_place_of_a_weight_file_does_not_block(tmp_path: Path) -> None:
+    import os
+
+    from ftx_gptj.family import GPTJ
+
+    directory, checkpoint = _converted(GPTJ(), GPTJ_TINY, tmp_path, 1)
+    target = directory / "model.final_layernorm.bias.bin"
+    target.unlink()
+    os.mkfifo(target)
+    with pytest.raises(CheckpointError, match=r"final_layernorm\.bias\.bin is a named pipe"):
+        verify(directory, checkpoint)

@@ -14,6 +14,7 @@ catch such a directory before a GPU does.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ import numpy as np
 
 from ftx.errors import CheckpointError, ConfigError
 from ftx.io.ftformat import read_ini
+from ftx.io.regular import open_regular
 
 _FILE_DTYPES = (("fp32", np.dtype(np.float32)), ("fp16", np.dtype(np.float16)),
                 ("bf16", np.dtype(ml_dtypes.bfloat16)))
@@ -49,7 +51,7 @@ class IniSection:
             return default
         return value.strip()
 
-    def int(self, key: str, default: int | None = None) -> int:
+    def integer(self, key: str, default: int | None = None) -> int:
         text = self.text(key, None if default is None else str(default))
         try:
             return int(text, 0)
@@ -57,7 +59,15 @@ class IniSection:
             raise ConfigError(f"{self.path}: [{self.name}] {key} = {text!r} is not an integer",
                               hint="re-convert the checkpoint with ftx convert") from None
 
-    def float(self, key: str, default: float | None = None) -> float:
+    def size(self, key: str) -> int:
+        """A size (heads, widths, layers, vocabulary): an integer of at least 1."""
+        value = self.integer(key)
+        if value < 1:
+            raise ConfigError(f"{self.path}: [{self.name}] {key} = {value}; a size must be at least 1",
+                              hint="re-convert the checkpoint with ftx convert")
+        return value
+
+    def number(self, key: str, default: float | None = None) -> float:
         text = self.text(key, None if default is None else repr(default))
         try:
             return float(text)
@@ -65,7 +75,7 @@ class IniSection:
             raise ConfigError(f"{self.path}: [{self.name}] {key} = {text!r} is not a number",
                               hint="re-convert the checkpoint with ftx convert") from None
 
-    def bool(self, key: str, default: bool) -> bool:
+    def flag(self, key: str, default: bool) -> bool:
         text = self.text(key, "").lower()
         if text in _TRUE:
             return True
@@ -111,19 +121,25 @@ class FtFiles:
         return [self._read(self.path / f"{stem}.{rank}.bin", shape, dtype) for rank in range(self.tp)]
 
     def _read(self, file: Path, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        want = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        count = int(np.prod(shape, dtype=np.int64))
+        want = count * dtype.itemsize
         try:
-            size = file.stat().st_size
+            handle = open_regular(file)
         except OSError:
             raise CheckpointError(f"{file} is missing; FasterTransformer would run on uninitialised memory there",
                                   hint="the conversion did not write a file FasterTransformer loads: fix the "
                                        "family's table, or re-convert") from None
-        if size != want:
-            raise CheckpointError(
-                f"{file} holds {size} bytes; FasterTransformer loads {want} ({list(shape)} in {dtype})",
-                hint="the file's shape or dtype is not what FasterTransformer reads: fix the family's table, "
-                     "or re-convert")
-        return np.fromfile(file, dtype=dtype).reshape(shape).astype(np.float32)
+        with handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size != want:
+                raise CheckpointError(
+                    f"{file} holds {size} bytes; FasterTransformer loads {want} ({list(shape)} in {dtype})",
+                    hint="the file's shape or dtype is not what FasterTransformer reads: fix the family's table, "
+                         "or re-convert")
+            data = np.frombuffer(handle.read(want), dtype=dtype)
+        if data.size != count:
+            raise CheckpointError(f"{file} changed while it was read", hint="re-convert, and verify again")
+        return data.reshape(shape).astype(np.float32)
 
 
 def tp_of(path: Path) -> int:
@@ -141,3 +157,12 @@ def split(total: int, tp: int, what: str) -> int:
         raise ConfigError(f"{what} = {total} is not divisible by tensor_para_size {tp}",
                           hint="FasterTransformer needs it divisible; choose another --tp")
     return total // tp
+
+
+def rotary_of(ini: IniSection, head_size: int) -> int:
+    """``rotary_embedding``: an even number of dims within the head."""
+    rotary = ini.integer("rotary_embedding")
+    if not 0 <= rotary <= head_size or rotary % 2:
+        raise ConfigError(f"{ini.path}: [{ini.name}] rotary_embedding = {rotary} is not an even number within the "
+                          f"head size {head_size}", hint="re-convert the checkpoint with ftx convert")
+    return rotary

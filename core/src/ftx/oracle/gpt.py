@@ -23,16 +23,16 @@ def logits(files: FtFiles, input_ids: Sequence[int]) -> np.ndarray:
     """``[tokens, vocab]`` logits of ``input_ids`` (context phase, positions from 0)."""
     ini = files.section("gpt")
     dtype, tp = ini.file_dtype(), files.tp
-    heads, size = ini.int("head_num"), ini.int("size_per_head")
-    hidden, inter, vocab = heads * size, ini.int("inter_size"), ini.int("vocab_size")
-    eps = ini.float("layernorm_eps", 1e-6)
+    heads, size = ini.size("head_num"), ini.size("size_per_head")
+    hidden, inter, vocab = heads * size, ini.size("inter_size"), ini.size("vocab_size")
+    eps = ini.number("layernorm_eps", 1e-6)
     post_norm = _layernorm_type(ini.text("layernorm_type", "pre_layernorm"))
     act_name = ini.text("activation_type", "Gelu").lower()
     if act_name not in nn.ACTIVATIONS:
         raise ConfigError(f"the reference models FasterTransformer's GPT with Gelu, Relu or Silu, not {act_name!r}",
                           hint="ftx verify cannot check this model")
     for flag in ("use_attention_linear_bias", "has_adapters"):
-        if ini.bool(flag, False):
+        if ini.flag(flag, False):
             raise ConfigError(f"the reference does not model FasterTransformer's GPT with {flag}",
                               hint="ftx verify cannot check this model")
     act = nn.ACTIVATIONS[act_name]
@@ -45,11 +45,15 @@ def logits(files: FtFiles, input_ids: Sequence[int]) -> np.ndarray:
     ids = np.asarray(input_ids)
     wte = files.whole("model.wte", (vocab, hidden), dtype)
     x = wte[ids]
-    if ini.bool("has_positional_encoding", True):
-        x = x + files.whole("model.wpe", (ini.int("max_pos_seq_len"), hidden), dtype)[np.arange(len(ids))]
-    if ini.bool("has_pre_decoder_layernorm", False):
+    if ini.flag("has_positional_encoding", True):
+        positions = ini.size("max_pos_seq_len")
+        if positions < len(ids):
+            raise ConfigError(f"[gpt] max_pos_seq_len = {positions} is shorter than the {len(ids)}-token prompt "
+                              "the reference runs", hint="ftx verify cannot check a model this short")
+        x = x + files.whole("model.wpe", (positions, hidden), dtype)[np.arange(len(ids))]
+    if ini.flag("has_pre_decoder_layernorm", False):
         x = norm("model.pre_decoder_layernorm", x)
-    for layer in range(ini.int("num_layer")):
+    for layer in range(ini.integer("num_layer")):
         stem = f"model.layers.{layer}"
         qkv = files.ranks(f"{stem}.attention.query_key_value.weight", (hidden, 3 * local), dtype)
         qkv_bias = files.ranks(f"{stem}.attention.query_key_value.bias", (3 * local,), dtype)
@@ -68,7 +72,7 @@ def logits(files: FtFiles, input_ids: Sequence[int]) -> np.ndarray:
         x = a + nn.all_reduce(act(h2 @ up[r] + up_bias[r]) @ down[r] for r in range(tp)) + down_bias
         if post_norm:
             x = norm(f"{stem}.post_attention_layernorm", x)
-    if ini.bool("has_post_decoder_layernorm", True):
+    if ini.flag("has_post_decoder_layernorm", True):
         x = norm("model.final_layernorm", x)
     head = files.whole("model.lm_head.weight", (vocab, hidden), dtype) if files.exists("model.lm_head.weight") else wte
     return x @ head.T

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ftx.oracle import nn
-from ftx.oracle.files import FtFiles, split
+from ftx.oracle.files import FtFiles, rotary_of, split
 
 LAYERNORM_EPS = 1e-6
 
@@ -21,13 +21,13 @@ def logits(files: FtFiles, input_ids: Sequence[int]) -> np.ndarray:
     """``[tokens, vocab]`` logits of ``input_ids`` (context phase, positions from 0)."""
     ini = files.section("gptj")
     dtype, tp = ini.file_dtype(), files.tp
-    heads, size = ini.int("head_num"), ini.int("size_per_head")
-    hidden, inter, vocab = heads * size, ini.int("inter_size"), ini.int("vocab_size")
-    rotary_dim = ini.int("rotary_embedding")
+    heads, size = ini.size("head_num"), ini.size("size_per_head")
+    hidden, inter, vocab = heads * size, ini.size("inter_size"), ini.size("vocab_size")
+    rotary_dim = rotary_of(ini, size)
     local, local_inter = split(hidden, tp, "head_num * size_per_head"), split(inter, tp, "inter_size")
 
     x = files.whole("model.wte", (vocab, hidden), dtype)[np.asarray(input_ids)]
-    for layer in range(ini.int("num_layer")):
+    for layer in range(ini.integer("num_layer")):
         stem = f"model.layers.{layer}"
         h = nn.layer_norm(x, files.whole(f"{stem}.input_layernorm.weight", (hidden,), dtype),
                           files.whole(f"{stem}.input_layernorm.bias", (hidden,), dtype), LAYERNORM_EPS)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ftx.oracle import nn
-from ftx.oracle.files import FtFiles, split
+from ftx.oracle.files import FtFiles, rotary_of, split
 
 LAYERNORM_EPS = 1e-5
 
@@ -27,10 +27,10 @@ def logits(files: FtFiles, input_ids: Sequence[int]) -> np.ndarray:
     """``[tokens, vocab]`` logits of ``input_ids`` (context phase, positions from 0)."""
     ini = files.section("gptneox")
     dtype, tp = ini.file_dtype(), files.tp
-    heads, size = ini.int("head_num"), ini.int("size_per_head")
-    hidden, inter, vocab = heads * size, ini.int("inter_size"), ini.int("vocab_size")
-    rotary_dim = ini.int("rotary_embedding")
-    parallel = bool(ini.int("use_gptj_residual", 1))
+    heads, size = ini.size("head_num"), ini.size("size_per_head")
+    hidden, inter, vocab = heads * size, ini.size("inter_size"), ini.size("vocab_size")
+    rotary_dim = rotary_of(ini, size)
+    parallel = bool(ini.integer("use_gptj_residual", 1))
     local, local_inter = split(hidden, tp, "head_num * size_per_head"), split(inter, tp, "inter_size")
 
     def norm(stem: str, x: np.ndarray) -> np.ndarray:
@@ -38,7 +38,7 @@ def logits(files: FtFiles, input_ids: Sequence[int]) -> np.ndarray:
                              files.whole(f"{stem}.bias", (hidden,), dtype), LAYERNORM_EPS)
 
     x = files.whole("model.wte", (vocab, hidden), dtype)[np.asarray(input_ids)]
-    for layer in range(ini.int("num_layer")):
+    for layer in range(ini.integer("num_layer")):
         stem = f"model.layers.{layer}"
         qkv = files.ranks(f"{stem}.attention.query_key_value.weight", (hidden, 3 * local), dtype)
         qkv_bias = files.ranks(f"{stem}.attention.query_key_value.bias", (3 * local,), dtype)

@@ -48,9 +48,9 @@ class _Stack:
 
     def __init__(self, files: FtFiles, ini: IniSection, prefix: str) -> None:
         self.files, self.prefix, self.dtype = files, prefix, ini.file_dtype()
-        self.heads, self.size, self.hidden = ini.int("num_heads"), ini.int("d_kv"), ini.int("d_model")
-        self.inter, self.layers = ini.int("d_ff"), ini.int("num_layers")
-        self.buckets = ini.int("relative_attention_num_buckets_or_max_pos_seq_len")
+        self.heads, self.size, self.hidden = ini.size("num_heads"), ini.size("d_kv"), ini.size("d_model")
+        self.inter, self.layers = ini.size("d_ff"), ini.integer("num_layers")
+        self.buckets = ini.size("relative_attention_num_buckets_or_max_pos_seq_len")
         tp = files.tp
         self.local_heads = split(self.heads, tp, f"[{ini.name}] num_heads")
         self.local = self.local_heads * self.size
@@ -106,7 +106,7 @@ def logits(files: FtFiles, input_ids: Sequence[int], decoder_input_ids: Sequence
                           f"{gated_files}: FasterTransformer would load one set of FFN weights and run the other",
                           hint="re-convert the checkpoint with ftx convert")
     enc, dec = _Stack(files, enc_ini, "encoder."), _Stack(files, dec_ini, "decoder.")
-    vocab, tp = dec_ini.int("vocab_size"), files.tp
+    vocab, tp = dec_ini.size("vocab_size"), files.tp
     shared = files.whole("shared.weight_T", (vocab, enc.hidden), enc.dtype)
 
     # encoder
@@ -150,5 +150,5 @@ def logits(files: FtFiles, input_ids: Sequence[int], decoder_input_ids: Sequence
     y = dec.norm("final_layer_norm", y)
     head = (files.whole("lm_head.weight", (vocab, dec.hidden), dec.dtype) if files.exists("lm_head.weight")
             else files.whole("shared.weight_T", (vocab, dec.hidden), dec.dtype))
-    scale = 1.0 / math.sqrt(dec.hidden) if dec_ini.bool("tie_word_embeddings", True) else 1.0
+    scale = 1.0 / math.sqrt(dec.hidden) if dec_ini.flag("tie_word_embeddings", True) else 1.0
     return (y @ head.T) * np.float32(scale)

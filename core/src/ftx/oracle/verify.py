@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -33,9 +32,6 @@ RELATIVE_TOLERANCE = 1e-2
 """Largest allowed ``max |reference - transformers|`` as a share of ``max |transformers|``."""
 
 PROMPT_LENGTH = 8
-
-_TORCH_DTYPES: dict[str, Any] = {}
-"""torch dtypes by file dtype name, filled on first use (torch is imported lazily)."""
 
 
 @dataclass(frozen=True)
@@ -78,12 +74,16 @@ def prompt(vocab: int, length: int = PROMPT_LENGTH, salt: int = 0) -> list[int]:
 
 def _decoder_prompt(files: FtFiles) -> list[int]:
     ini = files.section("decoder")
-    return [ini.int("decoder_start_token_id")] + prompt(ini.int("vocab_size"), PROMPT_LENGTH - 2, salt=5)
+    start, vocab = ini.integer("decoder_start_token_id"), ini.size("vocab_size")
+    if not 0 <= start < vocab:
+        raise ConfigError(f"{ini.path}: [decoder] decoder_start_token_id = {start} is outside the vocabulary of {vocab}",
+                          hint="re-convert the checkpoint with ftx convert")
+    return [start] + prompt(vocab, PROMPT_LENGTH - 2, salt=5)
 
 
 def _vocab(files: FtFiles, model_type: str) -> int:
     section = {"GPT": "gpt", "GPT-J": "gptj", "GPT-NeoX": "gptneox", "T5": "encoder"}[model_type]
-    return files.section(section).int("vocab_size")
+    return files.section(section).size("vocab_size")
 
 
 def reference_logits(path: Path, input_ids: Sequence[int], decoder_input_ids: Sequence[int] | None = None, *,
@@ -104,13 +104,13 @@ def transformers_logits(checkpoint: Path, input_ids: Sequence[int], decoder_inpu
     import torch
     import transformers
 
-    _TORCH_DTYPES.update(fp32=torch.float32, fp16=torch.float16, bf16=torch.bfloat16)
     if model_class is not None:
         cls = getattr(transformers, model_class)
     else:
         cls = transformers.AutoModelForSeq2SeqLM if decoder_input_ids is not None else transformers.AutoModelForCausalLM
     try:
-        model = cls.from_pretrained(checkpoint).to(_TORCH_DTYPES[weight_dtype]).float().eval()
+        rounded = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[weight_dtype]
+        model = cls.from_pretrained(checkpoint).to(rounded).float().eval()
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"transformers cannot load {checkpoint} to compare against ({exc})",
                               hint="verify needs the original checkpoint in Hugging Face format "
