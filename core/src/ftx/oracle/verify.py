@@ -113,8 +113,9 @@ def transformers_logits(checkpoint: Path, input_ids: Sequence[int], decoder_inpu
         model = cls.from_pretrained(checkpoint).to(rounded).float().eval()
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"transformers cannot load {checkpoint} to compare against ({exc})",
-                              hint="verify needs the original checkpoint in Hugging Face format "
-                                   "(config.json + weights): pass it with --checkpoint") from exc
+                              hint="verify compares with the original checkpoint in Hugging Face format "
+                                   "(config.json + weights): give a converted directory with --checkpoint DIR "
+                                   "naming such a checkpoint") from exc
     with torch.no_grad():
         ids = torch.tensor([list(input_ids)])
         if decoder_input_ids is not None:
