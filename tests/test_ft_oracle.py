@@ -212,3 +212,20 @@ def test_a_named_pipe_in_place_of_a_weight_file_does_not_block(tmp_path: Path) -
     os.mkfifo(target)
     with pytest.raises(CheckpointError, match=r"final_layernorm\.bias\.bin is a named pipe"):
         verify(directory, checkpoint)
+
+
+@pytest.mark.parametrize("case", ["gptj-fp32", "gptj-fp16", "gptneox-parallel", "t5-v1_0-tied", "t5-v1_1-tied"])
+def test_the_golden_checkpoints_pass_at_tp_2(golden: Path, tmp_path: Path, case: str) -> None:
+    """The golden inputs (transformers' default init: small weights, nearly uniform attention): ftx's
+    conversions, byte-identical to FasterTransformer's own converter's (the parity tests), pass the reference."""
+    import json
+
+    from ftx.cli.common import get_host
+
+    manifest = json.loads((golden / case / "manifest.json").read_text())
+    family = get_host().families[manifest["family"]]
+    checkpoint = golden / case / manifest["input"]["dir"]
+    for weight_dtype in sorted({run["output_dtype"] for run in manifest["runs"]}):
+        convert_directory(family, checkpoint, tmp_path / weight_dtype, tp=2, weight_dtype=weight_dtype)
+        verdict = verify(tmp_path / weight_dtype / "2-gpu", checkpoint, model_class=family.hf_model_class)
+        assert verdict.passed and verdict.weight_dtype == weight_dtype, verdict.describe()
