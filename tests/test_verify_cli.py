@@ -102,3 +102,14 @@ def test_a_missing_file_is_an_error_naming_it(ftx_cli: Any, gptj_checkpoint: Pat
     result = ftx_cli("verify", str(directory), env=NO_GPU)
     assert result.exit_code == 1
     assert "model.layers.0.mlp.dense_h_to_4h.bias.1.bin is missing" in result.stderr
+
+
+def test_another_checkpoint_is_named_not_a_traceback(ftx_cli: Any, gptj_checkpoint: Path, tmp_path: Path) -> None:
+    """--checkpoint pointing at a model of another vocabulary: a clear error before any forward pass."""
+    from ftx_gptj.family import GPTJ
+
+    other = build_tiny_checkpoint(GPTJ(), {**GPTJ_TINY, "vocab_size": 96}, tmp_path / "other", weight_std=TINY_WEIGHT_STD)
+    directory = _converted(ftx_cli, gptj_checkpoint, tmp_path / "ft", 1)
+    result = ftx_cli("verify", str(directory), "--checkpoint", str(other), env=NO_GPU)
+    assert result.exit_code == 1 and result.exception is None
+    assert "says vocab_size = 128" in result.stderr and "has 96" in result.stderr

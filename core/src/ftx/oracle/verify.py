@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -27,6 +28,7 @@ MODEL_TYPES = ("GPT", "GPT-J", "GPT-NeoX", "T5")
 
 _SECTIONS = (("gptj", "GPT-J"), ("gptneox", "GPT-NeoX"), ("gpt", "GPT"), ("encoder", "T5"))
 """The config.ini section each FT model type reads its sizes from."""
+_SECTION_OF = {model_type: section for section, model_type in _SECTIONS}
 
 RELATIVE_TOLERANCE = 1e-2
 """Largest allowed ``max |reference - transformers|`` as a share of ``max |transformers|``."""
@@ -81,11 +83,6 @@ def _decoder_prompt(files: FtFiles) -> list[int]:
     return [start] + prompt(vocab, PROMPT_LENGTH - 2, salt=5)
 
 
-def _vocab(files: FtFiles, model_type: str) -> int:
-    section = {"GPT": "gpt", "GPT-J": "gptj", "GPT-NeoX": "gptneox", "T5": "encoder"}[model_type]
-    return files.section(section).size("vocab_size")
-
-
 def reference_logits(path: Path, input_ids: Sequence[int], decoder_input_ids: Sequence[int] | None = None, *,
                      tp: int | None = None) -> np.ndarray:
     """What FasterTransformer computes from the converted directory ``path`` (``<tp>-gpu``)."""
@@ -97,25 +94,31 @@ def reference_logits(path: Path, input_ids: Sequence[int], decoder_input_ids: Se
     return module.logits(files, input_ids)
 
 
-def transformers_logits(checkpoint: Path, input_ids: Sequence[int], decoder_input_ids: Sequence[int] | None = None,
-                        model_class: str | None = None, weight_dtype: str = "fp32") -> np.ndarray:
-    """transformers' logits of the original checkpoint computed in float32 on CPU, its weights first rounded to
+def load_transformers(checkpoint: Path, model_class: str | None, *, seq2seq: bool, weight_dtype: str = "fp32") -> Any:
+    """The original checkpoint as a transformers model computing in float32 on CPU, its weights first rounded to
     ``weight_dtype`` as the converted files are (so that only the computation is compared)."""
     import torch
     import transformers
 
-    if model_class is not None:
+    if model_class:
         cls = getattr(transformers, model_class)
     else:
-        cls = transformers.AutoModelForSeq2SeqLM if decoder_input_ids is not None else transformers.AutoModelForCausalLM
+        cls = transformers.AutoModelForSeq2SeqLM if seq2seq else transformers.AutoModelForCausalLM
+    rounded = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[weight_dtype]
     try:
-        rounded = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[weight_dtype]
-        model = cls.from_pretrained(checkpoint).to(rounded).float().eval()
+        return cls.from_pretrained(checkpoint).to(rounded).float().eval()
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"transformers cannot load {checkpoint} to compare against ({exc})",
                               hint="verify compares with the original checkpoint in Hugging Face format "
                                    "(config.json + weights): give a converted directory with --checkpoint DIR "
                                    "naming such a checkpoint") from exc
+
+
+def transformers_logits(model: Any, input_ids: Sequence[int], decoder_input_ids: Sequence[int] | None = None
+                        ) -> np.ndarray:
+    """``[tokens, vocab]`` logits of a model from :func:`load_transformers`."""
+    import torch
+
     with torch.no_grad():
         ids = torch.tensor([list(input_ids)])
         if decoder_input_ids is not None:
@@ -130,15 +133,21 @@ def verify(path: Path, checkpoint: Path, *, model_class: str | None = None, tp: 
     """Check the converted directory ``path`` against transformers on ``checkpoint``."""
     files = FtFiles(path, tp)
     model_type = model_type_of(files)
-    ids = prompt(_vocab(files, model_type))
+    section = files.section(_SECTION_OF[model_type])
+    weight_dtype = {"float32": "fp32", "float16": "fp16"}.get(section.file_dtype().name, "bf16")
+    model = load_transformers(checkpoint, model_class, seq2seq=model_type == "T5", weight_dtype=weight_dtype)
+    vocab = section.size("vocab_size")
+    if int(getattr(model.config, "vocab_size", vocab)) != vocab:
+        raise CheckpointError(f"{section.path} says vocab_size = {vocab}; {checkpoint} has "
+                              f"{model.config.vocab_size}", hint="this is not the checkpoint the directory was "
+                                                                 "converted from, or re-convert it")
+    ids = prompt(vocab)
     decoder_ids = _decoder_prompt(files) if model_type == "T5" else None
-    section = "encoder" if model_type == "T5" else dict((t, s) for s, t in _SECTIONS)[model_type]
-    weight_dtype = {"float32": "fp32", "float16": "fp16"}.get(files.section(section).file_dtype().name, "bf16")
-    want = transformers_logits(checkpoint, ids, decoder_ids, model_class, weight_dtype)
+    want = transformers_logits(model, ids, decoder_ids)
     got = reference_logits(path, ids, decoder_ids, tp=files.tp)
     if got.shape != want.shape:
         raise CheckpointError(f"{path} gives logits of shape {list(got.shape)}; transformers gives {list(want.shape)}",
-                              hint="vocab_size in config.ini does not match the checkpoint: re-convert")
+                              hint="this is not the checkpoint the directory was converted from, or re-convert it")
     scale = float(np.abs(want).max())
     return Verdict(path=Path(path), model_type=model_type, tp=files.tp, weight_dtype=weight_dtype,
                    max_abs_diff=float(np.abs(got - want).max()), scale=scale,
