@@ -109,6 +109,10 @@ class FtFiles:
                               hint="re-convert the checkpoint with ftx convert")
         return IniSection(self.path / "config.ini", name, self.ini[name])
 
+    def optional_section(self, name: str) -> IniSection:
+        """A section FT reads with defaults for every key (empty when config.ini lacks it)."""
+        return IniSection(self.path / "config.ini", name, self.ini.get(name, {}))
+
     def exists(self, stem: str) -> bool:
         return (self.path / f"{stem}.bin").is_file()
 

@@ -86,14 +86,14 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, heads: int, *, causal: 
 
 def logits(files: FtFiles, input_ids: Sequence[int], decoder_input_ids: Sequence[int]) -> np.ndarray:
     """``[decoder tokens, vocab]`` logits of ``decoder_input_ids`` given the encoder's ``input_ids``."""
-    structure = files.ini.get("structure", {})
-    if str(structure.get("t5_with_bias", "false")).lower() in ("true", "1", "yes", "on"):
+    structure = files.optional_section("structure")
+    if structure.flag("t5_with_bias", False):
         raise ConfigError("the reference does not model T5 with biases (t5_with_bias)",
                           hint="ftx verify cannot check this model")
-    if str(structure.get("position_embedding_type", "relative")) != "relative":
+    if structure.text("position_embedding_type", "relative") != "relative":
         raise ConfigError("the reference models T5 with relative positions only",
                           hint="ftx verify cannot check this model")
-    gated_files = str(structure.get("use_gated_activation", "false")).lower() in ("true", "1", "yes", "on")
+    gated_files = structure.flag("use_gated_activation", False)
     enc_ini, dec_ini = files.section("encoder"), files.section("decoder")
     activation = enc_ini.text("feed_forward_proj").lower()
     gated = activation in nn.GATED
