@@ -229,3 +229,53 @@ def test_the_golden_checkpoints_pass_at_tp_2(golden: Path, tmp_path: Path, case:
         convert_directory(family, checkpoint, tmp_path / weight_dtype, tp=2, weight_dtype=weight_dtype)
         verdict = verify(tmp_path / weight_dtype / "2-gpu", checkpoint, model_class=family.hf_model_class)
         assert verdict.passed and verdict.weight_dtype == weight_dtype, verdict.describe()
+
+
+def test_ft_gpt_post_layernorm_relu_without_final_norm_matches_opt(tmp_path: Path) -> None:
+    """FT GPT's variant flags (layernorm_type = post_layernorm, activation_type = Relu, learned positions,
+    has_post_decoder_layernorm = 0, LM head tied to the embedding): an OPT-350m-shaped checkpoint written in
+    FT's layout by this test (no family plugin converts OPT) matches transformers, at tp 2."""
+    import torch
+    import transformers
+    from ftx_triton.fetching.tiny import randomize
+    from ftx_triton.io.ftformat import write_ini, write_tensor
+
+    config = transformers.OPTConfig(vocab_size=96, hidden_size=32, word_embed_proj_dim=32, num_hidden_layers=2,
+                                    num_attention_heads=4, ffn_dim=64, max_position_embeddings=32,
+                                    do_layer_norm_before=False, activation_function="relu")
+    torch.manual_seed(0)
+    model = transformers.OPTForCausalLM(config).eval()
+    randomize(model, 0, TINY_WEIGHT_STD, around_init=True)
+    model.save_pretrained(tmp_path / "hf")
+    weights = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    out, tp, hidden = tmp_path / "2-gpu", 2, 32
+    out.mkdir()
+    write_ini(out / "config.ini", {"gpt": {
+        "model_name": "opt", "head_num": 4, "size_per_head": 8, "inter_size": 64, "num_layer": 2, "vocab_size": 96,
+        "max_pos_seq_len": 32, "start_id": 2, "end_id": 2, "layernorm_eps": 1e-5, "layernorm_type": "post_layernorm",
+        "activation_type": "Relu", "has_post_decoder_layernorm": 0, "weight_data_type": "fp32"}})
+    d = "model.decoder"
+    write_tensor(out / "model.wte.bin", weights[f"{d}.embed_tokens.weight"])
+    write_tensor(out / "model.wpe.bin", weights[f"{d}.embed_positions.weight"][2:])  # OPT's offset of 2
+    for i in range(2):
+        hf, ft = f"{d}.layers.{i}", f"model.layers.{i}"
+        qkv = np.stack([weights[f"{hf}.self_attn.{n}_proj.weight"].T for n in "qkv"], axis=1)  # [H, 3, H]
+        qkv_bias = np.stack([weights[f"{hf}.self_attn.{n}_proj.bias"] for n in "qkv"])  # [3, H]
+        whole = {"input_layernorm.weight": f"{hf}.self_attn_layer_norm.weight",
+                 "input_layernorm.bias": f"{hf}.self_attn_layer_norm.bias",
+                 "post_attention_layernorm.weight": f"{hf}.final_layer_norm.weight",
+                 "post_attention_layernorm.bias": f"{hf}.final_layer_norm.bias",
+                 "attention.dense.bias": f"{hf}.self_attn.out_proj.bias", "mlp.dense_4h_to_h.bias": f"{hf}.fc2.bias"}
+        for name, source in whole.items():
+            write_tensor(out / f"{ft}.{name}.bin", weights[source])
+        for r in range(tp):
+            cols, inner = slice(r * hidden // tp, (r + 1) * hidden // tp), slice(r * 32, (r + 1) * 32)
+            write_tensor(out / f"{ft}.attention.query_key_value.weight.{r}.bin", qkv[:, :, cols])
+            write_tensor(out / f"{ft}.attention.query_key_value.bias.{r}.bin", qkv_bias[:, cols])
+            write_tensor(out / f"{ft}.attention.dense.weight.{r}.bin", weights[f"{hf}.self_attn.out_proj.weight"].T[cols])
+            write_tensor(out / f"{ft}.mlp.dense_h_to_4h.weight.{r}.bin", weights[f"{hf}.fc1.weight"].T[:, inner])
+            write_tensor(out / f"{ft}.mlp.dense_h_to_4h.bias.{r}.bin", weights[f"{hf}.fc1.bias"][inner])
+            write_tensor(out / f"{ft}.mlp.dense_4h_to_h.weight.{r}.bin", weights[f"{hf}.fc2.weight"].T[inner])
+    verdict = verify(out, tmp_path / "hf", model_class="OPTForCausalLM")
+    assert verdict.model_type == "GPT" and verdict.passed, verdict.describe()
+    assert verdict.max_abs_diff < 1e-3 * verdict.scale
