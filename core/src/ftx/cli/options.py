@@ -61,6 +61,9 @@ repository_options = section("Triton repository",
                  help="Decoupled model: one response per generated token (gRPC streaming)."),
     click.option("--dynamic-batching/--no-dynamic-batching", default=True, show_default=True,
                  help="Batch requests of different prompt lengths (ragged input_ids)."),
+    click.option("--custom-all-reduce/--no-custom-all-reduce", default=None,
+                 help="FasterTransformer's own all-reduce between one node's GPUs at tp > 1 (default: "
+                      "ftx's measured choice for the compute type)."),
     click.option("--tokenizer", type=click.Path(exists=True, path_type=Path),
                  help="Tokenizer files to use instead of the checkpoint's own."),
 )

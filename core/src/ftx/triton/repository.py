@@ -322,6 +322,7 @@ def deployment_record(plan: RepositoryPlan, backend: str) -> dict[str, Any]:
         "instances": ft.instances,
         "streaming": ft.streaming,
         "dynamic_batching": ft.dynamic_batching,
+        "custom_all_reduce": ft.custom_all_reduce_on,
         "checkpoint": str(ft.checkpoint_path),
         "tokenizer": {"kind": tok.kind, "files": sorted(tok.files), "from": str(tok.origin), "start_id": tok.start_id,
                       "end_id": tok.end_id, "pad_id": tok.pad_id, "vocab_size": tok.vocab_size},
