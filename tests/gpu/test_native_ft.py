@@ -220,7 +220,7 @@ def test_two_mpi_ranks_on_one_host_equal_the_single_process_tp2_run(
     reference = _serve_ids(checkpoints["gptj"], home, built, tp=2)
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost\nlocalhost\n")
-    got = _serve_ids(checkpoints["gptj"], home, built, tp=tp, pp=pp, hosts=str(hosts))
+    got = _serve_ids(checkpoints["gptj"], home, built, tp=tp, pp=pp, hosts=str(hosts), ready_timeout=240.0)
     assert "MPI rank 1 (local 1) on GPU(s) 1" in got[2] and "MPI rank 0 (local 0) on GPU(s) 0" in got[2], got[2][-3000:]
     assert got[0] == reference[0], (tp, pp, got[0], reference[0])
     assert got[1] == reference[1], (tp, pp, got[1], reference[1])
