@@ -62,8 +62,9 @@ repository_options = section("Triton repository",
     click.option("--dynamic-batching/--no-dynamic-batching", default=True, show_default=True,
                  help="Batch requests of different prompt lengths (ragged input_ids)."),
     click.option("--custom-all-reduce/--no-custom-all-reduce", default=None,
-                 help="FasterTransformer's own all-reduce between one node's GPUs at tp > 1 (default: "
-                      "ftx's measured choice for the compute type)."),
+                 help="FasterTransformer's own all-reduce between the GPUs of a node (it has kernels for 8 "
+                      "GPUs of one node only; any other tp x pp uses NCCL either way). Default: off, for "
+                      "every compute type (docs/benchmarks.md)."),
     click.option("--tokenizer", type=click.Path(exists=True, path_type=Path),
                  help="Tokenizer files to use instead of the checkpoint's own."),
 )

@@ -98,6 +98,11 @@ PATCHES: tuple[Edit, ...] = (
          "cuBLASLt 13 reports tile ids past the end of the tool's name table; gpt_gemm/t5_gemm read a wild "
          "pointer and crash while printing the results"),
     # --- the Triton backend's CMake
+    # --- behaviour: the backend's enable_custom_all_reduce parameter was never read (the check tested the
+    # vector pointer, never null), so FasterTransformer used its custom all-reduce at exactly 8 ranks of a
+    # node whatever the parameter said, and NCCL otherwise
+    Edit(f"{FT}/src/fastertransformer/utils/custom_ar_comm.cc", "    if (custom_all_reduce_comms == 0) {",
+         "    if (enable_custom_all_reduce == 0) {", "honour enable_custom_all_reduce (upstream tested the pointer)"),
     Edit("fastertransformer_backend/CMakeLists.txt", 'set(CMAKE_CUDA_FLAGS "-include stdio.h")',
          'set(CMAKE_CUDA_FLAGS "${CMAKE_CUDA_FLAGS} -include stdio.h")',
          "append to the CUDA flags instead of dropping the include paths and flags given on the command line"),
