@@ -91,7 +91,11 @@ serve_container_options = section("FasterTransformer runtime (Docker)",
     click.option("--shm-size", help="Shared memory of the server container [default: 1g]."),
     click.option("--env", multiple=True, help="KEY=VALUE for the server container (repeatable), e.g. FT_LOG_LEVEL=DEBUG."),
     click.option("--hosts", type=click.Path(exists=True, dir_okay=False),
-                 help="Multi-node: a file with one host per line (GPUs per node x nodes must equal tp x pp)."),
+                 help="Multi-node: a file with one host per line (GPUs per node x nodes must equal tp x pp; "
+                      "the native launcher also takes a machine on several lines, one process each)."),
+    click.option("--ssh-port", type=click.IntRange(1, 65535),
+                 help="Multi-node: the ssh port mpirun reaches the other machines on [default: 22 natively, "
+                      "2222 in Docker]."),
 )
 
 tune_options = section("GEMM tuning",
