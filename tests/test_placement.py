@@ -56,3 +56,46 @@ def test_footprint_of_gpt_j_6b_from_its_published_config() -> None:
     assert 6.0e9 * 2 < fp.weight_bytes < 6.2e9 * 2 and fp.layers == 28 and fp.kv_width == 4096
     assert 16 in fp.tp_divides
     assert plan_placement(fp, [H100, H100], batch=8, seq_len=2048).instances == 2
+
+
+class _Runtime:
+    """Stands in for a FasterTransformer runtime (none can run without a GPU); only its name and compute
+    type matter to the planner."""
+
+    name = "fastertransformer-native"
+    default_data_type = "fp16"
+
+
+def _gptj_config(layers: int = 28) -> dict:
+    return {"model_type": "gptj", "architectures": ["GPTJForCausalLM"], "n_layer": layers, "n_embd": 4096,
+            "n_head": 16, "rotary_dim": 64, "vocab_size": 50400, "n_positions": 2048, "bos_token_id": 50256,
+            "eos_token_id": 50256}
+
+
+def test_auto_layout_for_a_fastertransformer_runtime_uses_the_gpus_given() -> None:
+    from ftx.docker_runtime.gpus import Gpu
+    from ftx.placement import auto_layout
+    from ftx.plugins import load_host
+    from ftx.settings import RunSettings
+
+    family = load_host().family("gptj")
+    h100s = [Gpu(i, "NVIDIA H100 80GB HBM3", (9, 0), memory_mib=81559) for i in range(2)]
+    changes, why = auto_layout(RunSettings.of("gptj-6b", tp=0), family, _gptj_config(), _Runtime(), gpus=h100s)
+    assert changes == {"tp": 1, "pp": 1, "instances": 2} and why.startswith("--tp auto: tp 1 x pp 1")
+    small = [Gpu(i, "NVIDIA T4", (7, 5), memory_mib=15360) for i in range(4)]
+    changes, _ = auto_layout(RunSettings.of("gptj-6b", tp=0), family, _gptj_config(), _Runtime(), gpus=small)
+    assert changes == {"tp": 2, "pp": 1, "instances": 2}
+    with pytest.raises(ConfigError, match="gptj-6b does not fit the 1 GPU"):
+        auto_layout(RunSettings.of("gptj-6b", tp=0), family, _gptj_config(), _Runtime(), gpus=small[:1])
+    with pytest.raises(ConfigError, match="a --hosts layout needs --tp and --pp"):
+        auto_layout(RunSettings.of("gptj-6b", tp=0, hosts="hosts.txt"), family, _gptj_config(), _Runtime(), gpus=h100s)
+
+
+def test_tp_auto_on_the_command_line_says_what_it_chose(ftx_cli, tiny_gptj_dir) -> None:
+    """``ftx run --tp auto --dry-run`` on a CPU machine: the python runtime, so tp 1, and the line says why."""
+    result = ftx_cli("run", str(tiny_gptj_dir), "--tp", "auto", "--runtime", "python", "--dry-run")
+    assert result.exit_code == 0, result.stderr + repr(result.exception)
+    assert "place     --tp auto: tp 1 (the python runtime runs on one device)" in result.stderr
+    assert "tp=1" in result.stderr
+    bad = ftx_cli("run", str(tiny_gptj_dir), "--tp", "many", "--dry-run")
+    assert bad.exit_code != 0 and "many" in bad.stderr

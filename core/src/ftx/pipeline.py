@@ -80,6 +80,7 @@ class Pipeline:
         family = self.host.family(family_name) if family_name else None
         family, hf_config = self._planned_config(ref, family)
         self._check_license(ref, family)
+        self._place(family, hf_config)
         if self.settings.dry_run:
             return self._dry_run(ref, family, hf_config, result)
 
@@ -92,6 +93,7 @@ class Pipeline:
         self._check_license(ref, family)
         structlog.contextvars.bind_contextvars(family=family.name)
         self._resolve_weight_dtype(family, source.path, hf_config)
+        self._place(family, hf_config)
         if self.estimate is None:
             self._plan_resources(family, hf_config, local_source=True)
         result.family, result.spec = family, self._spec(family, hf_config)
@@ -118,6 +120,17 @@ class Pipeline:
         if family is not None and ref.preset and ref.preset in family.presets:
             return family, dict(family.presets[ref.preset].hf_config or {}) or None
         return family, None
+
+    def _place(self, family: Family | None, hf_config: dict | None) -> None:
+        """``--tp auto`` (tp 0): tp x pp and instances from :mod:`ftx.placement`, said with the reason."""
+        if self.settings.convert.tp != 0 or family is None or hf_config is None:
+            return
+        from ftx.placement import auto_layout
+
+        changes, reason = auto_layout(self.settings, family, hf_config, self._planned_runtime())
+        self.ctx.settings = self.settings.replace(**changes)
+        self.say(f"place     {reason}")
+        log.info("place.chosen", **changes)
 
     def _check_license(self, ref: SourceRef, family: Family | None) -> None:
         """Show the licence once, on the terminal; refuse a non-commercial one that was not accepted."""

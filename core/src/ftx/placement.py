@@ -128,4 +128,30 @@ def footprint_of(family: Any, spec: Any, dtype: str) -> Footprint:
                      tp_divides=tuple(dims[d] for d in spec.tp_divisible if d in dims))
 
 
-__all__ = ["Footprint", "Placement", "footprint_of", "layouts", "need_per_gpu", "plan_placement"]
+def auto_layout(settings: Any, family: Any, hf_config: dict[str, Any], runtime: Any,
+                gpus: Sequence[Any] | None = None) -> tuple[dict[str, int], str]:
+    """``--tp auto`` resolved: the settings to change (tp, pp, instances) and why. FasterTransformer
+    runtimes plan over this machine's GPUs (``gpus``: :class:`~ftx.docker_runtime.gpus.Gpu`, default
+    the local ones) for the tuning batch (``--tune-batch`` x ``--tune-beam``) of full-context sequences;
+    other runtimes run on one device."""
+    name = getattr(runtime, "name", "") or ""
+    if not name.startswith("fastertransformer"):
+        return {"tp": 1}, f"--tp auto: tp 1 (the {name or 'chosen'} runtime runs on one device)"
+    if settings.launch.hosts:
+        raise ConfigError("--tp auto plans the GPUs of this machine; a --hosts layout needs --tp and --pp",
+                          hint="give --tp (GPUs per machine) and --pp (machines), e.g. --tp 8 --pp 2")
+    from ftx.docker_runtime.gpus import local_gpus
+    from ftx.triton.model_config import context_size
+
+    found = tuple(local_gpus()) if gpus is None else tuple(gpus)
+    memory = [g.memory_mib << 20 for g in found if g.memory_mib]
+    dtype = settings.configure.data_type or getattr(runtime, "default_data_type", None) or settings.convert.weight_dtype
+    seq_len = context_size(hf_config) or 2048
+    batch = settings.tune.tune_batch * settings.tune.tune_beam
+    placement = plan_placement(footprint_of(family, family.spec(hf_config), dtype), memory, batch=batch,
+                               seq_len=seq_len, model=settings.model)
+    return ({"tp": placement.tp, "pp": placement.pp, "instances": placement.instances},
+            f"--tp auto: {placement.reason}")
+
+
+__all__ = ["Footprint", "Placement", "auto_layout", "footprint_of", "layouts", "need_per_gpu", "plan_placement"]

@@ -15,6 +15,20 @@ from ftx.settings import STAGES
 F = Callable[..., Any]
 
 PORT = click.IntRange(1, 65535)
+
+
+class TpType(click.IntRange):
+    """``--tp``: 1-64, or ``auto`` (0 in the settings: ftx.placement picks tp x pp from the GPUs here)."""
+
+    name = "1-64|auto"
+
+    def __init__(self) -> None:
+        super().__init__(1, 64)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return 0
+        return super().convert(value, param, ctx)
 """Every TCP port option (--http-port, --grpc-port, --metrics-port, --openai-port): refused outside 1-65535."""
 
 
@@ -43,7 +57,10 @@ source_options = section("Source",
 )
 
 conversion_options = section("Conversion",
-    click.option("--tp", type=click.IntRange(1, 64), default=1, show_default=True, help="Tensor-parallel GPUs."),
+    click.option("--tp", type=TpType(), default=1, show_default=True,
+                 help="Tensor-parallel GPUs, or auto: the smallest tp x pp whose weights and KV cache (for "
+                      "--tune-batch sequences of the model's full context) fit the GPUs here, more instances "
+                      "on the GPUs left (FasterTransformer runtimes; --dry-run says what and why)."),
     click.option("--pp", type=click.IntRange(1, 64), default=1, show_default=True, help="Pipeline-parallel stages."),
     click.option("--weight-dtype", type=click.Choice(["auto", *WEIGHT_DTYPES]), default="auto", show_default=True,
                  help="Data type of the converted weight files; auto = the source's own (config.json's "
