@@ -99,3 +99,13 @@ def test_tp_auto_on_the_command_line_says_what_it_chose(ftx_cli, tiny_gptj_dir) 
     assert "tp=1" in result.stderr
     bad = ftx_cli("run", str(tiny_gptj_dir), "--tp", "many", "--dry-run")
     assert bad.exit_code != 0 and "many" in bad.stderr
+
+
+def test_a_named_runtime_that_cannot_serve_here_is_refused_before_converting(ftx_cli, tiny_gptj_dir, ftx_home) -> None:
+    """No GPU here: --runtime fastertransformer-native with --tp 4 stops at once with the runtime's reason,
+    and nothing was converted (before the check, the convert stage ran first and the failure came at tune)."""
+    result = ftx_cli("run", str(tiny_gptj_dir), "--runtime", "fastertransformer-native", "--tp", "4")
+    assert result.exit_code != 0
+    assert "error: the fastertransformer-native runtime cannot serve here: no NVIDIA GPU" in result.stderr, result.stderr
+    assert "hint: lower --tp/--pp" in result.stderr
+    assert not list((ftx_home / "store" / "convert").glob("*/*-gpu"))

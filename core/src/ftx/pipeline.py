@@ -83,6 +83,7 @@ class Pipeline:
         self._place(family, hf_config)
         if self.settings.dry_run:
             return self._dry_run(ref, family, hf_config, result)
+        self._check_named_runtime()
 
         if family is not None and hf_config is not None:
             self._resolve_weight_dtype(family, Path(ref.uri) if ref.kind == "local" else None, hf_config)
@@ -131,6 +132,18 @@ class Pipeline:
         self.ctx.settings = self.settings.replace(**changes)
         self.say(f"place     {reason}")
         log.info("place.chosen", **changes)
+
+    def _check_named_runtime(self) -> None:
+        """A runtime named by --runtime that cannot serve on this machine (no GPU, fewer GPUs than tp x pp) is
+        refused before anything is fetched or converted, not minutes later when it starts."""
+        named = self.host.runtimes.get(self.settings.runtime)
+        if named is None or not self._wanted("serve"):
+            return
+        availability = named.available(self.settings)
+        if not availability.ok:
+            raise ConfigError(f"the {named.name} runtime cannot serve here: {availability.reason}",
+                              hint="lower --tp/--pp, run on a machine that has what it needs, or choose another "
+                                   "--runtime (`ftx run --dry-run` plans without it)")
 
     def _check_license(self, ref: SourceRef, family: Family | None) -> None:
         """Show the licence once, on the terminal; refuse a non-commercial one that was not accepted."""
