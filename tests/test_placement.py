@@ -109,3 +109,15 @@ def test_a_named_runtime_that_cannot_serve_here_is_refused_before_converting(ftx
     assert "error: the fastertransformer-native runtime cannot serve here: no NVIDIA GPU" in result.stderr, result.stderr
     assert "hint: lower --tp/--pp" in result.stderr
     assert not list((ftx_home / "store" / "convert").glob("*/*-gpu"))
+
+
+def test_a_hosts_file_naming_an_unreachable_machine_is_refused_before_converting(
+        ftx_cli, tiny_gptj_dir, ftx_home, tmp_path) -> None:
+    """A name under .invalid never resolves (RFC 2606): the error names it within seconds, nothing converted."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost\nnode-b.invalid\n")
+    result = ftx_cli("run", str(tiny_gptj_dir), "--runtime", "fastertransformer-native", "--tp", "2",
+                     "--hosts", str(hosts))
+    assert result.exit_code != 0
+    assert "error: the hosts file names node-b.invalid, which cannot be reached on ssh port 22" in result.stderr
+    assert not list((ftx_home / "store" / "convert").glob("*/*-gpu"))
