@@ -3,7 +3,9 @@
 #
 #   scripts/gpu-suite.sh all --sources ft-upstream-sources.tar.xz --wheels DIR [--tps 1,2] [--bench ARGS] [--out DIR]
 # (FTX_GPU_PYTEST_ARGS: more pytest arguments, e.g. -k to pick cases; FTX_GPU_DTYPES: fp16,bf16 by default;
-#  FTX_GPU_MAXFAIL: stop after this many failed tests, 3 by default, so a systematic fault costs seconds)
+#  FTX_GPU_MAXFAIL: stop after this many failed tests, 3 by default, so a systematic fault costs seconds;
+#  FTX_GPU_TESTS: the test files, in the order they run, tests/gpu by default; the tests write their
+#  figures to FTX_GPU_RESULTS, the logs folder)
 #
 # builds the backend (`ftx backend build`), runs `pytest -m gpu tests/gpu` and, with --bench, the benchmark,
 # all in a background job whose logs and results land in --out. A host that limits how long one command may
@@ -34,6 +36,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 mkdir -p "$WORK/logs" "$OUT"
+FTX_HOME_LOGS="${FTX_HOME:-$WORK/home}/triton/logs"
 PY="${PYTHON:-python3}"
 PYVER="$($PY -c 'import sys; print(f"{sys.version_info.major}.{sys.version_info.minor}")')"
 
@@ -68,7 +71,7 @@ start() {
   fi
   {
     echo "export PYTHONPATH=$WORK/site:$WORK/ompi/lib/python$PYVER/site-packages\${PYTHONPATH:+:\$PYTHONPATH}"
-    echo "export FTX_HOME=${FTX_HOME:-$WORK/home} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0"
+    echo "export FTX_HOME=${FTX_HOME:-$WORK/home} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 FTX_GPU_RESULTS=$WORK/logs"
     echo "[ -f $WORK/env.extra ] && . $WORK/env.extra"
     echo "export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1"
     [ -n "$src" ] && echo "export FTX_FT_SOURCES=$src"
@@ -89,7 +92,8 @@ start() {
   fi
   ( nvidia-smi; nvcc --version; $PY -m pip list 2>/dev/null | grep -i -E "torch|transformers|numpy|nvidia" ) \
     > "$WORK/logs/host.txt" 2>&1
-  rm -f "$WORK/status" "$WORK/done" "$WORK"/logs/gpu-*.xml "$WORK"/logs/gpu-tests.log "$WORK"/logs/bench.*  # no stale results
+  rm -f "$WORK/status" "$WORK/done" "$WORK"/logs/gpu-*.xml "$WORK"/logs/gpu-tests.log "$WORK"/logs/bench.* \
+    "$WORK"/logs/ftx-run-*.json  # no stale results
   # the job runs from its own copy of the tests: the checkout may be replaced while it runs
   rm -rf "$WORK/code" && mkdir -p "$WORK/code" && cp -r tests benchmarks pyproject.toml "$WORK/code/"
   setsid bash -c "
@@ -101,7 +105,7 @@ start() {
     $PY -c 'from ftx_triton.cli import main; main()' backend build ${FTX_FT_SOURCES:+--sources $FTX_FT_SOURCES} > '$WORK/logs/build.log' 2>&1 || echo 'build failed' >> '$WORK/status'
     if [ $WAIT_WHEELS = 1 ]; then while [ ! -e '$WORK/wheels.ok' ]; do sleep 2; done; . '$WORK/env.sh'; fi
     echo tests >> '$WORK/status'
-    $PY -m pytest -m gpu tests/gpu -v -rA -p no:cacheprovider --junitxml='$WORK/logs/gpu-junit.xml' --maxfail=${FTX_GPU_MAXFAIL:-3} ${FTX_GPU_PYTEST_ARGS:-} \
+    $PY -m pytest -m gpu ${FTX_GPU_TESTS:-tests/gpu} -v -rA -p no:cacheprovider --junitxml='$WORK/logs/gpu-junit.xml' --maxfail=${FTX_GPU_MAXFAIL:-3} ${FTX_GPU_PYTEST_ARGS:-} \
       > '$WORK/logs/gpu-tests.log' 2>&1
     echo \"tests exit \$?\" >> '$WORK/status'
     if [ -n '$BENCH' ]; then
@@ -115,7 +119,10 @@ start() {
 }
 
 report() {
-  cp "$WORK"/logs/*.log "$WORK"/logs/*.json "$WORK"/logs/*.xml "$WORK"/logs/host.txt "$OUT"/ 2>/dev/null
+  # a host that takes back few files gets the main ones and one archive of every log
+  cp "$WORK"/logs/gpu-tests.log "$WORK"/logs/bench.json "$WORK"/logs/bench.log "$OUT"/ 2>/dev/null
+  tar czf "$OUT/gpu-logs.tar.gz" -C "$WORK/logs" . 2>/dev/null
+  [ -d "$FTX_HOME_LOGS" ] && tar czf "$OUT/server-logs.tar.gz" -C "$FTX_HOME_LOGS" . 2>/dev/null
   echo "--- status: $(tr '\n' ' ' < "$WORK/status" 2>/dev/null)"
   for f in build.log gpu-tests.log bench.log; do
     [ -f "$WORK/logs/$f" ] && { echo "--- $f (tail)"; tail -n 25 "$WORK/logs/$f"; }

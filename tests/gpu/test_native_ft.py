@@ -178,6 +178,55 @@ def test_backend_build_is_cached_and_complete(built: Any, home: Path) -> None:
         assert os.access(built.tool(tool), os.X_OK)
 
 
+# --------------------------------------------------------------------------- several MPI ranks
+
+
+def _serve_ids(checkpoint: Path, home: Path, built: Any, **flat: Any) -> tuple[list[list[int]], list[str], str]:
+    """Serve the tiny GPT-J through ftx with ``flat`` settings; the raw model's ids and the ensemble's
+    text for every prompt, and the server's log; the server is stopped after."""
+    from ftx_triton.engine.pipeline import Pipeline
+    from ftx_triton.plan.settings import RunSettings
+    from ftx_triton.plugins import load_host
+    from ftx_triton.store.artifact_store import ArtifactStore
+    from python_runtime_support import decoder_inputs
+    from tokenizers import Tokenizer
+
+    settings = RunSettings.of(str(checkpoint), runtime="fastertransformer-native", data_type="fp16", family="gptj",
+                              max_batch_size=4, tune_batch=len(PROMPTS), tune_max_input_len=16, **flat)
+    result = Pipeline(load_host(), ArtifactStore(home), settings, say=lambda text: print(text, flush=True)).run()
+    assert result.runtime is not None and result.endpoint is not None
+    try:
+        tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
+        ids, texts = [], []
+        for prompt in PROMPTS:
+            out = _infer_json(result.endpoint.http_url, decoder_inputs([tokenizer.encode(prompt).ids], NEW_TOKENS))
+            ids.append([int(t) for t in out["output_ids"][0, 0, : int(out["sequence_length"][0, 0])]])
+            url = f"http://{result.endpoint.http_url}/v2/models/ensemble/generate"
+            texts.append(_post(url, {"text_input": prompt, "max_tokens": NEW_TOKENS})["text_output"])
+        log_text = result.endpoint.handle.log_path.read_text(errors="replace")
+    finally:
+        result.runtime.stop(result.endpoint)
+    return ids, texts, log_text
+
+
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)], ids=["tp2-over-2-ranks", "pp2-over-2-ranks"])
+def test_two_mpi_ranks_on_one_host_equal_the_single_process_tp2_run(
+        tp: int, pp: int, checkpoints: dict[str, Path], built: Any, home: Path, tmp_path: Path) -> None:
+    """The ``--hosts`` path for real: a hosts file naming localhost twice makes ftx start tritonserver as
+    two MPI ranks (mpirun, one GPU each, no ssh), split as tp=2 or pp=2 across the two "nodes"; the
+    generated ids and text equal one process serving tp=2 on both GPUs."""
+    if _gpu_count() < 2:
+        pytest.skip("needs two GPUs")
+    reference = _serve_ids(checkpoints["gptj"], home, built, tp=2)
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost\nlocalhost\n")
+    got = _serve_ids(checkpoints["gptj"], home, built, tp=tp, pp=pp, hosts=str(hosts), ready_timeout=240.0)
+    assert "MPI rank 1 (local 1) on GPU(s) 1" in got[2] and "MPI rank 0 (local 0) on GPU(s) 0" in got[2], got[2][-3000:]
+    assert got[0] == reference[0], (tp, pp, got[0], reference[0])
+    assert got[1] == reference[1], (tp, pp, got[1], reference[1])
+    assert all(len(ids) > len(PROMPTS[0].split()) for ids in got[0])
+
+
 # --------------------------------------------------------------------------- serving through ftx
 
 

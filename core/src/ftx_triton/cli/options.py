@@ -15,6 +15,20 @@ from ftx_triton.plan.settings import STAGES
 F = Callable[..., Any]
 
 PORT = click.IntRange(1, 65535)
+
+
+class TpType(click.IntRange):
+    """``--tp``: 1-64, or ``auto`` (0 in the settings: ftx_triton.runtime.fastertransformer.placement picks tp x pp from the GPUs here)."""
+
+    name = "1-64|auto"
+
+    def __init__(self) -> None:
+        super().__init__(1, 64)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return 0
+        return super().convert(value, param, ctx)
 """Every TCP port option (--http-port, --grpc-port, --metrics-port, --openai-port): refused outside 1-65535."""
 
 
@@ -43,7 +57,10 @@ source_options = section("Source",
 )
 
 conversion_options = section("Conversion",
-    click.option("--tp", type=click.IntRange(1, 64), default=1, show_default=True, help="Tensor-parallel GPUs."),
+    click.option("--tp", type=TpType(), default=1, show_default=True,
+                 help="Tensor-parallel GPUs, or auto: the smallest tp x pp whose weights and KV cache (for "
+                      "--tune-batch sequences of the model's full context) fit the GPUs here, more instances "
+                      "on the GPUs left (FasterTransformer runtimes; --dry-run says what and why)."),
     click.option("--pp", type=click.IntRange(1, 64), default=1, show_default=True, help="Pipeline-parallel stages."),
     click.option("--weight-dtype", type=click.Choice(["auto", *WEIGHT_DTYPES]), default="auto", show_default=True,
                  help="Data type of the converted weight files; auto = the source's own (config.json's "
@@ -61,6 +78,10 @@ repository_options = section("Triton repository",
                  help="Decoupled model: one response per generated token (gRPC streaming)."),
     click.option("--dynamic-batching/--no-dynamic-batching", default=True, show_default=True,
                  help="Batch requests of different prompt lengths (ragged input_ids)."),
+    click.option("--custom-all-reduce/--no-custom-all-reduce", default=None,
+                 help="FasterTransformer's own all-reduce between the GPUs of a node (it has kernels for 8 "
+                      "GPUs of one node only; any other tp x pp uses NCCL either way). Default: off, for "
+                      "every compute type (docs/benchmarks.md)."),
     click.option("--tokenizer", type=click.Path(exists=True, path_type=Path),
                  help="Tokenizer files to use instead of the checkpoint's own."),
 )
@@ -87,7 +108,11 @@ serve_container_options = section("FasterTransformer runtime (Docker)",
     click.option("--shm-size", help="Shared memory of the server container [default: 1g]."),
     click.option("--env", multiple=True, help="KEY=VALUE for the server container (repeatable), e.g. FT_LOG_LEVEL=DEBUG."),
     click.option("--hosts", type=click.Path(exists=True, dir_okay=False),
-                 help="Multi-node: a file with one host per line (GPUs per node x nodes must equal tp x pp)."),
+                 help="Multi-node: a file with one host per line (GPUs per node x nodes must equal tp x pp; "
+                      "the native launcher also takes a machine on several lines, one process each)."),
+    click.option("--ssh-port", type=click.IntRange(1, 65535),
+                 help="Multi-node: the ssh port mpirun reaches the other machines on [default: 22 natively, "
+                      "2222 in Docker]."),
 )
 
 tune_options = section("GEMM tuning",

@@ -80,8 +80,10 @@ class Pipeline:
         family = self.host.family(family_name) if family_name else None
         family, hf_config = self._planned_config(ref, family)
         self._check_license(ref, family)
+        self._place(family, hf_config)
         if self.settings.dry_run:
             return self._dry_run(ref, family, hf_config, result)
+        self._check_named_runtime()
 
         if family is not None and hf_config is not None:
             self._resolve_weight_dtype(family, Path(ref.uri) if ref.kind == "local" else None, hf_config)
@@ -92,6 +94,7 @@ class Pipeline:
         self._check_license(ref, family)
         structlog.contextvars.bind_contextvars(family=family.name)
         self._resolve_weight_dtype(family, source.path, hf_config)
+        self._place(family, hf_config)
         if self.estimate is None:
             self._plan_resources(family, hf_config, local_source=True)
         result.family, result.spec = family, self._spec(family, hf_config)
@@ -118,6 +121,29 @@ class Pipeline:
         if family is not None and ref.preset and ref.preset in family.presets:
             return family, dict(family.presets[ref.preset].hf_config or {}) or None
         return family, None
+
+    def _place(self, family: Family | None, hf_config: dict | None) -> None:
+        """``--tp auto`` (tp 0): tp x pp and instances from :mod:`ftx_triton.runtime.fastertransformer.placement`, said with the reason."""
+        if self.settings.convert.tp != 0 or family is None or hf_config is None:
+            return
+        from ftx_triton.runtime.fastertransformer.placement import auto_layout
+
+        changes, reason = auto_layout(self.settings, family, hf_config, self._planned_runtime())
+        self.ctx.settings = self.settings.replace(**changes)
+        self.say(f"place     {reason}")
+        log.info("place.chosen", **changes)
+
+    def _check_named_runtime(self) -> None:
+        """A runtime named by --runtime that cannot serve on this machine (no GPU, fewer GPUs than tp x pp) is
+        refused before anything is fetched or converted, not minutes later when it starts."""
+        named = self.host.runtimes.get(self.settings.runtime)
+        if named is None or not self._wanted("serve"):
+            return
+        availability = named.available(self.settings)
+        if not availability.ok:
+            raise ConfigError(f"the {named.name} runtime cannot serve here: {availability.reason}",
+                              hint="lower --tp/--pp, run on a machine that has what it needs, or choose another "
+                                   "--runtime (`ftx run --dry-run` plans without it)")
 
     def _check_license(self, ref: SourceRef, family: Family | None) -> None:
         """Show the licence once, on the terminal; refuse a non-commercial one that was not accepted."""

@@ -43,6 +43,13 @@ DATA_TYPES: tuple[str, ...] = ("fp32", "fp16", "bf16")
 """Every compute type the backend knows; a family narrows it to what its model type really runs."""
 
 
+CUSTOM_ALL_REDUCE: dict[str, bool] = {"fp16": False, "bf16": False, "fp32": False}
+"""Whether FasterTransformer's custom all-reduce is on by default, per compute type. Off for each: on two
+H100s (tp=2, GPT-J-6B shape) on and off measured equal within 0.5% in fp16 and bf16, since FasterTransformer
+has custom all-reduce kernels for 8 ranks of a node only and uses NCCL at any other size; the 8-GPU case is
+unmeasured (docs/benchmarks.md)."""
+
+
 @dataclass(frozen=True)
 class FtModelOptions:
     """Deployment choices for the fastertransformer model, and the facts of its model type."""
@@ -65,6 +72,14 @@ class FtModelOptions:
     """A decoder's context size from the source's config.json (None: unknown, or not a decoder)."""
     output_dtypes: tuple[tuple[str, str], ...] = ()
     """(output, dtype) where ``model_type`` returns another dtype than its I/O kind's table."""
+    custom_all_reduce: bool | None = None
+    """FasterTransformer's custom all-reduce at tp > 1; None: :data:`CUSTOM_ALL_REDUCE` for the compute type."""
+
+    @property
+    def custom_all_reduce_on(self) -> bool:
+        if self.custom_all_reduce is not None:
+            return self.custom_all_reduce
+        return CUSTOM_ALL_REDUCE.get(self.data_type, False)
 
     @classmethod
     def for_family(cls, family: Family, checkpoint_path: Path, tp: int, **choices: Any) -> FtModelOptions:
@@ -83,7 +98,7 @@ class FtModelOptions:
         return cls.for_family(family, checkpoint_path, settings.convert.tp, pp=repo.pp, data_type=settings.data_type,
                               max_batch_size=repo.max_batch_size, instances=repo.instances,
                               streaming=repo.streaming, dynamic_batching=repo.dynamic_batching,
-                              max_positions=positions)
+                              max_positions=positions, custom_all_reduce=repo.custom_all_reduce)
 
 
 def source_context_size(family: Family, source: Path) -> int | None:
@@ -196,7 +211,7 @@ def build_ft_model_config(opts: FtModelOptions) -> mc.ModelConfig:
         "pipeline_para_size": str(opts.pp),
         "model_checkpoint_path": str(opts.checkpoint_path),
         "data_type": opts.data_type,
-        "enable_custom_all_reduce": "0",
+        "enable_custom_all_reduce": "1" if opts.custom_all_reduce_on else "0",
     })
     return config
 

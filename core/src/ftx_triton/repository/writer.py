@@ -67,7 +67,7 @@ from ftx_triton.terminal.redact import redact_data
 log = structlog.get_logger(__name__)
 
 DEPLOYMENT_FILE = "ftx-deployment.json"
-DEPLOYMENT_SCHEMA = "ftx.deployment/1"
+DEPLOYMENT_SCHEMA = "ftx_triton.deployment/1"
 TEXTPROC_MODULE = "ftx_textproc.py"
 MODEL_NAMES = (FT_MODEL_NAME, PREPROCESSING, POSTPROCESSING, ENSEMBLE_NAME, FT_ENSEMBLE_NAME)
 ENSEMBLES = (ENSEMBLE_NAME, FT_ENSEMBLE_NAME)
@@ -322,6 +322,7 @@ def deployment_record(plan: RepositoryPlan, backend: str) -> dict[str, Any]:
         "instances": ft.instances,
         "streaming": ft.streaming,
         "dynamic_batching": ft.dynamic_batching,
+        "custom_all_reduce": ft.custom_all_reduce_on,
         "checkpoint": str(ft.checkpoint_path),
         "tokenizer": {"kind": tok.kind, "files": sorted(tok.files), "from": str(tok.origin), "start_id": tok.start_id,
                       "end_id": tok.end_id, "pad_id": tok.pad_id, "vocab_size": tok.vocab_size},

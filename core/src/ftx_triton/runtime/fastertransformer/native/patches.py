@@ -98,6 +98,28 @@ PATCHES: tuple[Edit, ...] = (
          "cuBLASLt 13 reports tile ids past the end of the tool's name table; gpt_gemm/t5_gemm read a wild "
          "pointer and crash while printing the results"),
     # --- the Triton backend's CMake
+    # --- behaviour: the backend's enable_custom_all_reduce parameter was never read (the check tested the
+    # vector pointer, never null), so FasterTransformer used its custom all-reduce at exactly 8 ranks of a
+    # node whatever the parameter said, and NCCL otherwise
+    Edit(f"{FT}/src/fastertransformer/utils/custom_ar_comm.cc", "    if (custom_all_reduce_comms == 0) {",
+         "    if (enable_custom_all_reduce == 0) {", "honour enable_custom_all_reduce (upstream tested the pointer)"),
+    # --- behaviour: a GEMM algorithm from gemm_config.in that cuBLASLt refuses was skipped in silence (the
+    # status was not checked): the product never ran, its output kept stale values, and decoding looked
+    # faster than the memory allows. Now the refused algorithm falls back to cuBLASLt's own choice, and any
+    # other failure is an error.
+    Edit(f"{FT}/src/fastertransformer/utils/cublasMMWrapper.cc", "        cublasLtMatmul(cublaslt_handle_,\n",
+         "        cublasStatus_t ftx_status = cublasLtMatmul(cublaslt_handle_,\n",
+         "keep the status of the tuned cublasLtMatmul"),
+    Edit(f"{FT}/src/fastertransformer/utils/cublasMMWrapper.cc",
+         "                       stream_);\n\n        cublasLtMatmulDescDestroy(operationDesc);",
+         "                       stream_);\n"
+         "        if (ftx_status != CUBLAS_STATUS_SUCCESS && findAlgo == 1) {\n"
+         "            ftx_status = cublasLtMatmul(cublaslt_handle_, operationDesc, alpha, A, Adesc, B, Bdesc, beta, C,\n"
+         "                                        Cdesc, C, Cdesc, NULL, workSpace, workspaceSize, stream_);\n"
+         "        }\n"
+         "        check_cuda_error(ftx_status);\n\n"
+         "        cublasLtMatmulDescDestroy(operationDesc);",
+         "a refused tuned algorithm falls back to cuBLASLt's choice instead of skipping the GEMM"),
     Edit("fastertransformer_backend/CMakeLists.txt", 'set(CMAKE_CUDA_FLAGS "-include stdio.h")',
          'set(CMAKE_CUDA_FLAGS "${CMAKE_CUDA_FLAGS} -include stdio.h")',
          "append to the CUDA flags instead of dropping the include paths and flags given on the command line"),

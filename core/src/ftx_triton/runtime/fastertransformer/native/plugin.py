@@ -55,6 +55,8 @@ class NativeFasterTransformer(Runtime):
         from ftx_triton.runtime.fastertransformer.native.build import find_backend
         from ftx_triton.store.artifact_store import ArtifactStore
 
+        if settings.launch.hosts and settings.convert.tp:
+            self.check_hosts(settings)
         probe = self.probe()
         if not probe.gpus:
             return Availability(False, "no NVIDIA GPU or driver found")
@@ -71,6 +73,20 @@ class NativeFasterTransformer(Runtime):
                                       f"{','.join(map(str, pre.sm))} from pinned sources (a few minutes, once)")
         failed = pre.failures[0]
         return Availability(False, f"FasterTransformer cannot be built here: {failed.name}: {failed.detail}")
+
+    @staticmethod
+    def check_hosts(settings: RunSettings) -> None:
+        """The hosts file parses, fits tp x pp, and its other machines answer on their ssh port: a
+        ConfigError in seconds, before anything is fetched, instead of mpirun waiting on a dead machine."""
+        from pathlib import Path
+
+        from ftx_triton.runtime.fastertransformer.hosts import node_layout, read_hosts
+        from ftx_triton.runtime.fastertransformer.native.options import NativeOptions
+        from ftx_triton.runtime.fastertransformer.native.serve import check_hosts_reachable
+
+        layout = node_layout(read_hosts(Path(str(settings.launch.hosts)), repeats=True), tp=settings.convert.tp,
+                             pp=settings.configure.pp, instances=settings.configure.instances)
+        check_hosts_reachable(layout, NativeOptions.from_settings(settings).ssh_port)
 
     def built(self, settings: RunSettings, store: ArtifactStore, say: Any = None) -> BuiltBackend:
         """The backend build for this host, built now if the store has none."""

@@ -22,17 +22,10 @@ from pathlib import Path
 
 import structlog
 
-from ftx_triton.errors import ServeError
+from ftx_triton.errors import ConfigError, ServeError
 from ftx_triton.plan.artifacts import Endpoint, GemmConfig, ModelRepository
 from ftx_triton.plan.settings import RunSettings
-from ftx_triton.runtime.fastertransformer.hosts import (
-    FORWARDED_ENV,
-    HOSTFILE_NAME,
-    NodeLayout,
-    mpirun_argv,
-    node_layout,
-    read_hosts,
-)
+from ftx_triton.runtime.fastertransformer.hosts import FORWARDED_ENV, HOSTFILE_NAME, NodeLayout, node_layout, read_hosts
 from ftx_triton.runtime.fastertransformer.logscan import LogScanner, ScanContext
 from ftx_triton.runtime.fastertransformer.native.build import BuiltBackend
 from ftx_triton.runtime.fastertransformer.native.options import NativeOptions
@@ -40,8 +33,9 @@ from ftx_triton.runtime.fastertransformer.native.tune import GEMM_FILE, runtime_
 
 log = structlog.get_logger(__name__)
 
-FORWARD = (*FORWARDED_ENV, "LD_LIBRARY_PATH", "OPAL_PREFIX", "PATH", "NCCL_NVLS_ENABLE")
+FORWARD = (*FORWARDED_ENV, "LD_LIBRARY_PATH", "OPAL_PREFIX", "PATH", "PYTHONPATH", "NCCL_NVLS_ENABLE")
 """Variables mpirun passes to the other nodes."""
+LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 @dataclass(frozen=True)
@@ -75,22 +69,70 @@ def plan_native_serve(*, settings: RunSettings, options: NativeOptions, built: B
     from ftx_triton.runtime.fastertransformer.gpus import local_gpus, select_gpus
 
     tp, pp = settings.convert.tp, settings.configure.pp
-    hosts = read_hosts(options.hosts_file) if options.hosts_file else None
-    layout = node_layout(hosts, tp=tp, pp=pp, instances=settings.configure.instances, ssh_port=options.ssh_port)
+    hosts = read_hosts(options.hosts_file, repeats=True) if options.hosts_file else None
+    layout = node_layout(hosts, tp=tp, pp=pp, instances=settings.configure.instances, ssh_port=options.ssh_port or 22)
     gpus_here = tuple(local_gpus()) if available_gpus is None else tuple(available_gpus)
     if not gpus_here:
         raise ServeError("no NVIDIA GPU found: FasterTransformer needs tp x pp GPUs",
                          hint="run on a GPU host with the NVIDIA driver (nvidia-smi), or use --runtime python")
-    gpus = select_gpus(layout.gpus_per_node, options.gpus, gpus_here)  # type: ignore[arg-type]
+    here = layout.gpus_per_node * (layout.machines[0][1] if layout.multi_node else 1)
+    gpus = select_gpus(here, options.gpus, gpus_here)  # type: ignore[arg-type]
     work = work_dir_for(home, settings)
     env = runtime_environment(built, gpus, options.env, base=base_env)
     launcher: tuple[str, ...] = ()
     if layout.multi_node:
         mpirun = str(built.opal_prefix / "bin" / "mpirun") if built.opal_prefix else "mpirun"
-        argv = mpirun_argv(layout, str(work / HOSTFILE_NAME), forward=FORWARD)
-        launcher = (mpirun, *argv[1:])
+        per_machine = options.gpus or tuple(range(layout.gpus_per_node * layout.ranks_per_machine))
+        launcher = (mpirun, *native_mpirun_args(layout, work / HOSTFILE_NAME, options.ssh_port),
+                    sys.executable, "-m", "ftx_triton.runtime.fastertransformer.native.rank",
+                    f"--gpus={','.join(map(str, per_machine))}",
+                    f"--per-rank={layout.gpus_per_node}", "--")
     expect = bool(gemm and gemm.tuned and gemm.path)
     return NativeServePlan(gpus, layout, env, work, launcher, gemm.path if expect and gemm else None, expect)
+
+
+def native_mpirun_args(layout: NodeLayout, hostfile: Path, ssh_port: int | None) -> list[str]:
+    """mpirun's options for one FasterTransformer process per hosts-file line: a slot per process, ranks
+    in line order (``--map-by slot``), no core binding (each process runs a thread per GPU), the
+    environment forwarded to the other machines, ssh on ``ssh_port`` when given. Machines named
+    ``localhost`` are started without ssh."""
+    argv = ["-n", str(layout.nodes), "--allow-run-as-root", "--hostfile", str(hostfile),
+            "--map-by", "slot", "--bind-to", "none"]
+    for name in FORWARD:
+        argv += ["-x", name]
+    if ssh_port:
+        argv += ["--prtemca", "plm_ssh_args", f"-p {ssh_port}"]
+    return argv
+
+
+def is_local(host: str) -> bool:
+    """Whether ``host`` names this machine (mpirun starts its processes without ssh)."""
+    import socket
+
+    return host in LOCAL_NAMES or host in {socket.gethostname(), socket.getfqdn()}
+
+
+def check_hosts_reachable(layout: NodeLayout, ssh_port: int | None, timeout_s: float = 5.0,
+                          connect: Callable[..., object] | None = None) -> None:
+    """Every other machine of the hosts file resolves and answers on its ssh port, checked in seconds
+    before mpirun would wait on it (ConfigError naming the first that does not)."""
+    import socket
+
+    connect = connect or socket.create_connection
+    port = ssh_port or 22
+    for host, _ in layout.machines:
+        if is_local(host):
+            continue
+        try:
+            conn = connect((host, port), timeout=timeout_s)
+        except OSError as exc:
+            raise ConfigError(f"the hosts file names {host}, which cannot be reached on ssh port {port}: "
+                              f"{exc.strerror or exc}",
+                              hint="check the name and that sshd runs there (mpirun starts the other processes "
+                                   "through ssh; --ssh-port sets the port), or remove the line") from None
+        close = getattr(conn, "close", None)
+        if close:
+            close()
 
 
 def prepare_work_dir(plan: NativeServePlan) -> None:
@@ -161,6 +203,8 @@ def serve_native(repository: ModelRepository, gemm: GemmConfig, settings: RunSet
     say = say or (lambda text: print(text, file=sys.stderr, flush=True))
     options = NativeOptions.from_settings(settings)
     plan = plan_native_serve(settings=settings, options=options, built=built, gemm=gemm, home=home)
+    if plan.layout.multi_node:
+        check_hosts_reachable(plan.layout, options.ssh_port)
     prepare_work_dir(plan)
     if gemm is not None and not gemm.tuned:
         say(f"serve     no gemm_config.in: {gemm.reason}")
@@ -210,5 +254,5 @@ def _log_text(path: Path) -> str:
         return ""
 
 
-__all__ = ["NativeServePlan", "backends_directory", "plan_native_serve", "prepare_work_dir", "scan_log",
-           "serve_native", "work_dir_for"]
+__all__ = ["NativeServePlan", "backends_directory", "check_hosts_reachable", "is_local", "native_mpirun_args",
+           "plan_native_serve", "prepare_work_dir", "scan_log", "serve_native", "work_dir_for"]

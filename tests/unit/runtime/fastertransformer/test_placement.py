@@ -1,0 +1,123 @@
+"""--tp auto's planner, given a GPU inventory (no GPU needed): the smallest tp x pp that fits, instances
+on the GPUs left, and a clear error for a model that fits nowhere."""
+
+from __future__ import annotations
+
+import pytest
+from ftx_triton.errors import ConfigError
+from ftx_triton.runtime.fastertransformer.placement import Footprint, GiB, layouts, plan_placement
+
+H100 = 80 * GiB  # 81559 MiB as nvidia-smi shows it is a little under; 80 GiB keeps the arithmetic plain
+# published shapes, fp16: parameters x 2 bytes; KV width = heads x head size
+GPTJ_6B = Footprint(weight_bytes=6_050_000_000 * 2, layers=28, kv_width=4096, tp_divides=(16, 16384))
+NEOX_20B = Footprint(weight_bytes=20_550_000_000 * 2, layers=44, kv_width=6144, tp_divides=(64, 24576))
+
+
+def test_a_6b_model_takes_one_gpu_and_the_second_holds_another_instance() -> None:
+    plan = plan_placement(GPTJ_6B, [H100, H100], batch=8, seq_len=2048)
+    assert (plan.tp, plan.pp, plan.instances) == (1, 1, 2)
+    assert "tp 1 x pp 1" in plan.reason and "2 instances fill the 2 GPUs" in plan.reason
+
+
+def test_gpt_neox_20b_fits_one_h100_at_a_small_batch_and_needs_two_at_a_large_one() -> None:
+    one = plan_placement(NEOX_20B, [H100], batch=1, seq_len=2048)
+    assert (one.tp, one.pp, one.instances) == (1, 1, 1)
+    two = plan_placement(NEOX_20B, [H100, H100], batch=24, seq_len=2048)
+    assert (two.tp, two.pp, two.instances) == (2, 1, 1)
+    assert "tp 1 x pp 1 would need" in two.reason  # says why the smaller layout was not taken
+    with pytest.raises(ConfigError, match="does not fit the 1 GPU.*even at tp 1 x pp 1") as err:
+        plan_placement(NEOX_20B, [H100], batch=24, seq_len=2048, model="GPT-NeoX-20B")
+    assert "GPT-NeoX-20B" in str(err.value) and "--hosts" in (err.value.hint or "")
+
+
+def test_the_smallest_gpu_decides_and_no_gpu_is_an_error() -> None:
+    assert plan_placement(GPTJ_6B, [H100, 16 * GiB], batch=8, seq_len=2048).tp == 2
+    with pytest.raises(ConfigError, match="no GPU found"):
+        plan_placement(GPTJ_6B, [], batch=1, seq_len=128)
+
+
+def test_layouts_respect_what_tp_and_pp_must_divide() -> None:
+    six_heads = Footprint(weight_bytes=1, layers=10, kv_width=768, tp_divides=(6, 3072))
+    assert layouts(six_heads, 4) == [(1, 1), (2, 1), (1, 2), (3, 1), (2, 2)]  # no tp 4 (6 heads), no pp 4, pp 3
+    big = Footprint(weight_bytes=150 * GiB, layers=10, kv_width=768, tp_divides=(6, 3072))
+    plan = plan_placement(big, [H100] * 4, batch=1, seq_len=128)
+    assert (plan.tp, plan.pp, plan.instances) == (3, 1, 1)  # world 2 would need 77.5 GiB a GPU
+
+
+def test_footprint_of_gpt_j_6b_from_its_published_config() -> None:
+    """Parameters come from the family's own table on config.json alone (no weights)."""
+    from ftx_triton.runtime.fastertransformer.placement import footprint_of
+    from ftx_triton.plugins import load_host
+
+    family = load_host().family("gptj")
+    config = {"model_type": "gptj", "architectures": ["GPTJForCausalLM"], "n_layer": 28, "n_embd": 4096, "n_head": 16,
+              "rotary_dim": 64, "vocab_size": 50400, "n_positions": 2048, "bos_token_id": 50256, "eos_token_id": 50256}
+    fp = footprint_of(family, family.spec(config), "fp16")
+    assert 6.0e9 * 2 < fp.weight_bytes < 6.2e9 * 2 and fp.layers == 28 and fp.kv_width == 4096
+    assert 16 in fp.tp_divides
+    assert plan_placement(fp, [H100, H100], batch=8, seq_len=2048).instances == 2
+
+
+class _Runtime:
+    """Stands in for a FasterTransformer runtime (none can run without a GPU); only its name and compute
+    type matter to the planner."""
+
+    name = "fastertransformer-native"
+    default_data_type = "fp16"
+
+
+def _gptj_config(layers: int = 28) -> dict:
+    return {"model_type": "gptj", "architectures": ["GPTJForCausalLM"], "n_layer": layers, "n_embd": 4096,
+            "n_head": 16, "rotary_dim": 64, "vocab_size": 50400, "n_positions": 2048, "bos_token_id": 50256,
+            "eos_token_id": 50256}
+
+
+def test_auto_layout_for_a_fastertransformer_runtime_uses_the_gpus_given() -> None:
+    from ftx_triton.runtime.fastertransformer.placement import auto_layout
+    from ftx_triton.plan.settings import RunSettings
+    from ftx_triton.plugins import load_host
+    from ftx_triton.runtime.fastertransformer.gpus import Gpu
+
+    family = load_host().family("gptj")
+    h100s = [Gpu(i, "NVIDIA H100 80GB HBM3", (9, 0), memory_mib=81559) for i in range(2)]
+    changes, why = auto_layout(RunSettings.of("gptj-6b", tp=0), family, _gptj_config(), _Runtime(), gpus=h100s)
+    assert changes == {"tp": 1, "pp": 1, "instances": 2} and why.startswith("--tp auto: tp 1 x pp 1")
+    small = [Gpu(i, "NVIDIA T4", (7, 5), memory_mib=15360) for i in range(4)]
+    changes, _ = auto_layout(RunSettings.of("gptj-6b", tp=0), family, _gptj_config(), _Runtime(), gpus=small)
+    assert changes == {"tp": 2, "pp": 1, "instances": 2}
+    with pytest.raises(ConfigError, match="gptj-6b does not fit the 1 GPU"):
+        auto_layout(RunSettings.of("gptj-6b", tp=0), family, _gptj_config(), _Runtime(), gpus=small[:1])
+    with pytest.raises(ConfigError, match="a --hosts layout needs --tp and --pp"):
+        auto_layout(RunSettings.of("gptj-6b", tp=0, hosts="hosts.txt"), family, _gptj_config(), _Runtime(), gpus=h100s)
+
+
+def test_tp_auto_on_the_command_line_says_what_it_chose(ftx_cli, tiny_gptj_dir) -> None:
+    """``ftx run --tp auto --dry-run`` on a CPU machine: the python runtime, so tp 1, and the line says why."""
+    result = ftx_cli("run", str(tiny_gptj_dir), "--tp", "auto", "--runtime", "python", "--dry-run")
+    assert result.exit_code == 0, result.stderr + repr(result.exception)
+    assert "place     --tp auto: tp 1 (the python runtime runs on one device)" in result.stderr
+    assert "tp=1" in result.stderr
+    bad = ftx_cli("run", str(tiny_gptj_dir), "--tp", "many", "--dry-run")
+    assert bad.exit_code != 0 and "many" in bad.stderr
+
+
+def test_a_named_runtime_that_cannot_serve_here_is_refused_before_converting(ftx_cli, tiny_gptj_dir, ftx_home) -> None:
+    """No GPU here: --runtime fastertransformer-native with --tp 4 stops at once with the runtime's reason,
+    and nothing was converted (before the check, the convert stage ran first and the failure came at tune)."""
+    result = ftx_cli("run", str(tiny_gptj_dir), "--runtime", "fastertransformer-native", "--tp", "4")
+    assert result.exit_code != 0
+    assert "error: the fastertransformer-native runtime cannot serve here: no NVIDIA GPU" in result.stderr, result.stderr
+    assert "hint: lower --tp/--pp" in result.stderr
+    assert not list((ftx_home / "store" / "convert").glob("*/*-gpu"))
+
+
+def test_a_hosts_file_naming_an_unreachable_machine_is_refused_before_converting(
+        ftx_cli, tiny_gptj_dir, ftx_home, tmp_path) -> None:
+    """A name under .invalid never resolves (RFC 2606): the error names it within seconds, nothing converted."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost\nnode-b.invalid\n")
+    result = ftx_cli("run", str(tiny_gptj_dir), "--runtime", "fastertransformer-native", "--tp", "2",
+                     "--hosts", str(hosts))
+    assert result.exit_code != 0
+    assert "error: the hosts file names node-b.invalid, which cannot be reached on ssh port 22" in result.stderr
+    assert not list((ftx_home / "store" / "convert").glob("*/*-gpu"))
