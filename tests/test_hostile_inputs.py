@@ -430,6 +430,10 @@ SAFETENSORS_CASES: dict[str, tuple[Callable[[dict, int], object], str]] = {
     "dtype-unknown": (set_entry(dtype="F8_E9M9"), FIRST),
     "dtype-missing": (drop_field("dtype"), FIRST),
     "float-relabelled-I32": (set_entry(dtype="I32"), "stored as int32"),  # item 11: the header's dtype lies
+    # issue 27: the format forbids both; they were accepted
+    "ranges-overlap": (set_entry(data_offsets=[0, 65536]), "share bytes"),
+    "key-given-twice": (lambda h, n: json.dumps(h).encode()[:-1] + f', "{FIRST}": {json.dumps(h[FIRST])}}}'.encode(),
+                        f"names '{FIRST}' twice"),
 }
 
 
@@ -518,6 +522,10 @@ CONFIG_CASES: dict[str, tuple[Callable[[Path], None], tuple[str, ...]]] = {
     "rotary_dim-huge": (edit_config(lambda c: c.update(rotary_dim=10**6)), ("rotary_dim = 1000000",)),
     "rotary_dim-negative": (edit_config(lambda c: c.update(rotary_dim=-8)), ("rotary_dim = -8",)),
     "rotary_dim-odd": (edit_config(lambda c: c.update(rotary_dim=3)), ("rotary_dim = 3",)),
+    # issue 27: 2.5 layers became 2; a context of 0 positions was served
+    "n_layer-fraction": (edit_config(lambda c: c.update(n_layer=2.5)), ("n_layer = 2.5", "not a whole number")),
+    "n_positions-0": (edit_config(lambda c: c.update(n_positions=0)), ("n_positions = 0", "positive")),
+    "n_positions-fraction": (edit_config(lambda c: c.update(n_positions=255.5)), ("n_positions = 255.5",)),
 }
 
 
