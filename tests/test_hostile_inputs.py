@@ -876,3 +876,55 @@ def test_special_files_in_a_checkpoint_are_refused_not_read(ftx_cli, tiny_gptj_d
     result = ftx_cli("convert", str(ckpt), "-o", str(tmp_path / "out"))
     assert_clean_failure(result, says)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_named_pipe_tokenizer_is_named_not_missing(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path,
+                                                     tmp_path: Path) -> None:
+    """Issue 27: a named-pipe tokenizer.json was reported as "no tokenizer"."""
+    ckpt = shutil.copytree(tiny_gptj_dir, tmp_path / "ckpt")
+    _fifo(ckpt / "tokenizer.json")
+    result = ftx_cli("configure", str(ckpt), "--runtime", "python", "-o", str(tmp_path / "out"))
+    assert_clean_failure(result, "tokenizer.json is a named pipe")
+    nothing_half_written(ftx_home, tmp_path / "out")
+
+
+def test_a_huge_sparse_tokenizer_is_refused_before_it_is_copied(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path,
+                                                                tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27: a sparse tokenizer.json of gigabytes was copied whole into $TMPDIR (outside FTX_HOME) before
+    a JSON error; $TMPDIR here is a 16 MB tmpfs, which the old code filled (ENOSPC traceback)."""
+    import tempfile
+
+    from mounts import tmpfs
+
+    ckpt = shutil.copytree(tiny_gptj_dir, tmp_path / "ckpt")
+    with open(ckpt / "tokenizer.json", "r+b") as file:
+        file.truncate(3 << 30)
+    with tmpfs(tmp_path / "tmpdir", size="16m") as small:
+        monkeypatch.setattr(tempfile, "tempdir", str(small))
+        result = ftx_cli("configure", str(ckpt), "--runtime", "python", "-o", str(tmp_path / "out"))
+        assert not any(small.iterdir())
+    assert_clean_failure(result, "tokenizer.json", f"{3 << 30} bytes", "larger than any tokenizer")
+    nothing_half_written(ftx_home, tmp_path / "out")
+
+
+def test_nan_and_inf_weights_are_said_at_conversion_and_at_every_run(ftx_cli, tiny_gptj_dir: Path,
+                                                                     tmp_path: Path) -> None:
+    """Issue 27: NaN/Inf weights converted without a word, and the served model then blamed its clients."""
+    import numpy as np
+    from test_bad_input import copy_checkpoint
+
+    def poison(tensors: dict) -> None:
+        tensors["lm_head.weight"][0, 0] = np.nan
+        tensors["transformer.ln_f.weight"][1] = np.inf
+
+    ckpt = copy_checkpoint(tiny_gptj_dir, tmp_path / "ckpt", poison)
+    first = ftx_cli("run", str(ckpt), "--until", "convert")
+    assert first.exit_code == 0, first.stderr
+    assert "convert.non_finite" in first.stderr and "model.lm_head.weight" in first.stderr
+    again = ftx_cli("--log-format", "json", "run", str(ckpt), "--until", "convert")
+    assert again.exit_code == 0 and '"event": "cache.hit"' in again.stderr
+    for result in (first, again):
+        assert "NaN or Inf values in 2 tensor(s)" in result.stderr, result.stderr
+    clean = ftx_cli("run", str(tiny_gptj_dir), "--until", "convert")
+    assert clean.exit_code == 0 and "NaN" not in clean.stderr
