@@ -643,6 +643,45 @@ def test_wrong_value_in_ftx_toml_settings(ftx_cli, ftx_home: Path, tiny_gptj_dir
     assert not list((ftx_home / "store").glob("*/*"))  # refused before any stage ran
 
 
+RUN_PARAMETERS = {  # issue 27: each was a TypeError traceback
+    'model = "gptj"': ("'model' is no setting of the deployment", "[model]"),
+    'prompt = "hello"': ("'prompt' is no setting of the deployment", "--prompt on the command line"),
+    "max_tokens = 8": ("'max_tokens' is no setting of the deployment", "--max-tokens on the command line"),
+}
+
+
+@pytest.mark.parametrize("line", sorted(RUN_PARAMETERS))
+def test_run_parameters_in_ftx_toml_settings_are_refused(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path,
+                                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          line: str) -> None:
+    manifest = tmp_path / "ftx.toml"
+    manifest.write_text(f'[model]\nsource = {json.dumps(str(tiny_gptj_dir))}\n[settings]\n{line}\n')
+    monkeypatch.chdir(tmp_path)
+    result = ftx_cli("run", "--until", "configure")
+    message, hint = RUN_PARAMETERS[line]
+    assert_clean_failure(result, f"{manifest}: [settings] {message}", hint)
+    assert not list((ftx_home / "store").glob("*/*"))
+
+
+@pytest.mark.parametrize(("line", "option"), [('host = "0.0.0.0"', "--host 0.0.0.0"),
+                                              ('openai_host = "::"', "--openai-host ::"),
+                                              ('host = "example.org"', "--host example.org")])
+def test_a_committed_ftx_toml_cannot_widen_exposure(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch, line: str, option: str) -> None:
+    """Issue 27: a host = "0.0.0.0" from someone's repository exposed every endpoint without a word."""
+    manifest = tmp_path / "ftx.toml"
+    manifest.write_text(f'[model]\nsource = {json.dumps(str(tiny_gptj_dir))}\n[settings]\nruntime = "python"\n'
+                        f"{line}\n")
+    monkeypatch.chdir(tmp_path)
+    result = ftx_cli("run", "--dry-run")
+    assert_clean_failure(result, "would expose the server beyond this machine", f"pass {option} on the command line")
+    flag, value = option.split(" ", 1)
+    confirmed = ftx_cli("run", "--dry-run", flag, value)
+    assert confirmed.exit_code == 0, confirmed.stderr
+    manifest.write_text(manifest.read_text().replace(value, "127.0.0.1"))
+    assert ftx_cli("run", "--dry-run").exit_code == 0
+
+
 def test_settings_as_ftx_lock_writes_them_are_taken(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)

@@ -63,10 +63,13 @@ def model_from_manifest(model: str | None, opts: dict[str, Any]) -> str:
     ctx = click.get_current_context()
     locked = {**manifest.settings, **{k: manifest.model.get(k) for k in ("revision", "family", "sha256")}}
     params = {p.name: p for p in ctx.command.params}
-    if unknown := sorted(k for k in manifest.settings if k not in ctx.params and k not in opts):
+    if unknown := sorted(k for k in manifest.settings if k not in opts):  # opts: the deployment's options
         import difflib
 
-        close = difflib.get_close_matches(unknown[0], [k for k in params if k], n=1)
+        if unknown[0] in _NOT_SETTINGS:
+            raise ConfigError(f"{manifest.path}: [settings] {unknown[0]!r} is no setting of the deployment",
+                              hint=_NOT_SETTINGS[unknown[0]])
+        close = difflib.get_close_matches(unknown[0], [k for k in opts if k], n=1)
         raise ConfigError(f"{manifest.path}: [settings] {unknown[0]!r} is no setting of `ftx run`"
                           + (f" (did you mean {close[0]!r}?)" if close else ""),
                           hint="the keys are `ftx run` option names with _ for - (see `ftx run --help`); "
@@ -78,10 +81,38 @@ def model_from_manifest(model: str | None, opts: dict[str, Any]) -> str:
             value = locked_value(ctx, params[key], value, manifest.path)
         source = ctx.get_parameter_source(key)
         if source in (None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP):
+            if key in _EXPOSING and not is_loopback(str(value)):
+                option = "/".join(params[key].opts)
+                raise ConfigError(f"{manifest.path}: [settings] {key} = {value!r} would expose the server beyond "
+                                  "this machine; a file from a repository cannot widen exposure on its own",
+                                  hint=f"pass {option} {value} on the command line to mean it (or remove the line "
+                                       "to serve on 127.0.0.1)")
             opts[key] = tuple(value) if isinstance(value, list) else value
             if key == "runtime":
                 opts["runtime_origin"] = manifest.path.name
     return str(manifest.model["source"])
+
+
+_NOT_SETTINGS = {
+    "model": 'the model goes in [model] as source = "…" (or give MODEL on the command line)',
+    "prompt": "ftx.toml describes the deployment, not one request: pass --prompt on the command line",
+    "max_tokens": "ftx.toml describes the deployment, not one request: pass --max-tokens on the command line",
+}
+"""``ftx run`` parameters that are no deployment setting, and where they go instead."""
+_EXPOSING = ("host", "openai_host")
+"""Settings whose non-loopback value opens endpoints to the network: only the command line may do that."""
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def locked_value(ctx: click.Context, param: click.Parameter, value: Any, path: Path) -> Any:
