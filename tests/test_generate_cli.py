@@ -433,3 +433,40 @@ def _supervisor_pid(log_path: Path) -> int:
                 if any(f.path == str(log_path) for f in process.open_files()):
                     return process.pid
     raise AssertionError(f"no supervisor writes {log_path}")
+
+
+@pytest.mark.parametrize("body", [b"<html>not triton</html>", b"[1, 2]", b'{"error": null}'],
+                         ids=["html", "json-array", "json-object-without-models"])
+@pytest.mark.parametrize("model", [[], ["ensemble"]], ids=["model-omitted", "model-named"])
+def test_generate_against_a_server_that_is_not_triton(tmp_path: Path, body: bytes, model: list[str]) -> None:
+    """Issue 27: `ftx generate --url` of a server that answers non-JSON crashed with a JSONDecodeError traceback."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class NotTriton(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _answer  # noqa: N815
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotTriton)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        result = subprocess.run([*FTX, "generate", *model, "Hello", "--url", url, "--timeout", "10"], check=False,
+                                capture_output=True, text=True, timeout=120, env={**os.environ, "FTX_HOME": str(tmp_path)})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 1, result.stderr
+    assert "error: " in result.stderr and "hint:" in result.stderr
+    if body.startswith(b"<"):
+        assert "is not Triton's HTTP endpoint" in result.stderr and "<html>" in result.stderr
