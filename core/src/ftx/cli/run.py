@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,26 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def _check_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--name``: what fits in a file name and a terminal (it names the server's log and record files)."""
+    if value is not None and not _NAME_RE.fullmatch(value):
+        raise click.BadParameter(f"{value[:80]!r} is not a name: use 1-64 letters, digits, '.', '_' or '-', "
+                                 "starting with a letter or digit")
+    return value
+
+
+def _refuse_taken_name(name: str) -> None:
+    """Refuse ``--name`` when a running server has it, before anything is fetched, built or started."""
+    from ftx.triton.records import list_servers
+
+    if any(record.alive and record.name == name for record in list_servers(ftx_home())):
+        raise ConfigError(f"a server named {name!r} is already running",
+                          hint=f"stop it (`ftx stop {name}`), or choose another --name")
+
+
 def locked_value(ctx: click.Context, param: click.Parameter, value: Any, path: Path) -> Any:
     """A [settings] value checked as its command-line option checks it (TOML type, then the option's own
     type: range, choices), so the file and the command line never disagree; a wrong one is a ConfigError."""
@@ -169,6 +190,10 @@ def _expected(param: click.Parameter) -> str:
          click.option("--grpc-port", type=PORT, help="gRPC port (default: Triton's 8001, or a free one when taken)."),
          click.option("--metrics-port", type=PORT, help="Metrics port (default: Triton's 8002, or a free one when taken)."),
          click.option("--detach", is_flag=True, help="Leave the server running (see `ftx ps`, `ftx stop`)."),
+         click.option("--name", callback=_check_name,
+                      help="The deployment's name in `ftx ps`/`ftx stop` (letters, digits, . _ -; at most 64); "
+                           "a name a running server has is refused before anything starts (default: from "
+                           "MODEL, numbered -2, -3 … when taken)."),
          click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
                       help="Python runtime device."),
          click.option("--tune/--no-tune", default=True, show_default=True,
@@ -196,6 +221,8 @@ def run(model: str | None, prompt: str | None, max_tokens: int, **opts: Any) -> 
         from ftx.triton.ports import check_host
 
         check_host(settings.serve.openai_host, option="--openai-host")
+    if settings.serve.name and not settings.dry_run:
+        _refuse_taken_name(settings.serve.name)
     result = run_pipeline(settings)
     if settings.dry_run:
         return
