@@ -967,3 +967,31 @@ def test_nan_and_inf_weights_are_said_at_conversion_and_at_every_run(ftx_cli, ti
         assert "NaN or Inf values in 2 tensor(s)" in result.stderr, result.stderr
     clean = ftx_cli("run", str(tiny_gptj_dir), "--until", "convert")
     assert clean.exit_code == 0 and "NaN" not in clean.stderr
+
+
+def test_a_nearly_full_home_is_refused_before_the_built_in_model_is_built(ftx_cli, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27: with 1 MB free, building the built-in model died with a SafetensorError traceback (ENOSPC)
+    and left its half-built directory; the free-space check now comes first. A real 1 MiB tmpfs."""
+    from mounts import tmpfs
+
+    with tmpfs(tmp_path / "full", size="1m") as home:
+        monkeypatch.setenv("FTX_HOME", str(home))
+        result = ftx_cli("run", "tiny-gptj", "--runtime", "python", "--until", "configure")
+        leftovers = [p.name for p in home.rglob("*") if p.is_file() and not p.name.endswith(".lock")]
+    assert_clean_failure(result, "building the built-in tiny-gptj model needs about", "free", "FTX_HOME")
+    assert leftovers == []
+
+
+def test_a_nearly_full_home_is_refused_before_the_python_backend_is_installed(tmp_path: Path) -> None:
+    """Issue 27: with 5 MB free (here a 1 MiB tmpfs), copying the python backend into the home died with a
+    shutil.Error traceback after a partial copy; the free-space check now comes first."""
+    from ftx.errors import ResourceError
+    from ftx.triton.install import find_tritonserver, prepare_backends
+    from mounts import tmpfs
+
+    with tmpfs(tmp_path / "full", size="1m") as home:
+        with pytest.raises(ResourceError, match="installing the python backend needs about") as err:
+            prepare_backends(find_tritonserver(), home)
+        assert "FTX_HOME" in (err.value.hint or "")
+        assert not [p for p in home.rglob("*") if p.is_file()]
