@@ -60,7 +60,6 @@ def ensure_demo_checkpoint(home: Path) -> Path:
         return target
     from ftx.atomic import announced
     from ftx.console import status
-
     from ftx.resources import require_disk
 
     require_disk(target.parent, DEMO_DISK_BYTES, f"building the built-in {DEMO_NAME} model")
