@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -430,3 +431,77 @@ def _supervisor_pid(log_path: Path) -> int:
                 if any(f.path == str(log_path) for f in process.open_files()):
                     return process.pid
     raise AssertionError(f"no supervisor writes {log_path}")
+
+
+@pytest.mark.parametrize("body", [b"<html>not triton</html>", b"[1, 2]", b'{"error": null}'],
+                         ids=["html", "json-array", "json-object-without-models"])
+@pytest.mark.parametrize("model", [[], ["ensemble"]], ids=["model-omitted", "model-named"])
+def test_generate_against_a_server_that_is_not_triton(tmp_path: Path, body: bytes, model: list[str]) -> None:
+    """Issue 27: `ftx generate --url` of a server that answers non-JSON crashed with a JSONDecodeError traceback."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class NotTriton(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _answer  # noqa: N815
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotTriton)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        result = subprocess.run([*FTX, "generate", *model, "Hello", "--url", url, "--timeout", "10"], check=False,
+                                capture_output=True, text=True, timeout=120, env={**os.environ, "FTX_HOME": str(tmp_path)})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 1, result.stderr
+    assert "error: " in result.stderr and "hint:" in result.stderr
+    if body.startswith(b"<"):
+        assert "is not Triton's HTTP endpoint" in result.stderr and "<html>" in result.stderr
+
+
+def test_deployment_names_long_taken_and_chosen(demo_home: Path, tmp_path: Path) -> None:
+    """Issue 27: a 250-character checkpoint directory with --detach failed with "File name too long" (server
+    names went whole into file names); a second `ftx run MODEL --detach` loaded a whole server before refusing
+    the name, and no deployment could be named. Now a derived name is cut to 64 characters and numbered when
+    taken, and `--name` picks one, refused before anything starts when a running server has it."""
+    from ftx_triton.fetching.demo import demo_dir
+
+    env = _env(demo_home)
+    ckpt = shutil.copytree(demo_dir(demo_home), tmp_path / ("c" * 250))
+    names: list[str] = []
+    try:
+        for _ in range(2):
+            run = subprocess.run([*FTX, "run", str(ckpt), "--runtime", "python", "--detach", "--no-openai"],
+                                 check=False, capture_output=True, text=True, timeout=600, env=env)
+            assert run.returncode == 0, run.stderr[-3000:]
+            names.append(re.search(r"left running as '([^']+)'", run.stdout).group(1))
+        assert names == ["c" * 64, "c" * 62 + "-2"]
+        started = time.monotonic()
+        taken = subprocess.run([*FTX, "run", "tiny-gptj", "--runtime", "python", "--detach", "--name", names[1]],
+                               check=False, capture_output=True, text=True, timeout=600, env=env)
+        assert taken.returncode == 1 and f"a server named '{names[1]}' is already running" in taken.stderr
+        assert "hint:" in taken.stderr and "tritonserver" not in taken.stderr and "fetch" not in taken.stderr
+        print(f"taken --name refused in {time.monotonic() - started:.1f} s")
+        bad = subprocess.run([*FTX, "run", "tiny-gptj", "--name", "a/../b"], check=False, capture_output=True,
+                             text=True, timeout=120, env=env)
+        assert bad.returncode == 2 and "is not a name" in bad.stderr
+        chosen = subprocess.run([*FTX, "run", "tiny-gptj", "--runtime", "python", "--detach", "--no-openai",
+                                 "--name", "demo.v1"], check=False, capture_output=True, text=True, timeout=600, env=env)
+        assert chosen.returncode == 0 and "left running as 'demo.v1'" in chosen.stdout, chosen.stderr[-3000:]
+        names.append("demo.v1")
+        ps = subprocess.run([*FTX, "ps", "--json"], check=False, capture_output=True, text=True, timeout=120, env=env)
+        assert sorted(r["name"] for r in json.loads(ps.stdout) if r["alive"]) == sorted(names)
+    finally:
+        subprocess.run([*FTX, "stop", "--all"], check=False, capture_output=True, text=True, timeout=300, env=env)
+    _no_ftx_servers_left(demo_home)

@@ -427,6 +427,10 @@ SAFETENSORS_CASES: dict[str, tuple[Callable[[dict, int], object], str]] = {
     "dtype-unknown": (set_entry(dtype="F8_E9M9"), FIRST),
     "dtype-missing": (drop_field("dtype"), FIRST),
     "float-relabelled-I32": (set_entry(dtype="I32"), "stored as int32"),  # item 11: the header's dtype lies
+    # issue 27: the format forbids both; they were accepted
+    "ranges-overlap": (set_entry(data_offsets=[0, 65536]), "share bytes"),
+    "key-given-twice": (lambda h, n: json.dumps(h).encode()[:-1] + f', "{FIRST}": {json.dumps(h[FIRST])}}}'.encode(),
+                        f"names '{FIRST}' twice"),
 }
 
 
@@ -515,6 +519,10 @@ CONFIG_CASES: dict[str, tuple[Callable[[Path], None], tuple[str, ...]]] = {
     "rotary_dim-huge": (edit_config(lambda c: c.update(rotary_dim=10**6)), ("rotary_dim = 1000000",)),
     "rotary_dim-negative": (edit_config(lambda c: c.update(rotary_dim=-8)), ("rotary_dim = -8",)),
     "rotary_dim-odd": (edit_config(lambda c: c.update(rotary_dim=3)), ("rotary_dim = 3",)),
+    # issue 27: 2.5 layers became 2; a context of 0 positions was served
+    "n_layer-fraction": (edit_config(lambda c: c.update(n_layer=2.5)), ("n_layer = 2.5", "not a whole number")),
+    "n_positions-0": (edit_config(lambda c: c.update(n_positions=0)), ("n_positions = 0", "positive")),
+    "n_positions-fraction": (edit_config(lambda c: c.update(n_positions=255.5)), ("n_positions = 255.5",)),
 }
 
 
@@ -630,6 +638,45 @@ def test_wrong_value_in_ftx_toml_settings(ftx_cli, ftx_home: Path, tiny_gptj_dir
     result = ftx_cli("run", *(["--dry-run"] if until == "--dry-run" else ["--until", until]))
     assert_clean_failure(result, f"{manifest}: [settings] {SETTINGS[line]}", "ftx lock")
     assert not list((ftx_home / "store").glob("*/*"))  # refused before any stage ran
+
+
+RUN_PARAMETERS = {  # issue 27: each was a TypeError traceback
+    'model = "gptj"': ("'model' is no setting of the deployment", "[model]"),
+    'prompt = "hello"': ("'prompt' is no setting of the deployment", "--prompt on the command line"),
+    "max_tokens = 8": ("'max_tokens' is no setting of the deployment", "--max-tokens on the command line"),
+}
+
+
+@pytest.mark.parametrize("line", sorted(RUN_PARAMETERS))
+def test_run_parameters_in_ftx_toml_settings_are_refused(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path,
+                                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          line: str) -> None:
+    manifest = tmp_path / "ftx.toml"
+    manifest.write_text(f'[model]\nsource = {json.dumps(str(tiny_gptj_dir))}\n[settings]\n{line}\n')
+    monkeypatch.chdir(tmp_path)
+    result = ftx_cli("run", "--until", "configure")
+    message, hint = RUN_PARAMETERS[line]
+    assert_clean_failure(result, f"{manifest}: [settings] {message}", hint)
+    assert not list((ftx_home / "store").glob("*/*"))
+
+
+@pytest.mark.parametrize(("line", "option"), [('host = "0.0.0.0"', "--host 0.0.0.0"),
+                                              ('openai_host = "::"', "--openai-host ::"),
+                                              ('host = "example.org"', "--host example.org")])
+def test_a_committed_ftx_toml_cannot_widen_exposure(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch, line: str, option: str) -> None:
+    """Issue 27: a host = "0.0.0.0" from someone's repository exposed every endpoint without a word."""
+    manifest = tmp_path / "ftx.toml"
+    manifest.write_text(f'[model]\nsource = {json.dumps(str(tiny_gptj_dir))}\n[settings]\nruntime = "python"\n'
+                        f"{line}\n")
+    monkeypatch.chdir(tmp_path)
+    result = ftx_cli("run", "--dry-run")
+    assert_clean_failure(result, "would expose the server beyond this machine", f"pass {option} on the command line")
+    flag, value = option.split(" ", 1)
+    confirmed = ftx_cli("run", "--dry-run", flag, value)
+    assert confirmed.exit_code == 0, confirmed.stderr
+    manifest.write_text(manifest.read_text().replace(value, "127.0.0.1"))
+    assert ftx_cli("run", "--dry-run").exit_code == 0
 
 
 def test_settings_as_ftx_lock_writes_them_are_taken(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path,
@@ -865,3 +912,83 @@ def test_special_files_in_a_checkpoint_are_refused_not_read(ftx_cli, tiny_gptj_d
     result = ftx_cli("convert", str(ckpt), "-o", str(tmp_path / "out"))
     assert_clean_failure(result, says)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_named_pipe_tokenizer_is_named_not_missing(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path,
+                                                     tmp_path: Path) -> None:
+    """Issue 27: a named-pipe tokenizer.json was reported as "no tokenizer"."""
+    ckpt = shutil.copytree(tiny_gptj_dir, tmp_path / "ckpt")
+    _fifo(ckpt / "tokenizer.json")
+    result = ftx_cli("configure", str(ckpt), "--runtime", "python", "-o", str(tmp_path / "out"))
+    assert_clean_failure(result, "tokenizer.json is a named pipe")
+    nothing_half_written(ftx_home, tmp_path / "out")
+
+
+def test_a_huge_sparse_tokenizer_is_refused_before_it_is_copied(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path,
+                                                                tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27: a sparse tokenizer.json of gigabytes was copied whole into $TMPDIR (outside FTX_HOME) before
+    a JSON error; $TMPDIR here is a 16 MB tmpfs, which the old code filled (ENOSPC traceback)."""
+    import tempfile
+
+    from mounts import tmpfs
+
+    ckpt = shutil.copytree(tiny_gptj_dir, tmp_path / "ckpt")
+    with open(ckpt / "tokenizer.json", "r+b") as file:
+        file.truncate(3 << 30)
+    with tmpfs(tmp_path / "tmpdir", size="16m") as small:
+        monkeypatch.setattr(tempfile, "tempdir", str(small))
+        result = ftx_cli("configure", str(ckpt), "--runtime", "python", "-o", str(tmp_path / "out"))
+        assert not any(small.iterdir())
+    assert_clean_failure(result, "tokenizer.json", f"{3 << 30} bytes", "larger than any tokenizer")
+    nothing_half_written(ftx_home, tmp_path / "out")
+
+
+def test_nan_and_inf_weights_are_said_at_conversion_and_at_every_run(ftx_cli, tiny_gptj_dir: Path,
+                                                                     tmp_path: Path) -> None:
+    """Issue 27: NaN/Inf weights converted without a word, and the served model then blamed its clients."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    ckpt = shutil.copytree(tiny_gptj_dir, tmp_path / "ckpt")
+    tensors = load_file(ckpt / "model.safetensors")
+    tensors["lm_head.weight"][0, 0] = np.nan
+    tensors["transformer.ln_f.weight"][1] = np.inf
+    save_file(tensors, ckpt / "model.safetensors")
+    first = ftx_cli("run", str(ckpt), "--until", "convert")
+    assert first.exit_code == 0, first.stderr
+    assert "convert.non_finite" in first.stderr and "model.lm_head.weight" in first.stderr
+    again = ftx_cli("--log-format", "json", "run", str(ckpt), "--until", "convert")
+    assert again.exit_code == 0 and '"event": "cache.hit"' in again.stderr
+    for result in (first, again):
+        assert "NaN or Inf values in 2 tensor(s)" in result.stderr, result.stderr
+    clean = ftx_cli("run", str(tiny_gptj_dir), "--until", "convert")
+    assert clean.exit_code == 0 and "NaN" not in clean.stderr
+
+
+def test_a_nearly_full_home_is_refused_before_the_built_in_model_is_built(ftx_cli, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27: with 1 MB free, building the built-in model died with a SafetensorError traceback (ENOSPC)
+    and left its half-built directory; the free-space check now comes first. A real 1 MiB tmpfs."""
+    from mounts import tmpfs
+
+    with tmpfs(tmp_path / "full", size="1m") as home:
+        monkeypatch.setenv("FTX_HOME", str(home))
+        result = ftx_cli("run", "tiny-gptj", "--runtime", "python", "--until", "configure")
+        leftovers = [p.name for p in home.rglob("*") if p.is_file() and not p.name.endswith(".lock")]
+    assert_clean_failure(result, "building the built-in tiny-gptj model needs about", "free", "FTX_HOME")
+    assert leftovers == []
+
+
+def test_a_nearly_full_home_is_refused_before_the_python_backend_is_installed(tmp_path: Path) -> None:
+    """Issue 27: with 5 MB free (here a 1 MiB tmpfs), copying the python backend into the home died with a
+    shutil.Error traceback after a partial copy; the free-space check now comes first."""
+    from ftx_triton.errors import ResourceError
+    from ftx_triton.server.install import find_tritonserver, prepare_backends
+    from mounts import tmpfs
+
+    with tmpfs(tmp_path / "full", size="1m") as home:
+        with pytest.raises(ResourceError, match="installing the python backend needs about") as err:
+            prepare_backends(find_tritonserver(), home)
+        assert "FTX_HOME" in (err.value.hint or "")
+        assert not [p for p in home.rglob("*") if p.is_file()]

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fetch_helpers import BytesRoute, LocalServer, checkpoint_entries, sha256, write_archive
+from fetch_helpers import BytesRoute, Entry, LocalServer, checkpoint_entries, sha256, write_archive
 from hub_fake import DEV, MAIN, REPO, FakeHub
 
 
@@ -89,3 +89,28 @@ def test_hf_source_is_pinned_filtered_and_converted(ftx_cli, ftx_home: Path, hub
     meta = json.loads((fetch_dir / "ftx-artifact.json").read_text())
     assert meta["inputs"]["revision"] == DEV
     assert meta["result"]["origin"] == {"kind": "hf", "repo": REPO, "commit": DEV}
+
+
+def test_refused_download_leaves_nothing_in_downloads(ftx_cli, ftx_home: Path, tmp_path: Path) -> None:
+    """Issue 27: a downloaded archive ftx refuses (here: a member with an escape sequence) stayed in
+    downloads/ for a week with its .lock file; now both go with the refusal."""
+    archive = write_archive(tmp_path / "bad.tar.gz", [Entry("m/\x1b[31mconfig.json", b"{}")])
+    with LocalServer() as server:
+        server.serve_bytes("/bad.tar.gz", archive.read_bytes())
+        result = ftx_cli("pull", server.url("/bad.tar.gz"))
+    assert result.exit_code == 1 and "control or bidi-override" in result.stderr, result.stderr
+    assert "\x1b" not in result.stderr
+    downloads = ftx_home / "downloads"
+    assert not downloads.exists() or [p for p in downloads.rglob("*") if not p.is_dir()] == []
+
+
+@pytest.mark.parametrize("path", ["/models/..", "/models/x.bin"])
+def test_url_naming_no_archive_is_refused_before_downloading(ftx_cli, ftx_home: Path, path: str) -> None:
+    """Issue 27: these were downloaded whole (or crashed with a traceback) before being refused."""
+    with LocalServer() as server:
+        server.serve_bytes(path, b"x" * 1000)
+        result = ftx_cli("pull", server.base_url + path)
+        assert not server.seen("GET") and not server.seen("HEAD")
+    assert result.exit_code != 0 and "Traceback" not in result.stderr
+    assert "error:" in result.stderr and "hint:" in result.stderr
+    assert not (ftx_home / "downloads").exists() or not any((ftx_home / "downloads").rglob("*"))

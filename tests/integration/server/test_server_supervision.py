@@ -141,6 +141,62 @@ def test_ftx_ps_reports_a_detached_server_whose_stub_died_as_dead(tmp_path: Path
     assert process_gone(server.pid)
 
 
+BUSY_PY = """
+import time
+from pathlib import Path
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        Path(__file__).parents[1].joinpath("executing").touch()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # a long generation: the stub does not look up for 2 minutes
+            sum(range(10000))
+        return []
+"""
+
+
+def _post_busy(url: str) -> None:
+    import contextlib
+
+    with contextlib.suppress(Exception):  # the server dies under it
+        infer_http(url, "busy")
+
+
+def test_ftx_stop_ends_what_a_sigkilled_supervisor_left_running(tmp_path: Path) -> None:
+    """Issue 27: SIGKILL of a detached server's supervisor left tritonserver and the model's stubs running;
+    `ftx stop` then only removed the record. It now ends every process of that server (found by its
+    random shared-memory prefix, which each of them carries) and frees its shared memory."""
+    import threading
+
+    from ftx_triton.server.process_tree import processes_of
+    from ftx_triton.server.records import stop_server
+
+    home = tmp_path / "home"
+    repo = tmp_path / "repo"
+    python_model(repo, "busy", BUSY_PY)
+    server = TritonServer(repo, home=home, name="orphaned", die_with_parent=False)
+    server.start()
+    prefix, supervisor = server.shm_prefix, server.pid
+    try:
+        server.detach()
+        assert supervisor is not None and len(processes_of(prefix)) >= 2  # supervisor, tritonserver, stubs
+        threading.Thread(target=lambda: _post_busy(server.http_url), daemon=True).start()
+        assert _eventually(lambda: (tmp_path / "repo" / "busy" / "executing").exists())  # the model is busy
+        os.kill(supervisor, signal.SIGKILL)
+        server._proc.wait(timeout=10)  # type: ignore[union-attr]  # reap it: this test started it
+        left = processes_of(prefix)
+        assert left, "nothing survived the supervisor's SIGKILL: the case this test is about did not happen"
+        assert not list_servers(home)[0].alive
+        stopped = stop_server(home, "orphaned")
+        assert [r.name for r in stopped] == ["orphaned"]
+        assert processes_of(prefix) == []  # ended by the stop itself, not left to die (or not) later
+        assert _own_shm(prefix) == [] and list_servers(home) == []
+    finally:
+        for process in processes_of(prefix):
+            process.kill()
+
+
 # --------------------------------------------------------------------------- ftx killed mid-start (#14.6)
 
 STARTER = """

@@ -294,3 +294,49 @@ def test_pull_of_a_chained_symlink_zip_writes_nothing_outside(ftx_cli, ftx_home:
     assert ran.exit_code == 1 and "x1/x2/x3/x4/x5/l/esc" in ran.stderr, ran.stderr
     assert_nothing_escaped(tmp_path)
     assert [p.name for p in (ftx_home / "store").glob("fetch/*")] == []
+
+
+# --- names a file system or a terminal cannot take, encrypted members (issue 27) -------------------
+
+DEEP_DIRS = ["/".join(["d"] * n) for n in range(1, 3001)]
+HOSTILE_NAMES = {
+    "thousands-of-nested-dirs": ([Entry(d, kind="dir") for d in DEEP_DIRS] + [Entry(DEEP_DIRS[-1] + "/w", b"x")],
+                                 "directories deep"),
+    "300-character-name": ([Entry("m/" + "n" * 300, b"x")], "path component of 300 bytes"),
+    "escape-sequence": ([Entry("m/\x1b[2Jconfig.json", b"{}")], "control or bidi-override"),
+    "bidi-override": ([Entry("m/model\u202enosj.bin", b"x")], "control or bidi-override"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_NAMES))
+@pytest.mark.parametrize("suffix", [".tar.gz", ".zip"])
+def test_member_names_no_file_system_or_terminal_takes_are_refused(tmp_path: Path, case: str, suffix: str) -> None:
+    """Issue 27: thousands of nested directories crashed extraction (RecursionError while removing the
+    staging tree, which stayed behind); a 300-character name said "make … writable"; escape sequences
+    and bidi overrides were extracted silently and printed raw."""
+    entries, reason = HOSTILE_NAMES[case]
+    archive = write_archive(tmp_path / f"bad{suffix}", entries)
+    with pytest.raises(SourceError) as err:
+        safe_extract(archive, tmp_path / "out", progress=False)
+    assert reason in err.value.message
+    assert err.value.message.isprintable() and "\u202e" not in err.value.message
+    assert "writable" not in err.value.hint
+    assert_nothing_left(tmp_path / "out")
+    assert [p.name for p in tmp_path.iterdir()] == [archive.name]
+
+
+def test_encrypted_zip_member_is_a_clear_error(tmp_path: Path) -> None:
+    """Issue 27: a member with the zip encryption flag crashed with RuntimeError ("password required")."""
+    import zipfile
+
+    raw = bytearray(zip_bytes([Entry("m/config.json", b"{}")]))
+    for signature, flag_at in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):  # local header, central directory
+        at = raw.index(signature) + flag_at
+        raw[at] |= 0x1  # "encrypted"; zipfile writes no encrypted members itself
+    archive = tmp_path / "locked.zip"
+    archive.write_bytes(bytes(raw))
+    assert zipfile.ZipFile(archive).infolist()[0].flag_bits & 0x1
+    with pytest.raises(SourceError, match="'m/config.json' is encrypted") as err:
+        safe_extract(archive, tmp_path / "out", progress=False)
+    assert "password-protected" in err.value.hint
+    assert_nothing_left(tmp_path / "out")

@@ -261,6 +261,18 @@ def test_parse_urls_paths_and_presets(tmp_path: Path) -> None:
         ("https://h/x.tar", {"revision": "main"}, "only applies to hf://", "--sha256"),
         ("gptj-slim", {"presets": PRESETS, "revision": "main"}, "no revisions", "--revision"),
         ("https://", {}, "no host", "https://HOST"),
+        # issue 27: these downloaded (or crashed) before being refused; now refused before any download
+        ("https://h/models/..", {}, "names no file", ".tar.zstd"),
+        ("https://h/models/.", {}, "names no file", ".tar.zstd"),
+        ("https://h/models/%2e%2e", {}, "names no file", ".tar.zstd"),
+        ("https://h/models/", {}, "names no file", ".tar.zstd"),
+        ("https://h/" + "a" * 300 + ".tar.gz", {}, "longer than a file name may be", ".tar.zstd"),
+        ("https://h/weights.bin", {}, "does not name an archive", ".tar.zstd"),
+        # issue 27: ids the Hub's own validator refuses passed ftx's check
+        ("hf://a/..", {}, "invalid Hugging Face repository", "hf://ORG/NAME"),
+        ("hf://./.", {}, "invalid Hugging Face repository", "hf://ORG/NAME"),
+        ("hf://a/b.", {}, "invalid Hugging Face repository", "hf://ORG/NAME"),
+        ("hf://a/" + "b" * 97, {}, "invalid Hugging Face repository", "hf://ORG/NAME"),
     ],
 )
 def test_parse_errors_say_what_to_do(text: str, kwargs: dict, message: str, hint: str) -> None:

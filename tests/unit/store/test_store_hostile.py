@@ -178,3 +178,38 @@ def test_provenance_text_reaches_the_terminal_printable_and_future_times_are_now
     table = ftx_cli("ls")
     assert table.exit_code == 0 and "\x1b" not in table.stdout and "evil?]0;pwned??[2J" in table.stdout
     assert "0s ago" in table.stdout and "-" not in table.stdout.split("fetch", 1)[1].split("\n", 1)[0]
+
+
+def _deep_tree(root: Path, depth: int) -> None:
+    """``root/d/d/…/d/w`` ``depth`` directories deep, made through directory fds (the path is too long)."""
+    root.mkdir(parents=True)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        child = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    os.close(os.open("w", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+    os.close(fd)
+
+
+def test_a_tree_thousands_of_directories_deep_is_removed_by_prune(ftx_cli, ftx_home: Path) -> None:
+    """Issue 27: an archive of thousands of nested directories (which extraction now refuses) left its tree
+    in store/.tmp, and every later `ftx prune` crashed on it with RecursionError (shutil.rmtree and os.walk
+    recurse once per level on Python 3.11). Removal and measuring now walk with an explicit stack."""
+    from ftx_triton.io.trees import remove_tree, tree_size
+
+    leftover = ftx_home / "store" / ".tmp" / "fetch-0a1b-999999999-x"
+    other = ftx_home / "elsewhere"
+    try:
+        _deep_tree(leftover, 3000)
+        result = ftx_cli("prune", "--unused")
+        assert result.exit_code == 0 and result.exception is None, (result.stderr, result.exception)
+        assert "removed leftover" in result.stdout + result.stderr and not leftover.exists()
+        _deep_tree(other, 2500)
+        assert tree_size(other) == 0
+        remove_tree(other)
+        assert not other.exists()
+    finally:  # pytest's own clean-up of tmp_path would hit the same RecursionError
+        remove_tree(leftover)
+        remove_tree(other)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +64,13 @@ def model_from_manifest(model: str | None, opts: dict[str, Any]) -> str:
     ctx = click.get_current_context()
     locked = {**manifest.settings, **{k: manifest.model.get(k) for k in ("revision", "family", "sha256")}}
     params = {p.name: p for p in ctx.command.params}
-    if unknown := sorted(k for k in manifest.settings if k not in ctx.params and k not in opts):
+    if unknown := sorted(k for k in manifest.settings if k not in opts):  # opts: the deployment's options
         import difflib
 
-        close = difflib.get_close_matches(unknown[0], [k for k in params if k], n=1)
+        if unknown[0] in _NOT_SETTINGS:
+            raise ConfigError(f"{manifest.path}: [settings] {unknown[0]!r} is no setting of the deployment",
+                              hint=_NOT_SETTINGS[unknown[0]])
+        close = difflib.get_close_matches(unknown[0], [k for k in opts if k], n=1)
         raise ConfigError(f"{manifest.path}: [settings] {unknown[0]!r} is no setting of `ftx run`"
                           + (f" (did you mean {close[0]!r}?)" if close else ""),
                           hint="the keys are `ftx run` option names with _ for - (see `ftx run --help`); "
@@ -78,10 +82,58 @@ def model_from_manifest(model: str | None, opts: dict[str, Any]) -> str:
             value = locked_value(ctx, params[key], value, manifest.path)
         source = ctx.get_parameter_source(key)
         if source in (None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP):
+            if key in _EXPOSING and not is_loopback(str(value)):
+                option = "/".join(params[key].opts)
+                raise ConfigError(f"{manifest.path}: [settings] {key} = {value!r} would expose the server beyond "
+                                  "this machine; a file from a repository cannot widen exposure on its own",
+                                  hint=f"pass {option} {value} on the command line to mean it (or remove the line "
+                                       "to serve on 127.0.0.1)")
             opts[key] = tuple(value) if isinstance(value, list) else value
             if key == "runtime":
                 opts["runtime_origin"] = manifest.path.name
     return str(manifest.model["source"])
+
+
+_NOT_SETTINGS = {
+    "model": 'the model goes in [model] as source = "…" (or give MODEL on the command line)',
+    "prompt": "ftx.toml describes the deployment, not one request: pass --prompt on the command line",
+    "max_tokens": "ftx.toml describes the deployment, not one request: pass --max-tokens on the command line",
+}
+"""``ftx run`` parameters that are no deployment setting, and where they go instead."""
+_EXPOSING = ("host", "openai_host")
+"""Settings whose non-loopback value opens endpoints to the network: only the command line may do that."""
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def _check_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--name``: what fits in a file name and a terminal (it names the server's log and record files)."""
+    if value is not None and not _NAME_RE.fullmatch(value):
+        raise click.BadParameter(f"{value[:80]!r} is not a name: use 1-64 letters, digits, '.', '_' or '-', "
+                                 "starting with a letter or digit")
+    return value
+
+
+def _refuse_taken_name(name: str) -> None:
+    """Refuse ``--name`` when a running server has it, before anything is fetched, built or started."""
+    from ftx_triton.server.records import list_servers
+
+    if any(record.alive and record.name == name for record in list_servers(ftx_home())):
+        raise ConfigError(f"a server named {name!r} is already running",
+                          hint=f"stop it (`ftx stop {name}`), or choose another --name")
 
 
 def locked_value(ctx: click.Context, param: click.Parameter, value: Any, path: Path) -> Any:
@@ -138,6 +190,10 @@ def _expected(param: click.Parameter) -> str:
          click.option("--grpc-port", type=PORT, help="gRPC port (default: Triton's 8001, or a free one when taken)."),
          click.option("--metrics-port", type=PORT, help="Metrics port (default: Triton's 8002, or a free one when taken)."),
          click.option("--detach", is_flag=True, help="Leave the server running (see `ftx ps`, `ftx stop`)."),
+         click.option("--name", callback=_check_name,
+                      help="The deployment's name in `ftx ps`/`ftx stop` (letters, digits, . _ -; at most 64); "
+                           "a name a running server has is refused before anything starts (default: from "
+                           "MODEL, numbered -2, -3 … when taken)."),
          click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
                       help="Python runtime device."),
          click.option("--tune/--no-tune", default=True, show_default=True,
@@ -165,6 +221,8 @@ def run(model: str | None, prompt: str | None, max_tokens: int, **opts: Any) -> 
         from ftx_triton.server.ports import check_host
 
         check_host(settings.serve.openai_host, option="--openai-host")
+    if settings.serve.name and not settings.dry_run:
+        _refuse_taken_name(settings.serve.name)
     result = run_pipeline(settings)
     if settings.dry_run:
         return

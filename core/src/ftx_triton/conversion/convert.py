@@ -48,6 +48,8 @@ class ConversionResult:
     """Time the converter spent reading source tensors."""
     stall_seconds: float = 0.0
     """Time it waited for the writer (a measure of write-bound conversion)."""
+    non_finite: tuple[str, ...] = ()
+    """FT tensors written with NaN or Inf values (from the source, or past the range of the weight dtype)."""
 
 
 def convert_checkpoint(
@@ -88,6 +90,7 @@ def convert_checkpoint(
     started = time.perf_counter()
     largest = max((reader.nbytes(n) for n in waiting), default=0)
     read_seconds = 0.0
+    non_finite: list[str] = []
     with BackgroundWriter(max_pending_bytes=max(256 << 20, largest), threads=writer_threads()) as writer:
         for name in names:
             if name not in waiting:
@@ -101,7 +104,12 @@ def convert_checkpoint(
                 remaining[id(job)] -= 1
                 if remaining[id(job)] == 0:
                     names_out = job.files(tp)
-                    writer.submit([target / n for n in names_out], _run_job(job, held, ctx), job.row.split)
+                    out = _run_job(job, held, ctx)
+                    if bad := non_finite_count(out):
+                        non_finite.append(job.dst)
+                        log.warning("convert.non_finite", tensor=job.dst, sources=list(job.sources), values=bad,
+                                    note="NaN or Inf weights: the model will answer with garbage or errors")
+                    writer.submit([target / n for n in names_out], out, job.row.split)
                     files.extend(names_out)
                     for source in job.sources:
                         if all(remaining[id(j)] == 0 for j in waiting[source]):
@@ -115,7 +123,20 @@ def convert_checkpoint(
     log.info("conversion.finished", family=family.name, tp=tp, weight_dtype=weight_dtype, files=len(files),
              bytes_written=written, duration_s=round(seconds, 3), read_s=round(read_seconds, 3),
              writer_stall_s=round(writer.stall_seconds, 3))
-    return ConversionResult(target, files, done_bytes, written, seconds, read_seconds, writer.stall_seconds)
+    return ConversionResult(target, files, done_bytes, written, seconds, read_seconds, writer.stall_seconds,
+                            tuple(non_finite))
+
+
+_FINITE_CHUNK = 1 << 24
+
+
+def non_finite_count(array: np.ndarray) -> int:
+    """How many NaN or Inf values ``array`` holds (checked in chunks: no mask of the whole tensor)."""
+    if not np.issubdtype(array.dtype, np.floating):
+        return 0
+    flat = array.reshape(-1)
+    return sum(int(flat[i:i + _FINITE_CHUNK].size - np.count_nonzero(np.isfinite(flat[i:i + _FINITE_CHUNK])))
+               for i in range(0, flat.size, _FINITE_CHUNK))
 
 
 def writer_threads() -> int | None:

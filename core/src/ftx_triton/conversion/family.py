@@ -289,18 +289,46 @@ def read_config_json(path: Path) -> dict[str, Any]:
         ) from None
 
 
+POSITION_KEYS = ("n_positions", "max_position_embeddings", "n_ctx", "max_sequence_length")
+"""config.json keys that give a decoder's context size (prompt + generated tokens)."""
+
+
+class _ConfigFloat(float):
+    """A float read from config.json: ``int()`` of it refuses a fraction (``n_layer: 2.5`` is not 2 layers)."""
+
+    def __int__(self) -> int:
+        if not self.is_integer():
+            raise ValueError(f"{float(self)!r} is not a whole number")
+        return super().__int__()
+
+
 class _ReadConfig(dict):
-    """A config dict that remembers the last key read, to name the value a family's ``spec`` choked on."""
+    """A config dict that remembers the last key read, to name the value a family's ``spec`` choked on;
+    its floats refuse to become ints with a fraction."""
 
     last: str | None = None
 
     def __getitem__(self, key: str) -> Any:
         self.last = key
-        return super().__getitem__(key)
+        return _strict(super().__getitem__(key))
 
     def get(self, key: str, default: Any = None) -> Any:
         self.last = key
-        return super().get(key, default)
+        return _strict(super().get(key, default))
+
+
+def _strict(value: Any) -> Any:
+    return _ConfigFloat(value) if type(value) is float else value
+
+
+def _check_positions(hf_config: Mapping[str, Any]) -> str | None:
+    """What is wrong with a context size the config gives (``n_positions: 0`` serves nothing), or None."""
+    for key in POSITION_KEYS:
+        if key in hf_config and hf_config[key] is not None:
+            value = hf_config[key]
+            if not _positive_int(value):
+                return f"{key} = {value!r} is not a positive whole number of positions"
+    return None
 
 
 _CONFIG_ERRORS = (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError, IndexError, OverflowError)
@@ -313,6 +341,10 @@ def _checked_spec(spec: Any) -> Any:
     def checked(self: Family, hf_config: Mapping[str, Any]) -> ModelSpec:
         config = _ReadConfig(hf_config)
         try:
+            if problem := _check_positions(hf_config):
+                raise CheckpointError(f"the model config (config.json) cannot be served: {problem}",
+                                      hint="fix config.json: the context size is the number of positions the "
+                                           "model was trained with (e.g. 2048)")
             return spec(self, config)
         except FtxError:
             raise

@@ -101,6 +101,11 @@ class Pipeline:
         if not self._wanted("convert"):
             return result
         checkpoint = result.checkpoint = self.stages.convert(family, source, result.spec)
+        if checkpoint.non_finite:
+            shown = ", ".join(checkpoint.non_finite[:3]) + (" …" if len(checkpoint.non_finite) > 3 else "")
+            self.say(f"warning: the converted weights hold NaN or Inf values in {len(checkpoint.non_finite)} "
+                     f"tensor(s) ({shown}); the model will answer with garbage or errors. Check the checkpoint "
+                     f"(or use --weight-dtype fp32 if its values overflow {checkpoint.weight_dtype})")
         if not self._wanted("tune"):
             return result
         runtime = self._choose_runtime(result)

@@ -2,7 +2,9 @@
 
 Every member is checked before it is written: no absolute path, no ``..`` component, no
 symlink or hard link pointing outside the target, no device, fifo or other special file, no
-name given twice (directories excepted). Members are written by :class:`_Writer`, which opens
+name given twice (directories excepted), no name a file system or a terminal cannot take (a
+component over 255 bytes, a path over 4095 bytes or :data:`MAX_DEPTH` directories deep, control
+or bidi-override characters), no encrypted zip member. Members are written by :class:`_Writer`, which opens
 every path one component at a time from the root with ``O_NOFOLLOW``: nothing is ever written
 through a symlink, including one the archive itself created a moment before. Written bytes are
 capped (a multiple of the archive's size, and the free space), so a decompression bomb stops
@@ -25,6 +27,7 @@ import stat
 import tarfile
 import tempfile
 import time
+import unicodedata
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator
@@ -53,6 +56,10 @@ MAX_RATIO = 50
 RATIO_FLOOR_BYTES = 32 << 20
 """Below this many extracted bytes the ratio is not checked (small, compressible config files)."""
 MAX_MEMBERS = 100_000
+MAX_DEPTH = 64
+"""Path components a member may have (a checkpoint needs a handful; thousands break removal)."""
+MAX_COMPONENT_BYTES = 255
+MAX_PATH_BYTES = 4095
 FREE_SPACE_RESERVE = 64 << 20
 """Left free on the destination's file system."""
 _CORRUPT_ERRORS = (
@@ -78,8 +85,9 @@ _FILE_MODE = 0o644
 class _Unsafe(Exception):
     """A member that must not be extracted."""
 
-    def __init__(self, member: str, reason: str) -> None:
+    def __init__(self, member: str, reason: str, hint: str | None = None) -> None:
         super().__init__(f"member {member!r} {reason}")
+        self.hint = hint
 
 
 class _TooBig(Exception):
@@ -93,6 +101,11 @@ def archive_format(path: Path) -> str | None:
         if name.endswith(suffixes):
             return fmt
     return None
+
+
+def supported_suffixes() -> list[str]:
+    """Every archive file-name suffix :func:`safe_extract` accepts."""
+    return [s for suffixes in _FORMATS.values() for s in suffixes]
 
 
 def is_archive(path: Path) -> bool:
@@ -131,7 +144,7 @@ def safe_extract(archive: Path, dest: Path, *, progress: bool = True, max_bytes:
                     _extract_tar(archive, writer, bar, zstd=fmt == "tar.zst")
             _check_links_inside(tmp)
         except _Unsafe as exc:
-            raise SourceError(f"refusing to extract {archive.name}: {exc}", hint=_UNSAFE_HINT) from exc
+            raise SourceError(f"refusing to extract {archive.name}: {exc}", hint=exc.hint or _UNSAFE_HINT) from exc
         except _TooBig as exc:
             raise SourceError(f"refusing to extract {archive.name}: {exc}", hint=_BOMB_HINT) from exc
         except _CORRUPT_ERRORS as exc:
@@ -149,7 +162,7 @@ def safe_extract(archive: Path, dest: Path, *, progress: bool = True, max_bytes:
 def _check_inputs(archive: Path, dest: Path) -> str:
     fmt = archive_format(archive)
     if fmt is None:
-        accepted = ", ".join(s for suffixes in _FORMATS.values() for s in suffixes)
+        accepted = ", ".join(supported_suffixes())
         raise SourceError(f"{archive.name} is not a supported archive", hint=f"accepted: {accepted}")
     if not archive.is_file():
         raise SourceError(f"archive {archive} does not exist", hint="check the path")
@@ -205,6 +218,15 @@ def _member_parts(name: str) -> tuple[str, ...]:
         raise _Unsafe(name, "has a '..' path component")
     if any("\0" in p for p in parts):
         raise _Unsafe(name, "has a NUL byte in its name")
+    if any(unicodedata.category(ch) in ("Cc", "Cf") for ch in name):
+        raise _Unsafe(name, "has a control or bidi-override character in its name (shown escaped here)")
+    if len(parts) > MAX_DEPTH:
+        raise _Unsafe(name, f"is {len(parts)} directories deep (at most {MAX_DEPTH})")
+    if len(os.fsencode(norm)) > MAX_PATH_BYTES:
+        raise _Unsafe(name, f"has a path longer than {MAX_PATH_BYTES} bytes")
+    if long := next((p for p in parts if len(os.fsencode(p)) > MAX_COMPONENT_BYTES), None):
+        raise _Unsafe(name, f"has a path component of {len(os.fsencode(long))} bytes "
+                            f"(file systems take at most {MAX_COMPONENT_BYTES})")
     return parts
 
 
@@ -406,6 +428,9 @@ def _extract_zip(archive: Path, writer: _Writer, bar: ByteProgress) -> None:
         members = [(info, _zip_kind(info), _member_parts(info.filename)) for info in zf.infolist()]
         seen: set[tuple[str, ...]] = set()
         for info, kind, parts in members:
+            if info.flag_bits & 0x1:
+                raise _Unsafe(info.filename, "is encrypted", hint="ftx does not extract password-protected "
+                              "archives: extract it yourself and pass the directory as the model source")
             if kind == "special":
                 raise _Unsafe(info.filename, "is a device, fifo or other special file")
             if kind != "dir" and parts in seen:

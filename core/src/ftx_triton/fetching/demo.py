@@ -47,6 +47,10 @@ def _marker_ok(path: Path) -> bool:
     return all((path / name).is_file() for name in marker.get("files", {}))
 
 
+DEMO_DISK_BYTES = 16 << 20
+"""Room the build needs: the checkpoint (about 2 MB) built beside its final place, with headroom."""
+
+
 def ensure_demo_checkpoint(home: Path) -> Path:
     """The built-in tiny GPT-J under ``<home>/builtin/tiny-gptj``, built on first use."""
     from ftx_triton.io.atomic import lock_for, publish_dir
@@ -55,8 +59,10 @@ def ensure_demo_checkpoint(home: Path) -> Path:
     if _marker_ok(target):
         return target
     from ftx_triton.io.atomic import announced
+    from ftx_triton.plan.resources import require_disk
     from ftx_triton.terminal.console import status
 
+    require_disk(target.parent, DEMO_DISK_BYTES, f"building the built-in {DEMO_NAME} model")
     with announced(lock_for(target), f"building the built-in {DEMO_NAME} model"):
         if _marker_ok(target):  # another process built it while we waited
             return target

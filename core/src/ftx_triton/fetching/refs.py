@@ -15,12 +15,13 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from urllib.error import URLError
-from urllib.parse import SplitResult, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 from urllib.request import Request, url2pathname, urlopen
 
 import structlog
 
 from ftx_triton.errors import SourceError
+from ftx_triton.fetching.archive import archive_format, supported_suffixes
 from ftx_triton.fetching.hub import check_revision, resolve_commit
 from ftx_triton.fetching.integrity import normalize_sha256
 from ftx_triton.plan.artifacts import SourceRef
@@ -82,9 +83,9 @@ def _split_url(text: str) -> SplitResult:
 def _parse_hf(body: str, revision: str | None) -> SourceRef:
     repo_id, _, inline_rev = body.partition("@")
     repo_id = repo_id.strip("/")
-    if not _REPO_ID_RE.match(repo_id):
+    if not _REPO_ID_RE.match(repo_id) or (why := _hub_rejects(repo_id)):
         raise SourceError(
-            f"invalid Hugging Face repository {repo_id!r}",
+            f"invalid Hugging Face repository {repo_id!r}" + (f": {why}" if _REPO_ID_RE.match(repo_id) else ""),
             hint="write hf://ORG/NAME or hf://ORG/NAME@REVISION, e.g. hf://EleutherAI/gpt-j-6b@main",
         )
     for given in (inline_rev, revision):
@@ -98,10 +99,43 @@ def _parse_hf(body: str, revision: str | None) -> SourceRef:
     return SourceRef(kind="hf", uri=f"hf://{repo_id}", revision=inline_rev or revision or None)
 
 
+def _hub_rejects(repo_id: str) -> str | None:
+    """Why the Hub would refuse ``repo_id`` (its own validator: ``..``, ``--``, a leading or trailing
+    ``.``/``-``, a name over 96 characters), or None."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as exc:
+        return str(exc).split("\n")[0].rstrip(".")
+    return None
+
+
 def _parse_http(text: str) -> SourceRef:
     if not urlsplit(text).hostname:
         raise SourceError(f"invalid URL {redact_url(text)!r}: no host", hint="write https://HOST/PATH")
+    download_name(text)  # refused here, before anything is downloaded
     return SourceRef(kind="url", uri=text)
+
+
+def download_name(url: str) -> str:
+    """The file name a downloaded ``url`` is kept under: its last path segment, which must name an archive.
+
+    Raises :class:`SourceError` for a segment that is empty, ``.``, ``..``, holds a slash, is over 255
+    bytes (no file system takes it) or does not end in an archive suffix (only archives are extracted).
+    """
+    raw = urlsplit(url).path.rsplit("/", 1)[-1]
+    name = unquote(raw)
+    hint = f"give the URL of an archive whose last path segment ends in {', '.join(supported_suffixes())}"
+    shown = redact_url(url)
+    if name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise SourceError(f"the URL {shown!r} names no file (its last path segment is {name!r})", hint=hint)
+    if len(os.fsencode(raw)) > 255:
+        raise SourceError(f"the URL {shown[:120]!r}… has a last path segment of {len(os.fsencode(raw))} bytes, "
+                          "longer than a file name may be (255)", hint=hint)
+    if archive_format(Path(raw)) is None:
+        raise SourceError(f"the URL {shown!r} does not name an archive ({name!r})", hint=hint)
+    return raw
 
 
 def _parse_path(path: Path, text: str) -> SourceRef:

@@ -13,12 +13,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import filelock
+
+from ftx_triton.io.trees import remove_tree
 
 
 def _siblings(final: Path, kind: str) -> list[Path]:
@@ -63,7 +64,7 @@ def recover(final: Path) -> None:
         os.replace(olds[-1], final)
         olds = olds[:-1]
     for stale in [*olds, *_siblings(final, "tmp")]:
-        shutil.rmtree(stale, ignore_errors=True)
+        remove_tree(stale)
 
 
 @contextlib.contextmanager
@@ -85,7 +86,7 @@ def publish_dir(final: Path, *, replace: bool = False, locked: bool = True,
             yield tmp
             swap_in(tmp, final, replace)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_tree(tmp)
             raise
 
 
@@ -99,7 +100,7 @@ def swap_in(tmp: Path, final: Path, replace: bool) -> None:
         old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
         os.replace(final, old)
         os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+        remove_tree(old)
     else:
         os.replace(tmp, final)
 

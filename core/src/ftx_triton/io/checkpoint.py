@@ -115,6 +115,29 @@ def _check_entry(path: Path, name: str, entry: object, data_len: int) -> None:
         raise bad(f"spans {end - begin} bytes but its shape {shape} of {dtype} needs {expected}")
 
 
+class _DuplicateKey(ValueError):
+    """A JSON object names one key twice (the safetensors format forbids it)."""
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(f"its header names {key!r} twice")
+        seen[key] = value
+    return seen
+
+
+def _check_no_overlap(path: Path, header: dict[str, Any]) -> None:
+    """Refuse tensors whose data ranges overlap (the format forbids it: one byte would belong to two tensors)."""
+    spans = sorted((entry["data_offsets"][0], entry["data_offsets"][1], name) for name, entry in header.items()
+                   if entry["data_offsets"][1] > entry["data_offsets"][0])
+    for (_, end, first), (begin, _, second) in zip(spans, spans[1:], strict=False):
+        if begin < end:
+            raise CheckpointError(f"{path}: tensors {first} and {second} share bytes of data "
+                                  f"({first} ends at {end}, {second} begins at {begin})", hint=_CORRUPT_HINT)
+
+
 def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
@@ -130,7 +153,7 @@ class SafetensorsFile:
             (header_len,) = struct.unpack("<Q", self._file.read(8))
             if header_len > size - 8:
                 raise ValueError("header length beyond end of file")
-            header = json.loads(self._file.read(header_len))
+            header = json.loads(self._file.read(header_len), object_pairs_hook=_no_duplicate_keys)
         except (OSError, ValueError, RecursionError, struct.error) as exc:
             raise CheckpointError(
                 f"{path} is not a readable safetensors file ({exc})",
@@ -144,6 +167,7 @@ class SafetensorsFile:
             header.pop("__metadata__", None)
             for name, entry in header.items():
                 _check_entry(path, name, entry, size - self._base)
+            _check_no_overlap(path, header)
         except CheckpointError:
             self._file.close()
             raise

@@ -57,6 +57,8 @@ class Checkpoint:
     tensor_parallel: int
     weight_dtype: str
     family: str
+    non_finite: tuple[str, ...] = ()
+    """FT tensors holding NaN or Inf values (said at every run that serves it)."""
 
 
 @dataclass(frozen=True)

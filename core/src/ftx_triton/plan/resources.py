@@ -165,6 +165,19 @@ def estimate(family: Any, spec: Any, *, source: str | None, weight_dtype: str, c
     )
 
 
+def require_disk(directory: Path, needed: int, what: str) -> None:
+    """Refuse to write ``what`` (about ``needed`` bytes) under ``directory`` (or its nearest existing parent)
+    when its file system has less free: checked before the first byte, not discovered as ENOSPC halfway."""
+    existing = Path(directory)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free
+    if free < needed:
+        raise ResourceError(f"{what} needs about {human_bytes(needed)} at {directory}, but only "
+                            f"{human_bytes(free)} are free there",
+                            hint="free space on that file system, or set FTX_HOME to a directory with more room")
+
+
 def refuse(problems: list[str], what: str) -> ResourceError:
     """The error for a run that would not fit."""
     return ResourceError(f"{what} would not fit on this machine: " + "; ".join(problems),
@@ -173,4 +186,4 @@ def refuse(problems: list[str], what: str) -> ResourceError:
 
 
 __all__ = ["Estimate", "ResourceError", "config_dtype", "default_weight_dtype", "estimate", "human_bytes",
-           "parameter_count", "refuse", "source_dtype", "stored_dtype"]
+           "parameter_count", "refuse", "require_disk", "source_dtype", "stored_dtype"]

@@ -88,6 +88,8 @@ class ServeSettings:
     """Start the OpenAI-compatible endpoint beside the server (``ftx run``)."""
     openai_host: str = "127.0.0.1"
     openai_port: int | None = None
+    name: str | None = None
+    """The deployment's name (``ftx ps``/``ftx stop``); None: from the model, numbered when taken."""
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from ftx_triton.conversion.family import POSITION_KEYS
 from ftx_triton.errors import ConfigError, FtxError
 from ftx_triton.io.ftformat import gpu_dir_name
 from ftx_triton.repository.io import IO_KINDS, TensorDecl, ft_outputs
@@ -35,7 +36,6 @@ Upstream's samples say 1024. Memory stays bounded because the batch only caps wh
 batcher may combine: FasterTransformer sizes its buffers per executed batch, and the python
 runtime runs a batch as ``generate`` calls of at most ``FTX_MAX_BATCH_TOKENS`` tokens each.
 """
-POSITION_KEYS = ("n_positions", "max_position_embeddings", "n_ctx", "max_sequence_length")
 """config.json keys that hold a decoder's context size (prompt + generated tokens)."""
 
 

@@ -18,6 +18,7 @@ single file is written; :func:`write_repository` writes; :func:`verify_repositor
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
@@ -30,6 +31,8 @@ import structlog
 from ftx_triton.conversion.family import Family, ModelSpec
 from ftx_triton.errors import CheckpointError, ConfigError
 from ftx_triton.io.ftformat import gpu_dir_name, read_ini
+from ftx_triton.io.jsonfile import MAX_JSON_BYTES
+from ftx_triton.io.regular import open_regular
 from ftx_triton.repository import textproc
 from ftx_triton.repository.ensemble import (
     ENSEMBLE_NAME,
@@ -110,7 +113,9 @@ def collect_tokenizer_files(path: Path, family: Family) -> dict[str, Path]:
         return {name: path}
     if not path.is_dir():
         return {}
-    files = {name: path / name for name in family.tokenizer_files if (path / name).is_file()}
+    # exists(), not is_file(): a named pipe or device under a tokenizer's name is refused by name later,
+    # not reported as "no tokenizer"
+    files = {name: path / name for name in family.tokenizer_files if (path / name).exists()}
     if textproc.SPIECE_FILE not in files:
         models = sorted(p for p in path.glob("*.model") if p.is_file())
         if len(models) == 1:
@@ -126,10 +131,12 @@ def plan_tokenizer(path: Path | None, family: Family, spec: ModelSpec, *, explic
     if path is None:
         raise ConfigError(f"no tokenizer: the source of this {family.name} model is unknown", hint=hint)
     files = collect_tokenizer_files(path, family)
+    for src in files.values():
+        _check_tokenizer_file(src)
     with tempfile.TemporaryDirectory(prefix="ftx-tokenizer-") as tmp:
         staged = Path(tmp)
-        for name, src in files.items():
-            shutil.copyfile(src, staged / name)
+        for name, src in files.items():  # linked, not copied: nothing of a checkpoint's size lands in $TMPDIR
+            (staged / name).symlink_to(src.resolve())
         kind = _tokenizer_kind(staged, family)
         if kind is None:
             found = ", ".join(sorted(files)) or "no tokenizer files"
@@ -169,6 +176,16 @@ def plan_tokenizer(path: Path | None, family: Family, spec: ModelSpec, *, explic
             raise ConfigError(f"{what} {value} is outside the model's vocabulary of {vocab}")
     return TokenizerPlan(kind=kind, files=files, origin=Path(path), start_id=spec.start_id, end_id=spec.end_id,
                          pad_id=pad_id, vocab_size=codec.vocab_size)
+
+
+def _check_tokenizer_file(path: Path) -> None:
+    """Refuse a tokenizer file that is no regular file (a named pipe would block the read forever) or is
+    larger than any tokenizer (a sparse file of gigabytes), before a byte of it is read."""
+    with open_regular(path) as file:
+        size = os.fstat(file.fileno()).st_size
+    if size > MAX_JSON_BYTES:
+        raise ConfigError(f"the tokenizer file {path} is {size} bytes, larger than any tokenizer "
+                          f"({MAX_JSON_BYTES} at most)", hint="pass --tokenizer with the model's own tokenizer files")
 
 
 def _tokenizer_kind(directory: Path, family: Family) -> str | None:

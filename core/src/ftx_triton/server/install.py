@@ -116,6 +116,10 @@ def prepare_backends(install: TritonInstall, home: Path) -> Path:
     stamp = _stamp(install)
     if _read_stamp(target) == stamp:
         return target
+    from ftx_triton.plan.resources import require_disk
+
+    require_disk(parent, _tree_bytes(install.backends) + install.stub.stat().st_size + BACKENDS_MARGIN_BYTES,
+                 "installing the python backend")
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=parent))
     try:
         shutil.copytree(install.backends, tmp, dirs_exist_ok=True)
@@ -139,6 +143,14 @@ def prepare_backends(install: TritonInstall, home: Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         for old in parent.glob(f".{target.name}-old-*"):
             shutil.rmtree(old, ignore_errors=True)
+
+
+BACKENDS_MARGIN_BYTES = 4 << 20
+
+
+def _tree_bytes(root: Path) -> int:
+    """Bytes of the regular files under ``root`` (links not followed)."""
+    return sum(os.lstat(os.path.join(d, f)).st_size for d, _, files in os.walk(root) for f in files)
 
 
 def _join_paths(*parts: str | None) -> str:

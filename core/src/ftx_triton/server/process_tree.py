@@ -79,6 +79,36 @@ def terminate_group(pid: int, start_ticks: int | None, grace_s: float) -> None:
     killpg(pid, signal.SIGKILL)  # stubs left behind by a killed server
 
 
+def processes_of(prefix: str) -> list[psutil.Process]:
+    """The live processes of the server whose shared-memory prefix is ``prefix`` (tritonserver and its
+    stubs carry it on their command lines; it is random per server, so nothing else matches)."""
+    if not prefix.startswith(FTX_SHM_PREFIX) or prefix == FTX_SHM_PREFIX:
+        raise ValueError(f"refusing to look for processes of other servers: {prefix!r}")
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if any(prefix in arg for arg in cmdline(process)) and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+    return found
+
+
+def end_processes_of(prefix: str, grace_s: float = 5.0) -> list[int]:
+    """SIGTERM, then after ``grace_s`` SIGKILL, what is left of a server whose supervisor is gone (killed
+    with SIGKILL, it could not end tritonserver and the model's stubs); return their pids."""
+    left = processes_of(prefix)
+    for process in left:
+        with contextlib.suppress(psutil.Error):
+            process.terminate()
+    _, alive_after = psutil.wait_procs(left, timeout=grace_s)
+    for process in alive_after:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(alive_after, timeout=5)
+    if left:
+        log.warning("server.leftovers_ended", pids=[p.pid for p in left], prefix=prefix)
+    return [p.pid for p in left]
+
+
 def remove_shm(prefix: str) -> list[Path]:
     """Delete Python-backend shared-memory regions whose names start with ``prefix``."""
     if not prefix.startswith(SHM_PREFIX) or prefix == SHM_PREFIX:

@@ -8,6 +8,7 @@ a malformed one is reported, never acted upon, and removed only by ``ftx stop NA
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -19,7 +20,15 @@ from ftx_triton.errors import CheckpointError, ServeError
 from ftx_triton.io.jsonfile import json_kind
 from ftx_triton.io.regular import TooLarge, read_regular
 from ftx_triton.server.ports import client_host
-from ftx_triton.server.process_tree import SHM_PREFIX, alive, reap, remove_shm, terminate_group
+from ftx_triton.server.process_tree import (
+    FTX_SHM_PREFIX,
+    SHM_PREFIX,
+    alive,
+    end_processes_of,
+    reap,
+    remove_shm,
+    terminate_group,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -221,6 +230,8 @@ def _stop_record(record: ServerRecord) -> None:
         terminate_group(record.pid, record.start_ticks, record.exit_timeout_s + 20)
     reap(record.pid)
     if record.shm_prefix.startswith(SHM_PREFIX + "ftx-"):
+        if re.fullmatch(rf"{re.escape(FTX_SHM_PREFIX)}[0-9a-f]{{12}}-", record.shm_prefix):
+            end_processes_of(record.shm_prefix)  # what a supervisor killed with SIGKILL left running
         remove_shm(record.shm_prefix)
     Path(record.state_file).unlink(missing_ok=True)
     log.info("server.stopped" if record.alive else "server.record_removed", name=record.name, pid=record.pid)

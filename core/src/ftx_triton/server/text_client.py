@@ -142,6 +142,8 @@ class HttpError(Exception):
         self.message = message
 
 
+_MAX_ANSWER_BYTES = 64 << 20
+"""The largest non-streamed answer read (a generated text is far smaller)."""
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # local servers: never via a proxy
 
 
@@ -173,9 +175,25 @@ class HttpTriton:
                              hint="start a server (`ftx run MODEL --detach`), check `ftx ps`, and pass the HTTP "
                                   "address `ftx run` printed with --url http://HOST:PORT") from None
 
+    def _json(self, path: str, body: Mapping[str, Any] | None, kind: type) -> Any:
+        """The answer to ``path`` as JSON of ``kind``; anything else is a ServeError saying this is no Triton."""
+        with self._open(path, body) as response:
+            raw = response.read(_MAX_ANSWER_BYTES + 1)
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, kind):
+            shown = raw[:60].decode("utf-8", "replace").encode("unicode_escape").decode("ascii")
+            raise ServeError(f"the server at {self.base} is not Triton's HTTP endpoint: {path} answered "
+                             f"{'more than 64 MiB' if len(raw) > _MAX_ANSWER_BYTES else repr(shown)}, "
+                             f"not a JSON {'object' if kind is dict else 'array'}",
+                             hint="pass the HTTP address `ftx run` printed (Triton's HTTP port, not its metrics "
+                                  "or OpenAI port) with --url http://HOST:PORT; `ftx ps` lists them")
+        return answer
+
     def get_json(self, path: str) -> Any:
-        with self._open(path) as response:
-            return json.loads(response.read())
+        return self._json(path, None, dict)
 
     # the two calls text_interface() makes, shaped like tritonclient's as_json answers
     def get_model_metadata(self, model: str, as_json: bool = True) -> Mapping[str, Any]:
@@ -186,14 +204,12 @@ class HttpTriton:
 
     def models(self) -> list[str]:
         """Names of the models the server has loaded (the repository index, READY only)."""
-        with self._open("/v2/repository/index", {}) as response:
-            index = json.loads(response.read())
-        return [m["name"] for m in index if m.get("state") == "READY"]
+        index = self._json("/v2/repository/index", {}, list)
+        return [str(m["name"]) for m in index if isinstance(m, dict) and m.get("state") == "READY" and "name" in m]
 
     def generate(self, iface: TextInterface, values: Mapping[str, Any]) -> str:
         """One ``/generate`` request; the model's text output."""
-        with self._open(f"/v2/models/{quote(iface.model, safe='')}/generate", iface.payload(values)) as response:
-            answer = json.loads(response.read())
+        answer = self._json(f"/v2/models/{quote(iface.model, safe='')}/generate", iface.payload(values), dict)
         return str(answer.get(iface.output, ""))
 
     def generate_stream(self, iface: TextInterface, values: Mapping[str, Any]) -> Iterator[str]:
@@ -203,7 +219,14 @@ class HttpTriton:
                 line = raw.decode("utf-8", "replace").strip()
                 if not line.startswith("data:"):
                     continue
-                event = json.loads(line[len("data:"):])
+                try:
+                    event = json.loads(line[len("data:"):])
+                except ValueError:
+                    event = None
+                if not isinstance(event, dict):
+                    raise ServeError(f"the server at {self.base} is not Triton's HTTP endpoint: its stream sent "
+                                     f"{line[:60]!r}, not a JSON event",
+                                     hint="pass the HTTP address `ftx run` printed with --url http://HOST:PORT")
                 if "error" in event:
                     raise HttpError(400, str(event["error"]))
                 yield str(event.get(iface.output, ""))

@@ -90,8 +90,12 @@ def repository_models(repository: Path) -> list[str]:
     return sorted(p.name for p in Path(repository).iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
+MAX_NAME_CHARS = 64
+"""Server names go whole into log, record and temporary file names (255 bytes at most): longer ones are cut."""
+
+
 def _safe_name(text: str) -> str:
-    return _NAME_RE.sub("-", text).strip("-.") or "triton"
+    return _NAME_RE.sub("-", text).strip("-.")[:MAX_NAME_CHARS].strip("-.") or "triton"
 
 
 
@@ -161,6 +165,8 @@ class TritonServer:
     ``http_front`` puts :mod:`ftx_triton.server.front` on the HTTP port (bodies up to ``max_body_bytes``);
     ``stub_start_timeout_s``: how long a Python model may load without a stub process of its own.
     ``pid`` is the supervisor's (:mod:`ftx_triton.server.supervisor`), the leader of the server's processes.
+    A ``name`` a live detached server has is refused at ``detach``, unless ``number_if_taken``
+    (default: only when no name is given), which makes it ``name-2``…; names are cut to 64 characters.
     """
 
     def __init__(self, repository: Path, *, home: Path, host: str = "127.0.0.1",
@@ -171,7 +177,8 @@ class TritonServer:
                  die_with_parent: bool = True, http_front: bool = True,
                  max_body_bytes: int | None = None, stub_start_timeout_s: float = STUB_START_TIMEOUT_S,
                  backend_directory: Path | None = None, cwd: Path | None = None,
-                 launcher: Sequence[str] = (), ports_given: bool | None = None) -> None:
+                 launcher: Sequence[str] = (), ports_given: bool | None = None,
+                 number_if_taken: bool | None = None) -> None:
         if model_control not in MODEL_CONTROL_MODES:
             raise ServeError(f"unknown model control mode {model_control!r}",
                              hint=f"use one of: {', '.join(MODEL_CONTROL_MODES)}")
@@ -192,7 +199,7 @@ class TritonServer:
         self.ready_timeout_s = ready_timeout_s
         self.env = dict(env or {})
         self.exit_timeout_s = int(exit_timeout_s)
-        self._explicit_name = name is not None
+        self._explicit_name = name is not None if number_if_taken is None else not number_if_taken
         self.name = _safe_name(name or self.repository.name)
         self.die_with_parent = die_with_parent
         self.http_front = http_front
@@ -509,9 +516,14 @@ class TritonServer:
             raise ServeError(f"a server named {self.name!r} is already running",
                              hint=f"stop it (`ftx stop {self.name}`) or choose another name")
         n = 2
-        while f"{self.name}-{n}" in live:
+        while self._numbered(n) in live:
             n += 1
-        return f"{self.name}-{n}"
+        return self._numbered(n)
+
+    def _numbered(self, n: int) -> str:
+        """``name-n``, the name cut so that the whole stays within MAX_NAME_CHARS."""
+        suffix = f"-{n}"
+        return self.name[:MAX_NAME_CHARS - len(suffix)].rstrip("-.") + suffix
 
     # ----------------------------------------------------------------- context manager
 

@@ -26,7 +26,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import stat
 import time
 import uuid
@@ -43,6 +42,7 @@ from ftx_triton.errors import CheckpointError
 from ftx_triton.io.atomic import recover, swap_in
 from ftx_triton.io.hashing import sha256_files
 from ftx_triton.io.regular import read_regular
+from ftx_triton.io.trees import remove_tree
 from ftx_triton.paths import unusable_home
 from ftx_triton.store import leases
 from ftx_triton.terminal.redact import redact_data
@@ -124,7 +124,7 @@ def _drop_bytecode(root: Path, outputs: object) -> None:
             cache = Path(dirpath, name)
             if name == "__pycache__" and not cache.is_symlink() and not any(
                     rel.startswith(cache.relative_to(root).as_posix() + "/") for rel in recorded):
-                shutil.rmtree(cache, ignore_errors=True)
+                remove_tree(cache)
         dirnames[:] = [d for d in dirnames if d != "__pycache__"]
 
 
@@ -299,7 +299,7 @@ class ArtifactStore:
                 final.parent.mkdir(parents=True, exist_ok=True)
                 swap_in(tmp, final, replace=True)  # a corrupt or --force'd artifact is swapped out
             except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
+                remove_tree(tmp)
                 raise
             return Artifact(stage, key, final, meta), False
 
@@ -361,7 +361,7 @@ class ArtifactStore:
         for stale in [*self.tmp_root.glob(f"{stage}-{key}-*"), *self.tmp_root.glob(f"old-{key}-*")]:
             log.info("cache.stale_removed", stage=stage, key=key, path=str(stale))
             if stale.is_dir():
-                shutil.rmtree(stale, ignore_errors=True)
+                remove_tree(stale)
             else:
                 stale.unlink(missing_ok=True)
 

@@ -14,7 +14,6 @@ import contextlib
 import math
 import os
 import re
-import shutil
 import stat
 import time
 import uuid
@@ -28,6 +27,7 @@ import structlog
 
 from ftx_triton.errors import CheckpointError, ConfigError
 from ftx_triton.io.regular import open_regular
+from ftx_triton.io.trees import remove_tree, tree_size
 from ftx_triton.store import leases
 from ftx_triton.store.artifact_store import PROVENANCE_FILE, ArtifactStore, read_provenance
 
@@ -92,15 +92,6 @@ def parse_age(text: str) -> float:
     return float(match.group(1)) * _AGE_UNITS[match.group(2).lower()]
 
 
-def _tree_size(path: Path) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, name)).st_size
-    return total
-
-
 def _source_text(stage: str, meta: dict[str, Any]) -> str:
     """What an artifact was made from, for `ftx ls`: printable text only (provenance is read from disk)."""
     inputs = _mapping(meta.get("inputs"))
@@ -138,12 +129,12 @@ def inventory(store: ArtifactStore) -> list[StoreEntry]:
         last_used = _mtime(path / PROVENANCE_FILE) or _mtime(path)
         meta = read_provenance(path)
         if meta is None:
-            entries[(stage, key)] = StoreEntry(stage, key, path, _tree_size(path), "", last_used,
+            entries[(stage, key)] = StoreEntry(stage, key, path, tree_size(path), "", last_used,
                                                "damaged: its provenance is missing or unreadable", damaged=True)
             continue
         inputs = _mapping(meta.get("inputs"))
         upstream = [(name, inputs[name]) for name in UPSTREAM_KEYS.get(stage, ()) if isinstance(inputs.get(name), str)]
-        entries[(stage, key)] = StoreEntry(stage, key, path, _tree_size(path), str(meta.get("finished_at", ""))[:40],
+        entries[(stage, key)] = StoreEntry(stage, key, path, tree_size(path), str(meta.get("finished_at", ""))[:40],
                                            last_used, _source_text(stage, meta), upstream)
     for entry in entries.values():  # sources of derived artifacts: follow the keys up to a fetch
         if not entry.source:
@@ -275,7 +266,7 @@ def remove_entry(store: ArtifactStore, entry: StoreEntry) -> int:
                 return 0  # another ftx removed it first
     finally:
         lock.release()
-    shutil.rmtree(trash, ignore_errors=True)
+    remove_tree(trash)
     log.info("store.removed", stage=entry.stage, key=entry.key, bytes=entry.size)
     return entry.size
 
@@ -364,8 +355,8 @@ def remove_path(path: Path) -> int:
             path.unlink()
             return size
         return 0
-    size = _tree_size(path)
-    shutil.rmtree(path, ignore_errors=True)
+    size = tree_size(path)
+    remove_tree(path)
     return size
 
 

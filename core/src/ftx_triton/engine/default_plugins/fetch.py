@@ -36,28 +36,40 @@ def ftx_fetch(ref: SourceRef, revision: str, family: Family, dest: Path, ctx: St
 def _fetch_archive_or_file(ref: SourceRef, revision: str, dest: Path, ctx: StageContext) -> Source:
     from ftx_triton.fetching.archive import is_archive, safe_extract
     from ftx_triton.fetching.http import download
+    from ftx_triton.fetching.refs import download_name
     from ftx_triton.io.hashing import sha256_file
 
     local = _local_file(ref)
     temporary = local is None or bool(ref.sha256)
+    if local is not None and not is_archive(local):
+        raise SourceError(f"{ref.uri} is neither a checkpoint directory nor an archive",
+                          hint="point at a directory with config.json, or a .tar.zstd/.tar.gz/.tar/.zip archive")
     if local is not None and not temporary:
         downloaded = local  # extract in place: no copy of a multi-GB archive
     else:
-        name = urlsplit(ref.uri).path.rstrip("/").rsplit("/", 1)[-1] or "download"
+        name = local.name if local is not None else download_name(ref.uri)  # refused before downloading
         downloads = ctx.home / "downloads" / revision
         downloads.mkdir(parents=True, exist_ok=True)
         downloaded = download(ref.uri, downloads / name, sha256=ref.sha256, progress=ctx.show_progress)
-    if not is_archive(downloaded):
-        raise SourceError(f"{ref.uri} is neither a checkpoint directory nor an archive",
-                          hint="point at a directory with config.json, or a .tar.zstd/.tar.gz/.tar/.zip archive")
-    sha256 = ref.sha256 or sha256_file(downloaded, progress=ctx.show_progress)  # recorded: `ftx lock` pins it
-    root = safe_extract(downloaded, dest / "extracted", progress=ctx.show_progress)
+    try:
+        sha256 = ref.sha256 or sha256_file(downloaded, progress=ctx.show_progress)  # recorded: `ftx lock` pins it
+        root = safe_extract(downloaded, dest / "extracted", progress=ctx.show_progress)
+    except SourceError:
+        if temporary:  # a refused archive is not worth keeping for a week
+            _remove_download(downloaded, "refused")
+        raise
     if temporary:  # the extracted tree is the artifact; the archive would only double the disk used
-        downloaded.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            downloaded.parent.rmdir()
-        log.info("download.removed", path=str(downloaded), reason="extracted into the store")
+        _remove_download(downloaded, "extracted into the store")
     return Source(ref=ref, path=root, revision=revision, origin={"kind": ref.kind, "uri": ref.uri, "sha256": sha256})
+
+
+def _remove_download(downloaded: Path, reason: str) -> None:
+    """Remove a downloaded archive, its lock file and its directory once that is empty."""
+    downloaded.unlink(missing_ok=True)
+    Path(f"{downloaded}.lock").unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        downloaded.parent.rmdir()
+    log.info("download.removed", path=str(downloaded), reason=reason)
 
 
 def _local_file(ref: SourceRef) -> Path | None:

@@ -16,6 +16,7 @@ from ftx_triton.plan.artifacts import Endpoint, ModelRepository
 from ftx_triton.plan.context import StageContext
 from ftx_triton.repository.model_config import FT_MODEL_NAME
 from ftx_triton.runtime.python.triton_model import DEVICE_ENV
+from ftx_triton.server.tritonserver import MAX_NAME_CHARS
 from ftx_triton.terminal.console import say as console_say
 
 log = structlog.get_logger(__name__)
@@ -28,7 +29,7 @@ def server_name(model: str) -> str:
     """A short server name from what the user ran (``tiny-gptj``, ``hf://org/name`` → ``name``)."""
     text = model.rstrip("/").split("@", 1)[0]
     text = re.split(r"[/:]", text)[-1] or "ftx"
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.") or "ftx"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:MAX_NAME_CHARS].strip("-.") or "ftx"
 
 
 def smoke_test(grpc_url: str, io_kind: str = "decoder", decoupled: bool = False, timeout_s: float = 300.0) -> float:
@@ -102,7 +103,8 @@ def serve_python(repository: ModelRepository, ctx: StageContext) -> Endpoint:
 
     ports, given = ports_for(s.host, s.http_port, s.grpc_port, s.metrics_port, say)
     server = TritonServer(path, home=ctx.home, host=s.host, ports=ports, ports_given=given,
-                          name=server_name(ctx.settings.model), env={DEVICE_ENV: s.device},
+                          name=s.name or server_name(ctx.settings.model), number_if_taken=s.name is None,
+                          env={DEVICE_ENV: s.device},
                           ready_timeout_s=READY_TIMEOUT_S, die_with_parent=not s.detach)
     server.start(progress=say)
     config = _ft_config(path)

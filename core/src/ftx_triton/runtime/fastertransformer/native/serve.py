@@ -211,7 +211,8 @@ def serve_native(repository: ModelRepository, gemm: GemmConfig, settings: RunSet
     s = settings.serve
     ports, given = ports_for(s.host, s.http_port, s.grpc_port, s.metrics_port, say)
     server = TritonServer(repository.path, home=home, host=s.host, ports=ports, ports_given=given,
-                          name=server_name(settings.model),
+                          name=settings.serve.name or server_name(settings.model),
+                          number_if_taken=settings.serve.name is None,
                           env=plan.env, ready_timeout_s=options.ready_timeout_s, die_with_parent=not s.detach,
                           backend_directory=backends_directory(built, home), cwd=plan.work_dir, launcher=plan.launcher)
     context = ScanContext(tp=settings.convert.tp, pp=settings.configure.pp, expect_gemm=plan.expect_gemm,
