@@ -245,7 +245,9 @@ def _stored(served: Served) -> list[dict]:
     env = {**os.environ, "FTX_HOME": str(served.home)}
     ps = json.loads(subprocess.run([*FTX, "ps", "--json"], capture_output=True, text=True, timeout=120,
                                    env=env).stdout)
-    return json.loads((Path(ps[0]["repository"]) / "ftx-bench.json").read_text())
+    from ftx.bench import results_path
+
+    return json.loads(results_path(served.home, Path(ps[0]["repository"])).read_text())
 
 
 def test_bench_builtin_measures_and_stores_beside_the_deployment(served: Served) -> None:
@@ -259,6 +261,23 @@ def test_bench_builtin_measures_and_stores_beside_the_deployment(served: Served)
         assert 0 < point["latency_p50_ms"] <= point["latency_p90_ms"] <= point["latency_p99_ms"]
         assert point["tokens_per_s"] > 0
     assert _stored(served)[-1]["points"] == result["points"]
+
+
+def test_bench_leaves_the_served_artifact_intact(served: Served) -> None:
+    """The results live beside the store: the repository artifact still verifies after `ftx bench`, so the next
+    `ftx run` reuses it (it used to find ftx-bench.json inside, call the artifact corrupt and rebuild it)."""
+    from ftx.store import ArtifactStore
+
+    assert _bench(served, "--tool", "builtin").returncode == 0
+    env = {**os.environ, "FTX_HOME": str(served.home)}
+    ps = json.loads(subprocess.run([*FTX, "ps", "--json"], capture_output=True, text=True, timeout=120,
+                                   env=env).stdout)
+    repository = Path(ps[0]["repository"])
+    assert not list(repository.glob("*bench*"))
+    store = ArtifactStore(served.home)
+    assert repository.parent.name == "configure"
+    assert store.lookup("configure", repository.name) is not None
+    store.close()
 
 
 def test_bench_builtin_says_why_the_server_refused_its_request(served: Served) -> None:
