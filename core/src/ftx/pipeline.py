@@ -80,6 +80,7 @@ class Pipeline:
         family = self.host.family(family_name) if family_name else None
         family, hf_config = self._planned_config(ref, family)
         self._check_license(ref, family)
+        self._check_before_fetch(family, hf_config)
         if self.settings.dry_run:
             return self._dry_run(ref, family, hf_config, result)
 
@@ -118,6 +119,21 @@ class Pipeline:
         if family is not None and ref.preset and ref.preset in family.presets:
             return family, dict(family.presets[ref.preset].hf_config or {}) or None
         return family, None
+
+    def _check_before_fetch(self, family: Family | None, hf_config: dict | None) -> None:
+        """Everything that can be checked before the first byte is fetched: the runtime's name (a typo used
+        to fail after fetch and convert) and, when the config is known (a preset or a local directory), the
+        weight dtype and tp/pp against the model. (Option types, ranges, dtype and port names are click's, and the
+        family's name is checked when it is looked up.)"""
+        from ftx.runtime.select import check_runtime_name
+
+        s = self.settings
+        check_runtime_name(self.host.runtimes, s.runtime)
+        if family is not None:
+            if s.convert.weight_dtype != "auto":
+                family.check_weight_dtype(s.convert.weight_dtype)
+            if hf_config is not None:
+                family.spec(hf_config).check_parallel(s.convert.tp, s.configure.pp)
 
     def _check_license(self, ref: SourceRef, family: Family | None) -> None:
         """Show the licence once, on the terminal; refuse a non-commercial one that was not accepted."""
