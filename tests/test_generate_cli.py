@@ -382,6 +382,15 @@ def test_foreground_server_stops_cleanly_on_a_signal(demo_home: Path, sig: int) 
         assert any("Ctrl-C stops the server" in line for line in lines), "".join(lines) + proc.stderr.read()
         grpc = re.search(r"gRPC\s+(\S+)", "".join(lines)).group(1)
         assert generate_text(grpc, "ensemble", "Hello world", max_tokens=3).startswith(",")
+        # `ftx generate` finds a foreground run as `ftx ps` does (it knew only detached ones), and `ftx ps`
+        # shows its OpenAI endpoint (it showed "-")
+        found = subprocess.run([*FTX, "generate", "Hello world", "--max-tokens", "3"], check=False,
+                               capture_output=True, text=True, timeout=120, env=_env(demo_home))
+        assert found.returncode == 0 and found.stdout.startswith("Hello world,"), found.stderr
+        ps = json.loads(subprocess.run([*FTX, "ps", "--json"], check=False, capture_output=True, text=True,
+                                       timeout=120, env=_env(demo_home)).stdout)
+        openai_url = re.search(r"OpenAI\s+(\S+)", "".join(lines)).group(1)
+        assert [row["openai"] for row in ps if row["name"] == "(foreground)"] == [openai_url]
         proc.send_signal(sig)
         code = proc.wait(timeout=60)
         err = proc.stderr.read()
@@ -390,6 +399,7 @@ def test_foreground_server_stops_cleanly_on_a_signal(demo_home: Path, sig: int) 
             proc.kill()
     assert code == 0, err[-3000:]
     assert "stopped" in err
+    assert not list((demo_home / "openai").glob("*.json"))  # the foreground's endpoint record went with it
     _no_ftx_servers_left(demo_home)
 
 

@@ -7,7 +7,9 @@ Also ``ftx generate [MODEL] PROMPT``: one request through the ensemble's text in
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import queue
 import shlex
 import signal
@@ -180,31 +182,33 @@ def _home() -> Path:
 
 
 def resolve_target(model: str | None, url: str | None) -> tuple[str, str]:
-    """(server address, Triton model) for ``ftx generate``: ``--url``, or a detached server from ``ftx ps``.
+    """(server address, Triton model) for ``ftx generate``: ``--url``, or a server `ftx ps` lists (detached, or a
+    foreground ``ftx run`` of this FTX_HOME).
 
     MODEL is the Triton model to call (``ensemble``) or the name of a detached server (its
     ensemble is called then); omitted, it is the served ensemble (of the only running server).
     """
     if url:
         return _checked_url(url), model or "ensemble"
+    from ftx.processes import served_models
     from ftx.triton.records import list_servers
 
     live = [r for r in list_servers(_home()) if r.alive]
-    named = [r for r in live if model is not None and r.name == model]
+    servers = [(r.name, r.grpc_url, "ensemble" if "ensemble" in r.models or not r.models else r.models[0])
+               for r in live]
+    servers += [(s.name, s.grpc, "ensemble") for s in served_models(_home(), live) if not s.extra.get("detached")]
+    named = [s for s in servers if model is not None and s[0] == model]
     if named:
-        record = named[0]
-        return record.grpc_url, "ensemble" if "ensemble" in record.models or not record.models else record.models[0]
-    if len(live) == 1:
-        record = live[0]
-        served = "ensemble" if "ensemble" in record.models or not record.models else record.models[0]
-        return record.grpc_url, model or served
-    if not live:
+        return named[0][1], named[0][2]
+    if len(servers) == 1:
+        return servers[0][1], model or servers[0][2]
+    if not servers:
         raise ServeError("no running ftx server found",
-                         hint="start one with `ftx run MODEL --detach`, or pass the address `ftx run` printed "
+                         hint="start one with `ftx run MODEL` (or --detach), or pass the address `ftx run` printed "
                               "(--url http://HOST:PORT)")
-    names = ", ".join(r.name for r in live)
-    raise ServeError(f"{len(live)} servers are running ({names}); which one?",
-                     hint="name one as MODEL, or pass --url http://HOST:PORT")
+    names = ", ".join(f"{name} at {grpc}" for name, grpc, _ in servers)
+    raise ServeError(f"{len(servers)} servers are running ({names}); which one?",
+                     hint="name a detached one as MODEL, or pass --url http://HOST:PORT")
 
 
 def _checked_url(url: str) -> str:
@@ -414,7 +418,8 @@ def after_serve(result: Any, settings: Any, *, prompt: str | None = None, max_to
         click.echo(describe_endpoint(result, settings))
         click.echo("\nCtrl-C stops the server.")
         sys.stdout.flush()
-        _serve_until_stopped(server)
+        with _foreground_front_record(result, server):
+            _serve_until_stopped(server)
         if result.openai is not None:
             result.openai.stop()
     except BaseException:
@@ -424,6 +429,24 @@ def after_serve(result: Any, settings: Any, *, prompt: str | None = None, max_to
             elif result.openai is not None:
                 result.openai.stop()
         raise
+
+
+@contextlib.contextmanager
+def _foreground_front_record(result: Any, server: Any) -> Iterator[None]:
+    """While a foreground ``ftx run`` serves, its OpenAI endpoint is recorded (``foreground-<pid>``) so that
+    `ftx ps` shows it; the record goes when the run ends (or with the next `ftx ps` after a crash)."""
+    if result.openai is None:
+        yield
+        return
+    from ftx.openai_api.records import FOREGROUND_PREFIX, write_record
+
+    path = write_record(_home(), {"name": f"{FOREGROUND_PREFIX}{os.getpid()}", "pid": result.openai.process.pid,
+                                  "url": result.openai.url, "triton_pid": getattr(server, "pid", None),
+                                  "log": str(result.openai.log_path)})
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
 
 
 def _stop(result: Any) -> None:
