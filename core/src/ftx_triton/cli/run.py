@@ -33,19 +33,19 @@ def settings_from_options(model: str, **opts: Any) -> RunSettings:
     return RunSettings.of(model, **opts)
 
 
-def run_pipeline(settings: RunSettings) -> RunResult:
+def run_pipeline(settings: RunSettings, lock: Path | None = None) -> RunResult:
     """Check the deployment's pins, then run the pipeline over the user's FTX_HOME."""
     from ftx_triton.cli.manifest import check_requirements, find_manifest
     from ftx_triton.store.housekeeping import rotate_logs
 
-    manifest = find_manifest()
+    manifest = find_manifest(lock=lock)
     if manifest is not None:
         check_requirements(manifest)
     rotate_logs(ftx_home())  # server logs do not pile up: the newest ones are kept
     return Pipeline(get_host(), command_store(), settings, say=say).run()
 
 
-def model_from_manifest(model: str | None, opts: dict[str, Any]) -> str:
+def model_from_manifest(model: str | None, opts: dict[str, Any], lock: Path | None = None) -> str:
     """MODEL may be omitted when ./ftx.toml has a [model] section (as written by `ftx lock`).
 
     Then the locked source, its pin (revision, sha256, content hash) and every locked setting apply;
@@ -53,13 +53,13 @@ def model_from_manifest(model: str | None, opts: dict[str, Any]) -> str:
     """
     if model:
         return model
-    from ftx_triton.cli.manifest import check_local_source, find_manifest
+    from ftx_triton.cli.manifest import check_local_source, find_manifest, locked_source
 
-    manifest = find_manifest()
+    manifest = find_manifest(lock=lock)
     if manifest is None or "source" not in manifest.model:
-        raise ConfigError("no MODEL given and no ./ftx.toml with a [model] source",
+        raise ConfigError(f"no MODEL given and no {lock or './ftx.toml'} with a [model] source",
                           hint="run `ftx run gptj`, or `ftx lock MODEL` to write ftx.toml first")
-    check_local_source(manifest.model)
+    check_local_source(manifest)
     ctx = click.get_current_context()
     locked = {**manifest.settings, **{k: manifest.model.get(k) for k in ("revision", "family", "sha256")}}
     params = {p.name: p for p in ctx.command.params}
@@ -81,7 +81,7 @@ def model_from_manifest(model: str | None, opts: dict[str, Any]) -> str:
             opts[key] = tuple(value) if isinstance(value, list) else value
             if key == "runtime":
                 opts["runtime_origin"] = manifest.path.name
-    return str(manifest.model["source"])
+    return locked_source(manifest)
 
 
 def locked_value(ctx: click.Context, param: click.Parameter, value: Any, path: Path) -> Any:
@@ -149,23 +149,27 @@ def _expected(param: click.Parameter) -> str:
                       help="Address the OpenAI-compatible endpoint binds to."),
          click.option("--openai-port", type=PORT,
                       help="Its port (default: the first free one from 9000)."))
+@section("Source",
+         click.option("--lock", "lock_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                      help="The deployment file to replay when MODEL is omitted (default: ./ftx.toml), as "
+                           "`ftx lock -o FILE` wrote it; its requirements are checked either way."))
 @section("Try it",
          click.option("--prompt", help="Generate a continuation of this prompt once the server is ready, then stop."),
          click.option("--max-tokens", type=click.IntRange(1, 4096), default=16, show_default=True,
                       help="Tokens to generate for --prompt."))
-def run(model: str | None, prompt: str | None, max_tokens: int, **opts: Any) -> None:
+def run(model: str | None, prompt: str | None, max_tokens: int, lock_file: Path | None, **opts: Any) -> None:
     """Fetch, convert, tune, configure and serve MODEL.
 
     MODEL is a preset (see `ftx models`), hf://org/name[@revision], a URL or a local path;
-    omitted, it comes from ./ftx.toml (see `ftx lock`).
+    omitted, it comes from ./ftx.toml or --lock FILE (see `ftx lock`).
     """
-    model = model_from_manifest(model, opts)
+    model = model_from_manifest(model, opts, lock_file)
     settings = settings_from_options(model, **opts)
     if settings.serve.openai and (prompt is None or settings.serve.detach):  # the front starts after the server
         from ftx_triton.server.ports import check_host
 
         check_host(settings.serve.openai_host, option="--openai-host")
-    result = run_pipeline(settings)
+    result = run_pipeline(settings, lock_file)
     if settings.dry_run:
         return
     if result.repository and result.endpoint is None:
