@@ -148,6 +148,10 @@ def test_stop_strings_cut_the_text(served: Served) -> None:
     ({"prompt": "Hi", "max_tokens": "many"}, "max_tokens", 400),
     ({"prompt": "Hi", "stop": ["a", "b", "c", "d", "e"]}, "stop", 400),
     ({"prompt": "Hi", "echo": "no"}, "echo", 400),
+    # features the endpoint lacks are refused, never silently ignored
+    ({"prompt": "Hi", "logprobs": 2}, "logprobs", 400),
+    ({"prompt": "Hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", 400),
+    ({"prompt": "Hi", "tool_choice": "required"}, "tool_choice", 400),
 ])
 def test_bad_requests_get_openai_errors(served: Served, body: dict, param: str, status: int) -> None:
     answered, answer = _post(served.openai + "/completions", body)

@@ -169,7 +169,12 @@ def run(model: str | None, prompt: str | None, max_tokens: int, lock_file: Path 
         from ftx_triton.server.ports import check_host
 
         check_host(settings.serve.openai_host, option="--openai-host")
-    result = run_pipeline(settings, lock_file)
+    one_shot = prompt is not None and not settings.serve.detach and not settings.dry_run
+    quiet = one_shot and not click.get_current_context().find_root().meta.get("verbose")
+    with _held_back(quiet):
+        result = run_pipeline(settings, lock_file)
+    if quiet and result.endpoint is not None:
+        say(_summary(settings, result))
     if settings.dry_run:
         return
     if result.repository and result.endpoint is None:
@@ -181,7 +186,25 @@ def run(model: str | None, prompt: str | None, max_tokens: int, lock_file: Path 
     if result.endpoint is not None:
         from ftx_triton.cli.serving import after_serve
 
-        after_serve(result, settings, prompt=prompt, max_tokens=max_tokens)
+        with _held_back(quiet):
+            after_serve(result, settings, prompt=prompt, max_tokens=max_tokens)
+
+
+def _held_back(quiet: bool) -> contextlib.AbstractContextManager[object]:
+    """A one-shot ``--prompt`` run holds its step-by-step lines back (``-v`` shows them; a failure prints them)."""
+    from ftx_triton.terminal.console import held_back
+
+    return held_back() if quiet else contextlib.nullcontext()
+
+
+def _summary(settings: RunSettings, result: RunResult) -> str:
+    """The one line a quiet ``--prompt`` run prints before the answer."""
+    built = [o.stage for o in result.outcomes if not o.cached and not o.detail]
+    cached = sum(o.cached for o in result.outcomes)
+    steps = ", ".join(filter(None, [f"built {', '.join(built)}" if built else "",
+                                    f"{cached} stages cached" if cached else ""]))
+    runtime = result.runtime.name if result.runtime else "?"
+    return f"{settings.model}: {runtime} runtime, {steps or 'ready'} (-v shows every step)"
 
 
 commands = [run]

@@ -316,6 +316,8 @@ def describe_endpoint(result: Any, settings: Any, *, detached_name: str | None =
     openai = getattr(result, "openai", None)
     if openai is not None:
         lines.append(f"  OpenAI   {openai.url}  (model {openai_model_id(settings.model)!r})")
+        if not stream:
+            lines.append("           stream: true answers in one chunk (deploy with --streaming to stream tokens)")
     lines.append(f"  models   {models}")
     if getattr(server, "log_path", None):
         lines.append(f"  log      {server.log_path}")
@@ -393,8 +395,7 @@ def after_serve(result: Any, settings: Any, *, prompt: str | None = None, max_to
     try:
         if prompt is None or detach:
             result.openai = _start_openai(result, settings, detach)
-        if prompt is not None:
-            say(describe_endpoint(result, settings))
+        if prompt is not None:  # no "try it" block: the server stops after the answer (--detach prints it)
             stream = _decoupled(result.repository.path if result.repository else None)
             text = generate_text(endpoint.grpc_url, endpoint.model, prompt,
                                  max_tokens=max_tokens,
