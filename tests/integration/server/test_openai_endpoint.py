@@ -130,6 +130,24 @@ def test_chat_uses_the_models_chat_template(served: Served) -> None:
         answer["choices"][0]["message"]["content"]
 
 
+def test_generate_chat_reads_turns_from_stdin_and_keeps_the_history(served: Served) -> None:
+    """`ftx generate --chat`: each stdin line is a user turn; the answer to each is the endpoint's answer to the
+    whole conversation so far (rendered with the model's chat template), printed one per turn."""
+    env = {**os.environ, "FTX_HOME": str(served.home)}
+    done = subprocess.run([*FTX, "generate", "--chat", "--system", "Be brief.", "--max-tokens", "5"],
+                          input="Once upon a time\n\nThe end\n", capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Once upon a time"}]
+    _, first = _post(served.openai + "/chat/completions", {"messages": messages, "max_tokens": 5})
+    messages += [first["choices"][0]["message"], {"role": "user", "content": "The end"}]
+    _, second = _post(served.openai + "/chat/completions", {"messages": messages, "max_tokens": 5})
+    answers = [first["choices"][0]["message"]["content"], second["choices"][0]["message"]["content"]]
+    assert done.stdout == "".join(f"{a}\n" for a in answers)
+    bad = subprocess.run([*FTX, "generate", "--chat", "--url", "http://127.0.0.1:9/v1"], input="Hi\n",
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert bad.returncode == 1 and "error: cannot reach" in bad.stderr and "hint:" in bad.stderr
+
+
 def test_stop_strings_cut_the_text(served: Served) -> None:
     full = _triton_text(served, "Once upon a time", 12)
     cut_at = full.split()[2]

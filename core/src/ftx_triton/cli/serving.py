@@ -227,7 +227,7 @@ def _checked_url(url: str) -> str:
 
 
 @click.command(cls=FtxCommand)
-@click.argument("args", nargs=-1, required=True, metavar="[MODEL] PROMPT")
+@click.argument("args", nargs=-1, metavar="[MODEL] PROMPT")
 @click.option("--max-tokens", type=click.IntRange(1, 1 << 20), default=EXAMPLE_TOKENS, show_default=True,
               help="Tokens to generate.")
 @click.option("--temperature", type=click.FloatRange(0, min_open=False),
@@ -239,13 +239,22 @@ def _checked_url(url: str) -> str:
                             "(default: the detached server, see `ftx ps`).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(0, min_open=True), default=600.0, show_default=True,
               help="Seconds to wait for the answer.")
+@click.option("--chat", is_flag=True, help="Chat: one user turn per line of stdin, answered with the model's chat "
+                                           "template through the server's OpenAI endpoint (--url: its /v1 address).")
+@click.option("--system", help="With --chat: a system message that opens the conversation.")
 def generate(args: tuple[str, ...], max_tokens: int, temperature: float | None, top_k: int | None,
-             top_p: float | None, stream: bool, url: str | None, timeout_s: float) -> None:
-    """Generate a continuation of PROMPT on a running server.
+             top_p: float | None, stream: bool, url: str | None, timeout_s: float, chat: bool,
+             system: str | None) -> None:
+    """Generate a continuation of PROMPT on a running server, or chat with it (--chat, turns from stdin).
 
-    MODEL is the served model to call or the name of a detached server from `ftx ps`; omitted, it
-    is the served ensemble. Without --temperature/--top-k/--top-p decoding is greedy.
+    MODEL is the served model to call or the name of a server from `ftx ps`; omitted, it is the
+    served ensemble. Without --temperature/--top-k/--top-p decoding is greedy.
     """
+    if chat:
+        _chat(args, url, max_tokens, temperature, top_k, top_p, timeout_s, system)
+        return
+    if not args:
+        raise click.UsageError("expected [MODEL] PROMPT (or --chat, which reads turns from stdin)")
     if len(args) > 2:
         raise click.UsageError(f"expected [MODEL] PROMPT, got {len(args)} arguments (quote a prompt with spaces)")
     model, prompt = (None, args[0]) if len(args) == 1 else args
@@ -262,6 +271,18 @@ def generate(args: tuple[str, ...], max_tokens: int, temperature: float | None, 
                          top_p=top_p, stream=stream, on_text=_writer() if stream else None, echo_prompt=True,
                          timeout_s=timeout_s, on_note=lambda note: say(f"note: {note}"))
     click.echo("" if stream else text)
+
+
+def _chat(args: tuple[str, ...], url: str | None, max_tokens: int, temperature: float | None, top_k: int | None,
+          top_p: float | None, timeout_s: float, system: str | None) -> None:
+    from ftx_triton.cli.chat import chat, find_openai, prompt_lines
+
+    if len(args) > 1:
+        raise click.UsageError("--chat takes at most MODEL (the turns come from stdin)")
+    sampling = {k: v for k, v in {"temperature": temperature, "top_k": top_k, "top_p": top_p}.items()
+                if v is not None}
+    chat(find_openai(_home(), args[0] if args else None, url), prompt_lines(), click.echo, system=system,
+         max_tokens=max_tokens, sampling=sampling, timeout_s=timeout_s)
 
 
 def _writer() -> Callable[[str], None]:
