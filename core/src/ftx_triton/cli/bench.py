@@ -63,8 +63,8 @@ def bench(name: str | None, url: str | None, tool: str, concurrency: str, reques
     The figures are appended, with the tool that measured them, to FTX_HOME/bench/<repository>.json:
     beside the store, never inside its verified artifacts.
     """
-    from ftx_triton.server.bench import BenchResult, builtin_load, find_perf_analyzer, run_perf_analyzer, store_result
     from ftx_triton.paths import ftx_home
+    from ftx_triton.server.bench import BenchResult, builtin_load, find_perf_analyzer, run_perf_analyzer, store_result
 
     levels = _concurrency(concurrency)
     target = _target(name, url)

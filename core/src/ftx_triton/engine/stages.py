@@ -93,6 +93,7 @@ class Stages:
         patterns = list(family.fetch_patterns if family else Family.fetch_patterns)
         settings = section_fingerprint(self.settings.fetch)
         local_dir = ref.kind == "local" and Path(ref.uri).is_dir()
+        inputs: dict[str, Any]
         if local_dir:  # keyed by content, not by where it lies: a copy elsewhere is the same artifact
             revision = local_content_key(Path(ref.uri), self.store.home)
             inputs = {"ref": "local", "revision": revision, "patterns": patterns, "settings": {**settings, "source": None}}

@@ -13,8 +13,8 @@ latency percentiles itself; :func:`run_bench` says which tool ran and why.
 from __future__ import annotations
 
 import csv
-import io
 import hashlib
+import io
 import json
 import os
 import shutil
