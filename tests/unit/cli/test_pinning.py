@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tomllib
 from pathlib import Path
 
@@ -179,6 +180,11 @@ def test_a_lock_written_on_a_cpu_machine_replays_on_a_gpu_host_and_vice_versa(
         assert on_gpu.exit_code == 0, on_gpu.stderr
     assert (deploy / "prod.toml").read_text() == written_on_cpu  # nothing of the machine that wrote it
     assert _plan(ftx_cli, "--lock", "deploy/prod.toml") == cpu_plan
+    tokenizer = shutil.copytree(tiny_gptj_dir, in_tmp_cwd / "deploy" / "tokenizer")
+    assert ftx_cli("lock", str(tiny_gptj_dir), "-o", "deploy/prod.toml", "--tokenizer", str(tokenizer)).exit_code == 0
+    text = (deploy / "prod.toml").read_text()
+    assert str(in_tmp_cwd) not in text  # nothing absolute in a file meant to be committed
+    assert tomllib.loads(text)["settings"]["tokenizer"] == "tokenizer"
     elsewhere = in_tmp_cwd / "checkout"  # the file is committed and replayed from another directory
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)

@@ -129,7 +129,10 @@ def lock(model: str, output: Path, **opts: Any) -> None:
     local = Path(table["source"]) if "tree_sha256" in table else None
     family = _family_of(table, (output.parent / local).resolve() if local is not None else None)
     requires = _requires(family, settings.runtime)
-    write_lock(output, requires, table, locked_settings(settings))
+    locked = {key: os.path.relpath(Path(value).resolve(), output.parent.resolve())
+              if isinstance(getattr(settings.configure, key, None), Path) else value
+              for key, value in locked_settings(settings).items()}  # paths relative to the file, as the source
+    write_lock(output, requires, table, locked)
     say(f"pinned {len(requires)} distributions, {pinned}, runtime {settings.runtime}, "
         f"tp {settings.convert.tp}, weights {settings.convert.weight_dtype}")
     click.echo(str(output))

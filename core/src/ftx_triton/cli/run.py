@@ -74,6 +74,8 @@ def model_from_manifest(model: str | None, opts: dict[str, Any], lock: Path | No
     for key, value in locked.items():
         if value is None or key not in ctx.params and key not in opts:
             continue
+        if key in params and isinstance(params[key].type, click.Path) and isinstance(value, str):
+            value = str(manifest.path.parent / value)  # paths in the file are relative to it (absolute ones stay)
         if key in params:
             value = locked_value(ctx, params[key], value, manifest.path)
         source = ctx.get_parameter_source(key)
