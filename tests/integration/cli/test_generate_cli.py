@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -256,12 +257,20 @@ def test_ftx_run_with_a_prompt_prints_a_continuation_and_stops(demo_home: Path) 
                              "--max-tokens", "12"], check=False, capture_output=True, text=True, timeout=600, env=_env(demo_home))
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == "Once upon a time there was a small language model that wanted"
-    assert "/v2/models/ensemble/generate" in result.stderr
-    assert "ftx generate 'Once upon a time' --max-tokens 16 --url http://127.0.0.1:" in result.stderr
+    # quiet by default: one summary line, no "try it" hints for the server it has already stopped
+    summary = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(summary) <= 2 and summary[0].startswith("tiny-gptj: python runtime,"), result.stderr
+    assert "-v shows every step" in summary[0]
+    assert "ftx generate" not in result.stderr and "curl" not in result.stderr
     _no_ftx_servers_left(demo_home)
     print(f"ftx run --prompt (demo already built): {time.monotonic() - started:.1f} s")
     # the bytecode the stubs wrote beside the models is dropped on the next lookup, which reuses every stage
     # instead of finding the configure artifact changed
+    verbose = subprocess.run([*FTX, "run", "tiny-gptj", "--runtime", "python", "--prompt", "Once upon a time",
+                              "--max-tokens", "4", "-v"], check=False, capture_output=True, text=True, timeout=600,
+                             env=_env(demo_home))
+    assert verbose.returncode == 0 and "convert   cached" in verbose.stderr, verbose.stderr[-3000:]
+    assert "ftx generate" not in verbose.stderr  # the stopped server gets no hints even with -v
     again = subprocess.run([*FTX, "run", "tiny-gptj", "--runtime", "python", "--until", "configure",
                             "--log-format", "json"], check=False, capture_output=True, text=True, timeout=600,
                            env=_env(demo_home))
@@ -380,6 +389,25 @@ def test_foreground_server_stops_cleanly_on_a_signal(demo_home: Path, sig: int) 
         assert any("Ctrl-C stops the server" in line for line in lines), "".join(lines) + proc.stderr.read()
         grpc = re.search(r"gRPC\s+(\S+)", "".join(lines)).group(1)
         assert generate_text(grpc, "ensemble", "Hello world", max_tokens=3).startswith(",")
+        # `ftx generate` finds a foreground run as `ftx ps` does (it knew only detached ones), and `ftx ps`
+        # shows its OpenAI endpoint (it showed "-")
+        found = subprocess.run([*FTX, "generate", "Hello world", "--max-tokens", "3"], check=False,
+                               capture_output=True, text=True, timeout=120, env=_env(demo_home))
+        assert found.returncode == 0 and found.stdout.startswith("Hello world,"), found.stderr
+        ps = json.loads(subprocess.run([*FTX, "ps", "--json"], check=False, capture_output=True, text=True,
+                                       timeout=120, env=_env(demo_home)).stdout)
+        openai_url = re.search(r"OpenAI\s+(\S+)", "".join(lines)).group(1)
+        assert [row["openai"] for row in ps if row["name"] == "(foreground)"] == [openai_url]
+        # a deployment without --streaming says so on a `stream: true` request instead of passing one chunk off
+        # as a stream: a header and an SSE comment
+        request = urllib.request.Request(f"{openai_url}/completions", method="POST", data=json.dumps(
+            {"prompt": "Hello world", "max_tokens": 3, "stream": True}).encode(),
+            headers={"Content-Type": "application/json"})
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=120) as answer:
+            assert answer.headers["X-Ftx-Stream"] == "whole"
+            raw = answer.read().decode()
+        assert raw.startswith(": this deployment answers in one piece") and "--streaming" in raw.split("\n")[0]
+        assert "stream: true answers in one chunk" in "".join(lines)
         proc.send_signal(sig)
         code = proc.wait(timeout=60)
         err = proc.stderr.read()
@@ -388,6 +416,7 @@ def test_foreground_server_stops_cleanly_on_a_signal(demo_home: Path, sig: int) 
             proc.kill()
     assert code == 0, err[-3000:]
     assert "stopped" in err
+    assert not list((demo_home / "openai").glob("*.json"))  # the foreground's endpoint record went with it
     _no_ftx_servers_left(demo_home)
 
 

@@ -298,3 +298,27 @@ def test_a_named_pipe_as_provenance_neither_hangs_ls_nor_a_run(ftx_home: Path, s
                            env=env, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr
     assert prov.is_file(), "the damaged artifact was rebuilt in place"
+
+
+def test_rm_by_source_name_removes_that_model_as_ollama_rm_does(ftx_cli, ftx_home: Path,
+                                                                store_with_two_models: dict[str, Path]) -> None:
+    """`ftx rm SOURCE` (the SOURCE column of `ftx ls`) removes the model's fetch, conversion and repository; the
+    shared GEMM configs and the other model stay. A source with two fetched versions is ambiguous: the error
+    lists both keys and nothing is removed."""
+    a, b = str(store_with_two_models["a"]), str(store_with_two_models["b"])
+    removed = ftx_cli("rm", a)
+    assert removed.exit_code == 0, removed.stderr
+    assert sorted(ref.split("/")[0] for ref in removed.stdout.split()) == ["configure", "convert", "fetch"]
+    rows = _ls(ftx_cli)
+    assert {r["source"] for r in rows if r["stage"] != "tune"} == {b}
+    assert sum(r["stage"] == "tune" for r in rows) == 2
+    (store_with_two_models["b"] / "config.json").write_text(
+        (store_with_two_models["b"] / "config.json").read_text().replace("}", ', "ftx_note": 1}', 1))
+    again = ftx_cli("run", b, "--until", "fetch", "--runtime", "python")
+    assert again.exit_code == 0, again.stderr
+    fetches = [r for r in _ls(ftx_cli) if r["stage"] == "fetch" and r["source"] == b]
+    assert len(fetches) == 2
+    ambiguous = ftx_cli("rm", b)
+    assert ambiguous.exit_code == 1
+    assert "2 fetched versions" in ambiguous.stderr and all(f"fetch/{r['key']}" in ambiguous.stderr for r in fetches)
+    assert "hint:" in ambiguous.stderr and len(_ls(ftx_cli)) == len(rows) + 1

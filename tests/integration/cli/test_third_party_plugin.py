@@ -89,3 +89,36 @@ def test_template_passes_the_conformance_kit(third_party_env: tuple[Path, Path],
     result = run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", project, project / "tests",
                  cwd=project, env={"FTX_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin"})
     assert "10 passed" in result.stdout, result.stdout  # every test of the kit (python runtime and FT reference too)
+
+
+def test_a_published_plugin_installs_from_a_local_index_next_to_core(tmp_path: Path) -> None:
+    """Published as a wheel into a local index (a directory of wheels) beside core's own wheel, the plugin
+    installs with `pip install --no-index --find-links INDEX ftx-triton-SLUG`: its requirement `ftx-triton`
+    resolves to core by its new name, from the index (never to another project's `ftx`). Core's third-party
+    dependencies (numpy, torch, transformers …) come from the development environment, offered to the fresh
+    environment as an extra site directory without any ftx distribution in it."""
+    index, base = tmp_path / "index", tmp_path / "base-site"
+    base.mkdir()
+    project = tmp_path / f"ftx-triton-{SLUG}"
+    run(sys.executable, "-m", "ftx_triton", "plugin", "new", SLUG, "--dir", project, cwd=tmp_path)
+    core = Path(__file__).resolve().parents[3] / "core"
+    for source in (project, core):
+        run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", index, source)
+    assert sorted(w.name.split("-")[0] for w in index.glob("*.whl")) == ["ftx_triton", f"ftx_triton_{SLUG}"]
+    dev_site = Path(sysconfig.get_paths()["purelib"])
+    for entry in dev_site.iterdir():  # everything but ftx's own distributions (editable installs of this tree)
+        if not entry.name.lower().startswith(("ftx", "_editable_impl_ftx", "__editable__.ftx")):
+            (base / entry.name).symlink_to(entry)
+    env_dir = tmp_path / "env"
+    run(sys.executable, "-m", "venv", "--without-pip", env_dir)
+    python = env_dir / "bin" / "python"
+    site_dir = Path(run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip())
+    (site_dir / "_base.pth").write_text(f"import site; site.addsitedir({str(base)!r})\n")
+    installed = run(sys.executable, "-m", "pip", "--python", python, "install", "--no-index", "--find-links", index,
+                    f"ftx-triton-{SLUG}")
+    assert "Successfully installed" in installed.stdout and "ftx-triton-0.1.0" in installed.stdout, installed.stdout
+    where = run(python, "-c", "import ftx_triton; print(ftx_triton.__file__)").stdout.strip()
+    assert Path(where).is_relative_to(site_dir)  # core from the index's wheel, not this checkout
+    env = {"FTX_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin"}
+    plugins = {r["name"]: r for r in json.loads(run(env_dir / "bin" / "ftx", "plugins", "--json", env=env).stdout)}
+    assert plugins[SLUG]["status"] == "loaded" and plugins[SLUG]["distribution"] == f"ftx-triton-{SLUG}"

@@ -130,6 +130,24 @@ def test_chat_uses_the_models_chat_template(served: Served) -> None:
         answer["choices"][0]["message"]["content"]
 
 
+def test_generate_chat_reads_turns_from_stdin_and_keeps_the_history(served: Served) -> None:
+    """`ftx generate --chat`: each stdin line is a user turn; the answer to each is the endpoint's answer to the
+    whole conversation so far (rendered with the model's chat template), printed one per turn."""
+    env = {**os.environ, "FTX_HOME": str(served.home)}
+    done = subprocess.run([*FTX, "generate", "--chat", "--system", "Be brief.", "--max-tokens", "5"],
+                          input="Once upon a time\n\nThe end\n", capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Once upon a time"}]
+    _, first = _post(served.openai + "/chat/completions", {"messages": messages, "max_tokens": 5})
+    messages += [first["choices"][0]["message"], {"role": "user", "content": "The end"}]
+    _, second = _post(served.openai + "/chat/completions", {"messages": messages, "max_tokens": 5})
+    answers = [first["choices"][0]["message"]["content"], second["choices"][0]["message"]["content"]]
+    assert done.stdout == "".join(f"{a}\n" for a in answers)
+    bad = subprocess.run([*FTX, "generate", "--chat", "--url", "http://127.0.0.1:9/v1"], input="Hi\n",
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert bad.returncode == 1 and "error: cannot reach" in bad.stderr and "hint:" in bad.stderr
+
+
 def test_stop_strings_cut_the_text(served: Served) -> None:
     full = _triton_text(served, "Once upon a time", 12)
     cut_at = full.split()[2]
@@ -148,6 +166,10 @@ def test_stop_strings_cut_the_text(served: Served) -> None:
     ({"prompt": "Hi", "max_tokens": "many"}, "max_tokens", 400),
     ({"prompt": "Hi", "stop": ["a", "b", "c", "d", "e"]}, "stop", 400),
     ({"prompt": "Hi", "echo": "no"}, "echo", 400),
+    # features the endpoint lacks are refused, never silently ignored
+    ({"prompt": "Hi", "logprobs": 2}, "logprobs", 400),
+    ({"prompt": "Hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", 400),
+    ({"prompt": "Hi", "tool_choice": "required"}, "tool_choice", 400),
 ])
 def test_bad_requests_get_openai_errors(served: Served, body: dict, param: str, status: int) -> None:
     answered, answer = _post(served.openai + "/completions", body)
@@ -242,7 +264,9 @@ def _stored(served: Served) -> list[dict]:
     env = {**os.environ, "FTX_HOME": str(served.home)}
     ps = json.loads(subprocess.run([*FTX, "ps", "--json"], capture_output=True, text=True, timeout=120,
                                    env=env).stdout)
-    return json.loads((Path(ps[0]["repository"]) / "ftx-bench.json").read_text())
+    from ftx_triton.server.bench import results_path
+
+    return json.loads(results_path(served.home, Path(ps[0]["repository"])).read_text())
 
 
 def test_bench_builtin_measures_and_stores_beside_the_deployment(served: Served) -> None:
@@ -256,6 +280,23 @@ def test_bench_builtin_measures_and_stores_beside_the_deployment(served: Served)
         assert 0 < point["latency_p50_ms"] <= point["latency_p90_ms"] <= point["latency_p99_ms"]
         assert point["tokens_per_s"] > 0
     assert _stored(served)[-1]["points"] == result["points"]
+
+
+def test_bench_leaves_the_served_artifact_intact(served: Served) -> None:
+    """The results live beside the store: the repository artifact still verifies after `ftx bench`, so the next
+    `ftx run` reuses it (it used to find ftx-bench.json inside, call the artifact corrupt and rebuild it)."""
+    from ftx_triton.store.artifact_store import ArtifactStore
+
+    assert _bench(served, "--tool", "builtin").returncode == 0
+    env = {**os.environ, "FTX_HOME": str(served.home)}
+    ps = json.loads(subprocess.run([*FTX, "ps", "--json"], capture_output=True, text=True, timeout=120,
+                                   env=env).stdout)
+    repository = Path(ps[0]["repository"])
+    assert not list(repository.glob("*bench*"))
+    store = ArtifactStore(served.home)
+    assert repository.parent.name == "configure"
+    assert store.lookup("configure", repository.name) is not None
+    store.close()
 
 
 def test_bench_builtin_says_why_the_server_refused_its_request(served: Served) -> None:

@@ -25,11 +25,50 @@ def test_every_option_of_every_command_shows_its_environment_twin(ftx_cli) -> No
         for param in command.params:
             if isinstance(param, click.Option) and not param.hidden and "env var: FTX_" not in help_text:
                 missing.append(f"{name} {param.opts[0]}")
-            if isinstance(param, click.Option) and param.name not in ("log_format", "verbose", "accept_license"):
-                twin = f"FTX_{name.upper().replace(' ', '_')}_{param.name.upper()}"
+            if isinstance(param, click.Option) and param.name not in ("log_format", "verbose"):
+                twin = _twin(name, param)
                 if twin not in help_text:
                     missing.append(f"{name} {param.opts[0]} ({twin})")
     assert not missing, missing
+
+
+def _twin(command: str, param: click.Option) -> str:
+    """The documented rule, spelled independently of ftx's code: FTX_<COMMAND>_<OPTION>, OPTION the first long flag."""
+    flag = next(o for o in param.opts if o.startswith("--"))
+    return f"FTX_{command.upper().replace(' ', '_').replace('-', '_')}_{flag[2:].upper().replace('-', '_')}"
+
+
+def test_every_option_of_every_command_reads_its_twin_by_the_rule(monkeypatch) -> None:
+    """Walk the click tree: for every option of every command, FTX_<COMMAND>_<OPTION> (named by the flag the
+    user types, not the Python name behind it) sets that option; no two options of a command share a twin."""
+    from click.core import ParameterSource
+
+    checked, wrong = 0, []
+    for name, command in _commands(cli):
+        if isinstance(command, click.Group):
+            continue
+        options = [p for p in command.params if isinstance(p, click.Option) and p.name not in ("log_format", "verbose")]
+        twins = [_twin(name, p) for p in options]
+        assert len(set(twins)) == len(twins), (name, twins)
+        for param, twin in zip(options, twins, strict=True):
+            with monkeypatch.context() as env:
+                env.setenv(twin, "1")
+                parent = click.Context(cli, info_name="ftx", auto_envvar_prefix="FTX")
+                for part in name.split()[:-1]:
+                    parent = click.Context(cli.commands[part], info_name=part, parent=parent)
+                ctx = click.Context(command, info_name=name.split()[-1], parent=parent, resilient_parsing=True)
+                command.parse_args(ctx, [])
+                if ctx.get_parameter_source(param.name or "") is not ParameterSource.ENVIRONMENT:
+                    wrong.append(f"{name} {param.opts[0]}: {twin} ignored")
+                checked += 1
+    assert not wrong, wrong
+    assert checked > 100
+
+
+def test_ps_json_twin_is_named_by_the_flag(ftx_cli, tmp_path: Path) -> None:
+    """`ftx ps --json` is FTX_PS_JSON (it was FTX_PS_AS_JSON, after the Python name); the old name is not a twin."""
+    assert ftx_cli("ps", env={"FTX_PS_JSON": "1"}).stdout.strip() == "[]"
+    assert ftx_cli("ps", env={"FTX_PS_AS_JSON": "1"}).stdout.strip() != "[]"
 
 
 def test_environment_twins_set_options(ftx_cli, tiny_gptj_dir: Path) -> None:

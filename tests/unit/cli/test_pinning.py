@@ -4,6 +4,8 @@ keys that follow the family table's fingerprint rather than version strings."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import tomllib
 from pathlib import Path
 
@@ -37,9 +39,8 @@ def test_lock_pins_versions_and_source_then_run_uses_it(ftx_cli, in_tmp_cwd: Pat
     locked = ftx_cli("lock", str(tiny_gptj_dir))
     assert locked.exit_code == 0, locked.stderr
     data = tomllib.loads((in_tmp_cwd / "ftx.toml").read_text())
-    assert {"ftx-triton==0.1.0", "ftx-triton-gptj==0.1.0", "ftx-triton-t5==0.1.0", "ftx-triton-gptneox==0.1.0",
-            "ftx-triton-kogpt==0.1.0"} <= set(data["requires"])
-    assert data["model"]["source"] == str(tiny_gptj_dir)
+    assert data["requires"] == ["ftx-triton==0.1.0", "ftx-triton-gptj==0.1.0"]  # what the deployment uses, only
+    assert data["model"]["source"] == os.path.relpath(tiny_gptj_dir, in_tmp_cwd)  # relative: the file is committed
     result = ftx_cli("run", "--until", "convert")  # MODEL comes from ftx.toml
     assert result.exit_code == 0, result.stderr
     assert Path(result.stdout.strip(), "config.ini").is_file()
@@ -83,7 +84,7 @@ def test_lock_records_settings_and_run_without_model_reproduces_them(ftx_cli, in
     settings = data["settings"]
     assert (settings["tp"], settings["weight_dtype"], settings["runtime"], settings["max_batch_size"]) == (
         2, "fp16", "python", 4)
-    assert settings["data_type"] == "fp16"  # resolved as the run resolves it
+    assert "data_type" not in settings  # not asked for: the replaying machine's runtime resolves it
     run = ftx_cli("run", "--until", "convert")
     assert run.exit_code == 0, run.stderr
     ft_dir = Path(run.stdout.strip())
@@ -99,7 +100,7 @@ def test_lock_of_a_changed_local_source_is_refused(ftx_cli, in_tmp_cwd: Path, ti
     src = tmp_path / 'we"ird dir'  # a quote in the path: TOML written by tomlkit stays valid
     shutil.copytree(tiny_gptj_dir, src)
     assert ftx_cli("lock", str(src)).exit_code == 0
-    assert tomllib.loads((in_tmp_cwd / "ftx.toml").read_text())["model"]["source"] == str(src)
+    assert tomllib.loads((in_tmp_cwd / "ftx.toml").read_text())["model"]["source"] == os.path.relpath(src, in_tmp_cwd)
     assert ftx_cli("run", "--until", "fetch").exit_code == 0
     config = src / "config.json"
     config.write_text(config.read_text() + "\n")
@@ -132,3 +133,59 @@ def test_lock_of_a_url_records_its_sha256_and_the_download_is_not_kept(ftx_cli, 
         server.serve_bytes("/m.tar.zst", data[:-1] + b"x")  # the URL now serves other bytes
         tampered = ftx_cli("run", "--until", "fetch", "--force", "fetch")
         assert tampered.exit_code == 1 and "sha256" in tampered.stderr, "the pinned sha256 is checked"
+
+
+# --------------------------------------------------------------------------- a lock replays on another kind of host
+
+
+def _gpu_host_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stand-in for a GPU host (none here): the Docker FasterTransformer runtime reports itself available, as
+    it does with a daemon, the NVIDIA runtime and the image. Only planning (--dry-run) runs under it."""
+    from ftx_triton.runtime.api import Availability
+    from ftx_triton.runtime.fastertransformer.docker.plugin import DockerFasterTransformer
+
+    monkeypatch.setattr(DockerFasterTransformer, "available",
+                        lambda self, settings: Availability(True, "stand-in GPU host: Docker, NVIDIA runtime, image"))
+
+
+def _plan(ftx_cli, *args: str, env: dict[str, str] | None = None) -> dict[str, str]:
+    planned = ftx_cli("run", *args, "--dry-run", env=env)
+    assert planned.exit_code == 0, planned.stderr
+    lines = {line.split()[0]: line for line in planned.stderr.splitlines() if line and not line.startswith(" ")}
+    return {"runtime": lines["runtime"].split()[1], "compute": lines["compute"].split()[1],
+            "convert": lines["convert"]}
+
+
+def test_a_lock_written_on_a_cpu_machine_replays_on_a_gpu_host_and_vice_versa(
+        ftx_cli, in_tmp_cwd: Path, tiny_gptj_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lock records what was asked (auto stays auto), not what this machine resolved: written here (no GPU) it
+    plans the FasterTransformer runtime in fp16 on a GPU host; written on the GPU host it is the same file and plans
+    the python runtime here. `ftx run --lock FILE` (and FTX_RUN_LOCK) reads a file written with `-o FILE`."""
+    deploy = in_tmp_cwd / "deploy"
+    deploy.mkdir()
+    on_cpu = ftx_cli("lock", str(tiny_gptj_dir), "-o", "deploy/prod.toml")
+    assert on_cpu.exit_code == 0, on_cpu.stderr
+    written_on_cpu = (deploy / "prod.toml").read_text()
+    settings = tomllib.loads(written_on_cpu)["settings"]
+    assert (settings["runtime"], settings["weight_dtype"]) == ("auto", "auto") and "data_type" not in settings
+    cpu_plan = _plan(ftx_cli, "--lock", "deploy/prod.toml")
+    assert cpu_plan["runtime"] == "python" and cpu_plan["compute"] == "fp32"
+
+    with monkeypatch.context() as gpu_host:
+        _gpu_host_stand_in(gpu_host)
+        gpu_plan = _plan(ftx_cli, env={"FTX_RUN_LOCK": "deploy/prod.toml"})
+        assert gpu_plan["runtime"] == "fastertransformer-docker" and gpu_plan["compute"] == "fp16"
+        (deploy / "prod.toml").unlink()
+        on_gpu = ftx_cli("lock", str(tiny_gptj_dir), "-o", "deploy/prod.toml")
+        assert on_gpu.exit_code == 0, on_gpu.stderr
+    assert (deploy / "prod.toml").read_text() == written_on_cpu  # nothing of the machine that wrote it
+    assert _plan(ftx_cli, "--lock", "deploy/prod.toml") == cpu_plan
+    tokenizer = shutil.copytree(tiny_gptj_dir, in_tmp_cwd / "deploy" / "tokenizer")
+    assert ftx_cli("lock", str(tiny_gptj_dir), "-o", "deploy/prod.toml", "--tokenizer", str(tokenizer)).exit_code == 0
+    text = (deploy / "prod.toml").read_text()
+    assert str(in_tmp_cwd) not in text  # nothing absolute in a file meant to be committed
+    assert tomllib.loads(text)["settings"]["tokenizer"] == "tokenizer"
+    elsewhere = in_tmp_cwd / "checkout"  # the file is committed and replayed from another directory
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert _plan(ftx_cli, "--lock", str(deploy / "prod.toml")) == cpu_plan

@@ -60,9 +60,10 @@ def bench(name: str | None, url: str | None, tool: str, concurrency: str, reques
           max_tokens: int, as_json: bool) -> None:
     """Measure a running deployment's throughput and latency through its ensemble.
 
-    The figures are appended to ftx-bench.json beside the deployment record (ftx-deployment.json)
-    in the model repository, with the tool that measured them.
+    The figures are appended, with the tool that measured them, to FTX_HOME/bench/<repository>.json:
+    beside the store, never inside its verified artifacts.
     """
+    from ftx_triton.paths import ftx_home
     from ftx_triton.server.bench import BenchResult, builtin_load, find_perf_analyzer, run_perf_analyzer, store_result
 
     levels = _concurrency(concurrency)
@@ -91,7 +92,7 @@ def bench(name: str | None, url: str | None, tool: str, concurrency: str, reques
         codec = load_codec(Path(target.repository) / "preprocessing" / "1")
         result.points = builtin_load(f"http://{target.http}", "ensemble", prompt, max_tokens, levels, requests,
                                      count_tokens=lambda text: len(codec.encode(text, prompt=False)))
-    stored = store_result(Path(target.repository), result)
+    stored = store_result(ftx_home(), Path(target.repository), result)
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
     else:

@@ -13,8 +13,29 @@ import click
 from ftx_triton.errors import FtxError, file_system_error
 
 ENV_PREFIX = "FTX"
-"""Every option has an environment twin: ``FTX_<COMMAND>_<OPTION>`` (click's auto_envvar_prefix),
-and the global flags ``FTX_LOG_FORMAT`` / ``FTX_VERBOSE``."""
+"""Every option has an environment twin: ``FTX_<COMMAND>_<OPTION>``, COMMAND the command's path (``BACKEND_BUILD``)
+and OPTION its first long flag (``--json`` -> ``JSON``, never the Python name behind it), and the global flags
+``FTX_LOG_FORMAT`` / ``FTX_VERBOSE``."""
+
+
+def option_envvar(prefix: str, param: click.Option) -> str:
+    """The environment twin of ``param`` under a command whose prefix is ``prefix`` (``FTX_PS``):
+    its first long flag, upper case, ``-`` as ``_``."""
+    flag = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+    return f"{prefix}_{flag.lstrip('-').replace('-', '_').upper()}"
+
+
+def apply_envvar_rule(command: click.Command, prefix: str) -> None:
+    """Give every option of ``command`` its ``FTX_<COMMAND>_<OPTION>`` twin first; a name an option
+    already declared (``FTX_ACCEPT_LICENSE``, ``FTX_FT_SOURCES``) stays as a second one."""
+    for param in command.params:
+        if not isinstance(param, click.Option) or param.name in GLOBAL_NAMES \
+                or not (param.allow_from_autoenv or param.envvar):
+            continue
+        rule = option_envvar(prefix, param)
+        declared = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar or ())
+        param.envvar = [rule, *(name for name in declared if name != rule)] if declared else rule
+        param.allow_from_autoenv = False  # click's own twin is named after the Python name (FTX_PS_AS_JSON)
 
 
 def print_error(exc: FtxError) -> None:
@@ -110,6 +131,11 @@ class FtxCommand(click.Command):
         for param in self.params:
             if isinstance(param, click.Option):
                 param.show_envvar = True
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if ctx.auto_envvar_prefix:  # known only now: the prefix holds the command's path
+            apply_envvar_rule(self, ctx.auto_envvar_prefix)
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> object:
         from ftx_triton.plan.interrupt import EXIT_CODE

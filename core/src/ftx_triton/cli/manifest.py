@@ -71,8 +71,11 @@ def load_manifest(path: Path) -> Manifest:
     return Manifest(path, tuple(requires), model, settings)
 
 
-def find_manifest(start: Path | None = None) -> Manifest | None:
-    """``ftx.toml`` in the working directory, if there is one."""
+def find_manifest(start: Path | None = None, lock: Path | None = None) -> Manifest | None:
+    """The deployment file: ``lock`` when given (``ftx run --lock FILE``), else ``ftx.toml`` in the working
+    directory, if there is one."""
+    if lock is not None:
+        return load_manifest(Path(lock))
     path = (start or Path.cwd()) / MANIFEST_NAME
     return load_manifest(path) if path.is_file() else None
 
@@ -163,12 +166,23 @@ def write_lock(path: Path, requires: Sequence[str], model: Mapping[str, Any],
     os.replace(tmp, path)
 
 
-def check_local_source(model: Mapping[str, Any]) -> None:
+def locked_source(manifest: Manifest) -> str:
+    """``[model] source`` as ``ftx run`` takes it: a local directory (pinned by ``tree_sha256``) is written relative
+    to the lock file, so the file can be committed and replayed from any checkout; it is resolved against the
+    file's directory here."""
+    source = str(manifest.model.get("source", ""))
+    if "tree_sha256" in manifest.model and not Path(source).is_absolute():
+        return str((manifest.path.parent / source).resolve())
+    return source
+
+
+def check_local_source(manifest: Manifest) -> None:
     """A locked local source must hold what it held at ``ftx lock`` time (by content)."""
     from ftx_triton.fetching.refs import local_fingerprint
     from ftx_triton.plan.settings import path_fingerprint
 
-    source = Path(str(model.get("source", "")))
+    model = manifest.model
+    source = Path(locked_source(manifest))
     if "tree_sha256" not in model:
         return
     if not source.is_dir():

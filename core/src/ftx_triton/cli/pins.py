@@ -1,44 +1,48 @@
-"""``ftx lock``: pin the plugin versions, the resolved model source and every setting into ftx.toml."""
+"""``ftx lock``: pin the plugins a deployment uses, its model source by content and every setting as asked into
+ftx.toml."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import click
 
-from ftx_triton.cli.common import FtxCommand, command_store, get_host, say
+from ftx_triton.cli.common import FtxCommand, get_host, say
 from ftx_triton.cli.manifest import MANIFEST_NAME, locked_settings, write_lock
 from ftx_triton.cli.options import PORT, conversion_options, repository_options, section, source_options, tune_options
 from ftx_triton.plan.settings import RunSettings
 
 
-def _resolved_settings(settings: RunSettings) -> RunSettings:
-    """The settings a run would end up with: weight dtype, runtime and compute type resolved where
-    they can be without downloading (a preset's or local config.json); the rest is fixed by the pin."""
-    from ftx_triton.engine.pipeline import Pipeline
-    from ftx_triton.errors import FtxError
-    from ftx_triton.runtime.select import choose_runtime
+def _requires(family: str | None, runtime: str) -> list[str]:
+    """Exact pins of what the deployment uses: core, the family's plugin and a plugin's runtime named with
+    --runtime. A family not known before download (an hf:// source without --family) pins every loaded plugin."""
+    from ftx_triton.plugins import CORE_DISTRIBUTION, installed_distributions
 
-    pipeline = Pipeline(get_host(), command_store(), settings.replace(dry_run=True))
-    try:
-        pipeline.run()
-    except FtxError:
-        pass  # planning needs the checkpoint's config: resolved at run time from the pinned source
-    resolved = pipeline.settings
-    runtime = resolved.runtime
-    if pipeline.ctx.runtime is not None:
-        runtime = pipeline.ctx.runtime.name
-    else:
-        try:
-            runtime = choose_runtime(get_host().runtimes, resolved)[0].name
-        except FtxError:
-            pass
-    return resolved.replace(runtime=runtime, dry_run=False)
+    host = get_host()
+    used = {CORE_DISTRIBUTION}
+    if family is None:
+        used |= {r.distribution for r in host.records if r.status == "loaded"}
+    elif owner := host.family_owner.get(family):
+        used.add(owner)
+    if runtime_owner := host.runtime_owner.get(runtime):
+        used.add(runtime_owner)
+    return [f"{name}=={version}" for name, version in installed_distributions() if name in used]
 
 
-def _model_table(settings: RunSettings, family: str | None) -> tuple[dict[str, Any], str]:
-    """[model]: the source as a user would type it, pinned (commit, sha256 or content hash)."""
+def _family_of(table: dict[str, Any], source: Path | None) -> str | None:
+    """The family the lock is for: given, the preset's, or detected from a local directory's config.json."""
+    if table.get("family"):
+        return str(table["family"])
+    if source is not None and source.is_dir():
+        return get_host().family_for_source(source, None)[0].name
+    return None
+
+
+def _model_table(settings: RunSettings, family: str | None, output: Path) -> tuple[dict[str, Any], str]:
+    """[model]: the source as a user would type it, pinned (commit, sha256 or content hash); a local
+    directory relative to the lock file, which is meant to be committed beside it."""
     from ftx_triton.cli.run import run_pipeline
     from ftx_triton.engine.sources import preset_refs, resolve_source
     from ftx_triton.fetching.refs import resolve_revision
@@ -66,7 +70,7 @@ def _model_table(settings: RunSettings, family: str | None) -> tuple[dict[str, A
         return table, f"{ref.display} -> sha256 {sha}"
     path = Path(ref.uri)
     say(f"hashing {path} to pin its content …")
-    table["source"] = str(path.resolve())
+    table["source"] = os.path.relpath(path.resolve(), output.parent.resolve())
     table["fingerprint"] = resolve_revision(ref)
     table["tree_sha256"] = path_fingerprint(path).get("tree") if path.is_dir() else path_fingerprint(path)["sha256"]
     return table, f"{path} -> content {table['tree_sha256'][:16]}…"
@@ -92,7 +96,8 @@ def _check_lockable(url: str) -> None:
 @repository_options
 @section("Stages and runtime",
          click.option("--runtime", default="auto", show_default=True,
-                      help="Runtime to pin (auto: the one `ftx run` would choose here)."))
+                      help="Runtime to pin (auto: the one `ftx run` chooses on the machine that replays the "
+                           "lock)."))
 @tune_options
 @section("Serving",
          click.option("--host", default="127.0.0.1", show_default=True, help="Address the server binds to."),
@@ -104,27 +109,32 @@ def _check_lockable(url: str) -> None:
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), default=Path(MANIFEST_NAME),
               show_default=True, help="The deployment file to write.")
 def lock(model: str, output: Path, **opts: Any) -> None:
-    """Write ftx.toml: exact versions of ftx and every plugin, MODEL pinned, and every setting.
+    """Write ftx.toml: exact versions of core and the plugins the deployment uses, MODEL pinned, and every
+    setting as asked.
 
     MODEL is pinned by kind: a Hugging Face revision to its commit, a URL to its sha256 (downloaded
-    once), a local directory to its content hash, a built-in model to its name. The settings are
-    resolved as `ftx run` would resolve them here (runtime, weight dtype, compute type), so
-    `ftx run` with no MODEL, in the directory of ftx.toml, reproduces the deployment.
+    once), a local directory to its content hash (and written relative to the file), a built-in model to
+    its name. Settings are recorded as given, not as this machine would resolve them: `--runtime auto`
+    and `--weight-dtype auto` stay auto, so a lock written on a CPU machine serves on the GPU host that
+    replays it, and vice versa. `ftx run` with no MODEL, beside ftx.toml (or `--lock FILE`), replays it.
     """
-    from ftx_triton.plugins import CORE_DISTRIBUTION, installed_distributions
+    from ftx_triton.runtime.select import check_runtime_name
 
-    host = get_host()
     tokenizer = opts.get("tokenizer")
     if tokenizer is not None:
         opts["tokenizer"] = Path(tokenizer).expanduser().resolve()
     settings = RunSettings.of(model, **opts)
-    table, pinned = _model_table(settings, opts.get("family"))
-    resolved = _resolved_settings(settings)
-    loaded = {r.distribution for r in host.records if r.status == "loaded"} | {CORE_DISTRIBUTION}
-    requires = [f"{name}=={version}" for name, version in installed_distributions() if name in loaded]
-    write_lock(output, requires, table, locked_settings(resolved))
-    say(f"pinned {len(requires)} distributions, {pinned}, runtime {resolved.runtime}, "
-        f"tp {resolved.convert.tp}, weights {resolved.convert.weight_dtype}")
+    check_runtime_name(get_host().runtimes, settings.runtime)
+    table, pinned = _model_table(settings, opts.get("family"), output)
+    local = Path(table["source"]) if "tree_sha256" in table else None
+    family = _family_of(table, (output.parent / local).resolve() if local is not None else None)
+    requires = _requires(family, settings.runtime)
+    locked = {key: os.path.relpath(Path(value).resolve(), output.parent.resolve())
+              if isinstance(getattr(settings.configure, key, None), Path) else value
+              for key, value in locked_settings(settings).items()}  # paths relative to the file, as the source
+    write_lock(output, requires, table, locked)
+    say(f"pinned {len(requires)} distributions, {pinned}, runtime {settings.runtime}, "
+        f"tp {settings.convert.tp}, weights {settings.convert.weight_dtype}")
     click.echo(str(output))
 
 

@@ -34,19 +34,19 @@ def settings_from_options(model: str, **opts: Any) -> RunSettings:
     return RunSettings.of(model, **opts)
 
 
-def run_pipeline(settings: RunSettings) -> RunResult:
+def run_pipeline(settings: RunSettings, lock: Path | None = None) -> RunResult:
     """Check the deployment's pins, then run the pipeline over the user's FTX_HOME."""
     from ftx_triton.cli.manifest import check_requirements, find_manifest
     from ftx_triton.store.housekeeping import rotate_logs
 
-    manifest = find_manifest()
+    manifest = find_manifest(lock=lock)
     if manifest is not None:
         check_requirements(manifest)
     rotate_logs(ftx_home())  # server logs do not pile up: the newest ones are kept
     return Pipeline(get_host(), command_store(), settings, say=say).run()
 
 
-def model_from_manifest(model: str | None, opts: dict[str, Any]) -> str:
+def model_from_manifest(model: str | None, opts: dict[str, Any], lock: Path | None = None) -> str:
     """MODEL may be omitted when ./ftx.toml has a [model] section (as written by `ftx lock`).
 
     Then the locked source, its pin (revision, sha256, content hash) and every locked setting apply;
@@ -54,13 +54,13 @@ def model_from_manifest(model: str | None, opts: dict[str, Any]) -> str:
     """
     if model:
         return model
-    from ftx_triton.cli.manifest import check_local_source, find_manifest
+    from ftx_triton.cli.manifest import check_local_source, find_manifest, locked_source
 
-    manifest = find_manifest()
+    manifest = find_manifest(lock=lock)
     if manifest is None or "source" not in manifest.model:
-        raise ConfigError("no MODEL given and no ./ftx.toml with a [model] source",
+        raise ConfigError(f"no MODEL given and no {lock or './ftx.toml'} with a [model] source",
                           hint="run `ftx run gptj`, or `ftx lock MODEL` to write ftx.toml first")
-    check_local_source(manifest.model)
+    check_local_source(manifest)
     ctx = click.get_current_context()
     locked = {**manifest.settings, **{k: manifest.model.get(k) for k in ("revision", "family", "sha256")}}
     params = {p.name: p for p in ctx.command.params}
@@ -78,6 +78,8 @@ def model_from_manifest(model: str | None, opts: dict[str, Any]) -> str:
     for key, value in locked.items():
         if value is None or key not in ctx.params and key not in opts:
             continue
+        if key in params and isinstance(params[key].type, click.Path) and isinstance(value, str):
+            value = str(manifest.path.parent / value)  # paths in the file are relative to it (absolute ones stay)
         if key in params:
             value = locked_value(ctx, params[key], value, manifest.path)
         source = ctx.get_parameter_source(key)
@@ -91,7 +93,7 @@ def model_from_manifest(model: str | None, opts: dict[str, Any]) -> str:
             opts[key] = tuple(value) if isinstance(value, list) else value
             if key == "runtime":
                 opts["runtime_origin"] = manifest.path.name
-    return str(manifest.model["source"])
+    return locked_source(manifest)
 
 
 _NOT_SETTINGS = {
@@ -205,17 +207,21 @@ def _expected(param: click.Parameter) -> str:
                       help="Address the OpenAI-compatible endpoint binds to."),
          click.option("--openai-port", type=PORT,
                       help="Its port (default: the first free one from 9000)."))
+@section("Source",
+         click.option("--lock", "lock_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                      help="The deployment file to replay when MODEL is omitted (default: ./ftx.toml), as "
+                           "`ftx lock -o FILE` wrote it; its requirements are checked either way."))
 @section("Try it",
          click.option("--prompt", help="Generate a continuation of this prompt once the server is ready, then stop."),
          click.option("--max-tokens", type=click.IntRange(1, 4096), default=16, show_default=True,
                       help="Tokens to generate for --prompt."))
-def run(model: str | None, prompt: str | None, max_tokens: int, **opts: Any) -> None:
+def run(model: str | None, prompt: str | None, max_tokens: int, lock_file: Path | None, **opts: Any) -> None:
     """Fetch, convert, tune, configure and serve MODEL.
 
     MODEL is a preset (see `ftx models`), hf://org/name[@revision], a URL or a local path;
-    omitted, it comes from ./ftx.toml (see `ftx lock`).
+    omitted, it comes from ./ftx.toml or --lock FILE (see `ftx lock`).
     """
-    model = model_from_manifest(model, opts)
+    model = model_from_manifest(model, opts, lock_file)
     settings = settings_from_options(model, **opts)
     if settings.serve.openai and (prompt is None or settings.serve.detach):  # the front starts after the server
         from ftx_triton.server.ports import check_host
@@ -223,7 +229,12 @@ def run(model: str | None, prompt: str | None, max_tokens: int, **opts: Any) -> 
         check_host(settings.serve.openai_host, option="--openai-host")
     if settings.serve.name and not settings.dry_run:
         _refuse_taken_name(settings.serve.name)
-    result = run_pipeline(settings)
+    one_shot = prompt is not None and not settings.serve.detach and not settings.dry_run
+    quiet = one_shot and not click.get_current_context().find_root().meta.get("verbose")
+    with _held_back(quiet):
+        result = run_pipeline(settings, lock_file)
+    if quiet and result.endpoint is not None:
+        say(_summary(settings, result))
     if settings.dry_run:
         return
     if result.repository and result.endpoint is None:
@@ -235,7 +246,25 @@ def run(model: str | None, prompt: str | None, max_tokens: int, **opts: Any) -> 
     if result.endpoint is not None:
         from ftx_triton.cli.serving import after_serve
 
-        after_serve(result, settings, prompt=prompt, max_tokens=max_tokens)
+        with _held_back(quiet):
+            after_serve(result, settings, prompt=prompt, max_tokens=max_tokens)
+
+
+def _held_back(quiet: bool) -> contextlib.AbstractContextManager[object]:
+    """A one-shot ``--prompt`` run holds its step-by-step lines back (``-v`` shows them; a failure prints them)."""
+    from ftx_triton.terminal.console import held_back
+
+    return held_back() if quiet else contextlib.nullcontext()
+
+
+def _summary(settings: RunSettings, result: RunResult) -> str:
+    """The one line a quiet ``--prompt`` run prints before the answer."""
+    built = [o.stage for o in result.outcomes if not o.cached and not o.detail]
+    cached = sum(o.cached for o in result.outcomes)
+    steps = ", ".join(filter(None, [f"built {', '.join(built)}" if built else "",
+                                    f"{cached} stages cached" if cached else ""]))
+    runtime = result.runtime.name if result.runtime else "?"
+    return f"{settings.model}: {runtime} runtime, {steps or 'ready'} (-v shows every step)"
 
 
 commands = [run]

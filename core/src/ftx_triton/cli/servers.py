@@ -76,7 +76,7 @@ def stop_command(name: str | None, all_servers: bool) -> None:
     """
     if name and all_servers:
         raise click.UsageError("give a NAME or --all, not both")
-    from ftx_triton.openai_api.records import read_records, remove_malformed_fronts, stop_record
+    from ftx_triton.openai_api.records import FOREGROUND_PREFIX, read_records, remove_malformed_fronts, stop_record
     from ftx_triton.server.records import remove_malformed_servers, stop_server
 
     removed = (remove_malformed_servers(_home(), name) + remove_malformed_fronts(_home(), name)
@@ -84,7 +84,7 @@ def stop_command(name: str | None, all_servers: bool) -> None:
     handled = stop_server(_home(), name, all_servers=all_servers, missing_ok=bool(removed))
     names = {r.name for r in handled} | ({name} if name else set())
     for front in read_records(_home()):
-        if front["name"] in names or all_servers:
+        if front["name"] in names or all_servers and not front["name"].startswith(FOREGROUND_PREFIX):
             stop_record(front)
     for bad in removed:
         click.echo(f"removed malformed record {bad.path} ({bad.problem})")

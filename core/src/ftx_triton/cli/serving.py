@@ -7,7 +7,9 @@ Also ``ftx generate [MODEL] PROMPT``: one request through the ensemble's text in
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import queue
 import shlex
 import signal
@@ -180,31 +182,33 @@ def _home() -> Path:
 
 
 def resolve_target(model: str | None, url: str | None) -> tuple[str, str]:
-    """(server address, Triton model) for ``ftx generate``: ``--url``, or a detached server from ``ftx ps``.
+    """(server address, Triton model) for ``ftx generate``: ``--url``, or a server `ftx ps` lists (detached, or a
+    foreground ``ftx run`` of this FTX_HOME).
 
     MODEL is the Triton model to call (``ensemble``) or the name of a detached server (its
     ensemble is called then); omitted, it is the served ensemble (of the only running server).
     """
     if url:
         return _checked_url(url), model or "ensemble"
+    from ftx_triton.cli.processes import served_models
     from ftx_triton.server.records import list_servers
 
     live = [r for r in list_servers(_home()) if r.alive]
-    named = [r for r in live if model is not None and r.name == model]
+    servers = [(r.name, r.grpc_url, "ensemble" if "ensemble" in r.models or not r.models else r.models[0])
+               for r in live]
+    servers += [(s.name, s.grpc, "ensemble") for s in served_models(_home(), live) if not s.extra.get("detached")]
+    named = [s for s in servers if model is not None and s[0] == model]
     if named:
-        record = named[0]
-        return record.grpc_url, "ensemble" if "ensemble" in record.models or not record.models else record.models[0]
-    if len(live) == 1:
-        record = live[0]
-        served = "ensemble" if "ensemble" in record.models or not record.models else record.models[0]
-        return record.grpc_url, model or served
-    if not live:
+        return named[0][1], named[0][2]
+    if len(servers) == 1:
+        return servers[0][1], model or servers[0][2]
+    if not servers:
         raise ServeError("no running ftx server found",
-                         hint="start one with `ftx run MODEL --detach`, or pass the address `ftx run` printed "
+                         hint="start one with `ftx run MODEL` (or --detach), or pass the address `ftx run` printed "
                               "(--url http://HOST:PORT)")
-    names = ", ".join(r.name for r in live)
-    raise ServeError(f"{len(live)} servers are running ({names}); which one?",
-                     hint="name one as MODEL, or pass --url http://HOST:PORT")
+    names = ", ".join(f"{name} at {grpc}" for name, grpc, _ in servers)
+    raise ServeError(f"{len(servers)} servers are running ({names}); which one?",
+                     hint="name a detached one as MODEL, or pass --url http://HOST:PORT")
 
 
 def _checked_url(url: str) -> str:
@@ -223,7 +227,7 @@ def _checked_url(url: str) -> str:
 
 
 @click.command(cls=FtxCommand)
-@click.argument("args", nargs=-1, required=True, metavar="[MODEL] PROMPT")
+@click.argument("args", nargs=-1, metavar="[MODEL] PROMPT")
 @click.option("--max-tokens", type=click.IntRange(1, 1 << 20), default=EXAMPLE_TOKENS, show_default=True,
               help="Tokens to generate.")
 @click.option("--temperature", type=click.FloatRange(0, min_open=False),
@@ -235,13 +239,22 @@ def _checked_url(url: str) -> str:
                             "(default: the detached server, see `ftx ps`).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(0, min_open=True), default=600.0, show_default=True,
               help="Seconds to wait for the answer.")
+@click.option("--chat", is_flag=True, help="Chat: one user turn per line of stdin, answered with the model's chat "
+                                           "template through the server's OpenAI endpoint (--url: its /v1 address).")
+@click.option("--system", help="With --chat: a system message that opens the conversation.")
 def generate(args: tuple[str, ...], max_tokens: int, temperature: float | None, top_k: int | None,
-             top_p: float | None, stream: bool, url: str | None, timeout_s: float) -> None:
-    """Generate a continuation of PROMPT on a running server.
+             top_p: float | None, stream: bool, url: str | None, timeout_s: float, chat: bool,
+             system: str | None) -> None:
+    """Generate a continuation of PROMPT on a running server, or chat with it (--chat, turns from stdin).
 
-    MODEL is the served model to call or the name of a detached server from `ftx ps`; omitted, it
-    is the served ensemble. Without --temperature/--top-k/--top-p decoding is greedy.
+    MODEL is the served model to call or the name of a server from `ftx ps`; omitted, it is the
+    served ensemble. Without --temperature/--top-k/--top-p decoding is greedy.
     """
+    if chat:
+        _chat(args, url, max_tokens, temperature, top_k, top_p, timeout_s, system)
+        return
+    if not args:
+        raise click.UsageError("expected [MODEL] PROMPT (or --chat, which reads turns from stdin)")
     if len(args) > 2:
         raise click.UsageError(f"expected [MODEL] PROMPT, got {len(args)} arguments (quote a prompt with spaces)")
     model, prompt = (None, args[0]) if len(args) == 1 else args
@@ -258,6 +271,18 @@ def generate(args: tuple[str, ...], max_tokens: int, temperature: float | None, 
                          top_p=top_p, stream=stream, on_text=_writer() if stream else None, echo_prompt=True,
                          timeout_s=timeout_s, on_note=lambda note: say(f"note: {note}"))
     click.echo("" if stream else text)
+
+
+def _chat(args: tuple[str, ...], url: str | None, max_tokens: int, temperature: float | None, top_k: int | None,
+          top_p: float | None, timeout_s: float, system: str | None) -> None:
+    from ftx_triton.cli.chat import chat, find_openai, prompt_lines
+
+    if len(args) > 1:
+        raise click.UsageError("--chat takes at most MODEL (the turns come from stdin)")
+    sampling = {k: v for k, v in {"temperature": temperature, "top_k": top_k, "top_p": top_p}.items()
+                if v is not None}
+    chat(find_openai(_home(), args[0] if args else None, url), prompt_lines(), click.echo, system=system,
+         max_tokens=max_tokens, sampling=sampling, timeout_s=timeout_s)
 
 
 def _writer() -> Callable[[str], None]:
@@ -312,6 +337,8 @@ def describe_endpoint(result: Any, settings: Any, *, detached_name: str | None =
     openai = getattr(result, "openai", None)
     if openai is not None:
         lines.append(f"  OpenAI   {openai.url}  (model {openai_model_id(settings.model)!r})")
+        if not stream:
+            lines.append("           stream: true answers in one chunk (deploy with --streaming to stream tokens)")
     lines.append(f"  models   {models}")
     if getattr(server, "log_path", None):
         lines.append(f"  log      {server.log_path}")
@@ -389,8 +416,7 @@ def after_serve(result: Any, settings: Any, *, prompt: str | None = None, max_to
     try:
         if prompt is None or detach:
             result.openai = _start_openai(result, settings, detach)
-        if prompt is not None:
-            say(describe_endpoint(result, settings))
+        if prompt is not None:  # no "try it" block: the server stops after the answer (--detach prints it)
             stream = _decoupled(result.repository.path if result.repository else None)
             text = generate_text(endpoint.grpc_url, endpoint.model, prompt,
                                  max_tokens=max_tokens,
@@ -414,7 +440,8 @@ def after_serve(result: Any, settings: Any, *, prompt: str | None = None, max_to
         click.echo(describe_endpoint(result, settings))
         click.echo("\nCtrl-C stops the server.")
         sys.stdout.flush()
-        _serve_until_stopped(server)
+        with _foreground_front_record(result, server):
+            _serve_until_stopped(server)
         if result.openai is not None:
             result.openai.stop()
     except BaseException:
@@ -424,6 +451,24 @@ def after_serve(result: Any, settings: Any, *, prompt: str | None = None, max_to
             elif result.openai is not None:
                 result.openai.stop()
         raise
+
+
+@contextlib.contextmanager
+def _foreground_front_record(result: Any, server: Any) -> Iterator[None]:
+    """While a foreground ``ftx run`` serves, its OpenAI endpoint is recorded (``foreground-<pid>``) so that
+    `ftx ps` shows it; the record goes when the run ends (or with the next `ftx ps` after a crash)."""
+    if result.openai is None:
+        yield
+        return
+    from ftx_triton.openai_api.records import FOREGROUND_PREFIX, write_record
+
+    path = write_record(_home(), {"name": f"{FOREGROUND_PREFIX}{os.getpid()}", "pid": result.openai.process.pid,
+                                  "url": result.openai.url, "triton_pid": getattr(server, "pid", None),
+                                  "log": str(result.openai.log_path)})
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
 
 
 def _stop(result: Any) -> None:

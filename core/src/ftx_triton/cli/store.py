@@ -85,7 +85,8 @@ def _remove(store, chosen: list, dry_run: bool, *, skip_busy: bool = False,  # S
 @click.argument("artifacts", nargs=-1, required=True)
 @click.option("--dry-run", is_flag=True, help="Say what would be removed, remove nothing.")
 def rm_command(artifacts: tuple[str, ...], dry_run: bool) -> None:
-    """Remove ARTIFACTS from the store: keys (4+ characters), STAGE/KEY or paths, as `ftx ls` shows them.
+    """Remove ARTIFACTS from the store: a model by its SOURCE (`ftx rm tiny-gptj`: its fetch, conversions and
+    repositories), keys (4+ characters), STAGE/KEY or paths, as `ftx ls` shows them.
 
     Repositories built on a removed checkpoint or GEMM config are removed with it (they point at
     it); an artifact a running server uses is refused.

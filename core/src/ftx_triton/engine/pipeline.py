@@ -81,6 +81,7 @@ class Pipeline:
         family, hf_config = self._planned_config(ref, family)
         self._check_license(ref, family)
         self._place(family, hf_config)
+        self._check_before_fetch(family, hf_config)
         if self.settings.dry_run:
             return self._dry_run(ref, family, hf_config, result)
         self._check_named_runtime()
@@ -149,6 +150,21 @@ class Pipeline:
             raise ConfigError(f"the {named.name} runtime cannot serve here: {availability.reason}",
                               hint="lower --tp/--pp, run on a machine that has what it needs, or choose another "
                                    "--runtime (`ftx run --dry-run` plans without it)")
+
+    def _check_before_fetch(self, family: Family | None, hf_config: dict | None) -> None:
+        """Everything that can be checked before the first byte is fetched: the runtime's name (a typo used
+        to fail after fetch and convert) and, when the config is known (a preset or a local directory), the
+        weight dtype and tp/pp against the model. (Option types, ranges, dtype and port names are click's, and the
+        family's name is checked when it is looked up.)"""
+        from ftx_triton.runtime.select import check_runtime_name
+
+        s = self.settings
+        check_runtime_name(self.host.runtimes, s.runtime)
+        if family is not None:
+            if s.convert.weight_dtype != "auto":
+                family.check_weight_dtype(s.convert.weight_dtype)
+            if hf_config is not None:
+                family.spec(hf_config).check_parallel(s.convert.tp, s.configure.pp)
 
     def _check_license(self, ref: SourceRef, family: Family | None) -> None:
         """Show the licence once, on the terminal; refuse a non-commercial one that was not accepted."""

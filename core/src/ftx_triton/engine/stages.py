@@ -10,6 +10,7 @@ path conventions.
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -87,14 +88,24 @@ class Stages:
     # -- the stages ------------------------------------------------------------------------
 
     def fetch(self, ref: SourceRef, family: Family | None) -> Source:
-        from ftx_triton.fetching.refs import resolve_revision
+        from ftx_triton.fetching.refs import local_content_key, resolve_revision
 
-        revision = resolve_revision(ref)
         patterns = list(family.fetch_patterns if family else Family.fetch_patterns)
-        inputs = {"ref": ref.uri, "revision": revision, "sha256": ref.sha256, "patterns": patterns,
-                  "settings": section_fingerprint(self.settings.fetch)}
-        return self._build("fetch", inputs, family, Source, lambda dest: self.host.hook.ftx_fetch(
+        settings = section_fingerprint(self.settings.fetch)
+        local_dir = ref.kind == "local" and Path(ref.uri).is_dir()
+        inputs: dict[str, Any]
+        if local_dir:  # keyed by content, not by where it lies: a copy elsewhere is the same artifact
+            revision = local_content_key(Path(ref.uri), self.store.home)
+            inputs = {"ref": "local", "revision": revision, "patterns": patterns, "settings": {**settings, "source": None}}
+        else:
+            revision = resolve_revision(ref)
+            inputs = {"ref": ref.uri, "revision": revision, "sha256": ref.sha256, "patterns": patterns,
+                      "settings": settings}
+        source = self._build("fetch", inputs, family, Source, lambda dest: self.host.hook.ftx_fetch(
             ref=ref, revision=revision, family=family or Family(), dest=dest, ctx=self.ctx))
+        if local_dir and source.path != Path(ref.uri):  # built from a copy that lay elsewhere: read this one
+            source = dataclasses.replace(source, ref=ref, path=Path(ref.uri), origin={**source.origin, "path": ref.uri})
+        return source
 
     def convert(self, family: Family, source: Source, spec: ModelSpec) -> Checkpoint:
         inputs = {"fetch": self.ctx.artifact_keys["fetch"], "family": family.name, "fingerprint": family.fingerprint(),

@@ -245,3 +245,39 @@ def local_fingerprint(root: Path) -> str:
                 raise SourceError(f"{path} is a broken symlink", hint="fix or remove it, then run again") from exc
             digest.update(f"{path.relative_to(root).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return f"local-{digest.hexdigest()[:40]}"
+
+
+def local_content_key(root: Path, home: Path) -> str:
+    """The key of a local checkpoint directory by what it holds: every file's relative name and sha256
+    (``content-…``), wherever the directory lies, so a copy keys as the original.
+
+    Hashing a multi-GB checkpoint on every run would cost minutes: the digest is remembered in
+    ``<home>/local-keys`` under the directory's absolute path and quick fingerprint (names, sizes, mtimes), and
+    computed again only when one of them changes.
+    """
+    import json
+
+    from ftx_triton.io.hashing import sha256_files
+
+    quick = local_fingerprint(root)
+    memo = Path(home) / "local-keys" / (hashlib.sha256(f"{root.resolve()}\0{quick}".encode()).hexdigest()[:32] + ".json")
+    try:
+        remembered = json.loads(memo.read_text())
+        if isinstance(remembered, dict) and isinstance(remembered.get("key"), str):
+            return str(remembered["key"])
+    except (OSError, ValueError):
+        pass  # not remembered (or a damaged memo of ftx's own): hashed again
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
+        files += [Path(dirpath, name) for name in sorted(filenames)]
+    digests = sha256_files(files)
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(f"{file.relative_to(root).as_posix()}\0{digests[file]}\n".encode())
+    key = f"content-{digest.hexdigest()[:40]}"
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    tmp = memo.with_name(f".{memo.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"key": key, "path": str(root.resolve())}))
+    os.replace(tmp, memo)
+    return key

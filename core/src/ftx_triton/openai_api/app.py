@@ -28,6 +28,12 @@ MAX_TOKENS_DEFAULT = 16
 """OpenAI's default for /v1/completions."""
 
 
+STREAM_HEADER = "X-Ftx-Stream"
+"""On a ``stream: true`` answer: ``tokens`` (the model streams) or ``whole`` (it does not: one chunk)."""
+NOT_STREAMING = ("this deployment answers in one piece: the model was not deployed with --streaming, so the "
+                 "whole text arrives as one chunk (ftx run MODEL --streaming streams token by token)")
+
+
 class BadRequest(Exception):
     """A request OpenAI's API would refuse (HTTP 400, or ``status``; ``code`` as OpenAI names it)."""
 
@@ -85,6 +91,7 @@ def _request_values(body: Mapping[str, Any], default_max_tokens: int | None) -> 
     """Sampling values, stop strings and stream flag of a completions-style body."""
     if body.get("n", 1) != 1:
         raise BadRequest("only n=1 is supported", "n")
+    _refuse_unsupported(body)
     max_tokens = _number(body, "max_tokens", int, 1, 1 << 20)
     if max_tokens is None:
         max_tokens = _number(body, "max_completion_tokens", int, 1, 1 << 20) or default_max_tokens
@@ -100,6 +107,25 @@ def _request_values(body: Mapping[str, Any], default_max_tokens: int | None) -> 
         raise BadRequest("stream must be true or false", "stream")
     values = sampling_values(max_tokens or MAX_TOKENS_DEFAULT, temperature or None, top_k or None, top_p)
     return values, stop, stream
+
+
+UNSUPPORTED = {
+    "logprobs": "log probabilities are not returned by this endpoint",
+    "top_logprobs": "log probabilities are not returned by this endpoint",
+    "tools": "this endpoint does no tool calling",
+    "functions": "this endpoint does no function calling",
+}
+"""Request fields whose features the endpoint lacks: refused (400 unsupported_parameter) when set, never ignored."""
+
+
+def _refuse_unsupported(body: Mapping[str, Any]) -> None:
+    for name, why in UNSUPPORTED.items():
+        if body.get(name) not in (None, False, [], {}):
+            raise BadRequest(f"{name} is not supported: {why}; send the request without it", name,
+                             code="unsupported_parameter")
+    if body.get("tool_choice") not in (None, "none"):
+        raise BadRequest("tool_choice is not supported: this endpoint does no tool calling; send the request "
+                         "without it", "tool_choice", code="unsupported_parameter")
 
 
 def _cut(text: str, stop: list[str]) -> tuple[str, bool]:
@@ -269,8 +295,12 @@ class Handlers:
             opening: str | None = await anext(stream)
         except StopAsyncIteration:
             opening = None
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        decoupled = self.d.iface().decoupled
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                               STREAM_HEADER: "tokens" if decoupled else "whole"})
         await response.prepare(request)
+        if not decoupled:  # honest about it: SSE comments reach a client that reads the raw stream
+            await response.write(f": {NOT_STREAMING}\n\n".encode())
 
         async def send(data: Mapping[str, Any] | str) -> None:
             text = data if isinstance(data, str) else json.dumps(data)

@@ -44,6 +44,10 @@ _CHECKS: dict[str, Check] = {
 _OPTIONAL = frozenset({"triton_pid", "log"})
 
 
+FOREGROUND_PREFIX = "foreground-"
+"""Names of the records a foreground ``ftx run`` keeps while it serves (for `ftx ps`); `ftx stop` leaves them."""
+
+
 def records_dir(home: Path) -> Path:
     return Path(home) / "openai"
 

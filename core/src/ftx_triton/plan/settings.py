@@ -219,18 +219,19 @@ def _key_value(value: Any) -> Any:
 
 
 def path_fingerprint(path: Path) -> dict[str, Any]:
-    """A path by what it holds: every file's relative name and sha256 (a missing path keys as missing)."""
+    """A path by what it holds: every file's relative name and sha256, not where it lies (a copy keys as the
+    original); a missing path keys as missing, by its name."""
     from ftx_triton.io.hashing import sha256_file
 
     path = Path(path)
     if path.is_file():
-        return {"path": str(path), "sha256": sha256_file(path)}
+        return {"sha256": sha256_file(path)}
     if not path.is_dir():
         return {"path": str(path), "missing": True}
     digest = hashlib.sha256()
     for file in sorted(p for p in path.rglob("*") if p.is_file()):
         digest.update(f"{file.relative_to(path).as_posix()}\0{sha256_file(file)}\n".encode())
-    return {"path": str(path), "tree": digest.hexdigest()}
+    return {"tree": digest.hexdigest()}
 
 
 __all__ = [

@@ -9,6 +9,19 @@ from ftx_triton.plan.settings import RunSettings
 from ftx_triton.runtime.api import Runtime, runtime_names
 
 
+def check_runtime_name(runtimes: Mapping[str, Runtime], requested: str) -> None:
+    """Refuse a ``--runtime`` that names no runtime, alias or ``auto`` (a cheap check, run before anything is
+    fetched), suggesting the closest name."""
+    import difflib
+
+    names = runtime_names(list(runtimes.values()))
+    if requested == "auto" or requested in runtimes or any(requested in r.selects_as for r in runtimes.values()):
+        return
+    close = difflib.get_close_matches(requested, names, n=1)
+    raise ConfigError(f"unknown runtime {requested!r}" + (f" (did you mean {close[0]!r}?)" if close else ""),
+                      hint=f"use one of: {', '.join(names)} (see `ftx plugins`)")
+
+
 def choose_runtime(runtimes: Mapping[str, Runtime], settings: RunSettings) -> tuple[Runtime, str]:
     """The runtime for ``settings.runtime`` and why it was chosen.
 

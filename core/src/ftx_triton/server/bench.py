@@ -13,6 +13,7 @@ latency percentiles itself; :func:`run_bench` says which tool ran and why.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
@@ -31,7 +32,6 @@ from typing import Any
 
 from ftx_triton.errors import ToolError
 
-BENCH_FILE = "ftx-bench.json"
 PERF_ANALYZER_ENV = "FTX_PERF_ANALYZER"
 
 
@@ -171,19 +171,33 @@ def run_perf_analyzer(binary: Path, grpc_url: str, model: str, prompt: str, max_
     return points
 
 
-def store_result(repository: Path, result: BenchResult) -> Path:
-    """Append ``result`` to ``<repository>/ftx-bench.json`` (beside ``ftx-deployment.json``)."""
-    path = Path(repository) / BENCH_FILE
+def results_path(home: Path, repository: Path) -> Path:
+    """Where the figures of the deployment served from ``repository`` are kept: ``FTX_HOME/bench/<name>.json``.
+
+    Beside the store, never inside the repository: a store artifact is content-addressed and verified on
+    every use, so a file added to it would make the next run call it corrupt and rebuild it.
+    """
+    repository = Path(repository).resolve()
+    digest = hashlib.sha256(str(repository).encode()).hexdigest()[:12]
+    return Path(home) / "bench" / f"{repository.name[:40]}-{digest}.json"
+
+
+def store_result(home: Path, repository: Path, result: BenchResult) -> Path:
+    """Append ``result`` to the deployment's results file (:func:`results_path`); return its path."""
+    path = results_path(home, repository)
+    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         runs = json.loads(path.read_text())
     except (OSError, ValueError):
         runs = []
-    runs.append(result.as_dict())
-    tmp = path.with_name(f".{BENCH_FILE}.{os.getpid()}.tmp")
+    if not isinstance(runs, list):
+        runs = []  # a damaged record of ftx's own: started again
+    runs.append({**result.as_dict(), "repository": str(Path(repository).resolve())})
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(runs, indent=2))
     os.replace(tmp, path)
     return path
 
 
-__all__ = ["BENCH_FILE", "BenchResult", "Point", "builtin_load", "find_perf_analyzer", "run_perf_analyzer",
-           "store_result"]
+__all__ = ["BenchResult", "Point", "builtin_load", "find_perf_analyzer", "run_perf_analyzer",
+           "results_path", "store_result"]

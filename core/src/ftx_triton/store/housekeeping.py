@@ -217,8 +217,11 @@ def dependents(targets: Iterable[StoreEntry], entries: Iterable[StoreEntry]) -> 
 
 
 def find(entries: list[StoreEntry], text: str) -> list[StoreEntry]:
-    """Artifacts named by a key (or a unique prefix of 4+ characters), ``stage/key`` or their path."""
+    """Artifacts named by their source (the SOURCE column of `ftx ls`: the model and everything built from it),
+    a key (or a unique prefix of 4+ characters), ``stage/key`` or their path."""
     given, text = text, text.strip().rstrip("/")
+    if named := by_source(entries, text):
+        return named
     as_path = Path(text).expanduser()
     if as_path.is_absolute() or os.sep in text and not re.fullmatch(r"\w+/[0-9a-f]+", text):
         resolved = as_path.resolve()
@@ -231,6 +234,24 @@ def find(entries: list[StoreEntry], text: str) -> list[StoreEntry]:
         shown = ", ".join(e.ref for e in matches[:5])
         raise ConfigError(f"{text!r} matches several artifacts ({shown})", hint="give more characters of the key")
     return matches
+
+
+def by_source(entries: list[StoreEntry], name: str) -> list[StoreEntry]:
+    """The artifacts of one model, named as `ftx ls` shows its source (``ftx rm tiny-gptj``, as ``ollama rm
+    NAME``): its fetch and the conversions and repositories built on it (shared GEMM configs stay). A name
+    several fetched versions share is ambiguous: the error lists their keys."""
+    named = [e for e in entries if e.stage != "tune" and e.source == name]
+    lineages: dict[str, StoreEntry] = {}
+    for entry in named:
+        root = next((up for up in [entry, *closure(entry, {(e.stage, e.key): e for e in entries})]
+                     if up.stage == "fetch"), entry)
+        lineages.setdefault(root.ref, root)
+    if len(lineages) > 1:
+        shown = ", ".join(f"{ref} ({entry.created or 'unknown date'})" for ref, entry in sorted(lineages.items()))
+        raise ConfigError(f"{name!r} names {len(lineages)} fetched versions in the store: {shown}",
+                          hint=f"remove one by its key (`ftx rm {next(iter(sorted(lineages)))}`), "
+                               "or see them all with `ftx ls`")
+    return named
 
 
 class ArtifactInUse(ConfigError):

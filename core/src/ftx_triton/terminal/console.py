@@ -17,7 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-_STATE: dict[str, Any] = {"json": False, "console": None, "stderr": None}
+_STATE: dict[str, Any] = {"json": False, "console": None, "stderr": None, "held": None}
 
 
 def console() -> Console:
@@ -42,8 +42,29 @@ def is_terminal() -> bool:
     return not json_mode() and sys.stderr.isatty()
 
 
+@contextlib.contextmanager
+def held_back() -> Iterator[list[str]]:
+    """Hold the human lines said inside back (a one-shot ``ftx run --prompt`` prints a summary instead); they
+    are printed after all when the block fails, so an error still comes with what led to it. Warnings and
+    errors are never held."""
+    held: list[str] = []
+    _STATE["held"] = held
+    try:
+        yield held
+    except BaseException:
+        _STATE["held"] = None
+        for text in held:
+            say(text)
+        raise
+    finally:
+        _STATE["held"] = None
+
+
 def say(text: str, *, style: str | None = None) -> None:
     """One human line on stderr (above any live bar); a ``message`` event in JSON mode."""
+    if _STATE["held"] is not None:
+        _STATE["held"].append(text)
+        return
     if json_mode():
         emit_json({"event": "message", "level": "info", "text": text})
         return
