@@ -18,7 +18,7 @@ PORT = click.IntRange(1, 65535)
 
 
 class TpType(click.IntRange):
-    """``--tp``: 1-64, or ``auto`` (0 in the settings: ftx_triton.runtime.fastertransformer.placement picks tp x pp from the GPUs here)."""
+    """``--tp``: 1-64, or ``auto`` (0 in the settings: the placement planner picks tp x pp from the GPUs here)."""
 
     name = "1-64|auto"
 

@@ -129,7 +129,7 @@ class Pipeline:
         return family, None
 
     def _place(self, family: Family | None, hf_config: dict | None) -> None:
-        """``--tp auto`` (tp 0): tp x pp and instances from :mod:`ftx_triton.runtime.fastertransformer.placement`, said with the reason."""
+        """``--tp auto`` (tp 0): tp x pp and instances from the placement planner, said with the reason."""
         if self.settings.convert.tp != 0 or family is None or hf_config is None:
             return
         from ftx_triton.runtime.fastertransformer.placement import auto_layout

@@ -46,8 +46,8 @@ def test_layouts_respect_what_tp_and_pp_must_divide() -> None:
 
 def test_footprint_of_gpt_j_6b_from_its_published_config() -> None:
     """Parameters come from the family's own table on config.json alone (no weights)."""
-    from ftx_triton.runtime.fastertransformer.placement import footprint_of
     from ftx_triton.plugins import load_host
+    from ftx_triton.runtime.fastertransformer.placement import footprint_of
 
     family = load_host().family("gptj")
     config = {"model_type": "gptj", "architectures": ["GPTJForCausalLM"], "n_layer": 28, "n_embd": 4096, "n_head": 16,
@@ -73,10 +73,10 @@ def _gptj_config(layers: int = 28) -> dict:
 
 
 def test_auto_layout_for_a_fastertransformer_runtime_uses_the_gpus_given() -> None:
-    from ftx_triton.runtime.fastertransformer.placement import auto_layout
     from ftx_triton.plan.settings import RunSettings
     from ftx_triton.plugins import load_host
     from ftx_triton.runtime.fastertransformer.gpus import Gpu
+    from ftx_triton.runtime.fastertransformer.placement import auto_layout
 
     family = load_host().family("gptj")
     h100s = [Gpu(i, "NVIDIA H100 80GB HBM3", (9, 0), memory_mib=81559) for i in range(2)]
