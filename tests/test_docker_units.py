@@ -16,10 +16,11 @@ from ftx.docker_runtime.gpus import Gpu, default_sm, parse_sm_list, select_gpus
 from ftx.docker_runtime.hosts import HostList, mpirun_argv, node_layout, read_hosts
 from ftx.docker_runtime.image import BuildDisplay, patch_dockerfile, stream_build
 from ftx.docker_runtime.logscan import LogScanner, ScanContext
-from ftx.docker_runtime.options import DockerOptions, parse_env
+from ftx.docker_runtime.options import DockerOptions
 from ftx.docker_runtime.serve import checkpoint_dirs, choose_ports, plan_serve
 from ftx.docker_runtime.spec import ContainerSpec, Mount
 from ftx.errors import ConfigError, ServeError, ToolError
+from ftx.runtime.ftbase import parse_env
 from ftx.settings import RunSettings
 from ftx.triton.model_config import FtModelOptions, build_ft_model_config, write_config
 from ftx.triton.ports import ServerPorts

@@ -20,18 +20,27 @@ from ftx.artifacts import Endpoint, GemmConfig
 
 
 class ToyHandle:
-    """What a served toy deployment hands back: it records how it was stopped or detached."""
+    """A served toy deployment (ftx.artifacts.ServedDeployment): it records how it was stopped or detached."""
 
     def __init__(self, record: Path) -> None:
         self.record = record
         self.name = "toy-1"
         self.stop_hint = "`toyctl down toy-1` stops it"
+        self.log_path = None
+        self.metrics_url = None
+        self.pid = None
 
     def stop(self) -> None:
         self.record.write_text("stopped")
 
     def detach(self) -> None:
         self.record.write_text("detached")
+
+    def wait(self, timeout=None):
+        return 0
+
+    def exit_report(self) -> str:
+        return "the abacus stopped"
 
 
 class Toy(ftx.Runtime):
@@ -121,11 +130,15 @@ def test_unknown_runtime_lists_the_registered_ones(ftx_cli: Any, tiny_gptj_dir: 
 # --------------------------------------------------------------------------- choosing
 
 
+STORE: Any = None
+"""The fakes below answer `available` without looking at a store."""
+
+
 def _runtime(name: str, priority: int, ok: bool, aliases: tuple[str, ...] = ()) -> Any:
     from ftx.runtime.api import Availability, Runtime
 
     class Fake(Runtime):
-        def available(self, settings: Any) -> Availability:
+        def available(self, settings: Any, store: Any) -> Availability:
             return Availability(ok, f"{name} {'is here' if ok else 'is missing'}")
 
     Fake.name, Fake.priority, Fake.selects_as = name, priority, aliases
@@ -139,11 +152,11 @@ def test_auto_takes_the_available_runtime_of_highest_priority() -> None:
 
     runtimes = {r.name: r for r in (_runtime("a", 30, False, ("x",)), _runtime("b", 20, True, ("x",)),
                                     _runtime("c", 10, True))}
-    chosen, why = choose_runtime(runtimes, RunSettings.of("m"))
+    chosen, why = choose_runtime(runtimes, RunSettings.of("m"), STORE)
     assert chosen.name == "b" and "a: a is missing" in why and "b is here" in why
-    chosen, why = choose_runtime(runtimes, RunSettings.of("m", runtime="x"))
+    chosen, why = choose_runtime(runtimes, RunSettings.of("m", runtime="x"), STORE)
     assert chosen.name == "b" and "requested with --runtime x" in why
-    chosen, _ = choose_runtime(runtimes, RunSettings.of("m", runtime="c"))
+    chosen, _ = choose_runtime(runtimes, RunSettings.of("m", runtime="c"), STORE)
     assert chosen.name == "c"
 
 
@@ -152,7 +165,7 @@ def test_an_alias_with_nothing_available_plans_for_its_best_runtime() -> None:
     from ftx.settings import RunSettings
 
     runtimes = {r.name: r for r in (_runtime("a", 30, False, ("x",)), _runtime("b", 20, False, ("x",)))}
-    chosen, why = choose_runtime(runtimes, RunSettings.of("m", runtime="x"))
+    chosen, why = choose_runtime(runtimes, RunSettings.of("m", runtime="x"), STORE)
     assert chosen.name == "a" and "a is missing" in why and "b is missing" in why
 
 
@@ -162,7 +175,7 @@ def test_auto_with_nothing_available_is_an_error() -> None:
     from ftx.settings import RunSettings
 
     with pytest.raises(ConfigError, match="no runtime can serve"):
-        choose_runtime({"a": _runtime("a", 1, False)}, RunSettings.of("m"))
+        choose_runtime({"a": _runtime("a", 1, False)}, RunSettings.of("m"), STORE)
 
 
 def test_two_plugins_registering_one_runtime_name_is_an_error() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,11 +28,9 @@ class StageContext:
     runtime_reason: str = ""
     log: Any = field(default_factory=lambda: structlog.get_logger("ftx.stage"))
     show_progress: bool = True
+    say: Callable[[str], None] = field(default=lambda text: None)
+    """A human line for the user (the CLI's: stderr, above progress bars); runtimes report through it."""
     artifact_keys: dict[str, str] = field(default_factory=dict)
     """Keys of the artifacts this run has built or reused so far, by stage."""
     producer: dict[str, Any] = field(default_factory=dict)
     """ftx version, the family (name, distribution, version, fingerprint) and loaded plugin versions."""
-
-    @property
-    def runtime_name(self) -> str:
-        return self.runtime.name if self.runtime is not None else ""

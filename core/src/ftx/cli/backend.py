@@ -40,9 +40,10 @@ def preflight_command(sm: str | None) -> None:
 @click.option("--force", is_flag=True, help="Build again even if a build for this toolchain and SM list exists.")
 def build_command(sm: str | None, sources: Path | None, jobs: int | None, force: bool) -> None:
     """Build (or find) the backend for this toolchain and SM list; print the artifact's path."""
+    from ftx.cli.common import command_store
     from ftx.native.options import backend_for
 
-    built = backend_for(sm=sm, sources=sources, jobs=jobs, force=force, need_gpu=sm is None, say=say)
+    built = backend_for(command_store(), sm=sm, sources=sources, jobs=jobs, force=force, need_gpu=sm is None, say=say)
     say(f"backend   {'cached' if built.cached else 'built'}: SM {','.join(map(str, built.sm))}, key {built.key}")
     click.echo(str(built.path))
 

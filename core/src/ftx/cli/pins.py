@@ -20,18 +20,18 @@ def _resolved_settings(settings: RunSettings) -> RunSettings:
     from ftx.pipeline import Pipeline
     from ftx.runtime.select import choose_runtime
 
-    pipeline = Pipeline(get_host(), command_store(), settings.replace(dry_run=True))
+    store = command_store()
     try:
-        pipeline.run()
+        plan = Pipeline(get_host(), store, settings.replace(dry_run=True)).plan()
     except FtxError:
-        pass  # planning needs the checkpoint's config: resolved at run time from the pinned source
-    resolved = pipeline.settings
+        plan = None  # planning needs the checkpoint's config: resolved at run time from the pinned source
+    resolved = plan.settings if plan is not None else settings
     runtime = resolved.runtime
-    if pipeline.ctx.runtime is not None:
-        runtime = pipeline.ctx.runtime.name
+    if plan is not None and plan.runtime is not None:
+        runtime = plan.runtime.name
     else:
         try:
-            runtime = choose_runtime(get_host().runtimes, resolved)[0].name
+            runtime = choose_runtime(get_host().runtimes, resolved, store)[0].name
         except FtxError:
             pass
     return resolved.replace(runtime=runtime, dry_run=False)

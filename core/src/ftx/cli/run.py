@@ -174,10 +174,10 @@ def run(model: str | None, prompt: str | None, max_tokens: int, **opts: Any) -> 
         click.echo(str(result.checkpoint.path))
     elif result.source and settings.until == "fetch":
         click.echo(str(result.source.path))
-    if result.endpoint is not None:
+    if result.deployment is not None:
         from ftx.cli.serving import after_serve
 
-        after_serve(result, settings, prompt=prompt, max_tokens=max_tokens)
+        after_serve(result.deployment, prompt=prompt, max_tokens=max_tokens)
 
 
 commands = [run]

@@ -24,9 +24,10 @@ from ftx.docker_runtime.hosts import HOSTFILE_NAME
 from ftx.docker_runtime.image import DOCKERFILE, ImageBuild
 from ftx.docker_runtime.options import DEFAULT_PORTS, DockerOptions
 from ftx.docker_runtime.serve import plan_serve
-from ftx.docker_runtime.tune import GEMM_FILE, gemm_arguments, gemm_tool_path, tune_spec
+from ftx.docker_runtime.tune import gemm_tool_path, tune_spec
 from ftx.errors import ConfigError
 from ftx.family import Family, ModelSpec
+from ftx.runtime.ftbase import GEMM_FILE, gemm_arguments
 from ftx.settings import RunSettings
 from ftx.triton.model_config import FT_MODEL_NAME, FtModelOptions, build_ft_model_config
 from ftx.triton.ports import ServerPorts
@@ -55,7 +56,7 @@ def _flag(name: str, value: object, default: object) -> list[str]:
 
 
 def describe_run(settings: RunSettings, family: Family, spec: ModelSpec, checkpoint_dir: Path,
-                 repository_dir: Path) -> list[str]:
+                 repository_dir: Path, home: Path | None = None) -> list[str]:
     """Human-readable steps (with exact commands) of a fastertransformer run; runs nothing."""
     options = DockerOptions.from_settings(settings)
     gpus_here = local_gpus()
@@ -69,14 +70,14 @@ def describe_run(settings: RunSettings, family: Family, spec: ModelSpec, checkpo
     gemm_placeholder = GemmConfig(Path(GEMM_FILE), True, "") if tune_s.tune else GemmConfig(None, False, "")
     try:
         plan = plan_serve(repository=repository_dir, checkpoints=[checkpoint_dir], settings=s, family=family.name,
-                          options=options, gemm=gemm_placeholder, ports=ports)
+                          options=options, gemm=gemm_placeholder, ports=ports, home=home)
     except ConfigError as exc:
         if "GPU" not in exc.message:
             raise
         warnings.append(f"! {exc.message} ({exc.hint})" if exc.hint else f"! {exc.message}")
         plan = plan_serve(repository=repository_dir, checkpoints=[checkpoint_dir], settings=s, family=family.name,
                           options=replace(options, gpus=tuple(range(tp * pp))),
-                          gemm=gemm_placeholder, ports=ports)
+                          gemm=gemm_placeholder, ports=ports, home=home)
     layout = plan.layout
     work = plan.work_dir
     title = family.title or family.name

@@ -9,29 +9,27 @@ from typing import TYPE_CHECKING, Any
 
 from ftx import hookimpl
 from ftx.runtime.api import Availability, DryRunPlan, Runtime
+from ftx.runtime.ftbase import FasterTransformerRuntime, gemm_arguments
 
 if TYPE_CHECKING:
     from ftx.artifacts import Endpoint, GemmConfig, ModelRepository
     from ftx.context import StageContext
     from ftx.family import Family, ModelSpec
     from ftx.settings import RunSettings
-    from ftx.triton.model_config import FtModelOptions
+    from ftx.store import ArtifactStore
 
 
-class DockerFasterTransformer(Runtime):
+class DockerFasterTransformer(FasterTransformerRuntime):
     """Triton with the FasterTransformer backend in the image ``ftx image build`` makes, through Docker."""
 
     name = "fastertransformer-docker"
-    selects_as = ("fastertransformer",)
     priority = 30
     description = "Triton + FasterTransformer backend image on tp x pp GPUs through Docker (mpirun tritonserver)"
-    default_data_type = "fp16"
-    uses_gemm_config = True
 
     def __init__(self) -> None:
         self._targets: dict[Any, dict[str, Any]] = {}
 
-    def available(self, settings: RunSettings) -> Availability:
+    def available(self, settings: RunSettings, store: ArtifactStore) -> Availability:
         from ftx.docker_runtime.options import DockerOptions
 
         try:
@@ -55,7 +53,8 @@ class DockerFasterTransformer(Runtime):
     def describe(self, plan: DryRunPlan) -> list[str]:
         from ftx.docker_runtime.plan import describe_run
 
-        return describe_run(plan.settings, plan.family, plan.spec, plan.checkpoint_dir, plan.repository_dir)
+        return describe_run(plan.settings, plan.family, plan.spec, plan.checkpoint_dir, plan.repository_dir,
+                            home=plan.store.home)
 
     def _target(self, family: Family, spec: ModelSpec, settings: RunSettings) -> dict[str, Any]:
         """GPU, image id and tool arguments of this run's tuning (resolved once per settings)."""
@@ -63,7 +62,6 @@ class DockerFasterTransformer(Runtime):
         from ftx.docker_runtime.gpus import gpu_model, local_gpus, select_gpus
         from ftx.docker_runtime.image import resolve_image
         from ftx.docker_runtime.options import DockerOptions
-        from ftx.docker_runtime.tune import gemm_arguments
 
         cache_key = (family.name, repr(settings))
         if cache_key in self._targets:
@@ -101,11 +99,6 @@ class DockerFasterTransformer(Runtime):
         reason = (f"{family.gemm_tool} {' '.join(target['args'])} on {target['gpu_model']} "
                   f"in {target['image']} ({target['image_id'][:19]})")
         return GemmConfig(result.path, True, reason)
-
-    def write_ft_model(self, model_dir: Path, options: FtModelOptions, family: Family) -> str:
-        from ftx.triton.repository import write_backend_ft_model
-
-        return write_backend_ft_model(model_dir, options, family)
 
     def serve(self, repository: ModelRepository, gemm: GemmConfig, ctx: StageContext) -> Endpoint:
         from ftx.docker_runtime.serve import serve_fastertransformer

@@ -23,22 +23,13 @@ from ftx.docker_runtime.client import docker_errors, explain
 from ftx.docker_runtime.spec import ContainerSpec, Mount
 from ftx.errors import ToolError
 from ftx.family import Family, ModelSpec
+from ftx.runtime.ftbase import GEMM_FILE, gemm_arguments
 from ftx.settings import RunSettings
 
 log = structlog.get_logger(__name__)
 
-GEMM_FILE = "gemm_config.in"
-
-
 def gemm_tool_path(family: Family) -> str:
     return f"{GEMM_BIN_DIR}/{family.gemm_tool}"
-
-
-def gemm_arguments(family: Family, spec: ModelSpec, settings: RunSettings) -> list[str]:
-    """The family's GEMM tool arguments for the serving settings (batch, beam, input length, dtype, tp)."""
-    t = settings.tune
-    return family.gemm_args(spec, batch=t.tune_batch, beam=t.tune_beam, max_input_len=t.tune_max_input_len,
-                            data_type=settings.data_type, tp=settings.convert.tp)
 
 
 def gemm_command(family: Family, spec: ModelSpec, settings: RunSettings) -> list[str]:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ftx import hookimpl
 from ftx.runtime.api import Availability, DryRunPlan, Runtime
+from ftx.runtime.ftbase import FasterTransformerRuntime, gemm_arguments
 
 if TYPE_CHECKING:
     from ftx.artifacts import Endpoint, GemmConfig, ModelRepository
@@ -19,18 +20,14 @@ if TYPE_CHECKING:
     from ftx.native.toolchain import HostProbe, Preflight
     from ftx.settings import RunSettings
     from ftx.store import ArtifactStore
-    from ftx.triton.model_config import FtModelOptions
 
 
-class NativeFasterTransformer(Runtime):
+class NativeFasterTransformer(FasterTransformerRuntime):
     """Triton + the FasterTransformer backend compiled here (``ftx backend build``), no Docker."""
 
     name = "fastertransformer-native"
-    selects_as = ("fastertransformer",)
     priority = 20
     description = "FasterTransformer built on this host (ftx backend build) in the embedded tritonserver; tp x pp GPUs"
-    default_data_type = "fp16"
-    uses_gemm_config = True
 
     def __init__(self) -> None:
         self._probe: HostProbe | None = None
@@ -50,10 +47,8 @@ class NativeFasterTransformer(Runtime):
 
         return evaluate(self.probe(), NativeOptions.from_settings(settings).sm)
 
-    def available(self, settings: RunSettings, store: ArtifactStore | None = None) -> Availability:
+    def available(self, settings: RunSettings, store: ArtifactStore) -> Availability:
         from ftx.native.build import find_backend
-        from ftx.paths import ftx_home
-        from ftx.store import ArtifactStore
 
         probe = self.probe()
         if not probe.gpus:
@@ -62,7 +57,7 @@ class NativeFasterTransformer(Runtime):
         if not settings.launch.hosts and len(probe.gpus) < wanted:
             return Availability(False, f"tp x pp needs {wanted} GPUs but this machine has {len(probe.gpus)}")
         pre = self.preflight(settings)
-        built = find_backend(store or ArtifactStore(ftx_home()), pre) if pre.sm else None
+        built = find_backend(store, pre) if pre.sm else None
         if built is not None:
             return Availability(True, f"FasterTransformer is built here for SM {','.join(map(str, built.sm))} "
                                       f"({built.path})")
@@ -72,30 +67,27 @@ class NativeFasterTransformer(Runtime):
         failed = pre.failures[0]
         return Availability(False, f"FasterTransformer cannot be built here: {failed.name}: {failed.detail}")
 
-    def built(self, settings: RunSettings, store: ArtifactStore, say: Any = None) -> BuiltBackend:
-        """The backend build for this host, built now if the store has none."""
+    def built(self, ctx: StageContext) -> BuiltBackend:
+        """The backend build for this host, built now if the run's store has none."""
         from ftx.native.options import NativeOptions, backend_for
 
-        options = NativeOptions.from_settings(settings)
-        return backend_for(sm=options.sm, sources=options.sources, jobs=options.jobs, home=store.home,
-                           say=say or _stderr)
+        options = NativeOptions.from_settings(ctx.settings)
+        return backend_for(ctx.store, sm=options.sm, sources=options.sources, jobs=options.jobs, say=ctx.say,
+                           show_progress=ctx.show_progress)
 
     # -- stages ----------------------------------------------------------------------------
 
     def describe(self, plan: DryRunPlan) -> list[str]:
-        from ftx.docker_runtime.tune import gemm_arguments
         from ftx.native.build import backend_key, find_backend
         from ftx.native.options import NativeOptions
         from ftx.native.serve import work_dir_for
-        from ftx.paths import ftx_home
-        from ftx.store import ArtifactStore
 
         s = plan.settings
         options = NativeOptions.from_settings(s)
         pre = self.preflight(s)
         sm = ",".join(map(str, pre.sm)) or "<--sm>"
-        home = ftx_home()
-        built = find_backend(ArtifactStore(home), pre) if pre.sm else None
+        home = plan.store.home
+        built = find_backend(plan.store, pre) if pre.sm else None
         build_line = (f"backend   cached {built.path}" if built else
                       f"backend   ftx backend build --sm {sm}" + (f" --sources {options.sources}" if options.sources else "")
                       + (f"  (key {backend_key(pre)})" if pre.sm else ""))
@@ -120,7 +112,6 @@ class NativeFasterTransformer(Runtime):
 
     def tune_key(self, family: Family, spec: ModelSpec, settings: RunSettings) -> Mapping[str, Any]:
         from ftx.docker_runtime.gpus import gpu_model
-        from ftx.docker_runtime.tune import gemm_arguments
         from ftx.native.build import backend_key
 
         pre = self.preflight(settings)
@@ -130,13 +121,12 @@ class NativeFasterTransformer(Runtime):
     def tune(self, family: Family, spec: ModelSpec, dest: Path, ctx: StageContext) -> GemmConfig:
         from ftx.artifacts import GemmConfig
         from ftx.docker_runtime.gpus import gpu_model
-        from ftx.docker_runtime.tune import gemm_arguments
         from ftx.native.options import NativeOptions
         from ftx.native.toolchain import gpus_for
         from ftx.native.tune import run_gemm_tool
 
         s = ctx.settings
-        built = self.built(s, ctx.store)
+        built = self.built(ctx)
         gpus = gpus_for(self.probe(), s.convert.tp * s.configure.pp, NativeOptions.from_settings(s).gpus)
         args = gemm_arguments(family, spec, s)
         path = run_gemm_tool(built, family.gemm_tool, args, dest, gpus[0])
@@ -145,23 +135,10 @@ class NativeFasterTransformer(Runtime):
                                                         "gpu_index": gpus[0], "build": built.key}, indent=2))
         return GemmConfig(path, True, f"{family.gemm_tool} {' '.join(args)} on {model} (build {built.key})")
 
-    def write_ft_model(self, model_dir: Path, options: FtModelOptions, family: Family) -> str:
-        from ftx.triton.repository import write_backend_ft_model
-
-        return write_backend_ft_model(model_dir, options, family)
-
     def serve(self, repository: ModelRepository, gemm: GemmConfig, ctx: StageContext) -> Endpoint:
         from ftx.native.serve import serve_native
 
-        built = self.built(ctx.settings, ctx.store)
-        say = _stderr if ctx.show_progress else (lambda text: None)
-        return serve_native(repository, gemm, ctx.settings, built, home=ctx.home, say=say)
-
-
-def _stderr(text: str) -> None:
-    import sys
-
-    print(text, file=sys.stderr, flush=True)
+        return serve_native(repository, gemm, ctx.settings, self.built(ctx), home=ctx.home, say=ctx.say)
 
 
 @hookimpl

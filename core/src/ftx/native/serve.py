@@ -14,7 +14,6 @@ for, or ``gemm_config.in is not found`` when tuning ran are errors, not warnings
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,7 +27,8 @@ from ftx.docker_runtime.logscan import LogScanner, ScanContext
 from ftx.errors import ServeError
 from ftx.native.build import BuiltBackend
 from ftx.native.options import NativeOptions
-from ftx.native.tune import GEMM_FILE, runtime_environment
+from ftx.native.tune import runtime_environment
+from ftx.runtime.ftbase import prepare_work_dir as prepare_ft_work_dir
 from ftx.settings import RunSettings
 
 log = structlog.get_logger(__name__)
@@ -88,14 +88,7 @@ def plan_native_serve(*, settings: RunSettings, options: NativeOptions, built: B
 
 def prepare_work_dir(plan: NativeServePlan) -> None:
     """gemm_config.in (or none, so a stale one is never read) and the hostfile, in the working directory."""
-    plan.work_dir.mkdir(parents=True, exist_ok=True)
-    target = plan.work_dir / GEMM_FILE
-    if plan.gemm_source is not None:
-        shutil.copyfile(plan.gemm_source, target)
-    else:
-        target.unlink(missing_ok=True)
-    if plan.layout.multi_node:
-        (plan.work_dir / HOSTFILE_NAME).write_text(plan.layout.hostfile_text())
+    prepare_ft_work_dir(plan.work_dir, plan.gemm_source, plan.layout, HOSTFILE_NAME)
 
 
 def backends_directory(built: BuiltBackend, home: Path) -> Path:

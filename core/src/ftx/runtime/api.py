@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ftx.artifacts import Endpoint, GemmConfig, ModelRepository
     from ftx.context import RunSettings, StageContext
     from ftx.family import Family, ModelSpec
+    from ftx.store import ArtifactStore
     from ftx.triton.model_config import FtModelOptions
 
 
@@ -43,6 +44,8 @@ class DryRunPlan:
     spec: ModelSpec
     checkpoint_dir: Path
     repository_dir: Path
+    store: ArtifactStore
+    """The run's store (``store.home`` is FTX_HOME): where cached builds and working directories are."""
 
 
 class Runtime:
@@ -68,8 +71,11 @@ class Runtime:
 
     # -- selection -------------------------------------------------------------------------
 
-    def available(self, settings: RunSettings) -> Availability:
-        """Whether this runtime can serve here (checked by ``--runtime auto``); cheap, no side effects."""
+    def available(self, settings: RunSettings, store: ArtifactStore) -> Availability:
+        """Whether this runtime can serve here (checked by ``--runtime auto``); cheap, no side effects.
+
+        ``store`` is the run's (its ``home`` the user's FTX_HOME): a runtime that builds something once
+        (the native backend) looks there, never at a store of its own."""
         return Availability(True, f"the {self.name} runtime is installed")
 
     # -- stages ----------------------------------------------------------------------------
@@ -99,9 +105,8 @@ class Runtime:
 
     def stop(self, endpoint: Endpoint) -> None:
         """Stop what ``serve`` started."""
-        handle = endpoint.handle
-        if handle is not None and hasattr(handle, "stop"):
-            handle.stop()
+        if endpoint.handle is not None:
+            endpoint.handle.stop()
 
 
 def runtime_names(runtimes: Sequence[Runtime]) -> list[str]:

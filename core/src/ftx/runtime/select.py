@@ -7,9 +7,11 @@ from collections.abc import Mapping
 from ftx.errors import ConfigError
 from ftx.runtime.api import Runtime, runtime_names
 from ftx.settings import RunSettings
+from ftx.store import ArtifactStore
 
 
-def choose_runtime(runtimes: Mapping[str, Runtime], settings: RunSettings) -> tuple[Runtime, str]:
+def choose_runtime(runtimes: Mapping[str, Runtime], settings: RunSettings,
+                   store: ArtifactStore) -> tuple[Runtime, str]:
     """The runtime for ``settings.runtime`` and why it was chosen.
 
     A runtime's own name selects it. ``auto`` and an alias (``fastertransformer``) rank their
@@ -31,7 +33,7 @@ def choose_runtime(runtimes: Mapping[str, Runtime], settings: RunSettings) -> tu
                           hint=f"use one of: {', '.join(runtime_names(list(runtimes.values())))} (see `ftx plugins`)")
     unavailable: list[str] = []
     for runtime in sorted(candidates, key=lambda r: (-r.priority, r.name)):
-        availability = runtime.available(settings)
+        availability = runtime.available(settings, store)
         if availability.ok:
             why = availability.reason if requested == "auto" else asked
             return runtime, "; ".join([*unavailable, why])
