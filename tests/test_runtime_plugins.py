@@ -15,6 +15,8 @@ TOY_RUNTIME = '''
 import json
 from pathlib import Path
 
+import click
+
 import ftx
 from ftx.artifacts import Endpoint, GemmConfig
 
@@ -70,13 +72,29 @@ class Toy(ftx.Runtime):
     def serve(self, repository, gemm, ctx):
         (ctx.home / "toy-served.json").write_text(json.dumps({
             "repository": str(repository.path), "runtime": repository.runtime, "gemm": str(gemm.path),
-            "tuned": gemm.tuned}))
+            "tuned": gemm.tuned, "namespace": ctx.settings.plugin_option("namespace"),
+            "store": str(ctx.store.home)}))
         return Endpoint("127.0.0.1:9", "127.0.0.1:10", model="ensemble", handle=ToyHandle(ctx.home / "toy-handle"))
 
 
 @ftx.hookimpl
 def ftx_register_runtimes():
     return [Toy]
+
+
+@ftx.hookimpl
+def ftx_add_options():
+    return [click.Option(["--namespace"], default="default", show_default=True,
+                         help="Abacus namespace the toy runtime serves in.")]
+
+
+@ftx.hookimpl
+def ftx_register_commands(cli):
+    @cli.command("toyctl")
+    @click.argument("what")
+    def toyctl(what):
+        """Talk to the abacus."""
+        click.echo(f"abacus says {what}")
 '''
 
 
@@ -101,8 +119,52 @@ def test_a_third_party_runtime_serves_through_ftx_run(toy_plugin: Path, ftx_cli:
     assert (repository / "fastertransformer" / "toy.txt").is_file()  # its contribution to the repository
     assert json.loads((repository / "ftx-deployment.json").read_text())["runtime"] == "toy"
     assert (ftx_home / "toy-handle").read_text() == "detached"
+    assert served["namespace"] == "default" and served["store"] == str(ftx_home)  # the run's store, not its own
     assert "runtime   toy (requested with --runtime toy)" in result.stderr
     assert "toy runtime" in result.stdout and "toyctl down toy-1" in result.stdout
+
+
+def test_a_third_party_runtime_adds_an_option_and_a_command(toy_plugin: Path, ftx_cli: Any, ftx_home: Path,
+                                                            tiny_gptj_dir: Path) -> None:
+    """`--namespace` (ftx_add_options) reaches the runtime through the settings; `ftx toyctl` (ftx_register_commands)
+    is a command of ftx; both are listed in the help."""
+    result = ftx_cli("run", str(tiny_gptj_dir), "--runtime", "toy", "--namespace", "team-a", "--detach", "--no-openai")
+    assert result.exit_code == 0, result.stderr + repr(result.exception)
+    assert json.loads((ftx_home / "toy-served.json").read_text())["namespace"] == "team-a"
+    command = ftx_cli("toyctl", "hello")
+    assert command.exit_code == 0 and command.stdout.strip() == "abacus says hello"
+    help_text = ftx_cli("run", "--help").stdout
+    assert "Plugin options" in help_text and "--namespace" in help_text and "FTX_RUN_NAMESPACE" in help_text
+    assert "toyctl" in ftx_cli("--help").stdout
+
+
+def test_without_the_plugin_its_option_and_command_are_unknown(ftx_cli: Any, tiny_gptj_dir: Path) -> None:
+    assert ftx_cli("run", str(tiny_gptj_dir), "--namespace", "x", "--dry-run").exit_code == 2
+    assert ftx_cli("toyctl", "hello").exit_code == 2
+
+
+def test_a_plugin_option_named_like_a_core_one_is_an_error() -> None:
+    from types import SimpleNamespace
+
+    import click
+
+    from ftx import hookimpl
+    from ftx.errors import PluginError
+    from ftx.plugins import PluginHost
+
+    host = PluginHost()
+    host.register(SimpleNamespace(ftx_add_options=hookimpl(lambda: [click.Option(["--tp"])]), __name__="clash"))
+    with pytest.raises(PluginError, match="adds an option 'tp' to `ftx run`"):
+        host.run_options(taken={"tp"})
+    host.register(SimpleNamespace(ftx_register_commands=hookimpl(lambda cli: cli.add_command(click.Command("run"))),
+                                  __name__="clash2"))
+    with pytest.raises(PluginError, match="command 'run' is added by both ftx core and clash2"):
+        host.commands(taken={"run": None})
+
+
+def test_core_runtimes_bring_their_own_commands(plugin_host: Any) -> None:
+    commands = plugin_host.commands()
+    assert {"image", "tune", "package", "backend"} <= set(commands)
 
 
 def test_a_third_party_runtime_describes_its_dry_run(toy_plugin: Path, ftx_cli: Any, tiny_gptj_dir: Path) -> None:

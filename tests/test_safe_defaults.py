@@ -135,9 +135,9 @@ def test_preset_typo_gets_did_you_mean_and_a_missing_path_is_called_one(ftx_cli,
 
 def test_a_commands_default_runtime_is_not_called_a_flag(tmp_path: Path) -> None:
     from ftx.plugins import load_host
-    from ftx.store import ArtifactStore
     from ftx.runtime.select import choose_runtime
     from ftx.settings import RunSettings
+    from ftx.store import ArtifactStore
 
     runtimes, store = load_host().runtimes, ArtifactStore(tmp_path)
     _, why = choose_runtime(runtimes, RunSettings.of("m", runtime="python", runtime_origin="ftx configure's default"),

@@ -9,7 +9,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from ftx.cli.common import FtxCommand, command_store, get_host, say
+from ftx.cli.common import PluginOptionsCommand, command_store, get_host, pop_plugin_options, say
 from ftx.cli.options import (
     PORT,
     conversion_options,
@@ -122,7 +122,7 @@ def _expected(param: click.Parameter) -> str:
     return f"a list, each item {what}" if param.multiple else what
 
 
-@click.command(cls=FtxCommand)
+@click.command(cls=PluginOptionsCommand)
 @click.argument("model", required=False)
 @source_options
 @conversion_options
@@ -159,8 +159,9 @@ def run(model: str | None, prompt: str | None, max_tokens: int, **opts: Any) -> 
     MODEL is a preset (see `ftx models`), hf://org/name[@revision], a URL or a local path;
     omitted, it comes from ./ftx.toml (see `ftx lock`).
     """
+    plugin_values = pop_plugin_options(opts)
     model = model_from_manifest(model, opts)
-    settings = settings_from_options(model, **opts)
+    settings = settings_from_options(model, plugin_options=plugin_values, **opts)
     if settings.serve.openai and (prompt is None or settings.serve.detach):  # the front starts after the server
         from ftx.triton.ports import check_host
 
