@@ -47,10 +47,16 @@ class ToyHandle:
 
 class Toy(ftx.Runtime):
     name = "toy"
+    selects_as = ("abacus",)
     priority = -1
     description = "a runtime from outside core, for tests"
     uses_gemm_config = True
     default_data_type = "fp32"
+
+    def available(self, settings, store):
+        with (store.home / "toy-probes").open("a") as probes:  # in the run's home: counted by a test
+            probes.write("probed\\n")
+        return ftx.Availability(True, "the abacus is here")
 
     def describe(self, plan):
         return [f"toy       would serve {plan.family.name} at tp {plan.settings.convert.tp} on an abacus"]
@@ -165,6 +171,17 @@ def test_a_plugin_option_named_like_a_core_one_is_an_error() -> None:
 def test_core_runtimes_bring_their_own_commands(plugin_host: Any) -> None:
     commands = plugin_host.commands()
     assert {"image", "tune", "package", "backend"} <= set(commands)
+
+
+@pytest.mark.parametrize("dry_run", [False, True], ids=["run", "dry-run"])
+def test_a_run_asks_whether_its_runtime_is_available_once(toy_plugin: Path, ftx_cli: Any, ftx_home: Path,
+                                                          tiny_gptj_dir: Path, dry_run: bool) -> None:
+    """The plan chooses the runtime once: one availability probe (for Docker, one daemon round trip) per run."""
+    result = ftx_cli("run", str(tiny_gptj_dir), "--runtime", "abacus", "--until", "configure",
+                     *(["--dry-run"] if dry_run else []))
+    assert result.exit_code == 0, result.stderr + repr(result.exception)
+    assert "runtime   toy (requested with --runtime abacus)" in result.stderr
+    assert (ftx_home / "toy-probes").read_text().splitlines() == ["probed"]
 
 
 def test_a_third_party_runtime_describes_its_dry_run(toy_plugin: Path, ftx_cli: Any, tiny_gptj_dir: Path) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ftx.artifacts import SourceRef
 from ftx.settings import RunSettings
@@ -37,7 +37,7 @@ class Plan:
     """The user's settings with every ``auto`` resolved that could be: weight dtype, compute type."""
     ref: SourceRef
     family: Family | None = None
-    hf_config: Mapping[str, Any] | None = None
+    hf_config: Mapping[str, object] | None = None
     config_is_final: bool = False
     """The configuration is the checkpoint's own (a local checkpoint), not a preset's copy or unknown:
     the fetched files are not read again."""

@@ -155,7 +155,7 @@ class RunSettings:
         sections = {attr: replace(getattr(self, attr), **changes) for attr, changes in per_section.items()}
         return replace(self, **run_wide, **sections)
 
-    def plugin_option(self, name: str, default: Any = None) -> Any:
+    def plugin_option(self, name: str, default: object = None) -> object:
         """The value of an option a plugin added to ``ftx run`` (``default`` when it was not given)."""
         return dict(self.plugin_options).get(name, default)
 

@@ -81,7 +81,7 @@ class DockerFasterTransformer(FasterTransformerRuntime):
         self._targets[cache_key] = target
         return target
 
-    def tune_key(self, family: Family, spec: ModelSpec, settings: RunSettings) -> Mapping[str, Any]:
+    def tune_key(self, family: Family, spec: ModelSpec, settings: RunSettings) -> Mapping[str, object]:
         target = self._target(family, spec, settings)
         return {"gpu": target["gpu_model"], "image_id": target["image_id"], "args": target["args"]}
 

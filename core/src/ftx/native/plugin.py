@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ftx import hookimpl
 from ftx.runtime.api import Availability, DryRunPlan, Runtime
@@ -112,7 +112,7 @@ class NativeFasterTransformer(FasterTransformerRuntime):
                          f"(cwd {work_dir_for(home, s)}, holding gemm_config.in)")
         return lines
 
-    def tune_key(self, family: Family, spec: ModelSpec, settings: RunSettings) -> Mapping[str, Any]:
+    def tune_key(self, family: Family, spec: ModelSpec, settings: RunSettings) -> Mapping[str, object]:
         from ftx.docker_runtime.gpus import gpu_model
         from ftx.native.build import backend_key
 

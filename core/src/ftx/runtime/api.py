@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
     from ftx.artifacts import Endpoint, GemmConfig, ModelRepository
@@ -84,7 +84,7 @@ class Runtime:
         """``--dry-run`` lines for tune, configure and serve (each command exactly as it would run)."""
         return [f"serve     {self.name} runtime"]
 
-    def tune_key(self, family: Family, spec: ModelSpec, settings: RunSettings) -> Mapping[str, Any]:
+    def tune_key(self, family: Family, spec: ModelSpec, settings: RunSettings) -> Mapping[str, object]:
         """What, beyond the settings core already keys on, determines this runtime's ``gemm_config.in``
         (GPU model, image or build id, tool arguments). Empty when the runtime does not tune."""
         return {}
