@@ -153,7 +153,6 @@ def test_a_plugin_option_named_like_a_core_one_is_an_error() -> None:
     from types import SimpleNamespace
 
     import click
-
     from ftx import hookimpl
     from ftx.errors import PluginError
     from ftx.plugins import PluginHost

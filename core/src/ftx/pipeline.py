@@ -80,10 +80,9 @@ class Pipeline:
     def _wanted(self, stage: str) -> bool:
         return stage_index(stage) <= stage_index(self.settings.until)
 
-    def _context(self, plan: Plan, artifact_keys: dict[str, str] | None = None) -> StageContext:
+    def _context(self, plan: Plan) -> StageContext:
         return StageContext(settings=plan.settings, store=self.store, home=self.store.home, runtime=plan.runtime,
-                            runtime_reason=plan.runtime_reason, say=self.say,
-                            artifact_keys=artifact_keys if artifact_keys is not None else {})
+                            runtime_reason=plan.runtime_reason, say=self.say)
 
     def run(self) -> RunResult:
         plan = self.plan()
@@ -93,9 +92,8 @@ class Pipeline:
         self._refuse_what_does_not_fit(plan)
         if plan.runtime is not None:
             self._say_runtime(plan)
-        fetch_ctx = self._context(plan)
         self.stages.before_build = self._before_build
-        source = result.source = self.stages.fetch(plan.ref, plan.family, fetch_ctx)
+        source = result.source = self.stages.fetch(plan.ref, plan.family, self._context(plan))
         if not plan.config_is_final:
             had_runtime = plan.runtime is not None
             plan = result.plan = self._complete(plan, source)
@@ -108,7 +106,7 @@ class Pipeline:
         result.family, result.spec = family, spec
         if not self._wanted("convert"):
             return result
-        ctx = self._context(plan, fetch_ctx.artifact_keys)
+        ctx = self._context(plan)
         checkpoint = result.checkpoint = self.stages.convert(family, source, spec, ctx)
         if not self._wanted("tune") or plan.runtime is None:
             return result

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -71,6 +71,7 @@ class Stages:
         self.store = store
         self.say = say or (lambda text: None)
         self.outcomes: list[StageOutcome] = []
+        self._last_producer: dict[str, Any] = {}
         self.before_build: Callable[[str], None] = lambda stage: None
         """Called with the stage name when a stage really builds (a cache miss), before its hook."""
 
@@ -83,22 +84,26 @@ class Stages:
         patterns = list(family.fetch_patterns if family else Family.fetch_patterns)
         inputs = {"ref": ref.uri, "revision": revision, "sha256": ref.sha256, "patterns": patterns,
                   "settings": section_fingerprint(ctx.settings.fetch)}
+        ctx = self._context(ctx)
         return self._build("fetch", inputs, family, Source, ctx, lambda dest: self.host.hook.ftx_fetch(
             ref=ref, revision=revision, family=family or Family(), dest=dest, ctx=ctx))
 
     def convert(self, family: Family, source: Source, spec: ModelSpec, ctx: StageContext) -> Checkpoint:
+        ctx = self._context(ctx)
         inputs = {"fetch": ctx.artifact_keys["fetch"], "family": family.name, "fingerprint": family.fingerprint(),
                   "format": tensormap.FORMAT_VERSION, "settings": section_fingerprint(ctx.settings.convert)}
         return self._build("convert", inputs, family, Checkpoint, ctx, lambda dest: self.host.hook.ftx_convert(
             family=family, source=source, spec=spec, dest=dest, ctx=ctx))
 
     def tune(self, family: Family, spec: ModelSpec, runtime: Runtime, ctx: StageContext) -> GemmConfig:
+        ctx = self._context(ctx)
         inputs = tune_key_inputs(family, spec, runtime, ctx.settings)
         return self._build("tune", inputs, family, GemmConfig, ctx, lambda dest: self.host.hook.ftx_tune(
             family=family, spec=spec, dest=dest, ctx=ctx, runtime=runtime))
 
     def configure(self, family: Family, spec: ModelSpec, source: Source, checkpoint: Checkpoint, gemm: GemmConfig,
                   runtime: Runtime, ctx: StageContext) -> ModelRepository:
+        ctx = self._context(ctx)
         keys = ctx.artifact_keys
         inputs = {"convert": keys["convert"], "tune": keys.get("tune"), "runtime": runtime.name,
                   "ftx": ftx.__version__, "fingerprint": family.fingerprint(),
@@ -108,6 +113,7 @@ class Stages:
             runtime=runtime))
 
     def serve(self, repository: ModelRepository, gemm: GemmConfig, runtime: Runtime, ctx: StageContext) -> Endpoint:
+        ctx = self._context(ctx)
         endpoint = self.host.hook.ftx_serve(repository=repository, gemm=gemm, ctx=ctx, runtime=runtime)
         if endpoint is None:
             raise PluginError(f"no plugin can serve the {runtime.name} runtime",
@@ -115,6 +121,15 @@ class Stages:
         return endpoint
 
     # -- machinery -------------------------------------------------------------------------
+
+    @property
+    def keys(self) -> dict[str, str]:
+        """Keys of the artifacts this run has built or reused so far, by stage."""
+        return {outcome.stage: outcome.key for outcome in self.outcomes}
+
+    def _context(self, ctx: StageContext) -> StageContext:
+        """The context a hook gets: the run's, with what the earlier stages produced (never written back)."""
+        return replace(ctx, artifact_keys=self.keys, producer=dict(self._last_producer))
 
     def _build(self, stage: str, key_inputs: Mapping[str, Any], family: Family | None, result_type: type[R],
                ctx: StageContext, call: Callable[[Path], R | None]) -> R:
@@ -155,8 +170,7 @@ class Stages:
                      duration_s=artifact.provenance.get("duration_s"))
             self.say(f"{stage:<9} done     {artifact.path}")
         self.outcomes.append(StageOutcome(stage, key, artifact.path, cached, detail))
-        ctx.artifact_keys[stage] = key
-        ctx.producer = dict(artifact.provenance.get("producer") or {})
+        self._last_producer = dict(artifact.provenance.get("producer") or {})
         return value
 
     def _producer(self, family: Family | None, hook_name: str, ctx: StageContext) -> dict[str, Any]:
