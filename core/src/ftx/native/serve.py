@@ -30,6 +30,7 @@ from ftx.native.options import NativeOptions
 from ftx.native.tune import runtime_environment
 from ftx.runtime.ftbase import prepare_work_dir as prepare_ft_work_dir
 from ftx.settings import RunSettings
+from ftx.triton.smoke import check_generates, server_name
 
 log = structlog.get_logger(__name__)
 
@@ -56,8 +57,6 @@ class NativeServePlan:
 
 def work_dir_for(home: Path, settings: RunSettings) -> Path:
     """The server's working directory (gemm_config.in, the hostfile), one per model and layout."""
-    from ftx.runtime.python.serve import server_name
-
     return home / "native" / "serve" / f"{server_name(settings.model)}-tp{settings.convert.tp}pp{settings.configure.pp}"
 
 
@@ -140,7 +139,6 @@ def serve_native(repository: ModelRepository, gemm: GemmConfig, settings: RunSet
                  home: Path, say: Callable[[str], None] | None = None) -> Endpoint:
     """Start tritonserver with the FasterTransformer backend on ``repository``; return once it generates."""
     from ftx.docker_runtime.gpus import local_gpus
-    from ftx.runtime.python.serve import _ft_config, server_name, smoke_test
     from ftx.triton.ports import ports_for
     from ftx.triton.server import TritonServer
 
@@ -172,16 +170,7 @@ def serve_native(repository: ModelRepository, gemm: GemmConfig, settings: RunSet
     if found is not None:
         server.stop()
         raise found
-    config = _ft_config(repository.path)
-    io_kind = "decoder" if "input_lengths" in {i.name for i in config.input} else "encoder-decoder"
-    try:
-        seconds = smoke_test(server.grpc_url, io_kind, config.model_transaction_policy.decoupled)
-    except BaseException as exc:
-        server.stop()
-        if isinstance(exc, Exception):
-            raise ServeError(f"the server started but FasterTransformer could not generate a token: {exc}",
-                             hint=f"see the server log: {server.log_path}") from None
-        raise
+    seconds = check_generates(server, repository.path, "FasterTransformer")
     log.info("serve.ready", runtime="fastertransformer-native", http=server.http_url, grpc=server.grpc_url,
              smoke_s=round(seconds, 3),
              gpus=list(plan.gpus), tuned=plan.expect_gemm)
