@@ -36,7 +36,7 @@ class DockerOptions(FtLaunchOptions):
     @classmethod
     def from_settings(cls, settings: RunSettings) -> DockerOptions:
         launch = settings.launch
-        kwargs: dict[str, Any] = cls.launch_fields(settings)
+        kwargs: dict[str, Any] = dict(cls.launch_fields(settings))
         if launch.image:
             kwargs["image"] = str(launch.image)
         if launch.shm_size:

@@ -10,7 +10,7 @@ import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar, TypedDict
 
 from ftx.errors import ConfigError
 from ftx.runtime.api import Runtime
@@ -30,6 +30,16 @@ DEFAULT_READY_TIMEOUT_S = 900.0
 DEFAULT_SSH_PORT = 2222
 
 
+class LaunchFields(TypedDict):
+    """The shared fields of :class:`FtLaunchOptions`, as keyword arguments."""
+
+    gpus: tuple[int, ...] | None
+    env: Mapping[str, str]
+    hosts_file: Path | None
+    ssh_port: int
+    ready_timeout_s: float
+
+
 @dataclass(frozen=True)
 class FtLaunchOptions:
     """The ``launch`` choices every FasterTransformer launcher reads: GPUs, environment, nodes, readiness."""
@@ -41,7 +51,7 @@ class FtLaunchOptions:
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
 
     @staticmethod
-    def launch_fields(settings: RunSettings) -> dict[str, Any]:
+    def launch_fields(settings: RunSettings) -> LaunchFields:
         """The shared fields as read from ``settings.launch`` (keyword arguments of any subclass)."""
         launch = settings.launch
         return {
