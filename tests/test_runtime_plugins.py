@@ -168,8 +168,12 @@ def test_a_plugin_option_named_like_a_core_one_is_an_error() -> None:
 
 
 def test_core_runtimes_bring_their_own_commands(plugin_host: Any) -> None:
+    """`ftx image`/`tune`/`package` and `ftx backend` are not core's commands: they come through the hook."""
+    from ftx.cli import cli
+
     commands = plugin_host.commands()
     assert {"image", "tune", "package", "backend"} <= set(commands)
+    assert not {"image", "tune", "package", "backend"} & set(cli.commands)
 
 
 @pytest.mark.parametrize("dry_run", [False, True], ids=["run", "dry-run"])

@@ -39,10 +39,14 @@ DEFAULT_PLUGINS = (
     "ftx.default_plugins.serve",
     "ftx.runtime.python.plugin",
     "ftx.docker_runtime.plugin",
+    "ftx.cli.image",
     "ftx.native.plugin",
+    "ftx.cli.backend",
 )
-"""Core's own plugins: the stage defaults (``trylast``) and the runtimes it ships. Core never imports
-them for logic; they are registered and called through the hooks like any third-party plugin."""
+"""Core's own plugins: the stage defaults (``trylast``), the runtimes it ships and their commands (the Docker
+launcher's ``ftx image``/``tune``/``package``, the native one's ``ftx backend``: CLI modules, since runtimes
+never import the CLI). Core never imports them for logic; they are registered and called through the hooks
+like any third-party plugin."""
 
 
 @dataclass

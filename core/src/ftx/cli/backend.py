@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from ftx import hookimpl
 from ftx.cli.common import FtxGroup, say
 
 SM_HELP = "GPU architectures to build for, e.g. 90 or 80,90 (default: this machine's GPUs)."
@@ -49,3 +50,9 @@ def build_command(sm: str | None, sources: Path | None, jobs: int | None, force:
 
 
 commands: list[click.Command] = [backend]
+
+
+@hookimpl
+def ftx_register_commands(cli: click.Group) -> None:
+    """The native launcher's tools: ``ftx backend build|preflight``."""
+    cli.add_command(backend)

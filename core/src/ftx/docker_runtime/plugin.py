@@ -12,8 +12,6 @@ from ftx.runtime.api import Availability, DryRunPlan, Runtime
 from ftx.runtime.ftbase import FasterTransformerRuntime, gemm_arguments
 
 if TYPE_CHECKING:
-    import click
-
     from ftx.artifacts import Endpoint, GemmConfig, ModelRepository
     from ftx.context import StageContext
     from ftx.family import Family, ModelSpec
@@ -111,12 +109,3 @@ class DockerFasterTransformer(FasterTransformerRuntime):
 @hookimpl
 def ftx_register_runtimes() -> list[type[Runtime]]:
     return [DockerFasterTransformer]
-
-
-@hookimpl
-def ftx_register_commands(cli: click.Group) -> None:
-    """``ftx image`` (build and list the image), ``ftx tune`` and ``ftx package``: this launcher's tools."""
-    from ftx.cli.image import commands
-
-    for command in commands:
-        cli.add_command(command)

@@ -13,8 +13,6 @@ from ftx.runtime.api import Availability, DryRunPlan, Runtime
 from ftx.runtime.ftbase import FasterTransformerRuntime, gemm_arguments
 
 if TYPE_CHECKING:
-    import click
-
     from ftx.artifacts import Endpoint, GemmConfig, ModelRepository
     from ftx.context import StageContext
     from ftx.family import Family, ModelSpec
@@ -146,11 +144,3 @@ class NativeFasterTransformer(FasterTransformerRuntime):
 @hookimpl
 def ftx_register_runtimes() -> list[type[Runtime]]:
     return [NativeFasterTransformer]
-
-
-@hookimpl
-def ftx_register_commands(cli: click.Group) -> None:
-    """``ftx backend build|preflight``: build this launcher's FasterTransformer from pinned sources."""
-    from ftx.cli.backend import backend
-
-    cli.add_command(backend)
