@@ -1,0 +1,287 @@
+"""The stage pipeline: fetch -> convert -> tune -> configure -> serve.
+
+Core owns the order, the runtime choice and ``--until``; :class:`ftx_triton.engine.stages.Stages` owns keys,
+caching and provenance; the hooks do the work inside directories the store gives them. Nothing
+here knows a runtime by name: the chosen :class:`~ftx_triton.runtime.api.Runtime` is asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import structlog
+
+from ftx_triton.conversion.family import Family, ModelSpec
+from ftx_triton.engine.deployment import Deployment
+from ftx_triton.engine.sources import resolve_source
+from ftx_triton.engine.stages import StageOutcome, Stages
+from ftx_triton.errors import ConfigError
+from ftx_triton.io.ftformat import gpu_dir_name
+from ftx_triton.plan.artifacts import Checkpoint, Endpoint, GemmConfig, ModelRepository, Source, SourceRef
+from ftx_triton.plan.context import StageContext
+from ftx_triton.plan.plan import Plan
+from ftx_triton.plan.resources import Estimate
+from ftx_triton.plan.settings import STAGES, RunSettings
+from ftx_triton.plugins import PluginHost
+from ftx_triton.runtime.api import DryRunPlan, Runtime
+from ftx_triton.runtime.select import choose_runtime
+from ftx_triton.store.artifact_store import ArtifactStore
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class RunResult:
+    """Everything a run produced, stage by stage, and the plan it followed."""
+
+    plan: Plan
+    family: Family | None = None
+    spec: ModelSpec | None = None
+    source: Source | None = None
+    checkpoint: Checkpoint | None = None
+    gemm: GemmConfig | None = None
+    repository: ModelRepository | None = None
+    endpoint: Endpoint | None = None
+    deployment: Deployment | None = None
+    """The served model's lifecycle (OpenAI front, detach, stop), when the run served."""
+    outcomes: list[StageOutcome] = field(default_factory=list)
+
+    @property
+    def runtime(self) -> Runtime | None:
+        return self.plan.runtime
+
+    @property
+    def runtime_reason(self) -> str:
+        return self.plan.runtime_reason
+
+
+def stage_index(stage: str) -> int:
+    if stage not in STAGES:
+        raise ConfigError(f"unknown stage {stage!r}", hint=f"use one of: {', '.join(STAGES)}")
+    return STAGES.index(stage)
+
+
+class Pipeline:
+    """Plans one model's run once, then runs the stages, each reading the plan."""
+
+    def __init__(self, host: PluginHost, store: ArtifactStore, settings: RunSettings,
+                 *, say: Callable[[str], None] | None = None) -> None:
+        self.host = host
+        self.store = store
+        self.settings = settings
+        """What the user asked for; the resolved values are the plan's (``Plan.settings``)."""
+        self.say = say or (lambda text: None)
+        self.stages = Stages(host, store, say=self.say)
+        self._estimate: Estimate | None = None  # the plan's, for the disk checks of the builds
+        self._license_shown: str | None = None
+
+    def _wanted(self, stage: str) -> bool:
+        return stage_index(stage) <= stage_index(self.settings.until)
+
+    def _context(self, plan: Plan) -> StageContext:
+        return StageContext(settings=plan.settings, store=self.store, home=self.store.home, runtime=plan.runtime,
+                            runtime_reason=plan.runtime_reason, say=self.say)
+
+    def run(self) -> RunResult:
+        plan = self.plan()
+        result = RunResult(plan=plan, outcomes=self.stages.outcomes)
+        if self.settings.dry_run:
+            return self._dry_run(plan, result)
+        self._refuse_what_does_not_fit(plan)
+        if plan.runtime is not None:
+            self._say_runtime(plan)
+        self.stages.before_build = self._before_build
+        source = result.source = self.stages.fetch(plan.ref, plan.family, self._context(plan))
+        if not plan.config_is_final:
+            had_runtime = plan.runtime is not None
+            plan = result.plan = self._complete(plan, source)
+            self._refuse_what_does_not_fit(plan)
+            if not had_runtime and plan.runtime is not None:
+                self._say_runtime(plan)
+        family, spec = plan.family, plan.spec
+        assert family is not None and spec is not None  # _complete resolves both or raises
+        structlog.contextvars.bind_contextvars(family=family.name)
+        result.family, result.spec = family, spec
+        if not self._wanted("convert"):
+            return result
+        ctx = self._context(plan)
+        checkpoint = result.checkpoint = self.stages.convert(family, source, spec, ctx)
+        if not self._wanted("tune") or plan.runtime is None:
+            return result
+        runtime = plan.runtime
+        gemm = result.gemm = self.stages.tune(family, spec, runtime, ctx)
+        if not self._wanted("configure"):
+            return result
+        repository = result.repository = self.stages.configure(family, spec, source, checkpoint, gemm, runtime, ctx)
+        if self._wanted("serve"):
+            endpoint = result.endpoint = self.stages.serve(repository, gemm, runtime, ctx)
+            result.deployment = Deployment(endpoint, runtime, repository, plan.settings, self.store.home)
+        return result
+
+    # -- the plan ------------------------------------------------------------------------------
+
+    def plan(self) -> Plan:
+        """Everything decidable before fetching: source, family, licence and, when the model's configuration
+        is known here (a local checkpoint, a preset), dtypes, parallelism, runtime and the resource estimate."""
+        self._check_options()
+        ref, preset_family = resolve_source(self.settings, self.host)
+        family_name = self.settings.fetch.family or preset_family
+        family = self.host.family(family_name) if family_name else None
+        family, hf_config, final = self._planned_config(ref, family)
+        self._check_license(ref, family)
+        plan = Plan(self.settings, ref, family, hf_config, final)
+        if family is None or hf_config is None:
+            return plan
+        local = ref.kind == "local"
+        return self._resolve(plan, Path(ref.uri) if local else None, local_source=local)
+
+    def _check_options(self) -> None:
+        """Settings checked before anything is resolved or fetched (the place for option validation)."""
+
+    def _complete(self, plan: Plan, source: Source) -> Plan:
+        """The plan with the fetched checkpoint's own configuration (once, right after fetch)."""
+        family, hf_config = self.host.family_for_source(source.path, plan.family.name if plan.family else None)
+        self._check_license(plan.ref, family)
+        first = replace(plan, family=family, hf_config=hf_config, config_is_final=True)
+        return self._resolve(first, source.path, local_source=True)
+
+    def _resolve(self, plan: Plan, path: Path | None, *, local_source: bool) -> Plan:
+        """Resolve what depends on the model's configuration: weight dtype, tp, runtime, compute type, spec,
+        estimate. What an earlier resolution decided (the runtime, the estimate) is kept."""
+        from ftx_triton.plan.resources import default_weight_dtype, source_dtype
+
+        family, hf_config = plan.family, dict(plan.hf_config or {})
+        assert family is not None
+        settings = plan.settings
+        dtype = plan.source_dtype or source_dtype(family, path, hf_config)
+        if settings.convert.weight_dtype == "auto":
+            chosen = default_weight_dtype(family, dtype)
+            settings = settings.replace(weight_dtype=chosen)
+            log.info("convert.weight_dtype_chosen", weight_dtype=chosen, source_dtype=dtype)
+        settings = self._resolve_parallelism(settings, family, hf_config)
+        runtime, reason = plan.runtime, plan.runtime_reason
+        if runtime is None and self._wanted("tune"):
+            runtime, reason = choose_runtime(self.host.runtimes, settings, self.store)
+        if runtime is not None and settings.configure.data_type is None:
+            settings = settings.replace(data_type=runtime.default_data_type or settings.convert.weight_dtype)
+        spec = family.spec(hf_config)
+        spec.check_parallel(settings.convert.tp, settings.configure.pp)
+        family.check_weight_dtype(settings.convert.weight_dtype)
+        estimate = plan.estimate or self._estimate_for(family, spec, dtype, settings, runtime,
+                                                       local_source=local_source)
+        return replace(plan, settings=settings, spec=spec, source_dtype=dtype, runtime=runtime, runtime_reason=reason,
+                       estimate=estimate)
+
+    def _resolve_parallelism(self, settings: RunSettings, family: Family, hf_config: dict) -> RunSettings:
+        """The place for ``--tp auto``: the settings with a tensor-parallel degree that fits (as given today)."""
+        return settings
+
+    def _planned_config(self, ref: SourceRef, family: Family | None) -> tuple[Family | None, dict | None, bool]:
+        """The family and config.json known without fetching (a local directory's, final; or a preset's copy)."""
+        if ref.kind == "local" and Path(ref.uri).is_dir():
+            found, config = self.host.family_for_source(Path(ref.uri), family.name if family else None)
+            return found, config, True
+        if family is not None and ref.preset and ref.preset in family.presets:
+            return family, dict(family.presets[ref.preset].hf_config or {}) or None, False
+        return family, None, False
+
+    def _check_license(self, ref: SourceRef, family: Family | None) -> None:
+        """Show the licence once, on the terminal; refuse a non-commercial one that was not accepted."""
+        from ftx_triton.fetching import licenses
+
+        preset = family.presets.get(ref.preset) if family is not None and ref.preset else None
+        license_id = (preset.license if preset else None) or (family.license if family else None)
+        if not license_id or self._license_shown == license_id:
+            return
+        self._license_shown = license_id
+        if licenses.is_noncommercial(license_id) or self.settings.dry_run:
+            self.say(licenses.notice(self.settings.model, license_id))
+        if not self.settings.dry_run:
+            licenses.check(self.settings.model, license_id, self.settings.accept_license)
+        elif licenses.is_noncommercial(license_id) and not self.settings.accept_license:
+            self.say(f"          a real run needs {licenses.ACCEPT_FLAG} (or {licenses.ACCEPT_ENV}=1)")
+
+    def _estimate_for(self, family: Family, spec: ModelSpec, source_dtype: str | None, settings: RunSettings,
+                      runtime: Runtime | None, *, local_source: bool) -> Estimate:
+        from ftx_triton.plan.resources import estimate
+
+        return estimate(
+            family, spec, source=source_dtype, weight_dtype=settings.convert.weight_dtype,
+            compute_dtype=settings.configure.data_type, home=self.store.home, local_source=local_source,
+            loads_in_ram=bool(runtime and runtime.loads_into_host_memory and self._wanted("serve")))
+
+    def _refuse_what_does_not_fit(self, plan: Plan) -> None:
+        """Refuse now if serving would not fit in memory (disk is checked per build)."""
+        from ftx_triton.plan.resources import refuse
+
+        self._estimate = plan.estimate
+        if plan.estimate is None or not self.settings.resource_check:
+            return
+        problems = plan.estimate.problems(download=False, convert=False)
+        if problems:
+            raise refuse(problems, f"serving {self.settings.model}")
+
+    def _say_runtime(self, plan: Plan) -> None:
+        assert plan.runtime is not None
+        self.say(f"runtime   {plan.runtime.name} ({plan.runtime_reason})")
+
+    def _before_build(self, stage: str) -> None:
+        """Called only when a stage really builds (not on a cache hit): disk for what it writes."""
+        from ftx_triton.plan.resources import refuse
+
+        if self._estimate is None or stage not in ("fetch", "convert"):
+            return
+        if stage == "fetch":
+            for line in self._estimate.lines()[:2]:
+                self.say(line)
+        download, convert = stage == "fetch", self._wanted("convert")
+        problems = self._estimate.problems(download=download, convert=convert, serve=False)
+        if problems and self.settings.resource_check:
+            raise refuse(problems, f"what {self.settings.model} needs")
+
+    def _dry_run(self, plan: Plan, result: RunResult) -> RunResult:
+        """Say what each stage would do, touching neither the network nor the store."""
+        ref = plan.ref
+        where = "" if ref.kind == "local" else " (download, verify, publish to the store)"
+        self.say(f"fetch     {ref.display}{where}")
+        family, spec = plan.family, plan.spec
+        if family is None or spec is None:
+            self.say("          the next stages depend on the checkpoint's config.json: run `ftx pull` first, "
+                     "or pass --family for a preset")
+            return result
+        s = plan.settings
+        result.family, result.spec = family, spec
+        self._say_resources(plan, local_source=ref.kind == "local")
+        checkpoint_dir = self.store.root / "convert" / "<key>" / gpu_dir_name(s.convert.tp)
+        repository_dir = self.store.root / "configure" / "<key>"
+        self.say(f"convert   {family.name} -> {checkpoint_dir} ({s.convert.weight_dtype}, tp={s.convert.tp})")
+        runtime = plan.runtime
+        if not self._wanted("tune") or runtime is None:
+            return result
+        self._say_runtime(plan)
+        why = ("--data-type" if self.settings.configure.data_type else f"the {runtime.name} runtime's default"
+               if runtime.default_data_type else "the weight dtype")
+        self.say(f"compute   {s.data_type} ({why})")
+        for line in runtime.describe(DryRunPlan(s, family, spec, checkpoint_dir, repository_dir, self.store)):
+            self.say(line)
+        return result
+
+    def _say_resources(self, plan: Plan, *, local_source: bool) -> None:
+        """The size and fit lines of a dry run (a real run would refuse what does not fit)."""
+        from ftx_triton.plan.resources import OVERRIDE_FLAG
+
+        est = plan.estimate
+        if est is None:
+            return
+        for line in est.lines():
+            self.say(line)
+        problems = est.problems(download=not local_source, convert=self._wanted("convert"),
+                                serve=self._wanted("serve"))
+        if problems:
+            self.say(f"          a real run refuses this unless it is cached or {OVERRIDE_FLAG} is given: "
+                     f"{'; '.join(problems)}")
+
+
+__all__ = ["Pipeline", "Plan", "RunResult", "stage_index"]
