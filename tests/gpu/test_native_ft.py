@@ -159,18 +159,20 @@ def built(home: Path) -> Any:
     """The backend for this machine's GPUs (built once; later sessions hit the store)."""
     from ftx_triton.plan.settings import RunSettings
     from ftx_triton.runtime.fastertransformer.native.options import NativeOptions, backend_for
+    from ftx_triton.store.artifact_store import ArtifactStore
 
     options = NativeOptions.from_settings(RunSettings.of("x"))
-    return backend_for(sm=options.sm, sources=options.sources, jobs=options.jobs, home=home,
+    return backend_for(ArtifactStore(home), sm=options.sm, sources=options.sources, jobs=options.jobs,
                        say=lambda text: print(text, flush=True), show_progress=False)
 
 
 def test_backend_build_is_cached_and_complete(built: Any, home: Path) -> None:
     from ftx_triton.plan.settings import RunSettings
     from ftx_triton.runtime.fastertransformer.native.options import NativeOptions, backend_for
+    from ftx_triton.store.artifact_store import ArtifactStore
 
     options = NativeOptions.from_settings(RunSettings.of("x"))
-    again = backend_for(sm=options.sm, sources=options.sources, home=home, show_progress=False)
+    again = backend_for(ArtifactStore(home), sm=options.sm, sources=options.sources, show_progress=False)
     assert again.cached and again.key == built.key and again.path == built.path
     assert (built.backend_dir / "libtriton_fastertransformer.so").stat().st_size > 100_000
     assert (built.backend_dir / "libtransformer-shared.so").stat().st_size > 10_000_000  # every model's kernels

@@ -133,13 +133,15 @@ def test_preset_typo_gets_did_you_mean_and_a_missing_path_is_called_one(ftx_cli,
     assert "'./missing-dir' does not exist" in missing.stderr and "hf://" not in missing.stderr
 
 
-def test_a_commands_default_runtime_is_not_called_a_flag() -> None:
+def test_a_commands_default_runtime_is_not_called_a_flag(tmp_path: Path) -> None:
     from ftx_triton.plan.settings import RunSettings
     from ftx_triton.plugins import load_host
     from ftx_triton.runtime.select import choose_runtime
+    from ftx_triton.store.artifact_store import ArtifactStore
 
-    runtimes = load_host().runtimes
-    _, why = choose_runtime(runtimes, RunSettings.of("m", runtime="python", runtime_origin="ftx configure's default"))
+    runtimes, store = load_host().runtimes, ArtifactStore(tmp_path)
+    _, why = choose_runtime(runtimes, RunSettings.of("m", runtime="python", runtime_origin="ftx configure's default"),
+                            store)
     assert why == "python from ftx configure's default"
-    _, why = choose_runtime(runtimes, RunSettings.of("m", runtime="python"))
+    _, why = choose_runtime(runtimes, RunSettings.of("m", runtime="python"), store)
     assert why == "requested with --runtime python"

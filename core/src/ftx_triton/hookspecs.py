@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
+    import click
+
     from ftx_triton.conversion.family import Family, ModelSpec
     from ftx_triton.plan.artifacts import Checkpoint, Endpoint, GemmConfig, ModelRepository, Source, SourceRef
     from ftx_triton.plan.context import StageContext
@@ -49,6 +51,31 @@ def ftx_register_runtimes() -> Sequence[type[Runtime]]:
     ``fastertransformer-docker``) are registered through this hook too.
 
     :returns: Runtime subclasses (not instances); an empty sequence is fine.
+    """
+
+
+@hookspec
+def ftx_register_commands(cli: click.Group) -> None:
+    """Add this plugin's commands to the ``ftx`` command line: ``cli.add_command(command)``.
+
+    A runtime brings its own tools this way (the Docker launcher's ``ftx image``, ``ftx tune`` and
+    ``ftx package``, the native launcher's ``ftx backend``). A command name another plugin or core
+    already uses is a PluginError naming both.
+
+    :param cli: a click group collecting this plugin's commands.
+    :returns: nothing; the commands are added to ``cli``.
+    """
+
+
+@hookspec
+def ftx_add_options() -> Sequence[click.Option]:
+    """Return options this plugin adds to ``ftx run`` (a cluster runtime's ``--namespace``).
+
+    They are listed in ``ftx run --help`` under "Plugin options", have environment twins like every
+    option (``FTX_RUN_<NAME>``), and reach the stages as ``ctx.settings.plugin_option(name)``. A name
+    ``ftx run`` already has is a PluginError.
+
+    :returns: ``click.Option`` objects (new ones per call); an empty sequence is fine.
     """
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pluggy
 import structlog
@@ -24,6 +24,9 @@ from ftx_triton import PLUGIN_API_VERSION, hookspecs
 from ftx_triton.conversion.family import Family, read_config_json
 from ftx_triton.errors import FamilyResolutionError, PluginError
 from ftx_triton.runtime.api import Runtime
+
+if TYPE_CHECKING:
+    import click
 
 log = structlog.get_logger(__name__)
 
@@ -37,10 +40,14 @@ DEFAULT_PLUGINS = (
     "ftx_triton.engine.default_plugins.serve",
     "ftx_triton.runtime.python.plugin",
     "ftx_triton.runtime.fastertransformer.docker.plugin",
+    "ftx_triton.cli.image",
     "ftx_triton.runtime.fastertransformer.native.plugin",
+    "ftx_triton.cli.backend",
 )
-"""Core's own plugins: the stage defaults (``trylast``) and the runtimes it ships. Core never imports
-them for logic; they are registered and called through the hooks like any third-party plugin."""
+"""Core's own plugins: the stage defaults (``trylast``), the runtimes it ships and their commands (the Docker
+launcher's ``ftx image``/``tune``/``package``, the native one's ``ftx backend``: CLI modules, since runtimes
+never import the CLI). Core never imports them for logic; they are registered and called through the hooks
+like any third-party plugin."""
 
 
 @dataclass
@@ -181,6 +188,41 @@ class PluginHost:
                 self.runtimes[runtime.name] = runtime
                 self.runtime_owner[runtime.name] = owner.distribution
                 owner.runtimes.append(runtime.name)
+
+    def commands(self, taken: Iterable[str] = ()) -> dict[str, click.Command]:
+        """The commands plugins add (``ftx_register_commands``), by name; one ``taken`` by core or by two
+        plugins is an error naming both."""
+        import click
+
+        commands: dict[str, click.Command] = {}
+        owners = dict.fromkeys(taken, "ftx core")
+        for impl in self.pm.hook.ftx_register_commands.get_hookimpls():
+            owner = self._record_for(impl.plugin_name).distribution
+            group = click.Group()
+            impl.function(cli=group)
+            for name, command in group.commands.items():
+                if name in owners:
+                    raise PluginError(f"command {name!r} is added by both {owners[name]} and {owner}",
+                                      hint=f"uninstall one of them, or block one with FTX_DISABLE_PLUGINS={owner}")
+                owners[name] = owner
+                commands[name] = command
+        return commands
+
+    def run_options(self, taken: Iterable[str] = ()) -> list[click.Option]:
+        """The options plugins add to ``ftx run`` (``ftx_add_options``); a name ``ftx run`` already has (or
+        two plugins add) is an error naming it."""
+        options: list[click.Option] = []
+        seen = set(taken)
+        for impl in self.pm.hook.ftx_add_options.get_hookimpls():
+            owner = self._record_for(impl.plugin_name).distribution
+            for option in cast(Sequence['click.Option'], impl.function() or ()):
+                if option.name is None or option.name in seen:
+                    raise PluginError(f"{owner} adds an option {option.name!r} to `ftx run`, which already has one "
+                                      "of that name", hint=f"rename it, or block the plugin with "
+                                                           f"FTX_DISABLE_PLUGINS={owner}")
+                seen.add(option.name)
+                options.append(option)
+        return options
 
     def _record_for(self, plugin_name: str) -> PluginRecord:
         for record in self.records:

@@ -15,17 +15,22 @@ TOY_RUNTIME = '''
 import json
 from pathlib import Path
 
+import click
+
 import ftx_triton
 from ftx_triton.plan.artifacts import Endpoint, GemmConfig
 
 
 class ToyHandle:
-    """What a served toy deployment hands back: it records how it was stopped or detached."""
+    """A served toy deployment (a ServedDeployment): it records how it was stopped or detached."""
 
     def __init__(self, record: Path) -> None:
         self.record = record
         self.name = "toy-1"
         self.stop_hint = "`toyctl down toy-1` stops it"
+        self.log_path = None
+        self.metrics_url = None
+        self.pid = None
 
     def stop(self) -> None:
         self.record.write_text("stopped")
@@ -33,13 +38,25 @@ class ToyHandle:
     def detach(self) -> None:
         self.record.write_text("detached")
 
+    def wait(self, timeout=None):
+        return 0
+
+    def exit_report(self) -> str:
+        return "the abacus stopped"
+
 
 class Toy(ftx_triton.Runtime):
     name = "toy"
+    selects_as = ("abacus",)
     priority = -1
     description = "a runtime from outside core, for tests"
     uses_gemm_config = True
     default_data_type = "fp32"
+
+    def available(self, settings, store):
+        with (store.home / "toy-probes").open("a") as probes:  # in the run's home: counted by a test
+            probes.write("probed\\n")
+        return ftx_triton.Availability(True, "the abacus is here")
 
     def describe(self, plan):
         return [f"toy       would serve {plan.family.name} at tp {plan.settings.convert.tp} on an abacus"]
@@ -61,13 +78,29 @@ class Toy(ftx_triton.Runtime):
     def serve(self, repository, gemm, ctx):
         (ctx.home / "toy-served.json").write_text(json.dumps({
             "repository": str(repository.path), "runtime": repository.runtime, "gemm": str(gemm.path),
-            "tuned": gemm.tuned}))
+            "tuned": gemm.tuned, "namespace": ctx.settings.plugin_option("namespace"),
+            "store": str(ctx.store.home)}))
         return Endpoint("127.0.0.1:9", "127.0.0.1:10", model="ensemble", handle=ToyHandle(ctx.home / "toy-handle"))
 
 
 @ftx_triton.hookimpl
 def ftx_register_runtimes():
     return [Toy]
+
+
+@ftx_triton.hookimpl
+def ftx_add_options():
+    return [click.Option(["--namespace"], default="default", show_default=True,
+                         help="Abacus namespace the toy runtime serves in.")]
+
+
+@ftx_triton.hookimpl
+def ftx_register_commands(cli):
+    @cli.command("toyctl")
+    @click.argument("what")
+    def toyctl(what):
+        """Talk to the abacus."""
+        click.echo(f"abacus says {what}")
 '''
 
 
@@ -92,8 +125,66 @@ def test_a_third_party_runtime_serves_through_ftx_run(toy_plugin: Path, ftx_cli:
     assert (repository / "fastertransformer" / "toy.txt").is_file()  # its contribution to the repository
     assert json.loads((repository / "ftx-deployment.json").read_text())["runtime"] == "toy"
     assert (ftx_home / "toy-handle").read_text() == "detached"
+    assert served["namespace"] == "default" and served["store"] == str(ftx_home)  # the run's store, not its own
     assert "runtime   toy (requested with --runtime toy)" in result.stderr
     assert "toy runtime" in result.stdout and "toyctl down toy-1" in result.stdout
+
+
+def test_a_third_party_runtime_adds_an_option_and_a_command(toy_plugin: Path, ftx_cli: Any, ftx_home: Path,
+                                                            tiny_gptj_dir: Path) -> None:
+    """`--namespace` (ftx_add_options) reaches the runtime through the settings; `ftx toyctl` (ftx_register_commands)
+    is a command of ftx; both are listed in the help."""
+    result = ftx_cli("run", str(tiny_gptj_dir), "--runtime", "toy", "--namespace", "team-a", "--detach", "--no-openai")
+    assert result.exit_code == 0, result.stderr + repr(result.exception)
+    assert json.loads((ftx_home / "toy-served.json").read_text())["namespace"] == "team-a"
+    command = ftx_cli("toyctl", "hello")
+    assert command.exit_code == 0 and command.stdout.strip() == "abacus says hello"
+    help_text = ftx_cli("run", "--help").stdout
+    assert "Plugin options" in help_text and "--namespace" in help_text and "FTX_RUN_NAMESPACE" in help_text
+    assert "toyctl" in ftx_cli("--help").stdout
+
+
+def test_without_the_plugin_its_option_and_command_are_unknown(ftx_cli: Any, tiny_gptj_dir: Path) -> None:
+    assert ftx_cli("run", str(tiny_gptj_dir), "--namespace", "x", "--dry-run").exit_code == 2
+    assert ftx_cli("toyctl", "hello").exit_code == 2
+
+
+def test_a_plugin_option_named_like_a_core_one_is_an_error() -> None:
+    from types import SimpleNamespace
+
+    import click
+    from ftx_triton import hookimpl
+    from ftx_triton.errors import PluginError
+    from ftx_triton.plugins import PluginHost
+
+    host = PluginHost()
+    host.register(SimpleNamespace(ftx_add_options=hookimpl(lambda: [click.Option(["--tp"])]), __name__="clash"))
+    with pytest.raises(PluginError, match="adds an option 'tp' to `ftx run`"):
+        host.run_options(taken={"tp"})
+    host.register(SimpleNamespace(ftx_register_commands=hookimpl(lambda cli: cli.add_command(click.Command("run"))),
+                                  __name__="clash2"))
+    with pytest.raises(PluginError, match="command 'run' is added by both ftx core and clash2"):
+        host.commands(taken={"run": None})
+
+
+def test_core_runtimes_bring_their_own_commands(plugin_host: Any) -> None:
+    """`ftx image`/`tune`/`package` and `ftx backend` are not core's commands: they come through the hook."""
+    from ftx_triton.cli import cli
+
+    commands = plugin_host.commands()
+    assert {"image", "tune", "package", "backend"} <= set(commands)
+    assert not {"image", "tune", "package", "backend"} & set(cli.commands)
+
+
+@pytest.mark.parametrize("dry_run", [False, True], ids=["run", "dry-run"])
+def test_a_run_asks_whether_its_runtime_is_available_once(toy_plugin: Path, ftx_cli: Any, ftx_home: Path,
+                                                          tiny_gptj_dir: Path, dry_run: bool) -> None:
+    """The plan chooses the runtime once: one availability probe (for Docker, one daemon round trip) per run."""
+    result = ftx_cli("run", str(tiny_gptj_dir), "--runtime", "abacus", "--until", "configure",
+                     *(["--dry-run"] if dry_run else []))
+    assert result.exit_code == 0, result.stderr + repr(result.exception)
+    assert "runtime   toy (requested with --runtime abacus)" in result.stderr
+    assert (ftx_home / "toy-probes").read_text().splitlines() == ["probed"]
 
 
 def test_a_third_party_runtime_describes_its_dry_run(toy_plugin: Path, ftx_cli: Any, tiny_gptj_dir: Path) -> None:
@@ -121,11 +212,15 @@ def test_unknown_runtime_lists_the_registered_ones(ftx_cli: Any, tiny_gptj_dir: 
 # --------------------------------------------------------------------------- choosing
 
 
+STORE: Any = None
+"""The fakes below answer `available` without looking at a store."""
+
+
 def _runtime(name: str, priority: int, ok: bool, aliases: tuple[str, ...] = ()) -> Any:
     from ftx_triton.runtime.api import Availability, Runtime
 
     class Fake(Runtime):
-        def available(self, settings: Any) -> Availability:
+        def available(self, settings: Any, store: Any) -> Availability:
             return Availability(ok, f"{name} {'is here' if ok else 'is missing'}")
 
     Fake.name, Fake.priority, Fake.selects_as = name, priority, aliases
@@ -139,11 +234,11 @@ def test_auto_takes_the_available_runtime_of_highest_priority() -> None:
 
     runtimes = {r.name: r for r in (_runtime("a", 30, False, ("x",)), _runtime("b", 20, True, ("x",)),
                                     _runtime("c", 10, True))}
-    chosen, why = choose_runtime(runtimes, RunSettings.of("m"))
+    chosen, why = choose_runtime(runtimes, RunSettings.of("m"), STORE)
     assert chosen.name == "b" and "a: a is missing" in why and "b is here" in why
-    chosen, why = choose_runtime(runtimes, RunSettings.of("m", runtime="x"))
+    chosen, why = choose_runtime(runtimes, RunSettings.of("m", runtime="x"), STORE)
     assert chosen.name == "b" and "requested with --runtime x" in why
-    chosen, _ = choose_runtime(runtimes, RunSettings.of("m", runtime="c"))
+    chosen, _ = choose_runtime(runtimes, RunSettings.of("m", runtime="c"), STORE)
     assert chosen.name == "c"
 
 
@@ -152,7 +247,7 @@ def test_an_alias_with_nothing_available_plans_for_its_best_runtime() -> None:
     from ftx_triton.runtime.select import choose_runtime
 
     runtimes = {r.name: r for r in (_runtime("a", 30, False, ("x",)), _runtime("b", 20, False, ("x",)))}
-    chosen, why = choose_runtime(runtimes, RunSettings.of("m", runtime="x"))
+    chosen, why = choose_runtime(runtimes, RunSettings.of("m", runtime="x"), STORE)
     assert chosen.name == "a" and "a is missing" in why and "b is missing" in why
 
 
@@ -162,7 +257,7 @@ def test_auto_with_nothing_available_is_an_error() -> None:
     from ftx_triton.runtime.select import choose_runtime
 
     with pytest.raises(ConfigError, match="no runtime can serve"):
-        choose_runtime({"a": _runtime("a", 1, False)}, RunSettings.of("m"))
+        choose_runtime({"a": _runtime("a", 1, False)}, RunSettings.of("m"), STORE)
 
 
 def test_two_plugins_registering_one_runtime_name_is_an_error() -> None:

@@ -1,7 +1,8 @@
 """The ``ftx`` command line.
 
 Each module in :data:`COMMAND_MODULES` exposes ``commands: list[click.Command]``; the group
-adds them all. A module that fails to import is a bug and raises.
+adds them all. A module that fails to import is a bug and raises. Plugins add theirs through
+``ftx_register_commands`` (the runtimes' ``ftx image``, ``ftx tune``, ``ftx package``, ``ftx backend``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import signal
 
 import click
 
-from ftx_triton.cli.common import ENV_PREFIX, FtxGroup, global_options, handle_errors
+from ftx_triton.cli.common import ENV_PREFIX, FtxRootGroup, global_options, handle_errors
 
 COMMAND_MODULES = (
     "ftx_triton.cli.info",
@@ -20,8 +21,6 @@ COMMAND_MODULES = (
     "ftx_triton.cli.configure",
     "ftx_triton.cli.fetch",
     "ftx_triton.cli.servers",
-    "ftx_triton.cli.image",
-    "ftx_triton.cli.backend",
     "ftx_triton.cli.pins",
     "ftx_triton.cli.serving",
     "ftx_triton.cli.store",
@@ -45,7 +44,7 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     ctx.exit(0)
 
 
-@click.group(cls=FtxGroup, params=global_options(),
+@click.group(cls=FtxRootGroup, params=global_options(),
              context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": ENV_PREFIX})
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
               allow_from_autoenv=False, show_envvar=False,

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from ftx_triton import hookimpl
 from ftx_triton.cli.common import FtxGroup, say
 
 SM_HELP = "GPU architectures to build for, e.g. 90 or 80,90 (default: this machine's GPUs)."
@@ -40,11 +41,18 @@ def preflight_command(sm: str | None) -> None:
 @click.option("--force", is_flag=True, help="Build again even if a build for this toolchain and SM list exists.")
 def build_command(sm: str | None, sources: Path | None, jobs: int | None, force: bool) -> None:
     """Build (or find) the backend for this toolchain and SM list; print the artifact's path."""
+    from ftx_triton.cli.common import command_store
     from ftx_triton.runtime.fastertransformer.native.options import backend_for
 
-    built = backend_for(sm=sm, sources=sources, jobs=jobs, force=force, need_gpu=sm is None, say=say)
+    built = backend_for(command_store(), sm=sm, sources=sources, jobs=jobs, force=force, need_gpu=sm is None, say=say)
     say(f"backend   {'cached' if built.cached else 'built'}: SM {','.join(map(str, built.sm))}, key {built.key}")
     click.echo(str(built.path))
 
 
 commands: list[click.Command] = [backend]
+
+
+@hookimpl
+def ftx_register_commands(cli: click.Group) -> None:
+    """The native launcher's tools: ``ftx backend build|preflight``."""
+    cli.add_command(backend)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -212,8 +212,56 @@ def get_host() -> PluginHost:
 
 def reset_host() -> None:
     """Forget the loaded host (tests change the environment between invocations)."""
-    global _HOST
-    _HOST = None
+    global _HOST, _PLUGIN_COMMANDS, _PLUGIN_OPTIONS
+    _HOST = _PLUGIN_COMMANDS = _PLUGIN_OPTIONS = None
+
+
+PLUGIN_SECTION = "Plugin options"
+
+
+class FtxRootGroup(FtxGroup):
+    """The ``ftx`` group: core's commands plus those plugins add (``ftx_register_commands``), looked up
+    when asked for, so the plugins of this invocation's environment are the ones that count."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *plugin_commands(self.commands)})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return super().get_command(ctx, cmd_name) or plugin_commands(self.commands).get(cmd_name)
+
+
+class PluginOptionsCommand(FtxCommand):
+    """A command that also takes the options plugins add (``ftx_add_options``), under "Plugin options"."""
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        params = super().get_params(ctx)
+        extra = plugin_options({p.name for p in self.params if p.name})
+        return [*params[:-1], *extra, params[-1]]  # the help option stays last
+
+
+def plugin_commands(core: Mapping[str, click.Command]) -> dict[str, click.Command]:
+    """Commands the loaded plugins add, by name (once per loaded host)."""
+    global _PLUGIN_COMMANDS
+    if _PLUGIN_COMMANDS is None:
+        _PLUGIN_COMMANDS = get_host().commands(taken=core)
+    return _PLUGIN_COMMANDS
+
+
+def plugin_options(taken: set[str]) -> list[click.Option]:
+    """Options the loaded plugins add to ``ftx run`` (once per loaded host)."""
+    global _PLUGIN_OPTIONS
+    if _PLUGIN_OPTIONS is None:
+        _PLUGIN_OPTIONS = get_host().run_options(taken=taken)
+        for option in _PLUGIN_OPTIONS:
+            option.show_envvar = True
+            HELP_SECTIONS[option.name or ""] = PLUGIN_SECTION
+    return _PLUGIN_OPTIONS
+
+
+def pop_plugin_options(opts: dict[str, Any]) -> dict[str, Any]:
+    """Take the plugin options' values out of a command's keyword arguments (for ``RunSettings.plugin_options``)."""
+    names = {option.name for option in _PLUGIN_OPTIONS or ()}
+    return {name: opts.pop(name) for name in list(opts) if name in names and opts[name] is not None}
 
 
 def command_store() -> ArtifactStore:
@@ -237,6 +285,8 @@ def say(text: str) -> None:
 
 
 _HOST: PluginHost | None = None
+_PLUGIN_COMMANDS: dict[str, click.Command] | None = None
+_PLUGIN_OPTIONS: list[click.Option] | None = None
 
 if TYPE_CHECKING:
     from ftx_triton.plugins import PluginHost

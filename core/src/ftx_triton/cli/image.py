@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from ftx_triton import hookimpl
 from ftx_triton.cli.common import FtxCommand, FtxGroup, say
 from ftx_triton.cli.options import conversion_options, repository_options, safety_options, source_options
 from ftx_triton.cli.options import docker_options as _docker_options
@@ -163,3 +164,10 @@ def package(model: str, tag: str, base_image: str | None, **opts: Any) -> None:
 
 
 commands: list[click.Command] = [image, tune, package]
+
+
+@hookimpl
+def ftx_register_commands(cli: click.Group) -> None:
+    """The Docker launcher's tools: ``ftx image`` (build, list), ``ftx tune`` and ``ftx package``."""
+    for command in commands:
+        cli.add_command(command)

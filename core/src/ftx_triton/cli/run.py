@@ -10,7 +10,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from ftx_triton.cli.common import FtxCommand, command_store, get_host, say
+from ftx_triton.cli.common import PluginOptionsCommand, command_store, get_host, pop_plugin_options, say
 from ftx_triton.cli.options import (
     PORT,
     conversion_options,
@@ -176,7 +176,7 @@ def _expected(param: click.Parameter) -> str:
     return f"a list, each item {what}" if param.multiple else what
 
 
-@click.command(cls=FtxCommand)
+@click.command(cls=PluginOptionsCommand)
 @click.argument("model", required=False)
 @source_options
 @conversion_options
@@ -221,8 +221,9 @@ def run(model: str | None, prompt: str | None, max_tokens: int, lock_file: Path 
     MODEL is a preset (see `ftx models`), hf://org/name[@revision], a URL or a local path;
     omitted, it comes from ./ftx.toml or --lock FILE (see `ftx lock`).
     """
+    plugin_values = pop_plugin_options(opts)
     model = model_from_manifest(model, opts, lock_file)
-    settings = settings_from_options(model, **opts)
+    settings = settings_from_options(model, plugin_options=plugin_values, **opts)
     if settings.serve.openai and (prompt is None or settings.serve.detach):  # the front starts after the server
         from ftx_triton.server.ports import check_host
 
@@ -243,11 +244,11 @@ def run(model: str | None, prompt: str | None, max_tokens: int, lock_file: Path 
         click.echo(str(result.checkpoint.path))
     elif result.source and settings.until == "fetch":
         click.echo(str(result.source.path))
-    if result.endpoint is not None:
+    if result.deployment is not None:
         from ftx_triton.cli.serving import after_serve
 
         with _held_back(quiet):
-            after_serve(result, settings, prompt=prompt, max_tokens=max_tokens)
+            after_serve(result.deployment, prompt=prompt, max_tokens=max_tokens)
 
 
 def _held_back(quiet: bool) -> contextlib.AbstractContextManager[object]:

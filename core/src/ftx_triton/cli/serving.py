@@ -12,8 +12,6 @@ import json
 import os
 import queue
 import shlex
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +21,7 @@ from typing import Any
 import click
 
 from ftx_triton.cli.common import FtxCommand, say
+from ftx_triton.engine.deployment import Deployment, openai_model_id
 from ftx_triton.errors import ServeError
 from ftx_triton.server.text_client import TextInterface, first_text, pieces, sampling_values, text_interface
 
@@ -305,45 +304,40 @@ def _curl(http_url: str, model: str, stream: bool) -> str:
     return f"curl -s http://{http_url}/v2/models/{model}/{route} -d {shlex.quote(body)}"
 
 
-def _decoupled(repository: Path | None) -> bool:
-    if repository is None:
-        return False
+def _decoupled(repository: Path) -> bool:
     from ftx_triton.errors import ConfigError
     from ftx_triton.repository.model_config import FT_MODEL_NAME, parse_config
 
     try:
-        return parse_config(Path(repository) / FT_MODEL_NAME / "config.pbtxt").model_transaction_policy.decoupled
+        return parse_config(repository / FT_MODEL_NAME / "config.pbtxt").model_transaction_policy.decoupled
     except (ConfigError, OSError):
         return False
 
 
-def describe_endpoint(result: Any, settings: Any, *, detached_name: str | None = None) -> str:
+def describe_endpoint(deployment: Deployment) -> str:
     """The block ``ftx run`` prints: URLs, models, an example curl and an example ``ftx generate``."""
-    endpoint = result.endpoint
-    server = endpoint.handle
-    repository = result.repository.path if result.repository else None
+    endpoint, server, settings = deployment.endpoint, deployment.server, deployment.settings
+    repository = deployment.repository.path
     stream = _decoupled(repository)
-    models = ", ".join(sorted(p.name for p in Path(repository).iterdir() if p.is_dir())) if repository else endpoint.model
-    runtime = result.runtime.name if result.runtime else (result.repository.runtime if result.repository else "")
-    metrics = getattr(server, "metrics_url", None)
+    models = ", ".join(sorted(p.name for p in repository.iterdir() if p.is_dir()))
     bound = settings.serve.host or endpoint.http_url.rsplit(":", 1)[0]
     lines = [
-        f"serving {settings.model} ({runtime} runtime) on {bound}",
+        f"serving {settings.model} ({deployment.runtime.name} runtime) on {bound}",
         f"  HTTP     http://{endpoint.http_url}",
         f"  gRPC     {endpoint.grpc_url}",
     ]
-    if metrics:
-        lines.append(f"  metrics  {metrics}")
-    openai = getattr(result, "openai", None)
+    if server.metrics_url:
+        lines.append(f"  metrics  {server.metrics_url}")
+    openai = deployment.openai
     if openai is not None:
         lines.append(f"  OpenAI   {openai.url}  (model {openai_model_id(settings.model)!r})")
         if not stream:
             lines.append("           stream: true answers in one chunk (deploy with --streaming to stream tokens)")
     lines.append(f"  models   {models}")
-    if getattr(server, "log_path", None):
+    if server.log_path:
         lines.append(f"  log      {server.log_path}")
     lines += ["", "try it:", f"  {_curl(endpoint.http_url, endpoint.model, stream)}"]
-    where = "" if detached_name is not None and _is_local_server(server) else f"--url http://{endpoint.http_url}"
+    where = "" if deployment.detached_name is not None and deployment.recorded else f"--url http://{endpoint.http_url}"
     stream_flag = " --stream" if stream else ""
     example = f"ftx generate {shlex.quote(EXAMPLE_PROMPT)} --max-tokens {EXAMPLE_TOKENS}{stream_flag}"
     lines.append(f"  {example} {where}".rstrip())
@@ -355,139 +349,58 @@ def describe_endpoint(result: Any, settings: Any, *, detached_name: str | None =
     return "\n".join(lines)
 
 
-def openai_model_id(model: str) -> str:
-    """The model name OpenAI clients send: what the user ran, without a scheme or revision."""
-    return model.removeprefix("hf://").split("@", 1)[0].rstrip("/") or model
-
-
-def _start_openai(result: Any, settings: Any, detach: bool) -> Any:
-    """The OpenAI-compatible endpoint for this deployment (None with --no-openai or no repository)."""
-    if not settings.serve.openai or result.repository is None:
-        return None
-    from ftx_triton.openai_api.launch import start_openai
-
-    s = settings.serve
-    return start_openai(f"http://{result.endpoint.http_url}", result.repository.path, openai_model_id(settings.model),
-                        home=_home(), host=s.openai_host, port=s.openai_port, detach=detach)
-
-
-class _Terminate(Exception):
-    """SIGTERM arrived while serving in the foreground."""
-
-
-def _serve_until_stopped(server: Any) -> None:
-    """Block until Ctrl-C or SIGTERM (then stop the server cleanly) or until the server dies."""
-
-    def on_term(signum: int, frame: Any) -> None:
-        raise _Terminate()
-
-    previous = signal.signal(signal.SIGTERM, on_term)
-    try:
-        while True:
-            try:
-                code = server.wait(timeout=0.5)
-            except subprocess.TimeoutExpired:
-                continue
-            report = server.exit_report() if hasattr(server, "exit_report") else f"the server exited with code {code}"
-            raise ServeError(report, hint=f"see the full log: {server.log_path}")
-    except (KeyboardInterrupt, _Terminate):
-        say("stopping tritonserver …")
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean stop short
-        try:
-            server.stop()
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-    say("stopped")
-
-
-def after_serve(result: Any, settings: Any, *, prompt: str | None = None, max_tokens: int = EXAMPLE_TOKENS) -> None:
-    """What ``ftx run`` does once the server is ready.
+def after_serve(deployment: Deployment, *, prompt: str | None = None, max_tokens: int = EXAMPLE_TOKENS) -> None:
+    """What ``ftx run`` does once the server is ready (the lifecycle is the engine's :class:`Deployment`).
 
     ``--prompt``: generate once, print the text, stop the server (unless ``--detach``).
     ``--detach``: leave the server running and say how to reach and stop it.
     Otherwise: serve in the foreground until Ctrl-C or SIGTERM, then stop cleanly.
     """
-    endpoint = result.endpoint
-    server = endpoint.handle
-    detach = settings.serve.detach
-    result.openai = None
-    left_running = False  # once detached and recorded, `ftx ps`/`ftx stop` own the server
+    endpoint = deployment.endpoint
+    detach = deployment.settings.serve.detach
     try:
         if prompt is None or detach:
-            result.openai = _start_openai(result, settings, detach)
+            deployment.start_front(detach=detach)
         if prompt is not None:  # no "try it" block: the server stops after the answer (--detach prints it)
-            stream = _decoupled(result.repository.path if result.repository else None)
-            text = generate_text(endpoint.grpc_url, endpoint.model, prompt,
-                                 max_tokens=max_tokens,
+            stream = _decoupled(deployment.repository.path)
+            text = generate_text(endpoint.grpc_url, endpoint.model, prompt, max_tokens=max_tokens,
                                  stream=stream, on_text=_writer() if stream else None, echo_prompt=True)
             click.echo("" if stream else text)
             if not detach:
-                _stop(result)
+                deployment.stop()
                 return
         if detach:
-            name = _detach(server)
-            if result.openai is not None:
-                from ftx_triton.openai_api.records import write_record
-
-                write_record(_home(), {"name": name, "pid": result.openai.process.pid, "url": result.openai.url,
-                                       "triton_pid": getattr(server, "pid", None), "log": str(result.openai.log_path)})
-            left_running = True
-            click.echo(describe_endpoint(result, settings, detached_name=name))
-            stop_hint = getattr(server, "stop_hint", None) or f"`ftx ps` lists it, `ftx stop {name}` stops it"
+            name = deployment.detach()
+            click.echo(describe_endpoint(deployment))
+            stop_hint = deployment.server.stop_hint or f"`ftx ps` lists it, `ftx stop {name}` stops it"
             click.echo(f"\nleft running as {name!r}: {stop_hint}")
             return
-        click.echo(describe_endpoint(result, settings))
+        click.echo(describe_endpoint(deployment))
         click.echo("\nCtrl-C stops the server.")
         sys.stdout.flush()
-        with _foreground_front_record(result, server):
-            _serve_until_stopped(server)
-        if result.openai is not None:
-            result.openai.stop()
+        with _foreground_front_record(deployment):
+            deployment.serve_until_stopped(on_stopping=lambda: say("stopping tritonserver …"))
+        say("stopped")
     except BaseException:
-        if not left_running:  # a detached run that failed before it was recorded leaves nothing behind
-            if server is not None:
-                _stop(result)
-            elif result.openai is not None:
-                result.openai.stop()
+        if deployment.detached_name is None:  # a detached run that failed before it was recorded leaves nothing
+            deployment.stop()
         raise
 
 
 @contextlib.contextmanager
-def _foreground_front_record(result: Any, server: Any) -> Iterator[None]:
+def _foreground_front_record(deployment: Deployment) -> Iterator[None]:
     """While a foreground ``ftx run`` serves, its OpenAI endpoint is recorded (``foreground-<pid>``) so that
     `ftx ps` shows it; the record goes when the run ends (or with the next `ftx ps` after a crash)."""
-    if result.openai is None:
+    openai = deployment.openai
+    if openai is None:
         yield
         return
     from ftx_triton.openai_api.records import FOREGROUND_PREFIX, write_record
 
-    path = write_record(_home(), {"name": f"{FOREGROUND_PREFIX}{os.getpid()}", "pid": result.openai.process.pid,
-                                  "url": result.openai.url, "triton_pid": getattr(server, "pid", None),
-                                  "log": str(result.openai.log_path)})
+    path = write_record(deployment.home, {"name": f"{FOREGROUND_PREFIX}{os.getpid()}", "pid": openai.process.pid,
+                                          "url": openai.url, "triton_pid": deployment.server.pid,
+                                          "log": str(openai.log_path)})
     try:
         yield
     finally:
         path.unlink(missing_ok=True)
-
-
-def _stop(result: Any) -> None:
-    """Stop what the runtime started (through the runtime, which knows how), and the OpenAI endpoint."""
-    if getattr(result, "openai", None) is not None:
-        result.openai.stop()
-    if result.runtime is not None:
-        result.runtime.stop(result.endpoint)
-    else:
-        result.endpoint.handle.stop()
-
-
-def _detach(server: Any) -> str:
-    server.detach()
-    return str(server.name)
-
-
-def _is_local_server(server: Any) -> bool:
-    """A tritonserver process ftx supervises (python runtime), as opposed to a container."""
-    from ftx_triton.server.tritonserver import TritonServer
-
-    return isinstance(server, TritonServer)

@@ -8,18 +8,20 @@ here knows a runtime by name: the chosen :class:`~ftx_triton.runtime.api.Runtime
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import structlog
 
 from ftx_triton.conversion.family import Family, ModelSpec
+from ftx_triton.engine.deployment import Deployment
 from ftx_triton.engine.sources import resolve_source
 from ftx_triton.engine.stages import StageOutcome, Stages
 from ftx_triton.errors import ConfigError
 from ftx_triton.io.ftformat import gpu_dir_name
 from ftx_triton.plan.artifacts import Checkpoint, Endpoint, GemmConfig, ModelRepository, Source, SourceRef
 from ftx_triton.plan.context import StageContext
+from ftx_triton.plan.plan import Plan
 from ftx_triton.plan.resources import Estimate
 from ftx_triton.plan.settings import STAGES, RunSettings
 from ftx_triton.plugins import PluginHost
@@ -32,8 +34,9 @@ log = structlog.get_logger(__name__)
 
 @dataclass
 class RunResult:
-    """Everything a run produced, stage by stage."""
+    """Everything a run produced, stage by stage, and the plan it followed."""
 
+    plan: Plan
     family: Family | None = None
     spec: ModelSpec | None = None
     source: Source | None = None
@@ -41,9 +44,17 @@ class RunResult:
     gemm: GemmConfig | None = None
     repository: ModelRepository | None = None
     endpoint: Endpoint | None = None
+    deployment: Deployment | None = None
+    """The served model's lifecycle (OpenAI front, detach, stop), when the run served."""
     outcomes: list[StageOutcome] = field(default_factory=list)
-    runtime: Runtime | None = None
-    runtime_reason: str = ""
+
+    @property
+    def runtime(self) -> Runtime | None:
+        return self.plan.runtime
+
+    @property
+    def runtime_reason(self) -> str:
+        return self.plan.runtime_reason
 
 
 def stage_index(stage: str) -> int:
@@ -53,118 +64,160 @@ def stage_index(stage: str) -> int:
 
 
 class Pipeline:
-    """Runs the stages for one model with one set of settings."""
+    """Plans one model's run once, then runs the stages, each reading the plan."""
 
     def __init__(self, host: PluginHost, store: ArtifactStore, settings: RunSettings,
                  *, say: Callable[[str], None] | None = None) -> None:
         self.host = host
         self.store = store
+        self.settings = settings
+        """What the user asked for; the resolved values are the plan's (``Plan.settings``)."""
         self.say = say or (lambda text: None)
-        self.ctx = StageContext(settings=settings, store=store, home=store.home)
-        self.stages = Stages(host, store, self.ctx, say=self.say)
-        self.estimate: Estimate | None = None  # once the model's size is known
-        self.source_dtype: str | None = None
+        self.stages = Stages(host, store, say=self.say)
+        self._estimate: Estimate | None = None  # the plan's, for the disk checks of the builds
         self._license_shown: str | None = None
-
-    @property
-    def settings(self) -> RunSettings:
-        return self.ctx.settings
 
     def _wanted(self, stage: str) -> bool:
         return stage_index(stage) <= stage_index(self.settings.until)
 
-    def run(self) -> RunResult:
-        result = RunResult(outcomes=self.stages.outcomes)
-        ref, preset_family = resolve_source(self.settings, self.host)
-        family_name = self.settings.fetch.family or preset_family
-        family = self.host.family(family_name) if family_name else None
-        family, hf_config = self._planned_config(ref, family)
-        self._check_license(ref, family)
-        self._place(family, hf_config)
-        self._check_before_fetch(family, hf_config)
-        if self.settings.dry_run:
-            return self._dry_run(ref, family, hf_config, result)
-        self._check_named_runtime()
+    def _context(self, plan: Plan) -> StageContext:
+        return StageContext(settings=plan.settings, store=self.store, home=self.store.home, runtime=plan.runtime,
+                            runtime_reason=plan.runtime_reason, say=self.say)
 
-        if family is not None and hf_config is not None:
-            self._resolve_weight_dtype(family, Path(ref.uri) if ref.kind == "local" else None, hf_config)
-            self._plan_resources(family, hf_config, local_source=ref.kind == "local")
+    def run(self) -> RunResult:
+        plan = self.plan()
+        result = RunResult(plan=plan, outcomes=self.stages.outcomes)
+        if self.settings.dry_run:
+            return self._dry_run(plan, result)
+        self._refuse_what_does_not_fit(plan)
+        self._check_named_runtime(plan.settings)
+        if plan.runtime is not None:
+            self._say_runtime(plan)
         self.stages.before_build = self._before_build
-        source = result.source = self.stages.fetch(ref, family)
-        family, hf_config = self.host.family_for_source(source.path, family.name if family else None)
-        self._check_license(ref, family)
+        source = result.source = self.stages.fetch(plan.ref, plan.family, self._context(plan))
+        if not plan.config_is_final:
+            had_runtime = plan.runtime is not None
+            plan = result.plan = self._complete(plan, source)
+            self._refuse_what_does_not_fit(plan)
+            if not had_runtime and plan.runtime is not None:
+                self._say_runtime(plan)
+        family, spec = plan.family, plan.spec
+        assert family is not None and spec is not None  # _complete resolves both or raises
         structlog.contextvars.bind_contextvars(family=family.name)
-        self._resolve_weight_dtype(family, source.path, hf_config)
-        self._place(family, hf_config)
-        if self.estimate is None:
-            self._plan_resources(family, hf_config, local_source=True)
-        result.family, result.spec = family, self._spec(family, hf_config)
+        result.family, result.spec = family, spec
         if not self._wanted("convert"):
             return result
-        checkpoint = result.checkpoint = self.stages.convert(family, source, result.spec)
+        ctx = self._context(plan)
+        checkpoint = result.checkpoint = self.stages.convert(family, source, spec, ctx)
         if checkpoint.non_finite:
             shown = ", ".join(checkpoint.non_finite[:3]) + (" …" if len(checkpoint.non_finite) > 3 else "")
             self.say(f"warning: the converted weights hold NaN or Inf values in {len(checkpoint.non_finite)} "
                      f"tensor(s) ({shown}); the model will answer with garbage or errors. Check the checkpoint "
                      f"(or use --weight-dtype fp32 if its values overflow {checkpoint.weight_dtype})")
-        if not self._wanted("tune"):
+        if not self._wanted("tune") or plan.runtime is None:
             return result
-        runtime = self._choose_runtime(result)
-        gemm = result.gemm = self.stages.tune(family, result.spec, runtime)
+        runtime = plan.runtime
+        gemm = result.gemm = self.stages.tune(family, spec, runtime, ctx)
         if not self._wanted("configure"):
             return result
-        repository = result.repository = self.stages.configure(family, result.spec, source, checkpoint, gemm, runtime)
+        repository = result.repository = self.stages.configure(family, spec, source, checkpoint, gemm, runtime, ctx)
         if self._wanted("serve"):
-            result.endpoint = self.stages.serve(repository, gemm, runtime)
+            endpoint = result.endpoint = self.stages.serve(repository, gemm, runtime, ctx)
+            result.deployment = Deployment(endpoint, runtime, repository, plan.settings, self.store.home)
         return result
 
-    # -- before anything is fetched -----------------------------------------------------------
+    # -- the plan ------------------------------------------------------------------------------
 
-    def _planned_config(self, ref: SourceRef, family: Family | None) -> tuple[Family | None, dict | None]:
-        """The family and config.json known without fetching: a local directory's, or a preset's copy."""
-        if ref.kind == "local" and Path(ref.uri).is_dir():
-            return self.host.family_for_source(Path(ref.uri), family.name if family else None)
-        if family is not None and ref.preset and ref.preset in family.presets:
-            return family, dict(family.presets[ref.preset].hf_config or {}) or None
-        return family, None
+    def plan(self) -> Plan:
+        """Everything decidable before fetching: source, family, licence and, when the model's configuration
+        is known here (a local checkpoint, a preset), dtypes, parallelism, runtime and the resource estimate."""
+        self._check_options()
+        ref, preset_family = resolve_source(self.settings, self.host)
+        family_name = self.settings.fetch.family or preset_family
+        family = self.host.family(family_name) if family_name else None
+        family, hf_config, final = self._planned_config(ref, family)
+        self._check_license(ref, family)
+        plan = Plan(self.settings, ref, family, hf_config, final)
+        if family is None or hf_config is None:
+            return plan
+        local = ref.kind == "local"
+        return self._resolve(plan, Path(ref.uri) if local else None, local_source=local)
 
-    def _place(self, family: Family | None, hf_config: dict | None) -> None:
-        """``--tp auto`` (tp 0): tp x pp and instances from the placement planner, said with the reason."""
-        if self.settings.convert.tp != 0 or family is None or hf_config is None:
-            return
-        from ftx_triton.runtime.fastertransformer.placement import auto_layout
+    def _check_options(self) -> None:
+        """Settings checked before anything is resolved or fetched: the runtime's name (a typo used to fail after
+        fetch and convert). Option types, ranges, dtype and port names are click's; the weight dtype and tp/pp
+        are checked against the model in :meth:`_resolve` when its configuration is known."""
+        from ftx_triton.runtime.select import check_runtime_name
 
-        changes, reason = auto_layout(self.settings, family, hf_config, self._planned_runtime())
-        self.ctx.settings = self.settings.replace(**changes)
-        self.say(f"place     {reason}")
-        log.info("place.chosen", **changes)
+        check_runtime_name(self.host.runtimes, self.settings.runtime)
 
-    def _check_named_runtime(self) -> None:
+    def _check_named_runtime(self, settings: RunSettings) -> None:
         """A runtime named by --runtime that cannot serve on this machine (no GPU, fewer GPUs than tp x pp) is
         refused before anything is fetched or converted, not minutes later when it starts."""
-        named = self.host.runtimes.get(self.settings.runtime)
+        named = self.host.runtimes.get(settings.runtime)
         if named is None or not self._wanted("serve"):
             return
-        availability = named.available(self.settings)
+        availability = named.available(settings, self.store)
         if not availability.ok:
             raise ConfigError(f"the {named.name} runtime cannot serve here: {availability.reason}",
                               hint="lower --tp/--pp, run on a machine that has what it needs, or choose another "
                                    "--runtime (`ftx run --dry-run` plans without it)")
 
-    def _check_before_fetch(self, family: Family | None, hf_config: dict | None) -> None:
-        """Everything that can be checked before the first byte is fetched: the runtime's name (a typo used
-        to fail after fetch and convert) and, when the config is known (a preset or a local directory), the
-        weight dtype and tp/pp against the model. (Option types, ranges, dtype and port names are click's, and the
-        family's name is checked when it is looked up.)"""
-        from ftx_triton.runtime.select import check_runtime_name
+    def _complete(self, plan: Plan, source: Source) -> Plan:
+        """The plan with the fetched checkpoint's own configuration (once, right after fetch)."""
+        family, hf_config = self.host.family_for_source(source.path, plan.family.name if plan.family else None)
+        self._check_license(plan.ref, family)
+        first = replace(plan, family=family, hf_config=hf_config, config_is_final=True)
+        return self._resolve(first, source.path, local_source=True)
 
-        s = self.settings
-        check_runtime_name(self.host.runtimes, s.runtime)
-        if family is not None:
-            if s.convert.weight_dtype != "auto":
-                family.check_weight_dtype(s.convert.weight_dtype)
-            if hf_config is not None:
-                family.spec(hf_config).check_parallel(s.convert.tp, s.configure.pp)
+    def _resolve(self, plan: Plan, path: Path | None, *, local_source: bool) -> Plan:
+        """Resolve what depends on the model's configuration: weight dtype, tp, runtime, compute type, spec,
+        estimate. What an earlier resolution decided (the runtime, the estimate) is kept."""
+        from ftx_triton.plan.resources import default_weight_dtype, source_dtype
+
+        family, hf_config = plan.family, dict(plan.hf_config or {})
+        assert family is not None
+        settings = plan.settings
+        dtype = plan.source_dtype or source_dtype(family, path, hf_config)
+        if settings.convert.weight_dtype == "auto":
+            chosen = default_weight_dtype(family, dtype)
+            settings = settings.replace(weight_dtype=chosen)
+            log.info("convert.weight_dtype_chosen", weight_dtype=chosen, source_dtype=dtype)
+        runtime, reason = plan.runtime, plan.runtime_reason
+        if runtime is None and self._wanted("tune"):  # --tp auto (0) is chosen with the runtime: probe as tp 1
+            probe = settings.replace(tp=1) if settings.convert.tp == 0 else settings
+            runtime, reason = choose_runtime(self.host.runtimes, probe, self.store)
+        settings = self._resolve_parallelism(settings, family, hf_config, runtime)
+        if runtime is not None and settings.configure.data_type is None:
+            settings = settings.replace(data_type=runtime.default_data_type or settings.convert.weight_dtype)
+        spec = family.spec(hf_config)
+        spec.check_parallel(settings.convert.tp, settings.configure.pp)
+        family.check_weight_dtype(settings.convert.weight_dtype)
+        estimate = plan.estimate or self._estimate_for(family, spec, dtype, settings, runtime,
+                                                       local_source=local_source)
+        return replace(plan, settings=settings, spec=spec, source_dtype=dtype, runtime=runtime, runtime_reason=reason,
+                       estimate=estimate)
+
+    def _resolve_parallelism(self, settings: RunSettings, family: Family, hf_config: dict,
+                             runtime: Runtime | None) -> RunSettings:
+        """``--tp auto`` (tp 0): tp x pp and instances from the placement planner, said with the reason."""
+        if settings.convert.tp != 0:
+            return settings
+        from ftx_triton.runtime.fastertransformer.placement import auto_layout
+
+        changes, reason = auto_layout(settings, family, hf_config, runtime)
+        self.say(f"place     {reason}")
+        log.info("place.chosen", **changes)
+        return settings.replace(**changes)
+
+    def _planned_config(self, ref: SourceRef, family: Family | None) -> tuple[Family | None, dict | None, bool]:
+        """The family and config.json known without fetching (a local directory's, final; or a preset's copy)."""
+        if ref.kind == "local" and Path(ref.uri).is_dir():
+            found, config = self.host.family_for_source(Path(ref.uri), family.name if family else None)
+            return found, config, True
+        if family is not None and ref.preset and ref.preset in family.presets:
+            return family, dict(family.presets[ref.preset].hf_config or {}) or None, False
+        return family, None, False
 
     def _check_license(self, ref: SourceRef, family: Family | None) -> None:
         """Show the licence once, on the terminal; refuse a non-commercial one that was not accepted."""
@@ -182,110 +235,78 @@ class Pipeline:
         elif licenses.is_noncommercial(license_id) and not self.settings.accept_license:
             self.say(f"          a real run needs {licenses.ACCEPT_FLAG} (or {licenses.ACCEPT_ENV}=1)")
 
-    def _resolve_weight_dtype(self, family: Family, path: Path | None, hf_config: dict) -> None:
-        """``--weight-dtype auto``: the source's own dtype (an fp16 checkpoint stays fp16)."""
-        from ftx_triton.plan.resources import default_weight_dtype, source_dtype
-
-        self.source_dtype = self.source_dtype or source_dtype(family, path, hf_config)
-        if self.settings.convert.weight_dtype == "auto":
-            chosen = default_weight_dtype(family, self.source_dtype)
-            self.ctx.settings = self.settings.replace(weight_dtype=chosen)
-            log.info("convert.weight_dtype_chosen", weight_dtype=chosen, source_dtype=self.source_dtype)
-
-    def _estimate(self, family: Family, hf_config: dict, *, local_source: bool) -> Estimate:
+    def _estimate_for(self, family: Family, spec: ModelSpec, source_dtype: str | None, settings: RunSettings,
+                      runtime: Runtime | None, *, local_source: bool) -> Estimate:
         from ftx_triton.plan.resources import estimate
 
-        runtime = self._planned_runtime()
         return estimate(
-            family, family.spec(hf_config), source=self.source_dtype, weight_dtype=self.settings.convert.weight_dtype,
-            compute_dtype=self.settings.configure.data_type or (runtime.default_data_type if runtime else None),
-            home=self.store.home, local_source=local_source,
+            family, spec, source=source_dtype, weight_dtype=settings.convert.weight_dtype,
+            compute_dtype=settings.configure.data_type, home=self.store.home, local_source=local_source,
             loads_in_ram=bool(runtime and runtime.loads_into_host_memory and self._wanted("serve")))
 
-    def _plan_resources(self, family: Family, hf_config: dict, *, local_source: bool) -> None:
-        """Estimate sizes; refuse now if serving would not fit in memory (disk is checked per build)."""
+    def _refuse_what_does_not_fit(self, plan: Plan) -> None:
+        """Refuse now if serving would not fit in memory (disk is checked per build)."""
         from ftx_triton.plan.resources import refuse
 
-        self.estimate = self._estimate(family, hf_config, local_source=local_source)
-        problems = self.estimate.problems(download=False, convert=False) if self.settings.resource_check else []
+        self._estimate = plan.estimate
+        if plan.estimate is None or not self.settings.resource_check:
+            return
+        problems = plan.estimate.problems(download=False, convert=False)
         if problems:
             raise refuse(problems, f"serving {self.settings.model}")
 
-    def _planned_runtime(self) -> Runtime | None:
-        """The runtime a run would choose (cheap; None when none can run or tuning is not reached)."""
-        if not self._wanted("tune"):
-            return None
-        try:
-            return choose_runtime(self.host.runtimes, self.settings)[0]
-        except ConfigError:
-            return None
+    def _say_runtime(self, plan: Plan) -> None:
+        assert plan.runtime is not None
+        self.say(f"runtime   {plan.runtime.name} ({plan.runtime_reason})")
 
     def _before_build(self, stage: str) -> None:
         """Called only when a stage really builds (not on a cache hit): disk for what it writes."""
         from ftx_triton.plan.resources import refuse
 
-        if self.estimate is None or stage not in ("fetch", "convert"):
+        if self._estimate is None or stage not in ("fetch", "convert"):
             return
         if stage == "fetch":
-            for line in self.estimate.lines()[:2]:
+            for line in self._estimate.lines()[:2]:
                 self.say(line)
         download, convert = stage == "fetch", self._wanted("convert")
-        problems = self.estimate.problems(download=download, convert=convert, serve=False)
+        problems = self._estimate.problems(download=download, convert=convert, serve=False)
         if problems and self.settings.resource_check:
             raise refuse(problems, f"what {self.settings.model} needs")
 
-    def _spec(self, family: Family, hf_config: dict) -> ModelSpec:
-        s = self.settings
-        spec = family.spec(hf_config)
-        spec.check_parallel(s.convert.tp, s.configure.pp)
-        family.check_weight_dtype(s.convert.weight_dtype)
-        return spec
-
-    def _choose_runtime(self, result: RunResult) -> Runtime:
-        """Pick the runtime, resolve the compute type with its default, and say which and why."""
-        runtime, reason = choose_runtime(self.host.runtimes, self.settings)
-        if self.settings.configure.data_type is None:
-            data_type = runtime.default_data_type or self.settings.convert.weight_dtype
-            self.ctx.settings = self.settings.replace(data_type=data_type)
-        self.ctx.runtime, self.ctx.runtime_reason = runtime, reason
-        result.runtime, result.runtime_reason = runtime, reason
-        self.say(f"runtime   {runtime.name} ({reason})")
-        return runtime
-
-    def _dry_run(self, ref: SourceRef, family: Family | None, hf_config: dict | None,
-                 result: RunResult) -> RunResult:
+    def _dry_run(self, plan: Plan, result: RunResult) -> RunResult:
         """Say what each stage would do, touching neither the network nor the store."""
-        s = self.settings
+        ref = plan.ref
         where = "" if ref.kind == "local" else " (download, verify, publish to the store)"
         self.say(f"fetch     {ref.display}{where}")
-        if family is None or hf_config is None:
+        family, spec = plan.family, plan.spec
+        if family is None or spec is None:
             self.say("          the next stages depend on the checkpoint's config.json: run `ftx pull` first, "
                      "or pass --family for a preset")
             return result
-        self._resolve_weight_dtype(family, Path(ref.uri) if ref.kind == "local" else None, hf_config)
-        s = self.settings
-        result.family, result.spec = family, self._spec(family, hf_config)
-        self._say_resources(family, hf_config, local_source=ref.kind == "local")
+        s = plan.settings
+        result.family, result.spec = family, spec
+        self._say_resources(plan, local_source=ref.kind == "local")
         checkpoint_dir = self.store.root / "convert" / "<key>" / gpu_dir_name(s.convert.tp)
         repository_dir = self.store.root / "configure" / "<key>"
         self.say(f"convert   {family.name} -> {checkpoint_dir} ({s.convert.weight_dtype}, tp={s.convert.tp})")
-        if not self._wanted("tune"):
+        runtime = plan.runtime
+        if not self._wanted("tune") or runtime is None:
             return result
-        given = s.configure.data_type
-        runtime = self._choose_runtime(result)
-        why = ("--data-type" if given else f"the {runtime.name} runtime's default" if runtime.default_data_type
-               else "the weight dtype")
-        self.say(f"compute   {self.settings.data_type} ({why})")
-        plan = DryRunPlan(self.settings, family, result.spec, checkpoint_dir, repository_dir)
-        for line in runtime.describe(plan):
+        self._say_runtime(plan)
+        why = ("--data-type" if self.settings.configure.data_type else f"the {runtime.name} runtime's default"
+               if runtime.default_data_type else "the weight dtype")
+        self.say(f"compute   {s.data_type} ({why})")
+        for line in runtime.describe(DryRunPlan(s, family, spec, checkpoint_dir, repository_dir, self.store)):
             self.say(line)
         return result
 
-    def _say_resources(self, family: Family, hf_config: dict, *, local_source: bool) -> None:
+    def _say_resources(self, plan: Plan, *, local_source: bool) -> None:
         """The size and fit lines of a dry run (a real run would refuse what does not fit)."""
         from ftx_triton.plan.resources import OVERRIDE_FLAG
 
-        est = self._estimate(family, hf_config, local_source=local_source)
+        est = plan.estimate
+        if est is None:
+            return
         for line in est.lines():
             self.say(line)
         problems = est.problems(download=not local_source, convert=self._wanted("convert"),
@@ -295,4 +316,4 @@ class Pipeline:
                      f"{'; '.join(problems)}")
 
 
-__all__ = ["Pipeline", "RunResult", "stage_index"]
+__all__ = ["Pipeline", "Plan", "RunResult", "stage_index"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import platform
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -70,28 +70,22 @@ def tune_key_inputs(family: Family, spec: ModelSpec, runtime: Runtime, settings:
 class Stages:
     """Typed calls of the stage hooks, with keys, caching and provenance owned by core."""
 
-    def __init__(self, host: PluginHost, store: ArtifactStore, ctx: StageContext,
-                 say: Callable[[str], None] | None = None) -> None:
+    def __init__(self, host: PluginHost, store: ArtifactStore, say: Callable[[str], None] | None = None) -> None:
         self.host = host
         self.store = store
-        self.ctx = ctx
         self.say = say or (lambda text: None)
         self.outcomes: list[StageOutcome] = []
+        self._last_producer: dict[str, Any] = {}
         self.before_build: Callable[[str], None] = lambda stage: None
         """Called with the stage name when a stage really builds (a cache miss), before its hook."""
 
-    @property
-    def settings(self) -> RunSettings:
-        """Read live: the run resolves the compute type once the runtime is chosen."""
-        return self.ctx.settings
-
     # -- the stages ------------------------------------------------------------------------
 
-    def fetch(self, ref: SourceRef, family: Family | None) -> Source:
+    def fetch(self, ref: SourceRef, family: Family | None, ctx: StageContext) -> Source:
         from ftx_triton.fetching.refs import local_content_key, resolve_revision
 
         patterns = list(family.fetch_patterns if family else Family.fetch_patterns)
-        settings = section_fingerprint(self.settings.fetch)
+        settings = section_fingerprint(ctx.settings.fetch)
         local_dir = ref.kind == "local" and Path(ref.uri).is_dir()
         inputs: dict[str, Any]
         if local_dir:  # keyed by content, not by where it lies: a copy elsewhere is the same artifact
@@ -101,35 +95,40 @@ class Stages:
             revision = resolve_revision(ref)
             inputs = {"ref": ref.uri, "revision": revision, "sha256": ref.sha256, "patterns": patterns,
                       "settings": settings}
-        source = self._build("fetch", inputs, family, Source, lambda dest: self.host.hook.ftx_fetch(
-            ref=ref, revision=revision, family=family or Family(), dest=dest, ctx=self.ctx))
+        ctx = self._context(ctx)
+        source = self._build("fetch", inputs, family, Source, ctx, lambda dest: self.host.hook.ftx_fetch(
+            ref=ref, revision=revision, family=family or Family(), dest=dest, ctx=ctx))
         if local_dir and source.path != Path(ref.uri):  # built from a copy that lay elsewhere: read this one
             source = dataclasses.replace(source, ref=ref, path=Path(ref.uri), origin={**source.origin, "path": ref.uri})
         return source
 
-    def convert(self, family: Family, source: Source, spec: ModelSpec) -> Checkpoint:
-        inputs = {"fetch": self.ctx.artifact_keys["fetch"], "family": family.name, "fingerprint": family.fingerprint(),
-                  "format": tensormap.FORMAT_VERSION, "settings": section_fingerprint(self.settings.convert)}
-        return self._build("convert", inputs, family, Checkpoint, lambda dest: self.host.hook.ftx_convert(
-            family=family, source=source, spec=spec, dest=dest, ctx=self.ctx))
+    def convert(self, family: Family, source: Source, spec: ModelSpec, ctx: StageContext) -> Checkpoint:
+        ctx = self._context(ctx)
+        inputs = {"fetch": ctx.artifact_keys["fetch"], "family": family.name, "fingerprint": family.fingerprint(),
+                  "format": tensormap.FORMAT_VERSION, "settings": section_fingerprint(ctx.settings.convert)}
+        return self._build("convert", inputs, family, Checkpoint, ctx, lambda dest: self.host.hook.ftx_convert(
+            family=family, source=source, spec=spec, dest=dest, ctx=ctx))
 
-    def tune(self, family: Family, spec: ModelSpec, runtime: Runtime) -> GemmConfig:
-        inputs = tune_key_inputs(family, spec, runtime, self.settings)
-        return self._build("tune", inputs, family, GemmConfig, lambda dest: self.host.hook.ftx_tune(
-            family=family, spec=spec, dest=dest, ctx=self.ctx, runtime=runtime))
+    def tune(self, family: Family, spec: ModelSpec, runtime: Runtime, ctx: StageContext) -> GemmConfig:
+        ctx = self._context(ctx)
+        inputs = tune_key_inputs(family, spec, runtime, ctx.settings)
+        return self._build("tune", inputs, family, GemmConfig, ctx, lambda dest: self.host.hook.ftx_tune(
+            family=family, spec=spec, dest=dest, ctx=ctx, runtime=runtime))
 
     def configure(self, family: Family, spec: ModelSpec, source: Source, checkpoint: Checkpoint, gemm: GemmConfig,
-                  runtime: Runtime) -> ModelRepository:
-        keys = self.ctx.artifact_keys
+                  runtime: Runtime, ctx: StageContext) -> ModelRepository:
+        ctx = self._context(ctx)
+        keys = ctx.artifact_keys
         inputs = {"convert": keys["convert"], "tune": keys.get("tune"), "runtime": runtime.name,
                   "ftx": ftx_triton.__version__, "fingerprint": family.fingerprint(),
-                  "settings": section_fingerprint(self.settings.configure)}
-        return self._build("configure", inputs, family, ModelRepository, lambda dest: self.host.hook.ftx_configure(
-            family=family, spec=spec, source=source, checkpoint=checkpoint, gemm=gemm, dest=dest, ctx=self.ctx,
+                  "settings": section_fingerprint(ctx.settings.configure)}
+        return self._build("configure", inputs, family, ModelRepository, ctx, lambda dest: self.host.hook.ftx_configure(
+            family=family, spec=spec, source=source, checkpoint=checkpoint, gemm=gemm, dest=dest, ctx=ctx,
             runtime=runtime))
 
-    def serve(self, repository: ModelRepository, gemm: GemmConfig, runtime: Runtime) -> Endpoint:
-        endpoint = self.host.hook.ftx_serve(repository=repository, gemm=gemm, ctx=self.ctx, runtime=runtime)
+    def serve(self, repository: ModelRepository, gemm: GemmConfig, runtime: Runtime, ctx: StageContext) -> Endpoint:
+        ctx = self._context(ctx)
+        endpoint = self.host.hook.ftx_serve(repository=repository, gemm=gemm, ctx=ctx, runtime=runtime)
         if endpoint is None:
             raise PluginError(f"no plugin can serve the {runtime.name} runtime",
                               hint="a plugin overriding ftx_serve declined and core's default is missing")
@@ -137,8 +136,17 @@ class Stages:
 
     # -- machinery -------------------------------------------------------------------------
 
+    @property
+    def keys(self) -> dict[str, str]:
+        """Keys of the artifacts this run has built or reused so far, by stage."""
+        return {outcome.stage: outcome.key for outcome in self.outcomes}
+
+    def _context(self, ctx: StageContext) -> StageContext:
+        """The context a hook gets: the run's, with what the earlier stages produced (never written back)."""
+        return replace(ctx, artifact_keys=self.keys, producer=dict(self._last_producer))
+
     def _build(self, stage: str, key_inputs: Mapping[str, Any], family: Family | None, result_type: type[R],
-               call: Callable[[Path], R | None]) -> R:
+               ctx: StageContext, call: Callable[[Path], R | None]) -> R:
         """Build (or reuse) one stage's artifact and return the hook's typed result."""
         key = make_key({"stage": stage, **key_inputs})
         hook_name = f"ftx_{stage}"
@@ -157,8 +165,8 @@ class Stages:
         structlog.contextvars.bind_contextvars(stage=stage)
         try:
             artifact, cached = self.store.build(
-                stage, key, builder, inputs=key_inputs, producer=self._producer(family, hook_name),
-                force=stage in self.settings.force, accept=lambda hit: _result(result_type, hit),
+                stage, key, builder, inputs=key_inputs, producer=self._producer(family, hook_name, ctx),
+                force=stage in ctx.settings.force, accept=lambda hit: _result(result_type, hit),
             )
         finally:
             structlog.contextvars.unbind_contextvars("stage")
@@ -176,11 +184,10 @@ class Stages:
                      duration_s=artifact.provenance.get("duration_s"))
             self.say(f"{stage:<9} done     {artifact.path}")
         self.outcomes.append(StageOutcome(stage, key, artifact.path, cached, detail))
-        self.ctx.artifact_keys[stage] = key
-        self.ctx.producer = dict(artifact.provenance.get("producer") or {})
+        self._last_producer = dict(artifact.provenance.get("producer") or {})
         return value
 
-    def _producer(self, family: Family | None, hook_name: str) -> dict[str, Any]:
+    def _producer(self, family: Family | None, hook_name: str, ctx: StageContext) -> dict[str, Any]:
         hook = getattr(self.host.hook, hook_name)
         impls = [impl.plugin_name for impl in reversed(hook.get_hookimpls())]
         producer: dict[str, Any] = {"ftx": ftx_triton.__version__, "python": platform.python_version(), "hook": impls}
@@ -192,9 +199,8 @@ class Stages:
                 "version": next((r.version for r in self.host.records if r.distribution == owner), None),
                 "fingerprint": family.fingerprint(),
             }
-        if self.ctx.runtime is not None:
-            producer["runtime"] = {"name": self.ctx.runtime.name,
-                                   "distribution": self.host.runtime_owner.get(self.ctx.runtime.name)}
+        if ctx.runtime is not None:
+            producer["runtime"] = {"name": ctx.runtime.name, "distribution": self.host.runtime_owner.get(ctx.runtime.name)}
         producer["plugins"] = {r.distribution: r.version for r in self.host.records if r.status == "loaded"}
         return producer
 

@@ -10,7 +10,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 R = TypeVar("R")
 
@@ -80,14 +80,54 @@ class ModelRepository:
     family: str
 
 
+class ServedDeployment(Protocol):
+    """What a runtime's ``serve`` hands back besides the URLs: the running deployment, to watch and stop.
+
+    The python and native runtimes' :class:`~ftx_triton.server.tritonserver.TritonServer` and the Docker launcher's
+    container both offer it, and so must a third-party runtime's handle.
+    """
+
+    @property
+    def name(self) -> str:
+        """The deployment's name (``ftx ps`` and ``ftx stop`` use it for servers ftx records)."""
+
+    @property
+    def log_path(self) -> Path | None:
+        """Its full log, or None when the runtime keeps none."""
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Prometheus metrics, when served."""
+
+    @property
+    def pid(self) -> int | None:
+        """The local process that leads it, when it is one (a container has none here)."""
+
+    @property
+    def stop_hint(self) -> str | None:
+        """How to stop it once ftx has detached, when that is not ``ftx stop NAME`` (ftx records it: None)."""
+
+    def stop(self) -> None:
+        """Stop it and release what it holds; idempotent."""
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Block until it exits and return its exit code; ``subprocess.TimeoutExpired`` after ``timeout``."""
+
+    def detach(self) -> object:
+        """Leave it running after ftx exits (recorded for ``ftx ps`` when ``stop_hint`` is None)."""
+
+    def exit_report(self) -> str:
+        """Why it stopped by itself: the cause and the log's last lines."""
+
+
 @dataclass(frozen=True)
 class Endpoint:
-    """A running server: its URLs and, for local servers, a handle to stop it."""
+    """A running server: its URLs and the deployment that serves them."""
 
     http_url: str
     grpc_url: str
     model: str = "ensemble"
-    handle: Any = None
+    handle: ServedDeployment | None = None
 
 
 # --------------------------------------------------------------------------- stage results on disk

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,9 +16,10 @@ if TYPE_CHECKING:
     from ftx_triton.runtime.api import Runtime
 
 
-@dataclass
+@dataclass(frozen=True)
 class StageContext:
-    """Settings, store, the chosen runtime, logger and what the run has produced so far."""
+    """Settings (the plan's), store, home, the chosen runtime, the output function, logger and what the run
+    has produced so far; frozen: each stage gets its own, with the keys of the stages before it."""
 
     settings: RunSettings
     store: ArtifactStore
@@ -27,7 +29,9 @@ class StageContext:
     runtime_reason: str = ""
     log: Any = field(default_factory=lambda: structlog.get_logger("ftx.stage"))
     show_progress: bool = True
-    artifact_keys: dict[str, str] = field(default_factory=dict)
+    say: Callable[[str], None] = field(default=lambda text: None)
+    """A human line for the user (the CLI's: stderr, above progress bars); runtimes report through it."""
+    artifact_keys: Mapping[str, str] = field(default_factory=dict)
     """Keys of the artifacts this run has built or reused so far, by stage."""
-    producer: dict[str, Any] = field(default_factory=dict)
+    producer: Mapping[str, Any] = field(default_factory=dict)
     """ftx version, the family (name, distribution, version, fingerprint) and loaded plugin versions."""

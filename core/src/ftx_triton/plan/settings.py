@@ -132,6 +132,8 @@ class RunSettings:
     """Refuse a build that would not fit the disk or memory (``--no-resource-check`` turns it off)."""
     runtime_origin: str | None = None
     """Where ``runtime`` came from when not from ``--runtime`` (``ftx configure's default``, ``ftx.toml``)."""
+    plugin_options: tuple[tuple[str, Any], ...] = ()
+    """Values of the options plugins add to ``ftx run`` (``ftx_add_options``), as sorted (name, value) pairs."""
     fetch: SourceSettings = field(default_factory=SourceSettings)
     convert: ConvertSettings = field(default_factory=ConvertSettings)
     tune: TuneSettings = field(default_factory=TuneSettings)
@@ -140,7 +142,7 @@ class RunSettings:
     launch: LaunchSettings = field(default_factory=LaunchSettings)
 
     RUN_WIDE: ClassVar[tuple[str, ...]] = ("until", "runtime", "force", "dry_run", "accept_license", "resource_check",
-                                           "runtime_origin")
+                                           "runtime_origin", "plugin_options")
 
     @classmethod
     def of(cls, model: str, **flat: Any) -> RunSettings:
@@ -154,7 +156,9 @@ class RunSettings:
         for name, value in flat.items():
             if value is None and name not in _NULLABLE_OVERRIDES:
                 continue
-            if name in self.RUN_WIDE:
+            if name == "plugin_options":
+                run_wide[name] = tuple(sorted(dict(value).items()))
+            elif name in self.RUN_WIDE:
                 run_wide[name] = frozenset(value) if name == "force" else value
             elif name in FIELD_SECTION:
                 per_section.setdefault(FIELD_SECTION[name], {})[name] = _normalise(name, value)
@@ -162,6 +166,10 @@ class RunSettings:
                 raise TypeError(f"unknown setting {name!r}")
         sections = {attr: replace(getattr(self, attr), **changes) for attr, changes in per_section.items()}
         return replace(self, **run_wide, **sections)
+
+    def plugin_option(self, name: str, default: object = None) -> object:
+        """The value of an option a plugin added to ``ftx run`` (``default`` when it was not given)."""
+        return dict(self.plugin_options).get(name, default)
 
     def section(self, stage: str) -> Any:
         """The settings section of ``stage`` (``fetch`` … ``serve``, or ``launch``)."""

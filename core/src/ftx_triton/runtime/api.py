@@ -17,13 +17,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
     from ftx_triton.conversion.family import Family, ModelSpec
     from ftx_triton.plan.artifacts import Endpoint, GemmConfig, ModelRepository
     from ftx_triton.plan.context import RunSettings, StageContext
     from ftx_triton.repository.model_config import FtModelOptions
+    from ftx_triton.store.artifact_store import ArtifactStore
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class DryRunPlan:
     spec: ModelSpec
     checkpoint_dir: Path
     repository_dir: Path
+    store: ArtifactStore
+    """The run's store (``store.home`` is FTX_HOME): where cached builds and working directories are."""
 
 
 class Runtime:
@@ -68,8 +71,11 @@ class Runtime:
 
     # -- selection -------------------------------------------------------------------------
 
-    def available(self, settings: RunSettings) -> Availability:
-        """Whether this runtime can serve here (checked by ``--runtime auto``); cheap, no side effects."""
+    def available(self, settings: RunSettings, store: ArtifactStore) -> Availability:
+        """Whether this runtime can serve here (checked by ``--runtime auto``); cheap, no side effects.
+
+        ``store`` is the run's (its ``home`` the user's FTX_HOME): a runtime that builds something once
+        (the native backend) looks there, never at a store of its own."""
         return Availability(True, f"the {self.name} runtime is installed")
 
     # -- stages ----------------------------------------------------------------------------
@@ -78,7 +84,7 @@ class Runtime:
         """``--dry-run`` lines for tune, configure and serve (each command exactly as it would run)."""
         return [f"serve     {self.name} runtime"]
 
-    def tune_key(self, family: Family, spec: ModelSpec, settings: RunSettings) -> Mapping[str, Any]:
+    def tune_key(self, family: Family, spec: ModelSpec, settings: RunSettings) -> Mapping[str, object]:
         """What, beyond the settings core already keys on, determines this runtime's ``gemm_config.in``
         (GPU model, image or build id, tool arguments). Empty when the runtime does not tune."""
         return {}
@@ -99,9 +105,8 @@ class Runtime:
 
     def stop(self, endpoint: Endpoint) -> None:
         """Stop what ``serve`` started."""
-        handle = endpoint.handle
-        if handle is not None and hasattr(handle, "stop"):
-            handle.stop()
+        if endpoint.handle is not None:
+            endpoint.handle.stop()
 
 
 def runtime_names(runtimes: Sequence[Runtime]) -> list[str]:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from ftx_triton.errors import ConfigError
 from ftx_triton.plan.settings import RunSettings
 from ftx_triton.runtime.api import Runtime, runtime_names
+from ftx_triton.store.artifact_store import ArtifactStore
 
 
 def check_runtime_name(runtimes: Mapping[str, Runtime], requested: str) -> None:
@@ -22,7 +23,8 @@ def check_runtime_name(runtimes: Mapping[str, Runtime], requested: str) -> None:
                       hint=f"use one of: {', '.join(names)} (see `ftx plugins`)")
 
 
-def choose_runtime(runtimes: Mapping[str, Runtime], settings: RunSettings) -> tuple[Runtime, str]:
+def choose_runtime(runtimes: Mapping[str, Runtime], settings: RunSettings,
+                   store: ArtifactStore) -> tuple[Runtime, str]:
     """The runtime for ``settings.runtime`` and why it was chosen.
 
     A runtime's own name selects it. ``auto`` and an alias (``fastertransformer``) rank their
@@ -44,7 +46,7 @@ def choose_runtime(runtimes: Mapping[str, Runtime], settings: RunSettings) -> tu
                           hint=f"use one of: {', '.join(runtime_names(list(runtimes.values())))} (see `ftx plugins`)")
     unavailable: list[str] = []
     for runtime in sorted(candidates, key=lambda r: (-r.priority, r.name)):
-        availability = runtime.available(settings)
+        availability = runtime.available(settings, store)
         if availability.ok:
             why = availability.reason if requested == "auto" else asked
             return runtime, "; ".join([*unavailable, why])

@@ -248,6 +248,11 @@ class TritonServer:
         return self._log_path
 
     @property
+    def stop_hint(self) -> str | None:
+        """None: a detached server is recorded, so ``ftx ps`` lists it and ``ftx stop`` stops it."""
+        return None
+
+    @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 

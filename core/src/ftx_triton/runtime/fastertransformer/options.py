@@ -1,10 +1,58 @@
-"""Launch choices both FasterTransformer launchers read the same way: GPU indices and extra environment."""
+"""Launch choices both FasterTransformer launchers read the same way, from the ``launch`` settings section.
+
+:class:`FtLaunchOptions` holds the fields they share (GPU indices, extra environment, the hosts file and ssh
+port of a multi-node run, the readiness timeout); each launcher's options subclass it with its own.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
 
 from ftx_triton.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ftx_triton.plan.settings import RunSettings
+
+DEFAULT_READY_TIMEOUT_S = 900.0
+"""Loading a 6B-20B model onto GPUs takes minutes; a hung NCCL init must still end."""
+
+DEFAULT_SSH_PORT = 2222
+
+
+class LaunchFields(TypedDict):
+    """The shared fields of :class:`FtLaunchOptions`, as keyword arguments."""
+
+    gpus: tuple[int, ...] | None
+    env: Mapping[str, str]
+    hosts_file: Path | None
+    ssh_port: int
+    ready_timeout_s: float
+
+
+@dataclass(frozen=True)
+class FtLaunchOptions:
+    """The ``launch`` choices every FasterTransformer launcher reads: GPUs, environment, nodes, readiness."""
+
+    gpus: tuple[int, ...] | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    hosts_file: Path | None = None
+    ssh_port: int = DEFAULT_SSH_PORT
+    ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
+
+    @staticmethod
+    def launch_fields(settings: RunSettings) -> LaunchFields:
+        """The shared fields as read from ``settings.launch`` (keyword arguments of any subclass)."""
+        launch = settings.launch
+        return {
+            "gpus": parse_gpus(launch.gpus) if launch.gpus not in (None, "", ()) else None,
+            "env": parse_env(launch.env) if launch.env else {},
+            "hosts_file": Path(launch.hosts) if launch.hosts else None,
+            "ssh_port": int(launch.ssh_port or DEFAULT_SSH_PORT),
+            "ready_timeout_s": float(launch.ready_timeout or DEFAULT_READY_TIMEOUT_S),
+        }
 
 
 def parse_gpus(value: str | Iterable[int | str]) -> tuple[int, ...]:
@@ -26,3 +74,6 @@ def parse_env(value: Mapping[str, str] | Iterable[str] | str) -> dict[str, str]:
             raise ConfigError(f"--env {item!r} is not KEY=VALUE", hint="e.g. --env FT_LOG_LEVEL=DEBUG")
         out[key] = val
     return out
+
+
+__all__ = ["DEFAULT_READY_TIMEOUT_S", "DEFAULT_SSH_PORT", "FtLaunchOptions", "LaunchFields", "parse_env", "parse_gpus"]

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from ftx_triton.plan.context import StageContext
     from ftx_triton.plan.settings import RunSettings
     from ftx_triton.repository.model_config import FtModelOptions
+    from ftx_triton.store.artifact_store import ArtifactStore
 
 NEEDS = {"pytriton": "nvidia-pytriton", "torch": "torch", "transformers": "transformers"}
 """Import name -> the distribution that provides it."""
@@ -28,7 +29,7 @@ class PythonRuntime(Runtime):
     loads_into_host_memory = True  # the model is rebuilt on the CPU before it moves to a GPU
     description = "embedded tritonserver (nvidia-pytriton) + transformers on the converted files; CPU or one GPU"
 
-    def available(self, settings: RunSettings) -> Availability:
+    def available(self, settings: RunSettings, store: ArtifactStore) -> Availability:
         missing = [dist for module, dist in NEEDS.items() if importlib.util.find_spec(module) is None]
         if missing:
             return Availability(False, f"{', '.join(missing)} not installed (pip install 'ftx-triton[torch,serve]')")

@@ -8,6 +8,7 @@ without the GPU device request this daemon cannot satisfy.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -122,7 +123,7 @@ def test_no_tune_says_what_it_costs(tmp_path: Path) -> None:
 
 def test_python_runtime_tunes_nothing(tmp_path: Path) -> None:
     ctx = _ctx(tmp_path)
-    ctx.runtime = PythonRuntime()
+    ctx = dataclasses.replace(ctx, runtime=PythonRuntime())
     result = _tune(ctx, tmp_path)
     assert result is not None and not result.tuned and "python runtime" in result.reason
     assert "target" not in _key(ctx)

@@ -264,7 +264,8 @@ def test_dry_run_lines_show_build_tune_and_serve(tmp_path: Path, monkeypatch: py
     family = load_host().family("gptj")
     spec = family.spec(dict(family.presets["gptj"].hf_config or {}))
     s = _settings(tp=2, data_type="fp16")
-    lines = _runtime(_probe()).describe(DryRunPlan(s, family, spec, tmp_path / "ckpt", tmp_path / "repo"))
+    lines = _runtime(_probe()).describe(DryRunPlan(s, family, spec, tmp_path / "ckpt", tmp_path / "repo",
+                                                   ArtifactStore(tmp_path)))
     text = "\n".join(lines)
     assert "ftx backend build --sm 90" in text
     assert f"gpt_gemm {' '.join(family.gemm_args(spec, batch=8, beam=1, max_input_len=512, data_type='fp16', tp=2))}" in text

@@ -56,7 +56,7 @@ def _flag(name: str, value: object, default: object) -> list[str]:
 
 
 def describe_run(settings: RunSettings, family: Family, spec: ModelSpec, checkpoint_dir: Path,
-                 repository_dir: Path) -> list[str]:
+                 repository_dir: Path, home: Path | None = None) -> list[str]:
     """Human-readable steps (with exact commands) of a fastertransformer run; runs nothing."""
     options = DockerOptions.from_settings(settings)
     gpus_here = local_gpus()
@@ -70,14 +70,14 @@ def describe_run(settings: RunSettings, family: Family, spec: ModelSpec, checkpo
     gemm_placeholder = GemmConfig(Path(GEMM_FILE), True, "") if tune_s.tune else GemmConfig(None, False, "")
     try:
         plan = plan_serve(repository=repository_dir, checkpoints=[checkpoint_dir], settings=s, family=family.name,
-                          options=options, gemm=gemm_placeholder, ports=ports)
+                          options=options, gemm=gemm_placeholder, ports=ports, home=home)
     except ConfigError as exc:
         if "GPU" not in exc.message:
             raise
         warnings.append(f"! {exc.message} ({exc.hint})" if exc.hint else f"! {exc.message}")
         plan = plan_serve(repository=repository_dir, checkpoints=[checkpoint_dir], settings=s, family=family.name,
                           options=replace(options, gpus=tuple(range(tp * pp))),
-                          gemm=gemm_placeholder, ports=ports)
+                          gemm=gemm_placeholder, ports=ports, home=home)
     layout = plan.layout
     work = plan.work_dir
     title = family.title or family.name

@@ -9,29 +9,28 @@ from typing import TYPE_CHECKING, Any
 
 from ftx_triton import hookimpl
 from ftx_triton.runtime.api import Availability, DryRunPlan, Runtime
+from ftx_triton.runtime.fastertransformer.base import FasterTransformerRuntime
+from ftx_triton.runtime.fastertransformer.tune import gemm_arguments
 
 if TYPE_CHECKING:
     from ftx_triton.conversion.family import Family, ModelSpec
     from ftx_triton.plan.artifacts import Endpoint, GemmConfig, ModelRepository
     from ftx_triton.plan.context import StageContext
     from ftx_triton.plan.settings import RunSettings
-    from ftx_triton.repository.model_config import FtModelOptions
+    from ftx_triton.store.artifact_store import ArtifactStore
 
 
-class DockerFasterTransformer(Runtime):
+class DockerFasterTransformer(FasterTransformerRuntime):
     """Triton with the FasterTransformer backend in the image ``ftx image build`` makes, through Docker."""
 
     name = "fastertransformer-docker"
-    selects_as = ("fastertransformer",)
     priority = 30
     description = "Triton + FasterTransformer backend image on tp x pp GPUs through Docker (mpirun tritonserver)"
-    default_data_type = "fp16"
-    uses_gemm_config = True
 
     def __init__(self) -> None:
         self._targets: dict[Any, dict[str, Any]] = {}
 
-    def available(self, settings: RunSettings) -> Availability:
+    def available(self, settings: RunSettings, store: ArtifactStore) -> Availability:
         from ftx_triton.runtime.fastertransformer.docker.options import DockerOptions
 
         try:
@@ -55,7 +54,8 @@ class DockerFasterTransformer(Runtime):
     def describe(self, plan: DryRunPlan) -> list[str]:
         from ftx_triton.runtime.fastertransformer.docker.plan import describe_run
 
-        return describe_run(plan.settings, plan.family, plan.spec, plan.checkpoint_dir, plan.repository_dir)
+        return describe_run(plan.settings, plan.family, plan.spec, plan.checkpoint_dir, plan.repository_dir,
+                            home=plan.store.home)
 
     def _target(self, family: Family, spec: ModelSpec, settings: RunSettings) -> dict[str, Any]:
         """GPU, image id and tool arguments of this run's tuning (resolved once per settings)."""
@@ -63,7 +63,6 @@ class DockerFasterTransformer(Runtime):
         from ftx_triton.runtime.fastertransformer.docker.image import resolve_image
         from ftx_triton.runtime.fastertransformer.docker.options import DockerOptions
         from ftx_triton.runtime.fastertransformer.gpus import gpu_model, local_gpus, select_gpus
-        from ftx_triton.runtime.fastertransformer.tune import gemm_arguments
 
         cache_key = (family.name, repr(settings))
         if cache_key in self._targets:
@@ -81,7 +80,7 @@ class DockerFasterTransformer(Runtime):
         self._targets[cache_key] = target
         return target
 
-    def tune_key(self, family: Family, spec: ModelSpec, settings: RunSettings) -> Mapping[str, Any]:
+    def tune_key(self, family: Family, spec: ModelSpec, settings: RunSettings) -> Mapping[str, object]:
         target = self._target(family, spec, settings)
         return {"gpu": target["gpu_model"], "image_id": target["image_id"], "args": target["args"]}
 
@@ -101,11 +100,6 @@ class DockerFasterTransformer(Runtime):
         reason = (f"{family.gemm_tool} {' '.join(target['args'])} on {target['gpu_model']} "
                   f"in {target['image']} ({target['image_id'][:19]})")
         return GemmConfig(result.path, True, reason)
-
-    def write_ft_model(self, model_dir: Path, options: FtModelOptions, family: Family) -> str:
-        from ftx_triton.repository.writer import write_backend_ft_model
-
-        return write_backend_ft_model(model_dir, options, family)
 
     def serve(self, repository: ModelRepository, gemm: GemmConfig, ctx: StageContext) -> Endpoint:
         from ftx_triton.runtime.fastertransformer.docker.serve import serve_fastertransformer

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -31,6 +30,7 @@ from ftx_triton.paths import ftx_home
 from ftx_triton.plan.artifacts import Endpoint, GemmConfig, ModelRepository
 from ftx_triton.plan.context import StageContext
 from ftx_triton.plan.settings import RunSettings
+from ftx_triton.runtime.fastertransformer.base import prepare_work_dir
 from ftx_triton.runtime.fastertransformer.docker import LABEL_PREFIX, TRITONSERVER
 from ftx_triton.runtime.fastertransformer.docker.client import connect, docker_errors, explain
 from ftx_triton.runtime.fastertransformer.docker.exposure import (
@@ -51,7 +51,6 @@ from ftx_triton.terminal.redact import redact, strip_secrets
 
 log = structlog.get_logger(__name__)
 
-GEMM_FILE = "gemm_config.in"
 LOG_TAIL = 40
 _NAME_RE = re.compile(r"[^a-zA-Z0-9_.-]+")
 
@@ -243,6 +242,15 @@ class FtServer:
         return f"{client_host(self.plan.host)}:{self.plan.ports.grpc}"
 
     @property
+    def metrics_url(self) -> str:
+        return f"http://{client_host(self.plan.host)}:{self.plan.ports.metrics}/metrics"
+
+    @property
+    def pid(self) -> int | None:
+        """None: the server runs in a container, not as a process of this host ftx could signal."""
+        return None
+
+    @property
     def stop_hint(self) -> str:
         """How a user stops this server once ftx has detached from it."""
         return f"a container; `docker stop {self.name}` stops it"
@@ -264,15 +272,7 @@ class FtServer:
 
     def prepare(self) -> None:
         """Create the working directory: gemm_config.in (or none) and the multi-node hostfile."""
-        work = self.plan.work_dir
-        work.mkdir(parents=True, exist_ok=True)
-        target = work / GEMM_FILE
-        if self.plan.gemm_source is not None:
-            shutil.copyfile(self.plan.gemm_source, target)
-        else:
-            target.unlink(missing_ok=True)
-        if self.plan.layout.multi_node:
-            (work / HOSTFILE_NAME).write_text(self.plan.layout.hostfile_text())
+        prepare_work_dir(self.plan.work_dir, self.plan.gemm_source, self.plan.layout, HOSTFILE_NAME)
         self.log_path.write_text("")
 
     def _remove_leftover(self) -> None:
@@ -402,6 +402,14 @@ class FtServer:
         shown = "\n".join(f"  {line}" for line in tail) or "  (no output)"
         return f"last log lines:\n{shown}\nfull log: {self.log_path}"
 
+    def exit_report(self) -> str:
+        """Why the container stopped by itself: a FasterTransformer failure in its log, else its exit code,
+        with the log's last lines."""
+        finding = self.scanner.first_error()
+        head = (self.scanner.summary(finding) if finding is not None
+                else f"the server container {self.name} stopped by itself (exit code {self._exit_code()})")
+        return f"{head}\n{self._tail_hint()}"
+
     # ----------------------------------------------------------------- stop, wait, detach
 
     def stop(self) -> None:
@@ -482,9 +490,9 @@ def serve_fastertransformer(repository: ModelRepository, gemm: GemmConfig, ctx: 
     """Start the FasterTransformer server for ``repository``; return its endpoint (handle: FtServer)."""
     s = ctx.settings
     options = DockerOptions.from_settings(s)
-    say = say or _stderr
+    say = say or ctx.say
     plan = plan_serve(repository=repository.path, checkpoints=checkpoint_dirs(repository.path), settings=s,
-                      family=repository.family, options=options, gemm=gemm)
+                      family=repository.family, options=options, gemm=gemm, home=ctx.home)
     if plan.layout.multi_node:
         say(f"serve     multi-node: start this on each other node first ({', '.join(plan.layout.hosts[1:])}):")
         say(f"          {plan.worker_spec.docker_run_line(detach=True) if plan.worker_spec else ''}")

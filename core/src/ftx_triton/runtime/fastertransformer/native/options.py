@@ -10,38 +10,31 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ftx_triton.plan.settings import RunSettings
+from ftx_triton.runtime.fastertransformer.options import FtLaunchOptions
 
-DEFAULT_READY_TIMEOUT_S = 900.0
-"""Loading a 6B-20B model onto GPUs takes minutes; a hung NCCL init must still end."""
+if TYPE_CHECKING:
+    from ftx_triton.runtime.fastertransformer.native.build import BuiltBackend
+    from ftx_triton.store.artifact_store import ArtifactStore
 
 
 @dataclass(frozen=True)
-class NativeOptions:
-    gpus: tuple[int, ...] | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
-    hosts_file: Path | None = None
-    ssh_port: int | None = None
-    ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
+class NativeOptions(FtLaunchOptions):
+    """The shared launch options plus what building on demand reads (``FTX_FT_SOURCES``, ``_SM``, ``_JOBS``)."""
+
     sources: Path | None = None
     sm: str | None = None
     jobs: int | None = None
 
     @classmethod
     def from_settings(cls, settings: RunSettings, environ: Mapping[str, str] | None = None) -> NativeOptions:
-        from ftx_triton.runtime.fastertransformer.options import parse_env, parse_gpus
-
-        launch = settings.launch
         environ = os.environ if environ is None else environ
         return cls(
-            gpus=parse_gpus(launch.gpus) if launch.gpus not in (None, "", ()) else None,
-            env=parse_env(launch.env) if launch.env else {},
-            hosts_file=Path(launch.hosts) if launch.hosts else None,
-            ssh_port=int(launch.ssh_port) if launch.ssh_port else None,
-            ready_timeout_s=float(launch.ready_timeout or DEFAULT_READY_TIMEOUT_S),
+            **cls.launch_fields(settings),
             sources=Path(environ["FTX_FT_SOURCES"]) if environ.get("FTX_FT_SOURCES") else None,
             sm=environ.get("FTX_FT_SM") or None,
             jobs=int(environ["FTX_FT_JOBS"]) if environ.get("FTX_FT_JOBS", "").isdigit() else None,
@@ -52,21 +45,18 @@ def tp_pp(settings: RunSettings) -> tuple[int, int]:
     return settings.convert.tp, settings.configure.pp
 
 
-def backend_for(*, sm: str | None = None, sources: Path | None = None, jobs: int | None = None, force: bool = False,
-                need_gpu: bool = True, say: Callable[[str], None] = lambda text: None, home: Path | None = None,
-                show_progress: bool = True):  # -> BuiltBackend
-    """The backend build for this host (``--sm`` or its GPUs): from the store, else built now."""
+def backend_for(store: ArtifactStore, *, sm: str | None = None, sources: Path | None = None, jobs: int | None = None,
+                force: bool = False, need_gpu: bool = True, say: Callable[[str], None] = lambda text: None,
+                show_progress: bool = True) -> BuiltBackend:
+    """The backend build for this host (``--sm`` or its GPUs): from ``store``, else built into it now."""
     import ftx_triton
-    from ftx_triton.paths import ftx_home
     from ftx_triton.runtime.fastertransformer.native.build import build_backend
     from ftx_triton.runtime.fastertransformer.native.sources import acquire_sources
     from ftx_triton.runtime.fastertransformer.native.toolchain import preflight
-    from ftx_triton.store.artifact_store import ArtifactStore
 
-    home = home or ftx_home()
     pre = preflight(sm, need_gpu=need_gpu)
-    cache = home / "native" / "sources"
-    return build_backend(ArtifactStore(home), pre, sources=lambda: acquire_sources(sources, cache, progress=show_progress),
+    cache = store.home / "native" / "sources"
+    return build_backend(store, pre, sources=lambda: acquire_sources(sources, cache, progress=show_progress),
                          jobs=jobs, force=force, say=say, show_progress=show_progress,
                          producer={"ftx": ftx_triton.__version__})
 

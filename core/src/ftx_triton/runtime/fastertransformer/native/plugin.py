@@ -6,31 +6,29 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ftx_triton import hookimpl
 from ftx_triton.runtime.api import Availability, DryRunPlan, Runtime
+from ftx_triton.runtime.fastertransformer.base import FasterTransformerRuntime
+from ftx_triton.runtime.fastertransformer.tune import gemm_arguments
 
 if TYPE_CHECKING:
     from ftx_triton.conversion.family import Family, ModelSpec
     from ftx_triton.plan.artifacts import Endpoint, GemmConfig, ModelRepository
     from ftx_triton.plan.context import StageContext
     from ftx_triton.plan.settings import RunSettings
-    from ftx_triton.repository.model_config import FtModelOptions
     from ftx_triton.runtime.fastertransformer.native.build import BuiltBackend
     from ftx_triton.runtime.fastertransformer.native.toolchain import HostProbe, Preflight
     from ftx_triton.store.artifact_store import ArtifactStore
 
 
-class NativeFasterTransformer(Runtime):
+class NativeFasterTransformer(FasterTransformerRuntime):
     """Triton + the FasterTransformer backend compiled here (``ftx backend build``), no Docker."""
 
     name = "fastertransformer-native"
-    selects_as = ("fastertransformer",)
     priority = 20
     description = "FasterTransformer built on this host (ftx backend build) in the embedded tritonserver; tp x pp GPUs"
-    default_data_type = "fp16"
-    uses_gemm_config = True
 
     def __init__(self) -> None:
         self._probe: HostProbe | None = None
@@ -50,10 +48,8 @@ class NativeFasterTransformer(Runtime):
 
         return evaluate(self.probe(), NativeOptions.from_settings(settings).sm)
 
-    def available(self, settings: RunSettings, store: ArtifactStore | None = None) -> Availability:
-        from ftx_triton.paths import ftx_home
+    def available(self, settings: RunSettings, store: ArtifactStore) -> Availability:
         from ftx_triton.runtime.fastertransformer.native.build import find_backend
-        from ftx_triton.store.artifact_store import ArtifactStore
 
         if settings.launch.hosts and settings.convert.tp:
             self.check_hosts(settings)
@@ -64,7 +60,7 @@ class NativeFasterTransformer(Runtime):
         if not settings.launch.hosts and len(probe.gpus) < wanted:
             return Availability(False, f"tp x pp needs {wanted} GPUs but this machine has {len(probe.gpus)}")
         pre = self.preflight(settings)
-        built = find_backend(store or ArtifactStore(ftx_home()), pre) if pre.sm else None
+        built = find_backend(store, pre) if pre.sm else None
         if built is not None:
             return Availability(True, f"FasterTransformer is built here for SM {','.join(map(str, built.sm))} "
                                       f"({built.path})")
@@ -88,30 +84,27 @@ class NativeFasterTransformer(Runtime):
                              pp=settings.configure.pp, instances=settings.configure.instances)
         check_hosts_reachable(layout, NativeOptions.from_settings(settings).ssh_port)
 
-    def built(self, settings: RunSettings, store: ArtifactStore, say: Any = None) -> BuiltBackend:
-        """The backend build for this host, built now if the store has none."""
+    def built(self, ctx: StageContext) -> BuiltBackend:
+        """The backend build for this host, built now if the run's store has none."""
         from ftx_triton.runtime.fastertransformer.native.options import NativeOptions, backend_for
 
-        options = NativeOptions.from_settings(settings)
-        return backend_for(sm=options.sm, sources=options.sources, jobs=options.jobs, home=store.home,
-                           say=say or _stderr)
+        options = NativeOptions.from_settings(ctx.settings)
+        return backend_for(ctx.store, sm=options.sm, sources=options.sources, jobs=options.jobs, say=ctx.say,
+                           show_progress=ctx.show_progress)
 
     # -- stages ----------------------------------------------------------------------------
 
     def describe(self, plan: DryRunPlan) -> list[str]:
-        from ftx_triton.paths import ftx_home
         from ftx_triton.runtime.fastertransformer.native.build import backend_key, find_backend
         from ftx_triton.runtime.fastertransformer.native.options import NativeOptions
         from ftx_triton.runtime.fastertransformer.native.serve import work_dir_for
-        from ftx_triton.runtime.fastertransformer.tune import gemm_arguments
-        from ftx_triton.store.artifact_store import ArtifactStore
 
         s = plan.settings
         options = NativeOptions.from_settings(s)
         pre = self.preflight(s)
         sm = ",".join(map(str, pre.sm)) or "<--sm>"
-        home = ftx_home()
-        built = find_backend(ArtifactStore(home), pre) if pre.sm else None
+        home = plan.store.home
+        built = find_backend(plan.store, pre) if pre.sm else None
         build_line = (f"backend   cached {built.path}" if built else
                       f"backend   ftx backend build --sm {sm}" + (f" --sources {options.sources}" if options.sources else "")
                       + (f"  (key {backend_key(pre)})" if pre.sm else ""))
@@ -134,10 +127,9 @@ class NativeFasterTransformer(Runtime):
                          f"(cwd {work_dir_for(home, s)}, holding gemm_config.in)")
         return lines
 
-    def tune_key(self, family: Family, spec: ModelSpec, settings: RunSettings) -> Mapping[str, Any]:
+    def tune_key(self, family: Family, spec: ModelSpec, settings: RunSettings) -> Mapping[str, object]:
         from ftx_triton.runtime.fastertransformer.gpus import gpu_model
         from ftx_triton.runtime.fastertransformer.native.build import backend_key
-        from ftx_triton.runtime.fastertransformer.tune import gemm_arguments
 
         pre = self.preflight(settings)
         return {"gpu": gpu_model(self.probe().gpus), "build": backend_key(pre) if pre.sm else None,
@@ -149,10 +141,9 @@ class NativeFasterTransformer(Runtime):
         from ftx_triton.runtime.fastertransformer.native.options import NativeOptions
         from ftx_triton.runtime.fastertransformer.native.toolchain import gpus_for
         from ftx_triton.runtime.fastertransformer.native.tune import run_gemm_tool
-        from ftx_triton.runtime.fastertransformer.tune import gemm_arguments
 
         s = ctx.settings
-        built = self.built(s, ctx.store)
+        built = self.built(ctx)
         gpus = gpus_for(self.probe(), s.convert.tp * s.configure.pp, NativeOptions.from_settings(s).gpus)
         args = gemm_arguments(family, spec, s)
         path = run_gemm_tool(built, family.gemm_tool, args, dest, gpus[0])
@@ -161,23 +152,10 @@ class NativeFasterTransformer(Runtime):
                                                         "gpu_index": gpus[0], "build": built.key}, indent=2))
         return GemmConfig(path, True, f"{family.gemm_tool} {' '.join(args)} on {model} (build {built.key})")
 
-    def write_ft_model(self, model_dir: Path, options: FtModelOptions, family: Family) -> str:
-        from ftx_triton.repository.writer import write_backend_ft_model
-
-        return write_backend_ft_model(model_dir, options, family)
-
     def serve(self, repository: ModelRepository, gemm: GemmConfig, ctx: StageContext) -> Endpoint:
         from ftx_triton.runtime.fastertransformer.native.serve import serve_native
 
-        built = self.built(ctx.settings, ctx.store)
-        say = _stderr if ctx.show_progress else (lambda text: None)
-        return serve_native(repository, gemm, ctx.settings, built, home=ctx.home, say=say)
-
-
-def _stderr(text: str) -> None:
-    import sys
-
-    print(text, file=sys.stderr, flush=True)
+        return serve_native(repository, gemm, ctx.settings, self.built(ctx), home=ctx.home, say=ctx.say)
 
 
 @hookimpl

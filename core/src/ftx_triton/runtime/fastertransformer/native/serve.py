@@ -14,7 +14,6 @@ for, or ``gemm_config.in is not found`` when tuning ran are errors, not warnings
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,11 +24,19 @@ import structlog
 from ftx_triton.errors import ConfigError, ServeError
 from ftx_triton.plan.artifacts import Endpoint, GemmConfig, ModelRepository
 from ftx_triton.plan.settings import RunSettings
-from ftx_triton.runtime.fastertransformer.hosts import FORWARDED_ENV, HOSTFILE_NAME, NodeLayout, node_layout, read_hosts
+from ftx_triton.runtime.fastertransformer.base import prepare_work_dir as prepare_ft_work_dir
+from ftx_triton.runtime.fastertransformer.hosts import (
+    FORWARDED_ENV,
+    HOSTFILE_NAME,
+    NodeLayout,
+    node_layout,
+    read_hosts,
+)
 from ftx_triton.runtime.fastertransformer.logscan import LogScanner, ScanContext
 from ftx_triton.runtime.fastertransformer.native.build import BuiltBackend
 from ftx_triton.runtime.fastertransformer.native.options import NativeOptions
-from ftx_triton.runtime.fastertransformer.native.tune import GEMM_FILE, runtime_environment
+from ftx_triton.runtime.fastertransformer.native.tune import runtime_environment
+from ftx_triton.server.smoke import check_generates, server_name
 
 log = structlog.get_logger(__name__)
 
@@ -57,8 +64,6 @@ class NativeServePlan:
 
 def work_dir_for(home: Path, settings: RunSettings) -> Path:
     """The server's working directory (gemm_config.in, the hostfile), one per model and layout."""
-    from ftx_triton.runtime.python.serve import server_name
-
     return home / "native" / "serve" / f"{server_name(settings.model)}-tp{settings.convert.tp}pp{settings.configure.pp}"
 
 
@@ -137,14 +142,7 @@ def check_hosts_reachable(layout: NodeLayout, ssh_port: int | None, timeout_s: f
 
 def prepare_work_dir(plan: NativeServePlan) -> None:
     """gemm_config.in (or none, so a stale one is never read) and the hostfile, in the working directory."""
-    plan.work_dir.mkdir(parents=True, exist_ok=True)
-    target = plan.work_dir / GEMM_FILE
-    if plan.gemm_source is not None:
-        shutil.copyfile(plan.gemm_source, target)
-    else:
-        target.unlink(missing_ok=True)
-    if plan.layout.multi_node:
-        (plan.work_dir / HOSTFILE_NAME).write_text(plan.layout.hostfile_text())
+    prepare_ft_work_dir(plan.work_dir, plan.gemm_source, plan.layout, HOSTFILE_NAME)
 
 
 def backends_directory(built: BuiltBackend, home: Path) -> Path:
@@ -196,7 +194,6 @@ def serve_native(repository: ModelRepository, gemm: GemmConfig, settings: RunSet
                  home: Path, say: Callable[[str], None] | None = None) -> Endpoint:
     """Start tritonserver with the FasterTransformer backend on ``repository``; return once it generates."""
     from ftx_triton.runtime.fastertransformer.gpus import local_gpus
-    from ftx_triton.runtime.python.serve import _ft_config, server_name, smoke_test
     from ftx_triton.server.ports import ports_for
     from ftx_triton.server.tritonserver import TritonServer
 
@@ -231,16 +228,7 @@ def serve_native(repository: ModelRepository, gemm: GemmConfig, settings: RunSet
     if found is not None:
         server.stop()
         raise found
-    config = _ft_config(repository.path)
-    io_kind = "decoder" if "input_lengths" in {i.name for i in config.input} else "encoder-decoder"
-    try:
-        seconds = smoke_test(server.grpc_url, io_kind, config.model_transaction_policy.decoupled)
-    except BaseException as exc:
-        server.stop()
-        if isinstance(exc, Exception):
-            raise ServeError(f"the server started but FasterTransformer could not generate a token: {exc}",
-                             hint=f"see the server log: {server.log_path}") from None
-        raise
+    seconds = check_generates(server, repository.path, "FasterTransformer")
     log.info("serve.ready", runtime="fastertransformer-native", http=server.http_url, grpc=server.grpc_url,
              smoke_s=round(seconds, 3),
              gpus=list(plan.gpus), tuned=plan.expect_gemm)

@@ -15,10 +15,10 @@ import structlog
 
 from ftx_triton.errors import ToolError
 from ftx_triton.runtime.fastertransformer.native.build import BuiltBackend
+from ftx_triton.runtime.fastertransformer.tune import GEMM_FILE
 
 log = structlog.get_logger(__name__)
 
-GEMM_FILE = "gemm_config.in"
 TOOL_LOG = "gemm-tool.log"
 
 
@@ -69,4 +69,4 @@ def run_gemm_tool(built: BuiltBackend, tool: str, args: Sequence[str], dest: Pat
     return target
 
 
-__all__ = ["GEMM_FILE", "run_gemm_tool", "runtime_environment"]
+__all__ = ["run_gemm_tool", "runtime_environment"]

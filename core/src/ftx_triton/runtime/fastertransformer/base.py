@@ -1,0 +1,51 @@
+"""The runtime base both FasterTransformer launchers (Docker, native) subclass, and their working directory.
+
+Each launcher knows only this layer (``base``, ``options``, ``tune``, ``gpus``, ``hosts``, ``logscan``),
+never the other launcher.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+from ftx_triton.runtime.api import Runtime
+from ftx_triton.runtime.fastertransformer.tune import GEMM_FILE
+
+if TYPE_CHECKING:
+    from ftx_triton.conversion.family import Family
+    from ftx_triton.repository.model_config import FtModelOptions
+    from ftx_triton.runtime.fastertransformer.hosts import NodeLayout
+
+
+def prepare_work_dir(work_dir: Path, gemm_source: Path | None, layout: NodeLayout, hostfile_name: str) -> None:
+    """tritonserver's working directory: ``gemm_config.in`` (or none, so a stale one is never read) and,
+    across nodes, the mpirun hostfile."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    target = work_dir / GEMM_FILE
+    if gemm_source is not None:
+        shutil.copyfile(gemm_source, target)
+    else:
+        target.unlink(missing_ok=True)
+    if layout.multi_node:
+        (work_dir / hostfile_name).write_text(layout.hostfile_text())
+
+
+class FasterTransformerRuntime(Runtime):
+    """A runtime serving the ``fastertransformer`` backend: tunes GEMMs, writes the backend's model config.
+
+    ``--runtime fastertransformer`` selects whichever subclass is available (higher ``priority`` first).
+    """
+
+    selects_as: ClassVar[tuple[str, ...]] = ("fastertransformer",)
+    default_data_type: ClassVar[str | None] = "fp16"
+    uses_gemm_config: ClassVar[bool] = True
+
+    def write_ft_model(self, model_dir: Path, options: FtModelOptions, family: Family) -> str:
+        from ftx_triton.repository.writer import write_backend_ft_model
+
+        return write_backend_ft_model(model_dir, options, family)
+
+
+__all__ = ["FasterTransformerRuntime", "prepare_work_dir"]
