@@ -64,7 +64,6 @@ import os, time
 from pathlib import Path
 from ftx_triton import hookimpl
 from ftx_triton.conversion.convert import convert_checkpoint
-from cli_helpers import events, run_until_configure
 
 @hookimpl(tryfirst=True)
 def ftx_convert(family, source, spec, dest, ctx):
