@@ -2,7 +2,7 @@
 
 The names in ``__all__`` are the public API for plugin authors (families, runtimes, stage hooks)
 and for code that drives ftx; everything else is internal and may change. They are imported
-lazily, so ``import ftx`` stays cheap and importing a submodule never drags in the rest.
+lazily, so ``import ftx_triton`` stays cheap and importing a submodule never drags in the rest.
 """
 
 from __future__ import annotations
@@ -21,35 +21,29 @@ PLUGIN_API_VERSION = 2
 2: runtimes are plugins (``ftx_register_runtimes``; ``runtime`` passed to the tune, configure and serve
 hooks), stage settings are per-stage sections, and a family declares its config.ini as data (``ini``)."""
 
-_EXPORTS: dict[str, str] = {
+_MODULES: dict[str, tuple[str, ...]] = {
     # families
-    "Family": "ftx_triton.conversion.family", "ModelSpec": "ftx_triton.conversion.family",
-    "Preset": "ftx_triton.conversion.family",
-    "FtIni": "ftx_triton.conversion.ftini", "IniSection": "ftx_triton.conversion.ftini",
-    "M": "ftx_triton.conversion.tensormap", "Skip": "ftx_triton.conversion.tensormap",
-    "TensorMap": "ftx_triton.conversion.tensormap",
-    "Op": "ftx_triton.conversion.ops", "OpContext": "ftx_triton.conversion.ops",
+    "ftx_triton.conversion.family": ("Family", "ModelSpec", "Preset"),
+    "ftx_triton.conversion.ftini": ("FtIni", "IniSection"),
+    "ftx_triton.conversion.tensormap": ("M", "Skip", "TensorMap"),
+    "ftx_triton.conversion.ops": ("Op", "OpContext"),
     # runtimes
-    "Runtime": "ftx_triton.runtime.api", "Availability": "ftx_triton.runtime.api",
-    "DryRunPlan": "ftx_triton.runtime.api",
+    "ftx_triton.runtime.api": ("Runtime", "Availability", "DryRunPlan"),
     # stage records, settings, context
-    "SourceRef": "ftx_triton.plan.artifacts", "Source": "ftx_triton.plan.artifacts",
-    "Checkpoint": "ftx_triton.plan.artifacts",
-    "GemmConfig": "ftx_triton.plan.artifacts", "ModelRepository": "ftx_triton.plan.artifacts",
-    "Endpoint": "ftx_triton.plan.artifacts",
-    "RunSettings": "ftx_triton.plan.settings", "StageContext": "ftx_triton.plan.context",
-    "FtModelOptions": "ftx_triton.repository.model_config",
+    "ftx_triton.plan.artifacts": ("SourceRef", "Source", "Checkpoint", "GemmConfig", "ModelRepository", "Endpoint"),
+    "ftx_triton.plan.settings": ("RunSettings",),
+    "ftx_triton.plan.context": ("StageContext",),
+    "ftx_triton.repository.model_config": ("FtModelOptions",),
     # driving ftx
-    "Pipeline": "ftx_triton.engine.pipeline", "RunResult": "ftx_triton.engine.pipeline",
-    "Stages": "ftx_triton.engine.stages",
-    "ArtifactStore": "ftx_triton.store.artifact_store", "load_host": "ftx_triton.plugins",
-    "PluginHost": "ftx_triton.plugins",
+    "ftx_triton.engine.pipeline": ("Pipeline", "RunResult"),
+    "ftx_triton.engine.stages": ("Stages",),
+    "ftx_triton.store.artifact_store": ("ArtifactStore",),
+    "ftx_triton.plugins": ("load_host", "PluginHost"),
     # errors
-    "FtxError": "ftx_triton.errors", "PluginError": "ftx_triton.errors", "FamilyResolutionError": "ftx_triton.errors",
-    "SourceError": "ftx_triton.errors", "CheckpointError": "ftx_triton.errors", "MappingError": "ftx_triton.errors",
-    "ConfigError": "ftx_triton.errors", "OutputError": "ftx_triton.errors", "ToolError": "ftx_triton.errors",
-    "ServeError": "ftx_triton.errors",
+    "ftx_triton.errors": ("FtxError", "PluginError", "FamilyResolutionError", "SourceError", "CheckpointError",
+                          "MappingError", "ConfigError", "OutputError", "ToolError", "ServeError"),
 }
+_EXPORTS: dict[str, str] = {name: module for module, names in _MODULES.items() for name in names}
 
 __all__ = ["PLUGIN_API_VERSION", "__version__", "hookimpl", *sorted(_EXPORTS)]
 
@@ -61,7 +55,7 @@ def __getattr__(name: str) -> Any:
         return version("ftx-triton")
     module = _EXPORTS.get(name)
     if module is None:
-        raise AttributeError(f"module 'ftx' has no attribute {name!r}")
+        raise AttributeError(f"module 'ftx_triton' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)
 
 

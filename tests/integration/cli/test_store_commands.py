@@ -252,25 +252,21 @@ DAMAGES = {
         {"inputs": [1], "result": "x", "finished_at": {"y": 1}})),
     "upstream keys not strings": lambda prov: prov.write_text(json.dumps(
         {"inputs": {"fetch": {"k": 1}}, "result": {"ref": 7}})),
-    "too large": lambda prov: prov.write_text(json.dumps({"inputs": {}, "pad": "x" * 100_000})),
 }
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGES))
 def test_damaged_provenance_is_listed_and_pruned_not_a_crash(ftx_cli, store_with_two_models: dict[str, Path],
-                                                             monkeypatch: pytest.MonkeyPatch, damage: str) -> None:
-    """A provenance record is read from disk like any stranger's file: `ftx ls` lists what it can, calls an
-    unreadable one damaged, and `ftx prune` removes damaged ones (a lookup would rebuild them anyway)."""
-    import ftx_triton.store.artifact_store
-
-    monkeypatch.setattr(ftx_triton.store.artifact_store, "PROVENANCE_MAX_BYTES", 65536)  # a tiny model's records are a few kB
+                                                             damage: str) -> None:
+    """A provenance record is ftx's own file: one damaged on disk is not validated but dropped: `ftx ls` lists
+    what it can, calls an unreadable one damaged, and `ftx prune` removes damaged ones (a lookup rebuilds them)."""
     rows = _ls(ftx_cli)
     convert_a = next(r for r in rows if r["stage"] == "convert" and r["source"] == str(store_with_two_models["a"]))
     DAMAGES[damage](Path(convert_a["path"]) / "ftx-artifact.json")
     rows = _ls(ftx_cli)
     assert len(rows) == 8
     row = next(r for r in rows if r["key"] == convert_a["key"])
-    unreadable = damage in ("not an object", "not JSON", "missing", "too large")
+    unreadable = damage in ("not an object", "not JSON", "missing")
     assert row["damaged"] == unreadable and (row["source"].startswith("damaged") == unreadable)
     dry = ftx_cli("prune", "--dry-run")
     assert dry.exit_code == 0 and Path(convert_a["path"]).is_dir()
@@ -278,26 +274,6 @@ def test_damaged_provenance_is_listed_and_pruned_not_a_crash(ftx_cli, store_with
     assert pruned.exit_code == 0, pruned.stderr
     assert Path(convert_a["path"]).exists() != unreadable
     assert len(_ls(ftx_cli)) == 8 - unreadable
-
-
-def test_a_named_pipe_as_provenance_neither_hangs_ls_nor_a_run(ftx_home: Path, store_with_two_models: dict[str, Path],
-                                                               ) -> None:
-    """A FIFO where ftx-artifact.json belongs blocked `ftx ls` (and the lookup of `ftx run`) forever."""
-    env = {**os.environ, "FTX_HOME": str(ftx_home), "FTX_DEVICE": "cpu"}
-    ftx = [sys.executable, "-c", "from ftx_triton.cli import main; main()"]
-    listed = json.loads(subprocess.run([*ftx, "ls", "--json"], env=env, capture_output=True, text=True, timeout=120,
-                                       check=True).stdout)
-    fetch_a = next(r for r in listed if r["stage"] == "fetch" and r["source"] == str(store_with_two_models["a"]))
-    prov = Path(fetch_a["path"]) / "ftx-artifact.json"
-    prov.unlink()
-    os.mkfifo(prov)
-    listed = json.loads(subprocess.run([*ftx, "ls", "--json"], env=env, capture_output=True, text=True, timeout=120,
-                                       check=True).stdout)
-    assert next(r for r in listed if r["key"] == fetch_a["key"])["damaged"]
-    rerun = subprocess.run([*ftx, "run", str(store_with_two_models["a"]), "--until", "fetch", "--runtime", "python"],
-                           env=env, capture_output=True, text=True, timeout=300)
-    assert rerun.returncode == 0, rerun.stderr
-    assert prov.is_file(), "the damaged artifact was rebuilt in place"
 
 
 def test_rm_by_source_name_removes_that_model_as_ollama_rm_does(ftx_cli, ftx_home: Path,

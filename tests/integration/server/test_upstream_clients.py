@@ -31,12 +31,13 @@ from python_runtime_support import (
     reference_model,
     registered_families,
 )
+from repo_paths import TESTS
 
 pytestmark = SERVER_MARKS
 
 FAMILIES = registered_families()
 DECODERS = sorted(n for n, f in FAMILIES.items() if f.triton_io == "decoder")
-REQUESTS = Path(__file__).parent / "ft_requests"
+REQUESTS = TESTS / "ft_requests"
 PROTOCOLS = ("http", "grpc")
 GPT2_END_ID = 50256  # what GPT clients send as start/end id whatever the model: never generated here
 

@@ -40,6 +40,7 @@ def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
             monkeypatch.delenv(name, raising=False)
         monkeypatch.setenv("HF_ENDPOINT", server.base_url)
         monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+        monkeypatch.setenv("FTX_HOME", str(tmp_path / "ftx-home"))
         monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
         monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
         monkeypatch.setenv("HF_HUB_DISABLE_IMPLICIT_TOKEN", "1")
@@ -55,14 +56,18 @@ def requested_files(server: LocalServer) -> set[str]:
 # --- revisions ----------------------------------------------------------------------------
 
 
-def test_branch_resolves_to_its_commit_and_is_remembered(hub: LocalServer, tmp_path: Path) -> None:
+def test_branch_resolves_to_its_commit_and_is_remembered(hub: LocalServer, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_revision(parse_ref(f"hf://{REPO}@dev")) == DEV
     assert resolve_revision(parse_ref(f"hf://{REPO}")) == MAIN
     assert resolve_revision(parse_ref(f"https://huggingface.co/{REPO}/tree/dev")) == DEV
     api = f"/api/models/{REPO}/revision"
     assert [r.path for r in hub.seen("GET")] == [f"{api}/dev", f"{api}/main", f"{api}/dev"]
-    refs = tmp_path / "hf-home" / "hub" / "models--acme--tiny-gptj" / "refs"
-    assert (refs / "dev").read_text() == DEV
+    asked = len(hub.requests)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # remembered: offline, the branch resolves to the commit it had
+    assert resolve_revision(parse_ref(f"hf://{REPO}@dev")) == DEV
+    assert len(hub.requests) == asked
+    assert not (tmp_path / "hf-home" / "hub" / "models--acme--tiny-gptj" / "refs").exists()  # HF's cache untouched
 
 
 def test_commit_needs_no_request_and_unknown_revision_is_explained(hub: LocalServer) -> None:
@@ -224,6 +229,7 @@ def test_unreachable_hub_falls_back_to_the_cached_commit(tmp_path: Path, monkeyp
         endpoint = server.base_url
     monkeypatch.setenv("HF_ENDPOINT", endpoint)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("FTX_HOME", str(tmp_path / "ftx-home"))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     with pytest.raises(SourceError, match="cannot be reached"):
         resolve_revision(parse_ref(f"hf://{REPO}"))

@@ -1,12 +1,12 @@
-"""Malformed records of detached servers (``<home>/servers``) and OpenAI fronts (``<home>/openai``):
-`ftx ps` and `ftx stop` warn about them in one line, never signal the pid they name, never crash,
-and `ftx stop NAME` / `ftx stop --all` remove them.
+"""Damaged records of detached servers (``<home>/servers``) and OpenAI fronts (``<home>/openai``): ftx's
+own files, trusted, so a record that cannot be read back is dropped rather than validated field by field.
+`ftx ps` and `ftx stop` warn about it in one line, never signal the pid it names, never crash, and
+`ftx stop NAME` / `ftx stop --all` remove it.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -61,37 +61,17 @@ def _server(b: Bystander, **changes: Any) -> dict[str, Any]:
     return {**record, **changes}
 
 
-def _front(b: Bystander, **changes: Any) -> dict[str, Any]:
-    record = {"name": "bad", "pid": b.pid, "triton_pid": b.pid, "url": "http://127.0.0.1:1/v1", "log": "/log"}
-    return {**record, **changes}
-
-
-def _raw(record: dict[str, Any], key: str, text: str) -> str:
-    """``record`` as JSON with ``key``'s value written as ``text`` (json.dumps cannot write 1e400)."""
-    return json.dumps({**record, key: "@"}).replace('"@"', text)
-
-
-_FIFO = "<a named pipe instead of a file>"
-
 # case: (directory, the file's text around the bystander, the problem the warning names)
 CASES: dict[str, tuple[str, Callable[[Bystander], str], str]] = {
     "array": ("servers", lambda b: json.dumps([b.pid]), "not a JSON object but an array"),
     "string": ("servers", lambda b: json.dumps("bad"), "not a JSON object but a string"),
     "null": ("servers", lambda b: "null", "not a JSON object but null"),
     "number": ("servers", lambda b: str(b.pid), "not a JSON object but a number"),
-    "pid-abc": ("servers", lambda b: json.dumps(_server(b, pid="abc")), 'field "pid" is not a pid'),
-    "pid-huge": ("servers", lambda b: json.dumps(_server(b, pid=10**30)), 'field "pid" is not a pid'),
-    "pid-negative": ("servers", lambda b: json.dumps(_server(b, pid=-5)), 'field "pid" is not a pid'),
-    "pid-1e400": ("servers", lambda b: _raw(_server(b), "pid", "1e400"), 'field "pid" is not a pid'),
-    "shm-prefix-int": ("servers", lambda b: json.dumps(_server(b, shm_prefix=5)), 'field "shm_prefix" is not a string'),
-    "name-list": ("servers", lambda b: json.dumps(_server(b, name=["bad"])), 'field "name" is not a non-empty name'),
     "not-json": ("servers", lambda b: "{not json", "not JSON"),
-    "openai-pid-only": ("openai", lambda b: json.dumps({"pid": b.pid}), 'no field "name"'),
-    "openai-triton-pid-list": ("openai", lambda b: json.dumps(_front(b, triton_pid=["a"])), 'field "triton_pid" is not'),
-    "openai-pid-1e400": ("openai", lambda b: _raw(_front(b), "pid", "1e400"), 'field "pid" is not a pid'),
+    "truncated": ("servers", lambda b: json.dumps(_server(b))[:60], "not JSON"),
+    "fields-missing": ("servers", lambda b: json.dumps({"name": "bad", "pid": b.pid}), "not a server record"),
+    "openai-pid-only": ("openai", lambda b: json.dumps({"pid": b.pid}), "no field 'name'"),
     "openai-array": ("openai", lambda b: json.dumps([b.pid]), "not a JSON object but an array"),
-    "named-pipe": ("servers", lambda b: _FIFO, "not a regular file"),  # a plain read blocked ftx ps forever
-    "openai-named-pipe": ("openai", lambda b: _FIFO, "not a regular file"),
 }
 
 
@@ -99,10 +79,7 @@ def _write(home: Path, case: str, b: Bystander) -> Path:
     directory, text, _ = CASES[case]
     path = home / directory / "bad.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    if text(b) == _FIFO:
-        os.mkfifo(path)
-    else:
-        path.write_text(text(b))
+    path.write_text(text(b))
     return path
 
 
@@ -167,7 +144,7 @@ def test_bare_stop_warns_and_keeps_a_malformed_record(ftx_cli, ftx_home: Path, b
 def test_stop_all_handles_valid_records_beside_malformed_ones(ftx_cli, ftx_home: Path,
                                                               bystander: Bystander) -> None:
     """A malformed record does not keep `ftx stop --all` from the others (here a dead server's record)."""
-    _write(ftx_home, "shm-prefix-int", bystander)
+    _write(ftx_home, "truncated", bystander)
     (ftx_home / "servers" / "gone.json").write_text(json.dumps(_server(bystander, name="gone", pid=PID_DEAD)))
     ps = ftx_cli("ps")
     _assert_clean(ps)

@@ -21,6 +21,7 @@ from huggingface_hub.errors import (
     EntryNotFoundError,
     GatedRepoError,
     HfHubHTTPError,
+    LocalEntryNotFoundError,
     OfflineModeIsEnabled,
     RepositoryNotFoundError,
     RevisionNotFoundError,
@@ -33,6 +34,7 @@ from huggingface_hub.utils import (
 )
 
 from ftx_triton.errors import SourceError
+from ftx_triton.paths import ftx_home
 from ftx_triton.terminal.progress import progress_enabled
 
 log = structlog.get_logger(__name__)
@@ -70,10 +72,6 @@ def repo_page(repo_id: str) -> str:
     return f"{hf_endpoint()}/{repo_id}"
 
 
-def _repo_cache(repo_id: str) -> Path:
-    return hf_cache_dir() / f"models--{repo_id.replace('/', '--')}"
-
-
 _REVISION_RE = re.compile(r"^[A-Za-z0-9._+\-]+(?:/[A-Za-z0-9._+\-]+)*$")
 
 
@@ -94,8 +92,9 @@ def check_revision(revision: str) -> str:
 
 
 def _ref_file(repo_id: str, revision: str) -> Path:
-    """Where the HF cache records what ``revision`` points to (checked: never outside the cache)."""
-    return _repo_cache(repo_id) / "refs" / check_revision(revision)
+    """Where ftx remembers the commit ``revision`` pointed to when it last asked the Hub (its own record under
+    FTX_HOME; the Hugging Face cache belongs to huggingface_hub, which ftx reads only through its API)."""
+    return ftx_home() / "hub" / "refs" / repo_id.replace("/", "--") / check_revision(revision)
 
 
 # --- revision → commit --------------------------------------------------------------------
@@ -128,10 +127,23 @@ def resolve_commit(repo_id: str, revision: str | None, *, token: str | None = No
     return info.sha
 
 
+def _cached_commit(repo_id: str, rev: str) -> str | None:
+    """The commit ``rev`` points to without asking the Hub: the Hugging Face cache's (a snapshot downloaded by
+    any tool), else the one ftx remembered (a damaged record of its own is ignored)."""
+    try:
+        return Path(snapshot_download(repo_id, revision=rev, cache_dir=hf_cache_dir(), local_files_only=True)).name
+    except (LocalEntryNotFoundError, OSError, ValueError):
+        pass
+    try:
+        commit = _ref_file(repo_id, rev).read_text().strip()
+    except OSError:
+        return None
+    return commit if COMMIT_RE.fullmatch(commit) else None
+
+
 def _cached_commit_or_fail(repo_id: str, rev: str, why: str) -> str:
-    ref = _ref_file(repo_id, rev)
-    if ref.is_file():
-        commit = ref.read_text().strip()
+    commit = _cached_commit(repo_id, rev)
+    if commit is not None:
         log.info("hub.resolved", repo=repo_id, revision=rev, commit=commit, offline=True)
         return commit
     raise SourceError(
@@ -142,7 +154,7 @@ def _cached_commit_or_fail(repo_id: str, rev: str, why: str) -> str:
 
 
 def _remember_ref(repo_id: str, rev: str, commit: str) -> None:
-    """Record branch → commit in the HF cache (as huggingface_hub does) so offline runs resolve it."""
+    """Remember branch → commit under FTX_HOME, so that an offline run resolves it to the commit it fetched."""
     ref = _ref_file(repo_id, rev)
     try:
         ref.parent.mkdir(parents=True, exist_ok=True)
@@ -257,14 +269,14 @@ def _select(repo_id: str, commit: str, names: list[str], patterns: list[str]) ->
 
 
 def _cached_snapshot(repo_id: str, commit: str) -> Path:
-    snapshot = _repo_cache(repo_id) / "snapshots" / commit
-    if not snapshot.is_dir():
+    try:
+        return Path(snapshot_download(repo_id, revision=commit, cache_dir=hf_cache_dir(), local_files_only=True))
+    except LocalEntryNotFoundError:
         raise SourceError(
             f"{repo_id}@{commit[:12]} is not in the local Hugging Face cache ({hf_cache_dir()}) "
             "and HF_HUB_OFFLINE is set",
             hint="unset HF_HUB_OFFLINE to download it, or set HF_HOME / HF_HUB_CACHE to the cache that holds it",
-        )
-    return snapshot
+        ) from None
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

@@ -1,7 +1,8 @@
 """Records of OpenAI endpoints left running with ``ftx run --detach`` (``<home>/openai/<name>.json``).
 
-A record is checked when it is read (:func:`read_record`): a malformed one is reported and never acted
-upon; ``ftx stop NAME`` or ``--all`` removes it (:func:`remove_malformed_fronts`).
+Records are ftx's own files (trusted, as the server records are): one that cannot be read back
+(:func:`read_record`) is damaged — reported, never acted upon, and removed by ``ftx stop NAME`` or
+``--all`` (:func:`remove_malformed_fronts`).
 """
 
 from __future__ import annotations
@@ -13,13 +14,8 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from ftx_triton.server.records import (
-    NAME_CHECK,
-    PID_CHECK,
-    TEXT_CHECK,
-    Check,
     MalformedRecord,
     RecordError,
-    is_pid,
     malformed_records,
     read_json_record,
     remove_records,
@@ -35,13 +31,6 @@ class FrontRecord(TypedDict):
     url: str
     log: str
     record: str
-
-
-_CHECKS: dict[str, Check] = {
-    "name": NAME_CHECK, "pid": PID_CHECK, "url": TEXT_CHECK, "log": TEXT_CHECK,
-    "triton_pid": (lambda value: value is None or is_pid(value), "a pid or null"),
-}
-_OPTIONAL = frozenset({"triton_pid", "log"})
 
 
 FOREGROUND_PREFIX = "foreground-"
@@ -63,10 +52,13 @@ def write_record(home: Path, record: dict[str, Any]) -> Path:
 
 
 def read_record(path: Path) -> FrontRecord:
-    """The record in ``path``; :class:`RecordError` says what is wrong with a malformed one."""
-    data = read_json_record(path, _CHECKS, _OPTIONAL)
-    return FrontRecord(name=data["name"], pid=data["pid"], triton_pid=data.get("triton_pid"), url=data["url"],
-                       log=data.get("log", ""), record=str(path))
+    """The record in ``path``; :class:`RecordError` when it is damaged."""
+    data = read_json_record(path)
+    try:
+        return FrontRecord(name=data["name"], pid=data["pid"], triton_pid=data.get("triton_pid"), url=data["url"],
+                           log=data.get("log", ""), record=str(path))
+    except KeyError as exc:
+        raise RecordError(f"not an endpoint record: no field {exc}") from exc
 
 
 def read_records(home: Path) -> list[FrontRecord]:

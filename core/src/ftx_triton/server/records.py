@@ -1,24 +1,24 @@
 """Servers left running with ``TritonServer.detach``: their records under ``<home>/servers``,
 listing and stopping them.
 
-Records are files anybody can edit, so each is checked when it is read (:func:`read_json_record`):
-a malformed one is reported, never acted upon, and removed only by ``ftx stop NAME`` or ``--all``.
+Records are ftx's own files in the user's home, trusted as such (docs/architecture.md, "What ftx
+trusts"): one that cannot be read back into its record is damaged — reported, never acted upon, and
+dropped by ``ftx stop NAME`` or ``--all``. Fields are not validated one by one.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from ftx_triton.errors import CheckpointError, ServeError
+from ftx_triton.errors import ServeError
 from ftx_triton.io.jsonfile import json_kind
-from ftx_triton.io.regular import TooLarge, read_regular
 from ftx_triton.server.ports import client_host
 from ftx_triton.server.process_tree import (
     FTX_SHM_PREFIX,
@@ -32,77 +32,21 @@ from ftx_triton.server.process_tree import (
 
 log = structlog.get_logger(__name__)
 
-_RECORD_MAX_BYTES = 1 << 20
-PID_MAX = 2**31 - 1
-"""The largest value of pid_t (a signed 32-bit int)."""
-
 
 class RecordError(ValueError):
-    """A record file that cannot be read, is not JSON, or is not a record of the expected shape."""
+    """A damaged record: unreadable, not JSON, not a JSON object, or missing what its record needs."""
 
 
-def is_pid(value: object) -> bool:
-    """A pid ftx may look up or signal: a positive int within pid_t (never a bool, float or string)."""
-    return type(value) is int and 0 < value <= PID_MAX
-
-
-def _text(value: object) -> bool:
-    return isinstance(value, str)
-
-
-def _name(value: object) -> bool:
-    return isinstance(value, str) and value.strip() != "" and "/" not in value
-
-
-def _port(value: object) -> bool:
-    return type(value) is int and 0 <= value <= 65535
-
-
-def _count(value: object) -> bool:
-    return type(value) is int and value >= 0
-
-
-def _names(value: object) -> bool:
-    return isinstance(value, list) and all(isinstance(item, str) for item in value)
-
-
-Check = tuple[Callable[[object], bool], str]
-"""A test of a record's field and what the field should be, for the message when it fails."""
-
-NAME_CHECK: Check = (_name, "a non-empty name")
-PID_CHECK: Check = (is_pid, f"a pid (an integer from 1 to {PID_MAX})")
-TEXT_CHECK: Check = (_text, "a string")
-
-
-
-def _shown(value: object, limit: int = 40) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def read_json_record(path: Path, checks: Mapping[str, Check], optional: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """The JSON object in ``path`` whose fields pass ``checks`` (those in ``optional`` may be missing);
-    other keys are kept unchecked. Raises :class:`RecordError` saying what is wrong."""
+def read_json_record(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path`` (a record ftx wrote); :class:`RecordError` when it is damaged."""
     try:
-        raw = read_regular(path, _RECORD_MAX_BYTES)  # a named pipe put there would block a plain read forever
+        data = json.loads(path.read_text())
     except OSError as exc:
         raise RecordError(f"unreadable: {exc.strerror or exc}") from exc
-    except CheckpointError as exc:
-        raise RecordError("not a regular file") from exc
-    except TooLarge as exc:
-        raise RecordError(str(exc)) from exc
-    try:
-        data = json.loads(raw)
     except (ValueError, RecursionError) as exc:
         raise RecordError(f"not JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise RecordError(f"not a JSON object but {json_kind(data)}")
-    for key, (ok, what) in checks.items():
-        if key not in data:
-            if key not in optional:
-                raise RecordError(f'no field "{key}"')
-        elif not ok(data[key]):
-            raise RecordError(f'field "{key}" is not {what}: {_shown(data[key])}')
     return data
 
 
@@ -183,25 +127,16 @@ class ServerRecord:
 
     @classmethod
     def from_file(cls, path: Path) -> ServerRecord:
-        """Read a state file (:class:`RecordError` if malformed); ``alive`` says whether that process still runs."""
-        data = read_json_record(path, _SERVER_CHECKS, _SERVER_OPTIONAL)
+        """Read a state file (:class:`RecordError` if damaged); ``alive`` says whether that process still runs."""
+        data = read_json_record(path)
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__ and k not in ("state_file", "alive")}
-        if not _count(known.get("start_ticks")):
-            known["start_ticks"] = None  # an older or edited record: its pid cannot be verified (below)
-        record = cls(**{**known, "models": tuple(known.get("models", ()))}, state_file=str(path))
-        # only a pid whose start time matches is ours: without one, a reused pid could be anybody's process
-        verifiable = record.pid > 1 and record.start_ticks is not None
+        try:
+            record = cls(**{**known, "models": tuple(known.get("models", ()))}, state_file=str(path))
+            # only a pid whose start time matches is ours: without one, a reused pid could be anybody's process
+            verifiable = record.pid > 1 and record.start_ticks is not None
+        except TypeError as exc:  # a field missing (an older or newer ftx wrote it), or not what ftx writes
+            raise RecordError(f"not a server record: {exc}") from exc
         return replace(record, alive=verifiable and alive(record.pid, record.start_ticks))
-
-
-_SERVER_CHECKS: dict[str, Check] = {
-    "name": NAME_CHECK, "pid": PID_CHECK, "host": TEXT_CHECK,
-    "http_port": (_port, "a port number"), "grpc_port": (_port, "a port number"),
-    "metrics_port": (_port, "a port number"), "repository": TEXT_CHECK, "log_path": TEXT_CHECK,
-    "started_at": TEXT_CHECK, "models": (_names, "a list of model names"), "shm_prefix": TEXT_CHECK,
-    "exit_timeout_s": (_count, "a number of seconds"),
-}  # start_ticks is not checked: a record without a usable one stays, its pid never verified (from_file)
-_SERVER_OPTIONAL = frozenset(f.name for f in fields(ServerRecord) if f.default is not MISSING)
 
 
 def servers_dir(home: Path) -> Path:
@@ -210,7 +145,7 @@ def servers_dir(home: Path) -> Path:
 
 def list_servers(home: Path) -> list[ServerRecord]:
     """Detached servers recorded under ``home``, sorted by name; dead ones have ``alive=False``.
-    Malformed records are left out, each with a warning."""
+    Damaged records are left out, each with a warning."""
     records = []
     for path in sorted(servers_dir(home).glob("*.json")):
         try:
@@ -228,7 +163,7 @@ def remove_malformed_servers(home: Path, name: str | None = None) -> list[Malfor
 def _stop_record(record: ServerRecord) -> None:
     if record.alive:
         terminate_group(record.pid, record.start_ticks, record.exit_timeout_s + 20)
-    reap(record.pid)
+        reap(record.pid)
     if record.shm_prefix.startswith(SHM_PREFIX + "ftx-"):
         if re.fullmatch(rf"{re.escape(FTX_SHM_PREFIX)}[0-9a-f]{{12}}-", record.shm_prefix):
             end_processes_of(record.shm_prefix)  # what a supervisor killed with SIGKILL left running

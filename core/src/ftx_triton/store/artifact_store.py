@@ -38,10 +38,8 @@ from typing import Any
 import filelock
 import structlog
 
-from ftx_triton.errors import CheckpointError
 from ftx_triton.io.atomic import recover, swap_in
 from ftx_triton.io.hashing import sha256_files
-from ftx_triton.io.regular import read_regular
 from ftx_triton.io.trees import remove_tree
 from ftx_triton.paths import unusable_home
 from ftx_triton.store import leases
@@ -50,8 +48,6 @@ from ftx_triton.terminal.redact import redact_data
 log = structlog.get_logger(__name__)
 
 PROVENANCE_FILE = "ftx-artifact.json"
-PROVENANCE_MAX_BYTES = 64 << 20
-"""A provenance record lists every output file with its hash: far below this even for thousands of files."""
 SCHEMA = "ftx.artifact/1"
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
@@ -75,15 +71,15 @@ class Artifact:
 
 
 def read_provenance(path: Path) -> dict[str, Any] | None:
-    """The provenance record in ``path``, or None when it is missing or unreadable in any way (a named
-    pipe or device in its place is not opened for long, a huge file not read whole)."""
+    """The provenance record in ``path``, or None when it is missing or damaged (ftx's own file: a damaged
+    one is rebuilt by the next lookup, not validated)."""
     try:
         if (path / PROVENANCE_FILE).is_symlink():  # ftx writes a file: a link is someone else's doing
             raise ValueError("it is a symbolic link")
-        meta = json.loads(read_regular(path / PROVENANCE_FILE, PROVENANCE_MAX_BYTES))
+        meta = json.loads((path / PROVENANCE_FILE).read_bytes())
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, RecursionError, CheckpointError) as exc:  # not JSON, not UTF-8, a pipe, too deep …
+    except (OSError, ValueError, RecursionError) as exc:  # not JSON, not UTF-8, too deep …
         log.warning("cache.provenance_unreadable", path=str(path), error=f"{type(exc).__name__}: {exc}"[:200])
         return None
     if not isinstance(meta, dict):

@@ -25,8 +25,7 @@ from typing import Any
 import filelock
 import structlog
 
-from ftx_triton.errors import CheckpointError, ConfigError
-from ftx_triton.io.regular import open_regular
+from ftx_triton.errors import ConfigError
 from ftx_triton.io.trees import remove_tree, tree_size
 from ftx_triton.store import leases
 from ftx_triton.store.artifact_store import PROVENANCE_FILE, ArtifactStore, read_provenance
@@ -155,8 +154,8 @@ def _served_model_configs(repositories: set[Path]) -> str:
     texts = []
     for repository in repositories:
         for config in repository.glob("*/config.pbtxt"):
-            with contextlib.suppress(OSError, CheckpointError), open_regular(config) as file:
-                texts.append(file.read(1 << 20).decode(errors="replace"))
+            with contextlib.suppress(OSError):  # ftx wrote it: read whole
+                texts.append(config.read_text(errors="replace"))
     return "\n".join(texts)
 
 
