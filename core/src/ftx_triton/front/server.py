@@ -103,6 +103,7 @@ def refusal(refused: Refused) -> web.Response:
     return response
 
 
+_BUSY_LINGER_S = 1.0
 _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
          b"Content-Length: %d\r\n\r\n%s")
 
@@ -115,19 +116,32 @@ class _Connection(web.RequestHandler):
         self.front = front
         self.deadline: asyncio.TimerHandle | None = None
         self.counted = False
+        self.busy = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if self.front.open_connections >= self.front.limits.max_connections:
             body = json.dumps({"error": f"this server is at its limit of {self.front.limits.max_connections} "
                                         "connections; try again shortly"}).encode()
+            self.busy = True
             transport.write(_BUSY % (len(body), body))  # type: ignore[attr-defined]
-            transport.close()
+            transport.write_eof()  # type: ignore[attr-defined]
+            # closed a moment later: closing with the client's request unread would reset the connection
+            # before the client reads the answer
+            asyncio.get_running_loop().call_later(_BUSY_LINGER_S, transport.close)
             self.front.busy_refused += 1
             return
         self.front.open_connections += 1
         self.counted = True
         super().connection_made(transport)
         self.await_headers()
+
+    def data_received(self, data: bytes) -> None:
+        if not self.busy:  # a refused connection's request is read and dropped
+            super().data_received(data)
+
+    def eof_received(self) -> None:
+        if not self.busy:
+            super().eof_received()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.headers_arrived()

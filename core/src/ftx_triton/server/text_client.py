@@ -11,6 +11,7 @@ the gRPC path lives beside ``ftx generate``.
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -133,6 +134,11 @@ def sampling_values(max_tokens: int, temperature: float | None, top_k: int | Non
     return values
 
 
+MODEL_FAULT = re.compile(r"\bfailed: \w+(?:Error|Exception)\b")
+"""How ftx's models word a fault of their own (``generation failed: RuntimeError: …``) rather than a
+refusal of the request; a stream's error event carries no status, only this text."""
+
+
 class HttpError(Exception):
     """An HTTP error answer of the server (status and its message)."""
 
@@ -205,7 +211,8 @@ class HttpTriton:
                     continue
                 event = json.loads(line[len("data:"):])
                 if "error" in event:
-                    raise HttpError(400, str(event["error"]))
+                    message = str(event["error"])
+                    raise HttpError(500 if MODEL_FAULT.search(message) else 400, message)
                 yield str(event.get(iface.output, ""))
 
 
