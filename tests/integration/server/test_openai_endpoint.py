@@ -180,10 +180,14 @@ def _ensemble_requests(served: Served) -> int:
 
 def test_a_client_that_leaves_stops_its_prompts_being_generated(served: Served) -> None:
     """40 prompts, the client gone after the first answers: the endpoint generates no further prompt
-    (the old one went on to the last, for nobody)."""
+    (the old one went on to the last, for nobody). "Stopped" is judged against the time one prompt takes
+    here and now, so a busy machine only makes the test slower."""
     host, port = re.match(r"http://([^:/]+):(\d+)/v1", served.openai).groups()
+    began = time.monotonic()
+    assert _post(served.openai + "/completions", {"prompt": "Story:", "max_tokens": 8})[0] == 200
+    one_prompt_s = time.monotonic() - began
     before = _ensemble_requests(served)
-    body = json.dumps({"prompt": [f"Story {i}:" for i in range(40)], "max_tokens": 48}).encode()
+    body = json.dumps({"prompt": [f"Story {i}:" for i in range(40)], "max_tokens": 8}).encode()
     with socket.create_connection((host, int(port)), timeout=60) as client:
         client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                        b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
@@ -191,13 +195,14 @@ def test_a_client_that_leaves_stops_its_prompts_being_generated(served: Served) 
         while _ensemble_requests(served) == before and time.monotonic() < deadline:
             time.sleep(0.05)
     settled, previous = None, -1
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:  # until no request has come for 3 s
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:  # until no prompt has finished for several prompts' time
         settled = _ensemble_requests(served)
         if settled == previous:
             break
         previous = settled
-        time.sleep(3)
+        time.sleep(max(3.0, 5 * one_prompt_s))
+    print(f"ensemble requests: {before} before, {settled} settled (one prompt {one_prompt_s:.2f} s)")
     assert settled is not None and 0 < settled - before < 40, (before, settled)
     assert _post(served.openai + "/completions", {"prompt": "Hi", "max_tokens": 1})[0] == 200
 
