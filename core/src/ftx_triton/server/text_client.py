@@ -134,7 +134,7 @@ def sampling_values(max_tokens: int, temperature: float | None, top_k: int | Non
     return values
 
 
-MODEL_FAULT = re.compile(r"\bfailed: \w+(?:Error|Exception)\b")
+MODEL_FAULT = re.compile(r"\bfailed: [A-Z]\w*(?:Error|Exception): ")
 """How ftx's models word a fault of their own (``generation failed: RuntimeError: …``) rather than a
 refusal of the request; a stream's error event carries no status, only this text."""
 
@@ -173,7 +173,9 @@ class HttpTriton:
                 text = json.loads(unframed).get("error", text)
             except (ValueError, AttributeError):
                 pass
-            raise HttpError(exc.code, str(text)) from None
+            # tritonserver answers a stream whose first response failed with 400, whatever the failure
+            status = 500 if exc.code == 400 and MODEL_FAULT.search(str(text)) else exc.code
+            raise HttpError(status, str(text)) from None
         except (urllib.error.URLError, OSError) as exc:
             raise ServeError(f"cannot reach Triton's HTTP endpoint at {self.base}: {getattr(exc, 'reason', exc)}",
                              hint="start a server (`ftx run MODEL --detach`), check `ftx ps`, and pass the HTTP "
