@@ -170,11 +170,99 @@ def test_stop_strings_cut_the_text(served: Served) -> None:
     ({"prompt": "Hi", "logprobs": 2}, "logprobs", 400),
     ({"prompt": "Hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", 400),
     ({"prompt": "Hi", "tool_choice": "required"}, "tool_choice", 400),
+    ({"prompt": "Hi", "n": True}, "n", 400),  # a boolean is not a count, though True == 1
+    ({"prompt": "Hi", "n": 1.0}, "n", 400),
+    ({"prompt": ["Hi"] * 65}, "prompt", 400),  # more prompts than one request may hold
+    ({"prompt": "Hi \ud800"}, "prompt", 400),  # a lone surrogate is not text: the client's mistake
+    ({"messages": [{"role": "user", "content": "\udfff"}]}, "messages", 400),
 ])
 def test_bad_requests_get_openai_errors(served: Served, body: dict, param: str, status: int) -> None:
-    answered, answer = _post(served.openai + "/completions", body)
-    assert answered == status
+    route = "/chat/completions" if "messages" in body else "/completions"
+    answered, answer = _post(served.openai + route, body)
+    assert answered == status, answer
     assert answer["error"]["type"] == "invalid_request_error" and answer["error"]["param"] == param
+
+
+def test_limits_are_printed_as_written() -> None:
+    """Not ``1.04858e+06``: a client reads the number it may send."""
+    from ftx_triton.openai_api.app import BadRequest, _request_values
+
+    with pytest.raises(BadRequest) as refused:
+        _request_values({"max_tokens": 0}, None)
+    assert "between 1 and 1048576" in str(refused.value)
+    with pytest.raises(BadRequest) as refused:
+        _request_values({"top_p": 3}, None)
+    assert "between 0 and 1" in str(refused.value) and "e+" not in str(refused.value)
+
+
+def _ensemble_requests(served: Served) -> int:
+    with _OPENER.open(served.http + "/v2/models/ensemble/stats", timeout=60) as response:
+        return int(json.loads(response.read())["model_stats"][0]["inference_count"])
+
+
+def test_a_client_that_leaves_stops_its_prompts_being_generated(served: Served) -> None:
+    """40 prompts, the client gone after the first answers: the endpoint generates no further prompt
+    (the old one went on to the last, for nobody). "Stopped" is judged against the time one prompt takes
+    here and now, so a busy machine only makes the test slower."""
+    host, port = re.match(r"http://([^:/]+):(\d+)/v1", served.openai).groups()
+    began = time.monotonic()
+    assert _post(served.openai + "/completions", {"prompt": "Story:", "max_tokens": 8})[0] == 200
+    one_prompt_s = time.monotonic() - began
+    before = _ensemble_requests(served)
+    body = json.dumps({"prompt": [f"Story {i}:" for i in range(40)], "max_tokens": 8}).encode()
+    with socket.create_connection((host, int(port)), timeout=60) as client:
+        client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.monotonic() + 120
+        while _ensemble_requests(served) == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+    settled, previous = None, -1
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:  # until no prompt has finished for several prompts' time
+        settled = _ensemble_requests(served)
+        if settled == previous:
+            break
+        previous = settled
+        time.sleep(max(3.0, 5 * one_prompt_s))
+    print(f"ensemble requests: {before} before, {settled} settled (one prompt {one_prompt_s:.2f} s)")
+    assert settled is not None and 0 < settled - before < 40, (before, settled)
+    assert _post(served.openai + "/completions", {"prompt": "Hi", "max_tokens": 1})[0] == 200
+
+
+def test_a_chat_template_that_never_ends_blocks_nobody(served: Served, tmp_path: Path) -> None:
+    """A hostile template renders in a worker process: /v1/models answers meanwhile, and the chat request
+    gets a 500 server_error (the template is the model's, not the client's) once its time is up."""
+    import threading
+
+    from ftx_triton.front.server import Front
+    from ftx_triton.openai_api.app import make_app
+
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    from ftx_triton.fetching.demo import ensure_demo_checkpoint
+
+    shutil.copy(ensure_demo_checkpoint(served.home) / "tokenizer.json", tokenizer / "tokenizer.json")
+    forever = "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"
+    (tokenizer / "tokenizer_config.json").write_text(json.dumps({"chat_template": forever}))
+    front = Front(make_app(served.http, "tiny-gptj", tokenizer), "127.0.0.1", 0)
+    front.start()
+    try:
+        url = f"http://127.0.0.1:{front.port}/v1"
+        answers: dict[str, Any] = {}
+        chat = threading.Thread(target=lambda: answers.update(chat=_post(
+            url + "/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})))
+        chat.start()
+        time.sleep(1)
+        with _OPENER.open(url + "/models", timeout=60) as response:
+            assert response.status == 200
+        models_answered_first = chat.is_alive()
+        chat.join(300)
+        status, answer = answers["chat"]
+        assert status == 500 and answer["error"]["type"] == "server_error", answer
+        assert "did not finish within" in answer["error"]["message"]
+        assert models_answered_first
+    finally:
+        front.stop()
 
 
 @pytest.mark.parametrize("data, headers", [

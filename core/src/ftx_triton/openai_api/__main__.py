@@ -16,12 +16,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)
 
-    from aiohttp import web
-
-    from ftx_triton.openai_api.app import make_app
+    from ftx_triton.front.server import Front, Limits
+    from ftx_triton.openai_api.app import MAX_BODY_BYTES, make_app
 
     app = make_app(args.triton, args.model_id, args.tokenizer, args.ensemble)
-    web.run_app(app, host=args.host, port=args.port, print=None, handle_signals=True, access_log=None)
+    Front(app, args.host, args.port, Limits(max_body_bytes=MAX_BODY_BYTES)).run()
 
 
 if __name__ == "__main__":

@@ -3,7 +3,11 @@
 Requests are validated (OpenAI's error shape, HTTP 400), turned into generate-extension calls on
 the ensemble (run in a worker thread: the Triton client is synchronous) and answered in OpenAI's
 shapes, streamed as server-sent events (``data: {...}`` … ``data: [DONE]``) when ``stream`` is set.
-Token counts (``usage``, ``finish_reason``) come from the repository's own tokenizer.
+Token counts (``usage``, ``finish_reason``) come from the repository's own tokenizer. Chat templates
+render in a worker process with a time limit (:class:`~.chat.TemplateWorker`). A client that leaves
+ends its request: the front cancels the handler (no further prompt is generated) and a stream's worker
+stops at its next piece. Mistakes of the client are 4xx ``invalid_request_error``; faults of the server
+or the model (a failed generation, a template that overruns its time) are 5xx ``server_error``.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,11 +25,20 @@ from typing import Any
 from aiohttp import web
 
 from ftx_triton.errors import FtxError
-from ftx_triton.openai_api.chat import chat_template, render
+from ftx_triton.front.server import Refused, read_body
+from ftx_triton.openai_api.chat import TemplateError, TemplateTimeout, TemplateWorker, chat_template, render
 from ftx_triton.server.text_client import HttpError, HttpTriton, TextInterface, pieces, sampling_values, text_interface
 
 MAX_TOKENS_DEFAULT = 16
 """OpenAI's default for /v1/completions."""
+MAX_PROMPTS = 64
+"""Prompts one /v1/completions request may hold (each is one generation)."""
+MAX_BODY_BYTES = 8 << 20
+"""The largest request body (decoded) the endpoint reads."""
+
+
+class ServerFault(Exception):
+    """A fault of the server or the model, not of the request (HTTP 500, ``server_error``)."""
 
 
 STREAM_HEADER = "X-Ftx-Stream"
@@ -42,9 +55,31 @@ class BadRequest(Exception):
         self.param, self.status, self.code = param, status, code
 
 
-UNREADABLE_BODY = (ValueError, UnicodeDecodeError, LookupError, RecursionError, web.RequestPayloadError)
+UNREADABLE_BODY = (ValueError, UnicodeDecodeError, LookupError, RecursionError)
 """What reading a client's body as JSON raises on bad input: not JSON, bytes not in its charset, an
-unknown charset, nesting deeper than the parser recurses, a body its Content-Encoding cannot decode."""
+unknown charset, nesting deeper than the parser recurses."""
+
+
+def _show(value: float) -> str:
+    """A limit as people write it: ``1048576``, ``0.5``."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def _lone_surrogate(value: Any, path: str = "") -> str | None:
+    """The path of the first string in ``value`` holding a lone UTF-16 surrogate (``"\\ud800"``), if any."""
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return where or "body"
+        elif isinstance(item, dict):
+            stack.extend((v, f"{where}.{k}" if where else str(k)) for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
+    return None
 
 
 @dataclass
@@ -83,13 +118,16 @@ def _number(body: Mapping[str, Any], name: str, kind: type, low: float, high: fl
     if isinstance(value, bool) or not isinstance(value, int | float) or (kind is int and not isinstance(value, int)):
         raise BadRequest(f"{name} must be {'an integer' if kind is int else 'a number'}", name)
     if not low <= value <= high:
-        raise BadRequest(f"{name} must be between {low:g} and {high:g}", name)
+        raise BadRequest(f"{name} must be between {_show(low)} and {_show(high)}", name)
     return value
 
 
 def _request_values(body: Mapping[str, Any], default_max_tokens: int | None) -> tuple[dict[str, Any], list[str], bool]:
     """Sampling values, stop strings and stream flag of a completions-style body."""
-    if body.get("n", 1) != 1:
+    n = body.get("n", 1)
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise BadRequest("n must be an integer", "n")
+    if n != 1:
         raise BadRequest("only n=1 is supported", "n")
     _refuse_unsupported(body)
     max_tokens = _number(body, "max_tokens", int, 1, 1 << 20)
@@ -176,27 +214,42 @@ class Generation:
         return "length" if self.deployment.count(text) >= int(self.values["max_tokens"]) else "stop"
 
 
-async def _in_thread_iter(gen: Iterator[str]) -> AsyncIterator[str]:
-    """Consume a blocking iterator in a worker thread, yielding its items to the event loop."""
+async def _in_thread_iter(gen: Iterator[str]) -> AsyncGenerator[str, None]:
+    """Consume a blocking iterator in a worker thread, yielding its items to the event loop; the worker
+    stops at its next item once this generator is closed (the client left)."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    closed = threading.Event()
+
+    def hand_over(kind: str, value: Any) -> None:
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(queue.put_nowait, (kind, value))
 
     def run() -> None:
         try:
             for item in gen:
-                loop.call_soon_threadsafe(queue.put_nowait, ("item", item))
-            loop.call_soon_threadsafe(queue.put_nowait, ("done", None))
+                if closed.is_set():
+                    break
+                hand_over("item", item)
+            hand_over("done", None)
         except BaseException as exc:  # noqa: BLE001 - handed to the event loop, raised there
-            loop.call_soon_threadsafe(queue.put_nowait, ("error", exc))
+            hand_over("error", exc)
+        finally:
+            close = getattr(gen, "close", None)
+            if close is not None:
+                close()  # ends the generator's HTTP stream from tritonserver
 
     threading.Thread(target=run, daemon=True).start()
-    while True:
-        kind, value = await queue.get()
-        if kind == "done":
-            return
-        if kind == "error":
-            raise value
-        yield value
+    try:
+        while True:
+            kind, value = await queue.get()
+            if kind == "done":
+                return
+            if kind == "error":
+                raise value
+            yield value
+    finally:
+        closed.set()
 
 
 class Handlers:
@@ -205,6 +258,7 @@ class Handlers:
     def __init__(self, deployment: Deployment) -> None:
         self.d = deployment
         self.template, self.specials = chat_template(deployment.tokenizer_dir)
+        self.renderer = TemplateWorker(self.template, self.specials) if self.template is not None else None
 
     async def models(self, _request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [
@@ -212,11 +266,22 @@ class Handlers:
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
         try:
-            body = await request.json()
+            raw = await read_body(request)
+        except Refused as refused:
+            if refused.status == 400:
+                raise BadRequest(f"the body is not readable JSON ({refused})") from None
+            raise BadRequest(str(refused), status=refused.status) from None
+        try:
+            body = json.loads(raw.decode(request.charset or "utf-8"))
         except UNREADABLE_BODY as exc:
             raise BadRequest(f"the body is not readable JSON ({type(exc).__name__})") from None
         if not isinstance(body, dict):
             raise BadRequest("the body must be a JSON object")
+        where = _lone_surrogate(body)
+        if where is not None:
+            raise BadRequest(f"{where} holds a lone UTF-16 surrogate (an escape such as \\ud800 without its pair), "
+                             "which is not text; send valid UTF-8 or complete surrogate pairs",
+                             where.split(".")[0].split("[")[0])
         model = body.get("model")
         if model is not None and model != self.d.model_id:
             raise BadRequest(f"this endpoint serves {self.d.model_id!r}, not {model!r}", "model", status=404,
@@ -229,6 +294,9 @@ class Handlers:
         prompts = [prompts] if isinstance(prompts, str) else prompts
         if not prompts or not isinstance(prompts, list) or not all(isinstance(p, str) and p for p in prompts):
             raise BadRequest("prompt must be a non-empty string or a list of them", "prompt")
+        if len(prompts) > MAX_PROMPTS:
+            raise BadRequest(f"prompt holds {len(prompts)} prompts; this endpoint takes at most {MAX_PROMPTS} per "
+                             "request (send several requests)", "prompt")
         values, stop, stream = _request_values(body, MAX_TOKENS_DEFAULT)
         echo = body.get("echo", False)
         if not isinstance(echo, bool):
@@ -265,9 +333,13 @@ class Handlers:
             raise BadRequest("messages must be a non-empty list of {role, content} objects with text content",
                              "messages")
         try:
-            prompt = render(messages, self.template, self.specials)
-        except Exception as exc:  # noqa: BLE001 - a template's own raise_exception or a render error
+            prompt = (render(messages, None, self.specials) if self.renderer is None
+                      else await self.renderer.render(messages))
+        except TemplateError as exc:  # the template's own raise_exception, or a render error
             raise BadRequest(f"the model's chat template refused these messages: {exc}", "messages") from None
+        except TemplateTimeout as exc:
+            raise ServerFault(f"{exc}; the template is part of the model's repository (tokenizer_config.json)") \
+                from None
         values, stop, stream = _request_values(body, None)
         generation = Generation(self.d, prompt, values, stop)
         ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
@@ -291,6 +363,13 @@ class Handlers:
         # the first piece too: a request the model refuses, or a server that is gone, is an HTTP error
         # status (400 / 502 from the middleware), not a 200 whose stream holds the error
         stream = _in_thread_iter(generation.stream())
+        try:
+            return await self._send_events(request, generation, chunk, stream, first=first, role=role)
+        finally:
+            await stream.aclose()  # the worker stops at its next piece when the client has left
+
+    async def _send_events(self, request: web.Request, generation: Generation, chunk: Any,
+                           stream: AsyncIterator[str], *, first: str | None, role: bool) -> web.StreamResponse:
         try:
             opening: str | None = await anext(stream)
         except StopAsyncIteration:
@@ -339,10 +418,15 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return await handler(request)
     except BadRequest as exc:
         return _error(exc.status, str(exc), "invalid_request_error", exc.param, exc.code)
+    except ServerFault as exc:
+        return _error(500, str(exc), "server_error")
     except HttpError as exc:
-        status = 400 if 400 <= exc.status < 500 else 502
-        return _error(status, f"the model refused the request: {exc.message}",
-                      "invalid_request_error" if status == 400 else "server_error")
+        if 400 <= exc.status < 500:
+            return _error(400, f"the model refused the request: {exc.message}", "invalid_request_error")
+        if exc.status == 500:
+            return _error(500, f"the model failed on this request (a fault of the server, not of the request): "
+                               f"{exc.message}", "server_error")
+        return _error(502, f"the Triton server failed: {exc.message}", "server_error")
     except FtxError as exc:
         return _error(502, f"the Triton server did not answer: {exc.message}", "server_error")
     except ConnectionResetError:  # the client left mid-request: nobody to answer, nothing worth a traceback
@@ -358,10 +442,16 @@ def make_app(triton_http: str, model_id: str, tokenizer_dir: Path, ensemble: str
     """The application for one deployment (``triton_http`` = ``http://host:port`` of Triton)."""
     deployment = Deployment(HttpTriton(triton_http, timeout_s=timeout_s), model_id, ensemble, Path(tokenizer_dir))
     handlers = Handlers(deployment)
-    app = web.Application(middlewares=[_errors], client_max_size=8 << 20)
+    app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
     app.add_routes([web.get("/v1/models", handlers.models), web.post("/v1/completions", handlers.completions),
                     web.post("/v1/chat/completions", handlers.chat),
                     web.get("/health", _health)])
+
+    async def stop_renderer(_app: web.Application) -> None:
+        if handlers.renderer is not None:
+            handlers.renderer.stop()
+
+    app.on_cleanup.append(stop_renderer)
     return app
 
 

@@ -139,6 +139,11 @@ def builtin_load(url: str, model: str, prompt: str, max_tokens: int, concurrency
     return points
 
 
+ANY_WINDOW_PERCENT = 10**9
+"""perf_analyzer's --stability-percentage that accepts any three windows (max/min up to 10 million): under
+load one window can take 20 times another, and the old 1000 % made perf_analyzer give up."""
+
+
 def run_perf_analyzer(binary: Path, grpc_url: str, model: str, prompt: str, max_tokens: int,
                       concurrency: Sequence[int], requests: int, *, streaming: bool = False) -> list[Point]:
     """``perf_analyzer`` over gRPC with the prompt as input data, one CSV row per concurrency
@@ -149,12 +154,12 @@ def run_perf_analyzer(binary: Path, grpc_url: str, model: str, prompt: str, max_
         data.write_text(json.dumps({"data": [request]}))
         report = Path(tmp) / "report.csv"
         points = []
-        # one run per level; any window is accepted as stable (1000 %): the figures are what was measured,
-        # and a busy machine must not make the tool give up
+        # one run per level; any windows are accepted as stable (ANY_WINDOW_PERCENT): the figures are what was
+        # measured, and a busy machine must not make the tool give up
         for c in concurrency:
             cmd = [str(binary), "-m", model, "-u", grpc_url.removeprefix("grpc://"), "-i", "grpc",
                    "--input-data", str(data), "--concurrency-range", f"{c}:{c}", "--measurement-mode",
-                   "count_windows", "--measurement-request-count", str(requests), "--stability-percentage", "1000",
+                   "count_windows", "--measurement-request-count", str(requests), "--stability-percentage", str(ANY_WINDOW_PERCENT),
                    "--max-trials", "3", "-f", str(report), *(["--streaming"] if streaming else [])]
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
             if done.returncode != 0 or not report.is_file():

@@ -5,7 +5,7 @@ of its own. It
 
 * starts tritonserver as its child, which gets SIGKILL should the supervisor die (PDEATHSIG), and
   adopts orphaned Python-backend stubs (it is their subreaper), so no process outlives it;
-* serves the HTTP front (:mod:`ftx_triton.server.front`) when asked, on the port users see;
+* serves the HTTP shield (:mod:`ftx_triton.front.shield`) when asked, on the port users see;
 * watches the stubs: one that dies leaves its model "ready" while every request fails, so the
   supervisor says which one died and stops the server (exit code :data:`STUB_DIED`);
 * on SIGTERM/SIGINT/SIGHUP (``ftx stop``, Ctrl-C, or ftx dying: it gets SIGTERM then) stops
@@ -14,7 +14,7 @@ of its own. It
 
 Every line it writes starts with ``ftx-supervisor:`` and goes to the server's log. SPEC is JSON:
 ``command``, ``shm_prefix``, ``exit_timeout_s``, optional ``front`` (``host``, ``port``,
-``upstream_port``, ``max_body_bytes``, ``max_json_depth``). Only the standard library and psutil.
+``upstream_port``, ``max_json_depth`` and the fields of :class:`ftx_triton.front.server.Limits`).
 """
 
 from __future__ import annotations
@@ -143,22 +143,24 @@ class Supervisor:
         return self.exit_code
 
     def _start_front(self) -> bool:
-        from ftx_triton.server.front import MAX_BODY_BYTES, MAX_JSON_DEPTH, FrontServer
+        from ftx_triton.front.server import Front, Limits
+        from ftx_triton.front.shield import MAX_JSON_DEPTH, Shield
 
         front = self.spec["front"]
         host, port = front["host"], front["port"]
+        shield = Shield(front["upstream_port"], max_json_depth=front.get("max_json_depth") or MAX_JSON_DEPTH,
+                        on_refused=lambda line: say(f"HTTP front refused {line}"))
+        limits = Limits.from_spec(front)
         try:
-            self.front = FrontServer(host, port, front["upstream_port"],
-                                     max_body_bytes=front.get("max_body_bytes") or MAX_BODY_BYTES,
-                                     max_json_depth=front.get("max_json_depth") or MAX_JSON_DEPTH,
-                                     on_refused=lambda line: say(f"HTTP front refused {line}"))
+            self.front = Front(shield.app(), host, port, limits)
         except OSError as exc:
             # worded like tritonserver's own message, which ftx recognises and answers with new ports
             say(f"failed to start HTTP service: Socket '{host}:{port}' already in use ({exc})")
             return False
-        threading.Thread(target=self.front.serve_forever, name="ftx-http-front", daemon=True).start()
+        self.front.start()
         say(f"HTTP front on {host}:{port} -> tritonserver 127.0.0.1:{front['upstream_port']} "
-            f"(bodies up to {self.front.max_body_bytes} bytes, JSON up to {self.front.max_json_depth} deep)")
+            f"(bodies up to {limits.max_body_bytes} bytes decoded, JSON up to {shield.max_json_depth} deep, "
+            f"headers within {limits.header_timeout_s:g} s, at most {limits.max_connections} connections)")
         return True
 
     def _watch(self) -> None:
@@ -229,8 +231,7 @@ class Supervisor:
             say(f"killed {len(leftovers)} leftover process(es): "
                 + ", ".join(f"{p.pid}" for p in leftovers))
         if self.front is not None:
-            self.front.shutdown()
-            self.front.server_close()
+            self.front.stop()
         removed = remove_shm(self.spec.get("shm_prefix", ""))
         if removed:
             say(f"removed {removed} shared-memory region(s)")

@@ -11,6 +11,7 @@ the gRPC path lives beside ``ftx generate``.
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -133,6 +134,11 @@ def sampling_values(max_tokens: int, temperature: float | None, top_k: int | Non
     return values
 
 
+MODEL_FAULT = re.compile(r"\bfailed: [A-Z]\w*(?:Error|Exception): ")
+"""How ftx's models word a fault of their own (``generation failed: RuntimeError: …``) rather than a
+refusal of the request; a stream's error event carries no status, only this text."""
+
+
 class HttpError(Exception):
     """An HTTP error answer of the server (status and its message)."""
 
@@ -169,7 +175,9 @@ class HttpTriton:
                 text = json.loads(unframed).get("error", text)
             except (ValueError, AttributeError):
                 pass
-            raise HttpError(exc.code, str(text)) from None
+            # tritonserver answers a stream whose first response failed with 400, whatever the failure
+            status = 500 if exc.code == 400 and MODEL_FAULT.search(str(text)) else exc.code
+            raise HttpError(status, str(text)) from None
         except (urllib.error.URLError, OSError) as exc:
             raise ServeError(f"cannot reach Triton's HTTP endpoint at {self.base}: {getattr(exc, 'reason', exc)}",
                              hint="start a server (`ftx run MODEL --detach`), check `ftx ps`, and pass the HTTP "
@@ -228,7 +236,8 @@ class HttpTriton:
                                      f"{line[:60]!r}, not a JSON event",
                                      hint="pass the HTTP address `ftx run` printed with --url http://HOST:PORT")
                 if "error" in event:
-                    raise HttpError(400, str(event["error"]))
+                    message = str(event["error"])
+                    raise HttpError(500 if MODEL_FAULT.search(message) else 400, message)
                 yield str(event.get(iface.output, ""))
 
 

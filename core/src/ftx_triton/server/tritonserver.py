@@ -14,7 +14,7 @@ tree and the log reading live in :mod:`~ftx_triton.server.ports`, :mod:`~ftx_tri
 
 tritonserver runs under :mod:`ftx_triton.server.supervisor`, which owns its process tree (no stub outlives
 it, its shared memory is removed however it ends), stops it when a stub dies, and serves the HTTP
-front (:mod:`ftx_triton.server.front`) that keeps requests tritonserver cannot survive away from it.
+front (:mod:`ftx_triton.front.shield`) that keeps requests tritonserver cannot survive away from it.
 Paths the Python backend hands to ``bash -c`` (the repository, the backends directory) are given
 to tritonserver through links of plain characters when they hold anything else (a space, ``$``).
 """
@@ -162,7 +162,8 @@ class TritonServer:
     and each expected model (``load_models``, or every model in the repository otherwise).
     ``die_with_parent`` makes the server get SIGTERM if this process dies; such a server cannot
     be detached, so pass ``die_with_parent=False`` for servers meant to outlive ftx.
-    ``http_front`` puts :mod:`ftx_triton.server.front` on the HTTP port (bodies up to ``max_body_bytes``);
+    ``http_front`` puts :mod:`ftx_triton.front.shield` on the HTTP port (bodies up to ``max_body_bytes``, other
+    :class:`ftx_triton.front.server.Limits` fields in ``front_limits``);
     ``stub_start_timeout_s``: how long a Python model may load without a stub process of its own.
     ``pid`` is the supervisor's (:mod:`ftx_triton.server.supervisor`), the leader of the server's processes.
     A ``name`` a live detached server has is refused at ``detach``, unless ``number_if_taken``
@@ -175,7 +176,8 @@ class TritonServer:
                  log_path: Path | None = None, env: Mapping[str, str] | None = None,
                  exit_timeout_s: int = 10, name: str | None = None,
                  die_with_parent: bool = True, http_front: bool = True,
-                 max_body_bytes: int | None = None, stub_start_timeout_s: float = STUB_START_TIMEOUT_S,
+                 max_body_bytes: int | None = None, front_limits: Mapping[str, float] | None = None,
+                 stub_start_timeout_s: float = STUB_START_TIMEOUT_S,
                  backend_directory: Path | None = None, cwd: Path | None = None,
                  launcher: Sequence[str] = (), ports_given: bool | None = None,
                  number_if_taken: bool | None = None) -> None:
@@ -204,6 +206,7 @@ class TritonServer:
         self.die_with_parent = die_with_parent
         self.http_front = http_front
         self.max_body_bytes = max_body_bytes
+        self.front_limits = dict(front_limits or {})
         self.stub_start_timeout_s = stub_start_timeout_s
         self._internal_http_port: int | None = None
         self.shm_prefix = f"{FTX_SHM_PREFIX}{secrets.token_hex(6)}-"
@@ -332,7 +335,7 @@ class TritonServer:
                                    "exit_timeout_s": self.exit_timeout_s}
         if self.http_front:
             spec["front"] = {"host": self.host, "port": self.ports.http, "upstream_port": self._internal_http_port,
-                             "max_body_bytes": self.max_body_bytes}
+                             **self.front_limits, "max_body_bytes": self.max_body_bytes}
         return [sys.executable, "-m", "ftx_triton.server.supervisor", json.dumps(spec)]
 
     def _spawn(self, install: TritonInstall, backends: Path, env: dict[str, str], repository: Path) -> int:

@@ -1,0 +1,188 @@
+"""The front against hostile HTTP (issue 27, "Requests"): real tritonserver behind the shield (the
+supervisor's front), plus fronts started in this process on real sockets where a test needs limits of
+its own (timeouts, the connection cap). Each test fails on the stdlib front this replaced."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+import zlib
+from collections.abc import Iterator
+from importlib.util import find_spec
+
+import pytest
+from triton_helpers import add_repository, infer_http
+
+pytestmark = pytest.mark.skipif(find_spec("pytriton") is None, reason="nvidia-pytriton is not installed")
+
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+_INFER = "/v2/models/add_one/infer"
+
+
+def _nested(depth: int, prefix: bytes = b"") -> bytes:
+    return (b'{"inputs":[{"name":"input_ids","shape":[1,1],"datatype":"INT32",' + prefix + b'"data":'
+            + b"[" * depth + b"]" * depth + b"}]}")
+
+
+def _post(url: str, body: bytes, headers: dict[str, str] | None = None, path: str = _INFER) -> tuple[int, str]:
+    request = urllib.request.Request(f"http://{url}{path}", data=body, method="POST", headers=headers or {})
+    try:
+        with _DIRECT.open(request, timeout=120) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    from ftx_triton.server.tritonserver import TritonServer
+
+    root = tmp_path_factory.mktemp("front")
+    repo = add_repository(root / "repo")
+    with TritonServer(repo, home=root / "home", model_control="explicit", load_models=["add_one"],
+                      max_body_bytes=8 * 1024 * 1024) as running:
+        yield running
+
+
+def _alive(server: object) -> None:
+    assert server.running  # type: ignore[attr-defined]
+    assert infer_http(server.http_url, "add_one").tolist() == [[2, 3, 4], [5, 6, 7]]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_nested_json_in_a_compressed_body_is_refused(server: object, encoding: str) -> None:
+    body = _nested(300_000)
+    packed = gzip.compress(body) if encoding == "gzip" else zlib.compress(body)
+    status, text = _post(server.http_url, packed, {"Content-Encoding": encoding})  # type: ignore[attr-defined]
+    assert status == 400 and "nested deeper" in text, text
+    _alive(server)
+
+
+def test_nested_json_that_is_not_utf8_is_refused(server: object) -> None:
+    status, text = _post(server.http_url, _nested(300_000, b'"x":"\xff\xfe",'))  # type: ignore[attr-defined]
+    assert status == 400 and "nested deeper" in text, text
+    _alive(server)
+
+
+def test_brackets_inside_strings_do_not_count_and_valid_requests_pass(server: object) -> None:
+    from ftx_triton.front.shield import json_depth
+
+    assert json_depth(b'{"a": "[[[[[[[[", "b": [1, [2]]}') == 3
+    assert json_depth(b'["\\"[[[[", [[]]]') == 3
+    assert json_depth(b"[" * 100) == 100  # unclosed brackets count: a parser recurses before it fails
+    body = json.dumps({"inputs": [{"name": "input_ids", "shape": [2, 3], "datatype": "INT32",
+                                   "data": [1, 2, 3, 4, 5, 6]}], "id": "[" * 5000}).encode()
+    status, text = _post(server.http_url, gzip.compress(body), {"Content-Encoding": "gzip"})  # type: ignore[attr-defined]
+    assert status == 200 and json.loads(text)["outputs"][0]["data"] == [2, 3, 4, 5, 6, 7], text
+
+
+def test_a_decompression_bomb_is_refused_by_its_decoded_size(server: object) -> None:
+    bomb = gzip.compress(b" " * (64 * 1024 * 1024))  # 64 MB of spaces in about 64 KB
+    assert len(bomb) < 200_000
+    status, text = _post(server.http_url, bomb, {"Content-Encoding": "gzip"})  # type: ignore[attr-defined]
+    assert status == 413 and "decoded" in text and "8388608" in text, text
+    _alive(server)
+
+
+@pytest.mark.parametrize("encoding", ["br", "compress", "gzip, gzip", "x-anything"])
+def test_unknown_content_encodings_are_refused(server: object, encoding: str) -> None:
+    status, text = _post(server.http_url, b'{"inputs": []}', {"Content-Encoding": encoding})  # type: ignore[attr-defined]
+    assert status == 415 and "Content-Encoding" in text, text
+
+
+def test_malformed_json_is_the_clients_400_not_tritons_500(server: object) -> None:
+    status, text = _post(server.http_url, b'{"inputs": [{"name": "input_ids", ')  # type: ignore[attr-defined]
+    assert status == 400 and "not valid JSON" in text, text
+
+
+def _raw(url: str, data: bytes, *, wait_s: float = 60) -> bytes:
+    """Send ``data`` on a new connection (left open) and return what comes back until the server closes
+    or ``wait_s`` passes."""
+    host, port = url.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=wait_s) as sock:
+        sock.sendall(data)
+        answer = b""
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except TimeoutError:
+            pass
+        return answer
+
+
+@pytest.mark.parametrize("size", [b"-1", b"-0x10", b"0x10", b"zz", b"1" * 40])
+def test_a_malformed_chunk_size_is_refused_at_once(server: object, size: bytes) -> None:
+    """Answered while the connection is still open: the old front read a negative size to the end."""
+    head = (b"POST " + _INFER.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n" + size + b"\r\n" + b"[" * 1000)
+    answer = _raw(server.http_url, head, wait_s=30)  # type: ignore[attr-defined]
+    assert answer[:12] in (b"HTTP/1.1 400", b"HTTP/1.0 400") and b"hunk size" in answer, answer[:200]
+    _alive(server)
+
+
+# --------------------------------------------------------------------------- fronts with limits of their own
+
+
+@pytest.fixture
+def front(server: object) -> Iterator[object]:
+    """A front in this process with short timeouts and a cap of 4 connections, before the real server."""
+    from ftx_triton.front.server import Front, Limits
+    from ftx_triton.front.shield import Shield
+
+    upstream = int(server.http_url.rsplit(":", 1)[1])  # type: ignore[attr-defined]
+    made = Front(Shield(upstream).app(), "127.0.0.1", 0,
+                 Limits(header_timeout_s=1.0, body_timeout_s=1.0, idle_timeout_s=2.0, max_connections=4))
+    made.start()
+    yield made
+    made.stop()
+
+
+def test_half_sent_headers_are_cut_off(front: object) -> None:
+    url = f"127.0.0.1:{front.port}"  # type: ignore[attr-defined]
+    host, port = url.split(":")
+    began = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(b"POST " + _INFER.encode() + b" HTTP/1.1\r\nHost: x\r\n")
+        closed = False
+        for _ in range(100):  # one header byte every 0.2 s: never done
+            try:
+                sock.sendall(b"X")
+                if sock.recv(1, socket.MSG_DONTWAIT) == b"":
+                    closed = True
+                    break
+            except BlockingIOError:
+                pass
+            except OSError:
+                closed = True
+                break
+            time.sleep(0.2)
+    assert closed and time.monotonic() - began < 20
+    assert front.slow_closed >= 1  # type: ignore[attr-defined]
+
+
+def test_a_half_sent_body_is_answered_408(front: object) -> None:
+    head = (b"POST " + _INFER.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"inputs\"")
+    answer = _raw(f"127.0.0.1:{front.port}", head, wait_s=60)  # type: ignore[attr-defined]
+    assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive" in answer, answer[:300]
+
+
+def test_an_idle_connection_is_closed_and_the_cap_refuses_the_fifth(front: object) -> None:
+    port = front.port  # type: ignore[attr-defined]
+    held = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(4)]
+    try:
+        deadline = time.monotonic() + 30
+        while front.open_connections < 4 and time.monotonic() < deadline:  # type: ignore[attr-defined]
+            time.sleep(0.05)
+        answer = _raw(f"127.0.0.1:{port}", b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n", wait_s=30)
+        assert answer.startswith(b"HTTP/1.1 503") and b"limit of 4 connections" in answer, answer[:300]
+        for sock in held:  # the header timeout closes each of them
+            assert sock.recv(1) == b""
+    finally:
+        for sock in held:
+            sock.close()
+    status, _text = _post(f"127.0.0.1:{port}", b"", path="/v2/repository/index")
+    assert status == 200
