@@ -22,6 +22,7 @@ import click
 
 from ftx.cli.common import FtxCommand, say
 from ftx.errors import ServeError
+from ftx.triton.io import TEXT_MODEL_NAME
 from ftx.triton.text_client import TextInterface, first_text, pieces, sampling_values, text_interface
 
 EXAMPLE_PROMPT = "Once upon a time"
@@ -35,7 +36,7 @@ def _client_error(exc: Exception, url: str, model: str) -> ServeError:
                                "address with --url HOST:PORT")
     if "unknown model" in text.lower() or "not found" in text.lower():
         return ServeError(f"the server at {url} has no model {model!r}: {text}",
-                          hint="the text model is 'ensemble'")
+                          hint=f"the text model is {TEXT_MODEL_NAME!r}")
     return ServeError(f"the server refused the request: {text}")
 
 
@@ -97,7 +98,7 @@ def _generate_http(url: str, model: str, prompt: str, values: dict[str, Any], *,
     except HttpError as exc:
         if exc.status == 404 or "unknown model" in exc.message.lower():
             raise ServeError(f"the server at {server.base} has no model {model!r}: {exc.message}",
-                             hint="the text model is 'ensemble'") from None
+                             hint=f"the text model is {TEXT_MODEL_NAME!r}") from None
         raise ServeError(f"the server refused the request: {exc.message}") from None
 
 
@@ -182,21 +183,21 @@ def _home() -> Path:
 def resolve_target(model: str | None, url: str | None) -> tuple[str, str]:
     """(server address, Triton model) for ``ftx generate``: ``--url``, or a detached server from ``ftx ps``.
 
-    MODEL is the Triton model to call (``ensemble``) or the name of a detached server (its
-    ensemble is called then); omitted, it is the served ensemble (of the only running server).
+    MODEL is the Triton model to call (``text``) or the name of a detached server (its text model
+    is called then); omitted, it is the served text model (of the only running server).
     """
     if url:
-        return _checked_url(url), model or "ensemble"
+        return _checked_url(url), model or TEXT_MODEL_NAME
     from ftx.triton.records import list_servers
 
     live = [r for r in list_servers(_home()) if r.alive]
     named = [r for r in live if model is not None and r.name == model]
     if named:
         record = named[0]
-        return record.grpc_url, "ensemble" if "ensemble" in record.models or not record.models else record.models[0]
+        return record.grpc_url, TEXT_MODEL_NAME if TEXT_MODEL_NAME in record.models or not record.models else record.models[0]
     if len(live) == 1:
         record = live[0]
-        served = "ensemble" if "ensemble" in record.models or not record.models else record.models[0]
+        served = TEXT_MODEL_NAME if TEXT_MODEL_NAME in record.models or not record.models else record.models[0]
         return record.grpc_url, model or served
     if not live:
         raise ServeError("no running ftx server found",

@@ -40,6 +40,7 @@ from ftx.errors import ConfigError, ServeError
 from ftx.paths import ftx_home
 from ftx.redact import redact, strip_secrets
 from ftx.settings import RunSettings
+from ftx.triton.io import TEXT_MODEL_NAME
 from ftx.triton.ports import ServerPorts, busy_ports, client_host, http_ok
 from ftx.triton.ports import choose_ports as shared_choose_ports
 
@@ -494,7 +495,8 @@ def serve_fastertransformer(repository: ModelRepository, gemm: GemmConfig, ctx: 
     server = FtServer(client, plan, scan=scan, say=say, ready_timeout_s=options.ready_timeout_s,
                       stop_timeout_s=options.stop_timeout_s)
     server.start()
-    model = "ensemble" if "ensemble" in repository.models else (repository.models[0] if repository.models else "")
+    text = TEXT_MODEL_NAME
+    model = text if text in repository.models else (repository.models[0] if repository.models else "")
     say(f"serve     ready: http {server.http_url}, grpc {server.grpc_url} (container {server.name})")
     return Endpoint(http_url=server.http_url, grpc_url=server.grpc_url, model=model, handle=server)
 

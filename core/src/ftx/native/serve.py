@@ -30,6 +30,8 @@ from ftx.native.build import BuiltBackend
 from ftx.native.options import NativeOptions
 from ftx.native.tune import GEMM_FILE, runtime_environment
 from ftx.settings import RunSettings
+from ftx.triton.io import TEXT_MODEL_NAME
+from ftx.triton.model_config import FT_MODEL_NAME
 
 log = structlog.get_logger(__name__)
 
@@ -192,7 +194,8 @@ def serve_native(repository: ModelRepository, gemm: GemmConfig, settings: RunSet
     log.info("serve.ready", runtime="fastertransformer-native", http=server.http_url, grpc=server.grpc_url,
              smoke_s=round(seconds, 3),
              gpus=list(plan.gpus), tuned=plan.expect_gemm)
-    model = "ensemble" if "ensemble" in repository.models or (repository.path / "ensemble").is_dir() else "fastertransformer"
+    text = TEXT_MODEL_NAME
+    model = text if text in repository.models or (repository.path / text).is_dir() else FT_MODEL_NAME
     return Endpoint(http_url=server.http_url, grpc_url=server.grpc_url, model=model, handle=server)
 
 

@@ -16,6 +16,7 @@ from ftx.console import say as console_say
 from ftx.context import StageContext
 from ftx.errors import ServeError
 from ftx.runtime.python.triton_model import DEVICE_ENV
+from ftx.triton.io import TEXT_MODEL_NAME
 from ftx.triton.model_config import FT_MODEL_NAME
 
 log = structlog.get_logger(__name__)
@@ -124,5 +125,5 @@ def serve_python(repository: ModelRepository, ctx: StageContext) -> Endpoint:
     log.info("serve.ready", runtime="python", http=server.http_url, grpc=server.grpc_url,
              smoke_s=round(seconds, 3), device=s.device)
     models = tuple(repository.models) or ()
-    model = "ensemble" if "ensemble" in models or (path / "ensemble").is_dir() else FT_MODEL_NAME
+    model = TEXT_MODEL_NAME if TEXT_MODEL_NAME in models or (path / TEXT_MODEL_NAME).is_dir() else FT_MODEL_NAME
     return Endpoint(http_url=server.http_url, grpc_url=server.grpc_url, model=model, handle=server)
