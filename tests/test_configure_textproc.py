@@ -378,3 +378,29 @@ def test_an_over_long_prompt_is_refused_after_tokenizing_only_a_prefix(bpe_dir: 
     out = Preprocessor(spiece, settings).run({"text_input": text_batch("Hello" + " " * 9000 + "world"),
                                               "max_tokens": np.array([[3]], np.int64)})
     assert int(out["REQUEST_INPUT_LEN"][0, 0]) < 20
+
+
+def test_postprocessing_keeps_what_the_tokenizer_makes_of_a_cut_off_character(kogpt_dir: Path) -> None:
+    """A response ending inside a multi-byte character (KoGPT's byte-level tokens) keeps the tokenizer's
+    '\\ufffd' in text_output and OUTPUT, as FasterTransformer's own postprocessing does."""
+    codec = load_codec(kogpt_dir, "hf")
+    prompt = codec.encode("Hello", prompt=True)
+    word = codec.encode(" 안녕하세요", prompt=False)
+    cut = next(n for n in range(1, len(word)) if codec.decode(word[:n]).endswith("\ufffd"))
+    expected = codec.decode(word[:cut])
+    row = prompt + word[:cut]
+    post = Postprocessor(codec, decoder_settings(codec))
+    out = post.run({"TOKENS_BATCH": np.array([[row]], dtype=np.uint32),
+                    "sequence_length": np.array([[len(row)]], dtype=np.uint32),
+                    "REQUEST_INPUT_LEN": np.array([[len(prompt)]], dtype=np.uint32)})
+    assert expected.endswith("\ufffd")
+    assert out["text_output"][0, 0].decode() == expected
+    assert out["OUTPUT"][0, 0].decode() == codec.decode(row)
+
+
+def test_postprocessing_decodes_every_token_when_a_client_sends_the_ids_alone(bpe_dir: Path) -> None:
+    """fastertransformer_backend's end_to_end_test.py sends TOKENS_BATCH only: OUTPUT is all of it."""
+    codec = load_codec(bpe_dir, "hf")
+    row = codec.encode("The quick brown fox", prompt=True)
+    out = Postprocessor(codec, decoder_settings(codec)).run({"TOKENS_BATCH": np.array([[row]], dtype=np.uint32)})
+    assert out["OUTPUT"].tolist() == [[codec.decode(row).encode()]]

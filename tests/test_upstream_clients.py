@@ -366,7 +366,7 @@ def test_fastertransformer_ensemble_request(served: Deployment, protocol: str) -
 
 
 def _generate_stream(url: str, body: dict[str, Any]) -> list[str]:
-    request = urllib.request.Request(f"http://{url}/v2/models/ensemble/generate_stream",
+    request = urllib.request.Request(f"http://{url}/v2/models/text/generate_stream",
                                      data=json.dumps(body).encode(), method="POST")
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(request, timeout=300) as response:
@@ -393,7 +393,7 @@ def test_generate_stream_sends_each_piece_of_text_once(streamed: Deployment) -> 
     from ftx.cli.serving import generate_text
 
     printed: list[str] = []
-    text = generate_text(streamed.server.grpc_url, "ensemble", prompt, max_tokens=12, stream=True,
+    text = generate_text(streamed.server.grpc_url, "text", prompt, max_tokens=12, stream=True,
                          on_text=printed.append)
     assert text == ("" if streamed.encoder_decoder else prompt) + expected == "".join(printed)
     config, arrays = request_file("sample_request_ensemble.json")

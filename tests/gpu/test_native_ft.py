@@ -281,7 +281,7 @@ def _reference(served: Served, prompt: str) -> tuple[list[int], list[int], str]:
 
 
 def test_text_through_the_ensemble_equals_transformers(served: Served) -> None:
-    url = f"http://{served.endpoint.http_url}/v2/models/ensemble/generate"
+    url = f"http://{served.endpoint.http_url}/v2/models/text/generate"
     for prompt in PROMPTS:
         got = _post(url, {"text_input": prompt, "max_tokens": NEW_TOKENS})["text_output"]
         _, generated, expected = _reference(served, prompt)
