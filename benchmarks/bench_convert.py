@@ -27,8 +27,8 @@ import numpy as np
 CHILD = """
 import json, sys, time
 from pathlib import Path
-from ftx.convert import convert_checkpoint
-from ftx.io.checkpoint import open_checkpoint
+from ftx_triton.conversion.convert import convert_checkpoint
+from ftx_triton.io.checkpoint import open_checkpoint
 from ftx_gptj.family import GPTJ
 src, out, tp = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 family = GPTJ()

@@ -60,7 +60,7 @@ def random_checkpoint(name: str, dest: Path) -> Path:
     """A random fp16 checkpoint of ``SHAPES[name]`` made on the GPU, plus a small trained tokenizer."""
     import torch
     import transformers
-    from ftx.tiny import train_bpe_tokenizer
+    from ftx_triton.fetching.tiny import train_bpe_tokenizer
 
     s = SHAPES[name]
     tok = train_bpe_tokenizer(dest)
@@ -152,10 +152,10 @@ def measure(http_url: str, batches: list[int], args: argparse.Namespace, vocab: 
 
 def configured(source: Path, family: str, tp: int, runtime: str, home: Path, args: argparse.Namespace) -> Any:
     """ftx's pipeline up to configure (no tuning: the benchmark tunes every batch size itself)."""
-    from ftx.pipeline import Pipeline
-    from ftx.plugins import load_host
-    from ftx.settings import RunSettings
-    from ftx.store import ArtifactStore
+    from ftx_triton.engine.pipeline import Pipeline
+    from ftx_triton.plan.settings import RunSettings
+    from ftx_triton.plugins import load_host
+    from ftx_triton.store.artifact_store import ArtifactStore
 
     settings = RunSettings.of(str(source), runtime=runtime, tp=tp, weight_dtype="fp16", data_type="fp16",
                               family=family, max_batch_size=max(args.batches), until="configure", tune=False,
@@ -165,10 +165,10 @@ def configured(source: Path, family: str, tp: int, runtime: str, home: Path, arg
 
 
 def native_runs(name: str, source: Path, tp: int, home: Path, args: argparse.Namespace, built: Any) -> dict[str, Any]:
-    from ftx.artifacts import GemmConfig
-    from ftx.native.serve import serve_native
-    from ftx.native.tune import run_gemm_tool
-    from ftx.plugins import load_host
+    from ftx_triton.plan.artifacts import GemmConfig
+    from ftx_triton.plugins import load_host
+    from ftx_triton.runtime.fastertransformer.native.serve import serve_native
+    from ftx_triton.runtime.fastertransformer.native.tune import run_gemm_tool
 
     s = SHAPES[name]
     settings, result = configured(source, s["family"], tp, "fastertransformer-native", home, args)
@@ -198,9 +198,9 @@ def native_runs(name: str, source: Path, tp: int, home: Path, args: argparse.Nam
 
 
 def python_runs(name: str, source: Path, home: Path, args: argparse.Namespace) -> dict[int, float]:
-    from ftx.context import StageContext
-    from ftx.runtime.python.serve import serve_python
-    from ftx.store import ArtifactStore
+    from ftx_triton.plan.context import StageContext
+    from ftx_triton.runtime.python.serve import serve_python
+    from ftx_triton.store.artifact_store import ArtifactStore
 
     s = SHAPES[name]
     settings, result = configured(source, s["family"], 1, "python", home, args)
@@ -227,9 +227,9 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from ftx.docker_runtime.gpus import local_gpus
-    from ftx.native.options import NativeOptions, backend_for
-    from ftx.settings import RunSettings
+    from ftx_triton.plan.settings import RunSettings
+    from ftx_triton.runtime.fastertransformer.gpus import local_gpus
+    from ftx_triton.runtime.fastertransformer.native.options import NativeOptions, backend_for
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-native-"))
     home = Path(os.environ.get("FTX_HOME") or work / "home")

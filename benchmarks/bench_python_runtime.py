@@ -83,7 +83,7 @@ def build_synthetic_gptj(dest: Path, *, layers: int, hidden: int, heads: int, ro
                          dtype: str, seed: int = 0) -> Path:
     """A GPT-J with N(0, 0.02²) weights and a small BPE tokenizer (its <|endoftext|> is id 0)."""
     import torch
-    from ftx.tiny import END_OF_TEXT, train_bpe_tokenizer
+    from ftx_triton.fetching.tiny import END_OF_TEXT, train_bpe_tokenizer
     from transformers import GPTJConfig, GPTJForCausalLM
     from transformers.modeling_utils import no_init_weights
 
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import torch
-    from ftx.log import configure_logging
+    from ftx_triton.terminal.log import configure_logging
 
     configure_logging("console")  # events to stderr; the report alone goes to stdout
     preset = dict(SMALL if args.small else FULL)
@@ -303,10 +303,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_throughput(workdir: Path, preset: dict[str, Any], batches: list[int], device: str) -> dict[str, Any]:
     import torch
-    from ftx.pipeline import Pipeline
-    from ftx.plugins import load_host
-    from ftx.settings import RunSettings
-    from ftx.store import ArtifactStore
+    from ftx_triton.engine.pipeline import Pipeline
+    from ftx_triton.plan.settings import RunSettings
+    from ftx_triton.plugins import load_host
+    from ftx_triton.store.artifact_store import ArtifactStore
     from transformers import GPTJForCausalLM
 
     say(f"building a synthetic GPT-J ({preset['layers']} x {preset['hidden']}, vocab {preset['vocab']}, "

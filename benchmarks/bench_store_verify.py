@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from ftx.hashing import sha256_file, sha256_files
-from ftx.store import PROVENANCE_FILE, ArtifactStore
+from ftx_triton.io.hashing import sha256_file, sha256_files
+from ftx_triton.store.artifact_store import PROVENANCE_FILE, ArtifactStore
 
 
 def layout(total: int, layers: int) -> dict[str, int]:

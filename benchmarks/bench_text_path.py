@@ -35,11 +35,11 @@ PROMPTS = ("The quick brown fox jumps over", "Once upon a time there was", "A te
 
 
 def build(tmp: Path, args: argparse.Namespace) -> Path:
-    from ftx.pipeline import Pipeline
-    from ftx.plugins import load_host
-    from ftx.settings import RunSettings
-    from ftx.store import ArtifactStore
-    from ftx.tiny import tiny_gptj
+    from ftx_triton.engine.pipeline import Pipeline
+    from ftx_triton.fetching.tiny import tiny_gptj
+    from ftx_triton.plan.settings import RunSettings
+    from ftx_triton.plugins import load_host
+    from ftx_triton.store.artifact_store import ArtifactStore
 
     src = tiny_gptj(tmp / "src", n_layer=args.layers, n_embd=args.hidden, n_head=args.heads, rotary_dim=8,
                     vocab_size=args.vocab, random_init=True, seed=1)
@@ -94,8 +94,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
 
-    from ftx.triton.server import TritonServer
-    from ftx.triton.textproc import load_codec
+    from ftx_triton.repository.textproc import load_codec
+    from ftx_triton.server.tritonserver import TritonServer
 
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)

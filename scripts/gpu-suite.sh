@@ -81,7 +81,7 @@ start() {
   . "$WORK/env.sh"
   # Everything the job imports must import now, not minutes later after the build (tritonclient's gRPC
   # client needs python-rapidjson and grpcio, for instance): name what is missing and stop.
-  if [ $WAIT_WHEELS = 0 ] && ! $PY -c 'import ftx.cli, ftx.pipeline, ftx.native.options, ftx.triton.model_config, tritonclient.grpc, torch, transformers' \
+  if [ $WAIT_WHEELS = 0 ] && ! $PY -c 'import ftx_triton.cli, ftx_triton.engine.pipeline, ftx_triton.runtime.fastertransformer.native.options, ftx_triton.repository.model_config, tritonclient.grpc, torch, transformers' \
       > "$WORK/logs/imports.log" 2>&1; then
     echo "error: the job's Python imports fail on this machine (add the missing wheels with --wheels):" >&2
     tail -n 3 "$WORK/logs/imports.log" >&2
@@ -96,9 +96,9 @@ start() {
     cd '$WORK/code'
     . '$WORK/env.sh'
     echo preflight > '$WORK/status'
-    $PY -c 'from ftx.cli import main; main()' backend preflight > '$WORK/logs/preflight.log' 2>&1
+    $PY -c 'from ftx_triton.cli import main; main()' backend preflight > '$WORK/logs/preflight.log' 2>&1
     echo build > '$WORK/status'
-    $PY -c 'from ftx.cli import main; main()' backend build ${FTX_FT_SOURCES:+--sources $FTX_FT_SOURCES} > '$WORK/logs/build.log' 2>&1 || echo 'build failed' >> '$WORK/status'
+    $PY -c 'from ftx_triton.cli import main; main()' backend build ${FTX_FT_SOURCES:+--sources $FTX_FT_SOURCES} > '$WORK/logs/build.log' 2>&1 || echo 'build failed' >> '$WORK/status'
     if [ $WAIT_WHEELS = 1 ]; then while [ ! -e '$WORK/wheels.ok' ]; do sleep 2; done; . '$WORK/env.sh'; fi
     echo tests >> '$WORK/status'
     $PY -m pytest -m gpu tests/gpu -v -rA -p no:cacheprovider --junitxml='$WORK/logs/gpu-junit.xml' --maxfail=${FTX_GPU_MAXFAIL:-3} ${FTX_GPU_PYTEST_ARGS:-} \

@@ -103,7 +103,7 @@ fi
 step "checking the install"
 "$venv/bin/python" -c "
 import importlib.util, sys
-import ftx, ftx_gptj, ftx_t5, ftx_gptneox, ftx_kogpt, torch, transformers, tritonclient, numpy
+import ftx_triton, ftx_gptj, ftx_t5, ftx_gptneox, ftx_kogpt, torch, transformers, tritonclient, numpy
 assert importlib.util.find_spec('pytriton'), 'nvidia-pytriton is missing'
 print(f'setup:   numpy {numpy.__version__}, transformers {transformers.__version__}, torch {torch.__version__}',
       file=sys.stderr)" || { echo "setup: the install is incomplete (see pip output above)" >&2; exit 1; }

@@ -362,7 +362,7 @@ def standin_image(docker_client: Any) -> str:
 def make_repository(root: Path, *, tp: int = 1, pp: int = 1, data_type: str = "fp32",
                     weights: bool = True) -> tuple[Path, Path]:
     """A model repository (real config.pbtxt from ftx's builder) and a stand-in ``<tp>-gpu`` checkpoint."""
-    from ftx.triton.model_config import FT_MODEL_NAME, FtModelOptions, build_ft_model_config, write_config
+    from ftx_triton.repository.model_config import FT_MODEL_NAME, FtModelOptions, build_ft_model_config, write_config
 
     ckpt = root / "convert" / f"{tp}-gpu"
     ckpt.mkdir(parents=True)

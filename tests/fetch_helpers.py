@@ -297,6 +297,12 @@ def tree(root: Path) -> dict[str, bytes | str]:
 
 def download_in_process(url: str, dest: str) -> str:
     """Target for multiprocessing tests (must be importable)."""
-    from ftx.fetching.http import download
+    from ftx_triton.fetching.http import download
 
     return str(download(url, Path(dest), progress=False))
+
+
+def checkpoint_entries(src: Path, top: str = "tiny-gptj") -> list[Entry]:
+    entries = [Entry(top, kind="dir")]
+    entries += [Entry(f"{top}/{p.name}", p.read_bytes()) for p in sorted(src.iterdir()) if p.is_file()]
+    return entries

@@ -2,7 +2,7 @@
 
 ``tests/ftini_snapshot.json`` holds, per case, the config.ini text and the Hugging Face config
 read back from it, captured from the hand-written ``config_ini``/``hf_config_from_ini`` methods
-the families had before core's one writer and reader (:mod:`ftx.ftini`) replaced them.
+the families had before core's one writer and reader (:mod:`ftx_triton.conversion.ftini`) replaced them.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ftx.scaffold import TEMPLATE
+from ftx_triton.cli.scaffold import TEMPLATE
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 TEMPLATE_FAMILY = TEMPLATE / "src" / "ftx_gpt2" / "family.py"
@@ -88,7 +88,7 @@ def template_module() -> Any:
 def family_of(name: str) -> Any:
     if name == "gpt2":
         return template_module().GPT2()
-    from ftx.plugins import load_host
+    from ftx_triton.plugins import load_host
 
     return load_host().family(name)
 

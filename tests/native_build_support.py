@@ -1,7 +1,8 @@
 """A stand-in for FasterTransformer's sources: a tiny C++ CMake project with the same outputs.
 
 It is built for real (cmake, ninja, the C++ compiler of this machine) through
-:func:`ftx.native.build.build_backend` with a :class:`~ftx.native.build.Recipe` of its own, and a
+:func:`ftx_triton.runtime.fastertransformer.native.build.build_backend` with a
+:class:`~ftx_triton.runtime.fastertransformer.native.build.Recipe` of its own, and a
 host probe whose CUDA parts are stand-ins (there is no GPU toolchain here). ``SLOW_MARK``: when that
 file exists in the source folder the build has one step that waits for it to disappear (the
 killed-build test kills the process then; the next build runs it again and goes on).
@@ -16,10 +17,10 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from ftx.docker_runtime.gpus import Gpu
-from ftx.native.build import Recipe, build_backend
-from ftx.native.toolchain import HostProbe, Preflight, evaluate
-from ftx.store import ArtifactStore
+from ftx_triton.runtime.fastertransformer.gpus import Gpu
+from ftx_triton.runtime.fastertransformer.native.build import Recipe, build_backend
+from ftx_triton.runtime.fastertransformer.native.toolchain import HostProbe, Preflight, evaluate
+from ftx_triton.store.artifact_store import ArtifactStore
 
 SLOW_MARK = "slow.mark"
 CMAKELISTS = """cmake_minimum_required(VERSION 3.18)

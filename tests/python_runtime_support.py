@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ftx.convert import convert_directory
-from ftx.family import Family
+from ftx_triton.conversion.convert import convert_directory
+from ftx_triton.conversion.family import Family
 
 T5_SPECIALS = {"pad_id": 0, "eos_id": 1, "unk_id": 2, "bos_id": -1}
 T5_SENTENCES = (
@@ -32,21 +32,21 @@ T5_REFERENCES = (
 
 
 def tiny_gptj(dest: Path) -> Path:
-    from ftx.tiny import tiny_gptj as build
+    from ftx_triton.fetching.tiny import tiny_gptj as build
 
     return build(dest, random_init=True, seed=3)
 
 
 def tiny_gptneox(dest: Path) -> Path:
-    from ftx.tiny import tiny_gptneox as build
+    from ftx_triton.fetching.tiny import tiny_gptneox as build
 
     return build(dest, random_init=True, seed=4)
 
 
 def tiny_kogpt(dest: Path) -> Path:
     """KoGPT's shape scaled down: GPT-J with [BOS] 0 / [EOS] 1 / [PAD] 3 and a tokenizer holding them."""
-    from ftx.tiny import tiny_gptj as build
-    from ftx.tiny import train_bpe_tokenizer
+    from ftx_triton.fetching.tiny import tiny_gptj as build
+    from ftx_triton.fetching.tiny import train_bpe_tokenizer
 
     build(dest, n_embd=64, n_head=4, n_layer=2, rotary_dim=4, vocab_size=504, tokenizer=False,
           token_ids={"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 3}, random_init=True, seed=7)
@@ -60,7 +60,7 @@ def train_t5_spiece(dest: Path, vocab_size: int = 120) -> Any:
     import io
 
     import sentencepiece as spm
-    from ftx.tiny import CORPUS
+    from ftx_triton.fetching.tiny import CORPUS
 
     lines = [s.strip() + "." for s in CORPUS.split(".") if s.strip()] + list(T5_SENTENCES) + list(T5_REFERENCES)
     model = io.BytesIO()
@@ -75,7 +75,7 @@ def train_t5_spiece(dest: Path, vocab_size: int = 120) -> Any:
 
 
 def tiny_t5(dest: Path) -> Path:
-    from ftx.tiny import tiny_t5 as build
+    from ftx_triton.fetching.tiny import tiny_t5 as build
 
     processor = train_t5_spiece(dest)
     build(dest, vocab_size=max(128, processor.GetPieceSize()), seed=5)
@@ -88,7 +88,7 @@ BUILDERS: dict[str, Callable[[Path], Path]] = {
 
 
 def registered_families() -> dict[str, Family]:
-    from ftx.plugins import load_host
+    from ftx_triton.plugins import load_host
 
     host = load_host()
     return {name: host.family(name) for name in host.families if name in BUILDERS}
@@ -102,7 +102,7 @@ def convert(family: Family, src: Path, out: Path, tp: int, weight_dtype: str = "
 def options(family: Family, ckpt: Path, tp: int, *, streaming: bool = False, max_batch_size: int = 8,
             data_type: str = "fp32") -> Any:
     """FtModelOptions for the fastertransformer model of ``family``."""
-    from ftx.triton.model_config import FtModelOptions
+    from ftx_triton.repository.model_config import FtModelOptions
 
     return FtModelOptions.for_family(family, ckpt, tp, data_type=data_type, max_batch_size=max_batch_size,
                                      streaming=streaming)
@@ -110,10 +110,10 @@ def options(family: Family, ckpt: Path, tp: int, *, streaming: bool = False, max
 
 def build_repository(src: Path, home: Path, family: str, tp: int, **settings: Any) -> Any:
     """Fetch → convert → tune → configure with the python runtime, in ``home`` (a ModelRepository)."""
-    from ftx.pipeline import Pipeline
-    from ftx.plugins import load_host
-    from ftx.settings import RunSettings
-    from ftx.store import ArtifactStore
+    from ftx_triton.engine.pipeline import Pipeline
+    from ftx_triton.plan.settings import RunSettings
+    from ftx_triton.plugins import load_host
+    from ftx_triton.store.artifact_store import ArtifactStore
 
     run = RunSettings.of(str(src), family=family, tp=tp, runtime="python", until="configure", accept_license=True,
                          **settings)
@@ -124,7 +124,7 @@ def build_repository(src: Path, home: Path, family: str, tp: int, **settings: An
 
 def ft_only_repository(repo: Path, family: Family, ckpt: Path, tp: int, **kwargs: Any) -> Path:
     """A repository holding only the python runtime's ``fastertransformer`` model."""
-    from ftx.runtime.python.repository import write_python_ft_model
+    from ftx_triton.runtime.python.repository import write_python_ft_model
 
     write_python_ft_model(repo / "fastertransformer", options(family, ckpt, tp, **kwargs), family)
     return repo

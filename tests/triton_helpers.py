@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from ftx.triton.process_tree import SHM_DIR, SHM_PREFIX
+from ftx_triton.server.process_tree import SHM_DIR, SHM_PREFIX
 
 IO_CONFIG = """
 max_batch_size: 0

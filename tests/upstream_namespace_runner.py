@@ -20,8 +20,8 @@ from pathlib import Path
 def main() -> None:
     plan = json.loads(Path(sys.argv[1]).read_text())
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-    from ftx.triton.ports import ServerPorts
-    from ftx.triton.server import TritonServer
+    from ftx_triton.server.ports import ServerPorts
+    from ftx_triton.server.tritonserver import TritonServer
 
     results = []
     with TritonServer(Path(plan["repository"]), home=Path(plan["home"]), ports=ServerPorts(8000, 8001, 8002),

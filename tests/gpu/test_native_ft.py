@@ -46,7 +46,7 @@ TRAIN_DEVICE = "cuda"
 
 
 def _gpu_count() -> int:
-    from ftx.docker_runtime.gpus import local_gpus
+    from ftx_triton.runtime.fastertransformer.gpus import local_gpus
 
     return len(local_gpus())
 
@@ -81,7 +81,7 @@ def _train_causal(model: Any, ids: list[list[int]], steps: int = 150) -> Any:
 
 def _causal_model(kind: str, dest: Path) -> Path:
     import transformers
-    from ftx import tiny
+    from ftx_triton.fetching import tiny
     from tokenizers import Tokenizer
 
     if kind == "gptj":
@@ -106,7 +106,7 @@ def _causal_model(kind: str, dest: Path) -> Path:
 def _t5_model(kind: str, dest: Path) -> Path:
     import torch
     import transformers
-    from ftx import tiny
+    from ftx_triton.fetching import tiny
     from python_runtime_support import T5_REFERENCES, T5_SENTENCES, train_t5_spiece
 
     processor = train_t5_spiece(dest)
@@ -157,8 +157,8 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def built(home: Path) -> Any:
     """The backend for this machine's GPUs (built once; later sessions hit the store)."""
-    from ftx.native.options import NativeOptions, backend_for
-    from ftx.settings import RunSettings
+    from ftx_triton.plan.settings import RunSettings
+    from ftx_triton.runtime.fastertransformer.native.options import NativeOptions, backend_for
 
     options = NativeOptions.from_settings(RunSettings.of("x"))
     return backend_for(sm=options.sm, sources=options.sources, jobs=options.jobs, home=home,
@@ -166,8 +166,8 @@ def built(home: Path) -> Any:
 
 
 def test_backend_build_is_cached_and_complete(built: Any, home: Path) -> None:
-    from ftx.native.options import NativeOptions, backend_for
-    from ftx.settings import RunSettings
+    from ftx_triton.plan.settings import RunSettings
+    from ftx_triton.runtime.fastertransformer.native.options import NativeOptions, backend_for
 
     options = NativeOptions.from_settings(RunSettings.of("x"))
     again = backend_for(sm=options.sm, sources=options.sources, home=home, show_progress=False)
@@ -204,10 +204,10 @@ def _cases() -> list[tuple[str, int, str]]:
 
 @pytest.fixture(scope="module", params=_cases(), ids=[f"{c}-tp{tp}-{d}" for c, tp, d in _cases()])
 def served(request: pytest.FixtureRequest, checkpoints: dict[str, Path], built: Any, home: Path) -> Iterator[Served]:
-    from ftx.pipeline import Pipeline
-    from ftx.plugins import load_host
-    from ftx.settings import RunSettings
-    from ftx.store import ArtifactStore
+    from ftx_triton.engine.pipeline import Pipeline
+    from ftx_triton.plan.settings import RunSettings
+    from ftx_triton.plugins import load_host
+    from ftx_triton.store.artifact_store import ArtifactStore
 
     case, tp, dtype = request.param
     host = load_host()
@@ -239,8 +239,8 @@ def _post(url: str, payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def _processors(repository: Path) -> tuple[Any, Any]:
-    from ftx.triton import textproc
-    from ftx.triton.model_config import parse_config
+    from ftx_triton.repository import textproc
+    from ftx_triton.repository.model_config import parse_config
 
     out = []
     for role in ("preprocessing", "postprocessing"):

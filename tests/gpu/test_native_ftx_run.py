@@ -33,7 +33,7 @@ NEW_TOKENS = 16
 
 
 def _ftx(*args: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", "from ftx.cli import main; main()", *args],
+    return subprocess.run([sys.executable, "-c", "from ftx_triton.cli import main; main()", *args],
                           capture_output=True, text=True, env=env, timeout=timeout)
 
 

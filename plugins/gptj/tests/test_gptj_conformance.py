@@ -1,7 +1,7 @@
 """GPT-J passes ftx's family conformance kit."""
 
-from ftx.testing.conformance import FamilyConformance
 from ftx_gptj.family import GPTJ
+from ftx_triton.testing.conformance import FamilyConformance
 
 
 class TestGPTJ(FamilyConformance):

@@ -1,7 +1,7 @@
 """GPT-NeoX passes ftx's family conformance kit, for each residual kind (each selects its own table)."""
 
-from ftx.testing.conformance import FamilyConformance
 from ftx_gptneox.family import GPTNeoX
+from ftx_triton.testing.conformance import FamilyConformance
 
 BASE = {"model_type": "gpt_neox", "vocab_size": 128, "max_position_embeddings": 64, "bos_token_id": 1,
         "eos_token_id": 2, "tie_word_embeddings": False}

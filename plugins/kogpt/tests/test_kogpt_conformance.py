@@ -1,7 +1,7 @@
 """KoGPT passes ftx's family conformance kit (a KoGPT6B-shaped tiny GPT-J: rotary D/4, vocab 64512/128)."""
 
-from ftx.testing.conformance import FamilyConformance
 from ftx_kogpt.family import KoGPT
+from ftx_triton.testing.conformance import FamilyConformance
 
 
 class TestKoGPT(FamilyConformance):

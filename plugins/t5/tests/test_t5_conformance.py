@@ -1,7 +1,7 @@
 """T5 passes ftx's family conformance kit, for each table variant."""
 
-from ftx.testing.conformance import FamilyConformance
 from ftx_t5.family import T5
+from ftx_triton.testing.conformance import FamilyConformance
 
 BASE = {"model_type": "t5", "vocab_size": 128, "relative_attention_num_buckets": 32,
         "decoder_start_token_id": 0, "eos_token_id": 1, "pad_token_id": 0}

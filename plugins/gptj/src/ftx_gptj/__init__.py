@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ftx import hookimpl
+from ftx_triton import hookimpl
 
 from ftx_gptj.family import GPTJ
 

@@ -61,7 +61,7 @@ from typing import IO, Any
 import ml_dtypes
 import numpy as np
 import structlog
-from ftx.errors import CheckpointError, ConfigError
+from ftx_triton.errors import CheckpointError, ConfigError
 
 log = structlog.get_logger(__name__)
 
@@ -201,7 +201,7 @@ def _listing(names: list[str], limit: int = 6) -> str:
 
 
 class SlimCheckpointReader:
-    """A :class:`ftx.io.checkpoint.TensorReader` over a slim checkpoint directory."""
+    """A :class:`ftx_triton.io.checkpoint.TensorReader` over a slim checkpoint directory."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)

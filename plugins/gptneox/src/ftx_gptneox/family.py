@@ -25,12 +25,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from ftx import ops
-from ftx.errors import ConfigError
-from ftx.family import Family, ModelSpec, Preset, checked_rotary, head_size_of
-from ftx.ftini import FtIni, IniSection, Key
-from ftx.ops import Op, OpContext, Shape
-from ftx.tensormap import M, Skip, TensorMap
+from ftx_triton.conversion import ops
+from ftx_triton.conversion.family import Family, ModelSpec, Preset, checked_rotary, head_size_of
+from ftx_triton.conversion.ftini import FtIni, IniSection, Key
+from ftx_triton.conversion.ops import Op, OpContext, Shape
+from ftx_triton.conversion.tensormap import M, Skip, TensorMap
+from ftx_triton.errors import ConfigError
 
 # -- ops: Hugging Face's head-interleaved fused QKV <-> FT's [q | k | v] blocks ------------------
 

@@ -1,8 +1,8 @@
-"""KoGPT support for ftx (kakaobrain/kogpt; a GPT-J, built on ftx-gptj)."""
+"""KoGPT support for ftx (kakaobrain/kogpt; a GPT-J, built on ftx-triton-gptj)."""
 
 from __future__ import annotations
 
-from ftx import hookimpl
+from ftx_triton import hookimpl
 
 from ftx_kogpt.family import KoGPT
 

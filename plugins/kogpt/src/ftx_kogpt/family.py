@@ -2,7 +2,7 @@
 
 Everything FasterTransformer sees is GPT-J's: the same table, the ``[gptj]`` config.ini section
 (FT's GPT-J model reads that section) and Triton model type ``GPT-J``. KoGPT only declares data.
-The one behaviour it adds is generic core logic (:mod:`ftx.tokenizer_ids`): when the checkpoint has
+The one behaviour it adds is generic core logic (:mod:`ftx_triton.conversion.tokenizer_ids`): when the checkpoint has
 a ``tokenizer.json``, ``start_id``/``end_id``/``pad_id`` are the tokenizer's ids of ``[BOS]``,
 ``[EOS]`` and ``[PAD]``; a config.json that disagrees is corrected with a warning.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ftx.family import Preset
-from ftx.tokenizer_ids import reconcile_token_ids
 from ftx_gptj.family import GPTJ
+from ftx_triton.conversion.family import Preset
+from ftx_triton.conversion.tokenizer_ids import reconcile_token_ids
 
 LICENSE = "CC-BY-NC-ND-4.0"
 

@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from ftx import ops
-from ftx.errors import ConfigError
-from ftx.family import Family, ModelSpec, Preset, read_config_json
-from ftx.ftini import FtIni, IniSection
-from ftx.tensormap import M, Skip, TensorMap
+from ftx_triton.conversion import ops
+from ftx_triton.conversion.family import Family, ModelSpec, Preset, read_config_json
+from ftx_triton.conversion.ftini import FtIni, IniSection
+from ftx_triton.conversion.tensormap import M, Skip, TensorMap
+from ftx_triton.errors import ConfigError
 
 log = structlog.get_logger(__name__)
 

@@ -1,5 +1,0 @@
-"""``python -m ftx``."""
-
-from ftx.cli import main
-
-main()

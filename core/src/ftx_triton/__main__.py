@@ -1,0 +1,5 @@
+"""``python -m ftx_triton``."""
+
+from ftx_triton.cli import main
+
+main()

@@ -1,0 +1,217 @@
+"""Helpers shared by CLI command modules: error rendering, Ctrl-C, the global flags every command
+takes (``--log-format``, ``-v``), environment twins of every option and grouped help."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import click
+
+from ftx_triton.errors import FtxError, file_system_error
+
+ENV_PREFIX = "FTX"
+"""Every option has an environment twin: ``FTX_<COMMAND>_<OPTION>`` (click's auto_envvar_prefix),
+and the global flags ``FTX_LOG_FORMAT`` / ``FTX_VERBOSE``."""
+
+
+def print_error(exc: FtxError) -> None:
+    """Render an FtxError as ``error: …`` / ``hint: …`` on stderr (one JSON event with --log-format json)."""
+    from ftx_triton.terminal import console as term
+
+    if term.json_mode():
+        term.emit_json({"event": "error", "level": "error", "error": exc.message, "hint": exc.hint,
+                        "type": type(exc).__name__})
+        return
+    click.secho(f"error: {exc.message}", fg="red", err=True)
+    if exc.hint:
+        click.echo(f"hint: {exc.hint}", err=True)
+
+
+def print_interrupted() -> None:
+    """The one line a Ctrl-C prints: that it stopped, and what was kept for the next run."""
+    from ftx_triton.plan.interrupt import interrupted_line
+    from ftx_triton.terminal import console as term
+
+    term.say(interrupted_line())
+
+
+@contextlib.contextmanager
+def handle_errors() -> Iterator[None]:
+    """Turn FtxError into exit 1 and Ctrl-C into exit 130, each without a traceback; anything
+    else keeps its traceback."""
+    from ftx_triton.plan.interrupt import EXIT_CODE
+
+    try:
+        yield
+    except FtxError as exc:
+        print_error(exc)
+        sys.exit(1)
+    except OSError as exc:
+        print_error(_file_system_error_or_raise(exc))
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print_interrupted()
+        sys.exit(EXIT_CODE)
+
+
+# --------------------------------------------------------------------------- global flags
+
+
+def _apply_logging(ctx: click.Context, param: click.Parameter, value: object) -> object:
+    """Record a global flag (on the group or after the subcommand) and (re)configure logging."""
+    if ctx.resilient_parsing:
+        return value
+    meta = ctx.find_root().meta
+    source = ctx.get_parameter_source(param.name or "")
+    if value is not None and (source is not click.core.ParameterSource.DEFAULT or param.name not in meta):
+        if param.name == "verbose":
+            meta["verbose"] = bool(value) or bool(meta.get("verbose"))
+        else:
+            meta[param.name] = value
+    from ftx_triton.terminal.log import configure_logging
+
+    configure_logging(meta.get("log_format") or "human", bool(meta.get("verbose")))
+    return value
+
+
+def global_options() -> list[click.Option]:
+    """``--log-format`` and ``-v``: accepted before and after the subcommand."""
+    return [
+        click.Option(["--log-format"], type=click.Choice(["human", "json", "console", "auto"]), default=None,
+                     envvar="FTX_LOG_FORMAT", show_envvar=True, expose_value=False, is_eager=True,
+                     callback=_apply_logging,
+                     help="Log rendering on stderr: human lines [default], or JSON events only (json)."),
+        click.Option(["-v", "--verbose"], is_flag=True, default=None, envvar="FTX_VERBOSE", show_envvar=True,
+                     expose_value=False, is_eager=True, callback=_apply_logging, help="Show info and debug events."),
+    ]
+
+
+# --------------------------------------------------------------------------- commands
+
+
+GLOBAL_NAMES = ("log_format", "verbose")
+
+HELP_SECTIONS: dict[str, str] = {}
+"""Option name -> the help section it is listed under (commands without a section list them
+under "Options"). Filled by the option groups in :mod:`ftx_triton.cli.options`."""
+
+
+class FtxCommand(click.Command):
+    """A click command: FtxErrors print as error/hint and exit 1, Ctrl-C prints one line and exits 130,
+    the global flags are accepted here too, every option shows its environment twin, and the
+    options are listed in sections."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.params.extend(global_options())
+        for param in self.params:
+            if isinstance(param, click.Option):
+                param.show_envvar = True
+
+    def invoke(self, ctx: click.Context) -> object:
+        from ftx_triton.plan.interrupt import EXIT_CODE
+
+        try:
+            return super().invoke(ctx)
+        except FtxError as exc:
+            print_error(exc)
+            ctx.exit(1)
+        except OSError as exc:
+            print_error(_file_system_error_or_raise(exc))
+            ctx.exit(1)
+        except KeyboardInterrupt:
+            print_interrupted()
+            ctx.exit(EXIT_CODE)
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        sections: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx) if isinstance(param, click.Option) else None
+            if record is None:
+                continue
+            title = HELP_SECTIONS.get(param.name or "", "Options")
+            if param.name in GLOBAL_NAMES or param is self.get_help_option(ctx):
+                title = "Global options"
+            sections.setdefault(title, []).append(record)
+        order = sorted(sections, key=lambda t: (t == "Global options", t != "Options", _section_rank(t)))
+        for title in order:
+            with formatter.section(title):
+                formatter.write_dl(sections[title])
+
+
+def _file_system_error_or_raise(exc: OSError) -> FtxError:
+    """A full or read-only disk is the user's to fix (error/hint); any other OSError is a bug and re-raised."""
+    error = file_system_error(exc)
+    if error is None:
+        raise exc
+    return error
+
+
+SECTION_ORDER = ("Source", "Conversion", "Triton repository", "Stages and runtime", "Safety", "Serving", "Try it",
+                 "FasterTransformer runtime (Docker)", "GEMM tuning")
+
+
+def _section_rank(title: str) -> int:
+    return SECTION_ORDER.index(title) if title in SECTION_ORDER else len(SECTION_ORDER)
+
+
+class FtxGroup(click.Group):
+    """A click group whose subcommands are FtxCommands."""
+
+    command_class = FtxCommand
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        for param in self.params:
+            if isinstance(param, click.Option):
+                param.show_envvar = True
+
+
+def get_host() -> PluginHost:
+    """The plugin host for this process (loaded once); broken plugins are warned about."""
+    global _HOST
+    if _HOST is None:
+        from ftx_triton.plugins import load_host
+
+        _HOST = load_host()
+        for record in _HOST.broken:
+            from ftx_triton.terminal.console import warn
+
+            warn(f"plugin {record.name} ({record.distribution}) failed to load: {record.error}")
+    return _HOST
+
+
+def reset_host() -> None:
+    """Forget the loaded host (tests change the environment between invocations)."""
+    global _HOST
+    _HOST = None
+
+
+def command_store() -> ArtifactStore:
+    """The store of the user's FTX_HOME for this command: the artifacts it uses stay leased (kept from
+    `ftx rm`/`ftx prune` of other processes) until the command ends."""
+    from ftx_triton.paths import ftx_home
+    from ftx_triton.store.artifact_store import ArtifactStore
+
+    store = ArtifactStore(ftx_home())
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.call_on_close(store.close)
+    return store
+
+
+def say(text: str) -> None:
+    """A human line on stderr (stdout is kept for results; above live bars; JSON with --log-format json)."""
+    from ftx_triton.terminal.console import say as console_say
+
+    console_say(text)
+
+
+_HOST: PluginHost | None = None
+
+if TYPE_CHECKING:
+    from ftx_triton.plugins import PluginHost
+    from ftx_triton.store.artifact_store import ArtifactStore

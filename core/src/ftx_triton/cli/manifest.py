@@ -1,0 +1,181 @@
+"""``ftx.toml``: a deployment file that pins plugins and the model source.
+
+```toml
+requires = ["ftx-triton>=0.1,<1", "ftx-triton-kogpt==0.1.0"]
+
+[model]
+source = "hf://kakaobrain/kogpt"
+revision = "4f5b1d9c…"          # written by `ftx lock`
+family = "kogpt"
+
+[settings]                      # written by `ftx lock`: every setting of the deployment
+runtime = "python"
+tp = 1
+weight_dtype = "fp16"
+```
+``requires`` is checked against the installed distributions before any stage runs; an unmet
+requirement is an error listing each one with what is installed.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
+
+from ftx_triton.errors import ConfigError, PluginError
+
+MANIFEST_NAME = "ftx.toml"
+MODEL_KEYS = ("source", "revision", "family", "preset", "sha256")
+"""Keys of ``[model]``; each is a string."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A parsed ftx.toml."""
+
+    path: Path
+    requires: tuple[str, ...] = ()
+    model: Mapping[str, Any] = field(default_factory=dict)
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+
+def load_manifest(path: Path) -> Manifest:
+    """Parse ``path``; errors name the file and the key."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # TOMLDecodeError and UnicodeDecodeError are ValueErrors
+        raise ConfigError(f"cannot read {path}: {exc}", hint="fix the TOML syntax (UTF-8 text), or rewrite it "
+                          "with `ftx lock MODEL`") from exc
+    requires = data.get("requires", [])
+    if not isinstance(requires, list) or not all(isinstance(r, str) for r in requires):
+        raise ConfigError(f"{path}: 'requires' must be a list of strings",
+                          hint='write requires = ["ftx-triton-gptj==0.1.0"], or rewrite the file with `ftx lock MODEL`')
+    model = data.get("model", {})
+    if not isinstance(model, dict):
+        raise ConfigError(f"{path}: [model] must be a table", hint='write [model] on its own line, then source = "…"')
+    for key in MODEL_KEYS:
+        if key in model and not isinstance(model[key], str):
+            raise ConfigError(f"{path}: [model] {key} must be a string, not {type(model[key]).__name__} "
+                              f"{model[key]!r}", hint=f'write {key} = "…" (quoted), or rewrite the file with '
+                              "`ftx lock MODEL`")
+    settings = data.get("settings", {})
+    if not isinstance(settings, dict):
+        raise ConfigError(f"{path}: [settings] must be a table", hint="write [settings] on its own line, then "
+                          "one `option = value` per line, or rewrite the file with `ftx lock MODEL`")
+    return Manifest(path, tuple(requires), model, settings)
+
+
+def find_manifest(start: Path | None = None) -> Manifest | None:
+    """``ftx.toml`` in the working directory, if there is one."""
+    path = (start or Path.cwd()) / MANIFEST_NAME
+    return load_manifest(path) if path.is_file() else None
+
+
+def unmet_requirements(requires: Sequence[str]) -> list[tuple[str, str]]:
+    """(requirement, what is installed) for every requirement the environment does not satisfy."""
+    unmet = []
+    for text in requires:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement as exc:
+            raise ConfigError(f"invalid requirement {text!r} in ftx.toml: {exc}",
+                              hint='write a pip requirement such as "ftx-triton-gptj==0.1.0"') from exc
+        try:
+            installed = metadata.version(req.name)
+        except metadata.PackageNotFoundError:
+            unmet.append((text, "not installed"))
+            continue
+        if not req.specifier.contains(installed, prereleases=True):
+            unmet.append((text, f"{req.name} {installed} is installed"))
+    return unmet
+
+
+def check_requirements(manifest: Manifest) -> None:
+    """Raise PluginError listing each unmet requirement of the manifest."""
+    unmet = unmet_requirements(manifest.requires)
+    if unmet:
+        lines = "; ".join(f"{req} ({have})" for req, have in unmet)
+        raise PluginError(
+            f"{manifest.path} requires {lines}",
+            hint="install the pinned versions (pip install " + " ".join(f"'{r}'" for r, _ in unmet) + ")",
+        )
+
+
+LOCKED_SECTIONS = ("convert", "tune", "configure", "serve", "launch")
+"""Settings sections ``ftx lock`` records (every field that is set), so ``ftx run`` reproduces them."""
+_NOT_LOCKED = frozenset({"detach"})
+
+
+def locked_settings(settings: Any) -> dict[str, Any]:
+    """Flat option values of a (resolved) RunSettings that shape the deployment, TOML-ready."""
+    from dataclasses import fields
+
+    out: dict[str, Any] = {"runtime": settings.runtime}
+    for section_name in LOCKED_SECTIONS:
+        section = getattr(settings, section_name)
+        for f in fields(section):
+            value = getattr(section, f.name)
+            if value is None or f.name in _NOT_LOCKED or value == () or value == {}:
+                continue
+            if isinstance(value, Path):
+                value = str(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, Mapping):
+                value = {str(k): str(v) for k, v in value.items()}
+            out[f.name] = value
+    return out
+
+
+def write_lock(path: Path, requires: Sequence[str], model: Mapping[str, Any],
+               settings: Mapping[str, Any] | None = None) -> None:
+    """Write ftx.toml (with tomlkit: any path or value is quoted correctly) through a temp file and a rename."""
+    import os
+
+    import tomlkit
+
+    doc = tomlkit.document()
+    doc.add(tomlkit.comment("Written by `ftx lock`: exact plugin versions, the resolved model source and every "
+                            "setting of the deployment."))
+    doc.add(tomlkit.comment("`ftx run` with no MODEL reproduces it; options given on the command line override it."))
+    doc["requires"] = tomlkit.array()
+    for requirement in requires:
+        doc["requires"].append(requirement)
+    doc["requires"].multiline(True)
+    table = tomlkit.table()
+    for key, value in model.items():
+        if value is not None:
+            table[key] = value
+    doc["model"] = table
+    if settings:
+        section = tomlkit.table()
+        for key, value in settings.items():
+            section[key] = value
+        doc["settings"] = section
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(tomlkit.dumps(doc))
+    os.replace(tmp, path)
+
+
+def check_local_source(model: Mapping[str, Any]) -> None:
+    """A locked local source must hold what it held at ``ftx lock`` time (by content)."""
+    from ftx_triton.fetching.refs import local_fingerprint
+    from ftx_triton.plan.settings import path_fingerprint
+
+    source = Path(str(model.get("source", "")))
+    if "tree_sha256" not in model:
+        return
+    if not source.is_dir():
+        raise ConfigError(f"the locked source {source} does not exist",
+                          hint="restore it, or run `ftx lock` again for the new source")
+    if model.get("fingerprint") == local_fingerprint(source):
+        return  # same names, sizes and times: unchanged
+    if path_fingerprint(source).get("tree") != model["tree_sha256"]:
+        raise ConfigError(f"the locked source {source} changed since `ftx lock` (its files' sha256 differ)",
+                          hint="restore the locked checkpoint, or run `ftx lock` again to pin the new one")

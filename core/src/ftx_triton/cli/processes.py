@@ -1,0 +1,157 @@
+"""The tritonservers running on this machine, seen through psutil: what `ftx ps` shows.
+
+A server is found by its process (whoever started it: ``ftx run`` in the foreground, ``--detach``,
+or the Docker launcher, whose container processes are visible to the host) serving a repository in
+this ``FTX_HOME``'s store, so a foreground run is listed too. Its deployment record
+(``ftx-deployment.json`` in the model repository) says which model and runtime it serves; records
+of detached servers (``<home>/servers``) add their names, and the OpenAI-compatible endpoint's
+record its address.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ftx_triton.server.records import ServerRecord
+
+DEPLOYMENT_FILE = "ftx-deployment.json"
+
+
+@dataclass
+class ServedModel:
+    """One running tritonserver and what it serves."""
+
+    pid: int
+    name: str
+    model: str
+    runtime: str
+    device: str
+    memory_bytes: int
+    uptime_s: float
+    http: str
+    grpc: str
+    repository: str
+    openai: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        data = {k: v for k, v in self.__dict__.items() if k != "extra"}
+        return {**data, "http_url": self.http, "grpc_url": self.grpc, **self.extra}
+
+
+def _flag(cmdline: list[str], name: str) -> str | None:
+    prefix = f"--{name}="
+    return next((arg[len(prefix):] for arg in cmdline if arg.startswith(prefix)), None)
+
+
+def _address(cmdline: list[str], kind: str, default_port: str) -> str:
+    host = _flag(cmdline, f"{kind}-address") or "0.0.0.0"
+    port = _flag(cmdline, f"{kind}-port") or default_port
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else (f"[{host}]" if ":" in host else host)
+    return f"{shown}:{port}"
+
+
+def _tree_rss(proc: Any) -> int:
+    import psutil
+
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return total
+
+
+def _device(proc: Any, runtime: str) -> str:
+    """The python runtime's --device (its FTX_DEVICE); GPUs for the FasterTransformer runtime."""
+    import psutil
+
+    if runtime not in ("python", "?", ""):  # the FasterTransformer runtimes run on GPUs
+        return "gpu"
+    try:
+        device = proc.environ().get("FTX_DEVICE", "auto")
+    except (psutil.AccessDenied, psutil.NoSuchProcess, OSError):
+        return "?"
+    if device == "auto":
+        return "cuda" if Path("/dev/nvidia0").exists() else "cpu"
+    return device
+
+
+def _deployment(repository: Path) -> dict[str, Any]:
+    try:
+        return json.loads((repository / DEPLOYMENT_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _supervisor(proc: Any) -> tuple[Any, dict[str, Any]]:
+    """The ``ftx_triton.server.supervisor`` process above a tritonserver (None if it has none) and its spec."""
+    import psutil
+
+    try:
+        parents = proc.parents()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None, {}
+    for parent in parents:
+        try:
+            cmdline = parent.cmdline()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if "ftx_triton.server.supervisor" in cmdline:
+            try:
+                spec = json.loads(cmdline[-1])
+            except ValueError:
+                spec = {}
+            return parent, spec if isinstance(spec, dict) else {}
+    return None, {}
+
+
+def served_models(home: Path, servers: list[ServerRecord] | None = None) -> list[ServedModel]:
+    """The running tritonservers of this home (serving a repository under it, or recorded by
+    ``--detach``), oldest first, with the detached record's name where there is one (``servers``:
+    the records of ``home`` when the caller has read them already)."""
+    import psutil
+
+    from ftx_triton.openai_api.records import read_records
+    from ftx_triton.server.records import list_servers
+
+    records = {r.pid: r for r in (list_servers(home) if servers is None else servers) if r.alive}
+    openai = {r["triton_pid"]: r["url"] for r in read_records(home)}
+    found = []
+    for proc in psutil.process_iter(["pid", "name", "cmdline", "create_time"]):
+        cmdline = proc.info.get("cmdline") or []
+        if not cmdline or (Path(cmdline[0]).name != "tritonserver" and proc.info.get("name") != "tritonserver"):
+            continue
+        repo_text = _flag(cmdline, "model-repository")
+        if repo_text is None:
+            continue
+        repository = Path(repo_text)
+        supervisor, spec = _supervisor(proc)
+        owner = supervisor.pid if supervisor is not None else proc.pid  # the pid ftx recorded
+        record = records.get(owner)
+        if record is None and not repository.resolve().is_relative_to(Path(home).resolve()):
+            continue  # another FTX_HOME's (or not ftx's) server
+        deployment = _deployment(repository)
+        runtime = str(deployment.get("runtime", "?"))
+        http = _address(cmdline, "http", "8000")
+        if isinstance(spec.get("front"), dict):  # clients reach tritonserver's HTTP through the supervisor's front
+            http = _address([f"--http-address={spec['front'].get('host', '')}",
+                             f"--http-port={spec['front'].get('port', '')}"], "http", "8000")
+        found.append(ServedModel(
+            pid=owner, name=record.name if record else "(foreground)",
+            model=str(deployment.get("model") or repository.name), runtime=runtime, device=_device(proc, runtime),
+            memory_bytes=_tree_rss(proc), uptime_s=time.time() - proc.info["create_time"],
+            http=http, grpc=_address(cmdline, "grpc", "8001"),
+            repository=str(repository), openai=openai.get(owner, ""),
+            extra={"detached": record is not None, "family": deployment.get("family"),
+                   "tp": deployment.get("tp"), "data_type": deployment.get("data_type")}))
+    return sorted(found, key=lambda s: -s.uptime_s)
+
+
+__all__ = ["ServedModel", "served_models"]

@@ -1,0 +1,183 @@
+"""``ftx run``: every stage, from a model name to a served endpoint."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+from ftx_triton.cli.common import FtxCommand, command_store, get_host, say
+from ftx_triton.cli.options import (
+    PORT,
+    conversion_options,
+    docker_options,
+    repository_options,
+    safety_options,
+    section,
+    serve_container_options,
+    source_options,
+    stage_options,
+    tune_options,
+)
+from ftx_triton.engine.pipeline import Pipeline, RunResult
+from ftx_triton.errors import ConfigError
+from ftx_triton.paths import ftx_home
+from ftx_triton.plan.settings import RunSettings
+
+
+def settings_from_options(model: str, **opts: Any) -> RunSettings:
+    """RunSettings from click options (flat names; each lands in its stage's section)."""
+    return RunSettings.of(model, **opts)
+
+
+def run_pipeline(settings: RunSettings) -> RunResult:
+    """Check the deployment's pins, then run the pipeline over the user's FTX_HOME."""
+    from ftx_triton.cli.manifest import check_requirements, find_manifest
+    from ftx_triton.store.housekeeping import rotate_logs
+
+    manifest = find_manifest()
+    if manifest is not None:
+        check_requirements(manifest)
+    rotate_logs(ftx_home())  # server logs do not pile up: the newest ones are kept
+    return Pipeline(get_host(), command_store(), settings, say=say).run()
+
+
+def model_from_manifest(model: str | None, opts: dict[str, Any]) -> str:
+    """MODEL may be omitted when ./ftx.toml has a [model] section (as written by `ftx lock`).
+
+    Then the locked source, its pin (revision, sha256, content hash) and every locked setting apply;
+    an option given on the command line (or in its environment twin) overrides the file.
+    """
+    if model:
+        return model
+    from ftx_triton.cli.manifest import check_local_source, find_manifest
+
+    manifest = find_manifest()
+    if manifest is None or "source" not in manifest.model:
+        raise ConfigError("no MODEL given and no ./ftx.toml with a [model] source",
+                          hint="run `ftx run gptj`, or `ftx lock MODEL` to write ftx.toml first")
+    check_local_source(manifest.model)
+    ctx = click.get_current_context()
+    locked = {**manifest.settings, **{k: manifest.model.get(k) for k in ("revision", "family", "sha256")}}
+    params = {p.name: p for p in ctx.command.params}
+    if unknown := sorted(k for k in manifest.settings if k not in ctx.params and k not in opts):
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], [k for k in params if k], n=1)
+        raise ConfigError(f"{manifest.path}: [settings] {unknown[0]!r} is no setting of `ftx run`"
+                          + (f" (did you mean {close[0]!r}?)" if close else ""),
+                          hint="the keys are `ftx run` option names with _ for - (see `ftx run --help`); "
+                               "`ftx lock` writes a complete file")
+    for key, value in locked.items():
+        if value is None or key not in ctx.params and key not in opts:
+            continue
+        if key in params:
+            value = locked_value(ctx, params[key], value, manifest.path)
+        source = ctx.get_parameter_source(key)
+        if source in (None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP):
+            opts[key] = tuple(value) if isinstance(value, list) else value
+            if key == "runtime":
+                opts["runtime_origin"] = manifest.path.name
+    return str(manifest.model["source"])
+
+
+def locked_value(ctx: click.Context, param: click.Parameter, value: Any, path: Path) -> Any:
+    """A [settings] value checked as its command-line option checks it (TOML type, then the option's own
+    type: range, choices), so the file and the command line never disagree; a wrong one is a ConfigError."""
+    if param.name == "env" and isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
+        return value  # KEY = "VALUE" pairs, as `ftx lock` writes a mapping
+    kind = {click.types.BoolParamType: bool, click.types.IntParamType: int, click.types.FloatParamType: float}
+    want: type = next((t for cls, t in kind.items() if isinstance(param.type, cls)), str)
+    items = value if isinstance(value, list) and param.multiple else [value]
+    fits = (isinstance(value, list) or not param.multiple) and all(
+        type(v) is want or (want is float and type(v) is int) for v in items)
+    if fits:
+        with contextlib.suppress(click.BadParameter):
+            return param.type_cast_value(ctx, value)
+    raise ConfigError(f"{path}: [settings] {param.name} must be {_expected(param)}, not {type(value).__name__} "
+                      f"{value!r}", hint=f"write what {'/'.join(param.opts + param.secondary_opts)} takes on the "
+                                         "command line, or rewrite the file with `ftx lock MODEL`")
+
+
+def _expected(param: click.Parameter) -> str:
+    """What an option takes, in words: "an integer in 1-64", "one of auto, cpu, cuda", "true or false" …"""
+    t = param.type
+    if isinstance(t, click.Choice):
+        what = "one of " + ", ".join(map(str, t.choices))
+    elif isinstance(t, click.IntRange):
+        what = f"an integer in {t.min}-{t.max}"
+    elif isinstance(t, click.types.IntParamType):
+        what = "an integer"
+    elif isinstance(t, click.types.FloatParamType):
+        what = "a number"
+    elif isinstance(t, click.types.BoolParamType):
+        what = "true or false"
+    elif isinstance(t, click.Path):
+        what = "a path that exists" if t.exists else "a path"
+    else:
+        what = "a string"
+    return f"a list, each item {what}" if param.multiple else what
+
+
+@click.command(cls=FtxCommand)
+@click.argument("model", required=False)
+@source_options
+@conversion_options
+@repository_options
+@stage_options
+@safety_options
+@docker_options
+@serve_container_options
+@tune_options
+@section("Serving",
+         click.option("--host", default="127.0.0.1", show_default=True, help="Address the server binds to."),
+         click.option("--http-port", type=PORT, help="HTTP port (default: Triton's 8000, or a free one when taken)."),
+         click.option("--grpc-port", type=PORT, help="gRPC port (default: Triton's 8001, or a free one when taken)."),
+         click.option("--metrics-port", type=PORT, help="Metrics port (default: Triton's 8002, or a free one when taken)."),
+         click.option("--detach", is_flag=True, help="Leave the server running (see `ftx ps`, `ftx stop`)."),
+         click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+                      help="Python runtime device."),
+         click.option("--tune/--no-tune", default=True, show_default=True,
+                      help="Auto-tune GEMMs (fastertransformer runtime)."),
+         click.option("--openai/--no-openai", default=True, show_default=True,
+                      help="Also serve an OpenAI-compatible endpoint (/v1/completions, /v1/chat/completions) in "
+                           "front of the ensemble."),
+         click.option("--openai-host", default="127.0.0.1", show_default=True,
+                      help="Address the OpenAI-compatible endpoint binds to."),
+         click.option("--openai-port", type=PORT,
+                      help="Its port (default: the first free one from 9000)."))
+@section("Try it",
+         click.option("--prompt", help="Generate a continuation of this prompt once the server is ready, then stop."),
+         click.option("--max-tokens", type=click.IntRange(1, 4096), default=16, show_default=True,
+                      help="Tokens to generate for --prompt."))
+def run(model: str | None, prompt: str | None, max_tokens: int, **opts: Any) -> None:
+    """Fetch, convert, tune, configure and serve MODEL.
+
+    MODEL is a preset (see `ftx models`), hf://org/name[@revision], a URL or a local path;
+    omitted, it comes from ./ftx.toml (see `ftx lock`).
+    """
+    model = model_from_manifest(model, opts)
+    settings = settings_from_options(model, **opts)
+    if settings.serve.openai and (prompt is None or settings.serve.detach):  # the front starts after the server
+        from ftx_triton.server.ports import check_host
+
+        check_host(settings.serve.openai_host, option="--openai-host")
+    result = run_pipeline(settings)
+    if settings.dry_run:
+        return
+    if result.repository and result.endpoint is None:
+        click.echo(str(result.repository.path))
+    elif result.checkpoint and settings.until in ("convert", "tune"):
+        click.echo(str(result.checkpoint.path))
+    elif result.source and settings.until == "fetch":
+        click.echo(str(result.source.path))
+    if result.endpoint is not None:
+        from ftx_triton.cli.serving import after_serve
+
+        after_serve(result, settings, prompt=prompt, max_tokens=max_tokens)
+
+
+commands = [run]

@@ -1,0 +1,1 @@
+"""Model families and their tensor tables: Hugging Face checkpoints -> FasterTransformer files and back."""

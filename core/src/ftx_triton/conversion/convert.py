@@ -1,0 +1,207 @@
+"""Execute a family table: stream source tensors into FT files, and rebuild them back.
+
+:func:`convert_checkpoint` reads tensors in storage order, holds a tensor only until every
+row that needs it has run (a fused QKV group at most), splits each result across ranks and
+writes ``<out>/<tp>-gpu/``. :func:`invert_checkpoint` reads FT files and yields the Hugging
+Face tensors the table maps from.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import structlog
+
+from ftx_triton.conversion import tensormap
+from ftx_triton.conversion.dtypes import numpy_dtype
+from ftx_triton.conversion.family import Family, ModelSpec
+from ftx_triton.conversion.ops import OpContext
+from ftx_triton.conversion.shapes import eval_shape
+from ftx_triton.envvars import env_int
+from ftx_triton.errors import CheckpointError
+from ftx_triton.io.checkpoint import TensorReader, check_weight_dtype, tensor_dtype
+from ftx_triton.io.ftformat import gpu_dir_name, read_ini, read_tensor, write_ini
+from ftx_triton.io.writer import BackgroundWriter
+
+log = structlog.get_logger(__name__)
+
+Progress = Callable[[int, int], None]
+"""Called with (bytes read so far, total bytes)."""
+
+
+@dataclass(frozen=True)
+class ConversionResult:
+    """What a conversion wrote."""
+
+    directory: Path
+    files: list[str]
+    bytes_read: int
+    bytes_written: int
+    seconds: float
+    read_seconds: float = 0.0
+    """Time the converter spent reading source tensors."""
+    stall_seconds: float = 0.0
+    """Time it waited for the writer (a measure of write-bound conversion)."""
+
+
+def convert_checkpoint(
+    family: Family,
+    reader: TensorReader,
+    hf_config: Mapping[str, Any],
+    spec: ModelSpec,
+    out_dir: Path,
+    *,
+    tp: int,
+    weight_dtype: str,
+    progress: Progress | None = None,
+) -> ConversionResult:
+    """Convert ``reader``'s tensors into ``out_dir/<tp>-gpu``; every check runs before the first write."""
+    family.check_weight_dtype(weight_dtype)
+    spec.check_parallel(tp, 1)
+    out_dtype = numpy_dtype(weight_dtype)
+    ctx = OpContext(tp=tp, out_dtype=out_dtype, dims=dict(spec.dims))
+    names = reader.names()
+    shapes = {n: reader.shape(n) for n in names}
+    plan = tensormap.plan(family.tensor_map(spec), shapes, spec.layers, spec.dims)
+    tensormap.check_tp_split(plan, tp, ctx)
+    sections = family.config_ini(spec, hf_config, weight_dtype)
+
+    waiting: dict[str, list[tensormap.Job]] = {}
+    for job in plan.jobs:
+        for name in job.sources:
+            waiting.setdefault(name, []).append(job)
+    for name in waiting:
+        check_weight_dtype(name, tensor_dtype(reader, name))
+    target = out_dir / gpu_dir_name(tp)
+    target.mkdir(parents=True, exist_ok=True)
+    held: dict[str, np.ndarray] = {}
+    remaining = {id(job): len(set(job.sources)) for job in plan.jobs}
+    total = sum(reader.nbytes(n) for n in waiting)
+    done_bytes = 0
+    files: list[str] = []
+    started = time.perf_counter()
+    largest = max((reader.nbytes(n) for n in waiting), default=0)
+    read_seconds = 0.0
+    with BackgroundWriter(max_pending_bytes=max(256 << 20, largest), threads=writer_threads()) as writer:
+        for name in names:
+            if name not in waiting:
+                continue
+            t0 = time.perf_counter()
+            held[name] = reader.read(name)
+            check_weight_dtype(name, held[name].dtype)  # readers that cannot tell the dtype up front
+            read_seconds += time.perf_counter() - t0
+            done_bytes += reader.nbytes(name)
+            for job in waiting[name]:
+                remaining[id(job)] -= 1
+                if remaining[id(job)] == 0:
+                    names_out = job.files(tp)
+                    writer.submit([target / n for n in names_out], _run_job(job, held, ctx), job.row.split)
+                    files.extend(names_out)
+                    for source in job.sources:
+                        if all(remaining[id(j)] == 0 for j in waiting[source]):
+                            held.pop(source, None)
+            if progress:
+                progress(done_bytes, total)
+    written = writer.bytes_written
+    write_ini(target / "config.ini", sections)
+    files.append("config.ini")
+    seconds = time.perf_counter() - started
+    log.info("conversion.finished", family=family.name, tp=tp, weight_dtype=weight_dtype, files=len(files),
+             bytes_written=written, duration_s=round(seconds, 3), read_s=round(read_seconds, 3),
+             writer_stall_s=round(writer.stall_seconds, 3))
+    return ConversionResult(target, files, done_bytes, written, seconds, read_seconds, writer.stall_seconds)
+
+
+def writer_threads() -> int | None:
+    """``FTX_CONVERT_THREADS`` (1-64) overrides the number of writer threads (default: up to 4)."""
+    return env_int("FTX_CONVERT_THREADS", None, 1, 64)
+
+
+def convert_directory(family: Family, source: Path, out_dir: Path, *, tp: int, weight_dtype: str,
+                      progress: Progress | None = None) -> ConversionResult:
+    """Convert the checkpoint directory ``source`` (config + weights, as the family reads them)."""
+    hf_config = family.read_hf_config(source)
+    reader = family.open_weights(source)
+    try:
+        return convert_checkpoint(family, reader, hf_config, family.spec(hf_config), out_dir, tp=tp,
+                                  weight_dtype=weight_dtype, progress=progress)
+    finally:
+        reader.close()
+
+
+def _run_job(job: tensormap.Job, held: Mapping[str, np.ndarray], ctx: OpContext) -> np.ndarray:
+    inputs = [held[n] for n in job.sources]
+    same_dtype = len({x.dtype for x in inputs}) == 1
+    if not (job.row.op.layout_only and same_dtype):
+        inputs = [x.astype(np.float32) for x in inputs]
+    try:
+        out = job.row.op.forward(inputs, ctx)
+    except ValueError as exc:
+        raise CheckpointError(f"cannot build {job.dst} from {', '.join(job.sources)}: {exc}") from exc
+    return out.astype(ctx.out_dtype, copy=False)
+
+
+def invert_checkpoint(family: Family, ft_dir: Path, spec: ModelSpec | None = None) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield (Hugging Face name, float32 tensor) rebuilt from a converted ``<tp>-gpu`` directory."""
+    ini = read_ini(ft_dir / "config.ini")
+    spec = spec or family.spec_from_ini(ini)
+    tp = int(ft_dir.name.split("-")[0])
+    weight_dtype = next((s["weight_data_type"] for s in ini.values() if "weight_data_type" in s), "fp32")
+    dtype = numpy_dtype(weight_dtype)
+    ctx = OpContext(tp=tp, out_dtype=np.dtype(np.float32), dims=dict(spec.dims))
+    for row in family.tensor_map(spec).rows:
+        if not row.invert or row.op.inverse is None:
+            continue
+        shapes = row.source_shapes
+        if shapes is None:
+            raise ValueError(f"row {row.dst!r} declares no shape, so it cannot be inverted")
+        for binding in tensormap.expand(row, spec.layers):
+            dst = tensormap.bind(row.dst, binding)
+            src_shapes = tuple(eval_shape(s, spec.dims) for s in shapes)
+            ft_shape = row.op.shape(src_shapes, ctx)
+            if row.optional and not _exists(ft_dir, dst, row.split):
+                continue
+            array = _read_ranks(ft_dir, dst, row.split, ft_shape, tp, dtype).astype(np.float32)
+            for pattern, tensor in zip(row.sources, row.op.inverse(array, ctx), strict=True):
+                yield tensormap.bind(pattern.split("|")[0], binding), np.ascontiguousarray(tensor)
+
+
+def _shaped_rows(family: Family, spec: ModelSpec) -> Iterator[tuple[tensormap.M, tuple[int, ...]]]:
+    """Each table row with source shapes, and the full shape of the FT tensor it writes (one layer's)."""
+    ctx = OpContext(tp=1, out_dtype=np.dtype(np.float32), dims=dict(spec.dims))
+    for row in family.tensor_map(spec).rows:
+        if row.source_shapes is not None:
+            yield row, row.op.shape(tuple(eval_shape(s, spec.dims) for s in row.source_shapes), ctx)
+
+
+def ft_layout(family: Family, spec: ModelSpec) -> dict[str, tuple[tuple[int, ...], int | None]]:
+    """Every FT tensor the table writes for ``spec``: file stem -> (full shape, split axis)."""
+    return {tensormap.bind(row.dst, binding): (shape, row.split)
+            for row, shape in _shaped_rows(family, spec) for binding in tensormap.expand(row, spec.layers)}
+
+
+def ft_element_count(family: Family, spec: ModelSpec) -> int:
+    """Elements of every FT tensor the table writes for ``spec``: each row's shape times its layer bindings,
+    without expanding the table (a config claiming a billion layers costs nothing here)."""
+    per_row = {row.dst: math.prod(shape) * math.prod(spec.layers[name] for name in row.placeholders())
+               for row, shape in _shaped_rows(family, spec)}
+    return sum(per_row.values())
+
+
+def _exists(ft_dir: Path, dst: str, split: int | None) -> bool:
+    return (ft_dir / (f"{dst}.bin" if split is None else f"{dst}.0.bin")).exists()
+
+
+def _read_ranks(ft_dir: Path, dst: str, split: int | None, shape: tuple[int, ...], tp: int, dtype: np.dtype) -> np.ndarray:
+    if split is None:
+        return read_tensor(ft_dir / f"{dst}.bin", dtype, shape)
+    part_shape = list(shape)
+    part_shape[split] //= tp
+    parts = [read_tensor(ft_dir / f"{dst}.{rank}.bin", dtype, tuple(part_shape)) for rank in range(tp)]
+    return np.concatenate(parts, axis=split)

@@ -1,0 +1,21 @@
+"""Core's default ``ftx_convert``: stream the family table into ``dest/<tp>-gpu``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ftx_triton import hookimpl
+from ftx_triton.conversion.convert import convert_directory
+from ftx_triton.conversion.family import Family, ModelSpec
+from ftx_triton.plan.artifacts import Checkpoint, Source
+from ftx_triton.plan.context import StageContext
+from ftx_triton.terminal.progress import byte_progress
+
+
+@hookimpl(trylast=True)
+def ftx_convert(family: Family, source: Source, spec: ModelSpec, dest: Path, ctx: StageContext) -> Checkpoint:
+    s = ctx.settings.convert
+    with byte_progress(f"convert {family.name} tp={s.tp}", enabled=ctx.show_progress) as bar:
+        result = convert_directory(family, source.path, dest, tp=s.tp, weight_dtype=s.weight_dtype,
+                                   progress=bar.update)
+    return Checkpoint(result.directory, s.tp, s.weight_dtype, family.name)

@@ -1,0 +1,196 @@
+"""The one typed façade every stage goes through: ``ftx run`` and every single-stage command.
+
+Each method computes the stage's cache key in core — from the stage's frozen settings section
+(every field, by construction), the keys of the artifacts it builds on and the fingerprints of the
+code that shapes it — builds or reuses the artifact through the store, calls the hook (plugins
+first, core's default last) and returns the hook's typed result. On a cache hit the same typed
+value is rebuilt from the artifact's provenance (:func:`ftx_triton.plan.artifacts.from_record`), never from
+path conventions.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import structlog
+
+import ftx_triton
+from ftx_triton.conversion import tensormap
+from ftx_triton.conversion.family import Family, ModelSpec
+from ftx_triton.errors import PluginError
+from ftx_triton.plan.artifacts import (
+    Checkpoint,
+    Endpoint,
+    GemmConfig,
+    ModelRepository,
+    Source,
+    SourceRef,
+    from_record,
+    to_record,
+)
+from ftx_triton.plan.context import StageContext
+from ftx_triton.plan.settings import RunSettings, section_fingerprint
+from ftx_triton.plugins import PluginHost
+from ftx_triton.runtime.api import Runtime
+from ftx_triton.store.artifact_store import Artifact, ArtifactStore, make_key
+
+log = structlog.get_logger(__name__)
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class StageOutcome:
+    """What happened to one stage in a run."""
+
+    stage: str
+    key: str
+    path: Path | None
+    cached: bool
+    detail: str = ""
+
+
+def tune_key_inputs(family: Family, spec: ModelSpec, runtime: Runtime, settings: RunSettings) -> dict[str, Any]:
+    """What determines a gemm_config.in: the GEMM shapes, the tune settings and, when the runtime tunes,
+    its target (GPU model, image or build, tool arguments)."""
+    inputs: dict[str, Any] = {
+        "family": family.name, "tool": family.gemm_tool, "dims": dict(spec.dims), "runtime": runtime.name,
+        "tp": settings.convert.tp, "data_type": settings.data_type, "settings": section_fingerprint(settings.tune),
+    }
+    if runtime.uses_gemm_config and settings.tune.tune:
+        inputs["target"] = dict(runtime.tune_key(family, spec, settings))
+    return inputs
+
+
+class Stages:
+    """Typed calls of the stage hooks, with keys, caching and provenance owned by core."""
+
+    def __init__(self, host: PluginHost, store: ArtifactStore, ctx: StageContext,
+                 say: Callable[[str], None] | None = None) -> None:
+        self.host = host
+        self.store = store
+        self.ctx = ctx
+        self.say = say or (lambda text: None)
+        self.outcomes: list[StageOutcome] = []
+        self.before_build: Callable[[str], None] = lambda stage: None
+        """Called with the stage name when a stage really builds (a cache miss), before its hook."""
+
+    @property
+    def settings(self) -> RunSettings:
+        """Read live: the run resolves the compute type once the runtime is chosen."""
+        return self.ctx.settings
+
+    # -- the stages ------------------------------------------------------------------------
+
+    def fetch(self, ref: SourceRef, family: Family | None) -> Source:
+        from ftx_triton.fetching.refs import resolve_revision
+
+        revision = resolve_revision(ref)
+        patterns = list(family.fetch_patterns if family else Family.fetch_patterns)
+        inputs = {"ref": ref.uri, "revision": revision, "sha256": ref.sha256, "patterns": patterns,
+                  "settings": section_fingerprint(self.settings.fetch)}
+        return self._build("fetch", inputs, family, Source, lambda dest: self.host.hook.ftx_fetch(
+            ref=ref, revision=revision, family=family or Family(), dest=dest, ctx=self.ctx))
+
+    def convert(self, family: Family, source: Source, spec: ModelSpec) -> Checkpoint:
+        inputs = {"fetch": self.ctx.artifact_keys["fetch"], "family": family.name, "fingerprint": family.fingerprint(),
+                  "format": tensormap.FORMAT_VERSION, "settings": section_fingerprint(self.settings.convert)}
+        return self._build("convert", inputs, family, Checkpoint, lambda dest: self.host.hook.ftx_convert(
+            family=family, source=source, spec=spec, dest=dest, ctx=self.ctx))
+
+    def tune(self, family: Family, spec: ModelSpec, runtime: Runtime) -> GemmConfig:
+        inputs = tune_key_inputs(family, spec, runtime, self.settings)
+        return self._build("tune", inputs, family, GemmConfig, lambda dest: self.host.hook.ftx_tune(
+            family=family, spec=spec, dest=dest, ctx=self.ctx, runtime=runtime))
+
+    def configure(self, family: Family, spec: ModelSpec, source: Source, checkpoint: Checkpoint, gemm: GemmConfig,
+                  runtime: Runtime) -> ModelRepository:
+        keys = self.ctx.artifact_keys
+        inputs = {"convert": keys["convert"], "tune": keys.get("tune"), "runtime": runtime.name,
+                  "ftx": ftx_triton.__version__, "fingerprint": family.fingerprint(),
+                  "settings": section_fingerprint(self.settings.configure)}
+        return self._build("configure", inputs, family, ModelRepository, lambda dest: self.host.hook.ftx_configure(
+            family=family, spec=spec, source=source, checkpoint=checkpoint, gemm=gemm, dest=dest, ctx=self.ctx,
+            runtime=runtime))
+
+    def serve(self, repository: ModelRepository, gemm: GemmConfig, runtime: Runtime) -> Endpoint:
+        endpoint = self.host.hook.ftx_serve(repository=repository, gemm=gemm, ctx=self.ctx, runtime=runtime)
+        if endpoint is None:
+            raise PluginError(f"no plugin can serve the {runtime.name} runtime",
+                              hint="a plugin overriding ftx_serve declined and core's default is missing")
+        return endpoint
+
+    # -- machinery -------------------------------------------------------------------------
+
+    def _build(self, stage: str, key_inputs: Mapping[str, Any], family: Family | None, result_type: type[R],
+               call: Callable[[Path], R | None]) -> R:
+        """Build (or reuse) one stage's artifact and return the hook's typed result."""
+        key = make_key({"stage": stage, **key_inputs})
+        hook_name = f"ftx_{stage}"
+
+        def builder(tmp: Path) -> Mapping[str, Any]:
+            self.before_build(stage)
+            value = call(tmp)
+            if value is None:
+                raise PluginError(f"no plugin implemented {hook_name} for this model",
+                                  hint="a plugin overriding this stage declined and core's default is missing")
+            if not isinstance(value, result_type):
+                raise PluginError(f"{hook_name} returned {type(value).__name__}, not {result_type.__name__}",
+                                  hint="a plugin's stage hook must return the documented record")
+            return {"result": to_record(value, tmp)}
+
+        structlog.contextvars.bind_contextvars(stage=stage)
+        try:
+            artifact, cached = self.store.build(
+                stage, key, builder, inputs=key_inputs, producer=self._producer(family, hook_name),
+                force=stage in self.settings.force, accept=lambda hit: _result(result_type, hit),
+            )
+        finally:
+            structlog.contextvars.unbind_contextvars("stage")
+        value = _result(result_type, artifact)
+        detail = getattr(value, "reason", "") if isinstance(value, GemmConfig) and not value.tuned else ""
+        if cached:
+            self.store.mark_used(artifact)
+            log.info("cache.hit", stage=stage, key=key, path=str(artifact.path))
+            self.say(f"{stage:<9} cached   {artifact.path}")
+        elif detail:
+            log.info("stage.finished", stage=stage, key=key, path=str(artifact.path), skipped=detail)
+            self.say(f"{stage:<9} skipped  {detail}")
+        else:
+            log.info("stage.finished", stage=stage, key=key, path=str(artifact.path),
+                     duration_s=artifact.provenance.get("duration_s"))
+            self.say(f"{stage:<9} done     {artifact.path}")
+        self.outcomes.append(StageOutcome(stage, key, artifact.path, cached, detail))
+        self.ctx.artifact_keys[stage] = key
+        self.ctx.producer = dict(artifact.provenance.get("producer") or {})
+        return value
+
+    def _producer(self, family: Family | None, hook_name: str) -> dict[str, Any]:
+        hook = getattr(self.host.hook, hook_name)
+        impls = [impl.plugin_name for impl in reversed(hook.get_hookimpls())]
+        producer: dict[str, Any] = {"ftx": ftx_triton.__version__, "python": platform.python_version(), "hook": impls}
+        if family is not None:
+            owner = self.host.family_owner.get(family.name)
+            producer["family"] = {
+                "name": family.name,
+                "distribution": owner,
+                "version": next((r.version for r in self.host.records if r.distribution == owner), None),
+                "fingerprint": family.fingerprint(),
+            }
+        if self.ctx.runtime is not None:
+            producer["runtime"] = {"name": self.ctx.runtime.name,
+                                   "distribution": self.host.runtime_owner.get(self.ctx.runtime.name)}
+        producer["plugins"] = {r.distribution: r.version for r in self.host.records if r.status == "loaded"}
+        return producer
+
+
+def _result(result_type: type[R], artifact: Artifact) -> R:
+    """The stage's typed result, rebuilt from the artifact's provenance."""
+    return from_record(result_type, artifact.provenance.get("result") or {}, artifact.path)
+
+
+__all__ = ["StageOutcome", "Stages", "tune_key_inputs"]

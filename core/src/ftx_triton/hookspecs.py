@@ -1,0 +1,155 @@
+"""Hook specifications: the contract between ftx core and its plugins.
+
+Every hook is called with keyword arguments; an implementation may accept any subset of the
+documented arguments (pluggy passes only the ones it names), which lets hooks gain arguments
+without breaking plugins. Stage hooks are ``firstresult``: the first implementation that
+returns something other than None wins, and core's default is registered ``trylast``, so a
+platform plugin (a mirror, a pre-tuned GEMM registry, a Kubernetes serve) overrides a stage
+by returning a result, or declines by returning None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from ftx_triton.conversion.family import Family, ModelSpec
+    from ftx_triton.plan.artifacts import Checkpoint, Endpoint, GemmConfig, ModelRepository, Source, SourceRef
+    from ftx_triton.plan.context import StageContext
+    from ftx_triton.runtime.api import Runtime
+
+hookspec = pluggy.HookspecMarker("ftx")
+
+# ---------------------------------------------------------------------------------------------
+# Registration
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec
+def ftx_register_families() -> Sequence[type[Family]]:
+    """Return the model families this plugin provides.
+
+    Called once after all plugins are loaded. Results of all plugins are merged by
+    ``Family.name``; a name returned by two plugins is a PluginError naming both.
+
+    :returns: Family subclasses (not instances); an empty sequence is fine.
+    """
+
+
+@hookspec
+def ftx_register_runtimes() -> Sequence[type[Runtime]]:
+    """Return the runtimes this plugin provides (subclasses of :class:`ftx_triton.runtime.api.Runtime`).
+
+    Called once after all plugins are loaded, like ``ftx_register_families``; a runtime name
+    returned by two plugins is a PluginError naming both. Core's own runtimes (``python``,
+    ``fastertransformer-docker``) are registered through this hook too.
+
+    :returns: Runtime subclasses (not instances); an empty sequence is fine.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# Stages. Each: stops at the first non-None result; core's default runs last.
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def ftx_fetch(ref: SourceRef, revision: str, family: Family, dest: Path, ctx: StageContext) -> Source | None:
+    """Materialise the checkpoint named by ``ref`` at ``revision``.
+
+    Stops at the first non-None result. Return None to decline (e.g. a mirror that serves only
+    some organisations).
+
+    :param ref: where the checkpoint comes from (local path, ``hf://``, URL).
+    :param revision: the resolved revision: a commit (hf), checksum or content fingerprint.
+    :param family: the family the checkpoint is for; ``family.fetch_patterns`` lists the
+        files it needs.
+    :param dest: an empty directory owned by core; write only here. It is published
+        atomically when the hook returns.
+    :param ctx: stage settings, bound logger, progress display.
+    :returns: the Source (its ``path`` may be ``dest`` or, for a local directory, the
+        directory itself).
+
+    Default: ``ftx_triton.engine.default_plugins.fetch`` (local directory, Hugging Face Hub, URL), trylast.
+    """
+
+
+@hookspec(firstresult=True)
+def ftx_convert(family: Family, source: Source, spec: ModelSpec, dest: Path, ctx: StageContext) -> Checkpoint | None:
+    """Write the FasterTransformer checkpoint for ``source`` into ``dest/<tp>-gpu``.
+
+    Stops at the first non-None result. ``ctx.settings.convert`` carries ``tp`` and ``weight_dtype``.
+
+    :param family: the model family (tensor table, config.ini).
+    :param source: the fetched checkpoint.
+    :param spec: FT hyper-parameters computed by ``family.spec``.
+    :param dest: an empty directory owned by core.
+    :param ctx: stage settings, bound logger, progress display.
+    :returns: the Checkpoint written.
+
+    Default: ``ftx_triton.engine.default_plugins.convert``, which streams ``family.tensors``; trylast.
+    """
+
+
+@hookspec(firstresult=True)
+def ftx_tune(family: Family, spec: ModelSpec, dest: Path, ctx: StageContext, runtime: Runtime) -> GemmConfig | None:
+    """Produce ``gemm_config.in`` for ``spec`` on the target GPUs.
+
+    Stops at the first non-None result. Weights are deliberately not an input, so every
+    fine-tune of one architecture shares the result.
+
+    :param family: the model family (its ``gemm_tool`` and ``gemm_args``).
+    :param spec: FT hyper-parameters.
+    :param dest: an empty directory owned by core; write ``gemm_config.in`` here.
+    :param ctx: stage settings (``ctx.settings.tune``: batch, beam, max input; the data type, tp), logger.
+    :param runtime: the chosen runtime; its ``tune`` runs the GEMM tool where it serves.
+    :returns: the GemmConfig, untuned (``path=None``) where the runtime needs no tuning or with ``--no-tune``.
+
+    Default: ``ftx_triton.engine.default_plugins.tune`` (``runtime.tune`` when the runtime uses gemm_config.in),
+    trylast. The cache key is computed by core from the tune settings, the GEMM shapes and
+    ``runtime.tune_key``, whichever plugin tunes.
+    """
+
+
+@hookspec(firstresult=True)
+def ftx_configure(
+    family: Family, spec: ModelSpec, source: Source, checkpoint: Checkpoint, gemm: GemmConfig, dest: Path,
+    ctx: StageContext, runtime: Runtime,
+) -> ModelRepository | None:
+    """Lay out a Triton model repository in ``dest``.
+
+    Stops at the first non-None result.
+
+    :param family: the model family (Triton model type, I/O kind, tokenizer).
+    :param spec: FT hyper-parameters.
+    :param source: the fetched checkpoint (its tokenizer files, its origin for the deployment record).
+    :param checkpoint: the converted ``<tp>-gpu`` directory the model points at.
+    :param gemm: the tuning result to place next to the server.
+    :param dest: an empty directory owned by core.
+    :param ctx: stage settings (``ctx.settings.configure``: batching, data type, tokenizer), the keys of the
+        artifacts built so far, the producing plugins, logger.
+    :param runtime: the chosen runtime; its ``write_ft_model`` writes the ``fastertransformer`` model.
+    :returns: the ModelRepository.
+
+    Default: ``ftx_triton.engine.default_plugins.configure``, trylast.
+    """
+
+
+@hookspec(firstresult=True)
+def ftx_serve(repository: ModelRepository, gemm: GemmConfig, ctx: StageContext, runtime: Runtime) -> Endpoint | None:
+    """Start serving ``repository`` and return once it reports ready.
+
+    Stops at the first non-None result. Never cached.
+
+    :param repository: the model repository to serve.
+    :param gemm: the tuning result (its ``gemm_config.in`` goes into the server's working dir).
+    :param ctx: stage settings (``ctx.settings.serve``: host, ports, detach; ``launch``), logger.
+    :param runtime: the runtime the repository was written for.
+    :returns: the Endpoint; its ``handle`` stops a local server.
+
+    Default: ``ftx_triton.engine.default_plugins.serve`` (``runtime.serve``), trylast.
+    """

@@ -1,0 +1,97 @@
+"""A background writer: materialise, split and write FT files while the next tensors are read.
+
+Bounded: at most ``max_pending_bytes`` of arrays wait for the writer, so memory stays near the
+size of a few tensors whatever the model size. Errors surface on the next submit or at close.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+
+import numpy as np
+
+from ftx_triton.io.fastcopy import contiguous
+from ftx_triton.io.ftformat import write_tensor
+
+
+class BackgroundWriter:
+    """``submit(path, array)`` returns at once unless too much is pending; ``close()`` waits for all."""
+
+    def __init__(self, max_pending_bytes: int = 1 << 30, threads: int | None = None) -> None:
+        self._queue: queue.Queue[tuple[list[Path], np.ndarray, int | None] | None] = queue.Queue()
+        self._pending = 0
+        self._limit = max_pending_bytes
+        self._cond = threading.Condition()
+        self._error: BaseException | None = None
+        self.bytes_written = 0
+        self.stall_seconds = 0.0
+        count = threads or min(4, os.cpu_count() or 1)
+        if count < 1:  # no thread would write, and every submitted tensor would be silently dropped
+            raise ValueError(f"a writer needs at least one thread, not {count}")
+        self._threads = [threading.Thread(target=self._run, name=f"ftx-writer-{i}", daemon=True) for i in range(count)]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, paths: list[Path], array: np.ndarray, split: int | None = None) -> None:
+        """Write ``array`` to ``paths[0]``, or split along ``split`` into ``len(paths)`` files."""
+        with self._cond:
+            # One array larger than the limit may still go when nothing else is pending.
+            started = time.perf_counter()
+            self._cond.wait_for(lambda: self._error or self._pending == 0 or self._pending + array.nbytes <= self._limit)
+            self.stall_seconds += time.perf_counter() - started
+            self._raise_if_failed()
+            self._pending += array.nbytes
+        self._queue.put((paths, array, split))
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            paths, array, split = item
+            try:
+                if self._error is None:
+                    written = sum(write_tensor(path, part)
+                                  for path, part in zip(paths, _parts(array, split, len(paths)), strict=True))
+                    with self._cond:
+                        self.bytes_written += written
+            except BaseException as exc:  # handed to the submitting thread
+                self._error = exc
+            with self._cond:
+                self._pending -= array.nbytes
+                self._cond.notify_all()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _stop(self) -> None:
+        for _ in self._threads:
+            self._queue.put(None)
+        for thread in self._threads:
+            thread.join()
+
+    def close(self) -> None:
+        self._stop()
+        self._raise_if_failed()
+
+    def __enter__(self) -> BackgroundWriter:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if exc_type is None:
+            self.close()
+        else:  # stop quietly; the original exception wins
+            self._stop()
+
+
+def _parts(array: np.ndarray, split: int | None, count: int) -> list[np.ndarray]:
+    """The per-rank pieces. Splitting on the first axis after one contiguous copy gives contiguous
+    pieces; splitting a strided view on a later axis and copying each piece is faster there."""
+    if split is None:
+        return [array]
+    if split == 0:
+        array = contiguous(array)
+    return np.split(array, count, axis=split)

@@ -1,0 +1,28 @@
+"""``python -m ftx_triton.openai_api``: run the OpenAI-compatible endpoint for one deployment until SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m ftx_triton.openai_api", description=__doc__)
+    parser.add_argument("--triton", required=True, help="Triton's HTTP address, http://HOST:PORT")
+    parser.add_argument("--model-id", required=True, help="The model name clients send (and /v1/models lists)")
+    parser.add_argument("--tokenizer", required=True, type=Path, help="The repository's preprocessing/1 directory")
+    parser.add_argument("--ensemble", default="text", help="The text model (generate extension)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args(argv)
+
+    from aiohttp import web
+
+    from ftx_triton.openai_api.app import make_app
+
+    app = make_app(args.triton, args.model_id, args.tokenizer, args.ensemble)
+    web.run_app(app, host=args.host, port=args.port, print=None, handle_signals=True, access_log=None)
+
+
+if __name__ == "__main__":
+    main()

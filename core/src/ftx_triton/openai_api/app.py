@@ -1,0 +1,339 @@
+"""The aiohttp application: OpenAI's completions and chat completions over a Triton ensemble.
+
+Requests are validated (OpenAI's error shape, HTTP 400), turned into generate-extension calls on
+the ensemble (run in a worker thread: the Triton client is synchronous) and answered in OpenAI's
+shapes, streamed as server-sent events (``data: {...}`` … ``data: [DONE]``) when ``stream`` is set.
+Token counts (``usage``, ``finish_reason``) come from the repository's own tokenizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from ftx_triton.errors import FtxError
+from ftx_triton.openai_api.chat import chat_template, render
+from ftx_triton.repository.io import TEXT_MODEL_NAME
+from ftx_triton.server.text_client import HttpError, HttpTriton, TextInterface, pieces, sampling_values, text_interface
+
+MAX_TOKENS_DEFAULT = 16
+"""OpenAI's default for /v1/completions."""
+
+
+class BadRequest(Exception):
+    """A request OpenAI's API would refuse (HTTP 400, or ``status``; ``code`` as OpenAI names it)."""
+
+    def __init__(self, message: str, param: str | None = None, *, status: int = 400, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param, self.status, self.code = param, status, code
+
+
+UNREADABLE_BODY = (ValueError, UnicodeDecodeError, LookupError, RecursionError, web.RequestPayloadError)
+"""What reading a client's body as JSON raises on bad input: not JSON, bytes not in its charset, an
+unknown charset, nesting deeper than the parser recurses, a body its Content-Encoding cannot decode."""
+
+
+@dataclass
+class Deployment:
+    """What the endpoint serves: the Triton HTTP address, the ensemble and the repository's tokenizer."""
+
+    triton: HttpTriton
+    model_id: str
+    ensemble: str
+    tokenizer_dir: Path
+    _iface: TextInterface | None = None
+    _codec: Any = None
+
+    def iface(self) -> TextInterface:
+        if self._iface is None:
+            self._iface = text_interface(self.triton, self.ensemble)
+        return self._iface
+
+    def count(self, text: str, *, prompt: bool = False) -> int:
+        if self._codec is None:
+            from ftx_triton.repository.textproc import load_codec
+
+            self._codec = load_codec(self.tokenizer_dir)
+        return len(self._codec.encode(text, prompt=prompt))
+
+
+def _error(status: int, message: str, kind: str, param: str | None = None, code: str | None = None) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": code}},
+                             status=status)
+
+
+def _number(body: Mapping[str, Any], name: str, kind: type, low: float, high: float) -> Any:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or (kind is int and not isinstance(value, int)):
+        raise BadRequest(f"{name} must be {'an integer' if kind is int else 'a number'}", name)
+    if not low <= value <= high:
+        raise BadRequest(f"{name} must be between {low:g} and {high:g}", name)
+    return value
+
+
+def _request_values(body: Mapping[str, Any], default_max_tokens: int | None) -> tuple[dict[str, Any], list[str], bool]:
+    """Sampling values, stop strings and stream flag of a completions-style body."""
+    if body.get("n", 1) != 1:
+        raise BadRequest("only n=1 is supported", "n")
+    max_tokens = _number(body, "max_tokens", int, 1, 1 << 20)
+    if max_tokens is None:
+        max_tokens = _number(body, "max_completion_tokens", int, 1, 1 << 20) or default_max_tokens
+    temperature = _number(body, "temperature", float, 0, 2)
+    top_p = _number(body, "top_p", float, 0, 1)
+    top_k = _number(body, "top_k", int, 0, 1 << 20)
+    stop = body.get("stop") or []
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
+        raise BadRequest("stop must be a string or a list of up to 4 non-empty strings", "stop")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("stream must be true or false", "stream")
+    values = sampling_values(max_tokens or MAX_TOKENS_DEFAULT, temperature or None, top_k or None, top_p)
+    return values, stop, stream
+
+
+def _cut(text: str, stop: list[str]) -> tuple[str, bool]:
+    """``text`` up to the first stop string, and whether one was found."""
+    ends = [text.find(s) for s in stop if s in text]
+    return (text[:min(ends)], True) if ends else (text, False)
+
+
+def _continuation(text: str, prompt: str, iface: TextInterface) -> str:
+    return text[len(prompt):] if iface.continues_prompt and text.startswith(prompt) else text
+
+
+class Generation:
+    """One generation for one prompt: the whole text, or its pieces as they arrive."""
+
+    def __init__(self, deployment: Deployment, prompt: str, values: Mapping[str, Any], stop: list[str]) -> None:
+        self.deployment, self.prompt, self.stop = deployment, prompt, stop
+        self.values = {"prompt": prompt, **values}
+        self.finish_reason = "length"
+
+    def whole(self) -> str:
+        iface = self.deployment.iface()
+        if iface.decoupled:
+            return "".join(self.stream())
+        text = _continuation(self.deployment.triton.generate(iface, self.values), self.prompt, iface)
+        text, stopped = _cut(text, self.stop)
+        self.finish_reason = self._reason(text, stopped)
+        return text
+
+    def stream(self) -> Iterator[str]:
+        """New text as it is generated (the prompt is not repeated)."""
+        iface = self.deployment.iface()
+        values = {**self.values, "stream": True} if iface.decoupled else self.values
+        sent, seen, stopped = "", "", False
+        for piece in pieces(self.deployment.triton.generate_stream(iface, values), iface, self.prompt):
+            seen += piece  # a decoder's stream starts with the prompt (pieces() makes sure of it)
+            text, stopped = _cut(_continuation(seen, self.prompt, iface), self.stop)
+            if len(text) > len(sent):
+                yield text[len(sent):]
+                sent = text
+            if stopped:
+                break
+        self.finish_reason = self._reason(sent, stopped)
+
+    def _reason(self, text: str, stopped: bool) -> str:
+        if stopped:
+            return "stop"
+        return "length" if self.deployment.count(text) >= int(self.values["max_tokens"]) else "stop"
+
+
+async def _in_thread_iter(gen: Iterator[str]) -> AsyncIterator[str]:
+    """Consume a blocking iterator in a worker thread, yielding its items to the event loop."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+    def run() -> None:
+        try:
+            for item in gen:
+                loop.call_soon_threadsafe(queue.put_nowait, ("item", item))
+            loop.call_soon_threadsafe(queue.put_nowait, ("done", None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the event loop, raised there
+            loop.call_soon_threadsafe(queue.put_nowait, ("error", exc))
+
+    threading.Thread(target=run, daemon=True).start()
+    while True:
+        kind, value = await queue.get()
+        if kind == "done":
+            return
+        if kind == "error":
+            raise value
+        yield value
+
+
+class Handlers:
+    """The routes, bound to one deployment."""
+
+    def __init__(self, deployment: Deployment) -> None:
+        self.d = deployment
+        self.template, self.specials = chat_template(deployment.tokenizer_dir)
+
+    async def models(self, _request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": self.d.model_id, "object": "model", "created": 0, "owned_by": "ftx"}]})
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except UNREADABLE_BODY as exc:
+            raise BadRequest(f"the body is not readable JSON ({type(exc).__name__})") from None
+        if not isinstance(body, dict):
+            raise BadRequest("the body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model != self.d.model_id:
+            raise BadRequest(f"this endpoint serves {self.d.model_id!r}, not {model!r}", "model", status=404,
+                             code="model_not_found")
+        return body
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        prompts = body.get("prompt")
+        prompts = [prompts] if isinstance(prompts, str) else prompts
+        if not prompts or not isinstance(prompts, list) or not all(isinstance(p, str) and p for p in prompts):
+            raise BadRequest("prompt must be a non-empty string or a list of them", "prompt")
+        values, stop, stream = _request_values(body, MAX_TOKENS_DEFAULT)
+        echo = body.get("echo", False)
+        if not isinstance(echo, bool):
+            raise BadRequest("echo must be true or false", "echo")
+        ident, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        if stream:
+            if len(prompts) != 1:
+                raise BadRequest("stream supports one prompt", "prompt")
+            generation = Generation(self.d, prompts[0], values, stop)
+
+            def chunk(text: str, reason: str | None) -> dict[str, Any]:
+                return {"id": ident, "object": "text_completion", "created": created, "model": self.d.model_id,
+                        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}]}
+
+            return await self._sse(request, generation, chunk, first=prompts[0] if echo else None)
+        choices, prompt_tokens, completion_tokens = [], 0, 0
+        for index, prompt in enumerate(prompts):
+            generation = Generation(self.d, prompt, values, stop)
+            text = await asyncio.to_thread(generation.whole)
+            prompt_tokens += self.d.count(prompt, prompt=True)
+            completion_tokens += self.d.count(text)
+            choices.append({"index": index, "text": (prompt + text) if echo else text, "logprobs": None,
+                            "finish_reason": generation.finish_reason})
+        return web.json_response({
+            "id": ident, "object": "text_completion", "created": created, "model": self.d.model_id,
+            "choices": choices, "usage": _usage(prompt_tokens, completion_tokens)})
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        messages = body.get("messages")
+        if not messages or not isinstance(messages, list) or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in messages):
+            raise BadRequest("messages must be a non-empty list of {role, content} objects with text content",
+                             "messages")
+        try:
+            prompt = render(messages, self.template, self.specials)
+        except Exception as exc:  # noqa: BLE001 - a template's own raise_exception or a render error
+            raise BadRequest(f"the model's chat template refused these messages: {exc}", "messages") from None
+        values, stop, stream = _request_values(body, None)
+        generation = Generation(self.d, prompt, values, stop)
+        ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        if stream:
+            def chunk(text: str, reason: str | None) -> dict[str, Any]:
+                delta = {"content": text} if text else {}
+                return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": self.d.model_id,
+                        "choices": [{"index": 0, "delta": delta, "finish_reason": reason}]}
+
+            return await self._sse(request, generation, chunk, role=True)
+        text = await asyncio.to_thread(generation.whole)
+        return web.json_response({
+            "id": ident, "object": "chat.completion", "created": created, "model": self.d.model_id,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": generation.finish_reason}],
+            "usage": _usage(self.d.count(prompt, prompt=True), self.d.count(text))})
+
+    async def _sse(self, request: web.Request, generation: Generation, chunk: Any, *, first: str | None = None,
+                   role: bool = False) -> web.StreamResponse:
+        await asyncio.to_thread(self.d.iface)  # fail before the 200 if the ensemble cannot be read
+        # the first piece too: a request the model refuses, or a server that is gone, is an HTTP error
+        # status (400 / 502 from the middleware), not a 200 whose stream holds the error
+        stream = _in_thread_iter(generation.stream())
+        try:
+            opening: str | None = await anext(stream)
+        except StopAsyncIteration:
+            opening = None
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+
+        async def send(data: Mapping[str, Any] | str) -> None:
+            text = data if isinstance(data, str) else json.dumps(data)
+            await response.write(f"data: {text}\n\n".encode())
+
+        if role:
+            head = chunk("", None)
+            head["choices"][0]["delta"] = {"role": "assistant"}
+            await send(head)
+        if first:
+            await send(chunk(first, None))
+        try:
+            try:
+                if opening is not None:
+                    await send(chunk(opening, None))
+                async for piece in stream:
+                    await send(chunk(piece, None))
+                await send(chunk("", generation.finish_reason))
+            except (HttpError, FtxError) as exc:
+                await send({"error": {"message": str(exc), "type": "server_error", "param": None, "code": None}})
+            await send("[DONE]")
+            await response.write_eof()
+        except ConnectionResetError:  # the client stopped reading; the stream ends here
+            pass
+        return response
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except BadRequest as exc:
+        return _error(exc.status, str(exc), "invalid_request_error", exc.param, exc.code)
+    except HttpError as exc:
+        status = 400 if 400 <= exc.status < 500 else 502
+        return _error(status, f"the model refused the request: {exc.message}",
+                      "invalid_request_error" if status == 400 else "server_error")
+    except FtxError as exc:
+        return _error(502, f"the Triton server did not answer: {exc.message}", "server_error")
+    except ConnectionResetError:  # the client left mid-request: nobody to answer, nothing worth a traceback
+        return web.Response(status=400)
+
+
+async def _health(_request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+def make_app(triton_http: str, model_id: str, tokenizer_dir: Path, ensemble: str = TEXT_MODEL_NAME,
+             timeout_s: float = 600.0) -> web.Application:
+    """The application for one deployment (``triton_http`` = ``http://host:port`` of Triton)."""
+    deployment = Deployment(HttpTriton(triton_http, timeout_s=timeout_s), model_id, ensemble, Path(tokenizer_dir))
+    handlers = Handlers(deployment)
+    app = web.Application(middlewares=[_errors], client_max_size=8 << 20)
+    app.add_routes([web.get("/v1/models", handlers.models), web.post("/v1/completions", handlers.completions),
+                    web.post("/v1/chat/completions", handlers.chat),
+                    web.get("/health", _health)])
+    return app
+
+
+__all__ = ["make_app"]

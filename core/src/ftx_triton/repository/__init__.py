@@ -1,0 +1,1 @@
+"""Triton model repositories: the fastertransformer model's config, the text models, the ensembles."""

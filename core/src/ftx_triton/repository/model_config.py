@@ -1,0 +1,301 @@
+"""``config.pbtxt`` of the ``fastertransformer`` model, built as a protobuf message.
+
+Never a text template: the message is built field by field from the family's declaration,
+printed with ``text_format`` and parsed back before it is trusted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ftx_triton.errors import ConfigError, FtxError
+from ftx_triton.io.ftformat import gpu_dir_name
+from ftx_triton.repository.io import IO_KINDS, TensorDecl, ft_outputs
+
+if TYPE_CHECKING:
+    from ftx_triton.conversion.family import Family
+    from ftx_triton.plan.settings import RunSettings
+
+FT_MODEL_NAME = "fastertransformer"
+
+DEFAULT_MAX_BATCH_SIZE = 128
+"""Default ``max_batch_size`` of every model in a repository.
+
+fastertransformer_backend's clients send batches of 8 (``identity_test.py``, ``end_to_end_test.py``,
+the sample requests), 32 in its guides and 128 (``evaluate_lambada.py``'s default); Triton refuses
+a request whose batch exceeds ``max_batch_size`` outright, so the default takes all of them.
+Upstream's samples say 1024. Memory stays bounded because the batch only caps what the dynamic
+batcher may combine: FasterTransformer sizes its buffers per executed batch, and the python
+runtime runs a batch as ``generate`` calls of at most ``FTX_MAX_BATCH_TOKENS`` tokens each.
+"""
+POSITION_KEYS = ("n_positions", "max_position_embeddings", "n_ctx", "max_sequence_length")
+"""config.json keys that hold a decoder's context size (prompt + generated tokens)."""
+
+
+DATA_TYPES: tuple[str, ...] = ("fp32", "fp16", "bf16")
+"""Every compute type the backend knows; a family narrows it to what its model type really runs."""
+
+
+@dataclass(frozen=True)
+class FtModelOptions:
+    """Deployment choices for the fastertransformer model, and the facts of its model type."""
+
+    model_type: str
+    io_kind: str
+    checkpoint_path: Path
+    tp: int
+    pp: int = 1
+    data_type: str = "fp16"
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    instances: int = 1
+    streaming: bool = False
+    dynamic_batching: bool = True
+    backend: str = "fastertransformer"
+    data_types: tuple[str, ...] = DATA_TYPES
+    """Compute types FasterTransformer really runs for ``model_type`` (the family's ``data_types``)."""
+    data_type_note: str = ""
+    max_positions: int | None = None
+    """A decoder's context size from the source's config.json (None: unknown, or not a decoder)."""
+    output_dtypes: tuple[tuple[str, str], ...] = ()
+    """(output, dtype) where ``model_type`` returns another dtype than its I/O kind's table."""
+
+    @classmethod
+    def for_family(cls, family: Family, checkpoint_path: Path, tp: int, **choices: Any) -> FtModelOptions:
+        """Options for ``family``'s model type (type, I/O kind, compute types) plus the deployment ``choices``."""
+        return cls(model_type=family.triton_model_type, io_kind=family.triton_io, checkpoint_path=checkpoint_path,
+                   tp=tp, data_types=tuple(family.data_types), data_type_note=family.data_type_note,
+                   output_dtypes=tuple(sorted(family.ft_output_dtypes.items())), **choices)
+
+    @classmethod
+    def from_settings(cls, family: Family, checkpoint_path: Path, settings: RunSettings,
+                      source: Path | None = None) -> FtModelOptions:
+        """The fastertransformer model's options for ``family`` from the run's configure settings
+        (and the ``source`` checkpoint's config.json, for a decoder's context size)."""
+        repo = settings.configure
+        positions = source_context_size(family, source) if source is not None else None
+        return cls.for_family(family, checkpoint_path, settings.convert.tp, pp=repo.pp, data_type=settings.data_type,
+                              max_batch_size=repo.max_batch_size, instances=repo.instances,
+                              streaming=repo.streaming, dynamic_batching=repo.dynamic_batching,
+                              max_positions=positions)
+
+
+def source_context_size(family: Family, source: Path) -> int | None:
+    """A decoder's context size from its source's config.json; None for encoder-decoders (relative
+    positions) or when the source has no readable config."""
+    if family.triton_io != "decoder":
+        return None
+    try:
+        return context_size(family.read_hf_config(Path(source)))
+    except (FtxError, OSError, ValueError):
+        return None
+
+
+def context_size(hf_config: Mapping[str, object]) -> int | None:
+    """The positions a decoder's config.json declares (prompt + generated tokens), if any."""
+    for key in POSITION_KEYS:
+        value = hf_config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def refuse_data_type(model_type: str, data_type: str, allowed: Sequence[str], note: str = "") -> None:
+    """Refuse a ``data_type`` outside ``allowed``, what FasterTransformer really runs for ``model_type``."""
+    if data_type in allowed:
+        return
+    reason = note or f"FasterTransformer runs {model_type} in {', '.join(allowed)} only"
+    raise ConfigError(f"data_type {data_type!r} is not supported for {model_type}: {reason}",
+                      hint=f"use --data-type {' or '.join(allowed)}")
+
+
+def check_data_type(family: Family, data_type: str) -> None:
+    """Refuse a ``data_type`` FasterTransformer would not really run for ``family``'s model type."""
+    refuse_data_type(family.triton_model_type, data_type, family.data_types, family.data_type_note)
+
+
+def check_ft_options(opts: FtModelOptions) -> None:
+    """Values the fastertransformer backend refuses at load, refused here instead.
+
+    Streaming (decoupled) is not refused with any batching ftx writes: the backend streams with
+    dynamic and ragged batching (releases before r23.05 ran decoupled requests one at a time,
+    fastertransformer_backend#149), and Triton streams a decoupled model through the ensemble.
+    FasterTransformer's other batching mode, sequence batching, exists for model_type GPT only
+    (max_batch_size 1, never with dynamic batching); ftx never writes it.
+    """
+    if opts.io_kind not in IO_KINDS:
+        raise ConfigError(f"unknown I/O kind {opts.io_kind!r}", hint=f"use one of: {', '.join(IO_KINDS)}")
+    if opts.tp < 1 or opts.pp < 1:
+        raise ConfigError(f"tensor_para_size and pipeline_para_size must be at least 1 (got {opts.tp}, {opts.pp})")
+    if opts.max_batch_size < 1:
+        raise ConfigError("max_batch_size must be at least 1 (the backend batches along the first dimension)",
+                          hint="use --max-batch-size 1 or more")
+    if opts.instances < 1:
+        raise ConfigError("the instance count must be at least 1", hint="use --instances 1 or more")
+    if opts.backend == "fastertransformer":
+        refuse_data_type(opts.model_type, opts.data_type, opts.data_types, opts.data_type_note)
+
+
+def _add_tensor(collection: object, decl: TensorDecl, output: bool = False) -> None:
+    item = collection.add()  # type: ignore[attr-defined]
+    item.name = decl.name
+    item.data_type = mc.DataType.Value(f"TYPE_{decl.dtype}")
+    item.dims.extend(decl.dims)
+    if decl.reshape is not None:
+        item.reshape.shape.extend(decl.reshape)
+    if not output:
+        item.optional = decl.optional
+        item.allow_ragged_batch = decl.ragged
+
+
+def add_inputs_outputs(config: mc.ModelConfig, inputs: Sequence[TensorDecl], outputs: Sequence[TensorDecl]) -> None:
+    for decl in inputs:
+        _add_tensor(config.input, decl)
+    for decl in outputs:
+        _add_tensor(config.output, decl, output=True)
+
+
+def set_parameters(config: mc.ModelConfig, params: Mapping[str, str]) -> None:
+    for key, value in params.items():
+        config.parameters[key].string_value = str(value)
+
+
+def build_ft_model_config(opts: FtModelOptions) -> mc.ModelConfig:
+    """The fastertransformer model's config as a ModelConfig message."""
+    check_ft_options(opts)
+    config = mc.ModelConfig(name=FT_MODEL_NAME, backend=opts.backend, max_batch_size=opts.max_batch_size)
+    inputs, outputs = IO_KINDS[opts.io_kind][0], ft_outputs(opts.io_kind, dict(opts.output_dtypes))
+    if opts.dynamic_batching:
+        # Ragged batching: requests with different prompt lengths batch together; the
+        # backend right-pads input_ids with 0 up to the longest (lengths travel separately).
+        inputs = tuple(
+            TensorDecl(d.name, d.dtype, d.dims, d.optional, d.reshape, ragged=True) if d.name == "input_ids" else d
+            for d in inputs
+        )
+        batch_input = config.batch_input.add()
+        batch_input.kind = mc.BatchInput.Kind.BATCH_ITEM_SHAPE
+        batch_input.target_name.append("input_ids_item_shape")
+        batch_input.data_type = mc.DataType.TYPE_INT32
+        batch_input.source_input.append("input_ids")
+    add_inputs_outputs(config, inputs, outputs)
+    group = config.instance_group.add()
+    group.count = opts.instances
+    group.kind = mc.ModelInstanceGroup.Kind.KIND_CPU
+    config.model_transaction_policy.decoupled = opts.streaming
+    if opts.dynamic_batching:
+        config.dynamic_batching.SetInParent()
+    set_parameters(config, {
+        "model_type": opts.model_type,
+        "tensor_para_size": str(opts.tp),
+        "pipeline_para_size": str(opts.pp),
+        "model_checkpoint_path": str(opts.checkpoint_path),
+        "data_type": opts.data_type,
+        "enable_custom_all_reduce": "0",
+    })
+    return config
+
+
+def build_python_model_config(name: str, inputs: Sequence[TensorDecl], outputs: Sequence[TensorDecl], *,
+                              max_batch_size: int, parameters: Mapping[str, str],
+                              instances: int = 1) -> mc.ModelConfig:
+    """A Python-backend model (preprocessing, postprocessing) on CPU."""
+    config = mc.ModelConfig(name=name, backend="python", max_batch_size=max_batch_size)
+    add_inputs_outputs(config, inputs, outputs)
+    group = config.instance_group.add()
+    group.count = instances
+    group.kind = mc.ModelInstanceGroup.Kind.KIND_CPU
+    set_parameters(config, parameters)
+    return config
+
+
+def parameter(config: mc.ModelConfig, key: str) -> str | None:
+    """A ``parameters`` string value, or None when absent."""
+    return config.parameters[key].string_value if key in config.parameters else None
+
+
+def check_ft_config(config: mc.ModelConfig, path: Path | None = None) -> list[str]:
+    """Rules a fastertransformer-backend config must satisfy; returns the problems."""
+    where = f"{path}: " if path else ""
+    problems = []
+    if config.name != FT_MODEL_NAME:
+        problems.append(f"{where}name is {config.name!r}, not {FT_MODEL_NAME!r}")
+    if config.max_batch_size < 1:
+        problems.append(f"{where}max_batch_size must be at least 1")
+    kinds = [mc.ModelInstanceGroup.Kind.Name(g.kind) for g in config.instance_group]
+    if kinds != ["KIND_CPU"]:
+        problems.append(f"{where}needs exactly one KIND_CPU instance group (has {kinds or 'none'})")
+    for key in ("model_type", "tensor_para_size", "pipeline_para_size", "model_checkpoint_path", "data_type"):
+        if not parameter(config, key):
+            problems.append(f"{where}parameter {key} is not set")
+    if config.HasField("sequence_batching") and config.HasField("dynamic_batching"):
+        problems.append(f"{where}sequence batching cannot be combined with dynamic batching")
+    ragged = [i.name for i in config.input if i.allow_ragged_batch]
+    shapes = {b.source_input[0] for b in config.batch_input
+              if b.kind == mc.BatchInput.Kind.BATCH_ITEM_SHAPE and b.data_type == mc.DataType.TYPE_INT32
+              and list(b.target_name) == [f"{b.source_input[0]}_item_shape"]}
+    for name in ragged:
+        if name not in shapes:
+            problems.append(f"{where}ragged input {name} needs a BATCH_ITEM_SHAPE batch input {name}_item_shape")
+    return problems
+
+
+_RANK_FILE = re.compile(r"(?<=[A-Za-z_])\.(\d+)\.bin$")
+
+
+def checkpoint_ranks(checkpoint_dir: Path) -> set[int]:
+    """Tensor-parallel ranks present in a ``<tp>-gpu`` directory (``….weight.<rank>.bin`` files)."""
+    ranks = set()
+    for path in checkpoint_dir.glob("*.bin"):
+        if match := _RANK_FILE.search(path.name):
+            ranks.add(int(match.group(1)))
+    return ranks
+
+
+def check_against_checkpoint(config: mc.ModelConfig, ini: Mapping[str, Mapping[str, str]], checkpoint_dir: Path, *,
+                             sections: Sequence[str] = (), data_types: Sequence[str] = DATA_TYPES) -> list[str]:
+    """config.pbtxt parameters that disagree with the checkpoint (tp, dtype) or with the model type's facts:
+    the config.ini ``sections`` it reads and the compute ``data_types`` it runs."""
+    problems = []
+    tp = parameter(config, "tensor_para_size") or ""
+    model_type = parameter(config, "model_type") or ""
+    data_type = parameter(config, "data_type") or ""
+    if checkpoint_dir.name != gpu_dir_name(tp):
+        problems.append(f"tensor_para_size {tp} but model_checkpoint_path is {checkpoint_dir.name}")
+    ranks = checkpoint_ranks(checkpoint_dir)
+    if ranks and (ranks != set(range(len(ranks))) or str(len(ranks)) != tp):
+        problems.append(f"tensor_para_size {tp} but the weight files in {checkpoint_dir} are split for "
+                        f"ranks {sorted(ranks)}")
+    if not all(s in ini for s in sections):
+        problems.append(f"model_type {model_type} reads config.ini section(s) {', '.join(sections)}, "
+                        f"but {checkpoint_dir / 'config.ini'} has {', '.join(ini) or 'none'}")
+    weight_types = {v["weight_data_type"] for v in ini.values() if "weight_data_type" in v}
+    if len(weight_types) != 1 or not weight_types <= set(DATA_TYPES):
+        problems.append(f"config.ini weight_data_type is {sorted(weight_types) or 'missing'}")
+    if data_type not in data_types:
+        problems.append(f"data_type {data_type} is not run by FasterTransformer for {model_type}")
+    return problems
+
+
+def write_config(config: mc.ModelConfig, model_dir: Path) -> Path:
+    """Print the message to ``<model_dir>/config.pbtxt``, parse it back, and check equality."""
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "1").mkdir(exist_ok=True)
+    path = model_dir / "config.pbtxt"
+    path.write_text(text_format.MessageToString(config))
+    if parse_config(path) != config:
+        raise ConfigError(f"{path} does not parse back to the config that was built")
+    return path
+
+
+def parse_config(path: Path) -> mc.ModelConfig:
+    """Parse a config.pbtxt through the Triton schema."""
+    try:
+        return text_format.Parse(path.read_text(), mc.ModelConfig())
+    except text_format.ParseError as exc:
+        raise ConfigError(f"{path} is not a valid Triton model config: {exc}") from exc

@@ -1,0 +1,406 @@
+"""A whole Triton model repository for one family: plan (every check), then write, then verify.
+
+Layout::
+
+    fastertransformer/config.pbtxt, 1/       FT backend (or the python runtime's model)
+    preprocessing/config.pbtxt, 1/model.py   text → FT inputs (Python backend), tokenizer files in 1/
+    postprocessing/config.pbtxt, 1/model.py  FT outputs → text
+    ensemble/config.pbtxt, 1/                fastertransformer_backend's ensemble I/O (INPUT_0 … → OUTPUT_0)
+    text/config.pbtxt, 1/                    generate-extension I/O (text_input, max_tokens … → text_output)
+    ftx-deployment.json                      what this repository was built from
+
+:func:`plan_repository` raises every :class:`~ftx_triton.errors.FtxError` a user can fix before a
+single file is written; :func:`write_repository` writes; :func:`verify_repository` parses every
+``config.pbtxt`` back through Triton's schema and checks the FT model against the checkpoint's
+``config.ini`` and the ensemble's wiring.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from ftx_triton.conversion.family import Family, ModelSpec
+from ftx_triton.errors import CheckpointError, ConfigError
+from ftx_triton.io.ftformat import gpu_dir_name, read_ini
+from ftx_triton.repository import textproc
+from ftx_triton.repository.ensemble import (
+    ENSEMBLE_NAME,
+    POSTPROCESSING,
+    PREPROCESSING,
+    TEXT_MODEL_NAME,
+    build_ensemble_config,
+    build_text_ensemble_config,
+    check_ensemble,
+)
+from ftx_triton.repository.io import (
+    POSTPROCESSING_OUTPUTS,
+    PREPROCESSING_INPUTS,
+    PREPROCESSING_OUTPUTS,
+    TensorDecl,
+    postprocessing_inputs,
+)
+from ftx_triton.repository.model_config import (
+    DATA_TYPES,
+    FT_MODEL_NAME,
+    FtModelOptions,
+    build_ft_model_config,
+    build_python_model_config,
+    check_against_checkpoint,
+    check_data_type,
+    check_ft_config,
+    check_ft_options,
+    checkpoint_ranks,
+    parameter,
+    parse_config,
+    write_config,
+)
+from ftx_triton.terminal.redact import redact_data
+
+log = structlog.get_logger(__name__)
+
+DEPLOYMENT_FILE = "ftx-deployment.json"
+DEPLOYMENT_SCHEMA = "ftx.deployment/1"
+TEXTPROC_MODULE = "ftx_textproc.py"
+MODEL_NAMES = (FT_MODEL_NAME, PREPROCESSING, POSTPROCESSING, ENSEMBLE_NAME, TEXT_MODEL_NAME)
+ENSEMBLES = (ENSEMBLE_NAME, TEXT_MODEL_NAME)
+_PYTHON_MODELS = Path(__file__).parent / "python_models"
+
+FtWriter = Callable[[Path, FtModelOptions, Family], str]
+"""A runtime's ``write_ft_model``: writes ``fastertransformer/`` and returns its backend."""
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+@dataclass(frozen=True)
+class TokenizerPlan:
+    """The tokenizer files copied into pre/post-processing and the ids they are checked against."""
+
+    kind: str
+    files: Mapping[str, Path]
+    origin: Path
+    start_id: int
+    end_id: int
+    pad_id: int
+    vocab_size: int
+
+    def settings(self, io_kind: str, streaming: bool, max_positions: int | None = None) -> textproc.TextSettings:
+        return textproc.TextSettings(io_kind=io_kind, tokenizer_kind=self.kind, start_id=self.start_id,
+                                     end_id=self.end_id, pad_id=self.pad_id, streaming=streaming,
+                                     max_prompt_tokens=max_positions)
+
+
+def collect_tokenizer_files(path: Path, family: Family) -> dict[str, Path]:
+    """Tokenizer files under their repository names, from a directory or a single file."""
+    path = Path(path)
+    if path.is_file():
+        name = path.name
+        if path.suffix == ".model":
+            name = textproc.SPIECE_FILE
+        elif path.suffix == ".json" and name not in family.tokenizer_files:
+            name = "tokenizer.json"
+        return {name: path}
+    if not path.is_dir():
+        return {}
+    files = {name: path / name for name in family.tokenizer_files if (path / name).is_file()}
+    if textproc.SPIECE_FILE not in files:
+        models = sorted(p for p in path.glob("*.model") if p.is_file())
+        if len(models) == 1:
+            files[textproc.SPIECE_FILE] = models[0]
+    return files
+
+
+def plan_tokenizer(path: Path | None, family: Family, spec: ModelSpec, *, explicit: bool = False) -> TokenizerPlan:
+    """Find, load and check the tokenizer: its special tokens must have the model's ids."""
+    flag = "--tokenizer" if explicit else "the checkpoint"
+    hint = ("pass --tokenizer PATH: a directory (or file) with tokenizer.json, vocab.json + merges.txt, "
+            "or spiece.model")
+    if path is None:
+        raise ConfigError(f"no tokenizer: the source of this {family.name} model is unknown", hint=hint)
+    files = collect_tokenizer_files(path, family)
+    with tempfile.TemporaryDirectory(prefix="ftx-tokenizer-") as tmp:
+        staged = Path(tmp)
+        for name, src in files.items():
+            shutil.copyfile(src, staged / name)
+        kind = _tokenizer_kind(staged, family)
+        if kind is None:
+            found = ", ".join(sorted(files)) or "no tokenizer files"
+            raise ConfigError(f"{flag} at {path} has no tokenizer for {family.name} ({found})", hint=hint)
+        try:
+            codec = textproc.load_codec(staged, kind)
+            names = textproc.special_token_names(staged)
+        except textproc.TokenizerLoadError as exc:
+            if "is not installed" in str(exc):
+                hint = "pip install tokenizers sentencepiece (or ftx-triton[serve]); the serving image needs them too"
+            raise ConfigError(f"cannot load the tokenizer from {path}: {exc}", hint=hint) from exc
+    names.update(family.special_tokens)
+    pad_id = spec.pad_id if spec.pad_id is not None else spec.end_id
+    expected = {"eos": spec.end_id, "pad": spec.pad_id}
+    if family.triton_io == "decoder":
+        expected["bos"] = spec.start_id
+    for role, want in expected.items():
+        token = names.get(role)
+        if token is None or want is None:
+            continue
+        got = codec.token_id(token)
+        if got is None:
+            raise ConfigError(f"the tokenizer at {path} has no {role} token {token!r}",
+                              hint="use the model's own tokenizer (--tokenizer)")
+        if got != want:
+            raise ConfigError(
+                f"the tokenizer's {role} token {token!r} has id {got}, but the model uses {want} "
+                f"({'end_id' if role == 'eos' else 'start_id' if role == 'bos' else 'pad_id'} from config.json)",
+                hint="use the model's own tokenizer, or fix the ids in the checkpoint's config.json")
+    vocab = spec.dims.get("V")
+    if vocab is not None and codec.vocab_size > int(vocab):
+        # Not fatal: byte-level tokenizers list every byte whether or not the text can reach it.
+        log.warning("configure.tokenizer_larger_than_model", tokenizer=str(path), tokenizer_vocab=codec.vocab_size,
+                    model_vocab=int(vocab), note="ids beyond the model's vocabulary would be out of range")
+    for value, what in ((spec.start_id, "start_id"), (spec.end_id, "end_id"), (pad_id, "pad_id")):
+        if vocab is not None and not 0 <= value < int(vocab):
+            raise ConfigError(f"{what} {value} is outside the model's vocabulary of {vocab}")
+    return TokenizerPlan(kind=kind, files=files, origin=Path(path), start_id=spec.start_id, end_id=spec.end_id,
+                         pad_id=pad_id, vocab_size=codec.vocab_size)
+
+
+def _tokenizer_kind(directory: Path, family: Family) -> str | None:
+    """The family's declared kind when its files are there, else whatever is there."""
+    detected = textproc.detect_kind(directory)
+    if family.tokenizer_kind == "sentencepiece" and (directory / textproc.SPIECE_FILE).is_file():
+        return "sentencepiece"
+    return detected
+
+
+# --------------------------------------------------------------------------- plan
+
+
+@dataclass(frozen=True)
+class RepositoryPlan:
+    """Everything needed to write a repository, already checked."""
+
+    family: Family
+    ft: FtModelOptions
+    runtime: str
+    tokenizer: TokenizerPlan
+    deployment: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def io_kind(self) -> str:
+        return self.family.triton_io
+
+
+def check_checkpoint(family: Family, checkpoint_dir: Path, *, tp: int, weight_dtype: str) -> dict[str, dict[str, str]]:
+    """The converted ``<tp>-gpu`` directory must hold ``tp`` ranks, the model type's sections, the dtype."""
+    ini_path = checkpoint_dir / "config.ini"
+    if not ini_path.is_file():
+        raise CheckpointError(f"{checkpoint_dir} has no config.ini",
+                              hint="convert the checkpoint again (--force convert)")
+    ini = read_ini(ini_path)
+    if checkpoint_dir.name != gpu_dir_name(tp):
+        raise ConfigError(f"{checkpoint_dir} was converted for {checkpoint_dir.name}, not for --tp {tp}",
+                          hint=f"convert with --tp {tp} (ftx converts automatically when it owns the checkpoint)")
+    ranks = checkpoint_ranks(checkpoint_dir)
+    if ranks and ranks != set(range(tp)):
+        raise ConfigError(f"{checkpoint_dir} holds weights split for ranks {sorted(ranks)}, not for --tp {tp}",
+                          hint=f"convert again with --tp {tp}")
+    missing = [s for s in family.ini.required_sections() if s not in ini]
+    if missing:
+        raise ConfigError(f"{ini_path} has no [{'], ['.join(missing)}] section, so it is not a "
+                          f"{family.triton_model_type} checkpoint (sections: {', '.join(ini) or 'none'})",
+                          hint=f"convert the source with --family {family.name}")
+    dtypes = {v["weight_data_type"] for v in ini.values() if "weight_data_type" in v}
+    if dtypes != {weight_dtype}:
+        raise ConfigError(f"{ini_path} says weight_data_type {', '.join(sorted(dtypes)) or 'nothing'}, "
+                          f"expected {weight_dtype}", hint="convert the checkpoint again (--force convert)")
+    prompt = [f"[{name}] {key} = {value}" for name, values in ini.items() for key, value in values.items()
+              if key in ("num_tasks", "prompt_learning_type") and value.strip() not in ("", "0")]
+    prompt += [f"[{name}]" for name in ini if name.startswith("task_")]
+    if prompt:
+        raise ConfigError(f"{ini_path} declares prompt learning ({'; '.join(prompt)}): FasterTransformer would "
+                          "look for prompt tables that do not exist",
+                          hint="convert the checkpoint again with ftx, which writes no prompt-learning keys")
+    return ini
+
+
+def plan_repository(family: Family, spec: ModelSpec, ft: FtModelOptions, *, runtime: str,
+                    tokenizer: Path | None, tokenizer_explicit: bool = False,
+                    weight_dtype: str, deployment: Mapping[str, Any] | None = None) -> RepositoryPlan:
+    """Check everything a repository depends on; raise an FtxError before anything is written."""
+    if ft.model_type != family.triton_model_type or ft.io_kind != family.triton_io:
+        raise ConfigError(f"options say model_type {ft.model_type} ({ft.io_kind}) but family {family.name} is "
+                          f"{family.triton_model_type} ({family.triton_io})")
+    check_data_type(family, ft.data_type)
+    check_ft_options(ft)
+    check_checkpoint(family, Path(ft.checkpoint_path), tp=ft.tp, weight_dtype=weight_dtype)
+    tok = plan_tokenizer(tokenizer, family, spec, explicit=tokenizer_explicit)
+    return RepositoryPlan(family=family, ft=ft, runtime=runtime, tokenizer=tok, deployment=dict(deployment or {}))
+
+
+# --------------------------------------------------------------------------- write
+
+
+def write_backend_ft_model(model_dir: Path, options: FtModelOptions, family: Family) -> str:
+    """``fastertransformer/`` on the FasterTransformer backend (what every FT launcher serves)."""
+    write_config(build_ft_model_config(options), model_dir)
+    return options.backend
+
+
+def write_ft_model(plan: RepositoryPlan, dest: Path, writer: FtWriter) -> str:
+    """``fastertransformer/``, written by the runtime's ``writer``; returns the backend it runs on."""
+    model_dir = dest / FT_MODEL_NAME
+    model_dir.mkdir(parents=True, exist_ok=True)
+    return writer(model_dir, plan.ft, plan.family) or parse_config(model_dir / "config.pbtxt").backend
+
+
+def write_text_model(dest: Path, role: str, plan: RepositoryPlan) -> None:
+    """``preprocessing/`` or ``postprocessing/``: config, model.py, textproc copy, tokenizer files."""
+    io_kind = plan.io_kind
+    settings = plan.tokenizer.settings(io_kind, plan.ft.streaming, plan.ft.max_positions)
+    params = {"role": role, **settings.as_parameters(), "tokenizer_files": ",".join(sorted(plan.tokenizer.files))}
+    inputs: tuple[TensorDecl, ...]
+    outputs: tuple[TensorDecl, ...]
+    if role == PREPROCESSING:
+        inputs, outputs = PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS
+    else:
+        inputs, outputs = postprocessing_inputs(io_kind, dict(plan.ft.output_dtypes)), POSTPROCESSING_OUTPUTS
+    config = build_python_model_config(role, inputs, outputs, max_batch_size=plan.ft.max_batch_size,
+                                       parameters=params, instances=1)
+    model_dir = dest / role
+    write_config(config, model_dir)
+    version = model_dir / "1"
+    shutil.copyfile(_PYTHON_MODELS / "text_model.py", version / "model.py")
+    shutil.copyfile(Path(textproc.__file__), version / TEXTPROC_MODULE)
+    for name, src in plan.tokenizer.files.items():
+        shutil.copyfile(src, version / name)
+
+
+def write_repository(plan: RepositoryPlan, dest: Path, ft_writer: FtWriter = write_backend_ft_model) -> tuple[str, ...]:
+    """Write every model and ``ftx-deployment.json`` into ``dest``; verify; return the model names.
+
+    ``ft_writer`` is the serving runtime's contribution (the ``fastertransformer`` model)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    backend = write_ft_model(plan, dest, ft_writer)
+    write_text_model(dest, PREPROCESSING, plan)
+    write_text_model(dest, POSTPROCESSING, plan)
+    ft_outputs = {o.name for o in parse_config(dest / FT_MODEL_NAME / "config.pbtxt").output}
+    write_config(build_ensemble_config(plan.io_kind, max_batch_size=plan.ft.max_batch_size,
+                                       output_dtypes=dict(plan.ft.output_dtypes)), dest / ENSEMBLE_NAME)
+    write_config(build_text_ensemble_config(plan.io_kind, max_batch_size=plan.ft.max_batch_size,
+                                            streaming=plan.ft.streaming, ft_outputs=ft_outputs),
+                 dest / TEXT_MODEL_NAME)
+    for name in ENSEMBLES:
+        (dest / name / "1" / ".ftx-keep").write_text("Triton needs this version directory to exist.\n")
+    record = redact_data(deployment_record(plan, backend))
+    (dest / DEPLOYMENT_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    verify_repository(dest)
+    return MODEL_NAMES
+
+
+def deployment_record(plan: RepositoryPlan, backend: str) -> dict[str, Any]:
+    ft = plan.ft
+    tok = plan.tokenizer
+    record: dict[str, Any] = {
+        "schema": DEPLOYMENT_SCHEMA,
+        "family": plan.family.name,
+        "model_type": ft.model_type,
+        "ini_sections": list(plan.family.ini.required_sections()),
+        "data_types": list(ft.data_types),
+        "runtime": plan.runtime,
+        "backend": backend,
+        "tp": ft.tp,
+        "pp": ft.pp,
+        "data_type": ft.data_type,
+        "max_batch_size": ft.max_batch_size,
+        "instances": ft.instances,
+        "streaming": ft.streaming,
+        "dynamic_batching": ft.dynamic_batching,
+        "checkpoint": str(ft.checkpoint_path),
+        "tokenizer": {"kind": tok.kind, "files": sorted(tok.files), "from": str(tok.origin), "start_id": tok.start_id,
+                      "end_id": tok.end_id, "pad_id": tok.pad_id, "vocab_size": tok.vocab_size},
+        "models": list(MODEL_NAMES),
+        "endpoints": {"generate": f"/v2/models/{TEXT_MODEL_NAME}/generate",
+                      "generate_stream": f"/v2/models/{TEXT_MODEL_NAME}/generate_stream",
+                      "fastertransformer": f"/v2/models/{FT_MODEL_NAME}/infer",
+                      "ensemble": f"/v2/models/{ENSEMBLE_NAME}/infer"},
+    }
+    record.update(plan.deployment)
+    return record
+
+
+# --------------------------------------------------------------------------- verify
+
+
+def verify_repository(repository: Path) -> tuple[str, ...]:
+    """Parse every config.pbtxt back and check the repository; raise ConfigError listing the problems."""
+    problems: list[str] = []
+    models = []
+    for config_path in sorted(repository.glob("*/config.pbtxt")):
+        try:
+            config = parse_config(config_path)
+        except ConfigError as exc:
+            problems.append(exc.message)
+            continue
+        models.append(config_path.parent.name)
+        if config.name and config.name != config_path.parent.name:
+            problems.append(f"{config_path}: name {config.name!r} differs from its directory")
+        if not (config_path.parent / "1").is_dir():
+            problems.append(f"{config_path.parent}/1/ is missing")
+    for name in MODEL_NAMES:
+        if name not in models and not any(name in p for p in problems):
+            problems.append(f"model {name} is missing")
+    ft_path = repository / FT_MODEL_NAME / "config.pbtxt"
+    if ft_path.is_file() and not problems:
+        ft = parse_config(ft_path)
+        if ft.backend == "fastertransformer":
+            problems += check_ft_config(ft, ft_path)
+            checkpoint = Path(parameter(ft, "model_checkpoint_path") or "")
+            if not (checkpoint / "config.ini").is_file():
+                problems.append(f"{ft_path}: model_checkpoint_path {checkpoint} holds no config.ini")
+            else:
+                ini = read_ini(checkpoint / "config.ini")
+                problems += [f"{ft_path}: {p}" for p in check_against_checkpoint(
+                    ft, ini, checkpoint, sections=_recorded(repository, "ini_sections") or (),
+                    data_types=_recorded(repository, "data_types") or DATA_TYPES)]
+                model_type = _recorded(repository, "model_type")
+                if model_type and parameter(ft, "model_type") != model_type:
+                    problems.append(f"{ft_path}: model_type {parameter(ft, 'model_type')} but {DEPLOYMENT_FILE} "
+                                    f"says {model_type}")
+                recorded = _recorded(repository, "weight_dtype")
+                found = {v["weight_data_type"] for v in ini.values() if "weight_data_type" in v}
+                if recorded and found != {recorded}:
+                    problems.append(f"{DEPLOYMENT_FILE} says weight_dtype {recorded} but {checkpoint}/config.ini "
+                                    f"says {', '.join(sorted(found)) or 'nothing'}")
+    for name in ENSEMBLES:
+        if (repository / name / "config.pbtxt").is_file() and not problems:
+            problems += check_ensemble(repository, name)
+    for role in (PREPROCESSING, POSTPROCESSING):
+        version = repository / role / "1"
+        if not problems and version.is_dir():
+            params = {k: v.string_value for k, v in parse_config(repository / role / "config.pbtxt").parameters.items()}
+            for needed in ("model.py", TEXTPROC_MODULE):
+                if not (version / needed).is_file():
+                    problems.append(f"{version / needed} is missing")
+            try:
+                textproc.load_codec(version, params.get("tokenizer_kind", "auto"))
+            except textproc.TokenizerLoadError as exc:
+                problems.append(f"{role}: {exc}")
+    if problems:
+        raise ConfigError(f"the model repository {repository} is not valid:\n  " + "\n  ".join(problems),
+                          hint="this is a bug in ftx or a plugin; please report it with the repository attached")
+    return tuple(models)
+
+
+def _recorded(repository: Path, key: str) -> Any:
+    try:
+        return json.loads((repository / DEPLOYMENT_FILE).read_text()).get(key)
+    except (OSError, ValueError):
+        return None
+

@@ -1,0 +1,118 @@
+"""FasterTransformer in Docker as a runtime plugin: the Triton + FT backend image, tp x pp GPUs, mpirun."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ftx_triton import hookimpl
+from ftx_triton.runtime.api import Availability, DryRunPlan, Runtime
+
+if TYPE_CHECKING:
+    from ftx_triton.conversion.family import Family, ModelSpec
+    from ftx_triton.plan.artifacts import Endpoint, GemmConfig, ModelRepository
+    from ftx_triton.plan.context import StageContext
+    from ftx_triton.plan.settings import RunSettings
+    from ftx_triton.repository.model_config import FtModelOptions
+
+
+class DockerFasterTransformer(Runtime):
+    """Triton with the FasterTransformer backend in the image ``ftx image build`` makes, through Docker."""
+
+    name = "fastertransformer-docker"
+    selects_as = ("fastertransformer",)
+    priority = 30
+    description = "Triton + FasterTransformer backend image on tp x pp GPUs through Docker (mpirun tritonserver)"
+    default_data_type = "fp16"
+    uses_gemm_config = True
+
+    def __init__(self) -> None:
+        self._targets: dict[Any, dict[str, Any]] = {}
+
+    def available(self, settings: RunSettings) -> Availability:
+        from ftx_triton.runtime.fastertransformer.docker.options import DockerOptions
+
+        try:
+            import docker
+        except ImportError:
+            return Availability(False, "the docker SDK is not installed")
+        try:
+            client = docker.from_env(timeout=3)
+            info = client.info()
+        except Exception:  # noqa: BLE001 - any failure means: no usable daemon
+            return Availability(False, "no Docker daemon is reachable")
+        if "nvidia" not in (info.get("Runtimes") or {}):
+            return Availability(False, "Docker has no NVIDIA runtime (no GPU support)")
+        image = DockerOptions.from_settings(settings).image
+        try:
+            client.images.get(image)
+        except Exception:  # noqa: BLE001
+            return Availability(False, f"the image {image} is not built (run `ftx image build`)")
+        return Availability(True, "Docker, the NVIDIA runtime and the FasterTransformer image are present")
+
+    def describe(self, plan: DryRunPlan) -> list[str]:
+        from ftx_triton.runtime.fastertransformer.docker.plan import describe_run
+
+        return describe_run(plan.settings, plan.family, plan.spec, plan.checkpoint_dir, plan.repository_dir)
+
+    def _target(self, family: Family, spec: ModelSpec, settings: RunSettings) -> dict[str, Any]:
+        """GPU, image id and tool arguments of this run's tuning (resolved once per settings)."""
+        from ftx_triton.runtime.fastertransformer.docker.client import connect
+        from ftx_triton.runtime.fastertransformer.docker.image import resolve_image
+        from ftx_triton.runtime.fastertransformer.docker.options import DockerOptions
+        from ftx_triton.runtime.fastertransformer.gpus import gpu_model, local_gpus, select_gpus
+        from ftx_triton.runtime.fastertransformer.tune import gemm_arguments
+
+        cache_key = (family.name, repr(settings))
+        if cache_key in self._targets:
+            return self._targets[cache_key]
+        options = DockerOptions.from_settings(settings)
+        gpus = local_gpus()
+        wanted = settings.convert.tp * settings.configure.pp
+        chosen = select_gpus(wanted, options.gpus, gpus) if not options.hosts_file else (options.gpus or (0,))
+        gpu_index = chosen[0]
+        model = gpu_model([g for g in gpus if g.index == gpu_index]) if gpus else "unknown GPU"
+        client = connect(options.docker_host)
+        target = {"gpu_index": gpu_index, "gpu_model": model, "image": options.image,
+                  "image_id": resolve_image(client, options.image), "args": gemm_arguments(family, spec, settings),
+                  "client": client}
+        self._targets[cache_key] = target
+        return target
+
+    def tune_key(self, family: Family, spec: ModelSpec, settings: RunSettings) -> Mapping[str, Any]:
+        target = self._target(family, spec, settings)
+        return {"gpu": target["gpu_model"], "image_id": target["image_id"], "args": target["args"]}
+
+    def tune(self, family: Family, spec: ModelSpec, dest: Path, ctx: StageContext) -> GemmConfig:
+        from ftx_triton.plan.artifacts import GemmConfig
+        from ftx_triton.runtime.fastertransformer.docker.tune import gemm_tool_path, run_tune, tune_spec
+
+        target = self._target(family, spec, ctx.settings)
+        command = [gemm_tool_path(family), *target["args"]]
+        container = tune_spec(image=target["image"], command=command, work_dir=dest, gpu=target["gpu_index"])
+        result = run_tune(target["client"], container, prefix=family.gemm_tool)
+        (dest / "gemm-tool.log").write_text(result.output + "\n")
+        (dest / "ftx-tune.json").write_text(json.dumps({
+            "tool": family.gemm_tool, "command": command, "gpu": target["gpu_model"], "gpu_index": target["gpu_index"],
+            "image": target["image"], "image_id": target["image_id"], "docker_run": container.docker_run_line(),
+        }, indent=2))
+        reason = (f"{family.gemm_tool} {' '.join(target['args'])} on {target['gpu_model']} "
+                  f"in {target['image']} ({target['image_id'][:19]})")
+        return GemmConfig(result.path, True, reason)
+
+    def write_ft_model(self, model_dir: Path, options: FtModelOptions, family: Family) -> str:
+        from ftx_triton.repository.writer import write_backend_ft_model
+
+        return write_backend_ft_model(model_dir, options, family)
+
+    def serve(self, repository: ModelRepository, gemm: GemmConfig, ctx: StageContext) -> Endpoint:
+        from ftx_triton.runtime.fastertransformer.docker.serve import serve_fastertransformer
+
+        return serve_fastertransformer(repository, gemm, ctx)
+
+
+@hookimpl
+def ftx_register_runtimes() -> list[type[Runtime]]:
+    return [DockerFasterTransformer]

@@ -1,0 +1,131 @@
+"""Multi-node serving: ``--hosts FILE`` -> the mpirun invocation FasterTransformer expects.
+
+FasterTransformer runs **one MPI process per node** (the backend starts one thread per GPU), so
+``tp x pp`` must equal ``GPUs per node x nodes``, the model has exactly one instance, and the model
+store must be on storage every node sees at the same path. Rank 0's node receives the requests.
+
+The hosts file lists one node per line, rank 0 first; ``#`` starts a comment; an optional
+``gpus=N`` (or Open MPI's ``slots=N``, read as GPUs) gives the node's GPU count::
+
+    node-a gpus=8
+    node-b gpus=8
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ftx_triton.errors import ConfigError
+
+HOSTFILE_NAME = "ftx-hostfile"
+FORWARDED_ENV = ("CUDA_VISIBLE_DEVICES", "NCCL_LAUNCH_MODE", "FT_LOG_LEVEL")
+
+
+@dataclass(frozen=True)
+class HostList:
+    """Nodes from a hosts file, rank 0 first."""
+
+    hosts: tuple[str, ...]
+    gpus: tuple[int | None, ...]
+    path: Path | None = None
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """How a model is laid out over nodes; ``hosts`` is empty for a single node."""
+
+    nodes: int
+    gpus_per_node: int
+    hosts: tuple[str, ...] = ()
+    ssh_port: int = 2222
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nodes > 1
+
+    def hostfile_text(self) -> str:
+        """Open MPI hostfile: one slot per node, so ``-n <nodes>`` puts one process on each."""
+        return "".join(f"{host} slots=1\n" for host in self.hosts)
+
+
+_LINE = re.compile(r"^(?P<host>[A-Za-z0-9_.:\[\]-]+)(?:\s+(?P<opts>.*))?$")
+
+
+def read_hosts(path: Path) -> HostList:
+    """Parse a hosts file (see the module docstring)."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the hosts file {path}: {exc.strerror or exc}",
+                          hint="--hosts takes a file with one node name per line") from None
+    hosts: list[str] = []
+    gpus: list[int | None] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = _LINE.match(line)
+        if not m:
+            raise ConfigError(f"{path}:{number}: {raw.strip()!r} is not 'HOST [gpus=N]'")
+        count: int | None = None
+        for opt in (m.group("opts") or "").split():
+            key, _, value = opt.partition("=")
+            if key in ("gpus", "slots") and value.isdigit() and int(value) > 0:
+                count = int(value)
+            else:
+                raise ConfigError(f"{path}:{number}: unknown option {opt!r}", hint="use 'HOST gpus=N'")
+        if m.group("host") in hosts:
+            raise ConfigError(f"{path}:{number}: {m.group('host')} is listed twice",
+                              hint="FasterTransformer runs one process per node: list each node once")
+        hosts.append(m.group("host"))
+        gpus.append(count)
+    if not hosts:
+        raise ConfigError(f"the hosts file {path} lists no node")
+    return HostList(tuple(hosts), tuple(gpus), path)
+
+
+def node_layout(hosts: HostList | None, *, tp: int, pp: int, instances: int = 1, ssh_port: int = 2222) -> NodeLayout:
+    """Check ``tp x pp = GPUs per node x nodes`` (and one instance) and return the layout."""
+    world = tp * pp
+    if hosts is None or len(hosts.hosts) == 1:
+        per_node = hosts.gpus[0] if hosts and hosts.gpus[0] else world
+        if per_node < world:
+            raise ConfigError(f"tp x pp = {world} GPUs do not fit on one node with {per_node} GPUs",
+                              hint="add nodes to the hosts file, or lower --tp/--pp")
+        return NodeLayout(1, world, hosts.hosts if hosts else (), ssh_port)
+    nodes = len(hosts.hosts)
+    if instances != 1:
+        raise ConfigError(f"multi-node FasterTransformer serves exactly one model instance (got --instances {instances})",
+                          hint="use --instances 1 with --hosts")
+    declared = {g for g in hosts.gpus if g is not None}
+    if len(declared) > 1:
+        raise ConfigError(f"the nodes in {hosts.path} have different GPU counts {sorted(declared)}",
+                          hint="FasterTransformer needs the same number of GPUs on every node")
+    if declared:
+        per_node = declared.pop()
+        if per_node * nodes != world:
+            raise ConfigError(
+                f"tp x pp = {tp} x {pp} = {world} but {nodes} nodes x {per_node} GPUs = {per_node * nodes}",
+                hint=f"FasterTransformer needs tp x pp = GPUs per node x nodes; e.g. --tp {per_node} --pp {nodes}")
+    else:
+        if world % nodes:
+            raise ConfigError(f"tp x pp = {world} GPUs cannot be split evenly over {nodes} nodes",
+                              hint=f"use a tp x pp that is a multiple of {nodes} (e.g. --tp <GPUs per node> --pp {nodes})")
+        per_node = world // nodes
+    return NodeLayout(nodes, per_node, hosts.hosts, ssh_port)
+
+
+def mpirun_argv(layout: NodeLayout, hostfile: str | None = None, forward: Sequence[str] = FORWARDED_ENV) -> list[str]:
+    """``mpirun -n <nodes> --allow-run-as-root`` (+ hostfile, env forwarding and ssh port for several nodes)."""
+    argv = ["mpirun", "-n", str(layout.nodes), "--allow-run-as-root"]
+    if layout.multi_node:
+        if hostfile is None:
+            raise ValueError("a multi-node layout needs the hostfile path")
+        argv += ["--hostfile", hostfile, "--map-by", "ppr:1:node"]
+        for name in forward:
+            argv += ["-x", name]
+        argv += ["--mca", "plm_rsh_args", f"-p {layout.ssh_port} -o StrictHostKeyChecking=no"]
+    return argv

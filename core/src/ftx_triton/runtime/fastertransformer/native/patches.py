@@ -1,0 +1,170 @@
+"""ftx's patch set: what upstream FasterTransformer and its Triton backend need to build with
+CUDA 13 (CCCL 3), C++17 and CMake 4.
+
+Each :class:`Edit` replaces one exact text in one file of the source layout, ``count`` times (once,
+unless said). :func:`apply_patches` first checks every edit against the files — the old text must
+occur exactly ``count`` times and the new text must not be there already — and only then writes, so
+drifted sources (another commit, an already patched copy) are refused with nothing changed. The
+patch set's digest is part of the backend build's cache key.
+
+Written as text edits rather than diff files: each states its reason next to it, needs no patch
+tool, and applies or refuses as a whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import structlog
+
+from ftx_triton.errors import SourceError
+
+log = structlog.get_logger(__name__)
+
+FT = "FasterTransformer"
+CUB_INCLUDE = "#include <cub/cub.cuh>\n"
+CUB_INCLUDE_CCCL3 = "#include <cub/cub.cuh>\n#include <cuda/functional>\n#include <cuda/std/functional>\n"
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Replace ``old`` with ``new`` in ``path`` (relative to the source root), ``count`` times."""
+
+    path: str
+    old: str
+    new: str
+    why: str
+    count: int = 1
+
+
+def _cccl3(path: str, sums: int, maxes: int, sum_objects: int = 0) -> list[Edit]:
+    """cub::Sum / cub::Max were removed in CCCL 3: use libcu++'s functors (and include them)."""
+    edits = [Edit(path, CUB_INCLUDE, CUB_INCLUDE_CCCL3, "CCCL 3: include the libcu++ functors used below")]
+    if sums:
+        edits.append(Edit(path, "cub::Sum()", "cuda::std::plus<>()", "CCCL 3 removed cub::Sum", sums))
+    if sum_objects:
+        edits.append(Edit(path, "cub::Sum sum;", "cuda::std::plus<> sum;", "CCCL 3 removed cub::Sum", sum_objects))
+    if maxes:
+        edits.append(Edit(path, "cub::Max()", "cuda::maximum<>()", "CCCL 3 removed cub::Max", maxes))
+    return edits
+
+
+PATCHES: tuple[Edit, ...] = (
+    # --- FasterTransformer's CMake
+    Edit(f"{FT}/CMakeLists.txt", 'set(CXX_STD "14" CACHE STRING "C++ standard")',
+         'set(CXX_STD "17" CACHE STRING "C++ standard")', "CUB/Thrust/libcu++ of CUDA 13 need C++17"),
+    Edit(f"{FT}/CMakeLists.txt", "\nadd_subdirectory(tests)\n",
+         '\noption(FT_BUILD_TESTS "Build FasterTransformer\'s unit tests (clones googletest)" OFF)\n'
+         "if(FT_BUILD_TESTS)\n  add_subdirectory(tests)\nendif()\n",
+         "the tests clone googletest at configure time; keep them out of an offline build"),
+    Edit(f"{FT}/CMakeLists.txt", "${PROJECT_SOURCE_DIR}/../repo-core-src/include",
+         "${repo-core_SOURCE_DIR}/include",
+         "Triton core's headers are where the backend's FetchContent put them, not at a fixed sibling path"),
+    Edit(f"{FT}/CMakeLists.txt", "from distutils import sysconfig;\nprint(sysconfig.get_python_inc());",
+         'import sysconfig;\nprint(sysconfig.get_paths()["include"]);', "distutils is gone in Python 3.12"),
+    Edit(f"{FT}/CMakeLists.txt", "target_link_libraries(transformer-shared PUBLIC\n  -lnvToolsExt\n)",
+         "target_link_libraries(transformer-shared PUBLIC\n  -ldl\n)",
+         "CUDA 13 has no libnvToolsExt; NVTX 3 is header-only (and loads its injection with dlopen)"),
+    Edit(f"{FT}/src/fastertransformer/utils/CMakeLists.txt", "target_link_libraries(nvtx_utils PUBLIC -lnvToolsExt)",
+         "target_link_libraries(nvtx_utils PUBLIC -ldl)", "CUDA 13 has no libnvToolsExt"),
+    Edit(f"{FT}/src/fastertransformer/models/CMakeLists.txt", "add_subdirectory(wenet)",
+         "if(CUDNN_FOUND)\n  add_subdirectory(wenet)\nendif()", "WeNet links cuDNN, which is optional"),
+    Edit(f"{FT}/examples/cpp/CMakeLists.txt",
+         "add_subdirectory(swin)\nadd_subdirectory(swin_int8)\nadd_subdirectory(vit)\nadd_subdirectory(vit_int8)\n"
+         "\nadd_subdirectory(wenet)",
+         "if(CUDNN_FOUND)\n  add_subdirectory(swin)\n  add_subdirectory(swin_int8)\n  add_subdirectory(vit)\n"
+         "  add_subdirectory(vit_int8)\n  add_subdirectory(wenet)\nendif()",
+         "the Swin, ViT and WeNet examples link cuDNN, which is optional"),
+    # --- FasterTransformer's C++/CUDA sources
+    Edit(f"{FT}/src/fastertransformer/utils/nvtx_utils.cc", '#include "nvToolsExt.h"', "#include <nvtx3/nvToolsExt.h>",
+         "CUDA 13 ships NVTX 3 only"),
+    Edit(f"{FT}/src/fastertransformer/th_op/th_utils.h", "#include <nvToolsExt.h>", "#include <nvtx3/nvToolsExt.h>",
+         "CUDA 13 ships NVTX 3 only"),
+    Edit(f"{FT}/src/fastertransformer/utils/cublasMMWrapper.h", "#include <map>\n", "#include <array>\n#include <map>\n",
+         "std::array is used without its header (an incomplete type with newer libstdc++)"),
+    Edit(f"{FT}/src/fastertransformer/kernels/decoder_masked_multihead_attention_utils.h", "#include <stdint.h>\n",
+         "#include <stdint.h>\n#include <stdio.h>\n", "printf is used without its header"),
+    *_cccl3(f"{FT}/src/fastertransformer/kernels/moe_kernels.cu", sums=0, maxes=1, sum_objects=1),
+    *_cccl3(f"{FT}/src/fastertransformer/layers/attention_layers/DecoderCrossAttentionLayer.cu", sums=0, maxes=1),
+    *_cccl3(f"{FT}/src/fastertransformer/kernels/longformer_kernels.cu", sums=2, maxes=2),
+    *_cccl3(f"{FT}/3rdparty/trt_fused_multihead_attention/common.cuh", sums=2, maxes=2, sum_objects=2),
+    Edit(f"{FT}/src/fastertransformer/utils/gemm_test/gemm_func.cc", "           matmulTileName[tile],\n",
+         "           (tile >= 0 && tile < (int)(sizeof(matmulTileName) / sizeof(matmulTileName[0])) ? "
+         "matmulTileName[tile] : \"other\"),\n",
+         "cuBLASLt 13 reports tile ids past the end of the tool's name table; gpt_gemm/t5_gemm read a wild "
+         "pointer and crash while printing the results"),
+    # --- the Triton backend's CMake
+    Edit("fastertransformer_backend/CMakeLists.txt", 'set(CMAKE_CUDA_FLAGS "-include stdio.h")',
+         'set(CMAKE_CUDA_FLAGS "${CMAKE_CUDA_FLAGS} -include stdio.h")',
+         "append to the CUDA flags instead of dropping the include paths and flags given on the command line"),
+    Edit("fastertransformer_backend/CMakeLists.txt", "target_compile_features(triton-fastertransformer-backend PRIVATE "
+         "cxx_std_14)", "target_compile_features(triton-fastertransformer-backend PRIVATE cxx_std_17)",
+         "FasterTransformer's headers need C++17 with CUDA 13"),
+    # --- Triton's backend utilities (r22.12)
+    Edit("triton/backend/CMakeLists.txt", "OPTIONS -arch compute_53\n", "OPTIONS -arch compute_75\n",
+         "nvcc 13 dropped compute_53"),
+    Edit("triton/backend/CMakeLists.txt", "OPTIONS -code compute_53,sm_53,sm_60,sm_61,sm_62,sm_70,sm_72,sm_75\n",
+         "OPTIONS -code compute_75,sm_75,sm_80,sm_90\n", "nvcc 13 builds for sm_75 and newer only"),
+)
+
+
+def patch_set_digest(edits: Sequence[Edit] = PATCHES) -> str:
+    """sha256 of the patch set (part of the build key)."""
+    text = json.dumps([asdict(e) for e in edits], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _problem(root: Path, edit: Edit, texts: dict[str, str]) -> str | None:
+    if edit.path not in texts:
+        path = root / edit.path
+        if not path.is_file():
+            return f"{edit.path} does not exist"
+        texts[edit.path] = path.read_text(encoding="utf-8", errors="surrogateescape")
+    text = texts[edit.path]
+    if edit.old in edit.new and edit.new in text:
+        return f"{edit.path} is already patched ({edit.why})"
+    found = text.count(edit.old)
+    if found == edit.count:
+        return None
+    if found == 0 and edit.new in text:
+        return f"{edit.path} is already patched ({edit.why})"
+    return f"{edit.path}: expected {edit.count} occurrence(s) of {edit.old.strip()[:60]!r}, found {found}"
+
+
+def check_patches(root: Path, edits: Sequence[Edit] = PATCHES) -> list[str]:
+    """Every way the edits do not fit the files under ``root`` (empty: they all apply exactly)."""
+    texts: dict[str, str] = {}
+    problems = []
+    for edit in edits:
+        if (problem := _problem(Path(root), edit, texts)) is not None:
+            problems.append(problem)
+            continue
+        texts[edit.path] = texts[edit.path].replace(edit.old, edit.new)  # later edits see earlier ones
+    return problems
+
+
+def apply_patches(root: Path, edits: Sequence[Edit] = PATCHES) -> int:
+    """Apply every edit under ``root`` or none: raise SourceError if any does not fit. Returns the count."""
+    root = Path(root)
+    problems = check_patches(root, edits)
+    if problems:
+        shown = "\n  ".join(problems[:8])
+        raise SourceError(f"ftx's patch set does not fit these sources ({len(problems)} edit(s)):\n  {shown}",
+                          hint="the sources differ from the pinned upstream commits, or were patched already; "
+                               "start from unmodified upstream sources")
+    texts: dict[str, str] = {}
+    for edit in edits:
+        if edit.path not in texts:
+            texts[edit.path] = (root / edit.path).read_text(encoding="utf-8", errors="surrogateescape")
+        texts[edit.path] = texts[edit.path].replace(edit.old, edit.new)
+    for rel, text in texts.items():
+        (root / rel).write_text(text, encoding="utf-8", errors="surrogateescape")
+    log.info("patches.applied", root=str(root), edits=len(edits), files=len(texts))
+    return len(edits)
+
+
+__all__ = ["PATCHES", "Edit", "apply_patches", "check_patches", "patch_set_digest"]

@@ -1,0 +1,169 @@
+"""The ``fastertransformer-native`` runtime: FasterTransformer built on this host, served by the embedded
+tritonserver. ``--runtime fastertransformer`` picks it when Docker's launcher is not available."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ftx_triton import hookimpl
+from ftx_triton.runtime.api import Availability, DryRunPlan, Runtime
+
+if TYPE_CHECKING:
+    from ftx_triton.conversion.family import Family, ModelSpec
+    from ftx_triton.plan.artifacts import Endpoint, GemmConfig, ModelRepository
+    from ftx_triton.plan.context import StageContext
+    from ftx_triton.plan.settings import RunSettings
+    from ftx_triton.repository.model_config import FtModelOptions
+    from ftx_triton.runtime.fastertransformer.native.build import BuiltBackend
+    from ftx_triton.runtime.fastertransformer.native.toolchain import HostProbe, Preflight
+    from ftx_triton.store.artifact_store import ArtifactStore
+
+
+class NativeFasterTransformer(Runtime):
+    """Triton + the FasterTransformer backend compiled here (``ftx backend build``), no Docker."""
+
+    name = "fastertransformer-native"
+    selects_as = ("fastertransformer",)
+    priority = 20
+    description = "FasterTransformer built on this host (ftx backend build) in the embedded tritonserver; tp x pp GPUs"
+    default_data_type = "fp16"
+    uses_gemm_config = True
+
+    def __init__(self) -> None:
+        self._probe: HostProbe | None = None
+
+    # -- what this host has ---------------------------------------------------------------
+
+    def probe(self) -> HostProbe:
+        from ftx_triton.runtime.fastertransformer.native.toolchain import probe_host
+
+        if self._probe is None:
+            self._probe = probe_host()
+        return self._probe
+
+    def preflight(self, settings: RunSettings) -> Preflight:
+        from ftx_triton.runtime.fastertransformer.native.options import NativeOptions
+        from ftx_triton.runtime.fastertransformer.native.toolchain import evaluate
+
+        return evaluate(self.probe(), NativeOptions.from_settings(settings).sm)
+
+    def available(self, settings: RunSettings, store: ArtifactStore | None = None) -> Availability:
+        from ftx_triton.paths import ftx_home
+        from ftx_triton.runtime.fastertransformer.native.build import find_backend
+        from ftx_triton.store.artifact_store import ArtifactStore
+
+        probe = self.probe()
+        if not probe.gpus:
+            return Availability(False, "no NVIDIA GPU or driver found")
+        wanted = settings.convert.tp * settings.configure.pp
+        if not settings.launch.hosts and len(probe.gpus) < wanted:
+            return Availability(False, f"tp x pp needs {wanted} GPUs but this machine has {len(probe.gpus)}")
+        pre = self.preflight(settings)
+        built = find_backend(store or ArtifactStore(ftx_home()), pre) if pre.sm else None
+        if built is not None:
+            return Availability(True, f"FasterTransformer is built here for SM {','.join(map(str, built.sm))} "
+                                      f"({built.path})")
+        if pre.ok:
+            return Availability(True, f"FasterTransformer is not built yet; ftx will build it for SM "
+                                      f"{','.join(map(str, pre.sm))} from pinned sources (a few minutes, once)")
+        failed = pre.failures[0]
+        return Availability(False, f"FasterTransformer cannot be built here: {failed.name}: {failed.detail}")
+
+    def built(self, settings: RunSettings, store: ArtifactStore, say: Any = None) -> BuiltBackend:
+        """The backend build for this host, built now if the store has none."""
+        from ftx_triton.runtime.fastertransformer.native.options import NativeOptions, backend_for
+
+        options = NativeOptions.from_settings(settings)
+        return backend_for(sm=options.sm, sources=options.sources, jobs=options.jobs, home=store.home,
+                           say=say or _stderr)
+
+    # -- stages ----------------------------------------------------------------------------
+
+    def describe(self, plan: DryRunPlan) -> list[str]:
+        from ftx_triton.paths import ftx_home
+        from ftx_triton.runtime.fastertransformer.native.build import backend_key, find_backend
+        from ftx_triton.runtime.fastertransformer.native.options import NativeOptions
+        from ftx_triton.runtime.fastertransformer.native.serve import work_dir_for
+        from ftx_triton.runtime.fastertransformer.tune import gemm_arguments
+        from ftx_triton.store.artifact_store import ArtifactStore
+
+        s = plan.settings
+        options = NativeOptions.from_settings(s)
+        pre = self.preflight(s)
+        sm = ",".join(map(str, pre.sm)) or "<--sm>"
+        home = ftx_home()
+        built = find_backend(ArtifactStore(home), pre) if pre.sm else None
+        build_line = (f"backend   cached {built.path}" if built else
+                      f"backend   ftx backend build --sm {sm}" + (f" --sources {options.sources}" if options.sources else "")
+                      + (f"  (key {backend_key(pre)})" if pre.sm else ""))
+        lines = [build_line]
+        if not pre.ok:
+            lines += [f"          missing: {c.name}: {c.detail}" for c in pre.failures]
+        if s.tune.tune:
+            args = " ".join(gemm_arguments(plan.family, plan.spec, s))
+            lines.append(f"tune      {plan.family.gemm_tool} {args}  (CUDA_VISIBLE_DEVICES=<first serving GPU>)")
+        else:
+            lines.append("tune      skipped (--no-tune)")
+        lines.append(f"configure Triton repository -> {plan.repository_dir} (fastertransformer backend, "
+                     "preprocessing, postprocessing, ensemble)")
+        if s.until == "serve":
+            world = s.convert.tp * s.configure.pp
+            gpus = ",".join(map(str, options.gpus or range(world)))
+            launcher = "mpirun --hostfile … -n <nodes> " if options.hosts_file else ""
+            lines.append(f"serve     CUDA_VISIBLE_DEVICES={gpus} {launcher}tritonserver --model-repository="
+                         f"{plan.repository_dir} --backend-directory=<fastertransformer + python> "
+                         f"(cwd {work_dir_for(home, s)}, holding gemm_config.in)")
+        return lines
+
+    def tune_key(self, family: Family, spec: ModelSpec, settings: RunSettings) -> Mapping[str, Any]:
+        from ftx_triton.runtime.fastertransformer.gpus import gpu_model
+        from ftx_triton.runtime.fastertransformer.native.build import backend_key
+        from ftx_triton.runtime.fastertransformer.tune import gemm_arguments
+
+        pre = self.preflight(settings)
+        return {"gpu": gpu_model(self.probe().gpus), "build": backend_key(pre) if pre.sm else None,
+                "args": gemm_arguments(family, spec, settings)}
+
+    def tune(self, family: Family, spec: ModelSpec, dest: Path, ctx: StageContext) -> GemmConfig:
+        from ftx_triton.plan.artifacts import GemmConfig
+        from ftx_triton.runtime.fastertransformer.gpus import gpu_model
+        from ftx_triton.runtime.fastertransformer.native.options import NativeOptions
+        from ftx_triton.runtime.fastertransformer.native.toolchain import gpus_for
+        from ftx_triton.runtime.fastertransformer.native.tune import run_gemm_tool
+        from ftx_triton.runtime.fastertransformer.tune import gemm_arguments
+
+        s = ctx.settings
+        built = self.built(s, ctx.store)
+        gpus = gpus_for(self.probe(), s.convert.tp * s.configure.pp, NativeOptions.from_settings(s).gpus)
+        args = gemm_arguments(family, spec, s)
+        path = run_gemm_tool(built, family.gemm_tool, args, dest, gpus[0])
+        model = gpu_model([g for g in self.probe().gpus if g.index == gpus[0]])
+        (dest / "ftx-tune.json").write_text(json.dumps({"tool": family.gemm_tool, "args": args, "gpu": model,
+                                                        "gpu_index": gpus[0], "build": built.key}, indent=2))
+        return GemmConfig(path, True, f"{family.gemm_tool} {' '.join(args)} on {model} (build {built.key})")
+
+    def write_ft_model(self, model_dir: Path, options: FtModelOptions, family: Family) -> str:
+        from ftx_triton.repository.writer import write_backend_ft_model
+
+        return write_backend_ft_model(model_dir, options, family)
+
+    def serve(self, repository: ModelRepository, gemm: GemmConfig, ctx: StageContext) -> Endpoint:
+        from ftx_triton.runtime.fastertransformer.native.serve import serve_native
+
+        built = self.built(ctx.settings, ctx.store)
+        say = _stderr if ctx.show_progress else (lambda text: None)
+        return serve_native(repository, gemm, ctx.settings, built, home=ctx.home, say=say)
+
+
+def _stderr(text: str) -> None:
+    import sys
+
+    print(text, file=sys.stderr, flush=True)
+
+
+@hookimpl
+def ftx_register_runtimes() -> list[type[Runtime]]:
+    return [NativeFasterTransformer]

@@ -1,0 +1,217 @@
+"""Serve a model repository on the natively built FasterTransformer backend, in the embedded tritonserver.
+
+The plan (pure, tested without a GPU): exactly ``tp x pp`` GPUs (``CUDA_VISIBLE_DEVICES``), the build's
+library folders and Open MPI's prefix in the environment, a working directory holding
+``gemm_config.in`` (FasterTransformer reads it from the server's working directory), and a
+``--backend-directory`` holding the FasterTransformer backend (plus the ``libtritonserver.so`` it links,
+pointing at the server's own library) and the python backend for pre/post-processing. One node runs
+tritonserver directly (MPI singleton); several nodes run it under ``mpirun`` with a hostfile, one
+process per node. Once the server is ready its log is scanned for FasterTransformer's silent
+failures (:mod:`ftx_triton.runtime.fastertransformer.logscan`): a weight file it could not open, a GPU it has no code
+for, or ``gemm_config.in is not found`` when tuning ran are errors, not warnings.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from ftx_triton.errors import ServeError
+from ftx_triton.plan.artifacts import Endpoint, GemmConfig, ModelRepository
+from ftx_triton.plan.settings import RunSettings
+from ftx_triton.repository.io import TEXT_MODEL_NAME
+from ftx_triton.repository.model_config import FT_MODEL_NAME
+from ftx_triton.runtime.fastertransformer.hosts import (
+    FORWARDED_ENV,
+    HOSTFILE_NAME,
+    NodeLayout,
+    mpirun_argv,
+    node_layout,
+    read_hosts,
+)
+from ftx_triton.runtime.fastertransformer.logscan import LogScanner, ScanContext
+from ftx_triton.runtime.fastertransformer.native.build import BuiltBackend
+from ftx_triton.runtime.fastertransformer.native.options import NativeOptions
+from ftx_triton.runtime.fastertransformer.native.tune import GEMM_FILE, runtime_environment
+
+log = structlog.get_logger(__name__)
+
+FORWARD = (*FORWARDED_ENV, "LD_LIBRARY_PATH", "OPAL_PREFIX", "PATH", "NCCL_NVLS_ENABLE")
+"""Variables mpirun passes to the other nodes."""
+
+
+@dataclass(frozen=True)
+class NativeServePlan:
+    """Everything about the server decided before it starts."""
+
+    gpus: tuple[int, ...]
+    layout: NodeLayout
+    env: Mapping[str, str]
+    work_dir: Path
+    launcher: tuple[str, ...]
+    gemm_source: Path | None
+    expect_gemm: bool
+
+    @property
+    def hostfile(self) -> Path | None:
+        return self.work_dir / HOSTFILE_NAME if self.layout.multi_node else None
+
+
+def work_dir_for(home: Path, settings: RunSettings) -> Path:
+    """The server's working directory (gemm_config.in, the hostfile), one per model and layout."""
+    from ftx_triton.runtime.python.serve import server_name
+
+    return home / "native" / "serve" / f"{server_name(settings.model)}-tp{settings.convert.tp}pp{settings.configure.pp}"
+
+
+def plan_native_serve(*, settings: RunSettings, options: NativeOptions, built: BuiltBackend, gemm: GemmConfig | None,
+                      home: Path, available_gpus: Sequence[object] | None = None,
+                      base_env: Mapping[str, str] | None = None) -> NativeServePlan:
+    """The server's GPUs, environment, working directory and launcher (no process is started)."""
+    from ftx_triton.runtime.fastertransformer.gpus import local_gpus, select_gpus
+
+    tp, pp = settings.convert.tp, settings.configure.pp
+    hosts = read_hosts(options.hosts_file) if options.hosts_file else None
+    layout = node_layout(hosts, tp=tp, pp=pp, instances=settings.configure.instances, ssh_port=options.ssh_port)
+    gpus_here = tuple(local_gpus()) if available_gpus is None else tuple(available_gpus)
+    if not gpus_here:
+        raise ServeError("no NVIDIA GPU found: FasterTransformer needs tp x pp GPUs",
+                         hint="run on a GPU host with the NVIDIA driver (nvidia-smi), or use --runtime python")
+    gpus = select_gpus(layout.gpus_per_node, options.gpus, gpus_here)  # type: ignore[arg-type]
+    work = work_dir_for(home, settings)
+    env = runtime_environment(built, gpus, options.env, base=base_env)
+    launcher: tuple[str, ...] = ()
+    if layout.multi_node:
+        mpirun = str(built.opal_prefix / "bin" / "mpirun") if built.opal_prefix else "mpirun"
+        argv = mpirun_argv(layout, str(work / HOSTFILE_NAME), forward=FORWARD)
+        launcher = (mpirun, *argv[1:])
+    expect = bool(gemm and gemm.tuned and gemm.path)
+    return NativeServePlan(gpus, layout, env, work, launcher, gemm.path if expect and gemm else None, expect)
+
+
+def prepare_work_dir(plan: NativeServePlan) -> None:
+    """gemm_config.in (or none, so a stale one is never read) and the hostfile, in the working directory."""
+    plan.work_dir.mkdir(parents=True, exist_ok=True)
+    target = plan.work_dir / GEMM_FILE
+    if plan.gemm_source is not None:
+        shutil.copyfile(plan.gemm_source, target)
+    else:
+        target.unlink(missing_ok=True)
+    if plan.layout.multi_node:
+        (plan.work_dir / HOSTFILE_NAME).write_text(plan.layout.hostfile_text())
+
+
+def backends_directory(built: BuiltBackend, home: Path) -> Path:
+    """``--backend-directory`` for the native server: ``fastertransformer/`` (the build, plus the
+    ``libtritonserver.so`` the backend links, pointing at the server's library) and ``python/``."""
+    from ftx_triton.server.install import find_tritonserver, prepare_backends
+
+    install = find_tritonserver()
+    python_backends = prepare_backends(install, home)
+    server_libs = sorted(install.libs.glob("libtritonserver*.so*")) or sorted(install.binary.parent.parent.glob(
+        "lib/libtritonserver*.so*"))
+    if not server_libs:
+        raise ServeError(f"the tritonserver at {install.binary} has no libtritonserver library next to it",
+                         hint="reinstall nvidia-pytriton")
+    root = home / "native" / "backends" / f"{built.key}-py{install.python_version}"
+    ft_dir = root / "fastertransformer"
+    ft_dir.mkdir(parents=True, exist_ok=True)
+    links = {f.name: f for f in built.backend_dir.iterdir() if f.is_file()}
+    links["libtritonserver.so"] = server_libs[0]
+    for name, target in links.items():
+        link = ft_dir / name
+        if link.is_symlink() or link.exists():
+            if link.is_symlink() and Path(os.readlink(link)) == target:
+                continue
+            link.unlink()
+        link.symlink_to(target)
+    python_link = root / "python"
+    if not (python_link.is_symlink() and Path(os.readlink(python_link)) == python_backends / "python"):
+        python_link.unlink(missing_ok=True)
+        python_link.symlink_to(python_backends / "python", target_is_directory=True)
+    return root
+
+
+def scan_log(text: str, context: ScanContext) -> LogScanner:
+    scanner = LogScanner(context)
+    for line in text.splitlines():
+        scanner.scan(line)
+    return scanner
+
+
+def _finding_error(scanner: LogScanner, log_path: Path) -> ServeError | None:
+    finding = scanner.first_error()
+    if finding is None:
+        return None
+    return ServeError(scanner.summary(finding), hint=f"{finding.hint} (full log: {log_path})")
+
+
+def serve_native(repository: ModelRepository, gemm: GemmConfig, settings: RunSettings, built: BuiltBackend, *,
+                 home: Path, say: Callable[[str], None] | None = None) -> Endpoint:
+    """Start tritonserver with the FasterTransformer backend on ``repository``; return once it generates."""
+    from ftx_triton.runtime.fastertransformer.gpus import local_gpus
+    from ftx_triton.runtime.python.serve import _ft_config, server_name, smoke_test
+    from ftx_triton.server.ports import ports_for
+    from ftx_triton.server.tritonserver import TritonServer
+
+    say = say or (lambda text: print(text, file=sys.stderr, flush=True))
+    options = NativeOptions.from_settings(settings)
+    plan = plan_native_serve(settings=settings, options=options, built=built, gemm=gemm, home=home)
+    prepare_work_dir(plan)
+    if gemm is not None and not gemm.tuned:
+        say(f"serve     no gemm_config.in: {gemm.reason}")
+    s = settings.serve
+    ports, given = ports_for(s.host, s.http_port, s.grpc_port, s.metrics_port, say)
+    server = TritonServer(repository.path, home=home, host=s.host, ports=ports, ports_given=given,
+                          name=server_name(settings.model),
+                          env=plan.env, ready_timeout_s=options.ready_timeout_s, die_with_parent=not s.detach,
+                          backend_directory=backends_directory(built, home), cwd=plan.work_dir, launcher=plan.launcher)
+    context = ScanContext(tp=settings.convert.tp, pp=settings.configure.pp, expect_gemm=plan.expect_gemm,
+                          gpu_sm=tuple(sorted({g.sm for g in local_gpus() if g.sm})), work_dir=str(plan.work_dir),
+                          rebuild="ftx backend build")
+    say(f"serve     tritonserver + FasterTransformer on GPU(s) {','.join(map(str, plan.gpus))}, working "
+        f"directory {plan.work_dir}")
+    try:
+        server.start(progress=say)
+    except ServeError:
+        found = _finding_error(scan_log(_log_text(server.log_path), context), server.log_path)
+        if found is not None:
+            raise found from None
+        raise
+    found = _finding_error(scan_log(_log_text(server.log_path), context), server.log_path)
+    if found is not None:
+        server.stop()
+        raise found
+    config = _ft_config(repository.path)
+    io_kind = "decoder" if "input_lengths" in {i.name for i in config.input} else "encoder-decoder"
+    try:
+        seconds = smoke_test(server.grpc_url, io_kind, config.model_transaction_policy.decoupled)
+    except BaseException as exc:
+        server.stop()
+        if isinstance(exc, Exception):
+            raise ServeError(f"the server started but FasterTransformer could not generate a token: {exc}",
+                             hint=f"see the server log: {server.log_path}") from None
+        raise
+    log.info("serve.ready", runtime="fastertransformer-native", http=server.http_url, grpc=server.grpc_url,
+             smoke_s=round(seconds, 3),
+             gpus=list(plan.gpus), tuned=plan.expect_gemm)
+    text = TEXT_MODEL_NAME
+    model = text if text in repository.models or (repository.path / text).is_dir() else FT_MODEL_NAME
+    return Endpoint(http_url=server.http_url, grpc_url=server.grpc_url, model=model, handle=server)
+
+
+def _log_text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+__all__ = ["NativeServePlan", "backends_directory", "plan_native_serve", "prepare_work_dir", "scan_log",
+           "serve_native", "work_dir_for"]

@@ -1,0 +1,220 @@
+"""Rebuild a ``transformers`` model from a converted FasterTransformer ``<tp>-gpu`` directory.
+
+The Hugging Face config comes from ``config.ini`` (``family.hf_config_from_ini``) and the
+weights from the FT ``.bin`` files through the family's inverted table
+(:func:`ftx_triton.conversion.convert.invert_checkpoint`), for any tensor-parallel size. Nothing is read from the
+original checkpoint, which is what makes the python runtime a proof that the converted files
+hold the model.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from ftx_triton.conversion.convert import invert_checkpoint
+from ftx_triton.conversion.family import Family
+from ftx_triton.errors import CheckpointError, ConfigError
+from ftx_triton.io.ftformat import read_ini
+
+log = structlog.get_logger(__name__)
+
+DEVICES = ("auto", "cpu", "cuda")
+_TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A rebuilt model and what it was built from."""
+
+    model: Any  # transformers.PreTrainedModel, in eval mode
+    config: Any  # transformers.PretrainedConfig
+    device: Any  # torch.device
+    dtype: Any  # torch.dtype
+    ini: dict[str, dict[str, str]]
+    seconds: float
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return bool(getattr(self.config, "is_encoder_decoder", False))
+
+
+def resolve_device(requested: str = "auto") -> Any:
+    """``auto`` → the first CUDA device when torch sees one, else CPU."""
+    import torch
+
+    if requested not in DEVICES and not requested.startswith("cuda:"):
+        raise ConfigError(f"unknown device {requested!r}", hint="use auto, cpu or cuda")
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if requested.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("--device cuda was asked for but torch sees no CUDA device",
+                          hint="use --device cpu, or install a CUDA build of torch")
+    return torch.device(requested)
+
+
+def torch_dtype(data_type: str | None, device: Any) -> Any:
+    """The compute dtype for an FT ``data_type`` on ``device`` (fp16 runs as fp32 on CPU)."""
+    import torch
+
+    name = _TORCH_DTYPES.get(data_type or "fp32")
+    if name is None:
+        raise ConfigError(f"unknown data_type {data_type!r}", hint="use fp32, fp16 or bf16")
+    if name == "float16" and device.type == "cpu":
+        log.info("runtime.dtype_promoted", data_type=data_type, to="fp32", reason="CPU kernels for fp16 are slow")
+        name = "float32"
+    return getattr(torch, name)
+
+
+POSITION_ATTRIBUTES = ("n_positions", "max_position_embeddings")
+
+
+def hf_config_for(family: Family, ft_dir: Path, max_positions: int | None = None) -> tuple[Any, dict[str, dict[str, str]]]:
+    """The transformers config rebuilt from ``<ft_dir>/config.ini``, and the parsed ini.
+
+    FasterTransformer's config.ini has no context size for rotary models, so the rebuilt config
+    would hold transformers' default; ``max_positions`` (the source checkpoint's) replaces it.
+    """
+    from transformers import AutoConfig
+
+    ini = read_ini(ft_dir / "config.ini")
+    data = dict(family.hf_config_from_ini(ini))
+    model_type = data.pop("model_type", None) or family.name
+    config = AutoConfig.for_model(model_type, **data)
+    # transformers 5 builds some models tied whatever the flag says (T5: the flag only picks decoder-output
+    # scaling) and unties them only when loading a checkpoint whose head differs; ftx loads tensors itself
+    config.ftx_untied_head = data.get("tie_word_embeddings") is False
+    if max_positions:
+        for name in POSITION_ATTRIBUTES:
+            if hasattr(config, name):
+                setattr(config, name, int(max_positions))
+    return config, ini
+
+
+def _model_class(family: Family, config: Any) -> Any:
+    import transformers
+
+    name = family.hf_model_class or next(iter(getattr(config, "architectures", None) or ()), "")
+    cls = getattr(transformers, name, None) if name else None
+    if cls is None:
+        raise ConfigError(f"family {family.name} names no transformers model class ({name!r})",
+                          hint="set hf_model_class on the family (e.g. 'GPTJForCausalLM')")
+    return cls
+
+
+def load_model(family: Family, ft_dir: Path, *, device: str = "auto", data_type: str | None = None,
+               max_positions: int | None = None) -> LoadedModel:
+    """Build ``family``'s transformers model from the FT files in ``ft_dir`` (a ``<tp>-gpu`` dir);
+    ``max_positions``: the source checkpoint's context size (see :func:`hf_config_for`)."""
+    import torch
+
+    no_init_weights = _no_init_weights()
+    started = time.perf_counter()
+    ft_dir = Path(ft_dir)
+    if not (ft_dir / "config.ini").is_file():
+        raise CheckpointError(f"{ft_dir} holds no config.ini", hint="point at a converted <tp>-gpu directory")
+    target = resolve_device(device)
+    dtype = torch_dtype(data_type, target)
+    config, ini = hf_config_for(family, ft_dir, max_positions)
+    cls = _model_class(family, config)
+    # Built the way ``from_pretrained(..., dtype=…).to(device)`` builds it: on the CPU under the
+    # compute dtype, then moved. Non-parameter tables computed at init (GPT-J's sinusoidal
+    # positions) then hold the same values as there; computed on a GPU they round differently.
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with no_init_weights(), torch.device("cpu"):
+            model = cls(config)
+    finally:
+        torch.set_default_dtype(previous)
+    model.eval()
+    untied = getattr(config, "ftx_untied_head", False)
+    if untied:
+        _untie_head(model)
+    state = model.state_dict(keep_vars=True)
+    loaded: set[str] = set()
+    rename = _renamer(cls, config)
+    with torch.no_grad():
+        for original, array in invert_checkpoint(family, ft_dir):
+            name = rename(original)
+            if name not in state:
+                raise CheckpointError(f"{ft_dir}: the {family.name} table yields {name!r}, "
+                                      f"which {cls.__name__} does not have")
+            param = state[name]
+            if tuple(param.shape) != tuple(array.shape):
+                raise CheckpointError(f"{ft_dir}: {name} has shape {tuple(array.shape)}, "
+                                      f"{cls.__name__} expects {tuple(param.shape)}",
+                                      hint="the config.ini does not match the .bin files; re-run the conversion")
+            param.copy_(torch.from_numpy(array))
+            loaded.add(name)
+    head = model.get_output_embeddings()
+    kept_head = head.weight if untied and head is not None else None
+    model.tie_weights()  # tied parameters (T5's embed_tokens, a tied lm_head) share the loaded tensor again
+    if kept_head is not None and head.weight is not kept_head:  # transformers 5 re-tied the head: undo that
+        head.weight = kept_head
+    state = model.state_dict(keep_vars=True)
+    _check_complete(model, state, loaded, ft_dir)
+    model.to(target)
+    seconds = time.perf_counter() - started
+    log.info("runtime.model_loaded", family=family.name, path=str(ft_dir), device=str(target),
+             dtype=str(dtype).replace("torch.", ""), tensors=len(loaded), seconds=round(seconds, 2),
+             attention=getattr(config, "_attn_implementation", None))
+    return LoadedModel(model, config, target, dtype, ini, seconds)
+
+
+def _untie_head(model: Any) -> None:
+    """Give the output embedding its own parameter when the model was built sharing the input's."""
+    import torch
+
+    head, inputs = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is None or inputs is None or head.weight.data_ptr() != inputs.weight.data_ptr():
+        return
+    head.weight = torch.nn.Parameter(head.weight.detach().clone())
+
+
+def _renamer(cls: Any, config: Any) -> Any:
+    """Checkpoint names -> this transformers' parameter names (transformers 5 renamed some, e.g.
+    GPT-NeoX's ``embed_out`` to ``lm_head``, and maps the old names when loading; so does ftx)."""
+    try:
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming
+    except ImportError:  # transformers 4: names are as the checkpoints have them
+        return lambda name: name
+    rules: list[tuple[str, str]] = []
+    for key in dict.fromkeys((cls.__name__, getattr(config, "model_type", ""))):
+        for transform in get_checkpoint_conversion_mapping(key) or ():
+            if isinstance(transform, WeightRenaming):
+                rules += list(zip(transform.source_patterns, transform.target_patterns, strict=False))
+
+    def rename(name: str) -> str:
+        for source, target in rules:
+            name = re.sub(source, target, name)
+        return name
+
+    return rename
+
+
+def _no_init_weights() -> Any:
+    """transformers' context that skips weight initialisation (moved in transformers 5)."""
+    try:
+        from transformers.initialization import no_init_weights  # transformers >= 5
+    except ImportError:
+        from transformers.modeling_utils import no_init_weights  # transformers 4
+    return no_init_weights
+
+
+def _check_complete(model: Any, state: dict[str, Any], loaded: set[str], ft_dir: Path) -> None:
+    """Every parameter must come from the files, or be tied to one that did."""
+    buffers = {name for name, _ in model.named_buffers()}
+    loaded_ptrs = {state[name].data_ptr() for name in loaded}
+    missing = [name for name, tensor in state.items()
+               if name not in loaded and name not in buffers and tensor.data_ptr() not in loaded_ptrs]
+    if missing:
+        shown = ", ".join(missing[:5]) + (" …" if len(missing) > 5 else "")
+        raise CheckpointError(f"{ft_dir} does not provide {len(missing)} weight(s) of the model: {shown}",
+                              hint="the family table cannot rebuild these tensors; re-convert or fix the table")

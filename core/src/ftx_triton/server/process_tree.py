@@ -1,0 +1,150 @@
+"""tritonserver's processes: liveness that survives pid reuse, group termination, the Python-backend
+stubs and their shared memory, and orphans left by a server that was killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import structlog
+
+from ftx_triton.server.install import STUB_NAME
+
+log = structlog.get_logger(__name__)
+
+SHM_DIR = Path("/dev/shm")
+SHM_PREFIX = "triton_python_backend_shm_region_"
+FTX_SHM_PREFIX = SHM_PREFIX + "ftx-"
+
+
+def proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time in clock ticks) of a process, or None if there is none."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = data.rsplit(")", 1)[1].split()
+    return fields[0], int(fields[19])
+
+
+def reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def alive(pid: int, start_ticks: int | None = None) -> bool:
+    """True if ``pid`` runs (not a zombie) and, when given, started at ``start_ticks``."""
+    stat = proc_stat(pid)
+    if stat is None:
+        return False
+    state, started = stat
+    if state in ("Z", "X"):
+        reap(pid)
+        return False
+    return start_ticks is None or started == start_ticks
+
+
+def killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _wait_gone(pid: int, start_ticks: int | None, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while alive(pid, start_ticks):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def terminate_group(pid: int, start_ticks: int | None, grace_s: float) -> None:
+    """SIGTERM the server, SIGKILL its process group after ``grace_s``, then sweep stragglers.
+
+    Servers run in their own session, so the group id is the server's pid and holds its stubs.
+    """
+    if alive(pid, start_ticks):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        if not _wait_gone(pid, start_ticks, grace_s):
+            log.warning("server.kill", pid=pid, reason=f"no exit {grace_s:.0f} s after SIGTERM")
+            killpg(pid, signal.SIGKILL)
+            _wait_gone(pid, start_ticks, 5.0)
+    killpg(pid, signal.SIGKILL)  # stubs left behind by a killed server
+
+
+def remove_shm(prefix: str) -> list[Path]:
+    """Delete Python-backend shared-memory regions whose names start with ``prefix``."""
+    if not prefix.startswith(SHM_PREFIX) or prefix == SHM_PREFIX:
+        raise ValueError(f"refusing to remove shared memory of other servers: {prefix!r}")
+    removed = []
+    for path in SHM_DIR.glob(f"{prefix}*"):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
+def cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
+
+
+def _is_stub(process: psutil.Process) -> bool:
+    args = cmdline(process)
+    return bool(args) and Path(args[0]).name == STUB_NAME
+
+
+def stub_processes(pid: int) -> list[psutil.Process]:
+    """The live (not zombie) Python-backend stubs below process ``pid``."""
+    try:
+        below = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    live = []
+    for process in below:
+        with contextlib.suppress(psutil.Error):
+            if _is_stub(process) and process.status() != psutil.STATUS_ZOMBIE:
+                live.append(process)
+    return live
+
+
+def sweep_orphans() -> list[str]:
+    """Kill ftx's Python-backend stubs whose tritonserver is gone and remove shared memory no live
+    process uses any more (what a server killed mid-start can leave); return what was removed."""
+    live_prefixes: set[str] = set()
+    orphans: list[psutil.Process] = []
+    for process in psutil.process_iter():
+        args = cmdline(process)
+        text = " ".join(args)
+        found = re.findall(rf"({re.escape(FTX_SHM_PREFIX)}[0-9a-f]+-)", text)
+        if not found:
+            continue
+        if args and Path(args[0]).name == STUB_NAME and len(args) > 5 and args[5].isdigit() \
+                and not alive(int(args[5])):
+            orphans.append(process)
+            continue
+        live_prefixes.update(found)
+    swept = []
+    for process in orphans:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+            swept.append(f"stub pid {process.pid}")
+    psutil.wait_procs(orphans, timeout=5)
+    for path in SHM_DIR.glob(f"{FTX_SHM_PREFIX}*"):
+        match = re.match(rf"({re.escape(FTX_SHM_PREFIX)}[0-9a-f]+-)", path.name)
+        if match and match.group(1) not in live_prefixes:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                swept.append(path.name)
+    if swept:
+        log.warning("server.orphans_swept", removed=swept)
+    return swept

@@ -1,0 +1,248 @@
+"""The process that owns one tritonserver: ``python -m ftx_triton.server.supervisor SPEC``.
+
+:class:`~ftx_triton.server.tritonserver.TritonServer` starts this instead of tritonserver itself, in a session
+of its own. It
+
+* starts tritonserver as its child, which gets SIGKILL should the supervisor die (PDEATHSIG), and
+  adopts orphaned Python-backend stubs (it is their subreaper), so no process outlives it;
+* serves the HTTP front (:mod:`ftx_triton.server.front`) when asked, on the port users see;
+* watches the stubs: one that dies leaves its model "ready" while every request fails, so the
+  supervisor says which one died and stops the server (exit code :data:`STUB_DIED`);
+* on SIGTERM/SIGINT/SIGHUP (``ftx stop``, Ctrl-C, or ftx dying: it gets SIGTERM then) stops
+  tritonserver, kills what is left of the process tree, removes the server's shared memory and
+  exits; when tritonserver dies by itself it does the same and says how it died.
+
+Every line it writes starts with ``ftx-supervisor:`` and goes to the server's log. SPEC is JSON:
+``command``, ``shm_prefix``, ``exit_timeout_s``, optional ``front`` (``host``, ``port``,
+``upstream_port``, ``max_body_bytes``, ``max_json_depth``). Only the standard library and psutil.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+PREFIX = "ftx-supervisor:"
+STUB_NAME = "triton_python_backend_stub"
+SHM_DIR = Path("/dev/shm")
+STUB_DIED = 70
+"""Exit code when a Python-backend stub died (the server could answer nothing that needs it)."""
+FRONT_FAILED = 71
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_POLL_S = 0.2
+_STUB_CHECK_S = 0.5
+
+
+def say(message: str) -> None:
+    print(f"{PREFIX} {message}", flush=True)
+
+
+def _prctl(option: int, value: int) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+
+
+def _die_with_supervisor() -> None:
+    """preexec_fn of tritonserver: SIGKILL when the supervisor goes (and it did not already)."""
+    parent = os.getppid()
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def signal_name(code: int) -> str:
+    """``-11`` → ``SIGSEGV (signal 11)``; a non-negative exit code as ``exit code N``."""
+    if code < 0:
+        try:
+            return f"{signal.Signals(-code).name} (signal {-code})"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def stub_model(process: psutil.Process) -> str:
+    """The model instance a stub serves (its command line names it, e.g. ``fastertransformer_0_0``)."""
+    try:
+        args = process.cmdline()
+    except psutil.Error:
+        return "?"
+    return args[8] if len(args) > 8 else (args[1] if len(args) > 1 else "?")
+
+
+def zombie_status(pid: int) -> str | None:
+    """How a zombie (dead, not yet reaped) process ended, unless it exited 0; None for a live one."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] != "Z" or len(fields) < 50:
+        return None
+    wait_status = int(fields[49])  # exit_code: the wait status, as waitpid would report it
+    if os.WIFSIGNALED(wait_status):
+        return f"killed by {signal_name(-os.WTERMSIG(wait_status))}"
+    code = os.WEXITSTATUS(wait_status)
+    return f"exit code {code}" if code else None
+
+
+def is_stub(process: psutil.Process) -> bool:
+    try:
+        args = process.cmdline()
+    except psutil.Error:
+        return False
+    return bool(args) and Path(args[0]).name == STUB_NAME
+
+
+def remove_shm(prefix: str) -> int:
+    """Delete this server's shared-memory regions; return how many."""
+    removed = 0
+    if not prefix.startswith("triton_python_backend_shm_region_ftx-"):
+        return 0
+    for path in SHM_DIR.glob(f"{prefix}*"):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed += 1
+    return removed
+
+
+class Supervisor:
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.stop_requested = threading.Event()
+        self.triton: subprocess.Popen[bytes] | None = None
+        self.front: Any = None
+        self.seen_stubs: dict[int, str] = {}
+        self.exit_code = 0
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def run(self) -> int:
+        _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, lambda signum, frame: self.stop_requested.set())
+        if self.spec.get("front") and not self._start_front():
+            return FRONT_FAILED
+        self.triton = subprocess.Popen(self.spec["command"], stdin=subprocess.DEVNULL,
+                                       preexec_fn=_die_with_supervisor)  # noqa: PLW1509 - prctl/getppid/kill only
+        say(f"tritonserver started (pid {self.triton.pid})")
+        try:
+            self._watch()
+        finally:
+            self._shutdown()
+        return self.exit_code
+
+    def _start_front(self) -> bool:
+        from ftx_triton.server.front import MAX_BODY_BYTES, MAX_JSON_DEPTH, FrontServer
+
+        front = self.spec["front"]
+        host, port = front["host"], front["port"]
+        try:
+            self.front = FrontServer(host, port, front["upstream_port"],
+                                     max_body_bytes=front.get("max_body_bytes") or MAX_BODY_BYTES,
+                                     max_json_depth=front.get("max_json_depth") or MAX_JSON_DEPTH,
+                                     on_refused=lambda line: say(f"HTTP front refused {line}"))
+        except OSError as exc:
+            # worded like tritonserver's own message, which ftx recognises and answers with new ports
+            say(f"failed to start HTTP service: Socket '{host}:{port}' already in use ({exc})")
+            return False
+        threading.Thread(target=self.front.serve_forever, name="ftx-http-front", daemon=True).start()
+        say(f"HTTP front on {host}:{port} -> tritonserver 127.0.0.1:{front['upstream_port']} "
+            f"(bodies up to {self.front.max_body_bytes} bytes, JSON up to {self.front.max_json_depth} deep)")
+        return True
+
+    def _watch(self) -> None:
+        assert self.triton is not None
+        next_check = time.monotonic() + _STUB_CHECK_S
+        while not self.stop_requested.wait(_POLL_S):
+            code = self.triton.poll()
+            if code is not None:
+                say(f"tritonserver exited by itself: {signal_name(code)}")
+                self.exit_code = 128 - code if code < 0 else code
+                return
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + _STUB_CHECK_S
+                dead = self._dead_stub()
+                if dead:
+                    say(f"the Python-backend stub of model instance {dead} died; every request to it would "
+                        "fail, so the server stops")
+                    self.exit_code = STUB_DIED
+                    return
+            self._reap_adopted()
+        say("stop requested")
+
+    def _dead_stub(self) -> str | None:
+        """A stub seen alive before that is now a zombie or gone (tritonserver does not restart them)."""
+        assert self.triton is not None
+        try:
+            children = psutil.Process(self.triton.pid).children()
+        except psutil.Error:
+            return None
+        for process in children:
+            pid = process.pid
+            status = zombie_status(pid)
+            if status is None:
+                if is_stub(process):  # named while alive: a zombie's command line is empty
+                    self.seen_stubs[pid] = stub_model(process)
+                continue
+            # an unloaded model's stub exits 0 and is reaped; a killed or crashed one lingers
+            with contextlib.suppress(psutil.Error):
+                if pid in self.seen_stubs or process.name() == STUB_NAME[:15]:
+                    return f"{self.seen_stubs.get(pid, f'(pid {pid})')} ({status})"
+        return None
+
+    def _reap_adopted(self) -> None:
+        """Reap orphans re-parented to this subreaper (stubs of a tritonserver that died)."""
+        for child in psutil.Process().children():
+            if self.triton is not None and child.pid == self.triton.pid:
+                continue
+            with contextlib.suppress(psutil.Error, ChildProcessError):
+                if child.status() == psutil.STATUS_ZOMBIE:
+                    os.waitpid(child.pid, os.WNOHANG)
+
+    def _shutdown(self) -> None:
+        timeout = float(self.spec.get("exit_timeout_s", 10)) + 5
+        if self.triton is not None and self.triton.poll() is None:
+            self.triton.send_signal(signal.SIGTERM)
+            try:
+                self.triton.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                say(f"tritonserver did not exit {timeout:.0f} s after SIGTERM: killing it")
+                self.triton.kill()
+                self.triton.wait()
+        leftovers = psutil.Process().children(recursive=True)
+        for process in leftovers:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        psutil.wait_procs(leftovers, timeout=5)
+        if leftovers:
+            say(f"killed {len(leftovers)} leftover process(es): "
+                + ", ".join(f"{p.pid}" for p in leftovers))
+        if self.front is not None:
+            self.front.shutdown()
+            self.front.server_close()
+        removed = remove_shm(self.spec.get("shm_prefix", ""))
+        if removed:
+            say(f"removed {removed} shared-memory region(s)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m ftx_triton.server.supervisor SPEC_JSON", file=sys.stderr)
+        return 2
+    return Supervisor(json.loads(args[0])).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

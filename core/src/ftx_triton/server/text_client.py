@@ -1,0 +1,227 @@
+"""The text interface of a served model, over either of Triton's protocols.
+
+A model repository's ``text`` model speaks Triton's generate-extension names (``text_input``,
+``max_tokens`` … → ``text_output``); the raw FasterTransformer names are accepted too. This module
+finds which inputs carry each role (:func:`text_interface`, from the model's metadata and config),
+and talks to the server over HTTP (:class:`HttpTriton`, the generate extension's ``/generate`` and
+``/generate_stream`` routes, stdlib only). ``ftx generate`` and the OpenAI-compatible endpoint use it;
+the gRPC path lives beside ``ftx generate``.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from ftx_triton.errors import ServeError
+from ftx_triton.repository.io import STREAM_OFFSET
+
+# Roles of the text interface and the input names that may carry them (generate-extension
+# names first, then FasterTransformer's own).
+ROLES: dict[str, tuple[str, ...]] = {
+    "prompt": ("text_input", "INPUT_0", "prompt"),
+    "max_tokens": ("max_tokens", "request_output_len", "INPUT_1"),
+    "temperature": ("temperature",),
+    "top_k": ("top_k", "runtime_top_k"),
+    "top_p": ("top_p", "runtime_top_p"),
+    "stream": ("stream",),
+}
+TEXT_OUTPUTS = ("text_output", "OUTPUT_0")
+_NUMPY = {"BYTES": "object", "BOOL": "bool", "INT32": "int32", "INT64": "int64", "UINT32": "uint32",
+          "UINT64": "uint64", "FP32": "float32", "FP64": "float64", "FP16": "float16"}
+
+
+@dataclass(frozen=True)
+class TextInterface:
+    """Which inputs of a served model carry each role, with their Triton types and shapes."""
+
+    model: str
+    inputs: Mapping[str, tuple[str, str, tuple[int, ...]]]  # role -> (name, datatype, shape)
+    output: str
+    decoupled: bool
+    continues_prompt: bool = True
+    """A decoder model continues the prompt; an encoder-decoder (T5) answers it with new text."""
+    streams_pieces: bool = False
+    """Each streamed response holds only its new text (the ensemble reads the FT model's stream
+    offset), rather than all the text so far."""
+
+    def tensors(self, values: Mapping[str, Any], module: Any) -> list[Any]:
+        """tritonclient InferInputs for the given role values (roles the model lacks are skipped)."""
+        import numpy as np
+
+        out = []
+        for role, value in values.items():
+            if value is None or role not in self.inputs:
+                continue
+            name, datatype, shape = self.inputs[role]
+            full = tuple(1 if d < 0 else d for d in shape) or (1,)
+            if datatype == "BYTES":
+                array = np.array([str(value).encode("utf-8")], dtype=np.object_)
+            else:
+                array = np.array([value], dtype=_NUMPY.get(datatype, "float32"))
+            tensor = module.InferInput(name, list(full), datatype)
+            tensor.set_data_from_numpy(array.reshape(full))
+            out.append(tensor)
+        return out
+
+    def payload(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The generate extension's JSON body: input name -> value (roles the model lacks are skipped)."""
+        return {self.inputs[role][0]: value for role, value in values.items()
+                if value is not None and role in self.inputs}
+
+
+def text_interface(client: Any, model: str) -> TextInterface:
+    """Read a served model's metadata and config and find its text interface."""
+    meta = client.get_model_metadata(model, as_json=True)
+    config = client.get_model_config(model, as_json=True).get("config", {})
+    declared = {i["name"]: (i["datatype"], tuple(int(d) for d in i.get("shape", ()))) for i in meta.get("inputs", ())}
+    inputs = {}
+    for role, names in ROLES.items():
+        for name in names:
+            if name in declared:
+                datatype, shape = declared[name]  # metadata shapes include the batch dimension (-1)
+                inputs[role] = (name, datatype, shape)
+                break
+    outputs = [o["name"] for o in meta.get("outputs", ())]
+    output = next((n for n in TEXT_OUTPUTS if n in outputs), None)
+    if "prompt" not in inputs or output is None:
+        raise ServeError(f"model {model!r} has no text interface (inputs {', '.join(declared) or 'none'})",
+                         hint="send text to the 'text' model; the raw 'fastertransformer' model takes token ids")
+    configs = [config, *_step_configs(client, config)]
+    decoupled = any((c.get("model_transaction_policy") or {}).get("decoupled") for c in configs)
+    encoder_decoder = any(i.get("name") == "max_output_len" for c in configs for i in c.get("input", ()))
+    streams_pieces = any(STREAM_OFFSET in (step.get("input_map") or {})
+                         for step in (config.get("ensemble_scheduling") or {}).get("step", ()))
+    return TextInterface(model, inputs, output, decoupled, continues_prompt=not encoder_decoder,
+                         streams_pieces=streams_pieces)
+
+
+def _step_configs(client: Any, config: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Configs of an ensemble's steps (Triton streams an ensemble whose step is decoupled)."""
+    configs = []
+    for step in (config.get("ensemble_scheduling") or {}).get("step", ()):
+        try:
+            configs.append(client.get_model_config(step["model_name"], as_json=True).get("config", {}))
+        except Exception:  # noqa: BLE001 - a step we cannot read (either protocol's error) tells us nothing
+            continue
+    return configs
+
+
+def first_text(array: Any) -> str:
+    import numpy as np
+
+    if array is None:
+        return ""
+    flat = np.asarray(array, dtype=np.object_).reshape(-1)
+    if not flat.size:
+        return ""
+    value = flat[0]
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def sampling_values(max_tokens: int, temperature: float | None, top_k: int | None,
+                    top_p: float | None) -> dict[str, Any]:
+    """Role values for a request; a temperature alone samples from the whole distribution (top-p 1)."""
+    values: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p}
+    if temperature is not None and temperature > 0 and top_k is None and top_p is None:
+        values["top_p"] = 1.0
+    return values
+
+
+class HttpError(Exception):
+    """An HTTP error answer of the server (status and its message)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # local servers: never via a proxy
+
+
+class HttpTriton:
+    """Triton's HTTP endpoint: metadata, config and the generate extension (``base`` = ``http://host:port``)."""
+
+    def __init__(self, base: str, timeout_s: float = 600.0) -> None:
+        self.base = base.rstrip("/")
+        if "://" not in self.base:
+            self.base = "http://" + self.base
+        self.timeout_s = timeout_s
+
+    def _open(self, path: str, body: Mapping[str, Any] | None = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.base + path, data=data, method="POST" if data else "GET",
+                                         headers={"Content-Type": "application/json"} if data else {})
+        try:
+            return _OPENER.open(request, timeout=self.timeout_s)
+        except urllib.error.HTTPError as exc:
+            text = exc.read().decode("utf-8", "replace")
+            unframed = text.strip().removeprefix("data:")  # generate_stream frames its error as an event
+            try:
+                text = json.loads(unframed).get("error", text)
+            except (ValueError, AttributeError):
+                pass
+            raise HttpError(exc.code, str(text)) from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise ServeError(f"cannot reach Triton's HTTP endpoint at {self.base}: {getattr(exc, 'reason', exc)}",
+                             hint="start a server (`ftx run MODEL --detach`), check `ftx ps`, and pass the HTTP "
+                                  "address `ftx run` printed with --url http://HOST:PORT") from None
+
+    def get_json(self, path: str) -> Any:
+        with self._open(path) as response:
+            return json.loads(response.read())
+
+    # the two calls text_interface() makes, shaped like tritonclient's as_json answers
+    def get_model_metadata(self, model: str, as_json: bool = True) -> Mapping[str, Any]:
+        return self.get_json(f"/v2/models/{quote(model, safe='')}")
+
+    def get_model_config(self, model: str, as_json: bool = True) -> Mapping[str, Any]:
+        return {"config": self.get_json(f"/v2/models/{quote(model, safe='')}/config")}
+
+    def models(self) -> list[str]:
+        """Names of the models the server has loaded (the repository index, READY only)."""
+        with self._open("/v2/repository/index", {}) as response:
+            index = json.loads(response.read())
+        return [m["name"] for m in index if m.get("state") == "READY"]
+
+    def generate(self, iface: TextInterface, values: Mapping[str, Any]) -> str:
+        """One ``/generate`` request; the model's text output."""
+        with self._open(f"/v2/models/{quote(iface.model, safe='')}/generate", iface.payload(values)) as response:
+            answer = json.loads(response.read())
+        return str(answer.get(iface.output, ""))
+
+    def generate_stream(self, iface: TextInterface, values: Mapping[str, Any]) -> Iterator[str]:
+        """``/generate_stream``: the text of each server-sent event as it arrives."""
+        with self._open(f"/v2/models/{quote(iface.model, safe='')}/generate_stream", iface.payload(values)) as response:
+            for raw in response:
+                line = raw.decode("utf-8", "replace").strip()
+                if not line.startswith("data:"):
+                    continue
+                event = json.loads(line[len("data:"):])
+                if "error" in event:
+                    raise HttpError(400, str(event["error"]))
+                yield str(event.get(iface.output, ""))
+
+
+def pieces(texts: Iterator[str], iface: TextInterface, prompt: str) -> Iterator[str]:
+    """New text from successive stream answers, the whole text starting with the prompt for a decoder.
+
+    ftx's streaming ensemble sends each new piece once (``iface.streams_pieces``); one without stream
+    offsets sends the whole text so far, and a classic one only the continuation."""
+    printed = ""
+    for text in texts:
+        if not printed and iface.continues_prompt and (iface.streams_pieces or not text.startswith(prompt)):
+            text = prompt + text
+        if iface.streams_pieces and printed:
+            piece = text
+        else:
+            piece = text.removeprefix(printed) if text.startswith(printed) else text
+        if piece:
+            printed += piece
+            yield piece

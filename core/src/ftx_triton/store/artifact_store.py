@@ -1,0 +1,370 @@
+"""The artifact store: keyed stage outputs, built in a temp dir and published atomically.
+
+Layout under ``FTX_HOME``::
+
+    store/<stage>/<key>/             a published artifact (holds ftx-artifact.json)
+    store/.tmp/<stage>-<key>-<pid>-… a build in progress (never trusted)
+    locks/<stage>-<key>.lock         one builder per key
+    locks/<stage>-<key>.use          shared by every process using the artifact (see ftx_triton.store.leases)
+
+An artifact counts as done only when its final directory exists; that directory appears by one
+``os.replace`` after every file was written and hashed, so a killed run leaves nothing trusted.
+A ``--force`` rebuild swaps the old artifact out with :func:`ftx_triton.io.atomic.swap_in`; a kill between
+its two renames is undone (the old artifact put back) by the next build of that key.
+
+Every output is recorded with its sha256 and its ``lstat`` signature (size, mtime_ns, ctime_ns,
+inode, device). A lookup trusts an artifact only when the files on disk are exactly the recorded
+ones and each is unchanged: a file whose signature still matches is not re-read (no write can
+keep its ctime), any other is re-hashed, and a match refreshes the recorded signature.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import filelock
+import structlog
+
+from ftx_triton.errors import CheckpointError
+from ftx_triton.io.atomic import recover, swap_in
+from ftx_triton.io.hashing import sha256_files
+from ftx_triton.io.regular import read_regular
+from ftx_triton.paths import unusable_home
+from ftx_triton.store import leases
+from ftx_triton.terminal.redact import redact_data
+
+log = structlog.get_logger(__name__)
+
+PROVENANCE_FILE = "ftx-artifact.json"
+PROVENANCE_MAX_BYTES = 64 << 20
+"""A provenance record lists every output file with its hash: far below this even for thousands of files."""
+SCHEMA = "ftx.artifact/1"
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+__all__ = ["PROVENANCE_FILE", "SCHEMA", "Artifact", "ArtifactStore", "make_key", "read_provenance"]
+
+
+def make_key(inputs: Mapping[str, Any]) -> str:
+    """A stable key from everything that determines an output."""
+    text = json.dumps(inputs, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A published stage output."""
+
+    stage: str
+    key: str
+    path: Path
+    provenance: Mapping[str, Any]
+
+
+def read_provenance(path: Path) -> dict[str, Any] | None:
+    """The provenance record in ``path``, or None when it is missing or unreadable in any way (a named
+    pipe or device in its place is not opened for long, a huge file not read whole)."""
+    try:
+        if (path / PROVENANCE_FILE).is_symlink():  # ftx writes a file: a link is someone else's doing
+            raise ValueError("it is a symbolic link")
+        meta = json.loads(read_regular(path / PROVENANCE_FILE, PROVENANCE_MAX_BYTES))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, RecursionError, CheckpointError) as exc:  # not JSON, not UTF-8, a pipe, too deep …
+        log.warning("cache.provenance_unreadable", path=str(path), error=f"{type(exc).__name__}: {exc}"[:200])
+        return None
+    if not isinstance(meta, dict):
+        log.warning("cache.provenance_unreadable", path=str(path), error=f"a JSON {type(meta).__name__}, not an object")
+        return None
+    return meta
+
+
+# --- output records ---------------------------------------------------------------------------
+
+
+def _scan(root: Path) -> dict[str, os.stat_result]:
+    """Every non-directory under ``root`` (lstat: symlinks are not followed), provenance excluded."""
+    found: dict[str, os.stat_result] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [*filenames, *dirnames]:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            rel = Path(path).relative_to(root).as_posix()
+            if rel != PROVENANCE_FILE:
+                found[rel] = st
+    return found
+
+
+def _drop_bytecode(root: Path, outputs: object) -> None:
+    """Remove the ``__pycache__`` folders that serving leaves beside an artifact's Python models.
+
+    Triton's Python-backend stub imports ``model.py`` from the artifact through an embedded interpreter that
+    writes bytecode whatever the environment says; left in place, that bytecode would make the artifact
+    differ from its record (and a planted ``.pyc`` could run instead of the verified source), so every
+    lookup drops what the record does not name before verifying the rest.
+    """
+    recorded = set(outputs) if isinstance(outputs, dict) else set()
+    for dirpath, dirnames, _ in os.walk(root):
+        for name in dirnames:
+            cache = Path(dirpath, name)
+            if name == "__pycache__" and not cache.is_symlink() and not any(
+                    rel.startswith(cache.relative_to(root).as_posix() + "/") for rel in recorded):
+                shutil.rmtree(cache, ignore_errors=True)
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+
+
+def _signature(st: os.stat_result) -> dict[str, int]:
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "inode": st.st_ino,
+            "device": st.st_dev}
+
+
+def _record_outputs(root: Path) -> dict[str, dict[str, Any]]:
+    """The output records of a finished build: sha256 and signature per file, target per symlink."""
+    found = _scan(root)
+    outputs: dict[str, dict[str, Any]] = {}
+    files = []
+    for rel, st in found.items():
+        if stat.S_ISLNK(st.st_mode):
+            outputs[rel] = {"symlink": os.readlink(root / rel)}
+        elif stat.S_ISREG(st.st_mode):
+            files.append(rel)
+        else:
+            raise OSError(f"{root / rel} is neither a file nor a symlink; an artifact cannot hold it")
+    digests = sha256_files(root / rel for rel in files)
+    for rel in files:
+        outputs[rel] = {"sha256": digests[root / rel], **_signature(found[rel])}
+    return dict(sorted(outputs.items()))
+
+
+def _valid_record(info: object) -> bool:
+    if not isinstance(info, dict):
+        return False
+    if "symlink" in info:
+        return isinstance(info["symlink"], str)
+    return (isinstance(info.get("size"), int) and isinstance(info.get("sha256"), str)
+            and bool(_SHA256_RE.match(info["sha256"])))
+
+
+def _verify(root: Path, outputs: object) -> tuple[str | None, dict[str, dict[str, int]]]:
+    """(why the artifact cannot be trusted or None, fresh signatures of files re-hashed and found intact)."""
+    if not isinstance(outputs, dict):
+        return "its provenance records no outputs", {}
+    if bad := next((rel for rel, info in outputs.items() if not _valid_record(info)), None):
+        return f"the record of {bad} has no size and sha256", {}
+    found = _scan(root)
+    if extra := sorted(set(found) - set(outputs)):
+        return f"{extra[0]} is not one of its recorded outputs", {}
+    if missing := sorted(set(outputs) - set(found)):
+        return f"{missing[0]} is missing", {}
+    rehash = []
+    for rel, info in outputs.items():
+        st = found[rel]
+        if "symlink" in info:
+            if not stat.S_ISLNK(st.st_mode) or os.readlink(root / rel) != info["symlink"]:
+                return f"the symlink {rel} changed", {}
+        elif not stat.S_ISREG(st.st_mode) or st.st_size != info["size"]:
+            return f"{rel} changed size or type", {}
+        elif _signature(st) != {k: info.get(k) for k in ("size", "mtime_ns", "ctime_ns", "inode", "device")}:
+            rehash.append(rel)
+    digests = sha256_files(root / rel for rel in rehash)
+    for rel in rehash:
+        if digests[root / rel] != outputs[rel]["sha256"]:
+            return f"the content of {rel} changed", {}
+    return None, {rel: _signature(found[rel]) for rel in rehash}
+
+
+# --- the store ------------------------------------------------------------------------------
+
+
+class ArtifactStore:
+    """Keyed, locked, atomically published, content-verified stage outputs."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.root = home / "store"
+        self.tmp_root = self.root / ".tmp"
+        self.lock_root = home / "locks"
+        self._locks: dict[str, filelock.FileLock] = {}
+        self._leased: list[Path] = []  # what this store's user holds; given back when the store goes
+        weakref.finalize(self, leases.release_all, self._leased)
+        try:
+            for d in (self.root, self.tmp_root, self.lock_root):
+                d.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise unusable_home(home, exc) from exc
+
+    def path(self, stage: str, key: str) -> Path:
+        return self.root / stage / key
+
+    def lookup(self, stage: str, key: str) -> Artifact | None:
+        """The published artifact for (stage, key) if its provenance is readable and its files intact."""
+        path = self.path(stage, key)
+        self._hold(stage, key)  # before reading: a removal running now finishes first
+        meta = read_provenance(path)
+        if meta is None:
+            return None
+        if meta.get("stage") != stage or meta.get("key") != key:
+            problem: str | None = "its provenance names another stage or key"
+            fresh: dict[str, dict[str, int]] = {}
+        else:
+            _drop_bytecode(path, meta.get("outputs"))
+            problem, fresh = _verify(path, meta.get("outputs"))
+        if problem:
+            log.warning("cache.corrupt", stage=stage, key=key, path=str(path), problem=problem)
+            return None
+        if fresh:
+            log.info("cache.rehashed", stage=stage, key=key, files=len(fresh))
+            self._refresh_signatures(stage, key, meta, fresh)
+        return Artifact(stage, key, path, meta)
+
+    def _hold(self, stage: str, key: str) -> None:
+        path = self.lease(stage, key)
+        if path not in self._leased and leases.hold(path):
+            self._leased.append(path)
+
+    def close(self) -> None:
+        """Give back the leases this store holds (also done when it is collected)."""
+        leases.release_all(self._leased)
+        self._leased.clear()
+
+    def lock_path(self, stage: str, key: str) -> Path:
+        """The file whose lock lets one process at a time build (or remove) (stage, key)."""
+        return self.lock_root / f"{stage}-{key}.lock"
+
+    def lease(self, stage: str, key: str) -> Path:
+        """The lease file whose shared lock marks (stage, key) as used by a running ftx process."""
+        return leases.lease_path(self.lock_root, stage, key)
+
+    def mark_used(self, artifact: Artifact) -> None:
+        """Record a use (a cache hit): the provenance file's mtime is the artifact's "last used"."""
+        with contextlib.suppress(OSError):
+            os.utime(artifact.path / PROVENANCE_FILE, follow_symlinks=False)
+
+    @contextlib.contextmanager
+    def lock(self, stage: str, key: str, timeout_s: float = -1) -> Iterator[None]:
+        """One builder per (stage, key), re-entrant within this store object; a process that has to wait says
+        so first."""
+        from ftx_triton.io.atomic import announced
+
+        lock = self._locks.setdefault(key + stage, filelock.FileLock(str(self.lock_path(stage, key))))
+        with announced(lock, f"building {stage} {key}", timeout_s):
+            yield
+
+    def build(
+        self,
+        stage: str,
+        key: str,
+        builder: Callable[[Path], Mapping[str, Any]],
+        *,
+        inputs: Mapping[str, Any],
+        producer: Mapping[str, Any],
+        force: bool = False,
+        accept: Callable[[Artifact], object] | None = None,
+    ) -> tuple[Artifact, bool]:
+        """Return (artifact, cached). ``builder(tmp_dir)`` writes the files and returns extra provenance.
+
+        ``accept(artifact)`` may refuse a cached artifact's provenance by raising (TypeError, ValueError,
+        KeyError, AttributeError): it is then rebuilt like a corrupt one.
+        """
+        self._hold(stage, key)
+        if not force and (hit := self._usable(stage, key, accept)):
+            return hit, True
+        with self.lock(stage, key):
+            self._recover(stage, key)
+            if not force and (hit := self._usable(stage, key, accept)):  # built by another process meanwhile
+                return hit, True
+            tmp = self.tmp_root / f"{stage}-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            tmp.mkdir(parents=True)
+            started = time.time()
+            try:
+                extra = dict(builder(tmp))
+                meta = self._provenance(stage, key, tmp, inputs, producer, extra, started)
+                (tmp / PROVENANCE_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True, default=str))
+                final = self.path(stage, key)
+                final.parent.mkdir(parents=True, exist_ok=True)
+                swap_in(tmp, final, replace=True)  # a corrupt or --force'd artifact is swapped out
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            return Artifact(stage, key, final, meta), False
+
+    def _usable(self, stage: str, key: str, accept: Callable[[Artifact], object] | None) -> Artifact | None:
+        hit = self.lookup(stage, key)
+        if hit is None or accept is None:
+            return hit
+        try:
+            accept(hit)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            log.warning("cache.corrupt", stage=stage, key=key, path=str(hit.path),
+                        problem=f"its provenance cannot be used ({type(exc).__name__}: {exc})"[:300])
+            return None
+        return hit
+
+    def _provenance(self, stage: str, key: str, tmp: Path, inputs: Mapping[str, Any], producer: Mapping[str, Any],
+                    extra: Mapping[str, Any], started: float) -> dict[str, Any]:
+        outputs = _record_outputs(tmp)
+        now = time.time()
+        return redact_data({
+            "schema": SCHEMA,
+            "stage": stage,
+            "key": key,
+            "inputs": dict(inputs),
+            "producer": dict(producer),
+            "outputs": outputs,
+            "started_at": _iso(started),
+            "finished_at": _iso(now),
+            "duration_s": round(now - started, 3),
+            **extra,
+        })
+
+    def _refresh_signatures(self, stage: str, key: str, meta: dict[str, Any], fresh: dict[str, dict[str, int]]) -> None:
+        """Record the signatures of re-hashed, intact files, so the next lookup need not re-read them.
+
+        Best effort: skipped when another process holds the key or the store is read-only.
+        """
+        path = self.path(stage, key)
+        tmp = self.tmp_root / f"{stage}-{key}-provenance-{uuid.uuid4().hex[:8]}"
+        try:
+            with self.lock(stage, key, timeout_s=0):
+                if read_provenance(path) != meta:
+                    return
+                updated = {**meta, "outputs": {rel: {**info, **fresh.get(rel, {})}
+                                               for rel, info in meta["outputs"].items()}}
+                tmp.write_text(json.dumps(updated, indent=2, sort_keys=True, default=str))
+                os.replace(tmp, path / PROVENANCE_FILE)
+        except (filelock.Timeout, OSError) as exc:
+            log.debug("cache.signatures_not_refreshed", stage=stage, key=key, error=str(exc))
+            tmp.unlink(missing_ok=True)
+
+    def _recover(self, stage: str, key: str) -> None:
+        """Undo what killed processes left for this key (we hold the key's lock)."""
+        final = self.path(stage, key)
+        if not final.exists() and any(final.parent.glob(f".{key}.old-*")):
+            log.warning("cache.restored", stage=stage, key=key, path=str(final),
+                        reason="a replacement of it was killed half-way")
+        recover(final)
+        for stale in [*self.tmp_root.glob(f"{stage}-{key}-*"), *self.tmp_root.glob(f"old-{key}-*")]:
+            log.info("cache.stale_removed", stage=stage, key=key, path=str(stale))
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                stale.unlink(missing_ok=True)
+
+
+def _iso(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, tz=dt.UTC).isoformat(timespec="seconds")

@@ -1,0 +1,1 @@
+"""What ftx shows: the one stderr console, log rendering, progress bars and redaction of secrets."""

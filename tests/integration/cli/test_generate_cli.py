@@ -1,0 +1,432 @@
+"""The python runtime end to end: the whole repository (ensemble included) built by the pipeline,
+served by the real tritonserver, driven through the ensemble's text interface, ``ftx generate``
+and ``ftx run`` (prompt, detach, foreground with Ctrl-C / SIGTERM)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from ftx_triton.cli.serving import generate_text, resolve_target, sampling_values
+from ftx_triton.errors import ServeError
+from python_runtime_support import (
+    BUILDERS,
+    SERVER_MARKS,
+    build_repository,
+    decoder_inputs,
+    family_tp_cases,
+    hf_greedy,
+    infer,
+    reference_model,
+    registered_families,
+    t5_inputs,
+)
+
+pytestmark = SERVER_MARKS
+
+FAMILIES = registered_families()
+CASES = family_tp_cases(FAMILIES)
+FTX = [str(Path(sys.executable).parent / "ftx")]
+TEXT_PROMPTS = ("Once upon a time", "The quick brown fox", "Hello world")
+
+
+def _shm_prefixes(home: Path) -> set[str]:
+    """Shared-memory prefixes of the servers started with this home (from their logs' command lines)."""
+    prefixes = set()
+    for log in (home / "triton" / "logs").glob("*.log"):
+        prefixes.update(re.findall(r"shm-region-prefix-name=(\S+)", log.read_text(errors="replace")))
+    return prefixes
+
+
+def _no_ftx_servers_left(home: Path) -> None:
+    """No tritonserver of this home runs and none of its Python-backend shared memory remains
+    (other servers on this machine, e.g. of concurrent test runs, are not ours to judge)."""
+    from ftx_triton.server.process_tree import SHM_DIR
+
+    prefixes = _shm_prefixes(home)
+    assert prefixes, f"no server log under {home}"
+    deadline = time.monotonic() + 15
+    while True:
+        procs = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if "tritonserver" in text and str(home) in text:
+                procs.append(text)
+        shm = [p.name for prefix in prefixes for p in SHM_DIR.glob(f"{prefix}*")]
+        if not procs and not shm:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"left behind: processes {procs}, shared memory {shm}")
+        time.sleep(0.2)
+
+
+# --------------------------------------------------------------------------- repositories via the pipeline
+
+
+class Deployment:
+    def __init__(self, name: str, tp: int, src: Path, ref: Any, server: Any) -> None:
+        self.name, self.tp, self.src, self.ref, self.server = name, tp, src, ref, server
+        self.family = FAMILIES[name]
+        self.encoder_decoder = self.family.triton_io == "encoder-decoder"
+
+    def encode(self, text: str) -> list[int]:
+        """The prompt ids the preprocessing model makes (the tokenizer the repository holds)."""
+        from ftx_triton.repository.textproc import load_codec
+
+        codec = load_codec(Path(self.server.repository) / "preprocessing" / "1")
+        return codec.encode(text, prompt=True)
+
+    def decode(self, ids: list[int]) -> str:
+        from ftx_triton.repository.textproc import load_codec
+
+        codec = load_codec(Path(self.server.repository) / "postprocessing" / "1")
+        end = self.ref.config.eos_token_id
+        # text_output leaves out a last character whose bytes max_tokens cut off
+        return codec.decode(ids[: ids.index(end)] if end in ids else ids).rstrip("\ufffd")
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Any]]:
+    out = {}
+    for name in FAMILIES:
+        src = BUILDERS[name](tmp_path_factory.mktemp(f"cli-src-{name}") / "hf")
+        out[name] = (src, reference_model(src))
+    return out
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[f"{n}-tp{tp}" for n, tp in CASES])
+def deployment(request: pytest.FixtureRequest, sources: dict[str, tuple[Path, Any]],
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    from ftx_triton.server.tritonserver import TritonServer
+
+    name, tp = request.param
+    src, ref = sources[name]
+    home = tmp_path_factory.mktemp(f"cli-home-{name}-{tp}")
+    repository = build_repository(src, home, name, tp, max_batch_size=4)
+    server = TritonServer(repository.path, home=home, env={"FTX_DEVICE": "cpu"}, name=f"e2e-{name}-{tp}")
+    server.start()
+    try:
+        yield Deployment(name, tp, src, ref, server)
+    finally:
+        server.stop()
+    _no_ftx_servers_left(home)
+
+
+def test_repository_holds_the_python_runtime_model_with_ft_io(deployment: Deployment) -> None:
+    from ftx_triton.repository.io import IO_KINDS
+    from ftx_triton.repository.model_config import parse_config
+
+    config = parse_config(Path(deployment.server.repository) / "fastertransformer" / "config.pbtxt")
+    assert (config.name, config.backend) == ("fastertransformer", "python")
+    inputs, outputs = IO_KINDS[deployment.family.triton_io]
+    assert [i.name for i in config.input] == [d.name for d in inputs]
+    assert [o.name for o in config.output] == [d.name for d in outputs]
+
+
+def test_ensemble_and_raw_model_greedy_equal_transformers(deployment: Deployment) -> None:
+    grpc = deployment.server.grpc_url
+    for text in TEXT_PROMPTS:
+        ids = deployment.encode(text)
+        expected = hf_greedy(deployment.ref, ids, 12)
+        generated = expected if deployment.encoder_decoder else expected[len(ids):]
+        # the raw fastertransformer model, token for token
+        inputs = t5_inputs([ids], 12) if deployment.encoder_decoder else decoder_inputs([ids], 12)
+        out = infer(deployment.server.http_url, inputs)
+        assert out["output_ids"][0, 0, : out["sequence_length"][0, 0]].tolist() == expected
+        # the ensemble's text interface: the text of exactly those tokens
+        got = generate_text(grpc, "text", text, max_tokens=12)
+        assert got == deployment.decode(generated), (deployment.name, text)
+        # what `ftx generate` prints: a decoder continues the prompt, T5 answers it
+        shown = generate_text(grpc, "text", text, max_tokens=12, echo_prompt=True)
+        assert shown == (got if deployment.encoder_decoder else text + got)
+
+
+def test_malformed_ensemble_requests_get_errors_and_serving_continues(deployment: Deployment) -> None:
+    from tritonclient.utils import InferenceServerException
+
+    url = deployment.server.http_url
+
+    def text_request(texts: list[str], max_tokens: Any, types: dict[str, str] | None = None) -> dict[str, Any]:
+        n = len(texts)
+        inputs = {"text_input": np.array([[t.encode()] for t in texts], dtype=np.object_),
+                  "max_tokens": np.array([[max_tokens]] * n, dtype=np.int64 if not types else np.float32)}
+        return infer(url, inputs, model="text", outputs=("text_output",), types=types)
+
+    good = text_request(["Once upon a time"], 6)["text_output"]
+    bad = {
+        "empty text": (lambda: text_request([""], 6), "empty"),
+        "negative max_tokens": (lambda: text_request(["Hello"], -3), "max_tokens"),
+        "huge max_tokens": (lambda: text_request(["Hello"], 2**31 - 1), "exceeds"),
+        "wrong dtype": (lambda: text_request(["Hello"], 6.0, types={"max_tokens": "FP32"}), "data-type|datatype|FP32"),
+        "batch over the max": (lambda: text_request(["Hello"] * 5, 6), "batch"),
+    }
+    for what, (call, message) in bad.items():
+        with pytest.raises(InferenceServerException, match=message):
+            call()
+        assert np.array_equal(text_request(["Once upon a time"], 6)["text_output"], good), what
+
+
+def test_curl_generate_endpoint_answers(deployment: Deployment) -> None:
+    import urllib.request
+
+    body = json.dumps({"text_input": "Hello world", "max_tokens": 5}).encode()
+    request = urllib.request.Request(f"http://{deployment.server.http_url}/v2/models/text/generate", data=body)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(request, timeout=120) as response:
+        answer = json.loads(response.read())
+    assert answer["text_output"] == generate_text(deployment.server.grpc_url, "text", "Hello world", max_tokens=5)
+
+
+# --------------------------------------------------------------------------- the client pieces
+
+
+def test_a_temperature_alone_means_sampling_from_the_whole_distribution() -> None:
+    assert sampling_values(8, 0.7, None, None)["top_p"] == 1.0
+    assert sampling_values(8, 0.7, 5, None)["top_p"] is None
+    assert sampling_values(8, None, None, None)["top_p"] is None
+
+
+def test_resolve_target_without_servers_says_how_to_start_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FTX_HOME", str(tmp_path))
+    with pytest.raises(ServeError, match="no running ftx server") as err:
+        resolve_target("ensemble", None)
+    assert "--detach" in (err.value.hint or "")
+    assert resolve_target("ensemble", "127.0.0.1:1") == ("127.0.0.1:1", "ensemble")
+
+
+def test_generate_against_nothing_is_an_error_with_a_hint(tmp_path: Path) -> None:
+    from ftx_triton.server.ports import free_ports
+
+    port = free_ports().grpc
+    result = subprocess.run([*FTX, "generate", "text", "Hello", "--url", f"127.0.0.1:{port}", "--timeout", "5"],
+                            check=False, capture_output=True, text=True, timeout=120, env={**os.environ, "FTX_HOME": str(tmp_path)})
+    assert result.returncode == 1
+    assert "error: cannot reach" in result.stderr and "hint:" in result.stderr
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["Hello", "--url", "http://[::1"], "is not a server address"),  # an IPv6 bracket never closed
+    (["Hello", "--url", "127.0.0.1:99999"], "is not a server address"),  # port out of range
+    (["Hello", "--url", "http://:8000"], "is not a server address"),  # no host
+    ([b"a\xff".decode("utf-8", "surrogateescape")], "not valid UTF-8"),  # bytes a terminal could not decode
+], ids=["ipv6", "port", "no-host", "non-utf8"])
+def test_generate_refuses_a_bad_url_or_prompt_with_a_usage_error(tmp_path: Path, argv: list[str], says: str) -> None:
+    env = {**os.environ, "FTX_HOME": str(tmp_path), "PYTHONIOENCODING": "utf-8"}
+    result = subprocess.run([*FTX, "generate", *argv], check=False, capture_output=True, timeout=120, env=env)
+    stderr = result.stderr.decode(errors="replace")
+    assert result.returncode == 2 and says in stderr and "Traceback" not in stderr, stderr
+
+
+# --------------------------------------------------------------------------- ftx run, end to end
+
+
+def _env(home: Path) -> dict[str, str]:
+    return {**os.environ, "FTX_HOME": str(home), "FTX_DEVICE": "cpu"}
+
+
+@pytest.fixture(scope="module")
+def demo_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An FTX_HOME whose built-in tiny-gptj is already built (first use builds it)."""
+    from ftx_triton.fetching.demo import ensure_demo_checkpoint
+
+    home = tmp_path_factory.mktemp("demo-home")
+    ensure_demo_checkpoint(home)
+    return home
+
+
+def test_ftx_run_with_a_prompt_prints_a_continuation_and_stops(demo_home: Path) -> None:
+    started = time.monotonic()
+    result = subprocess.run([*FTX, "run", "tiny-gptj", "--runtime", "python", "--prompt", "Once upon a time",
+                             "--max-tokens", "12"], check=False, capture_output=True, text=True, timeout=600, env=_env(demo_home))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "Once upon a time there was a small language model that wanted"
+    assert "/v2/models/text/generate" in result.stderr
+    assert "ftx generate 'Once upon a time' --max-tokens 16 --url http://127.0.0.1:" in result.stderr
+    _no_ftx_servers_left(demo_home)
+    print(f"ftx run --prompt (demo already built): {time.monotonic() - started:.1f} s")
+    # the bytecode the stubs wrote beside the models is dropped on the next lookup, which reuses every stage
+    # instead of finding the configure artifact changed
+    again = subprocess.run([*FTX, "run", "tiny-gptj", "--runtime", "python", "--until", "configure",
+                            "--log-format", "json"], check=False, capture_output=True, text=True, timeout=600,
+                           env=_env(demo_home))
+    assert again.returncode == 0, again.stderr[-3000:]
+    events = [json.loads(line) for line in again.stderr.splitlines() if line.startswith("{")]
+    assert not [e for e in events if e["event"] == "cache.corrupt"]
+    assert {e["stage"] for e in events if e["event"] == "cache.hit"} >= {"convert", "configure"}
+    assert not list((demo_home / "store").rglob("__pycache__"))
+
+
+def test_a_detached_run_that_fails_after_its_server_started_leaves_nothing_running(demo_home: Path) -> None:
+    """The OpenAI front cannot take its port (held here) after tritonserver is up: the run fails with
+    error/hint and stops the server it started, instead of leaving one that `ftx stop` does not know."""
+    env = _env(demo_home)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        run = subprocess.run([*FTX, "run", "tiny-gptj", "--runtime", "python", "--detach", "--openai-port",
+                              str(held.getsockname()[1])], check=False, capture_output=True, text=True, timeout=600,
+                             env=env)
+    assert run.returncode == 1 and "error:" in run.stderr and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert "tritonserver ready" in run.stderr  # it failed after the server was up
+    _no_ftx_servers_left(demo_home)
+    ps = subprocess.run([*FTX, "ps", "--json"], check=False, capture_output=True, text=True, timeout=120, env=env)
+    assert not [r for r in json.loads(ps.stdout or "[]") if r["alive"]]
+
+
+def test_detach_then_generate_ps_and_stop(demo_home: Path) -> None:
+    env = _env(demo_home)
+    run = subprocess.run([*FTX, "run", "tiny-gptj", "--runtime", "python", "--detach"], check=False,
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "ftx stop tiny-gptj" in run.stdout and "curl -s http://127.0.0.1:" in run.stdout
+    try:
+        ps = subprocess.run([*FTX, "ps", "--json"], check=False, capture_output=True, text=True, timeout=120, env=env)
+        records = json.loads(ps.stdout)
+        assert [r["name"] for r in records if r["alive"]] == ["tiny-gptj"]
+        plain = subprocess.run([*FTX, "generate", "text", "The quick brown", "--max-tokens", "6"],
+                               check=False, capture_output=True, text=True, timeout=300, env=env)
+        assert plain.returncode == 0, plain.stderr
+        assert plain.stdout.startswith("The quick brown fox jumps over")
+        by_name = subprocess.run([*FTX, "generate", "tiny-gptj", "The quick brown", "--max-tokens", "6", "--stream"],
+                                 check=False, capture_output=True, text=True, timeout=300, env=env)
+        assert by_name.returncode == 0, by_name.stderr
+        assert by_name.stdout.strip() == plain.stdout.strip()
+        sampled = subprocess.run([*FTX, "generate", "text", "Hello", "--max-tokens", "5", "--temperature", "0.8",
+                                  "--top-k", "5"], check=False, capture_output=True, text=True, timeout=300, env=env)
+        assert sampled.returncode == 0 and sampled.stdout.startswith("Hello"), sampled.stderr
+        # MODEL omitted (the served ensemble), --url as `ftx run` prints it (HTTP), and --stream against a
+        # model deployed without --streaming: the same text, and a note saying why it came whole
+        http = re.search(r"HTTP\s+(http://\S+)", run.stdout).group(1)
+        over_http = subprocess.run([*FTX, "generate", "The quick brown", "--max-tokens", "6", "--url", http],
+                                   check=False, capture_output=True, text=True, timeout=300, env=env)
+        assert over_http.returncode == 0, over_http.stderr
+        assert over_http.stdout == plain.stdout
+        streamed = subprocess.run([*FTX, "generate", "The quick brown", "--max-tokens", "6", "--url", http,
+                                   "--stream"], check=False, capture_output=True, text=True, timeout=300, env=env)
+        assert streamed.returncode == 0 and streamed.stdout.strip() == plain.stdout.strip(), streamed.stderr
+        assert "deployed without --streaming, so the text arrives whole" in streamed.stderr
+        no_model = subprocess.run([*FTX, "generate", "The quick brown", "--max-tokens", "6"],
+                                  check=False, capture_output=True, text=True, timeout=300, env=env)
+        assert no_model.returncode == 0 and no_model.stdout == plain.stdout, no_model.stderr
+    finally:
+        stop = subprocess.run([*FTX, "stop", "tiny-gptj"], check=False, capture_output=True, text=True, timeout=120, env=env)
+    assert stop.returncode == 0 and "stopped tiny-gptj" in stop.stdout, stop.stderr
+    _no_ftx_servers_left(demo_home)
+
+
+def test_streaming_deployment_streams_tokens_through_the_ensemble(demo_home: Path) -> None:
+    env = _env(demo_home)
+    run = subprocess.run([*FTX, "run", "tiny-gptj", "--runtime", "python", "--streaming", "--detach"],
+                         check=False, capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "generate_stream" in run.stdout and "--stream" in run.stdout
+    try:
+        from ftx_triton.server.records import list_servers
+
+        record = next(r for r in list_servers(demo_home) if r.alive)
+        pieces: list[str] = []
+        text = generate_text(record.grpc_url, "text", "Once upon a time", max_tokens=8, stream=True,
+                             on_text=pieces.append)
+        assert len(pieces) >= 8  # one piece per token (the first carries the prompt)
+        assert text.startswith("Once upon a time there was")
+        cli = subprocess.run([*FTX, "generate", "text", "Once upon a time", "--max-tokens", "8", "--stream"],
+                             check=False, capture_output=True, text=True, timeout=300, env=env)
+        assert cli.returncode == 0 and cli.stdout.strip() == text.strip(), cli.stderr
+        # without --stream a streaming deployment is read whole
+        whole = subprocess.run([*FTX, "generate", "text", "Once upon a time", "--max-tokens", "8"],
+                               check=False, capture_output=True, text=True, timeout=300, env=env)
+        assert whole.returncode == 0 and whole.stdout.strip() == text.strip(), whole.stderr
+        assert generate_text(record.grpc_url, "text", "Once upon a time", max_tokens=8) == text.removeprefix(
+            "Once upon a time")
+        over_http: list[str] = []  # the generate extension's server-sent events
+        assert generate_text(f"http://{record.http_url}", "text", "Once upon a time", max_tokens=8, stream=True,
+                             on_text=over_http.append) == text
+        assert len(over_http) >= 8
+    finally:
+        subprocess.run([*FTX, "stop", "--all"], check=False, capture_output=True, text=True, timeout=120, env=env)
+    _no_ftx_servers_left(demo_home)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_foreground_server_stops_cleanly_on_a_signal(demo_home: Path, sig: int) -> None:
+    proc = subprocess.Popen([*FTX, "run", "tiny-gptj", "--runtime", "python"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env(demo_home))
+    try:
+        lines = []
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "Ctrl-C stops the server" in line:
+                break
+        assert any("Ctrl-C stops the server" in line for line in lines), "".join(lines) + proc.stderr.read()
+        grpc = re.search(r"gRPC\s+(\S+)", "".join(lines)).group(1)
+        assert generate_text(grpc, "text", "Hello world", max_tokens=3).startswith(",")
+        proc.send_signal(sig)
+        code = proc.wait(timeout=60)
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 0, err[-3000:]
+    assert "stopped" in err
+    _no_ftx_servers_left(demo_home)
+
+
+def test_foreground_server_whose_stub_dies_stops_with_the_cause(demo_home: Path) -> None:
+    """#14.4/#14.6: a server that dies under `ftx run` (here: its model's stub is killed) is seen,
+    reported with the cause from its log, and stopped with nothing left behind."""
+    from ftx_triton.server.process_tree import stub_processes
+
+    proc = subprocess.Popen([*FTX, "run", "tiny-gptj", "--runtime", "python"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env(demo_home))
+    try:
+        lines = []
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and (line := proc.stdout.readline()):
+            lines.append(line)
+            if "Ctrl-C stops the server" in line:
+                break
+        log_line = next(line for line in lines if line.strip().startswith("log"))
+        log_path = Path(log_line.split(None, 1)[1].strip())
+        supervisor = _supervisor_pid(log_path)
+        time.sleep(1.5)  # the supervisor looks at the stubs every 0.5 s
+        next(p for p in stub_processes(supervisor) if "/fastertransformer/" in p.cmdline()[1]).kill()
+        code = proc.wait(timeout=60)
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 1, err[-3000:]
+    assert "fastertransformer_0_0" in err and "SIGKILL" in err and "error:" in err
+    _no_ftx_servers_left(demo_home)
+
+
+def _supervisor_pid(log_path: Path) -> int:
+    """The pid of the supervisor that writes ``log_path`` (the process whose stdout it is)."""
+    import psutil
+
+    for process in psutil.process_iter(["cmdline"]):
+        args = process.info["cmdline"] or []
+        if args[1:3] == ["-m", "ftx_triton.server.supervisor"]:
+            with contextlib.suppress(psutil.Error):
+                if any(f.path == str(log_path) for f in process.open_files()):
+                    return process.pid
+    raise AssertionError(f"no supervisor writes {log_path}")

@@ -1,0 +1,257 @@
+"""The ``fastertransformer-native`` runtime without a GPU: its serving plan (GPUs, environment, mpirun),
+working directory, backend directory, log scanning, availability reasons and ``--dry-run`` lines.
+
+GPUs and the build are stand-ins (a :class:`HostProbe` listing GPUs, an artifact folder with dummy
+libraries); the tritonserver is the real one of the nvidia-pytriton wheel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+from ftx_triton.errors import ConfigError, ServeError
+from ftx_triton.plan.artifacts import GemmConfig
+from ftx_triton.plan.settings import RunSettings
+from ftx_triton.runtime.fastertransformer.gpus import Gpu
+from ftx_triton.runtime.fastertransformer.native import BACKEND_STAGE
+from ftx_triton.runtime.fastertransformer.native.build import MANIFEST, BuiltBackend, backend_key
+from ftx_triton.runtime.fastertransformer.native.options import NativeOptions
+from ftx_triton.runtime.fastertransformer.native.plugin import NativeFasterTransformer
+from ftx_triton.runtime.fastertransformer.native.serve import (
+    backends_directory,
+    plan_native_serve,
+    prepare_work_dir,
+    scan_log,
+)
+from ftx_triton.runtime.fastertransformer.native.toolchain import HostProbe, evaluate
+from ftx_triton.store.artifact_store import ArtifactStore
+
+GPUS = tuple(Gpu(i, "NVIDIA H200", (9, 0)) for i in range(4))
+needs_pytriton = pytest.mark.skipif(find_spec("pytriton") is None, reason="nvidia-pytriton is not installed")
+
+
+def _probe(**changes: object) -> HostProbe:
+    fake = Path("/opt/stand-in")
+    probe = HostProbe(nvcc=fake / "nvcc", cuda_version=(13, 0, 88), cuda_root=fake, cxx=fake / "g++", cxx_version="g++ 13",
+                      cmake=fake / "cmake", cmake_version=(4, 4), ninja=fake / "ninja", mpi_prefix=fake / "ompi",
+                      mpi_version="5.0.11", nccl_include=fake / "nccl/include", nccl_lib=fake / "nccl/lib",
+                      cuda_include_dirs=(fake / "include",), cuda_lib_dirs=(fake / "lib64",),
+                      python_include=fake / "py", gpus=GPUS, driver_version="580.159.04", driver_cuda=(13, 0))
+    return replace(probe, **changes)
+
+
+@pytest.fixture()
+def built(tmp_path: Path) -> BuiltBackend:
+    """A stand-in build artifact: dummy libraries and tools, a real manifest."""
+    root = tmp_path / "artifact"
+    (root / "backends" / "fastertransformer").mkdir(parents=True)
+    for name in ("libtriton_fastertransformer.so", "libtransformer-shared.so"):
+        (root / "backends" / "fastertransformer" / name).write_bytes(b"\x7fELF stand-in")
+    manifest = {"key": "k1", "sm": [90], "runtime_lib_dirs": ["/opt/cuda/lib64", "/opt/nccl/lib", "/opt/ompi/lib"],
+                "opal_prefix": "/opt/ompi"}
+    (root / MANIFEST).write_text(json.dumps(manifest))
+    return BuiltBackend(root, "k1", True, manifest)
+
+
+def _settings(**flat: object) -> RunSettings:
+    return RunSettings.of("hf://org/model", runtime="fastertransformer", **flat)
+
+
+# --------------------------------------------------------------------------- the serving plan
+
+
+def test_plan_uses_exactly_tp_times_pp_gpus_and_the_build_libraries(built: BuiltBackend, tmp_path: Path) -> None:
+    s = _settings(tp=2, pp=1)
+    plan = plan_native_serve(settings=s, options=NativeOptions.from_settings(s, {}), built=built, gemm=None,
+                             home=tmp_path, available_gpus=GPUS, base_env={"LD_LIBRARY_PATH": "/usr/lib/x"})
+    assert plan.gpus == (0, 1) and plan.env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert plan.env["OPAL_PREFIX"] == "/opt/ompi"
+    dirs = plan.env["LD_LIBRARY_PATH"].split(os.pathsep)
+    assert dirs[0] == str(built.backend_dir) and dirs[-1] == "/usr/lib/x"
+    assert dirs.index("/opt/ompi/lib/openmpi") < dirs.index("/usr/lib/x")  # Open MPI's own libfabric first
+    assert plan.launcher == () and not plan.layout.multi_node  # one node: MPI singleton, no mpirun
+    assert plan.work_dir == tmp_path / "native" / "serve" / "model-tp2pp1"
+
+
+def test_plan_takes_the_gpus_and_env_the_user_names(built: BuiltBackend, tmp_path: Path) -> None:
+    s = _settings(tp=2, gpus="2,3", env=("FT_LOG_LEVEL=DEBUG",))
+    plan = plan_native_serve(settings=s, options=NativeOptions.from_settings(s, {}), built=built, gemm=None,
+                             home=tmp_path, available_gpus=GPUS, base_env={})
+    assert plan.env["CUDA_VISIBLE_DEVICES"] == "2,3" and plan.env["FT_LOG_LEVEL"] == "DEBUG"
+
+
+def test_plan_refuses_fewer_gpus_than_tp_times_pp_and_no_gpu(built: BuiltBackend, tmp_path: Path) -> None:
+    s = _settings(tp=4, pp=2)
+    with pytest.raises(ConfigError, match="tp x pp needs 8 GPUs but this machine has 4"):
+        plan_native_serve(settings=s, options=NativeOptions.from_settings(s, {}), built=built, gemm=None,
+                          home=tmp_path, available_gpus=GPUS)
+    with pytest.raises(ServeError, match="no NVIDIA GPU found"):
+        plan_native_serve(settings=_settings(), options=NativeOptions(), built=built, gemm=None, home=tmp_path,
+                          available_gpus=())
+
+
+def test_multi_node_plan_runs_mpirun_with_a_hostfile(built: BuiltBackend, tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node-a gpus=2\nnode-b gpus=2\n")
+    s = _settings(tp=2, pp=2, hosts=str(hosts))
+    plan = plan_native_serve(settings=s, options=NativeOptions.from_settings(s, {}), built=built, gemm=None,
+                             home=tmp_path, available_gpus=GPUS)
+    launcher = " ".join(plan.launcher)
+    assert plan.launcher[0] == "/opt/ompi/bin/mpirun" and "-n 2" in launcher
+    assert f"--hostfile {plan.work_dir / 'ftx-hostfile'}" in launcher and "--map-by ppr:1:node" in launcher
+    for name in ("LD_LIBRARY_PATH", "OPAL_PREFIX", "CUDA_VISIBLE_DEVICES"):
+        assert f"-x {name}" in launcher
+    prepare_work_dir(plan)
+    assert (plan.work_dir / "ftx-hostfile").read_text() == "node-a slots=1\nnode-b slots=1\n"
+
+
+def test_work_dir_holds_the_tuned_gemm_config_or_none(built: BuiltBackend, tmp_path: Path) -> None:
+    tuned = tmp_path / "tune" / "gemm_config.in"
+    tuned.parent.mkdir()
+    tuned.write_text("1 1 8 ...\n")
+    s = _settings()
+    plan = plan_native_serve(settings=s, options=NativeOptions(), built=built, gemm=GemmConfig(tuned, True, "x"),
+                             home=tmp_path, available_gpus=GPUS)
+    prepare_work_dir(plan)
+    assert plan.expect_gemm and (plan.work_dir / "gemm_config.in").read_text() == "1 1 8 ...\n"
+    untuned = plan_native_serve(settings=s, options=NativeOptions(), built=built, gemm=GemmConfig(None, False, "no"),
+                                home=tmp_path, available_gpus=GPUS)
+    prepare_work_dir(untuned)
+    assert not untuned.expect_gemm and not (untuned.work_dir / "gemm_config.in").exists()  # no stale file is read
+
+
+@needs_pytriton
+def test_backend_directory_links_the_build_the_server_library_and_the_python_backend(
+        built: BuiltBackend, tmp_path: Path) -> None:
+    from ftx_triton.server.install import find_tritonserver
+
+    root = backends_directory(built, tmp_path)
+    ft = root / "fastertransformer"
+    assert (ft / "libtriton_fastertransformer.so").resolve() == (built.backend_dir / "libtriton_fastertransformer.so")
+    assert (ft / "libtritonserver.so").resolve().parent == find_tritonserver().libs.resolve()
+    assert (root / "python" / "libtriton_python.so").is_file()
+    assert backends_directory(built, tmp_path) == root  # idempotent
+
+
+def test_log_scan_turns_silent_failures_into_errors() -> None:
+    from ftx_triton.runtime.fastertransformer.logscan import ScanContext
+
+    context = ScanContext(expect_gemm=True, work_dir="/w", rebuild="ftx backend build", gpu_sm=(90,))
+    scanner = scan_log("I1123 loading\n[WARNING] gemm_config.in is not found; using default GEMM algo\n", context)
+    finding = scanner.first_error()
+    assert finding is not None and finding.kind == "gemm-missing" and "ftx starts it in /w" in finding.hint
+    wrong = scan_log("CUDA error: no kernel image is available for execution on the device", context).first_error()
+    assert wrong is not None and "ftx backend build --sm 90" in wrong.hint
+    assert scan_log("[WARNING] gemm_config.in is not found; using default GEMM algo",
+                    ScanContext(expect_gemm=False)).first_error() is None  # untuned on purpose
+
+
+# --------------------------------------------------------------------------- the runtime class
+
+
+def _runtime(probe: HostProbe) -> NativeFasterTransformer:
+    runtime = NativeFasterTransformer()
+    runtime._probe = probe  # the stand-in host
+    return runtime
+
+
+def test_availability_says_why(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    s = _settings(tp=2)
+    assert _runtime(_probe(gpus=())).available(s, store).reason == "no NVIDIA GPU or driver found"
+    few = _runtime(_probe(gpus=GPUS[:1])).available(s, store)
+    assert not few.ok and few.reason == "tp x pp needs 2 GPUs but this machine has 1"
+    buildable = _runtime(_probe()).available(s, store)
+    assert buildable.ok and "not built yet" in buildable.reason and "SM 90" in buildable.reason
+    broken = _runtime(_probe(nccl_include=None, nccl_lib=None)).available(s, store)
+    assert not broken.ok and broken.reason.startswith("FasterTransformer cannot be built here: NCCL")
+    key = backend_key(evaluate(_probe()))
+
+    def stand_in_build(tmp: Path) -> dict[str, object]:
+        """A published build's shape (no real libraries: none can be built without a GPU toolchain)."""
+        (tmp / "backends" / "fastertransformer").mkdir(parents=True)
+        (tmp / "backends" / "fastertransformer" / "libtriton_fastertransformer.so").write_bytes(b"stand-in")
+        (tmp / MANIFEST).write_text(json.dumps({"sm": [90]}))
+        return {}
+
+    artifact, _ = store.build(BACKEND_STAGE, key, stand_in_build, inputs={}, producer={})
+    artifact = artifact.path
+    other = _runtime(_probe(cuda_version=(13, 1, 5))).available(s, store)
+    assert "not built yet" in other.reason  # another nvcc: that build is not this toolchain's
+    ready = _runtime(_probe()).available(s, store)
+    assert ready.ok and ready.reason == f"FasterTransformer is built here for SM 90 ({artifact})"
+
+
+def test_runtime_registers_as_a_fastertransformer_launcher() -> None:
+    from ftx_triton.plugins import load_host
+
+    runtime = load_host().runtimes["fastertransformer-native"]
+    assert runtime.selects_as == ("fastertransformer",) and runtime.priority == 20
+    assert runtime.default_data_type == "fp16" and runtime.uses_gemm_config
+
+
+def test_dry_run_lines_show_build_tune_and_serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ftx_triton.plugins import load_host
+    from ftx_triton.runtime.api import DryRunPlan
+
+    monkeypatch.setenv("FTX_HOME", str(tmp_path))
+    family = load_host().family("gptj")
+    spec = family.spec(dict(family.presets["gptj"].hf_config or {}))
+    s = _settings(tp=2, data_type="fp16")
+    lines = _runtime(_probe()).describe(DryRunPlan(s, family, spec, tmp_path / "ckpt", tmp_path / "repo"))
+    text = "\n".join(lines)
+    assert "ftx backend build --sm 90" in text
+    assert f"gpt_gemm {' '.join(family.gemm_args(spec, batch=8, beam=1, max_input_len=512, data_type='fp16', tp=2))}" in text
+    assert "CUDA_VISIBLE_DEVICES=0,1 tritonserver" in text and "holding gemm_config.in" in text
+
+
+# --------------------------------------------------------------------------- the embedded server's new options
+
+
+def test_a_tritonserver_dir_that_is_not_an_install_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ftx_triton.server.install import find_tritonserver
+
+    monkeypatch.setenv("FTX_TRITONSERVER_DIR", str(tmp_path))
+    with pytest.raises(ServeError, match="is not a tritonserver install"):
+        find_tritonserver()
+
+
+@needs_pytriton
+def test_library_folders_the_caller_names_come_first() -> None:
+    from ftx_triton.server.install import find_tritonserver, server_env
+
+    env = server_env(find_tritonserver(), {"LD_LIBRARY_PATH": "/opt/ompi/lib"})
+    assert env["LD_LIBRARY_PATH"].split(os.pathsep)[0] == "/opt/ompi/lib"
+
+
+@needs_pytriton
+def test_server_runs_in_the_given_directory_behind_the_launcher(tmp_path: Path) -> None:
+    from ftx_triton.server.tritonserver import TritonServer
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    server = TritonServer(repo, home=tmp_path / "home", cwd=work, launcher=("env", "FTX_LAUNCHED=1"), name="cwd-test")
+    with server:
+        import psutil
+
+        # server.pid is the supervisor; tritonserver runs below it, started through the launcher
+        tritons = [p for p in psutil.Process(server.pid).children(recursive=True) if p.name() == "tritonserver"]
+        assert len(tritons) == 1
+        assert Path(tritons[0].cwd()) == work
+        assert tritons[0].environ().get("FTX_LAUNCHED") == "1"
+
+
+def test_options_come_from_the_launch_settings_and_the_build_variables(tmp_path: Path) -> None:
+    s = _settings(gpus="1,0", env=("A=1",), hosts=str(tmp_path / "hosts"), ready_timeout=30.0)
+    options = NativeOptions.from_settings(s, {"FTX_FT_SOURCES": str(tmp_path), "FTX_FT_SM": "80,90", "FTX_FT_JOBS": "8"})
+    assert options.gpus == (1, 0) and options.env == {"A": "1"} and options.hosts_file == tmp_path / "hosts"
+    assert options.ready_timeout_s == 30.0
+    assert (options.sources, options.sm, options.jobs) == (tmp_path, "80,90", 8)
+    assert NativeOptions.from_settings(_settings(), {}) == NativeOptions()

@@ -1,0 +1,277 @@
+"""The OpenAI-compatible endpoint `ftx run` starts beside Triton: real HTTP against the real
+tritonserver serving the built-in tiny-gptj (streaming deployment, a tokenizer with a chat template)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from python_runtime_support import SERVER_MARKS  # noqa: E402
+
+pytestmark = SERVER_MARKS
+
+FTX = [str(Path(sys.executable).parent / "ftx")]
+TEMPLATE = ("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+            "{% if add_generation_prompt %}[assistant]{% endif %}")
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _post(url: str, body: Any, raw: bool = False, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers=headers or {"Content-Type": "application/json"})
+    try:
+        with _OPENER.open(request, timeout=300) as response:
+            text = response.read().decode()
+            return response.status, text if raw else json.loads(text)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read().decode())
+
+
+def _events(text: str) -> list[Any]:
+    return [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
+
+
+class Served:
+    def __init__(self, home: Path, stdout: str) -> None:
+        self.home = home
+        self.openai = re.search(r"OpenAI\s+(http://\S+/v1)", stdout).group(1)
+        self.http = re.search(r"HTTP\s+(http://\S+)", stdout).group(1)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    from ftx_triton.fetching.demo import ensure_demo_checkpoint
+
+    home = tmp_path_factory.mktemp("openai-home")
+    demo = ensure_demo_checkpoint(home)
+    tokenizer = tmp_path_factory.mktemp("tokenizer")
+    shutil.copy(demo / "tokenizer.json", tokenizer / "tokenizer.json")
+    config = json.loads((demo / "tokenizer_config.json").read_text())
+    (tokenizer / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
+    env = {**os.environ, "FTX_HOME": str(home), "FTX_DEVICE": "cpu"}
+    run = subprocess.run([*FTX, "run", "tiny-gptj", "--runtime", "python", "--streaming", "--detach",
+                          "--tokenizer", str(tokenizer)], capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    served = Served(home, run.stdout)
+    try:
+        yield served
+    finally:
+        subprocess.run([*FTX, "stop", "--all"], capture_output=True, timeout=120, env=env)
+    with pytest.raises(urllib.error.URLError):  # `ftx stop` ended the endpoint with the server
+        _OPENER.open(served.openai + "/models", timeout=5)
+
+
+def _triton_text(served: Served, prompt: str, max_tokens: int) -> str:
+    from ftx_triton.cli.serving import generate_text
+
+    return generate_text(served.http, "text", prompt, max_tokens=max_tokens)
+
+
+def test_models_lists_the_deployment(served: Served) -> None:
+    with _OPENER.open(served.openai + "/models", timeout=30) as response:
+        data = json.loads(response.read())
+    assert [m["id"] for m in data["data"]] == ["tiny-gptj"]
+
+
+def test_completion_is_the_ensembles_greedy_continuation(served: Served) -> None:
+    status, answer = _post(served.openai + "/completions",
+                           {"model": "tiny-gptj", "prompt": "Once upon a time", "max_tokens": 8})
+    assert status == 200, answer
+    choice = answer["choices"][0]
+    assert choice["text"] == _triton_text(served, "Once upon a time", 8)
+    assert choice["text"].startswith(" there was a small")
+    assert choice["finish_reason"] == "length"
+    assert answer["usage"]["completion_tokens"] == 8 and answer["usage"]["prompt_tokens"] > 0
+    status, echoed = _post(served.openai + "/completions", {"prompt": "Once upon a time", "max_tokens": 8,
+                                                             "echo": True})
+    assert echoed["choices"][0]["text"] == "Once upon a time" + choice["text"]
+
+
+def test_stream_sends_tokens_as_events_and_ends_with_done(served: Served) -> None:
+    status, text = _post(served.openai + "/completions",
+                         {"prompt": "Once upon a time", "max_tokens": 8, "stream": True}, raw=True)
+    assert status == 200
+    events = _events(text)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    pieces = [c["choices"][0]["text"] for c in chunks if c["choices"][0]["text"]]
+    assert len(pieces) >= 4, "a streaming deployment sends the text token by token"
+    assert "".join(pieces) == _triton_text(served, "Once upon a time", 8)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_chat_uses_the_models_chat_template(served: Served) -> None:
+    from ftx_triton.openai_api.chat import render
+
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Once upon a time"}]
+    status, answer = _post(served.openai + "/chat/completions", {"messages": messages, "max_tokens": 6})
+    assert status == 200, answer
+    prompt = render(messages, TEMPLATE, {})
+    assert prompt == "[system] Be brief.\n[user] Once upon a time\n[assistant]"
+    assert answer["choices"][0]["message"] == {"role": "assistant", "content": _triton_text(served, prompt, 6)}
+    assert answer["object"] == "chat.completion"
+    status, text = _post(served.openai + "/chat/completions", {"messages": messages, "max_tokens": 6,
+                                                               "stream": True}, raw=True)
+    chunks = [json.loads(e) for e in _events(text)[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == \
+        answer["choices"][0]["message"]["content"]
+
+
+def test_stop_strings_cut_the_text(served: Served) -> None:
+    full = _triton_text(served, "Once upon a time", 12)
+    cut_at = full.split()[2]
+    status, answer = _post(served.openai + "/completions",
+                           {"prompt": "Once upon a time", "max_tokens": 12, "stop": [cut_at]})
+    assert status == 200
+    assert answer["choices"][0]["text"] == full[:full.find(cut_at)]
+    assert answer["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("body, param, status", [
+    ({"prompt": "", "max_tokens": 4}, "prompt", 400),
+    ({"prompt": "Hi", "n": 2}, "n", 400),
+    ({"prompt": "Hi", "model": "gpt-4"}, "model", 404),  # OpenAI's model_not_found
+    ({"prompt": "Hi", "temperature": 5}, "temperature", 400),
+    ({"prompt": "Hi", "max_tokens": "many"}, "max_tokens", 400),
+    ({"prompt": "Hi", "stop": ["a", "b", "c", "d", "e"]}, "stop", 400),
+    ({"prompt": "Hi", "echo": "no"}, "echo", 400),
+])
+def test_bad_requests_get_openai_errors(served: Served, body: dict, param: str, status: int) -> None:
+    answered, answer = _post(served.openai + "/completions", body)
+    assert answered == status
+    assert answer["error"]["type"] == "invalid_request_error" and answer["error"]["param"] == param
+
+
+@pytest.mark.parametrize("data, headers", [
+    (b"[" * 100_000 + b"]" * 100_000, {"Content-Type": "application/json"}),  # deeper than the parser recurses
+    (b'{"prompt": "Hi"}', {"Content-Type": "application/json; charset=foobar"}),  # no such charset
+    (b'{"prompt": "Hi"}', {"Content-Type": "application/json", "Content-Encoding": "gzip"}),  # not gzip
+    (b'{"prompt": "Hi"}', {"Content-Type": "application/json", "Content-Encoding": "deflate"}),
+], ids=["deep", "charset", "gzip", "deflate"])
+def test_unreadable_bodies_are_400_not_500(served: Served, data: bytes, headers: dict[str, str]) -> None:
+    status, answer = _post(served.openai + "/completions", data, headers=headers)
+    assert status == 400 and "not readable JSON" in answer["error"]["message"], answer
+    assert _post(served.openai + "/completions", {"prompt": "Hi", "max_tokens": 1})[0] == 200
+
+
+def test_clients_that_leave_mid_request_leave_no_tracebacks_in_the_log(served: Served) -> None:
+    """A body cut short and a stream whose reader hangs up: the endpoint keeps serving and logs no traceback
+    per such client (500 of them filled the log with 925 KB of tracebacks)."""
+    host, port = re.match(r"http://([^:/]+):(\d+)/v1", served.openai).groups()
+    logs = list((served.home / "openai" / "logs").glob("*.log"))
+    before = {log: log.stat().st_size for log in logs}
+
+    def request(body: bytes, length: int) -> bytes:
+        return (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n" % length) + body
+
+    streamed = b'{"prompt": "Hi", "stream": true, "max_tokens": 32}'
+    for request_bytes in (request(b'{"prompt": ', 1000), request(streamed, len(streamed))):
+        for _ in range(3):
+            with socket.create_connection((host, int(port)), timeout=30) as client:
+                client.sendall(request_bytes)
+                if b"stream" in request_bytes:
+                    client.recv(64)  # the stream has started
+            time.sleep(0.3)
+    assert _post(served.openai + "/completions", {"prompt": "Hi", "max_tokens": 1})[0] == 200
+    time.sleep(1)
+    assert logs and not [log for log in logs if "Traceback" in log.read_bytes()[before[log]:].decode(errors="replace")]
+
+
+def test_a_stream_the_model_refuses_is_an_http_error_not_a_200(served: Served) -> None:
+    """The refusal comes before the stream starts: 400 with the model's own reason, no event framing."""
+    status, answer = _post(served.openai + "/completions", {"prompt": "Hi", "stream": True, "max_tokens": 5000})
+    assert status == 400, answer
+    message = answer["error"]["message"]
+    assert "5000" in message and "data:" not in message and answer["error"]["type"] == "invalid_request_error"
+
+
+def test_bad_json_and_bad_messages_are_400(served: Served) -> None:
+    status, answer = _post(served.openai + "/completions", b"{not json")
+    assert status == 400 and "JSON" in answer["error"]["message"]
+    status, answer = _post(served.openai + "/chat/completions", {"messages": [{"role": "user"}]})
+    assert status == 400 and answer["error"]["param"] == "messages"
+
+
+def test_ps_shows_the_endpoint_and_stop_ends_it(served: Served) -> None:
+    env = {**os.environ, "FTX_HOME": str(served.home)}
+    ps = subprocess.run([*FTX, "ps", "--json"], capture_output=True, text=True, timeout=120, env=env)
+    rows = [r for r in json.loads(ps.stdout) if r["alive"]]
+    assert [(r["name"], r["model"], r["runtime"], r["openai"]) for r in rows] == [
+        ("tiny-gptj", "tiny-gptj", "python", served.openai)]
+    assert rows[0]["memory_bytes"] > 10_000_000 and rows[0]["uptime_s"] > 0 and rows[0]["device"] == "cpu"
+
+
+def test_what_a_running_server_uses_is_marked_and_not_removed(served: Served) -> None:
+    env = {**os.environ, "FTX_HOME": str(served.home)}
+    ls = subprocess.run([*FTX, "ls", "--json"], capture_output=True, text=True, timeout=120, env=env)
+    rows = json.loads(ls.stdout)
+    used = {r["stage"] for r in rows if r["in_use"]}
+    assert used == {"fetch", "convert", "tune", "configure"}
+    repo = next(r for r in rows if r["stage"] == "configure" and r["in_use"])
+    rm = subprocess.run([*FTX, "rm", repo["key"]], capture_output=True, text=True, timeout=120, env=env)
+    assert rm.returncode == 1 and "in use by a running server" in rm.stderr
+    assert Path(repo["path"]).is_dir()
+    prune = subprocess.run([*FTX, "prune", "--unused"], capture_output=True, text=True, timeout=120, env=env)
+    assert prune.returncode == 0 and Path(repo["path"]).is_dir()
+
+
+# --------------------------------------------------------------------------- ftx bench on the same deployment
+
+
+def _bench(served: Served, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "FTX_HOME": str(served.home)}
+    return subprocess.run([*FTX, "bench", "--concurrency", "1,2", "--requests", "6", "--max-tokens", "4", "--json",
+                           *args], capture_output=True, text=True, timeout=600, env=env)
+
+
+def _stored(served: Served) -> list[dict]:
+    env = {**os.environ, "FTX_HOME": str(served.home)}
+    ps = json.loads(subprocess.run([*FTX, "ps", "--json"], capture_output=True, text=True, timeout=120,
+                                   env=env).stdout)
+    return json.loads((Path(ps[0]["repository"]) / "ftx-bench.json").read_text())
+
+
+def test_bench_builtin_measures_and_stores_beside_the_deployment(served: Served) -> None:
+    done = _bench(served, "--tool", "builtin")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["tool"] == "builtin" and "requested with --tool builtin" in done.stderr
+    assert [p["concurrency"] for p in result["points"]] == [1, 2]
+    for point in result["points"]:
+        assert point["requests"] == 6 and point["throughput_rps"] > 0
+        assert 0 < point["latency_p50_ms"] <= point["latency_p90_ms"] <= point["latency_p99_ms"]
+        assert point["tokens_per_s"] > 0
+    assert _stored(served)[-1]["points"] == result["points"]
+
+
+def test_bench_builtin_says_why_the_server_refused_its_request(served: Served) -> None:
+    done = _bench(served, "--tool", "builtin", "--max-tokens", "4096")  # past the positions
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "error: the server refused the benchmark's request" in done.stderr and "hint:" in done.stderr
+
+
+def test_bench_with_perf_analyzer(served: Served) -> None:
+    from ftx_triton.server.bench import find_perf_analyzer
+
+    if find_perf_analyzer() is None:
+        pytest.skip("perf_analyzer is not installed here (scripts/setup.sh --dev installs it)")
+    done = _bench(served, "--tool", "perf_analyzer")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["tool"] == "perf_analyzer" and [p["concurrency"] for p in result["points"]] == [1, 2]
+    assert all(p["throughput_rps"] > 0 and p["latency_p99_ms"] > 0 for p in result["points"])
+    assert _stored(served)[-1]["tool"] == "perf_analyzer"

@@ -1,0 +1,134 @@
+"""Pinning: ftx.toml requirements checked before any stage, `ftx lock`, FTX_LOAD_PLUGINS, and cache
+keys that follow the family table's fingerprint rather than version strings."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def in_tmp_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_unmet_requirements_stop_before_any_stage(ftx_cli, ftx_home: Path, in_tmp_cwd: Path,
+                                                  tiny_gptj_dir: Path) -> None:
+    (in_tmp_cwd / "ftx.toml").write_text('requires = ["ftx-triton>=0.1,<1", "ftx-triton-kogpt==9.9.9", "ftx-llama>=1"]\n')
+    result = ftx_cli("run", str(tiny_gptj_dir), "--until", "convert")
+    assert result.exit_code == 1
+    assert "ftx-triton-kogpt==9.9.9 (ftx-triton-kogpt 0.1.0 is installed)" in result.stderr
+    assert "ftx-llama>=1 (not installed)" in result.stderr
+    assert "ftx-triton>=0.1" not in result.stderr.split("requires", 1)[1].split("hint")[0]
+    assert not (ftx_home / "store" / "fetch").exists()
+
+
+def test_met_requirements_let_the_run_go(ftx_cli, in_tmp_cwd: Path, tiny_gptj_dir: Path) -> None:
+    (in_tmp_cwd / "ftx.toml").write_text('requires = ["ftx-triton>=0.1,<1", "ftx-triton-gptj==0.1.0"]\n')
+    result = ftx_cli("run", str(tiny_gptj_dir), "--until", "convert")
+    assert result.exit_code == 0, result.stderr
+
+
+def test_lock_pins_versions_and_source_then_run_uses_it(ftx_cli, in_tmp_cwd: Path, tiny_gptj_dir: Path) -> None:
+    locked = ftx_cli("lock", str(tiny_gptj_dir))
+    assert locked.exit_code == 0, locked.stderr
+    data = tomllib.loads((in_tmp_cwd / "ftx.toml").read_text())
+    assert {"ftx-triton==0.1.0", "ftx-triton-gptj==0.1.0", "ftx-triton-t5==0.1.0", "ftx-triton-gptneox==0.1.0",
+            "ftx-triton-kogpt==0.1.0"} <= set(data["requires"])
+    assert data["model"]["source"] == str(tiny_gptj_dir)
+    result = ftx_cli("run", "--until", "convert")  # MODEL comes from ftx.toml
+    assert result.exit_code == 0, result.stderr
+    assert Path(result.stdout.strip(), "config.ini").is_file()
+
+
+def test_load_plugins_allowlist(ftx_cli) -> None:
+    result = ftx_cli("plugins", "--json", env={"FTX_LOAD_PLUGINS": "ftx-triton-gptj"})
+    status = {r["name"]: r["status"] for r in json.loads(result.stdout)}
+    assert status["gptj"] == "loaded"
+    assert status["t5"] == status["gptneox"] == status["kogpt"] == "skipped"
+
+
+def test_provenance_keys_follow_the_table_fingerprint(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from ftx_gptj.family import GPTJ
+    from ftx_triton.conversion import ops
+    from ftx_triton.conversion.tensormap import M, TensorMap
+
+    first = ftx_cli("run", str(tiny_gptj_dir), "--until", "convert")
+    assert first.exit_code == 0, first.stderr
+    same = ftx_cli("run", str(tiny_gptj_dir), "--until", "convert")
+    assert same.stdout == first.stdout  # unchanged table: the conversion is reused
+    rows = [M(r.src, r.dst, r.op, r.split, r.shape, r.optional, r.invert) for r in GPTJ.tensors.rows]
+    rows[-1] = M("lm_head.bias", "model.lm_head.bias", ops.identity, None, ("V",), optional=True)
+    monkeypatch.setattr(GPTJ, "tensors", TensorMap(*rows))  # a plugin upgrade that changes a mapping
+    changed = ftx_cli("run", str(tiny_gptj_dir), "--until", "convert")
+    assert changed.exit_code == 0 and changed.stdout != first.stdout
+    assert len(list((ftx_home / "store" / "convert").iterdir())) == 2
+
+
+# --------------------------------------------------------------------------- ftx lock reproduces the deployment
+
+
+def test_lock_records_settings_and_run_without_model_reproduces_them(ftx_cli, in_tmp_cwd: Path,
+                                                                    tiny_gptj_dir: Path) -> None:
+    locked = ftx_cli("lock", str(tiny_gptj_dir), "--tp", "2", "--weight-dtype", "fp16", "--runtime", "python",
+                     "--max-batch-size", "4")
+    assert locked.exit_code == 0, locked.stderr
+    data = tomllib.loads((in_tmp_cwd / "ftx.toml").read_text())
+    assert data["model"]["tree_sha256"] and data["model"]["fingerprint"].startswith("local-")
+    settings = data["settings"]
+    assert (settings["tp"], settings["weight_dtype"], settings["runtime"], settings["max_batch_size"]) == (
+        2, "fp16", "python", 4)
+    assert settings["data_type"] == "fp16"  # resolved as the run resolves it
+    run = ftx_cli("run", "--until", "convert")
+    assert run.exit_code == 0, run.stderr
+    ft_dir = Path(run.stdout.strip())
+    assert ft_dir.name == "2-gpu" and "weight_data_type = fp16" in (ft_dir / "config.ini").read_text()
+    override = ftx_cli("run", "--until", "convert", "--tp", "1")  # the command line wins over the file
+    assert override.exit_code == 0 and Path(override.stdout.strip()).name == "1-gpu"
+
+
+def test_lock_of_a_changed_local_source_is_refused(ftx_cli, in_tmp_cwd: Path, tiny_gptj_dir: Path,
+                                                   tmp_path: Path) -> None:
+    import shutil
+
+    src = tmp_path / 'we"ird dir'  # a quote in the path: TOML written by tomlkit stays valid
+    shutil.copytree(tiny_gptj_dir, src)
+    assert ftx_cli("lock", str(src)).exit_code == 0
+    assert tomllib.loads((in_tmp_cwd / "ftx.toml").read_text())["model"]["source"] == str(src)
+    assert ftx_cli("run", "--until", "fetch").exit_code == 0
+    config = src / "config.json"
+    config.write_text(config.read_text() + "\n")
+    changed = ftx_cli("run", "--until", "fetch")
+    assert changed.exit_code == 1 and "changed since `ftx lock`" in changed.stderr
+
+
+def test_lock_of_the_builtin_demo_records_its_name_not_a_path(ftx_cli, in_tmp_cwd: Path, ftx_home: Path) -> None:
+    locked = ftx_cli("lock", "tiny-gptj")
+    assert locked.exit_code == 0, locked.stderr
+    text = (in_tmp_cwd / "ftx.toml").read_text()
+    assert tomllib.loads(text)["model"]["source"] == "tiny-gptj"
+    assert str(ftx_home) not in text and "/builtin/" not in text
+
+
+def test_lock_of_a_url_records_its_sha256_and_the_download_is_not_kept(ftx_cli, ftx_home: Path, in_tmp_cwd: Path,
+                                                                        tiny_gptj_dir: Path) -> None:
+    from fetch_helpers import LocalServer, checkpoint_entries, sha256, write_archive
+
+    data = write_archive(in_tmp_cwd / "m.tar.zst", checkpoint_entries(tiny_gptj_dir)).read_bytes()
+    with LocalServer() as server:
+        server.serve_bytes("/m.tar.zst", data)
+        locked = ftx_cli("lock", server.url("/m.tar.zst"))
+        assert locked.exit_code == 0, locked.stderr
+        assert tomllib.loads((in_tmp_cwd / "ftx.toml").read_text())["model"]["sha256"] == sha256(data)
+        kept = [p for p in (ftx_home / "downloads").rglob("*") if p.is_file() and p.suffix != ".lock"]
+        assert not kept, "the archive is removed once extracted"
+        run = ftx_cli("run", "--until", "convert")
+        assert run.exit_code == 0, run.stderr
+        server.serve_bytes("/m.tar.zst", data[:-1] + b"x")  # the URL now serves other bytes
+        tampered = ftx_cli("run", "--until", "fetch", "--force", "fetch")
+        assert tampered.exit_code == 1 and "sha256" in tampered.stderr, "the pinned sha256 is checked"

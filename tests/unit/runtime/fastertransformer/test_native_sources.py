@@ -1,0 +1,199 @@
+"""Pinned upstream sources and ftx's patch set for the native FasterTransformer build (no GPU needed).
+
+Synthetic source trees check the digest and patch rules; the real upstream sources (an offline
+bundle of the pinned, unpatched sources, when one is beside the checkout) check that the pins and the patch set fit them —
+those tests skip where the bundle is absent.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+from ftx_triton.errors import SourceError
+from ftx_triton.runtime.fastertransformer.native import patches as patches_mod
+from ftx_triton.runtime.fastertransformer.native.patches import (
+    PATCHES,
+    Edit,
+    apply_patches,
+    check_patches,
+    patch_set_digest,
+)
+from ftx_triton.runtime.fastertransformer.native.pins import COMPONENTS, Component, component, pins_fingerprint
+from ftx_triton.runtime.fastertransformer.native.sources import (
+    component_digest,
+    sources_from,
+    tree_digest,
+    used_files,
+    verify_sources,
+)
+from repo_paths import REPO
+
+BUNDLE = REPO.parent / "shared" / "ft-sources" / "ft-upstream-sources.tar.xz"
+needs_bundle = pytest.mark.skipif(not BUNDLE.is_file(), reason=f"the upstream source bundle is not at {BUNDLE}")
+
+
+# --------------------------------------------------------------------------- synthetic trees
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def _component(root: Path, name: str = "lib", folder: str = "lib") -> Component:
+    draft = Component(name, f"example/{name}", "abc1234", folder, used=("CMakeLists.txt", "src/"),
+                      exclude=("src/vendored/",), tree_sha256="")
+    return Component(**{**draft.__dict__, "tree_sha256": component_digest(root, draft)})
+
+
+def test_tree_digest_covers_used_files_only_and_their_contents(tmp_path: Path) -> None:
+    _write(tmp_path, {"lib/CMakeLists.txt": "project(x)", "lib/src/a.cc": "int a;", "lib/docs/readme": "x",
+                      "lib/src/vendored/v.h": "v"})
+    comp = _component(tmp_path)
+    assert used_files(tmp_path, comp) == ["CMakeLists.txt", "src/a.cc"]
+    before = comp.tree_sha256
+    (tmp_path / "lib/docs/readme").write_text("changed")  # not used by the build
+    (tmp_path / "lib/src/vendored/v.h").write_text("changed")  # excluded
+    assert component_digest(tmp_path, comp) == before
+    (tmp_path / "lib/src/a.cc").write_text("int a = 1;")
+    assert component_digest(tmp_path, comp) != before
+
+
+def test_tree_digest_does_not_depend_on_listing_order(tmp_path: Path) -> None:
+    _write(tmp_path, {"b": "2", "a": "1"})
+    assert tree_digest(tmp_path, ["a", "b"]) == tree_digest(tmp_path, ["b", "a"])
+    assert tree_digest(tmp_path, ["a", "b"]) != tree_digest(tmp_path, ["a"])
+
+
+def test_verify_refuses_a_changed_file_naming_the_component(tmp_path: Path) -> None:
+    _write(tmp_path, {"lib/CMakeLists.txt": "project(x)", "lib/src/a.cc": "int a;",
+                      "other/CMakeLists.txt": "project(y)", "other/src/b.cc": "int b;"})
+    comps = [_component(tmp_path), _component(tmp_path, "other", "other")]
+    verify_sources(tmp_path, comps)
+    (tmp_path / "other/src/b.cc").write_text("int b = 2;")
+    with pytest.raises(SourceError, match="the sources of other differ from the pinned example/other@abc1234") as info:
+        verify_sources(tmp_path, comps)
+    assert "unmodified" in (info.value.hint or "")
+
+
+def test_verify_refuses_a_missing_component(tmp_path: Path) -> None:
+    _write(tmp_path, {"lib/CMakeLists.txt": "project(x)", "lib/src/a.cc": "int a;"})
+    comp = _component(tmp_path)
+    shutil.rmtree(tmp_path / "lib")
+    with pytest.raises(SourceError, match="no lib/"):
+        verify_sources(tmp_path, [comp])
+
+
+def test_sources_argument_that_is_not_a_source_tree_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SourceError, match="no FasterTransformer/ folder"):
+        sources_from(tmp_path / "empty", tmp_path / "cache")
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(SourceError, match="neither a directory nor an archive"):
+        sources_from(tmp_path / "notes.txt", tmp_path / "cache")
+    with pytest.raises(SourceError, match="does not exist"):
+        sources_from(tmp_path / "missing", tmp_path / "cache")
+
+
+def test_pins_name_public_archives_at_the_pinned_revisions() -> None:
+    ft = component("FasterTransformer")
+    assert ft.archive_url == ("https://github.com/NVIDIA/FasterTransformer/archive/"
+                              "df4a7534860137e060e18d2ebf019906120ea204.tar.gz")
+    assert component("triton-core").archive_url.endswith("/core/archive/refs/tags/r22.12.tar.gz")
+    assert not ft.uses("3rdparty/cutlass/include/cutlass/cutlass.h")  # its own component
+    assert component("cutlass").uses("include/cutlass/cutlass.h")
+    assert all(len(c.tree_sha256) == 64 for c in COMPONENTS)
+    assert set(pins_fingerprint()) == {c.name for c in COMPONENTS}
+
+
+# --------------------------------------------------------------------------- the patch set (synthetic)
+
+
+EDITS = (Edit("a/one.txt", "old line\n", "new line\n", "one"), Edit("a/two.txt", "x", "y", "each x", count=2))
+
+
+def _patchable(root: Path) -> None:
+    _write(root, {"a/one.txt": "keep\nold line\n", "a/two.txt": "x and x"})
+
+
+def test_patches_apply_all_and_then_refuse_a_second_time(tmp_path: Path) -> None:
+    _patchable(tmp_path)
+    assert apply_patches(tmp_path, EDITS) == 2
+    assert (tmp_path / "a/one.txt").read_text() == "keep\nnew line\n"
+    assert (tmp_path / "a/two.txt").read_text() == "y and y"
+    with pytest.raises(SourceError, match="already patched"):
+        apply_patches(tmp_path, EDITS)
+
+
+def test_drifted_sources_are_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    _patchable(tmp_path)
+    (tmp_path / "a/two.txt").write_text("x only once")
+    with pytest.raises(SourceError, match=r"expected 2 occurrence\(s\) of 'x', found 1") as info:
+        apply_patches(tmp_path, EDITS)
+    assert "unmodified upstream" in (info.value.hint or "")
+    assert (tmp_path / "a/one.txt").read_text() == "keep\nold line\n"  # the edit that did fit was not applied
+
+
+def test_patch_that_contains_its_old_text_is_not_applied_twice(tmp_path: Path) -> None:
+    edit = Edit("h.h", "#include <map>\n", "#include <array>\n#include <map>\n", "array")
+    _write(tmp_path, {"h.h": "#include <map>\n"})
+    apply_patches(tmp_path, [edit])
+    assert check_patches(tmp_path, [edit]) == ["h.h is already patched (array)"]
+
+
+def test_patch_set_digest_changes_with_any_edit(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = patch_set_digest()
+    assert before == patch_set_digest(PATCHES)
+    changed = (*PATCHES[:-1], Edit(PATCHES[-1].path, PATCHES[-1].old, PATCHES[-1].new + " ", PATCHES[-1].why))
+    assert patch_set_digest(changed) != before
+    assert patches_mod.PATCHES is PATCHES
+
+
+# --------------------------------------------------------------------------- the real upstream sources
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not BUNDLE.is_file():
+        pytest.skip(f"the upstream source bundle is not at {BUNDLE}")
+    root = tmp_path_factory.mktemp("upstream")
+    with tarfile.open(BUNDLE) as tar:
+        members = [m for m in tar.getmembers() if not m.name.startswith(("tritonserver", "wheels"))]
+        tar.extractall(root, members=members, filter="data")
+    return root
+
+
+@needs_bundle
+def test_the_real_sources_match_every_pin(upstream: Path) -> None:
+    verify_sources(upstream)
+    for comp in COMPONENTS:
+        assert component_digest(upstream, comp) == comp.tree_sha256, comp.name
+
+
+@needs_bundle
+def test_the_patch_set_applies_to_the_real_sources_exactly_once(upstream: Path, tmp_path: Path) -> None:
+    for rel in {e.path for e in PATCHES}:  # a copy of the touched files is enough
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(upstream / rel, tmp_path / rel)
+    assert check_patches(tmp_path) == []
+    apply_patches(tmp_path)
+    assert len(check_patches(tmp_path)) == len(PATCHES)  # every edit now reports "already patched"
+    cmake = (tmp_path / "FasterTransformer/CMakeLists.txt").read_text()
+    assert 'set(CXX_STD "17"' in cmake and "if(FT_BUILD_TESTS)" in cmake and "-lnvToolsExt" not in cmake
+
+
+@needs_bundle
+def test_a_modified_upstream_file_is_refused_naming_its_component(upstream: Path) -> None:
+    target = upstream / "fastertransformer_backend" / "CMakeLists.txt"
+    original = target.read_bytes()
+    try:
+        target.write_bytes(original + b"\n# local change\n")
+        with pytest.raises(SourceError, match="the sources of fastertransformer_backend differ"):
+            verify_sources(upstream)
+    finally:
+        target.write_bytes(original)
