@@ -259,14 +259,14 @@ def test_stop_and_bad_words_are_encoded_ft_style_by_the_server(text_models) -> N
 
 
 def test_postprocessing_honours_sequence_length(text_models) -> None:
-    """Decode stops at sequence_length; no GPT-only response_input_lengths is needed."""
+    """Decode stops at sequence_length; no prompt lengths are needed."""
     family, repo, served = text_models
     codec = load_codec(repo / "preprocessing" / "1")
     generated = codec.encode(" quick brown", prompt=False)
     junk = codec.encode(" lazy dog", prompt=False)
     # as FasterTransformer returns them: T5 INT32 ids and lengths, GPT-J INT32 lengths, GPT-NeoX UINT32
     post = served.infer("postprocessing", {
-        "output_ids": np.array([[generated + junk]], dtype=declared_dtype(repo, "postprocessing", "output_ids")),
+        "TOKENS_BATCH": np.array([[generated + junk]], dtype=declared_dtype(repo, "postprocessing", "TOKENS_BATCH")),
         "sequence_length": np.array([[len(generated)]],
                                     dtype=declared_dtype(repo, "postprocessing", "sequence_length"))},
         ["text_output"])
@@ -280,7 +280,7 @@ def test_bad_request_values_are_request_errors(text_models) -> None:
     family, repo, served = text_models
     with pytest.raises(InferenceServerException, match="max_tokens must be at least 1"):
         served.infer("preprocessing", {"text_input": text("Hello"), "max_tokens": np.array([[0]], dtype=np.int64)},
-                     ["input_ids"])
+                     ["INPUT_ID"])
 
 
 # --------------------------------------------------------------------------- static checks of known upstream bugs

@@ -179,10 +179,9 @@ PROMPT_OUTPUTS = (
     TensorDecl(BAD_WORDS_IDS, "INT32", (2, -1)),
     TensorDecl(STOP_WORDS_IDS, "INT32", (2, -1)),
     TensorDecl(OUTPUT_LENGTHS, "UINT32", (-1,)),
-    TensorDecl("PROMPT_LEARNING_TASK_NAME_IDS", "UINT32", (1,)),
 )
-"""Preprocessing's outputs in fastertransformer_backend's names (the task ids are all 0: ftx serves
-no prompt-learning tables)."""
+"""Preprocessing's outputs in fastertransformer_backend's names. Its ``PROMPT_LEARNING_TASK_NAME_IDS`` is
+left out: ftx serves no prompt-learning tables, and no client reads it."""
 SAMPLING_FROM_PREPROCESSING = (
     TensorDecl("runtime_top_k", "UINT32", (1,)),
     TensorDecl("runtime_top_p", "FP32", (1,)),

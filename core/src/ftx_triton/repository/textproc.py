@@ -487,8 +487,7 @@ class Preprocessor:
         input_ids = np.full((batch, int(lengths.max())), s.pad_id, dtype=np.uint32)
         for b, ids in enumerate(encoded):
             input_ids[b, : len(ids)] = ids
-        return {"INPUT_ID": input_ids, "REQUEST_INPUT_LEN": lengths, "REQUEST_OUTPUT_LEN": output_lengths,
-                "PROMPT_LEARNING_TASK_NAME_IDS": np.zeros((batch, 1), np.uint32)}
+        return {"INPUT_ID": input_ids, "REQUEST_INPUT_LEN": lengths, "REQUEST_OUTPUT_LEN": output_lengths}
 
 
 class Postprocessor:
