@@ -53,7 +53,7 @@ serve() {  # serve [ftx run options]: detach a tiny-gptj server; sets $server, $
 unserve() { "$ftx" stop "$server" >/dev/null; server=""; }
 
 genai() {  # genai TAG [--streaming]: the average output sequence length genai-perf measured
-  (cd "$work" && "$cache/genai-venv/bin/genai-perf" profile -m ensemble --service-kind triton --backend tensorrtllm \
+  (cd "$work" && "$cache/genai-venv/bin/genai-perf" profile -m text --service-kind triton --backend tensorrtllm \
      -u "$grpc" --tokenizer "$tokenizer" --synthetic-input-tokens-mean 16 --output-tokens-mean 8 --concurrency 2 \
      --measurement-interval 3000 --random-seed 7 --artifact-dir "$work/$1" "${@:2}" > "$work/$1.txt")
   "$venv/bin/python" -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['output_sequence_length']['avg'])" \
@@ -69,17 +69,17 @@ cat > "$work/ft.json" <<'EOF'
 EOF
 perf_analyzer -m fastertransformer -u "$http" --input-data "$work/ft.json" --measurement-mode count_windows \
   --measurement-request-count 8 --stability-percentage 999 --max-trials 3 --concurrency-range 2 | tail -3
-echo "== perf_analyzer: ensemble over gRPC ($grpc)"
+echo "== perf_analyzer: text ensemble over gRPC ($grpc)"
 cat > "$work/gen.json" <<'EOF'
 {"data": [{"text_input": {"content": ["Once upon a time"], "shape": [1]}, "max_tokens": {"content": [8], "shape": [1]}}]}
 EOF
-perf_analyzer -m ensemble -i grpc -u "$grpc" --input-data "$work/gen.json" --measurement-mode count_windows \
+perf_analyzer -m text -i grpc -u "$grpc" --input-data "$work/gen.json" --measurement-mode count_windows \
   --measurement-request-count 8 --stability-percentage 999 --max-trials 3 --concurrency-range 2 | tail -2
-echo "== genai-perf: ensemble, unstreamed"
+echo "== genai-perf: text ensemble, unstreamed"
 classic_len=$(genai classic)
 unserve
 serve --streaming
-echo "== genai-perf: ensemble, streamed (each piece of text once)"
+echo "== genai-perf: text ensemble, streamed (each piece of text once)"
 stream_len=$(genai streamed --streaming)
 echo "average output sequence length: unstreamed $classic_len, streamed $stream_len"
 "$venv/bin/python" -c "import sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if b <= 1.5 * a else 1)" \

@@ -89,6 +89,17 @@ EOF
   fi
   rm -rf "${tmp:-/nonexistent}"
 fi
+if [ "$dev" = 1 ]; then
+  # fastertransformer_backend's client scripts (tests/test_upstream_scripts.py) use np.bool, gone in
+  # numpy 1.24: they run with $venv/clients, numpy 1.23 first and this environment's packages after it.
+  step "creating $venv/clients (numpy<1.24 for fastertransformer_backend's client scripts)"
+  rm -rf "$venv/clients"
+  python3 -m venv "$venv/clients"
+  "$venv/clients/bin/pip" install -q --progress-bar off "numpy>=1.23,<1.24" 2>&1 | sed -u 's/^/setup:   /' >&2
+  main_site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  clients_site=$("$venv/clients/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  echo "$main_site" > "$clients_site/ftx-main-environment.pth"
+fi
 step "checking the install"
 "$venv/bin/python" -c "
 import importlib.util, sys

@@ -203,7 +203,7 @@ def _serve_ids(checkpoint: Path, home: Path, built: Any, **flat: Any) -> tuple[l
         for prompt in PROMPTS:
             out = _infer_json(result.endpoint.http_url, decoder_inputs([tokenizer.encode(prompt).ids], NEW_TOKENS))
             ids.append([int(t) for t in out["output_ids"][0, 0, : int(out["sequence_length"][0, 0])]])
-            url = f"http://{result.endpoint.http_url}/v2/models/ensemble/generate"
+            url = f"http://{result.endpoint.http_url}/v2/models/text/generate"
             texts.append(_post(url, {"text_input": prompt, "max_tokens": NEW_TOKENS})["text_output"])
         log_text = result.endpoint.handle.log_path.read_text(errors="replace")
     finally:
@@ -309,9 +309,8 @@ def _reference(served: Served, prompt: str) -> tuple[list[int], list[int], str]:
     pre, post = _processors(served.repository)
     encoded = pre.run({"text_input": np.array([[prompt.encode()]], dtype=object),
                        "max_tokens": np.array([[NEW_TOKENS]], dtype=np.int32)})
-    length_key = "input_lengths" if "input_lengths" in encoded else "sequence_length"
-    n = int(encoded[length_key][0, 0])
-    ids = [int(t) for t in encoded["input_ids"][0, :n]]
+    n = int(encoded["REQUEST_INPUT_LEN"][0, 0])
+    ids = [int(t) for t in encoded["INPUT_ID"][0, :n]]
     config = transformers.AutoConfig.from_pretrained(served.source)
     model = getattr(transformers, config.architectures[0]).from_pretrained(served.source).eval()
     end_id = post.settings.end_id if hasattr(post, "settings") else config.eos_token_id
@@ -332,7 +331,7 @@ def _reference(served: Served, prompt: str) -> tuple[list[int], list[int], str]:
 
 
 def test_text_through_the_ensemble_equals_transformers(served: Served) -> None:
-    url = f"http://{served.endpoint.http_url}/v2/models/ensemble/generate"
+    url = f"http://{served.endpoint.http_url}/v2/models/text/generate"
     for prompt in PROMPTS:
         got = _post(url, {"text_input": prompt, "max_tokens": NEW_TOKENS})["text_output"]
         _, generated, expected = _reference(served, prompt)
@@ -368,3 +367,88 @@ def test_the_server_loaded_the_tuned_gemm_config(served: Served) -> None:
     server = served.endpoint.handle
     assert (server.cwd / "gemm_config.in").read_bytes() == Path(served.gemm.path).read_bytes()
     assert "gemm_config.in is not found" not in server.log_path.read_text(errors="replace")
+
+
+# --------------------------------------------------------------------------- fastertransformer_backend's interface
+
+
+def _tensor(name: str, value: np.ndarray) -> dict[str, Any]:
+    from tritonclient.utils import np_to_triton_dtype
+
+    data = [v.decode() if isinstance(v, bytes) else v for v in value.flatten().tolist()]
+    return {"name": name, "shape": list(value.shape), "datatype": np_to_triton_dtype(value.dtype), "data": data}
+
+
+def _infer(http_url: str, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One request through Triton's JSON API with the dtypes the arrays have (as tritonclient sends them)."""
+    answer = _post(f"http://{http_url}/v2/models/{model}/infer",
+                   {"inputs": [_tensor(k, v) for k, v in inputs.items()]})
+    from tritonclient.utils import triton_to_np_dtype
+
+    return {o["name"]: np.array(o["data"], dtype=triton_to_np_dtype(o["datatype"])).reshape(o["shape"])
+            for o in answer["outputs"]}
+
+
+def _upstream_expected(served: Served) -> list[str]:
+    """Each prompt's whole sequence as upstream's postprocessing decodes it (prompt + generation for
+    decoder models, the generation for T5), from transformers' ids."""
+    _, post = _processors(served.repository)
+    texts = []
+    for prompt in PROMPTS:
+        ids, generated, _ = _reference(served, prompt)
+        texts.append(post.codec.decode(generated if served.case.startswith("t5") else ids + generated))
+    return texts
+
+
+def test_upstream_ensemble_request_equals_transformers(served: Served) -> None:
+    """fastertransformer_backend's ``ensemble`` interface (sample_request_ensemble.json's tensors):
+    INPUT_0..INPUT_3 and greedy sampling inputs in, OUTPUT_0 out."""
+    batch = len(PROMPTS)
+    ones = np.ones((batch, 1))
+    inputs = {
+        "INPUT_0": np.array([[p.encode()] for p in PROMPTS], dtype=object),
+        "INPUT_1": (NEW_TOKENS * ones).astype(np.uint32),
+        "INPUT_2": np.array([[b""]] * batch, dtype=object),
+        "INPUT_3": np.array([[b""]] * batch, dtype=object),
+        "runtime_top_k": ones.astype(np.uint32), "runtime_top_p": 0 * ones.astype(np.float32),
+        "temperature": ones.astype(np.float32), "len_penalty": ones.astype(np.float32),
+        "repetition_penalty": ones.astype(np.float32), "beam_width": ones.astype(np.uint32),
+        "random_seed": 0 * ones.astype(np.uint64), "is_return_log_probs": ones.astype(bool),
+    }
+    out = _infer(served.endpoint.http_url, "ensemble", inputs)
+    assert {"OUTPUT_0", "sequence_length", "cum_log_probs", "output_log_probs"} <= set(out)
+    got = [row[0] for row in out["OUTPUT_0"].tolist()]
+    expected = _upstream_expected(served)
+    for text, want, prompt in zip(got, expected, PROMPTS, strict=True):
+        assert text.startswith(want) or want.startswith(text), (served.case, served.tp, served.dtype, prompt, text, want)
+        assert len(text) >= len(want) - 1, (served.case, prompt, text, want)
+
+
+def test_end_to_end_sequence_preprocessing_fastertransformer_postprocessing(served: Served) -> None:
+    """end_to_end_test.py's sequence: preprocessing, then the raw model, then postprocessing, each by
+    fastertransformer_backend's tensor names; the text equals transformers' ids decoded."""
+    batch = len(PROMPTS)
+    ones = np.ones((batch, 1))
+    pre = _infer(served.endpoint.http_url, "preprocessing", {
+        "QUERY": np.array([[p.encode()] for p in PROMPTS], dtype=object),
+        "BAD_WORDS_DICT": np.array([[b""]] * batch, dtype=object),
+        "STOP_WORDS_DICT": np.array([[b""]] * batch, dtype=object),
+        "REQUEST_OUTPUT_LEN": (NEW_TOKENS * ones).astype(np.uint32)})
+    t5 = served.case.startswith("t5")
+    lengths = {"sequence_length" if t5 else "input_lengths": pre["REQUEST_INPUT_LEN"].astype(np.uint32),
+               "max_output_len" if t5 else "request_output_len": pre["REQUEST_OUTPUT_LEN"].astype(np.uint32)}
+    ft = _infer(served.endpoint.http_url, "fastertransformer", {
+        "input_ids": pre["INPUT_ID"].astype(np.uint32), **lengths,
+        "runtime_top_k": ones.astype(np.uint32), "runtime_top_p": 0 * ones.astype(np.float32),
+        "temperature": ones.astype(np.float32), "len_penalty": ones.astype(np.float32),
+        "repetition_penalty": ones.astype(np.float32), "beam_width": ones.astype(np.uint32),
+        "random_seed": 0 * ones.astype(np.uint64), "is_return_log_probs": ones.astype(bool),
+        "bad_words_list": pre["BAD_WORDS_IDS"].astype(np.int32), "stop_words_list": pre["STOP_WORDS_IDS"].astype(np.int32)})
+    tokens_dtype = np.int32 if t5 else np.uint32
+    post = _infer(served.endpoint.http_url, "postprocessing", {
+        "TOKENS_BATCH": ft["output_ids"].astype(tokens_dtype),
+        "sequence_length": ft["sequence_length"]})  # in the dtype the model declares
+    got = [row[0] for row in post["OUTPUT"].reshape(batch, -1).tolist()]
+    expected = _upstream_expected(served)
+    for text, want, prompt in zip(got, expected, PROMPTS, strict=True):
+        assert text.startswith(want) or want.startswith(text), (served.case, served.tp, served.dtype, prompt, text, want)

@@ -151,10 +151,10 @@ def test_ensemble_and_raw_model_greedy_equal_transformers(deployment: Deployment
         out = infer(deployment.server.http_url, inputs)
         assert out["output_ids"][0, 0, : out["sequence_length"][0, 0]].tolist() == expected
         # the ensemble's text interface: the text of exactly those tokens
-        got = generate_text(grpc, "ensemble", text, max_tokens=12)
+        got = generate_text(grpc, "text", text, max_tokens=12)
         assert got == deployment.decode(generated), (deployment.name, text)
         # what `ftx generate` prints: a decoder continues the prompt, T5 answers it
-        shown = generate_text(grpc, "ensemble", text, max_tokens=12, echo_prompt=True)
+        shown = generate_text(grpc, "text", text, max_tokens=12, echo_prompt=True)
         assert shown == (got if deployment.encoder_decoder else text + got)
 
 
@@ -167,7 +167,7 @@ def test_malformed_ensemble_requests_get_errors_and_serving_continues(deployment
         n = len(texts)
         inputs = {"text_input": np.array([[t.encode()] for t in texts], dtype=np.object_),
                   "max_tokens": np.array([[max_tokens]] * n, dtype=np.int64 if not types else np.float32)}
-        return infer(url, inputs, model="ensemble", outputs=("text_output",), types=types)
+        return infer(url, inputs, model="text", outputs=("text_output",), types=types)
 
     good = text_request(["Once upon a time"], 6)["text_output"]
     bad = {
@@ -187,11 +187,11 @@ def test_curl_generate_endpoint_answers(deployment: Deployment) -> None:
     import urllib.request
 
     body = json.dumps({"text_input": "Hello world", "max_tokens": 5}).encode()
-    request = urllib.request.Request(f"http://{deployment.server.http_url}/v2/models/ensemble/generate", data=body)
+    request = urllib.request.Request(f"http://{deployment.server.http_url}/v2/models/text/generate", data=body)
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(request, timeout=120) as response:
         answer = json.loads(response.read())
-    assert answer["text_output"] == generate_text(deployment.server.grpc_url, "ensemble", "Hello world", max_tokens=5)
+    assert answer["text_output"] == generate_text(deployment.server.grpc_url, "text", "Hello world", max_tokens=5)
 
 
 # --------------------------------------------------------------------------- the client pieces
@@ -215,7 +215,7 @@ def test_generate_against_nothing_is_an_error_with_a_hint(tmp_path: Path) -> Non
     from ftx_triton.server.ports import free_ports
 
     port = free_ports().grpc
-    result = subprocess.run([*FTX, "generate", "ensemble", "Hello", "--url", f"127.0.0.1:{port}", "--timeout", "5"],
+    result = subprocess.run([*FTX, "generate", "text", "Hello", "--url", f"127.0.0.1:{port}", "--timeout", "5"],
                             check=False, capture_output=True, text=True, timeout=120, env={**os.environ, "FTX_HOME": str(tmp_path)})
     assert result.returncode == 1
     assert "error: cannot reach" in result.stderr and "hint:" in result.stderr
@@ -308,7 +308,7 @@ def test_detach_then_generate_ps_and_stop(demo_home: Path) -> None:
         ps = subprocess.run([*FTX, "ps", "--json"], check=False, capture_output=True, text=True, timeout=120, env=env)
         records = json.loads(ps.stdout)
         assert [r["name"] for r in records if r["alive"]] == ["tiny-gptj"]
-        plain = subprocess.run([*FTX, "generate", "ensemble", "The quick brown", "--max-tokens", "6"],
+        plain = subprocess.run([*FTX, "generate", "text", "The quick brown", "--max-tokens", "6"],
                                check=False, capture_output=True, text=True, timeout=300, env=env)
         assert plain.returncode == 0, plain.stderr
         assert plain.stdout.startswith("The quick brown fox jumps over")
@@ -316,7 +316,7 @@ def test_detach_then_generate_ps_and_stop(demo_home: Path) -> None:
                                  check=False, capture_output=True, text=True, timeout=300, env=env)
         assert by_name.returncode == 0, by_name.stderr
         assert by_name.stdout.strip() == plain.stdout.strip()
-        sampled = subprocess.run([*FTX, "generate", "ensemble", "Hello", "--max-tokens", "5", "--temperature", "0.8",
+        sampled = subprocess.run([*FTX, "generate", "text", "Hello", "--max-tokens", "5", "--temperature", "0.8",
                                   "--top-k", "5"], check=False, capture_output=True, text=True, timeout=300, env=env)
         assert sampled.returncode == 0 and sampled.stdout.startswith("Hello"), sampled.stderr
         # MODEL omitted (the served ensemble), --url as `ftx run` prints it (HTTP), and --stream against a
@@ -350,21 +350,21 @@ def test_streaming_deployment_streams_tokens_through_the_ensemble(demo_home: Pat
 
         record = next(r for r in list_servers(demo_home) if r.alive)
         pieces: list[str] = []
-        text = generate_text(record.grpc_url, "ensemble", "Once upon a time", max_tokens=8, stream=True,
+        text = generate_text(record.grpc_url, "text", "Once upon a time", max_tokens=8, stream=True,
                              on_text=pieces.append)
         assert len(pieces) >= 8  # one piece per token (the first carries the prompt)
         assert text.startswith("Once upon a time there was")
-        cli = subprocess.run([*FTX, "generate", "ensemble", "Once upon a time", "--max-tokens", "8", "--stream"],
+        cli = subprocess.run([*FTX, "generate", "text", "Once upon a time", "--max-tokens", "8", "--stream"],
                              check=False, capture_output=True, text=True, timeout=300, env=env)
         assert cli.returncode == 0 and cli.stdout.strip() == text.strip(), cli.stderr
         # without --stream a streaming deployment is read whole
-        whole = subprocess.run([*FTX, "generate", "ensemble", "Once upon a time", "--max-tokens", "8"],
+        whole = subprocess.run([*FTX, "generate", "text", "Once upon a time", "--max-tokens", "8"],
                                check=False, capture_output=True, text=True, timeout=300, env=env)
         assert whole.returncode == 0 and whole.stdout.strip() == text.strip(), whole.stderr
-        assert generate_text(record.grpc_url, "ensemble", "Once upon a time", max_tokens=8) == text.removeprefix(
+        assert generate_text(record.grpc_url, "text", "Once upon a time", max_tokens=8) == text.removeprefix(
             "Once upon a time")
         over_http: list[str] = []  # the generate extension's server-sent events
-        assert generate_text(f"http://{record.http_url}", "ensemble", "Once upon a time", max_tokens=8, stream=True,
+        assert generate_text(f"http://{record.http_url}", "text", "Once upon a time", max_tokens=8, stream=True,
                              on_text=over_http.append) == text
         assert len(over_http) >= 8
     finally:
@@ -388,7 +388,7 @@ def test_foreground_server_stops_cleanly_on_a_signal(demo_home: Path, sig: int) 
                 break
         assert any("Ctrl-C stops the server" in line for line in lines), "".join(lines) + proc.stderr.read()
         grpc = re.search(r"gRPC\s+(\S+)", "".join(lines)).group(1)
-        assert generate_text(grpc, "ensemble", "Hello world", max_tokens=3).startswith(",")
+        assert generate_text(grpc, "text", "Hello world", max_tokens=3).startswith(",")
         # `ftx generate` finds a foreground run as `ftx ps` does (it knew only detached ones), and `ftx ps`
         # shows its OpenAI endpoint (it showed "-")
         found = subprocess.run([*FTX, "generate", "Hello world", "--max-tokens", "3"], check=False,

@@ -187,9 +187,9 @@ def declared_dtype(repo: Path, model: str, tensor: str) -> type[np.generic]:
 
 
 def pre_outputs(family: str) -> list[str]:
-    first = ["input_ids", "sequence_length", "max_output_len"] if family == "t5" else \
-        ["input_ids", "input_lengths", "request_output_len"]
-    return first + ["stop_words_list", "bad_words_list", "runtime_top_k", "beam_width"]
+    """Preprocessing's outputs, by fastertransformer_backend's names (the same for every family)."""
+    return ["INPUT_ID", "REQUEST_INPUT_LEN", "REQUEST_OUTPUT_LEN", "STOP_WORDS_IDS", "BAD_WORDS_IDS", "runtime_top_k",
+            "beam_width"]
 
 
 def test_text_round_trips_through_the_server(text_models) -> None:
@@ -200,29 +200,29 @@ def test_text_round_trips_through_the_server(text_models) -> None:
                        pre_outputs(family))
     codec = load_codec(repo / "preprocessing" / "1")
     deployment = json.loads((repo / "ftx-deployment.json").read_text())
-    ids = pre["input_ids"][0].tolist()
+    ids = pre["INPUT_ID"][0].tolist()
     assert ids == codec.encode(prompt, prompt=True)
-    assert pre["input_ids"].dtype == np.uint32
+    assert pre["INPUT_ID"].dtype == np.uint32
     # optional stop/bad words omitted: FT's "no list"
-    assert pre["stop_words_list"].tolist() == [[[0], [-1]]] == pre["bad_words_list"].tolist()
+    assert pre["STOP_WORDS_IDS"].tolist() == [[[0], [-1]]] == pre["BAD_WORDS_IDS"].tolist()
     if family == "t5":
         assert ids[-1] == deployment["tokenizer"]["end_id"] == 1  # </s>, as T5Tokenizer appends it
-        assert pre["sequence_length"].tolist() == [[len(ids)]] and pre["max_output_len"].tolist() == [[8]]
+        assert pre["REQUEST_INPUT_LEN"].tolist() == [[len(ids)]] and pre["REQUEST_OUTPUT_LEN"].tolist() == [[8]]
         # FT's T5 output holds decoder tokens only (INT32): the "generation" is the prompt, then </s> and padding
         row = ids + [0, 0, 0]
         post = served.infer("postprocessing", {
-            "output_ids": np.array([[row]], dtype=np.int32),
+            "TOKENS_BATCH": np.array([[row]], dtype=np.int32),
             "sequence_length": np.array([[len(ids)]], dtype=np.int32)}, ["text_output"])
     else:
         n = len(ids)
-        assert pre["input_lengths"].tolist() == [[n]] and pre["request_output_len"].tolist() == [[8]]
+        assert pre["REQUEST_INPUT_LEN"].tolist() == [[n]] and pre["REQUEST_OUTPUT_LEN"].tolist() == [[8]]
         # FT's decoder output holds the prompt, then the generation, then padding past sequence_length
         junk = codec.encode(" zzz junk after the end", prompt=False)
         row = ids + ids + junk
         post = served.infer("postprocessing", {
-            "output_ids": np.array([[row]], dtype=np.uint32),
+            "TOKENS_BATCH": np.array([[row]], dtype=np.uint32),
             "sequence_length": np.array([[2 * n]], dtype=declared_dtype(repo, "postprocessing", "sequence_length")),
-            "input_lengths": np.array([[n]], dtype=np.uint32)}, ["text_output"])
+            "REQUEST_INPUT_LEN": np.array([[n]], dtype=np.uint32)}, ["text_output"])
     assert [[t.decode() for t in r] for r in post["text_output"].tolist()] == [[prompt]]
 
 
@@ -239,8 +239,8 @@ def test_ids_come_from_the_model_not_gpt2(text_models) -> None:
     out = served.infer("preprocessing", {
         "text_input": np.array([[b"Hello"], [PROMPTS[family].encode()]], dtype=np.object_),
         "max_tokens": np.array([[4], [4]], dtype=np.int64)}, pre_outputs(family))
-    short = int((out["sequence_length"] if family == "t5" else out["input_lengths"])[0, 0])
-    assert set(out["input_ids"][0, short:].tolist()) == {int(params["pad_id"])}
+    short = int(out["REQUEST_INPUT_LEN"][0, 0])
+    assert set(out["INPUT_ID"][0, short:].tolist()) == {int(params["pad_id"])}
 
 
 def test_stop_and_bad_words_are_encoded_ft_style_by_the_server(text_models) -> None:
@@ -250,23 +250,23 @@ def test_stop_and_bad_words_are_encoded_ft_style_by_the_server(text_models) -> N
     out = served.infer("preprocessing", {"text_input": text(PROMPTS[family]), "max_tokens": np.array([[4]], np.int64),
                                          "stop": words, "bad_words": np.array([[b" lazy"]], dtype=np.object_)},
                        pre_outputs(family))
-    assert out["stop_words_list"].tolist() == word_list([[" dog", " fox"]], codec).tolist()
-    assert out["bad_words_list"].tolist() == word_list([[" lazy"]], codec).tolist()
-    assert out["stop_words_list"].dtype == np.int32
-    offsets = [o for o in out["stop_words_list"][0, 1].tolist() if o != -1]
+    assert out["STOP_WORDS_IDS"].tolist() == word_list([[" dog", " fox"]], codec).tolist()
+    assert out["BAD_WORDS_IDS"].tolist() == word_list([[" lazy"]], codec).tolist()
+    assert out["STOP_WORDS_IDS"].dtype == np.int32
+    offsets = [o for o in out["STOP_WORDS_IDS"][0, 1].tolist() if o != -1]
     assert offsets == [len(codec.encode(" dog", prompt=False)),
                        len(codec.encode(" dog", prompt=False)) + len(codec.encode(" fox", prompt=False))]
 
 
 def test_postprocessing_honours_sequence_length(text_models) -> None:
-    """Decode stops at sequence_length; no GPT-only response_input_lengths is needed."""
+    """Decode stops at sequence_length; no prompt lengths are needed."""
     family, repo, served = text_models
     codec = load_codec(repo / "preprocessing" / "1")
     generated = codec.encode(" quick brown", prompt=False)
     junk = codec.encode(" lazy dog", prompt=False)
     # as FasterTransformer returns them: T5 INT32 ids and lengths, GPT-J INT32 lengths, GPT-NeoX UINT32
     post = served.infer("postprocessing", {
-        "output_ids": np.array([[generated + junk]], dtype=declared_dtype(repo, "postprocessing", "output_ids")),
+        "TOKENS_BATCH": np.array([[generated + junk]], dtype=declared_dtype(repo, "postprocessing", "TOKENS_BATCH")),
         "sequence_length": np.array([[len(generated)]],
                                     dtype=declared_dtype(repo, "postprocessing", "sequence_length"))},
         ["text_output"])
@@ -280,7 +280,7 @@ def test_bad_request_values_are_request_errors(text_models) -> None:
     family, repo, served = text_models
     with pytest.raises(InferenceServerException, match="max_tokens must be at least 1"):
         served.infer("preprocessing", {"text_input": text("Hello"), "max_tokens": np.array([[0]], dtype=np.int64)},
-                     ["input_ids"])
+                     ["INPUT_ID"])
 
 
 # --------------------------------------------------------------------------- static checks of known upstream bugs
@@ -393,21 +393,21 @@ def with_fake_ft(repo: Path, dest: Path) -> Path:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_ensemble_generate_endpoint_with_a_fake_ft_model(repositories: dict[str, Path], home: Path, tmp_path: Path,
+def test_text_generate_endpoint_with_a_fake_ft_model(repositories: dict[str, Path], home: Path, tmp_path: Path,
                                                          family: str) -> None:
-    """POST /v2/models/ensemble/generate with only text_input and max_tokens, then with stop words."""
+    """POST /v2/models/text/generate with only text_input and max_tokens, then with stop words."""
     repo = with_fake_ft(repository(repositories, family), tmp_path / "repo")
     prompt = PROMPTS[family]
-    for served in serve(repo, home, ["fastertransformer", "preprocessing", "postprocessing", "ensemble"]):
-        status, body = served.post("/v2/models/ensemble/generate", {"text_input": prompt, "max_tokens": 16})
+    for served in serve(repo, home, ["fastertransformer", "preprocessing", "postprocessing", "text"]):
+        status, body = served.post("/v2/models/text/generate", {"text_input": prompt, "max_tokens": 16})
         assert status == 200, body
         assert json.loads(body)["text_output"] == prompt  # the echoed "generation", prompt stripped
-        status, body = served.post("/v2/models/ensemble/generate", {
+        status, body = served.post("/v2/models/text/generate", {
             "text_input": prompt, "max_tokens": 16, "stop": [" dog"], "temperature": 0.5, "top_k": 4, "top_p": 0.9,
             "beam_width": 1, "random_seed": 7})
         assert status == 200, body
         assert json.loads(body)["text_output"] == prompt + " dog"
-        status, body = served.post("/v2/models/ensemble/generate", {"text_input": prompt, "max_tokens": 0})
+        status, body = served.post("/v2/models/text/generate", {"text_input": prompt, "max_tokens": 0})
         assert status == 400 and "max_tokens must be at least 1" in body
 
 
@@ -432,8 +432,8 @@ def test_ensemble_with_the_python_runtime_generates_like_transformers(home: Path
     eos = model.config.eos_token_id
     generated = generated[: generated.index(eos)] if eos in generated else generated
     expected = tokenizer.decode(generated, skip_special_tokens=True).rstrip("\ufffd")  # a cut-off character is left out
-    for served in serve(repo, home, ["fastertransformer", "preprocessing", "postprocessing", "ensemble"]):
-        status, body = served.post("/v2/models/ensemble/generate", {"text_input": prompt, "max_tokens": max_tokens})
+    for served in serve(repo, home, ["fastertransformer", "preprocessing", "postprocessing", "text"]):
+        status, body = served.post("/v2/models/text/generate", {"text_input": prompt, "max_tokens": max_tokens})
         assert status == 200, body
         assert json.loads(body)["text_output"] == expected
 
@@ -444,8 +444,8 @@ def test_streaming_ensemble_streams_through_generate_stream(home: Path, tmp_path
     repo = Path(run_cli(home, "configure", str(tiny_gptj_dir), "--output", str(tmp_path / "repo"),
                         "--runtime", "python", "--streaming"))
     prompt = "Hello world"
-    for served in serve(repo, home, ["fastertransformer", "preprocessing", "postprocessing", "ensemble"]):
-        status, body = served.post("/v2/models/ensemble/generate_stream",
+    for served in serve(repo, home, ["fastertransformer", "preprocessing", "postprocessing", "text"]):
+        status, body = served.post("/v2/models/text/generate_stream",
                                    {"text_input": prompt, "max_tokens": 4, "stream": True})
         assert status == 200, body
         events = [json.loads(line[len("data: "):]) for line in body.splitlines() if line.startswith("data: ")]

@@ -54,7 +54,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
 
 def _generate(url: str, body: bytes | dict[str, Any]) -> tuple[int, dict[str, Any]]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(f"http://{url}/v2/models/ensemble/generate", data=data, method="POST")
+    request = urllib.request.Request(f"http://{url}/v2/models/text/generate", data=data, method="POST")
     try:
         with _DIRECT.open(request, timeout=300) as response:
             return response.status, json.loads(response.read())

@@ -76,7 +76,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 def _triton_text(served: Served, prompt: str, max_tokens: int) -> str:
     from ftx_triton.cli.serving import generate_text
 
-    return generate_text(served.http, "ensemble", prompt, max_tokens=max_tokens)
+    return generate_text(served.http, "text", prompt, max_tokens=max_tokens)
 
 
 def test_models_lists_the_deployment(served: Served) -> None:

@@ -28,7 +28,7 @@ from ftx_triton.repository.writer import check_checkpoint, verify_repository
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-MODELS = {"fastertransformer", "preprocessing", "postprocessing", "ensemble", "ft_ensemble"}
+MODELS = {"fastertransformer", "preprocessing", "postprocessing", "ensemble", "text"}
 
 
 def configure(ftx_cli, source: Path, out: Path, *extra: str):
@@ -116,10 +116,10 @@ def test_gptj_repository_layout_and_ft_config(ftx_cli, ftx_home: Path, tiny_gptj
     assert {o.name: o.data_type for o in ft.output}["output_ids"] == mc.TYPE_UINT32
 
 
-def test_ensemble_speaks_generate_names_and_is_wired(ftx_cli, tiny_gptj_dir: Path, tmp_path: Path) -> None:
+def test_text_model_speaks_generate_names_and_is_wired(ftx_cli, tiny_gptj_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "repo"
     configure(ftx_cli, tiny_gptj_dir, out)
-    ens = parse_config(out / "ensemble" / "config.pbtxt")
+    ens = parse_config(out / "text" / "config.pbtxt")
     assert ens.platform == "ensemble"
     ins = inputs(ens)
     assert ins["text_input"].data_type == mc.TYPE_STRING and not ins["text_input"].optional
@@ -131,15 +131,15 @@ def test_ensemble_speaks_generate_names_and_is_wired(ftx_cli, tiny_gptj_dir: Pat
     assert [(o.name, o.data_type) for o in ens.output] == [("text_output", mc.TYPE_STRING)]
     assert [s.model_name for s in ens.ensemble_scheduling.step] == ["preprocessing", "fastertransformer",
                                                                     "postprocessing"]
-    assert check_ensemble(out) == []
+    assert check_ensemble(out, "text") == []
 
 
-def test_ft_ensemble_speaks_fastertransformer_backends_ensemble_names(ftx_cli, tiny_gptj_dir: Path,
+def test_ensemble_speaks_fastertransformer_backends_ensemble_names(ftx_cli, tiny_gptj_dir: Path,
                                                                       tmp_path: Path) -> None:
-    """The second ensemble has fastertransformer_backend's all_models/gptj/ensemble interface."""
+    """``ensemble`` has fastertransformer_backend's all_models/gptj/ensemble interface."""
     out = tmp_path / "repo"
     configure(ftx_cli, tiny_gptj_dir, out)
-    ens = parse_config(out / "ft_ensemble" / "config.pbtxt")
+    ens = parse_config(out / "ensemble" / "config.pbtxt")
     ins = inputs(ens)
     expected = {"INPUT_0": (mc.TYPE_STRING, [-1]), "INPUT_1": (mc.TYPE_UINT32, [-1]), "INPUT_2": (mc.TYPE_STRING, [-1]),
                 "INPUT_3": (mc.TYPE_STRING, [-1]), "beam_width": (mc.TYPE_UINT32, [1]),
@@ -155,9 +155,9 @@ def test_ft_ensemble_speaks_fastertransformer_backends_ensemble_names(ftx_cli, t
     # FasterTransformer's GPT-J returns INT32 lengths (its NeoX UINT32): the ensemble passes on what it gets
     assert outs == {"OUTPUT_0": mc.TYPE_STRING, "sequence_length": mc.TYPE_INT32, "cum_log_probs": mc.TYPE_FP32,
                     "output_log_probs": mc.TYPE_FP32}
-    assert check_ensemble(out, "ft_ensemble") == []
+    assert check_ensemble(out) == []
     record = json.loads((out / "ftx-deployment.json").read_text())
-    assert "ft_ensemble" in record["models"] and record["endpoints"]["ft_ensemble"] == "/v2/models/ft_ensemble/infer"
+    assert "ensemble" in record["models"] and record["endpoints"]["ensemble"] == "/v2/models/ensemble/infer"
 
 
 def test_deployment_record(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path) -> None:
@@ -171,7 +171,7 @@ def test_deployment_record(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_pat
     for stage in ("fetch", "convert", "tune"):
         assert re.fullmatch(r"[0-9a-f]{24}", record["artifacts"][stage]), stage
     assert (ftx_home / "store" / "convert" / record["artifacts"]["convert"]).is_dir()
-    assert record["preset"] is None and record["endpoints"]["generate"] == "/v2/models/ensemble/generate"
+    assert record["preset"] is None and record["endpoints"]["generate"] == "/v2/models/text/generate"
     assert record["tokenizer"]["files"] == ["tokenizer.json", "tokenizer_config.json"]
 
 
@@ -190,8 +190,9 @@ def test_streaming_is_decoupled_and_postprocessing_reads_ft_outputs_only(ftx_cli
     out = tmp_path / "repo"
     configure(ftx_cli, tiny_gptj_dir, out, "--streaming")
     assert ft_config(out).model_transaction_policy.decoupled
-    post = parse_config(out / "ensemble" / "config.pbtxt").ensemble_scheduling.step[2]
-    assert set(post.input_map) == {"output_ids", "sequence_length"}
+    for name in ("text", "ensemble"):
+        post = parse_config(out / name / "config.pbtxt").ensemble_scheduling.step[2]
+        assert set(post.input_map) == {"TOKENS_BATCH", "sequence_length"}, name
     params = parse_config(out / "preprocessing" / "config.pbtxt").parameters
     assert params["streaming"].string_value == "1"
 
@@ -336,7 +337,7 @@ def test_postprocessing_reads_the_lengths_in_the_dtype_the_model_declares(ftx_cl
     declared = {o.name: o.data_type for o in ft_config(out).output}["sequence_length"]
     post = inputs(parse_config(out / "postprocessing" / "config.pbtxt"))
     assert post["sequence_length"].data_type == declared == mc.TYPE_INT32
-    assert check_ensemble(out) == [] and check_ensemble(out, "ft_ensemble") == []
+    assert check_ensemble(out) == [] and check_ensemble(out, "text") == []
 
 
 def test_t5_config_uses_encoder_decoder_io() -> None:

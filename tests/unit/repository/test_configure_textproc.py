@@ -88,10 +88,10 @@ def test_preprocessing_without_optional_inputs_fills_ft_defaults(bpe_dir: Path) 
     pre = Preprocessor(codec, decoder_settings(codec))
     out = pre.run({"text_input": text_batch("Hello world"), "max_tokens": np.array([[5]], dtype=np.int64)})
     ids = codec.encode("Hello world", prompt=True)
-    assert out["input_ids"].dtype == np.uint32 and out["input_ids"].tolist() == [ids]
-    assert out["input_lengths"].tolist() == [[len(ids)]] and out["input_lengths"].dtype == np.uint32
-    assert out["request_output_len"].tolist() == [[5]] and out["request_output_len"].dtype == np.uint32
-    assert out["bad_words_list"].tolist() == [[[0], [-1]]] and out["stop_words_list"].tolist() == [[[0], [-1]]]
+    assert out["INPUT_ID"].dtype == np.uint32 and out["INPUT_ID"].tolist() == [ids]
+    assert out["REQUEST_INPUT_LEN"].tolist() == [[len(ids)]] and out["REQUEST_INPUT_LEN"].dtype == np.uint32
+    assert out["REQUEST_OUTPUT_LEN"].tolist() == [[5]] and out["REQUEST_OUTPUT_LEN"].dtype == np.uint32
+    assert out["BAD_WORDS_IDS"].tolist() == [[[0], [-1]]] and out["STOP_WORDS_IDS"].tolist() == [[[0], [-1]]]
     assert out["runtime_top_k"].tolist() == [[0]] and out["runtime_top_p"].tolist() == [[0.0]]  # greedy
     assert out["beam_width"].tolist() == [[1]] and out["temperature"].tolist() == [[1.0]]
     assert out["random_seed"].dtype == np.uint64
@@ -105,10 +105,10 @@ def test_preprocessing_pads_with_the_models_pad_id_not_gpt2s(kogpt_dir: Path) ->
                             pad_id=pad)
     out = Preprocessor(codec, settings).run({"text_input": text_batch("Hello", "The quick brown fox jumps"),
                                             "max_tokens": np.array([[4], [4]], dtype=np.int64)})
-    short = int(out["input_lengths"][0, 0])
-    assert short < out["input_ids"].shape[1]
-    assert set(out["input_ids"][0, short:].tolist()) == {pad}
-    assert pad == 3 and 50256 not in out["input_ids"]
+    short = int(out["REQUEST_INPUT_LEN"][0, 0])
+    assert short < out["INPUT_ID"].shape[1]
+    assert set(out["INPUT_ID"][0, short:].tolist()) == {pad}
+    assert pad == 3 and 50256 not in out["INPUT_ID"]
 
 
 def test_preprocessing_encodes_stop_and_bad_words_with_the_configured_tokenizer(kogpt_dir: Path) -> None:
@@ -117,8 +117,8 @@ def test_preprocessing_encodes_stop_and_bad_words_with_the_configured_tokenizer(
     out = pre.run({"text_input": text_batch("Hello"), "max_tokens": np.array([[3]], dtype=np.int64),
                    "stop": np.array([[b" dog", b""]], dtype=np.object_),
                    "bad_words": np.array([[b" fox"]], dtype=np.object_)})
-    assert out["stop_words_list"].tolist() == word_list([[" dog"]], codec).tolist()
-    assert out["bad_words_list"].tolist() == word_list([[" fox"]], codec).tolist()
+    assert out["STOP_WORDS_IDS"].tolist() == word_list([[" dog"]], codec).tolist()
+    assert out["BAD_WORDS_IDS"].tolist() == word_list([[" fox"]], codec).tolist()
 
 
 def test_preprocessing_maps_generate_names_to_ft_types(bpe_dir: Path) -> None:
@@ -147,17 +147,17 @@ def test_preprocessing_refuses_bad_request_values(bpe_dir: Path, name: str, valu
         Preprocessor(codec, decoder_settings(codec)).run(inputs)
 
 
-def test_t5_preprocessing_appends_eos_and_uses_encoder_decoder_names(spiece_dir: Path) -> None:
+def test_t5_preprocessing_appends_eos_under_fastertransformer_backends_names(spiece_dir: Path) -> None:
     codec = load_codec(spiece_dir, "sentencepiece")
     pre = Preprocessor(codec, TextSettings("encoder-decoder", "sentencepiece", start_id=0, end_id=1, pad_id=0))
     out = pre.run({"text_input": text_batch("Hello world", "the lazy dog jumps over the fox"),
                    "max_tokens": np.array([[6], [6]], dtype=np.int64)})
-    assert set(out) >= {"input_ids", "sequence_length", "max_output_len"}
-    assert "input_lengths" not in out and "request_output_len" not in out
-    n = int(out["sequence_length"][0, 0])
-    assert out["input_ids"][0, n - 1] == 1  # </s>
-    assert set(out["input_ids"][0, n:].tolist()) <= {0}  # <pad>
-    assert out["max_output_len"].tolist() == [[6], [6]]
+    assert set(out) >= {"INPUT_ID", "REQUEST_INPUT_LEN", "REQUEST_OUTPUT_LEN"}
+    assert "sequence_length" not in out and "max_output_len" not in out  # the ensemble maps the names
+    n = int(out["REQUEST_INPUT_LEN"][0, 0])
+    assert out["INPUT_ID"][0, n - 1] == 1  # </s>
+    assert set(out["INPUT_ID"][0, n:].tolist()) <= {0}  # <pad>
+    assert out["REQUEST_OUTPUT_LEN"].tolist() == [[6], [6]]
 
 
 # --------------------------------------------------------------------------- postprocessing
@@ -171,9 +171,9 @@ def test_postprocessing_decodes_only_the_generated_part_up_to_sequence_length(bp
     junk = codec.encode(" lazy dog", prompt=False)
     row = prompt + generated + junk
     post = Postprocessor(codec, decoder_settings(codec))
-    out = post.run({"output_ids": np.array([[row]], dtype=np.uint32),
+    out = post.run({"TOKENS_BATCH": np.array([[row]], dtype=np.uint32),
                     "sequence_length": np.array([[len(prompt) + len(generated)]], dtype=np.uint32),
-                    "input_lengths": np.array([[len(prompt)]], dtype=np.uint32)})
+                    "REQUEST_INPUT_LEN": np.array([[len(prompt)]], dtype=np.uint32)})
     assert out["text_output"].tolist() == [[b" fox jumps"]]
 
 
@@ -214,9 +214,9 @@ def test_t5_postprocessing_decodes_decoder_tokens_only(spiece_dir: Path) -> None
     generated = codec.encode("the lazy dog", prompt=False)
     row = generated + [1, 0, 0]  # </s> then padding
     post = Postprocessor(codec, TextSettings("encoder-decoder", "sentencepiece", 0, 1, 0))
-    out = post.run({"output_ids": np.array([[row]], dtype=np.int32),
+    out = post.run({"TOKENS_BATCH": np.array([[row]], dtype=np.int32),
                     "sequence_length": np.array([[len(generated) + 1]], dtype=np.int32),
-                    "input_lengths": np.array([[99]], dtype=np.uint32)})  # ignored for T5
+                    "REQUEST_INPUT_LEN": np.array([[99]], dtype=np.uint32)})  # ignored for T5
     assert out["text_output"].tolist() == [[b"the lazy dog"]]
 
 
@@ -253,7 +253,7 @@ def _stream_pieces(post: Postprocessor, full: list[int], first: int) -> list[str
     response holds the whole sequence) with the stream offset where its new token starts."""
     pieces = []
     for end in range(first + 1, len(full) + 1):
-        out = post.run({"output_ids": np.array([[full[:end]]], dtype=np.uint32),
+        out = post.run({"TOKENS_BATCH": np.array([[full[:end]]], dtype=np.uint32),
                         "sequence_length": np.array([[end]], dtype=np.uint32),
                         textproc.STREAM_OFFSET: np.array([[end - 1]], dtype=np.uint32)})
         pieces.append(out["text_output"][0, 0].decode())
@@ -271,7 +271,7 @@ def test_streamed_responses_carry_each_piece_of_text_once(bpe_dir: Path) -> None
     assert "".join(pieces) == " fox jumps over the lazy dog"
     assert not any("quick" in p for p in pieces)
     # OUTPUT (FasterTransformer's ensemble text) stays the whole sequence
-    out = post.run({"output_ids": np.array([[prompt + generated]], dtype=np.uint32),
+    out = post.run({"TOKENS_BATCH": np.array([[prompt + generated]], dtype=np.uint32),
                     "sequence_length": np.array([[len(prompt) + len(generated)]], dtype=np.uint32),
                     textproc.STREAM_OFFSET: np.array([[len(prompt)]], dtype=np.uint32)})
     assert out["OUTPUT"][0, 0].decode() == "The quick brown fox jumps over the lazy dog"
@@ -294,7 +294,7 @@ def test_t5_stream_pieces_join_to_the_answer(spiece_dir: Path) -> None:
     post = Postprocessor(codec, TextSettings("encoder-decoder", "sentencepiece", 0, 1, 0, streaming=True))
     pieces = []
     for end in range(1, len(generated) + 1):
-        out = post.run({"output_ids": np.array([[generated[:end]]], dtype=np.int32),
+        out = post.run({"TOKENS_BATCH": np.array([[generated[:end]]], dtype=np.int32),
                         "sequence_length": np.array([[end]], dtype=np.int32),
                         textproc.STREAM_OFFSET: np.array([[end - 1]], dtype=np.uint32)})
         pieces.append(out["text_output"][0, 0].decode())
@@ -320,11 +320,11 @@ def test_ft_interface_preprocessing_reads_queries_lengths_and_csv_word_lists(bpe
                    "STOP_WORDS_DICT": text_batch("", " Olympic Games")})
     same = pre.run({"text_input": text_batch("The quick brown fox", "Hello"),
                     "max_tokens": np.array([[24], [24]], dtype=np.int64)})
-    assert np.array_equal(out["input_ids"], same["input_ids"])
-    assert out["input_lengths"].tolist() == same["input_lengths"].tolist()
-    assert out["request_output_len"].tolist() == [[24], [24]] and out["request_output_len"].dtype == np.uint32
-    assert out["bad_words_list"].tolist() == word_list([["title", " title", "German", " German"], []], codec).tolist()
-    assert out["stop_words_list"].tolist() == word_list([[], [" Olympic Games"]], codec).tolist()
+    assert np.array_equal(out["INPUT_ID"], same["INPUT_ID"])
+    assert out["REQUEST_INPUT_LEN"].tolist() == same["REQUEST_INPUT_LEN"].tolist()
+    assert out["REQUEST_OUTPUT_LEN"].tolist() == [[24], [24]] and out["REQUEST_OUTPUT_LEN"].dtype == np.uint32
+    assert out["BAD_WORDS_IDS"].tolist() == word_list([["title", " title", "German", " German"], []], codec).tolist()
+    assert out["STOP_WORDS_IDS"].tolist() == word_list([[], [" Olympic Games"]], codec).tolist()
     with pytest.raises(RequestError, match="INPUT_1"):
         pre.run({"QUERY": text_batch("Hello"), "REQUEST_OUTPUT_LEN": np.array([[0]], dtype=np.uint32)})
 
@@ -384,4 +384,30 @@ def test_an_over_long_prompt_is_refused_after_tokenizing_only_a_prefix(bpe_dir: 
     settings = TextSettings("decoder", "sentencepiece", 0, 1, 0, max_prompt_tokens=256)
     out = Preprocessor(spiece, settings).run({"text_input": text_batch("Hello" + " " * 9000 + "world"),
                                               "max_tokens": np.array([[3]], np.int64)})
-    assert int(out["input_lengths"][0, 0]) < 20
+    assert int(out["REQUEST_INPUT_LEN"][0, 0]) < 20
+
+
+def test_postprocessing_keeps_what_the_tokenizer_makes_of_a_cut_off_character(kogpt_dir: Path) -> None:
+    """A response ending inside a multi-byte character (KoGPT's byte-level tokens) keeps the tokenizer's
+    '\\ufffd' in text_output and OUTPUT, as FasterTransformer's own postprocessing does."""
+    codec = load_codec(kogpt_dir, "hf")
+    prompt = codec.encode("Hello", prompt=True)
+    word = codec.encode(" 안녕하세요", prompt=False)
+    cut = next(n for n in range(1, len(word)) if codec.decode(word[:n]).endswith("\ufffd"))
+    expected = codec.decode(word[:cut])
+    row = prompt + word[:cut]
+    post = Postprocessor(codec, decoder_settings(codec))
+    out = post.run({"TOKENS_BATCH": np.array([[row]], dtype=np.uint32),
+                    "sequence_length": np.array([[len(row)]], dtype=np.uint32),
+                    "REQUEST_INPUT_LEN": np.array([[len(prompt)]], dtype=np.uint32)})
+    assert expected.endswith("\ufffd")
+    assert out["text_output"][0, 0].decode() == expected
+    assert out["OUTPUT"][0, 0].decode() == codec.decode(row)
+
+
+def test_postprocessing_decodes_every_token_when_a_client_sends_the_ids_alone(bpe_dir: Path) -> None:
+    """fastertransformer_backend's end_to_end_test.py sends TOKENS_BATCH only: OUTPUT is all of it."""
+    codec = load_codec(bpe_dir, "hf")
+    row = codec.encode("The quick brown fox", prompt=True)
+    out = Postprocessor(codec, decoder_settings(codec)).run({"TOKENS_BATCH": np.array([[row]], dtype=np.uint32)})
+    assert out["OUTPUT"].tolist() == [[codec.decode(row).encode()]]

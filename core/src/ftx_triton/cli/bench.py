@@ -9,6 +9,7 @@ import click
 
 from ftx_triton.cli.common import FtxCommand, say
 from ftx_triton.errors import ConfigError, ServeError
+from ftx_triton.repository.io import TEXT_MODEL_NAME
 
 
 def _concurrency(text: str) -> list[int]:
@@ -83,14 +84,14 @@ def bench(name: str | None, url: str | None, tool: str, concurrency: str, reques
     if use_pa and binary is not None:
         from ftx_triton.server.text_client import HttpTriton, text_interface
 
-        streaming = text_interface(HttpTriton(f"http://{target.http}"), "ensemble").decoupled
-        result.points = run_perf_analyzer(binary, target.grpc, "ensemble", prompt, max_tokens, levels, requests,
+        streaming = text_interface(HttpTriton(f"http://{target.http}"), TEXT_MODEL_NAME).decoupled
+        result.points = run_perf_analyzer(binary, target.grpc, TEXT_MODEL_NAME, prompt, max_tokens, levels, requests,
                                           streaming=streaming)
     else:
         from ftx_triton.repository.textproc import load_codec
 
         codec = load_codec(Path(target.repository) / "preprocessing" / "1")
-        result.points = builtin_load(f"http://{target.http}", "ensemble", prompt, max_tokens, levels, requests,
+        result.points = builtin_load(f"http://{target.http}", TEXT_MODEL_NAME, prompt, max_tokens, levels, requests,
                                      count_tokens=lambda text: len(codec.encode(text, prompt=False)))
     stored = store_result(ftx_home(), Path(target.repository), result)
     if as_json:

@@ -92,8 +92,9 @@ def configure(source: str, output: Path, runtime: str, **opts: Any) -> None:
     directory. The checkpoint is fetched and converted through the artifact store (cached under
     FTX_HOME); the repository holds `fastertransformer` (its model_checkpoint_path points at the
     converted <tp>-gpu directory in the store), `preprocessing` and `postprocessing` (the model's
-    own tokenizer copied in, nothing downloaded at serve time), `ensemble` (Triton's generate
-    names: POST /v2/models/ensemble/generate with {"text_input": "...", "max_tokens": 16}) and
+    own tokenizer copied in, nothing downloaded at serve time), `text` (Triton's generate
+    names: POST /v2/models/text/generate with {"text_input": "...", "max_tokens": 16}),
+    `ensemble` (fastertransformer_backend's ensemble: INPUT_0 ... -> OUTPUT_0) and
     ftx-deployment.json (what it was built from).
 
     Bad options, a data type FasterTransformer does not run for the model, a checkpoint that

@@ -23,6 +23,7 @@ import click
 from ftx_triton.cli.common import FtxCommand, say
 from ftx_triton.engine.deployment import Deployment, openai_model_id
 from ftx_triton.errors import ServeError
+from ftx_triton.repository.io import TEXT_MODEL_NAME
 from ftx_triton.server.text_client import TextInterface, first_text, pieces, sampling_values, text_interface
 
 EXAMPLE_PROMPT = "Once upon a time"
@@ -36,7 +37,7 @@ def _client_error(exc: Exception, url: str, model: str) -> ServeError:
                                "address with --url HOST:PORT")
     if "unknown model" in text.lower() or "not found" in text.lower():
         return ServeError(f"the server at {url} has no model {model!r}: {text}",
-                          hint="the text model is 'ensemble'")
+                          hint=f"the text model is {TEXT_MODEL_NAME!r}")
     return ServeError(f"the server refused the request: {text}")
 
 
@@ -98,7 +99,7 @@ def _generate_http(url: str, model: str, prompt: str, values: dict[str, Any], *,
     except HttpError as exc:
         if exc.status == 404 or "unknown model" in exc.message.lower():
             raise ServeError(f"the server at {server.base} has no model {model!r}: {exc.message}",
-                             hint="the text model is 'ensemble'") from None
+                             hint=f"the text model is {TEXT_MODEL_NAME!r}") from None
         raise ServeError(f"the server refused the request: {exc.message}") from None
 
 
@@ -184,18 +185,18 @@ def resolve_target(model: str | None, url: str | None) -> tuple[str, str]:
     """(server address, Triton model) for ``ftx generate``: ``--url``, or a server `ftx ps` lists (detached, or a
     foreground ``ftx run`` of this FTX_HOME).
 
-    MODEL is the Triton model to call (``ensemble``) or the name of a detached server (its
-    ensemble is called then); omitted, it is the served ensemble (of the only running server).
+    MODEL is the Triton model to call (``text``) or the name of a detached server (its text model
+    is called then); omitted, it is the served text model (of the only running server).
     """
     if url:
-        return _checked_url(url), model or "ensemble"
+        return _checked_url(url), model or TEXT_MODEL_NAME
     from ftx_triton.cli.processes import served_models
     from ftx_triton.server.records import list_servers
 
     live = [r for r in list_servers(_home()) if r.alive]
-    servers = [(r.name, r.grpc_url, "ensemble" if "ensemble" in r.models or not r.models else r.models[0])
+    servers = [(r.name, r.grpc_url, TEXT_MODEL_NAME if TEXT_MODEL_NAME in r.models or not r.models else r.models[0])
                for r in live]
-    servers += [(s.name, s.grpc, "ensemble") for s in served_models(_home(), live) if not s.extra.get("detached")]
+    servers += [(s.name, s.grpc, TEXT_MODEL_NAME) for s in served_models(_home(), live) if not s.extra.get("detached")]
     named = [s for s in servers if model is not None and s[0] == model]
     if named:
         return named[0][1], named[0][2]

@@ -11,7 +11,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--triton", required=True, help="Triton's HTTP address, http://HOST:PORT")
     parser.add_argument("--model-id", required=True, help="The model name clients send (and /v1/models lists)")
     parser.add_argument("--tokenizer", required=True, type=Path, help="The repository's preprocessing/1 directory")
-    parser.add_argument("--ensemble", default="ensemble")
+    parser.add_argument("--ensemble", default="text", help="The text model (generate extension)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)

@@ -27,6 +27,7 @@ from aiohttp import web
 from ftx_triton.errors import FtxError
 from ftx_triton.front.server import Refused, read_body
 from ftx_triton.openai_api.chat import TemplateError, TemplateTimeout, TemplateWorker, chat_template, render
+from ftx_triton.repository.io import TEXT_MODEL_NAME
 from ftx_triton.server.text_client import HttpError, HttpTriton, TextInterface, pieces, sampling_values, text_interface
 
 MAX_TOKENS_DEFAULT = 16
@@ -437,7 +438,7 @@ async def _health(_request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
-def make_app(triton_http: str, model_id: str, tokenizer_dir: Path, ensemble: str = "ensemble",
+def make_app(triton_http: str, model_id: str, tokenizer_dir: Path, ensemble: str = TEXT_MODEL_NAME,
              timeout_s: float = 600.0) -> web.Application:
     """The application for one deployment (``triton_http`` = ``http://host:port`` of Triton)."""
     deployment = Deployment(HttpTriton(triton_http, timeout_s=timeout_s), model_id, ensemble, Path(tokenizer_dir))

@@ -126,7 +126,7 @@ class Endpoint:
 
     http_url: str
     grpc_url: str
-    model: str = "ensemble"
+    model: str = "text"  # the repository's generate-extension model
     handle: ServedDeployment | None = None
 
 

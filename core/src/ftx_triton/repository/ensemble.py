@@ -1,11 +1,15 @@
-"""The ensembles: text in, text out, through preprocessing → fastertransformer → postprocessing.
+"""The ensembles: preprocessing → fastertransformer → postprocessing, two interfaces.
 
-``ensemble`` speaks Triton's generate-extension names (``text_input``, ``max_tokens`` … →
-``text_output``), so ``POST /v2/models/ensemble/generate`` works; ``ft_ensemble`` speaks
-fastertransformer_backend's own ensemble interface (``INPUT_0``..``INPUT_3`` → ``OUTPUT_0``,
-``sequence_length``, log probabilities), so that project's clients work too. Both share the
-preprocessing and postprocessing models; the inner ``fastertransformer`` model keeps
-FasterTransformer's native names.
+``ensemble`` is fastertransformer_backend's own ensemble (``INPUT_0``..``INPUT_3`` and FT's sampling
+inputs → ``OUTPUT_0``, ``sequence_length``, log probabilities), by that project's model and tensor
+names, so its clients work unchanged. ``text`` speaks Triton's generate-extension names
+(``text_input``, ``max_tokens`` … → ``text_output``), so ``POST /v2/models/text/generate`` works;
+ftx's own commands and the OpenAI front use it. Both share the preprocessing and postprocessing
+models, whose tensors carry fastertransformer_backend's names too.
+
+One ensemble cannot serve both: the generate extension answers every output of the model (a
+generate reply would carry FT's tensors too), and a streamed ensemble sends each step's outputs as
+their steps produce them, so generate_stream would get replies without ``text_output``.
 
 Triton refuses an ensemble step that reads outputs of a decoupled (streaming) model together with
 outputs of another model, so with streaming the postprocessing step gets FT's outputs only: the
@@ -27,15 +31,17 @@ from ftx_triton.repository.io import (
     FT_TEXT_TO_PREPROCESSING,
     GENERATE_INPUTS,
     GENERATE_OUTPUTS,
-    PREPROCESSING_OUTPUTS,
-    PROMPT_OUTPUTS,
+    PROMPT_LENGTHS,
+    PROMPT_TO_FT,
+    SAMPLING_FROM_PREPROCESSING,
     STREAM_OFFSET,
+    TEXT_MODEL_NAME,
+    TOKENS_BATCH,
     ft_ensemble_outputs,
 )
 from ftx_triton.repository.model_config import FT_MODEL_NAME, add_inputs_outputs, parse_config
 
 ENSEMBLE_NAME = "ensemble"
-FT_ENSEMBLE_NAME = "ft_ensemble"
 PREPROCESSING = "preprocessing"
 POSTPROCESSING = "postprocessing"
 
@@ -44,78 +50,67 @@ def _internal(name: str) -> str:
     return f"_{name}"
 
 
-def build_ensemble_config(io_kind: str, *, max_batch_size: int, streaming: bool,
-                          ft_model: str = FT_MODEL_NAME, ft_outputs: Collection[str] = ()) -> mc.ModelConfig:
-    """The generate ensemble's config: generate-extension I/O and the three steps.
+def _prompt_steps(config: mc.ModelConfig, io_kind: str, ft_model: str) -> tuple[mc.ModelEnsembling.Step, ...]:
+    """The three steps with preprocessing's prompt outputs wired into the fastertransformer model."""
+    if io_kind not in PROMPT_TO_FT:
+        raise ConfigError(f"unknown I/O kind {io_kind!r}")
+    steps = config.ensemble_scheduling.step
+    pre = steps.add(model_name=PREPROCESSING, model_version=-1)
+    ft = steps.add(model_name=ft_model, model_version=-1)
+    post = steps.add(model_name=POSTPROCESSING, model_version=-1)
+    for name, ft_name in PROMPT_TO_FT[io_kind].items():
+        pre.output_map[name] = _internal(name)
+        ft.input_map[ft_name] = _internal(name)
+    ft.output_map["output_ids"] = _internal(TOKENS_BATCH)
+    post.input_map[TOKENS_BATCH] = _internal(TOKENS_BATCH)
+    return pre, ft, post
+
+
+def build_text_ensemble_config(io_kind: str, *, max_batch_size: int, streaming: bool,
+                               ft_model: str = FT_MODEL_NAME, ft_outputs: Collection[str] = ()) -> mc.ModelConfig:
+    """The generate ensemble's config (``text``): generate-extension I/O over the three steps.
 
     ``ft_outputs`` are the outputs the fastertransformer model declares; when it has a stream
     offset, postprocessing reads it and streams each piece of text once.
     """
-    if io_kind not in PREPROCESSING_OUTPUTS:
-        raise ConfigError(f"unknown I/O kind {io_kind!r}")
-    config = mc.ModelConfig(name=ENSEMBLE_NAME, platform="ensemble", max_batch_size=max_batch_size)
+    config = mc.ModelConfig(name=TEXT_MODEL_NAME, platform="ensemble", max_batch_size=max_batch_size)
     add_inputs_outputs(config, GENERATE_INPUTS, GENERATE_OUTPUTS)
-    steps = config.ensemble_scheduling.step
-
-    pre = steps.add(model_name=PREPROCESSING, model_version=-1)
+    pre, ft, post = _prompt_steps(config, io_kind, ft_model)
     for decl in GENERATE_INPUTS:
         pre.input_map[decl.name] = decl.name
-    for decl in PREPROCESSING_OUTPUTS[io_kind]:
+    for decl in SAMPLING_FROM_PREPROCESSING:
         pre.output_map[decl.name] = _internal(decl.name)
-
-    ft = steps.add(model_name=ft_model, model_version=-1)
-    for decl in PREPROCESSING_OUTPUTS[io_kind]:
         ft.input_map[decl.name] = _internal(decl.name)
-    ft.output_map["output_ids"] = _internal("output_ids")
     ft.output_map["sequence_length"] = "_generated_length"
-    if STREAM_OFFSET in ft_outputs:
-        ft.output_map[STREAM_OFFSET] = _internal(STREAM_OFFSET)
-
-    post = steps.add(model_name=POSTPROCESSING, model_version=-1)
-    post.input_map["output_ids"] = _internal("output_ids")
     post.input_map["sequence_length"] = "_generated_length"
     if STREAM_OFFSET in ft_outputs:
+        ft.output_map[STREAM_OFFSET] = _internal(STREAM_OFFSET)
         post.input_map[STREAM_OFFSET] = _internal(STREAM_OFFSET)
     elif io_kind == "decoder" and not streaming:
-        post.input_map["input_lengths"] = _internal("input_lengths")
+        post.input_map[PROMPT_LENGTHS] = _internal(PROMPT_LENGTHS)
     post.output_map["text_output"] = "text_output"
     return config
 
 
-def build_ft_ensemble_config(io_kind: str, *, max_batch_size: int, ft_model: str = FT_MODEL_NAME,
-                             output_dtypes: Mapping[str, str] | None = None) -> mc.ModelConfig:
-    """FasterTransformer's ensemble interface over the same three steps.
+def build_ensemble_config(io_kind: str, *, max_batch_size: int, ft_model: str = FT_MODEL_NAME,
+                          output_dtypes: Mapping[str, str] | None = None) -> mc.ModelConfig:
+    """fastertransformer_backend's ensemble (``ensemble``) over the same three steps.
 
     Preprocessing turns the prompts, output lengths and word lists into FT tensors; every sampling
-    input goes to the fastertransformer model unchanged; ``OUTPUT_0`` is prompt plus generation
-    (decoder models) as upstream's postprocessing gives it, the rest are FT's own outputs.
+    input goes to the fastertransformer model unchanged; ``OUTPUT_0`` is the whole sequence (prompt
+    plus generation for decoder models) as upstream's postprocessing gives it, the rest are FT's
+    own outputs.
     """
-    if io_kind not in PREPROCESSING_OUTPUTS:
-        raise ConfigError(f"unknown I/O kind {io_kind!r}")
     outputs = ft_ensemble_outputs(io_kind, output_dtypes)
-    config = mc.ModelConfig(name=FT_ENSEMBLE_NAME, platform="ensemble", max_batch_size=max_batch_size)
+    config = mc.ModelConfig(name=ENSEMBLE_NAME, platform="ensemble", max_batch_size=max_batch_size)
     add_inputs_outputs(config, (*FT_TEXT_INPUTS, *FT_PASS_THROUGH), outputs)
-    steps = config.ensemble_scheduling.step
-
-    pre = steps.add(model_name=PREPROCESSING, model_version=-1)
+    pre, ft, post = _prompt_steps(config, io_kind, ft_model)
     for decl in FT_TEXT_INPUTS:
         pre.input_map[FT_TEXT_TO_PREPROCESSING[decl.name]] = decl.name
-    prompt = PREPROCESSING_OUTPUTS[io_kind][:PROMPT_OUTPUTS]
-    words = ("bad_words_list", "stop_words_list")
-    for name in (*(d.name for d in prompt), *words):
-        pre.output_map[name] = _internal(name)
-
-    ft = steps.add(model_name=ft_model, model_version=-1)
-    for name in (*(d.name for d in prompt), *words):
-        ft.input_map[name] = _internal(name)
     for decl in FT_PASS_THROUGH:
         ft.input_map[decl.name] = decl.name
-    ft.output_map["output_ids"] = _internal("output_ids")
     for decl in outputs[1:]:
         ft.output_map[decl.name] = decl.name
-
-    post = steps.add(model_name=POSTPROCESSING, model_version=-1)
-    post.input_map["output_ids"] = _internal("output_ids")
     post.input_map["sequence_length"] = "sequence_length"
     post.output_map["OUTPUT"] = FT_TEXT_OUTPUT
     return config

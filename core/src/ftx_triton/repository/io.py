@@ -9,6 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+TEXT_MODEL_NAME = "text"
+"""The generate-extension ensemble (text in, text out) that ftx's commands and OpenAI front use."""
+
 
 @dataclass(frozen=True)
 class TensorDecl:
@@ -57,7 +60,10 @@ DECODER_OUTPUTS = (
     TensorDecl("sequence_length", "UINT32", (-1,)),
     TensorDecl("cum_log_probs", "FP32", (-1,)),
     TensorDecl("output_log_probs", "FP32", (-1, -1)),
+    TensorDecl("response_input_lengths", "INT32", (-1,)),
 )
+"""``response_input_lengths``: each prompt's length, which FasterTransformer's GPT models answer
+(fastertransformer_backend's GPT end-to-end client reads it)."""
 
 ENCODER_DECODER_INPUTS = (
     TensorDecl("input_ids", "UINT32", (-1,)),
@@ -116,9 +122,9 @@ carries each piece of text once (FasterTransformer itself resends the whole sequ
 STREAM_OFFSET_DECL = TensorDecl(STREAM_OFFSET, "UINT32", (-1,))
 
 # --------------------------------------------------------------------------- FasterTransformer's ensemble
-# The interface of fastertransformer_backend's own ensemble (all_models/gptj/ensemble), served as a
-# second ensemble so its clients work unchanged: prompt strings, output lengths and CSV word lists
-# in, text plus FT's sequence_length and log probabilities out; sampling inputs go to FT untouched.
+# fastertransformer_backend's own ensemble interface (its all_models/<family>/ensemble), served as
+# ``ensemble`` so its clients work unchanged: prompt strings, output lengths and CSV word lists in,
+# text plus FT's sequence_length and log probabilities out; sampling inputs go to FT untouched.
 
 FT_TEXT_INPUTS = (
     TensorDecl("INPUT_0", "STRING", (-1,)),
@@ -140,59 +146,70 @@ FT_TEXT_OUTPUT = "OUTPUT_0"
 def ft_ensemble_outputs(io_kind: str, dtypes: Mapping[str, str] | None = None) -> tuple[TensorDecl, ...]:
     """``OUTPUT_0`` (text) and FT's ``sequence_length``, ``cum_log_probs``, ``output_log_probs``."""
     outputs = {d.name: d for d in ft_outputs(io_kind, dtypes)}
-    return (TensorDecl(FT_TEXT_OUTPUT, "STRING", (-1,)), outputs["sequence_length"], outputs["cum_log_probs"],
+    return (TensorDecl(FT_TEXT_OUTPUT, "STRING", (-1, -1)), outputs["sequence_length"], outputs["cum_log_probs"],
             outputs["output_log_probs"])
 
 
 # --------------------------------------------------------------------------- pre/post-processing
+# Both speak fastertransformer_backend's names (a client that calls them one by one, as its
+# end-to-end tests do, works unchanged); the generate path's extra inputs and outputs are optional.
 
 PREPROCESSING_INPUTS = (
-    *(TensorDecl(d.name, d.dtype, d.dims, optional=True) for d in GENERATE_INPUTS),
     *(TensorDecl(FT_TEXT_TO_PREPROCESSING[d.name], d.dtype, d.dims, optional=True) for d in FT_TEXT_INPUTS),
+    *(TensorDecl(d.name, d.dtype, d.dims, optional=True) for d in GENERATE_INPUTS),
 )
 """Both interfaces' text inputs, all optional here: each ensemble declares which it requires."""
 
-_SAMPLING_FROM_PREPROCESSING = (
+PROMPT_IDS = "INPUT_ID"
+PROMPT_LENGTHS = "REQUEST_INPUT_LEN"
+OUTPUT_LENGTHS = "REQUEST_OUTPUT_LEN"
+BAD_WORDS_IDS = "BAD_WORDS_IDS"
+STOP_WORDS_IDS = "STOP_WORDS_IDS"
+PROMPT_TO_FT = {
+    "decoder": {PROMPT_IDS: "input_ids", PROMPT_LENGTHS: "input_lengths", OUTPUT_LENGTHS: "request_output_len",
+                BAD_WORDS_IDS: "bad_words_list", STOP_WORDS_IDS: "stop_words_list"},
+    "encoder-decoder": {PROMPT_IDS: "input_ids", PROMPT_LENGTHS: "sequence_length", OUTPUT_LENGTHS: "max_output_len",
+                        BAD_WORDS_IDS: "bad_words_list", STOP_WORDS_IDS: "stop_words_list"},
+}
+"""Preprocessing's prompt outputs -> the fastertransformer inputs they feed, per I/O kind."""
+
+PROMPT_OUTPUTS = (
+    TensorDecl(PROMPT_IDS, "UINT32", (-1,)),
+    TensorDecl(PROMPT_LENGTHS, "UINT32", (1,)),
+    TensorDecl(BAD_WORDS_IDS, "INT32", (2, -1)),
+    TensorDecl(STOP_WORDS_IDS, "INT32", (2, -1)),
+    TensorDecl(OUTPUT_LENGTHS, "UINT32", (-1,)),
+)
+"""Preprocessing's outputs in fastertransformer_backend's names. Its ``PROMPT_LEARNING_TASK_NAME_IDS`` is
+left out: ftx serves no prompt-learning tables, and no client reads it."""
+SAMPLING_FROM_PREPROCESSING = (
     TensorDecl("runtime_top_k", "UINT32", (1,)),
     TensorDecl("runtime_top_p", "FP32", (1,)),
     TensorDecl("temperature", "FP32", (1,)),
     TensorDecl("repetition_penalty", "FP32", (1,)),
     TensorDecl("random_seed", "UINT64", (1,)),
     TensorDecl("beam_width", "UINT32", (1,)),
-    TensorDecl("bad_words_list", "INT32", (2, -1)),
-    TensorDecl("stop_words_list", "INT32", (2, -1)),
 )
-PREPROCESSING_OUTPUTS = {
-    "decoder": (
-        TensorDecl("input_ids", "UINT32", (-1,)),
-        TensorDecl("input_lengths", "UINT32", (1,)),
-        TensorDecl("request_output_len", "UINT32", (1,)),
-        *_SAMPLING_FROM_PREPROCESSING,
-    ),
-    "encoder-decoder": (
-        TensorDecl("input_ids", "UINT32", (-1,)),
-        TensorDecl("sequence_length", "UINT32", (1,)),
-        TensorDecl("max_output_len", "UINT32", (1,)),
-        *_SAMPLING_FROM_PREPROCESSING,
-    ),
-}
-"""Every preprocessing output feeds the fastertransformer input of the same name."""
-PROMPT_OUTPUTS = 3
-"""The first PREPROCESSING_OUTPUTS (ids, lengths, output length) and the word lists are all the FT
-ensemble takes from preprocessing; its sampling inputs come from the client."""
+"""The generate path's sampling settings as FT inputs of the same names (absent on the FT path)."""
+PREPROCESSING_OUTPUTS = (*PROMPT_OUTPUTS, *SAMPLING_FROM_PREPROCESSING)
 
-POSTPROCESSING_OUTPUTS = (*GENERATE_OUTPUTS, TensorDecl("OUTPUT", "STRING", (-1,)))
-"""``text_output``: the generated text (only the new piece of it per streamed response);
-``OUTPUT``: prompt and generation, FasterTransformer's ensemble text (its ``OUTPUT_0``)."""
+TOKENS_BATCH = "TOKENS_BATCH"
+RESPONSE_INPUT_LENGTHS = "RESPONSE_INPUT_LENGTHS"
+POSTPROCESSING_OUTPUTS = (TensorDecl("OUTPUT", "STRING", (-1, -1)), *GENERATE_OUTPUTS)
+"""``OUTPUT``: the whole sequence as decoded, FasterTransformer's ensemble text (its ``OUTPUT_0``);
+``text_output``: the generated text (only the new piece of it per streamed response)."""
 
 
 def postprocessing_inputs(io_kind: str, dtypes: Mapping[str, str] | None = None) -> tuple[TensorDecl, ...]:
-    """FT's ``output_ids``/``sequence_length`` (dtypes per I/O kind and model type), the optional
-    prompt lengths and stream offsets."""
+    """FT's ids as ``TOKENS_BATCH`` and its optional ``sequence_length`` (dtypes per I/O kind and model
+    type), the optional prompt lengths (upstream clients send FT's ``response_input_lengths`` as
+    ``RESPONSE_INPUT_LENGTHS``, ftx's generate path preprocessing's ``REQUEST_INPUT_LEN``) and stream
+    offsets."""
     outputs = {d.name: d for d in ft_outputs(io_kind, dtypes)}
     return (
-        outputs["output_ids"],
-        outputs["sequence_length"],
-        TensorDecl("input_lengths", "UINT32", (1,), optional=True),
+        replace(outputs["output_ids"], name=TOKENS_BATCH),
+        replace(outputs["sequence_length"], optional=True),
+        TensorDecl(RESPONSE_INPUT_LENGTHS, "INT32", (-1,), optional=True),
+        TensorDecl(PROMPT_LENGTHS, "UINT32", (1,), optional=True),
         TensorDecl(STREAM_OFFSET, "UINT32", (-1,), optional=True),
     )

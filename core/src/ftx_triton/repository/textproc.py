@@ -392,10 +392,10 @@ class Preprocessor:
             raise RequestError("the request has no INPUT_1 (output lengths)")
         lengths = self._output_lengths(_scalar_column(inputs, "REQUEST_OUTPUT_LEN", batch, 0, np.int64), "INPUT_1")
         out = self._prompts(prompts, lengths)
-        out["bad_words_list"] = word_list(_pad_rows(csv_words(inputs.get("BAD_WORDS_DICT"), "INPUT_2"), batch),
+        out["BAD_WORDS_IDS"] = word_list(_pad_rows(csv_words(inputs.get("BAD_WORDS_DICT"), "INPUT_2"), batch),
+                                         self.codec)
+        out["STOP_WORDS_IDS"] = word_list(_pad_rows(csv_words(inputs.get("STOP_WORDS_DICT"), "INPUT_3"), batch),
                                           self.codec)
-        out["stop_words_list"] = word_list(_pad_rows(csv_words(inputs.get("STOP_WORDS_DICT"), "INPUT_3"), batch),
-                                           self.codec)
         return out
 
     def _generate_interface(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -446,8 +446,8 @@ class Preprocessor:
             "repetition_penalty": repetition_penalty,
             "random_seed": seed,
             "beam_width": beam_width.astype(np.uint32),
-            "bad_words_list": word_list(_pad_rows(strings(inputs.get("bad_words"), "bad_words"), batch), self.codec),
-            "stop_words_list": word_list(_pad_rows(strings(inputs.get("stop"), "stop"), batch), self.codec),
+            "BAD_WORDS_IDS": word_list(_pad_rows(strings(inputs.get("bad_words"), "bad_words"), batch), self.codec),
+            "STOP_WORDS_IDS": word_list(_pad_rows(strings(inputs.get("stop"), "stop"), batch), self.codec),
         })
         return out
 
@@ -487,21 +487,22 @@ class Preprocessor:
         input_ids = np.full((batch, int(lengths.max())), s.pad_id, dtype=np.uint32)
         for b, ids in enumerate(encoded):
             input_ids[b, : len(ids)] = ids
-        if s.io_kind == ENCODER_DECODER:
-            return {"input_ids": input_ids, "sequence_length": lengths, "max_output_len": output_lengths}
-        return {"input_ids": input_ids, "input_lengths": lengths, "request_output_len": output_lengths}
+        return {"INPUT_ID": input_ids, "REQUEST_INPUT_LEN": lengths, "REQUEST_OUTPUT_LEN": output_lengths}
 
 
 class Postprocessor:
-    """FasterTransformer outputs (``output_ids``, ``sequence_length``) → ``text_output`` and ``OUTPUT``.
+    """FasterTransformer outputs (``TOKENS_BATCH``, ``sequence_length``) → ``text_output`` and ``OUTPUT``.
 
     ``text_output`` is the generated part: ``output_ids[b, k, start:sequence_length[b, k]]`` where
-    ``start`` is the prompt length (``input_lengths``) for decoder models and 0 for T5, whose output
+    ``start`` is the prompt length (``REQUEST_INPUT_LEN``, or FT's ``RESPONSE_INPUT_LENGTHS`` as
+    fastertransformer_backend's clients send it) for decoder models and 0 for T5, whose output
     holds decoder tokens only; generation ends at the first end id. A streamed response carries
     the FT model's stream offset instead (Triton lets no step after a decoupled model read another
     model's outputs): then ``text_output`` is only the text the tokens from that offset add, so a
     stream sends every piece once. Without either, decoder text includes the prompt.
-    ``OUTPUT`` is the whole sequence up to ``sequence_length``, as FasterTransformer's ensemble has it.
+    ``OUTPUT`` is the whole sequence up to ``sequence_length`` (every token when a client sends no
+    lengths), as FasterTransformer's ensemble has it. Neither drops what the tokenizer makes of a
+    character whose last bytes were not generated (``\ufffd``): the text is what the ids decode to.
     """
 
     def __init__(self, codec: Codec, settings: TextSettings) -> None:
@@ -534,9 +535,8 @@ class Postprocessor:
 
     def texts(self, output_ids: np.ndarray, sequence_length: np.ndarray,
               input_lengths: np.ndarray | None = None, *, whole: bool = False) -> list[list[str]]:
-        """Decoded generated text per batch item and beam; a character whose last bytes were not
-        generated (cut off by the output length) is left out, as a stream leaves it out. ``whole``:
-        every token up to sequence_length, as decoded (FasterTransformer's ensemble text)."""
+        """Decoded generated text per batch item and beam, up to the first end id. ``whole``: every
+        token up to sequence_length, as decoded (FasterTransformer's ensemble text)."""
         ids, ends = self._shaped(output_ids, sequence_length)
         batch, beams, _ = ids.shape
         starts = self._per_beam(input_lengths if self.settings.io_kind != ENCODER_DECODER else None, batch, beams)
@@ -552,7 +552,7 @@ class Postprocessor:
                     continue
                 if self.settings.end_id in generated:
                     generated = generated[: generated.index(self.settings.end_id)]
-                row.append(self.codec.decode(generated).rstrip(_INCOMPLETE))
+                row.append(self.codec.decode(generated))
             result.append(row)
         return result
 
@@ -577,15 +577,18 @@ class Postprocessor:
         return result
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        for name in ("output_ids", "sequence_length"):
-            if name not in inputs:
-                raise RequestError(f"the request has no {name}")
-        ids, lengths = inputs["output_ids"], inputs["sequence_length"]
+        if "TOKENS_BATCH" not in inputs:
+            raise RequestError("the request has no TOKENS_BATCH")
+        ids = np.asarray(inputs["TOKENS_BATCH"])
+        lengths = inputs.get("sequence_length")
+        if lengths is None:  # fastertransformer_backend's clients may send the ids alone: decode them all
+            lengths = np.full(ids.shape[:-1], ids.shape[-1], np.int64)
+        prompt_lengths = inputs.get("REQUEST_INPUT_LEN", inputs.get("RESPONSE_INPUT_LENGTHS"))
         offsets = inputs.get(STREAM_OFFSET)
         if offsets is not None:
             texts = self.new_texts(ids, lengths, offsets)
         else:
-            texts = self.texts(ids, lengths, inputs.get("input_lengths"))
+            texts = self.texts(ids, lengths, prompt_lengths)
         whole = self.texts(ids, lengths, whole=True)
         return {"text_output": _as_bytes(texts), "OUTPUT": _as_bytes(whole)}
 

@@ -5,8 +5,8 @@ Layout::
     fastertransformer/config.pbtxt, 1/       FT backend (or the python runtime's model)
     preprocessing/config.pbtxt, 1/model.py   text → FT inputs (Python backend), tokenizer files in 1/
     postprocessing/config.pbtxt, 1/model.py  FT outputs → text
-    ensemble/config.pbtxt, 1/                generate-extension I/O
-    ft_ensemble/config.pbtxt, 1/             fastertransformer_backend's ensemble I/O (INPUT_0 … → OUTPUT_0)
+    ensemble/config.pbtxt, 1/                fastertransformer_backend's ensemble I/O (INPUT_0 … → OUTPUT_0)
+    text/config.pbtxt, 1/                    generate-extension I/O (text_input, max_tokens … → text_output)
     ftx-deployment.json                      what this repository was built from
 
 :func:`plan_repository` raises every :class:`~ftx_triton.errors.FtxError` a user can fix before a
@@ -36,11 +36,11 @@ from ftx_triton.io.regular import open_regular
 from ftx_triton.repository import textproc
 from ftx_triton.repository.ensemble import (
     ENSEMBLE_NAME,
-    FT_ENSEMBLE_NAME,
     POSTPROCESSING,
     PREPROCESSING,
+    TEXT_MODEL_NAME,
     build_ensemble_config,
-    build_ft_ensemble_config,
+    build_text_ensemble_config,
     check_ensemble,
 )
 from ftx_triton.repository.io import (
@@ -72,8 +72,8 @@ log = structlog.get_logger(__name__)
 DEPLOYMENT_FILE = "ftx-deployment.json"
 DEPLOYMENT_SCHEMA = "ftx_triton.deployment/1"
 TEXTPROC_MODULE = "ftx_textproc.py"
-MODEL_NAMES = (FT_MODEL_NAME, PREPROCESSING, POSTPROCESSING, ENSEMBLE_NAME, FT_ENSEMBLE_NAME)
-ENSEMBLES = (ENSEMBLE_NAME, FT_ENSEMBLE_NAME)
+MODEL_NAMES = (FT_MODEL_NAME, PREPROCESSING, POSTPROCESSING, ENSEMBLE_NAME, TEXT_MODEL_NAME)
+ENSEMBLES = (ENSEMBLE_NAME, TEXT_MODEL_NAME)
 _PYTHON_MODELS = Path(__file__).parent / "python_models"
 
 FtWriter = Callable[[Path, FtModelOptions, Family], str]
@@ -285,7 +285,7 @@ def write_text_model(dest: Path, role: str, plan: RepositoryPlan) -> None:
     inputs: tuple[TensorDecl, ...]
     outputs: tuple[TensorDecl, ...]
     if role == PREPROCESSING:
-        inputs, outputs = PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS[io_kind]
+        inputs, outputs = PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS
     else:
         inputs, outputs = postprocessing_inputs(io_kind, dict(plan.ft.output_dtypes)), POSTPROCESSING_OUTPUTS
     config = build_python_model_config(role, inputs, outputs, max_batch_size=plan.ft.max_batch_size,
@@ -309,10 +309,10 @@ def write_repository(plan: RepositoryPlan, dest: Path, ft_writer: FtWriter = wri
     write_text_model(dest, POSTPROCESSING, plan)
     ft_outputs = {o.name for o in parse_config(dest / FT_MODEL_NAME / "config.pbtxt").output}
     write_config(build_ensemble_config(plan.io_kind, max_batch_size=plan.ft.max_batch_size,
-                                       streaming=plan.ft.streaming, ft_outputs=ft_outputs), dest / ENSEMBLE_NAME)
-    write_config(build_ft_ensemble_config(plan.io_kind, max_batch_size=plan.ft.max_batch_size,
-                                          output_dtypes=dict(plan.ft.output_dtypes)),
-                 dest / FT_ENSEMBLE_NAME)
+                                       output_dtypes=dict(plan.ft.output_dtypes)), dest / ENSEMBLE_NAME)
+    write_config(build_text_ensemble_config(plan.io_kind, max_batch_size=plan.ft.max_batch_size,
+                                            streaming=plan.ft.streaming, ft_outputs=ft_outputs),
+                 dest / TEXT_MODEL_NAME)
     for name in ENSEMBLES:
         (dest / name / "1" / ".ftx-keep").write_text("Triton needs this version directory to exist.\n")
     record = redact_data(deployment_record(plan, backend))
@@ -344,10 +344,10 @@ def deployment_record(plan: RepositoryPlan, backend: str) -> dict[str, Any]:
         "tokenizer": {"kind": tok.kind, "files": sorted(tok.files), "from": str(tok.origin), "start_id": tok.start_id,
                       "end_id": tok.end_id, "pad_id": tok.pad_id, "vocab_size": tok.vocab_size},
         "models": list(MODEL_NAMES),
-        "endpoints": {"generate": f"/v2/models/{ENSEMBLE_NAME}/generate",
-                      "generate_stream": f"/v2/models/{ENSEMBLE_NAME}/generate_stream",
+        "endpoints": {"generate": f"/v2/models/{TEXT_MODEL_NAME}/generate",
+                      "generate_stream": f"/v2/models/{TEXT_MODEL_NAME}/generate_stream",
                       "fastertransformer": f"/v2/models/{FT_MODEL_NAME}/infer",
-                      "ft_ensemble": f"/v2/models/{FT_ENSEMBLE_NAME}/infer"},
+                      "ensemble": f"/v2/models/{ENSEMBLE_NAME}/infer"},
     }
     record.update(plan.deployment)
     return record

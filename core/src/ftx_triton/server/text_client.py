@@ -1,6 +1,6 @@
 """The text interface of a served model, over either of Triton's protocols.
 
-A model repository's ``ensemble`` speaks Triton's generate-extension names (``text_input``,
+A model repository's ``text`` model speaks Triton's generate-extension names (``text_input``,
 ``max_tokens`` … → ``text_output``); the raw FasterTransformer names are accepted too. This module
 finds which inputs carry each role (:func:`text_interface`, from the model's metadata and config),
 and talks to the server over HTTP (:class:`HttpTriton`, the generate extension's ``/generate`` and
@@ -92,7 +92,7 @@ def text_interface(client: Any, model: str) -> TextInterface:
     output = next((n for n in TEXT_OUTPUTS if n in outputs), None)
     if "prompt" not in inputs or output is None:
         raise ServeError(f"model {model!r} has no text interface (inputs {', '.join(declared) or 'none'})",
-                         hint="send text to the 'ensemble' model; the raw 'fastertransformer' model takes token ids")
+                         hint="send text to the 'text' model; the raw 'fastertransformer' model takes token ids")
     configs = [config, *_step_configs(client, config)]
     decoupled = any((c.get("model_transaction_policy") or {}).get("decoupled") for c in configs)
     encoder_decoder = any(i.get("name") == "max_output_len" for c in configs for i in c.get("input", ()))

@@ -696,7 +696,11 @@ def build_outputs(request: ParsedRequest, results: Sequence[ItemResult], *,
             n = min(width, result.log_probs.shape[1])
             log_probs[b, :, :n] = result.log_probs[:, :n]
             cum[b] = result.cum_log_probs
-    return {"output_ids": out, "sequence_length": seq, "cum_log_probs": cum, "output_log_probs": log_probs}
+    outputs: dict[str, np.ndarray] = {"output_ids": out, "sequence_length": seq, "cum_log_probs": cum,
+                                      "output_log_probs": log_probs}
+    if request.kind == DECODER:  # the prompt lengths, as FasterTransformer's GPT model answers them
+        outputs["response_input_lengths"] = np.array([[len(item.prompt)] for item in items], np.int64)
+    return outputs
 
 
 def partial_result(item: Item, generated: Sequence[int], log_probs: Sequence[float] | None = None) -> ItemResult:

@@ -9,6 +9,7 @@ import structlog
 from ftx_triton.errors import ServeError
 from ftx_triton.plan.artifacts import Endpoint, ModelRepository
 from ftx_triton.plan.context import StageContext
+from ftx_triton.repository.io import TEXT_MODEL_NAME
 from ftx_triton.repository.model_config import FT_MODEL_NAME
 from ftx_triton.runtime.python.triton_model import DEVICE_ENV
 from ftx_triton.server.smoke import check_generates, server_name
@@ -52,5 +53,5 @@ def serve_python(repository: ModelRepository, ctx: StageContext) -> Endpoint:
     log.info("serve.ready", runtime="python", http=server.http_url, grpc=server.grpc_url,
              smoke_s=round(seconds, 3), device=s.device)
     models = tuple(repository.models) or ()
-    model = "ensemble" if "ensemble" in models or (path / "ensemble").is_dir() else FT_MODEL_NAME
+    model = TEXT_MODEL_NAME if TEXT_MODEL_NAME in models or (path / TEXT_MODEL_NAME).is_dir() else FT_MODEL_NAME
     return Endpoint(http_url=server.http_url, grpc_url=server.grpc_url, model=model, handle=server)

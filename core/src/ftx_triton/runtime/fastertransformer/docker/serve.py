@@ -30,6 +30,7 @@ from ftx_triton.paths import ftx_home
 from ftx_triton.plan.artifacts import Endpoint, GemmConfig, ModelRepository
 from ftx_triton.plan.context import StageContext
 from ftx_triton.plan.settings import RunSettings
+from ftx_triton.repository.io import TEXT_MODEL_NAME
 from ftx_triton.runtime.fastertransformer.base import prepare_work_dir
 from ftx_triton.runtime.fastertransformer.docker import LABEL_PREFIX, TRITONSERVER
 from ftx_triton.runtime.fastertransformer.docker.client import connect, docker_errors, explain
@@ -508,7 +509,8 @@ def serve_fastertransformer(repository: ModelRepository, gemm: GemmConfig, ctx: 
     server = FtServer(client, plan, scan=scan, say=say, ready_timeout_s=options.ready_timeout_s,
                       stop_timeout_s=options.stop_timeout_s)
     server.start()
-    model = "ensemble" if "ensemble" in repository.models else (repository.models[0] if repository.models else "")
+    text = TEXT_MODEL_NAME
+    model = text if text in repository.models else (repository.models[0] if repository.models else "")
     say(f"serve     ready: http {server.http_url}, grpc {server.grpc_url} (container {server.name})")
     return Endpoint(http_url=server.http_url, grpc_url=server.grpc_url, model=model, handle=server)
 

@@ -24,6 +24,8 @@ import structlog
 from ftx_triton.errors import ConfigError, ServeError
 from ftx_triton.plan.artifacts import Endpoint, GemmConfig, ModelRepository
 from ftx_triton.plan.settings import RunSettings
+from ftx_triton.repository.io import TEXT_MODEL_NAME
+from ftx_triton.repository.model_config import FT_MODEL_NAME
 from ftx_triton.runtime.fastertransformer.base import prepare_work_dir as prepare_ft_work_dir
 from ftx_triton.runtime.fastertransformer.hosts import (
     FORWARDED_ENV,
@@ -232,7 +234,8 @@ def serve_native(repository: ModelRepository, gemm: GemmConfig, settings: RunSet
     log.info("serve.ready", runtime="fastertransformer-native", http=server.http_url, grpc=server.grpc_url,
              smoke_s=round(seconds, 3),
              gpus=list(plan.gpus), tuned=plan.expect_gemm)
-    model = "ensemble" if "ensemble" in repository.models or (repository.path / "ensemble").is_dir() else "fastertransformer"
+    text = TEXT_MODEL_NAME
+    model = text if text in repository.models or (repository.path / text).is_dir() else FT_MODEL_NAME
     return Endpoint(http_url=server.http_url, grpc_url=server.grpc_url, model=model, handle=server)
 
 
