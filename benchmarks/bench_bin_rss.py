@@ -47,8 +47,14 @@ def make_checkpoint(directory: Path, gigabytes: float) -> int:
     for i in range(layers):
         p = f"transformer.h.{i}"
         square = (HIDDEN, HIDDEN)
-        shapes = {"attn.q_proj": square, "attn.k_proj": square, "attn.v_proj": square, "attn.out_proj": square,
-                  "mlp.fc_in": (4 * HIDDEN, HIDDEN), "mlp.fc_out": (HIDDEN, 4 * HIDDEN)}
+        shapes = {
+            "attn.q_proj": square,
+            "attn.k_proj": square,
+            "attn.v_proj": square,
+            "attn.out_proj": square,
+            "mlp.fc_in": (4 * HIDDEN, HIDDEN),
+            "mlp.fc_out": (HIDDEN, 4 * HIDDEN),
+        }
         for name, shape in shapes.items():
             state[f"{p}.{name}.weight"] = torch.randn(*shape)
     torch.save(state, directory / "pytorch_model.bin")
@@ -105,8 +111,12 @@ def measure(mode: str, directory: Path) -> dict[str, float]:
     stop.set()
     thread.join()
     end = _status()
-    return {"bytes": total, "seconds": seconds, "peak_rss": end["VmHWM"] - base["VmRSS"],
-            "peak_anon": peak_anon[0] - base.get("RssAnon", 0)}
+    return {
+        "bytes": total,
+        "seconds": seconds,
+        "peak_rss": end["VmHWM"] - base["VmRSS"],
+        "peak_anon": peak_anon[0] - base.get("RssAnon", 0),
+    }
 
 
 def main() -> None:
@@ -125,8 +135,12 @@ def main() -> None:
         print(f"checkpoint: {size / 1e9:.2f} GB of fp32 tensors ({on_disk:.2f} GB .bin)")
         print(f"{'reader':<18}{'peak RSS':>12}{'peak anon RSS':>16}{'seconds':>10}")
         for mode in ("ftx .bin", "torch.load", "ftx safetensors"):
-            done = subprocess.run([sys.executable, __file__, "--measure", mode, "--dir", str(directory)],
-                                  capture_output=True, text=True, check=True)
+            done = subprocess.run(
+                [sys.executable, __file__, "--measure", mode, "--dir", str(directory)],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             r = json.loads(done.stdout.strip().splitlines()[-1])
             print(f"{mode:<18}{r['peak_rss'] / 1e9:>10.2f} GB{r['peak_anon'] / 1e9:>13.2f} GB{r['seconds']:>10.2f}")
 

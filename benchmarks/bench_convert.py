@@ -48,10 +48,18 @@ def gptj_tensors(layers: int, hidden: int, vocab: int) -> list[tuple[str, tuple[
         p = f"transformer.h.{i}"
         names += [(f"{p}.ln_1.weight", (hidden,)), (f"{p}.ln_1.bias", (hidden,))]
         names += [(f"{p}.attn.{x}_proj.weight", (hidden, hidden)) for x in ("q", "k", "v", "out")]
-        names += [(f"{p}.mlp.fc_in.weight", (inner, hidden)), (f"{p}.mlp.fc_in.bias", (inner,)),
-                  (f"{p}.mlp.fc_out.weight", (hidden, inner)), (f"{p}.mlp.fc_out.bias", (hidden,))]
-    names += [("transformer.ln_f.weight", (hidden,)), ("transformer.ln_f.bias", (hidden,)),
-              ("lm_head.weight", (vocab, hidden)), ("lm_head.bias", (vocab,))]
+        names += [
+            (f"{p}.mlp.fc_in.weight", (inner, hidden)),
+            (f"{p}.mlp.fc_in.bias", (inner,)),
+            (f"{p}.mlp.fc_out.weight", (hidden, inner)),
+            (f"{p}.mlp.fc_out.bias", (hidden,)),
+        ]
+    names += [
+        ("transformer.ln_f.weight", (hidden,)),
+        ("transformer.ln_f.bias", (hidden,)),
+        ("lm_head.weight", (vocab, hidden)),
+        ("lm_head.bias", (vocab,)),
+    ]
     return names
 
 
@@ -74,9 +82,18 @@ def write_checkpoint(dest: Path, layers: int, hidden: int, vocab: int) -> tuple[
             count = int(np.prod(shape))
             reps = -(-count // chunk.size)
             fh.write(np.tile(chunk, reps)[:count].tobytes() if reps > 1 else chunk[:count].tobytes())
-    config = {"model_type": "gptj", "architectures": ["GPTJForCausalLM"], "n_embd": hidden, "n_head": hidden // 256,
-              "n_layer": layers, "rotary_dim": 64, "vocab_size": vocab, "bos_token_id": 50256,
-              "eos_token_id": 50256, "n_inner": None}
+    config = {
+        "model_type": "gptj",
+        "architectures": ["GPTJForCausalLM"],
+        "n_embd": hidden,
+        "n_head": hidden // 256,
+        "n_layer": layers,
+        "rotary_dim": 64,
+        "vocab_size": vocab,
+        "bos_token_id": 50256,
+        "eos_token_id": 50256,
+        "n_inner": None,
+    }
     (dest / "config.json").write_text(json.dumps(config))
     largest = max(int(np.prod(s)) * 2 for _, s in tensors)
     return offset, largest
@@ -99,8 +116,9 @@ def convert_in_child(src: Path, out: Path, tp: int, threads: int) -> tuple[dict,
     if out.exists():
         shutil.rmtree(out)
     env = {**os.environ, **({"FTX_CONVERT_THREADS": str(threads)} if threads else {})}
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(src), str(out), str(tp)], stdout=subprocess.PIPE,
-                            text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(src), str(out), str(tp)], stdout=subprocess.PIPE, text=True, env=env
+    )
     stdout = proc.stdout.read()  # type: ignore[union-attr]
     _, status, usage = os.wait4(proc.pid, 0)
     if status != 0:
@@ -116,17 +134,26 @@ def main() -> None:
     parser.add_argument("--tp", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--work", type=Path, default=Path("/tmp/ftx-bench-convert"))
-    parser.add_argument("--threads", type=int, nargs="+", default=[0],
-                        help="writer threads to compare (0 = ftx's default); sets FTX_CONVERT_THREADS")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="writer threads to compare (0 = ftx's default); sets FTX_CONVERT_THREADS",
+    )
     args = parser.parse_args()
 
     src = args.work / "hf"
     total, largest = write_checkpoint(src, args.layers, args.hidden, args.vocab)
-    print(f"checkpoint: {args.layers} layers, n_embd {args.hidden}, {total / 1e9:.2f} GB fp16, "
-          f"largest tensor {largest / 1e6:.0f} MB; {os.cpu_count()} CPUs")
+    print(
+        f"checkpoint: {args.layers} layers, n_embd {args.hidden}, {total / 1e9:.2f} GB fp16, "
+        f"largest tensor {largest / 1e6:.0f} MB; {os.cpu_count()} CPUs"
+    )
     budget = 500e6 + 3 * largest
-    print(f"{'what':<16}{'median s':>10}{'GB/s':>8}{'vs copy':>9}{'peak RSS MB':>13}{'RSS target MB':>15}"
-          f"{'read s':>8}{'stall s':>9}")
+    print(
+        f"{'what':<16}{'median s':>10}{'GB/s':>8}{'vs copy':>9}{'peak RSS MB':>13}{'RSS target MB':>15}"
+        f"{'read s':>8}{'stall s':>9}"
+    )
     for tp in args.tp:
         for threads in args.threads:
             copies, converts, rss, reads, stalls = [], [], [], [], []
@@ -140,9 +167,11 @@ def main() -> None:
             copy_s, conv_s = statistics.median(copies), statistics.median(converts)
             label = f"tp={tp}" + (f" w={threads}" if threads else "")
             print(f"{'copy':<16}{copy_s:>10.2f}{total / copy_s / 1e9:>8.2f}{'1.00x':>9}")
-            print(f"{label:<16}{conv_s:>10.2f}{total / conv_s / 1e9:>8.2f}{copy_s / conv_s:>8.2f}x"
-                  f"{max(rss) / 1e6:>13.0f}{budget / 1e6:>15.0f}{statistics.median(reads):>8.2f}"
-                  f"{statistics.median(stalls):>9.2f}")
+            print(
+                f"{label:<16}{conv_s:>10.2f}{total / conv_s / 1e9:>8.2f}{copy_s / conv_s:>8.2f}x"
+                f"{max(rss) / 1e6:>13.0f}{budget / 1e6:>15.0f}{statistics.median(reads):>8.2f}"
+                f"{statistics.median(stalls):>9.2f}"
+            )
     shutil.rmtree(args.work)
 
 

@@ -53,11 +53,17 @@ import numpy as np
 
 SHAPES: dict[str, dict[str, Any]] = {
     # GPT-J-6B: 28 layers x 4096, 16 heads of 256, rotary 64, vocab 50400
-    "gptj": {"family": "gptj", "layers": 28, "hidden": 4096, "heads": 16, "rotary": 64, "vocab": 50400,
-             "inter": 16384},
+    "gptj": {"family": "gptj", "layers": 28, "hidden": 4096, "heads": 16, "rotary": 64, "vocab": 50400, "inter": 16384},
     # GPT-NeoX-architecture 6.9B (Pythia-6.9B's shape): 32 layers x 4096, 32 heads of 128, rotary 25%, vocab 50432
-    "gptneox": {"family": "gptneox", "layers": 32, "hidden": 4096, "heads": 32, "rotary_pct": 0.25, "vocab": 50432,
-                "inter": 16384},
+    "gptneox": {
+        "family": "gptneox",
+        "layers": 32,
+        "hidden": 4096,
+        "heads": 32,
+        "rotary_pct": 0.25,
+        "vocab": 50432,
+        "inter": 16384,
+    },
 }
 
 
@@ -78,16 +84,33 @@ def random_checkpoint(name: str, dest: Path) -> Path:
     tok = train_bpe_tokenizer(dest)
     eos = tok.token_to_id("<|endoftext|>")
     if s["family"] == "gptj":
-        config = transformers.GPTJConfig(n_layer=s["layers"], n_embd=s["hidden"], n_head=s["heads"],
-                                         rotary_dim=s["rotary"], vocab_size=s["vocab"], n_inner=s["inter"],
-                                         n_positions=2048, bos_token_id=eos, eos_token_id=eos, tie_word_embeddings=False)
+        config = transformers.GPTJConfig(
+            n_layer=s["layers"],
+            n_embd=s["hidden"],
+            n_head=s["heads"],
+            rotary_dim=s["rotary"],
+            vocab_size=s["vocab"],
+            n_inner=s["inter"],
+            n_positions=2048,
+            bos_token_id=eos,
+            eos_token_id=eos,
+            tie_word_embeddings=False,
+        )
         cls = transformers.GPTJForCausalLM
     else:
-        config = transformers.GPTNeoXConfig(num_hidden_layers=s["layers"], hidden_size=s["hidden"],
-                                            num_attention_heads=s["heads"], rotary_pct=s["rotary_pct"],
-                                            vocab_size=s["vocab"], intermediate_size=s["inter"],
-                                            max_position_embeddings=2048, use_parallel_residual=True,
-                                            bos_token_id=eos, eos_token_id=eos, tie_word_embeddings=False)
+        config = transformers.GPTNeoXConfig(
+            num_hidden_layers=s["layers"],
+            hidden_size=s["hidden"],
+            num_attention_heads=s["heads"],
+            rotary_pct=s["rotary_pct"],
+            vocab_size=s["vocab"],
+            intermediate_size=s["inter"],
+            max_position_embeddings=2048,
+            use_parallel_residual=True,
+            bos_token_id=eos,
+            eos_token_id=eos,
+            tie_word_embeddings=False,
+        )
         cls = transformers.GPTNeoXForCausalLM
     torch.manual_seed(0)
     started = time.perf_counter()
@@ -127,8 +150,9 @@ class MeasurementFault(RuntimeError):
     """A figure that cannot be true (tokens not generated, a rate above the HBM bound)."""
 
 
-def generated_tokens(prompts: np.ndarray, output_ids: np.ndarray, lengths: np.ndarray, new_tokens: int,
-                     end_id: int, vocab: int) -> int:
+def generated_tokens(
+    prompts: np.ndarray, output_ids: np.ndarray, lengths: np.ndarray, new_tokens: int, end_id: int, vocab: int
+) -> int:
     """Generated tokens of one answer, checked row by row: the prompt echoed, ``new_tokens`` ids after it,
     each inside the vocabulary and none of them end_id (FasterTransformer pads a row that stopped with
     end_id); sequence_length must agree. Raises MeasurementFault naming the first row that differs."""
@@ -137,14 +161,18 @@ def generated_tokens(prompts: np.ndarray, output_ids: np.ndarray, lengths: np.nd
     lengths = lengths.reshape(batch)
     for row in range(batch):
         if int(lengths[row]) != prompt_len + new_tokens:
-            raise MeasurementFault(f"row {row}: sequence_length {int(lengths[row])}, expected {prompt_len} + {new_tokens}")
+            raise MeasurementFault(
+                f"row {row}: sequence_length {int(lengths[row])}, expected {prompt_len} + {new_tokens}"
+            )
         if ids.shape[1] < prompt_len + new_tokens or not np.array_equal(ids[row, :prompt_len], prompts[row]):
             raise MeasurementFault(f"row {row}: the answer does not start with its prompt")
-        gen = ids[row, prompt_len:prompt_len + new_tokens]
+        gen = ids[row, prompt_len : prompt_len + new_tokens]
         bad = np.flatnonzero((gen == end_id) | (gen >= vocab))
         if bad.size:
-            raise MeasurementFault(f"row {row}: only {int(bad[0])} of {new_tokens} tokens were generated "
-                                   f"(then id {int(gen[bad[0]])}: end_id or outside the vocabulary)")
+            raise MeasurementFault(
+                f"row {row}: only {int(bad[0])} of {new_tokens} tokens were generated "
+                f"(then id {int(gen[bad[0]])}: end_id or outside the vocabulary)"
+            )
     return batch * new_tokens
 
 
@@ -160,14 +188,24 @@ def infer(http_url: str, batch: int, prompt_len: int, new_tokens: int, vocab: in
     rng = np.random.default_rng(seed)
     ids = rng.integers(100, vocab - 1, size=(batch, prompt_len)).astype(np.uint32)
     end_id = vocab + 7
-    columns = {"input_ids": ids, "input_lengths": np.full((batch, 1), prompt_len, np.uint32),
-               "request_output_len": np.full((batch, 1), new_tokens, np.uint32),
-               "end_id": np.full((batch, 1), end_id, np.uint32)}
-    payload = {"inputs": [{"name": k, "shape": list(v.shape), "datatype": "UINT32", "data": v.flatten().tolist()}
-                          for k, v in columns.items()],
-               "outputs": [{"name": "output_ids"}, {"name": "sequence_length"}]}
-    request = urllib.request.Request(f"http://{http_url}/v2/models/fastertransformer/infer",
-                                     data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
+    columns = {
+        "input_ids": ids,
+        "input_lengths": np.full((batch, 1), prompt_len, np.uint32),
+        "request_output_len": np.full((batch, 1), new_tokens, np.uint32),
+        "end_id": np.full((batch, 1), end_id, np.uint32),
+    }
+    payload = {
+        "inputs": [
+            {"name": k, "shape": list(v.shape), "datatype": "UINT32", "data": v.flatten().tolist()}
+            for k, v in columns.items()
+        ],
+        "outputs": [{"name": "output_ids"}, {"name": "sequence_length"}],
+    }
+    request = urllib.request.Request(
+        f"http://{http_url}/v2/models/fastertransformer/infer",
+        data=json.dumps(payload).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     t0 = time.perf_counter()
     with urllib.request.urlopen(request, timeout=600) as response:
         answer = json.loads(response.read())
@@ -176,8 +214,9 @@ def infer(http_url: str, batch: int, prompt_len: int, new_tokens: int, vocab: in
     return seconds, generated_tokens(ids, out["output_ids"], out["sequence_length"], new_tokens, end_id, vocab)
 
 
-def measure(http_url: str, batches: list[int], args: argparse.Namespace, vocab: int,
-            bound: Any = None) -> dict[int, Any]:
+def measure(
+    http_url: str, batches: list[int], args: argparse.Namespace, vocab: int, bound: Any = None
+) -> dict[int, Any]:
     """Median tokens/s per batch size (one warm-up request each); ``bound(batch)``: the HBM bound, above
     which a figure is refused (recorded as ``{"refused": why}``)."""
     out: dict[int, Any] = {}
@@ -201,25 +240,47 @@ def gpu_memory_mib() -> list[int]:
     """Memory in use per GPU (nvidia-smi), MiB."""
     import subprocess
 
-    text = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                          capture_output=True, text=True, check=False).stdout
+    text = subprocess.run(
+        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
     return [int(v) for v in text.split() if v.strip().isdigit()]
 
 
 # --------------------------------------------------------------------------- the runs
 
 
-def configured(source: Path, family: str, tp: int, runtime: str, home: Path, args: argparse.Namespace,
-               dtype: str = "fp16", custom_all_reduce: bool | None = None) -> Any:
+def configured(
+    source: Path,
+    family: str,
+    tp: int,
+    runtime: str,
+    home: Path,
+    args: argparse.Namespace,
+    dtype: str = "fp16",
+    custom_all_reduce: bool | None = None,
+) -> Any:
     """ftx's pipeline up to configure (no tuning: the benchmark tunes every batch size itself)."""
     from ftx_triton.engine.pipeline import Pipeline
     from ftx_triton.plan.settings import RunSettings
     from ftx_triton.plugins import load_host
     from ftx_triton.store.artifact_store import ArtifactStore
 
-    settings = RunSettings.of(str(source), runtime=runtime, tp=tp, weight_dtype=dtype, data_type=dtype,
-                              family=family, max_batch_size=max(args.batches), until="configure", tune=False,
-                              device="cuda", custom_all_reduce=custom_all_reduce)
+    settings = RunSettings.of(
+        str(source),
+        runtime=runtime,
+        tp=tp,
+        weight_dtype=dtype,
+        data_type=dtype,
+        family=family,
+        max_batch_size=max(args.batches),
+        until="configure",
+        tune=False,
+        device="cuda",
+        custom_all_reduce=custom_all_reduce,
+    )
     result = Pipeline(load_host(), ArtifactStore(home), settings, say=say).run()
     return settings.replace(until="serve"), result
 
@@ -233,29 +294,51 @@ def step_bytes_per_gpu(checkpoint: Path, tp: int) -> tuple[int, int]:
     return total // tp, (total - embedding) // tp
 
 
-def native_runs(name: str, source: Path, tp: int, home: Path, args: argparse.Namespace, built: Any,
-                read_bw: float, dtype: str = "fp16", custom_all_reduce: bool | None = None) -> dict[str, Any]:
+def native_runs(
+    name: str,
+    source: Path,
+    tp: int,
+    home: Path,
+    args: argparse.Namespace,
+    built: Any,
+    read_bw: float,
+    dtype: str = "fp16",
+    custom_all_reduce: bool | None = None,
+) -> dict[str, Any]:
     from ftx_triton.plan.artifacts import GemmConfig
     from ftx_triton.plugins import load_host
     from ftx_triton.runtime.fastertransformer.native.serve import serve_native
     from ftx_triton.runtime.fastertransformer.native.tune import run_gemm_tool
 
     s = SHAPES[name]
-    settings, result = configured(source, s["family"], tp, "fastertransformer-native", home, args, dtype,
-                                  custom_all_reduce)
+    settings, result = configured(
+        source, s["family"], tp, "fastertransformer-native", home, args, dtype, custom_all_reduce
+    )
     weight_bytes, step_bytes = step_bytes_per_gpu(result.checkpoint.path, tp)
     family = load_host().family(s["family"])
-    out: dict[str, Any] = {"weight_bytes": weight_bytes * tp, "step_bytes_per_gpu": step_bytes, "dtype": dtype,
-                           "tp": tp, "custom_all_reduce": custom_all_reduce}
+    out: dict[str, Any] = {
+        "weight_bytes": weight_bytes * tp,
+        "step_bytes_per_gpu": step_bytes,
+        "dtype": dtype,
+        "tp": tp,
+        "custom_all_reduce": custom_all_reduce,
+    }
     runs = [("untuned", GemmConfig(None, False, "benchmark: untuned"))]
     if args.tune:
         gemm_dir = Path(tempfile.mkdtemp(prefix=f"gemm-{name}-tp{tp}-", dir=home))
         tune_s = 0.0
         for i, batch in enumerate(args.batches):
             t0 = time.perf_counter()
-            run_gemm_tool(built, family.gemm_tool, family.gemm_args(result.spec, batch=batch, beam=1,
-                                                                      max_input_len=args.prompt_len, data_type=dtype,
-                                                                      tp=tp), gemm_dir, 0, append=i > 0)
+            run_gemm_tool(
+                built,
+                family.gemm_tool,
+                family.gemm_args(
+                    result.spec, batch=batch, beam=1, max_input_len=args.prompt_len, data_type=dtype, tp=tp
+                ),
+                gemm_dir,
+                0,
+                append=i > 0,
+            )
             tune_s += time.perf_counter() - t0
         out["tune_seconds"] = round(tune_s, 1)
         runs.append(("tuned", GemmConfig(gemm_dir / "gemm_config.in", True, "benchmark: every batch size")))
@@ -266,8 +349,9 @@ def native_runs(name: str, source: Path, tp: int, home: Path, args: argparse.Nam
         out[f"ready_seconds_{label}"] = round(time.perf_counter() - t0, 1)
         out["memory_mib"] = gpu_memory_mib()
         try:
-            out[label] = measure(endpoint.http_url, args.batches, args, s["vocab"],
-                                 bound=lambda batch: batch * read_bw / step_bytes)
+            out[label] = measure(
+                endpoint.http_url, args.batches, args, s["vocab"], bound=lambda batch: batch * read_bw / step_bytes
+            )
         finally:
             endpoint.handle.stop()
         if args.json:  # what is measured so far survives a run cut short
@@ -316,8 +400,13 @@ def main() -> None:
     parser.add_argument("--tps", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32])
     parser.add_argument("--dtypes", nargs="+", default=["fp16"], choices=["fp16", "bf16"])
-    parser.add_argument("--custom-all-reduce", nargs="+", default=["default"], choices=["default", "on", "off"],
-                        help="FasterTransformer's custom all-reduce at tp > 1: each value is a run.")
+    parser.add_argument(
+        "--custom-all-reduce",
+        nargs="+",
+        default=["default"],
+        choices=["default", "on", "off"],
+        help="FasterTransformer's custom all-reduce at tp > 1: each value is a run.",
+    )
     parser.add_argument("--no-tune", dest="tune", action="store_false", help="Untuned runs only (no gpt_gemm).")
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=128)
@@ -341,11 +430,20 @@ def main() -> None:
     bandwidth, read_bw = hbm_bandwidth_gbs(), read_bandwidth_gbs()
     say(f"bench     device-to-device copy: {bandwidth:.0f} GB/s (read + write); read-only: {read_bw:.0f} GB/s")
     report: dict[str, Any] = {
-        "gpu": torch.cuda.get_device_name(0), "gpus": len(gpus), "bandwidth_gbs": round(bandwidth, 1),
+        "gpu": torch.cuda.get_device_name(0),
+        "gpus": len(gpus),
+        "bandwidth_gbs": round(bandwidth, 1),
         "read_bandwidth_gbs": round(read_bw, 1),
-        "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "repeats": args.repeats,
-        "batches": args.batches, "build": built.key, "torch": torch.__version__, "python": platform.python_version(),
-        "date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:], "shapes": {},
+        "prompt_len": args.prompt_len,
+        "new_tokens": args.new_tokens,
+        "repeats": args.repeats,
+        "batches": args.batches,
+        "build": built.key,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d"),
+        "argv": sys.argv[1:],
+        "shapes": {},
     }
     choice = {"default": None, "on": True, "off": False}
     for name in args.shapes:
@@ -354,11 +452,12 @@ def main() -> None:
         report["shapes"][name] = entry
         for dtype in args.dtypes:
             for tp in args.tps:
-                for car in (args.custom_all_reduce if tp > 1 else ["default"]):
+                for car in args.custom_all_reduce if tp > 1 else ["default"]:
                     key = f"{dtype} tp{tp}" + (f" all-reduce {car}" if car != "default" else "")
                     try:
-                        entry["native"][key] = native_runs(name, source, tp, home, args, built, read_bw * 1e9, dtype,
-                                                           choice[car])
+                        entry["native"][key] = native_runs(
+                            name, source, tp, home, args, built, read_bw * 1e9, dtype, choice[car]
+                        )
                     except Exception as exc:  # noqa: BLE001 - the table says which run failed and why
                         entry["native"][key] = {"error": str(exc).splitlines()[0][:300] if str(exc) else repr(exc)}
                         say(f"bench     {key} failed: {entry['native'][key]['error']}")
@@ -388,8 +487,10 @@ def _cell(value: Any) -> str:
 def markdown(report: dict[str, Any]) -> str:
     """The table for docs/benchmarks.md (a refused figure is printed as refused, never as a number)."""
     bw = report.get("read_bandwidth_gbs", report["bandwidth_gbs"]) * 1e9
-    header = ("| shape | run | batch | FT untuned tok/s | FT tuned tok/s | tuned / untuned | python tok/s | FT / python "
-              "| HBM bound tok/s | FT / bound | GPU memory MiB |")
+    header = (
+        "| shape | run | batch | FT untuned tok/s | FT tuned tok/s | tuned / untuned | python tok/s | FT / python "
+        "| HBM bound tok/s | FT / bound | GPU memory MiB |"
+    )
     lines = [header, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, entry in report["shapes"].items():
         python = entry.get("python") or {}
@@ -410,8 +511,10 @@ def markdown(report: dict[str, Any]) -> str:
                 vs_py = f"{best / py:.1f}x" if isinstance(py, (int, float)) and isinstance(best, (int, float)) else "-"
                 vs_bound = f"{best / bound:.2f}" if isinstance(best, (int, float)) else "-"
                 memory = "/".join(map(str, run.get("memory_mib", []))) or "-"
-                lines.append(f"| {name} | {key} | {batch} | {_cell(un)} | {_cell(tu)} | {ratio} | {_cell(py)} | {vs_py} "
-                             f"| {bound:.0f} | {vs_bound} | {memory} |")
+                lines.append(
+                    f"| {name} | {key} | {batch} | {_cell(un)} | {_cell(tu)} | {ratio} | {_cell(py)} | {vs_py} "
+                    f"| {bound:.0f} | {vs_bound} | {memory} |"
+                )
     return "\n".join(lines)
 
 

@@ -46,10 +46,28 @@ from typing import Any
 
 import numpy as np
 
-FULL = {"layers": 16, "hidden": 2048, "heads": 16, "rotary": 64, "vocab": 50400, "dtype": "fp16",
-        "prompt_len": 64, "new_tokens": 128, "repeats": 5}
-SMALL = {"layers": 2, "hidden": 256, "heads": 4, "rotary": 16, "vocab": 1024, "dtype": "fp32",
-         "prompt_len": 16, "new_tokens": 32, "repeats": 3}
+FULL = {
+    "layers": 16,
+    "hidden": 2048,
+    "heads": 16,
+    "rotary": 64,
+    "vocab": 50400,
+    "dtype": "fp16",
+    "prompt_len": 64,
+    "new_tokens": 128,
+    "repeats": 5,
+}
+SMALL = {
+    "layers": 2,
+    "hidden": 256,
+    "heads": 4,
+    "rotary": 16,
+    "vocab": 1024,
+    "dtype": "fp32",
+    "prompt_len": 16,
+    "new_tokens": 32,
+    "repeats": 3,
+}
 
 
 @dataclass
@@ -79,8 +97,9 @@ def say(text: str) -> None:
 # --------------------------------------------------------------------------- the synthetic model
 
 
-def build_synthetic_gptj(dest: Path, *, layers: int, hidden: int, heads: int, rotary: int, vocab: int,
-                         dtype: str, seed: int = 0) -> Path:
+def build_synthetic_gptj(
+    dest: Path, *, layers: int, hidden: int, heads: int, rotary: int, vocab: int, dtype: str, seed: int = 0
+) -> Path:
     """A GPT-J with N(0, 0.02²) weights and a small BPE tokenizer (its <|endoftext|> is id 0)."""
     import torch
     from ftx_triton.fetching.tiny import END_OF_TEXT, train_bpe_tokenizer
@@ -93,8 +112,17 @@ def build_synthetic_gptj(dest: Path, *, layers: int, hidden: int, heads: int, ro
     shutil.rmtree(tmp, ignore_errors=True)
     tokenizer = train_bpe_tokenizer(tmp, vocab_size=400)
     eos = tokenizer.token_to_id(END_OF_TEXT)
-    config = GPTJConfig(n_layer=layers, n_embd=hidden, n_head=heads, rotary_dim=rotary, vocab_size=vocab,
-                        n_positions=2048, bos_token_id=eos, eos_token_id=eos, tie_word_embeddings=False)
+    config = GPTJConfig(
+        n_layer=layers,
+        n_embd=hidden,
+        n_head=heads,
+        rotary_dim=rotary,
+        vocab_size=vocab,
+        n_positions=2048,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        tie_word_embeddings=False,
+    )
     torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     with no_init_weights():
         model = GPTJForCausalLM(config)
@@ -140,8 +168,9 @@ def server_generate(grpc_url: str, ids: np.ndarray, new_tokens: int, end_id: int
             tensor.set_data_from_numpy(value)
             inputs.append(tensor)
         started = time.perf_counter()
-        result = client.infer("fastertransformer", inputs, outputs=[grpcclient.InferRequestedOutput("output_ids")],
-                              client_timeout=3600)
+        result = client.infer(
+            "fastertransformer", inputs, outputs=[grpcclient.InferRequestedOutput("output_ids")], client_timeout=3600
+        )
         seconds = time.perf_counter() - started
         return seconds, result.as_numpy("output_ids")[:, 0, length:].astype(np.int64)
     finally:
@@ -158,16 +187,25 @@ def direct_generate(model: Any, ids: np.ndarray, new_tokens: int, end_id: int) -
         torch.cuda.synchronize()
     started = time.perf_counter()
     with torch.inference_mode():
-        out = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=new_tokens,
-                             min_new_tokens=0, do_sample=False, num_beams=1, eos_token_id=end_id, pad_token_id=0)
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=attention,
+            max_new_tokens=new_tokens,
+            min_new_tokens=0,
+            do_sample=False,
+            num_beams=1,
+            eos_token_id=end_id,
+            pad_token_id=0,
+        )
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - started
-    return seconds, out[:, ids.shape[1]:].cpu().numpy()
+    return seconds, out[:, ids.shape[1] :].cpu().numpy()
 
 
-def measure_throughput(grpc_url: str, model: Any, *, batches: list[int], prompt_len: int, new_tokens: int,
-                       repeats: int, vocab: int) -> list[BatchResult]:
+def measure_throughput(
+    grpc_url: str, model: Any, *, batches: list[int], prompt_len: int, new_tokens: int, repeats: int, vocab: int
+) -> list[BatchResult]:
     end_id = vocab  # outside the vocabulary: every sequence generates exactly new_tokens tokens
     results = []
     for batch in batches:
@@ -181,8 +219,10 @@ def measure_throughput(grpc_url: str, model: Any, *, batches: list[int], prompt_
             result.server_tok_s.append(batch * new_tokens / s_seconds)
             result.direct_tok_s.append(batch * new_tokens / d_seconds)
             result.tokens_equal &= bool(np.array_equal(s_tokens, d_tokens))
-            say(f"  batch {batch} run {r + 1}/{repeats}: server {result.server_tok_s[-1]:8.1f} tok/s, "
-                f"direct {result.direct_tok_s[-1]:8.1f} tok/s")
+            say(
+                f"  batch {batch} run {r + 1}/{repeats}: server {result.server_tok_s[-1]:8.1f} tok/s, "
+                f"direct {result.direct_tok_s[-1]:8.1f} tok/s"
+            )
         results.append(result)
     return results
 
@@ -209,7 +249,7 @@ def _read_until(proc: subprocess.Popen, predicate: Any, timeout_s: float) -> tup
     thread = threading.Thread(target=reader, daemon=True)
     thread.start()
     thread.join(timeout_s)
-    return (found[0] if found else (None, time.perf_counter() - started))
+    return found[0] if found else (None, time.perf_counter() - started)
 
 
 def measure_default(home: Path, prompt: str = "Once upon a time") -> dict[str, Any]:
@@ -218,8 +258,13 @@ def measure_default(home: Path, prompt: str = "Once upon a time") -> dict[str, A
     env = {**os.environ, "FTX_HOME": str(home)}
     cmd = [_ftx(), "run", "tiny-gptj", "--runtime", "python"]
     started = time.perf_counter()
-    first = subprocess.Popen([*cmd, "--prompt", prompt, "--max-tokens", "1"], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=env)
+    first = subprocess.Popen(
+        [*cmd, "--prompt", prompt, "--max-tokens", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     output, _ = _read_until(first, lambda text: text.startswith(prompt), 900)
     to_first_token = time.perf_counter() - started
     _, err = first.communicate(timeout=120)
@@ -233,19 +278,26 @@ def measure_default(home: Path, prompt: str = "Once upon a time") -> dict[str, A
     _, err = second.communicate(timeout=120)
     if ready is None:
         raise RuntimeError(f"the cached ftx run never became ready:\n{err[-3000:]}")
-    stages = {s: ("cached" if f"{s:<9} cached" in err else "redone" if f"{s:<9} done" in err else "?")
-              for s in ("fetch", "convert", "tune", "configure")}
-    return {"first_run_command_to_first_token_s": round(to_first_token, 2), "first_run_output": output.strip(),
-            "cached_run_command_to_ready_s": round(to_ready, 2), "cached_run_stages": stages,
-            "cached_run_exit_code": second.returncode}
+    stages = {
+        s: ("cached" if f"{s:<9} cached" in err else "redone" if f"{s:<9} done" in err else "?")
+        for s in ("fetch", "convert", "tune", "configure")
+    }
+    return {
+        "first_run_command_to_first_token_s": round(to_first_token, 2),
+        "first_run_output": output.strip(),
+        "cached_run_command_to_ready_s": round(to_ready, 2),
+        "cached_run_stages": stages,
+        "cached_run_exit_code": second.returncode,
+    }
 
 
 # --------------------------------------------------------------------------- main
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--small", action="store_true", help="a tiny model on CPU (a quick smoke run)")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--layers", type=int)
@@ -282,9 +334,16 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="ftx-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-                    "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None, "cpus": os.cpu_count()},
-        "device": device, "model": preset, "batches": batches,
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
+            "cpus": os.cpu_count(),
+        },
+        "device": device,
+        "model": preset,
+        "batches": batches,
     }
     try:
         if not args.skip_throughput:
@@ -309,16 +368,30 @@ def run_throughput(workdir: Path, preset: dict[str, Any], batches: list[int], de
     from ftx_triton.store.artifact_store import ArtifactStore
     from transformers import GPTJForCausalLM
 
-    say(f"building a synthetic GPT-J ({preset['layers']} x {preset['hidden']}, vocab {preset['vocab']}, "
-        f"{preset['dtype']}) …")
-    src = build_synthetic_gptj(workdir / "synthetic-gptj", layers=preset["layers"], hidden=preset["hidden"],
-                               heads=preset["heads"], rotary=preset["rotary"], vocab=preset["vocab"],
-                               dtype=preset["dtype"])
+    say(
+        f"building a synthetic GPT-J ({preset['layers']} x {preset['hidden']}, vocab {preset['vocab']}, "
+        f"{preset['dtype']}) …"
+    )
+    src = build_synthetic_gptj(
+        workdir / "synthetic-gptj",
+        layers=preset["layers"],
+        hidden=preset["hidden"],
+        heads=preset["heads"],
+        rotary=preset["rotary"],
+        vocab=preset["vocab"],
+        dtype=preset["dtype"],
+    )
     params = json.loads((src / "bench.json").read_text())["parameters"]
     home = workdir / "bench-home"
     home.mkdir(exist_ok=True)
-    settings = RunSettings.of(str(src), runtime="python", weight_dtype=preset["dtype"], data_type=preset["dtype"],
-                           max_batch_size=max(batches), device=device)
+    settings = RunSettings.of(
+        str(src),
+        runtime="python",
+        weight_dtype=preset["dtype"],
+        data_type=preset["dtype"],
+        max_batch_size=max(batches),
+        device=device,
+    )
     say("ftx pipeline (python runtime) …")
     started = time.perf_counter()
     result = Pipeline(load_host(), ArtifactStore(home), settings, say=say).run()
@@ -328,40 +401,64 @@ def run_throughput(workdir: Path, preset: dict[str, Any], batches: list[int], de
         say("loading the same checkpoint with transformers in this process …")
         dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[preset["dtype"]]
         model = GPTJForCausalLM.from_pretrained(src, dtype=dtype).to(device).eval()
-        say(f"measuring (greedy, prompt {preset['prompt_len']}, {preset['new_tokens']} new tokens, "
-            f"{preset['repeats']} repeats) …")
-        results = measure_throughput(result.endpoint.grpc_url, model, batches=batches,
-                                     prompt_len=preset["prompt_len"], new_tokens=preset["new_tokens"],
-                                     repeats=preset["repeats"], vocab=preset["vocab"])
+        say(
+            f"measuring (greedy, prompt {preset['prompt_len']}, {preset['new_tokens']} new tokens, "
+            f"{preset['repeats']} repeats) …"
+        )
+        results = measure_throughput(
+            result.endpoint.grpc_url,
+            model,
+            batches=batches,
+            prompt_len=preset["prompt_len"],
+            new_tokens=preset["new_tokens"],
+            repeats=preset["repeats"],
+            vocab=preset["vocab"],
+        )
     finally:
         server.stop()
     return {
-        "parameters": params, "pipeline_to_ready_s": round(pipeline_s, 2),
-        "results": [{**asdict(r), "server_median_tok_s": round(r.server_median, 1),
-                     "direct_median_tok_s": round(r.direct_median, 1), "ratio": round(r.ratio, 3)} for r in results],
+        "parameters": params,
+        "pipeline_to_ready_s": round(pipeline_s, 2),
+        "results": [
+            {
+                **asdict(r),
+                "server_median_tok_s": round(r.server_median, 1),
+                "direct_median_tok_s": round(r.direct_median, 1),
+                "ratio": round(r.ratio, 3),
+            }
+            for r in results
+        ],
     }
 
 
 def print_report(report: dict[str, Any]) -> None:
     machine = report["machine"]
-    print(f"ftx python runtime benchmark — device {report['device']}"
-          f"{' (' + machine['gpu'] + ')' if machine.get('gpu') else ''}, torch {machine['torch']}, "
-          f"{machine['cpus']} CPUs")
+    print(
+        f"ftx python runtime benchmark — device {report['device']}"
+        f"{' (' + machine['gpu'] + ')' if machine.get('gpu') else ''}, torch {machine['torch']}, "
+        f"{machine['cpus']} CPUs"
+    )
     if "throughput" in report:
         t = report["throughput"]
         m = report["model"]
-        print(f"synthetic GPT-J: {t['parameters'] / 1e9:.2f} B parameters ({m['layers']} x {m['hidden']}, "
-              f"vocab {m['vocab']}, {m['dtype']}); prompt {m['prompt_len']}, {m['new_tokens']} new tokens, "
-              f"greedy, median of {m['repeats']}")
+        print(
+            f"synthetic GPT-J: {t['parameters'] / 1e9:.2f} B parameters ({m['layers']} x {m['hidden']}, "
+            f"vocab {m['vocab']}, {m['dtype']}); prompt {m['prompt_len']}, {m['new_tokens']} new tokens, "
+            f"greedy, median of {m['repeats']}"
+        )
         print(f"pipeline to ready (convert, configure, start, load): {t['pipeline_to_ready_s']} s")
         print(f"{'batch':>5}  {'server tok/s':>12}  {'direct tok/s':>12}  {'server/direct':>13}  same tokens")
         for r in t["results"]:
-            print(f"{r['batch']:>5}  {r['server_median_tok_s']:>12.1f}  {r['direct_median_tok_s']:>12.1f}  "
-                  f"{r['ratio']:>13.3f}  {'yes' if r['tokens_equal'] else 'NO'}")
+            print(
+                f"{r['batch']:>5}  {r['server_median_tok_s']:>12.1f}  {r['direct_median_tok_s']:>12.1f}  "
+                f"{r['ratio']:>13.3f}  {'yes' if r['tokens_equal'] else 'NO'}"
+            )
     if "default" in report:
         d = report["default"]
-        print(f"built-in default (tiny-gptj), fresh FTX_HOME: command → first token "
-              f"{d['first_run_command_to_first_token_s']} s ({d['first_run_output']!r})")
+        print(
+            f"built-in default (tiny-gptj), fresh FTX_HOME: command → first token "
+            f"{d['first_run_command_to_first_token_s']} s ({d['first_run_output']!r})"
+        )
         stages = ", ".join(f"{k} {v}" for k, v in d["cached_run_stages"].items())
         print(f"second ftx run, all stages cached: command → ready {d['cached_run_command_to_ready_s']} s ({stages})")
 

@@ -36,8 +36,12 @@ def layout(total: int, layers: int) -> dict[str, int]:
     """File name -> size: 20% each for wte/lm_head, the rest over the layers like GPT-J (3H², H², 4H², 4H²)."""
     sizes = {"1-gpu/model.wte.bin": total // 5, "1-gpu/model.lm_head.weight.bin": total // 5}
     per_layer = (total - 2 * (total // 5)) // layers
-    parts = {"attention.query_key_value.weight.0.bin": 3, "attention.dense.weight.0.bin": 1,
-             "mlp.dense_h_to_4h.weight.0.bin": 4, "mlp.dense_4h_to_h.weight.0.bin": 4}
+    parts = {
+        "attention.query_key_value.weight.0.bin": 3,
+        "attention.dense.weight.0.bin": 1,
+        "mlp.dense_h_to_4h.weight.0.bin": 4,
+        "mlp.dense_4h_to_h.weight.0.bin": 4,
+    }
     for i in range(layers):
         for name, share in parts.items():
             sizes[f"1-gpu/model.layers.{i}.{name}"] = per_layer * share // 12
@@ -110,8 +114,7 @@ def main() -> None:
                 writes.append(time.perf_counter() - t0)
             else:
                 store = ArtifactStore(args.work / "home")
-                store.build("convert", "k", lambda tmp: (write_files(tmp, sizes, block), {})[1], inputs={},
-                            producer={})
+                store.build("convert", "k", lambda tmp: (write_files(tmp, sizes, block), {})[1], inputs={}, producer={})
                 builds.append(time.perf_counter() - t0)
     if not (args.work / "home").exists():  # the last one timed was the plain write
         store = ArtifactStore(args.work / "home")
@@ -128,10 +131,17 @@ def main() -> None:
     parallel = time.perf_counter() - t0
     write_s, build_s = statistics.median(writes), statistics.median(builds)
     emit("publish_runs", writes=[round(x, 3) for x in writes], builds=[round(x, 3) for x in builds])
-    emit("publish", write_s=round(write_s, 3), build_s=round(build_s, 3), overhead_s=round(build_s - write_s, 3),
-         overhead_pct=round(100 * (build_s - write_s) / write_s, 1), hash_sequential_s=round(sequential, 3),
-         hash_parallel_s=round(parallel, 3), hash_parallel_gb_s=round(total / parallel / 1e9, 2),
-         hash_sequential_gb_s=round(total / sequential / 1e9, 2))
+    emit(
+        "publish",
+        write_s=round(write_s, 3),
+        build_s=round(build_s, 3),
+        overhead_s=round(build_s - write_s, 3),
+        overhead_pct=round(100 * (build_s - write_s) / write_s, 1),
+        hash_sequential_s=round(sequential, 3),
+        hash_parallel_s=round(parallel, 3),
+        hash_parallel_gb_s=round(total / parallel / 1e9, 2),
+        hash_sequential_gb_s=round(total / sequential / 1e9, 2),
+    )
 
     fast = []
     for _ in range(20):
@@ -160,8 +170,12 @@ def main() -> None:
             assert store.lookup("convert", "k") is not None
             runs.append(time.perf_counter() - t0)
         extra = {"cold_evicted": evicted} if cold else {}
-        emit(label, median_s=round(statistics.median(runs), 3), gb_s=round(total / statistics.median(runs) / 1e9, 2),
-             **extra)
+        emit(
+            label,
+            median_s=round(statistics.median(runs), 3),
+            gb_s=round(total / statistics.median(runs) / 1e9, 2),
+            **extra,
+        )
     t0 = time.perf_counter()
     assert store.lookup("convert", "k") is not None
     emit("lookup_after_rehash", ms=round(1e3 * (time.perf_counter() - t0), 2))

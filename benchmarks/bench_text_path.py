@@ -30,8 +30,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-PROMPTS = ("The quick brown fox jumps over", "Once upon a time there was", "A tensor parallel model is",
-           "Hello world, this is", "The house is", "In the beginning the")
+PROMPTS = (
+    "The quick brown fox jumps over",
+    "Once upon a time there was",
+    "A tensor parallel model is",
+    "Hello world, this is",
+    "The house is",
+    "In the beginning the",
+)
 
 
 def build(tmp: Path, args: argparse.Namespace) -> Path:
@@ -41,8 +47,16 @@ def build(tmp: Path, args: argparse.Namespace) -> Path:
     from ftx_triton.plugins import load_host
     from ftx_triton.store.artifact_store import ArtifactStore
 
-    src = tiny_gptj(tmp / "src", n_layer=args.layers, n_embd=args.hidden, n_head=args.heads, rotary_dim=8,
-                    vocab_size=args.vocab, random_init=True, seed=1)
+    src = tiny_gptj(
+        tmp / "src",
+        n_layer=args.layers,
+        n_embd=args.hidden,
+        n_head=args.heads,
+        rotary_dim=8,
+        vocab_size=args.vocab,
+        random_init=True,
+        seed=1,
+    )
     run = RunSettings.of(str(src), family="gptj", tp=1, runtime="python", until="configure", accept_license=True)
     result = Pipeline(load_host(), ArtifactStore(tmp / "home"), run).run()
     assert result.repository is not None
@@ -63,15 +77,19 @@ def raw_request(http: str, ids: list[int], new_tokens: int) -> list[int]:
         {"name": "input_lengths", "datatype": "UINT32", "shape": [1, 1], "data": [len(ids)]},
         {"name": "request_output_len", "datatype": "UINT32", "shape": [1, 1], "data": [new_tokens]},
     ]
-    answer = post(f"http://{http}/v2/models/fastertransformer/infer",
-                  {"inputs": inputs, "outputs": [{"name": "output_ids"}, {"name": "sequence_length"}]})
+    answer = post(
+        f"http://{http}/v2/models/fastertransformer/infer",
+        {"inputs": inputs, "outputs": [{"name": "output_ids"}, {"name": "sequence_length"}]},
+    )
     out = {o["name"]: o for o in answer["outputs"]}
     length = int(out["sequence_length"]["data"][0])
-    return [int(t) for t in out["output_ids"]["data"][len(ids):length]]
+    return [int(t) for t in out["output_ids"]["data"][len(ids) : length]]
 
 
 def text_request(http: str, prompt: str, new_tokens: int) -> str:
-    return post(f"http://{http}/v2/models/text/generate", {"text_input": prompt, "max_tokens": new_tokens})["text_output"]
+    return post(f"http://{http}/v2/models/text/generate", {"text_input": prompt, "max_tokens": new_tokens})[
+        "text_output"
+    ]
 
 
 def timed(fn: Any, items: list[Any], concurrency: int) -> tuple[float, list[Any]]:
@@ -118,9 +136,11 @@ def main() -> None:
                     raw_rates.append(tokens / raw_s)
                     text_rates.append(tokens / text_s)
     raw, text = statistics.median(raw_rates), statistics.median(text_rates)
-    print(f"model: GPT-J {args.layers} layers x {args.hidden}, vocab {args.vocab}, device {args.device}; "
-          f"{args.requests} requests of {args.new_tokens} new tokens, {args.concurrency} at a time, "
-          f"{args.repeats} repeats")
+    print(
+        f"model: GPT-J {args.layers} layers x {args.hidden}, vocab {args.vocab}, device {args.device}; "
+        f"{args.requests} requests of {args.new_tokens} new tokens, {args.concurrency} at a time, "
+        f"{args.repeats} repeats"
+    )
     print(f"raw  fastertransformer  median {raw:9.1f} tokens/s  (runs: {', '.join(f'{r:.1f}' for r in raw_rates)})")
     print(f"text generate           median {text:9.1f} tokens/s  (runs: {', '.join(f'{r:.1f}' for r in text_rates)})")
     print(f"ratio text/raw: {text / raw:.3f}")

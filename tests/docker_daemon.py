@@ -177,13 +177,27 @@ class LocalDockerd:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 60.0) -> None:
-        argv = [shutil.which("dockerd") or "dockerd", f"--host={self.base_url}",
-                f"--data-root={self.root / 'data'}", f"--exec-root={self.root / 'exec'}",
-                f"--pidfile={self.root / 'dockerd.pid'}", f"--storage-driver={self.storage_driver}", "--iptables=false",
-                "--ip6tables=false", "--bridge=none", "--ip-masq=false"]
+        argv = [
+            shutil.which("dockerd") or "dockerd",
+            f"--host={self.base_url}",
+            f"--data-root={self.root / 'data'}",
+            f"--exec-root={self.root / 'exec'}",
+            f"--pidfile={self.root / 'dockerd.pid'}",
+            f"--storage-driver={self.storage_driver}",
+            "--iptables=false",
+            "--ip6tables=false",
+            "--bridge=none",
+            "--ip-masq=false",
+        ]
         with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, preexec_fn=_die_with_parent)
+            self.proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
         import docker
 
         deadline = time.monotonic() + timeout_s
@@ -235,8 +249,11 @@ def acquire() -> Any:
         if client is None:
             sweep_stale()
             # overlay2 builds ~8x faster than vfs; vfs works on any backing filesystem
-            drivers = [os.environ["FTX_TEST_DOCKER_STORAGE"]] if os.environ.get("FTX_TEST_DOCKER_STORAGE") \
+            drivers = (
+                [os.environ["FTX_TEST_DOCKER_STORAGE"]]
+                if os.environ.get("FTX_TEST_DOCKER_STORAGE")
                 else ["overlay2", "vfs"]
+            )
             for number, driver in enumerate(drivers):
                 daemon = LocalDockerd(driver)
                 try:
@@ -302,8 +319,14 @@ def docker_env(docker_client: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
 # --------------------------------------------------------------------------- the stand-in image
 
 
-def _add(tar: tarfile.TarFile, name: str, data: bytes | None = None, mode: int = 0o755, link: str | None = None,
-         directory: bool = False) -> None:
+def _add(
+    tar: tarfile.TarFile,
+    name: str,
+    data: bytes | None = None,
+    mode: int = 0o755,
+    link: str | None = None,
+    directory: bool = False,
+) -> None:
     info = tarfile.TarInfo(name)
     info.mtime = int(time.time())
     if directory:
@@ -321,18 +344,41 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes | None = None, mode: int =
 def standin_rootfs() -> bytes:
     """A root filesystem tar: static busybox + applets, and the stand-in scripts at the real paths."""
     if not Path(BUSYBOX).is_file():
-        pytest.fail(f"{BUSYBOX} is missing: the docker tests build their stand-in image from Debian's "
-                    "busybox-static (apt-get install busybox-static)")
+        pytest.fail(
+            f"{BUSYBOX} is missing: the docker tests build their stand-in image from Debian's "
+            "busybox-static (apt-get install busybox-static)"
+        )
     if b"ld-linux" in Path(BUSYBOX).read_bytes()[:4096]:
-        pytest.fail(f"{BUSYBOX} is dynamically linked (Debian's 'busybox' package); the stand-in image needs the "
-                    "static one: apt-get install busybox-static")
+        pytest.fail(
+            f"{BUSYBOX} is dynamically linked (Debian's 'busybox' package); the stand-in image needs the "
+            "static one: apt-get install busybox-static"
+        )
     applets = subprocess.run([BUSYBOX, "--list"], capture_output=True, text=True, check=True).stdout.split()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for d in ("bin", "etc", "tmp", "root", "dev", "proc", "sys", "usr", "usr/local", "usr/local/bin",
-                  "usr/sbin", "opt", "opt/tritonserver", "opt/tritonserver/bin", "workspace", "workspace/build",
-                  "workspace/build/fastertransformer_backend", "workspace/build/fastertransformer_backend/build",
-                  "workspace/build/fastertransformer_backend/build/bin", "var", "var/run"):
+        for d in (
+            "bin",
+            "etc",
+            "tmp",
+            "root",
+            "dev",
+            "proc",
+            "sys",
+            "usr",
+            "usr/local",
+            "usr/local/bin",
+            "usr/sbin",
+            "opt",
+            "opt/tritonserver",
+            "opt/tritonserver/bin",
+            "workspace",
+            "workspace/build",
+            "workspace/build/fastertransformer_backend",
+            "workspace/build/fastertransformer_backend/build",
+            "workspace/build/fastertransformer_backend/build/bin",
+            "var",
+            "var/run",
+        ):
             _add(tar, d, directory=True)
         _add(tar, "bin/busybox", Path(BUSYBOX).read_bytes())
         for applet in applets:
@@ -353,14 +399,22 @@ def standin_image(docker_client: Any) -> str:
     """The stand-in "FasterTransformer image" (see the module docstring), imported once per session."""
     repository, tag = STANDIN_TAG.rsplit(":", 1)
     docker_client.api.import_image_from_data(
-        standin_rootfs(), repository=repository, tag=tag,
-        changes=["ENV PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "WORKDIR /workspace",
-                 "ENV NCCL_LAUNCH_MODE=GROUP", "LABEL org.ftx.test=standin"])
+        standin_rootfs(),
+        repository=repository,
+        tag=tag,
+        changes=[
+            "ENV PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "WORKDIR /workspace",
+            "ENV NCCL_LAUNCH_MODE=GROUP",
+            "LABEL org.ftx.test=standin",
+        ],
+    )
     return STANDIN_TAG
 
 
-def make_repository(root: Path, *, tp: int = 1, pp: int = 1, data_type: str = "fp32",
-                    weights: bool = True) -> tuple[Path, Path]:
+def make_repository(
+    root: Path, *, tp: int = 1, pp: int = 1, data_type: str = "fp32", weights: bool = True
+) -> tuple[Path, Path]:
     """A model repository (real config.pbtxt from ftx's builder) and a stand-in ``<tp>-gpu`` checkpoint."""
     from ftx_triton.repository.model_config import FT_MODEL_NAME, FtModelOptions, build_ft_model_config, write_config
 
@@ -370,8 +424,14 @@ def make_repository(root: Path, *, tp: int = 1, pp: int = 1, data_type: str = "f
     if weights:
         (ckpt / "model.wte.bin").write_bytes(b"\0" * 64)
     repo = root / "repository"
-    write_config(build_ft_model_config(FtModelOptions(model_type="GPT-J", io_kind="decoder", checkpoint_path=ckpt,
-                                                      tp=tp, pp=pp, data_type=data_type)), repo / FT_MODEL_NAME)
+    write_config(
+        build_ft_model_config(
+            FtModelOptions(
+                model_type="GPT-J", io_kind="decoder", checkpoint_path=ckpt, tp=tp, pp=pp, data_type=data_type
+            )
+        ),
+        repo / FT_MODEL_NAME,
+    )
     return repo, ckpt
 
 

@@ -106,11 +106,17 @@ class FakeHub:
             return
         entries: list[dict[str, object]] = []
         folders = sorted({name.rsplit("/", 1)[0] for name in self.files[commit] if "/" in name})
-        entries += [{"type": "directory", "path": folder, "oid": hashlib.sha1(folder.encode()).hexdigest(), "size": 0}
-                    for folder in folders]
+        entries += [
+            {"type": "directory", "path": folder, "oid": hashlib.sha1(folder.encode()).hexdigest(), "size": 0}
+            for folder in folders
+        ]
         for name, data in sorted(self.files[commit].items()):
-            entry: dict[str, object] = {"type": "file", "path": name, "size": len(data),
-                                        "oid": hashlib.sha1(data).hexdigest()}
+            entry: dict[str, object] = {
+                "type": "file",
+                "path": name,
+                "size": len(data),
+                "oid": hashlib.sha1(data).hexdigest(),
+            }
             if name.endswith(".safetensors"):
                 entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
             entries.append(entry)

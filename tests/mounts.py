@@ -19,8 +19,9 @@ def tmpfs(path: Path, *, size: str = "1m", read_only: bool = False) -> Iterator[
     """Mount a tmpfs of ``size`` at ``path`` (created) for the block; skip the test if mounting fails."""
     path.mkdir(parents=True, exist_ok=True)
     options = f"size={size}" + (",ro" if read_only else "")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], check=False,
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], check=False, capture_output=True, text=True
+    )
     if mounted.returncode:
         pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
     try:

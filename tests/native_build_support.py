@@ -37,9 +37,12 @@ if(EXISTS ${CMAKE_SOURCE_DIR}/wait.sh)
   add_dependencies(triton-fastertransformer-backend slow)
 endif()
 """
-FILES = {"CMakeLists.txt": CMAKELISTS, "ft.cc": "int ft_answer() { return 42; }\n",
-         "backend.cc": "int ft_answer();\nint backend_answer() { return ft_answer(); }\n",
-         "gemm.cc": "#include <cstdio>\nint main() { std::puts(\"gemm\"); return 0; }\n"}
+FILES = {
+    "CMakeLists.txt": CMAKELISTS,
+    "ft.cc": "int ft_answer() { return 42; }\n",
+    "backend.cc": "int ft_answer();\nint backend_answer() { return ft_answer(); }\n",
+    "gemm.cc": '#include <cstdio>\nint main() { std::puts("gemm"); return 0; }\n',
+}
 
 
 def write_sources(root: Path, slow: bool = False) -> Path:
@@ -48,7 +51,9 @@ def write_sources(root: Path, slow: bool = False) -> Path:
         (root / name).write_text(text)
     if slow:  # a build step that waits while the mark (in these sources, not the staged copy) exists
         (root / SLOW_MARK).write_text("")
-        (root / "wait.sh").write_text(f"echo waiting\nwhile [ -e '{(root / SLOW_MARK).resolve()}' ]; do sleep 0.2; done\n")
+        (root / "wait.sh").write_text(
+            f"echo waiting\nwhile [ -e '{(root / SLOW_MARK).resolve()}' ]; do sleep 0.2; done\n"
+        )
     return root
 
 
@@ -69,17 +74,32 @@ def preflight() -> Preflight:
     """Real cmake, ninja and C++ compiler; stand-ins for the CUDA toolchain, MPI, NCCL and the GPU."""
     fake = Path("/nonexistent")
     probe = HostProbe(
-        nvcc=fake / "nvcc", cuda_version=(13, 0, 88), cuda_root=fake, cxx=Path(shutil.which("g++") or "g++"),
-        cxx_version="g++ (stand-in)", cmake=Path(shutil.which("cmake") or "cmake"), cmake_version=(3, 25),
-        ninja=Path(shutil.which("ninja") or "ninja"), mpi_prefix=fake / "ompi", mpi_version="5.0.11",
-        nccl_include=fake / "include", nccl_lib=fake / "lib", cuda_include_dirs=(fake,), cuda_lib_dirs=(fake,),
-        python_include=fake, gpus=(Gpu(0, "stand-in GPU", (9, 0)),), driver_version="580", driver_cuda=(13, 0))
+        nvcc=fake / "nvcc",
+        cuda_version=(13, 0, 88),
+        cuda_root=fake,
+        cxx=Path(shutil.which("g++") or "g++"),
+        cxx_version="g++ (stand-in)",
+        cmake=Path(shutil.which("cmake") or "cmake"),
+        cmake_version=(3, 25),
+        ninja=Path(shutil.which("ninja") or "ninja"),
+        mpi_prefix=fake / "ompi",
+        mpi_version="5.0.11",
+        nccl_include=fake / "include",
+        nccl_lib=fake / "lib",
+        cuda_include_dirs=(fake,),
+        cuda_lib_dirs=(fake,),
+        python_include=fake,
+        gpus=(Gpu(0, "stand-in GPU", (9, 0)),),
+        driver_version="580",
+        driver_cuda=(13, 0),
+    )
     return evaluate(replace(probe), "90")
 
 
 def build(home: Path, sources: Path, **kwargs: object):  # -> BuiltBackend
-    return build_backend(ArtifactStore(home), preflight(), sources=lambda: sources, recipe=RECIPE,
-                         show_progress=False, **kwargs)  # type: ignore[arg-type]
+    return build_backend(
+        ArtifactStore(home), preflight(), sources=lambda: sources, recipe=RECIPE, show_progress=False, **kwargs
+    )  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@ import textwrap
 from pathlib import Path
 
 
-def make_dist(root: Path, dist: str, module: str, source: str, *, entry_point: str | None = None,
-              version: str = "1.0.0") -> Path:
+def make_dist(
+    root: Path, dist: str, module: str, source: str, *, entry_point: str | None = None, version: str = "1.0.0"
+) -> Path:
     """Create ``root/<module>.py`` and ``root/<dist>-<version>.dist-info`` registering it in group ``ftx``."""
     root.mkdir(parents=True, exist_ok=True)
     (root / f"{module}.py").write_text(textwrap.dedent(source))

@@ -48,10 +48,29 @@ def tiny_kogpt(dest: Path) -> Path:
     from ftx_triton.fetching.tiny import tiny_gptj as build
     from ftx_triton.fetching.tiny import train_bpe_tokenizer
 
-    build(dest, n_embd=64, n_head=4, n_layer=2, rotary_dim=4, vocab_size=504, tokenizer=False,
-          token_ids={"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 3}, random_init=True, seed=7)
-    train_bpe_tokenizer(dest, specials=("[BOS]", "[EOS]", "[UNK]", "[PAD]", "[MASK]"), extra_config={
-        "bos_token": "[BOS]", "eos_token": "[EOS]", "unk_token": "[UNK]", "pad_token": "[PAD]", "mask_token": "[MASK]"})
+    build(
+        dest,
+        n_embd=64,
+        n_head=4,
+        n_layer=2,
+        rotary_dim=4,
+        vocab_size=504,
+        tokenizer=False,
+        token_ids={"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 3},
+        random_init=True,
+        seed=7,
+    )
+    train_bpe_tokenizer(
+        dest,
+        specials=("[BOS]", "[EOS]", "[UNK]", "[PAD]", "[MASK]"),
+        extra_config={
+            "bos_token": "[BOS]",
+            "eos_token": "[EOS]",
+            "unk_token": "[UNK]",
+            "pad_token": "[PAD]",
+            "mask_token": "[MASK]",
+        },
+    )
     return dest
 
 
@@ -64,9 +83,16 @@ def train_t5_spiece(dest: Path, vocab_size: int = 120) -> Any:
 
     lines = [s.strip() + "." for s in CORPUS.split(".") if s.strip()] + list(T5_SENTENCES) + list(T5_REFERENCES)
     model = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines * 4), model_writer=model, vocab_size=vocab_size,
-                                   model_type="unigram", character_coverage=1.0, hard_vocab_limit=False,
-                                   **T5_SPECIALS, minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines * 4),
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type="unigram",
+        character_coverage=1.0,
+        hard_vocab_limit=False,
+        **T5_SPECIALS,
+        minloglevel=2,
+    )
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "spiece.model").write_bytes(model.getvalue())
     processor = spm.SentencePieceProcessor()
@@ -83,7 +109,10 @@ def tiny_t5(dest: Path) -> Path:
 
 
 BUILDERS: dict[str, Callable[[Path], Path]] = {
-    "gptj": tiny_gptj, "gptneox": tiny_gptneox, "kogpt": tiny_kogpt, "t5": tiny_t5,
+    "gptj": tiny_gptj,
+    "gptneox": tiny_gptneox,
+    "kogpt": tiny_kogpt,
+    "t5": tiny_t5,
 }
 
 
@@ -99,13 +128,15 @@ def convert(family: Family, src: Path, out: Path, tp: int, weight_dtype: str = "
     return convert_directory(family, src, out, tp=tp, weight_dtype=weight_dtype).directory
 
 
-def options(family: Family, ckpt: Path, tp: int, *, streaming: bool = False, max_batch_size: int = 8,
-            data_type: str = "fp32") -> Any:
+def options(
+    family: Family, ckpt: Path, tp: int, *, streaming: bool = False, max_batch_size: int = 8, data_type: str = "fp32"
+) -> Any:
     """FtModelOptions for the fastertransformer model of ``family``."""
     from ftx_triton.repository.model_config import FtModelOptions
 
-    return FtModelOptions.for_family(family, ckpt, tp, data_type=data_type, max_batch_size=max_batch_size,
-                                     streaming=streaming)
+    return FtModelOptions.for_family(
+        family, ckpt, tp, data_type=data_type, max_batch_size=max_batch_size, streaming=streaming
+    )
 
 
 def build_repository(src: Path, home: Path, family: str, tp: int, **settings: Any) -> Any:
@@ -115,8 +146,9 @@ def build_repository(src: Path, home: Path, family: str, tp: int, **settings: An
     from ftx_triton.plugins import load_host
     from ftx_triton.store.artifact_store import ArtifactStore
 
-    run = RunSettings.of(str(src), family=family, tp=tp, runtime="python", until="configure", accept_license=True,
-                         **settings)
+    run = RunSettings.of(
+        str(src), family=family, tp=tp, runtime="python", until="configure", accept_license=True, **settings
+    )
     result = Pipeline(load_host(), ArtifactStore(home), run).run()
     assert result.repository is not None
     return result.repository
@@ -146,12 +178,21 @@ def hf_greedy(model: Any, prompt: Sequence[int], max_new_tokens: int, **kwargs: 
     ids = torch.tensor([list(prompt)])
     eos = kwargs.pop("eos_token_id", model.config.eos_token_id)
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                             do_sample=False, eos_token_id=eos, pad_token_id=eos, **kwargs)[0].tolist()
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=eos,
+            **kwargs,
+        )[0].tolist()
     return out[1:] if model.config.is_encoder_decoder else out
 
 
-def decoder_inputs(prompts: Sequence[Sequence[int]], output_len: int | Sequence[int], **extra: Any) -> dict[str, np.ndarray]:
+def decoder_inputs(
+    prompts: Sequence[Sequence[int]], output_len: int | Sequence[int], **extra: Any
+) -> dict[str, np.ndarray]:
     """FT decoder inputs as FasterTransformer's identity client sends them (UINT32, right-padded)."""
     width = max(len(p) for p in prompts)
     ids = np.zeros((len(prompts), width), np.uint32)
@@ -185,14 +226,24 @@ def column(value: Any, batch: int, dtype: Any) -> np.ndarray:
     return np.full((batch, 1), value, dtype=dtype)
 
 
-TRITON_TYPES = {np.dtype(np.uint32): "UINT32", np.dtype(np.int32): "INT32", np.dtype(np.float32): "FP32",
-                np.dtype(np.uint64): "UINT64", np.dtype(np.bool_): "BOOL", np.dtype(np.int64): "INT64",
-                np.dtype(np.object_): "BYTES"}
+TRITON_TYPES = {
+    np.dtype(np.uint32): "UINT32",
+    np.dtype(np.int32): "INT32",
+    np.dtype(np.float32): "FP32",
+    np.dtype(np.uint64): "UINT64",
+    np.dtype(np.bool_): "BOOL",
+    np.dtype(np.int64): "INT64",
+    np.dtype(np.object_): "BYTES",
+}
 
 
-def infer(url: str, inputs: Mapping[str, np.ndarray], model: str = "fastertransformer",
-          outputs: Sequence[str] = ("output_ids", "sequence_length"), types: Mapping[str, str] | None = None
-          ) -> dict[str, np.ndarray]:
+def infer(
+    url: str,
+    inputs: Mapping[str, np.ndarray],
+    model: str = "fastertransformer",
+    outputs: Sequence[str] = ("output_ids", "sequence_length"),
+    types: Mapping[str, str] | None = None,
+) -> dict[str, np.ndarray]:
     """One HTTP request (client closed afterwards); raises InferenceServerException on an error response."""
     import tritonclient.http as httpclient
 
@@ -210,9 +261,13 @@ def infer(url: str, inputs: Mapping[str, np.ndarray], model: str = "fastertransf
         client.close()
 
 
-def stream(url: str, inputs: Mapping[str, np.ndarray], model: str = "fastertransformer",
-           outputs: Sequence[str] = ("output_ids", "sequence_length"), timeout_s: float = 120.0
-           ) -> list[tuple[dict[str, np.ndarray], bool]]:
+def stream(
+    url: str,
+    inputs: Mapping[str, np.ndarray],
+    model: str = "fastertransformer",
+    outputs: Sequence[str] = ("output_ids", "sequence_length"),
+    timeout_s: float = 120.0,
+) -> list[tuple[dict[str, np.ndarray], bool]]:
     """One gRPC streaming request: every response's outputs and final flag, in arrival order."""
     import queue
 
@@ -228,8 +283,12 @@ def stream(url: str, inputs: Mapping[str, np.ndarray], model: str = "fastertrans
             tensor = grpcclient.InferInput(name, list(np.shape(value)), TRITON_TYPES[np.asarray(value).dtype])
             tensor.set_data_from_numpy(np.asarray(value))
             tensors.append(tensor)
-        client.async_stream_infer(model, tensors, outputs=[grpcclient.InferRequestedOutput(n) for n in outputs],
-                                  enable_empty_final_response=True)
+        client.async_stream_infer(
+            model,
+            tensors,
+            outputs=[grpcclient.InferRequestedOutput(n) for n in outputs],
+            enable_empty_final_response=True,
+        )
         while True:
             result, error = got.get(timeout=timeout_s)
             if error is not None:

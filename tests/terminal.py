@@ -28,9 +28,14 @@ class TerminalRun:
     """Everything written to the terminal (stderr), escape sequences included."""
 
 
-def run_in_terminal(args: list[str], env: dict[str, str], *, timeout_s: float = 300.0,
-                    on_output: Callable[[str, subprocess.Popen], None] | None = None,
-                    cwd: Path | None = None) -> TerminalRun:
+def run_in_terminal(
+    args: list[str],
+    env: dict[str, str],
+    *,
+    timeout_s: float = 300.0,
+    on_output: Callable[[str, subprocess.Popen], None] | None = None,
+    cwd: Path | None = None,
+) -> TerminalRun:
     """Run ``ftx ARGS`` with stderr (and stdin) on a 120x40 pseudo-terminal and stdout on a pipe.
 
     ``on_output(terminal_so_far, process)`` is called whenever the terminal gets output (a test
@@ -40,8 +45,9 @@ def run_in_terminal(args: list[str], env: dict[str, str], *, timeout_s: float = 
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     full_env = {**env, "TERM": "xterm-256color", "COLUMNS": "120", "LINES": "40"}
     full_env.pop("NO_COLOR", None)
-    proc = subprocess.Popen([FTX, *args], stdin=slave, stdout=subprocess.PIPE, stderr=slave, env=full_env,
-                            cwd=cwd, start_new_session=True)
+    proc = subprocess.Popen(
+        [FTX, *args], stdin=slave, stdout=subprocess.PIPE, stderr=slave, env=full_env, cwd=cwd, start_new_session=True
+    )
     os.close(slave)
     terminal = b""
     stdout = b""

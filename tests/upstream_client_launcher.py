@@ -39,8 +39,10 @@ def _wrap(module: Any) -> None:
     infer = module.InferenceServerClient.infer
 
     def recorded_infer(self: Any, model_name: str, inputs: list[Any], *args: Any, **kwargs: Any) -> Any:
-        entry: dict[str, Any] = {"model": model_name,
-                                 "inputs": {i.name(): getattr(i, "_recorded_array", None) for i in inputs}}
+        entry: dict[str, Any] = {
+            "model": model_name,
+            "inputs": {i.name(): getattr(i, "_recorded_array", None) for i in inputs},
+        }
         RECORDS.append(entry)
         try:
             result = infer(self, model_name, inputs, *args, **kwargs)

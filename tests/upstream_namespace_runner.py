@@ -24,18 +24,42 @@ def main() -> None:
     from ftx_triton.server.tritonserver import TritonServer
 
     results = []
-    with TritonServer(Path(plan["repository"]), home=Path(plan["home"]), ports=ServerPorts(8000, 8001, 8002),
-                      env={"FTX_DEVICE": "cpu"}, name=plan.get("name", "upstream-clients")):
+    with TritonServer(
+        Path(plan["repository"]),
+        home=Path(plan["home"]),
+        ports=ServerPorts(8000, 8001, 8002),
+        env={"FTX_DEVICE": "cpu"},
+        name=plan.get("name", "upstream-clients"),
+    ):
         for command in plan["commands"]:
             started = time.monotonic()
             try:
-                done = subprocess.run(command["argv"], cwd=command["cwd"], capture_output=True, text=True,
-                                      env={**os.environ, **command.get("env", {})}, timeout=command.get("timeout", 600))
-                results.append({"name": command["name"], "rc": done.returncode, "stdout": done.stdout,
-                                "stderr": done.stderr, "seconds": round(time.monotonic() - started, 1)})
+                done = subprocess.run(
+                    command["argv"],
+                    cwd=command["cwd"],
+                    capture_output=True,
+                    text=True,
+                    env={**os.environ, **command.get("env", {})},
+                    timeout=command.get("timeout", 600),
+                )
+                results.append(
+                    {
+                        "name": command["name"],
+                        "rc": done.returncode,
+                        "stdout": done.stdout,
+                        "stderr": done.stderr,
+                        "seconds": round(time.monotonic() - started, 1),
+                    }
+                )
             except subprocess.TimeoutExpired as exc:
-                results.append({"name": command["name"], "rc": -1, "stdout": str(exc.stdout or ""),
-                                "stderr": f"timed out after {exc.timeout}s"})
+                results.append(
+                    {
+                        "name": command["name"],
+                        "rc": -1,
+                        "stdout": str(exc.stdout or ""),
+                        "stderr": f"timed out after {exc.timeout}s",
+                    }
+                )
     Path(plan["results"]).write_text(json.dumps(results))
 
 

@@ -30,8 +30,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="needs an NVIDIA GPU (no nvidia-smi)")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="needs an NVIDIA GPU (no nvidia-smi)"),
+]
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -87,13 +89,38 @@ def _causal_model(kind: str, dest: Path) -> Path:
     if kind == "gptj":
         tiny.tiny_gptj(dest, n_embd=128, n_head=4, rotary_dim=16, vocab_size=256, random_init=True, seed=3)
     elif kind == "kogpt":
-        tiny.tiny_gptj(dest, n_embd=128, n_head=4, rotary_dim=16, vocab_size=256, tokenizer=False,
-                       token_ids={"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 3}, random_init=True, seed=7)
-        tiny.train_bpe_tokenizer(dest, specials=("[BOS]", "[EOS]", "[UNK]", "[PAD]", "[MASK]"), extra_config={
-            "bos_token": "[BOS]", "eos_token": "[EOS]", "unk_token": "[UNK]", "pad_token": "[PAD]", "mask_token": "[MASK]"})
+        tiny.tiny_gptj(
+            dest,
+            n_embd=128,
+            n_head=4,
+            rotary_dim=16,
+            vocab_size=256,
+            tokenizer=False,
+            token_ids={"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 3},
+            random_init=True,
+            seed=7,
+        )
+        tiny.train_bpe_tokenizer(
+            dest,
+            specials=("[BOS]", "[EOS]", "[UNK]", "[PAD]", "[MASK]"),
+            extra_config={
+                "bos_token": "[BOS]",
+                "eos_token": "[EOS]",
+                "unk_token": "[UNK]",
+                "pad_token": "[PAD]",
+                "mask_token": "[MASK]",
+            },
+        )
     else:
-        tiny.tiny_gptneox(dest, hidden_size=128, num_attention_heads=4, intermediate_size=512,
-                          use_parallel_residual=kind == "gptneox", random_init=True, seed=4)
+        tiny.tiny_gptneox(
+            dest,
+            hidden_size=128,
+            num_attention_heads=4,
+            intermediate_size=512,
+            use_parallel_residual=kind == "gptneox",
+            random_init=True,
+            seed=4,
+        )
     tokenizer = Tokenizer.from_file(str(dest / "tokenizer.json"))
     model = transformers.AutoModelForCausalLM.from_pretrained(dest)
     ids = [tokenizer.encode(text).ids for text in CORPUS]
@@ -110,8 +137,16 @@ def _t5_model(kind: str, dest: Path) -> Path:
     from python_runtime_support import T5_REFERENCES, T5_SENTENCES, train_t5_spiece
 
     processor = train_t5_spiece(dest)
-    tiny.tiny_t5(dest, d_model=128, d_kv=32, num_heads=4, d_ff=256, gated=kind == "t5-v1_1",
-                 vocab_size=max(128, processor.GetPieceSize()), seed=5)
+    tiny.tiny_t5(
+        dest,
+        d_model=128,
+        d_kv=32,
+        num_heads=4,
+        d_ff=256,
+        gated=kind == "t5-v1_1",
+        vocab_size=max(128, processor.GetPieceSize()),
+        seed=5,
+    )
     model = transformers.T5ForConditionalGeneration.from_pretrained(dest).to(TRAIN_DEVICE).train()
     src = [processor.EncodeAsIds(s) + [1] for s in T5_SENTENCES]
     tgt = [processor.EncodeAsIds(s) + [1] for s in T5_REFERENCES]
@@ -131,8 +166,14 @@ def _t5_model(kind: str, dest: Path) -> Path:
     return dest
 
 
-MODELS = {"gptj": "gptj", "kogpt": "kogpt", "gptneox": "gptneox", "gptneox-sequential": "gptneox",
-          "t5": "t5", "t5-v1_1": "t5"}
+MODELS = {
+    "gptj": "gptj",
+    "kogpt": "kogpt",
+    "gptneox": "gptneox",
+    "gptneox-sequential": "gptneox",
+    "t5": "t5",
+    "t5-v1_1": "t5",
+}
 """Test case -> ftx family."""
 
 
@@ -162,8 +203,14 @@ def built(home: Path) -> Any:
     from ftx_triton.store.artifact_store import ArtifactStore
 
     options = NativeOptions.from_settings(RunSettings.of("x"))
-    return backend_for(ArtifactStore(home), sm=options.sm, sources=options.sources, jobs=options.jobs,
-                       say=lambda text: print(text, flush=True), show_progress=False)
+    return backend_for(
+        ArtifactStore(home),
+        sm=options.sm,
+        sources=options.sources,
+        jobs=options.jobs,
+        say=lambda text: print(text, flush=True),
+        show_progress=False,
+    )
 
 
 def test_backend_build_is_cached_and_complete(built: Any, home: Path) -> None:
@@ -193,8 +240,16 @@ def _serve_ids(checkpoint: Path, home: Path, built: Any, **flat: Any) -> tuple[l
     from python_runtime_support import decoder_inputs
     from tokenizers import Tokenizer
 
-    settings = RunSettings.of(str(checkpoint), runtime="fastertransformer-native", data_type="fp16", family="gptj",
-                              max_batch_size=4, tune_batch=len(PROMPTS), tune_max_input_len=16, **flat)
+    settings = RunSettings.of(
+        str(checkpoint),
+        runtime="fastertransformer-native",
+        data_type="fp16",
+        family="gptj",
+        max_batch_size=4,
+        tune_batch=len(PROMPTS),
+        tune_max_input_len=16,
+        **flat,
+    )
     result = Pipeline(load_host(), ArtifactStore(home), settings, say=lambda text: print(text, flush=True)).run()
     assert result.runtime is not None and result.endpoint is not None
     try:
@@ -213,7 +268,8 @@ def _serve_ids(checkpoint: Path, home: Path, built: Any, **flat: Any) -> tuple[l
 
 @pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)], ids=["tp2-over-2-ranks", "pp2-over-2-ranks"])
 def test_two_mpi_ranks_on_one_host_equal_the_single_process_tp2_run(
-        tp: int, pp: int, checkpoints: dict[str, Path], built: Any, home: Path, tmp_path: Path) -> None:
+    tp: int, pp: int, checkpoints: dict[str, Path], built: Any, home: Path, tmp_path: Path
+) -> None:
     """The ``--hosts`` path for real: a hosts file naming localhost twice makes ftx start tritonserver as
     two MPI ranks (mpirun, one GPU each, no ssh), split as tp=2 or pp=2 across the two "nodes"; the
     generated ids and text equal one process serving tp=2 on both GPUs."""
@@ -268,9 +324,17 @@ def served(request: pytest.FixtureRequest, checkpoints: dict[str, Path], built: 
     if tp > _gpu_count():
         pytest.skip(f"tp {tp} needs {tp} GPUs")
     # under numpy 2 the server's Python stubs run in ftx's numpy-1 side environment (FTX_STUB_NUMPY: the wheel)
-    settings = RunSettings.of(str(checkpoints[case]), runtime="fastertransformer-native", tp=tp, data_type=dtype,
-                              family=family.name, max_batch_size=4, tune_batch=len(PROMPTS), tune_max_input_len=16,
-                              accept_license=True)
+    settings = RunSettings.of(
+        str(checkpoints[case]),
+        runtime="fastertransformer-native",
+        tp=tp,
+        data_type=dtype,
+        family=family.name,
+        max_batch_size=4,
+        tune_batch=len(PROMPTS),
+        tune_max_input_len=16,
+        accept_license=True,
+    )
     result = Pipeline(host, ArtifactStore(home), settings, say=lambda text: print(text, flush=True)).run()
     assert result.runtime is not None and result.runtime.name == "fastertransformer-native"
     assert result.gemm is not None and result.gemm.tuned, result.gemm
@@ -281,7 +345,9 @@ def served(request: pytest.FixtureRequest, checkpoints: dict[str, Path], built: 
 
 
 def _post(url: str, payload: dict[str, Any]) -> dict[str, Any]:
-    request = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
             return json.loads(response.read())
@@ -307,17 +373,26 @@ def _reference(served: Served, prompt: str) -> tuple[list[int], list[int], str]:
     import transformers
 
     pre, post = _processors(served.repository)
-    encoded = pre.run({"text_input": np.array([[prompt.encode()]], dtype=object),
-                       "max_tokens": np.array([[NEW_TOKENS]], dtype=np.int32)})
+    encoded = pre.run(
+        {
+            "text_input": np.array([[prompt.encode()]], dtype=object),
+            "max_tokens": np.array([[NEW_TOKENS]], dtype=np.int32),
+        }
+    )
     n = int(encoded["REQUEST_INPUT_LEN"][0, 0])
     ids = [int(t) for t in encoded["INPUT_ID"][0, :n]]
     config = transformers.AutoConfig.from_pretrained(served.source)
     model = getattr(transformers, config.architectures[0]).from_pretrained(served.source).eval()
     end_id = post.settings.end_id if hasattr(post, "settings") else config.eos_token_id
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, n, dtype=torch.long),
-                             max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=end_id,
-                             pad_token_id=end_id)[0].tolist()
+        out = model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, n, dtype=torch.long),
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            eos_token_id=end_id,
+            pad_token_id=end_id,
+        )[0].tolist()
     generated = out[1:] if config.is_encoder_decoder else out[n:]
     if end_id in generated:
         generated = generated[: generated.index(end_id)]
@@ -341,9 +416,13 @@ def test_text_through_the_ensemble_equals_transformers(served: Served) -> None:
 
 def _infer_json(http_url: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """One request to the raw fastertransformer model through Triton's JSON API (UINT32 inputs)."""
-    payload = {"inputs": [{"name": k, "shape": list(v.shape), "datatype": "UINT32", "data": v.flatten().tolist()}
-                          for k, v in inputs.items()],
-               "outputs": [{"name": "output_ids"}, {"name": "sequence_length"}]}
+    payload = {
+        "inputs": [
+            {"name": k, "shape": list(v.shape), "datatype": "UINT32", "data": v.flatten().tolist()}
+            for k, v in inputs.items()
+        ],
+        "outputs": [{"name": "output_ids"}, {"name": "sequence_length"}],
+    }
     answer = _post(f"http://{http_url}/v2/models/fastertransformer/infer", payload)
     return {o["name"]: np.array(o["data"]).reshape(o["shape"]) for o in answer["outputs"]}
 
@@ -358,7 +437,7 @@ def test_token_ids_of_the_raw_model_equal_transformers(served: Served) -> None:
         out = _infer_json(served.endpoint.http_url, inputs)
         length = int(out["sequence_length"][0, 0])
         tokens = [int(t) for t in out["output_ids"][0, 0, :length]]
-        got = tokens if encoder_decoder else tokens[len(ids):]
+        got = tokens if encoder_decoder else tokens[len(ids) :]
         assert got[: len(generated)] == generated, (served.case, served.tp, served.dtype, prompt, got, generated)
 
 
@@ -381,12 +460,13 @@ def _tensor(name: str, value: np.ndarray) -> dict[str, Any]:
 
 def _infer(http_url: str, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """One request through Triton's JSON API with the dtypes the arrays have (as tritonclient sends them)."""
-    answer = _post(f"http://{http_url}/v2/models/{model}/infer",
-                   {"inputs": [_tensor(k, v) for k, v in inputs.items()]})
+    answer = _post(f"http://{http_url}/v2/models/{model}/infer", {"inputs": [_tensor(k, v) for k, v in inputs.items()]})
     from tritonclient.utils import triton_to_np_dtype
 
-    return {o["name"]: np.array(o["data"], dtype=triton_to_np_dtype(o["datatype"])).reshape(o["shape"])
-            for o in answer["outputs"]}
+    return {
+        o["name"]: np.array(o["data"], dtype=triton_to_np_dtype(o["datatype"])).reshape(o["shape"])
+        for o in answer["outputs"]
+    }
 
 
 def _upstream_expected(served: Served) -> list[str]:
@@ -410,17 +490,28 @@ def test_upstream_ensemble_request_equals_transformers(served: Served) -> None:
         "INPUT_1": (NEW_TOKENS * ones).astype(np.uint32),
         "INPUT_2": np.array([[b""]] * batch, dtype=object),
         "INPUT_3": np.array([[b""]] * batch, dtype=object),
-        "runtime_top_k": ones.astype(np.uint32), "runtime_top_p": 0 * ones.astype(np.float32),
-        "temperature": ones.astype(np.float32), "len_penalty": ones.astype(np.float32),
-        "repetition_penalty": ones.astype(np.float32), "beam_width": ones.astype(np.uint32),
-        "random_seed": 0 * ones.astype(np.uint64), "is_return_log_probs": ones.astype(bool),
+        "runtime_top_k": ones.astype(np.uint32),
+        "runtime_top_p": 0 * ones.astype(np.float32),
+        "temperature": ones.astype(np.float32),
+        "len_penalty": ones.astype(np.float32),
+        "repetition_penalty": ones.astype(np.float32),
+        "beam_width": ones.astype(np.uint32),
+        "random_seed": 0 * ones.astype(np.uint64),
+        "is_return_log_probs": ones.astype(bool),
     }
     out = _infer(served.endpoint.http_url, "ensemble", inputs)
     assert {"OUTPUT_0", "sequence_length", "cum_log_probs", "output_log_probs"} <= set(out)
     got = [row[0] for row in out["OUTPUT_0"].tolist()]
     expected = _upstream_expected(served)
     for text, want, prompt in zip(got, expected, PROMPTS, strict=True):
-        assert text.startswith(want) or want.startswith(text), (served.case, served.tp, served.dtype, prompt, text, want)
+        assert text.startswith(want) or want.startswith(text), (
+            served.case,
+            served.tp,
+            served.dtype,
+            prompt,
+            text,
+            want,
+        )
         assert len(text) >= len(want) - 1, (served.case, prompt, text, want)
 
 
@@ -429,26 +520,53 @@ def test_end_to_end_sequence_preprocessing_fastertransformer_postprocessing(serv
     fastertransformer_backend's tensor names; the text equals transformers' ids decoded."""
     batch = len(PROMPTS)
     ones = np.ones((batch, 1))
-    pre = _infer(served.endpoint.http_url, "preprocessing", {
-        "QUERY": np.array([[p.encode()] for p in PROMPTS], dtype=object),
-        "BAD_WORDS_DICT": np.array([[b""]] * batch, dtype=object),
-        "STOP_WORDS_DICT": np.array([[b""]] * batch, dtype=object),
-        "REQUEST_OUTPUT_LEN": (NEW_TOKENS * ones).astype(np.uint32)})
+    pre = _infer(
+        served.endpoint.http_url,
+        "preprocessing",
+        {
+            "QUERY": np.array([[p.encode()] for p in PROMPTS], dtype=object),
+            "BAD_WORDS_DICT": np.array([[b""]] * batch, dtype=object),
+            "STOP_WORDS_DICT": np.array([[b""]] * batch, dtype=object),
+            "REQUEST_OUTPUT_LEN": (NEW_TOKENS * ones).astype(np.uint32),
+        },
+    )
     t5 = served.case.startswith("t5")
-    lengths = {"sequence_length" if t5 else "input_lengths": pre["REQUEST_INPUT_LEN"].astype(np.uint32),
-               "max_output_len" if t5 else "request_output_len": pre["REQUEST_OUTPUT_LEN"].astype(np.uint32)}
-    ft = _infer(served.endpoint.http_url, "fastertransformer", {
-        "input_ids": pre["INPUT_ID"].astype(np.uint32), **lengths,
-        "runtime_top_k": ones.astype(np.uint32), "runtime_top_p": 0 * ones.astype(np.float32),
-        "temperature": ones.astype(np.float32), "len_penalty": ones.astype(np.float32),
-        "repetition_penalty": ones.astype(np.float32), "beam_width": ones.astype(np.uint32),
-        "random_seed": 0 * ones.astype(np.uint64), "is_return_log_probs": ones.astype(bool),
-        "bad_words_list": pre["BAD_WORDS_IDS"].astype(np.int32), "stop_words_list": pre["STOP_WORDS_IDS"].astype(np.int32)})
+    lengths = {
+        "sequence_length" if t5 else "input_lengths": pre["REQUEST_INPUT_LEN"].astype(np.uint32),
+        "max_output_len" if t5 else "request_output_len": pre["REQUEST_OUTPUT_LEN"].astype(np.uint32),
+    }
+    ft = _infer(
+        served.endpoint.http_url,
+        "fastertransformer",
+        {
+            "input_ids": pre["INPUT_ID"].astype(np.uint32),
+            **lengths,
+            "runtime_top_k": ones.astype(np.uint32),
+            "runtime_top_p": 0 * ones.astype(np.float32),
+            "temperature": ones.astype(np.float32),
+            "len_penalty": ones.astype(np.float32),
+            "repetition_penalty": ones.astype(np.float32),
+            "beam_width": ones.astype(np.uint32),
+            "random_seed": 0 * ones.astype(np.uint64),
+            "is_return_log_probs": ones.astype(bool),
+            "bad_words_list": pre["BAD_WORDS_IDS"].astype(np.int32),
+            "stop_words_list": pre["STOP_WORDS_IDS"].astype(np.int32),
+        },
+    )
     tokens_dtype = np.int32 if t5 else np.uint32
-    post = _infer(served.endpoint.http_url, "postprocessing", {
-        "TOKENS_BATCH": ft["output_ids"].astype(tokens_dtype),
-        "sequence_length": ft["sequence_length"]})  # in the dtype the model declares
+    post = _infer(
+        served.endpoint.http_url,
+        "postprocessing",
+        {"TOKENS_BATCH": ft["output_ids"].astype(tokens_dtype), "sequence_length": ft["sequence_length"]},
+    )  # in the dtype the model declares
     got = [row[0] for row in post["OUTPUT"].reshape(batch, -1).tolist()]
     expected = _upstream_expected(served)
     for text, want, prompt in zip(got, expected, PROMPTS, strict=True):
-        assert text.startswith(want) or want.startswith(text), (served.case, served.tp, served.dtype, prompt, text, want)
+        assert text.startswith(want) or want.startswith(text), (
+            served.case,
+            served.tp,
+            served.dtype,
+            prompt,
+            text,
+            want,
+        )

@@ -25,9 +25,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="needs an NVIDIA GPU (no nvidia-smi)"),
-              pytest.mark.skipif(os.environ.get("FTX_GPU_SKIP_6B") == "1", reason="FTX_GPU_SKIP_6B=1")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="needs an NVIDIA GPU (no nvidia-smi)"),
+    pytest.mark.skipif(os.environ.get("FTX_GPU_SKIP_6B") == "1", reason="FTX_GPU_SKIP_6B=1"),
+]
 
 sys.path.insert(0, str(Path(__file__).parent.parent.parent / "benchmarks"))
 sys.path.insert(0, str(Path(__file__).parent.parent))
@@ -37,8 +39,13 @@ NEW_TOKENS = 16
 
 
 def _ftx(*args: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", "from ftx_triton.cli import main; main()", *args],
-                          capture_output=True, text=True, env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", "from ftx_triton.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
 
 
 def _infer_grpc(url: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -53,8 +60,12 @@ def _infer_grpc(url: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray
         tensors.append(tensor)
     client = grpcclient.InferenceServerClient(url)
     try:
-        result = client.infer("fastertransformer", tensors, client_timeout=300,
-                              outputs=[grpcclient.InferRequestedOutput(n) for n in ("output_ids", "sequence_length")])
+        result = client.infer(
+            "fastertransformer",
+            tensors,
+            client_timeout=300,
+            outputs=[grpcclient.InferRequestedOutput(n) for n in ("output_ids", "sequence_length")],
+        )
     finally:
         client.close()
     return {n: result.as_numpy(n) for n in ("output_ids", "sequence_length")}
@@ -78,8 +89,9 @@ def _rates(url: str, vocab: int, batches: tuple[int, ...] = (1, 8), new_tokens: 
             t0 = time.perf_counter()
             answer = _infer_grpc(url, inputs)
             seconds = time.perf_counter() - t0
-            tokens = generated_tokens(prompts, answer["output_ids"], answer["sequence_length"], new_tokens, vocab + 7,
-                                      vocab)
+            tokens = generated_tokens(
+                prompts, answer["output_ids"], answer["sequence_length"], new_tokens, vocab + 7, vocab
+            )
             if seed:
                 rates.append(tokens / seconds)
         out[batch] = round(statistics.median(rates), 1)
@@ -87,8 +99,12 @@ def _rates(url: str, vocab: int, batches: tuple[int, ...] = (1, 8), new_tokens: 
 
 
 def _memory_mib() -> list[int]:
-    text = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                          capture_output=True, text=True, check=False).stdout
+    text = subprocess.run(
+        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
     return [int(v) for v in text.split() if v.strip().isdigit()]
 
 
@@ -106,8 +122,16 @@ def test_ftx_run_serves_a_6b_shaped_checkpoint_on_native_fastertransformer(tmp_p
     source = random_checkpoint("gptj", tmp_path / "gptj-6b-shaped")
     env = dict(os.environ, FTX_LOG_FORMAT="json")
     env.pop("FTX_RUN_RUNTIME", None)
-    argv = ("run", str(source), "--prompt", PROMPT, "--max-tokens", str(NEW_TOKENS), "--detach",
-            *(("--tp", str(tp)) if tp > 1 else ()))
+    argv = (
+        "run",
+        str(source),
+        "--prompt",
+        PROMPT,
+        "--max-tokens",
+        str(NEW_TOKENS),
+        "--detach",
+        *(("--tp", str(tp)) if tp > 1 else ()),
+    )
     figures: dict[str, object] = {"tp": tp}
     t0 = time.perf_counter()
     done = _ftx(*argv, env=env, timeout=1500)

@@ -42,17 +42,32 @@ def test_short_lengths_a_lost_prompt_and_ids_outside_the_vocabulary_are_refused(
     with pytest.raises(MeasurementFault, match="row 1: the answer does not start with its prompt"):
         generated_tokens(PROMPTS, _answer([good[0], [0, 202, 203, 9, 10, 11, 12]]), np.array([[7], [7]]), 4, END, VOCAB)
     with pytest.raises(MeasurementFault, match="outside the vocabulary"):
-        generated_tokens(PROMPTS, _answer([good[0], [201, 202, 203, 9, 10, 1000, 12]]), np.array([[7], [7]]), 4, END,
-                         VOCAB)
+        generated_tokens(
+            PROMPTS, _answer([good[0], [201, 202, 203, 9, 10, 1000, 12]]), np.array([[7], [7]]), 4, END, VOCAB
+        )
 
 
 def test_a_rate_above_the_hbm_bound_is_refused_and_printed_as_refused() -> None:
     assert within_bound(200.0, 215.0, "batch 1") == 200.0
     with pytest.raises(MeasurementFault, match="254.2 tok/s is 1.18x the HBM bound of 215.0"):
         within_bound(254.2, 215.0, "batch 1")
-    report = {"bandwidth_gbs": 2950, "read_bandwidth_gbs": 3100, "batches": [1], "shapes": {"gptneox": {"native": {
-        "fp16 tp1": {"tp": 1, "weight_bytes": 13_700_000_000, "step_bytes_per_gpu": 13_300_000_000,
-                     "untuned": {"1": {"refused": "over"}}}}}}}
+    report = {
+        "bandwidth_gbs": 2950,
+        "read_bandwidth_gbs": 3100,
+        "batches": [1],
+        "shapes": {
+            "gptneox": {
+                "native": {
+                    "fp16 tp1": {
+                        "tp": 1,
+                        "weight_bytes": 13_700_000_000,
+                        "step_bytes_per_gpu": 13_300_000_000,
+                        "untuned": {"1": {"refused": "over"}},
+                    }
+                }
+            }
+        },
+    }
     table = markdown(report)
     assert "refused (over the bound)" in table and "254" not in table
 

@@ -11,9 +11,17 @@ HOOKS = [f for name, f in vars(hookspecs).items() if inspect.isfunction(f) and h
 
 
 def test_every_hook_is_an_ftx_hook() -> None:
-    assert {f.__name__ for f in HOOKS} == {"ftx_register_families", "ftx_register_runtimes", "ftx_register_commands",
-                                           "ftx_add_options", "ftx_fetch", "ftx_convert", "ftx_tune", "ftx_configure",
-                                           "ftx_serve"}
+    assert {f.__name__ for f in HOOKS} == {
+        "ftx_register_families",
+        "ftx_register_runtimes",
+        "ftx_register_commands",
+        "ftx_add_options",
+        "ftx_fetch",
+        "ftx_convert",
+        "ftx_tune",
+        "ftx_configure",
+        "ftx_serve",
+    }
 
 
 @pytest.mark.parametrize("hook", HOOKS, ids=lambda f: f.__name__)

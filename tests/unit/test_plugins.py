@@ -37,8 +37,9 @@ def ftx(args: list[str], extra_path: Path | None, home: Path, **env: str) -> sub
     environ = {**os.environ, "FTX_HOME": str(home), **env}
     if extra_path:
         environ["PYTHONPATH"] = os.pathsep.join([str(extra_path), environ.get("PYTHONPATH", "")])
-    return subprocess.run([sys.executable, "-m", "ftx_triton", *args], capture_output=True, text=True, env=environ,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "ftx_triton", *args], capture_output=True, text=True, env=environ, timeout=120
+    )
 
 
 def test_installed_first_party_plugins_are_discovered(plugin_host) -> None:
@@ -118,7 +119,9 @@ def test_unknown_family_lists_installed(ftx_cli, tiny_gptj_dir: Path, tmp_path: 
 def test_hook_stage_hooks_are_firstresult_with_trylast_defaults(plugin_host, hook: str) -> None:
     caller = getattr(plugin_host.hook, hook)
     assert caller.spec.opts["firstresult"]
-    defaults = [impl for impl in caller.get_hookimpls() if impl.plugin_name.startswith("ftx_triton.engine.default_plugins")]
+    defaults = [
+        impl for impl in caller.get_hookimpls() if impl.plugin_name.startswith("ftx_triton.engine.default_plugins")
+    ]
     assert len(defaults) == 1 and defaults[0].trylast
 
 

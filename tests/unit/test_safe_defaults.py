@@ -15,10 +15,22 @@ from ftx_triton.fetching.tiny import tiny_gptj
 def _huge_config_dir(path: Path) -> Path:
     """A checkpoint directory with only config.json, claiming a GPT-J of about 1.2 T parameters."""
     path.mkdir(parents=True)
-    (path / "config.json").write_text(json.dumps({
-        "model_type": "gptj", "architectures": ["GPTJForCausalLM"], "n_embd": 32768, "n_head": 64, "n_layer": 96,
-        "rotary_dim": 64, "vocab_size": 50400, "n_positions": 2048, "torch_dtype": "float16",
-        "tie_word_embeddings": False}))
+    (path / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "gptj",
+                "architectures": ["GPTJForCausalLM"],
+                "n_embd": 32768,
+                "n_head": 64,
+                "n_layer": 96,
+                "rotary_dim": 64,
+                "vocab_size": 50400,
+                "n_positions": 2048,
+                "torch_dtype": "float16",
+                "tie_word_embeddings": False,
+            }
+        )
+    )
     return path
 
 
@@ -43,8 +55,9 @@ def test_dry_run_and_help_agree_on_the_fastertransformer_compute_type(ftx_cli) -
     assert "auto = the source's own" in help_text
 
 
-def test_serving_more_than_the_memory_is_refused_before_anything_is_fetched(ftx_cli, ftx_home: Path,
-                                                                             tmp_path: Path) -> None:
+def test_serving_more_than_the_memory_is_refused_before_anything_is_fetched(
+    ftx_cli, ftx_home: Path, tmp_path: Path
+) -> None:
     src = _huge_config_dir(tmp_path / "huge")
     result = ftx_cli("run", str(src), "--runtime", "python")
     assert result.exit_code == 1
@@ -70,9 +83,9 @@ def small_disk(tmp_path: Path):
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-def test_conversion_larger_than_the_free_disk_is_refused_before_writing(ftx_cli, small_disk: Path,
-                                                                        tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_conversion_larger_than_the_free_disk_is_refused_before_writing(
+    ftx_cli, small_disk: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     src = tiny_gptj(tmp_path / "src", n_layer=4, n_embd=256, n_head=4, vocab_size=1024)  # ~3.7 M params, fp32
     monkeypatch.setenv("FTX_HOME", str(small_disk))
     result = ftx_cli("run", str(src), "--until", "convert")
@@ -140,8 +153,9 @@ def test_a_commands_default_runtime_is_not_called_a_flag(tmp_path: Path) -> None
     from ftx_triton.store.artifact_store import ArtifactStore
 
     runtimes, store = load_host().runtimes, ArtifactStore(tmp_path)
-    _, why = choose_runtime(runtimes, RunSettings.of("m", runtime="python", runtime_origin="ftx configure's default"),
-                            store)
+    _, why = choose_runtime(
+        runtimes, RunSettings.of("m", runtime="python", runtime_origin="ftx configure's default"), store
+    )
     assert why == "python from ftx configure's default"
     _, why = choose_runtime(runtimes, RunSettings.of("m", runtime="python"), store)
     assert why == "requested with --runtime python"

@@ -40,8 +40,18 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "ftx_triton.store.artifact_store": ("ArtifactStore",),
     "ftx_triton.plugins": ("load_host", "PluginHost"),
     # errors
-    "ftx_triton.errors": ("FtxError", "PluginError", "FamilyResolutionError", "SourceError", "CheckpointError",
-                          "MappingError", "ConfigError", "OutputError", "ToolError", "ServeError"),
+    "ftx_triton.errors": (
+        "FtxError",
+        "PluginError",
+        "FamilyResolutionError",
+        "SourceError",
+        "CheckpointError",
+        "MappingError",
+        "ConfigError",
+        "OutputError",
+        "ToolError",
+        "ServeError",
+    ),
 }
 _EXPORTS: dict[str, str] = {name: module for module, names in _MODULES.items() for name in names}
 

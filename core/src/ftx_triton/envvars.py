@@ -25,6 +25,8 @@ def env_int(name: str, default: int | None, low: int, high: int) -> int | None:
     except ValueError:
         value = None
     if value is None or not low <= value <= high:
-        raise ConfigError(f"{name}={raw!r} is not an integer in {low}-{high}",
-                          hint=f"set {name} to a whole number in that range, or unset it for the default")
+        raise ConfigError(
+            f"{name}={raw!r} is not an integer in {low}-{high}",
+            hint=f"set {name} to a whole number in that range, or unset it for the default",
+        )
     return value

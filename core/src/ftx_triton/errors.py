@@ -64,6 +64,8 @@ class ResourceError(FtxError):
 
 class LicenseError(FtxError):
     """A model's licence needs an explicit acceptance that was not given."""
+
+
 _FILE_SYSTEM_ERRNOS = {
     errno.ENOSPC: "no space left on device",
     errno.EDQUOT: "disk quota exceeded",

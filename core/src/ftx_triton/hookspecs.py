@@ -144,8 +144,14 @@ def ftx_tune(family: Family, spec: ModelSpec, dest: Path, ctx: StageContext, run
 
 @hookspec(firstresult=True)
 def ftx_configure(
-    family: Family, spec: ModelSpec, source: Source, checkpoint: Checkpoint, gemm: GemmConfig, dest: Path,
-    ctx: StageContext, runtime: Runtime,
+    family: Family,
+    spec: ModelSpec,
+    source: Source,
+    checkpoint: Checkpoint,
+    gemm: GemmConfig,
+    dest: Path,
+    ctx: StageContext,
+    runtime: Runtime,
 ) -> ModelRepository | None:
     """Lay out a Triton model repository in ``dest``.
 

@@ -31,5 +31,7 @@ def unusable_home(home: Path, exc: OSError) -> ConfigError:
         reason = exc.strerror or str(exc)
         why = reason[:1].lower() + reason[1:] + (f": {exc.filename}" if exc.filename else "")
     name = f"FTX_HOME={home}" if os.environ.get("FTX_HOME") else f"ftx's home {home}"
-    return ConfigError(f"{name} is not a directory ftx can use ({why})",
-                       hint="point FTX_HOME at a writable directory (or unset it to use the user cache directory)")
+    return ConfigError(
+        f"{name} is not a directory ftx can use ({why})",
+        hint="point FTX_HOME at a writable directory (or unset it to use the user cache directory)",
+    )

@@ -177,8 +177,10 @@ class PluginHost:
             for cls in runtimes:
                 runtime = cls()
                 if not isinstance(runtime, Runtime) or not runtime.name:
-                    raise PluginError(f"{owner.distribution} registered {cls!r}, which is not a named ftx Runtime",
-                                      hint="subclass ftx_triton.Runtime and set its name")
+                    raise PluginError(
+                        f"{owner.distribution} registered {cls!r}, which is not a named ftx Runtime",
+                        hint="subclass ftx_triton.Runtime and set its name",
+                    )
                 if runtime.name in self.runtimes:
                     raise PluginError(
                         f"runtime {runtime.name!r} is registered by both {self.runtime_owner[runtime.name]} "
@@ -202,8 +204,10 @@ class PluginHost:
             impl.function(cli=group)
             for name, command in group.commands.items():
                 if name in owners:
-                    raise PluginError(f"command {name!r} is added by both {owners[name]} and {owner}",
-                                      hint=f"uninstall one of them, or block one with FTX_DISABLE_PLUGINS={owner}")
+                    raise PluginError(
+                        f"command {name!r} is added by both {owners[name]} and {owner}",
+                        hint=f"uninstall one of them, or block one with FTX_DISABLE_PLUGINS={owner}",
+                    )
                 owners[name] = owner
                 commands[name] = command
         return commands
@@ -215,11 +219,12 @@ class PluginHost:
         seen = set(taken)
         for impl in self.pm.hook.ftx_add_options.get_hookimpls():
             owner = self._record_for(impl.plugin_name).distribution
-            for option in cast(Sequence['click.Option'], impl.function() or ()):
+            for option in cast(Sequence["click.Option"], impl.function() or ()):
                 if option.name is None or option.name in seen:
-                    raise PluginError(f"{owner} adds an option {option.name!r} to `ftx run`, which already has one "
-                                      "of that name", hint=f"rename it, or block the plugin with "
-                                                           f"FTX_DISABLE_PLUGINS={owner}")
+                    raise PluginError(
+                        f"{owner} adds an option {option.name!r} to `ftx run`, which already has one of that name",
+                        hint=f"rename it, or block the plugin with FTX_DISABLE_PLUGINS={owner}",
+                    )
                 seen.add(option.name)
                 options.append(option)
         return options
@@ -298,8 +303,7 @@ def _check_api_range(module: object) -> str | None:
     if low <= PLUGIN_API_VERSION <= high:
         return None
     side = "ftx" if PLUGIN_API_VERSION < low else "the plugin"
-    return (f"supports plugin API {low}..{high} but this ftx provides API {PLUGIN_API_VERSION}; "
-            f"upgrade {side}")
+    return f"supports plugin API {low}..{high} but this ftx provides API {PLUGIN_API_VERSION}; upgrade {side}"
 
 
 def load_host(*, entry_points: Iterable[metadata.EntryPoint] | None = None, extra: Sequence[object] = ()) -> PluginHost:

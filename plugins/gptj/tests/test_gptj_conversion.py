@@ -30,23 +30,48 @@ def test_gptj_matches_upstream_bytes(golden: Path, tmp_path: Path, run, weights:
     family = GPTJ()
     source = golden / run.case / "hf"
     hf_config = family.read_hf_config(source)
-    convert_checkpoint(family, open_checkpoint(source / weights), hf_config, family.spec(hf_config), tmp_path,
-                       tp=run.tp, weight_dtype=run.dtype)
+    convert_checkpoint(
+        family,
+        open_checkpoint(source / weights),
+        hf_config,
+        family.spec(hf_config),
+        tmp_path,
+        tp=run.tp,
+        weight_dtype=run.dtype,
+    )
     assert mismatches(tmp_path, run) == []
 
 
 @pytest.mark.parametrize("run", _runs(_golden_root()), ids=lambda r: r.id)
 def test_gptj_cli_convert_matches_upstream(golden: Path, tmp_path: Path, ftx_cli, run) -> None:
-    result = ftx_cli("convert", str(golden / run.case / "hf"), "--tp", str(run.tp), "--weight-dtype", run.dtype,
-                     "--output", str(tmp_path / "out"))
+    result = ftx_cli(
+        "convert",
+        str(golden / run.case / "hf"),
+        "--tp",
+        str(run.tp),
+        "--weight-dtype",
+        run.dtype,
+        "--output",
+        str(tmp_path / "out"),
+    )
     assert result.exit_code == 0, result.stderr
     assert result.stdout.strip() == str(tmp_path / "out" / f"{run.tp}-gpu")
     assert mismatches(tmp_path / "out", run) == []
     ours = read_ini(tmp_path / "out" / f"{run.tp}-gpu" / "config.ini")["gptj"]
-    upstream = {k.strip(): v.strip() for k, v in (line.split("=", 1) for line in run.config_ini.splitlines()
-                                                     if "=" in line)}
-    for key in ("head_num", "size_per_head", "inter_size", "num_layer", "rotary_embedding", "vocab_size",
-                "start_id", "end_id", "weight_data_type"):
+    upstream = {
+        k.strip(): v.strip() for k, v in (line.split("=", 1) for line in run.config_ini.splitlines() if "=" in line)
+    }
+    for key in (
+        "head_num",
+        "size_per_head",
+        "inter_size",
+        "num_layer",
+        "rotary_embedding",
+        "vocab_size",
+        "start_id",
+        "end_id",
+        "weight_data_type",
+    ):
         assert ours[key] == upstream[key], key
 
 
@@ -112,8 +137,9 @@ def test_gptj_config_ini_fixes_upstream_quirks(tmp_path: Path) -> None:
     family = GPTJ()
     hf_config = family.read_hf_config(src)
     assert hf_config["n_inner"] == 96 and hf_config["rotary_dim"] is None
-    convert_checkpoint(family, open_checkpoint(src), hf_config, family.spec(hf_config), tmp_path / "ft", tp=1,
-                       weight_dtype="fp32")
+    convert_checkpoint(
+        family, open_checkpoint(src), hf_config, family.spec(hf_config), tmp_path / "ft", tp=1, weight_dtype="fp32"
+    )
     ini = read_ini(tmp_path / "ft" / "1-gpu" / "config.ini")["gptj"]
     assert ini["inter_size"] == "96"
     assert ini["rotary_embedding"] == ini["size_per_head"] == "16"

@@ -80,8 +80,13 @@ def loader_bytes(ini: dict, tp: int) -> dict[str, int]:
     H = int(s["head_num"]) * int(s["size_per_head"])
     I, V, L = int(s["inter_size"]), int(s["vocab_size"]), int(s["num_layer"])  # noqa: E741 - the tables' names
     item = {"fp32": 4, "fp16": 2, "bf16": 2}[s["weight_data_type"]]
-    sizes = {"model.wte.bin": V * H, "model.final_layernorm.weight.bin": H, "model.final_layernorm.bias.bin": H,
-             "model.lm_head.weight.bin": V * H, "model.lm_head.bias.bin": V}
+    sizes = {
+        "model.wte.bin": V * H,
+        "model.final_layernorm.weight.bin": H,
+        "model.final_layernorm.bias.bin": H,
+        "model.lm_head.weight.bin": V * H,
+        "model.lm_head.bias.bin": V,
+    }
     for layer in range(L):
         p = f"model.layers.{layer}."
         sizes[p + "input_layernorm.weight.bin"] = H
@@ -107,8 +112,18 @@ def ini_from_text(text: str, tmp_path: Path) -> dict:
 ROOT = "causal_transformer_shard/~/"
 
 
-def write_slim(out: Path, *, shards: int = 4, layers: int = 12, d_model: int = 16, n_vocab: int = 32,
-               dtype: str = "bf16", seed: int = 0, pieces: int = 16, per_shard: dict | None = None) -> dict:
+def write_slim(
+    out: Path,
+    *,
+    shards: int = 4,
+    layers: int = 12,
+    d_model: int = 16,
+    n_vocab: int = 32,
+    dtype: str = "bf16",
+    seed: int = 0,
+    pieces: int = 16,
+    per_shard: dict | None = None,
+) -> dict:
     """Write a slim checkpoint; return the full (merged, jax-layout) float32 values it stores.
 
     ``per_shard`` maps "module/param" to a list of per-shard arrays to store instead of the
@@ -132,8 +147,10 @@ def write_slim(out: Path, *, shards: int = 4, layers: int = 12, d_model: int = 1
         return [full.copy() for _ in range(S)]
 
     def norm() -> dict[str, list[np.ndarray]]:
-        return {"offset": [rand(D, scale=0.1)] + [np.zeros(D, np.float32)] * (S - 1),
-                "scale": [rand(D, scale=0.1, offset=1.0)] + [np.ones(D, np.float32)] * (S - 1)}
+        return {
+            "offset": [rand(D, scale=0.1)] + [np.zeros(D, np.float32)] * (S - 1),
+            "scale": [rand(D, scale=0.1, offset=1.0)] + [np.ones(D, np.float32)] * (S - 1),
+        }
 
     params[ROOT + "embedding_shard/~/linear"] = {"w": row(rand(V, D)), "b": same(rand(D, scale=0.1))}
     for i in range(layers):
@@ -176,6 +193,7 @@ def f16(x: np.ndarray) -> np.ndarray:
 
 def expected_hf(stored: dict, shards: int, layers: int) -> dict[str, np.ndarray]:
     """Upstream's result, written out plainly from the stored per-shard values."""
+
     def cat(key: str, axis: int) -> np.ndarray:
         return np.concatenate(stored[key], axis=axis)
 
@@ -222,7 +240,10 @@ def test_config_ini_describes_the_checkpoint_read_not_gptj_6b(tmp_path: Path, tp
     s = ours["gptj"]
     assert int(s["head_num"]) * int(s["size_per_head"]) == REAL["hidden"]
     assert (int(s["num_layer"]), int(s["inter_size"]), int(s["vocab_size"])) == (
-        REAL["layers"], REAL["inner"], REAL["vocab"])
+        REAL["layers"],
+        REAL["inner"],
+        REAL["vocab"],
+    )
     assert int(s["head_num"]) == (REAL["heads"] if tp == 2 else 1)  # tp1: GPT-J-6B's head size assumed
     assert 0 < int(s["rotary_embedding"]) <= int(s["size_per_head"])
     assert (s["start_id"], s["end_id"], s["weight_data_type"]) == ("50256", "50256", "fp32")
@@ -267,8 +288,13 @@ def test_bf16_checkpoint_with_other_shard_and_layer_counts(tmp_path: Path) -> No
     # and through the table, fp16 output at tp 4 (4 heads, from a config.json beside the shards)
     (tmp_path / "ckpt" / "config.json").write_text('{"n_head": 4}')
     out = convert(tmp_path / "ckpt", tmp_path / "out", 4, "fp16")
-    qkv = np.concatenate([np.fromfile(out / f"model.layers.11.attention.query_key_value.weight.{r}.bin",
-                                      np.float16).reshape(16, 3, 4) for r in range(4)], axis=-1)
+    qkv = np.concatenate(
+        [
+            np.fromfile(out / f"model.layers.11.attention.query_key_value.weight.{r}.bin", np.float16).reshape(16, 3, 4)
+            for r in range(4)
+        ],
+        axis=-1,
+    )
     want = np.stack([expected[f"transformer.h.11.attn.{p}_proj.weight"] for p in "qkv"]).transpose(2, 0, 1)
     np.testing.assert_array_equal(qkv.astype(np.float32), want)
     bias = np.fromfile(out / "model.layers.3.mlp.dense_4h_to_h.bias.bin", np.float16)
@@ -305,6 +331,7 @@ class LoadTracker:
             self.peak_count = max(self.peak_count, len(self.live))
             self.peak_bytes = max(self.peak_bytes, sum(self.live.values()))
             return array
+
         return load
 
 
@@ -359,15 +386,16 @@ def upstream_reshard_2d(stack: np.ndarray, old_len: int) -> np.ndarray:
 def test_row_parallel_bias_of_ones_is_scaled_by_the_shard_count(tmp_path: Path) -> None:
     """Each shard adds its copy before the psum, so the model adds S copies; upstream adds one here."""
     S, D, F = 8, 16, 64
-    stored = write_slim(tmp_path / "ckpt", shards=S, layers=2, dtype="fp16",
-                        per_shard={"layer_1/~/linear_5/b": [np.ones(D)] * S})
+    stored = write_slim(
+        tmp_path / "ckpt", shards=S, layers=2, dtype="fp16", per_shard={"layer_1/~/linear_5/b": [np.ones(D)] * S}
+    )
     reader = SlimCheckpointReader(tmp_path / "ckpt")
     weight = reader.read("transformer.h.1.mlp.fc_out.weight")  # [out, in] = [D, F]
     bias = reader.read("transformer.h.1.mlp.fc_out.bias")
     reader.close()
     x = np.random.default_rng(1).standard_normal((3, F)).astype(np.float32)
     w_parts, b_parts = stored[ROOT + "layer_1/~/linear_5/w"], stored[ROOT + "layer_1/~/linear_5/b"]
-    sharded = sum(x[:, s * F // S:(s + 1) * F // S] @ w_parts[s] + b_parts[s] for s in range(S))  # psum
+    sharded = sum(x[:, s * F // S : (s + 1) * F // S] @ w_parts[s] + b_parts[s] for s in range(S))  # psum
     np.testing.assert_allclose(x @ weight.T + bias, sharded, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(bias, np.full(D, S, np.float32))
     assert (upstream_reshard_2d(np.stack(b_parts), D) == 1).all()  # upstream: off by a factor S
@@ -378,22 +406,36 @@ def test_trained_layernorm_replicas_use_shard_0_like_mesh_transformer_jax(tmp_pa
     S, D = 8, 16
     trained = np.linspace(0.5, 1.5, D)
     replicas = [trained] + [np.full(D, 0.9)] * (S - 1)
-    write_slim(tmp_path / "ckpt", shards=S, layers=2, dtype="fp32",
-               per_shard={"layer_0/~/replicated_layer_norm/scale": replicas})
+    write_slim(
+        tmp_path / "ckpt",
+        shards=S,
+        layers=2,
+        dtype="fp32",
+        per_shard={"layer_0/~/replicated_layer_norm/scale": replicas},
+    )
     reader = SlimCheckpointReader(tmp_path / "ckpt")
     np.testing.assert_array_equal(reader.read("transformer.h.0.ln_1.weight"), f16(trained))
     reader.close()
-    np.testing.assert_array_equal(upstream_reshard_2d(np.stack(replicas).astype(np.float32), D),
-                                  (trained * 8).astype(np.float32))
+    np.testing.assert_array_equal(
+        upstream_reshard_2d(np.stack(replicas).astype(np.float32), D), (trained * 8).astype(np.float32)
+    )
 
 
 def test_fp16_overflow_names_the_tensor(tmp_path: Path) -> None:
     big = np.full((16, 16), 1e5, np.float32)  # fine in bf16, beyond float16's 65504
-    write_slim(tmp_path / "ckpt", shards=2, layers=3, dtype="bf16",
-               per_shard={"layer_2/~/linear_3/w": np.split(big, 2, axis=0)})
+    write_slim(
+        tmp_path / "ckpt",
+        shards=2,
+        layers=3,
+        dtype="bf16",
+        per_shard={"layer_2/~/linear_3/w": np.split(big, 2, axis=0)},
+    )
     reader = SlimCheckpointReader(tmp_path / "ckpt")
-    with pytest.raises(CheckpointError, match=r"fp16 over/underflow in transformer\.h\.2\.attn\.out_proj\.weight: "
-                                              r"256 value\(s\)") as info:
+    with pytest.raises(
+        CheckpointError,
+        match=r"fp16 over/underflow in transformer\.h\.2\.attn\.out_proj\.weight: "
+        r"256 value\(s\)",
+    ) as info:
         reader.read("transformer.h.2.attn.out_proj.weight")
     assert "largest finite magnitude: 99840" in info.value.message  # 1e5 in bfloat16
     reader.close()
@@ -411,8 +453,10 @@ def test_config_from_shapes_with_the_head_size_assumption() -> None:
 
 
 def test_config_json_beside_the_shards_gives_heads_rotary_and_ids(tmp_path: Path) -> None:
-    src = golden_with_config(tmp_path, {"n_heads": 8, "pe_rotary_dims": 2, "layers": 28, "n_vocab": 64,
-                                        "cores_per_replica": 8, "eos_token_id": 7})
+    src = golden_with_config(
+        tmp_path,
+        {"n_heads": 8, "pe_rotary_dims": 2, "layers": 28, "n_vocab": 64, "cores_per_replica": 8, "eos_token_id": 7},
+    )
     config = read_slim_config(src)
     assert (config["n_head"], config["rotary_dim"], config["eos_token_id"], config["bos_token_id"]) == (8, 2, 7, 50256)
     spec = GPTJ().spec(config)
@@ -449,7 +493,11 @@ def test_claims_slim_directories(tmp_path: Path) -> None:
     fam = GPTJ()
     assert fam.claims_source(GOLDEN / "slim")
     assert not fam.claims_source(GOLDEN)
-    for name, config, claimed in (("a", {"n_head": 8}, True), ("b", GPTJ_6B_CONFIG, True), ("c", {"model_type": "t5"}, False)):
+    for name, config, claimed in (
+        ("a", {"n_head": 8}, True),
+        ("b", GPTJ_6B_CONFIG, True),
+        ("c", {"model_type": "t5"}, False),
+    ):
         (tmp_path / name).mkdir()
         assert fam.claims_source(golden_with_config(tmp_path / name, config)) is claimed
     hf = tmp_path / "hf"

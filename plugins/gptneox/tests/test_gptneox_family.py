@@ -24,8 +24,19 @@ from ftx_triton.testing.golden import GoldenRun, load_runs, mismatches
 from repo_paths import GOLDEN_DIR
 
 CASE = "gptneox-parallel"
-INI_KEYS_FT_READS = ("model_name", "head_num", "size_per_head", "inter_size", "num_layer", "rotary_embedding",
-                     "vocab_size", "start_id", "end_id", "use_gptj_residual", "weight_data_type")
+INI_KEYS_FT_READS = (
+    "model_name",
+    "head_num",
+    "size_per_head",
+    "inter_size",
+    "num_layer",
+    "rotary_embedding",
+    "vocab_size",
+    "start_id",
+    "end_id",
+    "use_gptj_residual",
+    "weight_data_type",
+)
 SEPARATE_BIASES = ("attention.dense.bias", "mlp.dense_4h_to_h.bias")
 
 
@@ -73,8 +84,18 @@ def test_gptneox_matches_upstream_bytes(golden: Path, tmp_path: Path, run: Golde
 def test_gptneox_cli_convert_matches_upstream(golden: Path, tmp_path: Path, ftx_cli) -> None:
     run = next(r for r in _runs() if r.tp == 2 and r.dtype == "fp16")
     out = tmp_path / "out"
-    result = ftx_cli("convert", str(golden / CASE / "hf"), "--family", "gptneox", "--tp", "2",
-                     "--weight-dtype", "fp16", "-o", str(out))
+    result = ftx_cli(
+        "convert",
+        str(golden / CASE / "hf"),
+        "--family",
+        "gptneox",
+        "--tp",
+        "2",
+        "--weight-dtype",
+        "fp16",
+        "-o",
+        str(out),
+    )
     assert result.exit_code == 0, result.stderr
     assert result.stdout.strip() == str(out / "2-gpu")
     _assert_parity(out, run)
@@ -133,8 +154,15 @@ def _tiny(root: Path, parallel: bool, rotary_pct: float, heads: int) -> Path:
 
     dest = root / f"neox-{'par' if parallel else 'seq'}-{rotary_pct}-{heads}h"
     if not (dest / "config.json").exists():
-        tiny_gptneox(dest, use_parallel_residual=parallel, rotary_pct=rotary_pct, num_attention_heads=heads,
-                     tokenizer=False, random_init=True, seed=heads)
+        tiny_gptneox(
+            dest,
+            use_parallel_residual=parallel,
+            rotary_pct=rotary_pct,
+            num_attention_heads=heads,
+            tokenizer=False,
+            random_init=True,
+            seed=heads,
+        )
     return dest
 
 
@@ -147,8 +175,9 @@ def models_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("rotary_pct", [0.25, 1.0])
 @pytest.mark.parametrize("tp", [1, 2, 4])
 @pytest.mark.parametrize("parallel", [True, False], ids=["parallel", "sequential"])
-def test_gptneox_round_trip_is_exact(models_root: Path, tmp_path: Path, parallel: bool, tp: int, rotary_pct: float,
-                                     heads: int) -> None:
+def test_gptneox_round_trip_is_exact(
+    models_root: Path, tmp_path: Path, parallel: bool, tp: int, rotary_pct: float, heads: int
+) -> None:
     src = _tiny(models_root, parallel, rotary_pct, heads)
     ft_dir = _convert(src, tmp_path, tp=tp)
     ini = read_ini(ft_dir / "config.ini")["gptneox"]
@@ -334,12 +363,35 @@ def test_config_ini_round_trips_to_the_same_spec(models_root: Path, tmp_path: Pa
     assert spec.extra["rotary_embedding"] == spec.dims["D"] == 8
 
 
-@pytest.mark.parametrize(("preset", "values"), [
-    ("gptneox", {"head_num": 32, "size_per_head": 128, "inter_size": 16384, "num_layer": 32, "rotary_embedding": 32,
-                 "vocab_size": 50432, "use_gptj_residual": 1}),
-    ("gpt-neox-20b", {"head_num": 64, "size_per_head": 96, "inter_size": 24576, "num_layer": 44,
-                      "rotary_embedding": 24, "vocab_size": 50432, "use_gptj_residual": 1}),
-])
+@pytest.mark.parametrize(
+    ("preset", "values"),
+    [
+        (
+            "gptneox",
+            {
+                "head_num": 32,
+                "size_per_head": 128,
+                "inter_size": 16384,
+                "num_layer": 32,
+                "rotary_embedding": 32,
+                "vocab_size": 50432,
+                "use_gptj_residual": 1,
+            },
+        ),
+        (
+            "gpt-neox-20b",
+            {
+                "head_num": 64,
+                "size_per_head": 96,
+                "inter_size": 24576,
+                "num_layer": 44,
+                "rotary_embedding": 24,
+                "vocab_size": 50432,
+                "use_gptj_residual": 1,
+            },
+        ),
+    ],
+)
 def test_presets_plan_offline(preset: str, values: dict) -> None:
     family = GPTNeoX()
     hf_config = family.presets[preset].hf_config
@@ -383,9 +435,14 @@ def test_tp_not_dividing_heads_cli(golden: Path, tmp_path: Path, ftx_cli) -> Non
     assert not (tmp_path / "out" / "3-gpu").exists()
 
 
-@pytest.mark.parametrize("change", [{"rotary_emb_base": 20000, "rope_theta": 20000},
-                                    {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
-                                    {"attention_bias": False}])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"rotary_emb_base": 20000, "rope_theta": 20000},
+        {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+        {"attention_bias": False},
+    ],
+)
 def test_configs_ft_would_run_differently_are_refused(golden: Path, change: dict) -> None:
     family = GPTNeoX()
     hf_config = {**family.read_hf_config(golden / CASE / "hf"), **change}

@@ -21,8 +21,17 @@ from repo_paths import GOLDEN_DIR
 
 KOGPT_SPECIALS = ("[BOS]", "[EOS]", "[UNK]", "[PAD]", "[MASK]")
 """Trained in this order, the tokenizer's ids are [BOS] 0, [EOS] 1, [UNK] 2, [PAD] 3, [MASK] 4."""
-INI_KEYS_FT_READS = ("head_num", "size_per_head", "inter_size", "num_layer", "rotary_embedding", "vocab_size",
-                     "start_id", "end_id", "weight_data_type")
+INI_KEYS_FT_READS = (
+    "head_num",
+    "size_per_head",
+    "inter_size",
+    "num_layer",
+    "rotary_embedding",
+    "vocab_size",
+    "start_id",
+    "end_id",
+    "weight_data_type",
+)
 
 
 def _gptj_runs() -> list[GoldenRun]:
@@ -37,19 +46,46 @@ def _convert(family: GPTJ, src: Path, out: Path, *, tp: int, weight_dtype: str =
 def _kogpt_tokenizer(dest: Path, specials: tuple[str, ...] = KOGPT_SPECIALS) -> None:
     from ftx_triton.fetching.tiny import train_bpe_tokenizer
 
-    train_bpe_tokenizer(dest, specials=specials, extra_config={
-        "bos_token": "[BOS]", "eos_token": "[EOS]", "unk_token": "[UNK]", "pad_token": "[PAD]", "mask_token": "[MASK]"})
+    train_bpe_tokenizer(
+        dest,
+        specials=specials,
+        extra_config={
+            "bos_token": "[BOS]",
+            "eos_token": "[EOS]",
+            "unk_token": "[UNK]",
+            "pad_token": "[PAD]",
+            "mask_token": "[MASK]",
+        },
+    )
 
 
-def _tiny_kogpt(dest: Path, *, token_ids: dict[str, int] | None = None, tokenizer: bool = True,
-                dtype: str = "float16", safetensors: bool = False) -> Path:
+def _tiny_kogpt(
+    dest: Path,
+    *,
+    token_ids: dict[str, int] | None = None,
+    tokenizer: bool = True,
+    dtype: str = "float16",
+    safetensors: bool = False,
+) -> Path:
     """KoGPT6B's shape scaled down (as the golden generator does): head dim 16, rotary_dim 4 (= D/4),
     vocab 504 (= 64512 / 128), fp16 pytorch_model.bin like the KoGPT6B-ryan1.5b-float16 branch."""
     from ftx_triton.fetching.tiny import tiny_gptj
 
     ids = token_ids or {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 3}
-    tiny_gptj(dest, n_embd=64, n_head=4, n_layer=2, rotary_dim=4, vocab_size=504, dtype=dtype,
-              safetensors=safetensors, tokenizer=False, token_ids=ids, random_init=True, seed=7)
+    tiny_gptj(
+        dest,
+        n_embd=64,
+        n_head=4,
+        n_layer=2,
+        rotary_dim=4,
+        vocab_size=504,
+        dtype=dtype,
+        safetensors=safetensors,
+        tokenizer=False,
+        token_ids=ids,
+        random_init=True,
+        seed=7,
+    )
     if tokenizer:
         _kogpt_tokenizer(dest)
     return dest
@@ -69,16 +105,18 @@ def test_kogpt_matches_upstream_gptj_bytes(golden: Path, tmp_path: Path, run: Go
     _convert(KoGPT(), golden / run.case / "hf", tmp_path, tp=run.tp, weight_dtype=run.dtype)
     assert mismatches(tmp_path, run) == []
     ours = read_ini(tmp_path / f"{run.tp}-gpu" / "config.ini")["gptj"]
-    upstream = {k.strip(): v.strip() for k, v in (line.split("=", 1) for line in run.config_ini.splitlines()
-                                                     if "=" in line)}
+    upstream = {
+        k.strip(): v.strip() for k, v in (line.split("=", 1) for line in run.config_ini.splitlines() if "=" in line)
+    }
     for key in INI_KEYS_FT_READS:
         assert ours[key] == upstream[key], key
 
 
 @pytest.mark.parametrize("weight_dtype", ["fp32", "fp16"])
 @pytest.mark.parametrize("tp", [1, 2])
-def test_kogpt_shaped_checkpoint_converts_like_gptj(tiny_kogpt: Path, tmp_path: Path, tp: int,
-                                                    weight_dtype: str) -> None:
+def test_kogpt_shaped_checkpoint_converts_like_gptj(
+    tiny_kogpt: Path, tmp_path: Path, tp: int, weight_dtype: str
+) -> None:
     ours = _convert(KoGPT(), tiny_kogpt, tmp_path / "kogpt", tp=tp, weight_dtype=weight_dtype)
     theirs = _convert(GPTJ(), tiny_kogpt, tmp_path / "gptj", tp=tp, weight_dtype=weight_dtype)
     names = sorted(p.name for p in theirs.iterdir())
@@ -129,8 +167,9 @@ def test_config_ids_that_disagree_with_the_tokenizer_are_corrected(tmp_path: Pat
     ft_dir = _convert(KoGPT(), src, tmp_path / "ft", tp=1)
     ini = read_ini(ft_dir / "config.ini")["gptj"]
     assert (ini["start_id"], ini["end_id"]) == ("0", "1")
-    corrected = {(e["config_key"], e["config_id"], e["tokenizer_id"]) for e in log_events
-                 if e["event"] == "token_ids.corrected"}
+    corrected = {
+        (e["config_key"], e["config_id"], e["tokenizer_id"]) for e in log_events if e["event"] == "token_ids.corrected"
+    }
     assert corrected == {("bos_token_id", 50256, 0), ("eos_token_id", 50256, 1), ("pad_token_id", 1, 3)}
     assert all(e["log_level"] == "warning" for e in log_events if e["event"] == "token_ids.corrected")
 
@@ -168,9 +207,13 @@ def test_models_lists_kogpt_with_its_preset(ftx_cli) -> None:
     result = ftx_cli("models", "--json")
     assert result.exit_code == 0, result.stderr
     rows = {row["family"]: row for row in json.loads(result.stdout)}
-    assert rows["kogpt"]["presets"] == {"kogpt": {"source": "hf://kakaobrain/kogpt",
-                                                  "revision": "KoGPT6B-ryan1.5b-float16",
-                                                  "license": "CC-BY-NC-ND-4.0"}}
+    assert rows["kogpt"]["presets"] == {
+        "kogpt": {
+            "source": "hf://kakaobrain/kogpt",
+            "revision": "KoGPT6B-ryan1.5b-float16",
+            "license": "CC-BY-NC-ND-4.0",
+        }
+    }
     assert rows["kogpt"]["distribution"] == "ftx-triton-kogpt"
     assert rows["kogpt"]["model_type"] == "GPT-J" and rows["kogpt"]["hf_model_types"] == []
 
@@ -200,10 +243,26 @@ def test_preset_config_plans_kogpt6b_offline() -> None:
     assert hf_config is not None
     spec = family.spec(hf_config)
     ini = family.config_ini(spec, hf_config, "fp16")["gptj"]
-    assert {k: ini[k] for k in ("head_num", "size_per_head", "inter_size", "num_layer", "rotary_embedding",
-                                "vocab_size")} == {"head_num": 16, "size_per_head": 256, "inter_size": 16384,
-                                                   "num_layer": 28, "rotary_embedding": 64, "vocab_size": 64512}
-    assert family.gemm_args(spec, batch=8, beam=1, max_input_len=32, data_type="fp16", tp=2) == \
-        ["8", "1", "32", "16", "256", "16384", "64512", "1", "2"]
+    assert {
+        k: ini[k] for k in ("head_num", "size_per_head", "inter_size", "num_layer", "rotary_embedding", "vocab_size")
+    } == {
+        "head_num": 16,
+        "size_per_head": 256,
+        "inter_size": 16384,
+        "num_layer": 28,
+        "rotary_embedding": 64,
+        "vocab_size": 64512,
+    }
+    assert family.gemm_args(spec, batch=8, beam=1, max_input_len=32, data_type="fp16", tp=2) == [
+        "8",
+        "1",
+        "32",
+        "16",
+        "256",
+        "16384",
+        "64512",
+        "1",
+        "2",
+    ]
     for tp in (1, 2, 4, 8):
         spec.check_parallel(tp, 1)

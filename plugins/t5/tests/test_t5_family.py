@@ -20,8 +20,17 @@ from safetensors.numpy import load_file, save_file
 VARIANTS = {
     # name: tiny_t5 arguments
     "relu-tied": dict(),
-    "gated-untied-3enc-1dec": dict(d_model=48, d_kv=8, num_heads=4, d_ff=96, num_layers=3, num_decoder_layers=1,
-                                   gated=True, tie_word_embeddings=False, seed=1),
+    "gated-untied-3enc-1dec": dict(
+        d_model=48,
+        d_kv=8,
+        num_heads=4,
+        d_ff=96,
+        num_layers=3,
+        num_decoder_layers=1,
+        gated=True,
+        tie_word_embeddings=False,
+        seed=1,
+    ),
     "relu-tied-1enc-3dec": dict(d_model=32, d_kv=12, num_heads=2, d_ff=64, num_layers=1, num_decoder_layers=3, seed=2),
     "gated-tied": dict(gated=True, seed=3),
     "relu-untied": dict(tie_word_embeddings=False, seed=4),
@@ -131,16 +140,25 @@ def test_t5_bf16_weights(tiny, tmp_path: Path) -> None:
 # -- tensor parallelism -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("variant", "tp"), [("relu-tied", 2), ("relu-tied", 4), ("gated-untied-3enc-1dec", 2),
-                                             ("gated-untied-3enc-1dec", 4), ("relu-tied-1enc-3dec", 2)])
+@pytest.mark.parametrize(
+    ("variant", "tp"),
+    [
+        ("relu-tied", 2),
+        ("relu-tied", 4),
+        ("gated-untied-3enc-1dec", 2),
+        ("gated-untied-3enc-1dec", 4),
+        ("relu-tied-1enc-3dec", 2),
+    ],
+)
 def test_t5_tp_files_join_back_to_tp1(tiny, tmp_path: Path, variant: str, tp: int) -> None:
     src = tiny(variant)
     family, spec, one = convert(src, tmp_path, 1)
     _, _, many = convert(src, tmp_path, tp)
     dtype = np.dtype(np.float32)
     layout = ft_layout(family, spec)
-    assert {p.name for p in one.glob("*.bin")} == {f"{dst}.bin" if split is None else f"{dst}.0.bin"
-                                                   for dst, (_, split) in layout.items()}
+    assert {p.name for p in one.glob("*.bin")} == {
+        f"{dst}.bin" if split is None else f"{dst}.0.bin" for dst, (_, split) in layout.items()
+    }
     for dst, (shape, split) in layout.items():
         if split is None:
             assert (many / f"{dst}.bin").read_bytes() == (one / f"{dst}.bin").read_bytes(), dst
@@ -162,9 +180,12 @@ def test_t5_layouts_follow_ft_loader(tiny, tmp_path: Path) -> None:
     for i, part in enumerate("qkv"):
         hf = tensors[f"decoder.block.0.layer.0.SelfAttention.{part}.weight"]  # [A, H]
         np.testing.assert_array_equal(qkv[:, i, :], hf.T[:, 16:])
-    bias = read_tensor(ft_dir / "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight.1.bin",
-                       f32, (2, 32))
-    np.testing.assert_array_equal(bias, tensors["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"].T[2:])
+    bias = read_tensor(
+        ft_dir / "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight.1.bin", f32, (2, 32)
+    )
+    np.testing.assert_array_equal(
+        bias, tensors["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"].T[2:]
+    )
     wi2 = read_tensor(ft_dir / "encoder.block.2.layer.1.DenseReluDense.wi2.weight.0.bin", f32, (48, 48))
     np.testing.assert_array_equal(wi2, tensors["encoder.block.2.layer.1.DenseReluDense.wi_1.weight"].T[:, :48])
     o = read_tensor(ft_dir / "decoder.block.0.layer.1.EncDecAttention.o.weight.0.bin", f32, (16, 48))
@@ -220,7 +241,11 @@ def test_t5_gemm_args_follow_t5_gemm_order() -> None:
 def test_t5_is_a_registered_plugin(plugin_host, golden: Path) -> None:
     family = plugin_host.family("t5")
     assert isinstance(family, T5)
-    assert (family.triton_model_type, family.triton_io, family.tokenizer_kind) == ("T5", "encoder-decoder", "sentencepiece")
+    assert (family.triton_model_type, family.triton_io, family.tokenizer_kind) == (
+        "T5",
+        "encoder-decoder",
+        "sentencepiece",
+    )
     assert {"t5", "flan-t5-xl"} <= set(plugin_host.presets())
     found, _config = plugin_host.family_for_source(golden / "t5-v1_0-tied" / "hf")
     assert found.name == "t5"
@@ -261,8 +286,9 @@ def test_heads_not_divisible_by_tp_fails_before_any_write(tmp_path: Path, ftx_cl
     family = T5()
     hf_config = family.read_hf_config(src)
     with pytest.raises(ConfigError, match=r"head count = 3 is not divisible by --tp 2"):
-        convert_checkpoint(family, open_checkpoint(src), hf_config, family.spec(hf_config), tmp_path / "out",
-                           tp=2, weight_dtype="fp32")
+        convert_checkpoint(
+            family, open_checkpoint(src), hf_config, family.spec(hf_config), tmp_path / "out", tp=2, weight_dtype="fp32"
+        )
     assert not (tmp_path / "out").exists()
     result = ftx_cli("convert", str(src), "--tp", "2", "-o", str(tmp_path / "cli"))
     assert result.exit_code == 1 and result.exception is None
@@ -277,8 +303,9 @@ def test_inner_size_not_divisible_by_tp_fails(tmp_path: Path) -> None:
     family = T5()
     hf_config = family.read_hf_config(src)
     with pytest.raises(ConfigError, match=r"inner \(FFN\) size = 66 is not divisible by --tp 4"):
-        convert_checkpoint(family, open_checkpoint(src), hf_config, family.spec(hf_config), tmp_path / "out",
-                           tp=4, weight_dtype="fp32")
+        convert_checkpoint(
+            family, open_checkpoint(src), hf_config, family.spec(hf_config), tmp_path / "out", tp=4, weight_dtype="fp32"
+        )
     assert not (tmp_path / "out").exists()
 
 
@@ -288,8 +315,9 @@ def test_missing_tensor_is_named(golden: Path, tmp_path: Path, ftx_cli) -> None:
     family = T5()
     hf_config = family.read_hf_config(src)
     with pytest.raises(MappingError, match=name.replace(".", r"\.")):
-        convert_checkpoint(family, open_checkpoint(src), hf_config, family.spec(hf_config), tmp_path / "out",
-                           tp=1, weight_dtype="fp32")
+        convert_checkpoint(
+            family, open_checkpoint(src), hf_config, family.spec(hf_config), tmp_path / "out", tp=1, weight_dtype="fp32"
+        )
     assert not (tmp_path / "out").exists()
     result = ftx_cli("convert", str(src), "-o", str(tmp_path / "cli"))
     assert result.exit_code == 1 and result.exception is None
@@ -303,18 +331,23 @@ def test_untied_checkpoint_without_lm_head_is_refused(tiny, tmp_path: Path) -> N
     family = T5()
     hf_config = family.read_hf_config(src)
     with pytest.raises(MappingError, match=r"lm_head\.weight"):
-        convert_checkpoint(family, open_checkpoint(src), hf_config, family.spec(hf_config), tmp_path / "out",
-                           tp=1, weight_dtype="fp32")
+        convert_checkpoint(
+            family, open_checkpoint(src), hf_config, family.spec(hf_config), tmp_path / "out", tp=1, weight_dtype="fp32"
+        )
 
 
 def test_config_saying_relu_for_gated_weights_is_refused(golden: Path, tmp_path: Path) -> None:
-    src = copy_checkpoint(golden / "t5-v1_1-tied" / "hf", tmp_path / "ckpt",
-                          config_edit=lambda c: c.update(feed_forward_proj="relu", is_gated_act=False))
+    src = copy_checkpoint(
+        golden / "t5-v1_1-tied" / "hf",
+        tmp_path / "ckpt",
+        config_edit=lambda c: c.update(feed_forward_proj="relu", is_gated_act=False),
+    )
     family = T5()
     hf_config = family.read_hf_config(src)
     with pytest.raises(MappingError) as err:
-        convert_checkpoint(family, open_checkpoint(src), hf_config, family.spec(hf_config), tmp_path / "out",
-                           tp=1, weight_dtype="fp32")
+        convert_checkpoint(
+            family, open_checkpoint(src), hf_config, family.spec(hf_config), tmp_path / "out", tp=1, weight_dtype="fp32"
+        )
     assert "DenseReluDense.wi_0.weight" in str(err.value) and "DenseReluDense.wi.weight" in str(err.value)
     assert not (tmp_path / "out").exists()
 

@@ -23,22 +23,55 @@ GOLDEN_ROOT = GOLDEN_DIR
 RUNS = [run for case in CASES for run in load_runs(GOLDEN_ROOT / case)]
 
 REQUIRED = object()
-DIMS = {key: (int, REQUIRED) for key in ("num_heads", "d_kv", "d_model", "d_ff", "num_layers", "vocab_size",
-                                         "relative_attention_num_buckets_or_max_pos_seq_len")}
+DIMS = {
+    key: (int, REQUIRED)
+    for key in (
+        "num_heads",
+        "d_kv",
+        "d_model",
+        "d_ff",
+        "num_layers",
+        "vocab_size",
+        "relative_attention_num_buckets_or_max_pos_seq_len",
+    )
+}
 FT_READS: dict[str, dict[str, tuple[type, object]]] = {
     # what T5TritonModel and the T5 weight loaders read, with their defaults
-    "encoder": {**DIMS, "_name_or_path": (str, REQUIRED), "feed_forward_proj": (str, REQUIRED),
-                "weight_data_type": (str, REQUIRED), "adapter_inter_size": (int, 0),
-                "adapter_norm_position": (str, "pre"), "num_tasks": (int, 0), "prompt_learning_type": (int, 0)},
-    "decoder": {**DIMS, "weight_data_type": (str, REQUIRED), "decoder_start_token_id": (int, REQUIRED),
-                "eos_token_id": (int, REQUIRED), "tie_word_embeddings": (bool, True),
-                "adapter_inter_size": (int, 0), "adapter_norm_position": (str, "pre")},
-    "structure": {"t5_with_bias": (bool, False), "use_gated_activation": (bool, False),
-                  "position_embedding_type": (str, "relative"), "ia3_num_tasks": (int, 0)},
+    "encoder": {
+        **DIMS,
+        "_name_or_path": (str, REQUIRED),
+        "feed_forward_proj": (str, REQUIRED),
+        "weight_data_type": (str, REQUIRED),
+        "adapter_inter_size": (int, 0),
+        "adapter_norm_position": (str, "pre"),
+        "num_tasks": (int, 0),
+        "prompt_learning_type": (int, 0),
+    },
+    "decoder": {
+        **DIMS,
+        "weight_data_type": (str, REQUIRED),
+        "decoder_start_token_id": (int, REQUIRED),
+        "eos_token_id": (int, REQUIRED),
+        "tie_word_embeddings": (bool, True),
+        "adapter_inter_size": (int, 0),
+        "adapter_norm_position": (str, "pre"),
+    },
+    "structure": {
+        "t5_with_bias": (bool, False),
+        "use_gated_activation": (bool, False),
+        "position_embedding_type": (str, "relative"),
+        "ia3_num_tasks": (int, 0),
+    },
 }
-EXAMPLE_READS = {"encoder": {"num_decoder_layers": (int, REQUIRED), "pad_token_id": (int, REQUIRED),
-                             "eos_token_id": (int, REQUIRED), "is_gated_act": (bool, False),
-                             "relative_attention_max_distance": (int, REQUIRED)}}
+EXAMPLE_READS = {
+    "encoder": {
+        "num_decoder_layers": (int, REQUIRED),
+        "pad_token_id": (int, REQUIRED),
+        "eos_token_id": (int, REQUIRED),
+        "is_gated_act": (bool, False),
+        "relative_attention_max_distance": (int, REQUIRED),
+    }
+}
 """Keys FT's PyTorch T5 examples (configparser) read from [encoder]; ours keeps them too."""
 
 
@@ -52,7 +85,9 @@ def ft_value(section: dict[str, str], key: str, kind: type, default: object) -> 
         return int(text, 0)
     if kind is bool:
         value = text.strip().lower()
-        return True if value in {"true", "yes", "on", "1"} else False if value in {"false", "no", "off", "0"} else default
+        return (
+            True if value in {"true", "yes", "on", "1"} else False if value in {"false", "no", "off", "0"} else default
+        )
     return text
 
 
@@ -67,8 +102,9 @@ def assert_ini_parity(ours_path: Path, run: GoldenRun, tmp_path: Path) -> None:
     for reads in (FT_READS, EXAMPLE_READS):
         for section, keys in reads.items():
             for key, (kind, default) in keys.items():
-                assert ft_value(ours[section], key, kind, default) == ft_value(upstream[section], key, kind, default), \
+                assert ft_value(ours[section], key, kind, default) == ft_value(upstream[section], key, kind, default), (
                     f"[{section}] {key}"
+                )
 
 
 def assert_same_files(out_root: Path, run: GoldenRun) -> None:
@@ -83,8 +119,15 @@ def test_t5_matches_upstream_bytes_and_config(golden: Path, tmp_path: Path, run:
     family = T5()
     source = golden / run.case / "hf"
     hf_config = family.read_hf_config(source)
-    convert_checkpoint(family, open_checkpoint(source), hf_config, family.spec(hf_config), tmp_path / "out",
-                       tp=run.tp, weight_dtype=run.dtype)
+    convert_checkpoint(
+        family,
+        open_checkpoint(source),
+        hf_config,
+        family.spec(hf_config),
+        tmp_path / "out",
+        tp=run.tp,
+        weight_dtype=run.dtype,
+    )
     assert_same_files(tmp_path / "out", run)
     assert_ini_parity(tmp_path / "out" / f"{run.tp}-gpu" / "config.ini", run, tmp_path)
 
@@ -92,8 +135,18 @@ def test_t5_matches_upstream_bytes_and_config(golden: Path, tmp_path: Path, run:
 @pytest.mark.parametrize("run", RUNS, ids=lambda r: r.id)
 def test_t5_cli_convert_matches_upstream(golden: Path, tmp_path: Path, ftx_cli, run: GoldenRun) -> None:
     out = tmp_path / "out"
-    result = ftx_cli("convert", str(golden / run.case / "hf"), "--family", "t5", "--tp", str(run.tp),
-                     "--weight-dtype", run.dtype, "-o", str(out))
+    result = ftx_cli(
+        "convert",
+        str(golden / run.case / "hf"),
+        "--family",
+        "t5",
+        "--tp",
+        str(run.tp),
+        "--weight-dtype",
+        run.dtype,
+        "-o",
+        str(out),
+    )
     assert result.exit_code == 0, (result.stderr, result.exception)
     assert result.stdout.strip() == str(out / f"{run.tp}-gpu")
     assert_same_files(out, run)
@@ -103,8 +156,9 @@ def test_t5_cli_convert_matches_upstream(golden: Path, tmp_path: Path, ftx_cli, 
 @pytest.mark.parametrize("case", CASES)
 def test_t5_family_is_detected_without_flag(golden: Path, tmp_path: Path, ftx_cli, case: str) -> None:
     run = next(r for r in RUNS if r.case == case and r.tp == 2 and r.dtype == "fp16")
-    result = ftx_cli("convert", str(golden / case / "hf"), "--tp", "2", "--weight-dtype", "fp16",
-                     "-o", str(tmp_path / "out"))
+    result = ftx_cli(
+        "convert", str(golden / case / "hf"), "--tp", "2", "--weight-dtype", "fp16", "-o", str(tmp_path / "out")
+    )
     assert result.exit_code == 0, (result.stderr, result.exception)
     assert_same_files(tmp_path / "out", run)
 
@@ -130,6 +184,11 @@ def test_upstream_config_ini_rebuilds_the_same_spec(golden: Path, tmp_path: Path
     run = next(r for r in RUNS if r.case == case)
     ours = family.spec(family.read_hf_config(golden / case / "hf"))
     theirs = family.spec_from_ini(upstream_ini(run, tmp_path))
-    assert (theirs.dims, theirs.layers, theirs.start_id, theirs.end_id, theirs.pad_id) == \
-        (ours.dims, ours.layers, ours.start_id, ours.end_id, ours.pad_id)
+    assert (theirs.dims, theirs.layers, theirs.start_id, theirs.end_id, theirs.pad_id) == (
+        ours.dims,
+        ours.layers,
+        ours.start_id,
+        ours.end_id,
+        ours.pad_id,
+    )
     assert theirs.extra["gated"] == ours.extra["gated"] and theirs.extra["tie_word_embeddings"] is True

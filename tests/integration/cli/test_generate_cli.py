@@ -112,8 +112,9 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, A
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[f"{n}-tp{tp}" for n, tp in CASES])
-def deployment(request: pytest.FixtureRequest, sources: dict[str, tuple[Path, Any]],
-               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+def deployment(
+    request: pytest.FixtureRequest, sources: dict[str, tuple[Path, Any]], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Deployment]:
     from ftx_triton.server.tritonserver import TritonServer
 
     name, tp = request.param
@@ -145,7 +146,7 @@ def test_ensemble_and_raw_model_greedy_equal_transformers(deployment: Deployment
     for text in TEXT_PROMPTS:
         ids = deployment.encode(text)
         expected = hf_greedy(deployment.ref, ids, 12)
-        generated = expected if deployment.encoder_decoder else expected[len(ids):]
+        generated = expected if deployment.encoder_decoder else expected[len(ids) :]
         # the raw fastertransformer model, token for token
         inputs = t5_inputs([ids], 12) if deployment.encoder_decoder else decoder_inputs([ids], 12)
         out = infer(deployment.server.http_url, inputs)
@@ -165,8 +166,10 @@ def test_malformed_ensemble_requests_get_errors_and_serving_continues(deployment
 
     def text_request(texts: list[str], max_tokens: Any, types: dict[str, str] | None = None) -> dict[str, Any]:
         n = len(texts)
-        inputs = {"text_input": np.array([[t.encode()] for t in texts], dtype=np.object_),
-                  "max_tokens": np.array([[max_tokens]] * n, dtype=np.int64 if not types else np.float32)}
+        inputs = {
+            "text_input": np.array([[t.encode()] for t in texts], dtype=np.object_),
+            "max_tokens": np.array([[max_tokens]] * n, dtype=np.int64 if not types else np.float32),
+        }
         return infer(url, inputs, model="text", outputs=("text_output",), types=types)
 
     good = text_request(["Once upon a time"], 6)["text_output"]
@@ -215,18 +218,28 @@ def test_generate_against_nothing_is_an_error_with_a_hint(tmp_path: Path) -> Non
     from ftx_triton.server.ports import free_ports
 
     port = free_ports().grpc
-    result = subprocess.run([*FTX, "generate", "text", "Hello", "--url", f"127.0.0.1:{port}", "--timeout", "5"],
-                            check=False, capture_output=True, text=True, timeout=120, env={**os.environ, "FTX_HOME": str(tmp_path)})
+    result = subprocess.run(
+        [*FTX, "generate", "text", "Hello", "--url", f"127.0.0.1:{port}", "--timeout", "5"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "FTX_HOME": str(tmp_path)},
+    )
     assert result.returncode == 1
     assert "error: cannot reach" in result.stderr and "hint:" in result.stderr
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["Hello", "--url", "http://[::1"], "is not a server address"),  # an IPv6 bracket never closed
-    (["Hello", "--url", "127.0.0.1:99999"], "is not a server address"),  # port out of range
-    (["Hello", "--url", "http://:8000"], "is not a server address"),  # no host
-    ([b"a\xff".decode("utf-8", "surrogateescape")], "not valid UTF-8"),  # bytes a terminal could not decode
-], ids=["ipv6", "port", "no-host", "non-utf8"])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["Hello", "--url", "http://[::1"], "is not a server address"),  # an IPv6 bracket never closed
+        (["Hello", "--url", "127.0.0.1:99999"], "is not a server address"),  # port out of range
+        (["Hello", "--url", "http://:8000"], "is not a server address"),  # no host
+        ([b"a\xff".decode("utf-8", "surrogateescape")], "not valid UTF-8"),  # bytes a terminal could not decode
+    ],
+    ids=["ipv6", "port", "no-host", "non-utf8"],
+)
 def test_generate_refuses_a_bad_url_or_prompt_with_a_usage_error(tmp_path: Path, argv: list[str], says: str) -> None:
     env = {**os.environ, "FTX_HOME": str(tmp_path), "PYTHONIOENCODING": "utf-8"}
     result = subprocess.run([*FTX, "generate", *argv], check=False, capture_output=True, timeout=120, env=env)
@@ -253,8 +266,14 @@ def demo_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_ftx_run_with_a_prompt_prints_a_continuation_and_stops(demo_home: Path) -> None:
     started = time.monotonic()
-    result = subprocess.run([*FTX, "run", "tiny-gptj", "--runtime", "python", "--prompt", "Once upon a time",
-                             "--max-tokens", "12"], check=False, capture_output=True, text=True, timeout=600, env=_env(demo_home))
+    result = subprocess.run(
+        [*FTX, "run", "tiny-gptj", "--runtime", "python", "--prompt", "Once upon a time", "--max-tokens", "12"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(demo_home),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == "Once upon a time there was a small language model that wanted"
     # quiet by default: one summary line, no "try it" hints for the server it has already stopped
@@ -266,14 +285,24 @@ def test_ftx_run_with_a_prompt_prints_a_continuation_and_stops(demo_home: Path) 
     print(f"ftx run --prompt (demo already built): {time.monotonic() - started:.1f} s")
     # the bytecode the stubs wrote beside the models is dropped on the next lookup, which reuses every stage
     # instead of finding the configure artifact changed
-    verbose = subprocess.run([*FTX, "run", "tiny-gptj", "--runtime", "python", "--prompt", "Once upon a time",
-                              "--max-tokens", "4", "-v"], check=False, capture_output=True, text=True, timeout=600,
-                             env=_env(demo_home))
+    verbose = subprocess.run(
+        [*FTX, "run", "tiny-gptj", "--runtime", "python", "--prompt", "Once upon a time", "--max-tokens", "4", "-v"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(demo_home),
+    )
     assert verbose.returncode == 0 and "convert   cached" in verbose.stderr, verbose.stderr[-3000:]
     assert "ftx generate" not in verbose.stderr  # the stopped server gets no hints even with -v
-    again = subprocess.run([*FTX, "run", "tiny-gptj", "--runtime", "python", "--until", "configure",
-                            "--log-format", "json"], check=False, capture_output=True, text=True, timeout=600,
-                           env=_env(demo_home))
+    again = subprocess.run(
+        [*FTX, "run", "tiny-gptj", "--runtime", "python", "--until", "configure", "--log-format", "json"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(demo_home),
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     events = [json.loads(line) for line in again.stderr.splitlines() if line.startswith("{")]
     assert not [e for e in events if e["event"] == "cache.corrupt"]
@@ -288,9 +317,14 @@ def test_a_detached_run_that_fails_after_its_server_started_leaves_nothing_runni
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
-        run = subprocess.run([*FTX, "run", "tiny-gptj", "--runtime", "python", "--detach", "--openai-port",
-                              str(held.getsockname()[1])], check=False, capture_output=True, text=True, timeout=600,
-                             env=env)
+        run = subprocess.run(
+            [*FTX, "run", "tiny-gptj", "--runtime", "python", "--detach", "--openai-port", str(held.getsockname()[1])],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
     assert run.returncode == 1 and "error:" in run.stderr and "Traceback" not in run.stderr, run.stderr[-3000:]
     assert "tritonserver ready" in run.stderr  # it failed after the server was up
     _no_ftx_servers_left(demo_home)
@@ -300,49 +334,99 @@ def test_a_detached_run_that_fails_after_its_server_started_leaves_nothing_runni
 
 def test_detach_then_generate_ps_and_stop(demo_home: Path) -> None:
     env = _env(demo_home)
-    run = subprocess.run([*FTX, "run", "tiny-gptj", "--runtime", "python", "--detach"], check=False,
-                         capture_output=True, text=True, timeout=600, env=env)
+    run = subprocess.run(
+        [*FTX, "run", "tiny-gptj", "--runtime", "python", "--detach"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "ftx stop tiny-gptj" in run.stdout and "curl -s http://127.0.0.1:" in run.stdout
     try:
         ps = subprocess.run([*FTX, "ps", "--json"], check=False, capture_output=True, text=True, timeout=120, env=env)
         records = json.loads(ps.stdout)
         assert [r["name"] for r in records if r["alive"]] == ["tiny-gptj"]
-        plain = subprocess.run([*FTX, "generate", "text", "The quick brown", "--max-tokens", "6"],
-                               check=False, capture_output=True, text=True, timeout=300, env=env)
+        plain = subprocess.run(
+            [*FTX, "generate", "text", "The quick brown", "--max-tokens", "6"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
         assert plain.returncode == 0, plain.stderr
         assert plain.stdout.startswith("The quick brown fox jumps over")
-        by_name = subprocess.run([*FTX, "generate", "tiny-gptj", "The quick brown", "--max-tokens", "6", "--stream"],
-                                 check=False, capture_output=True, text=True, timeout=300, env=env)
+        by_name = subprocess.run(
+            [*FTX, "generate", "tiny-gptj", "The quick brown", "--max-tokens", "6", "--stream"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
         assert by_name.returncode == 0, by_name.stderr
         assert by_name.stdout.strip() == plain.stdout.strip()
-        sampled = subprocess.run([*FTX, "generate", "text", "Hello", "--max-tokens", "5", "--temperature", "0.8",
-                                  "--top-k", "5"], check=False, capture_output=True, text=True, timeout=300, env=env)
+        sampled = subprocess.run(
+            [*FTX, "generate", "text", "Hello", "--max-tokens", "5", "--temperature", "0.8", "--top-k", "5"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
         assert sampled.returncode == 0 and sampled.stdout.startswith("Hello"), sampled.stderr
         # MODEL omitted (the served ensemble), --url as `ftx run` prints it (HTTP), and --stream against a
         # model deployed without --streaming: the same text, and a note saying why it came whole
         http = re.search(r"HTTP\s+(http://\S+)", run.stdout).group(1)
-        over_http = subprocess.run([*FTX, "generate", "The quick brown", "--max-tokens", "6", "--url", http],
-                                   check=False, capture_output=True, text=True, timeout=300, env=env)
+        over_http = subprocess.run(
+            [*FTX, "generate", "The quick brown", "--max-tokens", "6", "--url", http],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
         assert over_http.returncode == 0, over_http.stderr
         assert over_http.stdout == plain.stdout
-        streamed = subprocess.run([*FTX, "generate", "The quick brown", "--max-tokens", "6", "--url", http,
-                                   "--stream"], check=False, capture_output=True, text=True, timeout=300, env=env)
+        streamed = subprocess.run(
+            [*FTX, "generate", "The quick brown", "--max-tokens", "6", "--url", http, "--stream"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
         assert streamed.returncode == 0 and streamed.stdout.strip() == plain.stdout.strip(), streamed.stderr
         assert "deployed without --streaming, so the text arrives whole" in streamed.stderr
-        no_model = subprocess.run([*FTX, "generate", "The quick brown", "--max-tokens", "6"],
-                                  check=False, capture_output=True, text=True, timeout=300, env=env)
+        no_model = subprocess.run(
+            [*FTX, "generate", "The quick brown", "--max-tokens", "6"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
         assert no_model.returncode == 0 and no_model.stdout == plain.stdout, no_model.stderr
     finally:
-        stop = subprocess.run([*FTX, "stop", "tiny-gptj"], check=False, capture_output=True, text=True, timeout=120, env=env)
+        stop = subprocess.run(
+            [*FTX, "stop", "tiny-gptj"], check=False, capture_output=True, text=True, timeout=120, env=env
+        )
     assert stop.returncode == 0 and "stopped tiny-gptj" in stop.stdout, stop.stderr
     _no_ftx_servers_left(demo_home)
 
 
 def test_streaming_deployment_streams_tokens_through_the_ensemble(demo_home: Path) -> None:
     env = _env(demo_home)
-    run = subprocess.run([*FTX, "run", "tiny-gptj", "--runtime", "python", "--streaming", "--detach"],
-                         check=False, capture_output=True, text=True, timeout=600, env=env)
+    run = subprocess.run(
+        [*FTX, "run", "tiny-gptj", "--runtime", "python", "--streaming", "--detach"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "generate_stream" in run.stdout and "--stream" in run.stdout
     try:
@@ -350,22 +434,45 @@ def test_streaming_deployment_streams_tokens_through_the_ensemble(demo_home: Pat
 
         record = next(r for r in list_servers(demo_home) if r.alive)
         pieces: list[str] = []
-        text = generate_text(record.grpc_url, "text", "Once upon a time", max_tokens=8, stream=True,
-                             on_text=pieces.append)
+        text = generate_text(
+            record.grpc_url, "text", "Once upon a time", max_tokens=8, stream=True, on_text=pieces.append
+        )
         assert len(pieces) >= 8  # one piece per token (the first carries the prompt)
         assert text.startswith("Once upon a time there was")
-        cli = subprocess.run([*FTX, "generate", "text", "Once upon a time", "--max-tokens", "8", "--stream"],
-                             check=False, capture_output=True, text=True, timeout=300, env=env)
+        cli = subprocess.run(
+            [*FTX, "generate", "text", "Once upon a time", "--max-tokens", "8", "--stream"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
         assert cli.returncode == 0 and cli.stdout.strip() == text.strip(), cli.stderr
         # without --stream a streaming deployment is read whole
-        whole = subprocess.run([*FTX, "generate", "text", "Once upon a time", "--max-tokens", "8"],
-                               check=False, capture_output=True, text=True, timeout=300, env=env)
+        whole = subprocess.run(
+            [*FTX, "generate", "text", "Once upon a time", "--max-tokens", "8"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
         assert whole.returncode == 0 and whole.stdout.strip() == text.strip(), whole.stderr
         assert generate_text(record.grpc_url, "text", "Once upon a time", max_tokens=8) == text.removeprefix(
-            "Once upon a time")
+            "Once upon a time"
+        )
         over_http: list[str] = []  # the generate extension's server-sent events
-        assert generate_text(f"http://{record.http_url}", "text", "Once upon a time", max_tokens=8, stream=True,
-                             on_text=over_http.append) == text
+        assert (
+            generate_text(
+                f"http://{record.http_url}",
+                "text",
+                "Once upon a time",
+                max_tokens=8,
+                stream=True,
+                on_text=over_http.append,
+            )
+            == text
+        )
         assert len(over_http) >= 8
     finally:
         subprocess.run([*FTX, "stop", "--all"], check=False, capture_output=True, text=True, timeout=120, env=env)
@@ -374,8 +481,13 @@ def test_streaming_deployment_streams_tokens_through_the_ensemble(demo_home: Pat
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
 def test_foreground_server_stops_cleanly_on_a_signal(demo_home: Path, sig: int) -> None:
-    proc = subprocess.Popen([*FTX, "run", "tiny-gptj", "--runtime", "python"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=_env(demo_home))
+    proc = subprocess.Popen(
+        [*FTX, "run", "tiny-gptj", "--runtime", "python"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(demo_home),
+    )
     try:
         lines = []
         deadline = time.monotonic() + 300
@@ -391,18 +503,30 @@ def test_foreground_server_stops_cleanly_on_a_signal(demo_home: Path, sig: int) 
         assert generate_text(grpc, "text", "Hello world", max_tokens=3).startswith(",")
         # `ftx generate` finds a foreground run as `ftx ps` does (it knew only detached ones), and `ftx ps`
         # shows its OpenAI endpoint (it showed "-")
-        found = subprocess.run([*FTX, "generate", "Hello world", "--max-tokens", "3"], check=False,
-                               capture_output=True, text=True, timeout=120, env=_env(demo_home))
+        found = subprocess.run(
+            [*FTX, "generate", "Hello world", "--max-tokens", "3"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=_env(demo_home),
+        )
         assert found.returncode == 0 and found.stdout.startswith("Hello world,"), found.stderr
-        ps = json.loads(subprocess.run([*FTX, "ps", "--json"], check=False, capture_output=True, text=True,
-                                       timeout=120, env=_env(demo_home)).stdout)
+        ps = json.loads(
+            subprocess.run(
+                [*FTX, "ps", "--json"], check=False, capture_output=True, text=True, timeout=120, env=_env(demo_home)
+            ).stdout
+        )
         openai_url = re.search(r"OpenAI\s+(\S+)", "".join(lines)).group(1)
         assert [row["openai"] for row in ps if row["name"] == "(foreground)"] == [openai_url]
         # a deployment without --streaming says so on a `stream: true` request instead of passing one chunk off
         # as a stream: a header and an SSE comment
-        request = urllib.request.Request(f"{openai_url}/completions", method="POST", data=json.dumps(
-            {"prompt": "Hello world", "max_tokens": 3, "stream": True}).encode(),
-            headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"{openai_url}/completions",
+            method="POST",
+            data=json.dumps({"prompt": "Hello world", "max_tokens": 3, "stream": True}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=120) as answer:
             assert answer.headers["X-Ftx-Stream"] == "whole"
             raw = answer.read().decode()
@@ -425,8 +549,13 @@ def test_foreground_server_whose_stub_dies_stops_with_the_cause(demo_home: Path)
     reported with the cause from its log, and stopped with nothing left behind."""
     from ftx_triton.server.process_tree import stub_processes
 
-    proc = subprocess.Popen([*FTX, "run", "tiny-gptj", "--runtime", "python"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=_env(demo_home))
+    proc = subprocess.Popen(
+        [*FTX, "run", "tiny-gptj", "--runtime", "python"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(demo_home),
+    )
     try:
         lines = []
         deadline = time.monotonic() + 300
@@ -462,8 +591,11 @@ def _supervisor_pid(log_path: Path) -> int:
     raise AssertionError(f"no supervisor writes {log_path}")
 
 
-@pytest.mark.parametrize("body", [b"<html>not triton</html>", b"[1, 2]", b'{"error": null}'],
-                         ids=["html", "json-array", "json-object-without-models"])
+@pytest.mark.parametrize(
+    "body",
+    [b"<html>not triton</html>", b"[1, 2]", b'{"error": null}'],
+    ids=["html", "json-array", "json-object-without-models"],
+)
 @pytest.mark.parametrize("model", [[], ["ensemble"]], ids=["model-omitted", "model-named"])
 def test_generate_against_a_server_that_is_not_triton(tmp_path: Path, body: bytes, model: list[str]) -> None:
     """Issue 27: `ftx generate --url` of a server that answers non-JSON crashed with a JSONDecodeError traceback."""
@@ -487,8 +619,14 @@ def test_generate_against_a_server_that_is_not_triton(tmp_path: Path, body: byte
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        result = subprocess.run([*FTX, "generate", *model, "Hello", "--url", url, "--timeout", "10"], check=False,
-                                capture_output=True, text=True, timeout=120, env={**os.environ, "FTX_HOME": str(tmp_path)})
+        result = subprocess.run(
+            [*FTX, "generate", *model, "Hello", "--url", url, "--timeout", "10"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "FTX_HOME": str(tmp_path)},
+        )
     finally:
         server.shutdown()
         server.server_close()
@@ -511,22 +649,46 @@ def test_deployment_names_long_taken_and_chosen(demo_home: Path, tmp_path: Path)
     names: list[str] = []
     try:
         for _ in range(2):
-            run = subprocess.run([*FTX, "run", str(ckpt), "--runtime", "python", "--detach", "--no-openai"],
-                                 check=False, capture_output=True, text=True, timeout=600, env=env)
+            run = subprocess.run(
+                [*FTX, "run", str(ckpt), "--runtime", "python", "--detach", "--no-openai"],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=600,
+                env=env,
+            )
             assert run.returncode == 0, run.stderr[-3000:]
             names.append(re.search(r"left running as '([^']+)'", run.stdout).group(1))
         assert names == ["c" * 64, "c" * 62 + "-2"]
         started = time.monotonic()
-        taken = subprocess.run([*FTX, "run", "tiny-gptj", "--runtime", "python", "--detach", "--name", names[1]],
-                               check=False, capture_output=True, text=True, timeout=600, env=env)
+        taken = subprocess.run(
+            [*FTX, "run", "tiny-gptj", "--runtime", "python", "--detach", "--name", names[1]],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
         assert taken.returncode == 1 and f"a server named '{names[1]}' is already running" in taken.stderr
         assert "hint:" in taken.stderr and "tritonserver" not in taken.stderr and "fetch" not in taken.stderr
         print(f"taken --name refused in {time.monotonic() - started:.1f} s")
-        bad = subprocess.run([*FTX, "run", "tiny-gptj", "--name", "a/../b"], check=False, capture_output=True,
-                             text=True, timeout=120, env=env)
+        bad = subprocess.run(
+            [*FTX, "run", "tiny-gptj", "--name", "a/../b"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
         assert bad.returncode == 2 and "is not a name" in bad.stderr
-        chosen = subprocess.run([*FTX, "run", "tiny-gptj", "--runtime", "python", "--detach", "--no-openai",
-                                 "--name", "demo.v1"], check=False, capture_output=True, text=True, timeout=600, env=env)
+        chosen = subprocess.run(
+            [*FTX, "run", "tiny-gptj", "--runtime", "python", "--detach", "--no-openai", "--name", "demo.v1"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
         assert chosen.returncode == 0 and "left running as 'demo.v1'" in chosen.stdout, chosen.stderr[-3000:]
         names.append("demo.v1")
         ps = subprocess.run([*FTX, "ps", "--json"], check=False, capture_output=True, text=True, timeout=120, env=env)

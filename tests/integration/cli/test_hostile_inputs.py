@@ -120,11 +120,11 @@ def test_every_stage_hashes_its_outputs_convert_included(ftx_cli, ftx_home: Path
 
 
 @pytest.mark.parametrize(
-    ("stage", "rel"),
-    [("convert", "1-gpu/model.wte.bin"), ("configure", "preprocessing/1/model.py")],
+    ("stage", "rel"), [("convert", "1-gpu/model.wte.bin"), ("configure", "preprocessing/1/model.py")]
 )
-def test_same_size_edit_in_the_store_is_caught_by_the_cli(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path,
-                                                          stage: str, rel: str) -> None:
+def test_same_size_edit_in_the_store_is_caught_by_the_cli(
+    ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, stage: str, rel: str
+) -> None:
     run_until_configure(ftx_cli, tiny_gptj_dir)
     (art,) = (ftx_home / "store" / stage).iterdir()
     original = (art / rel).read_bytes()
@@ -136,8 +136,9 @@ def test_same_size_edit_in_the_store_is_caught_by_the_cli(ftx_cli, ftx_home: Pat
     assert (art / rel).read_bytes() == original
 
 
-def test_bytecode_left_by_serving_is_dropped_and_the_artifact_still_counts(ftx_cli, ftx_home: Path,
-                                                                          tiny_gptj_dir: Path) -> None:
+def test_bytecode_left_by_serving_is_dropped_and_the_artifact_still_counts(
+    ftx_cli, ftx_home: Path, tiny_gptj_dir: Path
+) -> None:
     """Triton's Python stub writes ``__pycache__`` beside the models it imports from a configure artifact;
     the next lookup removes it (a planted .pyc must not run) and the artifact is still a cache hit, while
     any other unrecorded file still makes it untrusted."""
@@ -162,7 +163,11 @@ def test_unreadable_provenance_does_not_stop_runs(ftx_cli, ftx_home: Path, tiny_
         meta_path.write_text("[1, 2")
     again = run_until_configure(ftx_cli, tiny_gptj_dir)
     assert [e["stage"] for e in events(again.stderr) if e["event"] == "stage.finished"] == [
-        "fetch", "convert", "tune", "configure"]
+        "fetch",
+        "convert",
+        "tune",
+        "configure",
+    ]
 
 
 @pytest.mark.parametrize("result", [{"bogus": 1}, [1, 2], "x", {"path": 5, "ref": None}])
@@ -201,8 +206,9 @@ def test_kill_between_the_renames_of_a_forced_publish_loses_nothing(ftx_home: Pa
     """A real SIGKILL, sent by the process to itself at the worst moment of a --force publish."""
     store = ArtifactStore(ftx_home)
     art, _ = build_three_files(store)
-    proc = subprocess.run([sys.executable, "-c", KILL_BETWEEN_RENAMES, str(ftx_home)], check=False,
-                          capture_output=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL_BETWEEN_RENAMES, str(ftx_home)], check=False, capture_output=True, timeout=60
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert not art.path.exists()  # the window the kill landed in
     hit, cached = build_three_files(store, tag=b"v2")
@@ -214,8 +220,12 @@ def test_kill_between_the_renames_of_a_forced_publish_loses_nothing(ftx_home: Pa
 def test_stale_build_and_old_directories_are_removed_under_the_lock(ftx_home: Path) -> None:
     store = ArtifactStore(ftx_home)
     art, _ = build_three_files(store)
-    stale = [store.tmp_root / "convert-k-999-deadbeef", store.tmp_root / "old-k-deadbeef",
-             art.path.parent / ".k.old-deadbeef", art.path.parent / ".k.tmp-deadbeef"]
+    stale = [
+        store.tmp_root / "convert-k-999-deadbeef",
+        store.tmp_root / "old-k-deadbeef",
+        art.path.parent / ".k.old-deadbeef",
+        art.path.parent / ".k.tmp-deadbeef",
+    ]
     for path in stale:
         path.mkdir()
         (path / "w.bin").write_bytes(b"x")
@@ -255,8 +265,9 @@ def test_presigned_url_is_stored_nowhere(ftx_cli, ftx_home: Path, tiny_gptj_dir:
 
 
 @pytest.mark.parametrize("how", ["presigned", "user-info", "--source of a preset"])
-def test_ftx_lock_refuses_a_url_with_credentials(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+def test_ftx_lock_refuses_a_url_with_credentials(
+    ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
     """ftx.toml is meant to be committed: it once got the whole presigned URL, and stderr printed it."""
     from fetch_helpers import LocalServer, checkpoint_entries, write_archive
 
@@ -267,8 +278,11 @@ def test_ftx_lock_refuses_a_url_with_credentials(ftx_cli, ftx_home: Path, tiny_g
     with LocalServer() as server:
         server.serve_bytes("/bucket/tiny-gptj.tar.zst", archive.read_bytes())
         signed = server.url(f"/bucket/tiny-gptj.tar.zst?X-Amz-Signature={SIGNATURE}")
-        args = {"presigned": [signed], "--source of a preset": ["tiny-gptj", "--source", signed],
-                "user-info": [signed.split("?")[0].replace("://", f"://me:{SIGNATURE}@")]}[how]
+        args = {
+            "presigned": [signed],
+            "--source of a preset": ["tiny-gptj", "--source", signed],
+            "user-info": [signed.split("?")[0].replace("://", f"://me:{SIGNATURE}@")],
+        }[how]
         result = ftx_cli("lock", *args)
         assert server.requests == []  # refused before any download
     assert_clean_failure(result, "carries credentials", "ftx run URL")
@@ -287,8 +301,11 @@ def test_log_lines_redact_urls_and_tokens_wherever_they_appear() -> None:
     try:
         buffer = io.StringIO()
         structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=buffer))
-        structlog.get_logger("t").warning("x.happened", note=f"GET https://h/p?sig={SIGNATURE} with {HF_SECRET}",
-                                          nested={"urls": [f"https://user:{SIGNATURE}@h/p"]})
+        structlog.get_logger("t").warning(
+            "x.happened",
+            note=f"GET https://h/p?sig={SIGNATURE} with {HF_SECRET}",
+            nested={"urls": [f"https://user:{SIGNATURE}@h/p"]},
+        )
         line = buffer.getvalue()
     finally:
         structlog.reset_defaults()
@@ -318,8 +335,9 @@ def test_package_labels_carry_no_signature(tmp_path: Path) -> None:
     assert SIGNATURE not in json.dumps(labels)
 
 
-def test_docker_serve_spec_has_no_token_and_a_redacted_model_label(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_docker_serve_spec_has_no_token_and_a_redacted_model_label(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The container spec the fastertransformer runtime would start (fake GPUs: none here)."""
     from ftx_triton.plan.settings import RunSettings
     from ftx_triton.runtime.fastertransformer import gpus as gpus_mod
@@ -333,8 +351,9 @@ def test_docker_serve_spec_has_no_token_and_a_redacted_model_label(tmp_path: Pat
     url = f"https://s3.example/b/m.tar.zst?X-Amz-Signature={SIGNATURE}"
     settings = RunSettings.of(url, runtime="fastertransformer")
     options = DockerOptions(env={"HF_TOKEN": HF_SECRET, "HUGGING_FACE_HUB_TOKEN": HF_SECRET, "FT_LOG_LEVEL": "DEBUG"})
-    plan = plan_serve(repository=tmp_path, checkpoints=[], settings=settings, family="gptj", options=options,
-                      gemm=None, home=tmp_path)
+    plan = plan_serve(
+        repository=tmp_path, checkpoints=[], settings=settings, family="gptj", options=options, gemm=None, home=tmp_path
+    )
     assert plan.spec.environment["FT_LOG_LEVEL"] == "DEBUG"
     assert plan.spec.labels["org.ftx.model"] == "https://s3.example/b/m.tar.zst?<redacted>"
     spec = repr(plan.spec) + plan.spec.docker_run_line()
@@ -429,14 +448,15 @@ SAFETENSORS_CASES: dict[str, tuple[Callable[[dict, int], object], str]] = {
     "float-relabelled-I32": (set_entry(dtype="I32"), "stored as int32"),  # item 11: the header's dtype lies
     # issue 27: the format forbids both; they were accepted
     "ranges-overlap": (set_entry(data_offsets=[0, 65536]), "share bytes"),
-    "key-given-twice": (lambda h, n: json.dumps(h).encode()[:-1] + f', "{FIRST}": {json.dumps(h[FIRST])}}}'.encode(),
-                        f"names '{FIRST}' twice"),
+    "key-given-twice": (
+        lambda h, n: json.dumps(h).encode()[:-1] + f', "{FIRST}": {json.dumps(h[FIRST])}}}'.encode(),
+        f"names '{FIRST}' twice",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", sorted(SAFETENSORS_CASES))
-def test_malformed_safetensors_header(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path,
-                                      case: str) -> None:
+def test_malformed_safetensors_header(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path, case: str) -> None:
     edit, needle = SAFETENSORS_CASES[case]
     ckpt = shutil.copytree(tiny_gptj_dir, tmp_path / "ckpt")
     edit_header(edit)(ckpt)
@@ -467,8 +487,10 @@ def outside_shard(ckpt: Path) -> str:
 
 
 def retarget(index: dict, target: str) -> dict:
-    return {**index, "weight_map": {n: (target if f.startswith("model-00001") else f)
-                                    for n, f in index["weight_map"].items()}}
+    return {
+        **index,
+        "weight_map": {n: (target if f.startswith("model-00001") else f) for n, f in index["weight_map"].items()},
+    }
 
 
 INDEX_CASES: dict[str, tuple[Callable[[Path, dict], object], str]] = {
@@ -527,15 +549,17 @@ CONFIG_CASES: dict[str, tuple[Callable[[Path], None], tuple[str, ...]]] = {
 
 
 @pytest.mark.parametrize("checked", [True, False], ids=["resource-check", "no-resource-check"])
-def test_a_config_claiming_a_billion_layers_is_refused_at_once(ftx_cli, tiny_gptj_dir: Path, tmp_path: Path,
-                                                               checked: bool) -> None:
+def test_a_config_claiming_a_billion_layers_is_refused_at_once(
+    ftx_cli, tiny_gptj_dir: Path, tmp_path: Path, checked: bool
+) -> None:
     """ftx once expanded the tensor table for every claimed layer: 24 GB, then the OOM killer, no message.
     The size estimate refuses it now, and past that estimate the plan does before expanding anything."""
     ckpt = shutil.copytree(tiny_gptj_dir, tmp_path / "ckpt")
     edit_config(lambda c: c.update(n_layer=10**9))(ckpt)
     result = ftx_cli("convert", str(ckpt), "-o", str(tmp_path / "out"), *([] if checked else ["--no-resource-check"]))
-    assert_clean_failure(result, *(["TB", "--no-resource-check"] if checked else ["1000000000 layers",
-                                                                                  "tensors in all"]))
+    assert_clean_failure(
+        result, *(["TB", "--no-resource-check"] if checked else ["1000000000 layers", "tensors in all"])
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -573,8 +597,9 @@ def test_output_that_is_a_file_is_a_usage_error(ftx_cli, tiny_gptj_dir: Path, tm
 
 
 @pytest.mark.parametrize("content", [b"[1, 2]", b'"bos"', b"{not json", b"\xff\xfe"])
-def test_tokenizer_config_that_is_not_an_object(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path,
-                                                content: bytes) -> None:
+def test_tokenizer_config_that_is_not_an_object(
+    ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path, content: bytes
+) -> None:
     ckpt = shutil.copytree(tiny_gptj_dir, tmp_path / "ckpt")
     (ckpt / "tokenizer_config.json").write_bytes(content)
     result = ftx_cli("configure", str(ckpt), "--runtime", "python", "-o", str(tmp_path / "out"))
@@ -583,12 +608,12 @@ def test_tokenizer_config_that_is_not_an_object(ftx_cli, ftx_home: Path, tiny_gp
 
 
 MANIFESTS = {
-    "source-a-number": ('[model]\nsource = 5\n', "source"),
-    "source-a-table": ('[model]\nsource = {x = 1}\n', "source"),
+    "source-a-number": ("[model]\nsource = 5\n", "source"),
+    "source-a-table": ("[model]\nsource = {x = 1}\n", "source"),
     "revision-a-list": ('[model]\nsource = "hf://org/name"\nrevision = ["main"]\n', "revision"),
     "family-a-number": ('[model]\nsource = "gptj"\nfamily = 1\n', "family"),
     "requires-a-string": ('requires = "ftx"\n', "requires"),
-    "requires-numbers": ('requires = [1, 2]\n', "requires"),
+    "requires-numbers": ("requires = [1, 2]\n", "requires"),
     "requires-unparsable": ('requires = ["ftx >>> 1"]\n[model]\nsource = "tiny-gptj"\n', "ftx >>> 1"),
     "model-a-string": ('model = "gptj"\n', "[model]"),
     "not-toml": ('[model\nsource = "gptj"\n', "ftx.toml"),
@@ -628,12 +653,16 @@ SETTINGS = {  # [settings] value -> what the error says; checked as the command 
 
 @pytest.mark.parametrize("line", sorted(SETTINGS))
 @pytest.mark.parametrize("until", ["--dry-run", "configure"])
-def test_wrong_value_in_ftx_toml_settings(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch, line: str, until: str) -> None:
+def test_wrong_value_in_ftx_toml_settings(
+    ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, line: str, until: str
+) -> None:
     """[settings] bypassed click's checks: a TypeError deep in a stage, or a wrong value taken silently."""
     manifest = tmp_path / "ftx.toml"
-    manifest.write_text(f'[model]\nsource = {json.dumps(str(tiny_gptj_dir))}\n[settings]\nruntime = "python"\n'
-                        f"{line}\n".replace('runtime = "python"\nruntime', "runtime"))
+    manifest.write_text(
+        f'[model]\nsource = {json.dumps(str(tiny_gptj_dir))}\n[settings]\nruntime = "python"\n{line}\n'.replace(
+            'runtime = "python"\nruntime', "runtime"
+        )
+    )
     monkeypatch.chdir(tmp_path)
     result = ftx_cli("run", *(["--dry-run"] if until == "--dry-run" else ["--until", until]))
     assert_clean_failure(result, f"{manifest}: [settings] {SETTINGS[line]}", "ftx lock")
@@ -648,11 +677,11 @@ RUN_PARAMETERS = {  # issue 27: each was a TypeError traceback
 
 
 @pytest.mark.parametrize("line", sorted(RUN_PARAMETERS))
-def test_run_parameters_in_ftx_toml_settings_are_refused(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path,
-                                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                          line: str) -> None:
+def test_run_parameters_in_ftx_toml_settings_are_refused(
+    ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, line: str
+) -> None:
     manifest = tmp_path / "ftx.toml"
-    manifest.write_text(f'[model]\nsource = {json.dumps(str(tiny_gptj_dir))}\n[settings]\n{line}\n')
+    manifest.write_text(f"[model]\nsource = {json.dumps(str(tiny_gptj_dir))}\n[settings]\n{line}\n")
     monkeypatch.chdir(tmp_path)
     result = ftx_cli("run", "--until", "configure")
     message, hint = RUN_PARAMETERS[line]
@@ -660,15 +689,26 @@ def test_run_parameters_in_ftx_toml_settings_are_refused(ftx_cli, ftx_home: Path
     assert not list((ftx_home / "store").glob("*/*"))
 
 
-@pytest.mark.parametrize(("line", "option"), [('host = "0.0.0.0"', "--host 0.0.0.0"),
-                                              ('openai_host = "::"', "--openai-host ::"),
-                                              ('host = "example.org"', "--host example.org")])
-def test_a_committed_ftx_toml_cannot_widen_exposure(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch, line: str, option: str) -> None:
+@pytest.mark.parametrize(
+    ("line", "option"),
+    [
+        ('host = "0.0.0.0"', "--host 0.0.0.0"),
+        ('openai_host = "::"', "--openai-host ::"),
+        ('host = "example.org"', "--host example.org"),
+    ],
+)
+def test_a_committed_ftx_toml_cannot_widen_exposure(
+    ftx_cli,
+    ftx_home: Path,
+    tiny_gptj_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    line: str,
+    option: str,
+) -> None:
     """Issue 27: a host = "0.0.0.0" from someone's repository exposed every endpoint without a word."""
     manifest = tmp_path / "ftx.toml"
-    manifest.write_text(f'[model]\nsource = {json.dumps(str(tiny_gptj_dir))}\n[settings]\nruntime = "python"\n'
-                        f"{line}\n")
+    manifest.write_text(f'[model]\nsource = {json.dumps(str(tiny_gptj_dir))}\n[settings]\nruntime = "python"\n{line}\n')
     monkeypatch.chdir(tmp_path)
     result = ftx_cli("run", "--dry-run")
     assert_clean_failure(result, "would expose the server beyond this machine", f"pass {option} on the command line")
@@ -679,8 +719,9 @@ def test_a_committed_ftx_toml_cannot_widen_exposure(ftx_cli, ftx_home: Path, tin
     assert ftx_cli("run", "--dry-run").exit_code == 0
 
 
-def test_settings_as_ftx_lock_writes_them_are_taken(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_settings_as_ftx_lock_writes_them_are_taken(
+    ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     assert ftx_cli("lock", str(tiny_gptj_dir), "--http-port", "8123", "--tp", "2").exit_code == 0
     text = (tmp_path / "ftx.toml").read_text()
@@ -735,8 +776,9 @@ def hub_answering_any_revision(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, 
     from hub_fake import MAIN, FakeHub
 
     files = {p.name: p.read_bytes() for p in tiny_gptj_dir.iterdir() if p.is_file()}
-    fake = FakeHub(branches={"main": MAIN, quote(ESCAPE, safe=""): MAIN, quote("../x", safe=""): MAIN},
-                   files={MAIN: files})
+    fake = FakeHub(
+        branches={"main": MAIN, quote(ESCAPE, safe=""): MAIN, quote("../x", safe=""): MAIN}, files={MAIN: files}
+    )
     with LocalServer() as server:
         server.fallback = fake
         for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE"):
@@ -760,8 +802,9 @@ REVISION_CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(REVISION_CASES))
-def test_revision_cannot_escape_the_hub_cache(ftx_cli, ftx_home: Path, tmp_path: Path, hub_answering_any_revision,
-                                              monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+def test_revision_cannot_escape_the_hub_cache(
+    ftx_cli, ftx_home: Path, tmp_path: Path, hub_answering_any_revision, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
     args = [str(tmp_path / "out") if a == "OUT" else a for a in REVISION_CASES[case]]
     if case == "ftx.toml":
         (tmp_path / "ftx.toml").write_text(f'[model]\nsource = "hf://acme/tiny-gptj"\nrevision = "{ESCAPE}"\n')
@@ -781,8 +824,9 @@ def test_check_revision_accepts_real_revisions() -> None:
         assert check_revision(ok) == ok
 
 
-def test_ftx_lock_writes_toml_that_reads_back_whatever_the_path(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path,
-                                                                tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ftx_lock_writes_toml_that_reads_back_whatever_the_path(
+    ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A source path with a quote, a backslash and a newline-looking escape once broke ftx.toml (no escaping)."""
     weird = shutil.copytree(tiny_gptj_dir, tmp_path / 'we"ird\\n dir')
     monkeypatch.chdir(tmp_path)
@@ -801,20 +845,29 @@ def test_ftx_lock_writes_toml_that_reads_back_whatever_the_path(ftx_cli, ftx_hom
 
 FS_CASES = {
     "convert -o read-only": ("ro", "output", ("convert", "SRC", "-o", "MNT/out"), "read-only"),
-    "configure -o read-only": ("ro", "output", ("configure", "SRC", "--runtime", "python", "-o", "MNT/out"),
-                               "read-only"),
+    "configure -o read-only": (
+        "ro",
+        "output",
+        ("configure", "SRC", "--runtime", "python", "-o", "MNT/out"),
+        "read-only",
+    ),
     "FTX_HOME read-only": ("ro", "home", ("run", "SRC", "--until", "convert"), "read-only"),
     "convert -o full": ("full", "output", ("convert", "SRC", "-o", "MNT/out"), "no space left"),
-    "configure -o full": ("full", "output", ("configure", "SRC", "--runtime", "python", "-o", "MNT/out"),
-                          "no space left"),
+    "configure -o full": (
+        "full",
+        "output",
+        ("configure", "SRC", "--runtime", "python", "-o", "MNT/out"),
+        "no space left",
+    ),
     # past the resource estimate (which refuses this run up front): the write itself must fail cleanly
     "FTX_HOME full": ("full", "home", ("run", "SRC", "--until", "convert", "--no-resource-check"), "no space left"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(FS_CASES))
-def test_read_only_or_full_file_system(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path,
-                                       monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+def test_read_only_or_full_file_system(
+    ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
     """The converted tiny model is ~0.5 MB; the "full" tmpfs holds 256 KiB (64 KiB for a repository)."""
     from mounts import tmpfs
 
@@ -854,14 +907,19 @@ def test_ftx_home_that_is_not_a_usable_directory(ftx_cli, tmp_path: Path, case: 
 
 
 @pytest.mark.parametrize("command", ["pull", "run"])
-@pytest.mark.parametrize(("source", "sha256", "says"), [
-    ("tiny-gptj", "not-hex", "invalid sha256 checksum 'not-hex'"),
-    ("tiny-gptj", "ab" * 32, "'tiny-gptj' is a model built by ftx"),
-    ("DIR", "ab" * 32, "is a directory"),
-    ("hf://org/name", "ab" * 32, "is a Hugging Face repository"),
-], ids=["not-hex", "builtin", "directory", "hub"])
-def test_sha256_that_is_malformed_or_cannot_apply(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, command: str,
-                                                  source: str, sha256: str, says: str) -> None:
+@pytest.mark.parametrize(
+    ("source", "sha256", "says"),
+    [
+        ("tiny-gptj", "not-hex", "invalid sha256 checksum 'not-hex'"),
+        ("tiny-gptj", "ab" * 32, "'tiny-gptj' is a model built by ftx"),
+        ("DIR", "ab" * 32, "is a directory"),
+        ("hf://org/name", "ab" * 32, "is a Hugging Face repository"),
+    ],
+    ids=["not-hex", "builtin", "directory", "hub"],
+)
+def test_sha256_that_is_malformed_or_cannot_apply(
+    ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, command: str, source: str, sha256: str, says: str
+) -> None:
     """--sha256 was accepted and ignored for sources it cannot check (and unchecked for its form)."""
     source = str(tiny_gptj_dir) if source == "DIR" else source
     result = ftx_cli(command, source, "--sha256", sha256, *(["--dry-run"] if command == "run" else []))
@@ -870,9 +928,9 @@ def test_sha256_that_is_malformed_or_cannot_apply(ftx_cli, ftx_home: Path, tiny_
 
 
 @pytest.mark.parametrize("value", ["-3", "0", "abc", "100000"])
-def test_writer_thread_count_from_the_environment_is_checked(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path,
-                                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                             value: str) -> None:
+def test_writer_thread_count_from_the_environment_is_checked(
+    ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
     """FTX_CONVERT_THREADS=-3 once published a conversion without a single weight file (no writer thread ran)
     that every later run reused; abc and 100000 were tracebacks."""
     monkeypatch.setenv("FTX_CONVERT_THREADS", value)
@@ -899,13 +957,18 @@ def _dev_zero(path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("name", "make", "says"), [
-    ("config.json", _fifo, "config.json is a named pipe"),
-    ("config.json", _dev_zero, "config.json is a character device"),
-    ("model.safetensors", _fifo, "model.safetensors is a named pipe"),
-], ids=["config-fifo", "config-dev-zero", "weights-fifo"])
-def test_special_files_in_a_checkpoint_are_refused_not_read(ftx_cli, tiny_gptj_dir: Path, tmp_path: Path, name: str,
-                                                             make: Callable[[Path], None], says: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "make", "says"),
+    [
+        ("config.json", _fifo, "config.json is a named pipe"),
+        ("config.json", _dev_zero, "config.json is a character device"),
+        ("model.safetensors", _fifo, "model.safetensors is a named pipe"),
+    ],
+    ids=["config-fifo", "config-dev-zero", "weights-fifo"],
+)
+def test_special_files_in_a_checkpoint_are_refused_not_read(
+    ftx_cli, tiny_gptj_dir: Path, tmp_path: Path, name: str, make: Callable[[Path], None], says: str
+) -> None:
     """A named pipe once blocked ftx forever; /dev/zero as config.json grew memory until the OOM killer."""
     ckpt = shutil.copytree(tiny_gptj_dir, tmp_path / "ckpt")
     make(ckpt / name)
@@ -915,8 +978,9 @@ def test_special_files_in_a_checkpoint_are_refused_not_read(ftx_cli, tiny_gptj_d
 
 
 @pytest.mark.timeout(120)
-def test_a_named_pipe_tokenizer_is_named_not_missing(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path,
-                                                     tmp_path: Path) -> None:
+def test_a_named_pipe_tokenizer_is_named_not_missing(
+    ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path
+) -> None:
     """Issue 27: a named-pipe tokenizer.json was reported as "no tokenizer"."""
     ckpt = shutil.copytree(tiny_gptj_dir, tmp_path / "ckpt")
     _fifo(ckpt / "tokenizer.json")
@@ -925,8 +989,9 @@ def test_a_named_pipe_tokenizer_is_named_not_missing(ftx_cli, ftx_home: Path, ti
     nothing_half_written(ftx_home, tmp_path / "out")
 
 
-def test_a_huge_sparse_tokenizer_is_refused_before_it_is_copied(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path,
-                                                                tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_huge_sparse_tokenizer_is_refused_before_it_is_copied(
+    ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Issue 27: a sparse tokenizer.json of gigabytes was copied whole into $TMPDIR (outside FTX_HOME) before
     a JSON error; $TMPDIR here is a 16 MB tmpfs, which the old code filled (ENOSPC traceback)."""
     import tempfile
@@ -944,8 +1009,9 @@ def test_a_huge_sparse_tokenizer_is_refused_before_it_is_copied(ftx_cli, ftx_hom
     nothing_half_written(ftx_home, tmp_path / "out")
 
 
-def test_nan_and_inf_weights_are_said_at_conversion_and_at_every_run(ftx_cli, tiny_gptj_dir: Path,
-                                                                     tmp_path: Path) -> None:
+def test_nan_and_inf_weights_are_said_at_conversion_and_at_every_run(
+    ftx_cli, tiny_gptj_dir: Path, tmp_path: Path
+) -> None:
     """Issue 27: NaN/Inf weights converted without a word, and the served model then blamed its clients."""
     import numpy as np
     from safetensors.numpy import load_file, save_file
@@ -966,8 +1032,9 @@ def test_nan_and_inf_weights_are_said_at_conversion_and_at_every_run(ftx_cli, ti
     assert clean.exit_code == 0 and "NaN" not in clean.stderr
 
 
-def test_a_nearly_full_home_is_refused_before_the_built_in_model_is_built(ftx_cli, tmp_path: Path,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_nearly_full_home_is_refused_before_the_built_in_model_is_built(
+    ftx_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Issue 27: with 1 MB free, building the built-in model died with a SafetensorError traceback (ENOSPC)
     and left its half-built directory; the free-space check now comes first. A real 1 MiB tmpfs."""
     from mounts import tmpfs

@@ -42,8 +42,9 @@ def test_ls_lists_artifacts_with_size_source_and_age(ftx_cli, store_with_two_mod
     assert "convert" in table.stdout and "SOURCE" in table.stdout and "8 artifacts" in table.stderr
 
 
-def test_rm_by_key_prefix_takes_the_repositories_built_on_it(ftx_cli, ftx_home: Path,
-                                                             store_with_two_models: dict[str, Path]) -> None:
+def test_rm_by_key_prefix_takes_the_repositories_built_on_it(
+    ftx_cli, ftx_home: Path, store_with_two_models: dict[str, Path]
+) -> None:
     rows = _ls(ftx_cli)
     convert_a = next(r for r in rows if r["stage"] == "convert" and r["source"] == str(store_with_two_models["a"]))
     repo_a = next(r for r in rows if r["stage"] == "configure" and r["source"] == str(store_with_two_models["a"]))
@@ -61,8 +62,9 @@ def test_rm_by_key_prefix_takes_the_repositories_built_on_it(ftx_cli, ftx_home: 
     assert short.exit_code == 1 and "too short" in short.stderr
 
 
-def test_prune_older_than_and_to_size_remove_least_recently_used(ftx_cli,
-                                                                 store_with_two_models: dict[str, Path]) -> None:
+def test_prune_older_than_and_to_size_remove_least_recently_used(
+    ftx_cli, store_with_two_models: dict[str, Path]
+) -> None:
     rows = _ls(ftx_cli)
     old = time.time() - 40 * 86400
     for row in rows:  # model a was last used 40 days ago
@@ -82,7 +84,8 @@ def test_prune_older_than_and_to_size_remove_least_recently_used(ftx_cli,
 
 
 def test_prune_unused_keeps_what_others_build_on_and_removes_leftovers(
-        ftx_cli, ftx_home: Path, store_with_two_models: dict[str, Path]) -> None:
+    ftx_cli, ftx_home: Path, store_with_two_models: dict[str, Path]
+) -> None:
     stale = ftx_home / "store" / ".tmp" / "convert-0123abcd-999999999-deadbeef"  # a killed build's remains
     stale.mkdir(parents=True)
     (stale / "x.bin").write_bytes(b"0" * 100)
@@ -146,8 +149,12 @@ def lone_fetch(ftx_cli, store_with_two_models: dict[str, Path]) -> dict:
 
 @contextlib.contextmanager
 def _held_by_another_process(home: Path, stage: str, key: str, how: str = "use") -> Iterator[subprocess.Popen[str]]:
-    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(home), stage, key, how], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(home), stage, key, how],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
         yield holder
@@ -181,8 +188,9 @@ def test_a_command_gives_its_leases_back_when_it_ends(ftx_home: Path, store_with
     assert not [path for path in held_here() if ftx_home in path.parents]
 
 
-def test_an_artifact_taken_up_after_the_listing_is_kept_by_prune(ftx_home: Path, lone_fetch: dict,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_artifact_taken_up_after_the_listing_is_kept_by_prune(
+    ftx_home: Path, lone_fetch: dict, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The use begins between prune's listing and its removal: the removal itself checks, and prune
     goes on with the rest."""
     from ftx_triton.cli.store import _remove
@@ -199,7 +207,8 @@ def test_an_artifact_taken_up_after_the_listing_is_kept_by_prune(ftx_home: Path,
 
 
 def test_an_artifact_being_rebuilt_elsewhere_is_refused_by_rm_and_kept_by_prune(
-        ftx_cli, ftx_home: Path, lone_fetch: dict) -> None:
+    ftx_cli, ftx_home: Path, lone_fetch: dict
+) -> None:
     with _held_by_another_process(ftx_home, "fetch", lone_fetch["key"], how="build"):
         refused = ftx_cli("rm", lone_fetch["key"])
         assert refused.exit_code == 1 and "is being built by another ftx process" in refused.stderr
@@ -222,8 +231,9 @@ def test_a_process_removes_what_it_used_itself(ftx_home: Path, lone_fetch: dict)
     assert not store.lease("fetch", lone_fetch["key"]).exists(), "the lease file goes with its artifact"
 
 
-def test_a_planted_link_as_lease_file_is_neither_followed_nor_fatal(ftx_home: Path, lone_fetch: dict,
-                                                                     tmp_path: Path) -> None:
+def test_a_planted_link_as_lease_file_is_neither_followed_nor_fatal(
+    ftx_home: Path, lone_fetch: dict, tmp_path: Path
+) -> None:
     """A link planted where a lease file goes, pointing where no file is: lookups and removal still
     work, and nothing is created where it points."""
     from ftx_triton.store.artifact_store import ArtifactStore
@@ -248,16 +258,19 @@ DAMAGES = {
     "not an object": lambda prov: prov.write_text("[1, 2]"),
     "not JSON": lambda prov: prov.write_bytes(b"\xff{"),
     "missing": lambda prov: prov.unlink(),
-    "fields of the wrong type": lambda prov: prov.write_text(json.dumps(
-        {"inputs": [1], "result": "x", "finished_at": {"y": 1}})),
-    "upstream keys not strings": lambda prov: prov.write_text(json.dumps(
-        {"inputs": {"fetch": {"k": 1}}, "result": {"ref": 7}})),
+    "fields of the wrong type": lambda prov: prov.write_text(
+        json.dumps({"inputs": [1], "result": "x", "finished_at": {"y": 1}})
+    ),
+    "upstream keys not strings": lambda prov: prov.write_text(
+        json.dumps({"inputs": {"fetch": {"k": 1}}, "result": {"ref": 7}})
+    ),
 }
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGES))
-def test_damaged_provenance_is_listed_and_pruned_not_a_crash(ftx_cli, store_with_two_models: dict[str, Path],
-                                                             damage: str) -> None:
+def test_damaged_provenance_is_listed_and_pruned_not_a_crash(
+    ftx_cli, store_with_two_models: dict[str, Path], damage: str
+) -> None:
     """A provenance record is ftx's own file: one damaged on disk is not validated but dropped: `ftx ls` lists
     what it can, calls an unreadable one damaged, and `ftx prune` removes damaged ones (a lookup rebuilds them)."""
     rows = _ls(ftx_cli)
@@ -276,8 +289,9 @@ def test_damaged_provenance_is_listed_and_pruned_not_a_crash(ftx_cli, store_with
     assert len(_ls(ftx_cli)) == 8 - unreadable
 
 
-def test_rm_by_source_name_removes_that_model_as_ollama_rm_does(ftx_cli, ftx_home: Path,
-                                                                store_with_two_models: dict[str, Path]) -> None:
+def test_rm_by_source_name_removes_that_model_as_ollama_rm_does(
+    ftx_cli, ftx_home: Path, store_with_two_models: dict[str, Path]
+) -> None:
     """`ftx rm SOURCE` (the SOURCE column of `ftx ls`) removes the model's fetch, conversion and repository; the
     shared GEMM configs and the other model stay. A source with two fetched versions is ambiguous: the error
     lists both keys and nothing is removed."""
@@ -289,7 +303,8 @@ def test_rm_by_source_name_removes_that_model_as_ollama_rm_does(ftx_cli, ftx_hom
     assert {r["source"] for r in rows if r["stage"] != "tune"} == {b}
     assert sum(r["stage"] == "tune" for r in rows) == 2
     (store_with_two_models["b"] / "config.json").write_text(
-        (store_with_two_models["b"] / "config.json").read_text().replace("}", ', "ftx_note": 1}', 1))
+        (store_with_two_models["b"] / "config.json").read_text().replace("}", ', "ftx_note": 1}', 1)
+    )
     again = ftx_cli("run", b, "--until", "fetch", "--runtime", "python")
     assert again.exit_code == 0, again.stderr
     fetches = [r for r in _ls(ftx_cli) if r["stage"] == "fetch" and r["source"] == b]

@@ -31,8 +31,9 @@ def _plain(text: str) -> str:
     return ANSI.sub("", text.replace("\x1b[2K", "\n")).replace("\r", "\n")
 
 
-def test_convert_result_alone_on_stdout_while_the_bar_draws_on_the_terminal(tiny_gptj_dir: Path,
-                                                                            tmp_path: Path) -> None:
+def test_convert_result_alone_on_stdout_while_the_bar_draws_on_the_terminal(
+    tiny_gptj_dir: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "out"
     run = run_in_terminal(["convert", str(tiny_gptj_dir), "-o", str(out)], _env(tmp_path / "home"))
     assert run.code == 0, run.terminal
@@ -52,8 +53,10 @@ def test_piped_stderr_is_human_lines_and_json_only_when_asked(tiny_gptj_dir: Pat
     assert human.stdout.strip().endswith("1-gpu")
     assert human.stderr.strip() and not any(line.lstrip().startswith("{") for line in human.stderr.splitlines())
     # --log-format after the subcommand, and the FTX_LOG_FORMAT twin: JSON events and nothing else
-    for extra, env in ((["--log-format", "json", "--force", "convert"], _env(home)),
-                       (["--force", "convert"], _env(home, FTX_LOG_FORMAT="json"))):
+    for extra, env in (
+        (["--log-format", "json", "--force", "convert"], _env(home)),
+        (["--force", "convert"], _env(home, FTX_LOG_FORMAT="json")),
+    ):
         piped = subprocess.run(args + extra, capture_output=True, text=True, timeout=300, env=env)
         assert piped.returncode == 0, piped.stderr
         events = [json.loads(line) for line in piped.stderr.splitlines()]  # every line is JSON
@@ -64,8 +67,13 @@ def test_piped_stderr_is_human_lines_and_json_only_when_asked(tiny_gptj_dir: Pat
 
 
 def test_json_errors_are_events_too(tmp_path: Path) -> None:
-    piped = subprocess.run([FTX, "run", str(tmp_path / "missing"), "--log-format", "json"], capture_output=True,
-                           text=True, timeout=120, env=_env(tmp_path / "home"))
+    piped = subprocess.run(
+        [FTX, "run", str(tmp_path / "missing"), "--log-format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(tmp_path / "home"),
+    )
     assert piped.returncode == 1
     events = [json.loads(line) for line in piped.stderr.splitlines()]
     assert events[-1]["event"] == "error" and events[-1]["hint"]
@@ -111,8 +119,9 @@ def test_ctrl_c_exits_130_with_one_line_saying_what_was_kept(tmp_path: Path) -> 
                 sent.set()
                 os.killpg(proc.pid, signal.SIGINT)
 
-        run = run_in_terminal(["pull", server.url("/model.tar")], _env(home), timeout_s=120,
-                              on_output=interrupt_once_bytes_arrive)
+        run = run_in_terminal(
+            ["pull", server.url("/model.tar")], _env(home), timeout_s=120, on_output=interrupt_once_bytes_arrive
+        )
     assert sent.is_set(), run.terminal
     assert run.code == 130, run.terminal
     screen = _plain(run.terminal)
@@ -131,8 +140,9 @@ def test_ctrl_c_while_the_demo_builds_says_so_and_exits_130(tmp_path: Path) -> N
             sent.set()
             os.killpg(proc.pid, signal.SIGINT)
 
-    run = run_in_terminal(["run", "tiny-gptj", "--until", "fetch"], _env(home), timeout_s=120,
-                          on_output=interrupt_while_building)
+    run = run_in_terminal(
+        ["run", "tiny-gptj", "--until", "fetch"], _env(home), timeout_s=120, on_output=interrupt_while_building
+    )
     assert sent.is_set(), run.terminal
     assert run.code == 130, run.terminal
     screen = _plain(run.terminal)
@@ -144,11 +154,15 @@ def test_ctrl_c_while_the_demo_builds_says_so_and_exits_130(tmp_path: Path) -> N
 def test_cpu_only_cuda_lines_are_not_shown_as_causes() -> None:
     from ftx_triton.server.server_log import log_tail
 
-    text = ('E1123 02:00:29.132840 17765 ensemble_scheduler.cc:1468] "unable to create stream for ensemble: CUDA driver '
-            'version is insufficient for CUDA runtime version"\n'
-            'E1123 02:00:20.091490 17765 server.cc:241] "CudaDriverHelper has not been initialized."\n'
-            "I1123 02:00:30.0 1 model_lifecycle.cc:1] \"successfully loaded 'ensemble'\"\n")
-    assert log_tail(text).splitlines() == ["I1123 02:00:30.0 1 model_lifecycle.cc:1] \"successfully loaded 'ensemble'\""]
+    text = (
+        'E1123 02:00:29.132840 17765 ensemble_scheduler.cc:1468] "unable to create stream for ensemble: CUDA driver '
+        'version is insufficient for CUDA runtime version"\n'
+        'E1123 02:00:20.091490 17765 server.cc:241] "CudaDriverHelper has not been initialized."\n'
+        "I1123 02:00:30.0 1 model_lifecycle.cc:1] \"successfully loaded 'ensemble'\"\n"
+    )
+    assert log_tail(text).splitlines() == [
+        "I1123 02:00:30.0 1 model_lifecycle.cc:1] \"successfully loaded 'ensemble'\""
+    ]
 
 
 def test_waiting_on_another_process_lock_says_so(tmp_path: Path) -> None:
@@ -158,8 +172,13 @@ def test_waiting_on_another_process_lock_says_so(tmp_path: Path) -> None:
     home = tmp_path / "home"
     lock = lock_for(demo_dir(home))
     lock.acquire()  # this test process plays the other ftx, building the demo
-    proc = subprocess.Popen([FTX, "run", "tiny-gptj", "--until", "fetch"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=_env(home))
+    proc = subprocess.Popen(
+        [FTX, "run", "tiny-gptj", "--until", "fetch"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(home),
+    )
     try:
         assert proc.stderr is not None
         line = proc.stderr.readline()

@@ -15,7 +15,9 @@ import pytest
 SLUG = "mygpt"
 
 
-def run(*args: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     result = subprocess.run([str(a) for a in args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     return result
@@ -77,7 +79,9 @@ def test_converts_a_gpt2_checkpoint(third_party_env: tuple[Path, Path], tmp_path
     config = GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=64, vocab_size=128)
     GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
     env = {"FTX_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin"}
-    out = run(python, "-m", "ftx_triton", "convert", tmp_path / "gpt2", "--tp", "2", "--output", tmp_path / "ft", env=env)
+    out = run(
+        python, "-m", "ftx_triton", "convert", tmp_path / "gpt2", "--tp", "2", "--output", tmp_path / "ft", env=env
+    )
     target = Path(out.stdout.strip())
     assert target == tmp_path / "ft" / "2-gpu"
     assert (target / "model.layers.1.attention.query_key_value.weight.1.bin").stat().st_size == 64 * 3 * 32 * 4
@@ -86,8 +90,19 @@ def test_converts_a_gpt2_checkpoint(third_party_env: tuple[Path, Path], tmp_path
 
 def test_template_passes_the_conformance_kit(third_party_env: tuple[Path, Path], tmp_path: Path) -> None:
     python, project = third_party_env
-    result = run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", project, project / "tests",
-                 cwd=project, env={"FTX_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin"})
+    result = run(
+        python,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--rootdir",
+        project,
+        project / "tests",
+        cwd=project,
+        env={"FTX_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin"},
+    )
     assert "10 passed" in result.stdout, result.stdout  # every test of the kit (python runtime and FT reference too)
 
 
@@ -114,8 +129,18 @@ def test_a_published_plugin_installs_from_a_local_index_next_to_core(tmp_path: P
     python = env_dir / "bin" / "python"
     site_dir = Path(run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip())
     (site_dir / "_base.pth").write_text(f"import site; site.addsitedir({str(base)!r})\n")
-    installed = run(sys.executable, "-m", "pip", "--python", python, "install", "--no-index", "--find-links", index,
-                    f"ftx-triton-{SLUG}")
+    installed = run(
+        sys.executable,
+        "-m",
+        "pip",
+        "--python",
+        python,
+        "install",
+        "--no-index",
+        "--find-links",
+        index,
+        f"ftx-triton-{SLUG}",
+    )
     assert "Successfully installed" in installed.stdout and "ftx-triton-0.1.0" in installed.stdout, installed.stdout
     where = run(python, "-c", "import ftx_triton; print(ftx_triton.__file__)").stdout.strip()
     assert Path(where).is_relative_to(site_dir)  # core from the index's wheel, not this checkout

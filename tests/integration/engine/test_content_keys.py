@@ -14,8 +14,9 @@ def _ls(ftx_cli) -> list[dict]:
     return json.loads(result.stdout)
 
 
-def test_the_same_checkpoint_at_two_paths_is_one_artifact(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path,
-                                                          tmp_path: Path) -> None:
+def test_the_same_checkpoint_at_two_paths_is_one_artifact(
+    ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path
+) -> None:
     first = shutil.copytree(tiny_gptj_dir, tmp_path / "here" / "model", copy_function=shutil.copy)
     second = shutil.copytree(tiny_gptj_dir, tmp_path / "there" / "copy", copy_function=shutil.copy)  # new mtimes
     one = ftx_cli("run", str(first), "--until", "convert", "--runtime", "python")

@@ -86,8 +86,14 @@ def _wait_for_none(home: Path, timeout_s: float = 15.0) -> list[str]:
 def _run_and_kill(argv: list[str], home: Path, trigger: str, delay_s: float, timeout_s: float = 300) -> bool:
     """Start ``ftx`` and SIGKILL its whole process group ``delay_s`` after ``trigger`` appears on stderr;
     True if it was killed, False if it finished first."""
-    proc = subprocess.Popen([*FTX, *argv], env=_env(home), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [*FTX, *argv],
+        env=_env(home),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     fired = threading.Event()
 
     def watch() -> None:
@@ -151,8 +157,17 @@ def test_a_kill_anywhere_in_the_stages_recovers_byte_identical(tiny_gptj_dir: Pa
 
 def test_a_kill_during_server_start_leaves_no_process_or_shared_memory(tiny_gptj_dir: Path, tmp_path: Path) -> None:
     home = tmp_path / "home"
-    argv = ["run", str(tiny_gptj_dir), "--runtime", "python", "--prompt", "Once upon a time", "--max-tokens", "4",
-            "--no-openai"]
+    argv = [
+        "run",
+        str(tiny_gptj_dir),
+        "--runtime",
+        "python",
+        "--prompt",
+        "Once upon a time",
+        "--max-tokens",
+        "4",
+        "--no-openai",
+    ]
     _complete(["run", str(tiny_gptj_dir), "--runtime", "python", "--until", "configure"], home)
     before = {p.name for p in SHM.iterdir()} if SHM.exists() else set()
     rng = random.Random(SEED)

@@ -51,8 +51,16 @@ def test_checksum_mismatch_fails_and_publishes_nothing(ftx_cli, ftx_home: Path, 
 def test_concurrent_pulls_download_once(ftx_home: Path, archive_server) -> None:
     url = archive_server.url("/models/tiny-gptj.tar.zst")
     env = {**os.environ, "FTX_HOME": str(ftx_home)}
-    procs = [subprocess.Popen([sys.executable, "-m", "ftx_triton", "pull", url, "--sha256", archive_server.archive_sha],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "ftx_triton", "pull", url, "--sha256", archive_server.archive_sha],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     outputs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert outputs[0][0] == outputs[1][0]
@@ -80,8 +88,9 @@ def hub_with_model(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_gptj_di
 def test_hf_source_is_pinned_filtered_and_converted(ftx_cli, ftx_home: Path, hub_with_model) -> None:
     result = ftx_cli("--log-format", "json", "run", f"hf://{REPO}@dev", "--until", "convert")
     assert result.exit_code == 0, result.stderr
-    requested = {r.path.split("/resolve/", 1)[1].split("/", 1)[1] for r in hub_with_model.requests
-                 if "/resolve/" in r.path}
+    requested = {
+        r.path.split("/resolve/", 1)[1].split("/", 1)[1] for r in hub_with_model.requests if "/resolve/" in r.path
+    }
     assert "model.safetensors" in requested and "tokenizer.json" in requested
     assert not requested & {"pytorch_model.bin", "flax_model.msgpack", "README.md"}
     assert all(f"/resolve/{DEV}/" in r.path for r in hub_with_model.requests if "/resolve/" in r.path)

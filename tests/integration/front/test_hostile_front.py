@@ -24,8 +24,14 @@ _INFER = "/v2/models/add_one/infer"
 
 
 def _nested(depth: int, prefix: bytes = b"") -> bytes:
-    return (b'{"inputs":[{"name":"input_ids","shape":[1,1],"datatype":"INT32",' + prefix + b'"data":'
-            + b"[" * depth + b"]" * depth + b"}]}")
+    return (
+        b'{"inputs":[{"name":"input_ids","shape":[1,1],"datatype":"INT32",'
+        + prefix
+        + b'"data":'
+        + b"[" * depth
+        + b"]" * depth
+        + b"}]}"
+    )
 
 
 def _post(url: str, body: bytes, headers: dict[str, str] | None = None, path: str = _INFER) -> tuple[int, str]:
@@ -43,8 +49,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
     root = tmp_path_factory.mktemp("front")
     repo = add_repository(root / "repo")
-    with TritonServer(repo, home=root / "home", model_control="explicit", load_models=["add_one"],
-                      max_body_bytes=8 * 1024 * 1024) as running:
+    with TritonServer(
+        repo, home=root / "home", model_control="explicit", load_models=["add_one"], max_body_bytes=8 * 1024 * 1024
+    ) as running:
         yield running
 
 
@@ -74,8 +81,12 @@ def test_brackets_inside_strings_do_not_count_and_valid_requests_pass(server: ob
     assert json_depth(b'{"a": "[[[[[[[[", "b": [1, [2]]}') == 3
     assert json_depth(b'["\\"[[[[", [[]]]') == 3
     assert json_depth(b"[" * 100) == 100  # unclosed brackets count: a parser recurses before it fails
-    body = json.dumps({"inputs": [{"name": "input_ids", "shape": [2, 3], "datatype": "INT32",
-                                   "data": [1, 2, 3, 4, 5, 6]}], "id": "[" * 5000}).encode()
+    body = json.dumps(
+        {
+            "inputs": [{"name": "input_ids", "shape": [2, 3], "datatype": "INT32", "data": [1, 2, 3, 4, 5, 6]}],
+            "id": "[" * 5000,
+        }
+    ).encode()
     status, text = _post(server.http_url, gzip.compress(body), {"Content-Encoding": "gzip"})  # type: ignore[attr-defined]
     assert status == 200 and json.loads(text)["outputs"][0]["data"] == [2, 3, 4, 5, 6, 7], text
 
@@ -117,8 +128,10 @@ def _raw(url: str, data: bytes, *, wait_s: float = 60) -> bytes:
 @pytest.mark.parametrize("size", [b"-1", b"-0x10", b"0x10", b"zz", b"1" * 40])
 def test_a_malformed_chunk_size_is_refused_at_once(server: object, size: bytes) -> None:
     """Answered while the connection is still open: the old front read a negative size to the end."""
-    head = (b"POST " + _INFER.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Transfer-Encoding: chunked\r\n\r\n" + size + b"\r\n" + b"[" * 1000)
+    head = (
+        b"POST " + _INFER.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n" + size + b"\r\n" + b"[" * 1000
+    )
     answer = _raw(server.http_url, head, wait_s=30)  # type: ignore[attr-defined]
     assert answer[:12] in (b"HTTP/1.1 400", b"HTTP/1.0 400") and b"hunk size" in answer, answer[:200]
     _alive(server)
@@ -134,8 +147,12 @@ def front(server: object) -> Iterator[object]:
     from ftx_triton.front.shield import Shield
 
     upstream = int(server.http_url.rsplit(":", 1)[1])  # type: ignore[attr-defined]
-    made = Front(Shield(upstream).app(), "127.0.0.1", 0,
-                 Limits(header_timeout_s=1.0, body_timeout_s=1.0, idle_timeout_s=2.0, max_connections=4))
+    made = Front(
+        Shield(upstream).app(),
+        "127.0.0.1",
+        0,
+        Limits(header_timeout_s=1.0, body_timeout_s=1.0, idle_timeout_s=2.0, max_connections=4),
+    )
     made.start()
     yield made
     made.stop()
@@ -165,7 +182,7 @@ def test_half_sent_headers_are_cut_off(front: object) -> None:
 
 
 def test_a_half_sent_body_is_answered_408(front: object) -> None:
-    head = (b"POST " + _INFER.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"inputs\"")
+    head = b"POST " + _INFER.encode() + b' HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"inputs"'
     answer = _raw(f"127.0.0.1:{front.port}", head, wait_s=60)  # type: ignore[attr-defined]
     assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive" in answer, answer[:300]
 

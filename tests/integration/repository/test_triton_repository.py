@@ -54,8 +54,9 @@ def run_cli(home: Path, *args: str) -> str:
     reset_host()
     try:
         # FTX_ACCEPT_LICENSE: the tiny KoGPT stand-in carries KoGPT's non-commercial licence
-        result = CliRunner().invoke(cli, list(args), env={"FTX_HOME": str(home), "FTX_ACCEPT_LICENSE": "1"},
-                                    catch_exceptions=True)
+        result = CliRunner().invoke(
+            cli, list(args), env={"FTX_HOME": str(home), "FTX_ACCEPT_LICENSE": "1"}, catch_exceptions=True
+        )
     finally:
         reset_host()
     assert result.exit_code == 0, f"{result.stderr}\n{result.exception!r}"
@@ -72,8 +73,11 @@ def tiny_source(family: str, dest: Path) -> tuple[Path, tuple[str, ...]]:
         return tiny.tiny_gptneox(dest), ()
     if family == "kogpt":
         tiny.tiny_gptj(dest, tokenizer=False)
-        tiny.train_bpe_tokenizer(dest, specials=KOGPT_SPECIALS, extra_config={
-            "bos_token": "[BOS]", "eos_token": "[EOS]", "unk_token": "[UNK]", "pad_token": "[PAD]"})
+        tiny.train_bpe_tokenizer(
+            dest,
+            specials=KOGPT_SPECIALS,
+            extra_config={"bos_token": "[BOS]", "eos_token": "[EOS]", "unk_token": "[UNK]", "pad_token": "[PAD]"},
+        )
         config = json.loads((dest / "config.json").read_text())
         config.update(bos_token_id=0, eos_token_id=1, pad_token_id=3)
         (dest / "config.json").write_text(json.dumps(config))
@@ -142,8 +146,12 @@ class Served:
             client.close()
 
     def post(self, path: str, body: dict) -> tuple[int, str]:
-        request = urllib.request.Request(f"http://{self.server.http_url}{path}", data=json.dumps(body).encode(),
-                                         method="POST", headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"http://{self.server.http_url}{path}",
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=120) as response:
                 return response.status, response.read().decode()
@@ -159,8 +167,9 @@ def serve(repo: Path, home: Path, models: list[str]) -> Iterator[Served]:
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
-def text_models(request: pytest.FixtureRequest, repositories: dict[str, Path], home: Path,
-                tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, Served]]:
+def text_models(
+    request: pytest.FixtureRequest, repositories: dict[str, Path], home: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Path, Served]]:
     """One family's preprocessing + postprocessing on the real server, from a *copy* of its repository.
 
     The copy lives elsewhere and tritonserver runs in another working directory, so nothing in the
@@ -188,16 +197,26 @@ def declared_dtype(repo: Path, model: str, tensor: str) -> type[np.generic]:
 
 def pre_outputs(family: str) -> list[str]:
     """Preprocessing's outputs, by fastertransformer_backend's names (the same for every family)."""
-    return ["INPUT_ID", "REQUEST_INPUT_LEN", "REQUEST_OUTPUT_LEN", "STOP_WORDS_IDS", "BAD_WORDS_IDS", "runtime_top_k",
-            "beam_width"]
+    return [
+        "INPUT_ID",
+        "REQUEST_INPUT_LEN",
+        "REQUEST_OUTPUT_LEN",
+        "STOP_WORDS_IDS",
+        "BAD_WORDS_IDS",
+        "runtime_top_k",
+        "beam_width",
+    ]
 
 
 def test_text_round_trips_through_the_server(text_models) -> None:
     """Text → preprocessing → ids (the model's own tokenizer and ids) → postprocessing → the same text."""
     family, repo, served = text_models
     prompt = PROMPTS[family]
-    pre = served.infer("preprocessing", {"text_input": text(prompt), "max_tokens": np.array([[8]], dtype=np.int64)},
-                       pre_outputs(family))
+    pre = served.infer(
+        "preprocessing",
+        {"text_input": text(prompt), "max_tokens": np.array([[8]], dtype=np.int64)},
+        pre_outputs(family),
+    )
     codec = load_codec(repo / "preprocessing" / "1")
     deployment = json.loads((repo / "ftx-deployment.json").read_text())
     ids = pre["INPUT_ID"][0].tolist()
@@ -210,19 +229,29 @@ def test_text_round_trips_through_the_server(text_models) -> None:
         assert pre["REQUEST_INPUT_LEN"].tolist() == [[len(ids)]] and pre["REQUEST_OUTPUT_LEN"].tolist() == [[8]]
         # FT's T5 output holds decoder tokens only (INT32): the "generation" is the prompt, then </s> and padding
         row = ids + [0, 0, 0]
-        post = served.infer("postprocessing", {
-            "TOKENS_BATCH": np.array([[row]], dtype=np.int32),
-            "sequence_length": np.array([[len(ids)]], dtype=np.int32)}, ["text_output"])
+        post = served.infer(
+            "postprocessing",
+            {
+                "TOKENS_BATCH": np.array([[row]], dtype=np.int32),
+                "sequence_length": np.array([[len(ids)]], dtype=np.int32),
+            },
+            ["text_output"],
+        )
     else:
         n = len(ids)
         assert pre["REQUEST_INPUT_LEN"].tolist() == [[n]] and pre["REQUEST_OUTPUT_LEN"].tolist() == [[8]]
         # FT's decoder output holds the prompt, then the generation, then padding past sequence_length
         junk = codec.encode(" zzz junk after the end", prompt=False)
         row = ids + ids + junk
-        post = served.infer("postprocessing", {
-            "TOKENS_BATCH": np.array([[row]], dtype=np.uint32),
-            "sequence_length": np.array([[2 * n]], dtype=declared_dtype(repo, "postprocessing", "sequence_length")),
-            "REQUEST_INPUT_LEN": np.array([[n]], dtype=np.uint32)}, ["text_output"])
+        post = served.infer(
+            "postprocessing",
+            {
+                "TOKENS_BATCH": np.array([[row]], dtype=np.uint32),
+                "sequence_length": np.array([[2 * n]], dtype=declared_dtype(repo, "postprocessing", "sequence_length")),
+                "REQUEST_INPUT_LEN": np.array([[n]], dtype=np.uint32),
+            },
+            ["text_output"],
+        )
     assert [[t.decode() for t in r] for r in post["text_output"].tolist()] == [[prompt]]
 
 
@@ -232,13 +261,22 @@ def test_ids_come_from_the_model_not_gpt2(text_models) -> None:
     deployment = json.loads((repo / "ftx-deployment.json").read_text())
     codec = load_codec(repo / "preprocessing" / "1")
     params = {k: v.string_value for k, v in parse_config(repo / "preprocessing" / "config.pbtxt").parameters.items()}
-    expected = {"gptj": ("<|endoftext|>",) * 3, "gptneox": ("<|endoftext|>",) * 3,
-                "kogpt": ("[BOS]", "[EOS]", "[PAD]"), "t5": ("<pad>", "</s>", "<pad>")}[family]
+    expected = {
+        "gptj": ("<|endoftext|>",) * 3,
+        "gptneox": ("<|endoftext|>",) * 3,
+        "kogpt": ("[BOS]", "[EOS]", "[PAD]"),
+        "t5": ("<pad>", "</s>", "<pad>"),
+    }[family]
     assert [int(params[k]) for k in ("start_id", "end_id", "pad_id")] == [codec.token_id(t) for t in expected]
     assert int(params["end_id"]) == deployment["tokenizer"]["end_id"] != 50256
-    out = served.infer("preprocessing", {
-        "text_input": np.array([[b"Hello"], [PROMPTS[family].encode()]], dtype=np.object_),
-        "max_tokens": np.array([[4], [4]], dtype=np.int64)}, pre_outputs(family))
+    out = served.infer(
+        "preprocessing",
+        {
+            "text_input": np.array([[b"Hello"], [PROMPTS[family].encode()]], dtype=np.object_),
+            "max_tokens": np.array([[4], [4]], dtype=np.int64),
+        },
+        pre_outputs(family),
+    )
     short = int(out["REQUEST_INPUT_LEN"][0, 0])
     assert set(out["INPUT_ID"][0, short:].tolist()) == {int(params["pad_id"])}
 
@@ -247,15 +285,24 @@ def test_stop_and_bad_words_are_encoded_ft_style_by_the_server(text_models) -> N
     family, repo, served = text_models
     codec = load_codec(repo / "preprocessing" / "1")
     words = np.array([[b" dog", b" fox"]], dtype=np.object_)
-    out = served.infer("preprocessing", {"text_input": text(PROMPTS[family]), "max_tokens": np.array([[4]], np.int64),
-                                         "stop": words, "bad_words": np.array([[b" lazy"]], dtype=np.object_)},
-                       pre_outputs(family))
+    out = served.infer(
+        "preprocessing",
+        {
+            "text_input": text(PROMPTS[family]),
+            "max_tokens": np.array([[4]], np.int64),
+            "stop": words,
+            "bad_words": np.array([[b" lazy"]], dtype=np.object_),
+        },
+        pre_outputs(family),
+    )
     assert out["STOP_WORDS_IDS"].tolist() == word_list([[" dog", " fox"]], codec).tolist()
     assert out["BAD_WORDS_IDS"].tolist() == word_list([[" lazy"]], codec).tolist()
     assert out["STOP_WORDS_IDS"].dtype == np.int32
     offsets = [o for o in out["STOP_WORDS_IDS"][0, 1].tolist() if o != -1]
-    assert offsets == [len(codec.encode(" dog", prompt=False)),
-                       len(codec.encode(" dog", prompt=False)) + len(codec.encode(" fox", prompt=False))]
+    assert offsets == [
+        len(codec.encode(" dog", prompt=False)),
+        len(codec.encode(" dog", prompt=False)) + len(codec.encode(" fox", prompt=False)),
+    ]
 
 
 def test_postprocessing_honours_sequence_length(text_models) -> None:
@@ -265,11 +312,18 @@ def test_postprocessing_honours_sequence_length(text_models) -> None:
     generated = codec.encode(" quick brown", prompt=False)
     junk = codec.encode(" lazy dog", prompt=False)
     # as FasterTransformer returns them: T5 INT32 ids and lengths, GPT-J INT32 lengths, GPT-NeoX UINT32
-    post = served.infer("postprocessing", {
-        "TOKENS_BATCH": np.array([[generated + junk]], dtype=declared_dtype(repo, "postprocessing", "TOKENS_BATCH")),
-        "sequence_length": np.array([[len(generated)]],
-                                    dtype=declared_dtype(repo, "postprocessing", "sequence_length"))},
-        ["text_output"])
+    post = served.infer(
+        "postprocessing",
+        {
+            "TOKENS_BATCH": np.array(
+                [[generated + junk]], dtype=declared_dtype(repo, "postprocessing", "TOKENS_BATCH")
+            ),
+            "sequence_length": np.array(
+                [[len(generated)]], dtype=declared_dtype(repo, "postprocessing", "sequence_length")
+            ),
+        },
+        ["text_output"],
+    )
     assert post["text_output"].tolist() == [[codec.decode(generated).encode()]]
     assert "dog" not in post["text_output"][0, 0].decode()
 
@@ -279,8 +333,9 @@ def test_bad_request_values_are_request_errors(text_models) -> None:
 
     family, repo, served = text_models
     with pytest.raises(InferenceServerException, match="max_tokens must be at least 1"):
-        served.infer("preprocessing", {"text_input": text("Hello"), "max_tokens": np.array([[0]], dtype=np.int64)},
-                     ["INPUT_ID"])
+        served.infer(
+            "preprocessing", {"text_input": text("Hello"), "max_tokens": np.array([[0]], dtype=np.int64)}, ["INPUT_ID"]
+        )
 
 
 # --------------------------------------------------------------------------- static checks of known upstream bugs
@@ -307,8 +362,9 @@ def test_repository_is_self_contained(repositories: dict[str, Path], family: str
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_checkpoint_config_ini_has_no_prompt_learning_keys_and_matches(repositories: dict[str, Path],
-                                                                       family: str) -> None:
+def test_checkpoint_config_ini_has_no_prompt_learning_keys_and_matches(
+    repositories: dict[str, Path], family: str
+) -> None:
     """The checkpoint the repository points at has no prompt tables, no '#' comments, right tp."""
     from ftx_triton.io.ftformat import read_ini
     from ftx_triton.repository.model_config import parameter
@@ -393,8 +449,9 @@ def with_fake_ft(repo: Path, dest: Path) -> Path:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_text_generate_endpoint_with_a_fake_ft_model(repositories: dict[str, Path], home: Path, tmp_path: Path,
-                                                         family: str) -> None:
+def test_text_generate_endpoint_with_a_fake_ft_model(
+    repositories: dict[str, Path], home: Path, tmp_path: Path, family: str
+) -> None:
     """POST /v2/models/text/generate with only text_input and max_tokens, then with stop words."""
     repo = with_fake_ft(repository(repositories, family), tmp_path / "repo")
     prompt = PROMPTS[family]
@@ -402,33 +459,46 @@ def test_text_generate_endpoint_with_a_fake_ft_model(repositories: dict[str, Pat
         status, body = served.post("/v2/models/text/generate", {"text_input": prompt, "max_tokens": 16})
         assert status == 200, body
         assert json.loads(body)["text_output"] == prompt  # the echoed "generation", prompt stripped
-        status, body = served.post("/v2/models/text/generate", {
-            "text_input": prompt, "max_tokens": 16, "stop": [" dog"], "temperature": 0.5, "top_k": 4, "top_p": 0.9,
-            "beam_width": 1, "random_seed": 7})
+        status, body = served.post(
+            "/v2/models/text/generate",
+            {
+                "text_input": prompt,
+                "max_tokens": 16,
+                "stop": [" dog"],
+                "temperature": 0.5,
+                "top_k": 4,
+                "top_p": 0.9,
+                "beam_width": 1,
+                "random_seed": 7,
+            },
+        )
         assert status == 200, body
         assert json.loads(body)["text_output"] == prompt + " dog"
         status, body = served.post("/v2/models/text/generate", {"text_input": prompt, "max_tokens": 0})
         assert status == 400 and "max_tokens must be at least 1" in body
 
 
-def test_ensemble_with_the_python_runtime_generates_like_transformers(home: Path, tmp_path: Path,
-                                                                      tiny_gptj_dir: Path) -> None:
+def test_ensemble_with_the_python_runtime_generates_like_transformers(
+    home: Path, tmp_path: Path, tiny_gptj_dir: Path
+) -> None:
     """The whole ensemble with ftx's python runtime as the fastertransformer model (greedy, tiny GPT-J)."""
     pytest.importorskip("ftx_triton.runtime.python.repository")
     import torch
     from tokenizers import Tokenizer
     from transformers import GPTJForCausalLM
 
-    repo = Path(run_cli(home, "configure", str(tiny_gptj_dir), "--output", str(tmp_path / "repo"),
-                        "--runtime", "python"))
+    repo = Path(
+        run_cli(home, "configure", str(tiny_gptj_dir), "--output", str(tmp_path / "repo"), "--runtime", "python")
+    )
     prompt, max_tokens = "The quick brown fox", 6
     tokenizer = Tokenizer.from_file(str(tiny_gptj_dir / "tokenizer.json"))
     ids = tokenizer.encode(prompt).ids
     model = GPTJForCausalLM.from_pretrained(tiny_gptj_dir).eval()
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=max_tokens, do_sample=False,
-                             pad_token_id=model.config.eos_token_id)
-    generated = out[0, len(ids):].tolist()
+        out = model.generate(
+            torch.tensor([ids]), max_new_tokens=max_tokens, do_sample=False, pad_token_id=model.config.eos_token_id
+        )
+    generated = out[0, len(ids) :].tolist()
     eos = model.config.eos_token_id
     generated = generated[: generated.index(eos)] if eos in generated else generated
     expected = tokenizer.decode(generated, skip_special_tokens=True).rstrip("\ufffd")  # a cut-off character is left out
@@ -441,16 +511,26 @@ def test_ensemble_with_the_python_runtime_generates_like_transformers(home: Path
 def test_streaming_ensemble_streams_through_generate_stream(home: Path, tmp_path: Path, tiny_gptj_dir: Path) -> None:
     """--streaming: the decoupled model streams through the ensemble (python runtime as the FT model)."""
     pytest.importorskip("ftx_triton.runtime.python.repository")
-    repo = Path(run_cli(home, "configure", str(tiny_gptj_dir), "--output", str(tmp_path / "repo"),
-                        "--runtime", "python", "--streaming"))
+    repo = Path(
+        run_cli(
+            home,
+            "configure",
+            str(tiny_gptj_dir),
+            "--output",
+            str(tmp_path / "repo"),
+            "--runtime",
+            "python",
+            "--streaming",
+        )
+    )
     prompt = "Hello world"
     for served in serve(repo, home, ["fastertransformer", "preprocessing", "postprocessing", "text"]):
-        status, body = served.post("/v2/models/text/generate_stream",
-                                   {"text_input": prompt, "max_tokens": 4, "stream": True})
+        status, body = served.post(
+            "/v2/models/text/generate_stream", {"text_input": prompt, "max_tokens": 4, "stream": True}
+        )
         assert status == 200, body
-        events = [json.loads(line[len("data: "):]) for line in body.splitlines() if line.startswith("data: ")]
+        events = [json.loads(line[len("data: ") :]) for line in body.splitlines() if line.startswith("data: ")]
         texts = [e["text_output"] for e in events if "text_output" in e]
         assert len(texts) == 4, body  # one response per token
         # each response holds only its new text: no prompt, nothing sent before (#16.2)
         assert not any(t.startswith(prompt) for t in texts if t)
-

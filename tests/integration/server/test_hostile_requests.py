@@ -98,37 +98,64 @@ def test_malformed_requests_fail_alone_among_concurrent_valid_ones(deployment: D
 
     # name -> (call, expected status): every one of these must be refused by itself
     bad: dict[str, tuple[Callable[[], Any], set[str]]] = {
-        "temperature NaN (sampling)": (lambda: infer(http, raw({"temperature": np.array([[np.nan]], np.float32),
-                                                                **sample})), {"400"}),
-        "repetition_penalty NaN": (lambda: infer(http, raw({"repetition_penalty": np.array([[np.nan]], np.float32)})),
-                                   {"400"}),
+        "temperature NaN (sampling)": (
+            lambda: infer(http, raw({"temperature": np.array([[np.nan]], np.float32), **sample})),
+            {"400"},
+        ),
+        "repetition_penalty NaN": (
+            lambda: infer(http, raw({"repetition_penalty": np.array([[np.nan]], np.float32)})),
+            {"400"},
+        ),
         "len_penalty inf": (lambda: infer(http, raw({"len_penalty": np.array([[np.inf]], np.float32)})), {"400"}),
-        "top_p NaN over gRPC": (lambda: _grpc_infer(grpc, raw({"runtime_top_p": np.array([[np.nan]], np.float32)})),
-                                {"StatusCode.INVALID_ARGUMENT"}),
+        "top_p NaN over gRPC": (
+            lambda: _grpc_infer(grpc, raw({"runtime_top_p": np.array([[np.nan]], np.float32)})),
+            {"StatusCode.INVALID_ARGUMENT"},
+        ),
         "request_output_len 2^32-1": (lambda: infer(http, raw({}, 2**32 - 1)), {"400"}),
         "past the model's positions": (lambda: infer(http, raw({}, near_limit)), {"400"}),
         "token outside the vocabulary": (lambda: infer(http, {**decoder_inputs([[5, 6, 10**6]], 3)}), {"400"}),
-        "runtime_top_k above the vocabulary": (lambda: infer(http, raw({"runtime_top_k": column(10**6, 1, np.uint32)})),
-                                               {"400"}),
-        "broken stop word offsets": (lambda: infer(http, raw({"stop_words_list": np.array([[[1, 2], [5, -1]]],
-                                                                                         np.int32)})), {"400"}),
+        "runtime_top_k above the vocabulary": (
+            lambda: infer(http, raw({"runtime_top_k": column(10**6, 1, np.uint32)})),
+            {"400"},
+        ),
+        "broken stop word offsets": (
+            lambda: infer(http, raw({"stop_words_list": np.array([[[1, 2], [5, -1]]], np.int32)})),
+            {"400"},
+        ),
         "repetition_penalty 1e-40 (sampling)": (
-            lambda: infer(http, raw({"repetition_penalty": np.array([[1e-40]], np.float32), **sample})), {"400"}),
+            lambda: infer(http, raw({"repetition_penalty": np.array([[1e-40]], np.float32), **sample})),
+            {"400"},
+        ),
         "len_penalty 1e30 (beam search)": (
-            lambda: infer(http, raw({"len_penalty": np.array([[1e30]], np.float32),
-                                     "beam_width": column(2, 1, np.uint32)})), {"400"}),
-        "ensemble: invalid UTF-8": (lambda: _raise(_generate(http, b'{"text_input":"\xff\xfe","max_tokens":3}')),
-                                    {"400"}),
-        "ensemble: max_tokens 2^32+5": (lambda: _raise(_generate(http, {"text_input": "Hi", "max_tokens": 2**32 + 5})),
-                                        {"400"}),
-        "ensemble: temperature NaN": (lambda: _raise(_generate(http, b'{"text_input":"Hi","max_tokens":3,'
-                                                                     b'"temperature":NaN,"top_p":0.5}')), {"400"}),
-        "ensemble: a 1 MB prompt": (lambda: _raise(_generate(http, {"text_input": "ab " * 350_000, "max_tokens": 3})),
-                                    {"400"}),
-        "ensemble: top_p 2": (lambda: _raise(_generate(http, {"text_input": "Hi", "max_tokens": 3, "top_p": 2.0})),
-                              {"400"}),
+            lambda: infer(
+                http, raw({"len_penalty": np.array([[1e30]], np.float32), "beam_width": column(2, 1, np.uint32)})
+            ),
+            {"400"},
+        ),
+        "ensemble: invalid UTF-8": (
+            lambda: _raise(_generate(http, b'{"text_input":"\xff\xfe","max_tokens":3}')),
+            {"400"},
+        ),
+        "ensemble: max_tokens 2^32+5": (
+            lambda: _raise(_generate(http, {"text_input": "Hi", "max_tokens": 2**32 + 5})),
+            {"400"},
+        ),
+        "ensemble: temperature NaN": (
+            lambda: _raise(_generate(http, b'{"text_input":"Hi","max_tokens":3,"temperature":NaN,"top_p":0.5}')),
+            {"400"},
+        ),
+        "ensemble: a 1 MB prompt": (
+            lambda: _raise(_generate(http, {"text_input": "ab " * 350_000, "max_tokens": 3})),
+            {"400"},
+        ),
+        "ensemble: top_p 2": (
+            lambda: _raise(_generate(http, {"text_input": "Hi", "max_tokens": 3, "top_p": 2.0})),
+            {"400"},
+        ),
         "front: JSON nested 1 000 000 deep": (
-            lambda: _raise(_generate(http, b'{"text_input":' + b"[" * 10**6 + b"]" * 10**6 + b"}")), {"400"}),
+            lambda: _raise(_generate(http, b'{"text_input":' + b"[" * 10**6 + b"]" * 10**6 + b"}")),
+            {"400"},
+        ),
     }
 
     results: dict[str, Any] = {}

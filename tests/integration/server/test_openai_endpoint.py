@@ -23,8 +23,10 @@ from python_runtime_support import SERVER_MARKS  # noqa: E402
 pytestmark = SERVER_MARKS
 
 FTX = [str(Path(sys.executable).parent / "ftx")]
-TEMPLATE = ("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
-            "{% if add_generation_prompt %}[assistant]{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}[assistant]{% endif %}"
+)
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
@@ -40,7 +42,7 @@ def _post(url: str, body: Any, raw: bool = False, headers: dict[str, str] | None
 
 
 def _events(text: str) -> list[Any]:
-    return [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
+    return [line[len("data: ") :] for line in text.splitlines() if line.startswith("data: ")]
 
 
 class Served:
@@ -61,8 +63,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     config = json.loads((demo / "tokenizer_config.json").read_text())
     (tokenizer / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
     env = {**os.environ, "FTX_HOME": str(home), "FTX_DEVICE": "cpu"}
-    run = subprocess.run([*FTX, "run", "tiny-gptj", "--runtime", "python", "--streaming", "--detach",
-                          "--tokenizer", str(tokenizer)], capture_output=True, text=True, timeout=600, env=env)
+    run = subprocess.run(
+        [*FTX, "run", "tiny-gptj", "--runtime", "python", "--streaming", "--detach", "--tokenizer", str(tokenizer)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     served = Served(home, run.stdout)
     try:
@@ -86,22 +93,25 @@ def test_models_lists_the_deployment(served: Served) -> None:
 
 
 def test_completion_is_the_ensembles_greedy_continuation(served: Served) -> None:
-    status, answer = _post(served.openai + "/completions",
-                           {"model": "tiny-gptj", "prompt": "Once upon a time", "max_tokens": 8})
+    status, answer = _post(
+        served.openai + "/completions", {"model": "tiny-gptj", "prompt": "Once upon a time", "max_tokens": 8}
+    )
     assert status == 200, answer
     choice = answer["choices"][0]
     assert choice["text"] == _triton_text(served, "Once upon a time", 8)
     assert choice["text"].startswith(" there was a small")
     assert choice["finish_reason"] == "length"
     assert answer["usage"]["completion_tokens"] == 8 and answer["usage"]["prompt_tokens"] > 0
-    status, echoed = _post(served.openai + "/completions", {"prompt": "Once upon a time", "max_tokens": 8,
-                                                             "echo": True})
+    status, echoed = _post(
+        served.openai + "/completions", {"prompt": "Once upon a time", "max_tokens": 8, "echo": True}
+    )
     assert echoed["choices"][0]["text"] == "Once upon a time" + choice["text"]
 
 
 def test_stream_sends_tokens_as_events_and_ends_with_done(served: Served) -> None:
-    status, text = _post(served.openai + "/completions",
-                         {"prompt": "Once upon a time", "max_tokens": 8, "stream": True}, raw=True)
+    status, text = _post(
+        served.openai + "/completions", {"prompt": "Once upon a time", "max_tokens": 8, "stream": True}, raw=True
+    )
     assert status == 200
     events = _events(text)
     assert events[-1] == "[DONE]"
@@ -122,20 +132,29 @@ def test_chat_uses_the_models_chat_template(served: Served) -> None:
     assert prompt == "[system] Be brief.\n[user] Once upon a time\n[assistant]"
     assert answer["choices"][0]["message"] == {"role": "assistant", "content": _triton_text(served, prompt, 6)}
     assert answer["object"] == "chat.completion"
-    status, text = _post(served.openai + "/chat/completions", {"messages": messages, "max_tokens": 6,
-                                                               "stream": True}, raw=True)
+    status, text = _post(
+        served.openai + "/chat/completions", {"messages": messages, "max_tokens": 6, "stream": True}, raw=True
+    )
     chunks = [json.loads(e) for e in _events(text)[:-1]]
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
-    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == \
-        answer["choices"][0]["message"]["content"]
+    assert (
+        "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+        == answer["choices"][0]["message"]["content"]
+    )
 
 
 def test_generate_chat_reads_turns_from_stdin_and_keeps_the_history(served: Served) -> None:
     """`ftx generate --chat`: each stdin line is a user turn; the answer to each is the endpoint's answer to the
     whole conversation so far (rendered with the model's chat template), printed one per turn."""
     env = {**os.environ, "FTX_HOME": str(served.home)}
-    done = subprocess.run([*FTX, "generate", "--chat", "--system", "Be brief.", "--max-tokens", "5"],
-                          input="Once upon a time\n\nThe end\n", capture_output=True, text=True, timeout=300, env=env)
+    done = subprocess.run(
+        [*FTX, "generate", "--chat", "--system", "Be brief.", "--max-tokens", "5"],
+        input="Once upon a time\n\nThe end\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Once upon a time"}]
     _, first = _post(served.openai + "/chat/completions", {"messages": messages, "max_tokens": 5})
@@ -143,39 +162,49 @@ def test_generate_chat_reads_turns_from_stdin_and_keeps_the_history(served: Serv
     _, second = _post(served.openai + "/chat/completions", {"messages": messages, "max_tokens": 5})
     answers = [first["choices"][0]["message"]["content"], second["choices"][0]["message"]["content"]]
     assert done.stdout == "".join(f"{a}\n" for a in answers)
-    bad = subprocess.run([*FTX, "generate", "--chat", "--url", "http://127.0.0.1:9/v1"], input="Hi\n",
-                         capture_output=True, text=True, timeout=120, env=env)
+    bad = subprocess.run(
+        [*FTX, "generate", "--chat", "--url", "http://127.0.0.1:9/v1"],
+        input="Hi\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert bad.returncode == 1 and "error: cannot reach" in bad.stderr and "hint:" in bad.stderr
 
 
 def test_stop_strings_cut_the_text(served: Served) -> None:
     full = _triton_text(served, "Once upon a time", 12)
     cut_at = full.split()[2]
-    status, answer = _post(served.openai + "/completions",
-                           {"prompt": "Once upon a time", "max_tokens": 12, "stop": [cut_at]})
+    status, answer = _post(
+        served.openai + "/completions", {"prompt": "Once upon a time", "max_tokens": 12, "stop": [cut_at]}
+    )
     assert status == 200
-    assert answer["choices"][0]["text"] == full[:full.find(cut_at)]
+    assert answer["choices"][0]["text"] == full[: full.find(cut_at)]
     assert answer["choices"][0]["finish_reason"] == "stop"
 
 
-@pytest.mark.parametrize("body, param, status", [
-    ({"prompt": "", "max_tokens": 4}, "prompt", 400),
-    ({"prompt": "Hi", "n": 2}, "n", 400),
-    ({"prompt": "Hi", "model": "gpt-4"}, "model", 404),  # OpenAI's model_not_found
-    ({"prompt": "Hi", "temperature": 5}, "temperature", 400),
-    ({"prompt": "Hi", "max_tokens": "many"}, "max_tokens", 400),
-    ({"prompt": "Hi", "stop": ["a", "b", "c", "d", "e"]}, "stop", 400),
-    ({"prompt": "Hi", "echo": "no"}, "echo", 400),
-    # features the endpoint lacks are refused, never silently ignored
-    ({"prompt": "Hi", "logprobs": 2}, "logprobs", 400),
-    ({"prompt": "Hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", 400),
-    ({"prompt": "Hi", "tool_choice": "required"}, "tool_choice", 400),
-    ({"prompt": "Hi", "n": True}, "n", 400),  # a boolean is not a count, though True == 1
-    ({"prompt": "Hi", "n": 1.0}, "n", 400),
-    ({"prompt": ["Hi"] * 65}, "prompt", 400),  # more prompts than one request may hold
-    ({"prompt": "Hi \ud800"}, "prompt", 400),  # a lone surrogate is not text: the client's mistake
-    ({"messages": [{"role": "user", "content": "\udfff"}]}, "messages", 400),
-])
+@pytest.mark.parametrize(
+    "body, param, status",
+    [
+        ({"prompt": "", "max_tokens": 4}, "prompt", 400),
+        ({"prompt": "Hi", "n": 2}, "n", 400),
+        ({"prompt": "Hi", "model": "gpt-4"}, "model", 404),  # OpenAI's model_not_found
+        ({"prompt": "Hi", "temperature": 5}, "temperature", 400),
+        ({"prompt": "Hi", "max_tokens": "many"}, "max_tokens", 400),
+        ({"prompt": "Hi", "stop": ["a", "b", "c", "d", "e"]}, "stop", 400),
+        ({"prompt": "Hi", "echo": "no"}, "echo", 400),
+        # features the endpoint lacks are refused, never silently ignored
+        ({"prompt": "Hi", "logprobs": 2}, "logprobs", 400),
+        ({"prompt": "Hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", 400),
+        ({"prompt": "Hi", "tool_choice": "required"}, "tool_choice", 400),
+        ({"prompt": "Hi", "n": True}, "n", 400),  # a boolean is not a count, though True == 1
+        ({"prompt": "Hi", "n": 1.0}, "n", 400),
+        ({"prompt": ["Hi"] * 65}, "prompt", 400),  # more prompts than one request may hold
+        ({"prompt": "Hi \ud800"}, "prompt", 400),  # a lone surrogate is not text: the client's mistake
+        ({"messages": [{"role": "user", "content": "\udfff"}]}, "messages", 400),
+    ],
+)
 def test_bad_requests_get_openai_errors(served: Served, body: dict, param: str, status: int) -> None:
     route = "/chat/completions" if "messages" in body else "/completions"
     answered, answer = _post(served.openai + route, body)
@@ -211,8 +240,10 @@ def test_a_client_that_leaves_stops_its_prompts_being_generated(served: Served) 
     before = _ensemble_requests(served)
     body = json.dumps({"prompt": [f"Story {i}:" for i in range(40)], "max_tokens": 8}).encode()
     with socket.create_connection((host, int(port)), timeout=60) as client:
-        client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                       b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        client.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
         deadline = time.monotonic() + 120
         while _ensemble_requests(served) == before and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -249,8 +280,11 @@ def test_a_chat_template_that_never_ends_blocks_nobody(served: Served, tmp_path:
     try:
         url = f"http://127.0.0.1:{front.port}/v1"
         answers: dict[str, Any] = {}
-        chat = threading.Thread(target=lambda: answers.update(chat=_post(
-            url + "/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})))
+        chat = threading.Thread(
+            target=lambda: answers.update(
+                chat=_post(url + "/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})
+            )
+        )
         chat.start()
         time.sleep(1)
         with _OPENER.open(url + "/models", timeout=60) as response:
@@ -265,12 +299,16 @@ def test_a_chat_template_that_never_ends_blocks_nobody(served: Served, tmp_path:
         front.stop()
 
 
-@pytest.mark.parametrize("data, headers", [
-    (b"[" * 100_000 + b"]" * 100_000, {"Content-Type": "application/json"}),  # deeper than the parser recurses
-    (b'{"prompt": "Hi"}', {"Content-Type": "application/json; charset=foobar"}),  # no such charset
-    (b'{"prompt": "Hi"}', {"Content-Type": "application/json", "Content-Encoding": "gzip"}),  # not gzip
-    (b'{"prompt": "Hi"}', {"Content-Type": "application/json", "Content-Encoding": "deflate"}),
-], ids=["deep", "charset", "gzip", "deflate"])
+@pytest.mark.parametrize(
+    "data, headers",
+    [
+        (b"[" * 100_000 + b"]" * 100_000, {"Content-Type": "application/json"}),  # deeper than the parser recurses
+        (b'{"prompt": "Hi"}', {"Content-Type": "application/json; charset=foobar"}),  # no such charset
+        (b'{"prompt": "Hi"}', {"Content-Type": "application/json", "Content-Encoding": "gzip"}),  # not gzip
+        (b'{"prompt": "Hi"}', {"Content-Type": "application/json", "Content-Encoding": "deflate"}),
+    ],
+    ids=["deep", "charset", "gzip", "deflate"],
+)
 def test_unreadable_bodies_are_400_not_500(served: Served, data: bytes, headers: dict[str, str]) -> None:
     status, answer = _post(served.openai + "/completions", data, headers=headers)
     assert status == 400 and "not readable JSON" in answer["error"]["message"], answer
@@ -285,8 +323,10 @@ def test_clients_that_leave_mid_request_leave_no_tracebacks_in_the_log(served: S
     before = {log: log.stat().st_size for log in logs}
 
     def request(body: bytes, length: int) -> bytes:
-        return (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                b"Content-Length: %d\r\n\r\n" % length) + body
+        return (
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % length
+        ) + body
 
     streamed = b'{"prompt": "Hi", "stream": true, "max_tokens": 32}'
     for request_bytes in (request(b'{"prompt": ', 1000), request(streamed, len(streamed))):
@@ -298,7 +338,7 @@ def test_clients_that_leave_mid_request_leave_no_tracebacks_in_the_log(served: S
             time.sleep(0.3)
     assert _post(served.openai + "/completions", {"prompt": "Hi", "max_tokens": 1})[0] == 200
     time.sleep(1)
-    assert logs and not [log for log in logs if "Traceback" in log.read_bytes()[before[log]:].decode(errors="replace")]
+    assert logs and not [log for log in logs if "Traceback" in log.read_bytes()[before[log] :].decode(errors="replace")]
 
 
 def test_a_stream_the_model_refuses_is_an_http_error_not_a_200(served: Served) -> None:
@@ -321,7 +361,8 @@ def test_ps_shows_the_endpoint_and_stop_ends_it(served: Served) -> None:
     ps = subprocess.run([*FTX, "ps", "--json"], capture_output=True, text=True, timeout=120, env=env)
     rows = [r for r in json.loads(ps.stdout) if r["alive"]]
     assert [(r["name"], r["model"], r["runtime"], r["openai"]) for r in rows] == [
-        ("tiny-gptj", "tiny-gptj", "python", served.openai)]
+        ("tiny-gptj", "tiny-gptj", "python", served.openai)
+    ]
     assert rows[0]["memory_bytes"] > 10_000_000 and rows[0]["uptime_s"] > 0 and rows[0]["device"] == "cpu"
 
 
@@ -344,14 +385,18 @@ def test_what_a_running_server_uses_is_marked_and_not_removed(served: Served) ->
 
 def _bench(served: Served, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "FTX_HOME": str(served.home)}
-    return subprocess.run([*FTX, "bench", "--concurrency", "1,2", "--requests", "6", "--max-tokens", "4", "--json",
-                           *args], capture_output=True, text=True, timeout=600, env=env)
+    return subprocess.run(
+        [*FTX, "bench", "--concurrency", "1,2", "--requests", "6", "--max-tokens", "4", "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
 
 
 def _stored(served: Served) -> list[dict]:
     env = {**os.environ, "FTX_HOME": str(served.home)}
-    ps = json.loads(subprocess.run([*FTX, "ps", "--json"], capture_output=True, text=True, timeout=120,
-                                   env=env).stdout)
+    ps = json.loads(subprocess.run([*FTX, "ps", "--json"], capture_output=True, text=True, timeout=120, env=env).stdout)
     from ftx_triton.server.bench import results_path
 
     return json.loads(results_path(served.home, Path(ps[0]["repository"])).read_text())
@@ -377,8 +422,7 @@ def test_bench_leaves_the_served_artifact_intact(served: Served) -> None:
 
     assert _bench(served, "--tool", "builtin").returncode == 0
     env = {**os.environ, "FTX_HOME": str(served.home)}
-    ps = json.loads(subprocess.run([*FTX, "ps", "--json"], capture_output=True, text=True, timeout=120,
-                                   env=env).stdout)
+    ps = json.loads(subprocess.run([*FTX, "ps", "--json"], capture_output=True, text=True, timeout=120, env=env).stdout)
     repository = Path(ps[0]["repository"])
     assert not list(repository.glob("*bench*"))
     store = ArtifactStore(served.home)

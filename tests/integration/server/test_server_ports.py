@@ -59,9 +59,9 @@ def test_given_ports_are_kept_and_busy_ones_found(listening: socket.socket) -> N
     assert port in busy_ports("127.0.0.1", ports)
 
 
-def test_a_busy_port_given_to_ftx_run_fails_before_any_model_loads(ftx_cli: Any, ftx_home: Path,
-                                                                   tiny_gptj_dir: Path,
-                                                                   listening: socket.socket) -> None:
+def test_a_busy_port_given_to_ftx_run_fails_before_any_model_loads(
+    ftx_cli: Any, ftx_home: Path, tiny_gptj_dir: Path, listening: socket.socket
+) -> None:
     port = listening.getsockname()[1]
     result = ftx_cli("run", str(tiny_gptj_dir), "--runtime", "python", "--http-port", str(port), "--no-openai")
     assert result.exit_code == 1
@@ -71,8 +71,12 @@ def test_a_busy_port_given_to_ftx_run_fails_before_any_model_loads(ftx_cli: Any,
     assert not logs.exists() or not list(logs.glob("*.log"))  # no tritonserver was started
 
 
-BAD_HOSTS = {"not a host": "does not resolve", "[::1]": "does not resolve", "a" * 70: "does not resolve",
-             "192.0.2.1": "is no address of this machine"}  # TEST-NET-1: never this machine's
+BAD_HOSTS = {
+    "not a host": "does not resolve",
+    "[::1]": "does not resolve",
+    "a" * 70: "does not resolve",
+    "192.0.2.1": "is no address of this machine",
+}  # TEST-NET-1: never this machine's
 
 
 @pytest.mark.parametrize("host", sorted(BAD_HOSTS))
@@ -89,10 +93,12 @@ def test_ipv6_hosts_get_ports() -> None:
         assert busy_ports(host, ports) == []
 
 
-def test_an_unresolvable_host_given_to_ftx_run_fails_before_any_server_starts(ftx_cli: Any, ftx_home: Path,
-                                                                              tiny_gptj_dir: Path) -> None:
-    result = ftx_cli("run", str(tiny_gptj_dir), "--runtime", "python", "--prompt", "Hi", "--max-tokens", "1",
-                     "--host", "not a host")
+def test_an_unresolvable_host_given_to_ftx_run_fails_before_any_server_starts(
+    ftx_cli: Any, ftx_home: Path, tiny_gptj_dir: Path
+) -> None:
+    result = ftx_cli(
+        "run", str(tiny_gptj_dir), "--runtime", "python", "--prompt", "Hi", "--max-tokens", "1", "--host", "not a host"
+    )
     assert result.exit_code == 1 and result.exception is None, (result.stderr, result.exception)
     assert "error: --host 'not a host' does not resolve" in result.stderr and "hint: pass an address" in result.stderr
     assert "starting tritonserver" not in result.stderr and "Traceback" not in result.stderr
@@ -100,8 +106,9 @@ def test_an_unresolvable_host_given_to_ftx_run_fails_before_any_server_starts(ft
     assert not logs.exists() or not list(logs.glob("*.log"))  # no tritonserver was started
 
 
-def test_an_unresolvable_openai_host_fails_before_any_server_starts(ftx_cli: Any, ftx_home: Path,
-                                                                   tiny_gptj_dir: Path) -> None:
+def test_an_unresolvable_openai_host_fails_before_any_server_starts(
+    ftx_cli: Any, ftx_home: Path, tiny_gptj_dir: Path
+) -> None:
     """The OpenAI front starts after tritonserver: its host is checked before either."""
     result = ftx_cli("run", str(tiny_gptj_dir), "--runtime", "python", "--detach", "--openai-host", "bad host")
     assert result.exit_code == 1 and result.exception is None, (result.stderr, result.exception)
@@ -116,8 +123,9 @@ PORT_OPTIONS = ["--http-port", "--grpc-port", "--metrics-port"]
 @pytest.mark.parametrize("value", ["70000", "-5", "0"])
 @pytest.mark.parametrize("option", PORT_OPTIONS)
 @pytest.mark.parametrize("command", [("run", "--prompt", "Hi", "--max-tokens", "1"), ("run", "--dry-run"), ("lock",)])
-def test_a_port_out_of_range_is_a_usage_error(ftx_cli: Any, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path,
-                                              command: tuple[str, ...], option: str, value: str) -> None:
+def test_a_port_out_of_range_is_a_usage_error(
+    ftx_cli: Any, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path, command: tuple[str, ...], option: str, value: str
+) -> None:
     """Once a traceback (OverflowError from bind) or a dry run printing ``ports 70000/free``."""
     name, *rest = command
     out = ("-o", str(tmp_path / "ftx.toml")) if name == "lock" else ()
@@ -128,8 +136,9 @@ def test_a_port_out_of_range_is_a_usage_error(ftx_cli: Any, ftx_home: Path, tiny
 
 
 @pytest.mark.parametrize("option", PORT_OPTIONS)
-def test_a_port_out_of_range_in_the_environment_is_a_usage_error(ftx_cli: Any, ftx_home: Path, tiny_gptj_dir: Path,
-                                                                 option: str) -> None:
+def test_a_port_out_of_range_in_the_environment_is_a_usage_error(
+    ftx_cli: Any, ftx_home: Path, tiny_gptj_dir: Path, option: str
+) -> None:
     env = {"FTX_RUN_" + option[2:].replace("-", "_").upper(): "-5"}
     result = ftx_cli("run", str(tiny_gptj_dir), "--prompt", "Hi", "--max-tokens", "1", env=env)
     assert result.exit_code == 2 and f"'{option}': -5 is not in the range" in result.stderr
@@ -167,8 +176,9 @@ def test_tritonserver_serves_on_ports_left_in_time_wait(tmp_path: Path) -> None:
     for port in (ports.http, ports.grpc, ports.metrics):
         _leave_time_wait_on(port)
     assert busy_ports("127.0.0.1", ports) == []
-    with TritonServer(add_repository(tmp_path / "repo"), home=tmp_path / "home", ports=ports,
-                      exit_timeout_s=5) as server:
+    with TritonServer(
+        add_repository(tmp_path / "repo"), home=tmp_path / "home", ports=ports, exit_timeout_s=5
+    ) as server:
         assert server.http_url == f"127.0.0.1:{ports.http}"
         np.testing.assert_array_equal(infer_http(server.http_url, "add_one"), INPUT + 1)
 

@@ -54,8 +54,9 @@ def _post(url: str, body: bytes) -> tuple[int, str]:
 
 
 def _nested(depth: int) -> bytes:
-    return ('{"inputs":[{"name":"input_ids","shape":[1,1],"datatype":"INT32","data":'
-            + "[" * depth + "]" * depth + "}]}").encode()
+    return (
+        '{"inputs":[{"name":"input_ids","shape":[1,1],"datatype":"INT32","data":' + "[" * depth + "]" * depth + "}]}"
+    ).encode()
 
 
 def _own_shm(prefix: str) -> list[str]:
@@ -80,8 +81,9 @@ def test_a_body_that_crashes_tritonserver_is_refused_by_the_front(tmp_path: Path
     repo = add_repository(tmp_path / "repo")
     body = _nested(2_000_000)
     assert len(body) > 4_000_000
-    bare = TritonServer(repo, home=tmp_path / "home", http_front=False, model_control="explicit",
-                        load_models=["add_one"])
+    bare = TritonServer(
+        repo, home=tmp_path / "home", http_front=False, model_control="explicit", load_models=["add_one"]
+    )
     with bare:
         with pytest.raises(OSError):  # the connection dies with the server
             _post(bare.http_url, body)
@@ -90,8 +92,9 @@ def test_a_body_that_crashes_tritonserver_is_refused_by_the_front(tmp_path: Path
         assert "SIGSEGV" in report and "exited by itself" in report
     assert process_gone(bare.pid) and not _own_shm(bare.shm_prefix)
 
-    with TritonServer(repo, home=tmp_path / "home", model_control="explicit", load_models=["add_one"],
-                      max_body_bytes=8 * 1024 * 1024) as server:
+    with TritonServer(
+        repo, home=tmp_path / "home", model_control="explicit", load_models=["add_one"], max_body_bytes=8 * 1024 * 1024
+    ) as server:
         status, text = _post(server.http_url, body)
         assert status == 400 and "nested deeper" in text
         status, text = _post(server.http_url, b"[" * 9_000_000)
@@ -214,9 +217,14 @@ sys.stdin.read()
 
 def _start_in_child(repo: Path, home: Path) -> subprocess.Popen[str]:
     src = str(Path(server_mod.__file__).parents[2])
-    return subprocess.Popen([sys.executable, "-c", STARTER, str(repo), str(home)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env={**os.environ, "PYTHONPATH": src})
+    return subprocess.Popen(
+        [sys.executable, "-c", STARTER, str(repo), str(home)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": src},
+    )
 
 
 def _wait_for(child: subprocess.Popen[str], text: str) -> tuple[int, str]:
@@ -284,8 +292,10 @@ def test_orphaned_stubs_and_stale_shared_memory_are_swept_at_the_next_start(tmp_
     stale.write_bytes(b"x")
     dead_pid = subprocess.Popen(["true"])
     dead_pid.wait()
-    script = (f'exec -a /x/{STUB_NAME} "$0" -c "import time; time.sleep(120)" '
-              f'{FTX_SHM_PREFIX}0123456789ab-region 1048576 {dead_pid.pid} /x 336 m_0_0 DEFAULT')
+    script = (
+        f'exec -a /x/{STUB_NAME} "$0" -c "import time; time.sleep(120)" '
+        f"{FTX_SHM_PREFIX}0123456789ab-region 1048576 {dead_pid.pid} /x 336 m_0_0 DEFAULT"
+    )
     orphan = subprocess.Popen(["bash", "-c", script, sys.executable], start_new_session=True)
     try:
         # Wait for the exec itself: before it, the pid is a bash whose own command line names the region,

@@ -123,8 +123,7 @@ def test_model_whose_initialize_raises_fails_start_with_its_cause_once(tmp_path:
 @needs_triton
 def test_explicit_model_control_loads_only_listed_models(tmp_path: Path, home: Path) -> None:
     repo = add_repository(tmp_path / "repo", failing=True)  # "broken" is never loaded
-    with TritonServer(repo, home=home, model_control="explicit", load_models=["add_one"],
-                      exit_timeout_s=5) as server:
+    with TritonServer(repo, home=home, model_control="explicit", load_models=["add_one"], exit_timeout_s=5) as server:
         assert server.expected_models == ("add_one",)
         np.testing.assert_array_equal(infer_http(server.http_url, "add_one"), INPUT + 1)
         assert _model_ready(server.http_url, "add_one")
@@ -165,8 +164,9 @@ def test_detach_list_and_stop_through_the_cli(tmp_path: Path, home: Path) -> Non
 
 
 @needs_triton
-def test_port_in_use_is_reported_and_auto_ports_are_repicked(tmp_path: Path, home: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_port_in_use_is_reported_and_auto_ports_are_repicked(
+    tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     repo = tmp_path / "empty"
     repo.mkdir()
     with socket.socket() as busy:
@@ -189,8 +189,9 @@ def test_port_in_use_is_reported_and_auto_ports_are_repicked(tmp_path: Path, hom
 
 
 @needs_triton
-def test_stub_that_cannot_start_fails_fast_instead_of_hanging(tmp_path: Path, home: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stub_that_cannot_start_fails_fast_instead_of_hanging(
+    tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     real_env = server_mod.server_env
 
     def env_without_vendored_libs(install, env=None):  # type: ignore[no-untyped-def]
@@ -236,9 +237,14 @@ def test_server_dies_with_a_killed_parent(tmp_path: Path, home: Path) -> None:
     repo = tmp_path / "empty"
     repo.mkdir()
     src = str(Path(server_mod.__file__).parents[2])
-    parent = subprocess.Popen([sys.executable, "-c", CHILD, str(repo), str(home)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                              env={**os.environ, "PYTHONPATH": src})
+    parent = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(repo), str(home)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": src},
+    )
     try:
         lines = iter(parent.stdout.readline, "")  # type: ignore[union-attr]
         pid = next(int(line.split()[1]) for line in lines if line.startswith("PID "))
@@ -298,27 +304,29 @@ def test_invalid_options_are_rejected(tmp_path: Path, home: Path) -> None:
 
 REAL_LINES = {
     "model": (
-        'E1122 00:08:19.315950 3433 model_lifecycle.cc:642] "failed to load \'bad\' version 1: Internal: '
+        "E1122 00:08:19.315950 3433 model_lifecycle.cc:642] \"failed to load 'bad' version 1: Internal: "
         'RuntimeError: boom-xyz\\n\\nAt:\\n  /tmp/exp/repo/bad/1/model.py(2): initialize\\n"'
     ),
     "port": 'E1122 00:08:29.673107 3574 main.cc:245] "failed to start GRPC service: Unavailable - '
-            "Socket '127.0.0.1:18001' already in use \"",
+    "Socket '127.0.0.1:18001' already in use \"",
     "cudart": "/x/backends/python/triton_python_backend_stub: error while loading shared libraries: "
-              "libcudart-09529672.so.12.6.77: cannot open shared object file: No such file or directory",
+    "libcudart-09529672.so.12.6.77: cannot open shared object file: No such file or directory",
 }
 
 
 def test_diagnose_recognises_known_failures() -> None:
     assert failed_models(REAL_LINES["model"]) == {
-        "bad": "Internal: RuntimeError: boom-xyz (at /tmp/exp/repo/bad/1/model.py(2): initialize)"}
+        "bad": "Internal: RuntimeError: boom-xyz (at /tmp/exp/repo/bad/1/model.py(2): initialize)"
+    }
     found = diagnose(REAL_LINES["model"])
     assert found and "model 'bad' failed to load: Internal: RuntimeError: boom-xyz" in found.cause
     found = diagnose(REAL_LINES["port"])
     assert found and found.port_in_use and "127.0.0.1:18001" in found.cause
     found = diagnose(REAL_LINES["cudart"])
     assert found and "stub cannot start" in found.cause and "nvidia_pytriton.libs" in found.hint
-    found = diagnose(REAL_LINES["model"] + "\nAttributeError: '_thread.RLock' object has no attribute "
-                     "'_recursion_count'")
+    found = diagnose(
+        REAL_LINES["model"] + "\nAttributeError: '_thread.RLock' object has no attribute '_recursion_count'"
+    )
     assert found and "LD_LIBRARY_PATH" in found.hint
     assert diagnose("I1122 all good") is None
 
@@ -326,9 +334,19 @@ def test_diagnose_recognises_known_failures() -> None:
 def _fake_record(home: Path, name: str, pid: int) -> None:
     stat = process_tree.proc_stat(pid)
     record = ServerRecord(
-        name=name, pid=pid, host="127.0.0.1", http_port=1, grpc_port=2, metrics_port=3,
-        repository="/repo", log_path="/log", started_at="now", start_ticks=stat[1] if stat else None,
-        shm_prefix=process_tree.SHM_PREFIX + f"ftx-test{name}-", exit_timeout_s=1)
+        name=name,
+        pid=pid,
+        host="127.0.0.1",
+        http_port=1,
+        grpc_port=2,
+        metrics_port=3,
+        repository="/repo",
+        log_path="/log",
+        started_at="now",
+        start_ticks=stat[1] if stat else None,
+        shm_prefix=process_tree.SHM_PREFIX + f"ftx-test{name}-",
+        exit_timeout_s=1,
+    )
     (home / "servers").mkdir(parents=True, exist_ok=True)
     (home / "servers" / f"{name}.json").write_text(record.to_json())
 

@@ -63,8 +63,9 @@ def grpc_stream(url: str, model: str, arrays: dict[str, np.ndarray], timeout_s: 
     responses = []
     with grpcclient.InferenceServerClient(url) as client:
         client.start_stream(callback=lambda result, error: got.put((result, error)))
-        client.async_stream_infer(model, [prepare_tensor("grpc", n, v) for n, v in arrays.items()],
-                                  enable_empty_final_response=True)
+        client.async_stream_infer(
+            model, [prepare_tensor("grpc", n, v) for n, v in arrays.items()], enable_empty_final_response=True
+        )
         while True:
             result, error = got.get(timeout=timeout_s)
             if error is not None:
@@ -119,8 +120,9 @@ def _deploy(name: str, sources: dict[str, tuple[Path, Any]], home: Path, **setti
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
-def streamed(request: pytest.FixtureRequest, sources: dict[str, tuple[Path, Any]],
-             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+def streamed(
+    request: pytest.FixtureRequest, sources: dict[str, tuple[Path, Any]], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Deployment]:
     """The same with --streaming (decoupled fastertransformer model)."""
     yield from _deploy(request.param, sources, tmp_path_factory.mktemp(f"up-shome-{request.param}"), streaming=True)
 
@@ -160,12 +162,13 @@ def test_issue_request_streams_every_step_with_its_log_probs(streamed: Deploymen
 
 
 def _generate_stream(url: str, body: dict[str, Any]) -> list[str]:
-    request = urllib.request.Request(f"http://{url}/v2/models/text/generate_stream",
-                                     data=json.dumps(body).encode(), method="POST")
+    request = urllib.request.Request(
+        f"http://{url}/v2/models/text/generate_stream", data=json.dumps(body).encode(), method="POST"
+    )
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(request, timeout=300) as response:
         lines = response.read().decode().splitlines()
-    return [json.loads(line[len("data: "):])["text_output"] for line in lines if line.startswith("data: ")]
+    return [json.loads(line[len("data: ") :])["text_output"] for line in lines if line.startswith("data: ")]
 
 
 def test_generate_stream_sends_each_piece_of_text_once(streamed: Deployment) -> None:
@@ -175,7 +178,7 @@ def test_generate_stream_sends_each_piece_of_text_once(streamed: Deployment) -> 
     ids = streamed.codec.encode(prompt, prompt=True)
     generated = streamed.greedy(ids, 12)
     if not streamed.encoder_decoder:
-        generated = generated[len(ids):]
+        generated = generated[len(ids) :]
     end = streamed.ref.config.eos_token_id
     expected = streamed.codec.decode(generated[: generated.index(end)] if end in generated else generated)
     expected = expected.rstrip("\ufffd")  # a character cut off by max_tokens is not sent
@@ -187,8 +190,7 @@ def test_generate_stream_sends_each_piece_of_text_once(streamed: Deployment) -> 
     from ftx_triton.cli.serving import generate_text
 
     printed: list[str] = []
-    text = generate_text(streamed.server.grpc_url, "text", prompt, max_tokens=12, stream=True,
-                         on_text=printed.append)
+    text = generate_text(streamed.server.grpc_url, "text", prompt, max_tokens=12, stream=True, on_text=printed.append)
     assert text == ("" if streamed.encoder_decoder else prompt) + expected == "".join(printed)
     config, arrays = request_file("sample_request_ensemble.json")
     if streamed.encoder_decoder:

@@ -43,8 +43,12 @@ CLIENTS = Path(os.environ.get("FTX_UPSTREAM_CLIENTS", REPO.parent / "shared" / "
 CLIENT_PYTHON = REPO / ".venv" / "clients" / "bin" / "python"
 HERE = TESTS  # upstream_client_launcher.py, upstream_namespace_runner.py
 PROTOCOLS = ("http", "grpc")
-GPT_FILES = ("sample_request.json", "sample_request_single.json", "sample_request_runtime_top_k.json",
-             "sample_request_ensemble.json")
+GPT_FILES = (
+    "sample_request.json",
+    "sample_request_single.json",
+    "sample_request_runtime_top_k.json",
+    "sample_request_ensemble.json",
+)
 T5_FILES = ("sample_request_single_t5.json", "sample_request_single_t5_ia3.json")
 
 
@@ -60,8 +64,10 @@ NAMESPACE = _namespace_prefix()
 
 pytestmark = [
     *SERVER_MARKS,
-    pytest.mark.skipif(not (CLIENTS / "tools" / "issue_request.py").is_file(),
-                       reason="fastertransformer_backend's client sources are absent (FTX_UPSTREAM_CLIENTS)"),
+    pytest.mark.skipif(
+        not (CLIENTS / "tools" / "issue_request.py").is_file(),
+        reason="fastertransformer_backend's client sources are absent (FTX_UPSTREAM_CLIENTS)",
+    ),
     pytest.mark.skipif(not CLIENT_PYTHON.is_file(), reason="no clients' interpreter: run scripts/setup.sh --dev"),
     pytest.mark.skipif(NAMESPACE is None, reason="no private network namespace (unshare -n) here"),
 ]
@@ -81,12 +87,19 @@ def _gptj(dest: Path) -> Path:
     from ftx_triton.fetching.tiny import tiny_gptj
     from transformers import GPT2TokenizerFast
 
-    tiny_gptj(dest, vocab_size=50400, tokenizer=False, random_init=True, seed=3,
-              token_ids={"bos_token_id": 50256, "eos_token_id": 50256})
+    tiny_gptj(
+        dest,
+        vocab_size=50400,
+        tokenizer=False,
+        random_init=True,
+        seed=3,
+        token_ids={"bos_token_id": 50256, "eos_token_id": 50256},
+    )
     _positions(dest, "n_positions")
     vocab = CLIENTS / "vocab"
-    GPT2TokenizerFast(vocab_file=str(vocab / "gpt2-vocab.json"), merges_file=str(vocab / "gpt2-merges.txt")) \
-        .save_pretrained(dest)
+    GPT2TokenizerFast(
+        vocab_file=str(vocab / "gpt2-vocab.json"), merges_file=str(vocab / "gpt2-merges.txt")
+    ).save_pretrained(dest)
     return dest
 
 
@@ -94,10 +107,29 @@ def _kogpt(dest: Path) -> Path:
     """KoGPT's layout and ids ([BOS] 0, [EOS] 1, [PAD] 3), its vocabulary size (64512)."""
     from ftx_triton.fetching.tiny import tiny_gptj, train_bpe_tokenizer
 
-    tiny_gptj(dest, n_embd=64, n_head=4, n_layer=2, rotary_dim=4, vocab_size=64512, tokenizer=False,
-              token_ids={"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 3}, random_init=True, seed=7)
-    train_bpe_tokenizer(dest, specials=("[BOS]", "[EOS]", "[UNK]", "[PAD]", "[MASK]"), extra_config={
-        "bos_token": "[BOS]", "eos_token": "[EOS]", "unk_token": "[UNK]", "pad_token": "[PAD]", "mask_token": "[MASK]"})
+    tiny_gptj(
+        dest,
+        n_embd=64,
+        n_head=4,
+        n_layer=2,
+        rotary_dim=4,
+        vocab_size=64512,
+        tokenizer=False,
+        token_ids={"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 3},
+        random_init=True,
+        seed=7,
+    )
+    train_bpe_tokenizer(
+        dest,
+        specials=("[BOS]", "[EOS]", "[UNK]", "[PAD]", "[MASK]"),
+        extra_config={
+            "bos_token": "[BOS]",
+            "eos_token": "[EOS]",
+            "unk_token": "[UNK]",
+            "pad_token": "[PAD]",
+            "mask_token": "[MASK]",
+        },
+    )
     _positions(dest, "n_positions")
     return dest
 
@@ -133,8 +165,13 @@ class Case:
         return self.family == "t5"
 
 
-CASES = {"gptj": Case("gptj", _gptj), "kogpt": Case("kogpt", _kogpt), "gptneox": Case("gptneox", _gptneox),
-         "t5-v1_0": Case("t5", _t5(gated=False)), "t5-v1_1": Case("t5", _t5(gated=True), streaming=False)}
+CASES = {
+    "gptj": Case("gptj", _gptj),
+    "kogpt": Case("kogpt", _kogpt),
+    "gptneox": Case("gptneox", _gptneox),
+    "t5-v1_0": Case("t5", _t5(gated=False)),
+    "t5-v1_1": Case("t5", _t5(gated=True), streaming=False),
+}
 
 # --------------------------------------------------------------------------- running the scripts
 
@@ -165,9 +202,21 @@ def _commands(case: Case, work: Path, records: Path, streaming: bool) -> list[di
 
     def add(name: str, script: str, *args: str) -> None:
         record = records / f"{name}.pkl"
-        commands.append({"name": name, "cwd": str(work), "env": env, "timeout": 900,
-                         "argv": [str(CLIENT_PYTHON), str(HERE / "upstream_client_launcher.py"), str(record),
-                                  str(tools / script), *args]})
+        commands.append(
+            {
+                "name": name,
+                "cwd": str(work),
+                "env": env,
+                "timeout": 900,
+                "argv": [
+                    str(CLIENT_PYTHON),
+                    str(HERE / "upstream_client_launcher.py"),
+                    str(record),
+                    str(tools / script),
+                    *args,
+                ],
+            }
+        )
 
     if streaming:
         stream_file = "sample_request_stream_t5.json" if case.t5 else "sample_request_stream.json"
@@ -178,11 +227,24 @@ def _commands(case: Case, work: Path, records: Path, streaming: bool) -> list[di
     for protocol in PROTOCOLS:
         params = json.dumps({"config": {"protocol": protocol}})
         for request in T5_FILES if case.t5 else GPT_FILES:
-            add(f"issue_request-{request}-{protocol}", "issue_request.py", str(tools / "requests" / request),
-                "--params", params)
+            add(
+                f"issue_request-{request}-{protocol}",
+                "issue_request.py",
+                str(tools / "requests" / request),
+                "--params",
+                params,
+            )
         if case.t5:
-            add(f"t5_end_to_end_test-{protocol}", "t5_utils/t5_end_to_end_test.py", "-i", protocol,
-                "-batch", "4", "-max_ite", "2")
+            add(
+                f"t5_end_to_end_test-{protocol}",
+                "t5_utils/t5_end_to_end_test.py",
+                "-i",
+                protocol,
+                "-batch",
+                "4",
+                "-max_ite",
+                "2",
+            )
             continue
         add(f"identity_test-{protocol}", "identity_test.py", "-i", protocol)
         add(f"gpt_identity_test-{protocol}", "gpt/identity_test.py", "-i", protocol)
@@ -210,16 +272,26 @@ class Run:
         return pickle.loads(path.read_bytes()) if path.is_file() else []
 
 
-def _serve_and_run(case: Case, repository: Path, home: Path, tmp: Path, work: Path, streaming: bool) -> tuple[
-        dict[str, dict[str, Any]], Path]:
+def _serve_and_run(
+    case: Case, repository: Path, home: Path, tmp: Path, work: Path, streaming: bool
+) -> tuple[dict[str, dict[str, Any]], Path]:
     records = tmp / ("records-stream" if streaming else "records")
     records.mkdir()
-    plan = {"repository": str(repository), "home": str(home), "results": str(tmp / f"results-{streaming}.json"),
-            "name": f"upstream-{case.family}", "commands": _commands(case, work, records, streaming)}
+    plan = {
+        "repository": str(repository),
+        "home": str(home),
+        "results": str(tmp / f"results-{streaming}.json"),
+        "name": f"upstream-{case.family}",
+        "commands": _commands(case, work, records, streaming),
+    }
     (tmp / "plan.json").write_text(json.dumps(plan))
     assert NAMESPACE is not None
-    done = subprocess.run([*NAMESPACE, sys.executable, str(HERE / "upstream_namespace_runner.py"),
-                           str(tmp / "plan.json")], capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(
+        [*NAMESPACE, sys.executable, str(HERE / "upstream_namespace_runner.py"), str(tmp / "plan.json")],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     results = {r["name"]: r for r in json.loads(Path(plan["results"]).read_text())}
     return results, records
@@ -237,8 +309,7 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     repository = Path(build_repository(src, home, case.family, 1).path)
     work = _workdir(tmp, src, case)
     results, records = _serve_and_run(case, repository, home, tmp, work, streaming=False)
-    yield Run(case, repository, reference_model(src), load_codec(repository / "preprocessing" / "1"), results,
-              records)
+    yield Run(case, repository, reference_model(src), load_codec(repository / "preprocessing" / "1"), results, records)
 
 
 # --------------------------------------------------------------------------- checks
@@ -280,8 +351,11 @@ def _greedy(run: Run, prompt: list[int], n: int, end_id: int | None) -> list[int
 
 
 def _greedy_row(inputs: dict[str, np.ndarray], b: int) -> bool:
-    return (_column(inputs, "runtime_top_k", b, 1) <= 1 and _column(inputs, "runtime_top_p", b, 0.0) == 0.0
-            and _column(inputs, "beam_width", b, 1) == 1)
+    return (
+        _column(inputs, "runtime_top_k", b, 1) <= 1
+        and _column(inputs, "runtime_top_p", b, 0.0) == 0.0
+        and _column(inputs, "beam_width", b, 1) == 1
+    )
 
 
 def _greedy_rows(inputs: dict[str, np.ndarray], word_lists: tuple[str, ...]) -> list[int]:
@@ -337,8 +411,12 @@ def check_ensemble(run: Run, call: dict[str, Any]) -> int:
     return min(len(rows), 3)
 
 
-CHECKS = {"fastertransformer": check_fastertransformer, "preprocessing": check_preprocessing,
-          "postprocessing": check_postprocessing, "ensemble": check_ensemble}
+CHECKS = {
+    "fastertransformer": check_fastertransformer,
+    "preprocessing": check_preprocessing,
+    "postprocessing": check_postprocessing,
+    "ensemble": check_ensemble,
+}
 
 
 def _check_script(run: Run, results: dict[str, dict[str, Any]], records: Path, name: str) -> dict[str, int]:
@@ -368,7 +446,9 @@ def test_issue_request_with_every_request_file(run: Run) -> None:
         assert seen, f"{name} made no call"
     if not run.case.t5:
         for protocol in PROTOCOLS:
-            seen = _check_script(run, run.results, run.records, f"issue_request-sample_request_ensemble.json-{protocol}")
+            seen = _check_script(
+                run, run.results, run.records, f"issue_request-sample_request_ensemble.json-{protocol}"
+            )
             assert seen.get("ensemble", 0) >= 1
 
 
@@ -385,8 +465,9 @@ def test_identity_tests(run: Run) -> None:
 def test_end_to_end_tests_call_each_model_then_the_ensemble(run: Run) -> None:
     if run.case.t5:
         pytest.skip("the GPT end-to-end scripts drive GPT models")
-    prefixes = ["end_to_end_test-", "gpt_end_to_end_test-"] + (["gptneox_jp_test-"] if run.case.family == "gptneox"
-                                                                else [])
+    prefixes = ["end_to_end_test-", "gpt_end_to_end_test-"] + (
+        ["gptneox_jp_test-"] if run.case.family == "gptneox" else []
+    )
     for prefix in prefixes:
         for name in _names(run, prefix):
             seen = _check_script(run, run.results, run.records, name)

@@ -60,8 +60,9 @@ def test_shape_disagreeing_with_config_names_both(ftx_cli, tiny_gptj_dir: Path, 
 
 
 @pytest.mark.parametrize("tp", ["3", "8"])
-def test_tp_not_dividing_heads_fails_before_any_write(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path,
-                                                      tp: str) -> None:
+def test_tp_not_dividing_heads_fails_before_any_write(
+    ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path, tp: str
+) -> None:
     result = ftx_cli("run", str(tiny_gptj_dir), "--tp", tp, "--until", "configure")
     assert_clean_failure(result, f"head count = 4 is not divisible by --tp {tp}")
     assert no_store_artifacts(ftx_home, "convert")
@@ -70,8 +71,9 @@ def test_tp_not_dividing_heads_fails_before_any_write(ftx_cli, ftx_home: Path, t
     assert not (tmp_path / "out").exists()
 
 
-def test_truncated_safetensors_names_file_and_tensor(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path,
-                                                     tmp_path: Path) -> None:
+def test_truncated_safetensors_names_file_and_tensor(
+    ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path
+) -> None:
     src = copy_checkpoint(tiny_gptj_dir, tmp_path / "ckpt")
     weights = src / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
@@ -125,21 +127,22 @@ def test_unknown_model_type_lists_families(ftx_cli, tiny_gptj_dir: Path, tmp_pat
     assert_clean_failure(result, "no installed family handles model_type 'mamba'", "gptj", "--family")
 
 
-def test_a_config_whose_model_type_and_architectures_disagree_names_both(ftx_cli, tiny_gptj_dir: Path,
-                                                                         tmp_path: Path) -> None:
+def test_a_config_whose_model_type_and_architectures_disagree_names_both(
+    ftx_cli, tiny_gptj_dir: Path, tmp_path: Path
+) -> None:
     """A GPT-J checkpoint relabelled model_type t5: two families claim it, and the message says why."""
     src = copy_checkpoint(tiny_gptj_dir, tmp_path / "ckpt")
     config = json.loads((src / "config.json").read_text())
     config.update(model_type="t5")
     (src / "config.json").write_text(json.dumps(config))
     result = ftx_cli("convert", str(src), "--output", str(tmp_path / "out"))
-    assert_clean_failure(result, "several families claim this checkpoint", "model_type 't5'", "GPTJForCausalLM",
-                         "gptj, t5", "--family")
+    assert_clean_failure(
+        result, "several families claim this checkpoint", "model_type 't5'", "GPTJForCausalLM", "gptj, t5", "--family"
+    )
 
 
 @pytest.mark.parametrize("damage", ["remove", "truncate", "add"])
-def test_a_damaged_output_of_our_own_is_placed_again(ftx_cli, tiny_gptj_dir: Path, tmp_path: Path,
-                                                     damage: str) -> None:
+def test_a_damaged_output_of_our_own_is_placed_again(ftx_cli, tiny_gptj_dir: Path, tmp_path: Path, damage: str) -> None:
     """The marker alone once made a rerun say "nothing to do" over an output missing a .bin."""
     out = tmp_path / "out"
     assert ftx_cli("convert", str(tiny_gptj_dir), "--output", str(out)).exit_code == 0

@@ -81,10 +81,21 @@ def test_environment_twins_set_options(ftx_cli, tiny_gptj_dir: Path) -> None:
 
 def test_run_help_is_grouped(ftx_cli) -> None:
     text = ftx_cli("run", "--help").stdout
-    sections = [line.rstrip(":") for line in text.splitlines()
-                if line and not line.startswith(" ") and line.endswith(":")]
-    assert sections == ["Source", "Conversion", "Triton repository", "Stages and runtime", "Safety", "Serving",
-                        "Try it", "FasterTransformer runtime (Docker)", "GEMM tuning", "Global options"]
+    sections = [
+        line.rstrip(":") for line in text.splitlines() if line and not line.startswith(" ") and line.endswith(":")
+    ]
+    assert sections == [
+        "Source",
+        "Conversion",
+        "Triton repository",
+        "Stages and runtime",
+        "Safety",
+        "Serving",
+        "Try it",
+        "FasterTransformer runtime (Docker)",
+        "GEMM tuning",
+        "Global options",
+    ]
 
 
 def test_global_flags_work_after_the_subcommand(ftx_cli, tiny_gptj_dir: Path) -> None:

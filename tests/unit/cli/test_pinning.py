@@ -18,9 +18,12 @@ def in_tmp_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def test_unmet_requirements_stop_before_any_stage(ftx_cli, ftx_home: Path, in_tmp_cwd: Path,
-                                                  tiny_gptj_dir: Path) -> None:
-    (in_tmp_cwd / "ftx.toml").write_text('requires = ["ftx-triton>=0.1,<1", "ftx-triton-kogpt==9.9.9", "ftx-llama>=1"]\n')
+def test_unmet_requirements_stop_before_any_stage(
+    ftx_cli, ftx_home: Path, in_tmp_cwd: Path, tiny_gptj_dir: Path
+) -> None:
+    (in_tmp_cwd / "ftx.toml").write_text(
+        'requires = ["ftx-triton>=0.1,<1", "ftx-triton-kogpt==9.9.9", "ftx-llama>=1"]\n'
+    )
     result = ftx_cli("run", str(tiny_gptj_dir), "--until", "convert")
     assert result.exit_code == 1
     assert "ftx-triton-kogpt==9.9.9 (ftx-triton-kogpt 0.1.0 is installed)" in result.stderr
@@ -53,8 +56,9 @@ def test_load_plugins_allowlist(ftx_cli) -> None:
     assert status["t5"] == status["gptneox"] == status["kogpt"] == "skipped"
 
 
-def test_provenance_keys_follow_the_table_fingerprint(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_provenance_keys_follow_the_table_fingerprint(
+    ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from ftx_gptj.family import GPTJ
     from ftx_triton.conversion import ops
     from ftx_triton.conversion.tensormap import M, TensorMap
@@ -74,16 +78,31 @@ def test_provenance_keys_follow_the_table_fingerprint(ftx_cli, ftx_home: Path, t
 # --------------------------------------------------------------------------- ftx lock reproduces the deployment
 
 
-def test_lock_records_settings_and_run_without_model_reproduces_them(ftx_cli, in_tmp_cwd: Path,
-                                                                    tiny_gptj_dir: Path) -> None:
-    locked = ftx_cli("lock", str(tiny_gptj_dir), "--tp", "2", "--weight-dtype", "fp16", "--runtime", "python",
-                     "--max-batch-size", "4")
+def test_lock_records_settings_and_run_without_model_reproduces_them(
+    ftx_cli, in_tmp_cwd: Path, tiny_gptj_dir: Path
+) -> None:
+    locked = ftx_cli(
+        "lock",
+        str(tiny_gptj_dir),
+        "--tp",
+        "2",
+        "--weight-dtype",
+        "fp16",
+        "--runtime",
+        "python",
+        "--max-batch-size",
+        "4",
+    )
     assert locked.exit_code == 0, locked.stderr
     data = tomllib.loads((in_tmp_cwd / "ftx.toml").read_text())
     assert data["model"]["tree_sha256"] and data["model"]["fingerprint"].startswith("local-")
     settings = data["settings"]
     assert (settings["tp"], settings["weight_dtype"], settings["runtime"], settings["max_batch_size"]) == (
-        2, "fp16", "python", 4)
+        2,
+        "fp16",
+        "python",
+        4,
+    )
     assert "data_type" not in settings  # not asked for: the replaying machine's runtime resolves it
     run = ftx_cli("run", "--until", "convert")
     assert run.exit_code == 0, run.stderr
@@ -93,8 +112,9 @@ def test_lock_records_settings_and_run_without_model_reproduces_them(ftx_cli, in
     assert override.exit_code == 0 and Path(override.stdout.strip()).name == "1-gpu"
 
 
-def test_lock_of_a_changed_local_source_is_refused(ftx_cli, in_tmp_cwd: Path, tiny_gptj_dir: Path,
-                                                   tmp_path: Path) -> None:
+def test_lock_of_a_changed_local_source_is_refused(
+    ftx_cli, in_tmp_cwd: Path, tiny_gptj_dir: Path, tmp_path: Path
+) -> None:
     import shutil
 
     src = tmp_path / 'we"ird dir'  # a quote in the path: TOML written by tomlkit stays valid
@@ -116,8 +136,9 @@ def test_lock_of_the_builtin_demo_records_its_name_not_a_path(ftx_cli, in_tmp_cw
     assert str(ftx_home) not in text and "/builtin/" not in text
 
 
-def test_lock_of_a_url_records_its_sha256_and_the_download_is_not_kept(ftx_cli, ftx_home: Path, in_tmp_cwd: Path,
-                                                                        tiny_gptj_dir: Path) -> None:
+def test_lock_of_a_url_records_its_sha256_and_the_download_is_not_kept(
+    ftx_cli, ftx_home: Path, in_tmp_cwd: Path, tiny_gptj_dir: Path
+) -> None:
     from fetch_helpers import LocalServer, checkpoint_entries, sha256, write_archive
 
     data = write_archive(in_tmp_cwd / "m.tar.zst", checkpoint_entries(tiny_gptj_dir)).read_bytes()
@@ -144,20 +165,23 @@ def _gpu_host_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
     from ftx_triton.runtime.api import Availability
     from ftx_triton.runtime.fastertransformer.docker.plugin import DockerFasterTransformer
 
-    monkeypatch.setattr(DockerFasterTransformer, "available",
-                        lambda self, settings: Availability(True, "stand-in GPU host: Docker, NVIDIA runtime, image"))
+    monkeypatch.setattr(
+        DockerFasterTransformer,
+        "available",
+        lambda self, settings: Availability(True, "stand-in GPU host: Docker, NVIDIA runtime, image"),
+    )
 
 
 def _plan(ftx_cli, *args: str, env: dict[str, str] | None = None) -> dict[str, str]:
     planned = ftx_cli("run", *args, "--dry-run", env=env)
     assert planned.exit_code == 0, planned.stderr
     lines = {line.split()[0]: line for line in planned.stderr.splitlines() if line and not line.startswith(" ")}
-    return {"runtime": lines["runtime"].split()[1], "compute": lines["compute"].split()[1],
-            "convert": lines["convert"]}
+    return {"runtime": lines["runtime"].split()[1], "compute": lines["compute"].split()[1], "convert": lines["convert"]}
 
 
 def test_a_lock_written_on_a_cpu_machine_replays_on_a_gpu_host_and_vice_versa(
-        ftx_cli, in_tmp_cwd: Path, tiny_gptj_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ftx_cli, in_tmp_cwd: Path, tiny_gptj_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The lock records what was asked (auto stays auto), not what this machine resolved: written here (no GPU) it
     plans the FasterTransformer runtime in fp16 on a GPU host; written on the GPU host it is the same file and plans
     the python runtime here. `ftx run --lock FILE` (and FTX_RUN_LOCK) reads a file written with `-o FILE`."""

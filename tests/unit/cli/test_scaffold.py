@@ -10,8 +10,9 @@ import pytest
 from repo_paths import REPO
 
 
-def test_a_new_plugin_names_itself_by_its_slug_and_keeps_the_checkpoints_model_type(ftx_cli: Any,
-                                                                                    tmp_path: Path) -> None:
+def test_a_new_plugin_names_itself_by_its_slug_and_keeps_the_checkpoints_model_type(
+    ftx_cli: Any, tmp_path: Path
+) -> None:
     dest = tmp_path / "ftx-mistral"
     result = ftx_cli("plugin", "new", "mistral", "--dir", str(dest))
     assert result.exit_code == 0, result.stderr
@@ -27,10 +28,11 @@ def test_a_new_plugin_names_itself_by_its_slug_and_keeps_the_checkpoints_model_t
     assert "model_type 'gpt2'" in result.stderr and "set both to yours" in result.stderr
 
 
-@pytest.mark.parametrize(("slug", "needle"), [("My-Plugin", "cannot be a plugin slug"), ("9lives", "cannot be"),
-                                              ("gptj", "already installed")])
-def test_bad_slugs_are_refused_before_anything_is_written(ftx_cli: Any, tmp_path: Path, slug: str,
-                                                          needle: str) -> None:
+@pytest.mark.parametrize(
+    ("slug", "needle"),
+    [("My-Plugin", "cannot be a plugin slug"), ("9lives", "cannot be"), ("gptj", "already installed")],
+)
+def test_bad_slugs_are_refused_before_anything_is_written(ftx_cli: Any, tmp_path: Path, slug: str, needle: str) -> None:
     result = ftx_cli("plugin", "new", slug, "--dir", str(tmp_path / "out"))
     assert result.exit_code == 1 and needle in result.stderr and "hint:" in result.stderr
     assert not (tmp_path / "out").exists()
@@ -85,22 +87,31 @@ def test_the_kit_extra_covers_every_import_of_the_kit() -> None:
     from packaging.utils import canonicalize_name
 
     project = _core_project()
-    provided = {canonicalize_name(Requirement(r).name)
-                for r in [*project["dependencies"], *project["optional-dependencies"]["kit"]]}
+    provided = {
+        canonicalize_name(Requirement(r).name)
+        for r in [*project["dependencies"], *project["optional-dependencies"]["kit"]]
+    }
     owners = packages_distributions()
     needed: dict[str, set[str]] = {}
     for package in KIT_MODULES:
         for source in sorted((REPO / "core" / "src" / "ftx_triton" / package).glob("*.py")):
             for node in ast.walk(ast.parse(source.read_text())):
-                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                         else [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level
-                         else [])
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module]
+                    if isinstance(node, ast.ImportFrom) and node.module and not node.level
+                    else []
+                )
                 for name in names:
                     top = name.split(".")[0]
                     if top in sys.stdlib_module_names or top in ("ftx_triton", "__future__"):
                         continue
                     needed.setdefault(top, set()).add(source.name)
     assert {"pytest", "torch", "transformers"} <= set(needed)
-    missing = {top: sorted(files) for top, files in needed.items()
-               if not {canonicalize_name(d) for d in owners.get(top, [top])} & provided}
+    missing = {
+        top: sorted(files)
+        for top, files in needed.items()
+        if not {canonicalize_name(d) for d in owners.get(top, [top])} & provided
+    }
     assert not missing, f"imported by the kit but in neither core's dependencies nor its kit extra: {missing}"

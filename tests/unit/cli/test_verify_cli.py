@@ -13,8 +13,17 @@ import pytest
 from ftx_triton.testing.conformance import TINY_WEIGHT_STD, build_tiny_checkpoint
 
 NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
-GPTJ_TINY = {"model_type": "gptj", "n_layer": 2, "n_embd": 64, "n_head": 4, "rotary_dim": 8, "vocab_size": 128,
-             "n_positions": 64, "bos_token_id": 1, "eos_token_id": 2}
+GPTJ_TINY = {
+    "model_type": "gptj",
+    "n_layer": 2,
+    "n_embd": 64,
+    "n_head": 4,
+    "rotary_dim": 8,
+    "vocab_size": 128,
+    "n_positions": 64,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +56,9 @@ def test_a_model_is_converted_and_passes(ftx_cli: Any, gptj_checkpoint: Path) ->
     assert line.startswith("PASS ") and "GPT-J tp=2 fp32" in line and "max |FT reference - transformers| = " in line
 
 
-def test_a_converted_output_is_checked_against_the_source_ftx_convert_recorded(ftx_cli: Any, gptj_checkpoint: Path,
-                                                                              tmp_path: Path) -> None:
+def test_a_converted_output_is_checked_against_the_source_ftx_convert_recorded(
+    ftx_cli: Any, gptj_checkpoint: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "ft"
     _converted(ftx_cli, gptj_checkpoint, out, 2)
     _converted(ftx_cli, gptj_checkpoint, out, 1)
@@ -108,7 +118,9 @@ def test_another_checkpoint_is_named_not_a_traceback(ftx_cli: Any, gptj_checkpoi
     """--checkpoint pointing at a model of another vocabulary: a clear error before any forward pass."""
     from ftx_gptj.family import GPTJ
 
-    other = build_tiny_checkpoint(GPTJ(), {**GPTJ_TINY, "vocab_size": 96}, tmp_path / "other", weight_std=TINY_WEIGHT_STD)
+    other = build_tiny_checkpoint(
+        GPTJ(), {**GPTJ_TINY, "vocab_size": 96}, tmp_path / "other", weight_std=TINY_WEIGHT_STD
+    )
     directory = _converted(ftx_cli, gptj_checkpoint, tmp_path / "ft", 1)
     result = ftx_cli("verify", str(directory), "--checkpoint", str(other), env=NO_GPU)
     assert result.exit_code == 1 and result.exception is None

@@ -111,7 +111,7 @@ def test_optional_keys_and_sections_take_their_defaults(tmp_path: Path) -> None:
     assert config["use_parallel_residual"] is True  # FT's default when the key is absent
     assert "hidden_act" not in config  # unknown: transformers' default applies
     t5 = SNAP["ftx"]["t5-golden-v1_1-fp16"]["config_ini"]
-    without_structure = t5[:t5.index("[structure]")].replace("tie_word_embeddings = true\n", "")
+    without_structure = t5[: t5.index("[structure]")].replace("tie_word_embeddings = true\n", "")
     config = family_of("t5").hf_config_from_ini(ini_file(tmp_path, without_structure))
     assert config["feed_forward_proj"] == "gated-gelu" and config["tie_word_embeddings"] is True
 
@@ -121,11 +121,14 @@ def test_booleans_read_like_fasterTransformer(tmp_path: Path) -> None:
     t5 = SNAP["ftx"]["t5-golden-v1_0"]["config_ini"]
     for text, tied in (("no", False), ("On", True), ("True", True), ("maybe", True)):
         config = family_of("t5").hf_config_from_ini(
-            ini_file(tmp_path, t5.replace("tie_word_embeddings = true", f"tie_word_embeddings = {text}")))
+            ini_file(tmp_path, t5.replace("tie_word_embeddings = true", f"tie_word_embeddings = {text}"))
+        )
         assert config["tie_word_embeddings"] is tied, text
-    upstream_gated = t5.replace("feed_forward_proj = relu", "feed_forward_proj = gelu") \
-        .replace("is_gated_act = false", "is_gated_act = True").replace("use_gated_activation = false",
-                                                                         "use_gated_activation = 1")
+    upstream_gated = (
+        t5.replace("feed_forward_proj = relu", "feed_forward_proj = gelu")
+        .replace("is_gated_act = false", "is_gated_act = True")
+        .replace("use_gated_activation = false", "use_gated_activation = 1")
+    )
     assert family_of("t5").hf_config_from_ini(ini_file(tmp_path, upstream_gated))["feed_forward_proj"] == "gated-gelu"
 
 
@@ -140,13 +143,16 @@ def toy_family(ini: FtIni, **extra: Any) -> Family:
 TOY_SPEC = ModelSpec(dims={"N": 2, "D": 8}, layers={"i": 3}, start_id=1, end_id=2, extra={"flag": 1})
 
 
-@pytest.mark.parametrize(("make", "match"), [
-    (lambda: IniSection("x", ("head_num", "nope")), "unknown key 'nope'"),
-    (lambda: IniSection("x", ("head_num", "head_num")), "lists a key twice"),
-    (lambda: IniSection("x", ("model_type",)), r"\[x\] model_type has no source"),
-    (lambda: IniSection("x", ("head_num",), values={"d_kv": 1}), r"name keys it does not list: \['d_kv'\]"),
-    (lambda: Key("ids", list, "a list", "ids"), "type must be int, float, str or bool"),
-])
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: IniSection("x", ("head_num", "nope")), "unknown key 'nope'"),
+        (lambda: IniSection("x", ("head_num", "head_num")), "lists a key twice"),
+        (lambda: IniSection("x", ("model_type",)), r"\[x\] model_type has no source"),
+        (lambda: IniSection("x", ("head_num",), values={"d_kv": 1}), r"name keys it does not list: \['d_kv'\]"),
+        (lambda: Key("ids", list, "a list", "ids"), "type must be int, float, str or bool"),
+    ],
+)
 def test_bad_declarations_fail_when_the_plugin_is_imported(make, match: str) -> None:
     with pytest.raises(TypeError, match=match):
         make()
@@ -169,10 +175,19 @@ def test_a_family_without_sections_cannot_write_config_ini() -> None:
 
 def test_the_reader_derives_the_hidden_size_and_a_required_boolean(tmp_path: Path) -> None:
     strict = Key("strict", bool, "a toy boolean without a default", "strict")
-    family = toy_family(FtIni(sections=(IniSection("toy", ("head_num", "size_per_head", strict)),),
-                              hf_fields={"hidden": "H", "strict": "strict"}))
-    assert read_quantities(family, ini_file(tmp_path, "[toy]\nhead_num = 2\nsize_per_head = 8\nstrict = yes\n")) == \
-        {"N": 2, "D": 8, "H": 16, "strict": True, "name": "toy"}
+    family = toy_family(
+        FtIni(
+            sections=(IniSection("toy", ("head_num", "size_per_head", strict)),),
+            hf_fields={"hidden": "H", "strict": "strict"},
+        )
+    )
+    assert read_quantities(family, ini_file(tmp_path, "[toy]\nhead_num = 2\nsize_per_head = 8\nstrict = yes\n")) == {
+        "N": 2,
+        "D": 8,
+        "H": 16,
+        "strict": True,
+        "name": "toy",
+    }
     with pytest.raises(CheckpointError, match=r"\[toy\] strict = 'maybe' is not a boolean"):
         hf_config_from_ini(family, ini_file(tmp_path, "[toy]\nhead_num = 2\nsize_per_head = 8\nstrict = maybe\n"))
 

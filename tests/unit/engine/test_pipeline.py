@@ -82,8 +82,7 @@ def ftx_convert(family, source, spec, dest, ctx):
 def test_sigkill_during_convert_leaves_nothing_trusted(ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path) -> None:
     site = make_dist(tmp_path / "site", "ftx-hang", "ftx_hang", HANG_IN_CONVERT)
     signal_file = tmp_path / "in-convert"
-    env = {**os.environ, "FTX_HOME": str(ftx_home), "FTX_TEST_SIGNAL": str(signal_file),
-           "PYTHONPATH": str(site)}
+    env = {**os.environ, "FTX_HOME": str(ftx_home), "FTX_TEST_SIGNAL": str(signal_file), "PYTHONPATH": str(site)}
     cmd = [sys.executable, "-m", "ftx_triton", "run", str(tiny_gptj_dir), "--until", "convert", "--log-format", "json"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -105,7 +104,8 @@ def test_sigkill_during_convert_leaves_nothing_trusted(ftx_home: Path, tiny_gptj
     assert again.returncode == 0, again.stderr
     evs = events(again.stderr)
     assert {"event": "stage.finished", "stage": "convert"}.items() <= next(
-        e for e in evs if e.get("stage") == "convert" and e["event"] == "stage.finished").items()
+        e for e in evs if e.get("stage") == "convert" and e["event"] == "stage.finished"
+    ).items()
     assert any(e["event"] == "cache.stale_removed" for e in evs)
     assert not partial.exists()
     assert Path(again.stdout.strip(), "config.ini").is_file()

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 
-def test_the_plan_of_a_local_checkpoint_resolves_everything_before_fetching(plugin_host: Any, ftx_home: Path,
-                                                                            tiny_gptj_dir: Path) -> None:
+def test_the_plan_of_a_local_checkpoint_resolves_everything_before_fetching(
+    plugin_host: Any, ftx_home: Path, tiny_gptj_dir: Path
+) -> None:
     from ftx_triton.engine.pipeline import Pipeline
     from ftx_triton.plan.settings import RunSettings
     from ftx_triton.store.artifact_store import ArtifactStore
@@ -64,9 +65,13 @@ def _deployment(handle: Any, tmp_path: Path) -> Any:
     class Plain(Runtime):
         name = "plain"
 
-    return Deployment(Endpoint("127.0.0.1:1", "127.0.0.1:2", handle=handle), Plain(),
-                      ModelRepository(tmp_path, "plain", ("ensemble",), "gptj"),
-                      RunSettings.of("m", openai=False), tmp_path)
+    return Deployment(
+        Endpoint("127.0.0.1:1", "127.0.0.1:2", handle=handle),
+        Plain(),
+        ModelRepository(tmp_path, "plain", ("ensemble",), "gptj"),
+        RunSettings.of("m", openai=False),
+        tmp_path,
+    )
 
 
 def test_a_server_that_dies_is_reported_with_its_exit_report_and_stopped(tmp_path: Path) -> None:

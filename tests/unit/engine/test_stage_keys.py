@@ -37,8 +37,9 @@ def test_every_field_of_every_section_changes_its_fingerprint(field_name: str) -
 
 
 def test_a_field_added_to_a_section_changes_the_key_without_editing_a_list() -> None:
-    extended = dataclasses.make_dataclass("Extended", [("kv_cache_blocks", int, 64)], bases=(RepositorySettings,),
-                                          frozen=True)
+    extended = dataclasses.make_dataclass(
+        "Extended", [("kv_cache_blocks", int, 64)], bases=(RepositorySettings,), frozen=True
+    )
     assert section_fingerprint(extended()) != section_fingerprint(extended(kv_cache_blocks=128))
     assert "kv_cache_blocks" in section_fingerprint(extended())
 
@@ -53,8 +54,17 @@ def test_a_path_setting_is_keyed_by_content(tmp_path: Path) -> None:
 
 
 def test_flat_option_names_land_in_their_sections() -> None:
-    s = RunSettings.of("m", tp=2, max_batch_size=32, tune_batch=4, http_port=9000, image="i:1", revision="main",
-                       until="tune", force=["convert"])
+    s = RunSettings.of(
+        "m",
+        tp=2,
+        max_batch_size=32,
+        tune_batch=4,
+        http_port=9000,
+        image="i:1",
+        revision="main",
+        until="tune",
+        force=["convert"],
+    )
     assert (s.convert.tp, s.configure.max_batch_size, s.tune.tune_batch) == (2, 32, 4)
     assert (s.serve.http_port, s.launch.image, s.fetch.revision) == (9000, "i:1", "main")
     assert s.until == "tune" and s.force == frozenset({"convert"})
@@ -67,8 +77,9 @@ def _events(stderr: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
 
 
-def test_convert_and_run_until_convert_share_one_artifact(ftx_cli: Any, ftx_home: Path, tiny_gptj_dir: Path,
-                                                          tmp_path: Path) -> None:
+def test_convert_and_run_until_convert_share_one_artifact(
+    ftx_cli: Any, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "ft"
     first = ftx_cli("--log-format", "json", "convert", str(tiny_gptj_dir), "--tp", "2", "-o", str(out))
     assert first.exit_code == 0, first.stderr + repr(first.exception)

@@ -223,7 +223,12 @@ def test_members_never_write_through_links_or_twice(tmp_path: Path, case: str, s
 
 
 def test_directories_may_repeat(tmp_path: Path) -> None:
-    entries = [Entry("m/sub/w.bin", b"w"), Entry("m", kind="dir"), Entry("m/sub", kind="dir"), Entry("./m/", kind="dir")]
+    entries = [
+        Entry("m/sub/w.bin", b"w"),
+        Entry("m", kind="dir"),
+        Entry("m/sub", kind="dir"),
+        Entry("./m/", kind="dir"),
+    ]
     root = safe_extract(write_archive(tmp_path / "ok.zip", entries), tmp_path / "out", progress=False)
     assert tree(root) == {"sub": "/", "sub/w.bin": b"w"}
 
@@ -300,8 +305,10 @@ def test_pull_of_a_chained_symlink_zip_writes_nothing_outside(ftx_cli, ftx_home:
 
 DEEP_DIRS = ["/".join(["d"] * n) for n in range(1, 3001)]
 HOSTILE_NAMES = {
-    "thousands-of-nested-dirs": ([Entry(d, kind="dir") for d in DEEP_DIRS] + [Entry(DEEP_DIRS[-1] + "/w", b"x")],
-                                 "directories deep"),
+    "thousands-of-nested-dirs": (
+        [Entry(d, kind="dir") for d in DEEP_DIRS] + [Entry(DEEP_DIRS[-1] + "/w", b"x")],
+        "directories deep",
+    ),
     "300-character-name": ([Entry("m/" + "n" * 300, b"x")], "path component of 300 bytes"),
     "escape-sequence": ([Entry("m/\x1b[2Jconfig.json", b"{}")], "control or bidi-override"),
     "bidi-override": ([Entry("m/model\u202enosj.bin", b"x")], "control or bidi-override"),

@@ -56,8 +56,9 @@ def requested_files(server: LocalServer) -> set[str]:
 # --- revisions ----------------------------------------------------------------------------
 
 
-def test_branch_resolves_to_its_commit_and_is_remembered(hub: LocalServer, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_branch_resolves_to_its_commit_and_is_remembered(
+    hub: LocalServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert resolve_revision(parse_ref(f"hf://{REPO}@dev")) == DEV
     assert resolve_revision(parse_ref(f"hf://{REPO}")) == MAIN
     assert resolve_revision(parse_ref(f"https://huggingface.co/{REPO}/tree/dev")) == DEV

@@ -22,14 +22,46 @@ from ftx_triton.testing.conformance import TINY_WEIGHT_STD, build_tiny_checkpoin
 
 pytest_plugins = ["pytester"]
 
-GPTJ_TINY = {"model_type": "gptj", "n_layer": 2, "n_embd": 64, "n_head": 4, "rotary_dim": 8, "vocab_size": 128,
-             "n_positions": 64, "bos_token_id": 1, "eos_token_id": 2}
-T5_TINY = {"model_type": "t5", "vocab_size": 128, "relative_attention_num_buckets": 32, "decoder_start_token_id": 0,
-           "eos_token_id": 1, "pad_token_id": 0, "d_model": 64, "d_kv": 16, "num_heads": 4, "d_ff": 128,
-           "num_layers": 2, "feed_forward_proj": "relu", "tie_word_embeddings": True}
-NEOX_TINY = {"model_type": "gpt_neox", "vocab_size": 128, "max_position_embeddings": 64, "bos_token_id": 1,
-             "eos_token_id": 2, "tie_word_embeddings": False, "hidden_size": 64, "num_attention_heads": 4,
-             "intermediate_size": 128, "num_hidden_layers": 2, "rotary_pct": 0.25, "use_parallel_residual": True}
+GPTJ_TINY = {
+    "model_type": "gptj",
+    "n_layer": 2,
+    "n_embd": 64,
+    "n_head": 4,
+    "rotary_dim": 8,
+    "vocab_size": 128,
+    "n_positions": 64,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+T5_TINY = {
+    "model_type": "t5",
+    "vocab_size": 128,
+    "relative_attention_num_buckets": 32,
+    "decoder_start_token_id": 0,
+    "eos_token_id": 1,
+    "pad_token_id": 0,
+    "d_model": 64,
+    "d_kv": 16,
+    "num_heads": 4,
+    "d_ff": 128,
+    "num_layers": 2,
+    "feed_forward_proj": "relu",
+    "tie_word_embeddings": True,
+}
+NEOX_TINY = {
+    "model_type": "gpt_neox",
+    "vocab_size": 128,
+    "max_position_embeddings": 64,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "tie_word_embeddings": False,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "rotary_pct": 0.25,
+    "use_parallel_residual": True,
+}
 
 
 def _swap_fused_sources(row: M, first: int, second: int) -> M:
@@ -38,7 +70,9 @@ def _swap_fused_sources(row: M, first: int, second: int) -> M:
     return dataclasses.replace(row, src=tuple(sources))
 
 
-def _converted(family: Any, config: dict[str, Any], root: Path, tp: int, weight_dtype: str = "fp32") -> tuple[Path, Path]:
+def _converted(
+    family: Any, config: dict[str, Any], root: Path, tp: int, weight_dtype: str = "fp32"
+) -> tuple[Path, Path]:
     checkpoint = build_tiny_checkpoint(family, config, root / "hf", weight_std=TINY_WEIGHT_STD)
     convert_directory(family, checkpoint, root / "ft", tp=tp, weight_dtype=weight_dtype)
     return root / "ft" / f"{tp}-gpu", checkpoint
@@ -48,7 +82,8 @@ def test_the_kit_fails_a_gptj_plugin_whose_table_swaps_q_and_k(pytester: pytest.
     """The issue's case, run as a plugin author runs the kit (pytest in a subprocess): with q and k swapped,
     the round trip and python-runtime generation stay green (they invert the same wrong table) and the FT
     reference fails, at tp 1 and tp 2; the unchanged GPT-J beside it passes the same selection."""
-    pytester.makepyfile(test_swapped=textwrap.dedent("""
+    pytester.makepyfile(
+        test_swapped=textwrap.dedent("""
         import dataclasses
         from ftx_triton.conversion.tensormap import TensorMap
         from ftx_triton.testing.conformance import FamilyConformance
@@ -73,11 +108,15 @@ def test_the_kit_fails_a_gptj_plugin_whose_table_swaps_q_and_k(pytester: pytest.
         class TestGPTJ(FamilyConformance):
             family = GPTJ
             tiny_hf_config = CONFIG
-    """))
-    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider", "-k",
-                                           "round_trip or python_runtime or reference")
+    """)
+    )
+    result = pytester.runpytest_subprocess(
+        "-q", "-p", "no:cacheprovider", "-k", "round_trip or python_runtime or reference"
+    )
     result.assert_outcomes(passed=5, failed=1)
-    result.stdout.fnmatch_lines(["*FAIL *GPT-J tp=1*", "*FAILED*TestSwappedGPTJ::test_ftx_reference_matches_transformers*"])
+    result.stdout.fnmatch_lines(
+        ["*FAIL *GPT-J tp=1*", "*FAILED*TestSwappedGPTJ::test_ftx_reference_matches_transformers*"]
+    )
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -89,8 +128,10 @@ def test_t5_encoder_q_and_k_files_swapped_fail(tmp_path: Path, tp: int) -> None:
             rows = list(super().tensor_map(spec).rows)
             q = next(i for i, r in enumerate(rows) if r.dst == "encoder.block.{e}.layer.0.SelfAttention.q.weight")
             k = next(i for i, r in enumerate(rows) if r.dst == "encoder.block.{e}.layer.0.SelfAttention.k.weight")
-            rows[q], rows[k] = (dataclasses.replace(rows[q], dst=rows[k].dst),
-                                dataclasses.replace(rows[k], dst=rows[q].dst))
+            rows[q], rows[k] = (
+                dataclasses.replace(rows[q], dst=rows[k].dst),
+                dataclasses.replace(rows[k], dst=rows[q].dst),
+            )
             return TensorMap(*rows)
 
     directory, checkpoint = _converted(SwappedT5(), T5_TINY, tmp_path, tp)
@@ -107,14 +148,19 @@ def test_gptneox_fused_qkv_in_gptj_order_fails(tmp_path: Path, tp: int) -> None:
     from ftx_gptneox import family as neox
     from ftx_triton.conversion import ops
 
-    blocks = ops.Op("blocks", forward=lambda xs, ctx: xs[0].T.reshape(xs[0].shape[1], 3, -1),
-                    shape=lambda shapes, ctx: (shapes[0][1], 3, shapes[0][0] // 3),
-                    inverse=lambda y, ctx: [y.reshape(y.shape[0], -1).T])
+    blocks = ops.Op(
+        "blocks",
+        forward=lambda xs, ctx: xs[0].T.reshape(xs[0].shape[1], 3, -1),
+        shape=lambda shapes, ctx: (shapes[0][1], 3, shapes[0][0] // 3),
+        inverse=lambda y, ctx: [y.reshape(y.shape[0], -1).T],
+    )
 
     class BlockNeoX(neox.GPTNeoX):
         def tensor_map(self, spec: Any) -> TensorMap:
-            rows = [dataclasses.replace(r, op=blocks) if r.op is neox.neox_qkv_weight else r
-                    for r in super().tensor_map(spec).rows]
+            rows = [
+                dataclasses.replace(r, op=blocks) if r.op is neox.neox_qkv_weight else r
+                for r in super().tensor_map(spec).rows
+            ]
             return TensorMap(*rows)
 
     directory, checkpoint = _converted(BlockNeoX(), NEOX_TINY, tmp_path, tp)
@@ -143,8 +189,16 @@ def test_the_template_gpt2_passes_as_ft_gpt(tmp_path: Path) -> None:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    config = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 64, "vocab_size": 128,
-              "bos_token_id": 1, "eos_token_id": 2}
+    config = {
+        "model_type": "gpt2",
+        "n_layer": 2,
+        "n_embd": 64,
+        "n_head": 4,
+        "n_positions": 64,
+        "vocab_size": 128,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
     directory, checkpoint = _converted(module.GPT2(), config, tmp_path, 2)
     verdict = verify(directory, checkpoint, model_class="GPT2LMHeadModel")
     assert verdict.model_type == "GPT" and verdict.passed, verdict.describe()
@@ -167,16 +221,21 @@ def test_a_file_of_the_wrong_size_is_named(tmp_path: Path) -> None:
     target = directory / "model.lm_head.bias.bin"
     target.write_bytes(target.read_bytes()[:-4])
     files = FtFiles(directory)
-    with pytest.raises(CheckpointError, match=r"model\.lm_head\.bias\.bin holds 508 bytes; FasterTransformer loads 512"):
+    with pytest.raises(
+        CheckpointError, match=r"model\.lm_head\.bias\.bin holds 508 bytes; FasterTransformer loads 512"
+    ):
         files.whole("model.lm_head.bias", (128,), np.dtype(np.float32))
 
 
-@pytest.mark.parametrize(("key", "value", "message"), [
-    ("head_num", "0", r"head_num = 0; a size must be at least 1"),
-    ("vocab_size", "-3", r"vocab_size = -3; a size must be at least 1"),
-    ("rotary_embedding", "7", r"rotary_embedding = 7 is not an even number within the head size 16"),
-    ("inter_size", "many", r"inter_size = 'many' is not an integer"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("head_num", "0", r"head_num = 0; a size must be at least 1"),
+        ("vocab_size", "-3", r"vocab_size = -3; a size must be at least 1"),
+        ("rotary_embedding", "7", r"rotary_embedding = 7 is not an even number within the head size 16"),
+        ("inter_size", "many", r"inter_size = 'many' is not an integer"),
+    ],
+)
 def test_a_damaged_config_ini_is_refused_with_the_key_named(tmp_path: Path, key: str, value: str, message: str) -> None:
     """A converted directory may come from someone else: its config.ini is checked before any size is used."""
     from ftx_gptj.family import GPTJ
@@ -240,9 +299,17 @@ def test_ft_gpt_post_layernorm_relu_without_final_norm_matches_opt(tmp_path: Pat
     from ftx_triton.fetching.tiny import randomize
     from ftx_triton.io.ftformat import write_ini, write_tensor
 
-    config = transformers.OPTConfig(vocab_size=96, hidden_size=32, word_embed_proj_dim=32, num_hidden_layers=2,
-                                    num_attention_heads=4, ffn_dim=64, max_position_embeddings=32,
-                                    do_layer_norm_before=False, activation_function="relu")
+    config = transformers.OPTConfig(
+        vocab_size=96,
+        hidden_size=32,
+        word_embed_proj_dim=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        ffn_dim=64,
+        max_position_embeddings=32,
+        do_layer_norm_before=False,
+        activation_function="relu",
+    )
     torch.manual_seed(0)
     model = transformers.OPTForCausalLM(config).eval()
     randomize(model, 0, TINY_WEIGHT_STD, around_init=True)
@@ -250,10 +317,27 @@ def test_ft_gpt_post_layernorm_relu_without_final_norm_matches_opt(tmp_path: Pat
     weights = {k: v.detach().numpy() for k, v in model.state_dict().items()}
     out, tp, hidden = tmp_path / "2-gpu", 2, 32
     out.mkdir()
-    write_ini(out / "config.ini", {"gpt": {
-        "model_name": "opt", "head_num": 4, "size_per_head": 8, "inter_size": 64, "num_layer": 2, "vocab_size": 96,
-        "max_pos_seq_len": 32, "start_id": 2, "end_id": 2, "layernorm_eps": 1e-5, "layernorm_type": "post_layernorm",
-        "activation_type": "Relu", "has_post_decoder_layernorm": 0, "weight_data_type": "fp32"}})
+    write_ini(
+        out / "config.ini",
+        {
+            "gpt": {
+                "model_name": "opt",
+                "head_num": 4,
+                "size_per_head": 8,
+                "inter_size": 64,
+                "num_layer": 2,
+                "vocab_size": 96,
+                "max_pos_seq_len": 32,
+                "start_id": 2,
+                "end_id": 2,
+                "layernorm_eps": 1e-5,
+                "layernorm_type": "post_layernorm",
+                "activation_type": "Relu",
+                "has_post_decoder_layernorm": 0,
+                "weight_data_type": "fp32",
+            }
+        },
+    )
     d = "model.decoder"
     write_tensor(out / "model.wte.bin", weights[f"{d}.embed_tokens.weight"])
     write_tensor(out / "model.wpe.bin", weights[f"{d}.embed_positions.weight"][2:])  # OPT's offset of 2
@@ -261,18 +345,23 @@ def test_ft_gpt_post_layernorm_relu_without_final_norm_matches_opt(tmp_path: Pat
         hf, ft = f"{d}.layers.{i}", f"model.layers.{i}"
         qkv = np.stack([weights[f"{hf}.self_attn.{n}_proj.weight"].T for n in "qkv"], axis=1)  # [H, 3, H]
         qkv_bias = np.stack([weights[f"{hf}.self_attn.{n}_proj.bias"] for n in "qkv"])  # [3, H]
-        whole = {"input_layernorm.weight": f"{hf}.self_attn_layer_norm.weight",
-                 "input_layernorm.bias": f"{hf}.self_attn_layer_norm.bias",
-                 "post_attention_layernorm.weight": f"{hf}.final_layer_norm.weight",
-                 "post_attention_layernorm.bias": f"{hf}.final_layer_norm.bias",
-                 "attention.dense.bias": f"{hf}.self_attn.out_proj.bias", "mlp.dense_4h_to_h.bias": f"{hf}.fc2.bias"}
+        whole = {
+            "input_layernorm.weight": f"{hf}.self_attn_layer_norm.weight",
+            "input_layernorm.bias": f"{hf}.self_attn_layer_norm.bias",
+            "post_attention_layernorm.weight": f"{hf}.final_layer_norm.weight",
+            "post_attention_layernorm.bias": f"{hf}.final_layer_norm.bias",
+            "attention.dense.bias": f"{hf}.self_attn.out_proj.bias",
+            "mlp.dense_4h_to_h.bias": f"{hf}.fc2.bias",
+        }
         for name, source in whole.items():
             write_tensor(out / f"{ft}.{name}.bin", weights[source])
         for r in range(tp):
             cols, inner = slice(r * hidden // tp, (r + 1) * hidden // tp), slice(r * 32, (r + 1) * 32)
             write_tensor(out / f"{ft}.attention.query_key_value.weight.{r}.bin", qkv[:, :, cols])
             write_tensor(out / f"{ft}.attention.query_key_value.bias.{r}.bin", qkv_bias[:, cols])
-            write_tensor(out / f"{ft}.attention.dense.weight.{r}.bin", weights[f"{hf}.self_attn.out_proj.weight"].T[cols])
+            write_tensor(
+                out / f"{ft}.attention.dense.weight.{r}.bin", weights[f"{hf}.self_attn.out_proj.weight"].T[cols]
+            )
             write_tensor(out / f"{ft}.mlp.dense_h_to_4h.weight.{r}.bin", weights[f"{hf}.fc1.weight"].T[:, inner])
             write_tensor(out / f"{ft}.mlp.dense_h_to_4h.bias.{r}.bin", weights[f"{hf}.fc1.bias"][inner])
             write_tensor(out / f"{ft}.mlp.dense_4h_to_h.weight.{r}.bin", weights[f"{hf}.fc2.weight"].T[inner])

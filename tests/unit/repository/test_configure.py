@@ -60,9 +60,21 @@ def inputs(config: mc.ModelConfig) -> dict[str, mc.ModelInput]:
 def test_help_documents_every_option(ftx_cli) -> None:
     result = ftx_cli("configure", "--help")
     assert result.exit_code == 0
-    for option in ("--output", "--family", "--revision", "--tp", "--pp", "--weight-dtype", "--data-type",
-                   "--tokenizer", "--max-batch-size", "--instances", "--streaming", "--dynamic-batching",
-                   "--runtime"):
+    for option in (
+        "--output",
+        "--family",
+        "--revision",
+        "--tp",
+        "--pp",
+        "--weight-dtype",
+        "--data-type",
+        "--tokenizer",
+        "--max-batch-size",
+        "--instances",
+        "--streaming",
+        "--dynamic-batching",
+        "--runtime",
+    ):
         assert option in result.stdout, option
     from ftx_triton.cli.configure import configure as command
 
@@ -76,8 +88,11 @@ def test_custom_all_reduce_is_written_as_chosen(ftx_cli, tiny_gptj_dir: Path, tm
     compute type's default of CUSTOM_ALL_REDUCE applies."""
     from ftx_triton.repository.model_config import CUSTOM_ALL_REDUCE
 
-    for flag, expected in (("--custom-all-reduce", "1"), ("--no-custom-all-reduce", "0"),
-                           (None, "1" if CUSTOM_ALL_REDUCE["fp16"] else "0")):
+    for flag, expected in (
+        ("--custom-all-reduce", "1"),
+        ("--no-custom-all-reduce", "0"),
+        (None, "1" if CUSTOM_ALL_REDUCE["fp16"] else "0"),
+    ):
         out = tmp_path / f"repo{expected}{flag}"
         configure(ftx_cli, tiny_gptj_dir, out, "--tp", "2", *([flag] if flag else []))
         assert parameter(ft_config(out), "enable_custom_all_reduce") == expected, flag
@@ -91,7 +106,11 @@ def test_gptj_repository_layout_and_ft_config(ftx_cli, ftx_home: Path, tiny_gptj
     for name in MODELS:
         assert (out / name / "1").is_dir()
     ft = ft_config(out)
-    assert ft.backend == "fastertransformer" and ft.name == "fastertransformer" and ft.max_batch_size == DEFAULT_MAX_BATCH_SIZE
+    assert (
+        ft.backend == "fastertransformer"
+        and ft.name == "fastertransformer"
+        and ft.max_batch_size == DEFAULT_MAX_BATCH_SIZE
+    )
     assert [(g.kind, g.count) for g in ft.instance_group] == [(mc.ModelInstanceGroup.Kind.KIND_CPU, 1)]
     assert parameter(ft, "model_type") == "GPT-J"
     assert parameter(ft, "tensor_para_size") == "1" and parameter(ft, "pipeline_para_size") == "1"
@@ -129,32 +148,50 @@ def test_text_model_speaks_generate_names_and_is_wired(ftx_cli, tiny_gptj_dir: P
         assert ins[name].optional, name
     assert ins["stream"].data_type == mc.TYPE_BOOL
     assert [(o.name, o.data_type) for o in ens.output] == [("text_output", mc.TYPE_STRING)]
-    assert [s.model_name for s in ens.ensemble_scheduling.step] == ["preprocessing", "fastertransformer",
-                                                                    "postprocessing"]
+    assert [s.model_name for s in ens.ensemble_scheduling.step] == [
+        "preprocessing",
+        "fastertransformer",
+        "postprocessing",
+    ]
     assert check_ensemble(out, "text") == []
 
 
-def test_ensemble_speaks_fastertransformer_backends_ensemble_names(ftx_cli, tiny_gptj_dir: Path,
-                                                                      tmp_path: Path) -> None:
+def test_ensemble_speaks_fastertransformer_backends_ensemble_names(
+    ftx_cli, tiny_gptj_dir: Path, tmp_path: Path
+) -> None:
     """``ensemble`` has fastertransformer_backend's all_models/gptj/ensemble interface."""
     out = tmp_path / "repo"
     configure(ftx_cli, tiny_gptj_dir, out)
     ens = parse_config(out / "ensemble" / "config.pbtxt")
     ins = inputs(ens)
-    expected = {"INPUT_0": (mc.TYPE_STRING, [-1]), "INPUT_1": (mc.TYPE_UINT32, [-1]), "INPUT_2": (mc.TYPE_STRING, [-1]),
-                "INPUT_3": (mc.TYPE_STRING, [-1]), "beam_width": (mc.TYPE_UINT32, [1]),
-                "runtime_top_k": (mc.TYPE_UINT32, [1]), "runtime_top_p": (mc.TYPE_FP32, [1]),
-                "random_seed": (mc.TYPE_UINT64, [1]), "is_return_log_probs": (mc.TYPE_BOOL, [1]),
-                "start_id": (mc.TYPE_UINT32, [1]), "end_id": (mc.TYPE_UINT32, [1]),
-                "temperature": (mc.TYPE_FP32, [1]), "len_penalty": (mc.TYPE_FP32, [1]),
-                "repetition_penalty": (mc.TYPE_FP32, [1]), "beam_search_diversity_rate": (mc.TYPE_FP32, [1])}
+    expected = {
+        "INPUT_0": (mc.TYPE_STRING, [-1]),
+        "INPUT_1": (mc.TYPE_UINT32, [-1]),
+        "INPUT_2": (mc.TYPE_STRING, [-1]),
+        "INPUT_3": (mc.TYPE_STRING, [-1]),
+        "beam_width": (mc.TYPE_UINT32, [1]),
+        "runtime_top_k": (mc.TYPE_UINT32, [1]),
+        "runtime_top_p": (mc.TYPE_FP32, [1]),
+        "random_seed": (mc.TYPE_UINT64, [1]),
+        "is_return_log_probs": (mc.TYPE_BOOL, [1]),
+        "start_id": (mc.TYPE_UINT32, [1]),
+        "end_id": (mc.TYPE_UINT32, [1]),
+        "temperature": (mc.TYPE_FP32, [1]),
+        "len_penalty": (mc.TYPE_FP32, [1]),
+        "repetition_penalty": (mc.TYPE_FP32, [1]),
+        "beam_search_diversity_rate": (mc.TYPE_FP32, [1]),
+    }
     for name, (dtype, dims) in expected.items():
         assert (ins[name].data_type, list(ins[name].dims)) == (dtype, dims), name
     assert not ins["INPUT_0"].optional and not ins["INPUT_1"].optional and ins["INPUT_2"].optional
     outs = {o.name: o.data_type for o in ens.output}
     # FasterTransformer's GPT-J returns INT32 lengths (its NeoX UINT32): the ensemble passes on what it gets
-    assert outs == {"OUTPUT_0": mc.TYPE_STRING, "sequence_length": mc.TYPE_INT32, "cum_log_probs": mc.TYPE_FP32,
-                    "output_log_probs": mc.TYPE_FP32}
+    assert outs == {
+        "OUTPUT_0": mc.TYPE_STRING,
+        "sequence_length": mc.TYPE_INT32,
+        "cum_log_probs": mc.TYPE_FP32,
+        "output_log_probs": mc.TYPE_FP32,
+    }
     assert check_ensemble(out) == []
     record = json.loads((out / "ftx-deployment.json").read_text())
     assert "ensemble" in record["models"] and record["endpoints"]["ensemble"] == "/v2/models/ensemble/infer"
@@ -185,8 +222,9 @@ def test_tp2_points_at_the_2gpu_checkpoint(ftx_cli, tiny_gptj_dir: Path, tmp_pat
     assert parse_config(out / "ensemble" / "config.pbtxt").max_batch_size == 16
 
 
-def test_streaming_is_decoupled_and_postprocessing_reads_ft_outputs_only(ftx_cli, tiny_gptj_dir: Path,
-                                                                         tmp_path: Path) -> None:
+def test_streaming_is_decoupled_and_postprocessing_reads_ft_outputs_only(
+    ftx_cli, tiny_gptj_dir: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "repo"
     configure(ftx_cli, tiny_gptj_dir, out, "--streaming")
     assert ft_config(out).model_transaction_policy.decoupled
@@ -220,8 +258,9 @@ def test_second_configure_reuses_the_store(ftx_cli, ftx_home: Path, tiny_gptj_di
     again = configure(ftx_cli, tiny_gptj_dir, tmp_path / "b")
     events = [json.loads(line) for line in again.stderr.splitlines() if line.startswith("{")]
     assert {e["stage"] for e in events if e["event"] == "cache.hit"} == {"fetch", "convert", "tune", "configure"}
-    assert (tmp_path / "b" / "ensemble" / "config.pbtxt").read_text() == \
-        (tmp_path / "a" / "ensemble" / "config.pbtxt").read_text()
+    assert (tmp_path / "b" / "ensemble" / "config.pbtxt").read_text() == (
+        tmp_path / "a" / "ensemble" / "config.pbtxt"
+    ).read_text()
 
 
 def test_explicit_tokenizer_is_used(ftx_cli, tiny_gptj_dir: Path, tmp_path: Path) -> None:
@@ -233,8 +272,9 @@ def test_explicit_tokenizer_is_used(ftx_cli, tiny_gptj_dir: Path, tmp_path: Path
         (source / name).rename(tokenizer / name)
     configure(ftx_cli, source, tmp_path / "repo", "--tokenizer", str(tokenizer))
     for model in ("preprocessing", "postprocessing"):
-        assert (tmp_path / "repo" / model / "1" / "tokenizer.json").read_bytes() == \
-            (tokenizer / "tokenizer.json").read_bytes()
+        assert (tmp_path / "repo" / model / "1" / "tokenizer.json").read_bytes() == (
+            tokenizer / "tokenizer.json"
+        ).read_bytes()
 
 
 # --------------------------------------------------------------------------- bad input
@@ -254,8 +294,9 @@ def test_fp8_data_type_is_a_click_choice_error(ftx_cli, ftx_home: Path, tiny_gpt
     _nothing_written(ftx_home, out, ("fetch", "convert", "configure"))
 
 
-def test_missing_tokenizer_is_refused_before_converting(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path,
-                                                        tmp_path: Path) -> None:
+def test_missing_tokenizer_is_refused_before_converting(
+    ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path
+) -> None:
     source = tmp_path / "src"
     shutil.copytree(tiny_gptj_dir, source, ignore=shutil.ignore_patterns("tokenizer*"))
     out = tmp_path / "repo"
@@ -265,8 +306,9 @@ def test_missing_tokenizer_is_refused_before_converting(ftx_cli, ftx_home: Path,
     _nothing_written(ftx_home, out, ("fetch", "convert", "configure"))
 
 
-def test_missing_tokenizer_in_the_stage_writes_no_repository(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path,
-                                                             tmp_path: Path) -> None:
+def test_missing_tokenizer_in_the_stage_writes_no_repository(
+    ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path
+) -> None:
     """`ftx run --until configure` reaches the stage itself: it fails before publishing anything."""
     source = tmp_path / "src"
     shutil.copytree(tiny_gptj_dir, source, ignore=shutil.ignore_patterns("tokenizer*"))
@@ -313,16 +355,22 @@ def test_ft_options_the_backend_refuses_are_refused(plugin_host) -> None:
     base = FtModelOptions(model_type="GPT-J", io_kind="decoder", checkpoint_path=Path("/x/1-gpu"), tp=1)
     neox = FtModelOptions.for_family(plugin_host.family("gptneox"), Path("/x/1-gpu"), 1, data_type="bf16")
     assert (neox.model_type, neox.data_types) == ("GPT-NeoX", ("fp32", "fp16"))
-    for options, match in ((replace(base, max_batch_size=0), "max_batch_size"), (replace(base, instances=0), "instance"),
-                           (replace(base, tp=0), "tensor_para_size"), (replace(base, io_kind="encoder"), "I/O kind"),
-                           (neox, "GPT-NeoX")):
+    for options, match in (
+        (replace(base, max_batch_size=0), "max_batch_size"),
+        (replace(base, instances=0), "instance"),
+        (replace(base, tp=0), "tensor_para_size"),
+        (replace(base, io_kind="encoder"), "I/O kind"),
+        (neox, "GPT-NeoX"),
+    ):
         with pytest.raises(ConfigError, match=match):
             build_ft_model_config(options)
     build_ft_model_config(replace(neox, data_type="fp16"))
 
 
-@pytest.mark.parametrize(("family", "dtype"), [("gptj", mc.TYPE_INT32), ("kogpt", mc.TYPE_INT32),
-                                               ("gptneox", mc.TYPE_UINT32), ("t5", mc.TYPE_INT32)])
+@pytest.mark.parametrize(
+    ("family", "dtype"),
+    [("gptj", mc.TYPE_INT32), ("kogpt", mc.TYPE_INT32), ("gptneox", mc.TYPE_UINT32), ("t5", mc.TYPE_INT32)],
+)
 def test_sequence_length_is_declared_as_fastertransformer_returns_it(plugin_host, family: str, dtype: int) -> None:
     """Triton forwards the backend's own dtype and an ensemble step refuses another: a config saying
     UINT32 for GPT-J's INT32 lengths fails every ensemble request on the real backend."""
@@ -330,8 +378,9 @@ def test_sequence_length_is_declared_as_fastertransformer_returns_it(plugin_host
     assert {o.name: o.data_type for o in build_ft_model_config(options).output}["sequence_length"] == dtype
 
 
-def test_postprocessing_reads_the_lengths_in_the_dtype_the_model_declares(ftx_cli, tiny_gptj_dir: Path,
-                                                                           tmp_path: Path) -> None:
+def test_postprocessing_reads_the_lengths_in_the_dtype_the_model_declares(
+    ftx_cli, tiny_gptj_dir: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "repo"
     configure(ftx_cli, tiny_gptj_dir, out)
     declared = {o.name: o.data_type for o in ft_config(out).output}["sequence_length"]
@@ -385,17 +434,32 @@ def test_configure_hook_refuses_a_checkpoint_for_another_tp(converted: Path, ftx
     from ftx_triton.store.artifact_store import ArtifactStore
 
     family = plugin_host.family("gptj")
-    source_path = Path(json.loads(
-        (ftx_home / "store" / "fetch" / json.loads((converted.parent / "ftx-artifact.json").read_text())
-         ["inputs"]["fetch"] / "ftx-artifact.json").read_text())["result"]["path"])
+    source_path = Path(
+        json.loads(
+            (
+                ftx_home
+                / "store"
+                / "fetch"
+                / json.loads((converted.parent / "ftx-artifact.json").read_text())["inputs"]["fetch"]
+                / "ftx-artifact.json"
+            ).read_text()
+        )["result"]["path"]
+    )
     source = Source(SourceRef("local", str(source_path)), source_path, "local-x")
     hf_config = family.read_hf_config(source_path)
     ctx = StageContext(RunSettings.of("x", tp=1), ArtifactStore(ftx_home), ftx_home, runtime=DockerFasterTransformer())
     dest = ftx_home / "dest"
     with pytest.raises(ConfigError, match="tp 2, not the requested --tp 1"):
-        ftx_configure(family=family, spec=family.spec(hf_config), source=source,
-                      checkpoint=Checkpoint(converted, 2, "fp32", "gptj"), gemm=GemmConfig(None, False), dest=dest,
-                      ctx=ctx, runtime=ctx.runtime)
+        ftx_configure(
+            family=family,
+            spec=family.spec(hf_config),
+            source=source,
+            checkpoint=Checkpoint(converted, 2, "fp32", "gptj"),
+            gemm=GemmConfig(None, False),
+            dest=dest,
+            ctx=ctx,
+            runtime=ctx.runtime,
+        )
     assert not dest.exists()
 
 
@@ -409,8 +473,9 @@ def test_prompt_learning_keys_in_config_ini_are_refused(converted: Path, tmp_pat
         check_checkpoint(plugin_host.family("gptj"), copy, tp=2, weight_dtype="fp32")
 
 
-def test_verify_catches_config_pbtxt_that_disagrees_with_config_ini(ftx_cli, tiny_gptj_dir: Path,
-                                                                    tmp_path: Path) -> None:
+def test_verify_catches_config_pbtxt_that_disagrees_with_config_ini(
+    ftx_cli, tiny_gptj_dir: Path, tmp_path: Path
+) -> None:
     """The tp in config.pbtxt must match the converted files."""
     out = tmp_path / "repo"
     configure(ftx_cli, tiny_gptj_dir, out)
@@ -428,8 +493,11 @@ def test_verify_catches_config_pbtxt_that_disagrees_with_config_ini(ftx_cli, tin
         verify_repository(out)
     path.write_text(original)
     record = json.loads((out / "ftx-deployment.json").read_text())
-    assert (record["model_type"], record["ini_sections"], record["data_types"]) == \
-        ("GPT-J", ["gptj"], ["fp32", "fp16", "bf16"])
+    assert (record["model_type"], record["ini_sections"], record["data_types"]) == (
+        "GPT-J",
+        ["gptj"],
+        ["fp32", "fp16", "bf16"],
+    )
     # the model type's facts travel in the record: sections FT reads, compute types it runs
     (out / "ftx-deployment.json").write_text(json.dumps({**record, "ini_sections": ["encoder", "decoder"]}))
     with pytest.raises(ConfigError, match=r"model_type GPT-J reads config.ini section\(s\) encoder, decoder"):
@@ -452,8 +520,11 @@ def test_t5_fastertransformer_model_takes_upstreams_optional_inputs(tmp_path: Pa
     them, so Triton passes such requests to FasterTransformer (and to the python runtime)."""
     options = FtModelOptions(model_type="T5", io_kind="encoder-decoder", checkpoint_path=tmp_path / "1-gpu", tp=1)
     ins = inputs(build_ft_model_config(options))
-    expected = {"ia3_tasks": (mc.TYPE_INT32, [1]), "request_prompt_lengths": (mc.TYPE_UINT32, [1]),
-                "request_prompt_embedding": (mc.TYPE_FP16, [-1, -1])}
+    expected = {
+        "ia3_tasks": (mc.TYPE_INT32, [1]),
+        "request_prompt_lengths": (mc.TYPE_UINT32, [1]),
+        "request_prompt_embedding": (mc.TYPE_FP16, [-1, -1]),
+    }
     for name, (dtype, dims) in expected.items():
         assert (ins[name].data_type, list(ins[name].dims), ins[name].optional) == (dtype, dims, True), name
 
@@ -465,7 +536,10 @@ def test_default_max_batch_size_takes_upstreams_client_batches(ftx_cli) -> None:
 
     assert DEFAULT_MAX_BATCH_SIZE >= 128
     help_text = " ".join(ftx_cli("configure", "--help").stdout.split())
-    assert re.search(r"--max-batch-size INTEGER RANGE Largest batch Triton sends to the model\. "
-                     rf"\[(env var: \w+; )?default: {DEFAULT_MAX_BATCH_SIZE};", help_text), help_text
+    assert re.search(
+        r"--max-batch-size INTEGER RANGE Largest batch Triton sends to the model\. "
+        rf"\[(env var: \w+; )?default: {DEFAULT_MAX_BATCH_SIZE};",
+        help_text,
+    ), help_text
     assert RunSettings.of("m").configure.max_batch_size == DEFAULT_MAX_BATCH_SIZE
     assert FtModelOptions("GPT-J", "decoder", Path("x"), 1).max_batch_size == DEFAULT_MAX_BATCH_SIZE

@@ -36,9 +36,11 @@ def bpe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def kogpt_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("kogpt-tok")
-    train_bpe_tokenizer(path, specials=KOGPT_SPECIALS,
-                        extra_config={"bos_token": "[BOS]", "eos_token": "[EOS]", "unk_token": "[UNK]",
-                                      "pad_token": "[PAD]"})
+    train_bpe_tokenizer(
+        path,
+        specials=KOGPT_SPECIALS,
+        extra_config={"bos_token": "[BOS]", "eos_token": "[EOS]", "unk_token": "[UNK]", "pad_token": "[PAD]"},
+    )
     return path
 
 
@@ -101,10 +103,15 @@ def test_preprocessing_pads_with_the_models_pad_id_not_gpt2s(kogpt_dir: Path) ->
     """Padding uses the configured pad id (KoGPT's [PAD]), never 50256 or a hard-coded 2."""
     codec = load_codec(kogpt_dir, "hf")
     pad = codec.token_id("[PAD]")
-    settings = TextSettings("decoder", "hf", start_id=codec.token_id("[BOS]"), end_id=codec.token_id("[EOS]"),
-                            pad_id=pad)
-    out = Preprocessor(codec, settings).run({"text_input": text_batch("Hello", "The quick brown fox jumps"),
-                                            "max_tokens": np.array([[4], [4]], dtype=np.int64)})
+    settings = TextSettings(
+        "decoder", "hf", start_id=codec.token_id("[BOS]"), end_id=codec.token_id("[EOS]"), pad_id=pad
+    )
+    out = Preprocessor(codec, settings).run(
+        {
+            "text_input": text_batch("Hello", "The quick brown fox jumps"),
+            "max_tokens": np.array([[4], [4]], dtype=np.int64),
+        }
+    )
     short = int(out["REQUEST_INPUT_LEN"][0, 0])
     assert short < out["INPUT_ID"].shape[1]
     assert set(out["INPUT_ID"][0, short:].tolist()) == {pad}
@@ -114,32 +121,46 @@ def test_preprocessing_pads_with_the_models_pad_id_not_gpt2s(kogpt_dir: Path) ->
 def test_preprocessing_encodes_stop_and_bad_words_with_the_configured_tokenizer(kogpt_dir: Path) -> None:
     codec = load_codec(kogpt_dir, "hf")
     pre = Preprocessor(codec, TextSettings("decoder", "hf", 0, 1, 3))
-    out = pre.run({"text_input": text_batch("Hello"), "max_tokens": np.array([[3]], dtype=np.int64),
-                   "stop": np.array([[b" dog", b""]], dtype=np.object_),
-                   "bad_words": np.array([[b" fox"]], dtype=np.object_)})
+    out = pre.run(
+        {
+            "text_input": text_batch("Hello"),
+            "max_tokens": np.array([[3]], dtype=np.int64),
+            "stop": np.array([[b" dog", b""]], dtype=np.object_),
+            "bad_words": np.array([[b" fox"]], dtype=np.object_),
+        }
+    )
     assert out["STOP_WORDS_IDS"].tolist() == word_list([[" dog"]], codec).tolist()
     assert out["BAD_WORDS_IDS"].tolist() == word_list([[" fox"]], codec).tolist()
 
 
 def test_preprocessing_maps_generate_names_to_ft_types(bpe_dir: Path) -> None:
     codec = load_codec(bpe_dir, "hf")
-    out = Preprocessor(codec, decoder_settings(codec)).run({
-        "text_input": text_batch("Hello"), "max_tokens": np.array([[3]], dtype=np.int64),
-        "top_k": np.array([[7]], dtype=np.int32), "top_p": np.array([[0.5]], dtype=np.float32),
-        "temperature": np.array([[0.7]], dtype=np.float32), "beam_width": np.array([[2]], dtype=np.int32),
-        "random_seed": np.array([[42]], dtype=np.uint64)})
+    out = Preprocessor(codec, decoder_settings(codec)).run(
+        {
+            "text_input": text_batch("Hello"),
+            "max_tokens": np.array([[3]], dtype=np.int64),
+            "top_k": np.array([[7]], dtype=np.int32),
+            "top_p": np.array([[0.5]], dtype=np.float32),
+            "temperature": np.array([[0.7]], dtype=np.float32),
+            "beam_width": np.array([[2]], dtype=np.int32),
+            "random_seed": np.array([[42]], dtype=np.uint64),
+        }
+    )
     assert out["runtime_top_k"].dtype == np.uint32 and out["runtime_top_k"].tolist() == [[7]]
     assert out["runtime_top_p"].tolist() == [[0.5]] and out["beam_width"].dtype == np.uint32
     assert out["random_seed"].tolist() == [[42]]
     assert abs(float(out["temperature"][0, 0]) - 0.7) < 1e-6
 
 
-@pytest.mark.parametrize("name, value, message", [
-    ("max_tokens", np.array([[0]], dtype=np.int64), "max_tokens"),
-    ("top_p", np.array([[1.5]], dtype=np.float32), "top_p"),
-    ("temperature", np.array([[0.0]], dtype=np.float32), "temperature"),
-    ("stream", np.array([[True]]), "--streaming"),
-])
+@pytest.mark.parametrize(
+    "name, value, message",
+    [
+        ("max_tokens", np.array([[0]], dtype=np.int64), "max_tokens"),
+        ("top_p", np.array([[1.5]], dtype=np.float32), "top_p"),
+        ("temperature", np.array([[0.0]], dtype=np.float32), "temperature"),
+        ("stream", np.array([[True]]), "--streaming"),
+    ],
+)
 def test_preprocessing_refuses_bad_request_values(bpe_dir: Path, name: str, value: np.ndarray, message: str) -> None:
     codec = load_codec(bpe_dir, "hf")
     inputs = {"text_input": text_batch("Hello"), "max_tokens": np.array([[3]], dtype=np.int64), name: value}
@@ -150,8 +171,12 @@ def test_preprocessing_refuses_bad_request_values(bpe_dir: Path, name: str, valu
 def test_t5_preprocessing_appends_eos_under_fastertransformer_backends_names(spiece_dir: Path) -> None:
     codec = load_codec(spiece_dir, "sentencepiece")
     pre = Preprocessor(codec, TextSettings("encoder-decoder", "sentencepiece", start_id=0, end_id=1, pad_id=0))
-    out = pre.run({"text_input": text_batch("Hello world", "the lazy dog jumps over the fox"),
-                   "max_tokens": np.array([[6], [6]], dtype=np.int64)})
+    out = pre.run(
+        {
+            "text_input": text_batch("Hello world", "the lazy dog jumps over the fox"),
+            "max_tokens": np.array([[6], [6]], dtype=np.int64),
+        }
+    )
     assert set(out) >= {"INPUT_ID", "REQUEST_INPUT_LEN", "REQUEST_OUTPUT_LEN"}
     assert "sequence_length" not in out and "max_output_len" not in out  # the ensemble maps the names
     n = int(out["REQUEST_INPUT_LEN"][0, 0])
@@ -171,9 +196,13 @@ def test_postprocessing_decodes_only_the_generated_part_up_to_sequence_length(bp
     junk = codec.encode(" lazy dog", prompt=False)
     row = prompt + generated + junk
     post = Postprocessor(codec, decoder_settings(codec))
-    out = post.run({"TOKENS_BATCH": np.array([[row]], dtype=np.uint32),
-                    "sequence_length": np.array([[len(prompt) + len(generated)]], dtype=np.uint32),
-                    "REQUEST_INPUT_LEN": np.array([[len(prompt)]], dtype=np.uint32)})
+    out = post.run(
+        {
+            "TOKENS_BATCH": np.array([[row]], dtype=np.uint32),
+            "sequence_length": np.array([[len(prompt) + len(generated)]], dtype=np.uint32),
+            "REQUEST_INPUT_LEN": np.array([[len(prompt)]], dtype=np.uint32),
+        }
+    )
     assert out["text_output"].tolist() == [[b" fox jumps"]]
 
 
@@ -182,8 +211,9 @@ def test_postprocessing_stops_at_the_end_id(bpe_dir: Path) -> None:
     eos = codec.token_id(END_OF_TEXT)
     prompt = codec.encode("Hello", prompt=True)
     row = prompt + codec.encode(" world", prompt=False) + [eos] + codec.encode(" fox", prompt=False)
-    texts = Postprocessor(codec, decoder_settings(codec)).texts(np.array([[row]]), np.array([[len(row)]]),
-                                                                np.array([[len(prompt)]]))
+    texts = Postprocessor(codec, decoder_settings(codec)).texts(
+        np.array([[row]]), np.array([[len(row)]]), np.array([[len(prompt)]])
+    )
     assert texts == [[" world"]]
 
 
@@ -200,10 +230,10 @@ def test_postprocessing_handles_beams_and_batches(bpe_dir: Path) -> None:
     a, b = codec.encode(" fox", prompt=False), codec.encode(" dog", prompt=False)
     width = max(len(a), len(b)) + 2
     ids = np.zeros((2, 2, width), dtype=np.uint32)
-    ids[0, 0, 1:1 + len(a)] = a
-    ids[0, 1, 1:1 + len(b)] = b
-    ids[1, 0, 1:1 + len(b)] = b
-    ids[1, 1, 1:1 + len(a)] = a
+    ids[0, 0, 1 : 1 + len(a)] = a
+    ids[0, 1, 1 : 1 + len(b)] = b
+    ids[1, 0, 1 : 1 + len(b)] = b
+    ids[1, 1, 1 : 1 + len(a)] = a
     lengths = np.array([[1 + len(a), 1 + len(b)], [1 + len(b), 1 + len(a)]], dtype=np.uint32)
     texts = Postprocessor(codec, decoder_settings(codec)).texts(ids, lengths, np.array([[1], [1]]))
     assert texts == [[" fox", " dog"], [" dog", " fox"]]
@@ -214,9 +244,13 @@ def test_t5_postprocessing_decodes_decoder_tokens_only(spiece_dir: Path) -> None
     generated = codec.encode("the lazy dog", prompt=False)
     row = generated + [1, 0, 0]  # </s> then padding
     post = Postprocessor(codec, TextSettings("encoder-decoder", "sentencepiece", 0, 1, 0))
-    out = post.run({"TOKENS_BATCH": np.array([[row]], dtype=np.int32),
-                    "sequence_length": np.array([[len(generated) + 1]], dtype=np.int32),
-                    "REQUEST_INPUT_LEN": np.array([[99]], dtype=np.uint32)})  # ignored for T5
+    out = post.run(
+        {
+            "TOKENS_BATCH": np.array([[row]], dtype=np.int32),
+            "sequence_length": np.array([[len(generated) + 1]], dtype=np.int32),
+            "REQUEST_INPUT_LEN": np.array([[99]], dtype=np.uint32),
+        }
+    )  # ignored for T5
     assert out["text_output"].tolist() == [[b"the lazy dog"]]
 
 
@@ -253,9 +287,13 @@ def _stream_pieces(post: Postprocessor, full: list[int], first: int) -> list[str
     response holds the whole sequence) with the stream offset where its new token starts."""
     pieces = []
     for end in range(first + 1, len(full) + 1):
-        out = post.run({"TOKENS_BATCH": np.array([[full[:end]]], dtype=np.uint32),
-                        "sequence_length": np.array([[end]], dtype=np.uint32),
-                        textproc.STREAM_OFFSET: np.array([[end - 1]], dtype=np.uint32)})
+        out = post.run(
+            {
+                "TOKENS_BATCH": np.array([[full[:end]]], dtype=np.uint32),
+                "sequence_length": np.array([[end]], dtype=np.uint32),
+                textproc.STREAM_OFFSET: np.array([[end - 1]], dtype=np.uint32),
+            }
+        )
         pieces.append(out["text_output"][0, 0].decode())
     return pieces
 
@@ -271,9 +309,13 @@ def test_streamed_responses_carry_each_piece_of_text_once(bpe_dir: Path) -> None
     assert "".join(pieces) == " fox jumps over the lazy dog"
     assert not any("quick" in p for p in pieces)
     # OUTPUT (FasterTransformer's ensemble text) stays the whole sequence
-    out = post.run({"TOKENS_BATCH": np.array([[prompt + generated]], dtype=np.uint32),
-                    "sequence_length": np.array([[len(prompt) + len(generated)]], dtype=np.uint32),
-                    textproc.STREAM_OFFSET: np.array([[len(prompt)]], dtype=np.uint32)})
+    out = post.run(
+        {
+            "TOKENS_BATCH": np.array([[prompt + generated]], dtype=np.uint32),
+            "sequence_length": np.array([[len(prompt) + len(generated)]], dtype=np.uint32),
+            textproc.STREAM_OFFSET: np.array([[len(prompt)]], dtype=np.uint32),
+        }
+    )
     assert out["OUTPUT"][0, 0].decode() == "The quick brown fox jumps over the lazy dog"
 
 
@@ -283,8 +325,9 @@ def test_a_character_split_across_tokens_is_streamed_once_complete(bpe_dir: Path
     byte_ids = [codec.token_id(piece) for piece in ("Ã", "©")]  # "é" = 0xC3 0xA9 in byte-level BPE
     assert None not in byte_ids, "the tiny tokenizer lacks the byte tokens"
     prompt = codec.encode("Caf", prompt=True)
-    pieces = _stream_pieces(Postprocessor(codec, decoder_settings(codec, streaming=True)), prompt + byte_ids,
-                            len(prompt))
+    pieces = _stream_pieces(
+        Postprocessor(codec, decoder_settings(codec, streaming=True)), prompt + byte_ids, len(prompt)
+    )
     assert pieces == ["", "é"]
 
 
@@ -294,9 +337,13 @@ def test_t5_stream_pieces_join_to_the_answer(spiece_dir: Path) -> None:
     post = Postprocessor(codec, TextSettings("encoder-decoder", "sentencepiece", 0, 1, 0, streaming=True))
     pieces = []
     for end in range(1, len(generated) + 1):
-        out = post.run({"TOKENS_BATCH": np.array([[generated[:end]]], dtype=np.int32),
-                        "sequence_length": np.array([[end]], dtype=np.int32),
-                        textproc.STREAM_OFFSET: np.array([[end - 1]], dtype=np.uint32)})
+        out = post.run(
+            {
+                "TOKENS_BATCH": np.array([[generated[:end]]], dtype=np.int32),
+                "sequence_length": np.array([[end]], dtype=np.int32),
+                textproc.STREAM_OFFSET: np.array([[end - 1]], dtype=np.uint32),
+            }
+        )
         pieces.append(out["text_output"][0, 0].decode())
     assert "".join(pieces) == "the lazy dog sleeps"
 
@@ -314,12 +361,17 @@ def test_ft_interface_preprocessing_reads_queries_lengths_and_csv_word_lists(bpe
     """INPUT_0..INPUT_3 as upstream's ensemble feeds them: [B, 1] strings, UINT32 lengths, CSV words."""
     codec = load_codec(bpe_dir, "hf")
     pre = Preprocessor(codec, decoder_settings(codec))
-    out = pre.run({"QUERY": text_batch("The quick brown fox", "Hello"),
-                   "REQUEST_OUTPUT_LEN": np.array([[24], [24]], dtype=np.uint32),
-                   "BAD_WORDS_DICT": text_batch("title, title,German, German", ""),
-                   "STOP_WORDS_DICT": text_batch("", " Olympic Games")})
-    same = pre.run({"text_input": text_batch("The quick brown fox", "Hello"),
-                    "max_tokens": np.array([[24], [24]], dtype=np.int64)})
+    out = pre.run(
+        {
+            "QUERY": text_batch("The quick brown fox", "Hello"),
+            "REQUEST_OUTPUT_LEN": np.array([[24], [24]], dtype=np.uint32),
+            "BAD_WORDS_DICT": text_batch("title, title,German, German", ""),
+            "STOP_WORDS_DICT": text_batch("", " Olympic Games"),
+        }
+    )
+    same = pre.run(
+        {"text_input": text_batch("The quick brown fox", "Hello"), "max_tokens": np.array([[24], [24]], dtype=np.int64)}
+    )
     assert np.array_equal(out["INPUT_ID"], same["INPUT_ID"])
     assert out["REQUEST_INPUT_LEN"].tolist() == same["REQUEST_INPUT_LEN"].tolist()
     assert out["REQUEST_OUTPUT_LEN"].tolist() == [[24], [24]] and out["REQUEST_OUTPUT_LEN"].dtype == np.uint32
@@ -332,17 +384,21 @@ def test_ft_interface_preprocessing_reads_queries_lengths_and_csv_word_lists(bpe
 # --------------------------------------------------------------------------- hostile values (#14)
 
 
-@pytest.mark.parametrize(("name", "value", "message"), [
-    ("temperature", np.array([[np.nan]], np.float32), "finite"),
-    ("temperature", np.array([[np.inf]], np.float32), "finite"),
-    ("top_p", np.array([[np.nan]], np.float32), "finite"),
-    ("repetition_penalty", np.array([[np.nan]], np.float32), "finite"),
-    ("max_tokens", np.array([[2**32 + 5]], np.int64), "too large"),
-    ("top_k", np.array([[2**40]], np.int64), "top_k"),
-    ("beam_width", np.array([[2**33]], np.int64), "beam_width"),
-])
-def test_non_finite_and_out_of_range_values_are_refused(bpe_dir: Path, name: str, value: np.ndarray,
-                                                        message: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("temperature", np.array([[np.nan]], np.float32), "finite"),
+        ("temperature", np.array([[np.inf]], np.float32), "finite"),
+        ("top_p", np.array([[np.nan]], np.float32), "finite"),
+        ("repetition_penalty", np.array([[np.nan]], np.float32), "finite"),
+        ("max_tokens", np.array([[2**32 + 5]], np.int64), "too large"),
+        ("top_k", np.array([[2**40]], np.int64), "top_k"),
+        ("beam_width", np.array([[2**33]], np.int64), "beam_width"),
+    ],
+)
+def test_non_finite_and_out_of_range_values_are_refused(
+    bpe_dir: Path, name: str, value: np.ndarray, message: str
+) -> None:
     codec = load_codec(bpe_dir, "hf")
     inputs = {"text_input": text_batch("Hello"), "max_tokens": np.array([[3]], dtype=np.int64), name: value}
     with pytest.raises(RequestError, match=message):
@@ -352,12 +408,15 @@ def test_non_finite_and_out_of_range_values_are_refused(bpe_dir: Path, name: str
 def test_invalid_utf8_is_a_request_error_without_a_traceback(bpe_dir: Path) -> None:
     codec = load_codec(bpe_dir, "hf")
     pre = Preprocessor(codec, decoder_settings(codec))
-    for inputs in ({"text_input": np.array([[b"He\xff\xfello"]], dtype=np.object_)},
-                   {"text_input": text_batch("Hello"), "stop": np.array([[b"\xc3"]], dtype=np.object_)},
-                   {"QUERY": np.array([[b"\xff"]], dtype=np.object_)}):
+    for inputs in (
+        {"text_input": np.array([[b"He\xff\xfello"]], dtype=np.object_)},
+        {"text_input": text_batch("Hello"), "stop": np.array([[b"\xc3"]], dtype=np.object_)},
+        {"QUERY": np.array([[b"\xff"]], dtype=np.object_)},
+    ):
         with pytest.raises(RequestError, match="not valid UTF-8"):
-            pre.run({"max_tokens": np.array([[3]], np.int64), "REQUEST_OUTPUT_LEN": np.array([[3]], np.uint32),
-                     **inputs})
+            pre.run(
+                {"max_tokens": np.array([[3]], np.int64), "REQUEST_OUTPUT_LEN": np.array([[3]], np.uint32), **inputs}
+            )
 
 
 class CountingCodec(textproc.Codec):
@@ -382,8 +441,9 @@ def test_an_over_long_prompt_is_refused_after_tokenizing_only_a_prefix(bpe_dir: 
     # a long prompt that tokenizes short (sentencepiece collapses runs of spaces) is still served
     spiece = load_codec(spiece_dir, "sentencepiece")
     settings = TextSettings("decoder", "sentencepiece", 0, 1, 0, max_prompt_tokens=256)
-    out = Preprocessor(spiece, settings).run({"text_input": text_batch("Hello" + " " * 9000 + "world"),
-                                              "max_tokens": np.array([[3]], np.int64)})
+    out = Preprocessor(spiece, settings).run(
+        {"text_input": text_batch("Hello" + " " * 9000 + "world"), "max_tokens": np.array([[3]], np.int64)}
+    )
     assert int(out["REQUEST_INPUT_LEN"][0, 0]) < 20
 
 
@@ -397,9 +457,13 @@ def test_postprocessing_keeps_what_the_tokenizer_makes_of_a_cut_off_character(ko
     expected = codec.decode(word[:cut])
     row = prompt + word[:cut]
     post = Postprocessor(codec, decoder_settings(codec))
-    out = post.run({"TOKENS_BATCH": np.array([[row]], dtype=np.uint32),
-                    "sequence_length": np.array([[len(row)]], dtype=np.uint32),
-                    "REQUEST_INPUT_LEN": np.array([[len(prompt)]], dtype=np.uint32)})
+    out = post.run(
+        {
+            "TOKENS_BATCH": np.array([[row]], dtype=np.uint32),
+            "sequence_length": np.array([[len(row)]], dtype=np.uint32),
+            "REQUEST_INPUT_LEN": np.array([[len(prompt)]], dtype=np.uint32),
+        }
+    )
     assert expected.endswith("\ufffd")
     assert out["text_output"][0, 0].decode() == expected
     assert out["OUTPUT"][0, 0].decode() == codec.decode(row)

@@ -113,8 +113,9 @@ def toy_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     sys.modules.pop("ftx_toy", None)
 
 
-def test_a_third_party_runtime_serves_through_ftx_run(toy_plugin: Path, ftx_cli: Any, ftx_home: Path,
-                                                      tiny_gptj_dir: Path) -> None:
+def test_a_third_party_runtime_serves_through_ftx_run(
+    toy_plugin: Path, ftx_cli: Any, ftx_home: Path, tiny_gptj_dir: Path
+) -> None:
     # --no-openai: a detached OpenAI front would outlive the test, as it outlives `ftx run` for a real server
     result = ftx_cli("run", str(tiny_gptj_dir), "--runtime", "toy", "--detach", "--no-openai")
     assert result.exit_code == 0, result.stderr + repr(result.exception)
@@ -130,8 +131,9 @@ def test_a_third_party_runtime_serves_through_ftx_run(toy_plugin: Path, ftx_cli:
     assert "toy runtime" in result.stdout and "toyctl down toy-1" in result.stdout
 
 
-def test_a_third_party_runtime_adds_an_option_and_a_command(toy_plugin: Path, ftx_cli: Any, ftx_home: Path,
-                                                            tiny_gptj_dir: Path) -> None:
+def test_a_third_party_runtime_adds_an_option_and_a_command(
+    toy_plugin: Path, ftx_cli: Any, ftx_home: Path, tiny_gptj_dir: Path
+) -> None:
     """`--namespace` (ftx_add_options) reaches the runtime through the settings; `ftx toyctl` (ftx_register_commands)
     is a command of ftx; both are listed in the help."""
     result = ftx_cli("run", str(tiny_gptj_dir), "--runtime", "toy", "--namespace", "team-a", "--detach", "--no-openai")
@@ -161,8 +163,11 @@ def test_a_plugin_option_named_like_a_core_one_is_an_error() -> None:
     host.register(SimpleNamespace(ftx_add_options=hookimpl(lambda: [click.Option(["--tp"])]), __name__="clash"))
     with pytest.raises(PluginError, match="adds an option 'tp' to `ftx run`"):
         host.run_options(taken={"tp"})
-    host.register(SimpleNamespace(ftx_register_commands=hookimpl(lambda cli: cli.add_command(click.Command("run"))),
-                                  __name__="clash2"))
+    host.register(
+        SimpleNamespace(
+            ftx_register_commands=hookimpl(lambda cli: cli.add_command(click.Command("run"))), __name__="clash2"
+        )
+    )
     with pytest.raises(PluginError, match="command 'run' is added by both ftx core and clash2"):
         host.commands(taken={"run": None})
 
@@ -177,11 +182,13 @@ def test_core_runtimes_bring_their_own_commands(plugin_host: Any) -> None:
 
 
 @pytest.mark.parametrize("dry_run", [False, True], ids=["run", "dry-run"])
-def test_a_run_asks_whether_its_runtime_is_available_once(toy_plugin: Path, ftx_cli: Any, ftx_home: Path,
-                                                          tiny_gptj_dir: Path, dry_run: bool) -> None:
+def test_a_run_asks_whether_its_runtime_is_available_once(
+    toy_plugin: Path, ftx_cli: Any, ftx_home: Path, tiny_gptj_dir: Path, dry_run: bool
+) -> None:
     """The plan chooses the runtime once: one availability probe (for Docker, one daemon round trip) per run."""
-    result = ftx_cli("run", str(tiny_gptj_dir), "--runtime", "abacus", "--until", "configure",
-                     *(["--dry-run"] if dry_run else []))
+    result = ftx_cli(
+        "run", str(tiny_gptj_dir), "--runtime", "abacus", "--until", "configure", *(["--dry-run"] if dry_run else [])
+    )
     assert result.exit_code == 0, result.stderr + repr(result.exception)
     assert "runtime   toy (requested with --runtime abacus)" in result.stderr
     assert (ftx_home / "toy-probes").read_text().splitlines() == ["probed"]
@@ -232,8 +239,9 @@ def test_auto_takes_the_available_runtime_of_highest_priority() -> None:
     from ftx_triton.plan.settings import RunSettings
     from ftx_triton.runtime.select import choose_runtime
 
-    runtimes = {r.name: r for r in (_runtime("a", 30, False, ("x",)), _runtime("b", 20, True, ("x",)),
-                                    _runtime("c", 10, True))}
+    runtimes = {
+        r.name: r for r in (_runtime("a", 30, False, ("x",)), _runtime("b", 20, True, ("x",)), _runtime("c", 10, True))
+    }
     chosen, why = choose_runtime(runtimes, RunSettings.of("m"), STORE)
     assert chosen.name == "b" and "a: a is missing" in why and "b is here" in why
     chosen, why = choose_runtime(runtimes, RunSettings.of("m", runtime="x"), STORE)

@@ -43,8 +43,9 @@ class Bystander:
 @pytest.fixture
 def bystander() -> Iterator[Bystander]:
     # "ftx_triton.openai_api" in its command line: an OpenAI front's stop would take it for its own
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "ftx_triton.openai_api"],
-                               start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", "ftx_triton.openai_api"], start_new_session=True
+    )
     try:
         yield Bystander(process)
     finally:
@@ -54,10 +55,21 @@ def bystander() -> Iterator[Bystander]:
 
 def _server(b: Bystander, **changes: Any) -> dict[str, Any]:
     """A well-formed record of a live server (the bystander, start time included), then ``changes``."""
-    record = {"name": "bad", "pid": b.pid, "start_ticks": b.ticks, "host": "127.0.0.1", "http_port": 1,
-              "grpc_port": 2, "metrics_port": 3, "repository": "/repo", "log_path": "/log",
-              "started_at": "2026-01-01T00:00:00+00:00", "models": ["ensemble"], "exit_timeout_s": 1,
-              "shm_prefix": SHM_PREFIX + "ftx-hostile-"}
+    record = {
+        "name": "bad",
+        "pid": b.pid,
+        "start_ticks": b.ticks,
+        "host": "127.0.0.1",
+        "http_port": 1,
+        "grpc_port": 2,
+        "metrics_port": 3,
+        "repository": "/repo",
+        "log_path": "/log",
+        "started_at": "2026-01-01T00:00:00+00:00",
+        "models": ["ensemble"],
+        "exit_timeout_s": 1,
+        "shm_prefix": SHM_PREFIX + "ftx-hostile-",
+    }
     return {**record, **changes}
 
 
@@ -97,8 +109,9 @@ def _assert_clean(result: Any) -> None:
 
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("as_json", [False, True])
-def test_ps_warns_about_a_malformed_record(ftx_cli, ftx_home: Path, bystander: Bystander, case: str,
-                                           as_json: bool) -> None:
+def test_ps_warns_about_a_malformed_record(
+    ftx_cli, ftx_home: Path, bystander: Bystander, case: str, as_json: bool
+) -> None:
     path = _write(ftx_home, case, bystander)
     result = ftx_cli("ps", *(["--json"] if as_json else []))
     _assert_clean(result)
@@ -112,8 +125,9 @@ def test_ps_warns_about_a_malformed_record(ftx_cli, ftx_home: Path, bystander: B
 
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("how", [["stop", "bad"], ["stop", "--all"]])
-def test_stop_removes_a_malformed_record_without_signalling(ftx_cli, ftx_home: Path, bystander: Bystander,
-                                                            case: str, how: list[str]) -> None:
+def test_stop_removes_a_malformed_record_without_signalling(
+    ftx_cli, ftx_home: Path, bystander: Bystander, case: str, how: list[str]
+) -> None:
     path = _write(ftx_home, case, bystander)
     result = ftx_cli(*how)
     bystander.assert_alive()
@@ -126,8 +140,7 @@ def test_stop_removes_a_malformed_record_without_signalling(ftx_cli, ftx_home: P
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_bare_stop_warns_and_keeps_a_malformed_record(ftx_cli, ftx_home: Path, bystander: Bystander,
-                                                      case: str) -> None:
+def test_bare_stop_warns_and_keeps_a_malformed_record(ftx_cli, ftx_home: Path, bystander: Bystander, case: str) -> None:
     path = _write(ftx_home, case, bystander)
     result = ftx_cli("stop")
     _assert_clean(result)
@@ -141,8 +154,7 @@ def test_bare_stop_warns_and_keeps_a_malformed_record(ftx_cli, ftx_home: Path, b
     assert other.exit_code == 1 and "no server named 'other'" in other.stderr and path.exists()
 
 
-def test_stop_all_handles_valid_records_beside_malformed_ones(ftx_cli, ftx_home: Path,
-                                                              bystander: Bystander) -> None:
+def test_stop_all_handles_valid_records_beside_malformed_ones(ftx_cli, ftx_home: Path, bystander: Bystander) -> None:
     """A malformed record does not keep `ftx stop --all` from the others (here a dead server's record)."""
     _write(ftx_home, "truncated", bystander)
     (ftx_home / "servers" / "gone.json").write_text(json.dumps(_server(bystander, name="gone", pid=PID_DEAD)))

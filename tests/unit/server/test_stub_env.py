@@ -21,7 +21,7 @@ FAKES = {
     # transformers: imports its optional scikit-learn when it finds it
     "fakeformers/__init__.py": "",
     "fakeformers/generation.py": "import importlib.util\nif importlib.util.find_spec('learnlike'):\n"
-                                 "    import learnlike\nREADY = True\n",
+    "    import learnlike\nREADY = True\n",
     # transformers' losses: import SciPy when they find it
     "fakeformers/losses.py": "import importlib.util\nif importlib.util.find_spec('sciplike'):\n    import sciplike\n",
     # scikit-learn: needs SciPy
@@ -44,8 +44,14 @@ def _venv(tmp_path: Path, fake_site: Path) -> tuple[Path, Path]:
     """A bare venv that sees ``fake_site`` through a .pth file, as the stubs' environment sees this one."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
     python = tmp_path / "venv" / "bin" / "python3"
-    site = Path(subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import site; print(site.getsitepackages()[0])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     (site / "fake-main-environment.pth").write_text(f"{fake_site}\n")
     return python, site
 
@@ -82,9 +88,11 @@ def test_the_hiding_line_makes_modules_unimportable_and_unfindable(tmp_path: Pat
     python, site = _venv(tmp_path, fake_site)
     (fake_site / "sciplike" / "__init__.py").write_text("")
     (site / "ftx-hide.pth").write_text(stub_env.hiding_line(["learnlike"]))
-    probe = ("import importlib.util as u; print(u.find_spec('learnlike'))\n"
-             "try:\n    u.find_spec('learnlike.sub')\nexcept ModuleNotFoundError as e:\n    print(e)\n"
-             "import sciplike; import learnlike")
+    probe = (
+        "import importlib.util as u; print(u.find_spec('learnlike'))\n"
+        "try:\n    u.find_spec('learnlike.sub')\nexcept ModuleNotFoundError as e:\n    print(e)\n"
+        "import sciplike; import learnlike"
+    )
     done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, cwd="/")
     # as if not installed: find_spec None (of a submodule: ModuleNotFoundError), the import fails
     assert done.stdout.splitlines() == ["None", "No module named 'learnlike'"], done.stdout + done.stderr
@@ -92,8 +100,9 @@ def test_the_hiding_line_makes_modules_unimportable_and_unfindable(tmp_path: Pat
     assert "sciplike" not in done.stderr  # only the named ones are hidden
 
 
-def test_the_stub_environment_is_probed_when_built(tmp_path: Path, fake_site: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_stub_environment_is_probed_when_built(
+    tmp_path: Path, fake_site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """stub_python (as under numpy 2) builds its venv, probes it, and the stubs can import what
     the model imports."""
     wheel = tmp_path / "numpy-1.26.4-cp311-cp311-manylinux_2_17_x86_64.whl"

@@ -48,8 +48,9 @@ def test_a_linked_stage_directory_is_not_the_store(ftx_cli, ftx_home: Path, buil
     assert (victim / "data.txt").read_text() == "precious"
 
 
-def test_prune_never_empties_what_the_tmp_or_downloads_directory_links_to(ftx_cli, ftx_home: Path, built: dict,
-                                                                          tmp_path: Path) -> None:
+def test_prune_never_empties_what_the_tmp_or_downloads_directory_links_to(
+    ftx_cli, ftx_home: Path, built: dict, tmp_path: Path
+) -> None:
     victim = _victim(tmp_path)
     old = victim / "weights.bin"
     old.write_bytes(b"w")
@@ -71,7 +72,8 @@ def test_prune_never_empties_what_the_tmp_or_downloads_directory_links_to(ftx_cl
 
 
 def test_a_linked_provenance_is_damage_and_a_cache_hit_leaves_its_target_alone(
-        ftx_cli, ftx_home: Path, built: dict, tmp_path: Path) -> None:
+    ftx_cli, ftx_home: Path, built: dict, tmp_path: Path
+) -> None:
     prov = Path(built["fetch"]["path"]) / "ftx-artifact.json"
     target = tmp_path / "elsewhere.json"
     target.write_bytes(prov.read_bytes())
@@ -86,8 +88,9 @@ def test_a_linked_provenance_is_damage_and_a_cache_hit_leaves_its_target_alone(
 # --------------------------------------------------------------------------- what running processes use
 
 
-def test_a_served_repository_outside_the_store_keeps_its_weights(ftx_cli, ftx_home: Path, built: dict,
-                                                                 tmp_path: Path) -> None:
+def test_a_served_repository_outside_the_store_keeps_its_weights(
+    ftx_cli, ftx_home: Path, built: dict, tmp_path: Path
+) -> None:
     """`ftx configure -o DIR` served by a real tritonserver: its config names the store's converted
     weights, which `ftx prune --to-size 0` and `ftx rm` must leave alone."""
     from ftx_triton.server.tritonserver import TritonServer
@@ -142,8 +145,9 @@ def test_a_name_too_long_for_a_lock_file_is_no_artifact(ftx_cli, ftx_home: Path,
 
 
 @pytest.mark.parametrize("kind", ["link", "directory"])
-def test_an_unusable_lock_file_is_a_clear_error(ftx_cli, ftx_home: Path, built: dict, tmp_path: Path,
-                                               kind: str) -> None:
+def test_an_unusable_lock_file_is_a_clear_error(
+    ftx_cli, ftx_home: Path, built: dict, tmp_path: Path, kind: str
+) -> None:
     row = built["configure"]
     lock = ftx_home / "locks" / f"configure-{row['key']}.lock"
     lock.unlink(missing_ok=True)
@@ -156,19 +160,23 @@ def test_an_unusable_lock_file_is_a_clear_error(ftx_cli, ftx_home: Path, built: 
     assert "cannot lock configure/" in result.stderr and "remove that path" in result.stderr
 
 
-@pytest.mark.parametrize(("args", "needle"), [
-    (("prune", "--to-size", "9" * 400), "size out of range"),
-    (("prune", "--to-size", ""), "not a size"),
-    (("prune", "--older-than", ""), "not a duration"),
-    (("rm", "/"), "'/' is too short"),
-])
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("prune", "--to-size", "9" * 400), "size out of range"),
+        (("prune", "--to-size", ""), "not a size"),
+        (("prune", "--older-than", ""), "not a duration"),
+        (("rm", "/"), "'/' is too short"),
+    ],
+)
 def test_values_out_of_range_are_refused(ftx_cli, ftx_home: Path, args: tuple[str, ...], needle: str) -> None:
     result = ftx_cli(*args)
     assert result.exit_code == 1 and result.exception is None and needle in result.stderr, result.stderr
 
 
 def test_provenance_text_reaches_the_terminal_printable_and_future_times_are_now(
-        ftx_cli, ftx_home: Path, built: dict) -> None:
+    ftx_cli, ftx_home: Path, built: dict
+) -> None:
     prov = Path(built["fetch"]["path"]) / "ftx-artifact.json"
     meta = json.loads(prov.read_text())
     meta["result"]["ref"] = {"uri": "evil\x1b]0;pwned\x07\x1b[2J"}

@@ -44,11 +44,21 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     ctx.exit(0)
 
 
-@click.group(cls=FtxRootGroup, params=global_options(),
-             context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": ENV_PREFIX})
-@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
-              allow_from_autoenv=False, show_envvar=False,
-              help="Show ftx and every plugin distribution with its version.")
+@click.group(
+    cls=FtxRootGroup,
+    params=global_options(),
+    context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": ENV_PREFIX},
+)
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    allow_from_autoenv=False,
+    show_envvar=False,
+    help="Show ftx and every plugin distribution with its version.",
+)
 def cli() -> None:
     """Deploy language models on Triton with FasterTransformer: fetch, convert, tune, configure, serve.
 

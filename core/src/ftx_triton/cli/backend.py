@@ -10,8 +10,10 @@ from ftx_triton import hookimpl
 from ftx_triton.cli.common import FtxGroup, say
 
 SM_HELP = "GPU architectures to build for, e.g. 90 or 80,90 (default: this machine's GPUs)."
-SOURCES_HELP = ("Upstream sources as a directory or archive in ftx's source layout, for machines without network "
-                "(default: download the pinned public archives).")
+SOURCES_HELP = (
+    "Upstream sources as a directory or archive in ftx's source layout, for machines without network "
+    "(default: download the pinned public archives)."
+)
 
 
 @click.group("backend", cls=FtxGroup)
@@ -34,10 +36,19 @@ def preflight_command(sm: str | None) -> None:
 @backend.command("build")
 # FTX_FT_*: the same variables the fastertransformer-native runtime reads when `ftx run` builds the backend
 @click.option("--sm", default=None, envvar=["FTX_BACKEND_BUILD_SM", "FTX_FT_SM"], help=SM_HELP)
-@click.option("--sources", type=click.Path(exists=True, path_type=Path),
-              envvar=["FTX_BACKEND_BUILD_SOURCES", "FTX_FT_SOURCES"], help=SOURCES_HELP)
-@click.option("-j", "--jobs", type=click.IntRange(1, 1024), envvar=["FTX_BACKEND_BUILD_JOBS", "FTX_FT_JOBS"],
-              help="Parallel compile jobs [default: CPU count].")
+@click.option(
+    "--sources",
+    type=click.Path(exists=True, path_type=Path),
+    envvar=["FTX_BACKEND_BUILD_SOURCES", "FTX_FT_SOURCES"],
+    help=SOURCES_HELP,
+)
+@click.option(
+    "-j",
+    "--jobs",
+    type=click.IntRange(1, 1024),
+    envvar=["FTX_BACKEND_BUILD_JOBS", "FTX_FT_JOBS"],
+    help="Parallel compile jobs [default: CPU count].",
+)
 @click.option("--force", is_flag=True, help="Build again even if a build for this toolchain and SM list exists.")
 def build_command(sm: str | None, sources: Path | None, jobs: int | None, force: bool) -> None:
     """Build (or find) the backend for this toolchain and SM list; print the artifact's path."""

@@ -31,34 +31,58 @@ def _target(name: str | None, url: str | None):  # -> ServedModel
         wanted = url.removeprefix("http://").rstrip("/")
         match = [s for s in served if s.http == wanted]
         if not match:
-            raise ServeError(f"no ftx server of this FTX_HOME serves {url}",
-                             hint="`ftx ps` lists them; start one with `ftx run MODEL --detach`")
+            raise ServeError(
+                f"no ftx server of this FTX_HOME serves {url}",
+                hint="`ftx ps` lists them; start one with `ftx run MODEL --detach`",
+            )
         return match[0]
     chosen = [s for s in served if name is None or s.name == name or s.model == name]
     if len(chosen) == 1:
         return chosen[0]
     if not chosen:
-        raise ServeError("no running ftx server" + (f" named {name!r}" if name else ""),
-                         hint="start one with `ftx run MODEL --detach` (`ftx ps` lists them)")
-    raise ServeError(f"{len(chosen)} servers are running ({', '.join(s.name for s in chosen)}); which one?",
-                     hint="name one (NAME from `ftx ps`) or pass --url http://HOST:PORT")
+        raise ServeError(
+            "no running ftx server" + (f" named {name!r}" if name else ""),
+            hint="start one with `ftx run MODEL --detach` (`ftx ps` lists them)",
+        )
+    raise ServeError(
+        f"{len(chosen)} servers are running ({', '.join(s.name for s in chosen)}); which one?",
+        hint="name one (NAME from `ftx ps`) or pass --url http://HOST:PORT",
+    )
 
 
 @click.command("bench", cls=FtxCommand)
 @click.argument("name", required=False)
 @click.option("--url", help="Triton's HTTP address of the deployment (default: the one running, see `ftx ps`).")
-@click.option("--tool", type=click.Choice(["auto", "perf_analyzer", "builtin"]), default="auto", show_default=True,
-              help="perf_analyzer (Triton's tool, when installed) or ftx's own load generator; auto prefers "
-                   "perf_analyzer.")
+@click.option(
+    "--tool",
+    type=click.Choice(["auto", "perf_analyzer", "builtin"]),
+    default="auto",
+    show_default=True,
+    help="perf_analyzer (Triton's tool, when installed) or ftx's own load generator; auto prefers perf_analyzer.",
+)
 @click.option("--concurrency", default="1,2,4", show_default=True, help="Concurrent clients, one run per level.")
-@click.option("--requests", type=click.IntRange(1, 100000), default=20, show_default=True,
-              help="Requests measured per concurrency level.")
+@click.option(
+    "--requests",
+    type=click.IntRange(1, 100000),
+    default=20,
+    show_default=True,
+    help="Requests measured per concurrency level.",
+)
 @click.option("--prompt", default="Once upon a time", show_default=True, help="The prompt every request sends.")
-@click.option("--max-tokens", type=click.IntRange(1, 4096), default=16, show_default=True,
-              help="Tokens each request generates.")
+@click.option(
+    "--max-tokens", type=click.IntRange(1, 4096), default=16, show_default=True, help="Tokens each request generates."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def bench(name: str | None, url: str | None, tool: str, concurrency: str, requests: int, prompt: str,
-          max_tokens: int, as_json: bool) -> None:
+def bench(
+    name: str | None,
+    url: str | None,
+    tool: str,
+    concurrency: str,
+    requests: int,
+    prompt: str,
+    max_tokens: int,
+    as_json: bool,
+) -> None:
     """Measure a running deployment's throughput and latency through its ensemble.
 
     The figures are appended, with the tool that measured them, to FTX_HOME/bench/<repository>.json:
@@ -71,35 +95,60 @@ def bench(name: str | None, url: str | None, tool: str, concurrency: str, reques
     target = _target(name, url)
     binary = find_perf_analyzer()
     if tool == "perf_analyzer" and binary is None:
-        raise ConfigError("perf_analyzer is not installed",
-                          hint="scripts/setup.sh --dev installs it beside the venv, or set FTX_PERF_ANALYZER=PATH; "
-                               "--tool builtin uses ftx's own load generator")
+        raise ConfigError(
+            "perf_analyzer is not installed",
+            hint="scripts/setup.sh --dev installs it beside the venv, or set FTX_PERF_ANALYZER=PATH; "
+            "--tool builtin uses ftx's own load generator",
+        )
     use_pa = binary is not None and tool in ("auto", "perf_analyzer")
-    why = (f"perf_analyzer at {binary}" if use_pa else "requested with --tool builtin" if tool == "builtin"
-           else "perf_analyzer is not installed (no binary on PATH or FTX_PERF_ANALYZER); ftx's own closed-loop "
-                "load generator over the generate extension")
-    result = BenchResult("perf_analyzer" if use_pa else "builtin", why, target.model, f"http://{target.http}", prompt,
-                         max_tokens)
+    why = (
+        f"perf_analyzer at {binary}"
+        if use_pa
+        else "requested with --tool builtin"
+        if tool == "builtin"
+        else "perf_analyzer is not installed (no binary on PATH or FTX_PERF_ANALYZER); ftx's own closed-loop "
+        "load generator over the generate extension"
+    )
+    result = BenchResult(
+        "perf_analyzer" if use_pa else "builtin", why, target.model, f"http://{target.http}", prompt, max_tokens
+    )
     say(f"bench     {target.name} ({target.model}) with {result.tool}: {why}")
     if use_pa and binary is not None:
         from ftx_triton.server.text_client import HttpTriton, text_interface
 
         streaming = text_interface(HttpTriton(f"http://{target.http}"), TEXT_MODEL_NAME).decoupled
-        result.points = run_perf_analyzer(binary, target.grpc, TEXT_MODEL_NAME, prompt, max_tokens, levels, requests,
-                                          streaming=streaming)
+        result.points = run_perf_analyzer(
+            binary, target.grpc, TEXT_MODEL_NAME, prompt, max_tokens, levels, requests, streaming=streaming
+        )
     else:
         from ftx_triton.repository.textproc import load_codec
 
         codec = load_codec(Path(target.repository) / "preprocessing" / "1")
-        result.points = builtin_load(f"http://{target.http}", TEXT_MODEL_NAME, prompt, max_tokens, levels, requests,
-                                     count_tokens=lambda text: len(codec.encode(text, prompt=False)))
+        result.points = builtin_load(
+            f"http://{target.http}",
+            TEXT_MODEL_NAME,
+            prompt,
+            max_tokens,
+            levels,
+            requests,
+            count_tokens=lambda text: len(codec.encode(text, prompt=False)),
+        )
     stored = store_result(ftx_home(), Path(target.repository), result)
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
     else:
         rows = [["CONCURRENCY", "REQ/S", "P50 MS", "P90 MS", "P99 MS", "TOKENS/S"]]
-        rows += [[str(p.concurrency), f"{p.throughput_rps:.2f}", f"{p.latency_p50_ms:.1f}", f"{p.latency_p90_ms:.1f}",
-                  f"{p.latency_p99_ms:.1f}", f"{p.tokens_per_s:.1f}" if p.tokens_per_s else "-"] for p in result.points]
+        rows += [
+            [
+                str(p.concurrency),
+                f"{p.throughput_rps:.2f}",
+                f"{p.latency_p50_ms:.1f}",
+                f"{p.latency_p90_ms:.1f}",
+                f"{p.latency_p99_ms:.1f}",
+                f"{p.tokens_per_s:.1f}" if p.tokens_per_s else "-",
+            ]
+            for p in result.points
+        ]
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for row in rows:
             click.echo("  ".join(cell.rjust(w) for cell, w in zip(row, widths)))

@@ -33,12 +33,16 @@ def find_openai(home: Path, name: str | None, url: str | None) -> str:
     if len(with_front) == 1:
         return with_front[0].openai
     if not with_front:
-        raise ServeError("no running ftx server with an OpenAI endpoint found" + (f" named {name!r}" if name else ""),
-                         hint="start one with `ftx run MODEL` (the endpoint is on unless --no-openai), or pass "
-                              "its address: --url http://HOST:PORT/v1")
+        raise ServeError(
+            "no running ftx server with an OpenAI endpoint found" + (f" named {name!r}" if name else ""),
+            hint="start one with `ftx run MODEL` (the endpoint is on unless --no-openai), or pass "
+            "its address: --url http://HOST:PORT/v1",
+        )
     names = ", ".join(f"{s.name} at {s.openai}" for s in with_front)
-    raise ServeError(f"{len(with_front)} OpenAI endpoints are running ({names}); which one?",
-                     hint="name a detached server as MODEL, or pass --url http://HOST:PORT/v1")
+    raise ServeError(
+        f"{len(with_front)} OpenAI endpoints are running ({names}); which one?",
+        hint="name a detached server as MODEL, or pass --url http://HOST:PORT/v1",
+    )
 
 
 def _post(url: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
@@ -51,26 +55,37 @@ def _post(url: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
             message = json.loads(exc.read())["error"]["message"]
         except (ValueError, KeyError, TypeError):
             message = exc.reason
-        raise ServeError(f"the endpoint refused the turn ({exc.code}): {message}",
-                         hint="see its log (`ftx ps` shows the server)") from None
+        raise ServeError(
+            f"the endpoint refused the turn ({exc.code}): {message}", hint="see its log (`ftx ps` shows the server)"
+        ) from None
     except (urllib.error.URLError, OSError) as exc:
-        raise ServeError(f"cannot reach {url}: {getattr(exc, 'reason', exc)}",
-                         hint="is the server still running? (`ftx ps`)") from None
+        raise ServeError(
+            f"cannot reach {url}: {getattr(exc, 'reason', exc)}", hint="is the server still running? (`ftx ps`)"
+        ) from None
     if not isinstance(answer, dict):
         raise ServeError(f"{url} answered something that is no chat completion", hint="is it an ftx endpoint?")
     return answer
 
 
-def chat(openai_url: str, turns: Iterable[str], write: Callable[[str], None], *, system: str | None = None,
-         max_tokens: int, sampling: dict[str, Any], timeout_s: float) -> list[dict[str, str]]:
+def chat(
+    openai_url: str,
+    turns: Iterable[str],
+    write: Callable[[str], None],
+    *,
+    system: str | None = None,
+    max_tokens: int,
+    sampling: dict[str, Any],
+    timeout_s: float,
+) -> list[dict[str, str]]:
     """Send each non-empty turn with the history so far; write each answer; return the conversation."""
     messages = [{"role": "system", "content": system}] if system else []
     for turn in turns:
         if not turn.strip():
             continue
         messages.append({"role": "user", "content": turn.rstrip("\n")})
-        answer = _post(f"{openai_url}/chat/completions",
-                       {"messages": messages, "max_tokens": max_tokens, **sampling}, timeout_s)
+        answer = _post(
+            f"{openai_url}/chat/completions", {"messages": messages, "max_tokens": max_tokens, **sampling}, timeout_s
+        )
         try:
             content = str(answer["choices"][0]["message"]["content"])
         except (KeyError, IndexError, TypeError):

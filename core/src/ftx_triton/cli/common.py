@@ -29,8 +29,11 @@ def apply_envvar_rule(command: click.Command, prefix: str) -> None:
     """Give every option of ``command`` its ``FTX_<COMMAND>_<OPTION>`` twin first; a name an option
     already declared (``FTX_ACCEPT_LICENSE``, ``FTX_FT_SOURCES``) stays as a second one."""
     for param in command.params:
-        if not isinstance(param, click.Option) or param.name in GLOBAL_NAMES \
-                or not (param.allow_from_autoenv or param.envvar):
+        if (
+            not isinstance(param, click.Option)
+            or param.name in GLOBAL_NAMES
+            or not (param.allow_from_autoenv or param.envvar)
+        ):
             continue
         rule = option_envvar(prefix, param)
         declared = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar or ())
@@ -43,8 +46,9 @@ def print_error(exc: FtxError) -> None:
     from ftx_triton.terminal import console as term
 
     if term.json_mode():
-        term.emit_json({"event": "error", "level": "error", "error": exc.message, "hint": exc.hint,
-                        "type": type(exc).__name__})
+        term.emit_json(
+            {"event": "error", "level": "error", "error": exc.message, "hint": exc.hint, "type": type(exc).__name__}
+        )
         return
     click.secho(f"error: {exc.message}", fg="red", err=True)
     if exc.hint:
@@ -101,12 +105,28 @@ def _apply_logging(ctx: click.Context, param: click.Parameter, value: object) ->
 def global_options() -> list[click.Option]:
     """``--log-format`` and ``-v``: accepted before and after the subcommand."""
     return [
-        click.Option(["--log-format"], type=click.Choice(["human", "json", "console", "auto"]), default=None,
-                     envvar="FTX_LOG_FORMAT", show_envvar=True, expose_value=False, is_eager=True,
-                     callback=_apply_logging,
-                     help="Log rendering on stderr: human lines [default], or JSON events only (json)."),
-        click.Option(["-v", "--verbose"], is_flag=True, default=None, envvar="FTX_VERBOSE", show_envvar=True,
-                     expose_value=False, is_eager=True, callback=_apply_logging, help="Show info and debug events."),
+        click.Option(
+            ["--log-format"],
+            type=click.Choice(["human", "json", "console", "auto"]),
+            default=None,
+            envvar="FTX_LOG_FORMAT",
+            show_envvar=True,
+            expose_value=False,
+            is_eager=True,
+            callback=_apply_logging,
+            help="Log rendering on stderr: human lines [default], or JSON events only (json).",
+        ),
+        click.Option(
+            ["-v", "--verbose"],
+            is_flag=True,
+            default=None,
+            envvar="FTX_VERBOSE",
+            show_envvar=True,
+            expose_value=False,
+            is_eager=True,
+            callback=_apply_logging,
+            help="Show info and debug events.",
+        ),
     ]
 
 
@@ -176,8 +196,17 @@ def _file_system_error_or_raise(exc: OSError) -> FtxError:
     return error
 
 
-SECTION_ORDER = ("Source", "Conversion", "Triton repository", "Stages and runtime", "Safety", "Serving", "Try it",
-                 "FasterTransformer runtime (Docker)", "GEMM tuning")
+SECTION_ORDER = (
+    "Source",
+    "Conversion",
+    "Triton repository",
+    "Stages and runtime",
+    "Safety",
+    "Serving",
+    "Try it",
+    "FasterTransformer runtime (Docker)",
+    "GEMM tuning",
+)
 
 
 def _section_rank(title: str) -> int:

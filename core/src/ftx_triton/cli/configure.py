@@ -25,11 +25,14 @@ def check_output(output: Path) -> Path:
     output = output.expanduser().resolve()
     if output.exists():
         if not output.is_dir():
-            raise OutputError(f"--output {output} exists and is not a directory",
-                              hint="choose a new directory (ftx creates it)")
+            raise OutputError(
+                f"--output {output} exists and is not a directory", hint="choose a new directory (ftx creates it)"
+            )
         if any(output.iterdir()):
-            raise OutputError(f"--output {output} is not empty",
-                              hint="choose a new or empty directory; ftx never overwrites a repository")
+            raise OutputError(
+                f"--output {output} is not empty",
+                hint="choose a new or empty directory; ftx never overwrites a repository",
+            )
     return output
 
 
@@ -75,16 +78,25 @@ def place_repository(repository: Path, output: Path) -> None:
 
 @click.command("configure", cls=FtxCommand)
 @click.argument("source")
-@click.option("-o", "--output", required=True, type=click.Path(path_type=Path),
-              help="Directory for the repository: must not exist or be empty. Written atomically.")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Directory for the repository: must not exist or be empty. Written atomically.",
+)
 @click.option("--family", help="Model family (see `ftx models`); detected from config.json when omitted.")
 @click.option("--revision", help="Branch, tag or commit of a Hugging Face source.")
 @conversion_options
 @repository_options
 @safety_options
-@click.option("--runtime", default="fastertransformer", show_default=True,
-              help="What serves the `fastertransformer` model: fastertransformer (the FasterTransformer backend), "
-                   "python (transformers on the converted files, same inputs and outputs), or a plugin's runtime.")
+@click.option(
+    "--runtime",
+    default="fastertransformer",
+    show_default=True,
+    help="What serves the `fastertransformer` model: fastertransformer (the FasterTransformer backend), "
+    "python (transformers on the converted files, same inputs and outputs), or a plugin's runtime.",
+)
 def configure(source: str, output: Path, runtime: str, **opts: Any) -> None:
     """Write a Triton model repository for SOURCE into --output.
 
@@ -105,8 +117,14 @@ def configure(source: str, output: Path, runtime: str, **opts: Any) -> None:
     if tokenizer is not None:
         opts["tokenizer"] = Path(tokenizer).expanduser().resolve()
     given = click.get_current_context().get_parameter_source("runtime") is not ParameterSource.DEFAULT
-    settings = settings_from_options(source, until="configure", runtime=runtime, tune=False,
-                                     runtime_origin=None if given else "ftx configure's default", **opts)
+    settings = settings_from_options(
+        source,
+        until="configure",
+        runtime=runtime,
+        tune=False,
+        runtime_origin=None if given else "ftx configure's default",
+        **opts,
+    )
     source_dir = fetched_source(settings)
     if source_dir is not None:
         precheck_source(settings, source_dir)

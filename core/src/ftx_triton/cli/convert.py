@@ -29,19 +29,43 @@ MARKER = "ftx-convert.json"
 @click.option("--family", help="Model family; detected from config.json when omitted.")
 @click.option("--revision", help="Branch, tag or commit of a Hugging Face source.")
 @conversion_options
-@click.option("--output", "-o", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Directory that receives <tp>-gpu/ (config.ini + .bin files).")
+@click.option(
+    "--output",
+    "-o",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory that receives <tp>-gpu/ (config.ini + .bin files).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an existing <tp>-gpu directory.")
 @safety_options
-def convert(source: str, family: str | None, revision: str | None, tp: int, pp: int, weight_dtype: str,
-            output: Path, overwrite: bool, accept_license: bool, resource_check: bool) -> None:
+def convert(
+    source: str,
+    family: str | None,
+    revision: str | None,
+    tp: int,
+    pp: int,
+    weight_dtype: str,
+    output: Path,
+    overwrite: bool,
+    accept_license: bool,
+    resource_check: bool,
+) -> None:
     """Convert SOURCE to FasterTransformer's layout in OUTPUT/<tp>-gpu/."""
     target = output / gpu_dir_name(tp)
     if target.exists() and not target.is_dir():
         raise OutputError(f"{target} exists and is not a directory", hint="remove it or choose another --output")
-    settings = settings_from_options(source, family=family, revision=revision, tp=tp, pp=pp,
-                                     weight_dtype=weight_dtype, until="convert", runtime="auto",
-                                     accept_license=accept_license, resource_check=resource_check)
+    settings = settings_from_options(
+        source,
+        family=family,
+        revision=revision,
+        tp=tp,
+        pp=pp,
+        weight_dtype=weight_dtype,
+        until="convert",
+        runtime="auto",
+        accept_license=accept_license,
+        resource_check=resource_check,
+    )
     result = run_pipeline(settings)
     checkpoint = result.checkpoint
     assert checkpoint is not None
@@ -55,13 +79,23 @@ def convert(source: str, family: str | None, revision: str | None, tp: int, pp: 
         say(f"{target} was converted from this source, but {damage}; placing it again")
         overwrite = True
     if target.exists() and any(target.iterdir()) and not overwrite:
-        raise OutputError(f"{target} already exists and holds something else",
-                          hint="choose another --output, or pass --overwrite to replace it")
+        raise OutputError(
+            f"{target} already exists and holds something else",
+            hint="choose another --output, or pass --overwrite to replace it",
+        )
     with publish_dir(target, replace=overwrite, lock_dir=ftx_home() / "locks") as tmp:
         files = _place(checkpoint.path, tmp)
-        (tmp / MARKER).write_text(json.dumps({"key": key, "source": str(result.source.path if result.source else ""),
-                                              "family": checkpoint.family, "tp": tp,
-                                              "weight_dtype": checkpoint.weight_dtype}))
+        (tmp / MARKER).write_text(
+            json.dumps(
+                {
+                    "key": key,
+                    "source": str(result.source.path if result.source else ""),
+                    "family": checkpoint.family,
+                    "tp": tp,
+                    "weight_dtype": checkpoint.weight_dtype,
+                }
+            )
+        )
     say(f"placed {files} files from {checkpoint.path}")
     click.echo(str(target))
 

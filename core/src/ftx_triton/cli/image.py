@@ -13,8 +13,10 @@ from ftx_triton.cli.options import conversion_options, repository_options, safet
 from ftx_triton.cli.options import docker_options as _docker_options
 from ftx_triton.cli.options import tune_options as _tune_options
 
-SM_HELP = ("GPU architectures to compile FasterTransformer for, e.g. 80,90 (default: this machine's GPUs; "
-           "'none' = upstream's 70,75,80,86, which has no native Hopper code).")
+SM_HELP = (
+    "GPU architectures to compile FasterTransformer for, e.g. 80,90 (default: this machine's GPUs; "
+    "'none' = upstream's 70,75,80,86, which has no native Hopper code)."
+)
 
 
 @click.group("image", cls=FtxGroup)
@@ -26,13 +28,23 @@ def image() -> None:
 @click.option("--triton-version", default=None, help="Triton (NGC) release to build on [default: 23.05].")
 @click.option("--base-image", help="Base image (default: nvcr.io/nvidia/tritonserver:<version>-py3).")
 @click.option("--sm", "sm_text", default="auto", show_default=True, help=SM_HELP)
-@click.option("--backend-repo", help="fastertransformer_backend checkout (path) or git URL [default: upstream on GitHub].")
+@click.option(
+    "--backend-repo", help="fastertransformer_backend checkout (path) or git URL [default: upstream on GitHub]."
+)
 @click.option("--backend-ref", help="Branch or tag to clone when --backend-repo is a URL [default: main].")
 @click.option("--tag", help="Image tag (default: ftx/triton-fastertransformer:<version>).")
 @click.option("--no-cache", is_flag=True, help="Rebuild every step.")
 @click.option("--docker-host", help="Docker daemon URL (default: DOCKER_HOST or the local socket).")
-def image_build(triton_version: str | None, base_image: str | None, sm_text: str, backend_repo: str | None,
-                backend_ref: str | None, tag: str | None, no_cache: bool, docker_host: str | None) -> None:
+def image_build(
+    triton_version: str | None,
+    base_image: str | None,
+    sm_text: str,
+    backend_repo: str | None,
+    backend_ref: str | None,
+    tag: str | None,
+    no_cache: bool,
+    docker_host: str | None,
+) -> None:
     """Build the image from the backend repository's docker/Dockerfile and record its id."""
     from ftx_triton.runtime.fastertransformer.docker import (
         DEFAULT_BACKEND_REF,
@@ -47,16 +59,23 @@ def image_build(triton_version: str | None, base_image: str | None, sm_text: str
     if sm_text == "auto":
         sm = default_sm()
         if not sm:
-            say("warning: no local GPU found, so the image gets upstream's architectures "
-                f"({','.join(map(str, UPSTREAM_DEFAULT_SM))}, no native Hopper code); pass --sm 90 for H100/H200")
+            say(
+                "warning: no local GPU found, so the image gets upstream's architectures "
+                f"({','.join(map(str, UPSTREAM_DEFAULT_SM))}, no native Hopper code); pass --sm 90 for H100/H200"
+            )
     elif sm_text.lower() == "none":
         sm = ()
     else:
         sm = parse_sm_list(sm_text)
-    build = ImageBuild(tag=tag or image_tag_for(version), triton_version=version, base_image=base_image, sm=sm,
-                       backend_repo=backend_repo or DEFAULT_BACKEND_REPO,
-                       backend_ref=backend_ref if backend_ref is not None else (None if backend_repo else DEFAULT_BACKEND_REF),
-                       no_cache=no_cache)
+    build = ImageBuild(
+        tag=tag or image_tag_for(version),
+        triton_version=version,
+        base_image=base_image,
+        sm=sm,
+        backend_repo=backend_repo or DEFAULT_BACKEND_REPO,
+        backend_ref=backend_ref if backend_ref is not None else (None if backend_repo else DEFAULT_BACKEND_REF),
+        no_cache=no_cache,
+    )
     built = build_image(connect(docker_host), build, say=say)
     click.echo(built.id)
 
@@ -90,9 +109,18 @@ def image_ls(as_json: bool, docker_host: str | None) -> None:
     rows = [["TAG", "ID", "KIND", "TRITON", "SM", "MODELS", "CREATED", "SIZE"]]
     for i in infos:
         label = i.labels.get
-        rows.append([i.tag, i.id.removeprefix("sha256:")[:12] + ("" if i.present else " (gone)"), i.kind,
-                     label(f"{LABEL_PREFIX}.triton-version", "-"), label(f"{LABEL_PREFIX}.sm", "-"),
-                     label(f"{LABEL_PREFIX}.models", "-"), i.created, _size(i.size)])
+        rows.append(
+            [
+                i.tag,
+                i.id.removeprefix("sha256:")[:12] + ("" if i.present else " (gone)"),
+                i.kind,
+                label(f"{LABEL_PREFIX}.triton-version", "-"),
+                label(f"{LABEL_PREFIX}.sm", "-"),
+                label(f"{LABEL_PREFIX}.models", "-"),
+                i.created,
+                _size(i.size),
+            ]
+        )
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     for r in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
@@ -101,21 +129,34 @@ def image_ls(as_json: bool, docker_host: str | None) -> None:
 def _settings(model: str, until: str, opts: dict[str, Any]) -> Any:
     from ftx_triton.cli.run import settings_from_options
 
-    return settings_from_options(model, until=until, runtime="fastertransformer",
-                                 runtime_origin=f"ftx {until if until == 'tune' else 'package'}'s default", **opts)
+    return settings_from_options(
+        model,
+        until=until,
+        runtime="fastertransformer",
+        runtime_origin=f"ftx {until if until == 'tune' else 'package'}'s default",
+        **opts,
+    )
 
 
 @click.command("tune", cls=FtxCommand)
 @click.argument("model")
 @source_options
 @conversion_options
-@click.option("--data-type", type=click.Choice(["fp32", "fp16", "bf16"]),
-              help="Compute type to tune for (default: the weight dtype).")
+@click.option(
+    "--data-type",
+    type=click.Choice(["fp32", "fp16", "bf16"]),
+    help="Compute type to tune for (default: the weight dtype).",
+)
 @_tune_options
 @_docker_options
 @safety_options
-@click.option("--force", "force", multiple=True, type=click.Choice(["fetch", "convert", "tune"]),
-              help="Redo this stage even if cached (repeatable).")
+@click.option(
+    "--force",
+    "force",
+    multiple=True,
+    type=click.Choice(["fetch", "convert", "tune"]),
+    help="Redo this stage even if cached (repeatable).",
+)
 def tune(model: str, **opts: Any) -> None:
     """Run the family's GEMM tool (gpt_gemm, t5_gemm) in the image; print gemm_config.in's path."""
     from ftx_triton.cli.run import run_pipeline
@@ -151,14 +192,25 @@ def package(model: str, tag: str, base_image: str | None, **opts: Any) -> None:
     assert result.repository is not None
     options = DockerOptions.from_settings(settings)
     keys = {o.stage: o.key for o in result.outcomes}
-    provenance = {"model": settings.model, "family": result.family.name if result.family else "",
-                  "convert-key": keys.get("convert", ""), "configure-key": keys.get("configure", ""),
-                  "tune-key": keys.get("tune", "")}
+    provenance = {
+        "model": settings.model,
+        "family": result.family.name if result.family else "",
+        "convert-key": keys.get("convert", ""),
+        "configure-key": keys.get("configure", ""),
+        "tune-key": keys.get("tune", ""),
+    }
     if result.source is not None:
         provenance.update({"source": result.source.ref.display, "revision": result.source.revision})
     gemm = result.gemm.path if result.gemm is not None and result.gemm.tuned else None
-    inputs = PackageInputs(repository=result.repository.path, tag=tag, base_image=base_image or options.image,
-                           gemm=gemm, tp=settings.convert.tp, pp=settings.configure.pp, provenance=provenance)
+    inputs = PackageInputs(
+        repository=result.repository.path,
+        tag=tag,
+        base_image=base_image or options.image,
+        gemm=gemm,
+        tp=settings.convert.tp,
+        pp=settings.configure.pp,
+        provenance=provenance,
+    )
     built = package_image(connect(options.docker_host), inputs, say=say)
     click.echo(built.id)
 

@@ -19,19 +19,27 @@ def models(as_json: bool) -> None:
     host = get_host()
     rows: list[dict[str, Any]] = []
     for family in sorted(host.families.values(), key=lambda f: f.name):
-        rows.append({
-            "family": family.name, "title": family.title, "distribution": host.family_owner.get(family.name),
-            "model_type": family.triton_model_type, "hf_model_types": list(family.hf_model_types),
-            "presets": {name: {"source": p.source, "revision": p.revision, "license": p.license}
-                        for name, p in family.presets.items()},
-        })
+        rows.append(
+            {
+                "family": family.name,
+                "title": family.title,
+                "distribution": host.family_owner.get(family.name),
+                "model_type": family.triton_model_type,
+                "hf_model_types": list(family.hf_model_types),
+                "presets": {
+                    name: {"source": p.source, "revision": p.revision, "license": p.license}
+                    for name, p in family.presets.items()
+                },
+            }
+        )
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     table = Table("family", "model type", "presets", "distribution", title="ftx models")
     for row in rows:
-        presets = "\n".join(f"{n} → {p['source']}{'@' + p['revision'] if p['revision'] else ''}"
-                            for n, p in row["presets"].items())
+        presets = "\n".join(
+            f"{n} → {p['source']}{'@' + p['revision'] if p['revision'] else ''}" for n, p in row["presets"].items()
+        )
         table.add_row(row["family"], row["model_type"], presets or "-", row["distribution"] or "-")
     Console().print(table)
 
@@ -52,18 +60,29 @@ def plugins(as_json: bool, freeze: bool) -> None:
     if as_json:
         click.echo(json.dumps([r.as_dict() for r in records], indent=2))
     else:
-        table = Table("name", "distribution", "version", "hooks", "families", "runtimes", "status",
-                      title="ftx plugins")
+        table = Table("name", "distribution", "version", "hooks", "families", "runtimes", "status", title="ftx plugins")
         for r in records:
             status = r.status if not r.error else f"[red]{r.status}: {r.error}[/red]"
-            table.add_row(r.name, r.distribution, r.version, ", ".join(r.hooks) or "-", ", ".join(r.families) or "-",
-                          ", ".join(r.runtimes) or "-", status)
+            table.add_row(
+                r.name,
+                r.distribution,
+                r.version,
+                ", ".join(r.hooks) or "-",
+                ", ".join(r.families) or "-",
+                ", ".join(r.runtimes) or "-",
+                status,
+            )
         console = Console()
         console.print(table)
         runtimes = Table("runtime", "--runtime", "priority", "from", "what", title="runtimes")
         for name, runtime in sorted(host.runtimes.items(), key=lambda item: -item[1].priority):
-            runtimes.add_row(name, ", ".join((name, *runtime.selects_as)), str(runtime.priority),
-                             host.runtime_owner.get(name, "?"), runtime.description or "-")
+            runtimes.add_row(
+                name,
+                ", ".join((name, *runtime.selects_as)),
+                str(runtime.priority),
+                host.runtime_owner.get(name, "?"),
+                runtime.description or "-",
+            )
         console.print(runtimes)
     if host.broken:
         raise SystemExit(1)

@@ -50,24 +50,31 @@ def load_manifest(path: Path) -> Manifest:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:  # TOMLDecodeError and UnicodeDecodeError are ValueErrors
-        raise ConfigError(f"cannot read {path}: {exc}", hint="fix the TOML syntax (UTF-8 text), or rewrite it "
-                          "with `ftx lock MODEL`") from exc
+        raise ConfigError(
+            f"cannot read {path}: {exc}", hint="fix the TOML syntax (UTF-8 text), or rewrite it with `ftx lock MODEL`"
+        ) from exc
     requires = data.get("requires", [])
     if not isinstance(requires, list) or not all(isinstance(r, str) for r in requires):
-        raise ConfigError(f"{path}: 'requires' must be a list of strings",
-                          hint='write requires = ["ftx-triton-gptj==0.1.0"], or rewrite the file with `ftx lock MODEL`')
+        raise ConfigError(
+            f"{path}: 'requires' must be a list of strings",
+            hint='write requires = ["ftx-triton-gptj==0.1.0"], or rewrite the file with `ftx lock MODEL`',
+        )
     model = data.get("model", {})
     if not isinstance(model, dict):
         raise ConfigError(f"{path}: [model] must be a table", hint='write [model] on its own line, then source = "…"')
     for key in MODEL_KEYS:
         if key in model and not isinstance(model[key], str):
-            raise ConfigError(f"{path}: [model] {key} must be a string, not {type(model[key]).__name__} "
-                              f"{model[key]!r}", hint=f'write {key} = "…" (quoted), or rewrite the file with '
-                              "`ftx lock MODEL`")
+            raise ConfigError(
+                f"{path}: [model] {key} must be a string, not {type(model[key]).__name__} {model[key]!r}",
+                hint=f'write {key} = "…" (quoted), or rewrite the file with `ftx lock MODEL`',
+            )
     settings = data.get("settings", {})
     if not isinstance(settings, dict):
-        raise ConfigError(f"{path}: [settings] must be a table", hint="write [settings] on its own line, then "
-                          "one `option = value` per line, or rewrite the file with `ftx lock MODEL`")
+        raise ConfigError(
+            f"{path}: [settings] must be a table",
+            hint="write [settings] on its own line, then "
+            "one `option = value` per line, or rewrite the file with `ftx lock MODEL`",
+        )
     return Manifest(path, tuple(requires), model, settings)
 
 
@@ -87,8 +94,10 @@ def unmet_requirements(requires: Sequence[str]) -> list[tuple[str, str]]:
         try:
             req = Requirement(text)
         except InvalidRequirement as exc:
-            raise ConfigError(f"invalid requirement {text!r} in ftx.toml: {exc}",
-                              hint='write a pip requirement such as "ftx-triton-gptj==0.1.0"') from exc
+            raise ConfigError(
+                f"invalid requirement {text!r} in ftx.toml: {exc}",
+                hint='write a pip requirement such as "ftx-triton-gptj==0.1.0"',
+            ) from exc
         try:
             installed = metadata.version(req.name)
         except metadata.PackageNotFoundError:
@@ -136,16 +145,21 @@ def locked_settings(settings: Any) -> dict[str, Any]:
     return out
 
 
-def write_lock(path: Path, requires: Sequence[str], model: Mapping[str, Any],
-               settings: Mapping[str, Any] | None = None) -> None:
+def write_lock(
+    path: Path, requires: Sequence[str], model: Mapping[str, Any], settings: Mapping[str, Any] | None = None
+) -> None:
     """Write ftx.toml (with tomlkit: any path or value is quoted correctly) through a temp file and a rename."""
     import os
 
     import tomlkit
 
     doc = tomlkit.document()
-    doc.add(tomlkit.comment("Written by `ftx lock`: exact plugin versions, the resolved model source and every "
-                            "setting of the deployment."))
+    doc.add(
+        tomlkit.comment(
+            "Written by `ftx lock`: exact plugin versions, the resolved model source and every "
+            "setting of the deployment."
+        )
+    )
     doc.add(tomlkit.comment("`ftx run` with no MODEL reproduces it; options given on the command line override it."))
     doc["requires"] = tomlkit.array()
     for requirement in requires:
@@ -186,10 +200,13 @@ def check_local_source(manifest: Manifest) -> None:
     if "tree_sha256" not in model:
         return
     if not source.is_dir():
-        raise ConfigError(f"the locked source {source} does not exist",
-                          hint="restore it, or run `ftx lock` again for the new source")
+        raise ConfigError(
+            f"the locked source {source} does not exist", hint="restore it, or run `ftx lock` again for the new source"
+        )
     if model.get("fingerprint") == local_fingerprint(source):
         return  # same names, sizes and times: unchanged
     if path_fingerprint(source).get("tree") != model["tree_sha256"]:
-        raise ConfigError(f"the locked source {source} changed since `ftx lock` (its files' sha256 differ)",
-                          hint="restore the locked checkpoint, or run `ftx lock` again to pin the new one")
+        raise ConfigError(
+            f"the locked source {source} changed since `ftx lock` (its files' sha256 differ)",
+            hint="restore the locked checkpoint, or run `ftx lock` again to pin the new one",
+        )

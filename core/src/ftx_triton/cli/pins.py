@@ -83,10 +83,12 @@ def _check_lockable(url: str) -> None:
     from ftx_triton.terminal.redact import redact_url
 
     if (redacted := redact_url(url)) != url:
-        raise SourceError(f"{redacted} carries credentials (a query string or user-info), which ftx.toml, "
-                          "a file meant to be committed, must not hold",
-                          hint="lock a URL without them (one your machines can fetch as it is), or pass the "
-                               "signed URL at run time: `ftx run URL`")
+        raise SourceError(
+            f"{redacted} carries credentials (a query string or user-info), which ftx.toml, "
+            "a file meant to be committed, must not hold",
+            hint="lock a URL without them (one your machines can fetch as it is), or pass the "
+            "signed URL at run time: `ftx run URL`",
+        )
 
 
 @click.command(cls=FtxCommand)
@@ -94,20 +96,38 @@ def _check_lockable(url: str) -> None:
 @source_options
 @conversion_options
 @repository_options
-@section("Stages and runtime",
-         click.option("--runtime", default="auto", show_default=True,
-                      help="Runtime to pin (auto: the one `ftx run` chooses on the machine that replays the "
-                           "lock)."))
+@section(
+    "Stages and runtime",
+    click.option(
+        "--runtime",
+        default="auto",
+        show_default=True,
+        help="Runtime to pin (auto: the one `ftx run` chooses on the machine that replays the lock).",
+    ),
+)
 @tune_options
-@section("Serving",
-         click.option("--host", default="127.0.0.1", show_default=True, help="Address the server binds to."),
-         click.option("--http-port", type=PORT, help="HTTP port."),
-         click.option("--grpc-port", type=PORT, help="gRPC port."),
-         click.option("--metrics-port", type=PORT, help="Metrics port."),
-         click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-                      help="Python runtime device."))
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), default=Path(MANIFEST_NAME),
-              show_default=True, help="The deployment file to write.")
+@section(
+    "Serving",
+    click.option("--host", default="127.0.0.1", show_default=True, help="Address the server binds to."),
+    click.option("--http-port", type=PORT, help="HTTP port."),
+    click.option("--grpc-port", type=PORT, help="gRPC port."),
+    click.option("--metrics-port", type=PORT, help="Metrics port."),
+    click.option(
+        "--device",
+        type=click.Choice(["auto", "cpu", "cuda"]),
+        default="auto",
+        show_default=True,
+        help="Python runtime device.",
+    ),
+)
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path(MANIFEST_NAME),
+    show_default=True,
+    help="The deployment file to write.",
+)
 def lock(model: str, output: Path, **opts: Any) -> None:
     """Write ftx.toml: exact versions of core and the plugins the deployment uses, MODEL pinned, and every
     setting as asked.
@@ -129,12 +149,17 @@ def lock(model: str, output: Path, **opts: Any) -> None:
     local = Path(table["source"]) if "tree_sha256" in table else None
     family = _family_of(table, (output.parent / local).resolve() if local is not None else None)
     requires = _requires(family, settings.runtime)
-    locked = {key: os.path.relpath(Path(value).resolve(), output.parent.resolve())
-              if isinstance(getattr(settings.configure, key, None), Path) else value
-              for key, value in locked_settings(settings).items()}  # paths relative to the file, as the source
+    locked = {
+        key: os.path.relpath(Path(value).resolve(), output.parent.resolve())
+        if isinstance(getattr(settings.configure, key, None), Path)
+        else value
+        for key, value in locked_settings(settings).items()
+    }  # paths relative to the file, as the source
     write_lock(output, requires, table, locked)
-    say(f"pinned {len(requires)} distributions, {pinned}, runtime {settings.runtime}, "
-        f"tp {settings.convert.tp}, weights {settings.convert.weight_dtype}")
+    say(
+        f"pinned {len(requires)} distributions, {pinned}, runtime {settings.runtime}, "
+        f"tp {settings.convert.tp}, weights {settings.convert.weight_dtype}"
+    )
     click.echo(str(output))
 
 

@@ -17,8 +17,12 @@ def plugin() -> None:
 
 @plugin.command("new")
 @click.argument("slug")
-@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
-              help="Where to write the project [default: ./ftx-triton-SLUG].")
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where to write the project [default: ./ftx-triton-SLUG].",
+)
 def new_command(slug: str, directory: Path | None) -> None:
     """Write a new family plugin project named SLUG (a GPT-2 family to adapt); print its path."""
     from ftx_triton.cli.scaffold import check_slug, new_plugin
@@ -36,8 +40,10 @@ def new_command(slug: str, directory: Path | None) -> None:
 def next_step(dest: Path) -> str:
     """The commands that install the new plugin with its test extra (pytest and the kit's dependencies: torch,
     transformers) and run the conformance kit."""
-    return (f"pip install -e {shlex.quote(f'{dest}[test]')} && pytest {shlex.quote(str(dest / 'tests'))}"
-            "   (the test extra brings pytest, torch and transformers for the conformance kit)")
+    return (
+        f"pip install -e {shlex.quote(f'{dest}[test]')} && pytest {shlex.quote(str(dest / 'tests'))}"
+        "   (the test extra brings pytest, torch and transformers for the conformance kit)"
+    )
 
 
 commands: list[click.Command] = [plugin]

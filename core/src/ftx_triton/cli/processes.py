@@ -46,7 +46,7 @@ class ServedModel:
 
 def _flag(cmdline: list[str], name: str) -> str | None:
     prefix = f"--{name}="
-    return next((arg[len(prefix):] for arg in cmdline if arg.startswith(prefix)), None)
+    return next((arg[len(prefix) :] for arg in cmdline if arg.startswith(prefix)), None)
 
 
 def _address(cmdline: list[str], kind: str, default_port: str) -> str:
@@ -141,16 +141,32 @@ def served_models(home: Path, servers: list[ServerRecord] | None = None) -> list
         runtime = str(deployment.get("runtime", "?"))
         http = _address(cmdline, "http", "8000")
         if isinstance(spec.get("front"), dict):  # clients reach tritonserver's HTTP through the supervisor's front
-            http = _address([f"--http-address={spec['front'].get('host', '')}",
-                             f"--http-port={spec['front'].get('port', '')}"], "http", "8000")
-        found.append(ServedModel(
-            pid=owner, name=record.name if record else "(foreground)",
-            model=str(deployment.get("model") or repository.name), runtime=runtime, device=_device(proc, runtime),
-            memory_bytes=_tree_rss(proc), uptime_s=time.time() - proc.info["create_time"],
-            http=http, grpc=_address(cmdline, "grpc", "8001"),
-            repository=str(repository), openai=openai.get(owner, ""),
-            extra={"detached": record is not None, "family": deployment.get("family"),
-                   "tp": deployment.get("tp"), "data_type": deployment.get("data_type")}))
+            http = _address(
+                [f"--http-address={spec['front'].get('host', '')}", f"--http-port={spec['front'].get('port', '')}"],
+                "http",
+                "8000",
+            )
+        found.append(
+            ServedModel(
+                pid=owner,
+                name=record.name if record else "(foreground)",
+                model=str(deployment.get("model") or repository.name),
+                runtime=runtime,
+                device=_device(proc, runtime),
+                memory_bytes=_tree_rss(proc),
+                uptime_s=time.time() - proc.info["create_time"],
+                http=http,
+                grpc=_address(cmdline, "grpc", "8001"),
+                repository=str(repository),
+                openai=openai.get(owner, ""),
+                extra={
+                    "detached": record is not None,
+                    "family": deployment.get("family"),
+                    "tp": deployment.get("tp"),
+                    "data_type": deployment.get("data_type"),
+                },
+            )
+        )
     return sorted(found, key=lambda s: -s.uptime_s)
 
 

@@ -58,8 +58,10 @@ def model_from_manifest(model: str | None, opts: dict[str, Any], lock: Path | No
 
     manifest = find_manifest(lock=lock)
     if manifest is None or "source" not in manifest.model:
-        raise ConfigError(f"no MODEL given and no {lock or './ftx.toml'} with a [model] source",
-                          hint="run `ftx run gptj`, or `ftx lock MODEL` to write ftx.toml first")
+        raise ConfigError(
+            f"no MODEL given and no {lock or './ftx.toml'} with a [model] source",
+            hint="run `ftx run gptj`, or `ftx lock MODEL` to write ftx.toml first",
+        )
     check_local_source(manifest)
     ctx = click.get_current_context()
     locked = {**manifest.settings, **{k: manifest.model.get(k) for k in ("revision", "family", "sha256")}}
@@ -68,13 +70,17 @@ def model_from_manifest(model: str | None, opts: dict[str, Any], lock: Path | No
         import difflib
 
         if unknown[0] in _NOT_SETTINGS:
-            raise ConfigError(f"{manifest.path}: [settings] {unknown[0]!r} is no setting of the deployment",
-                              hint=_NOT_SETTINGS[unknown[0]])
+            raise ConfigError(
+                f"{manifest.path}: [settings] {unknown[0]!r} is no setting of the deployment",
+                hint=_NOT_SETTINGS[unknown[0]],
+            )
         close = difflib.get_close_matches(unknown[0], [k for k in opts if k], n=1)
-        raise ConfigError(f"{manifest.path}: [settings] {unknown[0]!r} is no setting of `ftx run`"
-                          + (f" (did you mean {close[0]!r}?)" if close else ""),
-                          hint="the keys are `ftx run` option names with _ for - (see `ftx run --help`); "
-                               "`ftx lock` writes a complete file")
+        raise ConfigError(
+            f"{manifest.path}: [settings] {unknown[0]!r} is no setting of `ftx run`"
+            + (f" (did you mean {close[0]!r}?)" if close else ""),
+            hint="the keys are `ftx run` option names with _ for - (see `ftx run --help`); "
+            "`ftx lock` writes a complete file",
+        )
     for key, value in locked.items():
         if value is None or key not in ctx.params and key not in opts:
             continue
@@ -86,10 +92,12 @@ def model_from_manifest(model: str | None, opts: dict[str, Any], lock: Path | No
         if source in (None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP):
             if key in _EXPOSING and not is_loopback(str(value)):
                 option = "/".join(params[key].opts)
-                raise ConfigError(f"{manifest.path}: [settings] {key} = {value!r} would expose the server beyond "
-                                  "this machine; a file from a repository cannot widen exposure on its own",
-                                  hint=f"pass {option} {value} on the command line to mean it (or remove the line "
-                                       "to serve on 127.0.0.1)")
+                raise ConfigError(
+                    f"{manifest.path}: [settings] {key} = {value!r} would expose the server beyond "
+                    "this machine; a file from a repository cannot widen exposure on its own",
+                    hint=f"pass {option} {value} on the command line to mean it (or remove the line "
+                    "to serve on 127.0.0.1)",
+                )
             opts[key] = tuple(value) if isinstance(value, list) else value
             if key == "runtime":
                 opts["runtime_origin"] = manifest.path.name
@@ -124,8 +132,9 @@ _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 def _check_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """``--name``: what fits in a file name and a terminal (it names the server's log and record files)."""
     if value is not None and not _NAME_RE.fullmatch(value):
-        raise click.BadParameter(f"{value[:80]!r} is not a name: use 1-64 letters, digits, '.', '_' or '-', "
-                                 "starting with a letter or digit")
+        raise click.BadParameter(
+            f"{value[:80]!r} is not a name: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
     return value
 
 
@@ -134,8 +143,9 @@ def _refuse_taken_name(name: str) -> None:
     from ftx_triton.server.records import list_servers
 
     if any(record.alive and record.name == name for record in list_servers(ftx_home())):
-        raise ConfigError(f"a server named {name!r} is already running",
-                          hint=f"stop it (`ftx stop {name}`), or choose another --name")
+        raise ConfigError(
+            f"a server named {name!r} is already running", hint=f"stop it (`ftx stop {name}`), or choose another --name"
+        )
 
 
 def locked_value(ctx: click.Context, param: click.Parameter, value: Any, path: Path) -> Any:
@@ -147,13 +157,16 @@ def locked_value(ctx: click.Context, param: click.Parameter, value: Any, path: P
     want: type = next((t for cls, t in kind.items() if isinstance(param.type, cls)), str)
     items = value if isinstance(value, list) and param.multiple else [value]
     fits = (isinstance(value, list) or not param.multiple) and all(
-        type(v) is want or (want is float and type(v) is int) for v in items)
+        type(v) is want or (want is float and type(v) is int) for v in items
+    )
     if fits:
         with contextlib.suppress(click.BadParameter):
             return param.type_cast_value(ctx, value)
-    raise ConfigError(f"{path}: [settings] {param.name} must be {_expected(param)}, not {type(value).__name__} "
-                      f"{value!r}", hint=f"write what {'/'.join(param.opts + param.secondary_opts)} takes on the "
-                                         "command line, or rewrite the file with `ftx lock MODEL`")
+    raise ConfigError(
+        f"{path}: [settings] {param.name} must be {_expected(param)}, not {type(value).__name__} {value!r}",
+        hint=f"write what {'/'.join(param.opts + param.secondary_opts)} takes on the "
+        "command line, or rewrite the file with `ftx lock MODEL`",
+    )
 
 
 def _expected(param: click.Parameter) -> str:
@@ -186,35 +199,63 @@ def _expected(param: click.Parameter) -> str:
 @docker_options
 @serve_container_options
 @tune_options
-@section("Serving",
-         click.option("--host", default="127.0.0.1", show_default=True, help="Address the server binds to."),
-         click.option("--http-port", type=PORT, help="HTTP port (default: Triton's 8000, or a free one when taken)."),
-         click.option("--grpc-port", type=PORT, help="gRPC port (default: Triton's 8001, or a free one when taken)."),
-         click.option("--metrics-port", type=PORT, help="Metrics port (default: Triton's 8002, or a free one when taken)."),
-         click.option("--detach", is_flag=True, help="Leave the server running (see `ftx ps`, `ftx stop`)."),
-         click.option("--name", callback=_check_name,
-                      help="The deployment's name in `ftx ps`/`ftx stop` (letters, digits, . _ -; at most 64); "
-                           "a name a running server has is refused before anything starts (default: from "
-                           "MODEL, numbered -2, -3 … when taken)."),
-         click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-                      help="Python runtime device."),
-         click.option("--tune/--no-tune", default=True, show_default=True,
-                      help="Auto-tune GEMMs (fastertransformer runtime)."),
-         click.option("--openai/--no-openai", default=True, show_default=True,
-                      help="Also serve an OpenAI-compatible endpoint (/v1/completions, /v1/chat/completions) in "
-                           "front of the ensemble."),
-         click.option("--openai-host", default="127.0.0.1", show_default=True,
-                      help="Address the OpenAI-compatible endpoint binds to."),
-         click.option("--openai-port", type=PORT,
-                      help="Its port (default: the first free one from 9000)."))
-@section("Source",
-         click.option("--lock", "lock_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-                      help="The deployment file to replay when MODEL is omitted (default: ./ftx.toml), as "
-                           "`ftx lock -o FILE` wrote it; its requirements are checked either way."))
-@section("Try it",
-         click.option("--prompt", help="Generate a continuation of this prompt once the server is ready, then stop."),
-         click.option("--max-tokens", type=click.IntRange(1, 4096), default=16, show_default=True,
-                      help="Tokens to generate for --prompt."))
+@section(
+    "Serving",
+    click.option("--host", default="127.0.0.1", show_default=True, help="Address the server binds to."),
+    click.option("--http-port", type=PORT, help="HTTP port (default: Triton's 8000, or a free one when taken)."),
+    click.option("--grpc-port", type=PORT, help="gRPC port (default: Triton's 8001, or a free one when taken)."),
+    click.option("--metrics-port", type=PORT, help="Metrics port (default: Triton's 8002, or a free one when taken)."),
+    click.option("--detach", is_flag=True, help="Leave the server running (see `ftx ps`, `ftx stop`)."),
+    click.option(
+        "--name",
+        callback=_check_name,
+        help="The deployment's name in `ftx ps`/`ftx stop` (letters, digits, . _ -; at most 64); "
+        "a name a running server has is refused before anything starts (default: from "
+        "MODEL, numbered -2, -3 … when taken).",
+    ),
+    click.option(
+        "--device",
+        type=click.Choice(["auto", "cpu", "cuda"]),
+        default="auto",
+        show_default=True,
+        help="Python runtime device.",
+    ),
+    click.option(
+        "--tune/--no-tune", default=True, show_default=True, help="Auto-tune GEMMs (fastertransformer runtime)."
+    ),
+    click.option(
+        "--openai/--no-openai",
+        default=True,
+        show_default=True,
+        help="Also serve an OpenAI-compatible endpoint (/v1/completions, /v1/chat/completions) in "
+        "front of the ensemble.",
+    ),
+    click.option(
+        "--openai-host", default="127.0.0.1", show_default=True, help="Address the OpenAI-compatible endpoint binds to."
+    ),
+    click.option("--openai-port", type=PORT, help="Its port (default: the first free one from 9000)."),
+)
+@section(
+    "Source",
+    click.option(
+        "--lock",
+        "lock_file",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        help="The deployment file to replay when MODEL is omitted (default: ./ftx.toml), as "
+        "`ftx lock -o FILE` wrote it; its requirements are checked either way.",
+    ),
+)
+@section(
+    "Try it",
+    click.option("--prompt", help="Generate a continuation of this prompt once the server is ready, then stop."),
+    click.option(
+        "--max-tokens",
+        type=click.IntRange(1, 4096),
+        default=16,
+        show_default=True,
+        help="Tokens to generate for --prompt.",
+    ),
+)
 def run(model: str | None, prompt: str | None, max_tokens: int, lock_file: Path | None, **opts: Any) -> None:
     """Fetch, convert, tune, configure and serve MODEL.
 
@@ -262,8 +303,9 @@ def _summary(settings: RunSettings, result: RunResult) -> str:
     """The one line a quiet ``--prompt`` run prints before the answer."""
     built = [o.stage for o in result.outcomes if not o.cached and not o.detail]
     cached = sum(o.cached for o in result.outcomes)
-    steps = ", ".join(filter(None, [f"built {', '.join(built)}" if built else "",
-                                    f"{cached} stages cached" if cached else ""]))
+    steps = ", ".join(
+        filter(None, [f"built {', '.join(built)}" if built else "", f"{cached} stages cached" if cached else ""])
+    )
     runtime = result.runtime.name if result.runtime else "?"
     return f"{settings.model}: {runtime} runtime, {steps or 'ready'} (-v shows every step)"
 

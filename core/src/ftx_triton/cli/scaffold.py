@@ -23,19 +23,24 @@ SLUG = re.compile(r"[a-z][a-z0-9]{0,39}")
 def check_slug(slug: str, taken: set[str] | frozenset[str] = frozenset()) -> str:
     """A valid, unused family slug (it becomes ``ftx-triton-<slug>``, ``ftx_<slug>`` and the entry point)."""
     if not SLUG.fullmatch(slug):
-        raise ConfigError(f"{slug!r} cannot be a plugin slug: it names the distribution ftx-triton-<slug>, the package "
-                          "ftx_<slug> and the entry point",
-                          hint="use lower-case letters and digits, starting with a letter (e.g. 'mistral')")
+        raise ConfigError(
+            f"{slug!r} cannot be a plugin slug: it names the distribution ftx-triton-<slug>, the package "
+            "ftx_<slug> and the entry point",
+            hint="use lower-case letters and digits, starting with a letter (e.g. 'mistral')",
+        )
     if slug == "triton":
-        raise ConfigError("'triton' cannot be a plugin slug: ftx_triton is ftx's own import package",
-                          hint="pick another slug")
+        raise ConfigError(
+            "'triton' cannot be a plugin slug: ftx_triton is ftx's own import package", hint="pick another slug"
+        )
     if slug in taken:
         raise ConfigError(f"a family named {slug!r} is already installed", hint="pick another slug")
     return slug
 
 
 def _renamed(text: str, slug: str) -> str:
-    text = text.replace(f"ftx_{TEMPLATE_SLUG}", f"ftx_{slug}").replace(f"ftx-triton-{TEMPLATE_SLUG}", f"ftx-triton-{slug}")
+    text = text.replace(f"ftx_{TEMPLATE_SLUG}", f"ftx_{slug}").replace(
+        f"ftx-triton-{TEMPLATE_SLUG}", f"ftx-triton-{slug}"
+    )
     text = re.sub(rf'^{TEMPLATE_SLUG} = "ftx_', f'{slug} = "ftx_', text, flags=re.MULTILINE)  # the entry point
     return re.sub(rf'^(\s+name = )"{TEMPLATE_SLUG}"', rf'\1"{slug}"', text, flags=re.MULTILINE)  # Family.name
 
@@ -50,8 +55,9 @@ def new_plugin(slug: str, dest: Path) -> list[str]:
             rel = source.relative_to(TEMPLATE)
             if "__pycache__" in rel.parts or source.is_dir():
                 continue
-            target = tmp / Path(*[_renamed(part, slug).replace(f"test_{TEMPLATE_SLUG}_", f"test_{slug}_")
-                                  for part in rel.parts])
+            target = tmp / Path(
+                *[_renamed(part, slug).replace(f"test_{TEMPLATE_SLUG}_", f"test_{slug}_") for part in rel.parts]
+            )
             target.parent.mkdir(parents=True, exist_ok=True)
             if source.suffix in (".py", ".toml", ".md"):
                 target.write_text(_renamed(source.read_text(), slug))

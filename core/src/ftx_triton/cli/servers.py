@@ -46,8 +46,21 @@ def ps_command(as_json: bool) -> None:
         say("no tritonserver is running")
         return
     rows = [["NAME", "STATE", "MODEL", "RUNTIME", "DEVICE", "MEMORY", "UPTIME", "HTTP", "OPENAI", "PID"]]
-    rows += [[s.name, "running", s.model, s.runtime, s.device, human_bytes(s.memory_bytes), _uptime(s.uptime_s),
-              f"http://{s.http}", s.openai or "-", str(s.pid)] for s in served]
+    rows += [
+        [
+            s.name,
+            "running",
+            s.model,
+            s.runtime,
+            s.device,
+            human_bytes(s.memory_bytes),
+            _uptime(s.uptime_s),
+            f"http://{s.http}",
+            s.openai or "-",
+            str(s.pid),
+        ]
+        for s in served
+    ]
     rows += [[r.name, "dead", "-", "-", "-", "-", "-", "-", "-", str(r.pid)] for r in dead]
     click.echo(_table(rows))
     if dead:
@@ -79,8 +92,9 @@ def stop_command(name: str | None, all_servers: bool) -> None:
     from ftx_triton.openai_api.records import FOREGROUND_PREFIX, read_records, remove_malformed_fronts, stop_record
     from ftx_triton.server.records import remove_malformed_servers, stop_server
 
-    removed = (remove_malformed_servers(_home(), name) + remove_malformed_fronts(_home(), name)
-               if name or all_servers else [])
+    removed = (
+        remove_malformed_servers(_home(), name) + remove_malformed_fronts(_home(), name) if name or all_servers else []
+    )
     handled = stop_server(_home(), name, all_servers=all_servers, missing_ok=bool(removed))
     names = {r.name for r in handled} | ({name} if name else set())
     for front in read_records(_home()):

@@ -29,22 +29,37 @@ from ftx_triton.server.text_client import TextInterface, first_text, pieces, sam
 EXAMPLE_PROMPT = "Once upon a time"
 EXAMPLE_TOKENS = 16
 
+
 def _client_error(exc: Exception, url: str, model: str) -> ServeError:
     text = str(exc).strip() or type(exc).__name__
     if "failed to connect" in text.lower() or "unavailable" in text.lower() or "connection" in text.lower():
-        return ServeError(f"cannot reach a Triton gRPC endpoint at {url}: {text}",
-                          hint="start a server (`ftx run MODEL --detach`), check `ftx ps`, and pass the gRPC "
-                               "address with --url HOST:PORT")
+        return ServeError(
+            f"cannot reach a Triton gRPC endpoint at {url}: {text}",
+            hint="start a server (`ftx run MODEL --detach`), check `ftx ps`, and pass the gRPC "
+            "address with --url HOST:PORT",
+        )
     if "unknown model" in text.lower() or "not found" in text.lower():
-        return ServeError(f"the server at {url} has no model {model!r}: {text}",
-                          hint=f"the text model is {TEXT_MODEL_NAME!r}")
+        return ServeError(
+            f"the server at {url} has no model {model!r}: {text}", hint=f"the text model is {TEXT_MODEL_NAME!r}"
+        )
     return ServeError(f"the server refused the request: {text}")
 
 
-def generate_text(url: str, model: str, prompt: str, *, max_tokens: int = EXAMPLE_TOKENS,
-                  temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-                  stream: bool = False, on_text: Callable[[str], None] | None = None, echo_prompt: bool = False,
-                  timeout_s: float = 600.0, on_note: Callable[[str], None] | None = None) -> str:
+def generate_text(
+    url: str,
+    model: str,
+    prompt: str,
+    *,
+    max_tokens: int = EXAMPLE_TOKENS,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    stream: bool = False,
+    on_text: Callable[[str], None] | None = None,
+    echo_prompt: bool = False,
+    timeout_s: float = 600.0,
+    on_note: Callable[[str], None] | None = None,
+) -> str:
     """Generate once through ``model``'s text interface at ``url``; return the text.
 
     ``url`` is Triton's HTTP address (``http://host:port``, as ``ftx run`` prints it: the generate
@@ -57,15 +72,35 @@ def generate_text(url: str, model: str, prompt: str, *, max_tokens: int = EXAMPL
     """
     values = {"prompt": prompt, **sampling_values(max_tokens, temperature, top_k, top_p)}
     if url.startswith(("http://", "https://")):
-        return _generate_http(url, model, prompt, values, stream=stream, on_text=on_text, echo_prompt=echo_prompt,
-                              timeout_s=timeout_s, on_note=on_note)
-    return _generate_grpc(url, model, prompt, values, stream=stream, on_text=on_text, echo_prompt=echo_prompt,
-                          timeout_s=timeout_s, on_note=on_note)
+        return _generate_http(
+            url,
+            model,
+            prompt,
+            values,
+            stream=stream,
+            on_text=on_text,
+            echo_prompt=echo_prompt,
+            timeout_s=timeout_s,
+            on_note=on_note,
+        )
+    return _generate_grpc(
+        url,
+        model,
+        prompt,
+        values,
+        stream=stream,
+        on_text=on_text,
+        echo_prompt=echo_prompt,
+        timeout_s=timeout_s,
+        on_note=on_note,
+    )
 
 
 def _not_streaming_note(model: str) -> str:
-    return (f"model {model!r} was deployed without --streaming, so the text arrives whole "
-            "(deploy with `ftx run MODEL --streaming` to get it token by token)")
+    return (
+        f"model {model!r} was deployed without --streaming, so the text arrives whole "
+        "(deploy with `ftx run MODEL --streaming` to get it token by token)"
+    )
 
 
 def _finish(text: str, prompt: str, iface: TextInterface, echo_prompt: bool) -> str:
@@ -74,9 +109,18 @@ def _finish(text: str, prompt: str, iface: TextInterface, echo_prompt: bool) -> 
     return text
 
 
-def _generate_http(url: str, model: str, prompt: str, values: dict[str, Any], *, stream: bool,
-                   on_text: Callable[[str], None] | None, echo_prompt: bool, timeout_s: float,
-                   on_note: Callable[[str], None] | None) -> str:
+def _generate_http(
+    url: str,
+    model: str,
+    prompt: str,
+    values: dict[str, Any],
+    *,
+    stream: bool,
+    on_text: Callable[[str], None] | None,
+    echo_prompt: bool,
+    timeout_s: float,
+    on_note: Callable[[str], None] | None,
+) -> str:
     from ftx_triton.server.text_client import HttpError, HttpTriton
 
     server = HttpTriton(url, timeout_s=timeout_s)
@@ -98,14 +142,25 @@ def _generate_http(url: str, model: str, prompt: str, values: dict[str, Any], *,
         return _finish(server.generate(iface, values), prompt, iface, echo_prompt)
     except HttpError as exc:
         if exc.status == 404 or "unknown model" in exc.message.lower():
-            raise ServeError(f"the server at {server.base} has no model {model!r}: {exc.message}",
-                             hint=f"the text model is {TEXT_MODEL_NAME!r}") from None
+            raise ServeError(
+                f"the server at {server.base} has no model {model!r}: {exc.message}",
+                hint=f"the text model is {TEXT_MODEL_NAME!r}",
+            ) from None
         raise ServeError(f"the server refused the request: {exc.message}") from None
 
 
-def _generate_grpc(url: str, model: str, prompt: str, values: dict[str, Any], *, stream: bool,
-                   on_text: Callable[[str], None] | None, echo_prompt: bool, timeout_s: float,
-                   on_note: Callable[[str], None] | None) -> str:
+def _generate_grpc(
+    url: str,
+    model: str,
+    prompt: str,
+    values: dict[str, Any],
+    *,
+    stream: bool,
+    on_text: Callable[[str], None] | None,
+    echo_prompt: bool,
+    timeout_s: float,
+    on_note: Callable[[str], None] | None,
+) -> str:
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
@@ -136,8 +191,16 @@ def _generate_grpc(url: str, model: str, prompt: str, values: dict[str, Any], *,
         client.close()
 
 
-def _stream(client: Any, iface: TextInterface, inputs: list[Any], outputs: list[Any],
-            on_text: Callable[[str], None] | None, timeout_s: float, target: str, prompt: str) -> str:
+def _stream(
+    client: Any,
+    iface: TextInterface,
+    inputs: list[Any],
+    outputs: list[Any],
+    on_text: Callable[[str], None] | None,
+    timeout_s: float,
+    target: str,
+    prompt: str,
+) -> str:
     """Print pieces as they arrive; the text starts with the prompt whether or not the model repeats it
     (ftx's streaming ensemble sends each new piece once, one without stream offsets the whole text so far)."""
     from tritonclient.utils import InferenceServerException
@@ -153,8 +216,9 @@ def _stream(client: Any, iface: TextInterface, inputs: list[Any], outputs: list[
             except queue.Empty:
                 raise ServeError(f"no response from {target} within {timeout_s:g} s") from None
             if error is not None:
-                raise _client_error(error if isinstance(error, Exception) else InferenceServerException(str(error)),
-                                    target, iface.model)
+                raise _client_error(
+                    error if isinstance(error, Exception) else InferenceServerException(str(error)), target, iface.model
+                )
             yield first_text(result.as_numpy(iface.output))
             final = result.get_response().parameters.get("triton_final_response")
             if final is None or final.bool_param:
@@ -194,8 +258,10 @@ def resolve_target(model: str | None, url: str | None) -> tuple[str, str]:
     from ftx_triton.server.records import list_servers
 
     live = [r for r in list_servers(_home()) if r.alive]
-    servers = [(r.name, r.grpc_url, TEXT_MODEL_NAME if TEXT_MODEL_NAME in r.models or not r.models else r.models[0])
-               for r in live]
+    servers = [
+        (r.name, r.grpc_url, TEXT_MODEL_NAME if TEXT_MODEL_NAME in r.models or not r.models else r.models[0])
+        for r in live
+    ]
     servers += [(s.name, s.grpc, TEXT_MODEL_NAME) for s in served_models(_home(), live) if not s.extra.get("detached")]
     named = [s for s in servers if model is not None and s[0] == model]
     if named:
@@ -203,12 +269,16 @@ def resolve_target(model: str | None, url: str | None) -> tuple[str, str]:
     if len(servers) == 1:
         return servers[0][1], model or servers[0][2]
     if not servers:
-        raise ServeError("no running ftx server found",
-                         hint="start one with `ftx run MODEL` (or --detach), or pass the address `ftx run` printed "
-                              "(--url http://HOST:PORT)")
+        raise ServeError(
+            "no running ftx server found",
+            hint="start one with `ftx run MODEL` (or --detach), or pass the address `ftx run` printed "
+            "(--url http://HOST:PORT)",
+        )
     names = ", ".join(f"{name} at {grpc}" for name, grpc, _ in servers)
-    raise ServeError(f"{len(servers)} servers are running ({names}); which one?",
-                     hint="name a detached one as MODEL, or pass --url http://HOST:PORT")
+    raise ServeError(
+        f"{len(servers)} servers are running ({names}); which one?",
+        hint="name a detached one as MODEL, or pass --url http://HOST:PORT",
+    )
 
 
 def _checked_url(url: str) -> str:
@@ -221,30 +291,62 @@ def _checked_url(url: str) -> str:
         if not parts.hostname:
             raise ValueError("no host")
     except ValueError as exc:
-        raise click.BadParameter(f"{url!r} is not a server address ({exc})",
-                                 param_hint="--url (http://HOST:PORT or HOST:PORT, as `ftx run` prints it)") from None
+        raise click.BadParameter(
+            f"{url!r} is not a server address ({exc})",
+            param_hint="--url (http://HOST:PORT or HOST:PORT, as `ftx run` prints it)",
+        ) from None
     return url
 
 
 @click.command(cls=FtxCommand)
 @click.argument("args", nargs=-1, metavar="[MODEL] PROMPT")
-@click.option("--max-tokens", type=click.IntRange(1, 1 << 20), default=EXAMPLE_TOKENS, show_default=True,
-              help="Tokens to generate.")
-@click.option("--temperature", type=click.FloatRange(0, min_open=False),
-              help="Sampling temperature (alone it samples from the whole distribution; 0 = greedy).")
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(1, 1 << 20),
+    default=EXAMPLE_TOKENS,
+    show_default=True,
+    help="Tokens to generate.",
+)
+@click.option(
+    "--temperature",
+    type=click.FloatRange(0, min_open=False),
+    help="Sampling temperature (alone it samples from the whole distribution; 0 = greedy).",
+)
 @click.option("--top-k", type=click.IntRange(0), help="Sample from the k most likely tokens (0 = off).")
 @click.option("--top-p", type=click.FloatRange(0, 1), help="Nucleus sampling probability mass (0 = off).")
 @click.option("--stream", is_flag=True, help="Print tokens as they are generated (a model served with --streaming).")
-@click.option("--url", help="The server: the HTTP address `ftx run` prints (http://HOST:PORT) or a gRPC HOST:PORT "
-                            "(default: the detached server, see `ftx ps`).")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(0, min_open=True), default=600.0, show_default=True,
-              help="Seconds to wait for the answer.")
-@click.option("--chat", is_flag=True, help="Chat: one user turn per line of stdin, answered with the model's chat "
-                                           "template through the server's OpenAI endpoint (--url: its /v1 address).")
+@click.option(
+    "--url",
+    help="The server: the HTTP address `ftx run` prints (http://HOST:PORT) or a gRPC HOST:PORT "
+    "(default: the detached server, see `ftx ps`).",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(0, min_open=True),
+    default=600.0,
+    show_default=True,
+    help="Seconds to wait for the answer.",
+)
+@click.option(
+    "--chat",
+    is_flag=True,
+    help="Chat: one user turn per line of stdin, answered with the model's chat "
+    "template through the server's OpenAI endpoint (--url: its /v1 address).",
+)
 @click.option("--system", help="With --chat: a system message that opens the conversation.")
-def generate(args: tuple[str, ...], max_tokens: int, temperature: float | None, top_k: int | None,
-             top_p: float | None, stream: bool, url: str | None, timeout_s: float, chat: bool,
-             system: str | None) -> None:
+def generate(
+    args: tuple[str, ...],
+    max_tokens: int,
+    temperature: float | None,
+    top_k: int | None,
+    top_p: float | None,
+    stream: bool,
+    url: str | None,
+    timeout_s: float,
+    chat: bool,
+    system: str | None,
+) -> None:
     """Generate a continuation of PROMPT on a running server, or chat with it (--chat, turns from stdin).
 
     MODEL is the served model to call or the name of a server from `ftx ps`; omitted, it is the
@@ -267,22 +369,47 @@ def generate(args: tuple[str, ...], max_tokens: int, temperature: float | None, 
     target, triton_model = resolve_target(model, url)
     if temperature == 0:
         temperature = None  # greedy
-    text = generate_text(target, triton_model, prompt, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
-                         top_p=top_p, stream=stream, on_text=_writer() if stream else None, echo_prompt=True,
-                         timeout_s=timeout_s, on_note=lambda note: say(f"note: {note}"))
+    text = generate_text(
+        target,
+        triton_model,
+        prompt,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        stream=stream,
+        on_text=_writer() if stream else None,
+        echo_prompt=True,
+        timeout_s=timeout_s,
+        on_note=lambda note: say(f"note: {note}"),
+    )
     click.echo("" if stream else text)
 
 
-def _chat(args: tuple[str, ...], url: str | None, max_tokens: int, temperature: float | None, top_k: int | None,
-          top_p: float | None, timeout_s: float, system: str | None) -> None:
+def _chat(
+    args: tuple[str, ...],
+    url: str | None,
+    max_tokens: int,
+    temperature: float | None,
+    top_k: int | None,
+    top_p: float | None,
+    timeout_s: float,
+    system: str | None,
+) -> None:
     from ftx_triton.cli.chat import chat, find_openai, prompt_lines
 
     if len(args) > 1:
         raise click.UsageError("--chat takes at most MODEL (the turns come from stdin)")
-    sampling = {k: v for k, v in {"temperature": temperature, "top_k": top_k, "top_p": top_p}.items()
-                if v is not None}
-    chat(find_openai(_home(), args[0] if args else None, url), prompt_lines(), click.echo, system=system,
-         max_tokens=max_tokens, sampling=sampling, timeout_s=timeout_s)
+    sampling = {k: v for k, v in {"temperature": temperature, "top_k": top_k, "top_p": top_p}.items() if v is not None}
+    chat(
+        find_openai(_home(), args[0] if args else None, url),
+        prompt_lines(),
+        click.echo,
+        system=system,
+        max_tokens=max_tokens,
+        sampling=sampling,
+        timeout_s=timeout_s,
+    )
 
 
 def _writer() -> Callable[[str], None]:
@@ -343,10 +470,16 @@ def describe_endpoint(deployment: Deployment) -> str:
     example = f"ftx generate {shlex.quote(EXAMPLE_PROMPT)} --max-tokens {EXAMPLE_TOKENS}{stream_flag}"
     lines.append(f"  {example} {where}".rstrip())
     if openai is not None:
-        body = json.dumps({"model": openai_model_id(settings.model),
-                           "messages": [{"role": "user", "content": EXAMPLE_PROMPT}], "max_tokens": EXAMPLE_TOKENS})
-        lines.append(f"  curl -s {openai.url}/chat/completions -H 'Content-Type: application/json' "
-                     f"-d {shlex.quote(body)}")
+        body = json.dumps(
+            {
+                "model": openai_model_id(settings.model),
+                "messages": [{"role": "user", "content": EXAMPLE_PROMPT}],
+                "max_tokens": EXAMPLE_TOKENS,
+            }
+        )
+        lines.append(
+            f"  curl -s {openai.url}/chat/completions -H 'Content-Type: application/json' -d {shlex.quote(body)}"
+        )
     return "\n".join(lines)
 
 
@@ -364,8 +497,15 @@ def after_serve(deployment: Deployment, *, prompt: str | None = None, max_tokens
             deployment.start_front(detach=detach)
         if prompt is not None:  # no "try it" block: the server stops after the answer (--detach prints it)
             stream = _decoupled(deployment.repository.path)
-            text = generate_text(endpoint.grpc_url, endpoint.model, prompt, max_tokens=max_tokens,
-                                 stream=stream, on_text=_writer() if stream else None, echo_prompt=True)
+            text = generate_text(
+                endpoint.grpc_url,
+                endpoint.model,
+                prompt,
+                max_tokens=max_tokens,
+                stream=stream,
+                on_text=_writer() if stream else None,
+                echo_prompt=True,
+            )
             click.echo("" if stream else text)
             if not detach:
                 deployment.stop()
@@ -398,9 +538,16 @@ def _foreground_front_record(deployment: Deployment) -> Iterator[None]:
         return
     from ftx_triton.openai_api.records import FOREGROUND_PREFIX, write_record
 
-    path = write_record(deployment.home, {"name": f"{FOREGROUND_PREFIX}{os.getpid()}", "pid": openai.process.pid,
-                                          "url": openai.url, "triton_pid": deployment.server.pid,
-                                          "log": str(openai.log_path)})
+    path = write_record(
+        deployment.home,
+        {
+            "name": f"{FOREGROUND_PREFIX}{os.getpid()}",
+            "pid": openai.process.pid,
+            "url": openai.url,
+            "triton_pid": deployment.server.pid,
+            "log": str(openai.log_path),
+        },
+    )
     try:
         yield
     finally:

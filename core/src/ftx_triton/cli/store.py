@@ -28,8 +28,14 @@ def _table(entries: list) -> None:  # list[StoreEntry]
     now = time.time()
     table = Table("STAGE", "KEY", "SIZE", "USED", "SOURCE", "", box=None, pad_edge=False)
     for e in entries:
-        table.add_row(e.stage, e.key[:12], human_bytes(e.size), f"{_age(now - e.last_used)} ago", e.source,
-                      "in use" if e.in_use else "")
+        table.add_row(
+            e.stage,
+            e.key[:12],
+            human_bytes(e.size),
+            f"{_age(now - e.last_used)} ago",
+            e.source,
+            "in use" if e.in_use else "",
+        )
     Console(width=max(120, Console().width)).print(table)
 
 
@@ -53,8 +59,14 @@ def ls_command(stage: str | None, as_json: bool) -> None:
     say(f"{len(entries)} artifacts, {human_bytes(sum(e.size for e in entries))} in {store.root}")
 
 
-def _remove(store, chosen: list, dry_run: bool, *, skip_busy: bool = False,  # StoreEntry list
-            summary: bool = True) -> None:
+def _remove(
+    store,
+    chosen: list,
+    dry_run: bool,
+    *,
+    skip_busy: bool = False,  # StoreEntry list
+    summary: bool = True,
+) -> None:
     """Remove ``chosen``; with ``skip_busy`` an artifact a running ftx took up since the listing is kept."""
     from ftx_triton.plan.resources import human_bytes
     from ftx_triton.store.housekeeping import ArtifactInUse, remove_entry
@@ -107,16 +119,17 @@ def rm_command(artifacts: tuple[str, ...], dry_run: bool) -> None:
     chosen += follow
     busy = [e for e in chosen if e.in_use]
     if busy:
-        raise ConfigError(f"{', '.join(e.ref for e in busy)} is in use by a running server or ftx process",
-                          hint="stop the server first (`ftx ps`, `ftx stop`), or let the ftx command finish")
+        raise ConfigError(
+            f"{', '.join(e.ref for e in busy)} is in use by a running server or ftx process",
+            hint="stop the server first (`ftx ps`, `ftx stop`), or let the ftx command finish",
+        )
     _remove(store, chosen, dry_run)
 
 
 @click.command("prune", cls=FtxCommand)
 @click.option("--unused", is_flag=True, help="Artifacts nothing else builds on and no running server uses.")
 @click.option("--older-than", help="Artifacts not used for this long, e.g. 30d, 12h, 2w.")
-@click.option("--to-size", help="Remove least recently used artifacts until the store is at most this size, "
-                                "e.g. 50GB.")
+@click.option("--to-size", help="Remove least recently used artifacts until the store is at most this size, e.g. 50GB.")
 @click.option("--dry-run", is_flag=True, help="Say what would be removed, remove nothing.")
 def prune_command(unused: bool, older_than: str | None, to_size: str | None, dry_run: bool) -> None:
     """Free the store: leftovers of killed builds and old downloads always, old server logs beyond the

@@ -53,22 +53,36 @@ def _original(directory: Path, checkpoint: Path | None) -> Target:
     source = marker.get("source")
     if isinstance(source, str) and source and (Path(source) / "config.json").is_file():
         return directory, Path(source), model_class, None
-    raise ConfigError(f"{directory} does not say which checkpoint it was converted from, or that checkpoint is gone",
-                      hint="pass the original Hugging Face checkpoint with --checkpoint DIR, or verify by model "
-                           "name (ftx verify MODEL --tp N) so that ftx fetches and converts it")
+    raise ConfigError(
+        f"{directory} does not say which checkpoint it was converted from, or that checkpoint is gone",
+        hint="pass the original Hugging Face checkpoint with --checkpoint DIR, or verify by model "
+        "name (ftx verify MODEL --tp N) so that ftx fetches and converts it",
+    )
 
 
 @click.command(cls=FtxCommand)
 @click.argument("model")
-@click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="The original Hugging Face checkpoint of a converted directory (default: the one ftx convert "
-                   "recorded beside it).")
+@click.option(
+    "--checkpoint",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="The original Hugging Face checkpoint of a converted directory (default: the one ftx convert "
+    "recorded beside it).",
+)
 @click.option("--family", help="Model family; detected from config.json when omitted.")
 @click.option("--revision", help="Branch, tag or commit of a Hugging Face source.")
 @conversion_options
 @safety_options
-def verify(model: str, checkpoint: Path | None, family: str | None, revision: str | None, tp: int, pp: int,
-           weight_dtype: str, accept_license: bool, resource_check: bool) -> None:
+def verify(
+    model: str,
+    checkpoint: Path | None,
+    family: str | None,
+    revision: str | None,
+    tp: int,
+    pp: int,
+    weight_dtype: str,
+    accept_license: bool,
+    resource_check: bool,
+) -> None:
     """Check that FasterTransformer would compute what transformers computes, without a GPU.
 
     A CPU reference of FasterTransformer's GPT, GPT-J, GPT-NeoX and T5 reads the converted files as
@@ -84,10 +98,22 @@ def verify(model: str, checkpoint: Path | None, family: str | None, revision: st
         targets = [_original(d, checkpoint) for d in directories]
     else:
         if checkpoint is not None:
-            raise ConfigError("--checkpoint goes with a converted directory, not with a model to convert",
-                              hint=f"ftx verify {model} fetches and converts the model itself; drop --checkpoint")
-        targets = [_convert(model, family=family, revision=revision, tp=tp, pp=pp, weight_dtype=weight_dtype,
-                            accept_license=accept_license, resource_check=resource_check)]
+            raise ConfigError(
+                "--checkpoint goes with a converted directory, not with a model to convert",
+                hint=f"ftx verify {model} fetches and converts the model itself; drop --checkpoint",
+            )
+        targets = [
+            _convert(
+                model,
+                family=family,
+                revision=revision,
+                tp=tp,
+                pp=pp,
+                weight_dtype=weight_dtype,
+                accept_license=accept_license,
+                resource_check=resource_check,
+            )
+        ]
     failed = []
     for directory, original, model_class, split in targets:
         say(f"verifying {directory} against transformers on {original}")
@@ -100,7 +126,8 @@ def verify(model: str, checkpoint: Path | None, family: str | None, revision: st
             f"{len(failed)} of {len(targets)} converted director{'y' if len(targets) == 1 else 'ies'} would not compute "
             "what transformers computes on FasterTransformer",
             hint="the family's tensor table puts a tensor where FasterTransformer does not read it (q/k/v order, "
-                 "fused layout, split axis, a transpose): fix the table, re-convert, and verify again")
+            "fused layout, split axis, a transpose): fix the table, re-convert, and verify again",
+        )
 
 
 def _convert(model: str, **options: object) -> Target:
@@ -110,8 +137,12 @@ def _convert(model: str, **options: object) -> Target:
     result = run_pipeline(settings_from_options(model, until="convert", runtime="auto", **options))
     if result.checkpoint is None or result.source is None or result.family is None:
         raise FtxError(f"{model} was not converted", hint="run ftx convert to see why")
-    return (result.checkpoint.path, result.source.path, result.family.hf_model_class or None,
-            result.checkpoint.tensor_parallel)
+    return (
+        result.checkpoint.path,
+        result.source.path,
+        result.family.hf_model_class or None,
+        result.checkpoint.tensor_parallel,
+    )
 
 
 commands = [verify]

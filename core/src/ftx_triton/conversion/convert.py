@@ -107,8 +107,13 @@ def convert_checkpoint(
                     out = _run_job(job, held, ctx)
                     if bad := non_finite_count(out):
                         non_finite.append(job.dst)
-                        log.warning("convert.non_finite", tensor=job.dst, sources=list(job.sources), values=bad,
-                                    note="NaN or Inf weights: the model will answer with garbage or errors")
+                        log.warning(
+                            "convert.non_finite",
+                            tensor=job.dst,
+                            sources=list(job.sources),
+                            values=bad,
+                            note="NaN or Inf weights: the model will answer with garbage or errors",
+                        )
                     writer.submit([target / n for n in names_out], out, job.row.split)
                     files.extend(names_out)
                     for source in job.sources:
@@ -120,11 +125,20 @@ def convert_checkpoint(
     write_ini(target / "config.ini", sections)
     files.append("config.ini")
     seconds = time.perf_counter() - started
-    log.info("conversion.finished", family=family.name, tp=tp, weight_dtype=weight_dtype, files=len(files),
-             bytes_written=written, duration_s=round(seconds, 3), read_s=round(read_seconds, 3),
-             writer_stall_s=round(writer.stall_seconds, 3))
-    return ConversionResult(target, files, done_bytes, written, seconds, read_seconds, writer.stall_seconds,
-                            tuple(non_finite))
+    log.info(
+        "conversion.finished",
+        family=family.name,
+        tp=tp,
+        weight_dtype=weight_dtype,
+        files=len(files),
+        bytes_written=written,
+        duration_s=round(seconds, 3),
+        read_s=round(read_seconds, 3),
+        writer_stall_s=round(writer.stall_seconds, 3),
+    )
+    return ConversionResult(
+        target, files, done_bytes, written, seconds, read_seconds, writer.stall_seconds, tuple(non_finite)
+    )
 
 
 _FINITE_CHUNK = 1 << 24
@@ -135,8 +149,10 @@ def non_finite_count(array: np.ndarray) -> int:
     if not np.issubdtype(array.dtype, np.floating):
         return 0
     flat = array.reshape(-1)
-    return sum(int(flat[i:i + _FINITE_CHUNK].size - np.count_nonzero(np.isfinite(flat[i:i + _FINITE_CHUNK])))
-               for i in range(0, flat.size, _FINITE_CHUNK))
+    return sum(
+        int(flat[i : i + _FINITE_CHUNK].size - np.count_nonzero(np.isfinite(flat[i : i + _FINITE_CHUNK])))
+        for i in range(0, flat.size, _FINITE_CHUNK)
+    )
 
 
 def writer_threads() -> int | None:
@@ -144,14 +160,23 @@ def writer_threads() -> int | None:
     return env_int("FTX_CONVERT_THREADS", None, 1, 64)
 
 
-def convert_directory(family: Family, source: Path, out_dir: Path, *, tp: int, weight_dtype: str,
-                      progress: Progress | None = None) -> ConversionResult:
+def convert_directory(
+    family: Family, source: Path, out_dir: Path, *, tp: int, weight_dtype: str, progress: Progress | None = None
+) -> ConversionResult:
     """Convert the checkpoint directory ``source`` (config + weights, as the family reads them)."""
     hf_config = family.read_hf_config(source)
     reader = family.open_weights(source)
     try:
-        return convert_checkpoint(family, reader, hf_config, family.spec(hf_config), out_dir, tp=tp,
-                                  weight_dtype=weight_dtype, progress=progress)
+        return convert_checkpoint(
+            family,
+            reader,
+            hf_config,
+            family.spec(hf_config),
+            out_dir,
+            tp=tp,
+            weight_dtype=weight_dtype,
+            progress=progress,
+        )
     finally:
         reader.close()
 
@@ -203,15 +228,20 @@ def _shaped_rows(family: Family, spec: ModelSpec) -> Iterator[tuple[tensormap.M,
 
 def ft_layout(family: Family, spec: ModelSpec) -> dict[str, tuple[tuple[int, ...], int | None]]:
     """Every FT tensor the table writes for ``spec``: file stem -> (full shape, split axis)."""
-    return {tensormap.bind(row.dst, binding): (shape, row.split)
-            for row, shape in _shaped_rows(family, spec) for binding in tensormap.expand(row, spec.layers)}
+    return {
+        tensormap.bind(row.dst, binding): (shape, row.split)
+        for row, shape in _shaped_rows(family, spec)
+        for binding in tensormap.expand(row, spec.layers)
+    }
 
 
 def ft_element_count(family: Family, spec: ModelSpec) -> int:
     """Elements of every FT tensor the table writes for ``spec``: each row's shape times its layer bindings,
     without expanding the table (a config claiming a billion layers costs nothing here)."""
-    per_row = {row.dst: math.prod(shape) * math.prod(spec.layers[name] for name in row.placeholders())
-               for row, shape in _shaped_rows(family, spec)}
+    per_row = {
+        row.dst: math.prod(shape) * math.prod(spec.layers[name] for name in row.placeholders())
+        for row, shape in _shaped_rows(family, spec)
+    }
     return sum(per_row.values())
 
 
@@ -219,7 +249,9 @@ def _exists(ft_dir: Path, dst: str, split: int | None) -> bool:
     return (ft_dir / (f"{dst}.bin" if split is None else f"{dst}.0.bin")).exists()
 
 
-def _read_ranks(ft_dir: Path, dst: str, split: int | None, shape: tuple[int, ...], tp: int, dtype: np.dtype) -> np.ndarray:
+def _read_ranks(
+    ft_dir: Path, dst: str, split: int | None, shape: tuple[int, ...], tp: int, dtype: np.dtype
+) -> np.ndarray:
     if split is None:
         return read_tensor(ft_dir / f"{dst}.bin", dtype, shape)
     part_shape = list(shape)

@@ -19,7 +19,4 @@ def numpy_dtype(name: str) -> np.dtype:
     try:
         return WEIGHT_DTYPES[name]
     except KeyError:
-        raise ConfigError(
-            f"unknown weight dtype {name!r}",
-            hint=f"use one of: {', '.join(WEIGHT_DTYPES)}",
-        ) from None
+        raise ConfigError(f"unknown weight dtype {name!r}", hint=f"use one of: {', '.join(WEIGHT_DTYPES)}") from None

@@ -87,15 +87,20 @@ class ModelSpec:
             if not _positive_int(value):
                 raise CheckpointError(
                     f"the model config gives {DIM_NAMES.get(dim, 'size')} {dim} = {value!r}; it must be an integer "
-                    "above 0", hint=_SPEC_HINT)
+                    "above 0",
+                    hint=_SPEC_HINT,
+                )
         for name, count in self.layers.items():
             if not _positive_int(count):
-                raise CheckpointError(f"the model config gives layer count {{{name}}} = {count!r}; it must be an "
-                                      "integer above 0", hint=_SPEC_HINT)
+                raise CheckpointError(
+                    f"the model config gives layer count {{{name}}} = {count!r}; it must be an integer above 0",
+                    hint=_SPEC_HINT,
+                )
         for role, token in (("start", self.start_id), ("end", self.end_id), ("pad", self.pad_id)):
             if not (token is None and role == "pad") and not (_positive_int(token) or token == 0):
-                raise CheckpointError(f"the model config gives {role} token id {token!r}; it must be an integer "
-                                      ">= 0", hint=_SPEC_HINT)
+                raise CheckpointError(
+                    f"the model config gives {role} token id {token!r}; it must be an integer >= 0", hint=_SPEC_HINT
+                )
 
     def check_parallel(self, tp: int, pp: int) -> None:
         """Refuse a tp/pp that FasterTransformer cannot split this model for."""
@@ -135,16 +140,20 @@ def _positive_int(value: object) -> bool:
 def head_size_of(width: int, heads: int, width_key: str, heads_key: str) -> int:
     """``width // heads`` for a model whose heads split its width exactly (FT multiplies them back)."""
     if width > 0 and heads > 0 and width % heads:  # sizes not above 0 are ModelSpec's to refuse
-        raise CheckpointError(f"the model config gives {width_key} = {width}, not a multiple of {heads_key} = {heads}",
-                              hint=_SPEC_HINT)
+        raise CheckpointError(
+            f"the model config gives {width_key} = {width}, not a multiple of {heads_key} = {heads}", hint=_SPEC_HINT
+        )
     return width // heads  # a head count of 0 raises here, and the spec wrapper names its key
 
 
 def checked_rotary(rotary: int, head_size: int, key: str) -> int:
     """The rotary dimensions of a head: even, from 0 to the head size (rotations turn pairs of them)."""
     if head_size > 0 and (not 0 <= rotary <= head_size or rotary % 2):
-        raise CheckpointError(f"the model config gives {key} = {rotary} rotary dimensions; it must be an even number "
-                              f"from 0 to the head size {head_size}", hint=_SPEC_HINT)
+        raise CheckpointError(
+            f"the model config gives {key} = {rotary} rotary dimensions; it must be an even number "
+            f"from 0 to the head size {head_size}",
+            hint=_SPEC_HINT,
+        )
     return rotary
 
 
@@ -218,7 +227,9 @@ class Family:
         """The spec of a converted checkpoint, from its config.ini."""
         return self.spec(self.hf_config_from_ini(ini))
 
-    def gemm_args(self, spec: ModelSpec, *, batch: int, beam: int, max_input_len: int, data_type: str, tp: int) -> list[str]:
+    def gemm_args(
+        self, spec: ModelSpec, *, batch: int, beam: int, max_input_len: int, data_type: str, tp: int
+    ) -> list[str]:
         """Arguments of the GEMM tool (``gpt_gemm``'s order by default)."""
         code = {"fp32": 0, "fp16": 1, "bf16": 2}[data_type]
         d = spec.dims
@@ -260,8 +271,9 @@ class Family:
         ``fingerprint_modules``. Not the version: an upgrade that changes none of these reuses cached
         conversions."""
         parts = [self.tensors.digest(), self.ini.digest()]
-        funcs: list[Any] = [getattr(type(self), m) for m in ("spec", "config_ini", "read_hf_config", "open_weights",
-                                                              "tensor_map")]
+        funcs: list[Any] = [
+            getattr(type(self), m) for m in ("spec", "config_ini", "read_hf_config", "open_weights", "tensor_map")
+        ]
         funcs += self.ini.functions()
         for row in self.tensors.rows:
             funcs += [row.op.forward, row.op.shape, row.op.inverse]
@@ -280,12 +292,13 @@ def _source_of(obj: Any) -> str:
 def read_config_json(path: Path) -> dict[str, Any]:
     """Load ``config.json`` from a checkpoint directory with a clear error."""
     try:
-        return read_json_object(path / "config.json", hint="config.json must be the model's configuration "
-                                "(a JSON object); fetch the checkpoint again")
+        return read_json_object(
+            path / "config.json",
+            hint="config.json must be the model's configuration (a JSON object); fetch the checkpoint again",
+        )
     except FileNotFoundError:
         raise CheckpointError(
-            f"{path} has no config.json",
-            hint="point at a Hugging Face checkpoint directory (config.json + weights)",
+            f"{path} has no config.json", hint="point at a Hugging Face checkpoint directory (config.json + weights)"
         ) from None
 
 
@@ -342,9 +355,11 @@ def _checked_spec(spec: Any) -> Any:
         config = _ReadConfig(hf_config)
         try:
             if problem := _check_positions(hf_config):
-                raise CheckpointError(f"the model config (config.json) cannot be served: {problem}",
-                                      hint="fix config.json: the context size is the number of positions the "
-                                           "model was trained with (e.g. 2048)")
+                raise CheckpointError(
+                    f"the model config (config.json) cannot be served: {problem}",
+                    hint="fix config.json: the context size is the number of positions the "
+                    "model was trained with (e.g. 2048)",
+                )
             return spec(self, config)
         except FtxError:
             raise
@@ -359,7 +374,7 @@ def _checked_spec(spec: Any) -> Any:
             raise CheckpointError(
                 f"the model config (config.json) does not describe a {self.name} model: {problem}",
                 hint=f"check that config.json belongs to these weights and the --family (its model_type is "
-                     f"{model_type!r}; `ftx models` lists the families)",
+                f"{model_type!r}; `ftx models` lists the families)",
             ) from exc
 
     return checked

@@ -88,13 +88,19 @@ KEYS: Mapping[str, Key] = _keys(
     Key("num_layers", int, "blocks of this stack", LAYERS),
     Key("num_decoder_layers", int, "decoder blocks (FT's T5 examples)", "d"),
     Key("relative_attention_num_buckets_or_max_pos_seq_len", int, "relative-attention buckets", "B"),
-    Key("relative_attention_max_distance", int, "relative-attention distance (FT hard-codes 128)",
-        "relative_attention_max_distance", 128),
+    Key(
+        "relative_attention_max_distance",
+        int,
+        "relative-attention distance (FT hard-codes 128)",
+        "relative_attention_max_distance",
+        128,
+    ),
     Key("feed_forward_proj", str, "FFN activation (relu, gated-gelu …)", "feed_forward_proj", "relu"),
     Key("is_gated_act", bool, "gated FFN (FT's T5 examples)", "gated", False),
     Key("layer_norm_epsilon", float, "RMS-norm epsilon (FT hard-codes 1e-6)", "layer_norm_epsilon", 1e-6),
-    Key("tie_word_embeddings", bool, "LM head tied to the embedding (rescales the output)", "tie_word_embeddings",
-        True),
+    Key(
+        "tie_word_embeddings", bool, "LM head tied to the embedding (rescales the output)", "tie_word_embeddings", True
+    ),
     Key("decoder_start_token_id", int, "first decoder token id", "start_id"),
     Key("eos_token_id", int, "end-of-sequence id", "end_id"),
     Key("pad_token_id", int, "padding id (FT's T5 examples)", "pad_id", None),
@@ -140,8 +146,10 @@ class IniSection:
             elif key in KEYS:
                 out.append(KEYS[key])
             else:
-                raise TypeError(f"config.ini section [{self.name}]: unknown key {key!r}; declare it as a Key "
-                                f"or use one of {', '.join(KEYS)}")
+                raise TypeError(
+                    f"config.ini section [{self.name}]: unknown key {key!r}; declare it as a Key "
+                    f"or use one of {', '.join(KEYS)}"
+                )
         return tuple(out)
 
     def source_of(self, key: Key) -> str | None:
@@ -170,13 +178,28 @@ class FtIni:
 
     def digest(self) -> str:
         """The declaration as text (functions by name; a family's fingerprint adds their source)."""
-        sections = [{"name": s.name, "layers": s.layers, "required": s.required,
-                     "values": {k: repr(v) for k, v in s.values.items()},
-                     "keys": [[k.name, k.type.__name__, k.source, repr(k.default)] for k in s.resolved()]}
-                    for s in self.sections]
-        fields = {k: v if isinstance(v, str) else getattr(v, "__qualname__", repr(v)) for k, v in self.hf_fields.items()}
-        return json.dumps({"sections": sections, "hf_fields": fields, "model_name": self.model_name,
-                           "hf_constants": {k: repr(v) for k, v in self.hf_constants.items()}}, sort_keys=True)
+        sections = [
+            {
+                "name": s.name,
+                "layers": s.layers,
+                "required": s.required,
+                "values": {k: repr(v) for k, v in s.values.items()},
+                "keys": [[k.name, k.type.__name__, k.source, repr(k.default)] for k in s.resolved()],
+            }
+            for s in self.sections
+        ]
+        fields = {
+            k: v if isinstance(v, str) else getattr(v, "__qualname__", repr(v)) for k, v in self.hf_fields.items()
+        }
+        return json.dumps(
+            {
+                "sections": sections,
+                "hf_fields": fields,
+                "model_name": self.model_name,
+                "hf_constants": {k: repr(v) for k, v in self.hf_constants.items()},
+            },
+            sort_keys=True,
+        )
 
     def functions(self) -> list[Callable[..., Any]]:
         return [v for v in self.hf_fields.values() if callable(v)]
@@ -191,16 +214,27 @@ def _name(family: Family, hf_config: Mapping[str, Any] | None = None) -> str:
 
 def quantities(family: Family, spec: ModelSpec, hf_config: Mapping[str, Any], weight_dtype: str) -> dict[str, Any]:
     """Every quantity a key may hold, for one checkpoint."""
-    return {**spec.dims, **spec.layers, **spec.extra, "start_id": spec.start_id, "end_id": spec.end_id,
-            "pad_id": spec.pad_id, "weight_dtype": weight_dtype, "name": _name(family, hf_config)}
+    return {
+        **spec.dims,
+        **spec.layers,
+        **spec.extra,
+        "start_id": spec.start_id,
+        "end_id": spec.end_id,
+        "pad_id": spec.pad_id,
+        "weight_dtype": weight_dtype,
+        "name": _name(family, hf_config),
+    }
 
 
-def config_sections(family: Family, spec: ModelSpec, hf_config: Mapping[str, Any],
-                    weight_dtype: str) -> dict[str, dict[str, Any]]:
+def config_sections(
+    family: Family, spec: ModelSpec, hf_config: Mapping[str, Any], weight_dtype: str
+) -> dict[str, dict[str, Any]]:
     """``{section: {key: value}}`` of a converted checkpoint, in the family's order."""
     if not family.ini.sections:
-        raise PluginError(f"family {family.name} declares no config.ini sections",
-                          hint="set ini = FtIni(sections=(IniSection(...), ...)) on the family (see ftx_triton.conversion.ftini)")
+        raise PluginError(
+            f"family {family.name} declares no config.ini sections",
+            hint="set ini = FtIni(sections=(IniSection(...), ...)) on the family (see ftx_triton.conversion.ftini)",
+        )
     q = quantities(family, spec, hf_config, weight_dtype)
     out: dict[str, dict[str, Any]] = {}
     for section in family.ini.sections:
@@ -229,9 +263,11 @@ def _is_a(value: Any, kind: type) -> bool:
 
 def _check_type(family: Family, section: IniSection, key: Key, source: str | None, value: Any) -> None:
     if not _is_a(value, key.type):
-        raise PluginError(f"family {family.name}: config.ini [{section.name}] {key.name} needs {_KINDS[key.type]}, "
-                          f"but {f'quantity {source!r}' if source else 'its value'} is {value!r}",
-                          hint="fix the family's spec() or its ini declaration")
+        raise PluginError(
+            f"family {family.name}: config.ini [{section.name}] {key.name} needs {_KINDS[key.type]}, "
+            f"but {f'quantity {source!r}' if source else 'its value'} is {value!r}",
+            hint="fix the family's spec() or its ini declaration",
+        )
 
 
 def parse_bool(text: str) -> bool | None:
@@ -244,14 +280,18 @@ def _parse(key: Key, section: str, text: str) -> Any:
     if key.type is bool:
         parsed = parse_bool(text)
         if parsed is None and key.default in (REQUIRED, None):
-            raise CheckpointError(f"config.ini [{section}] {key.name} = {text!r} is not a boolean",
-                                  hint="use true or false, or convert the checkpoint again")
+            raise CheckpointError(
+                f"config.ini [{section}] {key.name} = {text!r} is not a boolean",
+                hint="use true or false, or convert the checkpoint again",
+            )
         return key.default if parsed is None else parsed  # FT's GetBoolean: anything else is the default
     try:
         return key.type(text.strip())
     except ValueError:
-        raise CheckpointError(f"config.ini [{section}] {key.name} = {text!r} is not {_KINDS[key.type]}",
-                              hint="fix config.ini or convert the checkpoint again") from None
+        raise CheckpointError(
+            f"config.ini [{section}] {key.name} = {text!r} is not {_KINDS[key.type]}",
+            hint="fix config.ini or convert the checkpoint again",
+        ) from None
 
 
 def read_quantities(family: Family, ini: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
@@ -262,9 +302,10 @@ def read_quantities(family: Family, ini: Mapping[str, Mapping[str, str]]) -> dic
     for section in family.ini.sections:
         if section.name not in ini:
             if section.required:
-                raise CheckpointError(f"config.ini has no [{section.name}] section (it has {', '.join(ini) or 'none'})",
-                                      hint=f"this is not a {family.name} checkpoint; convert it with --family "
-                                           f"{family.name}")
+                raise CheckpointError(
+                    f"config.ini has no [{section.name}] section (it has {', '.join(ini) or 'none'})",
+                    hint=f"this is not a {family.name} checkpoint; convert it with --family {family.name}",
+                )
             values: Mapping[str, str] = {}
         else:
             values = ini[section.name]
@@ -281,14 +322,19 @@ def read_quantities(family: Family, ini: Mapping[str, Mapping[str, str]]) -> dic
             value = _parse(key, section.name, values[key.name])
             where = f"[{section.name}] {key.name}"
             if source in found and found[source][0] != value:
-                raise CheckpointError(f"config.ini disagrees with itself: {found[source][1]} = {found[source][0]!r} "
-                                      f"but {where} = {value!r}", hint="fix config.ini or convert the checkpoint again")
+                raise CheckpointError(
+                    f"config.ini disagrees with itself: {found[source][1]} = {found[source][0]!r} "
+                    f"but {where} = {value!r}",
+                    hint="fix config.ini or convert the checkpoint again",
+                )
             found.setdefault(source, (value, where))
     q = {**defaults, **{name: value for name, (value, _) in found.items()}}
     unresolved = [where for where, source in missing if source not in q]  # another section may state it
     if unresolved:
-        raise CheckpointError(f"config.ini has no {', '.join(unresolved)}",
-                              hint="FasterTransformer cannot load it either; convert the checkpoint again")
+        raise CheckpointError(
+            f"config.ini has no {', '.join(unresolved)}",
+            hint="FasterTransformer cannot load it either; convert the checkpoint again",
+        )
     q.setdefault("name", _name(family))
     if "H" not in q and "N" in q and "D" in q:
         q["H"] = q["N"] * q["D"]  # FT's hidden size is heads x head size

@@ -37,10 +37,7 @@ class Op:
 
 
 identity = Op(
-    "identity",
-    forward=lambda xs, ctx: xs[0],
-    shape=lambda shapes, ctx: tuple(shapes[0]),
-    inverse=lambda y, ctx: [y],
+    "identity", forward=lambda xs, ctx: xs[0], shape=lambda shapes, ctx: tuple(shapes[0]), inverse=lambda y, ctx: [y]
 )
 
 transpose = Op(

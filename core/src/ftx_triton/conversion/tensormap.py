@@ -149,10 +149,7 @@ def expand(row: M, layers: Mapping[str, int]) -> Iterable[dict[str, int]]:
 
 
 def plan(
-    tmap: TensorMap,
-    available: Mapping[str, tuple[int, ...]],
-    layers: Mapping[str, int],
-    dims: Mapping[str, int],
+    tmap: TensorMap, available: Mapping[str, tuple[int, ...]], layers: Mapping[str, int], dims: Mapping[str, int]
 ) -> Plan:
     """Match the checkpoint's tensors (name -> shape) to the table, before any write.
 
@@ -160,10 +157,12 @@ def plan(
     CheckpointError when a tensor's shape disagrees with the shape implied by config.json.
     """
     for name, count in layers.items():  # every layer holds a tensor: more layers than tensors cannot be, and
-        if count > len(available):       # expanding the table for them would take minutes and gigabytes
-            raise CheckpointError(f"the model config gives {count} layers ({{{name}}}), but the checkpoint holds "
-                                  f"{len(available)} tensors in all",
-                                  hint="config.json is corrupt or does not belong to these weights")
+        if count > len(available):  # expanding the table for them would take minutes and gigabytes
+            raise CheckpointError(
+                f"the model config gives {count} layers ({{{name}}}), but the checkpoint holds "
+                f"{len(available)} tensors in all",
+                hint="config.json is corrupt or does not belong to these weights",
+            )
     jobs: list[Job] = []
     consumed: set[str] = set()
     missing: list[str] = []
@@ -211,7 +210,9 @@ def _first(names: Sequence[str]) -> str:
 def _coverage_message(unmapped: Sequence[str], missing: Sequence[str]) -> str:
     parts = []
     if unmapped:
-        parts.append(f"{len(unmapped)} tensor(s) in the checkpoint are not mapped by the family table: {_first(unmapped)}")
+        parts.append(
+            f"{len(unmapped)} tensor(s) in the checkpoint are not mapped by the family table: {_first(unmapped)}"
+        )
     if missing:
         parts.append(f"{len(missing)} tensor(s) the family needs are missing from the checkpoint: {_first(missing)}")
     return "; ".join(parts)

@@ -54,13 +54,14 @@ def tokenizer_token_ids(path: Path, tokens: Mapping[str, str]) -> dict[str, int]
         raise ConfigError(
             f"{file} has no token for {', '.join(missing)}",
             hint="this tokenizer does not belong to the chosen family; check --family, or point --tokenizer "
-                 "at the model's own tokenizer",
+            "at the model's own tokenizer",
         )
     return {role: vocab[token] for role, token in tokens.items()}
 
 
-def reconcile_token_ids(family: str, tokens: Mapping[str, str], path: Path,
-                        hf_config: Mapping[str, Any]) -> dict[str, Any]:
+def reconcile_token_ids(
+    family: str, tokens: Mapping[str, str], path: Path, hf_config: Mapping[str, Any]
+) -> dict[str, Any]:
     """``hf_config`` with the ids of ``tokens`` taken from the checkpoint's tokenizer (see module doc)."""
     config = dict(hf_config)
     ids = tokenizer_token_ids(path, tokens) if tokens else None
@@ -70,8 +71,14 @@ def reconcile_token_ids(family: str, tokens: Mapping[str, str], path: Path,
         key = ROLE_KEYS.get(role, f"{role}_token_id")
         stated = config.get(key)
         if stated is not None and stated != token_id:
-            log.warning("token_ids.corrected", family=family, token=tokens[role], config_key=key,
-                        config_id=stated, tokenizer_id=token_id)
+            log.warning(
+                "token_ids.corrected",
+                family=family,
+                token=tokens[role],
+                config_key=key,
+                config_id=stated,
+                tokenizer_id=token_id,
+            )
         config[key] = token_id
     return config
 
@@ -89,6 +96,8 @@ def _vocabulary(file: Path) -> dict[str, int]:
         for added in data.get("added_tokens") or ():
             vocab[str(added["content"])] = int(added["id"])
     except (AttributeError, KeyError, IndexError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{file} does not hold a tokenizer vocabulary ftx can read ({type(exc).__name__}: {exc})",
-                              hint="fetch the tokenizer again") from exc
+        raise CheckpointError(
+            f"{file} does not hold a tokenizer vocabulary ftx can read ({type(exc).__name__}: {exc})",
+            hint="fetch the tokenizer again",
+        ) from exc
     return vocab

@@ -50,8 +50,10 @@ class Deployment:
     @property
     def server(self) -> ServedDeployment:
         if self.endpoint.handle is None:
-            raise ServeError(f"the {self.runtime.name} runtime returned an endpoint without a deployment handle",
-                             hint="a runtime's serve() must return Endpoint(..., handle=<its running deployment>)")
+            raise ServeError(
+                f"the {self.runtime.name} runtime returned an endpoint without a deployment handle",
+                hint="a runtime's serve() must return Endpoint(..., handle=<its running deployment>)",
+            )
         return self.endpoint.handle
 
     @property
@@ -66,9 +68,15 @@ class Deployment:
         from ftx_triton.openai_api.launch import start_openai
 
         s = self.settings.serve
-        self.openai = start_openai(f"http://{self.endpoint.http_url}", self.repository.path,
-                                   openai_model_id(self.settings.model), home=self.home, host=s.openai_host,
-                                   port=s.openai_port, detach=detach)
+        self.openai = start_openai(
+            f"http://{self.endpoint.http_url}",
+            self.repository.path,
+            openai_model_id(self.settings.model),
+            home=self.home,
+            host=s.openai_host,
+            port=s.openai_port,
+            detach=detach,
+        )
 
     def detach(self) -> str:
         """Leave the server (and the front) running after ftx exits; record the front; return the name."""
@@ -78,8 +86,16 @@ class Deployment:
         if self.openai is not None:
             from ftx_triton.openai_api.records import write_record
 
-            write_record(self.home, {"name": name, "pid": self.openai.process.pid, "url": self.openai.url,
-                                     "triton_pid": server.pid, "log": str(self.openai.log_path)})
+            write_record(
+                self.home,
+                {
+                    "name": name,
+                    "pid": self.openai.process.pid,
+                    "url": self.openai.url,
+                    "triton_pid": server.pid,
+                    "log": str(self.openai.log_path),
+                },
+            )
         self.detached_name = name
         return name
 
@@ -98,8 +114,10 @@ class Deployment:
                     server.wait(timeout=0.5)
                 except subprocess.TimeoutExpired:
                     continue
-                raise ServeError(server.exit_report(), hint=f"see the full log: {server.log_path}"
-                                 if server.log_path else "see the runtime's own log")
+                raise ServeError(
+                    server.exit_report(),
+                    hint=f"see the full log: {server.log_path}" if server.log_path else "see the runtime's own log",
+                )
         except (KeyboardInterrupt, _Terminate):
             on_stopping()
         finally:

@@ -66,8 +66,9 @@ def stage_index(stage: str) -> int:
 class Pipeline:
     """Plans one model's run once, then runs the stages, each reading the plan."""
 
-    def __init__(self, host: PluginHost, store: ArtifactStore, settings: RunSettings,
-                 *, say: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self, host: PluginHost, store: ArtifactStore, settings: RunSettings, *, say: Callable[[str], None] | None = None
+    ) -> None:
         self.host = host
         self.store = store
         self.settings = settings
@@ -81,8 +82,14 @@ class Pipeline:
         return stage_index(stage) <= stage_index(self.settings.until)
 
     def _context(self, plan: Plan) -> StageContext:
-        return StageContext(settings=plan.settings, store=self.store, home=self.store.home, runtime=plan.runtime,
-                            runtime_reason=plan.runtime_reason, say=self.say)
+        return StageContext(
+            settings=plan.settings,
+            store=self.store,
+            home=self.store.home,
+            runtime=plan.runtime,
+            runtime_reason=plan.runtime_reason,
+            say=self.say,
+        )
 
     def run(self) -> RunResult:
         plan = self.plan()
@@ -111,9 +118,11 @@ class Pipeline:
         checkpoint = result.checkpoint = self.stages.convert(family, source, spec, ctx)
         if checkpoint.non_finite:
             shown = ", ".join(checkpoint.non_finite[:3]) + (" …" if len(checkpoint.non_finite) > 3 else "")
-            self.say(f"warning: the converted weights hold NaN or Inf values in {len(checkpoint.non_finite)} "
-                     f"tensor(s) ({shown}); the model will answer with garbage or errors. Check the checkpoint "
-                     f"(or use --weight-dtype fp32 if its values overflow {checkpoint.weight_dtype})")
+            self.say(
+                f"warning: the converted weights hold NaN or Inf values in {len(checkpoint.non_finite)} "
+                f"tensor(s) ({shown}); the model will answer with garbage or errors. Check the checkpoint "
+                f"(or use --weight-dtype fp32 if its values overflow {checkpoint.weight_dtype})"
+            )
         if not self._wanted("tune") or plan.runtime is None:
             return result
         runtime = plan.runtime
@@ -159,9 +168,11 @@ class Pipeline:
             return
         availability = named.available(settings, self.store)
         if not availability.ok:
-            raise ConfigError(f"the {named.name} runtime cannot serve here: {availability.reason}",
-                              hint="lower --tp/--pp, run on a machine that has what it needs, or choose another "
-                                   "--runtime (`ftx run --dry-run` plans without it)")
+            raise ConfigError(
+                f"the {named.name} runtime cannot serve here: {availability.reason}",
+                hint="lower --tp/--pp, run on a machine that has what it needs, or choose another "
+                "--runtime (`ftx run --dry-run` plans without it)",
+            )
 
     def _complete(self, plan: Plan, source: Source) -> Plan:
         """The plan with the fetched checkpoint's own configuration (once, right after fetch)."""
@@ -193,13 +204,22 @@ class Pipeline:
         spec = family.spec(hf_config)
         spec.check_parallel(settings.convert.tp, settings.configure.pp)
         family.check_weight_dtype(settings.convert.weight_dtype)
-        estimate = plan.estimate or self._estimate_for(family, spec, dtype, settings, runtime,
-                                                       local_source=local_source)
-        return replace(plan, settings=settings, spec=spec, source_dtype=dtype, runtime=runtime, runtime_reason=reason,
-                       estimate=estimate)
+        estimate = plan.estimate or self._estimate_for(
+            family, spec, dtype, settings, runtime, local_source=local_source
+        )
+        return replace(
+            plan,
+            settings=settings,
+            spec=spec,
+            source_dtype=dtype,
+            runtime=runtime,
+            runtime_reason=reason,
+            estimate=estimate,
+        )
 
-    def _resolve_parallelism(self, settings: RunSettings, family: Family, hf_config: dict,
-                             runtime: Runtime | None) -> RunSettings:
+    def _resolve_parallelism(
+        self, settings: RunSettings, family: Family, hf_config: dict, runtime: Runtime | None
+    ) -> RunSettings:
         """``--tp auto`` (tp 0): tp x pp and instances from the placement planner, said with the reason."""
         if settings.convert.tp != 0:
             return settings
@@ -235,14 +255,28 @@ class Pipeline:
         elif licenses.is_noncommercial(license_id) and not self.settings.accept_license:
             self.say(f"          a real run needs {licenses.ACCEPT_FLAG} (or {licenses.ACCEPT_ENV}=1)")
 
-    def _estimate_for(self, family: Family, spec: ModelSpec, source_dtype: str | None, settings: RunSettings,
-                      runtime: Runtime | None, *, local_source: bool) -> Estimate:
+    def _estimate_for(
+        self,
+        family: Family,
+        spec: ModelSpec,
+        source_dtype: str | None,
+        settings: RunSettings,
+        runtime: Runtime | None,
+        *,
+        local_source: bool,
+    ) -> Estimate:
         from ftx_triton.plan.resources import estimate
 
         return estimate(
-            family, spec, source=source_dtype, weight_dtype=settings.convert.weight_dtype,
-            compute_dtype=settings.configure.data_type, home=self.store.home, local_source=local_source,
-            loads_in_ram=bool(runtime and runtime.loads_into_host_memory and self._wanted("serve")))
+            family,
+            spec,
+            source=source_dtype,
+            weight_dtype=settings.convert.weight_dtype,
+            compute_dtype=settings.configure.data_type,
+            home=self.store.home,
+            local_source=local_source,
+            loads_in_ram=bool(runtime and runtime.loads_into_host_memory and self._wanted("serve")),
+        )
 
     def _refuse_what_does_not_fit(self, plan: Plan) -> None:
         """Refuse now if serving would not fit in memory (disk is checked per build)."""
@@ -280,8 +314,10 @@ class Pipeline:
         self.say(f"fetch     {ref.display}{where}")
         family, spec = plan.family, plan.spec
         if family is None or spec is None:
-            self.say("          the next stages depend on the checkpoint's config.json: run `ftx pull` first, "
-                     "or pass --family for a preset")
+            self.say(
+                "          the next stages depend on the checkpoint's config.json: run `ftx pull` first, "
+                "or pass --family for a preset"
+            )
             return result
         s = plan.settings
         result.family, result.spec = family, spec
@@ -293,8 +329,13 @@ class Pipeline:
         if not self._wanted("tune") or runtime is None:
             return result
         self._say_runtime(plan)
-        why = ("--data-type" if self.settings.configure.data_type else f"the {runtime.name} runtime's default"
-               if runtime.default_data_type else "the weight dtype")
+        why = (
+            "--data-type"
+            if self.settings.configure.data_type
+            else f"the {runtime.name} runtime's default"
+            if runtime.default_data_type
+            else "the weight dtype"
+        )
         self.say(f"compute   {s.data_type} ({why})")
         for line in runtime.describe(DryRunPlan(s, family, spec, checkpoint_dir, repository_dir, self.store)):
             self.say(line)
@@ -309,11 +350,12 @@ class Pipeline:
             return
         for line in est.lines():
             self.say(line)
-        problems = est.problems(download=not local_source, convert=self._wanted("convert"),
-                                serve=self._wanted("serve"))
+        problems = est.problems(download=not local_source, convert=self._wanted("convert"), serve=self._wanted("serve"))
         if problems:
-            self.say(f"          a real run refuses this unless it is cached or {OVERRIDE_FLAG} is given: "
-                     f"{'; '.join(problems)}")
+            self.say(
+                f"          a real run refuses this unless it is cached or {OVERRIDE_FLAG} is given: "
+                f"{'; '.join(problems)}"
+            )
 
 
 __all__ = ["Pipeline", "Plan", "RunResult", "stage_index"]

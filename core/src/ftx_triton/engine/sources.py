@@ -62,9 +62,11 @@ def _check_sha256_applies(ref: SourceRef, text: str, sha256: str) -> None:
     if ref.kind == "local" and Path(ref.uri).is_dir():
         what = "a directory"
     if what is not None:
-        raise SourceError(f"--sha256 checks a downloaded or archived file, and {text!r} is {what}",
-                          hint="drop --sha256: a Hugging Face source is pinned by --revision COMMIT, a directory "
-                               "or a built-in model by `ftx lock`")
+        raise SourceError(
+            f"--sha256 checks a downloaded or archived file, and {text!r} is {what}",
+            hint="drop --sha256: a Hugging Face source is pinned by --revision COMMIT, a directory "
+            "or a built-in model by `ftx lock`",
+        )
 
 
 def build_builtin(name: str) -> Path:

@@ -59,8 +59,13 @@ def tune_key_inputs(family: Family, spec: ModelSpec, runtime: Runtime, settings:
     """What determines a gemm_config.in: the GEMM shapes, the tune settings and, when the runtime tunes,
     its target (GPU model, image or build, tool arguments)."""
     inputs: dict[str, Any] = {
-        "family": family.name, "tool": family.gemm_tool, "dims": dict(spec.dims), "runtime": runtime.name,
-        "tp": settings.convert.tp, "data_type": settings.data_type, "settings": section_fingerprint(settings.tune),
+        "family": family.name,
+        "tool": family.gemm_tool,
+        "dims": dict(spec.dims),
+        "runtime": runtime.name,
+        "tp": settings.convert.tp,
+        "data_type": settings.data_type,
+        "settings": section_fingerprint(settings.tune),
     }
     if runtime.uses_gemm_config and settings.tune.tune:
         inputs["target"] = dict(runtime.tune_key(family, spec, settings))
@@ -90,48 +95,112 @@ class Stages:
         inputs: dict[str, Any]
         if local_dir:  # keyed by content, not by where it lies: a copy elsewhere is the same artifact
             revision = local_content_key(Path(ref.uri), self.store.home)
-            inputs = {"ref": "local", "revision": revision, "patterns": patterns, "settings": {**settings, "source": None}}
+            inputs = {
+                "ref": "local",
+                "revision": revision,
+                "patterns": patterns,
+                "settings": {**settings, "source": None},
+            }
         else:
             revision = resolve_revision(ref)
-            inputs = {"ref": ref.uri, "revision": revision, "sha256": ref.sha256, "patterns": patterns,
-                      "settings": settings}
+            inputs = {
+                "ref": ref.uri,
+                "revision": revision,
+                "sha256": ref.sha256,
+                "patterns": patterns,
+                "settings": settings,
+            }
         ctx = self._context(ctx)
-        source = self._build("fetch", inputs, family, Source, ctx, lambda dest: self.host.hook.ftx_fetch(
-            ref=ref, revision=revision, family=family or Family(), dest=dest, ctx=ctx))
+        source = self._build(
+            "fetch",
+            inputs,
+            family,
+            Source,
+            ctx,
+            lambda dest: self.host.hook.ftx_fetch(
+                ref=ref, revision=revision, family=family or Family(), dest=dest, ctx=ctx
+            ),
+        )
         if local_dir and source.path != Path(ref.uri):  # built from a copy that lay elsewhere: read this one
             source = dataclasses.replace(source, ref=ref, path=Path(ref.uri), origin={**source.origin, "path": ref.uri})
         return source
 
     def convert(self, family: Family, source: Source, spec: ModelSpec, ctx: StageContext) -> Checkpoint:
         ctx = self._context(ctx)
-        inputs = {"fetch": ctx.artifact_keys["fetch"], "family": family.name, "fingerprint": family.fingerprint(),
-                  "format": tensormap.FORMAT_VERSION, "settings": section_fingerprint(ctx.settings.convert)}
-        return self._build("convert", inputs, family, Checkpoint, ctx, lambda dest: self.host.hook.ftx_convert(
-            family=family, source=source, spec=spec, dest=dest, ctx=ctx))
+        inputs = {
+            "fetch": ctx.artifact_keys["fetch"],
+            "family": family.name,
+            "fingerprint": family.fingerprint(),
+            "format": tensormap.FORMAT_VERSION,
+            "settings": section_fingerprint(ctx.settings.convert),
+        }
+        return self._build(
+            "convert",
+            inputs,
+            family,
+            Checkpoint,
+            ctx,
+            lambda dest: self.host.hook.ftx_convert(family=family, source=source, spec=spec, dest=dest, ctx=ctx),
+        )
 
     def tune(self, family: Family, spec: ModelSpec, runtime: Runtime, ctx: StageContext) -> GemmConfig:
         ctx = self._context(ctx)
         inputs = tune_key_inputs(family, spec, runtime, ctx.settings)
-        return self._build("tune", inputs, family, GemmConfig, ctx, lambda dest: self.host.hook.ftx_tune(
-            family=family, spec=spec, dest=dest, ctx=ctx, runtime=runtime))
+        return self._build(
+            "tune",
+            inputs,
+            family,
+            GemmConfig,
+            ctx,
+            lambda dest: self.host.hook.ftx_tune(family=family, spec=spec, dest=dest, ctx=ctx, runtime=runtime),
+        )
 
-    def configure(self, family: Family, spec: ModelSpec, source: Source, checkpoint: Checkpoint, gemm: GemmConfig,
-                  runtime: Runtime, ctx: StageContext) -> ModelRepository:
+    def configure(
+        self,
+        family: Family,
+        spec: ModelSpec,
+        source: Source,
+        checkpoint: Checkpoint,
+        gemm: GemmConfig,
+        runtime: Runtime,
+        ctx: StageContext,
+    ) -> ModelRepository:
         ctx = self._context(ctx)
         keys = ctx.artifact_keys
-        inputs = {"convert": keys["convert"], "tune": keys.get("tune"), "runtime": runtime.name,
-                  "ftx": ftx_triton.__version__, "fingerprint": family.fingerprint(),
-                  "settings": section_fingerprint(ctx.settings.configure)}
-        return self._build("configure", inputs, family, ModelRepository, ctx, lambda dest: self.host.hook.ftx_configure(
-            family=family, spec=spec, source=source, checkpoint=checkpoint, gemm=gemm, dest=dest, ctx=ctx,
-            runtime=runtime))
+        inputs = {
+            "convert": keys["convert"],
+            "tune": keys.get("tune"),
+            "runtime": runtime.name,
+            "ftx": ftx_triton.__version__,
+            "fingerprint": family.fingerprint(),
+            "settings": section_fingerprint(ctx.settings.configure),
+        }
+        return self._build(
+            "configure",
+            inputs,
+            family,
+            ModelRepository,
+            ctx,
+            lambda dest: self.host.hook.ftx_configure(
+                family=family,
+                spec=spec,
+                source=source,
+                checkpoint=checkpoint,
+                gemm=gemm,
+                dest=dest,
+                ctx=ctx,
+                runtime=runtime,
+            ),
+        )
 
     def serve(self, repository: ModelRepository, gemm: GemmConfig, runtime: Runtime, ctx: StageContext) -> Endpoint:
         ctx = self._context(ctx)
         endpoint = self.host.hook.ftx_serve(repository=repository, gemm=gemm, ctx=ctx, runtime=runtime)
         if endpoint is None:
-            raise PluginError(f"no plugin can serve the {runtime.name} runtime",
-                              hint="a plugin overriding ftx_serve declined and core's default is missing")
+            raise PluginError(
+                f"no plugin can serve the {runtime.name} runtime",
+                hint="a plugin overriding ftx_serve declined and core's default is missing",
+            )
         return endpoint
 
     # -- machinery -------------------------------------------------------------------------
@@ -145,8 +214,15 @@ class Stages:
         """The context a hook gets: the run's, with what the earlier stages produced (never written back)."""
         return replace(ctx, artifact_keys=self.keys, producer=dict(self._last_producer))
 
-    def _build(self, stage: str, key_inputs: Mapping[str, Any], family: Family | None, result_type: type[R],
-               ctx: StageContext, call: Callable[[Path], R | None]) -> R:
+    def _build(
+        self,
+        stage: str,
+        key_inputs: Mapping[str, Any],
+        family: Family | None,
+        result_type: type[R],
+        ctx: StageContext,
+        call: Callable[[Path], R | None],
+    ) -> R:
         """Build (or reuse) one stage's artifact and return the hook's typed result."""
         key = make_key({"stage": stage, **key_inputs})
         hook_name = f"ftx_{stage}"
@@ -155,18 +231,27 @@ class Stages:
             self.before_build(stage)
             value = call(tmp)
             if value is None:
-                raise PluginError(f"no plugin implemented {hook_name} for this model",
-                                  hint="a plugin overriding this stage declined and core's default is missing")
+                raise PluginError(
+                    f"no plugin implemented {hook_name} for this model",
+                    hint="a plugin overriding this stage declined and core's default is missing",
+                )
             if not isinstance(value, result_type):
-                raise PluginError(f"{hook_name} returned {type(value).__name__}, not {result_type.__name__}",
-                                  hint="a plugin's stage hook must return the documented record")
+                raise PluginError(
+                    f"{hook_name} returned {type(value).__name__}, not {result_type.__name__}",
+                    hint="a plugin's stage hook must return the documented record",
+                )
             return {"result": to_record(value, tmp)}
 
         structlog.contextvars.bind_contextvars(stage=stage)
         try:
             artifact, cached = self.store.build(
-                stage, key, builder, inputs=key_inputs, producer=self._producer(family, hook_name, ctx),
-                force=stage in ctx.settings.force, accept=lambda hit: _result(result_type, hit),
+                stage,
+                key,
+                builder,
+                inputs=key_inputs,
+                producer=self._producer(family, hook_name, ctx),
+                force=stage in ctx.settings.force,
+                accept=lambda hit: _result(result_type, hit),
             )
         finally:
             structlog.contextvars.unbind_contextvars("stage")
@@ -180,8 +265,13 @@ class Stages:
             log.info("stage.finished", stage=stage, key=key, path=str(artifact.path), skipped=detail)
             self.say(f"{stage:<9} skipped  {detail}")
         else:
-            log.info("stage.finished", stage=stage, key=key, path=str(artifact.path),
-                     duration_s=artifact.provenance.get("duration_s"))
+            log.info(
+                "stage.finished",
+                stage=stage,
+                key=key,
+                path=str(artifact.path),
+                duration_s=artifact.provenance.get("duration_s"),
+            )
             self.say(f"{stage:<9} done     {artifact.path}")
         self.outcomes.append(StageOutcome(stage, key, artifact.path, cached, detail))
         self._last_producer = dict(artifact.provenance.get("producer") or {})
@@ -200,7 +290,10 @@ class Stages:
                 "fingerprint": family.fingerprint(),
             }
         if ctx.runtime is not None:
-            producer["runtime"] = {"name": ctx.runtime.name, "distribution": self.host.runtime_owner.get(ctx.runtime.name)}
+            producer["runtime"] = {
+                "name": ctx.runtime.name,
+                "distribution": self.host.runtime_owner.get(ctx.runtime.name),
+            }
         producer["plugins"] = {r.distribution: r.version for r in self.host.records if r.status == "loaded"}
         return producer
 

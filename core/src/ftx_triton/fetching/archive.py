@@ -116,8 +116,9 @@ def is_archive(path: Path) -> bool:
     return archive_format(path) is not None
 
 
-def safe_extract(archive: Path, dest: Path, *, progress: bool = True, max_bytes: int | None = None,
-                 max_ratio: float = MAX_RATIO) -> Path:
+def safe_extract(
+    archive: Path, dest: Path, *, progress: bool = True, max_bytes: int | None = None, max_ratio: float = MAX_RATIO
+) -> Path:
     """Extract ``archive`` into ``dest`` (which must not exist, or be empty) and return the root.
 
     The root is ``dest``, or its only entry when the archive holds one top-level directory.
@@ -182,10 +183,14 @@ def _make_parent(dest: Path) -> None:
 
 def _output_error(exc: OSError, dest: Path) -> OutputError:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return OutputError(f"no space left to extract into {dest} ({exc.strerror})",
-                           hint=f"free space on the file system of {dest.parent} (or set FTX_HOME elsewhere)")
-    return OutputError(f"cannot extract into {dest}: {exc.strerror or exc}",
-                       hint=f"make {dest.parent} writable (or set FTX_HOME elsewhere)")
+        return OutputError(
+            f"no space left to extract into {dest} ({exc.strerror})",
+            hint=f"free space on the file system of {dest.parent} (or set FTX_HOME elsewhere)",
+        )
+    return OutputError(
+        f"cannot extract into {dest}: {exc.strerror or exc}",
+        hint=f"make {dest.parent} writable (or set FTX_HOME elsewhere)",
+    )
 
 
 @contextmanager
@@ -225,8 +230,10 @@ def _member_parts(name: str) -> tuple[str, ...]:
     if len(os.fsencode(norm)) > MAX_PATH_BYTES:
         raise _Unsafe(name, f"has a path longer than {MAX_PATH_BYTES} bytes")
     if long := next((p for p in parts if len(os.fsencode(p)) > MAX_COMPONENT_BYTES), None):
-        raise _Unsafe(name, f"has a path component of {len(os.fsencode(long))} bytes "
-                            f"(file systems take at most {MAX_COMPONENT_BYTES})")
+        raise _Unsafe(
+            name,
+            f"has a path component of {len(os.fsencode(long))} bytes (file systems take at most {MAX_COMPONENT_BYTES})",
+        )
     return parts
 
 
@@ -276,8 +283,9 @@ class _Budget:
     def check(self, name: str, total: int) -> None:
         """Raise when ``total`` extracted bytes (reached at member ``name``) is over a limit."""
         if total > self.ratio_limit:
-            raise _TooBig(f"it expands to more than {self.ratio_limit} bytes ({self.ratio:g}x its size) "
-                          f"at member {name!r}")
+            raise _TooBig(
+                f"it expands to more than {self.ratio_limit} bytes ({self.ratio:g}x its size) at member {name!r}"
+            )
         if total > self.space_limit:
             if self.explicit:
                 raise _TooBig(f"it expands to more than {self.space_limit} bytes at member {name!r}")
@@ -321,7 +329,9 @@ class _Writer:
             return os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                what = "a symlink" if stat.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode) else "a file"
+                what = (
+                    "a symlink" if stat.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode) else "a file"
+                )
                 raise _Unsafe(name, f"would be written through {so_far!r}, which is {what}") from exc
             raise
 
@@ -335,9 +345,17 @@ class _Writer:
     def file(self, name: str, parts: tuple[str, ...], src: IO[bytes], bar: ByteProgress, declared: int) -> None:
         self.budget.member(name, declared)
         with self._parent(name, parts) as parent:
-            fd = self._create(parent, name, parts, lambda: os.open(
-                parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, _FILE_MODE,
-                dir_fd=parent))
+            fd = self._create(
+                parent,
+                name,
+                parts,
+                lambda: os.open(
+                    parts[-1],
+                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    _FILE_MODE,
+                    dir_fd=parent,
+                ),
+            )
         with os.fdopen(fd, "wb") as out:
             while chunk := src.read(_CHUNK_BYTES):
                 self.budget.add(name, len(chunk))
@@ -359,8 +377,14 @@ class _Writer:
             with self._parent(link, target, create=False) as src_parent, self._parent(name, parts) as parent:
                 if not stat.S_ISREG(os.stat(target[-1], dir_fd=src_parent, follow_symlinks=False).st_mode):
                     raise _Unsafe(name, f"is a hardlink to {link!r}, which is not a regular file")
-                self._create(parent, name, parts, lambda: os.link(
-                    target[-1], parts[-1], src_dir_fd=src_parent, dst_dir_fd=parent, follow_symlinks=False))
+                self._create(
+                    parent,
+                    name,
+                    parts,
+                    lambda: os.link(
+                        target[-1], parts[-1], src_dir_fd=src_parent, dst_dir_fd=parent, follow_symlinks=False
+                    ),
+                )
         except FileNotFoundError as exc:
             raise _Unsafe(name, f"is a hardlink to {link!r}, which comes later or not at all") from exc
 
@@ -429,8 +453,12 @@ def _extract_zip(archive: Path, writer: _Writer, bar: ByteProgress) -> None:
         seen: set[tuple[str, ...]] = set()
         for info, kind, parts in members:
             if info.flag_bits & 0x1:
-                raise _Unsafe(info.filename, "is encrypted", hint="ftx does not extract password-protected "
-                              "archives: extract it yourself and pass the directory as the model source")
+                raise _Unsafe(
+                    info.filename,
+                    "is encrypted",
+                    hint="ftx does not extract password-protected "
+                    "archives: extract it yourself and pass the directory as the model source",
+                )
             if kind == "special":
                 raise _Unsafe(info.filename, "is a device, fifo or other special file")
             if kind != "dir" and parts in seen:

@@ -28,8 +28,17 @@ DEMO_VERSION = 1
 """Bump when the recipe changes: an existing build with another version is rebuilt."""
 MARKER = "ftx-demo.json"
 RECIPE: dict[str, Any] = {
-    "vocab_size": 400, "n_layer": 2, "n_embd": 128, "n_head": 4, "rotary_dim": 16, "n_positions": 256,
-    "steps": 60, "batch": 16, "window": 64, "lr": 3e-3, "seed": 0,
+    "vocab_size": 400,
+    "n_layer": 2,
+    "n_embd": 128,
+    "n_head": 4,
+    "rotary_dim": 16,
+    "n_positions": 256,
+    "steps": 60,
+    "batch": 16,
+    "window": 64,
+    "lr": 3e-3,
+    "seed": 0,
 }
 
 
@@ -67,8 +76,12 @@ def ensure_demo_checkpoint(home: Path) -> Path:
         if _marker_ok(target):  # another process built it while we waited
             return target
         started = time.perf_counter()
-        with status(f"building the built-in {DEMO_NAME} model (first use only: trains a tiny GPT-J offline, "
-                    "about 10 s) …"), publish_dir(target, replace=True, locked=False) as tmp:
+        with (
+            status(
+                f"building the built-in {DEMO_NAME} model (first use only: trains a tiny GPT-J offline, about 10 s) …"
+            ),
+            publish_dir(target, replace=True, locked=False) as tmp,
+        ):
             build_demo_checkpoint(tmp)
         log.info("demo.built", path=str(target), seconds=round(time.perf_counter() - started, 2))
     return target
@@ -113,9 +126,17 @@ def build_demo_checkpoint(dest: Path) -> Path:
     tokenizer = train_bpe_tokenizer(dest, vocab_size=r["vocab_size"])
     eos = tokenizer.token_to_id(END_OF_TEXT)
     ids = training_ids(tokenizer, eos)
-    config = GPTJConfig(n_layer=r["n_layer"], n_embd=r["n_embd"], n_head=r["n_head"], rotary_dim=r["rotary_dim"],
-                        vocab_size=tokenizer.get_vocab_size(), n_positions=r["n_positions"],
-                        bos_token_id=eos, eos_token_id=eos, tie_word_embeddings=False)
+    config = GPTJConfig(
+        n_layer=r["n_layer"],
+        n_embd=r["n_embd"],
+        n_head=r["n_head"],
+        rotary_dim=r["rotary_dim"],
+        vocab_size=tokenizer.get_vocab_size(),
+        n_positions=r["n_positions"],
+        bos_token_id=eos,
+        eos_token_id=eos,
+        tie_word_embeddings=False,
+    )
     with _deterministic_torch():
         torch.manual_seed(r["seed"])
         model = GPTJForCausalLM(config)
@@ -127,7 +148,7 @@ def build_demo_checkpoint(dest: Path) -> Path:
         loss = None
         for _ in range(r["steps"]):
             starts = torch.randint(0, len(ids), (r["batch"],), generator=generator)
-            batch = torch.stack([data[s:s + window] for s in starts.tolist()])
+            batch = torch.stack([data[s : s + window] for s in starts.tolist()])
             loss = model(input_ids=batch, labels=batch).loss
             optimizer.zero_grad()
             loss.backward()
@@ -137,10 +158,18 @@ def build_demo_checkpoint(dest: Path) -> Path:
             model.generation_config.pad_token_id = eos
         model.save_pretrained(dest, safe_serialization=True)
     files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(dest.iterdir()) if p.is_file()}
-    (dest / MARKER).write_text(json.dumps({
-        "name": DEMO_NAME, "version": DEMO_VERSION, "recipe": RECIPE, "files": files,
-        "final_loss": round(loss.item(), 4) if loss is not None else None,
-        "description": "tiny GPT-J trained for a few seconds on ftx_triton.fetching.tiny.CORPUS "
-                       "(built by ftx_triton.fetching.demo)",
-    }, indent=2))
+    (dest / MARKER).write_text(
+        json.dumps(
+            {
+                "name": DEMO_NAME,
+                "version": DEMO_VERSION,
+                "recipe": RECIPE,
+                "files": files,
+                "final_loss": round(loss.item(), 4) if loss is not None else None,
+                "description": "tiny GPT-J trained for a few seconds on ftx_triton.fetching.tiny.CORPUS "
+                "(built by ftx_triton.fetching.demo)",
+            },
+            indent=2,
+        )
+    )
     return dest

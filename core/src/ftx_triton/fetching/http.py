@@ -60,13 +60,7 @@ def part_path(dest: Path) -> Path:
 
 
 def download(
-    url: str,
-    dest: Path,
-    *,
-    sha256: str | None = None,
-    retries: int = 5,
-    progress: bool = True,
-    timeout_s: float = 30,
+    url: str, dest: Path, *, sha256: str | None = None, retries: int = 5, progress: bool = True, timeout_s: float = 30
 ) -> Path:
     """Download ``url`` to ``dest`` (resumable, retried, checksum-verified) and return ``dest``.
 
@@ -87,8 +81,13 @@ def download(
         if scheme == "file":
             _copy_local(url, part, progress)
         else:
-            with keeping(lambda: f"{_size(part)} bytes of {dest.name} in {part} (the next run resumes the download)"
-                         if _size(part) else None):
+            with keeping(
+                lambda: (
+                    f"{_size(part)} bytes of {dest.name} in {part} (the next run resumes the download)"
+                    if _size(part)
+                    else None
+                )
+            ):
                 _fetch_with_retries(url, part, retries=retries, timeout_s=timeout_s, progress=progress)
         _verify(part, expected, url, progress)
         os.replace(part, dest)

@@ -86,7 +86,7 @@ def check_revision(revision: str) -> str:
         raise SourceError(
             f"invalid revision {revision!r}",
             hint="give a branch, tag or 40-hex commit: letters, digits, '.', '_', '+', '-' and '/' between "
-                 "parts, no part starting with '.' (e.g. main, v1.0, refs/pr/1)",
+            "parts, no part starting with '.' (e.g. main, v1.0, refs/pr/1)",
         )
     return revision
 
@@ -257,8 +257,10 @@ def _online(repo_id: str, commit: str, token: str | None) -> Iterator[None]:
 def _select(repo_id: str, commit: str, names: list[str], patterns: list[str]) -> list[str]:
     wanted = sorted(filter_repo_objects(names, allow_patterns=patterns))
     if bad := [n for n in wanted if n.startswith("/") or ".." in n.replace("\\", "/").split("/")]:
-        raise SourceError(f"{repo_id}@{commit[:12]} lists a file outside the repository: {bad[0]!r}",
-                          hint="the Hub (or HF_ENDPOINT) answered with a hostile file list; check HF_ENDPOINT")
+        raise SourceError(
+            f"{repo_id}@{commit[:12]} lists a file outside the repository: {bad[0]!r}",
+            hint="the Hub (or HF_ENDPOINT) answered with a hostile file list; check HF_ENDPOINT",
+        )
     if not wanted:
         listing = ", ".join(sorted(names)[:20]) or "nothing"
         raise SourceError(

@@ -74,9 +74,10 @@ def _split_url(text: str) -> SplitResult:
         parts = urlsplit(text)
         _ = parts.port  # parsed lazily: raises here, not in the download
     except ValueError as exc:
-        raise SourceError(f"invalid URL {redact_url(text)!r}: {exc}",
-                          hint="write https://HOST[:PORT]/PATH; an IPv6 host goes in brackets, e.g. "
-                               "http://[::1]:8000/model.tar.gz") from exc
+        raise SourceError(
+            f"invalid URL {redact_url(text)!r}: {exc}",
+            hint="write https://HOST[:PORT]/PATH; an IPv6 host goes in brackets, e.g. http://[::1]:8000/model.tar.gz",
+        ) from exc
     return parts
 
 
@@ -93,8 +94,7 @@ def _parse_hf(body: str, revision: str | None) -> SourceRef:
             check_revision(given)
     if inline_rev and revision and inline_rev != revision:
         raise SourceError(
-            f"two revisions given for {repo_id}: @{inline_rev} and --revision {revision}",
-            hint="give the revision once",
+            f"two revisions given for {repo_id}: @{inline_rev} and --revision {revision}", hint="give the revision once"
         )
     return SourceRef(kind="hf", uri=f"hf://{repo_id}", revision=inline_rev or revision or None)
 
@@ -131,8 +131,11 @@ def download_name(url: str) -> str:
     if name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
         raise SourceError(f"the URL {shown!r} names no file (its last path segment is {name!r})", hint=hint)
     if len(os.fsencode(raw)) > 255:
-        raise SourceError(f"the URL {shown[:120]!r}… has a last path segment of {len(os.fsencode(raw))} bytes, "
-                          "longer than a file name may be (255)", hint=hint)
+        raise SourceError(
+            f"the URL {shown[:120]!r}… has a last path segment of {len(os.fsencode(raw))} bytes, "
+            "longer than a file name may be (255)",
+            hint=hint,
+        )
     if archive_format(Path(raw)) is None:
         raise SourceError(f"the URL {shown!r} does not name an archive ({name!r})", hint=hint)
     return raw
@@ -177,8 +180,10 @@ def _unknown(text: str, presets: Mapping[str, SourceRef], why: str) -> SourceErr
     hint = f"use a preset ({names}) or one of: {forms}"
     if text.startswith(("./", "../", "~", os.sep)) or text in (".", ".."):
         # Written as a path: it is one, and it is missing (never a Hub id).
-        return SourceError(f"unknown model source: {text!r} does not exist",
-                           hint="check the path (a checkpoint directory with config.json, or an archive)")
+        return SourceError(
+            f"unknown model source: {text!r} does not exist",
+            hint="check the path (a checkpoint directory with config.json, or an archive)",
+        )
     close = difflib.get_close_matches(text, list(presets), n=3, cutoff=0.6)
     if close:
         hint = f"did you mean {' or '.join(close)}? (`ftx models` lists the presets)"
@@ -260,7 +265,9 @@ def local_content_key(root: Path, home: Path) -> str:
     from ftx_triton.io.hashing import sha256_files
 
     quick = local_fingerprint(root)
-    memo = Path(home) / "local-keys" / (hashlib.sha256(f"{root.resolve()}\0{quick}".encode()).hexdigest()[:32] + ".json")
+    memo = (
+        Path(home) / "local-keys" / (hashlib.sha256(f"{root.resolve()}\0{quick}".encode()).hexdigest()[:32] + ".json")
+    )
     try:
         remembered = json.loads(memo.read_text())
         if isinstance(remembered, dict) and isinstance(remembered.get("key"), str):

@@ -70,13 +70,17 @@ async def read_body(request: web.Request) -> bytes:
     limits = limits_of(request)
     encoding = request.headers.get("Content-Encoding", "").strip().lower()
     if encoding not in ENCODINGS:
-        raise Refused(HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
-                      f"Content-Encoding {encoding[:40]!r} is not accepted; send the body as identity, gzip or deflate")
+        raise Refused(
+            HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+            f"Content-Encoding {encoding[:40]!r} is not accepted; send the body as identity, gzip or deflate",
+        )
     limit = limits.max_body_bytes
     declared = request.content_length
     if declared is not None and declared > limit:
-        raise Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                      f"the request body has {declared} bytes; this server accepts at most {limit}")
+        raise Refused(
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+            f"the request body has {declared} bytes; this server accepts at most {limit}",
+        )
     parts: list[bytes] = []
     total = 0
     try:
@@ -84,13 +88,15 @@ async def read_body(request: web.Request) -> bytes:
             async for chunk in request.content.iter_any():
                 total += len(chunk)
                 if total > limit:
-                    raise Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                                  f"the request body (decoded) exceeds {limit} bytes; this server accepts at most "
-                                  f"{limit}")
+                    raise Refused(
+                        HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                        f"the request body (decoded) exceeds {limit} bytes; this server accepts at most {limit}",
+                    )
                 parts.append(chunk)
     except TimeoutError:
-        raise Refused(HTTPStatus.REQUEST_TIMEOUT,
-                      f"the request body did not arrive within {limits.body_timeout_s:g} s") from None
+        raise Refused(
+            HTTPStatus.REQUEST_TIMEOUT, f"the request body did not arrive within {limits.body_timeout_s:g} s"
+        ) from None
     except web.RequestPayloadError as exc:  # a body its Content-Encoding cannot decode, a cut chunk
         raise Refused(HTTPStatus.BAD_REQUEST, f"the request body cannot be read: {exc}") from None
     return b"".join(parts)
@@ -104,8 +110,10 @@ def refusal(refused: Refused) -> web.Response:
 
 
 _BUSY_LINGER_S = 1.0
-_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
-         b"Content-Length: %d\r\n\r\n%s")
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    b"Content-Length: %d\r\n\r\n%s"
+)
 
 
 class _Connection(web.RequestHandler):
@@ -120,8 +128,12 @@ class _Connection(web.RequestHandler):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if self.front.open_connections >= self.front.limits.max_connections:
-            body = json.dumps({"error": f"this server is at its limit of {self.front.limits.max_connections} "
-                                        "connections; try again shortly"}).encode()
+            body = json.dumps(
+                {
+                    "error": f"this server is at its limit of {self.front.limits.max_connections} "
+                    "connections; try again shortly"
+                }
+            ).encode()
             self.busy = True
             transport.write(_BUSY % (len(body), body))  # type: ignore[attr-defined]
             transport.write_eof()  # type: ignore[attr-defined]
@@ -192,8 +204,9 @@ class Front:
         self.open_connections = 0
         self.busy_refused = 0
         self.slow_closed = 0
-        self.sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
-                                         backlog=256)
+        self.sock = socket.create_server(
+            (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET, backlog=256
+        )
         self.port = self.sock.getsockname()[1]
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped: asyncio.Event | None = None
@@ -209,8 +222,14 @@ class Front:
         assert manager is not None
 
         def connection() -> _Connection:
-            return _Connection(self, manager, loop=self._loop, keepalive_timeout=self.limits.idle_timeout_s,
-                               access_log=None, lingering_time=5.0)
+            return _Connection(
+                self,
+                manager,
+                loop=self._loop,
+                keepalive_timeout=self.limits.idle_timeout_s,
+                access_log=None,
+                lingering_time=5.0,
+            )
 
         server = await self._loop.create_server(connection, sock=self.sock)
         try:

@@ -29,8 +29,21 @@ from aiohttp import web
 from ftx_triton.front.server import Refused, read_body, refusal
 
 MAX_JSON_DEPTH = 64
-_HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-                         "transfer-encoding", "upgrade", "content-length", "host", "content-encoding"})
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+        "host",
+        "content-encoding",
+    }
+)
 _BINARY_HEADER = "Inference-Header-Content-Length"
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
@@ -73,16 +86,22 @@ def json_part(headers: Mapping[str, str], body: bytes) -> bytes:
     except ValueError:
         size = -1
     if not 0 <= size <= len(body):
-        raise Refused(HTTPStatus.BAD_REQUEST,
-                      f"{_BINARY_HEADER} must be a byte count within the body (0 to {len(body)})")
+        raise Refused(
+            HTTPStatus.BAD_REQUEST, f"{_BINARY_HEADER} must be a byte count within the body (0 to {len(body)})"
+        )
     return body[:size]
 
 
 class Shield:
     """Forwards checked requests to tritonserver at ``127.0.0.1:upstream_port``."""
 
-    def __init__(self, upstream_port: int, *, max_json_depth: int = MAX_JSON_DEPTH,
-                 on_refused: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        upstream_port: int,
+        *,
+        max_json_depth: int = MAX_JSON_DEPTH,
+        on_refused: Callable[[str], None] | None = None,
+    ) -> None:
         self.base = f"http://127.0.0.1:{upstream_port}"
         self.max_json_depth = max_json_depth
         self.on_refused = on_refused
@@ -97,8 +116,11 @@ class Shield:
 
     async def _open(self, _app: web.Application) -> None:
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, force_close=False), auto_decompress=False,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10), skip_auto_headers=("User-Agent",))
+            connector=aiohttp.TCPConnector(limit=0, force_close=False),
+            auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+            skip_auto_headers=("User-Agent",),
+        )
 
     async def _close(self, _app: web.Application) -> None:
         if self.session is not None:
@@ -119,12 +141,17 @@ class Shield:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
         assert self.session is not None
         try:
-            upstream = await self.session.request(request.method, self.base + request.rel_url.raw_path_qs,
-                                                  data=body if body or request.method in ("POST", "PUT") else None,
-                                                  headers=headers, allow_redirects=False)
+            upstream = await self.session.request(
+                request.method,
+                self.base + request.rel_url.raw_path_qs,
+                data=body if body or request.method in ("POST", "PUT") else None,
+                headers=headers,
+                allow_redirects=False,
+            )
         except (aiohttp.ClientError, OSError) as exc:
-            return web.json_response({"error": f"tritonserver is not reachable: {exc}"},
-                                     status=HTTPStatus.SERVICE_UNAVAILABLE)
+            return web.json_response(
+                {"error": f"tritonserver is not reachable: {exc}"}, status=HTTPStatus.SERVICE_UNAVAILABLE
+            )
         async with upstream:
             response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
             for key, value in upstream.headers.items():

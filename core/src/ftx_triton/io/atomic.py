@@ -68,8 +68,9 @@ def recover(final: Path) -> None:
 
 
 @contextlib.contextmanager
-def publish_dir(final: Path, *, replace: bool = False, locked: bool = True,
-                lock_dir: Path | None = None) -> Iterator[Path]:
+def publish_dir(
+    final: Path, *, replace: bool = False, locked: bool = True, lock_dir: Path | None = None
+) -> Iterator[Path]:
     """Yield an empty temp directory beside ``final``; on success publish it as ``final``.
 
     ``final`` may be absent or an empty directory; with ``replace`` an existing one is swapped

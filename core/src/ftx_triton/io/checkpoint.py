@@ -64,8 +64,9 @@ class TensorReader(Protocol):
         """Release files."""
 
 
-FLOAT_DTYPES = frozenset({np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64),
-                          np.dtype(ml_dtypes.bfloat16)})
+FLOAT_DTYPES = frozenset(
+    {np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64), np.dtype(ml_dtypes.bfloat16)}
+)
 
 
 def tensor_dtype(reader: TensorReader, name: str) -> np.dtype | None:
@@ -80,7 +81,7 @@ def check_weight_dtype(name: str, dtype: np.dtype | None) -> None:
         raise CheckpointError(
             f"tensor {name} is stored as {np.dtype(dtype).name}, not floating point",
             hint="a weight is F16, BF16, F32 or F64; this checkpoint's header says otherwise, so the file is "
-                 "corrupt or not the model's weights; fetch it again",
+            "corrupt or not the model's weights; fetch it again",
         )
 
 
@@ -97,8 +98,10 @@ def _check_entry(path: Path, name: str, entry: object, data_len: int) -> None:
         raise bad(f"is described by {json_kind(entry)}, not an object with dtype, shape and data_offsets")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
     if dtype not in SAFETENSORS_DTYPES:
-        raise bad(f"has unsupported dtype {dtype!r}",
-                  hint=f"ftx reads {', '.join(SAFETENSORS_DTYPES)}; save the checkpoint in one of them")
+        raise bad(
+            f"has unsupported dtype {dtype!r}",
+            hint=f"ftx reads {', '.join(SAFETENSORS_DTYPES)}; save the checkpoint in one of them",
+        )
     if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
         raise bad(f"has shape {shape!r}, not a list of sizes >= 0")
     if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(o) for o in offsets):
@@ -109,7 +112,8 @@ def _check_entry(path: Path, name: str, entry: object, data_len: int) -> None:
     if end > data_len:
         raise CheckpointError(
             f"{path} is truncated: tensor {name} needs bytes {begin}..{end} of data but the file holds {data_len}",
-            hint="the download is incomplete; delete the file and fetch it again")
+            hint="the download is incomplete; delete the file and fetch it again",
+        )
     expected = math.prod(shape) * SAFETENSORS_DTYPES[dtype].itemsize
     if end - begin != expected:
         raise bad(f"spans {end - begin} bytes but its shape {shape} of {dtype} needs {expected}")
@@ -130,12 +134,18 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _check_no_overlap(path: Path, header: dict[str, Any]) -> None:
     """Refuse tensors whose data ranges overlap (the format forbids it: one byte would belong to two tensors)."""
-    spans = sorted((entry["data_offsets"][0], entry["data_offsets"][1], name) for name, entry in header.items()
-                   if entry["data_offsets"][1] > entry["data_offsets"][0])
+    spans = sorted(
+        (entry["data_offsets"][0], entry["data_offsets"][1], name)
+        for name, entry in header.items()
+        if entry["data_offsets"][1] > entry["data_offsets"][0]
+    )
     for (_, end, first), (begin, _, second) in zip(spans, spans[1:], strict=False):
         if begin < end:
-            raise CheckpointError(f"{path}: tensors {first} and {second} share bytes of data "
-                                  f"({first} ends at {end}, {second} begins at {begin})", hint=_CORRUPT_HINT)
+            raise CheckpointError(
+                f"{path}: tensors {first} and {second} share bytes of data "
+                f"({first} ends at {end}, {second} begins at {begin})",
+                hint=_CORRUPT_HINT,
+            )
 
 
 def _is_count(value: object) -> bool:
@@ -162,8 +172,9 @@ class SafetensorsFile:
         self._base = 8 + header_len
         try:
             if not isinstance(header, dict):
-                raise CheckpointError(f"{path} is not a readable safetensors file: its header is not a JSON object",
-                                      hint=_CORRUPT_HINT)
+                raise CheckpointError(
+                    f"{path} is not a readable safetensors file: its header is not a JSON object", hint=_CORRUPT_HINT
+                )
             header.pop("__metadata__", None)
             for name, entry in header.items():
                 _check_entry(path, name, entry, size - self._base)
@@ -206,8 +217,9 @@ class SafetensorsFile:
         while done < stop:
             n = os.preadv(fd, [view[done:stop]], self._base + begin + done)
             if n == 0:
-                raise CheckpointError(f"{self.path} ended while reading tensor {name}",
-                                      hint="the file is truncated; fetch it again")
+                raise CheckpointError(
+                    f"{self.path} ended while reading tensor {name}", hint="the file is truncated; fetch it again"
+                )
             done += n
 
     def close(self) -> None:
@@ -315,15 +327,18 @@ def _index_files(path: Path, index_name: str) -> list[Path]:
     index = read_json_object(index_path, hint=hint)
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
-        raise CheckpointError(f"{index_path}: 'weight_map' is not an object of tensor name -> shard file name",
-                              hint=hint)
+        raise CheckpointError(
+            f"{index_path}: 'weight_map' is not an object of tensor name -> shard file name", hint=hint
+        )
     files = list(dict.fromkeys(weight_map.values()))
     for name in files:
         parts = PurePosixPath(name.replace("\\", "/")).parts
         if not parts or parts[0] == "/" or ":" in parts[0] or ".." in parts:
             where = "an absolute path" if parts and (parts[0] == "/" or ":" in parts[0]) else "outside the checkpoint"
-            raise CheckpointError(f"{index_path} names shard {name!r}, {where}",
-                                  hint="a shard must be a file inside the checkpoint directory; " + hint)
+            raise CheckpointError(
+                f"{index_path} names shard {name!r}, {where}",
+                hint="a shard must be a file inside the checkpoint directory; " + hint,
+            )
     missing = [f for f in files if not (path / f).is_file()]
     if missing:
         raise CheckpointError(

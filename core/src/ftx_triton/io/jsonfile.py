@@ -9,8 +9,7 @@ from typing import Any
 from ftx_triton.errors import CheckpointError
 from ftx_triton.io.regular import TooLarge, read_regular
 
-_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
-          type(None): "null"}
+_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean", type(None): "null"}
 
 
 def json_kind(value: object) -> str:
@@ -31,8 +30,9 @@ def read_json_object(path: Path, *, hint: str) -> dict[str, Any]:
     except FileNotFoundError:
         raise
     except TooLarge:
-        raise CheckpointError(f"{path} is larger than {MAX_JSON_BYTES >> 20} MB, too large for a JSON file of a "
-                              "checkpoint", hint=hint) from None
+        raise CheckpointError(
+            f"{path} is larger than {MAX_JSON_BYTES >> 20} MB, too large for a JSON file of a checkpoint", hint=hint
+        ) from None
     except (OSError, ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, a directory …
         raise CheckpointError(f"{path} is not valid JSON ({type(exc).__name__}: {exc})"[:300], hint=hint) from exc
     if not isinstance(data, dict):

@@ -15,8 +15,13 @@ from typing import BinaryIO
 
 from ftx_triton.errors import CheckpointError
 
-_KINDS = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+_KINDS = (
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+)
 
 
 def open_regular(path: Path) -> BinaryIO:
@@ -27,8 +32,10 @@ def open_regular(path: Path) -> BinaryIO:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
-            raise CheckpointError(f"{path} is {kind}, not a file ftx can read",
-                                  hint="a checkpoint holds regular files (or links to them); put the real file there")
+            raise CheckpointError(
+                f"{path} is {kind}, not a file ftx can read",
+                hint="a checkpoint holds regular files (or links to them); put the real file there",
+            )
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:

@@ -42,7 +42,9 @@ class BackgroundWriter:
         with self._cond:
             # One array larger than the limit may still go when nothing else is pending.
             started = time.perf_counter()
-            self._cond.wait_for(lambda: self._error or self._pending == 0 or self._pending + array.nbytes <= self._limit)
+            self._cond.wait_for(
+                lambda: self._error or self._pending == 0 or self._pending + array.nbytes <= self._limit
+            )
             self.stall_seconds += time.perf_counter() - started
             self._raise_if_failed()
             self._pending += array.nbytes
@@ -53,8 +55,10 @@ class BackgroundWriter:
             paths, array, split = item
             try:
                 if self._error is None:
-                    written = sum(write_tensor(path, part)
-                                  for path, part in zip(paths, _parts(array, split, len(paths)), strict=True))
+                    written = sum(
+                        write_tensor(path, part)
+                        for path, part in zip(paths, _parts(array, split, len(paths)), strict=True)
+                    )
                     with self._cond:
                         self.bytes_written += written
             except BaseException as exc:  # handed to the submitting thread
@@ -80,7 +84,9 @@ class BackgroundWriter:
     def __enter__(self) -> BackgroundWriter:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc_type is None:
             self.close()
         else:  # stop quietly; the original exception wins

@@ -44,8 +44,10 @@ class ServerFault(Exception):
 
 STREAM_HEADER = "X-Ftx-Stream"
 """On a ``stream: true`` answer: ``tokens`` (the model streams) or ``whole`` (it does not: one chunk)."""
-NOT_STREAMING = ("this deployment answers in one piece: the model was not deployed with --streaming, so the "
-                 "whole text arrives as one chunk (ftx run MODEL --streaming streams token by token)")
+NOT_STREAMING = (
+    "this deployment answers in one piece: the model was not deployed with --streaming, so the "
+    "whole text arrives as one chunk (ftx run MODEL --streaming streams token by token)"
+)
 
 
 class BadRequest(Exception):
@@ -108,8 +110,7 @@ class Deployment:
 
 
 def _error(status: int, message: str, kind: str, param: str | None = None, code: str | None = None) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": code}},
-                             status=status)
+    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": code}}, status=status)
 
 
 def _number(body: Mapping[str, Any], name: str, kind: type, low: float, high: float) -> Any:
@@ -160,21 +161,25 @@ UNSUPPORTED = {
 def _refuse_unsupported(body: Mapping[str, Any]) -> None:
     for name, why in UNSUPPORTED.items():
         if body.get(name) not in (None, False, [], {}):
-            raise BadRequest(f"{name} is not supported: {why}; send the request without it", name,
-                             code="unsupported_parameter")
+            raise BadRequest(
+                f"{name} is not supported: {why}; send the request without it", name, code="unsupported_parameter"
+            )
     if body.get("tool_choice") not in (None, "none"):
-        raise BadRequest("tool_choice is not supported: this endpoint does no tool calling; send the request "
-                         "without it", "tool_choice", code="unsupported_parameter")
+        raise BadRequest(
+            "tool_choice is not supported: this endpoint does no tool calling; send the request without it",
+            "tool_choice",
+            code="unsupported_parameter",
+        )
 
 
 def _cut(text: str, stop: list[str]) -> tuple[str, bool]:
     """``text`` up to the first stop string, and whether one was found."""
     ends = [text.find(s) for s in stop if s in text]
-    return (text[:min(ends)], True) if ends else (text, False)
+    return (text[: min(ends)], True) if ends else (text, False)
 
 
 def _continuation(text: str, prompt: str, iface: TextInterface) -> str:
-    return text[len(prompt):] if iface.continues_prompt and text.startswith(prompt) else text
+    return text[len(prompt) :] if iface.continues_prompt and text.startswith(prompt) else text
 
 
 class Generation:
@@ -203,7 +208,7 @@ class Generation:
             seen += piece  # a decoder's stream starts with the prompt (pieces() makes sure of it)
             text, stopped = _cut(_continuation(seen, self.prompt, iface), self.stop)
             if len(text) > len(sent):
-                yield text[len(sent):]
+                yield text[len(sent) :]
                 sent = text
             if stopped:
                 break
@@ -262,8 +267,9 @@ class Handlers:
         self.renderer = TemplateWorker(self.template, self.specials) if self.template is not None else None
 
     async def models(self, _request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [
-            {"id": self.d.model_id, "object": "model", "created": 0, "owned_by": "ftx"}]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": self.d.model_id, "object": "model", "created": 0, "owned_by": "ftx"}]}
+        )
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
         try:
@@ -280,13 +286,16 @@ class Handlers:
             raise BadRequest("the body must be a JSON object")
         where = _lone_surrogate(body)
         if where is not None:
-            raise BadRequest(f"{where} holds a lone UTF-16 surrogate (an escape such as \\ud800 without its pair), "
-                             "which is not text; send valid UTF-8 or complete surrogate pairs",
-                             where.split(".")[0].split("[")[0])
+            raise BadRequest(
+                f"{where} holds a lone UTF-16 surrogate (an escape such as \\ud800 without its pair), "
+                "which is not text; send valid UTF-8 or complete surrogate pairs",
+                where.split(".")[0].split("[")[0],
+            )
         model = body.get("model")
         if model is not None and model != self.d.model_id:
-            raise BadRequest(f"this endpoint serves {self.d.model_id!r}, not {model!r}", "model", status=404,
-                             code="model_not_found")
+            raise BadRequest(
+                f"this endpoint serves {self.d.model_id!r}, not {model!r}", "model", status=404, code="model_not_found"
+            )
         return body
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -296,8 +305,11 @@ class Handlers:
         if not prompts or not isinstance(prompts, list) or not all(isinstance(p, str) and p for p in prompts):
             raise BadRequest("prompt must be a non-empty string or a list of them", "prompt")
         if len(prompts) > MAX_PROMPTS:
-            raise BadRequest(f"prompt holds {len(prompts)} prompts; this endpoint takes at most {MAX_PROMPTS} per "
-                             "request (send several requests)", "prompt")
+            raise BadRequest(
+                f"prompt holds {len(prompts)} prompts; this endpoint takes at most {MAX_PROMPTS} per "
+                "request (send several requests)",
+                "prompt",
+            )
         values, stop, stream = _request_values(body, MAX_TOKENS_DEFAULT)
         echo = body.get("echo", False)
         if not isinstance(echo, bool):
@@ -309,8 +321,13 @@ class Handlers:
             generation = Generation(self.d, prompts[0], values, stop)
 
             def chunk(text: str, reason: str | None) -> dict[str, Any]:
-                return {"id": ident, "object": "text_completion", "created": created, "model": self.d.model_id,
-                        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}]}
+                return {
+                    "id": ident,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": self.d.model_id,
+                    "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}],
+                }
 
             return await self._sse(request, generation, chunk, first=prompts[0] if echo else None)
         choices, prompt_tokens, completion_tokens = [], 0, 0
@@ -319,47 +336,86 @@ class Handlers:
             text = await asyncio.to_thread(generation.whole)
             prompt_tokens += self.d.count(prompt, prompt=True)
             completion_tokens += self.d.count(text)
-            choices.append({"index": index, "text": (prompt + text) if echo else text, "logprobs": None,
-                            "finish_reason": generation.finish_reason})
-        return web.json_response({
-            "id": ident, "object": "text_completion", "created": created, "model": self.d.model_id,
-            "choices": choices, "usage": _usage(prompt_tokens, completion_tokens)})
+            choices.append(
+                {
+                    "index": index,
+                    "text": (prompt + text) if echo else text,
+                    "logprobs": None,
+                    "finish_reason": generation.finish_reason,
+                }
+            )
+        return web.json_response(
+            {
+                "id": ident,
+                "object": "text_completion",
+                "created": created,
+                "model": self.d.model_id,
+                "choices": choices,
+                "usage": _usage(prompt_tokens, completion_tokens),
+            }
+        )
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
         messages = body.get("messages")
-        if not messages or not isinstance(messages, list) or not all(
+        if (
+            not messages
+            or not isinstance(messages, list)
+            or not all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in messages):
-            raise BadRequest("messages must be a non-empty list of {role, content} objects with text content",
-                             "messages")
+                for m in messages
+            )
+        ):
+            raise BadRequest(
+                "messages must be a non-empty list of {role, content} objects with text content", "messages"
+            )
         try:
-            prompt = (render(messages, None, self.specials) if self.renderer is None
-                      else await self.renderer.render(messages))
+            prompt = (
+                render(messages, None, self.specials) if self.renderer is None else await self.renderer.render(messages)
+            )
         except TemplateError as exc:  # the template's own raise_exception, or a render error
             raise BadRequest(f"the model's chat template refused these messages: {exc}", "messages") from None
         except TemplateTimeout as exc:
-            raise ServerFault(f"{exc}; the template is part of the model's repository (tokenizer_config.json)") \
-                from None
+            raise ServerFault(
+                f"{exc}; the template is part of the model's repository (tokenizer_config.json)"
+            ) from None
         values, stop, stream = _request_values(body, None)
         generation = Generation(self.d, prompt, values, stop)
         ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if stream:
+
             def chunk(text: str, reason: str | None) -> dict[str, Any]:
                 delta = {"content": text} if text else {}
-                return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": self.d.model_id,
-                        "choices": [{"index": 0, "delta": delta, "finish_reason": reason}]}
+                return {
+                    "id": ident,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": self.d.model_id,
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": reason}],
+                }
 
             return await self._sse(request, generation, chunk, role=True)
         text = await asyncio.to_thread(generation.whole)
-        return web.json_response({
-            "id": ident, "object": "chat.completion", "created": created, "model": self.d.model_id,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": generation.finish_reason}],
-            "usage": _usage(self.d.count(prompt, prompt=True), self.d.count(text))})
+        return web.json_response(
+            {
+                "id": ident,
+                "object": "chat.completion",
+                "created": created,
+                "model": self.d.model_id,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "finish_reason": generation.finish_reason,
+                    }
+                ],
+                "usage": _usage(self.d.count(prompt, prompt=True), self.d.count(text)),
+            }
+        )
 
-    async def _sse(self, request: web.Request, generation: Generation, chunk: Any, *, first: str | None = None,
-                   role: bool = False) -> web.StreamResponse:
+    async def _sse(
+        self, request: web.Request, generation: Generation, chunk: Any, *, first: str | None = None, role: bool = False
+    ) -> web.StreamResponse:
         await asyncio.to_thread(self.d.iface)  # fail before the 200 if the ensemble cannot be read
         # the first piece too: a request the model refuses, or a server that is gone, is an HTTP error
         # status (400 / 502 from the middleware), not a 200 whose stream holds the error
@@ -369,15 +425,28 @@ class Handlers:
         finally:
             await stream.aclose()  # the worker stops at its next piece when the client has left
 
-    async def _send_events(self, request: web.Request, generation: Generation, chunk: Any,
-                           stream: AsyncIterator[str], *, first: str | None, role: bool) -> web.StreamResponse:
+    async def _send_events(
+        self,
+        request: web.Request,
+        generation: Generation,
+        chunk: Any,
+        stream: AsyncIterator[str],
+        *,
+        first: str | None,
+        role: bool,
+    ) -> web.StreamResponse:
         try:
             opening: str | None = await anext(stream)
         except StopAsyncIteration:
             opening = None
         decoupled = self.d.iface().decoupled
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                               STREAM_HEADER: "tokens" if decoupled else "whole"})
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                STREAM_HEADER: "tokens" if decoupled else "whole",
+            }
+        )
         await response.prepare(request)
         if not decoupled:  # honest about it: SSE comments reach a client that reads the raw stream
             await response.write(f": {NOT_STREAMING}\n\n".encode())
@@ -409,8 +478,11 @@ class Handlers:
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 @web.middleware
@@ -425,8 +497,11 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         if 400 <= exc.status < 500:
             return _error(400, f"the model refused the request: {exc.message}", "invalid_request_error")
         if exc.status == 500:
-            return _error(500, f"the model failed on this request (a fault of the server, not of the request): "
-                               f"{exc.message}", "server_error")
+            return _error(
+                500,
+                f"the model failed on this request (a fault of the server, not of the request): {exc.message}",
+                "server_error",
+            )
         return _error(502, f"the Triton server failed: {exc.message}", "server_error")
     except FtxError as exc:
         return _error(502, f"the Triton server did not answer: {exc.message}", "server_error")
@@ -438,15 +513,21 @@ async def _health(_request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
-def make_app(triton_http: str, model_id: str, tokenizer_dir: Path, ensemble: str = TEXT_MODEL_NAME,
-             timeout_s: float = 600.0) -> web.Application:
+def make_app(
+    triton_http: str, model_id: str, tokenizer_dir: Path, ensemble: str = TEXT_MODEL_NAME, timeout_s: float = 600.0
+) -> web.Application:
     """The application for one deployment (``triton_http`` = ``http://host:port`` of Triton)."""
     deployment = Deployment(HttpTriton(triton_http, timeout_s=timeout_s), model_id, ensemble, Path(tokenizer_dir))
     handlers = Handlers(deployment)
     app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
-    app.add_routes([web.get("/v1/models", handlers.models), web.post("/v1/completions", handlers.completions),
-                    web.post("/v1/chat/completions", handlers.chat),
-                    web.get("/health", _health)])
+    app.add_routes(
+        [
+            web.get("/v1/models", handlers.models),
+            web.post("/v1/completions", handlers.completions),
+            web.post("/v1/chat/completions", handlers.chat),
+            web.get("/health", _health),
+        ]
+    )
 
     async def stop_renderer(_app: web.Application) -> None:
         if handlers.renderer is not None:

@@ -97,8 +97,9 @@ class TemplateWorker:
             return self._connection
         context = multiprocessing.get_context("spawn")
         ours, theirs = context.Pipe()
-        self._process = context.Process(target=_render_forever, args=(theirs, self.template, self.specials),
-                                        name="ftx-chat-template", daemon=True)
+        self._process = context.Process(
+            target=_render_forever, args=(theirs, self.template, self.specials), name="ftx-chat-template", daemon=True
+        )
         self._process.start()
         theirs.close()
         if not ours.poll(_WORKER_START_S):

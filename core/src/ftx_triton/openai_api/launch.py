@@ -30,14 +30,17 @@ def choose_port(host: str, port: int | None) -> int:
     """``port`` if it is free (an error if not), else the first free port from DEFAULT_PORT up."""
     if port is not None:
         if not port_free(host, port):
-            raise ServeError(f"--openai-port {port} is in use on {host}",
-                             hint="choose another port, or leave --openai-port out to take the next free one")
+            raise ServeError(
+                f"--openai-port {port} is in use on {host}",
+                hint="choose another port, or leave --openai-port out to take the next free one",
+            )
         return port
     for candidate in range(DEFAULT_PORT, DEFAULT_PORT + 200):
         if port_free(host, candidate):
             return candidate
-    raise ServeError(f"no free port from {DEFAULT_PORT} to {DEFAULT_PORT + 199} on {host}",
-                     hint="pass --openai-port, or --no-openai")
+    raise ServeError(
+        f"no free port from {DEFAULT_PORT} to {DEFAULT_PORT + 199} on {host}", hint="pass --openai-port, or --no-openai"
+    )
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -69,27 +72,55 @@ class OpenAIEndpoint:
                 self.process.wait(timeout=5)
 
 
-def start_openai(triton_http: str, repository: Path, model_id: str, *, home: Path, host: str = "127.0.0.1",
-                 port: int | None = None, detach: bool = False) -> OpenAIEndpoint:
+def start_openai(
+    triton_http: str,
+    repository: Path,
+    model_id: str,
+    *,
+    home: Path,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    detach: bool = False,
+) -> OpenAIEndpoint:
     """Start the endpoint for ``repository`` served at ``triton_http``; return once it answers."""
     chosen = choose_port(host, port)
     log_dir = Path(home) / "openai" / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{model_id.replace('/', '-')}-{chosen}.log"
-    cmd = [sys.executable, "-m", "ftx_triton.openai_api", "--triton", triton_http, "--model-id", model_id,
-           "--tokenizer", str(Path(repository) / "preprocessing" / "1"), "--host", host, "--port", str(chosen)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ftx_triton.openai_api",
+        "--triton",
+        triton_http,
+        "--model-id",
+        model_id,
+        "--tokenizer",
+        str(Path(repository) / "preprocessing" / "1"),
+        "--host",
+        host,
+        "--port",
+        str(chosen),
+    ]
     with log_path.open("ab") as log:
-        process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=detach,
-                                   preexec_fn=None if detach else _die_with_parent)  # noqa: PLW1509
+        process = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=detach,
+            preexec_fn=None if detach else _die_with_parent,
+        )  # noqa: PLW1509
     endpoint = OpenAIEndpoint(process, host, chosen, log_path)
     deadline = time.monotonic() + READY_TIMEOUT_S
     health = endpoint.url.removesuffix("/v1") + "/health"
     while time.monotonic() < deadline:
         if process.poll() is not None:
             tail = log_path.read_text(errors="replace")[-2000:]
-            raise ServeError(f"the OpenAI endpoint exited with code {process.returncode}:\n{tail}",
-                             hint=f"see {log_path}; --no-openai serves without it")
+            raise ServeError(
+                f"the OpenAI endpoint exited with code {process.returncode}:\n{tail}",
+                hint=f"see {log_path}; --no-openai serves without it",
+            )
         with contextlib.suppress(OSError):
             with _OPENER.open(health, timeout=2) as response:
                 if response.status == 200:

@@ -13,13 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, TypedDict
 
-from ftx_triton.server.records import (
-    MalformedRecord,
-    RecordError,
-    malformed_records,
-    read_json_record,
-    remove_records,
-)
+from ftx_triton.server.records import MalformedRecord, RecordError, malformed_records, read_json_record, remove_records
 
 
 class FrontRecord(TypedDict):
@@ -55,8 +49,14 @@ def read_record(path: Path) -> FrontRecord:
     """The record in ``path``; :class:`RecordError` when it is damaged."""
     data = read_json_record(path)
     try:
-        return FrontRecord(name=data["name"], pid=data["pid"], triton_pid=data.get("triton_pid"), url=data["url"],
-                           log=data.get("log", ""), record=str(path))
+        return FrontRecord(
+            name=data["name"],
+            pid=data["pid"],
+            triton_pid=data.get("triton_pid"),
+            url=data["url"],
+            log=data.get("log", ""),
+            record=str(path),
+        )
     except KeyError as exc:
         raise RecordError(f"not an endpoint record: no field {exc}") from exc
 

@@ -27,8 +27,7 @@ from ftx_triton.errors import CheckpointError, ConfigError
 from ftx_triton.io.ftformat import read_ini
 from ftx_triton.io.regular import open_regular
 
-_FILE_DTYPES = (("fp32", np.dtype(np.float32)), ("fp16", np.dtype(np.float16)),
-                ("bf16", np.dtype(ml_dtypes.bfloat16)))
+_FILE_DTYPES = (("fp32", np.dtype(np.float32)), ("fp16", np.dtype(np.float16)), ("bf16", np.dtype(ml_dtypes.bfloat16)))
 _GPU_DIR = re.compile(r"(\d+)-gpu\Z")
 _TRUE = ("true", "yes", "on", "1")
 _FALSE = ("false", "no", "off", "0")
@@ -46,8 +45,10 @@ class IniSection:
         value = self.values.get(key.lower())
         if value is None:
             if default is None:
-                raise ConfigError(f"{self.path}: [{self.name}] has no {key!r}, which FasterTransformer reads",
-                                  hint="re-convert the checkpoint with ftx convert")
+                raise ConfigError(
+                    f"{self.path}: [{self.name}] has no {key!r}, which FasterTransformer reads",
+                    hint="re-convert the checkpoint with ftx convert",
+                )
             return default
         return value.strip()
 
@@ -56,15 +57,19 @@ class IniSection:
         try:
             return int(text, 0)
         except ValueError:
-            raise ConfigError(f"{self.path}: [{self.name}] {key} = {text!r} is not an integer",
-                              hint="re-convert the checkpoint with ftx convert") from None
+            raise ConfigError(
+                f"{self.path}: [{self.name}] {key} = {text!r} is not an integer",
+                hint="re-convert the checkpoint with ftx convert",
+            ) from None
 
     def size(self, key: str) -> int:
         """A size (heads, widths, layers, vocabulary): an integer of at least 1."""
         value = self.integer(key)
         if value < 1:
-            raise ConfigError(f"{self.path}: [{self.name}] {key} = {value}; a size must be at least 1",
-                              hint="re-convert the checkpoint with ftx convert")
+            raise ConfigError(
+                f"{self.path}: [{self.name}] {key} = {value}; a size must be at least 1",
+                hint="re-convert the checkpoint with ftx convert",
+            )
         return value
 
     def number(self, key: str, default: float | None = None) -> float:
@@ -72,8 +77,10 @@ class IniSection:
         try:
             return float(text)
         except ValueError:
-            raise ConfigError(f"{self.path}: [{self.name}] {key} = {text!r} is not a number",
-                              hint="re-convert the checkpoint with ftx convert") from None
+            raise ConfigError(
+                f"{self.path}: [{self.name}] {key} = {text!r} is not a number",
+                hint="re-convert the checkpoint with ftx convert",
+            ) from None
 
     def flag(self, key: str, default: bool) -> bool:
         text = self.text(key, "").lower()
@@ -98,15 +105,18 @@ class FtFiles:
     def __init__(self, path: Path, tp: int | None = None) -> None:
         self.path = Path(path)
         if not (self.path / "config.ini").is_file():
-            raise CheckpointError(f"{self.path} has no config.ini: it is not a converted FasterTransformer directory",
-                                  hint="point at the <tp>-gpu directory ftx convert wrote")
+            raise CheckpointError(
+                f"{self.path} has no config.ini: it is not a converted FasterTransformer directory",
+                hint="point at the <tp>-gpu directory ftx convert wrote",
+            )
         self.ini = read_ini(self.path / "config.ini")
         self.tp = tp if tp is not None else tp_of(self.path)
 
     def section(self, name: str) -> IniSection:
         if name not in self.ini:
-            raise ConfigError(f"{self.path / 'config.ini'} has no [{name}] section",
-                              hint="re-convert the checkpoint with ftx convert")
+            raise ConfigError(
+                f"{self.path / 'config.ini'} has no [{name}] section", hint="re-convert the checkpoint with ftx convert"
+            )
         return IniSection(self.path / "config.ini", name, self.ini[name])
 
     def optional_section(self, name: str) -> IniSection:
@@ -130,16 +140,19 @@ class FtFiles:
         try:
             handle = open_regular(file)
         except OSError:
-            raise CheckpointError(f"{file} is missing; FasterTransformer would run on uninitialised memory there",
-                                  hint="the conversion did not write a file FasterTransformer loads: fix the "
-                                       "family's table, or re-convert") from None
+            raise CheckpointError(
+                f"{file} is missing; FasterTransformer would run on uninitialised memory there",
+                hint="the conversion did not write a file FasterTransformer loads: fix the "
+                "family's table, or re-convert",
+            ) from None
         with handle:
             size = os.fstat(handle.fileno()).st_size
             if size != want:
                 raise CheckpointError(
                     f"{file} holds {size} bytes; FasterTransformer loads {want} ({list(shape)} in {dtype})",
                     hint="the file's shape or dtype is not what FasterTransformer reads: fix the family's table, "
-                         "or re-convert")
+                    "or re-convert",
+                )
             data = np.frombuffer(handle.read(want), dtype=dtype)
         if data.size != count:
             raise CheckpointError(f"{file} changed while it was read", hint="re-convert, and verify again")
@@ -150,16 +163,20 @@ def tp_of(path: Path) -> int:
     """The tensor-parallel size a ``<tp>-gpu`` directory is named for."""
     match = _GPU_DIR.match(Path(path).name)
     if not match or int(match.group(1)) < 1:
-        raise ConfigError(f"{path} is not named <tp>-gpu, so its tensor-parallel size is unknown",
-                          hint="point at the <tp>-gpu directory ftx convert wrote")
+        raise ConfigError(
+            f"{path} is not named <tp>-gpu, so its tensor-parallel size is unknown",
+            hint="point at the <tp>-gpu directory ftx convert wrote",
+        )
     return int(match.group(1))
 
 
 def split(total: int, tp: int, what: str) -> int:
     """``total / tp``, refusing what FT would truncate."""
     if total % tp:
-        raise ConfigError(f"{what} = {total} is not divisible by tensor_para_size {tp}",
-                          hint="FasterTransformer needs it divisible; choose another --tp")
+        raise ConfigError(
+            f"{what} = {total} is not divisible by tensor_para_size {tp}",
+            hint="FasterTransformer needs it divisible; choose another --tp",
+        )
     return total // tp
 
 
@@ -167,6 +184,9 @@ def rotary_of(ini: IniSection, head_size: int) -> int:
     """``rotary_embedding``: an even number of dims within the head."""
     rotary = ini.integer("rotary_embedding")
     if not 0 <= rotary <= head_size or rotary % 2:
-        raise ConfigError(f"{ini.path}: [{ini.name}] rotary_embedding = {rotary} is not an even number within the "
-                          f"head size {head_size}", hint="re-convert the checkpoint with ftx convert")
+        raise ConfigError(
+            f"{ini.path}: [{ini.name}] rotary_embedding = {rotary} is not an even number within the "
+            f"head size {head_size}",
+            hint="re-convert the checkpoint with ftx convert",
+        )
     return rotary

@@ -29,18 +29,23 @@ def logits(files: FtFiles, input_ids: Sequence[int]) -> np.ndarray:
     post_norm = _layernorm_type(ini.text("layernorm_type", "pre_layernorm"))
     act_name = ini.text("activation_type", "Gelu").lower()
     if act_name not in nn.ACTIVATIONS:
-        raise ConfigError(f"the reference models FasterTransformer's GPT with Gelu, Relu or Silu, not {act_name!r}",
-                          hint="ftx verify cannot check this model")
+        raise ConfigError(
+            f"the reference models FasterTransformer's GPT with Gelu, Relu or Silu, not {act_name!r}",
+            hint="ftx verify cannot check this model",
+        )
     for flag in ("use_attention_linear_bias", "has_adapters"):
         if ini.flag(flag, False):
-            raise ConfigError(f"the reference does not model FasterTransformer's GPT with {flag}",
-                              hint="ftx verify cannot check this model")
+            raise ConfigError(
+                f"the reference does not model FasterTransformer's GPT with {flag}",
+                hint="ftx verify cannot check this model",
+            )
     act = nn.ACTIVATIONS[act_name]
     local, local_inter = split(hidden, tp, "head_num * size_per_head"), split(inter, tp, "inter_size")
 
     def norm(stem: str, x: np.ndarray) -> np.ndarray:
-        return nn.layer_norm(x, files.whole(f"{stem}.weight", (hidden,), dtype),
-                             files.whole(f"{stem}.bias", (hidden,), dtype), eps)
+        return nn.layer_norm(
+            x, files.whole(f"{stem}.weight", (hidden,), dtype), files.whole(f"{stem}.bias", (hidden,), dtype), eps
+        )
 
     ids = np.asarray(input_ids)
     wte = files.whole("model.wte", (vocab, hidden), dtype)
@@ -48,8 +53,10 @@ def logits(files: FtFiles, input_ids: Sequence[int]) -> np.ndarray:
     if ini.flag("has_positional_encoding", True):
         positions = ini.size("max_pos_seq_len")
         if positions < len(ids):
-            raise ConfigError(f"[gpt] max_pos_seq_len = {positions} is shorter than the {len(ids)}-token prompt "
-                              "the reference runs", hint="ftx verify cannot check a model this short")
+            raise ConfigError(
+                f"[gpt] max_pos_seq_len = {positions} is shorter than the {len(ids)}-token prompt the reference runs",
+                hint="ftx verify cannot check a model this short",
+            )
         x = x + files.whole("model.wpe", (positions, hidden), dtype)[np.arange(len(ids))]
     if ini.flag("has_pre_decoder_layernorm", False):
         x = norm("model.pre_decoder_layernorm", x)
@@ -64,8 +71,11 @@ def logits(files: FtFiles, input_ids: Sequence[int]) -> np.ndarray:
         dense_bias = files.whole(f"{stem}.attention.dense.bias", (hidden,), dtype)
         down_bias = files.whole(f"{stem}.mlp.dense_4h_to_h.bias", (hidden,), dtype)
         h = x if post_norm else norm(f"{stem}.input_layernorm", x)
-        a = x + nn.all_reduce(nn.gpt_attention(h, qkv[r], qkv_bias[r], dense[r], head_size=size)
-                              for r in range(tp)) + dense_bias
+        a = (
+            x
+            + nn.all_reduce(nn.gpt_attention(h, qkv[r], qkv_bias[r], dense[r], head_size=size) for r in range(tp))
+            + dense_bias
+        )
         if post_norm:
             a = norm(f"{stem}.input_layernorm", a)
         h2 = a if post_norm else norm(f"{stem}.post_attention_layernorm", a)
@@ -81,6 +91,8 @@ def logits(files: FtFiles, input_ids: Sequence[int]) -> np.ndarray:
 def _layernorm_type(text: str) -> bool:
     """True for ``post_layernorm``, False for ``pre_layernorm`` (FT aborts on anything else)."""
     if text not in ("pre_layernorm", "post_layernorm"):
-        raise ConfigError(f"[gpt] layernorm_type = {text!r}; FasterTransformer knows pre_layernorm and post_layernorm",
-                          hint="re-convert the checkpoint with ftx convert")
+        raise ConfigError(
+            f"[gpt] layernorm_type = {text!r}; FasterTransformer knows pre_layernorm and post_layernorm",
+            hint="re-convert the checkpoint with ftx convert",
+        )
     return text == "post_layernorm"

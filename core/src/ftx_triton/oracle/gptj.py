@@ -29,18 +29,28 @@ def logits(files: FtFiles, input_ids: Sequence[int]) -> np.ndarray:
     x = files.whole("model.wte", (vocab, hidden), dtype)[np.asarray(input_ids)]
     for layer in range(ini.integer("num_layer")):
         stem = f"model.layers.{layer}"
-        h = nn.layer_norm(x, files.whole(f"{stem}.input_layernorm.weight", (hidden,), dtype),
-                          files.whole(f"{stem}.input_layernorm.bias", (hidden,), dtype), LAYERNORM_EPS)
+        h = nn.layer_norm(
+            x,
+            files.whole(f"{stem}.input_layernorm.weight", (hidden,), dtype),
+            files.whole(f"{stem}.input_layernorm.bias", (hidden,), dtype),
+            LAYERNORM_EPS,
+        )
         qkv = files.ranks(f"{stem}.attention.query_key_value.weight", (hidden, 3 * local), dtype)
         dense = files.ranks(f"{stem}.attention.dense.weight", (local, hidden), dtype)
         up = files.ranks(f"{stem}.mlp.dense_h_to_4h.weight", (hidden, local_inter), dtype)
         up_bias = files.ranks(f"{stem}.mlp.dense_h_to_4h.bias", (local_inter,), dtype)
         down = files.ranks(f"{stem}.mlp.dense_4h_to_h.weight", (local_inter, hidden), dtype)
-        attention = nn.all_reduce(nn.gpt_attention(h, qkv[r], None, dense[r], head_size=size, rotary_dim=rotary_dim,
-                                         neox_style=False) for r in range(tp))
+        attention = nn.all_reduce(
+            nn.gpt_attention(h, qkv[r], None, dense[r], head_size=size, rotary_dim=rotary_dim, neox_style=False)
+            for r in range(tp)
+        )
         mlp = nn.all_reduce(nn.gelu(h @ up[r] + up_bias[r]) @ down[r] for r in range(tp))
         x = x + attention + mlp + files.whole(f"{stem}.mlp.dense_4h_to_h.bias", (hidden,), dtype)
-    x = nn.layer_norm(x, files.whole("model.final_layernorm.weight", (hidden,), dtype),
-                      files.whole("model.final_layernorm.bias", (hidden,), dtype), LAYERNORM_EPS)
+    x = nn.layer_norm(
+        x,
+        files.whole("model.final_layernorm.weight", (hidden,), dtype),
+        files.whole("model.final_layernorm.bias", (hidden,), dtype),
+        LAYERNORM_EPS,
+    )
     head = files.whole("model.lm_head.weight", (vocab, hidden), dtype)
     return x @ head.T + files.whole("model.lm_head.bias", (vocab,), dtype)

@@ -34,8 +34,12 @@ def logits(files: FtFiles, input_ids: Sequence[int]) -> np.ndarray:
     local, local_inter = split(hidden, tp, "head_num * size_per_head"), split(inter, tp, "inter_size")
 
     def norm(stem: str, x: np.ndarray) -> np.ndarray:
-        return nn.layer_norm(x, files.whole(f"{stem}.weight", (hidden,), dtype),
-                             files.whole(f"{stem}.bias", (hidden,), dtype), LAYERNORM_EPS)
+        return nn.layer_norm(
+            x,
+            files.whole(f"{stem}.weight", (hidden,), dtype),
+            files.whole(f"{stem}.bias", (hidden,), dtype),
+            LAYERNORM_EPS,
+        )
 
     x = files.whole("model.wte", (vocab, hidden), dtype)[np.asarray(input_ids)]
     for layer in range(ini.integer("num_layer")):
@@ -47,9 +51,12 @@ def logits(files: FtFiles, input_ids: Sequence[int]) -> np.ndarray:
         up_bias = files.ranks(f"{stem}.mlp.dense_h_to_4h.bias", (local_inter,), dtype)
         down = files.ranks(f"{stem}.mlp.dense_4h_to_h.weight", (local_inter, hidden), dtype)
 
-        def attention(h: np.ndarray, r: int) -> np.ndarray:
-            return nn.gpt_attention(h, qkv[r], qkv_bias[r], dense[r], head_size=size,  # noqa: B023
-                                    rotary_dim=rotary_dim, neox_style=True)
+        def attention(
+            h: np.ndarray, r: int, qkv: list = qkv, qkv_bias: list = qkv_bias, dense: list = dense
+        ) -> np.ndarray:
+            return nn.gpt_attention(
+                h, qkv[r], qkv_bias[r], dense[r], head_size=size, rotary_dim=rotary_dim, neox_style=True
+            )
 
         def mlp(h: np.ndarray, r: int) -> np.ndarray:
             return nn.gelu(h @ up[r] + up_bias[r]) @ down[r]  # noqa: B023
@@ -60,10 +67,16 @@ def logits(files: FtFiles, input_ids: Sequence[int]) -> np.ndarray:
             bias_sum = files.whole(f"{stem}.mlp.attention.bias.sum", (hidden,), dtype)
             x = nn.all_reduce(attention(h, r) + mlp(h2, r) + bias_sum + x / tp for r in range(tp))
         else:
-            a = x + nn.all_reduce(attention(h, r) for r in range(tp)) + files.whole(f"{stem}.attention.dense.bias",
-                                                                          (hidden,), dtype)
+            a = (
+                x
+                + nn.all_reduce(attention(h, r) for r in range(tp))
+                + files.whole(f"{stem}.attention.dense.bias", (hidden,), dtype)
+            )
             h2 = norm(f"{stem}.post_attention_layernorm", a)
-            x = a + nn.all_reduce(mlp(h2, r) for r in range(tp)) + files.whole(f"{stem}.mlp.dense_4h_to_h.bias",
-                                                                     (hidden,), dtype)
+            x = (
+                a
+                + nn.all_reduce(mlp(h2, r) for r in range(tp))
+                + files.whole(f"{stem}.mlp.dense_4h_to_h.bias", (hidden,), dtype)
+            )
     x = norm("model.final_layernorm", x)
     return x @ files.whole("model.lm_head.weight", (vocab, hidden), dtype).T

@@ -42,8 +42,14 @@ def silu(x: Array) -> Array:
 ACTIVATIONS = {"gelu": gelu, "relu": relu, "silu": silu}
 """FT's ``getActivationType`` names (lower-cased) of the plain activations."""
 
-GATED = {"geglu": "gelu", "gated-gelu": "gelu", "reglu": "relu", "gated-relu": "relu", "siglu": "silu",
-         "gated-silu": "silu"}
+GATED = {
+    "geglu": "gelu",
+    "gated-gelu": "gelu",
+    "reglu": "relu",
+    "gated-relu": "relu",
+    "siglu": "silu",
+    "gated-silu": "silu",
+}
 """Gated activation names -> the activation applied to the first branch (``act(x W) * (x W2)``)."""
 
 
@@ -100,8 +106,16 @@ def attention(q: Array, k: Array, v: Array, *, scale: float, causal: bool, bias:
     return np.einsum("hqk,hkd->hqd", weights, v)
 
 
-def gpt_attention(h: Array, qkv_weight: Array, qkv_bias: Array | None, out_weight: Array, *, head_size: int,
-                  rotary_dim: int = 0, neox_style: bool = False) -> Array:
+def gpt_attention(
+    h: Array,
+    qkv_weight: Array,
+    qkv_bias: Array | None,
+    out_weight: Array,
+    *,
+    head_size: int,
+    rotary_dim: int = 0,
+    neox_style: bool = False,
+) -> Array:
     """One rank's share of FT's ``TensorParallelGptContextAttentionLayer`` (GPT, GPT-J, GPT-NeoX).
 
     ``qkv_weight [H, 3 * H/tp]``: each token's product is laid out ``[3, local heads, head_size]``
@@ -114,7 +128,7 @@ def gpt_attention(h: Array, qkv_weight: Array, qkv_bias: Array | None, out_weigh
         qkv = qkv + qkv_bias
     local = qkv.shape[1] // 3
     count = local // head_size
-    q, k, v = (heads(qkv[:, i * local:(i + 1) * local], count) for i in range(3))
+    q, k, v = (heads(qkv[:, i * local : (i + 1) * local], count) for i in range(3))
     q, k = rotary(q, rotary_dim, neox_style), rotary(k, rotary_dim, neox_style)
     context = attention(q, k, v, scale=1.0 / float(np.sqrt(head_size)), causal=True)
     return merge_heads(context) @ out_weight

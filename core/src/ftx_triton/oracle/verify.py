@@ -54,8 +54,10 @@ class Verdict:
 
     def describe(self) -> str:
         word = "PASS" if self.passed else "FAIL"
-        return (f"{word}  {self.path}  {self.model_type} tp={self.tp} {self.weight_dtype}: max |FT reference - "
-                f"transformers| = {self.max_abs_diff:.3g} (tolerance {self.tolerance:.3g}, logits up to {self.scale:.3g})")
+        return (
+            f"{word}  {self.path}  {self.model_type} tp={self.tp} {self.weight_dtype}: max |FT reference - "
+            f"transformers| = {self.max_abs_diff:.3g} (tolerance {self.tolerance:.3g}, logits up to {self.scale:.3g})"
+        )
 
 
 def model_type_of(files: FtFiles) -> str:
@@ -63,9 +65,11 @@ def model_type_of(files: FtFiles) -> str:
     for section, model_type in _SECTIONS:
         if section in files.ini:
             return model_type
-    raise ConfigError(f"{files.path / 'config.ini'} has none of the sections FasterTransformer's GPT, GPT-J, "
-                      "GPT-NeoX or T5 read ([gpt], [gptj], [gptneox], [encoder])",
-                      hint="the reference covers those four model types only")
+    raise ConfigError(
+        f"{files.path / 'config.ini'} has none of the sections FasterTransformer's GPT, GPT-J, "
+        "GPT-NeoX or T5 read ([gpt], [gptj], [gptneox], [encoder])",
+        hint="the reference covers those four model types only",
+    )
 
 
 def prompt(vocab: int, length: int = PROMPT_LENGTH, salt: int = 0) -> list[int]:
@@ -78,18 +82,23 @@ def _decoder_prompt(files: FtFiles) -> list[int]:
     ini = files.section("decoder")
     start, vocab = ini.integer("decoder_start_token_id"), ini.size("vocab_size")
     if not 0 <= start < vocab:
-        raise ConfigError(f"{ini.path}: [decoder] decoder_start_token_id = {start} is outside the vocabulary of {vocab}",
-                          hint="re-convert the checkpoint with ftx convert")
+        raise ConfigError(
+            f"{ini.path}: [decoder] decoder_start_token_id = {start} is outside the vocabulary of {vocab}",
+            hint="re-convert the checkpoint with ftx convert",
+        )
     return [start] + prompt(vocab, PROMPT_LENGTH - 2, salt=5)
 
 
-def reference_logits(path: Path, input_ids: Sequence[int], decoder_input_ids: Sequence[int] | None = None, *,
-                     tp: int | None = None) -> np.ndarray:
+def reference_logits(
+    path: Path, input_ids: Sequence[int], decoder_input_ids: Sequence[int] | None = None, *, tp: int | None = None
+) -> np.ndarray:
     """What FasterTransformer computes from the converted directory ``path`` (``<tp>-gpu``)."""
     files = FtFiles(path, tp)
     model_type = model_type_of(files)
     if model_type == "T5":
-        return t5.logits(files, input_ids, decoder_input_ids if decoder_input_ids is not None else _decoder_prompt(files))
+        return t5.logits(
+            files, input_ids, decoder_input_ids if decoder_input_ids is not None else _decoder_prompt(files)
+        )
     module = {"GPT": gpt, "GPT-J": gptj, "GPT-NeoX": gptneox}[model_type]
     return module.logits(files, input_ids)
 
@@ -108,22 +117,28 @@ def load_transformers(checkpoint: Path, model_class: str | None, *, seq2seq: boo
     try:
         return cls.from_pretrained(checkpoint).to(rounded).float().eval()
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"transformers cannot load {checkpoint} to compare against ({exc})",
-                              hint="verify compares with the original checkpoint in Hugging Face format "
-                                   "(config.json + weights): give a converted directory with --checkpoint DIR "
-                                   "naming such a checkpoint") from exc
+        raise CheckpointError(
+            f"transformers cannot load {checkpoint} to compare against ({exc})",
+            hint="verify compares with the original checkpoint in Hugging Face format "
+            "(config.json + weights): give a converted directory with --checkpoint DIR "
+            "naming such a checkpoint",
+        ) from exc
 
 
-def transformers_logits(model: Any, input_ids: Sequence[int], decoder_input_ids: Sequence[int] | None = None
-                        ) -> np.ndarray:
+def transformers_logits(
+    model: Any, input_ids: Sequence[int], decoder_input_ids: Sequence[int] | None = None
+) -> np.ndarray:
     """``[tokens, vocab]`` logits of a model from :func:`load_transformers`."""
     import torch
 
     with torch.no_grad():
         ids = torch.tensor([list(input_ids)])
         if decoder_input_ids is not None:
-            out = model(input_ids=ids, attention_mask=torch.ones_like(ids),
-                        decoder_input_ids=torch.tensor([list(decoder_input_ids)]))
+            out = model(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                decoder_input_ids=torch.tensor([list(decoder_input_ids)]),
+            )
         else:
             out = model(input_ids=ids, attention_mask=torch.ones_like(ids))
     return out.logits[0].float().numpy()
@@ -138,17 +153,26 @@ def verify(path: Path, checkpoint: Path, *, model_class: str | None = None, tp: 
     model = load_transformers(checkpoint, model_class, seq2seq=model_type == "T5", weight_dtype=weight_dtype)
     vocab = section.size("vocab_size")
     if int(getattr(model.config, "vocab_size", vocab)) != vocab:
-        raise CheckpointError(f"{section.path} says vocab_size = {vocab}; {checkpoint} has "
-                              f"{model.config.vocab_size}", hint="this is not the checkpoint the directory was "
-                                                                 "converted from, or re-convert it")
+        raise CheckpointError(
+            f"{section.path} says vocab_size = {vocab}; {checkpoint} has {model.config.vocab_size}",
+            hint="this is not the checkpoint the directory was converted from, or re-convert it",
+        )
     ids = prompt(vocab)
     decoder_ids = _decoder_prompt(files) if model_type == "T5" else None
     want = transformers_logits(model, ids, decoder_ids)
     got = reference_logits(path, ids, decoder_ids, tp=files.tp)
     if got.shape != want.shape:
-        raise CheckpointError(f"{path} gives logits of shape {list(got.shape)}; transformers gives {list(want.shape)}",
-                              hint="this is not the checkpoint the directory was converted from, or re-convert it")
+        raise CheckpointError(
+            f"{path} gives logits of shape {list(got.shape)}; transformers gives {list(want.shape)}",
+            hint="this is not the checkpoint the directory was converted from, or re-convert it",
+        )
     scale = float(np.abs(want).max())
-    return Verdict(path=Path(path), model_type=model_type, tp=files.tp, weight_dtype=weight_dtype,
-                   max_abs_diff=float(np.abs(got - want).max()), scale=scale,
-                   tolerance=RELATIVE_TOLERANCE * max(scale, 1e-6))
+    return Verdict(
+        path=Path(path),
+        model_type=model_type,
+        tp=files.tp,
+        weight_dtype=weight_dtype,
+        max_abs_diff=float(np.abs(got - want).max()),
+        scale=scale,
+        tolerance=RELATIVE_TOLERANCE * max(scale, 1e-6),
+    )

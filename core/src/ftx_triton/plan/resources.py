@@ -126,8 +126,10 @@ class Estimate:
         disk.append(f"converted {human_bytes(self.converted_bytes)} ({self.weight_dtype})")
         parts.append(f"disk      {', '.join(disk)}; {human_bytes(self.free_disk)} free at {self.home}")
         if self.ram_bytes is not None:
-            parts.append(f"memory    python runtime needs about {human_bytes(self.ram_bytes)} of RAM; "
-                         f"{human_bytes(self.available_ram)} available")
+            parts.append(
+                f"memory    python runtime needs about {human_bytes(self.ram_bytes)} of RAM; "
+                f"{human_bytes(self.available_ram)} available"
+            )
         return parts
 
     def disk_needed(self, *, download: bool = True, convert: bool = True) -> int:
@@ -140,13 +142,24 @@ class Estimate:
         if need > self.free_disk:
             found.append(f"disk: {human_bytes(need)} needed at {self.home}, {human_bytes(self.free_disk)} free")
         if serve and self.ram_bytes is not None and self.ram_bytes > self.available_ram:
-            found.append(f"memory: the python runtime needs about {human_bytes(self.ram_bytes)} of RAM, "
-                         f"{human_bytes(self.available_ram)} available")
+            found.append(
+                f"memory: the python runtime needs about {human_bytes(self.ram_bytes)} of RAM, "
+                f"{human_bytes(self.available_ram)} available"
+            )
         return found
 
 
-def estimate(family: Any, spec: Any, *, source: str | None, weight_dtype: str, compute_dtype: str | None,
-             home: Path, local_source: bool, loads_in_ram: bool) -> Estimate:
+def estimate(
+    family: Any,
+    spec: Any,
+    *,
+    source: str | None,
+    weight_dtype: str,
+    compute_dtype: str | None,
+    home: Path,
+    local_source: bool,
+    loads_in_ram: bool,
+) -> Estimate:
     """Sizes for ``family``/``spec`` with these data types, and the free disk at ``home`` and RAM."""
     import psutil
 
@@ -158,10 +171,15 @@ def estimate(family: Any, spec: Any, *, source: str | None, weight_dtype: str, c
         ram = params * per_param + SERVER_OVERHEAD_BYTES
     Path(home).mkdir(parents=True, exist_ok=True)
     return Estimate(
-        parameters=params, source_dtype=source, weight_dtype=weight_dtype,
+        parameters=params,
+        source_dtype=source,
+        weight_dtype=weight_dtype,
         download_bytes=None if local_source else params * _bytes(source),
-        converted_bytes=params * _bytes(weight_dtype), ram_bytes=ram, home=Path(home),
-        free_disk=shutil.disk_usage(home).free, available_ram=psutil.virtual_memory().available,
+        converted_bytes=params * _bytes(weight_dtype),
+        ram_bytes=ram,
+        home=Path(home),
+        free_disk=shutil.disk_usage(home).free,
+        available_ram=psutil.virtual_memory().available,
     )
 
 
@@ -173,17 +191,30 @@ def require_disk(directory: Path, needed: int, what: str) -> None:
         existing = existing.parent
     free = shutil.disk_usage(existing).free
     if free < needed:
-        raise ResourceError(f"{what} needs about {human_bytes(needed)} at {directory}, but only "
-                            f"{human_bytes(free)} are free there",
-                            hint="free space on that file system, or set FTX_HOME to a directory with more room")
+        raise ResourceError(
+            f"{what} needs about {human_bytes(needed)} at {directory}, but only {human_bytes(free)} are free there",
+            hint="free space on that file system, or set FTX_HOME to a directory with more room",
+        )
 
 
 def refuse(problems: list[str], what: str) -> ResourceError:
     """The error for a run that would not fit."""
-    return ResourceError(f"{what} would not fit on this machine: " + "; ".join(problems),
-                         hint=f"free space or memory, choose a smaller --weight-dtype, or pass {OVERRIDE_FLAG} "
-                              "to go ahead anyway")
+    return ResourceError(
+        f"{what} would not fit on this machine: " + "; ".join(problems),
+        hint=f"free space or memory, choose a smaller --weight-dtype, or pass {OVERRIDE_FLAG} to go ahead anyway",
+    )
 
 
-__all__ = ["Estimate", "ResourceError", "config_dtype", "default_weight_dtype", "estimate", "human_bytes",
-           "parameter_count", "refuse", "require_disk", "source_dtype", "stored_dtype"]
+__all__ = [
+    "Estimate",
+    "ResourceError",
+    "config_dtype",
+    "default_weight_dtype",
+    "estimate",
+    "human_bytes",
+    "parameter_count",
+    "refuse",
+    "require_disk",
+    "source_dtype",
+    "stored_dtype",
+]

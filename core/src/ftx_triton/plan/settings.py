@@ -141,8 +141,16 @@ class RunSettings:
     serve: ServeSettings = field(default_factory=ServeSettings)
     launch: LaunchSettings = field(default_factory=LaunchSettings)
 
-    RUN_WIDE: ClassVar[tuple[str, ...]] = ("until", "runtime", "force", "dry_run", "accept_license", "resource_check",
-                                           "runtime_origin", "plugin_options")
+    RUN_WIDE: ClassVar[tuple[str, ...]] = (
+        "until",
+        "runtime",
+        "force",
+        "dry_run",
+        "accept_license",
+        "resource_check",
+        "runtime_origin",
+        "plugin_options",
+    )
 
     @classmethod
     def of(cls, model: str, **flat: Any) -> RunSettings:

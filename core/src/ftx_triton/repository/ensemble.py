@@ -66,8 +66,14 @@ def _prompt_steps(config: mc.ModelConfig, io_kind: str, ft_model: str) -> tuple[
     return pre, ft, post
 
 
-def build_text_ensemble_config(io_kind: str, *, max_batch_size: int, streaming: bool,
-                               ft_model: str = FT_MODEL_NAME, ft_outputs: Collection[str] = ()) -> mc.ModelConfig:
+def build_text_ensemble_config(
+    io_kind: str,
+    *,
+    max_batch_size: int,
+    streaming: bool,
+    ft_model: str = FT_MODEL_NAME,
+    ft_outputs: Collection[str] = (),
+) -> mc.ModelConfig:
     """The generate ensemble's config (``text``): generate-extension I/O over the three steps.
 
     ``ft_outputs`` are the outputs the fastertransformer model declares; when it has a stream
@@ -92,8 +98,9 @@ def build_text_ensemble_config(io_kind: str, *, max_batch_size: int, streaming: 
     return config
 
 
-def build_ensemble_config(io_kind: str, *, max_batch_size: int, ft_model: str = FT_MODEL_NAME,
-                          output_dtypes: Mapping[str, str] | None = None) -> mc.ModelConfig:
+def build_ensemble_config(
+    io_kind: str, *, max_batch_size: int, ft_model: str = FT_MODEL_NAME, output_dtypes: Mapping[str, str] | None = None
+) -> mc.ModelConfig:
     """fastertransformer_backend's ensemble (``ensemble``) over the same three steps.
 
     Preprocessing turns the prompts, output lengths and word lists into FT tensors; every sampling
@@ -145,7 +152,8 @@ def check_ensemble(repository: Path, name: str = ENSEMBLE_NAME) -> list[str]:
             elif types[tensor] != inputs[key].data_type:
                 problems.append(
                     f"{step.model_name}.{key} is {mc.DataType.Name(inputs[key].data_type)} but {tensor!r} from "
-                    f"{producers[tensor]} is {mc.DataType.Name(types[tensor])}")
+                    f"{producers[tensor]} is {mc.DataType.Name(types[tensor])}"
+                )
         for key, value in inputs.items():
             if not value.optional and key not in step.input_map:
                 problems.append(f"required input {step.model_name}.{key} is not fed by the ensemble")
@@ -159,7 +167,8 @@ def check_ensemble(repository: Path, name: str = ENSEMBLE_NAME) -> list[str]:
         if out.name not in types:
             problems.append(f"ensemble output {out.name!r} is produced by no step")
         elif types[out.name] != out.data_type:
-            problems.append(f"ensemble output {out.name!r} is {mc.DataType.Name(out.data_type)} but "
-                            f"{producers[out.name]} gives {mc.DataType.Name(types[out.name])}")
+            problems.append(
+                f"ensemble output {out.name!r} is {mc.DataType.Name(out.data_type)} but "
+                f"{producers[out.name]} gives {mc.DataType.Name(types[out.name])}"
+            )
     return problems
-

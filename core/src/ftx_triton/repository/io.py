@@ -132,11 +132,16 @@ FT_TEXT_INPUTS = (
     TensorDecl("INPUT_2", "STRING", (-1,), optional=True),
     TensorDecl("INPUT_3", "STRING", (-1,), optional=True),
 )
-FT_TEXT_TO_PREPROCESSING = {"INPUT_0": "QUERY", "INPUT_1": "REQUEST_OUTPUT_LEN", "INPUT_2": "BAD_WORDS_DICT",
-                            "INPUT_3": "STOP_WORDS_DICT"}
+FT_TEXT_TO_PREPROCESSING = {
+    "INPUT_0": "QUERY",
+    "INPUT_1": "REQUEST_OUTPUT_LEN",
+    "INPUT_2": "BAD_WORDS_DICT",
+    "INPUT_3": "STOP_WORDS_DICT",
+}
 """FT ensemble input -> the preprocessing input it feeds (upstream's preprocessing names)."""
 FT_PASS_THROUGH = tuple(
-    TensorDecl(d.name, d.dtype, d.dims, optional=True) for d in SAMPLING_INPUTS
+    TensorDecl(d.name, d.dtype, d.dims, optional=True)
+    for d in SAMPLING_INPUTS
     if d.name not in ("bad_words_list", "stop_words_list")
 )
 """Sampling inputs the FT ensemble hands to the fastertransformer model as they are."""
@@ -146,8 +151,12 @@ FT_TEXT_OUTPUT = "OUTPUT_0"
 def ft_ensemble_outputs(io_kind: str, dtypes: Mapping[str, str] | None = None) -> tuple[TensorDecl, ...]:
     """``OUTPUT_0`` (text) and FT's ``sequence_length``, ``cum_log_probs``, ``output_log_probs``."""
     outputs = {d.name: d for d in ft_outputs(io_kind, dtypes)}
-    return (TensorDecl(FT_TEXT_OUTPUT, "STRING", (-1, -1)), outputs["sequence_length"], outputs["cum_log_probs"],
-            outputs["output_log_probs"])
+    return (
+        TensorDecl(FT_TEXT_OUTPUT, "STRING", (-1, -1)),
+        outputs["sequence_length"],
+        outputs["cum_log_probs"],
+        outputs["output_log_probs"],
+    )
 
 
 # --------------------------------------------------------------------------- pre/post-processing
@@ -166,10 +175,20 @@ OUTPUT_LENGTHS = "REQUEST_OUTPUT_LEN"
 BAD_WORDS_IDS = "BAD_WORDS_IDS"
 STOP_WORDS_IDS = "STOP_WORDS_IDS"
 PROMPT_TO_FT = {
-    "decoder": {PROMPT_IDS: "input_ids", PROMPT_LENGTHS: "input_lengths", OUTPUT_LENGTHS: "request_output_len",
-                BAD_WORDS_IDS: "bad_words_list", STOP_WORDS_IDS: "stop_words_list"},
-    "encoder-decoder": {PROMPT_IDS: "input_ids", PROMPT_LENGTHS: "sequence_length", OUTPUT_LENGTHS: "max_output_len",
-                        BAD_WORDS_IDS: "bad_words_list", STOP_WORDS_IDS: "stop_words_list"},
+    "decoder": {
+        PROMPT_IDS: "input_ids",
+        PROMPT_LENGTHS: "input_lengths",
+        OUTPUT_LENGTHS: "request_output_len",
+        BAD_WORDS_IDS: "bad_words_list",
+        STOP_WORDS_IDS: "stop_words_list",
+    },
+    "encoder-decoder": {
+        PROMPT_IDS: "input_ids",
+        PROMPT_LENGTHS: "sequence_length",
+        OUTPUT_LENGTHS: "max_output_len",
+        BAD_WORDS_IDS: "bad_words_list",
+        STOP_WORDS_IDS: "stop_words_list",
+    },
 }
 """Preprocessing's prompt outputs -> the fastertransformer inputs they feed, per I/O kind."""
 

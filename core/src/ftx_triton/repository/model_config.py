@@ -84,21 +84,38 @@ class FtModelOptions:
     @classmethod
     def for_family(cls, family: Family, checkpoint_path: Path, tp: int, **choices: Any) -> FtModelOptions:
         """Options for ``family``'s model type (type, I/O kind, compute types) plus the deployment ``choices``."""
-        return cls(model_type=family.triton_model_type, io_kind=family.triton_io, checkpoint_path=checkpoint_path,
-                   tp=tp, data_types=tuple(family.data_types), data_type_note=family.data_type_note,
-                   output_dtypes=tuple(sorted(family.ft_output_dtypes.items())), **choices)
+        return cls(
+            model_type=family.triton_model_type,
+            io_kind=family.triton_io,
+            checkpoint_path=checkpoint_path,
+            tp=tp,
+            data_types=tuple(family.data_types),
+            data_type_note=family.data_type_note,
+            output_dtypes=tuple(sorted(family.ft_output_dtypes.items())),
+            **choices,
+        )
 
     @classmethod
-    def from_settings(cls, family: Family, checkpoint_path: Path, settings: RunSettings,
-                      source: Path | None = None) -> FtModelOptions:
+    def from_settings(
+        cls, family: Family, checkpoint_path: Path, settings: RunSettings, source: Path | None = None
+    ) -> FtModelOptions:
         """The fastertransformer model's options for ``family`` from the run's configure settings
         (and the ``source`` checkpoint's config.json, for a decoder's context size)."""
         repo = settings.configure
         positions = source_context_size(family, source) if source is not None else None
-        return cls.for_family(family, checkpoint_path, settings.convert.tp, pp=repo.pp, data_type=settings.data_type,
-                              max_batch_size=repo.max_batch_size, instances=repo.instances,
-                              streaming=repo.streaming, dynamic_batching=repo.dynamic_batching,
-                              max_positions=positions, custom_all_reduce=repo.custom_all_reduce)
+        return cls.for_family(
+            family,
+            checkpoint_path,
+            settings.convert.tp,
+            pp=repo.pp,
+            data_type=settings.data_type,
+            max_batch_size=repo.max_batch_size,
+            instances=repo.instances,
+            streaming=repo.streaming,
+            dynamic_batching=repo.dynamic_batching,
+            max_positions=positions,
+            custom_all_reduce=repo.custom_all_reduce,
+        )
 
 
 def source_context_size(family: Family, source: Path) -> int | None:
@@ -126,8 +143,10 @@ def refuse_data_type(model_type: str, data_type: str, allowed: Sequence[str], no
     if data_type in allowed:
         return
     reason = note or f"FasterTransformer runs {model_type} in {', '.join(allowed)} only"
-    raise ConfigError(f"data_type {data_type!r} is not supported for {model_type}: {reason}",
-                      hint=f"use --data-type {' or '.join(allowed)}")
+    raise ConfigError(
+        f"data_type {data_type!r} is not supported for {model_type}: {reason}",
+        hint=f"use --data-type {' or '.join(allowed)}",
+    )
 
 
 def check_data_type(family: Family, data_type: str) -> None:
@@ -149,8 +168,10 @@ def check_ft_options(opts: FtModelOptions) -> None:
     if opts.tp < 1 or opts.pp < 1:
         raise ConfigError(f"tensor_para_size and pipeline_para_size must be at least 1 (got {opts.tp}, {opts.pp})")
     if opts.max_batch_size < 1:
-        raise ConfigError("max_batch_size must be at least 1 (the backend batches along the first dimension)",
-                          hint="use --max-batch-size 1 or more")
+        raise ConfigError(
+            "max_batch_size must be at least 1 (the backend batches along the first dimension)",
+            hint="use --max-batch-size 1 or more",
+        )
     if opts.instances < 1:
         raise ConfigError("the instance count must be at least 1", hint="use --instances 1 or more")
     if opts.backend == "fastertransformer":
@@ -205,20 +226,29 @@ def build_ft_model_config(opts: FtModelOptions) -> mc.ModelConfig:
     config.model_transaction_policy.decoupled = opts.streaming
     if opts.dynamic_batching:
         config.dynamic_batching.SetInParent()
-    set_parameters(config, {
-        "model_type": opts.model_type,
-        "tensor_para_size": str(opts.tp),
-        "pipeline_para_size": str(opts.pp),
-        "model_checkpoint_path": str(opts.checkpoint_path),
-        "data_type": opts.data_type,
-        "enable_custom_all_reduce": "1" if opts.custom_all_reduce_on else "0",
-    })
+    set_parameters(
+        config,
+        {
+            "model_type": opts.model_type,
+            "tensor_para_size": str(opts.tp),
+            "pipeline_para_size": str(opts.pp),
+            "model_checkpoint_path": str(opts.checkpoint_path),
+            "data_type": opts.data_type,
+            "enable_custom_all_reduce": "1" if opts.custom_all_reduce_on else "0",
+        },
+    )
     return config
 
 
-def build_python_model_config(name: str, inputs: Sequence[TensorDecl], outputs: Sequence[TensorDecl], *,
-                              max_batch_size: int, parameters: Mapping[str, str],
-                              instances: int = 1) -> mc.ModelConfig:
+def build_python_model_config(
+    name: str,
+    inputs: Sequence[TensorDecl],
+    outputs: Sequence[TensorDecl],
+    *,
+    max_batch_size: int,
+    parameters: Mapping[str, str],
+    instances: int = 1,
+) -> mc.ModelConfig:
     """A Python-backend model (preprocessing, postprocessing) on CPU."""
     config = mc.ModelConfig(name=name, backend="python", max_batch_size=max_batch_size)
     add_inputs_outputs(config, inputs, outputs)
@@ -251,9 +281,13 @@ def check_ft_config(config: mc.ModelConfig, path: Path | None = None) -> list[st
     if config.HasField("sequence_batching") and config.HasField("dynamic_batching"):
         problems.append(f"{where}sequence batching cannot be combined with dynamic batching")
     ragged = [i.name for i in config.input if i.allow_ragged_batch]
-    shapes = {b.source_input[0] for b in config.batch_input
-              if b.kind == mc.BatchInput.Kind.BATCH_ITEM_SHAPE and b.data_type == mc.DataType.TYPE_INT32
-              and list(b.target_name) == [f"{b.source_input[0]}_item_shape"]}
+    shapes = {
+        b.source_input[0]
+        for b in config.batch_input
+        if b.kind == mc.BatchInput.Kind.BATCH_ITEM_SHAPE
+        and b.data_type == mc.DataType.TYPE_INT32
+        and list(b.target_name) == [f"{b.source_input[0]}_item_shape"]
+    }
     for name in ragged:
         if name not in shapes:
             problems.append(f"{where}ragged input {name} needs a BATCH_ITEM_SHAPE batch input {name}_item_shape")
@@ -272,8 +306,14 @@ def checkpoint_ranks(checkpoint_dir: Path) -> set[int]:
     return ranks
 
 
-def check_against_checkpoint(config: mc.ModelConfig, ini: Mapping[str, Mapping[str, str]], checkpoint_dir: Path, *,
-                             sections: Sequence[str] = (), data_types: Sequence[str] = DATA_TYPES) -> list[str]:
+def check_against_checkpoint(
+    config: mc.ModelConfig,
+    ini: Mapping[str, Mapping[str, str]],
+    checkpoint_dir: Path,
+    *,
+    sections: Sequence[str] = (),
+    data_types: Sequence[str] = DATA_TYPES,
+) -> list[str]:
     """config.pbtxt parameters that disagree with the checkpoint (tp, dtype) or with the model type's facts:
     the config.ini ``sections`` it reads and the compute ``data_types`` it runs."""
     problems = []
@@ -284,11 +324,14 @@ def check_against_checkpoint(config: mc.ModelConfig, ini: Mapping[str, Mapping[s
         problems.append(f"tensor_para_size {tp} but model_checkpoint_path is {checkpoint_dir.name}")
     ranks = checkpoint_ranks(checkpoint_dir)
     if ranks and (ranks != set(range(len(ranks))) or str(len(ranks)) != tp):
-        problems.append(f"tensor_para_size {tp} but the weight files in {checkpoint_dir} are split for "
-                        f"ranks {sorted(ranks)}")
+        problems.append(
+            f"tensor_para_size {tp} but the weight files in {checkpoint_dir} are split for ranks {sorted(ranks)}"
+        )
     if not all(s in ini for s in sections):
-        problems.append(f"model_type {model_type} reads config.ini section(s) {', '.join(sections)}, "
-                        f"but {checkpoint_dir / 'config.ini'} has {', '.join(ini) or 'none'}")
+        problems.append(
+            f"model_type {model_type} reads config.ini section(s) {', '.join(sections)}, "
+            f"but {checkpoint_dir / 'config.ini'} has {', '.join(ini) or 'none'}"
+        )
     weight_types = {v["weight_data_type"] for v in ini.values() if "weight_data_type" in v}
     if len(weight_types) != 1 or not weight_types <= set(DATA_TYPES):
         problems.append(f"config.ini weight_data_type is {sorted(weight_types) or 'missing'}")

@@ -148,8 +148,9 @@ class SentencePieceCodec(Codec):
 
     def decode(self, ids: Sequence[int]) -> str:
         size = self.sp.GetPieceSize()
-        keep = [int(i) for i in ids
-                if 0 <= int(i) < size and not (self.sp.IsControl(int(i)) or self.sp.IsUnknown(int(i)))]
+        keep = [
+            int(i) for i in ids if 0 <= int(i) < size and not (self.sp.IsControl(int(i)) or self.sp.IsUnknown(int(i)))
+        ]
         return self.sp.DecodeIds(keep)
 
     def token_id(self, token: str) -> int | None:
@@ -195,7 +196,8 @@ def load_codec(directory: Path, kind: str = "auto") -> Codec:
     if kind == "sentencepiece":
         return SentencePieceCodec.from_dir(directory)
     raise TokenizerLoadError(
-        f"{directory} holds no tokenizer (tokenizer.json, vocab.json + merges.txt or {SPIECE_FILE})")
+        f"{directory} holds no tokenizer (tokenizer.json, vocab.json + merges.txt or {SPIECE_FILE})"
+    )
 
 
 def special_token_names(directory: Path) -> dict[str, str]:
@@ -273,8 +275,10 @@ def _text(value: Any, name: str = "input") -> str:
 def csv_words(array: np.ndarray | None, name: str) -> list[list[str]]:
     """FasterTransformer's word-list strings (one CSV line of words per item, ``"Hawks, Hawks"``)
     as one list of words per item; spaces are kept, they are part of a word's tokens."""
-    return [[word for line in row for fields in csv.reader([line]) for word in fields if word]
-            for row in strings(array, name)]
+    return [
+        [word for line in row for fields in csv.reader([line]) for word in fields if word]
+        for row in strings(array, name)
+    ]
 
 
 # --------------------------------------------------------------------------- parameters
@@ -314,16 +318,24 @@ class TextSettings:
         assert end_id is not None
         pad_id = _int(params, "pad_id")
         return cls(
-            io_kind=params["io_kind"], tokenizer_kind=params.get("tokenizer_kind", "auto") or "auto",
-            start_id=_int(params, "start_id") or 0, end_id=end_id,
-            pad_id=end_id if pad_id is None else pad_id, streaming=_bool(params.get("streaming")),
-            max_batch_size=max_batch_size, max_prompt_tokens=_int(params, "max_prompt_tokens"),
+            io_kind=params["io_kind"],
+            tokenizer_kind=params.get("tokenizer_kind", "auto") or "auto",
+            start_id=_int(params, "start_id") or 0,
+            end_id=end_id,
+            pad_id=end_id if pad_id is None else pad_id,
+            streaming=_bool(params.get("streaming")),
+            max_batch_size=max_batch_size,
+            max_prompt_tokens=_int(params, "max_prompt_tokens"),
         )
 
     def as_parameters(self) -> dict[str, str]:
         params = {
-            "io_kind": self.io_kind, "tokenizer_kind": self.tokenizer_kind, "start_id": str(self.start_id),
-            "end_id": str(self.end_id), "pad_id": str(self.pad_id), "streaming": "1" if self.streaming else "0",
+            "io_kind": self.io_kind,
+            "tokenizer_kind": self.tokenizer_kind,
+            "start_id": str(self.start_id),
+            "end_id": str(self.end_id),
+            "pad_id": str(self.pad_id),
+            "streaming": "1" if self.streaming else "0",
         }
         if self.max_prompt_tokens is not None:
             params["max_prompt_tokens"] = str(self.max_prompt_tokens)
@@ -392,10 +404,12 @@ class Preprocessor:
             raise RequestError("the request has no INPUT_1 (output lengths)")
         lengths = self._output_lengths(_scalar_column(inputs, "REQUEST_OUTPUT_LEN", batch, 0, np.int64), "INPUT_1")
         out = self._prompts(prompts, lengths)
-        out["BAD_WORDS_IDS"] = word_list(_pad_rows(csv_words(inputs.get("BAD_WORDS_DICT"), "INPUT_2"), batch),
-                                         self.codec)
-        out["STOP_WORDS_IDS"] = word_list(_pad_rows(csv_words(inputs.get("STOP_WORDS_DICT"), "INPUT_3"), batch),
-                                          self.codec)
+        out["BAD_WORDS_IDS"] = word_list(
+            _pad_rows(csv_words(inputs.get("BAD_WORDS_DICT"), "INPUT_2"), batch), self.codec
+        )
+        out["STOP_WORDS_IDS"] = word_list(
+            _pad_rows(csv_words(inputs.get("STOP_WORDS_DICT"), "INPUT_3"), batch), self.codec
+        )
         return out
 
     def _generate_interface(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -413,15 +427,20 @@ class Preprocessor:
             if stream.any() and not s.streaming:
                 raise RequestError("this deployment does not stream; configure it with --streaming to use stream=true")
             if not stream.all() and s.streaming:
-                raise RequestError("this deployment streams (configured with --streaming): send stream=true "
-                                   "through generate_stream or gRPC streaming")
+                raise RequestError(
+                    "this deployment streams (configured with --streaming): send stream=true "
+                    "through generate_stream or gRPC streaming"
+                )
         top_k = _scalar_column(inputs, "top_k", batch, 0, np.int64)
         top_p = _scalar_column(inputs, "top_p", batch, 0.0, np.float32)
         temperature = _scalar_column(inputs, "temperature", batch, 1.0, np.float32)
         beam_width = _scalar_column(inputs, "beam_width", batch, 1, np.int64)
         repetition_penalty = _scalar_column(inputs, "repetition_penalty", batch, 1.0, np.float32)
-        for name, values in (("top_p", top_p), ("temperature", temperature),
-                             ("repetition_penalty", repetition_penalty)):
+        for name, values in (
+            ("top_p", top_p),
+            ("temperature", temperature),
+            ("repetition_penalty", repetition_penalty),
+        ):
             _finite(name, values)
         if ((top_k < 0) | (top_k > UINT32_MAX)).any():
             raise RequestError("top_k must be 0 (off) or a positive token count")
@@ -439,16 +458,18 @@ class Preprocessor:
             seed = np.array([[secrets.randbits(63)] for _ in range(batch)], dtype=np.uint64)
 
         out = self._prompts(prompts, max_tokens)
-        out.update({
-            "runtime_top_k": top_k.astype(np.uint32),
-            "runtime_top_p": top_p,
-            "temperature": temperature,
-            "repetition_penalty": repetition_penalty,
-            "random_seed": seed,
-            "beam_width": beam_width.astype(np.uint32),
-            "BAD_WORDS_IDS": word_list(_pad_rows(strings(inputs.get("bad_words"), "bad_words"), batch), self.codec),
-            "STOP_WORDS_IDS": word_list(_pad_rows(strings(inputs.get("stop"), "stop"), batch), self.codec),
-        })
+        out.update(
+            {
+                "runtime_top_k": top_k.astype(np.uint32),
+                "runtime_top_p": top_p,
+                "temperature": temperature,
+                "repetition_penalty": repetition_penalty,
+                "random_seed": seed,
+                "beam_width": beam_width.astype(np.uint32),
+                "BAD_WORDS_IDS": word_list(_pad_rows(strings(inputs.get("bad_words"), "bad_words"), batch), self.codec),
+                "STOP_WORDS_IDS": word_list(_pad_rows(strings(inputs.get("stop"), "stop"), batch), self.codec),
+            }
+        )
         return out
 
     @staticmethod
@@ -468,12 +489,16 @@ class Preprocessor:
             if len(head) < len(prompt):
                 n = len(self.codec.encode(head, prompt=False))
                 if n > limit + _PREFIX_MARGIN:
-                    raise RequestError(f"the prompt is longer than the model's context of {limit} tokens "
-                                       f"({len(prompt)} characters, {n}+ tokens)")
+                    raise RequestError(
+                        f"the prompt is longer than the model's context of {limit} tokens "
+                        f"({len(prompt)} characters, {n}+ tokens)"
+                    )
         ids = self.codec.encode(prompt, prompt=True)
         if limit is not None and len(ids) >= limit:
-            raise RequestError(f"the prompt has {len(ids)} tokens; the model's context holds {limit} "
-                               "(prompt and generated tokens together)")
+            raise RequestError(
+                f"the prompt has {len(ids)} tokens; the model's context holds {limit} "
+                "(prompt and generated tokens together)"
+            )
         return ids
 
     def _prompts(self, prompts: Sequence[str], output_lengths: np.ndarray) -> dict[str, np.ndarray]:
@@ -533,8 +558,14 @@ class Postprocessor:
         values = np.asarray(values).reshape(batch, -1).astype(np.int64)
         return np.broadcast_to(values[:, :1] if values.shape[1] != beams else values, (batch, beams))
 
-    def texts(self, output_ids: np.ndarray, sequence_length: np.ndarray,
-              input_lengths: np.ndarray | None = None, *, whole: bool = False) -> list[list[str]]:
+    def texts(
+        self,
+        output_ids: np.ndarray,
+        sequence_length: np.ndarray,
+        input_lengths: np.ndarray | None = None,
+        *,
+        whole: bool = False,
+    ) -> list[list[str]]:
         """Decoded generated text per batch item and beam, up to the first end id. ``whole``: every
         token up to sequence_length, as decoded (FasterTransformer's ensemble text)."""
         ids, ends = self._shaped(output_ids, sequence_length)
@@ -556,8 +587,7 @@ class Postprocessor:
             result.append(row)
         return result
 
-    def new_texts(self, output_ids: np.ndarray, sequence_length: np.ndarray,
-                  offsets: np.ndarray) -> list[list[str]]:
+    def new_texts(self, output_ids: np.ndarray, sequence_length: np.ndarray, offsets: np.ndarray) -> list[list[str]]:
         """Per batch item and beam, the text that the tokens from ``offsets`` on add to what precedes
         them (the whole sequence is decoded, so pieces join exactly as the full text reads)."""
         ids, ends = self._shaped(output_ids, sequence_length)
@@ -606,7 +636,7 @@ def added_text(before: str, after: str) -> str:
     only the text beyond its length is new.
     """
     before, after = before.rstrip(_INCOMPLETE), after.rstrip(_INCOMPLETE)
-    return after[len(before):]
+    return after[len(before) :]
 
 
 def _as_bytes(texts: list[list[str]]) -> np.ndarray:

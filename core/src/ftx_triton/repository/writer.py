@@ -96,9 +96,15 @@ class TokenizerPlan:
     vocab_size: int
 
     def settings(self, io_kind: str, streaming: bool, max_positions: int | None = None) -> textproc.TextSettings:
-        return textproc.TextSettings(io_kind=io_kind, tokenizer_kind=self.kind, start_id=self.start_id,
-                                     end_id=self.end_id, pad_id=self.pad_id, streaming=streaming,
-                                     max_prompt_tokens=max_positions)
+        return textproc.TextSettings(
+            io_kind=io_kind,
+            tokenizer_kind=self.kind,
+            start_id=self.start_id,
+            end_id=self.end_id,
+            pad_id=self.pad_id,
+            streaming=streaming,
+            max_prompt_tokens=max_positions,
+        )
 
 
 def collect_tokenizer_files(path: Path, family: Family) -> dict[str, Path]:
@@ -126,8 +132,7 @@ def collect_tokenizer_files(path: Path, family: Family) -> dict[str, Path]:
 def plan_tokenizer(path: Path | None, family: Family, spec: ModelSpec, *, explicit: bool = False) -> TokenizerPlan:
     """Find, load and check the tokenizer: its special tokens must have the model's ids."""
     flag = "--tokenizer" if explicit else "the checkpoint"
-    hint = ("pass --tokenizer PATH: a directory (or file) with tokenizer.json, vocab.json + merges.txt, "
-            "or spiece.model")
+    hint = "pass --tokenizer PATH: a directory (or file) with tokenizer.json, vocab.json + merges.txt, or spiece.model"
     if path is None:
         raise ConfigError(f"no tokenizer: the source of this {family.name} model is unknown", hint=hint)
     files = collect_tokenizer_files(path, family)
@@ -159,23 +164,38 @@ def plan_tokenizer(path: Path | None, family: Family, spec: ModelSpec, *, explic
             continue
         got = codec.token_id(token)
         if got is None:
-            raise ConfigError(f"the tokenizer at {path} has no {role} token {token!r}",
-                              hint="use the model's own tokenizer (--tokenizer)")
+            raise ConfigError(
+                f"the tokenizer at {path} has no {role} token {token!r}",
+                hint="use the model's own tokenizer (--tokenizer)",
+            )
         if got != want:
             raise ConfigError(
                 f"the tokenizer's {role} token {token!r} has id {got}, but the model uses {want} "
                 f"({'end_id' if role == 'eos' else 'start_id' if role == 'bos' else 'pad_id'} from config.json)",
-                hint="use the model's own tokenizer, or fix the ids in the checkpoint's config.json")
+                hint="use the model's own tokenizer, or fix the ids in the checkpoint's config.json",
+            )
     vocab = spec.dims.get("V")
     if vocab is not None and codec.vocab_size > int(vocab):
         # Not fatal: byte-level tokenizers list every byte whether or not the text can reach it.
-        log.warning("configure.tokenizer_larger_than_model", tokenizer=str(path), tokenizer_vocab=codec.vocab_size,
-                    model_vocab=int(vocab), note="ids beyond the model's vocabulary would be out of range")
+        log.warning(
+            "configure.tokenizer_larger_than_model",
+            tokenizer=str(path),
+            tokenizer_vocab=codec.vocab_size,
+            model_vocab=int(vocab),
+            note="ids beyond the model's vocabulary would be out of range",
+        )
     for value, what in ((spec.start_id, "start_id"), (spec.end_id, "end_id"), (pad_id, "pad_id")):
         if vocab is not None and not 0 <= value < int(vocab):
             raise ConfigError(f"{what} {value} is outside the model's vocabulary of {vocab}")
-    return TokenizerPlan(kind=kind, files=files, origin=Path(path), start_id=spec.start_id, end_id=spec.end_id,
-                         pad_id=pad_id, vocab_size=codec.vocab_size)
+    return TokenizerPlan(
+        kind=kind,
+        files=files,
+        origin=Path(path),
+        start_id=spec.start_id,
+        end_id=spec.end_id,
+        pad_id=pad_id,
+        vocab_size=codec.vocab_size,
+    )
 
 
 def _check_tokenizer_file(path: Path) -> None:
@@ -184,8 +204,10 @@ def _check_tokenizer_file(path: Path) -> None:
     with open_regular(path) as file:
         size = os.fstat(file.fileno()).st_size
     if size > MAX_JSON_BYTES:
-        raise ConfigError(f"the tokenizer file {path} is {size} bytes, larger than any tokenizer "
-                          f"({MAX_JSON_BYTES} at most)", hint="pass --tokenizer with the model's own tokenizer files")
+        raise ConfigError(
+            f"the tokenizer file {path} is {size} bytes, larger than any tokenizer ({MAX_JSON_BYTES} at most)",
+            hint="pass --tokenizer with the model's own tokenizer files",
+        )
 
 
 def _tokenizer_kind(directory: Path, family: Family) -> str | None:
@@ -218,42 +240,67 @@ def check_checkpoint(family: Family, checkpoint_dir: Path, *, tp: int, weight_dt
     """The converted ``<tp>-gpu`` directory must hold ``tp`` ranks, the model type's sections, the dtype."""
     ini_path = checkpoint_dir / "config.ini"
     if not ini_path.is_file():
-        raise CheckpointError(f"{checkpoint_dir} has no config.ini",
-                              hint="convert the checkpoint again (--force convert)")
+        raise CheckpointError(
+            f"{checkpoint_dir} has no config.ini", hint="convert the checkpoint again (--force convert)"
+        )
     ini = read_ini(ini_path)
     if checkpoint_dir.name != gpu_dir_name(tp):
-        raise ConfigError(f"{checkpoint_dir} was converted for {checkpoint_dir.name}, not for --tp {tp}",
-                          hint=f"convert with --tp {tp} (ftx converts automatically when it owns the checkpoint)")
+        raise ConfigError(
+            f"{checkpoint_dir} was converted for {checkpoint_dir.name}, not for --tp {tp}",
+            hint=f"convert with --tp {tp} (ftx converts automatically when it owns the checkpoint)",
+        )
     ranks = checkpoint_ranks(checkpoint_dir)
     if ranks and ranks != set(range(tp)):
-        raise ConfigError(f"{checkpoint_dir} holds weights split for ranks {sorted(ranks)}, not for --tp {tp}",
-                          hint=f"convert again with --tp {tp}")
+        raise ConfigError(
+            f"{checkpoint_dir} holds weights split for ranks {sorted(ranks)}, not for --tp {tp}",
+            hint=f"convert again with --tp {tp}",
+        )
     missing = [s for s in family.ini.required_sections() if s not in ini]
     if missing:
-        raise ConfigError(f"{ini_path} has no [{'], ['.join(missing)}] section, so it is not a "
-                          f"{family.triton_model_type} checkpoint (sections: {', '.join(ini) or 'none'})",
-                          hint=f"convert the source with --family {family.name}")
+        raise ConfigError(
+            f"{ini_path} has no [{'], ['.join(missing)}] section, so it is not a "
+            f"{family.triton_model_type} checkpoint (sections: {', '.join(ini) or 'none'})",
+            hint=f"convert the source with --family {family.name}",
+        )
     dtypes = {v["weight_data_type"] for v in ini.values() if "weight_data_type" in v}
     if dtypes != {weight_dtype}:
-        raise ConfigError(f"{ini_path} says weight_data_type {', '.join(sorted(dtypes)) or 'nothing'}, "
-                          f"expected {weight_dtype}", hint="convert the checkpoint again (--force convert)")
-    prompt = [f"[{name}] {key} = {value}" for name, values in ini.items() for key, value in values.items()
-              if key in ("num_tasks", "prompt_learning_type") and value.strip() not in ("", "0")]
+        raise ConfigError(
+            f"{ini_path} says weight_data_type {', '.join(sorted(dtypes)) or 'nothing'}, expected {weight_dtype}",
+            hint="convert the checkpoint again (--force convert)",
+        )
+    prompt = [
+        f"[{name}] {key} = {value}"
+        for name, values in ini.items()
+        for key, value in values.items()
+        if key in ("num_tasks", "prompt_learning_type") and value.strip() not in ("", "0")
+    ]
     prompt += [f"[{name}]" for name in ini if name.startswith("task_")]
     if prompt:
-        raise ConfigError(f"{ini_path} declares prompt learning ({'; '.join(prompt)}): FasterTransformer would "
-                          "look for prompt tables that do not exist",
-                          hint="convert the checkpoint again with ftx, which writes no prompt-learning keys")
+        raise ConfigError(
+            f"{ini_path} declares prompt learning ({'; '.join(prompt)}): FasterTransformer would "
+            "look for prompt tables that do not exist",
+            hint="convert the checkpoint again with ftx, which writes no prompt-learning keys",
+        )
     return ini
 
 
-def plan_repository(family: Family, spec: ModelSpec, ft: FtModelOptions, *, runtime: str,
-                    tokenizer: Path | None, tokenizer_explicit: bool = False,
-                    weight_dtype: str, deployment: Mapping[str, Any] | None = None) -> RepositoryPlan:
+def plan_repository(
+    family: Family,
+    spec: ModelSpec,
+    ft: FtModelOptions,
+    *,
+    runtime: str,
+    tokenizer: Path | None,
+    tokenizer_explicit: bool = False,
+    weight_dtype: str,
+    deployment: Mapping[str, Any] | None = None,
+) -> RepositoryPlan:
     """Check everything a repository depends on; raise an FtxError before anything is written."""
     if ft.model_type != family.triton_model_type or ft.io_kind != family.triton_io:
-        raise ConfigError(f"options say model_type {ft.model_type} ({ft.io_kind}) but family {family.name} is "
-                          f"{family.triton_model_type} ({family.triton_io})")
+        raise ConfigError(
+            f"options say model_type {ft.model_type} ({ft.io_kind}) but family {family.name} is "
+            f"{family.triton_model_type} ({family.triton_io})"
+        )
     check_data_type(family, ft.data_type)
     check_ft_options(ft)
     check_checkpoint(family, Path(ft.checkpoint_path), tp=ft.tp, weight_dtype=weight_dtype)
@@ -288,8 +335,9 @@ def write_text_model(dest: Path, role: str, plan: RepositoryPlan) -> None:
         inputs, outputs = PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS
     else:
         inputs, outputs = postprocessing_inputs(io_kind, dict(plan.ft.output_dtypes)), POSTPROCESSING_OUTPUTS
-    config = build_python_model_config(role, inputs, outputs, max_batch_size=plan.ft.max_batch_size,
-                                       parameters=params, instances=1)
+    config = build_python_model_config(
+        role, inputs, outputs, max_batch_size=plan.ft.max_batch_size, parameters=params, instances=1
+    )
     model_dir = dest / role
     write_config(config, model_dir)
     version = model_dir / "1"
@@ -308,11 +356,18 @@ def write_repository(plan: RepositoryPlan, dest: Path, ft_writer: FtWriter = wri
     write_text_model(dest, PREPROCESSING, plan)
     write_text_model(dest, POSTPROCESSING, plan)
     ft_outputs = {o.name for o in parse_config(dest / FT_MODEL_NAME / "config.pbtxt").output}
-    write_config(build_ensemble_config(plan.io_kind, max_batch_size=plan.ft.max_batch_size,
-                                       output_dtypes=dict(plan.ft.output_dtypes)), dest / ENSEMBLE_NAME)
-    write_config(build_text_ensemble_config(plan.io_kind, max_batch_size=plan.ft.max_batch_size,
-                                            streaming=plan.ft.streaming, ft_outputs=ft_outputs),
-                 dest / TEXT_MODEL_NAME)
+    write_config(
+        build_ensemble_config(
+            plan.io_kind, max_batch_size=plan.ft.max_batch_size, output_dtypes=dict(plan.ft.output_dtypes)
+        ),
+        dest / ENSEMBLE_NAME,
+    )
+    write_config(
+        build_text_ensemble_config(
+            plan.io_kind, max_batch_size=plan.ft.max_batch_size, streaming=plan.ft.streaming, ft_outputs=ft_outputs
+        ),
+        dest / TEXT_MODEL_NAME,
+    )
     for name in ENSEMBLES:
         (dest / name / "1" / ".ftx-keep").write_text("Triton needs this version directory to exist.\n")
     record = redact_data(deployment_record(plan, backend))
@@ -341,13 +396,22 @@ def deployment_record(plan: RepositoryPlan, backend: str) -> dict[str, Any]:
         "dynamic_batching": ft.dynamic_batching,
         "custom_all_reduce": ft.custom_all_reduce_on,
         "checkpoint": str(ft.checkpoint_path),
-        "tokenizer": {"kind": tok.kind, "files": sorted(tok.files), "from": str(tok.origin), "start_id": tok.start_id,
-                      "end_id": tok.end_id, "pad_id": tok.pad_id, "vocab_size": tok.vocab_size},
+        "tokenizer": {
+            "kind": tok.kind,
+            "files": sorted(tok.files),
+            "from": str(tok.origin),
+            "start_id": tok.start_id,
+            "end_id": tok.end_id,
+            "pad_id": tok.pad_id,
+            "vocab_size": tok.vocab_size,
+        },
         "models": list(MODEL_NAMES),
-        "endpoints": {"generate": f"/v2/models/{TEXT_MODEL_NAME}/generate",
-                      "generate_stream": f"/v2/models/{TEXT_MODEL_NAME}/generate_stream",
-                      "fastertransformer": f"/v2/models/{FT_MODEL_NAME}/infer",
-                      "ensemble": f"/v2/models/{ENSEMBLE_NAME}/infer"},
+        "endpoints": {
+            "generate": f"/v2/models/{TEXT_MODEL_NAME}/generate",
+            "generate_stream": f"/v2/models/{TEXT_MODEL_NAME}/generate_stream",
+            "fastertransformer": f"/v2/models/{FT_MODEL_NAME}/infer",
+            "ensemble": f"/v2/models/{ENSEMBLE_NAME}/infer",
+        },
     }
     record.update(plan.deployment)
     return record
@@ -384,18 +448,28 @@ def verify_repository(repository: Path) -> tuple[str, ...]:
                 problems.append(f"{ft_path}: model_checkpoint_path {checkpoint} holds no config.ini")
             else:
                 ini = read_ini(checkpoint / "config.ini")
-                problems += [f"{ft_path}: {p}" for p in check_against_checkpoint(
-                    ft, ini, checkpoint, sections=_recorded(repository, "ini_sections") or (),
-                    data_types=_recorded(repository, "data_types") or DATA_TYPES)]
+                problems += [
+                    f"{ft_path}: {p}"
+                    for p in check_against_checkpoint(
+                        ft,
+                        ini,
+                        checkpoint,
+                        sections=_recorded(repository, "ini_sections") or (),
+                        data_types=_recorded(repository, "data_types") or DATA_TYPES,
+                    )
+                ]
                 model_type = _recorded(repository, "model_type")
                 if model_type and parameter(ft, "model_type") != model_type:
-                    problems.append(f"{ft_path}: model_type {parameter(ft, 'model_type')} but {DEPLOYMENT_FILE} "
-                                    f"says {model_type}")
+                    problems.append(
+                        f"{ft_path}: model_type {parameter(ft, 'model_type')} but {DEPLOYMENT_FILE} says {model_type}"
+                    )
                 recorded = _recorded(repository, "weight_dtype")
                 found = {v["weight_data_type"] for v in ini.values() if "weight_data_type" in v}
                 if recorded and found != {recorded}:
-                    problems.append(f"{DEPLOYMENT_FILE} says weight_dtype {recorded} but {checkpoint}/config.ini "
-                                    f"says {', '.join(sorted(found)) or 'nothing'}")
+                    problems.append(
+                        f"{DEPLOYMENT_FILE} says weight_dtype {recorded} but {checkpoint}/config.ini "
+                        f"says {', '.join(sorted(found)) or 'nothing'}"
+                    )
     for name in ENSEMBLES:
         if (repository / name / "config.pbtxt").is_file() and not problems:
             problems += check_ensemble(repository, name)
@@ -411,8 +485,10 @@ def verify_repository(repository: Path) -> tuple[str, ...]:
             except textproc.TokenizerLoadError as exc:
                 problems.append(f"{role}: {exc}")
     if problems:
-        raise ConfigError(f"the model repository {repository} is not valid:\n  " + "\n  ".join(problems),
-                          hint="this is a bug in ftx or a plugin; please report it with the repository attached")
+        raise ConfigError(
+            f"the model repository {repository} is not valid:\n  " + "\n  ".join(problems),
+            hint="this is a bug in ftx or a plugin; please report it with the repository attached",
+        )
     return tuple(models)
 
 
@@ -421,4 +497,3 @@ def _recorded(repository: Path, key: str) -> Any:
         return json.loads((repository / DEPLOYMENT_FILE).read_text()).get(key)
     except (OSError, ValueError):
         return None
-

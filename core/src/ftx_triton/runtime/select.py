@@ -19,12 +19,13 @@ def check_runtime_name(runtimes: Mapping[str, Runtime], requested: str) -> None:
     if requested == "auto" or requested in runtimes or any(requested in r.selects_as for r in runtimes.values()):
         return
     close = difflib.get_close_matches(requested, names, n=1)
-    raise ConfigError(f"unknown runtime {requested!r}" + (f" (did you mean {close[0]!r}?)" if close else ""),
-                      hint=f"use one of: {', '.join(names)} (see `ftx plugins`)")
+    raise ConfigError(
+        f"unknown runtime {requested!r}" + (f" (did you mean {close[0]!r}?)" if close else ""),
+        hint=f"use one of: {', '.join(names)} (see `ftx plugins`)",
+    )
 
 
-def choose_runtime(runtimes: Mapping[str, Runtime], settings: RunSettings,
-                   store: ArtifactStore) -> tuple[Runtime, str]:
+def choose_runtime(runtimes: Mapping[str, Runtime], settings: RunSettings, store: ArtifactStore) -> tuple[Runtime, str]:
     """The runtime for ``settings.runtime`` and why it was chosen.
 
     A runtime's own name selects it. ``auto`` and an alias (``fastertransformer``) rank their
@@ -42,8 +43,10 @@ def choose_runtime(runtimes: Mapping[str, Runtime], settings: RunSettings,
     else:
         candidates = [r for r in runtimes.values() if requested in r.selects_as]
     if not candidates:
-        raise ConfigError(f"unknown runtime {requested!r}",
-                          hint=f"use one of: {', '.join(runtime_names(list(runtimes.values())))} (see `ftx plugins`)")
+        raise ConfigError(
+            f"unknown runtime {requested!r}",
+            hint=f"use one of: {', '.join(runtime_names(list(runtimes.values())))} (see `ftx plugins`)",
+        )
     unavailable: list[str] = []
     for runtime in sorted(candidates, key=lambda r: (-r.priority, r.name)):
         availability = runtime.available(settings, store)
@@ -52,7 +55,9 @@ def choose_runtime(runtimes: Mapping[str, Runtime], settings: RunSettings,
             return runtime, "; ".join([*unavailable, why])
         unavailable.append(f"{runtime.name}: {availability.reason}")
     if requested == "auto":
-        raise ConfigError("no runtime can serve on this machine: " + "; ".join(unavailable),
-                          hint="install what the runtime you want needs, or pick one with --runtime")
+        raise ConfigError(
+            "no runtime can serve on this machine: " + "; ".join(unavailable),
+            hint="install what the runtime you want needs, or pick one with --runtime",
+        )
     best = max(candidates, key=lambda r: (r.priority, r.name))
     return best, f"{asked} ({'; '.join(unavailable)})"

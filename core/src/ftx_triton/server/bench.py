@@ -61,8 +61,7 @@ class BenchResult:
     started_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
     def as_dict(self) -> dict[str, Any]:
-        return {**{k: v for k, v in asdict(self).items() if k != "points"},
-                "points": [asdict(p) for p in self.points]}
+        return {**{k: v for k, v in asdict(self).items() if k != "points"}, "points": [asdict(p) for p in self.points]}
 
 
 def find_perf_analyzer() -> Path | None:
@@ -81,8 +80,15 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return ordered[index]
 
 
-def builtin_load(url: str, model: str, prompt: str, max_tokens: int, concurrency: Sequence[int], requests: int,
-                 count_tokens: Any = None) -> list[Point]:
+def builtin_load(
+    url: str,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    concurrency: Sequence[int],
+    requests: int,
+    count_tokens: Any = None,
+) -> list[Point]:
     """Closed loop: ``c`` clients each sending requests back to back until ``requests`` are done."""
     from ftx_triton.server.text_client import HttpError, HttpTriton, text_interface
 
@@ -92,8 +98,10 @@ def builtin_load(url: str, model: str, prompt: str, max_tokens: int, concurrency
     try:  # warm up, and find out whether the model takes this request at all
         server.generate(iface, values) if not iface.decoupled else list(server.generate_stream(iface, values))
     except HttpError as exc:
-        raise ToolError(f"the server refused the benchmark's request: {exc.message}",
-                        hint="choose a --prompt and --max-tokens the model accepts (try them with `ftx generate`)") from None
+        raise ToolError(
+            f"the server refused the benchmark's request: {exc.message}",
+            hint="choose a --prompt and --max-tokens the model accepts (try them with `ftx generate`)",
+        ) from None
     points = []
     for c in concurrency:
         latencies: list[float] = []
@@ -102,8 +110,13 @@ def builtin_load(url: str, model: str, prompt: str, max_tokens: int, concurrency
         left = [requests]
         errors: list[BaseException] = []
 
-        def client(lock: threading.Lock, left: list[int], errors: list[BaseException], latencies: list[float],
-                   tokens: list[int]) -> None:
+        def client(
+            lock: threading.Lock,
+            left: list[int],
+            errors: list[BaseException],
+            latencies: list[float],
+            tokens: list[int],
+        ) -> None:
             while True:
                 with lock:
                     if left[0] <= 0 or errors:
@@ -111,8 +124,11 @@ def builtin_load(url: str, model: str, prompt: str, max_tokens: int, concurrency
                     left[0] -= 1
                 began = time.perf_counter()
                 try:
-                    text = (server.generate(iface, values) if not iface.decoupled
-                            else "".join(server.generate_stream(iface, values)))
+                    text = (
+                        server.generate(iface, values)
+                        if not iface.decoupled
+                        else "".join(server.generate_stream(iface, values))
+                    )
                 except BaseException as exc:  # noqa: BLE001 - reported after the threads stop
                     with lock:
                         errors.append(exc)
@@ -124,8 +140,9 @@ def builtin_load(url: str, model: str, prompt: str, max_tokens: int, concurrency
                         tokens.append(count_tokens(text.removeprefix(prompt)))
 
         started = time.perf_counter()
-        threads = [threading.Thread(target=client, args=(lock, left, errors, latencies, tokens), daemon=True)
-                   for _ in range(c)]
+        threads = [
+            threading.Thread(target=client, args=(lock, left, errors, latencies, tokens), daemon=True) for _ in range(c)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -134,8 +151,18 @@ def builtin_load(url: str, model: str, prompt: str, max_tokens: int, concurrency
         if errors:
             raise ToolError(f"a benchmark request failed: {errors[0]}", hint="check the server with `ftx ps`")
         ms = [x * 1000 for x in latencies]
-        points.append(Point(c, len(ms), len(ms) / wall, _percentile(ms, 50), _percentile(ms, 90), _percentile(ms, 99),
-                            statistics.fmean(ms), sum(tokens) / wall if tokens else None))
+        points.append(
+            Point(
+                c,
+                len(ms),
+                len(ms) / wall,
+                _percentile(ms, 50),
+                _percentile(ms, 90),
+                _percentile(ms, 99),
+                statistics.fmean(ms),
+                sum(tokens) / wall if tokens else None,
+            )
+        )
     return points
 
 
@@ -144,8 +171,17 @@ ANY_WINDOW_PERCENT = 10**9
 load one window can take 20 times another, and the old 1000 % made perf_analyzer give up."""
 
 
-def run_perf_analyzer(binary: Path, grpc_url: str, model: str, prompt: str, max_tokens: int,
-                      concurrency: Sequence[int], requests: int, *, streaming: bool = False) -> list[Point]:
+def run_perf_analyzer(
+    binary: Path,
+    grpc_url: str,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    concurrency: Sequence[int],
+    requests: int,
+    *,
+    streaming: bool = False,
+) -> list[Point]:
     """``perf_analyzer`` over gRPC with the prompt as input data, one CSV row per concurrency
     (``--streaming`` for a decoupled model: latency is then the time to the first response)."""
     with tempfile.TemporaryDirectory(prefix="ftx-bench-") as tmp:
@@ -157,21 +193,57 @@ def run_perf_analyzer(binary: Path, grpc_url: str, model: str, prompt: str, max_
         # one run per level; any windows are accepted as stable (ANY_WINDOW_PERCENT): the figures are what was
         # measured, and a busy machine must not make the tool give up
         for c in concurrency:
-            cmd = [str(binary), "-m", model, "-u", grpc_url.removeprefix("grpc://"), "-i", "grpc",
-                   "--input-data", str(data), "--concurrency-range", f"{c}:{c}", "--measurement-mode",
-                   "count_windows", "--measurement-request-count", str(requests), "--stability-percentage", str(ANY_WINDOW_PERCENT),
-                   "--max-trials", "3", "-f", str(report), *(["--streaming"] if streaming else [])]
+            cmd = [
+                str(binary),
+                "-m",
+                model,
+                "-u",
+                grpc_url.removeprefix("grpc://"),
+                "-i",
+                "grpc",
+                "--input-data",
+                str(data),
+                "--concurrency-range",
+                f"{c}:{c}",
+                "--measurement-mode",
+                "count_windows",
+                "--measurement-request-count",
+                str(requests),
+                "--stability-percentage",
+                str(ANY_WINDOW_PERCENT),
+                "--max-trials",
+                "3",
+                "-f",
+                str(report),
+                *(["--streaming"] if streaming else []),
+            ]
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
             if done.returncode != 0 or not report.is_file():
                 tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-8:])
-                raise ToolError(f"perf_analyzer failed (exit {done.returncode}):\n{tail}",
-                                hint="run with --tool builtin to use ftx's own load generator")
+                raise ToolError(
+                    f"perf_analyzer failed (exit {done.returncode}):\n{tail}",
+                    hint="run with --tool builtin to use ftx's own load generator",
+                )
             for row in csv.DictReader(io.StringIO(report.read_text())):
                 us = [float(row[k]) for k in ("p50 latency", "p90 latency", "p99 latency")]
-                avg = sum(float(row[k]) for k in row if k not in ("Concurrency", "Inferences/Second")
-                          and not k.startswith("p") and row[k] not in ("", None))
-                points.append(Point(int(row["Concurrency"]), requests, float(row["Inferences/Second"]),
-                                    us[0] / 1000, us[1] / 1000, us[2] / 1000, avg / 1000))
+                avg = sum(
+                    float(row[k])
+                    for k in row
+                    if k not in ("Concurrency", "Inferences/Second")
+                    and not k.startswith("p")
+                    and row[k] not in ("", None)
+                )
+                points.append(
+                    Point(
+                        int(row["Concurrency"]),
+                        requests,
+                        float(row["Inferences/Second"]),
+                        us[0] / 1000,
+                        us[1] / 1000,
+                        us[2] / 1000,
+                        avg / 1000,
+                    )
+                )
             report.unlink()
     return points
 
@@ -204,5 +276,12 @@ def store_result(home: Path, repository: Path, result: BenchResult) -> Path:
     return path
 
 
-__all__ = ["BenchResult", "Point", "builtin_load", "find_perf_analyzer", "run_perf_analyzer",
-           "results_path", "store_result"]
+__all__ = [
+    "BenchResult",
+    "Point",
+    "builtin_load",
+    "find_perf_analyzer",
+    "run_perf_analyzer",
+    "results_path",
+    "store_result",
+]

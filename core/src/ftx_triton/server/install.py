@@ -50,12 +50,19 @@ TRITONSERVER_DIR_ENV = "FTX_TRITONSERVER_DIR"
 
 def _install_from_dir(root: Path) -> TritonInstall:
     pyver = python_version()
-    install = TritonInstall(binary=root / "bin" / "tritonserver", backends=root / "backends",
-                            stub=root / "python_backend_stubs" / pyver / STUB_NAME, libs=root / "lib", python_version=pyver)
+    install = TritonInstall(
+        binary=root / "bin" / "tritonserver",
+        backends=root / "backends",
+        stub=root / "python_backend_stubs" / pyver / STUB_NAME,
+        libs=root / "lib",
+        python_version=pyver,
+    )
     for path in (install.binary, install.backends / "python", install.libs, install.stub):
         if not path.exists():
-            raise ServeError(f"{TRITONSERVER_DIR_ENV}={root} is not a tritonserver install: {path} is missing",
-                             hint=f"unset {TRITONSERVER_DIR_ENV} to use the nvidia-pytriton wheel's server")
+            raise ServeError(
+                f"{TRITONSERVER_DIR_ENV}={root} is not a tritonserver install: {path} is missing",
+                hint=f"unset {TRITONSERVER_DIR_ENV} to use the nvidia-pytriton wheel's server",
+            )
     return install
 
 
@@ -79,14 +86,17 @@ def find_tritonserver() -> TritonInstall:
     )
     for path in (install.binary, install.backends / "python", install.libs):
         if not path.exists():
-            raise ServeError(f"nvidia-pytriton at {package} is incomplete: {path} is missing",
-                             hint="pip install --force-reinstall nvidia-pytriton")
+            raise ServeError(
+                f"nvidia-pytriton at {package} is incomplete: {path} is missing",
+                hint="pip install --force-reinstall nvidia-pytriton",
+            )
     if not install.stub.is_file():
         stubs = root / "python_backend_stubs"
         have = sorted(p.name for p in stubs.iterdir()) if stubs.is_dir() else []
-        raise ServeError(f"nvidia-pytriton has no Python-backend stub for Python {pyver} "
-                         f"(it has: {', '.join(have) or 'none'})",
-                         hint=f"use a Python version among {', '.join(have)}" if have else hint)
+        raise ServeError(
+            f"nvidia-pytriton has no Python-backend stub for Python {pyver} (it has: {', '.join(have) or 'none'})",
+            hint=f"use a Python version among {', '.join(have)}" if have else hint,
+        )
     return install
 
 
@@ -94,8 +104,11 @@ def _stamp(install: TritonInstall) -> dict[str, object]:
     """What a prepared backends tree was copied from; a different stamp means copy again."""
     lib = install.backends / "python" / "libtriton_python.so"
     files = [install.stub] + ([lib] if lib.exists() else [])
-    return {"source": str(install.backends), "stub": str(install.stub),
-            "files": {str(p): [p.stat().st_size, p.stat().st_mtime_ns] for p in files}}
+    return {
+        "source": str(install.backends),
+        "stub": str(install.stub),
+        "files": {str(p): [p.stat().st_size, p.stat().st_mtime_ns] for p in files},
+    }
 
 
 def _read_stamp(directory: Path) -> object:
@@ -118,8 +131,11 @@ def prepare_backends(install: TritonInstall, home: Path) -> Path:
         return target
     from ftx_triton.plan.resources import require_disk
 
-    require_disk(parent, _tree_bytes(install.backends) + install.stub.stat().st_size + BACKENDS_MARGIN_BYTES,
-                 "installing the python backend")
+    require_disk(
+        parent,
+        _tree_bytes(install.backends) + install.stub.stat().st_size + BACKENDS_MARGIN_BYTES,
+        "installing the python backend",
+    )
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=parent))
     try:
         shutil.copytree(install.backends, tmp, dirs_exist_ok=True)
@@ -180,10 +196,17 @@ def server_env(install: TritonInstall, env: Mapping[str, str] | None = None) -> 
     result["PATH"] = _join_paths(str(Path(python).parent), result.get("PATH") or os.defpath)
     libdir = python_libdir()
     if libdir is None:
-        log.warning("server.libpython_missing", executable=sys.executable,
-                    note="the stub will use the system libpython; a version mismatch can break models")
+        log.warning(
+            "server.libpython_missing",
+            executable=sys.executable,
+            note="the stub will use the system libpython; a version mismatch can break models",
+        )
     # folders the caller names come first: a backend's own libraries (the native FasterTransformer build's
     # Open MPI) must win over same-named ones in libpython's folder (a system Open MPI in /usr/lib)
-    result["LD_LIBRARY_PATH"] = _join_paths((env or {}).get("LD_LIBRARY_PATH"), str(libdir) if libdir else None,
-                                            str(install.libs), result.get("LD_LIBRARY_PATH"))
+    result["LD_LIBRARY_PATH"] = _join_paths(
+        (env or {}).get("LD_LIBRARY_PATH"),
+        str(libdir) if libdir else None,
+        str(install.libs),
+        result.get("LD_LIBRARY_PATH"),
+    )
     return result

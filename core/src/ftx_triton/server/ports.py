@@ -61,15 +61,21 @@ def check_host(host: str, option: str = "--host") -> None:
     except (OSError, ValueError) as exc:  # gaierror, EADDRNOTAVAIL; ValueError: a NUL or an over-long label
         if isinstance(exc, OSError) and not isinstance(exc, socket.gaierror) and exc.errno != errno.EADDRNOTAVAIL:
             raise
-        why = "is no address of this machine" if isinstance(exc, OSError) and exc.errno == errno.EADDRNOTAVAIL \
+        why = (
+            "is no address of this machine"
+            if isinstance(exc, OSError) and exc.errno == errno.EADDRNOTAVAIL
             else "does not resolve to an address"
-        raise ConfigError(f"{option} {host!r} {why}",
-                          hint="pass an address of this machine: 127.0.0.1 (this machine only), 0.0.0.0 (every "
-                               "interface), ::1, :: or one of its own IPs or host names") from exc
+        )
+        raise ConfigError(
+            f"{option} {host!r} {why}",
+            hint="pass an address of this machine: 127.0.0.1 (this machine only), 0.0.0.0 (every "
+            "interface), ::1, :: or one of its own IPs or host names",
+        ) from exc
 
 
-def choose_ports(host: str, http: int | None = None, grpc: int | None = None,
-                 metrics: int | None = None) -> tuple[ServerPorts, str | None]:
+def choose_ports(
+    host: str, http: int | None = None, grpc: int | None = None, metrics: int | None = None
+) -> tuple[ServerPorts, str | None]:
     """The ports a server should take, and a sentence for the user when they are not the usual ones.
 
     Ports given are kept; the others are Triton's 8000/8001/8002 when all three are free, else free ones
@@ -83,23 +89,33 @@ def choose_ports(host: str, http: int | None = None, grpc: int | None = None,
     defaults, note = TRITON_PORTS, None
     if taken:
         defaults = free_ports(client_host(host).strip("[]"))
-        note = (f"Triton's usual port(s) {', '.join(map(str, taken))} are in use on {client_host(host)}; "
-                "taking free ones (pass --http-port/--grpc-port/--metrics-port to choose)")
-    chosen = (w if w is not None else d for w, d in zip(wanted, (defaults.http, defaults.grpc, defaults.metrics),
-                                                       strict=True))
+        note = (
+            f"Triton's usual port(s) {', '.join(map(str, taken))} are in use on {client_host(host)}; "
+            "taking free ones (pass --http-port/--grpc-port/--metrics-port to choose)"
+        )
+    chosen = (
+        w if w is not None else d for w, d in zip(wanted, (defaults.http, defaults.grpc, defaults.metrics), strict=True)
+    )
     return ServerPorts(*chosen), note
 
 
-def ports_for(host: str, http: int | None = None, grpc: int | None = None, metrics: int | None = None,
-              say: Callable[[str], None] | None = None) -> tuple[ServerPorts, bool]:
+def ports_for(
+    host: str,
+    http: int | None = None,
+    grpc: int | None = None,
+    metrics: int | None = None,
+    say: Callable[[str], None] | None = None,
+) -> tuple[ServerPorts, bool]:
     """The ports a local tritonserver takes (see :func:`choose_ports`; a change from Triton's usual ones is
     said) and whether the user gave any. A port the user gave that is busy fails now, before any model loads."""
     ports, note = choose_ports(host, http, grpc, metrics)
     given = {http, grpc, metrics} - {None}
     if busy := [p for p in busy_ports(host, ports) if p in given]:
-        raise ServeError(f"port(s) {', '.join(map(str, busy))} on {host} are in use",
-                         hint="pass free --http-port/--grpc-port/--metrics-port, or leave them out "
-                              "(ftx takes Triton's 8000-8002, or free ones when those are taken)")
+        raise ServeError(
+            f"port(s) {', '.join(map(str, busy))} on {host} are in use",
+            hint="pass free --http-port/--grpc-port/--metrics-port, or leave them out "
+            "(ftx takes Triton's 8000-8002, or free ones when those are taken)",
+        )
     if note and say is not None:
         say(note)
     return ports, bool(given)
@@ -126,7 +142,6 @@ def loopback_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
 
 
 # --------------------------------------------------------------------------- HTTP probes

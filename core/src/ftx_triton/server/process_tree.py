@@ -158,8 +158,7 @@ def sweep_orphans() -> list[str]:
         found = re.findall(rf"({re.escape(FTX_SHM_PREFIX)}[0-9a-f]+-)", text)
         if not found:
             continue
-        if args and Path(args[0]).name == STUB_NAME and len(args) > 5 and args[5].isdigit() \
-                and not alive(int(args[5])):
+        if args and Path(args[0]).name == STUB_NAME and len(args) > 5 and args[5].isdigit() and not alive(int(args[5])):
             orphans.append(process)
             continue
         live_prefixes.update(found)

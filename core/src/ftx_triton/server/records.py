@@ -84,8 +84,10 @@ def remove_records(records: list[MalformedRecord], name: str | None) -> list[Mal
         try:
             record.path.unlink(missing_ok=True)
         except OSError as exc:
-            raise ServeError(f"cannot remove the malformed record {record.path}: {exc.strerror or exc}",
-                             hint="remove the file by hand") from exc
+            raise ServeError(
+                f"cannot remove the malformed record {record.path}: {exc.strerror or exc}",
+                hint="remove the file by hand",
+            ) from exc
         log.info("record.malformed_removed", path=str(record.path), problem=record.problem)
     return chosen
 
@@ -172,8 +174,9 @@ def _stop_record(record: ServerRecord) -> None:
     log.info("server.stopped" if record.alive else "server.record_removed", name=record.name, pid=record.pid)
 
 
-def stop_server(home: Path, name: str | None = None, *, all_servers: bool = False,
-                missing_ok: bool = False) -> list[ServerRecord]:
+def stop_server(
+    home: Path, name: str | None = None, *, all_servers: bool = False, missing_ok: bool = False
+) -> list[ServerRecord]:
     """Stop detached servers and remove their records; return the records handled.
 
     ``name`` stops that server (no error if there is none and ``missing_ok``). Without a name:
@@ -189,8 +192,10 @@ def stop_server(home: Path, name: str | None = None, *, all_servers: bool = Fals
     else:
         live = [r for r in records if r.alive]
         if len(live) > 1 and not all_servers:
-            raise ServeError(f"{len(live)} servers are running: {', '.join(r.name for r in live)}",
-                             hint="name one (`ftx stop NAME`) or stop them all with `ftx stop --all`")
+            raise ServeError(
+                f"{len(live)} servers are running: {', '.join(r.name for r in live)}",
+                hint="name one (`ftx stop NAME`) or stop them all with `ftx stop --all`",
+            )
         chosen = records
     for record in chosen:
         _stop_record(record)

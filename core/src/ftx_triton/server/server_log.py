@@ -18,9 +18,11 @@ LOG_TAIL_LINES = 30
 
 
 # Messages every CPU-only start prints; they never explain a failure.
-_NOISE = re.compile(r"Unable to allocate pinned system memory|CUDA memory pool disabled|CudaDriverHelper has not"
-                    r"|unable to create stream for ensemble: CUDA driver"
-                    r"|Failed to initialize NVML|DCGM unable to start|Collecting CPU metrics")
+_NOISE = re.compile(
+    r"Unable to allocate pinned system memory|CUDA memory pool disabled|CudaDriverHelper has not"
+    r"|unable to create stream for ensemble: CUDA driver"
+    r"|Failed to initialize NVML|DCGM unable to start|Collecting CPU metrics"
+)
 
 
 def _clean_lines(text: str) -> list[str]:
@@ -98,36 +100,49 @@ def diagnose(text: str, *, log_path: Path | None = None) -> Diagnosis | None:
         lib = match.group(1)
         if lib.startswith("libpython"):
             ver = python_version()
-            return Diagnosis(f"the Python-backend stub cannot start: {lib} is missing",
-                             f"install the shared libpython for Python {ver} (Debian: apt-get install "
-                             f"libpython{ver}) or use a Python built with --enable-shared")
-        return Diagnosis(f"the Python-backend stub cannot start: shared library {lib} not found",
-                         "LD_LIBRARY_PATH must list <site-packages>/nvidia_pytriton.libs (ftx sets it); "
-                         "reinstall nvidia-pytriton if that directory is incomplete")
+            return Diagnosis(
+                f"the Python-backend stub cannot start: {lib} is missing",
+                f"install the shared libpython for Python {ver} (Debian: apt-get install "
+                f"libpython{ver}) or use a Python built with --enable-shared",
+            )
+        return Diagnosis(
+            f"the Python-backend stub cannot start: shared library {lib} not found",
+            "LD_LIBRARY_PATH must list <site-packages>/nvidia_pytriton.libs (ftx sets it); "
+            "reinstall nvidia-pytriton if that directory is incomplete",
+        )
     if match := STUB_LAUNCH.search(text):
-        return Diagnosis(f"the Python-backend stub could not be launched: bash: {match.group(1)}",
-                         "tritonserver starts stubs through `bash -c`; a path it cannot split right (a space, "
-                         "a `$`) breaks the command: use an FTX_HOME and repository path of plain characters; "
-                         + see_log)
+        return Diagnosis(
+            f"the Python-backend stub could not be launched: bash: {match.group(1)}",
+            "tritonserver starts stubs through `bash -c`; a path it cannot split right (a space, "
+            "a `$`) breaks the command: use an FTX_HOME and repository path of plain characters; " + see_log,
+        )
     if match := PORT_IN_USE.search(text):
-        return Diagnosis(f"port in use: {match.group(1)}",
-                         "choose other ports, or let ftx pick free ones; `ftx ps` lists servers ftx left running",
-                         port_in_use=True)
+        return Diagnosis(
+            f"port in use: {match.group(1)}",
+            "choose other ports, or let ftx pick free ones; `ftx ps` lists servers ftx left running",
+            port_in_use=True,
+        )
     failed = failed_models(text)
     if failed:
         cause = "; ".join(f"model '{name}' failed to load: {reason}" for name, reason in failed.items())
         if "_recursion_count" in text:
             libdir = sysconfig.get_config_var("LIBDIR")
-            return Diagnosis(cause + " — the stub runs a different libpython than this interpreter",
-                             f"put {libdir} first in LD_LIBRARY_PATH, or make the venv from the system python3")
+            return Diagnosis(
+                cause + " — the stub runs a different libpython than this interpreter",
+                f"put {libdir} first in LD_LIBRARY_PATH, or make the venv from the system python3",
+            )
         if "ModuleNotFoundError" in cause:
-            return Diagnosis(cause, f"install the missing module into the environment of {sys.executable} "
-                                    "(the stub runs the python3 first on PATH)")
+            return Diagnosis(
+                cause,
+                f"install the missing module into the environment of {sys.executable} "
+                "(the stub runs the python3 first on PATH)",
+            )
         names = ", ".join(failed)
         return Diagnosis(cause, f"fix the model ({names}) in the repository; {see_log}")
     if match := SERVICE_FAILED.search(text):
-        return Diagnosis(f"tritonserver could not start its {match.group(1)} service: {_unescape(match.group(2))}",
-                         see_log)
+        return Diagnosis(
+            f"tritonserver could not start its {match.group(1)} service: {_unescape(match.group(2))}", see_log
+        )
     if match := re.search(r"error: creating server: (.*)", text):
         return Diagnosis(f"tritonserver could not be created: {match.group(1).strip()}", see_log)
     return None

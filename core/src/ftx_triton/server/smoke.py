@@ -35,8 +35,11 @@ def smoke_test(grpc_url: str, io_kind: str = "decoder", decoupled: bool = False,
     started = time.perf_counter()
     ids = np.zeros((1, 1), np.uint32)
     one = np.ones((1, 1), np.uint32)
-    names = ("input_ids", "input_lengths", "request_output_len") if io_kind == "decoder" else (
-        "input_ids", "sequence_length", "max_output_len")
+    names = (
+        ("input_ids", "input_lengths", "request_output_len")
+        if io_kind == "decoder"
+        else ("input_ids", "sequence_length", "max_output_len")
+    )
     inputs = []
     for name, value in zip(names, (ids, one, one), strict=True):
         tensor = grpcclient.InferInput(name, list(value.shape), "UINT32")
@@ -76,12 +79,15 @@ def check_generates(server: TritonServer, repository: Path, what: str) -> float:
         return smoke_test(server.grpc_url, io_kind, config.model_transaction_policy.decoupled)
     except queue.Empty:
         server.stop()
-        raise ServeError(f"{what} did not answer a one-token request",
-                         hint=f"see the server log: {server.log_path}") from None
+        raise ServeError(
+            f"{what} did not answer a one-token request", hint=f"see the server log: {server.log_path}"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - whatever the client raised, the server is not usable
         server.stop()
-        raise ServeError(f"the server started but {what} could not generate a token: {exc}",
-                         hint=f"see the server log: {server.log_path}") from None
+        raise ServeError(
+            f"the server started but {what} could not generate a token: {exc}",
+            hint=f"see the server log: {server.log_path}",
+        ) from None
     except BaseException:
         server.stop()
         raise

@@ -61,13 +61,30 @@ def _numpy1_wheel(home: Path) -> Path:
 
     cache.mkdir(parents=True, exist_ok=True)
     say("fetching numpy 1 for the Python-backend stub (built for numpy 1; this environment keeps numpy 2) …")
-    done = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                           NUMPY_REQUIREMENT, "-d", str(cache)], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            NUMPY_REQUIREMENT,
+            "-d",
+            str(cache),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     found = sorted(cache.glob("numpy-1.*.whl"))
     if done.returncode != 0 or not found:
-        raise ServeError(f"could not fetch a numpy 1 wheel for the Python-backend stub: {done.stderr.strip()[-500:]}",
-                         hint=f"set {WHEEL_ENV}=/path/to/numpy-1.x.whl (pip download 'numpy<2' --no-deps), "
-                              "or use numpy<2 in this environment")
+        raise ServeError(
+            f"could not fetch a numpy 1 wheel for the Python-backend stub: {done.stderr.strip()[-500:]}",
+            hint=f"set {WHEEL_ENV}=/path/to/numpy-1.x.whl (pip download 'numpy<2' --no-deps), "
+            "or use numpy<2 in this environment",
+        )
     return found[-1]
 
 
@@ -115,8 +132,12 @@ def modules_to_hide(python: Path, site: Path, probes: Sequence[str] = PROBE_MODU
         if found["error"] is None or culprit is None:
             return hidden
         hidden.append(culprit)
-        log.info("stub_env.hidden", module=culprit, failure=found["error"],
-                 reason="it fails to import under the stubs' numpy 1; transformers imports it only when found")
+        log.info(
+            "stub_env.hidden",
+            module=culprit,
+            failure=found["error"],
+            reason="it fails to import under the stubs' numpy 1; transformers imports it only when found",
+        )
         (site / HIDING_PTH).write_text(hiding_line(hidden))
     return hidden
 
@@ -154,8 +175,11 @@ def _roots() -> list[str]:
     roots = []
     for entry in sys.path:
         path = Path(entry or ".").resolve()
-        if path.is_dir() and path not in stdlib and not any(path.is_relative_to(s) and "site-packages" not in
-                                                             path.parts for s in stdlib):
+        if (
+            path.is_dir()
+            and path not in stdlib
+            and not any(path.is_relative_to(s) and "site-packages" not in path.parts for s in stdlib)
+        ):
             roots.append(str(path))
     return list(dict.fromkeys(roots))
 

@@ -133,8 +133,7 @@ class Supervisor:
             signal.signal(sig, lambda signum, frame: self.stop_requested.set())
         if self.spec.get("front") and not self._start_front():
             return FRONT_FAILED
-        self.triton = subprocess.Popen(self.spec["command"], stdin=subprocess.DEVNULL,
-                                       preexec_fn=_die_with_supervisor)  # noqa: PLW1509 - prctl/getppid/kill only
+        self.triton = subprocess.Popen(self.spec["command"], stdin=subprocess.DEVNULL, preexec_fn=_die_with_supervisor)  # noqa: PLW1509 - prctl/getppid/kill only
         say(f"tritonserver started (pid {self.triton.pid})")
         try:
             self._watch()
@@ -148,8 +147,11 @@ class Supervisor:
 
         front = self.spec["front"]
         host, port = front["host"], front["port"]
-        shield = Shield(front["upstream_port"], max_json_depth=front.get("max_json_depth") or MAX_JSON_DEPTH,
-                        on_refused=lambda line: say(f"HTTP front refused {line}"))
+        shield = Shield(
+            front["upstream_port"],
+            max_json_depth=front.get("max_json_depth") or MAX_JSON_DEPTH,
+            on_refused=lambda line: say(f"HTTP front refused {line}"),
+        )
         limits = Limits.from_spec(front)
         try:
             self.front = Front(shield.app(), host, port, limits)
@@ -158,9 +160,11 @@ class Supervisor:
             say(f"failed to start HTTP service: Socket '{host}:{port}' already in use ({exc})")
             return False
         self.front.start()
-        say(f"HTTP front on {host}:{port} -> tritonserver 127.0.0.1:{front['upstream_port']} "
+        say(
+            f"HTTP front on {host}:{port} -> tritonserver 127.0.0.1:{front['upstream_port']} "
             f"(bodies up to {limits.max_body_bytes} bytes decoded, JSON up to {shield.max_json_depth} deep, "
-            f"headers within {limits.header_timeout_s:g} s, at most {limits.max_connections} connections)")
+            f"headers within {limits.header_timeout_s:g} s, at most {limits.max_connections} connections)"
+        )
         return True
 
     def _watch(self) -> None:
@@ -176,8 +180,10 @@ class Supervisor:
                 next_check = time.monotonic() + _STUB_CHECK_S
                 dead = self._dead_stub()
                 if dead:
-                    say(f"the Python-backend stub of model instance {dead} died; every request to it would "
-                        "fail, so the server stops")
+                    say(
+                        f"the Python-backend stub of model instance {dead} died; every request to it would "
+                        "fail, so the server stops"
+                    )
                     self.exit_code = STUB_DIED
                     return
             self._reap_adopted()
@@ -228,8 +234,7 @@ class Supervisor:
                 process.kill()
         psutil.wait_procs(leftovers, timeout=5)
         if leftovers:
-            say(f"killed {len(leftovers)} leftover process(es): "
-                + ", ".join(f"{p.pid}" for p in leftovers))
+            say(f"killed {len(leftovers)} leftover process(es): " + ", ".join(f"{p.pid}" for p in leftovers))
         if self.front is not None:
             self.front.stop()
         removed = remove_shm(self.spec.get("shm_prefix", ""))

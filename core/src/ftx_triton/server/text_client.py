@@ -33,8 +33,17 @@ ROLES: dict[str, tuple[str, ...]] = {
     "stream": ("stream",),
 }
 TEXT_OUTPUTS = ("text_output", "OUTPUT_0")
-_NUMPY = {"BYTES": "object", "BOOL": "bool", "INT32": "int32", "INT64": "int64", "UINT32": "uint32",
-          "UINT64": "uint64", "FP32": "float32", "FP64": "float64", "FP16": "float16"}
+_NUMPY = {
+    "BYTES": "object",
+    "BOOL": "bool",
+    "INT32": "int32",
+    "INT64": "int64",
+    "UINT32": "uint32",
+    "UINT64": "uint64",
+    "FP32": "float32",
+    "FP64": "float64",
+    "FP16": "float16",
+}
 
 
 @dataclass(frozen=True)
@@ -72,8 +81,9 @@ class TextInterface:
 
     def payload(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """The generate extension's JSON body: input name -> value (roles the model lacks are skipped)."""
-        return {self.inputs[role][0]: value for role, value in values.items()
-                if value is not None and role in self.inputs}
+        return {
+            self.inputs[role][0]: value for role, value in values.items() if value is not None and role in self.inputs
+        }
 
 
 def text_interface(client: Any, model: str) -> TextInterface:
@@ -91,15 +101,20 @@ def text_interface(client: Any, model: str) -> TextInterface:
     outputs = [o["name"] for o in meta.get("outputs", ())]
     output = next((n for n in TEXT_OUTPUTS if n in outputs), None)
     if "prompt" not in inputs or output is None:
-        raise ServeError(f"model {model!r} has no text interface (inputs {', '.join(declared) or 'none'})",
-                         hint="send text to the 'text' model; the raw 'fastertransformer' model takes token ids")
+        raise ServeError(
+            f"model {model!r} has no text interface (inputs {', '.join(declared) or 'none'})",
+            hint="send text to the 'text' model; the raw 'fastertransformer' model takes token ids",
+        )
     configs = [config, *_step_configs(client, config)]
     decoupled = any((c.get("model_transaction_policy") or {}).get("decoupled") for c in configs)
     encoder_decoder = any(i.get("name") == "max_output_len" for c in configs for i in c.get("input", ()))
-    streams_pieces = any(STREAM_OFFSET in (step.get("input_map") or {})
-                         for step in (config.get("ensemble_scheduling") or {}).get("step", ()))
-    return TextInterface(model, inputs, output, decoupled, continues_prompt=not encoder_decoder,
-                         streams_pieces=streams_pieces)
+    streams_pieces = any(
+        STREAM_OFFSET in (step.get("input_map") or {})
+        for step in (config.get("ensemble_scheduling") or {}).get("step", ())
+    )
+    return TextInterface(
+        model, inputs, output, decoupled, continues_prompt=not encoder_decoder, streams_pieces=streams_pieces
+    )
 
 
 def _step_configs(client: Any, config: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -125,8 +140,9 @@ def first_text(array: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def sampling_values(max_tokens: int, temperature: float | None, top_k: int | None,
-                    top_p: float | None) -> dict[str, Any]:
+def sampling_values(
+    max_tokens: int, temperature: float | None, top_k: int | None, top_p: float | None
+) -> dict[str, Any]:
     """Role values for a request; a temperature alone samples from the whole distribution (top-p 1)."""
     values: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p}
     if temperature is not None and temperature > 0 and top_k is None and top_p is None:
@@ -164,8 +180,12 @@ class HttpTriton:
 
     def _open(self, path: str, body: Mapping[str, Any] | None = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.base + path, data=data, method="POST" if data else "GET",
-                                         headers={"Content-Type": "application/json"} if data else {})
+        request = urllib.request.Request(
+            self.base + path,
+            data=data,
+            method="POST" if data else "GET",
+            headers={"Content-Type": "application/json"} if data else {},
+        )
         try:
             return _OPENER.open(request, timeout=self.timeout_s)
         except urllib.error.HTTPError as exc:
@@ -179,9 +199,11 @@ class HttpTriton:
             status = 500 if exc.code == 400 and MODEL_FAULT.search(str(text)) else exc.code
             raise HttpError(status, str(text)) from None
         except (urllib.error.URLError, OSError) as exc:
-            raise ServeError(f"cannot reach Triton's HTTP endpoint at {self.base}: {getattr(exc, 'reason', exc)}",
-                             hint="start a server (`ftx run MODEL --detach`), check `ftx ps`, and pass the HTTP "
-                                  "address `ftx run` printed with --url http://HOST:PORT") from None
+            raise ServeError(
+                f"cannot reach Triton's HTTP endpoint at {self.base}: {getattr(exc, 'reason', exc)}",
+                hint="start a server (`ftx run MODEL --detach`), check `ftx ps`, and pass the HTTP "
+                "address `ftx run` printed with --url http://HOST:PORT",
+            ) from None
 
     def _json(self, path: str, body: Mapping[str, Any] | None, kind: type) -> Any:
         """The answer to ``path`` as JSON of ``kind``; anything else is a ServeError saying this is no Triton."""
@@ -193,11 +215,13 @@ class HttpTriton:
             answer = None
         if not isinstance(answer, kind):
             shown = raw[:60].decode("utf-8", "replace").encode("unicode_escape").decode("ascii")
-            raise ServeError(f"the server at {self.base} is not Triton's HTTP endpoint: {path} answered "
-                             f"{'more than 64 MiB' if len(raw) > _MAX_ANSWER_BYTES else repr(shown)}, "
-                             f"not a JSON {'object' if kind is dict else 'array'}",
-                             hint="pass the HTTP address `ftx run` printed (Triton's HTTP port, not its metrics "
-                                  "or OpenAI port) with --url http://HOST:PORT; `ftx ps` lists them")
+            raise ServeError(
+                f"the server at {self.base} is not Triton's HTTP endpoint: {path} answered "
+                f"{'more than 64 MiB' if len(raw) > _MAX_ANSWER_BYTES else repr(shown)}, "
+                f"not a JSON {'object' if kind is dict else 'array'}",
+                hint="pass the HTTP address `ftx run` printed (Triton's HTTP port, not its metrics "
+                "or OpenAI port) with --url http://HOST:PORT; `ftx ps` lists them",
+            )
         return answer
 
     def get_json(self, path: str) -> Any:
@@ -228,13 +252,15 @@ class HttpTriton:
                 if not line.startswith("data:"):
                     continue
                 try:
-                    event = json.loads(line[len("data:"):])
+                    event = json.loads(line[len("data:") :])
                 except ValueError:
                     event = None
                 if not isinstance(event, dict):
-                    raise ServeError(f"the server at {self.base} is not Triton's HTTP endpoint: its stream sent "
-                                     f"{line[:60]!r}, not a JSON event",
-                                     hint="pass the HTTP address `ftx run` printed with --url http://HOST:PORT")
+                    raise ServeError(
+                        f"the server at {self.base} is not Triton's HTTP endpoint: its stream sent "
+                        f"{line[:60]!r}, not a JSON event",
+                        hint="pass the HTTP address `ftx run` printed with --url http://HOST:PORT",
+                    )
                 if "error" in event:
                     message = str(event["error"])
                     raise HttpError(500 if MODEL_FAULT.search(message) else 400, message)

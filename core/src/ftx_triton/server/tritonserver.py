@@ -84,7 +84,6 @@ _PORT_ATTEMPTS = 3
 _NAME_RE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-
 def repository_models(repository: Path) -> list[str]:
     """Model names in a repository: its non-hidden subdirectories."""
     return sorted(p.name for p in Path(repository).iterdir() if p.is_dir() and not p.name.startswith("."))
@@ -96,7 +95,6 @@ MAX_NAME_CHARS = 64
 
 def _safe_name(text: str) -> str:
     return _NAME_RE.sub("-", text).strip("-.")[:MAX_NAME_CHARS].strip("-.") or "triton"
-
 
 
 def safe_path(path: Path, home: Path) -> Path:
@@ -116,17 +114,23 @@ def safe_path(path: Path, home: Path) -> Path:
         if _SAFE_PATH.fullmatch(str(links)):
             break
     else:
-        raise ServeError(f"{path} holds characters the Python backend cannot pass to its stubs "
-                         "and no temporary directory with a plain path is available for a link",
-                         hint="use an FTX_HOME (and repository path) of letters, digits and ._-/ only")
+        raise ServeError(
+            f"{path} holds characters the Python backend cannot pass to its stubs "
+            "and no temporary directory with a plain path is available for a link",
+            hint="use an FTX_HOME (and repository path) of letters, digits and ._-/ only",
+        )
     links.mkdir(parents=True, exist_ok=True)
     link = links / hashlib.sha256(str(path).encode()).hexdigest()[:16]
     if not (link.is_symlink() and link.resolve() == path):
         tmp = links / f".{link.name}.{secrets.token_hex(4)}"
         tmp.symlink_to(path, target_is_directory=True)
         os.replace(tmp, link)
-    log.info("server.path_linked", path=str(path), link=str(link),
-             reason="the Python backend's stub command line cannot quote this path")
+    log.info(
+        "server.path_linked",
+        path=str(path),
+        link=str(link),
+        reason="the Python backend's stub command line cannot quote this path",
+    )
     return link
 
 
@@ -144,7 +148,6 @@ def _parent_death_signal() -> Callable[[], None] | None:
             os.kill(os.getpid(), signal.SIGTERM)
 
     return preexec
-
 
 
 # --------------------------------------------------------------------------- the server
@@ -170,27 +173,45 @@ class TritonServer:
     (default: only when no name is given), which makes it ``name-2``…; names are cut to 64 characters.
     """
 
-    def __init__(self, repository: Path, *, home: Path, host: str = "127.0.0.1",
-                 ports: ServerPorts | None = None, model_control: str = "none",
-                 load_models: Sequence[str] = (), ready_timeout_s: float = 180.0,
-                 log_path: Path | None = None, env: Mapping[str, str] | None = None,
-                 exit_timeout_s: int = 10, name: str | None = None,
-                 die_with_parent: bool = True, http_front: bool = True,
-                 max_body_bytes: int | None = None, front_limits: Mapping[str, float] | None = None,
-                 stub_start_timeout_s: float = STUB_START_TIMEOUT_S,
-                 backend_directory: Path | None = None, cwd: Path | None = None,
-                 launcher: Sequence[str] = (), ports_given: bool | None = None,
-                 number_if_taken: bool | None = None) -> None:
+    def __init__(
+        self,
+        repository: Path,
+        *,
+        home: Path,
+        host: str = "127.0.0.1",
+        ports: ServerPorts | None = None,
+        model_control: str = "none",
+        load_models: Sequence[str] = (),
+        ready_timeout_s: float = 180.0,
+        log_path: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        exit_timeout_s: int = 10,
+        name: str | None = None,
+        die_with_parent: bool = True,
+        http_front: bool = True,
+        max_body_bytes: int | None = None,
+        front_limits: Mapping[str, float] | None = None,
+        stub_start_timeout_s: float = STUB_START_TIMEOUT_S,
+        backend_directory: Path | None = None,
+        cwd: Path | None = None,
+        launcher: Sequence[str] = (),
+        ports_given: bool | None = None,
+        number_if_taken: bool | None = None,
+    ) -> None:
         if model_control not in MODEL_CONTROL_MODES:
-            raise ServeError(f"unknown model control mode {model_control!r}",
-                             hint=f"use one of: {', '.join(MODEL_CONTROL_MODES)}")
+            raise ServeError(
+                f"unknown model control mode {model_control!r}", hint=f"use one of: {', '.join(MODEL_CONTROL_MODES)}"
+            )
         if load_models and model_control != "explicit":
-            raise ServeError(f"load_models needs model_control='explicit' (got {model_control!r})",
-                             hint="pass model_control='explicit' or drop load_models")
+            raise ServeError(
+                f"load_models needs model_control='explicit' (got {model_control!r})",
+                hint="pass model_control='explicit' or drop load_models",
+            )
         self.repository = Path(repository).resolve()
         if not self.repository.is_dir():
-            raise ServeError(f"model repository {self.repository} does not exist",
-                             hint="build the repository first (ftx configure)")
+            raise ServeError(
+                f"model repository {self.repository} does not exist", hint="build the repository first (ftx configure)"
+            )
         self.home = Path(home)
         self.host = host
         # ports ftx chose (not the user) are re-picked when another process takes them first
@@ -217,8 +238,11 @@ class TritonServer:
         self.launcher = tuple(launcher)
         """Put before the server's command line (``mpirun -n 2 …`` for several nodes)."""
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        self._log_path = Path(log_path) if log_path else (
-            self.home / "triton" / "logs" / f"{self.name}-{stamp}-{self.shm_prefix[-7:-1]}.log")
+        self._log_path = (
+            Path(log_path)
+            if log_path
+            else (self.home / "triton" / "logs" / f"{self.name}-{stamp}-{self.shm_prefix[-7:-1]}.log")
+        )
         self._proc: subprocess.Popen[bytes] | None = None
         self._start_ticks: int | None = None
         self._state_file: Path | None = None
@@ -278,8 +302,11 @@ class TritonServer:
             f"--backend-directory={backends}",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             *http,
-            f"--grpc-address={self.host}", f"--grpc-port={self.ports.grpc}",
-            "--allow-metrics=true", f"--metrics-address={self.host}", f"--metrics-port={self.ports.metrics}",
+            f"--grpc-address={self.host}",
+            f"--grpc-port={self.ports.grpc}",
+            "--allow-metrics=true",
+            f"--metrics-address={self.host}",
+            f"--metrics-port={self.ports.metrics}",
             f"--exit-timeout-secs={self.exit_timeout_s}",
             f"--model-control-mode={self.model_control}",
         ]
@@ -324,18 +351,33 @@ class TritonServer:
                 self._cleanup_process()
                 raise
             self._started_at = datetime.now(UTC).isoformat(timespec="seconds")
-            log.info("server.started", name=self.name, pid=self.pid, http=self.http_url, grpc=self.grpc_url,
-                     models=list(self.expected_models), seconds=round(time.monotonic() - began, 2))
+            log.info(
+                "server.started",
+                name=self.name,
+                pid=self.pid,
+                http=self.http_url,
+                grpc=self.grpc_url,
+                models=list(self.expected_models),
+                seconds=round(time.monotonic() - began, 2),
+            )
             say(f"tritonserver ready on {self.http_url} (pid {self.pid})")
             return
 
     def supervisor_command(self, triton_command: list[str]) -> list[str]:
         """``python -m ftx_triton.server.supervisor SPEC`` for a tritonserver command line."""
-        spec: dict[str, object] = {"command": triton_command, "shm_prefix": self.shm_prefix,
-                                   "exit_timeout_s": self.exit_timeout_s}
+        spec: dict[str, object] = {
+            "command": triton_command,
+            "shm_prefix": self.shm_prefix,
+            "exit_timeout_s": self.exit_timeout_s,
+        }
         if self.http_front:
-            spec["front"] = {"host": self.host, "port": self.ports.http, "upstream_port": self._internal_http_port,
-                             **self.front_limits, "max_body_bytes": self.max_body_bytes}
+            spec["front"] = {
+                "host": self.host,
+                "port": self.ports.http,
+                "upstream_port": self._internal_http_port,
+                **self.front_limits,
+                "max_body_bytes": self.max_body_bytes,
+            }
         return [sys.executable, "-m", "ftx_triton.server.supervisor", json.dumps(spec)]
 
     def _spawn(self, install: TritonInstall, backends: Path, env: dict[str, str], repository: Path) -> int:
@@ -351,8 +393,13 @@ class TritonServer:
             out.flush()
             offset = out.tell()
             self._proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                cwd=self.cwd or self._log_path.parent, start_new_session=True,
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self.cwd or self._log_path.parent,
+                start_new_session=True,
                 # only prctl/getppid/kill run between fork and exec
                 preexec_fn=_parent_death_signal() if self.die_with_parent else None,  # noqa: PLW1509
             )
@@ -391,8 +438,9 @@ class TritonServer:
                     return
             if time.monotonic() > deadline:
                 waiting = "the server" if not server_ready else "models " + ", ".join(pending)
-                raise _StartFailure(f"tritonserver was not ready after {self.ready_timeout_s:g} s "
-                                    f"(still waiting for {waiting})")
+                raise _StartFailure(
+                    f"tritonserver was not ready after {self.ready_timeout_s:g} s (still waiting for {waiting})"
+                )
             time.sleep(_POLL_S)
 
     def _check_stubs_started(self, loading: dict[str, float]) -> None:
@@ -402,12 +450,18 @@ class TritonServer:
         overdue = [m for m, since in loading.items() if time.monotonic() - since > self.stub_start_timeout_s]
         if not overdue:
             return
-        running = {part for stub in stub_processes(self._proc.pid) for part in Path(cmdline(stub)[1]).parts[-3:-2]
-                   if len(cmdline(stub)) > 1}
+        running = {
+            part
+            for stub in stub_processes(self._proc.pid)
+            for part in Path(cmdline(stub)[1]).parts[-3:-2]
+            if len(cmdline(stub)) > 1
+        }
         missing = [m for m in overdue if m not in running]
         if missing:
-            raise _StartFailure(f"no Python-backend stub started for {', '.join(missing)} within "
-                                f"{self.stub_start_timeout_s:g} s of loading")
+            raise _StartFailure(
+                f"no Python-backend stub started for {', '.join(missing)} within "
+                f"{self.stub_start_timeout_s:g} s of loading"
+            )
         for model in overdue:
             loading.pop(model)  # its stub runs: the model is just slow to load
 
@@ -480,8 +534,11 @@ class TritonServer:
         code = self._proc.returncode if self._proc else None
         cause = exit_cause(text) or (diagnose(text, log_path=self._log_path) or Diagnosis("", "")).cause
         head = f"tritonserver stopped by itself (supervisor exit code {code})"
-        return f"{head}: {cause}\n--- last lines of {self._log_path} ---\n{log_tail(text)}" if cause else \
-            f"{head}\n--- last lines of {self._log_path} ---\n{log_tail(text)}"
+        return (
+            f"{head}: {cause}\n--- last lines of {self._log_path} ---\n{log_tail(text)}"
+            if cause
+            else f"{head}\n--- last lines of {self._log_path} ---\n{log_tail(text)}"
+        )
 
     def wait(self, timeout: float | None = None) -> int:
         """Block until the server exits; return its exit code."""
@@ -492,20 +549,30 @@ class TritonServer:
     def detach(self) -> Path:
         """Leave the server running after this process ends; record it and return the state file."""
         if self.die_with_parent:
-            raise ServeError(f"server {self.name} was started with die_with_parent=True and would die with ftx",
-                             hint="create it with TritonServer(..., die_with_parent=False) to detach it")
+            raise ServeError(
+                f"server {self.name} was started with die_with_parent=True and would die with ftx",
+                hint="create it with TritonServer(..., die_with_parent=False) to detach it",
+            )
         if not self.running:
-            raise ServeError(f"server {self.name} is not running, so it cannot be detached",
-                             hint="start() it first")
+            raise ServeError(f"server {self.name} is not running, so it cannot be detached", hint="start() it first")
         directory = servers_dir(self.home)
         directory.mkdir(parents=True, exist_ok=True)
         self.name = self._free_name()
         path = directory / f"{self.name}.json"
         record = ServerRecord(
-            name=self.name, pid=self.pid or 0, host=self.host, http_port=self.ports.http,
-            grpc_port=self.ports.grpc, metrics_port=self.ports.metrics, repository=str(self.repository),
-            log_path=str(self._log_path), started_at=self._started_at, models=self.expected_models,
-            shm_prefix=self.shm_prefix, exit_timeout_s=self.exit_timeout_s, start_ticks=self._start_ticks,
+            name=self.name,
+            pid=self.pid or 0,
+            host=self.host,
+            http_port=self.ports.http,
+            grpc_port=self.ports.grpc,
+            metrics_port=self.ports.metrics,
+            repository=str(self.repository),
+            log_path=str(self._log_path),
+            started_at=self._started_at,
+            models=self.expected_models,
+            shm_prefix=self.shm_prefix,
+            exit_timeout_s=self.exit_timeout_s,
+            start_ticks=self._start_ticks,
         )
         tmp = directory / f".{self.name}.{secrets.token_hex(4)}.tmp"
         tmp.write_text(record.to_json())
@@ -521,8 +588,10 @@ class TritonServer:
         if self.name not in live:
             return self.name
         if self._explicit_name:
-            raise ServeError(f"a server named {self.name!r} is already running",
-                             hint=f"stop it (`ftx stop {self.name}`) or choose another name")
+            raise ServeError(
+                f"a server named {self.name!r} is already running",
+                hint=f"stop it (`ftx stop {self.name}`) or choose another name",
+            )
         n = 2
         while self._numbered(n) in live:
             n += 1
@@ -531,7 +600,7 @@ class TritonServer:
     def _numbered(self, n: int) -> str:
         """``name-n``, the name cut so that the whole stays within MAX_NAME_CHARS."""
         suffix = f"-{n}"
-        return self.name[:MAX_NAME_CHARS - len(suffix)].rstrip("-.") + suffix
+        return self.name[: MAX_NAME_CHARS - len(suffix)].rstrip("-.") + suffix
 
     # ----------------------------------------------------------------- context manager
 
@@ -539,8 +608,9 @@ class TritonServer:
         self.start()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if not self._detached:
             self.stop()
 

@@ -118,15 +118,23 @@ def _drop_bytecode(root: Path, outputs: object) -> None:
     for dirpath, dirnames, _ in os.walk(root):
         for name in dirnames:
             cache = Path(dirpath, name)
-            if name == "__pycache__" and not cache.is_symlink() and not any(
-                    rel.startswith(cache.relative_to(root).as_posix() + "/") for rel in recorded):
+            if (
+                name == "__pycache__"
+                and not cache.is_symlink()
+                and not any(rel.startswith(cache.relative_to(root).as_posix() + "/") for rel in recorded)
+            ):
                 remove_tree(cache)
         dirnames[:] = [d for d in dirnames if d != "__pycache__"]
 
 
 def _signature(st: os.stat_result) -> dict[str, int]:
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "inode": st.st_ino,
-            "device": st.st_dev}
+    return {
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "ctime_ns": st.st_ctime_ns,
+        "inode": st.st_ino,
+        "device": st.st_dev,
+    }
 
 
 def _record_outputs(root: Path) -> dict[str, dict[str, Any]]:
@@ -152,8 +160,11 @@ def _valid_record(info: object) -> bool:
         return False
     if "symlink" in info:
         return isinstance(info["symlink"], str)
-    return (isinstance(info.get("size"), int) and isinstance(info.get("sha256"), str)
-            and bool(_SHA256_RE.match(info["sha256"])))
+    return (
+        isinstance(info.get("size"), int)
+        and isinstance(info.get("sha256"), str)
+        and bool(_SHA256_RE.match(info["sha256"]))
+    )
 
 
 def _verify(root: Path, outputs: object) -> tuple[str | None, dict[str, dict[str, int]]]:
@@ -306,27 +317,42 @@ class ArtifactStore:
         try:
             accept(hit)
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
-            log.warning("cache.corrupt", stage=stage, key=key, path=str(hit.path),
-                        problem=f"its provenance cannot be used ({type(exc).__name__}: {exc})"[:300])
+            log.warning(
+                "cache.corrupt",
+                stage=stage,
+                key=key,
+                path=str(hit.path),
+                problem=f"its provenance cannot be used ({type(exc).__name__}: {exc})"[:300],
+            )
             return None
         return hit
 
-    def _provenance(self, stage: str, key: str, tmp: Path, inputs: Mapping[str, Any], producer: Mapping[str, Any],
-                    extra: Mapping[str, Any], started: float) -> dict[str, Any]:
+    def _provenance(
+        self,
+        stage: str,
+        key: str,
+        tmp: Path,
+        inputs: Mapping[str, Any],
+        producer: Mapping[str, Any],
+        extra: Mapping[str, Any],
+        started: float,
+    ) -> dict[str, Any]:
         outputs = _record_outputs(tmp)
         now = time.time()
-        return redact_data({
-            "schema": SCHEMA,
-            "stage": stage,
-            "key": key,
-            "inputs": dict(inputs),
-            "producer": dict(producer),
-            "outputs": outputs,
-            "started_at": _iso(started),
-            "finished_at": _iso(now),
-            "duration_s": round(now - started, 3),
-            **extra,
-        })
+        return redact_data(
+            {
+                "schema": SCHEMA,
+                "stage": stage,
+                "key": key,
+                "inputs": dict(inputs),
+                "producer": dict(producer),
+                "outputs": outputs,
+                "started_at": _iso(started),
+                "finished_at": _iso(now),
+                "duration_s": round(now - started, 3),
+                **extra,
+            }
+        )
 
     def _refresh_signatures(self, stage: str, key: str, meta: dict[str, Any], fresh: dict[str, dict[str, int]]) -> None:
         """Record the signatures of re-hashed, intact files, so the next lookup need not re-read them.
@@ -339,8 +365,10 @@ class ArtifactStore:
             with self.lock(stage, key, timeout_s=0):
                 if read_provenance(path) != meta:
                     return
-                updated = {**meta, "outputs": {rel: {**info, **fresh.get(rel, {})}
-                                               for rel, info in meta["outputs"].items()}}
+                updated = {
+                    **meta,
+                    "outputs": {rel: {**info, **fresh.get(rel, {})} for rel, info in meta["outputs"].items()},
+                }
                 tmp.write_text(json.dumps(updated, indent=2, sort_keys=True, default=str))
                 os.replace(tmp, path / PROVENANCE_FILE)
         except (filelock.Timeout, OSError) as exc:
@@ -351,8 +379,13 @@ class ArtifactStore:
         """Undo what killed processes left for this key (we hold the key's lock)."""
         final = self.path(stage, key)
         if not final.exists() and any(final.parent.glob(f".{key}.old-*")):
-            log.warning("cache.restored", stage=stage, key=key, path=str(final),
-                        reason="a replacement of it was killed half-way")
+            log.warning(
+                "cache.restored",
+                stage=stage,
+                key=key,
+                path=str(final),
+                reason="a replacement of it was killed half-way",
+            )
         recover(final)
         for stale in [*self.tmp_root.glob(f"{stage}-{key}-*"), *self.tmp_root.glob(f"old-{key}-*")]:
             log.info("cache.stale_removed", stage=stage, key=key, path=str(stale))

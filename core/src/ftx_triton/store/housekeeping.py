@@ -66,10 +66,18 @@ class StoreEntry:
         return f"{self.stage}/{self.key}"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"stage": self.stage, "key": self.key, "path": str(self.path), "size": self.size,
-                "created": self.created, "last_used": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.last_used)),
-                "source": self.source, "in_use": self.in_use, "damaged": self.damaged,
-                "upstream": [f"{stage}/{key}" for stage, key in self.upstream]}
+        return {
+            "stage": self.stage,
+            "key": self.key,
+            "path": str(self.path),
+            "size": self.size,
+            "created": self.created,
+            "last_used": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.last_used)),
+            "source": self.source,
+            "in_use": self.in_use,
+            "damaged": self.damaged,
+            "upstream": [f"{stage}/{key}" for stage, key in self.upstream],
+        }
 
 
 def parse_size(text: str) -> int:
@@ -128,21 +136,40 @@ def inventory(store: ArtifactStore) -> list[StoreEntry]:
         last_used = _mtime(path / PROVENANCE_FILE) or _mtime(path)
         meta = read_provenance(path)
         if meta is None:
-            entries[(stage, key)] = StoreEntry(stage, key, path, tree_size(path), "", last_used,
-                                               "damaged: its provenance is missing or unreadable", damaged=True)
+            entries[(stage, key)] = StoreEntry(
+                stage,
+                key,
+                path,
+                tree_size(path),
+                "",
+                last_used,
+                "damaged: its provenance is missing or unreadable",
+                damaged=True,
+            )
             continue
         inputs = _mapping(meta.get("inputs"))
         upstream = [(name, inputs[name]) for name in UPSTREAM_KEYS.get(stage, ()) if isinstance(inputs.get(name), str)]
-        entries[(stage, key)] = StoreEntry(stage, key, path, tree_size(path), str(meta.get("finished_at", ""))[:40],
-                                           last_used, _source_text(stage, meta), upstream)
+        entries[(stage, key)] = StoreEntry(
+            stage,
+            key,
+            path,
+            tree_size(path),
+            str(meta.get("finished_at", ""))[:40],
+            last_used,
+            _source_text(stage, meta),
+            upstream,
+        )
     for entry in entries.values():  # sources of derived artifacts: follow the keys up to a fetch
         if not entry.source:
             entry.source = _trace_source(entry, entries)
     served = running_repositories()
     pointed_at = _served_model_configs(served)
     for entry in entries.values():
-        if (entry.stage == "configure" and entry.path.resolve() in served) or _named_in(entry.path, pointed_at) \
-                or leases.held_elsewhere(store.lease(entry.stage, entry.key)):
+        if (
+            (entry.stage == "configure" and entry.path.resolve() in served)
+            or _named_in(entry.path, pointed_at)
+            or leases.held_elsewhere(store.lease(entry.stage, entry.key))
+        ):
             for used in [entry, *closure(entry, entries)]:
                 used.in_use = True
     return sorted(entries.values(), key=lambda e: (e.stage, -e.last_used))
@@ -167,15 +194,21 @@ def _artifact_dirs(store: ArtifactStore) -> list[Path]:
     """The directories ``store/<stage>/<key>`` named as ftx names them, that are directories of the
     store itself: a link (to another file system, or out of the home) is no artifact, so nothing
     reached through one is ever listed, let alone removed."""
-    return [path for stage_dir in _stage_dirs(store) for path in sorted(stage_dir.iterdir())
-            if _KEY_NAME.fullmatch(path.name) and not path.is_symlink() and path.is_dir()]
+    return [
+        path
+        for stage_dir in _stage_dirs(store)
+        for path in sorted(stage_dir.iterdir())
+        if _KEY_NAME.fullmatch(path.name) and not path.is_symlink() and path.is_dir()
+    ]
 
 
 def _stage_dirs(store: ArtifactStore) -> list[Path]:
     """``store/<stage>`` directories named as ftx names stages, never links."""
     if not store.root.is_dir():
         return []
-    return [d for d in sorted(store.root.iterdir()) if _STAGE_NAME.fullmatch(d.name) and not d.is_symlink() and d.is_dir()]
+    return [
+        d for d in sorted(store.root.iterdir()) if _STAGE_NAME.fullmatch(d.name) and not d.is_symlink() and d.is_dir()
+    ]
 
 
 def _mtime(path: Path) -> float:
@@ -211,8 +244,13 @@ def closure(entry: StoreEntry, entries: dict[tuple[str, str], StoreEntry]) -> li
 def dependents(targets: Iterable[StoreEntry], entries: Iterable[StoreEntry]) -> list[StoreEntry]:
     """Repositories that point at a removed checkpoint or GEMM config (they cannot serve without it)."""
     removed = {(t.stage, t.key) for t in targets}
-    return [e for e in entries if e.stage == "configure" and (e.stage, e.key) not in removed
-            and any(up in removed for up in e.upstream if up[0] in ("convert", "tune"))]
+    return [
+        e
+        for e in entries
+        if e.stage == "configure"
+        and (e.stage, e.key) not in removed
+        and any(up in removed for up in e.upstream if up[0] in ("convert", "tune"))
+    ]
 
 
 def find(entries: list[StoreEntry], text: str) -> list[StoreEntry]:
@@ -242,14 +280,17 @@ def by_source(entries: list[StoreEntry], name: str) -> list[StoreEntry]:
     named = [e for e in entries if e.stage != "tune" and e.source == name]
     lineages: dict[str, StoreEntry] = {}
     for entry in named:
-        root = next((up for up in [entry, *closure(entry, {(e.stage, e.key): e for e in entries})]
-                     if up.stage == "fetch"), entry)
+        root = next(
+            (up for up in [entry, *closure(entry, {(e.stage, e.key): e for e in entries})] if up.stage == "fetch"),
+            entry,
+        )
         lineages.setdefault(root.ref, root)
     if len(lineages) > 1:
         shown = ", ".join(f"{ref} ({entry.created or 'unknown date'})" for ref, entry in sorted(lineages.items()))
-        raise ConfigError(f"{name!r} names {len(lineages)} fetched versions in the store: {shown}",
-                          hint=f"remove one by its key (`ftx rm {next(iter(sorted(lineages)))}`), "
-                               "or see them all with `ftx ls`")
+        raise ConfigError(
+            f"{name!r} names {len(lineages)} fetched versions in the store: {shown}",
+            hint=f"remove one by its key (`ftx rm {next(iter(sorted(lineages)))}`), or see them all with `ftx ls`",
+        )
     return named
 
 
@@ -269,17 +310,22 @@ def remove_entry(store: ArtifactStore, entry: StoreEntry) -> int:
     try:
         lock.acquire(timeout=0)
     except filelock.Timeout:
-        raise ArtifactInUse(f"{entry.ref} is being built by another ftx process",
-                            hint="wait for it to finish, then remove it") from None
+        raise ArtifactInUse(
+            f"{entry.ref} is being built by another ftx process", hint="wait for it to finish, then remove it"
+        ) from None
     except OSError as exc:
-        raise ConfigError(f"cannot lock {entry.ref}: {lock.lock_file} is unusable ({exc.strerror or exc})",
-                          hint="remove that path (no ftx process is using it), then try again") from None
+        raise ConfigError(
+            f"cannot lock {entry.ref}: {lock.lock_file} is unusable ({exc.strerror or exc})",
+            hint="remove that path (no ftx process is using it), then try again",
+        ) from None
     trash = entry.path.with_name(f".{entry.key}.rm-{uuid.uuid4().hex[:8]}")
     try:
         with leases.exclusive(store.lease(entry.stage, entry.key)) as free:
             if not free:
-                raise ArtifactInUse(f"{entry.ref} is in use by another running ftx process",
-                                    hint="let it finish (`ftx ps` lists servers), then remove it")
+                raise ArtifactInUse(
+                    f"{entry.ref} is in use by another running ftx process",
+                    hint="let it finish (`ftx ps` lists servers), then remove it",
+                )
             try:
                 os.replace(entry.path, trash)  # gone from the store at once; the bytes follow
             except FileNotFoundError:
@@ -291,8 +337,14 @@ def remove_entry(store: ArtifactStore, entry: StoreEntry) -> int:
     return entry.size
 
 
-def prune_selection(entries: list[StoreEntry], *, unused: bool = False, older_than_s: float | None = None,
-                    to_size: int | None = None, now: float | None = None) -> list[StoreEntry]:
+def prune_selection(
+    entries: list[StoreEntry],
+    *,
+    unused: bool = False,
+    older_than_s: float | None = None,
+    to_size: int | None = None,
+    now: float | None = None,
+) -> list[StoreEntry]:
     """What ``ftx prune`` removes: never what a running server uses; repositories on removed parts follow."""
     now = time.time() if now is None else now
     free = [e for e in entries if not e.in_use]
@@ -362,7 +414,11 @@ def leftovers(store: ArtifactStore) -> list[Path]:
                 part = Path(root) / name
                 with contextlib.suppress(OSError):
                     info = part.lstat()
-                    if stat.S_ISREG(info.st_mode) and part.suffix != ".lock" and time.time() - info.st_mtime > 7 * 86400:
+                    if (
+                        stat.S_ISREG(info.st_mode)
+                        and part.suffix != ".lock"
+                        and time.time() - info.st_mtime > 7 * 86400
+                    ):
                         found.append(part)
     return found
 
@@ -380,5 +436,20 @@ def remove_path(path: Path) -> int:
     return size
 
 
-__all__ = ["LOGS_KEPT", "ArtifactInUse", "StoreEntry", "closure", "dependents", "find", "inventory", "leftovers",
-           "parse_age", "parse_size", "prune_selection", "remove_entry", "remove_path", "rotate_logs", "running_repositories"]
+__all__ = [
+    "LOGS_KEPT",
+    "ArtifactInUse",
+    "StoreEntry",
+    "closure",
+    "dependents",
+    "find",
+    "inventory",
+    "leftovers",
+    "parse_age",
+    "parse_size",
+    "prune_selection",
+    "remove_entry",
+    "remove_path",
+    "rotate_logs",
+    "running_repositories",
+]

@@ -99,8 +99,11 @@ def configure_logging(log_format: str | None = "human", verbose: bool = False) -
     # A person reads one line per stage from the CLI, so events below WARNING show with -v;
     # JSON consumers (CI, log shippers) get every INFO event.
     level = logging.DEBUG if verbose else (logging.INFO if use_json else logging.WARNING)
-    processors: list[Any] = [structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
-                             redact_log_event]
+    processors: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        redact_log_event,
+    ]
     if use_json:
         processors += [structlog.processors.TimeStamper(fmt="iso", utc=True), _to_json]
     else:

@@ -46,8 +46,9 @@ uniform, where swapping q and k moves its logits less than FasterTransformer's o
 with the noise a wrong layout moves them by tens of percent."""
 
 
-def build_tiny_checkpoint(family: Family, hf_config: Mapping[str, Any], dest: Path, seed: int = 0,
-                          weight_std: float | None = None) -> Path:
+def build_tiny_checkpoint(
+    family: Family, hf_config: Mapping[str, Any], dest: Path, seed: int = 0, weight_std: float | None = None
+) -> Path:
     """Save a randomly initialised model of ``family`` described by ``hf_config`` into ``dest``: transformers'
     own init, plus N(0, ``weight_std``²) on every parameter when ``weight_std`` is given."""
     import torch
@@ -69,12 +70,15 @@ def build_tiny_checkpoint(family: Family, hf_config: Mapping[str, Any], dest: Pa
 def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The conformance class's tiny checkpoint (built once per class)."""
     cls = request.cls
-    return build_tiny_checkpoint(cls.family(), cls.tiny_hf_config, tmp_path_factory.mktemp("tiny"),
-                                 weight_std=cls.tiny_weight_std)
+    return build_tiny_checkpoint(
+        cls.family(), cls.tiny_hf_config, tmp_path_factory.mktemp("tiny"), weight_std=cls.tiny_weight_std
+    )
 
 
 @pytest.fixture(scope="class")
-def converted(request: pytest.FixtureRequest, checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+def converted(
+    request: pytest.FixtureRequest, checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[int, Path]:
     """The tiny checkpoint converted at tp 1 and at the class's tp (fp32)."""
     from ftx_triton.conversion.convert import convert_directory
 
@@ -148,16 +152,21 @@ class FamilyConformance:
                 continue
             part = list(shape)
             part[split] //= self.tp
-            joined = np.concatenate([read_tensor(many / f"{dst}.{r}.bin", dtype, tuple(part))
-                                     for r in range(self.tp)], axis=split)
+            joined = np.concatenate(
+                [read_tensor(many / f"{dst}.{r}.bin", dtype, tuple(part)) for r in range(self.tp)], axis=split
+            )
             np.testing.assert_array_equal(joined, read_tensor(one / f"{dst}.0.bin", dtype, shape), err_msg=dst)
 
     def _computed_files(self, spec: Any) -> set[str]:
         """FT file stems written by ops that compute values (not layout only), which may depend on tp."""
         from ftx_triton.conversion import tensormap
 
-        return {tensormap.bind(row.dst, binding) for row in self.family().tensor_map(spec).rows
-                if not row.op.layout_only for binding in tensormap.expand(row, spec.layers)}
+        return {
+            tensormap.bind(row.dst, binding)
+            for row in self.family().tensor_map(spec).rows
+            if not row.op.layout_only
+            for binding in tensormap.expand(row, spec.layers)
+        }
 
     def test_round_trip_returns_the_original_tensors(self, checkpoint: Path, converted: dict[int, Path]) -> None:
         from ftx_triton.conversion.convert import invert_checkpoint
@@ -179,7 +188,9 @@ class FamilyConformance:
         family = self.family()
         reader = family.open_weights(checkpoint)
         spec = self._spec(checkpoint)
-        return plan(family.tensor_map(spec), {n: reader.shape(n) for n in reader.names()}, spec.layers, spec.dims).skipped
+        return plan(
+            family.tensor_map(spec), {n: reader.shape(n) for n in reader.names()}, spec.layers, spec.dims
+        ).skipped
 
     def test_config_ini_describes_the_checkpoint(self, checkpoint: Path, converted: dict[int, Path]) -> None:
         family = self.family()
@@ -203,8 +214,7 @@ class FamilyConformance:
         assert params["data_type"] in family.data_types
         assert (Path(params["model_checkpoint_path"]) / "config.ini").is_file()
 
-    def test_the_python_runtime_generates_like_transformers(self, checkpoint: Path,
-                                                             converted: dict[int, Path]) -> None:
+    def test_the_python_runtime_generates_like_transformers(self, checkpoint: Path, converted: dict[int, Path]) -> None:
         """What ``ftx run --runtime python`` serves: the model the python runtime rebuilds from the FT files
         (split for the class's tp) generates the same greedy tokens as transformers on the original
         checkpoint (a weight the inverse table misses, or a tied head left untied, shows here)."""
@@ -233,8 +243,9 @@ class FamilyConformance:
 
         family = self.family()
         if family.triton_model_type not in MODEL_TYPES:
-            pytest.skip(f"the FasterTransformer reference covers {', '.join(MODEL_TYPES)}, "
-                        f"not {family.triton_model_type}")
+            pytest.skip(
+                f"the FasterTransformer reference covers {', '.join(MODEL_TYPES)}, not {family.triton_model_type}"
+            )
         for tp, directory in converted.items():
             verdict = verify(directory, checkpoint, model_class=family.hf_model_class)
             assert verdict.model_type == family.triton_model_type, verdict.describe()

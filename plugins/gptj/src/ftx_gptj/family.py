@@ -24,6 +24,7 @@ from ftx_gptj import slim
 L = "transformer.h.{i}"
 FT = "model.layers.{i}"
 
+# fmt: off
 TENSORS = TensorMap(
     #  Hugging Face source                         FasterTransformer file stem                  op / split / HF shape
     M("transformer.wte.weight",                    "model.wte",                                   shape=("V", "H")),
@@ -43,21 +44,55 @@ TENSORS = TensorMap(
     M("lm_head.bias",                              "model.lm_head.bias",                          shape=("V",)),
     Skip(f"{L}.attn.bias", f"{L}.attn.masked_bias"),  # causal-mask buffers, not weights
 )
+# fmt: on
 
 
 GPTJ_6B_CONFIG = {
-    "model_type": "gptj", "architectures": ["GPTJForCausalLM"], "n_embd": 4096, "n_head": 16, "n_layer": 28,
-    "n_inner": None, "rotary_dim": 64, "vocab_size": 50400, "n_positions": 2048, "bos_token_id": 50256,
-    "eos_token_id": 50256, "tie_word_embeddings": False, "torch_dtype": "float32",
+    "model_type": "gptj",
+    "architectures": ["GPTJForCausalLM"],
+    "n_embd": 4096,
+    "n_head": 16,
+    "n_layer": 28,
+    "n_inner": None,
+    "rotary_dim": 64,
+    "vocab_size": 50400,
+    "n_positions": 2048,
+    "bos_token_id": 50256,
+    "eos_token_id": 50256,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
 }
 """EleutherAI/gpt-j-6b's config.json (the fields ftx reads), so dry runs plan without a download."""
 
 
 INI = FtIni(
-    sections=(IniSection("gptj", ("model_name", "head_num", "size_per_head", "inter_size", "num_layer",
-                                  "rotary_embedding", "vocab_size", "start_id", "end_id", "weight_data_type")),),
-    hf_fields={"n_embd": "H", "n_head": "N", "n_inner": "I", "n_layer": "i", "rotary_dim": "rotary_embedding",
-               "vocab_size": "V", "bos_token_id": "start_id", "eos_token_id": "end_id"},
+    sections=(
+        IniSection(
+            "gptj",
+            (
+                "model_name",
+                "head_num",
+                "size_per_head",
+                "inter_size",
+                "num_layer",
+                "rotary_embedding",
+                "vocab_size",
+                "start_id",
+                "end_id",
+                "weight_data_type",
+            ),
+        ),
+    ),
+    hf_fields={
+        "n_embd": "H",
+        "n_head": "N",
+        "n_inner": "I",
+        "n_layer": "i",
+        "rotary_dim": "rotary_embedding",
+        "vocab_size": "V",
+        "bos_token_id": "start_id",
+        "eos_token_id": "end_id",
+    },
     hf_constants={"model_type": "gptj", "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False},
     model_name="gptj",
 )
@@ -72,8 +107,12 @@ class GPTJ(Family):
     hf_model_types: ClassVar[tuple[str, ...]] = ("gptj",)
     hf_architectures: ClassVar[tuple[str, ...]] = ("GPTJForCausalLM",)
     presets = {
-        "gptj": Preset("hf://EleutherAI/gpt-j-6b", description="GPT-J 6B, Hugging Face weights", license="apache-2.0",
-                       hf_config=GPTJ_6B_CONFIG),
+        "gptj": Preset(
+            "hf://EleutherAI/gpt-j-6b",
+            description="GPT-J 6B, Hugging Face weights",
+            license="apache-2.0",
+            hf_config=GPTJ_6B_CONFIG,
+        ),
         "tiny-gptj": Preset("builtin:tiny-gptj", description="a tiny GPT-J built offline at first use (the demo)"),
         # The archive the GPT-J guide downloads; its sha256 is not known here, so it is not pinned.
         "gptj-slim": Preset(
@@ -94,14 +133,22 @@ class GPTJ(Family):
         width, heads = int(hf_config["n_embd"]), int(hf_config["n_head"])
         head_size = head_size_of(width, heads, "n_embd", "n_head")
         return ModelSpec(
-            dims={"H": width, "N": heads, "D": head_size, "I": int(hf_config.get("n_inner") or 4 * width),
-                  "V": int(hf_config["vocab_size"])},
+            dims={
+                "H": width,
+                "N": heads,
+                "D": head_size,
+                "I": int(hf_config.get("n_inner") or 4 * width),
+                "V": int(hf_config["vocab_size"]),
+            },
             layers={"i": int(hf_config["n_layer"])},
             start_id=int(hf_config.get("bos_token_id", 50256)),
             end_id=int(hf_config.get("eos_token_id", 50256)),
             pad_id=hf_config.get("pad_token_id"),
-            extra={"rotary_embedding": checked_rotary(int(hf_config.get("rotary_dim") or head_size), head_size,
-                                                      "rotary_dim")},
+            extra={
+                "rotary_embedding": checked_rotary(
+                    int(hf_config.get("rotary_dim") or head_size), head_size, "rotary_dim"
+                )
+            },
         )
 
     def claims_source(self, path: Path) -> bool:

@@ -78,14 +78,16 @@ _SHARD_RE = re.compile(r"shard_(\d+)\Z")
 _PIECE_RE = re.compile(r"(\d+)\.npz\Z")
 _STORED_DTYPES = (np.dtype("V2"), np.dtype(np.float16), np.dtype(np.float32))
 """bfloat16 (opaque ``V2``, as np.savez writes jax's bfloat16), float16, float32."""
-_INCOMPLETE_HINT = ("the checkpoint is incomplete (an interrupted download or extraction?): fetch the "
-                    "archive again; every shard_<s>/ folder must hold the same numbered .npz pieces")
+_INCOMPLETE_HINT = (
+    "the checkpoint is incomplete (an interrupted download or extraction?): fetch the "
+    "archive again; every shard_<s>/ folder must hold the same numbered .npz pieces"
+)
 
 # un-shard rules, by leaf kind
-COL = "col"      # column-parallel kernel [in, out/S]: concatenate along the output axis
-ROW = "row"      # row-parallel kernel [in/S, out]: concatenate along the input axis
-CAT = "cat"      # column-parallel bias [out/S]: concatenate
-SUM = "sum"      # row-parallel bias, a copy per shard, added on every shard before the psum: x S
+COL = "col"  # column-parallel kernel [in, out/S]: concatenate along the output axis
+ROW = "row"  # row-parallel kernel [in/S, out]: concatenate along the input axis
+CAT = "cat"  # column-parallel bias [out/S]: concatenate
+SUM = "sum"  # row-parallel bias, a copy per shard, added on every shard before the psum: x S
 FIRST = "first"  # replicated layernorm: shard 0's copy
 
 
@@ -131,16 +133,16 @@ class SlimDims:
 
 # (upstream leaf name suffix, Hugging Face name suffix, kind) for one layer, in storage order
 _LAYER_LEAVES: tuple[tuple[str, str, str], ...] = (
-    ("attn.attention.q_proj.weight", "attn.q_proj.weight", COL),    # haiku linear
-    ("attn.attention.v_proj.weight", "attn.v_proj.weight", COL),    # linear_1
-    ("attn.attention.k_proj.weight", "attn.k_proj.weight", COL),    # linear_2
+    ("attn.attention.q_proj.weight", "attn.q_proj.weight", COL),  # haiku linear
+    ("attn.attention.v_proj.weight", "attn.v_proj.weight", COL),  # linear_1
+    ("attn.attention.k_proj.weight", "attn.k_proj.weight", COL),  # linear_2
     ("attn.attention.out_proj.weight", "attn.out_proj.weight", ROW),  # linear_3
-    ("mlp.c_fc.bias", "mlp.fc_in.bias", CAT),                       # linear_4
+    ("mlp.c_fc.bias", "mlp.fc_in.bias", CAT),  # linear_4
     ("mlp.c_fc.weight", "mlp.fc_in.weight", COL),
-    ("mlp.c_proj.bias", "mlp.fc_out.bias", SUM),                    # linear_5
+    ("mlp.c_proj.bias", "mlp.fc_out.bias", SUM),  # linear_5
     ("mlp.c_proj.weight", "mlp.fc_out.weight", ROW),
-    ("ln_1.bias", "ln_1.bias", FIRST),                              # replicated_layer_norm offset
-    ("ln_1.weight", "ln_1.weight", FIRST),                          # scale
+    ("ln_1.bias", "ln_1.bias", FIRST),  # replicated_layer_norm offset
+    ("ln_1.weight", "ln_1.weight", FIRST),  # scale
 )
 _HEAD_LEAVES: tuple[tuple[str, str, str], ...] = (
     ("lm_head.bias", "lm_head.bias", CAT),
@@ -212,35 +214,54 @@ class SlimCheckpointReader:
         self.leaves, self.dims = _plan_leaves(members, self.shards, self.path)
         self._outputs = _outputs(self.leaves, self.dims)
         self._open: dict[tuple[int, int], zipfile.ZipFile] = {}
-        log.debug("slim.opened", path=str(self.path), shards=self.shards, layers=self.dims.layers,
-                  hidden=self.dims.hidden, vocab=self.dims.vocab)
+        log.debug(
+            "slim.opened",
+            path=str(self.path),
+            shards=self.shards,
+            layers=self.dims.layers,
+            hidden=self.dims.hidden,
+            vocab=self.dims.vocab,
+        )
 
     # -- layout checks --------------------------------------------------------------------
 
     def _find_shards(self) -> list[Path]:
         if not self.path.is_dir():
-            raise CheckpointError(f"{self.path} is not a directory", hint="point at the folder holding shard_0/ … shard_7/")
+            raise CheckpointError(
+                f"{self.path} is not a directory", hint="point at the folder holding shard_0/ … shard_7/"
+            )
         shards = _numbered(self.path, _SHARD_RE, want_dir=True)
         if not shards:
-            raise CheckpointError(f"{self.path} holds no shard_<n>/ folders: not a mesh-transformer-jax slim checkpoint",
-                                  hint="point at the folder holding shard_0/ … shard_7/ (e.g. step_383500/)")
+            raise CheckpointError(
+                f"{self.path} holds no shard_<n>/ folders: not a mesh-transformer-jax slim checkpoint",
+                hint="point at the folder holding shard_0/ … shard_7/ (e.g. step_383500/)",
+            )
         count = max(shards) + 1
         missing = _missing_names(range(count), shards, "shard_{}/")
         if missing:
-            raise CheckpointError(f"slim checkpoint {self.path} is incomplete: {_listing(missing)} missing "
-                                  f"(found {len(shards)} of shard_0/ … shard_{count - 1}/)", hint=_INCOMPLETE_HINT)
+            raise CheckpointError(
+                f"slim checkpoint {self.path} is incomplete: {_listing(missing)} missing "
+                f"(found {len(shards)} of shard_0/ … shard_{count - 1}/)",
+                hint=_INCOMPLETE_HINT,
+            )
         return [shards[i] for i in range(count)]
 
     def _find_pieces(self) -> int:
         per_shard = [_numbered(d, _PIECE_RE, want_dir=False) for d in self._shard_dirs]
         count = max((max(p) + 1 for p in per_shard if p), default=0)
         count = max(count, PIECES) if count else 0
-        missing = [name for s, pieces in enumerate(per_shard)
-                   for name in _missing_names(range(count), pieces, f"shard_{s}/{{}}.npz")]
+        missing = [
+            name
+            for s, pieces in enumerate(per_shard)
+            for name in _missing_names(range(count), pieces, f"shard_{s}/{{}}.npz")
+        ]
         if not count or missing:
             missing = missing or [f"shard_{s}/0.npz" for s in range(self.shards)]
-            raise CheckpointError(f"slim checkpoint {self.path} is incomplete: {_listing(missing)} missing "
-                                  f"(each shard_<s>/ needs 0.npz … {max(count, PIECES) - 1}.npz)", hint=_INCOMPLETE_HINT)
+            raise CheckpointError(
+                f"slim checkpoint {self.path} is incomplete: {_listing(missing)} missing "
+                f"(each shard_<s>/ needs 0.npz … {max(count, PIECES) - 1}.npz)",
+                hint=_INCOMPLETE_HINT,
+            )
         return count
 
     def _scan_members(self) -> list[Member]:
@@ -254,7 +275,8 @@ class SlimCheckpointReader:
                     raise CheckpointError(
                         f"shard_{s}/{piece}.npz does not match shard_0/{piece}.npz: "
                         f"{_describe(other)} vs {_describe(first)}",
-                        hint="every shard must hold the same leaves; " + _INCOMPLETE_HINT)
+                        hint="every shard must hold the same leaves; " + _INCOMPLETE_HINT,
+                    )
             reference.extend(first)
         return reference
 
@@ -355,14 +377,20 @@ class SlimCheckpointReader:
             del part
         if leaf.kind == FIRST:
             if not replicas_at_init:
-                log.warning("slim.layernorm_replicas_trained", leaf=leaf.name,
-                            detail="using shard 0's copy, as mesh-transformer-jax does; upstream's "
-                                   "converter would have scaled or refused it")
+                log.warning(
+                    "slim.layernorm_replicas_trained",
+                    leaf=leaf.name,
+                    detail="using shard 0's copy, as mesh-transformer-jax does; upstream's "
+                    "converter would have scaled or refused it",
+                )
             return first
         if replicas_equal:
             return first * np.float32(shards)  # upstream: x[0:1] * 8
-        log.warning("slim.shard_bias_copies_differ", leaf=leaf.name,
-                    detail="using the sum of the shards' copies, which is what the sharded model adds")
+        log.warning(
+            "slim.shard_bias_copies_differ",
+            leaf=leaf.name,
+            detail="using the sum of the shards' copies, which is what the sharded model adds",
+        )
         return total
 
 
@@ -375,8 +403,11 @@ class _Output:
 
 
 def _describe(members: list[Member]) -> str:
-    return f"{len(members)} member(s) [" + ", ".join(f"{m.name} {list(m.shape)} {m.dtype}" for m in members[:4]) + (
-        ", …]" if len(members) > 4 else "]")
+    return (
+        f"{len(members)} member(s) ["
+        + ", ".join(f"{m.name} {list(m.shape)} {m.dtype}" for m in members[:4])
+        + (", …]" if len(members) > 4 else "]")
+    )
 
 
 _BLOCK = 1 << 22
@@ -389,7 +420,7 @@ def _round_through_fp16(x: np.ndarray, name: str) -> None:
         raise ValueError("_round_through_fp16 works in place on a C-contiguous array")
     flat = x.reshape(-1)  # a view
     for start in range(0, flat.size, _BLOCK):
-        block = flat[start:start + _BLOCK]
+        block = flat[start : start + _BLOCK]
         with np.errstate(over="ignore", invalid="ignore"):
             half = block.astype(np.float16)
         if not np.isfinite(half).all():
@@ -401,7 +432,8 @@ def _round_through_fp16(x: np.ndarray, name: str) -> None:
                 f"fp16 over/underflow in {name}: {bad} value(s) are NaN/Inf or beyond float16's range "
                 f"(largest finite magnitude: {largest}; float16 stops at 65504)",
                 hint="upstream's slim converter passes every weight through float16 and aborts here too; "
-                     "this checkpoint holds values float16 cannot represent")
+                "this checkpoint holds values float16 cannot represent",
+            )
         block[...] = half
 
 
@@ -412,15 +444,18 @@ def _plan_leaves(members: list[Member], shards: int, path: Path) -> tuple[list[L
         params.pop()
     for m in params:
         if m.dtype not in _STORED_DTYPES:
-            raise CheckpointError(f"{path}: shard_0/{m.piece}.npz:{m.name} has dtype {m.dtype}",
-                                  hint="slim checkpoints store bfloat16 (V2), float16 or float32 weights")
+            raise CheckpointError(
+                f"{path}: shard_0/{m.piece}.npz:{m.name} has dtype {m.dtype}",
+                hint="slim checkpoints store bfloat16 (V2), float16 or float32 weights",
+            )
     n = len(params)
     if n < _FIXED_LEAVES + len(_LAYER_LEAVES) or (n - _FIXED_LEAVES) % len(_LAYER_LEAVES):
         raise CheckpointError(
             f"{path} holds {n} parameter leaves; a slim GPT-J checkpoint holds "
             f"{_FIXED_LEAVES} + {len(_LAYER_LEAVES)} per layer",
             hint="this is not a slimmed mesh-transformer-jax GPT-J checkpoint (a full one with optimizer "
-                 "state must be slimmed first with slim_model.py), or trailing pieces are missing")
+            "state must be slimmed first with slim_model.py), or trailing pieces are missing",
+        )
     layers = (n - _FIXED_LEAVES) // len(_LAYER_LEAVES)
     try:
         (hidden,) = params[0].shape
@@ -428,14 +463,17 @@ def _plan_leaves(members: list[Member], shards: int, path: Path) -> tuple[list[L
         hidden_part = params[2].shape[1]
         (inner_part,) = params[6].shape
     except (ValueError, IndexError):
-        raise CheckpointError(f"{path}: the first leaves do not have the shapes of a GPT-J embedding and layer "
-                              f"({_describe(params[:7])})",
-                              hint="this is not a mesh-transformer-jax slim GPT-J checkpoint") from None
+        raise CheckpointError(
+            f"{path}: the first leaves do not have the shapes of a GPT-J embedding and layer ({_describe(params[:7])})",
+            hint="this is not a mesh-transformer-jax slim GPT-J checkpoint",
+        ) from None
     if hidden_part * shards != hidden:
         raise CheckpointError(
             f"{path}: the attention projections' {shards} shard(s) hold {hidden_part} of {hidden} output "
             f"columns each, which adds up to {hidden_part * shards}",
-            hint=f"shard folders are missing (found shard_0/ … shard_{shards - 1}/; GPT-J-6B has 8); " + _INCOMPLETE_HINT)
+            hint=f"shard folders are missing (found shard_0/ … shard_{shards - 1}/; GPT-J-6B has 8); "
+            + _INCOMPLETE_HINT,
+        )
     H, Hs, Vs, Is = hidden, hidden_part, vocab_part, inner_part
     expected: list[tuple[str, str, tuple[int, ...]]] = [
         ("transformer.wte.bias", SUM, (H,)),
@@ -453,7 +491,8 @@ def _plan_leaves(members: list[Member], shards: int, path: Path) -> tuple[list[L
             raise CheckpointError(
                 f"{path}: shard_0/{member.piece}.npz:{member.name} has shape {list(member.shape)} where the "
                 f"slim GPT-J layout puts {name} with per-shard shape {list(shape)}",
-                hint="this is not a mesh-transformer-jax slim GPT-J checkpoint, or its pieces are mixed up")
+                hint="this is not a mesh-transformer-jax slim GPT-J checkpoint, or its pieces are mixed up",
+            )
         leaves.append(Leaf(name, kind, shape, member))
     dims = SlimDims(shards=shards, layers=layers, hidden=H, inner=Is * shards, vocab=Vs * shards)
     return leaves, dims
@@ -464,13 +503,27 @@ def _outputs(leaves: list[Leaf], dims: SlimDims) -> dict[str, _Output]:
     H, I, V = dims.hidden, dims.inner, dims.vocab  # noqa: E741 - the tables' dimension names
     by_name = {leaf.name: leaf for leaf in leaves}
     outputs: dict[str, _Output] = {}
-    shapes = {"attn.q_proj.weight": (H, H), "attn.v_proj.weight": (H, H), "attn.k_proj.weight": (H, H),
-              "attn.out_proj.weight": (H, H), "mlp.fc_in.bias": (I,), "mlp.fc_in.weight": (I, H),
-              "mlp.fc_out.bias": (H,), "mlp.fc_out.weight": (H, I), "ln_1.bias": (H,), "ln_1.weight": (H,),
-              "lm_head.bias": (V,), "lm_head.weight": (V, H), "transformer.ln_f.bias": (H,),
-              "transformer.ln_f.weight": (H,)}
-    renames = {f"transformer.h.{layer}.{old}": (f"transformer.h.{layer}.{new}", new)
-               for layer in range(dims.layers) for old, new, _kind in _LAYER_LEAVES}
+    shapes = {
+        "attn.q_proj.weight": (H, H),
+        "attn.v_proj.weight": (H, H),
+        "attn.k_proj.weight": (H, H),
+        "attn.out_proj.weight": (H, H),
+        "mlp.fc_in.bias": (I,),
+        "mlp.fc_in.weight": (I, H),
+        "mlp.fc_out.bias": (H,),
+        "mlp.fc_out.weight": (H, I),
+        "ln_1.bias": (H,),
+        "ln_1.weight": (H,),
+        "lm_head.bias": (V,),
+        "lm_head.weight": (V, H),
+        "transformer.ln_f.bias": (H,),
+        "transformer.ln_f.weight": (H,),
+    }
+    renames = {
+        f"transformer.h.{layer}.{old}": (f"transformer.h.{layer}.{new}", new)
+        for layer in range(dims.layers)
+        for old, new, _kind in _LAYER_LEAVES
+    }
     renames.update({old: (new, new) for old, new, _kind in _HEAD_LEAVES})
     for leaf in leaves:
         if leaf.name == "transformer.wte.bias":
@@ -485,9 +538,20 @@ def _outputs(leaves: list[Leaf], dims: SlimDims) -> dict[str, _Output]:
 
 # -- config ------------------------------------------------------------------------------------
 
-def gptj_hf_config(*, n_embd: int, n_head: int, n_layer: int, n_inner: int, vocab_size: int, rotary_dim: int,
-                   n_positions: int = 2048, bos_token_id: int = DEFAULT_TOKEN_ID, eos_token_id: int = DEFAULT_TOKEN_ID,
-                   name: str | None = None) -> dict[str, Any]:
+
+def gptj_hf_config(
+    *,
+    n_embd: int,
+    n_head: int,
+    n_layer: int,
+    n_inner: int,
+    vocab_size: int,
+    rotary_dim: int,
+    n_positions: int = 2048,
+    bos_token_id: int = DEFAULT_TOKEN_ID,
+    eos_token_id: int = DEFAULT_TOKEN_ID,
+    name: str | None = None,
+) -> dict[str, Any]:
     """A Hugging Face style GPT-J ``config.json`` dict."""
     config: dict[str, Any] = {
         "model_type": "gptj",
@@ -548,38 +612,58 @@ def read_slim_config(path: Path, dims: SlimDims | None = None) -> dict[str, Any]
         dims = reader.dims
         reader.close()
     given = _beside_config(path)
-    for key, actual in (("n_embd", dims.hidden), ("n_layer", dims.layers), ("vocab_size", dims.vocab),
-                        ("n_inner", dims.inner), ("shards", dims.shards)):
+    for key, actual in (
+        ("n_embd", dims.hidden),
+        ("n_layer", dims.layers),
+        ("vocab_size", dims.vocab),
+        ("n_inner", dims.inner),
+        ("shards", dims.shards),
+    ):
         value = _pick(given, key)
         if value is not None and int(value) != actual:
             raise CheckpointError(
                 f"{path / 'config.json'} says {key} = {value} but the slim checkpoint holds {actual}",
-                hint="the config.json beside the shards belongs to another model; fix or remove it")
+                hint="the config.json beside the shards belongs to another model; fix or remove it",
+            )
     heads_given = _pick(given, "n_head")
     if heads_given is not None:
         heads = int(heads_given)
         if heads < 1 or dims.hidden % heads:
-            raise ConfigError(f"{path / 'config.json'}: n_head = {heads} does not divide n_embd = {dims.hidden}",
-                              hint="set the checkpoint's real head count in config.json")
+            raise ConfigError(
+                f"{path / 'config.json'}: n_head = {heads} does not divide n_embd = {dims.hidden}",
+                hint="set the checkpoint's real head count in config.json",
+            )
     else:
         heads = max(1, dims.hidden // DEFAULT_HEAD_SIZE)
         if dims.hidden % heads:
             raise ConfigError(
                 f"{path}: the head count cannot be read from the weights, and GPT-J-6B's head size "
                 f"{DEFAULT_HEAD_SIZE} does not fit n_embd = {dims.hidden}",
-                hint='put a config.json with the head count beside the shards, e.g. {"n_head": 16}')
-        log.info("slim.heads_assumed", n_head=heads, head_size=dims.hidden // heads,
-                 detail="no config.json beside the shards: assuming GPT-J-6B's head size 256")
+                hint='put a config.json with the head count beside the shards, e.g. {"n_head": 16}',
+            )
+        log.info(
+            "slim.heads_assumed",
+            n_head=heads,
+            head_size=dims.hidden // heads,
+            detail="no config.json beside the shards: assuming GPT-J-6B's head size 256",
+        )
     head_size = dims.hidden // heads
     rotary = _pick(given, "rotary_dim")
     rotary = int(rotary) if rotary is not None else min(64, head_size)
     if not 0 < rotary <= head_size:
-        raise ConfigError(f"{path / 'config.json'}: rotary_dim = {rotary} is not within the head size {head_size}",
-                          hint="set the checkpoint's real rotary_dim in config.json")
+        raise ConfigError(
+            f"{path / 'config.json'}: rotary_dim = {rotary} is not within the head size {head_size}",
+            hint="set the checkpoint's real rotary_dim in config.json",
+        )
     positions = _pick(given, "n_positions")
     return gptj_hf_config(
-        n_embd=dims.hidden, n_head=heads, n_layer=dims.layers, n_inner=dims.inner, vocab_size=dims.vocab,
-        rotary_dim=rotary, n_positions=int(positions) if positions is not None else 2048,
+        n_embd=dims.hidden,
+        n_head=heads,
+        n_layer=dims.layers,
+        n_inner=dims.inner,
+        vocab_size=dims.vocab,
+        rotary_dim=rotary,
+        n_positions=int(positions) if positions is not None else 2048,
         bos_token_id=int(given.get("bos_token_id", DEFAULT_TOKEN_ID)),
         eos_token_id=int(given.get("eos_token_id", DEFAULT_TOKEN_ID)),
         name=given.get("_name_or_path") or None,

@@ -69,10 +69,7 @@ def _qkv_bias_inverse(y: np.ndarray, ctx: OpContext) -> list[np.ndarray]:
 
 
 neox_qkv_bias = Op(
-    "neox_qkv_bias",
-    forward=_qkv_bias,
-    shape=lambda shapes, ctx: (3, shapes[0][0] // 3),
-    inverse=_qkv_bias_inverse,
+    "neox_qkv_bias", forward=_qkv_bias, shape=lambda shapes, ctx: (3, shapes[0][0] // 3), inverse=_qkv_bias_inverse
 )
 """``[3H]`` head-interleaved -> ``[3, H]``; split the last axis."""
 
@@ -101,6 +98,7 @@ neox_bias_sum = Op("neox_bias_sum", forward=_bias_sum, shape=_same_shape, layout
 L = "gpt_neox.layers.{i}"
 FT = "model.layers.{i}"
 
+# fmt: off
 _ROWS = (
     #  Hugging Face source                          FasterTransformer file stem                  op / split / HF shape
     M("gpt_neox.embed_in.weight",                   "model.wte",                                  shape=("V", "H")),
@@ -127,6 +125,7 @@ _ROWS = (
     Skip(f"{L}.attention.rotary_emb.inv_freq", "gpt_neox.rotary_emb.inv_freq",
          f"{L}.attention.bias", f"{L}.attention.masked_bias"),
 )
+# fmt: on
 
 TENSORS_SEQUENTIAL = TensorMap(*_ROWS)
 """``use_parallel_residual: false`` (FT ``use_gptj_residual=0``)."""
@@ -134,8 +133,14 @@ TENSORS_SEQUENTIAL = TensorMap(*_ROWS)
 TENSORS = TensorMap(
     *_ROWS,
     # FT reads this bias (and neither separate one) only with the parallel residual.
-    M((f"{L}.attention.dense.bias", f"{L}.mlp.dense_4h_to_h.bias"),
-      f"{FT}.mlp.attention.bias.sum", neox_bias_sum, None, ("H",), invert=False),
+    M(
+        (f"{L}.attention.dense.bias", f"{L}.mlp.dense_4h_to_h.bias"),
+        f"{FT}.mlp.attention.bias.sum",
+        neox_bias_sum,
+        None,
+        ("H",),
+        invert=False,
+    ),
 )
 """``use_parallel_residual: true`` (FT ``use_gptj_residual=1``): every row of the sequential table
 plus ``mlp.attention.bias.sum``. The family's ``tensors`` (and its fingerprint) is this superset."""
@@ -148,27 +153,71 @@ ROTARY_PCT_DEFAULT = 0.25
 def _config(hidden: int, heads: int, inter: int, layers: int) -> dict[str, Any]:
     """config.json of a released GPT-NeoX checkpoint."""
     return {
-        "model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"], "hidden_size": hidden,
-        "num_attention_heads": heads, "intermediate_size": inter, "num_hidden_layers": layers,
-        "rotary_pct": 0.25, "rotary_emb_base": FT_ROTARY_BASE, "vocab_size": 50432,
-        "max_position_embeddings": 2048, "use_parallel_residual": True, "layer_norm_eps": 1e-5,
-        "bos_token_id": 0, "eos_token_id": 0, "tie_word_embeddings": False,
+        "model_type": "gpt_neox",
+        "architectures": ["GPTNeoXForCausalLM"],
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "intermediate_size": inter,
+        "num_hidden_layers": layers,
+        "rotary_pct": 0.25,
+        "rotary_emb_base": FT_ROTARY_BASE,
+        "vocab_size": 50432,
+        "max_position_embeddings": 2048,
+        "use_parallel_residual": True,
+        "layer_norm_eps": 1e-5,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "tie_word_embeddings": False,
     }
 
 
-HIDDEN_ACT = Key("hidden_act", str, "the checkpoint's activation: not read by FT (which always runs its tanh GELU); "
-                "lets the python runtime rebuild the checkpoint's own", "hidden_act", None)
+HIDDEN_ACT = Key(
+    "hidden_act",
+    str,
+    "the checkpoint's activation: not read by FT (which always runs its tanh GELU); "
+    "lets the python runtime rebuild the checkpoint's own",
+    "hidden_act",
+    None,
+)
 
 INI = FtIni(
-    sections=(IniSection("gptneox", ("model_name", "head_num", "size_per_head", "inter_size", "num_layer",
-                                     "rotary_embedding", "vocab_size", "start_id", "end_id", "use_gptj_residual",
-                                     "weight_data_type", HIDDEN_ACT)),),
-    hf_fields={"hidden_size": "H", "num_attention_heads": "N", "intermediate_size": "I", "num_hidden_layers": "i",
-               "rotary_pct": lambda q: q["rotary_embedding"] / q["D"], "vocab_size": "V",
-               "bos_token_id": "start_id", "eos_token_id": "end_id",
-               "use_parallel_residual": lambda q: bool(q["use_gptj_residual"]), "hidden_act": "hidden_act"},
-    hf_constants={"model_type": "gpt_neox", "rotary_emb_base": FT_ROTARY_BASE, "layer_norm_eps": 1e-5,
-                  "tie_word_embeddings": False},
+    sections=(
+        IniSection(
+            "gptneox",
+            (
+                "model_name",
+                "head_num",
+                "size_per_head",
+                "inter_size",
+                "num_layer",
+                "rotary_embedding",
+                "vocab_size",
+                "start_id",
+                "end_id",
+                "use_gptj_residual",
+                "weight_data_type",
+                HIDDEN_ACT,
+            ),
+        ),
+    ),
+    hf_fields={
+        "hidden_size": "H",
+        "num_attention_heads": "N",
+        "intermediate_size": "I",
+        "num_hidden_layers": "i",
+        "rotary_pct": lambda q: q["rotary_embedding"] / q["D"],
+        "vocab_size": "V",
+        "bos_token_id": "start_id",
+        "eos_token_id": "end_id",
+        "use_parallel_residual": lambda q: bool(q["use_gptj_residual"]),
+        "hidden_act": "hidden_act",
+    },
+    hf_constants={
+        "model_type": "gpt_neox",
+        "rotary_emb_base": FT_ROTARY_BASE,
+        "layer_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+    },
 )
 """``[gptneox]``; an absent ``use_gptj_residual`` is FT's default, the parallel residual."""
 
@@ -181,21 +230,28 @@ class GPTNeoX(Family):
     hf_model_types = ("gpt_neox",)
     hf_architectures = ("GPTNeoXForCausalLM",)
     presets = {
-        "gptneox": Preset("hf://h2oai/h2ogpt-oig-oasst1-512-6_9b",
-                          description="h2oGPT 6.9B (Pythia-6.9B architecture), Hugging Face weights",
-                          license="apache-2.0", hf_config=_config(4096, 32, 16384, 32)),
-        "gpt-neox-20b": Preset("hf://EleutherAI/gpt-neox-20b", description="GPT-NeoX 20B, Hugging Face weights",
-                               license="apache-2.0",
-                               hf_config={**_config(6144, 64, 24576, 44), "hidden_act": "gelu_fast",
-                                          "torch_dtype": "float16"}),
+        "gptneox": Preset(
+            "hf://h2oai/h2ogpt-oig-oasst1-512-6_9b",
+            description="h2oGPT 6.9B (Pythia-6.9B architecture), Hugging Face weights",
+            license="apache-2.0",
+            hf_config=_config(4096, 32, 16384, 32),
+        ),
+        "gpt-neox-20b": Preset(
+            "hf://EleutherAI/gpt-neox-20b",
+            description="GPT-NeoX 20B, Hugging Face weights",
+            license="apache-2.0",
+            hf_config={**_config(6144, 64, 24576, 44), "hidden_act": "gelu_fast", "torch_dtype": "float16"},
+        ),
     }
     tensors = TENSORS
     ini = INI
     triton_model_type = "GPT-NeoX"
     weight_dtypes = ("fp32", "fp16", "bf16")
     data_types = ("fp32", "fp16")
-    data_type_note = ("the FasterTransformer backend builds GPT-NeoX only in fp16; any other data_type "
-                      "(bf16 included, despite the README) silently runs as fp32")
+    data_type_note = (
+        "the FasterTransformer backend builds GPT-NeoX only in fp16; any other data_type "
+        "(bf16 included, despite the README) silently runs as fp32"
+    )
     hf_model_class = "GPTNeoXForCausalLM"
 
     def spec(self, hf_config: Mapping[str, Any]) -> ModelSpec:
@@ -204,16 +260,24 @@ class GPTNeoX(Family):
         _check_runnable(hf_config)
         parallel = bool(hf_config.get("use_parallel_residual", True))
         return ModelSpec(
-            dims={"H": width, "N": heads, "D": head_size, "I": int(hf_config["intermediate_size"]),
-                  "V": int(hf_config["vocab_size"])},
+            dims={
+                "H": width,
+                "N": heads,
+                "D": head_size,
+                "I": int(hf_config["intermediate_size"]),
+                "V": int(hf_config["vocab_size"]),
+            },
             layers={"i": int(hf_config["num_hidden_layers"])},
             start_id=int(hf_config.get("bos_token_id", 0)),
             end_id=int(hf_config.get("eos_token_id", 0)),
             pad_id=hf_config.get("pad_token_id"),
-            extra={"rotary_embedding": checked_rotary(int(head_size * _rotary_pct(hf_config)), head_size,
-                                                      "the rotary share (rotary_pct x head size)"),
-                   "use_gptj_residual": int(parallel),
-                   "hidden_act": str(hf_config.get("hidden_act", "gelu"))},
+            extra={
+                "rotary_embedding": checked_rotary(
+                    int(head_size * _rotary_pct(hf_config)), head_size, "the rotary share (rotary_pct x head size)"
+                ),
+                "use_gptj_residual": int(parallel),
+                "hidden_act": str(hf_config.get("hidden_act", "gelu")),
+            },
         )
 
     def tensor_map(self, spec: ModelSpec) -> TensorMap:
@@ -248,12 +312,18 @@ def _check_runnable(hf_config: Mapping[str, Any]) -> None:
     rope = _rope(hf_config)
     base = rope.get("rotary_emb_base", rope.get("rope_theta", FT_ROTARY_BASE))
     if float(base) != FT_ROTARY_BASE:
-        raise ConfigError(f"this GPT-NeoX uses rotary base {base}; FasterTransformer hard-codes {FT_ROTARY_BASE}",
-                          hint="FasterTransformer cannot serve this checkpoint correctly")
+        raise ConfigError(
+            f"this GPT-NeoX uses rotary base {base}; FasterTransformer hard-codes {FT_ROTARY_BASE}",
+            hint="FasterTransformer cannot serve this checkpoint correctly",
+        )
     scaling = rope.get("rope_type")
     if scaling not in (None, "default"):
-        raise ConfigError(f"this GPT-NeoX uses {scaling!r} rotary scaling; FasterTransformer has none",
-                          hint="FasterTransformer cannot serve this checkpoint correctly")
+        raise ConfigError(
+            f"this GPT-NeoX uses {scaling!r} rotary scaling; FasterTransformer has none",
+            hint="FasterTransformer cannot serve this checkpoint correctly",
+        )
     if hf_config.get("attention_bias", True) is False:
-        raise ConfigError("this GPT-NeoX has no attention biases; FasterTransformer's GPT-NeoX loads them",
-                          hint="FasterTransformer cannot serve this checkpoint")
+        raise ConfigError(
+            "this GPT-NeoX has no attention biases; FasterTransformer's GPT-NeoX loads them",
+            hint="FasterTransformer cannot serve this checkpoint",
+        )

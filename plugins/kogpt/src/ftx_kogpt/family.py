@@ -21,11 +21,21 @@ LICENSE = "CC-BY-NC-ND-4.0"
 KOGPT6B_CONFIG = {
     # KoGPT6B-ryan1.5b (model card): GPT-J shaped, 28 x 4096, 16 heads of 256,
     # FFN 16384, rotary 64, vocab 64512, context 2048, distributed in fp16 on this revision.
-    "model_type": "gptj", "architectures": ["GPTJForCausalLM"], "n_embd": 4096, "n_head": 16, "n_layer": 28,
-    "n_inner": 16384, "rotary_dim": 64, "vocab_size": 64512, "n_positions": 2048, "tie_word_embeddings": False,
+    "model_type": "gptj",
+    "architectures": ["GPTJForCausalLM"],
+    "n_embd": 4096,
+    "n_head": 16,
+    "n_layer": 28,
+    "n_inner": 16384,
+    "rotary_dim": 64,
+    "vocab_size": 64512,
+    "n_positions": 2048,
+    "tie_word_embeddings": False,
     "torch_dtype": "float16",
     # Assumed ids of [BOS], [EOS], [PAD] (unverified; a real conversion takes them from the tokenizer).
-    "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 3,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "pad_token_id": 3,
 }
 
 
@@ -39,8 +49,13 @@ class KoGPT(GPTJ):
     hf_architectures = ()
     license = LICENSE
     presets = {
-        "kogpt": Preset("hf://kakaobrain/kogpt", revision="KoGPT6B-ryan1.5b-float16",
-                        description="KoGPT 6B (ryan1.5b), fp16 branch", license=LICENSE, hf_config=KOGPT6B_CONFIG),
+        "kogpt": Preset(
+            "hf://kakaobrain/kogpt",
+            revision="KoGPT6B-ryan1.5b-float16",
+            description="KoGPT 6B (ryan1.5b), fp16 branch",
+            license=LICENSE,
+            hf_config=KOGPT6B_CONFIG,
+        )
     }
     special_tokens = {"bos": "[BOS]", "eos": "[EOS]", "pad": "[PAD]"}
 

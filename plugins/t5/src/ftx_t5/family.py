@@ -40,6 +40,7 @@ REL_BIAS = "block.0.layer.0.SelfAttention.relative_attention_bias.weight"  # blo
 COL, ROW = -1, 0
 """FT split axes: column-parallel weights ([in, out/tp]) and row-parallel ones ([in/tp, out])."""
 
+# fmt: off
 COMMON = (
     #  Hugging Face source                  FT file stem                          op / split / HF shape
     M("shared.weight",                      "shared.weight_T",                    shape=("V", "H")),
@@ -72,19 +73,24 @@ COMMON = (
     Skip("encoder.embed_tokens.weight", "decoder.embed_tokens.weight",
          "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"),
 )
+# fmt: on
 
 # FFN input: one matrix `wi` (v1.0: relu) or a gated pair (v1.1/Flan: `wi_0` is activated -> FT `wi`,
 # `wi_1` is the linear branch -> FT `wi2`).
+# fmt: off
 PLAIN_FFN = (
     M(f"{ENC_FFN}.wi.weight",               f"{ENC_FFN}.wi.weight",               ops.transpose, COL, ("I", "H")),
     M(f"{DEC_FFN}.wi.weight",               f"{DEC_FFN}.wi.weight",               ops.transpose, COL, ("I", "H")),
 )
+# fmt: on
+# fmt: off
 GATED_FFN = (
     M(f"{ENC_FFN}.wi_0.weight",             f"{ENC_FFN}.wi.weight",               ops.transpose, COL, ("I", "H")),
     M(f"{ENC_FFN}.wi_1.weight",             f"{ENC_FFN}.wi2.weight",              ops.transpose, COL, ("I", "H")),
     M(f"{DEC_FFN}.wi_0.weight",             f"{DEC_FFN}.wi.weight",               ops.transpose, COL, ("I", "H")),
     M(f"{DEC_FFN}.wi_1.weight",             f"{DEC_FFN}.wi2.weight",              ops.transpose, COL, ("I", "H")),
 )
+# fmt: on
 
 # LM head: always written (FT would otherwise fall back to shared.weight_T). A tied checkpoint is
 # usually saved without lm_head.weight, so it comes from shared.weight; an untied one must have it.
@@ -126,32 +132,77 @@ FT_MAX_DISTANCE = 128
 GEMM_DTYPE_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}
 
 T5_3B_CONFIG: dict[str, Any] = {
-    "model_type": "t5", "architectures": ["T5WithLMHeadModel"],
-    "d_model": 1024, "d_kv": 128, "num_heads": 32, "d_ff": 16384, "num_layers": 24, "vocab_size": 32128,
-    "relative_attention_num_buckets": 32, "feed_forward_proj": "relu", "layer_norm_epsilon": 1e-6,
-    "decoder_start_token_id": 0, "eos_token_id": 1, "pad_token_id": 0, "is_encoder_decoder": True,
-}
-FLAN_T5_XL_CONFIG: dict[str, Any] = {
-    "model_type": "t5", "architectures": ["T5ForConditionalGeneration"],
-    "d_model": 2048, "d_kv": 64, "num_heads": 32, "d_ff": 5120, "num_layers": 24, "num_decoder_layers": 24,
-    "vocab_size": 32128, "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
-    "feed_forward_proj": "gated-gelu", "dense_act_fn": "gelu_new", "is_gated_act": True, "layer_norm_epsilon": 1e-6,
-    "tie_word_embeddings": False, "decoder_start_token_id": 0, "eos_token_id": 1, "pad_token_id": 0,
+    "model_type": "t5",
+    "architectures": ["T5WithLMHeadModel"],
+    "d_model": 1024,
+    "d_kv": 128,
+    "num_heads": 32,
+    "d_ff": 16384,
+    "num_layers": 24,
+    "vocab_size": 32128,
+    "relative_attention_num_buckets": 32,
+    "feed_forward_proj": "relu",
+    "layer_norm_epsilon": 1e-6,
+    "decoder_start_token_id": 0,
+    "eos_token_id": 1,
+    "pad_token_id": 0,
     "is_encoder_decoder": True,
 }
+FLAN_T5_XL_CONFIG: dict[str, Any] = {
+    "model_type": "t5",
+    "architectures": ["T5ForConditionalGeneration"],
+    "d_model": 2048,
+    "d_kv": 64,
+    "num_heads": 32,
+    "d_ff": 5120,
+    "num_layers": 24,
+    "num_decoder_layers": 24,
+    "vocab_size": 32128,
+    "relative_attention_num_buckets": 32,
+    "relative_attention_max_distance": 128,
+    "feed_forward_proj": "gated-gelu",
+    "dense_act_fn": "gelu_new",
+    "is_gated_act": True,
+    "layer_norm_epsilon": 1e-6,
+    "tie_word_embeddings": False,
+    "decoder_start_token_id": 0,
+    "eos_token_id": 1,
+    "pad_token_id": 0,
+    "is_encoder_decoder": True,
+}
+
 
 def _int(hf_config: Mapping[str, Any], key: str) -> int:
     value = hf_config.get(key)
     if value is None:
-        raise ConfigError(f"config.json has no {key!r}, which a T5 checkpoint needs",
-                          hint="point at a T5ForConditionalGeneration checkpoint (config.json + weights)")
+        raise ConfigError(
+            f"config.json has no {key!r}, which a T5 checkpoint needs",
+            hint="point at a T5ForConditionalGeneration checkpoint (config.json + weights)",
+        )
     return int(value)
 
 
-STACK_KEYS = ("_name_or_path", "model_type", "num_heads", "d_kv", "d_model", "d_ff", "num_layers", "num_decoder_layers",
-              "vocab_size", "relative_attention_num_buckets_or_max_pos_seq_len", "relative_attention_max_distance",
-              "feed_forward_proj", "is_gated_act", "layer_norm_epsilon", "tie_word_embeddings",
-              "decoder_start_token_id", "eos_token_id", "pad_token_id", "weight_data_type")
+STACK_KEYS = (
+    "_name_or_path",
+    "model_type",
+    "num_heads",
+    "d_kv",
+    "d_model",
+    "d_ff",
+    "num_layers",
+    "num_decoder_layers",
+    "vocab_size",
+    "relative_attention_num_buckets_or_max_pos_seq_len",
+    "relative_attention_max_distance",
+    "feed_forward_proj",
+    "is_gated_act",
+    "layer_norm_epsilon",
+    "tie_word_embeddings",
+    "decoder_start_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "weight_data_type",
+)
 """The keys FasterTransformer's Triton T5 and its PyTorch T5 examples read, not a dump of the HF config."""
 
 
@@ -165,14 +216,31 @@ INI = FtIni(
     sections=(
         IniSection("encoder", STACK_KEYS, layers="e", values={"model_type": "t5"}),
         IniSection("decoder", STACK_KEYS, layers="d", values={"model_type": "t5"}),
-        IniSection("structure", ("t5_with_bias", "use_gated_activation", "position_embedding_type"), required=False,
-                   values={"t5_with_bias": False, "position_embedding_type": "relative"}),
+        IniSection(
+            "structure",
+            ("t5_with_bias", "use_gated_activation", "position_embedding_type"),
+            required=False,
+            values={"t5_with_bias": False, "position_embedding_type": "relative"},
+        ),
     ),
-    hf_fields={"_name_or_path": "name", "d_model": "H", "d_kv": "D", "num_heads": "N", "d_ff": "I", "num_layers": "e",
-               "num_decoder_layers": "d", "vocab_size": "V", "relative_attention_num_buckets": "B",
-               "relative_attention_max_distance": "relative_attention_max_distance", "feed_forward_proj": _activation,
-               "layer_norm_epsilon": "layer_norm_epsilon", "tie_word_embeddings": "tie_word_embeddings",
-               "decoder_start_token_id": "start_id", "eos_token_id": "end_id", "pad_token_id": "pad_id"},
+    hf_fields={
+        "_name_or_path": "name",
+        "d_model": "H",
+        "d_kv": "D",
+        "num_heads": "N",
+        "d_ff": "I",
+        "num_layers": "e",
+        "num_decoder_layers": "d",
+        "vocab_size": "V",
+        "relative_attention_num_buckets": "B",
+        "relative_attention_max_distance": "relative_attention_max_distance",
+        "feed_forward_proj": _activation,
+        "layer_norm_epsilon": "layer_norm_epsilon",
+        "tie_word_embeddings": "tie_word_embeddings",
+        "decoder_start_token_id": "start_id",
+        "eos_token_id": "end_id",
+        "pad_token_id": "pad_id",
+    },
     hf_constants={"model_type": "t5", "is_encoder_decoder": True},
 )
 """``[encoder]``, ``[decoder]`` (the same keys; ``num_layers`` counts each stack) and ``[structure]``."""
@@ -186,10 +254,18 @@ class T5(Family):
     hf_model_types = ("t5",)
     hf_architectures = ("T5ForConditionalGeneration", "T5WithLMHeadModel")
     presets = {
-        "t5": Preset("hf://google-t5/t5-3b", description="T5 3B (v1.0, relu, tied embeddings)",
-                     license="apache-2.0", hf_config=T5_3B_CONFIG),
-        "flan-t5-xl": Preset("hf://google/flan-t5-xl", description="Flan-T5 XL 3B (gated-gelu); use bf16 or fp32",
-                             license="apache-2.0", hf_config=FLAN_T5_XL_CONFIG),
+        "t5": Preset(
+            "hf://google-t5/t5-3b",
+            description="T5 3B (v1.0, relu, tied embeddings)",
+            license="apache-2.0",
+            hf_config=T5_3B_CONFIG,
+        ),
+        "flan-t5-xl": Preset(
+            "hf://google/flan-t5-xl",
+            description="Flan-T5 XL 3B (gated-gelu); use bf16 or fp32",
+            license="apache-2.0",
+            hf_config=FLAN_T5_XL_CONFIG,
+        ),
     }
     tensors = TABLES["plain-tied"]
     """The v1.0 table (t5-3b); :meth:`tensor_map` picks the variant of each checkpoint."""
@@ -227,17 +303,31 @@ class T5(Family):
         decoder_layers = int(c.get("num_decoder_layers") or encoder_layers)
         activation = str(c["feed_forward_proj"])
         if activation not in ACTIVATIONS:
-            raise ConfigError(f"feed_forward_proj {activation!r} is not an activation FasterTransformer's T5 runs",
-                              hint=f"FasterTransformer supports {', '.join(ACTIVATIONS)}")
+            raise ConfigError(
+                f"feed_forward_proj {activation!r} is not an activation FasterTransformer's T5 runs",
+                hint=f"FasterTransformer supports {', '.join(ACTIVATIONS)}",
+            )
         max_distance = int(c["relative_attention_max_distance"])
         if max_distance != FT_MAX_DISTANCE:
-            log.warning("config.value_ignored", key="relative_attention_max_distance", value=max_distance,
-                        used=FT_MAX_DISTANCE, reason="FasterTransformer hard-codes it")
+            log.warning(
+                "config.value_ignored",
+                key="relative_attention_max_distance",
+                value=max_distance,
+                used=FT_MAX_DISTANCE,
+                reason="FasterTransformer hard-codes it",
+            )
         pad_id = int(c["pad_token_id"])
         start_id = int(c.get("decoder_start_token_id", pad_id))
         return ModelSpec(
-            dims={"H": _int(c, "d_model"), "N": heads, "D": head_size, "A": heads * head_size,
-                  "I": _int(c, "d_ff"), "V": _int(c, "vocab_size"), "B": int(c["relative_attention_num_buckets"])},
+            dims={
+                "H": _int(c, "d_model"),
+                "N": heads,
+                "D": head_size,
+                "A": heads * head_size,
+                "I": _int(c, "d_ff"),
+                "V": _int(c, "vocab_size"),
+                "B": int(c["relative_attention_num_buckets"]),
+            },
             layers={"e": encoder_layers, "d": decoder_layers},
             start_id=start_id,
             end_id=int(c["eos_token_id"]),
@@ -253,8 +343,9 @@ class T5(Family):
             },
         )
 
-    def gemm_args(self, spec: ModelSpec, *, batch: int, beam: int, max_input_len: int, data_type: str,
-                  tp: int) -> list[str]:
+    def gemm_args(
+        self, spec: ModelSpec, *, batch: int, beam: int, max_input_len: int, data_type: str, tp: int
+    ) -> list[str]:
         """``t5_gemm batch beam max_mem_seq_len`` + encoder and decoder ``d_model heads d_kv d_ff``
         + ``vocab dtype tp`` (HF T5 uses one width for both stacks)."""
         d = spec.dims

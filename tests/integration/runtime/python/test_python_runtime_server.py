@@ -56,7 +56,14 @@ class Served:
 
     def __init__(self, name: str, tp: int, url: str, grpc_url: str, src: Path, ref: Any, server: Any) -> None:
         self.name, self.tp, self.url, self.grpc_url, self.src, self.ref, self.server = (
-            name, tp, url, grpc_url, src, ref, server)
+            name,
+            tp,
+            url,
+            grpc_url,
+            src,
+            ref,
+            server,
+        )
         self.family = FAMILIES[name]
         self.encoder_decoder = self.family.triton_io == "encoder-decoder"
 
@@ -64,8 +71,9 @@ class Served:
         return t5_inputs(prompts, n, **extra) if self.encoder_decoder else decoder_inputs(prompts, n, **extra)
 
 
-def _start(tmp: Path, name: str, tp: int, src: Path, ref: Any, env: dict[str, str] | None = None,
-           **repo_kwargs: Any) -> Any:
+def _start(
+    tmp: Path, name: str, tp: int, src: Path, ref: Any, env: dict[str, str] | None = None, **repo_kwargs: Any
+) -> Any:
     from ftx_triton.server.tritonserver import TritonServer
 
     family = FAMILIES[name]
@@ -77,8 +85,9 @@ def _start(tmp: Path, name: str, tp: int, src: Path, ref: Any, env: dict[str, st
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[f"{n}-tp{tp}" for n, tp in CASES])
-def served(request: pytest.FixtureRequest, sources: dict[str, tuple[Path, Any]],
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def served(
+    request: pytest.FixtureRequest, sources: dict[str, tuple[Path, Any]], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Served]:
     name, tp = request.param
     src, ref = sources[name]
     server = _start(tmp_path_factory.mktemp(f"srv-{name}-{tp}"), name, tp, src, ref, max_batch_size=MAX_BATCH)
@@ -101,10 +110,14 @@ def test_greedy_output_equals_transformers_on_the_original_checkpoint(served: Se
 def test_identity_client_request_gets_documented_shapes_and_dtypes(served: Served) -> None:
     batch, out_len = 3, 6
     extra = {
-        "runtime_top_k": column(1, batch, np.uint32), "runtime_top_p": column(0.0, batch, np.float32),
-        "temperature": column(1.0, batch, np.float32), "len_penalty": column(0.0, batch, np.float32),
-        "repetition_penalty": column(1.0, batch, np.float32), "random_seed": column(0, batch, np.uint64),
-        "beam_width": column(1, batch, np.uint32), "is_return_log_probs": column(True, batch, np.bool_),
+        "runtime_top_k": column(1, batch, np.uint32),
+        "runtime_top_p": column(0.0, batch, np.float32),
+        "temperature": column(1.0, batch, np.float32),
+        "len_penalty": column(0.0, batch, np.float32),
+        "repetition_penalty": column(1.0, batch, np.float32),
+        "random_seed": column(0, batch, np.uint64),
+        "beam_width": column(1, batch, np.uint32),
+        "is_return_log_probs": column(True, batch, np.bool_),
         "bad_words_list": np.tile(np.array([[[0], [-1]]], np.int32), (batch, 1, 1)),
         "stop_words_list": np.tile(np.array([[[0], [-1]]], np.int32), (batch, 1, 1)),
     }
@@ -173,8 +186,9 @@ def test_concurrent_requests_of_different_lengths_each_get_their_own_answer(serv
 
 
 @pytest.mark.skipif("t5" not in FAMILIES, reason="the t5 family is not registered")
-def test_t5_translation_pipeline_tokenize_serve_decode_score(sources: dict[str, tuple[Path, Any]],
-                                                              tmp_path: Path) -> None:
+def test_t5_translation_pipeline_tokenize_serve_decode_score(
+    sources: dict[str, tuple[Path, Any]], tmp_path: Path
+) -> None:
     """FasterTransformer's t5_end_to_end_test, offline: sentencepiece tokens in, BLEU out."""
     import sacrebleu
     import sentencepiece as spm
@@ -185,8 +199,12 @@ def test_t5_translation_pipeline_tokenize_serve_decode_score(sources: dict[str, 
     prompts = [processor.EncodeAsIds(s) + [processor.eos_id()] for s in T5_SENTENCES]
     server = _start(tmp_path, "t5", 2, src, ref)
     try:
-        out = infer(server.http_url, t5_inputs(prompts, 16, start_id=column(0, len(prompts), np.uint32),
-                                                end_id=column(1, len(prompts), np.uint32)))
+        out = infer(
+            server.http_url,
+            t5_inputs(
+                prompts, 16, start_id=column(0, len(prompts), np.uint32), end_id=column(1, len(prompts), np.uint32)
+            ),
+        )
     finally:
         server.stop()
     hypotheses = [processor.DecodeIds([t for t in _tokens(out, b) if t > 2]) for b in range(len(prompts))]

@@ -13,8 +13,15 @@ from ftx_triton.runtime.fastertransformer import gpus as gpus_mod
 from ftx_triton.runtime.fastertransformer.docker.plan import describe_run
 from ftx_triton.runtime.fastertransformer.gpus import Gpu
 
-GPTJ_6B = {"n_embd": 4096, "n_head": 16, "n_layer": 28, "rotary_dim": 64, "vocab_size": 50400,
-           "bos_token_id": 50256, "eos_token_id": 50256}
+GPTJ_6B = {
+    "n_embd": 4096,
+    "n_head": 16,
+    "n_layer": 28,
+    "rotary_dim": 64,
+    "vocab_size": 50400,
+    "bos_token_id": 50256,
+    "eos_token_id": 50256,
+}
 H100 = tuple(Gpu(i, "NVIDIA H100 80GB HBM3", (9, 0)) for i in range(8))
 
 
@@ -51,24 +58,52 @@ def test_steps_in_guide_order(plan: tuple[list[str], Path, Path, Path]) -> None:
 
 def test_image_step_builds_for_hopper(plan: tuple[list[str], Path, Path, Path]) -> None:
     block = _step(plan[0], 1)
-    assert _commands(block) == [["ftx", "image", "build", "--tag", "ftx/triton-fastertransformer:23.05",
-                                 "--triton-version", "23.05", "--sm", "90"]]
+    assert _commands(block) == [
+        [
+            "ftx",
+            "image",
+            "build",
+            "--tag",
+            "ftx/triton-fastertransformer:23.05",
+            "--triton-version",
+            "23.05",
+            "--sm",
+            "90",
+        ]
+    ]
     text = "\n".join(block)
-    assert "git clone --depth 1 --branch main https://github.com/triton-inference-server/fastertransformer_backend.git" \
+    assert (
+        "git clone --depth 1 --branch main https://github.com/triton-inference-server/fastertransformer_backend.git"
         in text
+    )
     sed = next(line for line in block if "sed -i" in line)
     assert "-D SM=90" in sed and "fastertransformer_backend/docker/Dockerfile" in sed
-    assert ("docker build --rm --build-arg TRITON_VERSION=23.05 --build-arg "
-            "BASE_IMAGE=nvcr.io/nvidia/tritonserver:23.05-py3 -t ftx/triton-fastertransformer:23.05 "
-            "-f fastertransformer_backend/docker/Dockerfile fastertransformer_backend") in text
+    assert (
+        "docker build --rm --build-arg TRITON_VERSION=23.05 --build-arg "
+        "BASE_IMAGE=nvcr.io/nvidia/tritonserver:23.05-py3 -t ftx/triton-fastertransformer:23.05 "
+        "-f fastertransformer_backend/docker/Dockerfile fastertransformer_backend"
+    ) in text
 
 
 def test_convert_step(plan: tuple[list[str], Path, Path, Path]) -> None:
     lines, ckpt, _, _ = plan
     block = _step(lines, 2)
     assert f"hf://EleutherAI/gpt-j-6b -> {ckpt}" in block[0]
-    assert _commands(block) == [["ftx", "convert", "hf://EleutherAI/gpt-j-6b", "--family", "gptj", "--tp", "4",
-                                 "--weight-dtype", "fp16", "-o", str(ckpt.parent)]]
+    assert _commands(block) == [
+        [
+            "ftx",
+            "convert",
+            "hf://EleutherAI/gpt-j-6b",
+            "--family",
+            "gptj",
+            "--tp",
+            "4",
+            "--weight-dtype",
+            "fp16",
+            "-o",
+            str(ckpt.parent),
+        ]
+    ]
 
 
 def test_tune_step_runs_gpt_gemm_for_tp4(plan: tuple[list[str], Path, Path, Path]) -> None:
@@ -79,16 +114,28 @@ def test_tune_step_runs_gpt_gemm_for_tp4(plan: tuple[list[str], Path, Path, Path
     assert run[:2] == ["docker", "run"] and run[run.index("--gpus") + 1] == '"device=0"'
     assert run[run.index("-w") + 1] == str(work) and f"{work}:{work}" in run
     image = run.index("ftx/triton-fastertransformer:23.05")
-    assert run[image + 1:] == ["/workspace/build/fastertransformer_backend/build/bin/gpt_gemm",
-                               "8", "1", "512", "16", "256", "16384", "50400", "1", "4"]
+    assert run[image + 1 :] == [
+        "/workspace/build/fastertransformer_backend/build/bin/gpt_gemm",
+        "8",
+        "1",
+        "512",
+        "16",
+        "256",
+        "16384",
+        "50400",
+        "1",
+        "4",
+    ]
 
 
 def test_configure_step(plan: tuple[list[str], Path, Path, Path]) -> None:
     lines, ckpt, repo, _ = plan
     text = "\n".join(_step(lines, 4))
     assert str(repo / "fastertransformer" / "config.pbtxt") in text
-    assert (f"parameters: model_type GPT-J, tensor_para_size 4, pipeline_para_size 1, data_type fp16, "
-            f"model_checkpoint_path {ckpt}") in text
+    assert (
+        f"parameters: model_type GPT-J, tensor_para_size 4, pipeline_para_size 1, data_type fp16, "
+        f"model_checkpoint_path {ckpt}"
+    ) in text
     assert "instance_group count 1 KIND_CPU" in text
 
 
@@ -101,13 +148,23 @@ def test_serve_step_on_4_gpus(plan: tuple[list[str], Path, Path, Path]) -> None:
     assert "CUDA_VISIBLE_DEVICES=0,1,2,3" in run
     for flag, value in (("--shm-size", "1g"), ("--ipc", "host"), ("--network", "host"), ("-w", str(work))):
         assert run[run.index(flag) + 1] == value
-    assert ["--ulimit", "memlock=-1"] == run[run.index("memlock=-1") - 1:run.index("memlock=-1") + 1]
+    assert ["--ulimit", "memlock=-1"] == run[run.index("memlock=-1") - 1 : run.index("memlock=-1") + 1]
     assert "stack=67108864" in run
     assert f"{repo}:{repo}:ro" in run and f"{ckpt}:{ckpt}:ro" in run and f"{work}:{work}" in run
     image = run.index("ftx/triton-fastertransformer:23.05")
-    assert run[image + 1:] == ["mpirun", "-n", "1", "--allow-run-as-root", "/opt/tritonserver/bin/tritonserver",
-                               f"--model-repository={repo}", "--http-port=8000", "--grpc-port=8001",
-                               "--metrics-port=8002", "--http-address=127.0.0.1", "--grpc-address=127.0.0.1"]
+    assert run[image + 1 :] == [
+        "mpirun",
+        "-n",
+        "1",
+        "--allow-run-as-root",
+        "/opt/tritonserver/bin/tritonserver",
+        f"--model-repository={repo}",
+        "--http-port=8000",
+        "--grpc-port=8001",
+        "--metrics-port=8002",
+        "--http-address=127.0.0.1",
+        "--grpc-address=127.0.0.1",
+    ]
     assert "http://127.0.0.1:8000/v2/health/ready" in block[-1]
 
 
@@ -125,9 +182,20 @@ def test_no_tune_and_multi_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert "hostfile" in text and "node-a slots=1; node-b slots=1" in text
     serve = _commands(_step(lines, 5))
     worker, rank0 = serve
-    assert worker[worker.index("--gpus") + 1] == '"device=0,1,2,3"' and worker[-4:] == ["/usr/sbin/sshd", "-D", "-p",
-                                                                                       "2222"]
+    assert worker[worker.index("--gpus") + 1] == '"device=0,1,2,3"' and worker[-4:] == [
+        "/usr/sbin/sshd",
+        "-D",
+        "-p",
+        "2222",
+    ]
     image = rank0.index("ftx/triton-fastertransformer:23.05")
-    assert rank0[image + 1:image + 9] == ["mpirun", "-n", "2", "--allow-run-as-root", "--hostfile",
-                                          str(tmp_path / "home" / "docker" / "work" / "ftx-gptj-tp4pp2" / "ftx-hostfile"),
-                                          "--map-by", "ppr:1:node"]
+    assert rank0[image + 1 : image + 9] == [
+        "mpirun",
+        "-n",
+        "2",
+        "--allow-run-as-root",
+        "--hostfile",
+        str(tmp_path / "home" / "docker" / "work" / "ftx-gptj-tp4pp2" / "ftx-hostfile"),
+        "--map-by",
+        "ppr:1:node",
+    ]

@@ -33,11 +33,11 @@ LINES = {
     "config-ini": "[ERROR] Can't load '/s/4-gpu/config.ini'",
     "world-size": "[ERROR] world_size (8) should equal to tensor_para_size_ * pipeline_para_size_ (4 * 1 here) ",
     "wrong-sm": "terminate called after throwing an instance of 'std::runtime_error'\n  what():  [FT][ERROR] CUDA "
-                "runtime error: invalid device function /ft/src/fastertransformer/kernels/decoding_kernels.cu:52",
+    "runtime error: invalid device function /ft/src/fastertransformer/kernels/decoding_kernels.cu:52",
     "driver": "[FT][ERROR] CUDA runtime error: operation not supported /ft/src/fastertransformer/utils/allocator.h:181",
     "oom": "[FT][ERROR] CUDA runtime error: out of memory /ft/src/fastertransformer/utils/allocator.h:181",
     "kind-cpu": "E1122 model_lifecycle.cc:596] failed to load 'fastertransformer' version 1: Invalid argument: "
-                "Instance Group: only KIND_CPU supports!",
+    "Instance Group: only KIND_CPU supports!",
     "load-failed": "E1122 model_lifecycle.cc:596] failed to load 'ensemble' version 1: Not found: tokenizer.json",
     "crash": "Signal (11) received.",
 }
@@ -52,8 +52,9 @@ def test_each_ft_failure_line_is_an_error_with_a_fix(kind: str) -> None:
 
 
 def test_wrong_sm_hint_names_this_gpu() -> None:
-    finding = LogScanner(ScanContext(gpu_sm=(90,))).scan("CUDA runtime error: no kernel image is available for "
-                                                          "execution on the device")
+    finding = LogScanner(ScanContext(gpu_sm=(90,))).scan(
+        "CUDA runtime error: no kernel image is available for execution on the device"
+    )
     assert finding is not None and "ftx image build --sm 90" in finding.hint
 
 
@@ -132,8 +133,16 @@ def test_node_layout_rules() -> None:
 def test_mpirun_argv() -> None:
     assert mpirun_argv(node_layout(None, tp=2, pp=1)) == ["mpirun", "-n", "1", "--allow-run-as-root"]
     argv = mpirun_argv(node_layout(HostList(("a", "b"), (4, 4)), tp=4, pp=2), "/w/ftx-hostfile")
-    assert argv[:8] == ["mpirun", "-n", "2", "--allow-run-as-root", "--hostfile", "/w/ftx-hostfile", "--map-by",
-                        "ppr:1:node"]
+    assert argv[:8] == [
+        "mpirun",
+        "-n",
+        "2",
+        "--allow-run-as-root",
+        "--hostfile",
+        "/w/ftx-hostfile",
+        "--map-by",
+        "ppr:1:node",
+    ]
     assert ["-x", "CUDA_VISIBLE_DEVICES"] == argv[8:10]
     assert argv[-3:] == ["--mca", "plm_rsh_args", "-p 2222 -o StrictHostKeyChecking=no"]
 
@@ -171,8 +180,10 @@ def test_default_sm_and_select_gpus() -> None:
 def test_local_gpus_from_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A stand-in nvidia-smi on PATH answering the query ftx sends."""
     script = tmp_path / "nvidia-smi"
-    script.write_text("#!/bin/sh\necho \"$@\" > " + str(tmp_path / "args") + "\n"
-                      "printf '0, NVIDIA H100 80GB HBM3, 9.0, GPU-aaa, 81559\\n1, NVIDIA H100 80GB HBM3, 9.0, GPU-bbb, 81559\\n'\n")
+    script.write_text(
+        '#!/bin/sh\necho "$@" > ' + str(tmp_path / "args") + "\n"
+        "printf '0, NVIDIA H100 80GB HBM3, 9.0, GPU-aaa, 81559\\n1, NVIDIA H100 80GB HBM3, 9.0, GPU-bbb, 81559\\n'\n"
+    )
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     gpus_mod.local_gpus.cache_clear()
@@ -180,8 +191,10 @@ def test_local_gpus_from_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         found = gpus_mod.local_gpus()
     finally:
         gpus_mod.local_gpus.cache_clear()
-    assert [(g.index, g.name, g.sm, g.memory_mib) for g in found] == [(0, "NVIDIA H100 80GB HBM3", 90, 81559),
-                                                                      (1, "NVIDIA H100 80GB HBM3", 90, 81559)]
+    assert [(g.index, g.name, g.sm, g.memory_mib) for g in found] == [
+        (0, "NVIDIA H100 80GB HBM3", 90, 81559),
+        (1, "NVIDIA H100 80GB HBM3", 90, 81559),
+    ]
     assert "--query-gpu=index,name,compute_cap,uuid,memory.total" in (tmp_path / "args").read_text()
 
 
@@ -189,20 +202,39 @@ def test_local_gpus_from_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 def test_container_spec_kwargs_and_run_line() -> None:
-    spec = ContainerSpec(image="img", command=("mpirun", "-n", "1"), name="n", gpus=("2", "3"),
-                         environment={"CUDA_VISIBLE_DEVICES": "0,1"}, mounts=(Mount("/r", "/r"), Mount("/w", "/w", False)),
-                         working_dir="/w", shm_size="1g", ulimits={"memlock": -1, "stack": 67108864}, ipc_mode="host")
+    spec = ContainerSpec(
+        image="img",
+        command=("mpirun", "-n", "1"),
+        name="n",
+        gpus=("2", "3"),
+        environment={"CUDA_VISIBLE_DEVICES": "0,1"},
+        mounts=(Mount("/r", "/r"), Mount("/w", "/w", False)),
+        working_dir="/w",
+        shm_size="1g",
+        ulimits={"memlock": -1, "stack": 67108864},
+        ipc_mode="host",
+    )
     kwargs = spec.create_kwargs()
     assert kwargs["device_requests"][0]["DeviceIDs"] == ["2", "3"]
     assert [(m["Source"], m["Target"], m["ReadOnly"], m["Type"]) for m in kwargs["mounts"]] == [
-        ("/r", "/r", True, "bind"), ("/w", "/w", False, "bind")]
-    assert [(u["Name"], u["Soft"], u["Hard"]) for u in kwargs["ulimits"]] == [("memlock", -1, -1),
-                                                                              ("stack", 67108864, 67108864)]
-    assert (kwargs["ipc_mode"], kwargs["network_mode"], kwargs["shm_size"], kwargs["init"]) == ("host", "host", "1g", True)
+        ("/r", "/r", True, "bind"),
+        ("/w", "/w", False, "bind"),
+    ]
+    assert [(u["Name"], u["Soft"], u["Hard"]) for u in kwargs["ulimits"]] == [
+        ("memlock", -1, -1),
+        ("stack", 67108864, 67108864),
+    ]
+    assert (kwargs["ipc_mode"], kwargs["network_mode"], kwargs["shm_size"], kwargs["init"]) == (
+        "host",
+        "host",
+        "1g",
+        True,
+    )
     assert spec.docker_run_line() == (
         "docker run --rm --name n --init --gpus '\"device=2,3\"' -e CUDA_VISIBLE_DEVICES=0,1 --shm-size 1g "
         "--ulimit memlock=-1 --ulimit stack=67108864 --ipc host --network host -v /r:/r:ro -v /w:/w -w /w img "
-        "mpirun -n 1")
+        "mpirun -n 1"
+    )
     assert "device_requests" not in spec.with_(gpus=None).create_kwargs()
 
 
@@ -213,8 +245,10 @@ def _repository(root: Path, tp: int = 2, inside: bool = False) -> tuple[Path, Pa
     repo = root / "repo"
     ckpt = (repo / "fastertransformer" / "1" / f"{tp}-gpu") if inside else (root / "convert" / f"{tp}-gpu")
     ckpt.mkdir(parents=True)
-    write_config(build_ft_model_config(FtModelOptions(model_type="GPT-J", io_kind="decoder", checkpoint_path=ckpt,
-                                                      tp=tp)), repo / "fastertransformer")
+    write_config(
+        build_ft_model_config(FtModelOptions(model_type="GPT-J", io_kind="decoder", checkpoint_path=ckpt, tp=tp)),
+        repo / "fastertransformer",
+    )
     return repo, ckpt
 
 
@@ -222,18 +256,26 @@ def test_serve_plan_for_tp2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("FTX_HOME", str(tmp_path / "home"))
     repo, ckpt = _repository(tmp_path)
     assert checkpoint_dirs(repo) == [ckpt]
-    s = RunSettings.of("EleutherAI/gpt-j-6b", tp=2, gpus="4,5", env=["FT_LOG_LEVEL=DEBUG"],
-                                                                 shm_size="8g")
+    s = RunSettings.of("EleutherAI/gpt-j-6b", tp=2, gpus="4,5", env=["FT_LOG_LEVEL=DEBUG"], shm_size="8g")
     gemm = tmp_path / "gemm_config.in"
-    plan = plan_serve(repository=repo, checkpoints=[ckpt], settings=s, family="gptj",
-                      options=DockerOptions.from_settings(s), gemm=GemmConfig(gemm, True, ""),
-                      ports=ServerPorts(9000, 9001, 9002))
+    plan = plan_serve(
+        repository=repo,
+        checkpoints=[ckpt],
+        settings=s,
+        family="gptj",
+        options=DockerOptions.from_settings(s),
+        gemm=GemmConfig(gemm, True, ""),
+        ports=ServerPorts(9000, 9001, 9002),
+    )
     spec = plan.spec
     assert spec.name == "ftx-gptj-gpt-j-6b-tp2pp1"
     assert plan.work_dir == tmp_path / "home" / "docker" / "work" / spec.name
     assert spec.gpus == ("4", "5") and spec.environment == {"CUDA_VISIBLE_DEVICES": "0,1", "FT_LOG_LEVEL": "DEBUG"}
-    assert [(m.source, m.read_only) for m in spec.mounts] == [(str(repo), True), (str(ckpt), True),
-                                                              (str(plan.work_dir), False)]
+    assert [(m.source, m.read_only) for m in spec.mounts] == [
+        (str(repo), True),
+        (str(ckpt), True),
+        (str(plan.work_dir), False),
+    ]
     assert all(m.source == m.target for m in spec.mounts)
     assert spec.working_dir == str(plan.work_dir) and spec.shm_size == "8g"
     assert dict(spec.ulimits) == {"memlock": -1, "stack": 67108864}
@@ -247,15 +289,28 @@ def test_serve_plan_edge_cases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("FTX_HOME", str(tmp_path / "home"))
     repo, ckpt = _repository(tmp_path / "a", tp=1, inside=True)
     s = RunSettings.of("m", host="0.0.0.0")
-    plan = plan_serve(repository=repo, checkpoints=checkpoint_dirs(repo), settings=s, family="gptj",
-                      options=DockerOptions(), gemm=None, ports=ServerPorts(1, 2, 3))
+    plan = plan_serve(
+        repository=repo,
+        checkpoints=checkpoint_dirs(repo),
+        settings=s,
+        family="gptj",
+        options=DockerOptions(),
+        gemm=None,
+        ports=ServerPorts(1, 2, 3),
+    )
     assert [m.source for m in plan.spec.mounts] == [str(repo), str(plan.work_dir)]  # checkpoint inside repo
     assert "--http-address=0.0.0.0" in plan.spec.command  # all interfaces, asked for
     assert plan.exposure is not None and "cannot restrict" in (plan.exposure.caveat or "")  # the 23.05 default image
     assert plan.ready_url.startswith("http://127.0.0.1:1/") and not plan.expect_gemm
     with pytest.raises(ConfigError, match="exactly 2"):
-        plan_serve(repository=repo, checkpoints=[], settings=RunSettings.of("m", tp=2, gpus="0"),
-                   family="gptj", options=DockerOptions(gpus=(0,)), gemm=None)
+        plan_serve(
+            repository=repo,
+            checkpoints=[],
+            settings=RunSettings.of("m", tp=2, gpus="0"),
+            family="gptj",
+            options=DockerOptions(gpus=(0,)),
+            gemm=None,
+        )
     config = repo / "fastertransformer" / "config.pbtxt"
     config.write_text(config.read_text().replace(str(ckpt), "relative/1-gpu"))
     with pytest.raises(ConfigError, match="relative model_checkpoint_path"):
@@ -295,7 +350,7 @@ def test_patch_dockerfile() -> None:
     assert patched.count("-D SM=") == 1
     assert patch_dockerfile(UPSTREAM, ()) == UPSTREAM
     newer = UPSTREAM.replace("RUN cmake \\", 'RUN CUDAFLAGS="-include stdio.h" cmake \\')
-    assert 'cmake \\\n      -D SM=90 \\\n' in patch_dockerfile(newer, (90,))
+    assert "cmake \\\n      -D SM=90 \\\n" in patch_dockerfile(newer, (90,))
     with pytest.raises(ToolError, match="cannot find the `RUN"):
         patch_dockerfile("FROM x\nRUN cmake ..\n", (90,))
 
@@ -303,14 +358,24 @@ def test_patch_dockerfile() -> None:
 def test_stream_build_reports_steps_id_and_errors() -> None:
     shown: list[str] = []
     log = io.StringIO()
-    chunks = [{"stream": "Step 1/3 : FROM base\n"}, {"stream": " ---> abc\n"}, {"stream": "Step 2/3 : RUN cmake\n"},
-              {"aux": {"ID": "sha256:feed"}}, {"stream": "Successfully built feed\n"}]
+    chunks = [
+        {"stream": "Step 1/3 : FROM base\n"},
+        {"stream": " ---> abc\n"},
+        {"stream": "Step 2/3 : RUN cmake\n"},
+        {"aux": {"ID": "sha256:feed"}},
+        {"stream": "Successfully built feed\n"},
+    ]
     image_id, tail = stream_build(iter(chunks), BuildDisplay(shown.append, progress=False), log)
     assert image_id == "sha256:feed" and tail[-1] == "Successfully built feed"
     assert shown[:2] == ["image     step 1/3: FROM base", "[build]  ---> abc"]
-    failing = [{"stream": "Step 5/9 : RUN make -j install\n"}, {"stream": "nvcc fatal: Unsupported gpu architecture\n"},
-               {"error": "The command '/bin/sh -c make' returned a non-zero code: 2",
-                "errorDetail": {"message": "The command '/bin/sh -c make' returned a non-zero code: 2"}}]
+    failing = [
+        {"stream": "Step 5/9 : RUN make -j install\n"},
+        {"stream": "nvcc fatal: Unsupported gpu architecture\n"},
+        {
+            "error": "The command '/bin/sh -c make' returned a non-zero code: 2",
+            "errorDetail": {"message": "The command '/bin/sh -c make' returned a non-zero code: 2"},
+        },
+    ]
     with pytest.raises(ToolError, match=r"failed at step 5/9 \(RUN make -j install\)") as err:
         stream_build(iter(failing), BuildDisplay(shown.append, progress=False), io.StringIO())
     assert "nvcc fatal" in (err.value.hint or "")
@@ -325,17 +390,33 @@ class _ApiError(Exception):
         self.explanation = explanation
 
 
-@pytest.mark.parametrize(("text", "needle", "hint"), [
-    ('could not select device driver "" with capabilities: [[gpu]]', "cannot give GPUs", "NVIDIA Container Toolkit"),
-    ("No such image: ftx/x:1", "not present", "ftx image build"),
-    ("Head https://registry-1.docker.io/v2/: dial tcp: lookup registry-1.docker.io: no such host",
-     "could not reach the image registry", "docker load"),
-    ("invalid mount config for type \"bind\": bind source path does not exist: /x", "does not exist",
-     "same absolute path"),
-    ("error setting rlimits for ready process: error setting rlimit type 8: operation not permitted",
-     "memlock", "LimitMEMLOCK"),
-    ('Conflict. The container name "/n" is already in use by container "abc"', "already in use", "already running"),
-])
+@pytest.mark.parametrize(
+    ("text", "needle", "hint"),
+    [
+        (
+            'could not select device driver "" with capabilities: [[gpu]]',
+            "cannot give GPUs",
+            "NVIDIA Container Toolkit",
+        ),
+        ("No such image: ftx/x:1", "not present", "ftx image build"),
+        (
+            "Head https://registry-1.docker.io/v2/: dial tcp: lookup registry-1.docker.io: no such host",
+            "could not reach the image registry",
+            "docker load",
+        ),
+        (
+            'invalid mount config for type "bind": bind source path does not exist: /x',
+            "does not exist",
+            "same absolute path",
+        ),
+        (
+            "error setting rlimits for ready process: error setting rlimit type 8: operation not permitted",
+            "memlock",
+            "LimitMEMLOCK",
+        ),
+        ('Conflict. The container name "/n" is already in use by container "abc"', "already in use", "already running"),
+    ],
+)
 def test_explain_docker_errors(text: str, needle: str, hint: str) -> None:
     error = explain(_ApiError(text), "starting x", ServeError)
     assert isinstance(error, ServeError) and needle in error.message and hint in (error.hint or "")
@@ -348,8 +429,7 @@ def test_connect_to_a_missing_daemon(tmp_path: Path) -> None:
 
 
 def test_options() -> None:
-    opts = DockerOptions.from_settings(RunSettings.of("m", gpus=[1, 2], env={"A": 1},
-                                                                       image="i:1", ready_timeout="5"))
+    opts = DockerOptions.from_settings(RunSettings.of("m", gpus=[1, 2], env={"A": 1}, image="i:1", ready_timeout="5"))
     assert (opts.gpus, dict(opts.env), opts.image, opts.ready_timeout_s) == ((1, 2), {"A": "1"}, "i:1", 5.0)
     assert parse_env(["A=1", "B=x=y"]) == {"A": "1", "B": "x=y"}
     with pytest.raises(ConfigError, match="not KEY=VALUE"):

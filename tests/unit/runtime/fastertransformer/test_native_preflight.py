@@ -25,12 +25,23 @@ from ftx_triton.runtime.fastertransformer.native.toolchain import (
 
 H100 = Gpu(0, "NVIDIA H100 80GB HBM3", (9, 0))
 GOOD = HostProbe(
-    nvcc=Path("/usr/local/cuda/bin/nvcc"), cuda_version=(13, 0, 88), cuda_root=Path("/usr/local/cuda"),
-    cxx=Path("/usr/bin/g++"), cxx_version="g++ 13.3.0", cmake=Path("/usr/bin/cmake"), cmake_version=(4, 4, 3),
-    ninja=Path("/usr/bin/ninja"), mpi_prefix=Path("/opt/ompi"), mpi_version="5.0.11",
-    nccl_include=Path("/opt/nccl/include"), nccl_lib=Path("/opt/nccl/lib"),
-    cuda_include_dirs=(Path("/usr/local/cuda/include"),), cuda_lib_dirs=(Path("/usr/local/cuda/lib64"),),
-    python_include=Path("/usr/include/python3.12"), gpus=(H100, replace(H100, index=1)), driver_version="580.159.04",
+    nvcc=Path("/usr/local/cuda/bin/nvcc"),
+    cuda_version=(13, 0, 88),
+    cuda_root=Path("/usr/local/cuda"),
+    cxx=Path("/usr/bin/g++"),
+    cxx_version="g++ 13.3.0",
+    cmake=Path("/usr/bin/cmake"),
+    cmake_version=(4, 4, 3),
+    ninja=Path("/usr/bin/ninja"),
+    mpi_prefix=Path("/opt/ompi"),
+    mpi_version="5.0.11",
+    nccl_include=Path("/opt/nccl/include"),
+    nccl_lib=Path("/opt/nccl/lib"),
+    cuda_include_dirs=(Path("/usr/local/cuda/include"),),
+    cuda_lib_dirs=(Path("/usr/local/cuda/lib64"),),
+    python_include=Path("/usr/include/python3.12"),
+    gpus=(H100, replace(H100, index=1)),
+    driver_version="580.159.04",
     driver_cuda=(13, 0),
 )
 
@@ -74,9 +85,22 @@ def test_an_architecture_fastertransformer_cannot_build_is_refused() -> None:
 
 
 def test_missing_tools_and_libraries_name_what_to_install() -> None:
-    bare = replace(GOOD, nvcc=None, cuda_version=None, cxx=None, cxx_version=None, cmake=None, cmake_version=None,
-                   ninja=None, mpi_prefix=None, nccl_include=None, nccl_lib=None, python_include=None,
-                   missing_headers=("cublas_v2.h",), missing_libs=("curand",))
+    bare = replace(
+        GOOD,
+        nvcc=None,
+        cuda_version=None,
+        cxx=None,
+        cxx_version=None,
+        cmake=None,
+        cmake_version=None,
+        ninja=None,
+        mpi_prefix=None,
+        nccl_include=None,
+        nccl_lib=None,
+        python_include=None,
+        missing_headers=("cublas_v2.h",),
+        missing_libs=("curand",),
+    )
     failed = _failed(bare)
     assert "nvcc was not found" in failed["nvcc"] and "ftx-triton[native]" in failed["nvcc"]
     assert "apt-get install g++" in failed["C++ compiler"]
@@ -130,4 +154,5 @@ def test_cli_preflight_and_build_stop_before_building(tmp_path: Path, monkeypatc
     assert result.exit_code == 1
     assert "cannot build FasterTransformer here" in result.output and "nothing was built" in result.output
     assert not (tmp_path / "home" / "store" / "backend").exists() or not any(
-        (tmp_path / "home" / "store" / "backend").iterdir())
+        (tmp_path / "home" / "store" / "backend").iterdir()
+    )

@@ -46,14 +46,28 @@ def _write(root: Path, files: dict[str, str]) -> None:
 
 
 def _component(root: Path, name: str = "lib", folder: str = "lib") -> Component:
-    draft = Component(name, f"example/{name}", "abc1234", folder, used=("CMakeLists.txt", "src/"),
-                      exclude=("src/vendored/",), tree_sha256="")
+    draft = Component(
+        name,
+        f"example/{name}",
+        "abc1234",
+        folder,
+        used=("CMakeLists.txt", "src/"),
+        exclude=("src/vendored/",),
+        tree_sha256="",
+    )
     return Component(**{**draft.__dict__, "tree_sha256": component_digest(root, draft)})
 
 
 def test_tree_digest_covers_used_files_only_and_their_contents(tmp_path: Path) -> None:
-    _write(tmp_path, {"lib/CMakeLists.txt": "project(x)", "lib/src/a.cc": "int a;", "lib/docs/readme": "x",
-                      "lib/src/vendored/v.h": "v"})
+    _write(
+        tmp_path,
+        {
+            "lib/CMakeLists.txt": "project(x)",
+            "lib/src/a.cc": "int a;",
+            "lib/docs/readme": "x",
+            "lib/src/vendored/v.h": "v",
+        },
+    )
     comp = _component(tmp_path)
     assert used_files(tmp_path, comp) == ["CMakeLists.txt", "src/a.cc"]
     before = comp.tree_sha256
@@ -71,8 +85,15 @@ def test_tree_digest_does_not_depend_on_listing_order(tmp_path: Path) -> None:
 
 
 def test_verify_refuses_a_changed_file_naming_the_component(tmp_path: Path) -> None:
-    _write(tmp_path, {"lib/CMakeLists.txt": "project(x)", "lib/src/a.cc": "int a;",
-                      "other/CMakeLists.txt": "project(y)", "other/src/b.cc": "int b;"})
+    _write(
+        tmp_path,
+        {
+            "lib/CMakeLists.txt": "project(x)",
+            "lib/src/a.cc": "int a;",
+            "other/CMakeLists.txt": "project(y)",
+            "other/src/b.cc": "int b;",
+        },
+    )
     comps = [_component(tmp_path), _component(tmp_path, "other", "other")]
     verify_sources(tmp_path, comps)
     (tmp_path / "other/src/b.cc").write_text("int b = 2;")
@@ -102,8 +123,9 @@ def test_sources_argument_that_is_not_a_source_tree_is_refused(tmp_path: Path) -
 
 def test_pins_name_public_archives_at_the_pinned_revisions() -> None:
     ft = component("FasterTransformer")
-    assert ft.archive_url == ("https://github.com/NVIDIA/FasterTransformer/archive/"
-                              "df4a7534860137e060e18d2ebf019906120ea204.tar.gz")
+    assert ft.archive_url == (
+        "https://github.com/NVIDIA/FasterTransformer/archive/df4a7534860137e060e18d2ebf019906120ea204.tar.gz"
+    )
     assert component("triton-core").archive_url.endswith("/core/archive/refs/tags/r22.12.tar.gz")
     assert not ft.uses("3rdparty/cutlass/include/cutlass/cutlass.h")  # its own component
     assert component("cutlass").uses("include/cutlass/cutlass.h")

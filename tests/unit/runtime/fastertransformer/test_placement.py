@@ -50,8 +50,18 @@ def test_footprint_of_gpt_j_6b_from_its_published_config() -> None:
     from ftx_triton.runtime.fastertransformer.placement import footprint_of
 
     family = load_host().family("gptj")
-    config = {"model_type": "gptj", "architectures": ["GPTJForCausalLM"], "n_layer": 28, "n_embd": 4096, "n_head": 16,
-              "rotary_dim": 64, "vocab_size": 50400, "n_positions": 2048, "bos_token_id": 50256, "eos_token_id": 50256}
+    config = {
+        "model_type": "gptj",
+        "architectures": ["GPTJForCausalLM"],
+        "n_layer": 28,
+        "n_embd": 4096,
+        "n_head": 16,
+        "rotary_dim": 64,
+        "vocab_size": 50400,
+        "n_positions": 2048,
+        "bos_token_id": 50256,
+        "eos_token_id": 50256,
+    }
     fp = footprint_of(family, family.spec(config), "fp16")
     assert 6.0e9 * 2 < fp.weight_bytes < 6.2e9 * 2 and fp.layers == 28 and fp.kv_width == 4096
     assert 16 in fp.tp_divides
@@ -67,9 +77,18 @@ class _Runtime:
 
 
 def _gptj_config(layers: int = 28) -> dict:
-    return {"model_type": "gptj", "architectures": ["GPTJForCausalLM"], "n_layer": layers, "n_embd": 4096,
-            "n_head": 16, "rotary_dim": 64, "vocab_size": 50400, "n_positions": 2048, "bos_token_id": 50256,
-            "eos_token_id": 50256}
+    return {
+        "model_type": "gptj",
+        "architectures": ["GPTJForCausalLM"],
+        "n_layer": layers,
+        "n_embd": 4096,
+        "n_head": 16,
+        "rotary_dim": 64,
+        "vocab_size": 50400,
+        "n_positions": 2048,
+        "bos_token_id": 50256,
+        "eos_token_id": 50256,
+    }
 
 
 def test_auto_layout_for_a_fastertransformer_runtime_uses_the_gpus_given() -> None:
@@ -106,18 +125,22 @@ def test_a_named_runtime_that_cannot_serve_here_is_refused_before_converting(ftx
     and nothing was converted (before the check, the convert stage ran first and the failure came at tune)."""
     result = ftx_cli("run", str(tiny_gptj_dir), "--runtime", "fastertransformer-native", "--tp", "4")
     assert result.exit_code != 0
-    assert "error: the fastertransformer-native runtime cannot serve here: no NVIDIA GPU" in result.stderr, result.stderr
+    assert "error: the fastertransformer-native runtime cannot serve here: no NVIDIA GPU" in result.stderr, (
+        result.stderr
+    )
     assert "hint: lower --tp/--pp" in result.stderr
     assert not list((ftx_home / "store" / "convert").glob("*/*-gpu"))
 
 
 def test_a_hosts_file_naming_an_unreachable_machine_is_refused_before_converting(
-        ftx_cli, tiny_gptj_dir, ftx_home, tmp_path) -> None:
+    ftx_cli, tiny_gptj_dir, ftx_home, tmp_path
+) -> None:
     """A name under .invalid never resolves (RFC 2606): the error names it within seconds, nothing converted."""
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost\nnode-b.invalid\n")
-    result = ftx_cli("run", str(tiny_gptj_dir), "--runtime", "fastertransformer-native", "--tp", "2",
-                     "--hosts", str(hosts))
+    result = ftx_cli(
+        "run", str(tiny_gptj_dir), "--runtime", "fastertransformer-native", "--tp", "2", "--hosts", str(hosts)
+    )
     assert result.exit_code != 0
     assert "error: the hosts file names node-b.invalid, which cannot be reached on ssh port 22" in result.stderr
     assert not list((ftx_home / "store" / "convert").glob("*/*-gpu"))

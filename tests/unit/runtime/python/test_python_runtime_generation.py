@@ -137,24 +137,24 @@ def test_output_layout_includes_prompt_and_pads_with_end_id(gptj: Any) -> None:
 def test_end_id_override_stops_generation_and_is_counted(gptj: Any) -> None:
     ref, gen, _spec = gptj
     prompt = PROMPTS[0]
-    free = hf_greedy(ref, prompt, 10, eos_token_id=None)[len(prompt):]
+    free = hf_greedy(ref, prompt, 10, eos_token_id=None)[len(prompt) :]
     stop_token = free[3]
     first = free.index(stop_token)
     out = _run(gen, decoder_inputs([prompt], 10, end_id=column(stop_token, 1, np.uint32)))
     assert int(out["sequence_length"][0, 0]) == len(prompt) + first + 1
     assert _tokens(out) == list(prompt) + free[: first + 1]
-    assert (out["output_ids"][0, 0, len(prompt) + first + 1:] == stop_token).all()
+    assert (out["output_ids"][0, 0, len(prompt) + first + 1 :] == stop_token).all()
 
 
 def test_stop_words_end_the_sequence_after_the_word(gptj: Any) -> None:
     ref, gen, _spec = gptj
     prompt = PROMPTS[1]
-    free = hf_greedy(ref, prompt, 12, eos_token_id=None)[len(prompt):]
+    free = hf_greedy(ref, prompt, 12, eos_token_id=None)[len(prompt) :]
     word = tuple(free[4:6])
     stops = encode_words([[word, (999, 998)]])
     out = _run(gen, decoder_inputs([prompt], 12, end_id=column(10_000, 1, np.uint32), stop_words_list=stops))
     seq = int(out["sequence_length"][0, 0])
-    generated = _tokens(out)[len(prompt):]
+    generated = _tokens(out)[len(prompt) :]
     assert tuple(generated[-2:]) == word and len(generated) <= 6
     assert generated == free[: len(generated)]
     assert seq == len(prompt) + len(generated)
@@ -163,28 +163,41 @@ def test_stop_words_end_the_sequence_after_the_word(gptj: Any) -> None:
 def test_bad_words_are_never_generated(gptj: Any) -> None:
     ref, gen, _spec = gptj
     prompt = PROMPTS[2]
-    free = hf_greedy(ref, prompt, 10, eos_token_id=None)[len(prompt):]
+    free = hf_greedy(ref, prompt, 10, eos_token_id=None)[len(prompt) :]
     banned = sorted(set(free[:3]))
     bad = encode_words([[(t,) for t in banned]])
     out = _run(gen, decoder_inputs([prompt], 10, end_id=column(10_000, 1, np.uint32), bad_words_list=bad))
-    generated = _tokens(out)[len(prompt):]
+    generated = _tokens(out)[len(prompt) :]
     assert not set(generated) & set(banned)
-    expected = hf_greedy(ref, prompt, 10, eos_token_id=None, bad_words_ids=[[t] for t in banned])[len(prompt):]
+    expected = hf_greedy(ref, prompt, 10, eos_token_id=None, bad_words_ids=[[t] for t in banned])[len(prompt) :]
     assert generated == expected
 
 
 def test_top_k_sampling_matches_transformers_with_the_same_seed(gptj: Any) -> None:
     ref, gen, _spec = gptj
     prompt = PROMPTS[0]
-    extra = {"runtime_top_k": column(5, 1, np.uint32), "temperature": column(0.7, 1, np.float32),
-             "random_seed": column(1234, 1, np.uint64), "end_id": column(10_000, 1, np.uint32)}
+    extra = {
+        "runtime_top_k": column(5, 1, np.uint32),
+        "temperature": column(0.7, 1, np.float32),
+        "random_seed": column(1234, 1, np.uint64),
+        "end_id": column(10_000, 1, np.uint32),
+    }
     a = _tokens(_run(gen, decoder_inputs([prompt], 10, **extra)))
     b = _tokens(_run(gen, decoder_inputs([prompt], 10, **extra)))
     assert a == b  # same seed, same tokens
     torch.manual_seed(1234)
     ids = torch.tensor([prompt])
-    expected = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=True, top_k=5,
-                            top_p=1.0, temperature=0.7, eos_token_id=10_000, pad_token_id=10_000)[0].tolist()
+    expected = ref.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=10,
+        do_sample=True,
+        top_k=5,
+        top_p=1.0,
+        temperature=0.7,
+        eos_token_id=10_000,
+        pad_token_id=10_000,
+    )[0].tolist()
     assert a == expected
     other = _tokens(_run(gen, decoder_inputs([prompt], 10, **{**extra, "random_seed": column(99, 1, np.uint64)})))
     assert len(other) == len(a)
@@ -193,43 +206,78 @@ def test_top_k_sampling_matches_transformers_with_the_same_seed(gptj: Any) -> No
 def test_top_p_and_repetition_penalty_match_transformers(gptj: Any) -> None:
     ref, gen, _spec = gptj
     prompt = PROMPTS[1]
-    extra = {"runtime_top_p": column(0.8, 1, np.float32), "repetition_penalty": column(1.3, 1, np.float32),
-             "random_seed": column(7, 1, np.uint64), "end_id": column(10_000, 1, np.uint32)}
+    extra = {
+        "runtime_top_p": column(0.8, 1, np.float32),
+        "repetition_penalty": column(1.3, 1, np.float32),
+        "random_seed": column(7, 1, np.uint64),
+        "end_id": column(10_000, 1, np.uint32),
+    }
     got = _tokens(_run(gen, decoder_inputs([prompt], 10, **extra)))
     torch.manual_seed(7)
     ids = torch.tensor([prompt])
-    expected = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=True, top_k=0,
-                            top_p=0.8, repetition_penalty=1.3, eos_token_id=10_000, pad_token_id=10_000)[0].tolist()
+    expected = ref.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=10,
+        do_sample=True,
+        top_k=0,
+        top_p=0.8,
+        repetition_penalty=1.3,
+        eos_token_id=10_000,
+        pad_token_id=10_000,
+    )[0].tolist()
     assert got == expected
 
 
 def test_top_k_one_is_greedy(gptj: Any) -> None:
     ref, gen, _spec = gptj
     prompt = PROMPTS[2]
-    out = _run(gen, decoder_inputs([prompt], 8, runtime_top_k=column(1, 1, np.uint32),
-                                   random_seed=column(5, 1, np.uint64)))
+    out = _run(
+        gen, decoder_inputs([prompt], 8, runtime_top_k=column(1, 1, np.uint32), random_seed=column(5, 1, np.uint64))
+    )
     assert _tokens(out) == hf_greedy(ref, prompt, 8)
 
 
 def test_beam_search_returns_every_beam_like_transformers(gptj: Any) -> None:
     ref, gen, _spec = gptj
     prompt = PROMPTS[0]
-    out = _run(gen, decoder_inputs([prompt], 8, beam_width=column(3, 1, np.uint32),
-                                   len_penalty=column(1.0, 1, np.float32), end_id=column(10_000, 1, np.uint32)))
+    out = _run(
+        gen,
+        decoder_inputs(
+            [prompt],
+            8,
+            beam_width=column(3, 1, np.uint32),
+            len_penalty=column(1.0, 1, np.float32),
+            end_id=column(10_000, 1, np.uint32),
+        ),
+    )
     assert out["output_ids"].shape == (1, 3, len(prompt) + 8)
     assert out["sequence_length"].shape == (1, 3)
     ids = torch.tensor([prompt])
-    expected = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, num_beams=3,
-                            num_return_sequences=3, do_sample=False, length_penalty=1.0, early_stopping=False,
-                            eos_token_id=10_000, pad_token_id=10_000)
+    expected = ref.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=8,
+        num_beams=3,
+        num_return_sequences=3,
+        do_sample=False,
+        length_penalty=1.0,
+        early_stopping=False,
+        eos_token_id=10_000,
+        pad_token_id=10_000,
+    )
     for k in range(3):
         assert _tokens(out, 0, k) == expected[k].tolist()
 
 
 def test_log_probs_are_returned_when_asked(gptj: Any) -> None:
     _ref, gen, _spec = gptj
-    out = _run(gen, decoder_inputs(PROMPTS[:2], 5, is_return_log_probs=column(True, 2, np.bool_),
-                                   end_id=column(10_000, 2, np.uint32)))
+    out = _run(
+        gen,
+        decoder_inputs(
+            PROMPTS[:2], 5, is_return_log_probs=column(True, 2, np.bool_), end_id=column(10_000, 2, np.uint32)
+        ),
+    )
     assert out["output_log_probs"].shape == (2, 1, 5)
     assert (out["output_log_probs"] <= 0).all() and (out["output_log_probs"] < 0).any()
     assert np.allclose(out["cum_log_probs"][:, 0], out["output_log_probs"][:, 0].sum(-1), atol=1e-5)
@@ -239,8 +287,12 @@ def test_items_with_different_settings_run_in_separate_groups(gptj: Any) -> None
     ref, gen, _spec = gptj
     before = gen.groups_run
     prompts = PROMPTS[:2]
-    out = _run(gen, decoder_inputs(prompts, 6, runtime_top_k=np.array([[1], [4]], np.uint32),
-                                   random_seed=np.array([[1], [2]], np.uint64)))
+    out = _run(
+        gen,
+        decoder_inputs(
+            prompts, 6, runtime_top_k=np.array([[1], [4]], np.uint32), random_seed=np.array([[1], [2]], np.uint64)
+        ),
+    )
     assert gen.groups_run - before == 2
     assert _tokens(out, 0) == hf_greedy(ref, prompts[0], 6)
 
@@ -248,8 +300,15 @@ def test_items_with_different_settings_run_in_separate_groups(gptj: Any) -> None
 def test_greedy_items_batch_together_whatever_their_seeds(gptj: Any) -> None:
     _ref, gen, _spec = gptj
     before = gen.groups_run
-    _run(gen, decoder_inputs(PROMPTS, 4, random_seed=np.array([[1], [2], [3]], np.uint64),
-                             temperature=np.array([[0.5], [1.0], [2.0]], np.float32)))
+    _run(
+        gen,
+        decoder_inputs(
+            PROMPTS,
+            4,
+            random_seed=np.array([[1], [2], [3]], np.uint64),
+            temperature=np.array([[0.5], [1.0], [2.0]], np.float32),
+        ),
+    )
     assert gen.groups_run - before == 1
 
 
@@ -263,26 +322,37 @@ def test_a_vanishing_temperature_decodes_greedily(gptj: Any) -> None:
     (HTTP 500); below 1e-5 the item decodes greedily, its limit."""
     ref, gen, _spec = gptj
     for temperature in (1e-40, 0.0):
-        inputs = decoder_inputs([PROMPTS[0]], 4, temperature=np.array([[temperature]], np.float32),
-                                runtime_top_k=column(5, 1, np.uint32), runtime_top_p=np.array([[0.9]], np.float32))
+        inputs = decoder_inputs(
+            [PROMPTS[0]],
+            4,
+            temperature=np.array([[temperature]], np.float32),
+            runtime_top_k=column(5, 1, np.uint32),
+            runtime_top_p=np.array([[0.9]], np.float32),
+        )
         assert not gen.parse(inputs).items[0].sampling.do_sample
         assert _tokens(_run(gen, inputs)) == hf_greedy(ref, PROMPTS[0], 4)
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"input_ids": np.zeros((1, 0), np.uint32)}, "empty"),
-    ({"input_lengths": np.array([[0]], np.uint32)}, "at least 1"),
-    ({"input_lengths": np.array([[9]], np.uint32)}, "exceeds the input_ids width"),
-    ({"request_output_len": np.array([[0]], np.uint32)}, "at least 1"),
-    ({"request_output_len": np.array([[2**32 - 1]], np.uint32)}, "exceeds the limit"),
-    ({"request_output_len": np.array([[60]], np.uint32)}, "exceeds the model's 64 positions"),
-    ({"input_ids": np.array([[1, 2, 300]], np.uint32), "input_lengths": np.array([[3]], np.uint32)}, "outside the vocabulary"),
-    ({"runtime_top_p": np.array([[1.5]], np.float32)}, "runtime_top_p"),
-    ({"beam_width": np.array([[0]], np.uint32)}, "beam_width"),
-    ({"repetition_penalty": np.array([[0.0]], np.float32)}, "repetition_penalty"),
-    ({"stop_words_list": np.array([[[1, 2], [5, -1]]], np.int32)}, "offsets"),
-    ({"stop_words_list": np.array([[[1, 2, 3]]], np.int32)}, "shape"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"input_ids": np.zeros((1, 0), np.uint32)}, "empty"),
+        ({"input_lengths": np.array([[0]], np.uint32)}, "at least 1"),
+        ({"input_lengths": np.array([[9]], np.uint32)}, "exceeds the input_ids width"),
+        ({"request_output_len": np.array([[0]], np.uint32)}, "at least 1"),
+        ({"request_output_len": np.array([[2**32 - 1]], np.uint32)}, "exceeds the limit"),
+        ({"request_output_len": np.array([[60]], np.uint32)}, "exceeds the model's 64 positions"),
+        (
+            {"input_ids": np.array([[1, 2, 300]], np.uint32), "input_lengths": np.array([[3]], np.uint32)},
+            "outside the vocabulary",
+        ),
+        ({"runtime_top_p": np.array([[1.5]], np.float32)}, "runtime_top_p"),
+        ({"beam_width": np.array([[0]], np.uint32)}, "beam_width"),
+        ({"repetition_penalty": np.array([[0.0]], np.float32)}, "repetition_penalty"),
+        ({"stop_words_list": np.array([[[1, 2], [5, -1]]], np.int32)}, "offsets"),
+        ({"stop_words_list": np.array([[[1, 2, 3]]], np.int32)}, "shape"),
+    ],
+)
 def test_bad_requests_are_refused_with_a_reason(change: dict[str, np.ndarray], message: str) -> None:
     inputs = {**decoder_inputs([[1, 2, 3, 4, 5]], 4), **change}
     with pytest.raises(RequestError, match=message):
@@ -448,8 +518,9 @@ def test_streamed_responses_carry_the_log_probs_of_their_tokens(streaming_gptj: 
     """#16.1: with is_return_log_probs every streamed response (the final one too) has the log
     probabilities of the tokens so far, equal to the unstreamed answer's."""
     _ref, ft = streaming_gptj
-    inputs = decoder_inputs([PROMPTS[0]], 5, end_id=column(10_000, 1, np.uint32),
-                            is_return_log_probs=column(True, 1, np.bool_))
+    inputs = decoder_inputs(
+        [PROMPTS[0]], 5, end_id=column(10_000, 1, np.uint32), is_return_log_probs=column(True, 1, np.bool_)
+    )
     replies: list[Any] = []
     ft.stream([inputs], lambda index, reply: replies.append(reply))
     whole = ft.infer([inputs])[0].outputs
@@ -459,8 +530,9 @@ def test_streamed_responses_carry_the_log_probs_of_their_tokens(streaming_gptj: 
     np.testing.assert_allclose(final["output_log_probs"], whole["output_log_probs"], rtol=1e-5)
     np.testing.assert_allclose(final["cum_log_probs"], whole["cum_log_probs"], rtol=1e-5)
     for step, reply in enumerate(replies, start=1):  # each partial response: the log probs so far
-        np.testing.assert_allclose(reply.outputs["output_log_probs"][0, 0, :step],
-                                   whole["output_log_probs"][0, 0, :step], rtol=1e-5)
+        np.testing.assert_allclose(
+            reply.outputs["output_log_probs"][0, 0, :step], whole["output_log_probs"][0, 0, :step], rtol=1e-5
+        )
 
 
 def test_stream_offsets_mark_where_each_responses_new_tokens_start(streaming_gptj: Any) -> None:
@@ -518,8 +590,9 @@ def poisoned_generate(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(GenerationMixin, "generate", generate)
 
 
-def test_a_request_that_fails_inside_generate_fails_alone(gptj: Any, streaming_gptj: Any,
-                                                          poisoned_generate: None) -> None:
+def test_a_request_that_fails_inside_generate_fails_alone(
+    gptj: Any, streaming_gptj: Any, poisoned_generate: None
+) -> None:
     ref, gen, _spec = gptj
     ft = FtModel(gen, {"output_ids": np.uint32, "sequence_length": np.uint32})
     batch = [decoder_inputs([PROMPTS[0]], 3), _hostile(PROMPTS[1]), decoder_inputs([PROMPTS[2]], 4)]
@@ -537,24 +610,37 @@ def test_a_request_that_fails_inside_generate_fails_alone(gptj: Any, streaming_g
         assert not any(r.error for r in sent[index])
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"temperature": np.array([[np.nan]], np.float32)}, "temperature must be a finite"),
-    ({"temperature": np.array([[np.inf]], np.float32)}, "temperature must be a finite"),
-    ({"temperature": np.array([[-1.0]], np.float32)}, "temperature must not be negative"),
-    ({"repetition_penalty": np.array([[np.nan]], np.float32)}, "repetition_penalty must be a finite"),
-    ({"runtime_top_p": np.array([[np.nan]], np.float32)}, "runtime_top_p must be a finite"),
-    ({"len_penalty": np.array([[np.inf]], np.float32)}, "len_penalty must be a finite"),
-    ({"len_penalty": np.array([[1e30]], np.float32), "beam_width": column(2, 1, np.uint32)},
-     "len_penalty must be between -10 and 10"),
-    ({"len_penalty": np.array([[-11]], np.float32)}, "len_penalty must be between"),
-    ({"repetition_penalty": np.array([[1e-40]], np.float32)}, "repetition_penalty must be between 0.0001 and 10000"),
-    ({"repetition_penalty": np.array([[1e30]], np.float32)}, "repetition_penalty must be between"),
-    ({"beam_search_diversity_rate": np.array([[np.nan]], np.float32)}, "beam_search_diversity_rate"),
-    ({"runtime_top_k": np.array([[1000]], np.uint32)}, "runtime_top_k"),
-    ({"random_seed": np.array([[-5]], np.int64)}, "random_seed"),
-    ({"request_prompt_lengths": np.array([[4]], np.uint32),
-      "request_prompt_embedding": np.zeros((1, 4, 8), np.float16)}, "p-tuning"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"temperature": np.array([[np.nan]], np.float32)}, "temperature must be a finite"),
+        ({"temperature": np.array([[np.inf]], np.float32)}, "temperature must be a finite"),
+        ({"temperature": np.array([[-1.0]], np.float32)}, "temperature must not be negative"),
+        ({"repetition_penalty": np.array([[np.nan]], np.float32)}, "repetition_penalty must be a finite"),
+        ({"runtime_top_p": np.array([[np.nan]], np.float32)}, "runtime_top_p must be a finite"),
+        ({"len_penalty": np.array([[np.inf]], np.float32)}, "len_penalty must be a finite"),
+        (
+            {"len_penalty": np.array([[1e30]], np.float32), "beam_width": column(2, 1, np.uint32)},
+            "len_penalty must be between -10 and 10",
+        ),
+        ({"len_penalty": np.array([[-11]], np.float32)}, "len_penalty must be between"),
+        (
+            {"repetition_penalty": np.array([[1e-40]], np.float32)},
+            "repetition_penalty must be between 0.0001 and 10000",
+        ),
+        ({"repetition_penalty": np.array([[1e30]], np.float32)}, "repetition_penalty must be between"),
+        ({"beam_search_diversity_rate": np.array([[np.nan]], np.float32)}, "beam_search_diversity_rate"),
+        ({"runtime_top_k": np.array([[1000]], np.uint32)}, "runtime_top_k"),
+        ({"random_seed": np.array([[-5]], np.int64)}, "random_seed"),
+        (
+            {
+                "request_prompt_lengths": np.array([[4]], np.uint32),
+                "request_prompt_embedding": np.zeros((1, 4, 8), np.float16),
+            },
+            "p-tuning",
+        ),
+    ],
+)
 def test_sampling_values_are_checked_finite_and_in_range(change: dict[str, np.ndarray], message: str) -> None:
     inputs = {**decoder_inputs([[1, 2, 3, 4, 5]], 4), **change}
     with pytest.raises(RequestError, match=message):
@@ -564,8 +650,13 @@ def test_sampling_values_are_checked_finite_and_in_range(change: dict[str, np.nd
 def test_fastertransformer_defaults_from_upstream_clients_are_accepted() -> None:
     """GPT-2's start id 50256 on a small decoder (FT ignores start_id there), any uint64 seed,
     T5's ia3_tasks; a T5 start id outside the vocabulary is still refused."""
-    inputs = decoder_inputs([[1, 2, 3]], 4, start_id=column(50256, 1, np.uint32), end_id=column(50256, 1, np.uint32),
-                            random_seed=np.array([[2**64 - 1]], np.uint64))
+    inputs = decoder_inputs(
+        [[1, 2, 3]],
+        4,
+        start_id=column(50256, 1, np.uint32),
+        end_id=column(50256, 1, np.uint32),
+        random_seed=np.array([[2**64 - 1]], np.uint64),
+    )
     request = parse_request(inputs, LIMITS)
     assert request.items[0].sampling.end_id == 50256
     t5 = t5_inputs([[1, 2, 3]], 4, ia3_tasks=np.array([[0]], np.int32))
@@ -574,8 +665,9 @@ def test_fastertransformer_defaults_from_upstream_clients_are_accepted() -> None
         parse_request({**t5, "start_id": column(50256, 1, np.uint32)}, LIMITS, "encoder-decoder")
 
 
-def test_request_errors_are_invalid_argument_and_failures_internal(built: dict[str, Any],
-                                                                   poisoned_generate: None) -> None:
+def test_request_errors_are_invalid_argument_and_failures_internal(
+    built: dict[str, Any], poisoned_generate: None
+) -> None:
     """#16.4: a refused request becomes TritonError(INVALID_ARG) — HTTP 400 / gRPC INVALID_ARGUMENT."""
     family, _src, ckpts, _ref = built["gptj"]
 
@@ -623,8 +715,9 @@ def test_the_context_size_is_the_source_checkpoints(built: dict[str, Any]) -> No
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-5"])
-def test_batch_token_budget_from_the_environment_is_checked(gptj: Any, monkeypatch: pytest.MonkeyPatch,
-                                                            value: str) -> None:
+def test_batch_token_budget_from_the_environment_is_checked(
+    gptj: Any, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
     _ref, gen, spec = gptj
     monkeypatch.setenv("FTX_MAX_BATCH_TOKENS", value)
     with pytest.raises(ConfigError, match=f"FTX_MAX_BATCH_TOKENS={value!r} is not an integer"):

@@ -23,15 +23,20 @@ from ftx_triton.repository.writer import plan_repository, write_repository
 from ftx_triton.runtime.api import Runtime
 
 
-def deployment_info(family: Family, spec: ModelSpec, source: Source, checkpoint: Checkpoint,
-                    ctx: StageContext) -> dict[str, Any]:
+def deployment_info(
+    family: Family, spec: ModelSpec, source: Source, checkpoint: Checkpoint, ctx: StageContext
+) -> dict[str, Any]:
     """Provenance for ftx-deployment.json: model, preset, source, versions, artifact keys."""
     from ftx_triton.plugins import installed_distributions
 
     s = ctx.settings
     producer = ctx.producer
-    plugins = {"ftx": producer.get("ftx") or ftx_triton.__version__, "distributions": producer.get("plugins") or {},
-               "family": producer.get("family") or {}, "installed": dict(installed_distributions())}
+    plugins = {
+        "ftx": producer.get("ftx") or ftx_triton.__version__,
+        "distributions": producer.get("plugins") or {},
+        "family": producer.get("family") or {},
+        "installed": dict(installed_distributions()),
+    }
     return {
         "model": s.model,
         "preset": source.ref.preset or (s.model if s.model in family.presets else None),
@@ -44,21 +49,39 @@ def deployment_info(family: Family, spec: ModelSpec, source: Source, checkpoint:
 
 
 @hookimpl(trylast=True)
-def ftx_configure(family: Family, spec: ModelSpec, source: Source, checkpoint: Checkpoint, gemm: GemmConfig,
-                  dest: Path, ctx: StageContext, runtime: Runtime) -> ModelRepository:
+def ftx_configure(
+    family: Family,
+    spec: ModelSpec,
+    source: Source,
+    checkpoint: Checkpoint,
+    gemm: GemmConfig,
+    dest: Path,
+    ctx: StageContext,
+    runtime: Runtime,
+) -> ModelRepository:
     s = ctx.settings
     check_data_type(family, s.data_type)
     tp = s.convert.tp
     if checkpoint.tensor_parallel != tp:
-        raise ConfigError(f"the converted checkpoint {checkpoint.path} is for tp {checkpoint.tensor_parallel}, "
-                          f"not the requested --tp {tp}", hint=f"convert with --tp {tp}")
+        raise ConfigError(
+            f"the converted checkpoint {checkpoint.path} is for tp {checkpoint.tensor_parallel}, "
+            f"not the requested --tp {tp}",
+            hint=f"convert with --tp {tp}",
+        )
     tokenizer = s.configure.tokenizer or source.path
     info = deployment_info(family, spec, source, checkpoint, ctx)
     info["gemm_tuning"] = {"tuned": gemm.tuned, "path": str(gemm.path) if gemm.path else None, "reason": gemm.reason}
     options = FtModelOptions.from_settings(family, checkpoint.path, s, source=source.path)
-    plan = plan_repository(family, spec, options, runtime=runtime.name, tokenizer=tokenizer,
-                           tokenizer_explicit=s.configure.tokenizer is not None,
-                           weight_dtype=checkpoint.weight_dtype, deployment=info)
+    plan = plan_repository(
+        family,
+        spec,
+        options,
+        runtime=runtime.name,
+        tokenizer=tokenizer,
+        tokenizer_explicit=s.configure.tokenizer is not None,
+        weight_dtype=checkpoint.weight_dtype,
+        deployment=info,
+    )
     models = write_repository(plan, dest, runtime.write_ft_model)
     ctx.log.info("configure.written", family=family.name, models=list(models), runtime=runtime.name)
     return ModelRepository(dest, runtime.name, models, family.name)

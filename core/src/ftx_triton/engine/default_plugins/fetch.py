@@ -42,8 +42,10 @@ def _fetch_archive_or_file(ref: SourceRef, revision: str, dest: Path, ctx: Stage
     local = _local_file(ref)
     temporary = local is None or bool(ref.sha256)
     if local is not None and not is_archive(local):
-        raise SourceError(f"{ref.uri} is neither a checkpoint directory nor an archive",
-                          hint="point at a directory with config.json, or a .tar.zstd/.tar.gz/.tar/.zip archive")
+        raise SourceError(
+            f"{ref.uri} is neither a checkpoint directory nor an archive",
+            hint="point at a directory with config.json, or a .tar.zstd/.tar.gz/.tar/.zip archive",
+        )
     if local is not None and not temporary:
         downloaded = local  # extract in place: no copy of a multi-GB archive
     else:

@@ -6,5 +6,13 @@ from ftx_triton.testing.conformance import FamilyConformance
 
 class TestGPT2(FamilyConformance):
     family = GPT2
-    tiny_hf_config = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 64,
-                      "vocab_size": 128, "bos_token_id": 1, "eos_token_id": 2}
+    tiny_hf_config = {
+        "model_type": "gpt2",
+        "n_layer": 2,
+        "n_embd": 64,
+        "n_head": 4,
+        "n_positions": 64,
+        "vocab_size": 128,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }

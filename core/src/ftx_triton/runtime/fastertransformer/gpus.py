@@ -45,8 +45,13 @@ def _nvidia_smi(fields: str) -> list[list[str]] | None:
     if exe is None:
         return None
     try:
-        out = subprocess.run([exe, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20, check=False)
+        out = subprocess.run(
+            [exe, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:
@@ -70,8 +75,10 @@ def _from_torch() -> list[Gpu]:
     try:
         if not torch.cuda.is_available():
             return []
-        return [Gpu(i, torch.cuda.get_device_name(i), tuple(torch.cuda.get_device_capability(i)))  # type: ignore[arg-type]
-                for i in range(torch.cuda.device_count())]
+        return [
+            Gpu(i, torch.cuda.get_device_name(i), tuple(torch.cuda.get_device_capability(i)))  # type: ignore[arg-type]
+            for i in range(torch.cuda.device_count())
+        ]
     except Exception:
         return []
 
@@ -107,11 +114,14 @@ def parse_sm_list(text: str | Iterable[int | str]) -> tuple[int, ...]:
         try:
             value = int(round(float(raw) * 10)) if "." in raw else int(raw)
         except ValueError:
-            raise ConfigError(f"--sm {item!r} is not a compute capability",
-                              hint="write SM numbers like 80,90 (or 8.0,9.0)") from None
+            raise ConfigError(
+                f"--sm {item!r} is not a compute capability", hint="write SM numbers like 80,90 (or 8.0,9.0)"
+            ) from None
         if value not in FT_SM_SETS:
-            raise ConfigError(f"FasterTransformer cannot be compiled for SM {value}",
-                              hint=f"its CMake accepts {', '.join(map(str, FT_SM_SETS))}")
+            raise ConfigError(
+                f"FasterTransformer cannot be compiled for SM {value}",
+                hint=f"its CMake accepts {', '.join(map(str, FT_SM_SETS))}",
+            )
         if value not in out:
             out.append(value)
     return tuple(sorted(out))
@@ -130,8 +140,9 @@ def gpu_model(gpus: Sequence[Gpu]) -> str:
     return " + ".join(names) if names else "unknown GPU"
 
 
-def select_gpus(wanted: int, requested: Sequence[int] | None = None,
-                available: Sequence[Gpu] | None = None) -> tuple[int, ...]:
+def select_gpus(
+    wanted: int, requested: Sequence[int] | None = None, available: Sequence[Gpu] | None = None
+) -> tuple[int, ...]:
     """Host GPU indices for a container that needs ``wanted`` GPUs (``--gpus`` or the first ones).
 
     With ``available`` known (a driver is present) the choice is checked against it; without one the
@@ -141,15 +152,21 @@ def select_gpus(wanted: int, requested: Sequence[int] | None = None,
     if requested:
         chosen = tuple(dict.fromkeys(int(i) for i in requested))
         if len(chosen) != wanted:
-            raise ConfigError(f"--gpus names {len(chosen)} GPU(s) but tp x pp needs exactly {wanted}",
-                              hint=f"name {wanted} GPU indices, e.g. --gpus {','.join(map(str, range(wanted)))}")
+            raise ConfigError(
+                f"--gpus names {len(chosen)} GPU(s) but tp x pp needs exactly {wanted}",
+                hint=f"name {wanted} GPU indices, e.g. --gpus {','.join(map(str, range(wanted)))}",
+            )
         known = {g.index for g in available}
         if available and not set(chosen) <= known:
             missing = sorted(set(chosen) - known)
-            raise ConfigError(f"GPU(s) {missing} do not exist here (this machine has {sorted(known)})",
-                              hint="pick indices from `nvidia-smi -L`")
+            raise ConfigError(
+                f"GPU(s) {missing} do not exist here (this machine has {sorted(known)})",
+                hint="pick indices from `nvidia-smi -L`",
+            )
         return chosen
     if available and len(available) < wanted:
-        raise ConfigError(f"tp x pp needs {wanted} GPUs but this machine has {len(available)}",
-                          hint="lower --tp/--pp, or use several nodes with --hosts")
+        raise ConfigError(
+            f"tp x pp needs {wanted} GPUs but this machine has {len(available)}",
+            hint="lower --tp/--pp, or use several nodes with --hosts",
+        )
     return tuple(range(wanted))

@@ -80,8 +80,10 @@ def read_hosts(path: Path, *, repeats: bool = False) -> HostList:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ConfigError(f"cannot read the hosts file {path}: {exc.strerror or exc}",
-                          hint="--hosts takes a file with one node name per line") from None
+        raise ConfigError(
+            f"cannot read the hosts file {path}: {exc.strerror or exc}",
+            hint="--hosts takes a file with one node name per line",
+        ) from None
     hosts: list[str] = []
     gpus: list[int | None] = []
     for number, raw in enumerate(text.splitlines(), 1):
@@ -100,10 +102,14 @@ def read_hosts(path: Path, *, repeats: bool = False) -> HostList:
                 raise ConfigError(f"{path}:{number}: unknown option {opt!r}", hint="use 'HOST gpus=N'")
         if m.group("host") in hosts and not (repeats and hosts[-1] == m.group("host")):
             if repeats:
-                raise ConfigError(f"{path}:{number}: {m.group('host')} is listed again after another machine",
-                                  hint="put the lines of one machine next to each other (ranks are numbered in order)")
-            raise ConfigError(f"{path}:{number}: {m.group('host')} is listed twice",
-                              hint="FasterTransformer runs one process per node: list each node once")
+                raise ConfigError(
+                    f"{path}:{number}: {m.group('host')} is listed again after another machine",
+                    hint="put the lines of one machine next to each other (ranks are numbered in order)",
+                )
+            raise ConfigError(
+                f"{path}:{number}: {m.group('host')} is listed twice",
+                hint="FasterTransformer runs one process per node: list each node once",
+            )
         hosts.append(m.group("host"))
         gpus.append(count)
     if not hosts:
@@ -117,27 +123,36 @@ def node_layout(hosts: HostList | None, *, tp: int, pp: int, instances: int = 1,
     if hosts is None or len(hosts.hosts) == 1:
         per_node = hosts.gpus[0] if hosts and hosts.gpus[0] else world
         if per_node < world:
-            raise ConfigError(f"tp x pp = {world} GPUs do not fit on one node with {per_node} GPUs",
-                              hint="add nodes to the hosts file, or lower --tp/--pp")
+            raise ConfigError(
+                f"tp x pp = {world} GPUs do not fit on one node with {per_node} GPUs",
+                hint="add nodes to the hosts file, or lower --tp/--pp",
+            )
         return NodeLayout(1, world, hosts.hosts if hosts else (), ssh_port)
     nodes = len(hosts.hosts)
     if instances != 1:
-        raise ConfigError(f"multi-node FasterTransformer serves exactly one model instance (got --instances {instances})",
-                          hint="use --instances 1 with --hosts")
+        raise ConfigError(
+            f"multi-node FasterTransformer serves exactly one model instance (got --instances {instances})",
+            hint="use --instances 1 with --hosts",
+        )
     declared = {g for g in hosts.gpus if g is not None}
     if len(declared) > 1:
-        raise ConfigError(f"the nodes in {hosts.path} have different GPU counts {sorted(declared)}",
-                          hint="FasterTransformer needs the same number of GPUs on every node")
+        raise ConfigError(
+            f"the nodes in {hosts.path} have different GPU counts {sorted(declared)}",
+            hint="FasterTransformer needs the same number of GPUs on every node",
+        )
     if declared:
         per_node = declared.pop()
         if per_node * nodes != world:
             raise ConfigError(
                 f"tp x pp = {tp} x {pp} = {world} but {nodes} nodes x {per_node} GPUs = {per_node * nodes}",
-                hint=f"FasterTransformer needs tp x pp = GPUs per node x nodes; e.g. --tp {per_node} --pp {nodes}")
+                hint=f"FasterTransformer needs tp x pp = GPUs per node x nodes; e.g. --tp {per_node} --pp {nodes}",
+            )
     else:
         if world % nodes:
-            raise ConfigError(f"tp x pp = {world} GPUs cannot be split evenly over {nodes} nodes",
-                              hint=f"use a tp x pp that is a multiple of {nodes} (e.g. --tp <GPUs per node> --pp {nodes})")
+            raise ConfigError(
+                f"tp x pp = {world} GPUs cannot be split evenly over {nodes} nodes",
+                hint=f"use a tp x pp that is a multiple of {nodes} (e.g. --tp <GPUs per node> --pp {nodes})",
+            )
         per_node = world // nodes
     return NodeLayout(nodes, per_node, hosts.hosts, ssh_port)
 

@@ -82,13 +82,16 @@ def layouts(footprint: Footprint, gpus: int) -> list[tuple[int, int]]:
     return out
 
 
-def plan_placement(footprint: Footprint, gpu_memory: Sequence[int], *, batch: int, seq_len: int,
-                   model: str = "the model") -> Placement:
+def plan_placement(
+    footprint: Footprint, gpu_memory: Sequence[int], *, batch: int, seq_len: int, model: str = "the model"
+) -> Placement:
     """The smallest tp x pp that fits the smallest of ``gpu_memory`` (bytes per GPU), instances filling the
     rest; ConfigError when no layout fits (see the module docstring)."""
     if not gpu_memory:
-        raise ConfigError("no GPU found: FasterTransformer needs at least one",
-                          hint="run on a GPU host (nvidia-smi lists its GPUs), or use --runtime python")
+        raise ConfigError(
+            "no GPU found: FasterTransformer needs at least one",
+            hint="run on a GPU host (nvidia-smi lists its GPUs), or use --runtime python",
+        )
     usable = int(min(gpu_memory) * USABLE_FRACTION)
     kv = footprint.kv_bytes(batch, seq_len)
     candidates = layouts(footprint, len(gpu_memory))
@@ -97,9 +100,11 @@ def plan_placement(footprint: Footprint, gpu_memory: Sequence[int], *, batch: in
         if need <= usable:
             world = tp * pp
             smaller = [(t, p) for t, p in candidates if t * p < world]
-            why = (f"tp {tp} x pp {pp}: {human(need)} per GPU ({human(footprint.weight_bytes / world)} of weights, "
-                   f"{human(kv / world)} of KV cache for batch {batch} x {seq_len} tokens, {human(WORKSPACE_BYTES)} "
-                   f"workspace) fits {human(usable)} usable of each GPU")
+            why = (
+                f"tp {tp} x pp {pp}: {human(need)} per GPU ({human(footprint.weight_bytes / world)} of weights, "
+                f"{human(kv / world)} of KV cache for batch {batch} x {seq_len} tokens, {human(WORKSPACE_BYTES)} "
+                f"workspace) fits {human(usable)} usable of each GPU"
+            )
             if smaller:
                 t, p = smaller[-1]
                 why += f"; tp {t} x pp {p} would need {human(need_per_gpu(footprint, t, p, batch, seq_len))}"
@@ -113,8 +118,8 @@ def plan_placement(footprint: Footprint, gpu_memory: Sequence[int], *, batch: in
         f"{model} does not fit the {len(gpu_memory)} GPU(s) here: {human(footprint.weight_bytes)} of weights and "
         f"{human(kv)} of KV cache for batch {batch} x {seq_len} tokens need {human(need)} per GPU even at "
         f"tp {widest[0]} x pp {widest[1]}, and each GPU has {human(usable)} usable",
-        hint="use more GPUs (or several machines with --hosts), a smaller --max-batch-size, or a 16-bit "
-             "--weight-dtype")
+        hint="use more GPUs (or several machines with --hosts), a smaller --max-batch-size, or a 16-bit --weight-dtype",
+    )
 
 
 def footprint_of(family: Any, spec: Any, dtype: str) -> Footprint:
@@ -123,13 +128,18 @@ def footprint_of(family: Any, spec: Any, dtype: str) -> Footprint:
 
     dims = spec.dims
     width = dims["N"] * dims["D"] if "N" in dims and "D" in dims else dims.get("H", 0)
-    return Footprint(weight_bytes=parameter_count(family, spec) * DTYPE_BYTES.get(dtype, 2),
-                     layers=sum(spec.layers.values()) or 1, kv_width=width, kv_dtype_bytes=DTYPE_BYTES.get(dtype, 2),
-                     tp_divides=tuple(dims[d] for d in spec.tp_divisible if d in dims))
+    return Footprint(
+        weight_bytes=parameter_count(family, spec) * DTYPE_BYTES.get(dtype, 2),
+        layers=sum(spec.layers.values()) or 1,
+        kv_width=width,
+        kv_dtype_bytes=DTYPE_BYTES.get(dtype, 2),
+        tp_divides=tuple(dims[d] for d in spec.tp_divisible if d in dims),
+    )
 
 
-def auto_layout(settings: Any, family: Any, hf_config: dict[str, Any], runtime: Any,
-                gpus: Sequence[Any] | None = None) -> tuple[dict[str, int], str]:
+def auto_layout(
+    settings: Any, family: Any, hf_config: dict[str, Any], runtime: Any, gpus: Sequence[Any] | None = None
+) -> tuple[dict[str, int], str]:
     """``--tp auto`` resolved: the settings to change (tp, pp, instances) and why. FasterTransformer
     runtimes plan over this machine's GPUs (``gpus``: :class:`~ftx_triton.runtime.fastertransformer.gpus.Gpu`, default
     the local ones) for the tuning batch (``--tune-batch`` x ``--tune-beam``) of full-context sequences;
@@ -138,8 +148,10 @@ def auto_layout(settings: Any, family: Any, hf_config: dict[str, Any], runtime: 
     if not name.startswith("fastertransformer"):
         return {"tp": 1}, f"--tp auto: tp 1 (the {name or 'chosen'} runtime runs on one device)"
     if settings.launch.hosts:
-        raise ConfigError("--tp auto plans the GPUs of this machine; a --hosts layout needs --tp and --pp",
-                          hint="give --tp (GPUs per machine) and --pp (machines), e.g. --tp 8 --pp 2")
+        raise ConfigError(
+            "--tp auto plans the GPUs of this machine; a --hosts layout needs --tp and --pp",
+            hint="give --tp (GPUs per machine) and --pp (machines), e.g. --tp 8 --pp 2",
+        )
     from ftx_triton.repository.model_config import context_size
     from ftx_triton.runtime.fastertransformer.gpus import local_gpus
 
@@ -148,10 +160,13 @@ def auto_layout(settings: Any, family: Any, hf_config: dict[str, Any], runtime: 
     dtype = settings.configure.data_type or getattr(runtime, "default_data_type", None) or settings.convert.weight_dtype
     seq_len = context_size(hf_config) or 2048
     batch = settings.tune.tune_batch * settings.tune.tune_beam
-    placement = plan_placement(footprint_of(family, family.spec(hf_config), dtype), memory, batch=batch,
-                               seq_len=seq_len, model=settings.model)
-    return ({"tp": placement.tp, "pp": placement.pp, "instances": placement.instances},
-            f"--tp auto: {placement.reason}")
+    placement = plan_placement(
+        footprint_of(family, family.spec(hf_config), dtype), memory, batch=batch, seq_len=seq_len, model=settings.model
+    )
+    return (
+        {"tp": placement.tp, "pp": placement.pp, "instances": placement.instances},
+        f"--tp auto: {placement.reason}",
+    )
 
 
 __all__ = ["Footprint", "Placement", "auto_layout", "footprint_of", "layouts", "need_per_gpu", "plan_placement"]

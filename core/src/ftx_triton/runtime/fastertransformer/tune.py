@@ -16,5 +16,11 @@ GEMM_FILE = "gemm_config.in"
 def gemm_arguments(family: Family, spec: ModelSpec, settings: RunSettings) -> list[str]:
     """The family's GEMM tool arguments for the serving settings (batch, beam, input length, dtype, tp)."""
     t = settings.tune
-    return family.gemm_args(spec, batch=t.tune_batch, beam=t.tune_beam, max_input_len=t.tune_max_input_len,
-                            data_type=settings.data_type, tp=settings.convert.tp)
+    return family.gemm_args(
+        spec,
+        batch=t.tune_batch,
+        beam=t.tune_beam,
+        max_input_len=t.tune_max_input_len,
+        data_type=settings.data_type,
+        tp=settings.convert.tp,
+    )

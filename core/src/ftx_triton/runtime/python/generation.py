@@ -96,13 +96,17 @@ class Sampling:
     def generate_kwargs(self, vocab_size: int) -> dict[str, Any]:
         """Keyword arguments of ``transformers.GenerationConfig``."""
         kwargs: dict[str, Any] = {
-            "do_sample": self.do_sample, "num_beams": self.beam_width, "num_return_sequences": self.beam_width,
-            "eos_token_id": self.end_id, "pad_token_id": self.pad_id(vocab_size),
+            "do_sample": self.do_sample,
+            "num_beams": self.beam_width,
+            "num_return_sequences": self.beam_width,
+            "eos_token_id": self.end_id,
+            "pad_token_id": self.pad_id(vocab_size),
             "repetition_penalty": self.repetition_penalty,
         }
         if self.do_sample:
-            kwargs.update(temperature=self.temperature, top_k=max(0, self.top_k),
-                          top_p=self.top_p if 0 < self.top_p < 1 else 1.0)
+            kwargs.update(
+                temperature=self.temperature, top_k=max(0, self.top_k), top_p=self.top_p if 0 < self.top_p < 1 else 1.0
+            )
         if self.beam_width > 1:
             kwargs.update(length_penalty=self.len_penalty, early_stopping=False)
         if self.bad_words:
@@ -171,7 +175,7 @@ def decode_words(array: np.ndarray | None, batch: int, what: str) -> list[Words]
     if data.ndim != 3 or data.shape[1] != 2 or data.shape[0] not in (1, batch):
         raise RequestError(f"{what} must have shape [batch, 2, W], got {list(np.asarray(array).shape)}")
     out: list[Words] = []
-    for row in (data if data.shape[0] == batch else np.repeat(data, batch, axis=0)):
+    for row in data if data.shape[0] == batch else np.repeat(data, batch, axis=0):
         ids, offsets = row[0].astype(np.int64), row[1].astype(np.int64)
         words: list[tuple[int, ...]] = []
         start = 0
@@ -179,8 +183,9 @@ def decode_words(array: np.ndarray | None, batch: int, what: str) -> list[Words]
             if end < 0:
                 break
             if end < start or end > len(ids):
-                raise RequestError(f"{what}: offsets must be increasing end positions within the ids "
-                                   f"(got {offsets.tolist()})")
+                raise RequestError(
+                    f"{what}: offsets must be increasing end positions within the ids (got {offsets.tolist()})"
+                )
             if end > start:
                 words.append(tuple(int(t) for t in ids[start:end]))
             start = int(end)
@@ -203,8 +208,10 @@ def _per_item(inputs: Mapping[str, np.ndarray], name: str, batch: int) -> np.nda
 
 def _check_ids(name: str, ids: np.ndarray, vocab_size: int) -> None:
     if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
-        raise RequestError(f"{name} holds token id {int(ids.max() if ids.max() >= vocab_size else ids.min())}, "
-                           f"outside the vocabulary (0..{vocab_size - 1})")
+        raise RequestError(
+            f"{name} holds token id {int(ids.max() if ids.max() >= vocab_size else ids.min())}, "
+            f"outside the vocabulary (0..{vocab_size - 1})"
+        )
 
 
 def parse_request(inputs: Mapping[str, np.ndarray], limits: ModelLimits, kind: str = DECODER) -> ParsedRequest:
@@ -254,8 +261,10 @@ def parse_request(inputs: Mapping[str, np.ndarray], limits: ModelLimits, kind: s
         total = lengths + out_lens
         if (total > limits.max_positions).any():
             i = int(np.argmax(total))
-            raise RequestError(f"prompt ({int(lengths[i])}) + {out_name} ({int(out_lens[i])}) = {int(total[i])} "
-                               f"tokens exceeds the model's {limits.max_positions} positions")
+            raise RequestError(
+                f"prompt ({int(lengths[i])}) + {out_name} ({int(out_lens[i])}) = {int(total[i])} "
+                f"tokens exceeds the model's {limits.max_positions} positions"
+            )
 
     def scalar(name: str, default: float, cast: type) -> np.ndarray:
         values = _per_item(inputs, name, batch)
@@ -279,8 +288,9 @@ def parse_request(inputs: Mapping[str, np.ndarray], limits: ModelLimits, kind: s
     for name in ("beam_search_diversity_rate", "top_p_decay", "top_p_min"):
         scalar(name, 0.0, float)  # finite, though transformers has no use for them
     seed_values = _per_item(inputs, "random_seed", batch)
-    if seed_values is not None and (seed_values.dtype.kind not in "iub" or (
-            seed_values.dtype.kind == "i" and (seed_values < 0).any())):
+    if seed_values is not None and (
+        seed_values.dtype.kind not in "iub" or (seed_values.dtype.kind == "i" and (seed_values < 0).any())
+    ):
         raise RequestError("random_seed must be an unsigned integer")
     seeds = [0] * batch if seed_values is None else [int(v) for v in seed_values.astype(np.uint64)]
     end_ids = scalar("end_id", limits.end_id, int)
@@ -294,7 +304,9 @@ def parse_request(inputs: Mapping[str, np.ndarray], limits: ModelLimits, kind: s
     if not 1 <= beam <= limits.max_beam_width:
         raise RequestError(f"beam_width must be between 1 and {limits.max_beam_width} (got {beam})")
     if ((top_p < 0) | (top_p > 1)).any():
-        raise RequestError(f"runtime_top_p must be within [0, 1] (got {float(top_p.max() if top_p.max() > 1 else top_p.min())})")
+        raise RequestError(
+            f"runtime_top_p must be within [0, 1] (got {float(top_p.max() if top_p.max() > 1 else top_p.min())})"
+        )
     if ((top_k < 0) | (top_k > limits.vocab_size)).any():
         raise RequestError(f"runtime_top_k must be at most the vocabulary size {limits.vocab_size}")
     if (temperature < 0).any():
@@ -303,8 +315,10 @@ def parse_request(inputs: Mapping[str, np.ndarray], limits: ModelLimits, kind: s
     if ((repetition < low) | (repetition > high)).any():
         raise RequestError(f"repetition_penalty must be between {low:g} and {high:g} (1.0 = off)")
     if (np.abs(len_penalty) > LEN_PENALTY_LIMIT).any():
-        raise RequestError(f"len_penalty must be between {-LEN_PENALTY_LIMIT:g} and {LEN_PENALTY_LIMIT:g} "
-                           f"(0 = off; got {float(len_penalty[np.argmax(np.abs(len_penalty))]):g})")
+        raise RequestError(
+            f"len_penalty must be between {-LEN_PENALTY_LIMIT:g} and {LEN_PENALTY_LIMIT:g} "
+            f"(0 = off; got {float(len_penalty[np.argmax(np.abs(len_penalty))]):g})"
+        )
     # FT reads start_id only to start a T5 decoder; a decoder model's request may carry any (GPT-2's 50256).
     if kind == ENCODER_DECODER and ((start_ids < 0) | (start_ids >= limits.vocab_size)).any():
         raise RequestError(f"start_id must be a token id below {limits.vocab_size}")
@@ -313,8 +327,9 @@ def parse_request(inputs: Mapping[str, np.ndarray], limits: ModelLimits, kind: s
     _refuse_prompt_embeddings(inputs)
     _check_ids("input_ids", np.concatenate([ids[i, : lengths[i]] for i in range(batch)]), limits.vocab_size)
     # transformers indexes logits with bad word ids; stop words are only compared, any id is fine.
-    _check_ids("bad_words_list", np.array([t for words in bad for word in words for t in word], np.int64),
-               limits.vocab_size)
+    _check_ids(
+        "bad_words_list", np.array([t for words in bad for word in words for t in word], np.int64), limits.vocab_size
+    )
 
     _note_ignored(inputs)
     if kind == ENCODER_DECODER:  # a T5 prompt is its tokens plus </s>: only </s> means an empty text
@@ -325,10 +340,17 @@ def parse_request(inputs: Mapping[str, np.ndarray], limits: ModelLimits, kind: s
     items = []
     for i in range(batch):
         sampling = Sampling(
-            end_id=int(end_ids[i]), start_id=int(start_ids[i]), top_k=int(top_k[i]), top_p=float(top_p[i]),
-            temperature=float(temperature[i]), repetition_penalty=float(repetition[i]),
-            len_penalty=float(len_penalty[i]), beam_width=beam, random_seed=seeds[i],
-            bad_words=bad[i], log_probs=want_log_probs,
+            end_id=int(end_ids[i]),
+            start_id=int(start_ids[i]),
+            top_k=int(top_k[i]),
+            top_p=float(top_p[i]),
+            temperature=float(temperature[i]),
+            repetition_penalty=float(repetition[i]),
+            len_penalty=float(len_penalty[i]),
+            beam_width=beam,
+            random_seed=seeds[i],
+            bad_words=bad[i],
+            log_probs=want_log_probs,
         )
         if not sampling.do_sample:  # settings greedy and beam search ignore: let such items batch together
             sampling = replace(sampling, top_k=0, top_p=0.0, temperature=1.0, random_seed=0)
@@ -336,8 +358,14 @@ def parse_request(inputs: Mapping[str, np.ndarray], limits: ModelLimits, kind: s
     return ParsedRequest(items, width, kind)
 
 
-IGNORED_INPUTS = {"beam_search_diversity_rate": 0.0, "top_p_decay": 1.0, "top_p_min": 0.0, "top_p_reset_ids": None,
-                  "prompt_learning_task_name_ids": None, "ia3_tasks": None}
+IGNORED_INPUTS = {
+    "beam_search_diversity_rate": 0.0,
+    "top_p_decay": 1.0,
+    "top_p_min": 0.0,
+    "top_p_reset_ids": None,
+    "prompt_learning_task_name_ids": None,
+    "ia3_tasks": None,
+}
 """FT inputs without a transformers counterpart, and the value that makes them a no-op (None: any;
 ftx writes no prompt tables or IA3 adapters, so no task id changes FasterTransformer's output)."""
 _warned: set[str] = set()
@@ -349,9 +377,12 @@ def _refuse_prompt_embeddings(inputs: Mapping[str, np.ndarray]) -> None:
     lengths = inputs.get("request_prompt_lengths")
     embedding = inputs.get("request_prompt_embedding")
     if (lengths is not None and np.asarray(lengths).astype(np.int64).any()) or (
-            embedding is not None and np.asarray(embedding).size):
-        raise RequestError("request_prompt_embedding / request_prompt_lengths (p-tuning prompts) are not supported "
-                           "by the python runtime; send the request without them")
+        embedding is not None and np.asarray(embedding).size
+    ):
+        raise RequestError(
+            "request_prompt_embedding / request_prompt_lengths (p-tuning prompts) are not supported "
+            "by the python runtime; send the request without them"
+        )
 
 
 def _note_ignored(inputs: Mapping[str, np.ndarray]) -> None:
@@ -361,8 +392,11 @@ def _note_ignored(inputs: Mapping[str, np.ndarray]) -> None:
             continue
         if not np.allclose(np.asarray(value, np.float64), neutral):
             _warned.add(name)
-            log.warning("runtime.input_ignored", input=name,
-                        reason="the python runtime (transformers) has no equivalent; FasterTransformer would use it")
+            log.warning(
+                "runtime.input_ignored",
+                input=name,
+                reason="the python runtime (transformers) has no equivalent; FasterTransformer would use it",
+            )
 
 
 # --------------------------------------------------------------------------- finishing rules
@@ -371,7 +405,7 @@ def _note_ignored(inputs: Mapping[str, np.ndarray]) -> None:
 def ends_with_word(sequence: Sequence[int], words: Words) -> bool:
     """Whether ``sequence`` ends with one of ``words``."""
     n = len(sequence)
-    return any(len(w) <= n and tuple(sequence[n - len(w):]) == w for w in words)
+    return any(len(w) <= n and tuple(sequence[n - len(w) :]) == w for w in words)
 
 
 def finished_length(prompt: Sequence[int] | np.ndarray, generated: Sequence[int] | np.ndarray, item: Item) -> int:
@@ -444,7 +478,7 @@ class _BeamWatcher:
         import torch
 
         group = input_ids.shape[0] // len(self.items)
-        ranked = input_ids.reshape(len(self.items), group, -1)[:, : self.beam, self.start:].cpu().numpy()
+        ranked = input_ids.reshape(len(self.items), group, -1)[:, : self.beam, self.start :].cpu().numpy()
         self.sink.on_beams([(index, ranked[n].astype(np.int64)) for n, index in enumerate(self.indices)])
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
@@ -512,19 +546,32 @@ class Generator:
     groups_run: int = field(default=0, init=False)
 
     @classmethod
-    def for_model(cls, model: Any, *, end_id: int, start_id: int, device: Any = None,
-                  max_positions: int | None = None) -> Generator:
+    def for_model(
+        cls, model: Any, *, end_id: int, start_id: int, device: Any = None, max_positions: int | None = None
+    ) -> Generator:
         """A generator for ``model``; ``max_positions`` (the source checkpoint's context size) wins
         over the rebuilt config's, which may hold transformers' default."""
         from ftx_triton.envvars import env_int
 
         config = model.config
         kind = ENCODER_DECODER if getattr(config, "is_encoder_decoder", False) else DECODER
-        positions = None if kind == ENCODER_DECODER else (
-            max_positions or getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None))
+        positions = (
+            None
+            if kind == ENCODER_DECODER
+            else (
+                max_positions
+                or getattr(config, "n_positions", None)
+                or getattr(config, "max_position_embeddings", None)
+            )
+        )
         budget = env_int(BATCH_TOKENS_ENV, MAX_BATCH_TOKENS, 1, 1 << 31)
-        limits = ModelLimits(vocab_size=int(config.vocab_size), end_id=end_id, start_id=start_id,
-                             max_positions=int(positions) if positions else None, max_batch_tokens=budget)
+        limits = ModelLimits(
+            vocab_size=int(config.vocab_size),
+            end_id=end_id,
+            start_id=start_id,
+            max_positions=int(positions) if positions else None,
+            max_batch_tokens=budget,
+        )
         return cls(model, kind, device or next(model.parameters()).device, limits)
 
     def parse(self, inputs: Mapping[str, np.ndarray]) -> ParsedRequest:
@@ -558,8 +605,9 @@ class Generator:
             longest_prompt, longest_out = prompt, out
         return [*chunks, current] if current else chunks
 
-    def _run_group(self, sampling: Sampling, items: Sequence[Item], indices: Sequence[int],
-                   sink: StepSink | None) -> list[ItemResult]:
+    def _run_group(
+        self, sampling: Sampling, items: Sequence[Item], indices: Sequence[int], sink: StepSink | None
+    ) -> list[ItemResult]:
         import torch
         from transformers import GenerationConfig, StoppingCriteriaList
 
@@ -568,15 +616,21 @@ class Generator:
         assert self.limits is not None
         vocab = self.limits.vocab_size
         pad = 0 if self.kind == ENCODER_DECODER else sampling.pad_id(vocab)
-        input_ids, attention = pad_prompts([item.prompt for item in items], pad,
-                                           left=self.kind == DECODER, device=self.device)
+        input_ids, attention = pad_prompts(
+            [item.prompt for item in items], pad, left=self.kind == DECODER, device=self.device
+        )
         kwargs = sampling.generate_kwargs(vocab)
         if self.kind == ENCODER_DECODER:
             kwargs["decoder_start_token_id"] = sampling.start_id
         want_scores = sampling.log_probs
-        config = GenerationConfig(max_new_tokens=max_new, min_new_tokens=0, return_dict_in_generate=True,
-                                  output_scores=want_scores and beam > 1, output_logits=want_scores and beam == 1,
-                                  **kwargs)
+        config = GenerationConfig(
+            max_new_tokens=max_new,
+            min_new_tokens=0,
+            return_dict_in_generate=True,
+            output_scores=want_scores and beam > 1,
+            output_logits=want_scores and beam == 1,
+            **kwargs,
+        )
         start = input_ids.shape[1] if self.kind == DECODER else 1  # drop the prompt / decoder start token
         criteria: list[Any] = []
         if any(item.stop_words for item in items):
@@ -593,9 +647,13 @@ class Generator:
             torch.cuda.manual_seed_all(sampling.random_seed)
         try:
             with torch.inference_mode():
-                out = self.model.generate(input_ids=input_ids, attention_mask=attention, generation_config=config,
-                                          stopping_criteria=StoppingCriteriaList(criteria) if criteria else None,
-                                          streamer=streamer)
+                out = self.model.generate(
+                    input_ids=input_ids,
+                    attention_mask=attention,
+                    generation_config=config,
+                    stopping_criteria=StoppingCriteriaList(criteria) if criteria else None,
+                    streamer=streamer,
+                )
         finally:
             if hook is not None:
                 hook.remove()
@@ -605,7 +663,7 @@ class Generator:
         log_probs = self._log_probs(out, sequences, beam) if want_scores else None
         results = []
         for n, item in enumerate(items):
-            rows = generated[n * beam:(n + 1) * beam]
+            rows = generated[n * beam : (n + 1) * beam]
             tokens = np.full((beam, item.output_len), sampling.end_id, np.int64)
             lengths = np.zeros(beam, np.int64)
             probs = np.zeros((beam, item.output_len), np.float32) if log_probs is not None else None
@@ -622,11 +680,12 @@ class Generator:
         import torch
 
         if beam > 1:
-            scores = self.model.compute_transition_scores(sequences, out.scores, out.beam_indices,
-                                                          normalize_logits=False)
+            scores = self.model.compute_transition_scores(
+                sequences, out.scores, out.beam_indices, normalize_logits=False
+            )
         else:
             steps = torch.stack(out.logits, dim=1).float().log_softmax(-1)  # [rows, steps, V]
-            chosen = sequences[:, -steps.shape[1]:]
+            chosen = sequences[:, -steps.shape[1] :]
             scores = steps.gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
         return scores.float().cpu().numpy()
 
@@ -657,8 +716,9 @@ def pad_prompts(prompts: Sequence[np.ndarray], pad: int, *, left: bool, device: 
 # --------------------------------------------------------------------------- outputs
 
 
-def build_outputs(request: ParsedRequest, results: Sequence[ItemResult], *,
-                  generated_so_far: int | None = None) -> dict[str, np.ndarray]:
+def build_outputs(
+    request: ParsedRequest, results: Sequence[ItemResult], *, generated_so_far: int | None = None
+) -> dict[str, np.ndarray]:
     """The FT output tensors of one request (int64/float32; the Triton layer casts to the config dtypes).
 
     ``generated_so_far`` (streaming) sizes the generated part to the tokens produced until now
@@ -678,7 +738,7 @@ def build_outputs(request: ParsedRequest, results: Sequence[ItemResult], *,
             for k in range(beam):
                 n = int(min(result.lengths[k], width))
                 out[b, k, :prompt_len] = item.prompt
-                out[b, k, prompt_len:prompt_len + n] = result.tokens[k, :n]
+                out[b, k, prompt_len : prompt_len + n] = result.tokens[k, :n]
                 seq[b, k] = prompt_len + n
     else:
         out = np.zeros((len(items), beam, width), np.int64)
@@ -696,8 +756,12 @@ def build_outputs(request: ParsedRequest, results: Sequence[ItemResult], *,
             n = min(width, result.log_probs.shape[1])
             log_probs[b, :, :n] = result.log_probs[:, :n]
             cum[b] = result.cum_log_probs
-    outputs: dict[str, np.ndarray] = {"output_ids": out, "sequence_length": seq, "cum_log_probs": cum,
-                                      "output_log_probs": log_probs}
+    outputs: dict[str, np.ndarray] = {
+        "output_ids": out,
+        "sequence_length": seq,
+        "cum_log_probs": cum,
+        "output_log_probs": log_probs,
+    }
     if request.kind == DECODER:  # the prompt lengths, as FasterTransformer's GPT model answers them
         outputs["response_input_lengths"] = np.array([[len(item.prompt)] for item in items], np.int64)
     return outputs

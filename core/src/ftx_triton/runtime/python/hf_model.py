@@ -53,8 +53,10 @@ def resolve_device(requested: str = "auto") -> Any:
     if requested == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if requested.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError("--device cuda was asked for but torch sees no CUDA device",
-                          hint="use --device cpu, or install a CUDA build of torch")
+        raise ConfigError(
+            "--device cuda was asked for but torch sees no CUDA device",
+            hint="use --device cpu, or install a CUDA build of torch",
+        )
     return torch.device(requested)
 
 
@@ -74,7 +76,9 @@ def torch_dtype(data_type: str | None, device: Any) -> Any:
 POSITION_ATTRIBUTES = ("n_positions", "max_position_embeddings")
 
 
-def hf_config_for(family: Family, ft_dir: Path, max_positions: int | None = None) -> tuple[Any, dict[str, dict[str, str]]]:
+def hf_config_for(
+    family: Family, ft_dir: Path, max_positions: int | None = None
+) -> tuple[Any, dict[str, dict[str, str]]]:
     """The transformers config rebuilt from ``<ft_dir>/config.ini``, and the parsed ini.
 
     FasterTransformer's config.ini has no context size for rotary models, so the rebuilt config
@@ -102,13 +106,21 @@ def _model_class(family: Family, config: Any) -> Any:
     name = family.hf_model_class or next(iter(getattr(config, "architectures", None) or ()), "")
     cls = getattr(transformers, name, None) if name else None
     if cls is None:
-        raise ConfigError(f"family {family.name} names no transformers model class ({name!r})",
-                          hint="set hf_model_class on the family (e.g. 'GPTJForCausalLM')")
+        raise ConfigError(
+            f"family {family.name} names no transformers model class ({name!r})",
+            hint="set hf_model_class on the family (e.g. 'GPTJForCausalLM')",
+        )
     return cls
 
 
-def load_model(family: Family, ft_dir: Path, *, device: str = "auto", data_type: str | None = None,
-               max_positions: int | None = None) -> LoadedModel:
+def load_model(
+    family: Family,
+    ft_dir: Path,
+    *,
+    device: str = "auto",
+    data_type: str | None = None,
+    max_positions: int | None = None,
+) -> LoadedModel:
     """Build ``family``'s transformers model from the FT files in ``ft_dir`` (a ``<tp>-gpu`` dir);
     ``max_positions``: the source checkpoint's context size (see :func:`hf_config_for`)."""
     import torch
@@ -143,13 +155,15 @@ def load_model(family: Family, ft_dir: Path, *, device: str = "auto", data_type:
         for original, array in invert_checkpoint(family, ft_dir):
             name = rename(original)
             if name not in state:
-                raise CheckpointError(f"{ft_dir}: the {family.name} table yields {name!r}, "
-                                      f"which {cls.__name__} does not have")
+                raise CheckpointError(
+                    f"{ft_dir}: the {family.name} table yields {name!r}, which {cls.__name__} does not have"
+                )
             param = state[name]
             if tuple(param.shape) != tuple(array.shape):
-                raise CheckpointError(f"{ft_dir}: {name} has shape {tuple(array.shape)}, "
-                                      f"{cls.__name__} expects {tuple(param.shape)}",
-                                      hint="the config.ini does not match the .bin files; re-run the conversion")
+                raise CheckpointError(
+                    f"{ft_dir}: {name} has shape {tuple(array.shape)}, {cls.__name__} expects {tuple(param.shape)}",
+                    hint="the config.ini does not match the .bin files; re-run the conversion",
+                )
             param.copy_(torch.from_numpy(array))
             loaded.add(name)
     head = model.get_output_embeddings()
@@ -161,9 +175,16 @@ def load_model(family: Family, ft_dir: Path, *, device: str = "auto", data_type:
     _check_complete(model, state, loaded, ft_dir)
     model.to(target)
     seconds = time.perf_counter() - started
-    log.info("runtime.model_loaded", family=family.name, path=str(ft_dir), device=str(target),
-             dtype=str(dtype).replace("torch.", ""), tensors=len(loaded), seconds=round(seconds, 2),
-             attention=getattr(config, "_attn_implementation", None))
+    log.info(
+        "runtime.model_loaded",
+        family=family.name,
+        path=str(ft_dir),
+        device=str(target),
+        dtype=str(dtype).replace("torch.", ""),
+        tensors=len(loaded),
+        seconds=round(seconds, 2),
+        attention=getattr(config, "_attn_implementation", None),
+    )
     return LoadedModel(model, config, target, dtype, ini, seconds)
 
 
@@ -212,9 +233,14 @@ def _check_complete(model: Any, state: dict[str, Any], loaded: set[str], ft_dir:
     """Every parameter must come from the files, or be tied to one that did."""
     buffers = {name for name, _ in model.named_buffers()}
     loaded_ptrs = {state[name].data_ptr() for name in loaded}
-    missing = [name for name, tensor in state.items()
-               if name not in loaded and name not in buffers and tensor.data_ptr() not in loaded_ptrs]
+    missing = [
+        name
+        for name, tensor in state.items()
+        if name not in loaded and name not in buffers and tensor.data_ptr() not in loaded_ptrs
+    ]
     if missing:
         shown = ", ".join(missing[:5]) + (" …" if len(missing) > 5 else "")
-        raise CheckpointError(f"{ft_dir} does not provide {len(missing)} weight(s) of the model: {shown}",
-                              hint="the family table cannot rebuild these tensors; re-convert or fix the table")
+        raise CheckpointError(
+            f"{ft_dir} does not provide {len(missing)} weight(s) of the model: {shown}",
+            hint="the family table cannot rebuild these tensors; re-convert or fix the table",
+        )

@@ -37,12 +37,16 @@ class PythonRuntime(Runtime):
 
     def describe(self, plan: DryRunPlan) -> list[str]:
         s = plan.settings
-        lines = ["tune      skipped: the python runtime does not use gemm_config.in",
-                 f"configure Triton repository -> {plan.repository_dir} (fastertransformer model on the python "
-                 "backend, preprocessing, postprocessing, ensemble)"]
+        lines = [
+            "tune      skipped: the python runtime does not use gemm_config.in",
+            f"configure Triton repository -> {plan.repository_dir} (fastertransformer model on the python "
+            "backend, preprocessing, postprocessing, ensemble)",
+        ]
         if s.until == "serve":
-            lines.append(f"serve     tritonserver (nvidia-pytriton) on {s.serve.host}, ports "
-                         f"{s.serve.http_port or 'free'}/{s.serve.grpc_port or 'free'}")
+            lines.append(
+                f"serve     tritonserver (nvidia-pytriton) on {s.serve.host}, ports "
+                f"{s.serve.http_port or 'free'}/{s.serve.grpc_port or 'free'}"
+            )
         return lines
 
     def write_ft_model(self, model_dir: Path, options: FtModelOptions, family: Family) -> str:

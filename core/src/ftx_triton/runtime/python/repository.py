@@ -81,13 +81,17 @@ def write_python_ft_model(model_dir: Path, opts: FtModelOptions, family: Family)
     """Write ``<model_dir>/config.pbtxt`` and ``<model_dir>/1/model.py`` (model_dir is ``…/fastertransformer``)."""
     model_dir = Path(model_dir)
     if model_dir.name != FT_MODEL_NAME:
-        raise ConfigError(f"the python runtime's model must live in a directory named {FT_MODEL_NAME!r}, "
-                          f"not {model_dir.name!r}", hint="the ensemble refers to it by that name")
+        raise ConfigError(
+            f"the python runtime's model must live in a directory named {FT_MODEL_NAME!r}, not {model_dir.name!r}",
+            hint="the ensemble refers to it by that name",
+        )
     if family.triton_io != opts.io_kind:
         raise ConfigError(f"family {family.name} has I/O kind {family.triton_io!r}, options say {opts.io_kind!r}")
     if not family.hf_model_class:
-        raise ConfigError(f"family {family.name} declares no transformers model class, so the python "
-                          f"runtime cannot serve it", hint="set hf_model_class on the family")
+        raise ConfigError(
+            f"family {family.name} declares no transformers model class, so the python runtime cannot serve it",
+            hint="set hf_model_class on the family",
+        )
     write_config(build_python_ft_model_config(opts, family), model_dir)
     (model_dir / "1" / "model.py").write_text(MODEL_PY.format(roots=import_roots(family)))
     return "python"

@@ -44,14 +44,28 @@ def serve_python(repository: ModelRepository, ctx: StageContext) -> Endpoint:
             console_say(text)
 
     ports, given = ports_for(s.host, s.http_port, s.grpc_port, s.metrics_port, say)
-    server = TritonServer(path, home=ctx.home, host=s.host, ports=ports, ports_given=given,
-                          name=s.name or server_name(ctx.settings.model), number_if_taken=s.name is None,
-                          env={DEVICE_ENV: s.device},
-                          ready_timeout_s=READY_TIMEOUT_S, die_with_parent=not s.detach)
+    server = TritonServer(
+        path,
+        home=ctx.home,
+        host=s.host,
+        ports=ports,
+        ports_given=given,
+        name=s.name or server_name(ctx.settings.model),
+        number_if_taken=s.name is None,
+        env={DEVICE_ENV: s.device},
+        ready_timeout_s=READY_TIMEOUT_S,
+        die_with_parent=not s.detach,
+    )
     server.start(progress=say)
     seconds = check_generates(server, path, f"the {FT_MODEL_NAME} model")
-    log.info("serve.ready", runtime="python", http=server.http_url, grpc=server.grpc_url,
-             smoke_s=round(seconds, 3), device=s.device)
+    log.info(
+        "serve.ready",
+        runtime="python",
+        http=server.http_url,
+        grpc=server.grpc_url,
+        smoke_s=round(seconds, 3),
+        device=s.device,
+    )
     models = tuple(repository.models) or ()
     model = TEXT_MODEL_NAME if TEXT_MODEL_NAME in models or (path / TEXT_MODEL_NAME).is_dir() else FT_MODEL_NAME
     return Endpoint(http_url=server.http_url, grpc_url=server.grpc_url, model=model, handle=server)

@@ -41,8 +41,14 @@ from ftx_triton.runtime.python.generation import (
 DEVICE_ENV = "FTX_DEVICE"
 FAMILY_PARAMETER = "ftx_family"
 POSITIONS_PARAMETER = "max_positions"
-_NUMPY_TYPES = {"TYPE_UINT32": np.uint32, "TYPE_INT32": np.int32, "TYPE_FP32": np.float32,
-                "TYPE_UINT64": np.uint64, "TYPE_INT64": np.int64, "TYPE_BOOL": np.bool_}
+_NUMPY_TYPES = {
+    "TYPE_UINT32": np.uint32,
+    "TYPE_INT32": np.int32,
+    "TYPE_FP32": np.float32,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_INT64": np.int64,
+    "TYPE_BOOL": np.bool_,
+}
 INVALID = "invalid"
 INTERNAL = "internal"
 
@@ -81,15 +87,27 @@ class _Pending:
     @classmethod
     def of(cls, index: int, request: ParsedRequest, first_item: int) -> _Pending:
         n = len(request.items)
-        return cls(index, request, first_item, [[] for _ in range(n)], [[] for _ in range(n)], [False] * n,
-                   [len(item.prompt) if request.kind == "decoder" else 0 for item in request.items])
+        return cls(
+            index,
+            request,
+            first_item,
+            [[] for _ in range(n)],
+            [[] for _ in range(n)],
+            [False] * n,
+            [len(item.prompt) if request.kind == "decoder" else 0 for item in request.items],
+        )
 
 
 class _Stream(StepSink):
     """Turns decoding steps into one streamed reply per request and step."""
 
-    def __init__(self, model: FtModel, pending: Sequence[_Pending], send: Callable[[int, Reply], None],
-                 wanted: Sequence[Sequence[str] | None] | None) -> None:
+    def __init__(
+        self,
+        model: FtModel,
+        pending: Sequence[_Pending],
+        send: Callable[[int, Reply], None],
+        wanted: Sequence[Sequence[str] | None] | None,
+    ) -> None:
         self.model, self.send, self.wanted = model, send, wanted
         self.owners: dict[int, tuple[_Pending, int]] = {}
         for p in pending:
@@ -103,8 +121,7 @@ class _Stream(StepSink):
         p.sent = [int(n) for n in outputs["sequence_length"].max(axis=1)]
         p.responses += 1
         p.done = final
-        self.send(p.index, Reply(self.model.cast(outputs, self.wanted[p.index] if self.wanted else None),
-                                 final=final))
+        self.send(p.index, Reply(self.model.cast(outputs, self.wanted[p.index] if self.wanted else None), final=final))
 
     def on_tokens(self, events: list[TokenEvent]) -> None:
         touched: dict[int, _Pending] = {}
@@ -116,8 +133,10 @@ class _Stream(StepSink):
             p.finished[k] = event.finished
             touched[p.index] = p
         for p in touched.values():
-            results = [partial_result(item, gen, probs if item.sampling.log_probs else None)
-                       for item, gen, probs in zip(p.request.items, p.generated, p.log_probs, strict=True)]
+            results = [
+                partial_result(item, gen, probs if item.sampling.log_probs else None)
+                for item, gen, probs in zip(p.request.items, p.generated, p.log_probs, strict=True)
+            ]
             self.reply(p, results, steps=max(len(g) for g in p.generated), final=all(p.finished))
 
     def on_beams(self, rows: list[tuple[int, np.ndarray]]) -> None:
@@ -153,11 +172,17 @@ class FtModel:
             raise ValueError(f"config.pbtxt of {config.get('name')} lacks model_checkpoint_path or {FAMILY_PARAMETER}")
         positions = int(params[POSITIONS_PARAMETER]) if params.get(POSITIONS_PARAMETER, "").isdigit() else None
         family = load_host().family(family_name)
-        loaded = load_model(family, Path(path), device=device or os.environ.get(DEVICE_ENV) or "auto",
-                            data_type=params.get("data_type"), max_positions=positions)
+        loaded = load_model(
+            family,
+            Path(path),
+            device=device or os.environ.get(DEVICE_ENV) or "auto",
+            data_type=params.get("data_type"),
+            max_positions=positions,
+        )
         spec = family.spec_from_ini(loaded.ini)
-        generator = Generator.for_model(loaded.model, end_id=spec.end_id, start_id=spec.start_id,
-                                        device=loaded.device, max_positions=positions)
+        generator = Generator.for_model(
+            loaded.model, end_id=spec.end_id, start_id=spec.start_id, device=loaded.device, max_positions=positions
+        )
         dtypes = {out["name"]: _NUMPY_TYPES.get(out["data_type"], np.float32) for out in config.get("output", ())}
         return cls(generator, dtypes)
 
@@ -192,7 +217,7 @@ class FtModel:
             failure = f"generation failed: {type(exc).__name__}: {exc}"
             traceback.print_exc()
         else:
-            return {p.index: results[p.first_item:p.first_item + len(p.request.items)] for p in pending}
+            return {p.index: results[p.first_item : p.first_item + len(p.request.items)] for p in pending}
         if len(pending) == 1:
             return {pending[0].index: Reply(error=failure)}
         log.warning("runtime.batch_failed", requests=len(pending), error=failure, action="retrying each request alone")
@@ -205,8 +230,9 @@ class FtModel:
             out[p.index] = self._generate([alone], _Rebased(sink, p, alone) if sink is not None else None)[p.index]
         return out
 
-    def infer(self, batch: Sequence[Mapping[str, np.ndarray]],
-              wanted: Sequence[Sequence[str] | None] | None = None) -> list[Reply]:
+    def infer(
+        self, batch: Sequence[Mapping[str, np.ndarray]], wanted: Sequence[Sequence[str] | None] | None = None
+    ) -> list[Reply]:
         """One reply per request; a bad request gets an error and does not affect the others."""
         pending, replies = self._parse_all(batch)
         if pending:
@@ -218,8 +244,12 @@ class FtModel:
                 replies[index] = Reply(self.cast(build_outputs(p.request, answer), wanted[index] if wanted else None))
         return [replies[i] for i in range(len(batch))]
 
-    def stream(self, batch: Sequence[Mapping[str, np.ndarray]], send: Callable[[int, Reply], None],
-               wanted: Sequence[Sequence[str] | None] | None = None) -> None:
+    def stream(
+        self,
+        batch: Sequence[Mapping[str, np.ndarray]],
+        send: Callable[[int, Reply], None],
+        wanted: Sequence[Sequence[str] | None] | None = None,
+    ) -> None:
         """Decoupled mode: ``send(request index, reply)`` once per decoding step, the last one final.
 
         Every reply holds the whole sequence so far, as FasterTransformer's do, and the stream

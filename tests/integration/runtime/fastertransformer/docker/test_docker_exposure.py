@@ -21,10 +21,16 @@ from ftx_triton.runtime.fastertransformer.docker.serve import plan_serve
 from ftx_triton.server.ports import ServerPorts
 
 
-@pytest.mark.parametrize(("image", "version"), [
-    ("nvcr.io/nvidia/tritonserver:23.05-py3", (23, 5)), ("ftx-fastertransformer:24.01", (24, 1)),
-    ("registry:5000/team/ft:latest", None), ("ft", None), ("ft:123.456", None),
-])
+@pytest.mark.parametrize(
+    ("image", "version"),
+    [
+        ("nvcr.io/nvidia/tritonserver:23.05-py3", (23, 5)),
+        ("ftx-fastertransformer:24.01", (24, 1)),
+        ("registry:5000/team/ft:latest", None),
+        ("ft", None),
+        ("ft:123.456", None),
+    ],
+)
 def test_the_triton_release_is_read_from_the_image_tag(image: str, version: tuple[int, int] | None) -> None:
     assert triton_version_of(image) == version
 
@@ -50,19 +56,30 @@ def test_a_wider_address_restricts_the_admin_apis_where_triton_can() -> None:
 def _repository(root: Path) -> Path:
     repo, ckpt = root / "repo", root / "convert" / "1-gpu"
     ckpt.mkdir(parents=True)
-    write_config(build_ft_model_config(FtModelOptions(model_type="GPT-J", io_kind="decoder", checkpoint_path=ckpt, tp=1)),
-                 repo / "fastertransformer")
+    write_config(
+        build_ft_model_config(FtModelOptions(model_type="GPT-J", io_kind="decoder", checkpoint_path=ckpt, tp=1)),
+        repo / "fastertransformer",
+    )
     return repo
 
 
-@pytest.mark.parametrize(("image", "metrics"), [("ftx-fastertransformer:23.05", False),
-                                                ("ftx-fastertransformer:24.05", True)])
-def test_the_serve_container_listens_on_loopback_by_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                            image: str, metrics: bool) -> None:
+@pytest.mark.parametrize(
+    ("image", "metrics"), [("ftx-fastertransformer:23.05", False), ("ftx-fastertransformer:24.05", True)]
+)
+def test_the_serve_container_listens_on_loopback_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, image: str, metrics: bool
+) -> None:
     monkeypatch.setenv("FTX_HOME", str(tmp_path / "home"))
     repo = _repository(tmp_path)
-    plan = plan_serve(repository=repo, checkpoints=[tmp_path / "convert" / "1-gpu"], settings=RunSettings.of("m"),
-                      family="gptj", options=DockerOptions(image=image), gemm=None, ports=ServerPorts(1, 2, 3))
+    plan = plan_serve(
+        repository=repo,
+        checkpoints=[tmp_path / "convert" / "1-gpu"],
+        settings=RunSettings.of("m"),
+        family="gptj",
+        options=DockerOptions(image=image),
+        gemm=None,
+        ports=ServerPorts(1, 2, 3),
+    )
     command = plan.spec.command
     assert "--http-address=127.0.0.1" in command and "--grpc-address=127.0.0.1" in command
     assert ("--metrics-address=127.0.0.1" in command) is metrics
@@ -78,15 +95,26 @@ def _serve_sh(tmp_path: Path, version: str, env: dict[str, str]) -> subprocess.C
     (bin_dir / "mpirun").write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
     (bin_dir / "mpirun").chmod(0o755)
     text = SERVE_SH.format(
-        models_dir="/models", work_dir=str(tmp_path), tritonserver="tritonserver", devices="0", gpus=1,
+        models_dir="/models",
+        work_dir=str(tmp_path),
+        tritonserver="tritonserver",
+        devices="0",
+        gpus=1,
         metrics_address='--metrics-address="$address" ' if version >= "23.06" else "",
-        restricted_api="yes" if version >= "24.01" else "", admin_apis=package.ADMIN_APIS,
-        admin_header=ADMIN_KEY_HEADER)
+        restricted_api="yes" if version >= "24.01" else "",
+        admin_apis=package.ADMIN_APIS,
+        admin_header=ADMIN_KEY_HEADER,
+    )
     script = tmp_path / "serve.sh"
     script.write_text(text)
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FTX_")}
-    return subprocess.run(["/bin/sh", str(script)], env={**clean, "PATH": f"{bin_dir}:{clean['PATH']}", **env},
-                          capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        ["/bin/sh", str(script)],
+        env={**clean, "PATH": f"{bin_dir}:{clean['PATH']}", **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 def test_the_packaged_entrypoint_binds_loopback_unless_asked(tmp_path: Path) -> None:

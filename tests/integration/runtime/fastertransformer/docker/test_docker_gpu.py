@@ -18,8 +18,10 @@ from ftx_triton.runtime.fastertransformer.docker.spec import ContainerSpec
 docker_client = docker_daemon.docker_client  # a session fixture (shared daemon and images; see docker_daemon)
 standin_image = docker_daemon.standin_image  # a session fixture (shared daemon and images; see docker_daemon)
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="needs an NVIDIA GPU (no nvidia-smi)")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="needs an NVIDIA GPU (no nvidia-smi)"),
+]
 
 
 def test_local_gpus_and_sm_match_torch() -> None:
@@ -42,7 +44,12 @@ def test_device_request_gives_exactly_the_requested_gpus(docker_client: Any, sta
     if "nvidia" not in (docker_client.info().get("Runtimes") or {}):
         pytest.skip("Docker has no NVIDIA runtime on this host")
     count = min(2, len(gpus_mod.local_gpus()))
-    spec = ContainerSpec(image=standin_image, command=("nvidia-smi", "-L"), gpus=tuple(str(i) for i in range(count)),
-                         environment={"NVIDIA_DRIVER_CAPABILITIES": "utility"}, network_mode="none")
+    spec = ContainerSpec(
+        image=standin_image,
+        command=("nvidia-smi", "-L"),
+        gpus=tuple(str(i) for i in range(count)),
+        environment={"NVIDIA_DRIVER_CAPABILITIES": "utility"},
+        network_mode="none",
+    )
     out = docker_client.containers.run(remove=True, **spec.create_kwargs()).decode()
     assert len([line for line in out.splitlines() if line.startswith("GPU ")]) == count

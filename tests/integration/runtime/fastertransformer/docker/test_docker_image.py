@@ -63,12 +63,18 @@ def _run(client: Any, image: str, *argv: str) -> str:
     return client.containers.run(image, list(argv), remove=True, network_mode="none").decode()
 
 
-def test_build_injects_sm_passes_build_args_and_records_the_id(docker_client: Any, standin_image: str,
-                                                               tmp_path: Path) -> None:
+def test_build_injects_sm_passes_build_args_and_records_the_id(
+    docker_client: Any, standin_image: str, tmp_path: Path
+) -> None:
     repo = backend_repo(tmp_path / "fastertransformer_backend")
     lines: list[str] = []
-    build = ImageBuild(tag="ftx-test/triton-ft:1", triton_version="23.05", base_image=standin_image, sm=(80, 90),
-                       backend_repo=str(repo))
+    build = ImageBuild(
+        tag="ftx-test/triton-ft:1",
+        triton_version="23.05",
+        base_image=standin_image,
+        sm=(80, 90),
+        backend_repo=str(repo),
+    )
     built = build_image(docker_client, build, home=tmp_path / "home", say=lines.append, progress=False)
     image = docker_client.images.get("ftx-test/triton-ft:1")
     assert built.id == image.id
@@ -93,16 +99,20 @@ def test_build_from_a_git_url_clones_the_ref(docker_client: Any, standin_image: 
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-qm", "mini"], check=True)
     commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    build = ImageBuild(tag="ftx-test/triton-ft:git", base_image=standin_image, sm=(90,),
-                       backend_repo=f"file://{repo}", backend_ref="release")
+    build = ImageBuild(
+        tag="ftx-test/triton-ft:git",
+        base_image=standin_image,
+        sm=(90,),
+        backend_repo=f"file://{repo}",
+        backend_ref="release",
+    )
     built = build_image(docker_client, build, home=tmp_path / "home", say=lambda text: None, progress=False)
     assert built.labels["org.ftx.backend-commit"] == commit
     assert (tmp_path / "home" / "images" / "src").is_dir()
     assert _run(docker_client, built.tag, "cat", "/workspace/cmake-args.txt").split("\n")[:2] == ["-D", "SM=90"]
 
 
-def test_build_failure_names_the_step_and_shows_the_log(docker_client: Any, standin_image: str,
-                                                        tmp_path: Path) -> None:
+def test_build_failure_names_the_step_and_shows_the_log(docker_client: Any, standin_image: str, tmp_path: Path) -> None:
     repo = backend_repo(tmp_path / "backend", extra="RUN echo compiling kernels && false")
     build = ImageBuild(tag="ftx-test/triton-ft:broken", base_image=standin_image, sm=(90,), backend_repo=str(repo))
     with pytest.raises(ToolError, match=r"the image build failed at step \d+/\d+ \(RUN echo compiling kernels") as err:
@@ -112,8 +122,18 @@ def test_build_failure_names_the_step_and_shows_the_log(docker_client: Any, stan
 
 def test_cli_image_build_and_ls(docker_env: Any, standin_image: str, tmp_path: Path, ftx_cli: Any) -> None:
     repo = backend_repo(tmp_path / "backend")
-    built = ftx_cli("image", "build", "--backend-repo", str(repo), "--base-image", standin_image, "--sm", "9.0",
-                    "--tag", "ftx-test/triton-ft:cli")
+    built = ftx_cli(
+        "image",
+        "build",
+        "--backend-repo",
+        str(repo),
+        "--base-image",
+        standin_image,
+        "--sm",
+        "9.0",
+        "--tag",
+        "ftx-test/triton-ft:cli",
+    )
     assert built.exit_code == 0, built.stderr + repr(built.exception)
     assert built.stdout.strip() == docker_env.images.get("ftx-test/triton-ft:cli").id
     listed = ftx_cli("image", "ls")

@@ -34,8 +34,12 @@ def run_packaged(client: Any, tag: str, gpus: int = 1) -> tuple[Any, int]:
     spec = spec.with_(gpus=None, ulimits=permitted_ulimits(dict(spec.ulimits)))
     port = free_port()
     kwargs = spec.create_kwargs()
-    kwargs["environment"] = {"FTX_HTTP_PORT": str(port), "FTX_GRPC_PORT": str(free_port()),
-                             "FTX_METRICS_PORT": str(free_port()), "FTX_HTTP_ADDRESS": "127.0.0.1"}
+    kwargs["environment"] = {
+        "FTX_HTTP_PORT": str(port),
+        "FTX_GRPC_PORT": str(free_port()),
+        "FTX_METRICS_PORT": str(free_port()),
+        "FTX_HTTP_ADDRESS": "127.0.0.1",
+    }
     container = client.containers.run(detach=True, **kwargs)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -50,11 +54,13 @@ def run_packaged(client: Any, tag: str, gpus: int = 1) -> tuple[Any, int]:
     raise AssertionError(f"the packaged image did not serve:\n{logs}")
 
 
-def test_ftx_package_cli_builds_an_image_that_serves(docker_env: Any, standin_image: str, ftx_cli: Any,
-                                                     tiny_gptj_dir: Path) -> None:
+def test_ftx_package_cli_builds_an_image_that_serves(
+    docker_env: Any, standin_image: str, ftx_cli: Any, tiny_gptj_dir: Path
+) -> None:
     """tiny GPT-J -> convert -> configure (fastertransformer runtime, --no-tune) -> package -> docker run."""
-    result = ftx_cli("package", str(tiny_gptj_dir), "--tag", "ftx-test/pkg:cli", "--base-image", standin_image,
-                     "--no-tune")
+    result = ftx_cli(
+        "package", str(tiny_gptj_dir), "--tag", "ftx-test/pkg:cli", "--base-image", standin_image, "--no-tune"
+    )
     assert result.exit_code == 0, result.stderr + repr(result.exception)
     image = docker_env.images.get("ftx-test/pkg:cli")
     assert result.stdout.strip() == image.id
@@ -82,20 +88,31 @@ def test_ftx_package_cli_builds_an_image_that_serves(docker_env: Any, standin_im
     assert any(line.startswith("ftx-test/pkg:cli") and "package" in line for line in listed.stdout.splitlines())
 
 
-def test_package_carries_gemm_config_and_leaves_the_store_alone(docker_client: Any, standin_image: str,
-                                                                tmp_path: Path) -> None:
+def test_package_carries_gemm_config_and_leaves_the_store_alone(
+    docker_client: Any, standin_image: str, tmp_path: Path
+) -> None:
     repo, ckpt = make_repository(tmp_path / "store", tp=2)
     gemm = tmp_path / "tune" / "gemm_config.in"
     gemm.parent.mkdir()
     gemm.write_text("tuned-for-this-gpu\n")
     before = (repo / "fastertransformer" / "config.pbtxt").read_text()
-    built = package_image(docker_client, PackageInputs(repository=repo, tag="ftx-test/pkg:gemm",
-                                                       base_image=standin_image, gemm=gemm, tp=2,
-                                                       provenance={"model": "tiny"}),
-                          say=lambda text: None, progress=False)
+    built = package_image(
+        docker_client,
+        PackageInputs(
+            repository=repo,
+            tag="ftx-test/pkg:gemm",
+            base_image=standin_image,
+            gemm=gemm,
+            tp=2,
+            provenance={"model": "tiny"},
+        ),
+        say=lambda text: None,
+        progress=False,
+    )
     assert (repo / "fastertransformer" / "config.pbtxt").read_text() == before
-    assert parse_config(repo / "fastertransformer" / "config.pbtxt").parameters["model_checkpoint_path"].string_value \
-        == str(ckpt)
+    assert parse_config(repo / "fastertransformer" / "config.pbtxt").parameters[
+        "model_checkpoint_path"
+    ].string_value == str(ckpt)
     assert built.labels["org.ftx.model"] == "tiny" and len(built.labels["org.ftx.gemm"]) == 64
     assert '"device=0,1"' in built.run_command
     container, _ = run_packaged(docker_client, built.tag, gpus=2)

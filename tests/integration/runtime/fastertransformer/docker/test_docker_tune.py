@@ -33,8 +33,15 @@ docker_client = docker_daemon.docker_client  # a session fixture (shared daemon 
 docker_env = docker_daemon.docker_env  # a session fixture (shared daemon and images; see docker_daemon)
 standin_image = docker_daemon.standin_image  # a session fixture (shared daemon and images; see docker_daemon)
 
-GPTJ_6B = {"n_embd": 4096, "n_head": 16, "n_layer": 28, "rotary_dim": 64, "vocab_size": 50400,
-           "bos_token_id": 50256, "eos_token_id": 50256}
+GPTJ_6B = {
+    "n_embd": 4096,
+    "n_head": 16,
+    "n_layer": 28,
+    "rotary_dim": 64,
+    "vocab_size": 50400,
+    "bos_token_id": 50256,
+    "eos_token_id": 50256,
+}
 BIN = "/workspace/build/fastertransformer_backend/build/bin"
 
 
@@ -50,8 +57,23 @@ def test_t5_gemm_arguments_come_from_the_family() -> None:
     family = T5()
     spec = family.spec(family.presets["t5"].hf_config)
     s = RunSettings.of("t5", tp=1, data_type="fp16", tune_batch=8, tune_beam=4, tune_max_input_len=32)
-    assert gemm_command(family, spec, s) == [f"{BIN}/t5_gemm", "8", "4", "32", "1024", "32", "128", "16384", "1024",
-                                             "32", "128", "16384", "32128", "1", "1"]
+    assert gemm_command(family, spec, s) == [
+        f"{BIN}/t5_gemm",
+        "8",
+        "4",
+        "32",
+        "1024",
+        "32",
+        "128",
+        "16384",
+        "1024",
+        "32",
+        "128",
+        "16384",
+        "32128",
+        "1",
+        "1",
+    ]
 
 
 def test_tuning_container_spec(tmp_path: Path) -> None:
@@ -66,13 +88,15 @@ def test_tuning_container_spec(tmp_path: Path) -> None:
     assert kwargs["working_dir"] == str(tmp_path) and kwargs["command"] == [f"{BIN}/gpt_gemm", "8"]
     assert spec.docker_run_line() == (
         f"docker run --rm --init --gpus '\"device=3\"' --network none -u 1000:1000 -v {tmp_path}:{tmp_path} "
-        f"-w {tmp_path} img:1 {BIN}/gpt_gemm 8")
+        f"-w {tmp_path} img:1 {BIN}/gpt_gemm 8"
+    )
     assert tune_spec(image="i", command=["x"], work_dir=tmp_path, gpu=0).user == f"{os.getuid()}:{os.getgid()}"
 
 
 @pytest.mark.docker
-def test_standin_gemm_tool_writes_gemm_config_in_the_work_dir(docker_client: Any, standin_image: str,
-                                                              tmp_path: Path) -> None:
+def test_standin_gemm_tool_writes_gemm_config_in_the_work_dir(
+    docker_client: Any, standin_image: str, tmp_path: Path
+) -> None:
     """Stand-in gpt_gemm in the tuning container (no GPU request here): gemm_config.in lands in the work dir."""
     spec = GPTJ().spec(GPTJ_6B)
     command = gemm_command(GPTJ(), spec, RunSettings.of("gptj", tp=4, data_type="fp16"))
@@ -81,18 +105,21 @@ def test_standin_gemm_tool_writes_gemm_config_in_the_work_dir(docker_client: Any
     result = run_tune(docker_client, container, say=lines.append, prefix="gpt_gemm")
     assert result.path == tmp_path / "gemm_config.in"
     assert "standin gpt_gemm 8 1 512 16 256 16384 50400 1 4" in result.path.read_text()
-    assert any(line.startswith("[gpt_gemm] standin-gemm: gpt_gemm 8 1 512") and f"uid {os.getuid()}" in line
-               for line in lines)
+    assert any(
+        line.startswith("[gpt_gemm] standin-gemm: gpt_gemm 8 1 512") and f"uid {os.getuid()}" in line for line in lines
+    )
     assert result.path.stat().st_uid == os.getuid()
     assert not docker_client.containers.list(all=True, filters={"label": "org.ftx.role=tune"})
 
 
 @pytest.mark.docker
-def test_gemm_tool_usage_exit_0_without_a_file_is_an_error(docker_client: Any, standin_image: str,
-                                                           tmp_path: Path) -> None:
+def test_gemm_tool_usage_exit_0_without_a_file_is_an_error(
+    docker_client: Any, standin_image: str, tmp_path: Path
+) -> None:
     """Like the real tool, the stand-in prints its usage and exits 0 on a wrong argument count."""
-    container = tune_spec(image=standin_image, command=[f"{BIN}/gpt_gemm", "8", "1"], work_dir=tmp_path,
-                          gpu=0).with_(gpus=None)
+    container = tune_spec(image=standin_image, command=[f"{BIN}/gpt_gemm", "8", "1"], work_dir=tmp_path, gpu=0).with_(
+        gpus=None
+    )
     with pytest.raises(ToolError, match="wrote no gemm_config.in") as err:
         run_tune(docker_client, container, say=lambda text: None)
     assert "Usage: gpt_gemm" in (err.value.hint or "")
@@ -100,8 +127,9 @@ def test_gemm_tool_usage_exit_0_without_a_file_is_an_error(docker_client: Any, s
 
 def _ctx(tmp_path: Path, **settings: Any) -> StageContext:
     s = RunSettings.of("gptj", runtime="fastertransformer", **settings)
-    return StageContext(settings=s, store=ArtifactStore(tmp_path / "home"), home=tmp_path / "home",
-                        runtime=DockerFasterTransformer())
+    return StageContext(
+        settings=s, store=ArtifactStore(tmp_path / "home"), home=tmp_path / "home", runtime=DockerFasterTransformer()
+    )
 
 
 def _tune(ctx: StageContext, dest: Path) -> Any:
@@ -130,8 +158,9 @@ def test_python_runtime_tunes_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.docker
-def test_tune_key_holds_gpu_model_image_id_and_arguments(docker_env: Any, standin_image: str, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tune_key_holds_gpu_model_image_id_and_arguments(
+    docker_env: Any, standin_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     h100 = (Gpu(0, "NVIDIA H100 80GB HBM3", (9, 0)), Gpu(1, "NVIDIA H100 80GB HBM3", (9, 0)))
     monkeypatch.setattr(gpus_mod, "local_gpus", lambda: h100)
     spec = GPTJ().spec(GPTJ_6B)
@@ -154,8 +183,9 @@ def test_tune_stage_without_the_image_says_how_to_build_it(docker_env: Any, tmp_
 
 
 @pytest.mark.docker
-def test_tune_stage_on_a_daemon_without_gpus_says_how_to_fix(docker_env: Any, standin_image: str,
-                                                             tmp_path: Path) -> None:
+def test_tune_stage_on_a_daemon_without_gpus_says_how_to_fix(
+    docker_env: Any, standin_image: str, tmp_path: Path
+) -> None:
     """The whole FT tune path (device request included) on this GPU-less daemon: a clear error, nothing left."""
     ctx = _ctx(tmp_path, image=standin_image)
     with pytest.raises(ToolError, match="cannot give GPUs to containers") as err:
@@ -165,10 +195,13 @@ def test_tune_stage_on_a_daemon_without_gpus_says_how_to_fix(docker_env: Any, st
 
 
 @pytest.mark.docker
-def test_cli_tune_on_a_daemon_without_gpus(docker_env: Any, standin_image: str, ftx_cli: Any,
-                                           tiny_gptj_dir: Path) -> None:
+def test_cli_tune_on_a_daemon_without_gpus(
+    docker_env: Any, standin_image: str, ftx_cli: Any, tiny_gptj_dir: Path
+) -> None:
     """`ftx tune` converts, resolves the image and starts the GEMM tool's container; here the GPU request fails."""
     result = ftx_cli("tune", str(tiny_gptj_dir), "--image", standin_image, "--tune-batch", "4")
     assert result.exit_code == 1, result.stderr + repr(result.exception)
-    assert "cannot give GPUs to containers" in result.stderr and "hint: install the NVIDIA Container Toolkit" \
-        in result.stderr
+    assert (
+        "cannot give GPUs to containers" in result.stderr
+        and "hint: install the NVIDIA Container Toolkit" in result.stderr
+    )

@@ -20,8 +20,9 @@ from ftx_triton.runtime.fastertransformer.native import BACKEND_STAGE
 from ftx_triton.runtime.fastertransformer.native.build import cmake_arguments, find_backend, link_unversioned
 from ftx_triton.store.artifact_store import ArtifactStore
 
-pytestmark = pytest.mark.skipif(not (shutil.which("cmake") and shutil.which("ninja") and shutil.which("g++")),
-                                reason="needs cmake, ninja and g++")
+pytestmark = pytest.mark.skipif(
+    not (shutil.which("cmake") and shutil.which("ninja") and shutil.which("g++")), reason="needs cmake, ninja and g++"
+)
 
 
 def test_build_publishes_the_libraries_and_tools_then_hits_the_cache(tmp_path: Path) -> None:
@@ -54,8 +55,12 @@ def test_a_failed_build_publishes_nothing_and_says_why(tmp_path: Path) -> None:
 def test_a_build_killed_half_way_leaves_nothing_trusted_and_the_next_call_builds(tmp_path: Path) -> None:
     sources = support.write_sources(tmp_path / "src", slow=True)
     home = tmp_path / "home"
-    child = subprocess.Popen([sys.executable, str(Path(support.__file__)), str(home), str(sources)],
-                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+    child = subprocess.Popen(
+        [sys.executable, str(Path(support.__file__)), str(home), str(sources)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         assert child.stdout is not None
         deadline = time.monotonic() + 120
@@ -92,11 +97,21 @@ def test_the_fastertransformer_configure_command(tmp_path: Path) -> None:
     pre = support.preflight()
     argv = cmake_arguments(pre, tmp_path / "src", tmp_path / "build", tmp_path / "deps", tmp_path / "link")
     text = " ".join(argv)
-    for flag in ("-G Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DSM=90", "-DBUILD_MULTI_GPU=ON",
-                 "-DBUILD_CUTLASS_MOE=OFF", "-DBUILD_CUTLASS_MIXED_GEMM=OFF", "-DCMAKE_POLICY_VERSION_MINIMUM=3.5",
-                 "-DFETCHCONTENT_FULLY_DISCONNECTED=ON", f"-DFT_DIR={tmp_path / 'src' / 'FasterTransformer'}",
-                 "-DMPI_C_COMPILER=/nonexistent/ompi/bin/mpicc", "-Wl,--disable-new-dtags",
-                 "-Wl,-rpath,/nonexistent/ompi/lib", "-Wno-error=deprecated-declarations"):
+    for flag in (
+        "-G Ninja",
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DSM=90",
+        "-DBUILD_MULTI_GPU=ON",
+        "-DBUILD_CUTLASS_MOE=OFF",
+        "-DBUILD_CUTLASS_MIXED_GEMM=OFF",
+        "-DCMAKE_POLICY_VERSION_MINIMUM=3.5",
+        "-DFETCHCONTENT_FULLY_DISCONNECTED=ON",
+        f"-DFT_DIR={tmp_path / 'src' / 'FasterTransformer'}",
+        "-DMPI_C_COMPILER=/nonexistent/ompi/bin/mpicc",
+        "-Wl,--disable-new-dtags",
+        "-Wl,-rpath,/nonexistent/ompi/lib",
+        "-Wno-error=deprecated-declarations",
+    ):
         assert flag in text, flag
     assert argv[argv.index("-S") + 1] == str(tmp_path / "src" / "fastertransformer_backend")
 

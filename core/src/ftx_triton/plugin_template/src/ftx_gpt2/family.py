@@ -26,6 +26,7 @@ split_fused_qkv = Op(
 L = "transformer.h.{i}"
 FT = "model.layers.{i}"
 
+# fmt: off
 TENSORS = TensorMap(
     M("transformer.wte.weight",          "model.wte",                                shape=("V", "H")),
     M("transformer.wpe.weight",          "model.wpe",                                shape=("P", "H")),
@@ -45,6 +46,7 @@ TENSORS = TensorMap(
     M("transformer.ln_f.bias",           "model.final_layernorm.bias",               shape=("H",)),
     Skip(f"{L}.attn.bias", f"{L}.attn.masked_bias", "lm_head.weight"),  # buffers; lm_head is tied to wte
 )
+# fmt: on
 
 
 class GPT2(Family):
@@ -58,13 +60,36 @@ class GPT2(Family):
     tensors = TENSORS
     ini = FtIni(
         # The section FT's GPT model reads; keys from ftx_triton.conversion.ftini.KEYS, in the order they are written.
-        sections=(IniSection("gpt", ("model_name", "head_num", "size_per_head", "inter_size", "num_layer",
-                                     "max_pos_seq_len", "vocab_size", "start_id", "end_id", "layernorm_eps",
-                                     "weight_data_type")),),
+        sections=(
+            IniSection(
+                "gpt",
+                (
+                    "model_name",
+                    "head_num",
+                    "size_per_head",
+                    "inter_size",
+                    "num_layer",
+                    "max_pos_seq_len",
+                    "vocab_size",
+                    "start_id",
+                    "end_id",
+                    "layernorm_eps",
+                    "weight_data_type",
+                ),
+            ),
+        ),
         # Read back for the python runtime: Hugging Face field <- spec quantity (dims, layers "i", ids, extra).
-        hf_fields={"n_embd": "H", "n_head": "N", "n_inner": "I", "n_layer": "i", "n_positions": "P",
-                   "vocab_size": "V", "bos_token_id": "start_id", "eos_token_id": "end_id",
-                   "layer_norm_epsilon": "layernorm_eps"},
+        hf_fields={
+            "n_embd": "H",
+            "n_head": "N",
+            "n_inner": "I",
+            "n_layer": "i",
+            "n_positions": "P",
+            "vocab_size": "V",
+            "bos_token_id": "start_id",
+            "eos_token_id": "end_id",
+            "layer_norm_epsilon": "layernorm_eps",
+        },
         hf_constants={"model_type": "gpt2"},
     )
     triton_model_type = "GPT"
@@ -73,8 +98,14 @@ class GPT2(Family):
     def spec(self, hf_config: Mapping[str, Any]) -> ModelSpec:
         width, heads = int(hf_config["n_embd"]), int(hf_config["n_head"])
         return ModelSpec(
-            dims={"H": width, "N": heads, "D": width // heads, "I": int(hf_config.get("n_inner") or 4 * width),
-                  "V": int(hf_config["vocab_size"]), "P": int(hf_config["n_positions"])},
+            dims={
+                "H": width,
+                "N": heads,
+                "D": width // heads,
+                "I": int(hf_config.get("n_inner") or 4 * width),
+                "V": int(hf_config["vocab_size"]),
+                "P": int(hf_config["n_positions"]),
+            },
             layers={"i": int(hf_config["n_layer"])},
             start_id=int(hf_config.get("bos_token_id", 50256)),
             end_id=int(hf_config.get("eos_token_id", 50256)),

@@ -56,15 +56,29 @@ def exposure_for(host: str, triton_version: tuple[int, int] | None, *, admin_key
     if is_loopback(host):
         return Exposure(tuple(flags))
     if triton_version is None or triton_version < RESTRICTED_API_SINCE:
-        shown = "of an unknown version" if triton_version is None else f"{triton_version[0]:02d}.{triton_version[1]:02d}"
-        return Exposure(tuple(flags), caveat=(
-            f"tritonserver {shown} cannot restrict its {ADMIN_APIS} APIs: anyone who reaches {host} can use them; "
-            f"bind 127.0.0.1 behind a proxy, or build the image on Triton 24.01 or later"))
+        shown = (
+            "of an unknown version" if triton_version is None else f"{triton_version[0]:02d}.{triton_version[1]:02d}"
+        )
+        return Exposure(
+            tuple(flags),
+            caveat=(
+                f"tritonserver {shown} cannot restrict its {ADMIN_APIS} APIs: anyone who reaches {host} can use them; "
+                f"bind 127.0.0.1 behind a proxy, or build the image on Triton 24.01 or later"
+            ),
+        )
     key = admin_key or secrets.token_urlsafe(18)
     restriction = f"{ADMIN_APIS}:{ADMIN_KEY_HEADER}={key}"
     flags += [f"--http-restricted-api={restriction}", f"--grpc-restricted-protocol={restriction}"]
     return Exposure(tuple(flags), admin_key=key)
 
 
-__all__ = ["ADMIN_APIS", "ADMIN_KEY_HEADER", "METRICS_ADDRESS_SINCE", "RESTRICTED_API_SINCE", "Exposure", "exposure_for",
-           "is_loopback", "triton_version_of"]
+__all__ = [
+    "ADMIN_APIS",
+    "ADMIN_KEY_HEADER",
+    "METRICS_ADDRESS_SINCE",
+    "RESTRICTED_API_SINCE",
+    "Exposure",
+    "exposure_for",
+    "is_loopback",
+    "triton_version_of",
+]

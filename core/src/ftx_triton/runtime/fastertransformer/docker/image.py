@@ -85,9 +85,11 @@ def patch_dockerfile(text: str, sm: tuple[int, ...]) -> str:
         if _CMAKE_LINE.match(line.rstrip("\r\n")):
             lines.insert(number + 1, f"      -D SM={','.join(map(str, sm))} \\\n")
             return "".join(lines)
-    raise ToolError("cannot find the `RUN … cmake \\` line in the backend's Dockerfile to add -D SM",
-                    hint="build with --sm none (upstream's architectures), or use a backend revision whose "
-                         "docker/Dockerfile runs cmake in a multi-line RUN")
+    raise ToolError(
+        "cannot find the `RUN … cmake \\` line in the backend's Dockerfile to add -D SM",
+        hint="build with --sm none (upstream's architectures), or use a backend revision whose "
+        "docker/Dockerfile runs cmake in a multi-line RUN",
+    )
 
 
 @dataclass(frozen=True)
@@ -121,18 +123,23 @@ def backend_checkout(build: ImageBuild, home: Path, say: Callable[[str], None]) 
             try:
                 done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
             except FileNotFoundError:
-                raise ToolError("git is not installed, so the backend repository cannot be cloned",
-                                hint="install git, or pass --backend-repo PATH to a checkout") from None
+                raise ToolError(
+                    "git is not installed, so the backend repository cannot be cloned",
+                    hint="install git, or pass --backend-repo PATH to a checkout",
+                ) from None
             if done.returncode != 0:
-                raise ToolError(f"cloning {build.backend_repo} failed: {done.stderr.strip().splitlines()[-1:] or ''}",
-                                hint="check the URL and --backend-ref, or pass --backend-repo PATH to a local checkout")
+                raise ToolError(
+                    f"cloning {build.backend_repo} failed: {done.stderr.strip().splitlines()[-1:] or ''}",
+                    hint="check the URL and --backend-ref, or pass --backend-repo PATH to a local checkout",
+                )
     return dest, _git_commit(dest)
 
 
 def _git_commit(path: Path) -> str | None:
     try:
-        done = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=30, check=False)
+        done = subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30, check=False
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if done.returncode != 0:
@@ -177,8 +184,13 @@ class BuildDisplay:
         if self.progress_enabled:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self._progress = Progress(TextColumn("[bold]image build"), BarColumn(), MofNCompleteColumn(),
-                                      TimeElapsedColumn(), TextColumn("{task.description}"))
+            self._progress = Progress(
+                TextColumn("[bold]image build"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.description}"),
+            )
             self._progress.__enter__()
             self._task = self._progress.add_task("", total=None)
         return self
@@ -201,7 +213,9 @@ class BuildDisplay:
             self._progress.__exit__(*exc)
 
 
-def stream_build(chunks: Iterator[Mapping[str, Any]], display: BuildDisplay, log_file: Any) -> tuple[str | None, list[str]]:
+def stream_build(
+    chunks: Iterator[Mapping[str, Any]], display: BuildDisplay, log_file: Any
+) -> tuple[str | None, list[str]]:
     """Consume the daemon's build stream; return (image id, last lines). Raises on a build error."""
     image_id: str | None = None
     tail: list[str] = []
@@ -210,9 +224,12 @@ def stream_build(chunks: Iterator[Mapping[str, Any]], display: BuildDisplay, log
         if "error" in chunk:
             detail = chunk.get("errorDetail", {}).get("message") or chunk["error"]
             log_file.write(f"ERROR: {detail}\n")
-            raise ToolError(f"the image build failed at {current or 'the start'}: {str(detail).strip()}",
-                            hint="last build lines:\n" + "\n".join(f"  {t}" for t in tail[-12:])
-                                 + f"\nfull log: {getattr(log_file, 'name', '')}")
+            raise ToolError(
+                f"the image build failed at {current or 'the start'}: {str(detail).strip()}",
+                hint="last build lines:\n"
+                + "\n".join(f"  {t}" for t in tail[-12:])
+                + f"\nfull log: {getattr(log_file, 'name', '')}",
+            )
         if "aux" in chunk and isinstance(chunk["aux"], Mapping) and chunk["aux"].get("ID"):
             image_id = str(chunk["aux"]["ID"])
         text = chunk.get("stream") or chunk.get("status") or ""
@@ -234,16 +251,24 @@ def stream_build(chunks: Iterator[Mapping[str, Any]], display: BuildDisplay, log
     return image_id, tail
 
 
-def build_image(client: Any, build: ImageBuild, *, home: Path | None = None,
-                say: Callable[[str], None] | None = None, progress: bool | None = None) -> BuiltImage:
+def build_image(
+    client: Any,
+    build: ImageBuild,
+    *,
+    home: Path | None = None,
+    say: Callable[[str], None] | None = None,
+    progress: bool | None = None,
+) -> BuiltImage:
     """Build (or rebuild) the image and record its id; streams the log with a progress display."""
     say = say or (lambda text: print(text, file=sys.stderr, flush=True))
     home = home or ftx_home()
     context, commit = backend_checkout(build, home, say)
     dockerfile = context / build.dockerfile
     if not dockerfile.is_file():
-        raise ConfigError(f"{context} has no {build.dockerfile}",
-                          hint="--backend-repo must be a fastertransformer_backend checkout (or its git URL)")
+        raise ConfigError(
+            f"{context} has no {build.dockerfile}",
+            hint="--backend-repo must be a fastertransformer_backend checkout (or its git URL)",
+        )
     patched = patch_dockerfile(dockerfile.read_text(), build.sm)
     images_dir = home / "images"
     images_dir.mkdir(parents=True, exist_ok=True)
@@ -253,13 +278,23 @@ def build_image(client: Any, build: ImageBuild, *, home: Path | None = None,
     patched_path.write_text(patched)
     log_path = images_dir / f"{safe}-{stamp}.build.log"
     labels = image_labels(build, commit, hashlib.sha256(patched.encode()).hexdigest())
-    say(f"image     building {build.tag} from {build.base} (SM {build.sm_text or 'upstream default 70,75,80,86'}); "
-        f"log: {log_path}")
+    say(
+        f"image     building {build.tag} from {build.base} (SM {build.sm_text or 'upstream default 70,75,80,86'}); "
+        f"log: {log_path}"
+    )
     with log_path.open("w") as log_file, BuildDisplay(say, progress) as display:
         try:
-            chunks = client.api.build(path=str(context), dockerfile=str(patched_path), tag=build.tag,
-                                      buildargs=build.build_args(), labels=labels, rm=True, forcerm=True,
-                                      decode=True, nocache=build.no_cache)
+            chunks = client.api.build(
+                path=str(context),
+                dockerfile=str(patched_path),
+                tag=build.tag,
+                buildargs=build.build_args(),
+                labels=labels,
+                rm=True,
+                forcerm=True,
+                decode=True,
+                nocache=build.no_cache,
+            )
             image_id, _ = stream_build(chunks, display, log_file)
         except docker_errors() as exc:
             raise explain(exc, f"building {build.tag}") from None
@@ -282,8 +317,13 @@ def record_image(home: Path, tag: str, image_id: str, labels: Mapping[str, str],
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", tag)
     path = home / "images" / f"{safe}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"tag": tag, "id": image_id, "labels": dict(labels), "log": str(log_path) if log_path else None,
-            "recorded_at": _now()}
+    data = {
+        "tag": tag,
+        "id": image_id,
+        "labels": dict(labels),
+        "log": str(log_path) if log_path else None,
+        "recorded_at": _now(),
+    }
     path.write_text(json.dumps(data, indent=2, sort_keys=True))
     return path
 
@@ -325,15 +365,31 @@ def list_images(client: Any | None, home: Path | None = None) -> list[ImageInfo]
         for image in images:
             labels = image.labels or {}
             for tag in image.tags or ["<none>"]:
-                infos.append(ImageInfo(tag, image.id, labels.get(KIND_LABEL, "?"),
-                                       str(image.attrs.get("Created", ""))[:19], int(image.attrs.get("Size") or 0),
-                                       labels))
+                infos.append(
+                    ImageInfo(
+                        tag,
+                        image.id,
+                        labels.get(KIND_LABEL, "?"),
+                        str(image.attrs.get("Created", ""))[:19],
+                        int(image.attrs.get("Size") or 0),
+                        labels,
+                    )
+                )
                 seen.add(tag)
     for record in image_records(home):
         if record.get("tag") not in seen:
             labels = record.get("labels") or {}
-            infos.append(ImageInfo(record["tag"], record.get("id", ""), labels.get(KIND_LABEL, "?"),
-                                   str(record.get("recorded_at", ""))[:19], 0, labels, present=False))
+            infos.append(
+                ImageInfo(
+                    record["tag"],
+                    record.get("id", ""),
+                    labels.get(KIND_LABEL, "?"),
+                    str(record.get("recorded_at", ""))[:19],
+                    0,
+                    labels,
+                    present=False,
+                )
+            )
     return infos
 
 
@@ -344,8 +400,11 @@ def resolve_image(client: Any, tag: str) -> str:
     try:
         return str(client.images.get(tag).id)
     except docker.errors.ImageNotFound:
-        hint = "build it with `ftx image build`" if tag.startswith(DEFAULT_IMAGE_REPOSITORY) else \
-            "build or load it, or pass --image with an image that exists (`ftx image ls`)"
+        hint = (
+            "build it with `ftx image build`"
+            if tag.startswith(DEFAULT_IMAGE_REPOSITORY)
+            else "build or load it, or pass --image with an image that exists (`ftx image ls`)"
+        )
         raise ToolError(f"the FasterTransformer image {tag} is not on this Docker host", hint=hint) from None
     except docker_errors() as exc:
         raise explain(exc, f"looking up image {tag}") from None

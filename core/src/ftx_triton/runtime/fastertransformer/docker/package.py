@@ -132,7 +132,9 @@ def assemble_context(inputs: PackageInputs, context: Path) -> dict[str, str]:
     rewritten: dict[str, str] = {}
     configs = sorted(repo.glob("*/config.pbtxt"))
     if not configs:
-        raise ConfigError(f"{repo} holds no model (no */config.pbtxt)", hint="run `ftx run MODEL --until configure` first")
+        raise ConfigError(
+            f"{repo} holds no model (no */config.pbtxt)", hint="run `ftx run MODEL --until configure` first"
+        )
     _copy_tree(repo, models, skip=("ftx-artifact.json",))
     for config_path in configs:
         model = config_path.parent.name
@@ -142,8 +144,10 @@ def assemble_context(inputs: PackageInputs, context: Path) -> dict[str, str]:
             continue
         source = Path(params["model_checkpoint_path"].string_value)
         if not (source / "config.ini").is_file():
-            raise ConfigError(f"{config_path} points at {source}, which holds no config.ini",
-                              hint="convert the model first (`ftx run MODEL --until configure`)")
+            raise ConfigError(
+                f"{config_path} points at {source}, which holds no config.ini",
+                hint="convert the model first (`ftx run MODEL --until configure`)",
+            )
         inside = f"{MODELS_DIR}/{model}/1/{source.name}"
         target = models / model / "1" / source.name
         if target.exists():
@@ -161,20 +165,37 @@ def assemble_context(inputs: PackageInputs, context: Path) -> dict[str, str]:
     version = triton_version_of(inputs.base_image)
     metrics_address = '--metrics-address="$address" ' if version and version >= METRICS_ADDRESS_SINCE else ""
     restricted_api = "yes" if version and version >= RESTRICTED_API_SINCE else ""
-    (context / "serve.sh").write_text(SERVE_SH.format(
-        models_dir=MODELS_DIR, work_dir=WORK_DIR, tritonserver=TRITONSERVER, devices=devices, gpus=inputs.tp * inputs.pp,
-        metrics_address=metrics_address, restricted_api=restricted_api, admin_apis=ADMIN_APIS,
-        admin_header=ADMIN_KEY_HEADER))
-    (context / "Dockerfile").write_text(DOCKERFILE.format(base=inputs.base_image, models_dir=MODELS_DIR,
-                                                          work_dir=WORK_DIR, entrypoint=ENTRYPOINT))
+    (context / "serve.sh").write_text(
+        SERVE_SH.format(
+            models_dir=MODELS_DIR,
+            work_dir=WORK_DIR,
+            tritonserver=TRITONSERVER,
+            devices=devices,
+            gpus=inputs.tp * inputs.pp,
+            metrics_address=metrics_address,
+            restricted_api=restricted_api,
+            admin_apis=ADMIN_APIS,
+            admin_header=ADMIN_KEY_HEADER,
+        )
+    )
+    (context / "Dockerfile").write_text(
+        DOCKERFILE.format(base=inputs.base_image, models_dir=MODELS_DIR, work_dir=WORK_DIR, entrypoint=ENTRYPOINT)
+    )
     return rewritten
 
 
 def run_spec(tag: str, gpus: int) -> ContainerSpec:
     """How to run a packaged image (the one ``docker run``)."""
-    return ContainerSpec(image=tag, command=(), gpus=tuple(str(i) for i in range(gpus)), shm_size="1g",
-                         ulimits={"memlock": MEMLOCK, "stack": STACK}, ipc_mode="host", network_mode="host",
-                         init=True)
+    return ContainerSpec(
+        image=tag,
+        command=(),
+        gpus=tuple(str(i) for i in range(gpus)),
+        shm_size="1g",
+        ulimits={"memlock": MEMLOCK, "stack": STACK},
+        ipc_mode="host",
+        network_mode="host",
+        init=True,
+    )
 
 
 def package_labels(inputs: PackageInputs, base_id: str, rewritten: Mapping[str, str]) -> dict[str, str]:
@@ -189,27 +210,30 @@ def package_labels(inputs: PackageInputs, base_id: str, rewritten: Mapping[str, 
             labels[f"{LABEL_PREFIX}.deployment.{key.replace('_', '-')}"] = text
     for key, value in inputs.provenance.items():
         labels[f"{LABEL_PREFIX}.{key}"] = str(value)
-    labels.update({
-        KIND_LABEL: "package",
-        f"{LABEL_PREFIX}.base-image": inputs.base_image,
-        f"{LABEL_PREFIX}.base-image-id": base_id,
-        f"{LABEL_PREFIX}.tp": str(inputs.tp),
-        f"{LABEL_PREFIX}.pp": str(inputs.pp),
-        f"{LABEL_PREFIX}.models": ",".join(sorted(p.parent.name for p in inputs.repository.glob("*/config.pbtxt"))),
-        f"{LABEL_PREFIX}.repository": str(inputs.repository),
-        f"{LABEL_PREFIX}.checkpoints": json.dumps(dict(rewritten), sort_keys=True),
-        f"{LABEL_PREFIX}.gemm": sha256_file(inputs.gemm) if inputs.gemm else "untuned",
-        f"{LABEL_PREFIX}.version": _ftx_version(),
-        "org.opencontainers.image.created": _now(),
-        "org.opencontainers.image.base.name": inputs.base_image,
-        "org.opencontainers.image.title": inputs.tag,
-    })
+    labels.update(
+        {
+            KIND_LABEL: "package",
+            f"{LABEL_PREFIX}.base-image": inputs.base_image,
+            f"{LABEL_PREFIX}.base-image-id": base_id,
+            f"{LABEL_PREFIX}.tp": str(inputs.tp),
+            f"{LABEL_PREFIX}.pp": str(inputs.pp),
+            f"{LABEL_PREFIX}.models": ",".join(sorted(p.parent.name for p in inputs.repository.glob("*/config.pbtxt"))),
+            f"{LABEL_PREFIX}.repository": str(inputs.repository),
+            f"{LABEL_PREFIX}.checkpoints": json.dumps(dict(rewritten), sort_keys=True),
+            f"{LABEL_PREFIX}.gemm": sha256_file(inputs.gemm) if inputs.gemm else "untuned",
+            f"{LABEL_PREFIX}.version": _ftx_version(),
+            "org.opencontainers.image.created": _now(),
+            "org.opencontainers.image.base.name": inputs.base_image,
+            "org.opencontainers.image.title": inputs.tag,
+        }
+    )
     labels[f"{LABEL_PREFIX}.run"] = run_spec(inputs.tag, inputs.tp * inputs.pp).docker_run_line()
     return redact_data(labels)
 
 
-def package_image(client: Any, inputs: PackageInputs, *, say: Callable[[str], None] | None = None,
-                  progress: bool | None = None) -> PackagedImage:
+def package_image(
+    client: Any, inputs: PackageInputs, *, say: Callable[[str], None] | None = None, progress: bool | None = None
+) -> PackagedImage:
     """Build the packaged image; the repository's checkpoint and gemm_config.in are copied in."""
     from ftx_triton.runtime.fastertransformer.docker.image import resolve_image
 
@@ -222,8 +246,9 @@ def package_image(client: Any, inputs: PackageInputs, *, say: Callable[[str], No
         say(f"package   building {inputs.tag} from {inputs.base_image} ({', '.join(rewritten) or 'no checkpoint'})")
         with (context.parent / f"{context.name}.log").open("w") as log_file, BuildDisplay(say, progress) as display:
             try:
-                chunks = client.api.build(path=str(context), tag=inputs.tag, labels=labels, rm=True, forcerm=True,
-                                          decode=True, pull=False)
+                chunks = client.api.build(
+                    path=str(context), tag=inputs.tag, labels=labels, rm=True, forcerm=True, decode=True, pull=False
+                )
                 stream_build(chunks, display, log_file)
             except docker_errors() as exc:
                 raise explain(exc, f"building {inputs.tag}") from None

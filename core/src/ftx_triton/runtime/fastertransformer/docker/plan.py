@@ -55,8 +55,14 @@ def _flag(name: str, value: object, default: object) -> list[str]:
     return [name, str(value)] if value != default else []
 
 
-def describe_run(settings: RunSettings, family: Family, spec: ModelSpec, checkpoint_dir: Path,
-                 repository_dir: Path, home: Path | None = None) -> list[str]:
+def describe_run(
+    settings: RunSettings,
+    family: Family,
+    spec: ModelSpec,
+    checkpoint_dir: Path,
+    repository_dir: Path,
+    home: Path | None = None,
+) -> list[str]:
     """Human-readable steps (with exact commands) of a fastertransformer run; runs nothing."""
     options = DockerOptions.from_settings(settings)
     gpus_here = local_gpus()
@@ -64,20 +70,38 @@ def describe_run(settings: RunSettings, family: Family, spec: ModelSpec, checkpo
     s = settings
     tp, pp, repo, tune_s, serve_s = s.convert.tp, s.configure.pp, s.configure, s.tune, s.serve
     data_type = s.data_type
-    ports = ServerPorts(serve_s.http_port or DEFAULT_PORTS[0], serve_s.grpc_port or DEFAULT_PORTS[1],
-                        serve_s.metrics_port or DEFAULT_PORTS[2])
+    ports = ServerPorts(
+        serve_s.http_port or DEFAULT_PORTS[0],
+        serve_s.grpc_port or DEFAULT_PORTS[1],
+        serve_s.metrics_port or DEFAULT_PORTS[2],
+    )
     warnings: list[str] = []
     gemm_placeholder = GemmConfig(Path(GEMM_FILE), True, "") if tune_s.tune else GemmConfig(None, False, "")
     try:
-        plan = plan_serve(repository=repository_dir, checkpoints=[checkpoint_dir], settings=s, family=family.name,
-                          options=options, gemm=gemm_placeholder, ports=ports, home=home)
+        plan = plan_serve(
+            repository=repository_dir,
+            checkpoints=[checkpoint_dir],
+            settings=s,
+            family=family.name,
+            options=options,
+            gemm=gemm_placeholder,
+            ports=ports,
+            home=home,
+        )
     except ConfigError as exc:
         if "GPU" not in exc.message:
             raise
         warnings.append(f"! {exc.message} ({exc.hint})" if exc.hint else f"! {exc.message}")
-        plan = plan_serve(repository=repository_dir, checkpoints=[checkpoint_dir], settings=s, family=family.name,
-                          options=replace(options, gpus=tuple(range(tp * pp))),
-                          gemm=gemm_placeholder, ports=ports, home=home)
+        plan = plan_serve(
+            repository=repository_dir,
+            checkpoints=[checkpoint_dir],
+            settings=s,
+            family=family.name,
+            options=replace(options, gpus=tuple(range(tp * pp))),
+            gemm=gemm_placeholder,
+            ports=ports,
+            home=home,
+        )
     layout = plan.layout
     work = plan.work_dir
     title = family.title or family.name
@@ -90,9 +114,12 @@ def describe_run(settings: RunSettings, family: Family, spec: ModelSpec, checkpo
     # 1. image ---------------------------------------------------------------------------
     version = _triton_version(options.image)
     build = ImageBuild(tag=options.image, triton_version=version, sm=sm)
-    sm_note = (f"-D SM={build.sm_text} for this machine's GPUs ({', '.join(sorted({g.name for g in gpus_here}))})"
-               if sm else f"no local GPU found: upstream's default SM {','.join(map(str, UPSTREAM_DEFAULT_SM))}; "
-                          "pass --sm 90 for H100/H200")
+    sm_note = (
+        f"-D SM={build.sm_text} for this machine's GPUs ({', '.join(sorted({g.name for g in gpus_here}))})"
+        if sm
+        else f"no local GPU found: upstream's default SM {','.join(map(str, UPSTREAM_DEFAULT_SM))}; "
+        "pass --sm 90 for H100/H200"
+    )
     build_cli = ["ftx", "image", "build", "--tag", options.image, "--triton-version", version]
     if sm:
         build_cli += ["--sm", build.sm_text]
@@ -116,8 +143,20 @@ def describe_run(settings: RunSettings, family: Family, spec: ModelSpec, checkpo
     # 2. convert -------------------------------------------------------------------------
     source = _source(s, family)
     weight_dtype = s.convert.weight_dtype
-    convert_cli = ["ftx", "convert", source, "--family", family.name, "--tp", str(tp),
-                   *_flag("--pp", pp, 1), "--weight-dtype", weight_dtype, "-o", str(checkpoint_dir.parent)]
+    convert_cli = [
+        "ftx",
+        "convert",
+        source,
+        "--family",
+        family.name,
+        "--tp",
+        str(tp),
+        *_flag("--pp", pp, 1),
+        "--weight-dtype",
+        weight_dtype,
+        "-o",
+        str(checkpoint_dir.parent),
+    ]
     lines += [
         f"2. convert    {source} -> {checkpoint_dir} (config.ini + one .bin per tensor and rank, "
         f"{weight_dtype} weights, tp {tp}); in-process, no container",
@@ -127,8 +166,7 @@ def describe_run(settings: RunSettings, family: Family, spec: ModelSpec, checkpo
     # 3. tune ----------------------------------------------------------------------------
     if tune_s.tune:
         args = gemm_arguments(family, spec, s)
-        tune = tune_spec(image=options.image, command=[gemm_tool_path(family), *args], work_dir=work,
-                         gpu=plan.gpus[0])
+        tune = tune_spec(image=options.image, command=[gemm_tool_path(family), *args], work_dir=work, gpu=plan.gpus[0])
         lines += [
             f"3. tune       {family.gemm_tool} for batch {tune_s.tune_batch}, beam {tune_s.tune_beam}, max input "
             f"{tune_s.tune_max_input_len}, {data_type}, tp {tp} on GPU {plan.gpus[0]} -> {work / GEMM_FILE}",
@@ -141,9 +179,19 @@ def describe_run(settings: RunSettings, family: Family, spec: ModelSpec, checkpo
         lines.append(f"3. tune       skipped — {NO_TUNE_COST}")
 
     # 4. configure -----------------------------------------------------------------------
-    config = build_ft_model_config(FtModelOptions.for_family(
-        family, checkpoint_dir, tp, pp=pp, data_type=data_type, max_batch_size=repo.max_batch_size,
-        instances=repo.instances, streaming=repo.streaming, dynamic_batching=repo.dynamic_batching))
+    config = build_ft_model_config(
+        FtModelOptions.for_family(
+            family,
+            checkpoint_dir,
+            tp,
+            pp=pp,
+            data_type=data_type,
+            max_batch_size=repo.max_batch_size,
+            instances=repo.instances,
+            streaming=repo.streaming,
+            dynamic_batching=repo.dynamic_batching,
+        )
+    )
     order = ("model_type", "tensor_para_size", "pipeline_para_size", "data_type", "model_checkpoint_path")
     keys = sorted(config.parameters, key=lambda k: (order.index(k) if k in order else len(order), k))
     params = ", ".join(f"{k} {config.parameters[k].string_value}" for k in keys)
@@ -161,7 +209,8 @@ def describe_run(settings: RunSettings, family: Family, spec: ModelSpec, checkpo
     lines.append(
         f"5. serve      {layout.gpus_per_node} GPU(s) per node (host GPUs {','.join(map(str, plan.gpus))}), "
         f"HTTP {host}:{ports.http}, gRPC {host}:{ports.grpc}, metrics {ports.metrics} "
-        "(ftx takes free ports when these are busy)")
+        "(ftx takes free ports when these are busy)"
+    )
     if plan.exposure and plan.exposure.caveat:
         lines.append(f"{INDENT}! {plan.exposure.caveat}")
     if layout.multi_node:

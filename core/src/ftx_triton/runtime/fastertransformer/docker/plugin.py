@@ -54,8 +54,9 @@ class DockerFasterTransformer(FasterTransformerRuntime):
     def describe(self, plan: DryRunPlan) -> list[str]:
         from ftx_triton.runtime.fastertransformer.docker.plan import describe_run
 
-        return describe_run(plan.settings, plan.family, plan.spec, plan.checkpoint_dir, plan.repository_dir,
-                            home=plan.store.home)
+        return describe_run(
+            plan.settings, plan.family, plan.spec, plan.checkpoint_dir, plan.repository_dir, home=plan.store.home
+        )
 
     def _target(self, family: Family, spec: ModelSpec, settings: RunSettings) -> dict[str, Any]:
         """GPU, image id and tool arguments of this run's tuning (resolved once per settings)."""
@@ -74,9 +75,14 @@ class DockerFasterTransformer(FasterTransformerRuntime):
         gpu_index = chosen[0]
         model = gpu_model([g for g in gpus if g.index == gpu_index]) if gpus else "unknown GPU"
         client = connect(options.docker_host)
-        target = {"gpu_index": gpu_index, "gpu_model": model, "image": options.image,
-                  "image_id": resolve_image(client, options.image), "args": gemm_arguments(family, spec, settings),
-                  "client": client}
+        target = {
+            "gpu_index": gpu_index,
+            "gpu_model": model,
+            "image": options.image,
+            "image_id": resolve_image(client, options.image),
+            "args": gemm_arguments(family, spec, settings),
+            "client": client,
+        }
         self._targets[cache_key] = target
         return target
 
@@ -93,12 +99,24 @@ class DockerFasterTransformer(FasterTransformerRuntime):
         container = tune_spec(image=target["image"], command=command, work_dir=dest, gpu=target["gpu_index"])
         result = run_tune(target["client"], container, prefix=family.gemm_tool)
         (dest / "gemm-tool.log").write_text(result.output + "\n")
-        (dest / "ftx-tune.json").write_text(json.dumps({
-            "tool": family.gemm_tool, "command": command, "gpu": target["gpu_model"], "gpu_index": target["gpu_index"],
-            "image": target["image"], "image_id": target["image_id"], "docker_run": container.docker_run_line(),
-        }, indent=2))
-        reason = (f"{family.gemm_tool} {' '.join(target['args'])} on {target['gpu_model']} "
-                  f"in {target['image']} ({target['image_id'][:19]})")
+        (dest / "ftx-tune.json").write_text(
+            json.dumps(
+                {
+                    "tool": family.gemm_tool,
+                    "command": command,
+                    "gpu": target["gpu_model"],
+                    "gpu_index": target["gpu_index"],
+                    "image": target["image"],
+                    "image_id": target["image_id"],
+                    "docker_run": container.docker_run_line(),
+                },
+                indent=2,
+            )
+        )
+        reason = (
+            f"{family.gemm_tool} {' '.join(target['args'])} on {target['gpu_model']} "
+            f"in {target['image']} ({target['image_id'][:19]})"
+        )
         return GemmConfig(result.path, True, reason)
 
     def serve(self, repository: ModelRepository, gemm: GemmConfig, ctx: StageContext) -> Endpoint:

@@ -83,8 +83,10 @@ def checkpoint_dirs(repository: Path) -> list[Path]:
             continue
         path = Path(params["model_checkpoint_path"].string_value)
         if not path.is_absolute():
-            raise ConfigError(f"{config} names a relative model_checkpoint_path {str(path)!r}",
-                              hint="it resolves against tritonserver's working directory; use an absolute path")
+            raise ConfigError(
+                f"{config} names a relative model_checkpoint_path {str(path)!r}",
+                hint="it resolves against tritonserver's working directory; use an absolute path",
+            )
         if path not in found:
             found.append(path)
     return found
@@ -123,7 +125,9 @@ class ServePlan:
         return self.work_dir / HOSTFILE_NAME if self.layout.multi_node else None
 
 
-def _mounts(repository: Path, checkpoints: Sequence[Path], work_dir: Path, extra: Sequence[Mount] = ()) -> tuple[Mount, ...]:
+def _mounts(
+    repository: Path, checkpoints: Sequence[Path], work_dir: Path, extra: Sequence[Mount] = ()
+) -> tuple[Mount, ...]:
     mounts = [Mount(str(repository), str(repository), True)]
     for ckpt in checkpoints:
         if not any(_inside(ckpt, Path(m.source)) for m in mounts):
@@ -140,16 +144,33 @@ def _inside(path: Path, parent: Path) -> bool:
         return False
 
 
-def plan_serve(*, repository: Path, checkpoints: Sequence[Path], settings: RunSettings, family: str,
-               options: DockerOptions, gemm: GemmConfig | None, ports: ServerPorts | None = None,
-               home: Path | None = None, instances: int | None = None) -> ServePlan:
+def plan_serve(
+    *,
+    repository: Path,
+    checkpoints: Sequence[Path],
+    settings: RunSettings,
+    family: str,
+    options: DockerOptions,
+    gemm: GemmConfig | None,
+    ports: ServerPorts | None = None,
+    home: Path | None = None,
+    instances: int | None = None,
+) -> ServePlan:
     """The serving container for a repository (no Docker call; ``--dry-run`` prints this)."""
     repository = Path(repository).resolve()
     hosts = read_hosts(options.hosts_file) if options.hosts_file else None
-    layout = node_layout(hosts, tp=settings.convert.tp, pp=settings.configure.pp,
-                         instances=settings.configure.instances if instances is None else instances, ssh_port=options.ssh_port)
-    gpus = select_gpus(layout.gpus_per_node, options.gpus) if not layout.multi_node or options.gpus \
+    layout = node_layout(
+        hosts,
+        tp=settings.convert.tp,
+        pp=settings.configure.pp,
+        instances=settings.configure.instances if instances is None else instances,
+        ssh_port=options.ssh_port,
+    )
+    gpus = (
+        select_gpus(layout.gpus_per_node, options.gpus)
+        if not layout.multi_node or options.gpus
         else tuple(range(layout.gpus_per_node))
+    )
     ports = ports or choose_ports(settings)
     name = container_name(settings, family)
     work_dir = work_dir_for(name, home)
@@ -161,31 +182,59 @@ def plan_serve(*, repository: Path, checkpoints: Sequence[Path], settings: RunSe
         ssh_dir = Path.home() / ".ssh"
         extra.append(Mount(str(ssh_dir), "/root/.ssh", True))
     command = mpirun_argv(layout, hostfile) + [
-        TRITONSERVER, f"--model-repository={repository}",
-        f"--http-port={ports.http}", f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}",
+        TRITONSERVER,
+        f"--model-repository={repository}",
+        f"--http-port={ports.http}",
+        f"--grpc-port={ports.grpc}",
+        f"--metrics-port={ports.metrics}",
     ]
     exposure = exposure_for(settings.serve.host, triton_version_of(options.image))
     command += list(exposure.flags)
-    environment = strip_secrets({"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(layout.gpus_per_node)),
-                                 **options.env})
+    environment = strip_secrets(
+        {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(layout.gpus_per_node)), **options.env}
+    )
     labels = {
-        f"{LABEL_PREFIX}.role": "serve", f"{LABEL_PREFIX}.model": redact(settings.model), f"{LABEL_PREFIX}.family": family,
-        f"{LABEL_PREFIX}.repository": str(repository), f"{LABEL_PREFIX}.http-port": str(ports.http),
-        f"{LABEL_PREFIX}.grpc-port": str(ports.grpc), f"{LABEL_PREFIX}.version": _ftx_version(),
+        f"{LABEL_PREFIX}.role": "serve",
+        f"{LABEL_PREFIX}.model": redact(settings.model),
+        f"{LABEL_PREFIX}.family": family,
+        f"{LABEL_PREFIX}.repository": str(repository),
+        f"{LABEL_PREFIX}.http-port": str(ports.http),
+        f"{LABEL_PREFIX}.grpc-port": str(ports.grpc),
+        f"{LABEL_PREFIX}.version": _ftx_version(),
     }
     common: dict[str, Any] = {
-        "image": options.image, "gpus": tuple(str(g) for g in gpus), "environment": environment,
-        "mounts": _mounts(repository, checkpoints, work_dir, extra), "working_dir": str(work_dir),
-        "shm_size": options.shm_size, "ulimits": {"memlock": MEMLOCK, "stack": STACK}, "ipc_mode": "host",
-        "network_mode": "host", "init": True,
+        "image": options.image,
+        "gpus": tuple(str(g) for g in gpus),
+        "environment": environment,
+        "mounts": _mounts(repository, checkpoints, work_dir, extra),
+        "working_dir": str(work_dir),
+        "shm_size": options.shm_size,
+        "ulimits": {"memlock": MEMLOCK, "stack": STACK},
+        "ipc_mode": "host",
+        "network_mode": "host",
+        "init": True,
     }
     spec = ContainerSpec(command=tuple(command), name=name, labels=labels, **common)
     worker = None
     if layout.multi_node:
-        worker = ContainerSpec(command=("/usr/sbin/sshd", "-D", "-p", str(layout.ssh_port)), name=f"{name}-worker",
-                               labels={**labels, f"{LABEL_PREFIX}.role": "serve-worker"}, **common)
-    return ServePlan(spec, ports, settings.serve.host, work_dir, layout, gemm.path if gemm else None, expect_gemm, gpus, worker,
-                     exposure)
+        worker = ContainerSpec(
+            command=("/usr/sbin/sshd", "-D", "-p", str(layout.ssh_port)),
+            name=f"{name}-worker",
+            labels={**labels, f"{LABEL_PREFIX}.role": "serve-worker"},
+            **common,
+        )
+    return ServePlan(
+        spec,
+        ports,
+        settings.serve.host,
+        work_dir,
+        layout,
+        gemm.path if gemm else None,
+        expect_gemm,
+        gpus,
+        worker,
+        exposure,
+    )
 
 
 def _ftx_version() -> str:
@@ -210,9 +259,17 @@ class FtServer:
     timeout stops and removes the container and raises :class:`ServeError` with the cause and the fix.
     """
 
-    def __init__(self, client: Any, plan: ServePlan, *, scan: ScanContext | None = None,
-                 say: Callable[[str], None] | None = None, ready_timeout_s: float = 900.0,
-                 stop_timeout_s: int = 20, echo: bool = True) -> None:
+    def __init__(
+        self,
+        client: Any,
+        plan: ServePlan,
+        *,
+        scan: ScanContext | None = None,
+        say: Callable[[str], None] | None = None,
+        ready_timeout_s: float = 900.0,
+        stop_timeout_s: int = 20,
+        echo: bool = True,
+    ) -> None:
         self.client = client
         self.plan = plan
         self.spec = plan.spec
@@ -287,8 +344,10 @@ class FtServer:
             raise explain(exc, "looking for an earlier server container", ServeError) from None
         if old.status == "running":
             http = old.labels.get(f"{LABEL_PREFIX}.http-port", "?")
-            raise ServeError(f"a server for this model is already running: container {self.name} (HTTP port {http})",
-                             hint=f"use it, or stop it first (`docker stop {self.name}`)")
+            raise ServeError(
+                f"a server for this model is already running: container {self.name} (HTTP port {http})",
+                hint=f"use it, or stop it first (`docker stop {self.name}`)",
+            )
         log.info("container.leftover_removed", name=self.name, status=old.status)
         old.remove(force=True)
 
@@ -299,9 +358,11 @@ class FtServer:
         ports = self.plan.ports
         busy = busy_ports(self.plan.host, ports)
         if busy:
-            raise ServeError(f"port(s) {', '.join(map(str, busy))} on {client_host(self.plan.host)} are in use "
-                             "(the server shares the host's network)",
-                             hint="pass free --http-port/--grpc-port/--metrics-port, or leave them out to get free ones")
+            raise ServeError(
+                f"port(s) {', '.join(map(str, busy))} on {client_host(self.plan.host)} are in use "
+                "(the server shares the host's network)",
+                hint="pass free --http-port/--grpc-port/--metrics-port, or leave them out to get free ones",
+            )
         try:
             self.container = self.client.containers.create(**self.spec.create_kwargs())
         except docker_errors() as exc:
@@ -373,8 +434,10 @@ class FtServer:
                 if self.scanner.errors:
                     raise self._failure()
                 code = self._exit_code()
-                raise ServeError(f"the server container {self.name} exited with code {code} before it was ready",
-                                 hint=self._tail_hint())
+                raise ServeError(
+                    f"the server container {self.name} exited with code {code} before it was ready",
+                    hint=self._tail_hint(),
+                )
             if http_ok(self.plan.ready_url):
                 self._seen_started.wait(10)  # tritonserver logs "Started HTTPService" after loading the models
                 self._settle()
@@ -382,8 +445,11 @@ class FtServer:
                     raise self._failure()
                 return
             if time.monotonic() > deadline:
-                raise ServeError(f"the server was not ready after {self.ready_timeout_s:.0f}s "
-                                 f"({self.plan.ready_url} never answered 200)", hint=self._tail_hint())
+                raise ServeError(
+                    f"the server was not ready after {self.ready_timeout_s:.0f}s "
+                    f"({self.plan.ready_url} never answered 200)",
+                    hint=self._tail_hint(),
+                )
             time.sleep(0.2)
 
     def _exit_code(self) -> int | str:
@@ -407,8 +473,11 @@ class FtServer:
         """Why the container stopped by itself: a FasterTransformer failure in its log, else its exit code,
         with the log's last lines."""
         finding = self.scanner.first_error()
-        head = (self.scanner.summary(finding) if finding is not None
-                else f"the server container {self.name} stopped by itself (exit code {self._exit_code()})")
+        head = (
+            self.scanner.summary(finding)
+            if finding is not None
+            else f"the server container {self.name} stopped by itself (exit code {self._exit_code()})"
+        )
         return f"{head}\n{self._tail_hint()}"
 
     # ----------------------------------------------------------------- stop, wait, detach
@@ -486,14 +555,27 @@ class FtServer:
 # --------------------------------------------------------------------------- the hook's entry point
 
 
-def serve_fastertransformer(repository: ModelRepository, gemm: GemmConfig, ctx: StageContext, *,
-                            client: Any = None, say: Callable[[str], None] | None = None) -> Endpoint:
+def serve_fastertransformer(
+    repository: ModelRepository,
+    gemm: GemmConfig,
+    ctx: StageContext,
+    *,
+    client: Any = None,
+    say: Callable[[str], None] | None = None,
+) -> Endpoint:
     """Start the FasterTransformer server for ``repository``; return its endpoint (handle: FtServer)."""
     s = ctx.settings
     options = DockerOptions.from_settings(s)
     say = say or ctx.say
-    plan = plan_serve(repository=repository.path, checkpoints=checkpoint_dirs(repository.path), settings=s,
-                      family=repository.family, options=options, gemm=gemm, home=ctx.home)
+    plan = plan_serve(
+        repository=repository.path,
+        checkpoints=checkpoint_dirs(repository.path),
+        settings=s,
+        family=repository.family,
+        options=options,
+        gemm=gemm,
+        home=ctx.home,
+    )
     if plan.layout.multi_node:
         say(f"serve     multi-node: start this on each other node first ({', '.join(plan.layout.hosts[1:])}):")
         say(f"          {plan.worker_spec.docker_run_line(detach=True) if plan.worker_spec else ''}")
@@ -502,12 +584,17 @@ def serve_fastertransformer(repository: ModelRepository, gemm: GemmConfig, ctx: 
     if plan.exposure and plan.exposure.caveat:
         log.warning("serve.exposed", address=s.serve.host, detail=plan.exposure.caveat)
     if plan.exposure and plan.exposure.admin_key:
-        say(f"serve     listening on {s.serve.host}: the {ADMIN_APIS} APIs need the header "
-            f"'{ADMIN_KEY_HEADER}: {plan.exposure.admin_key}' (this run only)")
+        say(
+            f"serve     listening on {s.serve.host}: the {ADMIN_APIS} APIs need the header "
+            f"'{ADMIN_KEY_HEADER}: {plan.exposure.admin_key}' (this run only)"
+        )
     client = client or connect(options.docker_host)
-    scan = ScanContext(tp=s.convert.tp, pp=s.configure.pp, expect_gemm=plan.expect_gemm, gpu_sm=default_sm(), image=options.image)
-    server = FtServer(client, plan, scan=scan, say=say, ready_timeout_s=options.ready_timeout_s,
-                      stop_timeout_s=options.stop_timeout_s)
+    scan = ScanContext(
+        tp=s.convert.tp, pp=s.configure.pp, expect_gemm=plan.expect_gemm, gpu_sm=default_sm(), image=options.image
+    )
+    server = FtServer(
+        client, plan, scan=scan, say=say, ready_timeout_s=options.ready_timeout_s, stop_timeout_s=options.stop_timeout_s
+    )
     server.start()
     text = TEXT_MODEL_NAME
     model = text if text in repository.models else (repository.models[0] if repository.models else "")
@@ -515,5 +602,12 @@ def serve_fastertransformer(repository: ModelRepository, gemm: GemmConfig, ctx: 
     return Endpoint(http_url=server.http_url, grpc_url=server.grpc_url, model=model, handle=server)
 
 
-__all__ = ["FtServer", "ServePlan", "checkpoint_dirs", "container_name", "plan_serve", "serve_fastertransformer",
-           "work_dir_for"]
+__all__ = [
+    "FtServer",
+    "ServePlan",
+    "checkpoint_dirs",
+    "container_name",
+    "plan_serve",
+    "serve_fastertransformer",
+    "work_dir_for",
+]

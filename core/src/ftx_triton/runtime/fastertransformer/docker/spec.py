@@ -54,8 +54,7 @@ class ContainerSpec:
             "image": self.image,
             "command": list(self.command),
             "environment": dict(self.environment),
-            "mounts": [docker.types.Mount(m.target, m.source, type="bind", read_only=m.read_only)
-                       for m in self.mounts],
+            "mounts": [docker.types.Mount(m.target, m.source, type="bind", read_only=m.read_only) for m in self.mounts],
             "ulimits": [docker.types.Ulimit(name=k, soft=v, hard=v) for k, v in self.ulimits.items()],
             "labels": dict(self.labels),
             "init": self.init,
@@ -63,11 +62,14 @@ class ContainerSpec:
         if self.name:
             kwargs["name"] = self.name
         if self.gpus is not None:
-            kwargs["device_requests"] = [docker.types.DeviceRequest(device_ids=list(self.gpus),
-                                                                    capabilities=[["gpu"]])]
-        for key, value in (("working_dir", self.working_dir), ("shm_size", self.shm_size),
-                           ("ipc_mode", self.ipc_mode), ("network_mode", self.network_mode),
-                           ("user", self.user)):
+            kwargs["device_requests"] = [docker.types.DeviceRequest(device_ids=list(self.gpus), capabilities=[["gpu"]])]
+        for key, value in (
+            ("working_dir", self.working_dir),
+            ("shm_size", self.shm_size),
+            ("ipc_mode", self.ipc_mode),
+            ("network_mode", self.network_mode),
+            ("user", self.user),
+        ):
             if value is not None:
                 kwargs[key] = value
         if self.entrypoint is not None:

@@ -43,14 +43,27 @@ def _current_user() -> str | None:
     return f"{os.getuid()}:{os.getgid()}"
 
 
-def tune_spec(*, image: str, command: Sequence[str], work_dir: Path, gpu: int | str,
-              user: str | None = None, environment: dict[str, str] | None = None) -> ContainerSpec:
+def tune_spec(
+    *,
+    image: str,
+    command: Sequence[str],
+    work_dir: Path,
+    gpu: int | str,
+    user: str | None = None,
+    environment: dict[str, str] | None = None,
+) -> ContainerSpec:
     """The tuning container: one GPU, the work directory mounted read-write at its own path as cwd, no
     network (the tool needs none), run as the calling user so the files it writes stay the user's."""
     work = str(Path(work_dir).resolve())
     return ContainerSpec(
-        image=image, command=tuple(command), gpus=(str(gpu),), environment=dict(environment or {}),
-        mounts=(Mount(work, work, False),), working_dir=work, network_mode="none", init=True,
+        image=image,
+        command=tuple(command),
+        gpus=(str(gpu),),
+        environment=dict(environment or {}),
+        mounts=(Mount(work, work, False),),
+        working_dir=work,
+        network_mode="none",
+        init=True,
         user=user if user is not None else _current_user(),
         labels={f"{LABEL_PREFIX}.role": "tune"},
     )
@@ -63,8 +76,9 @@ class TuneResult:
     exit_code: int
 
 
-def run_tune(client: Any, spec: ContainerSpec, *, say: Callable[[str], None] | None = None,
-             prefix: str = "gemm") -> TuneResult:
+def run_tune(
+    client: Any, spec: ContainerSpec, *, say: Callable[[str], None] | None = None, prefix: str = "gemm"
+) -> TuneResult:
     """Run the tuning container to the end; ``gemm_config.in`` must appear in its working directory."""
     say = say or (lambda text: print(text, file=sys.stderr, flush=True))
     assert spec.working_dir is not None
@@ -102,7 +116,9 @@ def run_tune(client: Any, spec: ContainerSpec, *, say: Callable[[str], None] | N
     if code != 0:
         raise ToolError(f"{tool} exited with code {code}", hint=f"its last lines:\n{tail}")
     if not target.is_file() or target.stat().st_size == 0:
-        raise ToolError(f"{tool} finished but wrote no {GEMM_FILE} in {spec.working_dir}",
-                        hint=f"a wrong argument count makes it print its usage and exit 0; its last lines:\n{tail}")
+        raise ToolError(
+            f"{tool} finished but wrote no {GEMM_FILE} in {spec.working_dir}",
+            hint=f"a wrong argument count makes it print its usage and exit 0; its last lines:\n{tail}",
+        )
     log.info("tune.finished", tool=tool, args=list(spec.command[1:]), path=str(target))
     return TuneResult(target, output, code)

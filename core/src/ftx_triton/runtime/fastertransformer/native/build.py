@@ -85,8 +85,12 @@ class BuiltBackend:
 
 def key_inputs(pre: Preflight) -> dict[str, Any]:
     """Everything that determines the binaries."""
-    return {"pins": pins_fingerprint(), "patches": patch_set_digest(), "toolchain": pre.toolchain_key(),
-            "recipe": RECIPE_VERSION}
+    return {
+        "pins": pins_fingerprint(),
+        "patches": patch_set_digest(),
+        "toolchain": pre.toolchain_key(),
+        "recipe": RECIPE_VERSION,
+    }
 
 
 def backend_key(pre: Preflight) -> str:
@@ -110,7 +114,8 @@ def rapidjson_config(dest: Path, include: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "RapidJSONConfig.cmake").write_text(
         "# written by ftx: RapidJSON is header-only\n"
-        f'set(RAPIDJSON_INCLUDE_DIRS "{include}")\nset(RapidJSON_INCLUDE_DIRS "{include}")\n')
+        f'set(RAPIDJSON_INCLUDE_DIRS "{include}")\nset(RapidJSON_INCLUDE_DIRS "{include}")\n'
+    )
     return dest
 
 
@@ -140,27 +145,45 @@ def cmake_arguments(pre: Preflight, src: Path, build: Path, deps: Path, link_dir
     lib_dirs = [link_dir, *p.cuda_lib_dirs, p.nccl_lib, p.mpi_prefix / "lib"]
     # DT_RPATH (not RUNPATH): the build's Open MPI, NCCL and CUDA libraries win over LD_LIBRARY_PATH, which may
     # list a system Open MPI with the same soname (libmpi.so.40)
-    link_flags = " ".join(["-Wl,--disable-new-dtags", *(f"-L{d}" for d in lib_dirs),
-                           *(f"-Wl,-rpath,{d}" for d in lib_dirs[1:])])
+    link_flags = " ".join(
+        ["-Wl,--disable-new-dtags", *(f"-L{d}" for d in lib_dirs), *(f"-Wl,-rpath,{d}" for d in lib_dirs[1:])]
+    )
     return [
-        str(p.cmake), "-S", str(src / "fastertransformer_backend"), "-B", str(build), "-G", "Ninja",
-        "-DCMAKE_BUILD_TYPE=Release", f"-DSM={sm}", f"-DCMAKE_CUDA_ARCHITECTURES={sm.replace(',', ';')}",
-        "-DBUILD_CUTLASS_MOE=OFF", "-DBUILD_CUTLASS_MIXED_GEMM=OFF", "-DGIT_AUTOCLONE_CUTLASS=OFF",
-        "-DBUILD_MULTI_GPU=ON", "-DCMAKE_POLICY_VERSION_MINIMUM=3.5", "-DFETCHCONTENT_FULLY_DISCONNECTED=ON",
+        str(p.cmake),
+        "-S",
+        str(src / "fastertransformer_backend"),
+        "-B",
+        str(build),
+        "-G",
+        "Ninja",
+        "-DCMAKE_BUILD_TYPE=Release",
+        f"-DSM={sm}",
+        f"-DCMAKE_CUDA_ARCHITECTURES={sm.replace(',', ';')}",
+        "-DBUILD_CUTLASS_MOE=OFF",
+        "-DBUILD_CUTLASS_MIXED_GEMM=OFF",
+        "-DGIT_AUTOCLONE_CUTLASS=OFF",
+        "-DBUILD_MULTI_GPU=ON",
+        "-DCMAKE_POLICY_VERSION_MINIMUM=3.5",
+        "-DFETCHCONTENT_FULLY_DISCONNECTED=ON",
         f"-DFT_DIR={src / 'FasterTransformer'}",
         f"-DFETCHCONTENT_SOURCE_DIR_REPO-COMMON={src / 'triton' / 'common'}",
         f"-DFETCHCONTENT_SOURCE_DIR_REPO-CORE={src / 'triton' / 'core'}",
         f"-DFETCHCONTENT_SOURCE_DIR_REPO-BACKEND={src / 'triton' / 'backend'}",
         f"-DRapidJSON_DIR={deps / 'RapidJSON'}",
-        f"-DCMAKE_CUDA_COMPILER={p.nvcc}", f"-DCUDA_TOOLKIT_ROOT_DIR={p.cuda_root}", f"-DCUDAToolkit_ROOT={p.cuda_root}",
-        f"-DCMAKE_CXX_COMPILER={p.cxx}", f"-DCMAKE_CUDA_HOST_COMPILER={p.cxx}",
-        f"-DMPI_C_COMPILER={p.mpi_prefix / 'bin' / 'mpicc'}", f"-DMPI_CXX_COMPILER={p.mpi_prefix / 'bin' / 'mpicxx'}",
+        f"-DCMAKE_CUDA_COMPILER={p.nvcc}",
+        f"-DCUDA_TOOLKIT_ROOT_DIR={p.cuda_root}",
+        f"-DCUDAToolkit_ROOT={p.cuda_root}",
+        f"-DCMAKE_CXX_COMPILER={p.cxx}",
+        f"-DCMAKE_CUDA_HOST_COMPILER={p.cxx}",
+        f"-DMPI_C_COMPILER={p.mpi_prefix / 'bin' / 'mpicc'}",
+        f"-DMPI_CXX_COMPILER={p.mpi_prefix / 'bin' / 'mpicxx'}",
         f"-DNCCL_INCLUDE_DIR={p.nccl_include}",
         f"-DNCCL_LIB_DIR={link_dir if (link_dir / 'libnccl.so').exists() else p.nccl_lib}",
         f"-DPython3_EXECUTABLE={sys.executable}",
         f"-DCMAKE_CXX_FLAGS=-Wno-error=deprecated-declarations {includes}",
         f"-DCMAKE_CUDA_FLAGS={includes}",
-        f"-DCMAKE_SHARED_LINKER_FLAGS={link_flags}", f"-DCMAKE_EXE_LINKER_FLAGS={link_flags}",
+        f"-DCMAKE_SHARED_LINKER_FLAGS={link_flags}",
+        f"-DCMAKE_EXE_LINKER_FLAGS={link_flags}",
         f"-DCMAKE_MODULE_LINKER_FLAGS={link_flags}",
     ]
 
@@ -182,17 +205,34 @@ def build_environment(pre: Preflight, link_dir: Path) -> dict[str, str]:
 # --------------------------------------------------------------------------- running with a log and progress
 
 
-def run_logged(argv: Sequence[str], *, log_file: Path, env: Mapping[str, str], cwd: Path | None = None,
-               on_line: Callable[[str], None] | None = None, what: str = "the build") -> None:
+def run_logged(
+    argv: Sequence[str],
+    *,
+    log_file: Path,
+    env: Mapping[str, str],
+    cwd: Path | None = None,
+    on_line: Callable[[str], None] | None = None,
+    what: str = "the build",
+) -> None:
     """Run ``argv`` with its output appended to ``log_file`` (and each line to ``on_line``); ToolError on failure."""
     with log_file.open("a", encoding="utf-8") as out:
         out.write(f"\n# ftx: {' '.join(argv)}\n")
         out.flush()
         try:
-            proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=dict(env),
-                                    cwd=cwd, text=True, errors="replace", start_new_session=True)
+            proc = subprocess.Popen(
+                list(argv),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=dict(env),
+                cwd=cwd,
+                text=True,
+                errors="replace",
+                start_new_session=True,
+            )
         except OSError as exc:
-            raise ToolError(f"cannot run {argv[0]}: {exc.strerror or exc}", hint="run `ftx backend preflight`") from None
+            raise ToolError(
+                f"cannot run {argv[0]}: {exc.strerror or exc}", hint="run `ftx backend preflight`"
+            ) from None
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -204,8 +244,10 @@ def run_logged(argv: Sequence[str], *, log_file: Path, env: Mapping[str, str], c
             _stop(proc)
             raise
     if code != 0:
-        raise ToolError(f"{what} failed ({Path(argv[0]).name} exited with code {code})",
-                        hint=f"the first error in the log says why:\n{first_errors(log_file)}\nfull log: {log_file}")
+        raise ToolError(
+            f"{what} failed ({Path(argv[0]).name} exited with code {code})",
+            hint=f"the first error in the log says why:\n{first_errors(log_file)}\nfull log: {log_file}",
+        )
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
@@ -249,8 +291,9 @@ class NinjaProgress:
         if self.enabled and sys.stderr.isatty():
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self._bar = Progress(TextColumn("[bold]building FasterTransformer"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn())
+            self._bar = Progress(
+                TextColumn("[bold]building FasterTransformer"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
+            )
             self._bar.__enter__()
             self._task = self._bar.add_task("build", total=None)
         return self
@@ -304,8 +347,9 @@ def _collect(build: Path, dest: Path) -> dict[str, str]:
     for name, where in [*((n, backend) for n in BACKEND_FILES), *((n, dest / "bin") for n in TOOLS)]:
         matches = sorted(p for p in build.rglob(name) if p.is_file() and "CMakeFiles" not in p.parts)
         if not matches:
-            raise ToolError(f"the build finished but produced no {name}",
-                            hint=f"look for errors in {build.parent / 'build.log'}")
+            raise ToolError(
+                f"the build finished but produced no {name}", hint=f"look for errors in {build.parent / 'build.log'}"
+            )
         shutil.copy2(matches[0], where / name)
         found[name] = str(matches[0].relative_to(build))
     return found
@@ -332,10 +376,18 @@ class Recipe:
 FASTERTRANSFORMER = Recipe()
 
 
-def build_backend(store: ArtifactStore, pre: Preflight, *, sources: Callable[[], Path], jobs: int | None = None,
-                  force: bool = False, say: Callable[[str], None] = lambda text: None,
-                  show_progress: bool = True, producer: Mapping[str, Any] | None = None,
-                  recipe: Recipe = FASTERTRANSFORMER) -> BuiltBackend:
+def build_backend(
+    store: ArtifactStore,
+    pre: Preflight,
+    *,
+    sources: Callable[[], Path],
+    jobs: int | None = None,
+    force: bool = False,
+    say: Callable[[str], None] = lambda text: None,
+    show_progress: bool = True,
+    producer: Mapping[str, Any] | None = None,
+    recipe: Recipe = FASTERTRANSFORMER,
+) -> BuiltBackend:
     """The backend build for ``pre``'s toolchain and SM list: from the store, else built now.
 
     ``sources`` is called only when a build is needed (it may download or extract). Raises ToolError
@@ -376,21 +428,35 @@ def build_backend(store: ArtifactStore, pre: Preflight, *, sources: Callable[[],
         n = jobs or os.cpu_count() or 4
         say(f"backend   compiling with ninja -j{n} (a few minutes on 16 cores); log: {log_file}")
         with NinjaProgress(say, show_progress) as progress:
-            run_logged([str(p.ninja), "-C", str(build), f"-j{n}", *recipe.targets], log_file=log_file, env=env,
-                       on_line=progress.line, what="the FasterTransformer build")
+            run_logged(
+                [str(p.ninja), "-C", str(build), f"-j{n}", *recipe.targets],
+                log_file=log_file,
+                env=env,
+                on_line=progress.line,
+                what="the FasterTransformer build",
+            )
         outputs = _collect(build, tmp)
         libs = RuntimeLibraries.of(p)
-        manifest = {"key": key, "sm": list(pre.sm), "toolchain": pre.toolchain_key(), "pins": pins_fingerprint(),
-                    "patches": patch_set_digest(), "built_from": outputs, "build_seconds": round(time.monotonic() - started, 1),
-                    "runtime_lib_dirs": [str(d) for d in libs.lib_dirs],
-                    "opal_prefix": str(libs.opal_prefix) if libs.opal_prefix else None,
-                    "nvcc": str(p.nvcc), "cuda_root": str(p.cuda_root)}
+        manifest = {
+            "key": key,
+            "sm": list(pre.sm),
+            "toolchain": pre.toolchain_key(),
+            "pins": pins_fingerprint(),
+            "patches": patch_set_digest(),
+            "built_from": outputs,
+            "build_seconds": round(time.monotonic() - started, 1),
+            "runtime_lib_dirs": [str(d) for d in libs.lib_dirs],
+            "opal_prefix": str(libs.opal_prefix) if libs.opal_prefix else None,
+            "nvcc": str(p.nvcc),
+            "cuda_root": str(p.cuda_root),
+        }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
         shutil.copy2(log_file, tmp / "build.log")
         return {"backend": manifest}
 
-    artifact, cached = store.build(BACKEND_STAGE, key, builder, inputs=inputs, producer=dict(producer or {}),
-                                   force=force)
+    artifact, cached = store.build(
+        BACKEND_STAGE, key, builder, inputs=inputs, producer=dict(producer or {}), force=force
+    )
     if not cached:
         shutil.rmtree(work, ignore_errors=True)
     manifest = json.loads((artifact.path / MANIFEST).read_text())
@@ -398,6 +464,17 @@ def build_backend(store: ArtifactStore, pre: Preflight, *, sources: Callable[[],
     return BuiltBackend(artifact.path, key, cached, manifest)
 
 
-__all__ = ["FASTERTRANSFORMER", "BuiltBackend", "Recipe", "backend_key", "build_backend", "cmake_arguments",
-           "configure_fastertransformer", "find_backend", "key_inputs", "link_unversioned", "run_logged",
-           "stage_sources"]
+__all__ = [
+    "FASTERTRANSFORMER",
+    "BuiltBackend",
+    "Recipe",
+    "backend_key",
+    "build_backend",
+    "cmake_arguments",
+    "configure_fastertransformer",
+    "find_backend",
+    "key_inputs",
+    "link_unversioned",
+    "run_logged",
+    "stage_sources",
+]

@@ -45,9 +45,17 @@ def tp_pp(settings: RunSettings) -> tuple[int, int]:
     return settings.convert.tp, settings.configure.pp
 
 
-def backend_for(store: ArtifactStore, *, sm: str | None = None, sources: Path | None = None, jobs: int | None = None,
-                force: bool = False, need_gpu: bool = True, say: Callable[[str], None] = lambda text: None,
-                show_progress: bool = True) -> BuiltBackend:
+def backend_for(
+    store: ArtifactStore,
+    *,
+    sm: str | None = None,
+    sources: Path | None = None,
+    jobs: int | None = None,
+    force: bool = False,
+    need_gpu: bool = True,
+    say: Callable[[str], None] = lambda text: None,
+    show_progress: bool = True,
+) -> BuiltBackend:
     """The backend build for this host (``--sm`` or its GPUs): from ``store``, else built into it now."""
     import ftx_triton
     from ftx_triton.runtime.fastertransformer.native.build import build_backend
@@ -56,9 +64,16 @@ def backend_for(store: ArtifactStore, *, sm: str | None = None, sources: Path | 
 
     pre = preflight(sm, need_gpu=need_gpu)
     cache = store.home / "native" / "sources"
-    return build_backend(store, pre, sources=lambda: acquire_sources(sources, cache, progress=show_progress),
-                         jobs=jobs, force=force, say=say, show_progress=show_progress,
-                         producer={"ftx": ftx_triton.__version__})
+    return build_backend(
+        store,
+        pre,
+        sources=lambda: acquire_sources(sources, cache, progress=show_progress),
+        jobs=jobs,
+        force=force,
+        say=say,
+        show_progress=show_progress,
+        producer={"ftx": ftx_triton.__version__},
+    )
 
 
 __all__ = ["NativeOptions", "backend_for", "tp_pp"]

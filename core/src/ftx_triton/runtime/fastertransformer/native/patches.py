@@ -55,82 +55,151 @@ def _cccl3(path: str, sums: int, maxes: int, sum_objects: int = 0) -> list[Edit]
 
 PATCHES: tuple[Edit, ...] = (
     # --- FasterTransformer's CMake
-    Edit(f"{FT}/CMakeLists.txt", 'set(CXX_STD "14" CACHE STRING "C++ standard")',
-         'set(CXX_STD "17" CACHE STRING "C++ standard")', "CUB/Thrust/libcu++ of CUDA 13 need C++17"),
-    Edit(f"{FT}/CMakeLists.txt", "\nadd_subdirectory(tests)\n",
-         '\noption(FT_BUILD_TESTS "Build FasterTransformer\'s unit tests (clones googletest)" OFF)\n'
-         "if(FT_BUILD_TESTS)\n  add_subdirectory(tests)\nendif()\n",
-         "the tests clone googletest at configure time; keep them out of an offline build"),
-    Edit(f"{FT}/CMakeLists.txt", "${PROJECT_SOURCE_DIR}/../repo-core-src/include",
-         "${repo-core_SOURCE_DIR}/include",
-         "Triton core's headers are where the backend's FetchContent put them, not at a fixed sibling path"),
-    Edit(f"{FT}/CMakeLists.txt", "from distutils import sysconfig;\nprint(sysconfig.get_python_inc());",
-         'import sysconfig;\nprint(sysconfig.get_paths()["include"]);', "distutils is gone in Python 3.12"),
-    Edit(f"{FT}/CMakeLists.txt", "target_link_libraries(transformer-shared PUBLIC\n  -lnvToolsExt\n)",
-         "target_link_libraries(transformer-shared PUBLIC\n  -ldl\n)",
-         "CUDA 13 has no libnvToolsExt; NVTX 3 is header-only (and loads its injection with dlopen)"),
-    Edit(f"{FT}/src/fastertransformer/utils/CMakeLists.txt", "target_link_libraries(nvtx_utils PUBLIC -lnvToolsExt)",
-         "target_link_libraries(nvtx_utils PUBLIC -ldl)", "CUDA 13 has no libnvToolsExt"),
-    Edit(f"{FT}/src/fastertransformer/models/CMakeLists.txt", "add_subdirectory(wenet)",
-         "if(CUDNN_FOUND)\n  add_subdirectory(wenet)\nendif()", "WeNet links cuDNN, which is optional"),
-    Edit(f"{FT}/examples/cpp/CMakeLists.txt",
-         "add_subdirectory(swin)\nadd_subdirectory(swin_int8)\nadd_subdirectory(vit)\nadd_subdirectory(vit_int8)\n"
-         "\nadd_subdirectory(wenet)",
-         "if(CUDNN_FOUND)\n  add_subdirectory(swin)\n  add_subdirectory(swin_int8)\n  add_subdirectory(vit)\n"
-         "  add_subdirectory(vit_int8)\n  add_subdirectory(wenet)\nendif()",
-         "the Swin, ViT and WeNet examples link cuDNN, which is optional"),
+    Edit(
+        f"{FT}/CMakeLists.txt",
+        'set(CXX_STD "14" CACHE STRING "C++ standard")',
+        'set(CXX_STD "17" CACHE STRING "C++ standard")',
+        "CUB/Thrust/libcu++ of CUDA 13 need C++17",
+    ),
+    Edit(
+        f"{FT}/CMakeLists.txt",
+        "\nadd_subdirectory(tests)\n",
+        '\noption(FT_BUILD_TESTS "Build FasterTransformer\'s unit tests (clones googletest)" OFF)\n'
+        "if(FT_BUILD_TESTS)\n  add_subdirectory(tests)\nendif()\n",
+        "the tests clone googletest at configure time; keep them out of an offline build",
+    ),
+    Edit(
+        f"{FT}/CMakeLists.txt",
+        "${PROJECT_SOURCE_DIR}/../repo-core-src/include",
+        "${repo-core_SOURCE_DIR}/include",
+        "Triton core's headers are where the backend's FetchContent put them, not at a fixed sibling path",
+    ),
+    Edit(
+        f"{FT}/CMakeLists.txt",
+        "from distutils import sysconfig;\nprint(sysconfig.get_python_inc());",
+        'import sysconfig;\nprint(sysconfig.get_paths()["include"]);',
+        "distutils is gone in Python 3.12",
+    ),
+    Edit(
+        f"{FT}/CMakeLists.txt",
+        "target_link_libraries(transformer-shared PUBLIC\n  -lnvToolsExt\n)",
+        "target_link_libraries(transformer-shared PUBLIC\n  -ldl\n)",
+        "CUDA 13 has no libnvToolsExt; NVTX 3 is header-only (and loads its injection with dlopen)",
+    ),
+    Edit(
+        f"{FT}/src/fastertransformer/utils/CMakeLists.txt",
+        "target_link_libraries(nvtx_utils PUBLIC -lnvToolsExt)",
+        "target_link_libraries(nvtx_utils PUBLIC -ldl)",
+        "CUDA 13 has no libnvToolsExt",
+    ),
+    Edit(
+        f"{FT}/src/fastertransformer/models/CMakeLists.txt",
+        "add_subdirectory(wenet)",
+        "if(CUDNN_FOUND)\n  add_subdirectory(wenet)\nendif()",
+        "WeNet links cuDNN, which is optional",
+    ),
+    Edit(
+        f"{FT}/examples/cpp/CMakeLists.txt",
+        "add_subdirectory(swin)\nadd_subdirectory(swin_int8)\nadd_subdirectory(vit)\nadd_subdirectory(vit_int8)\n"
+        "\nadd_subdirectory(wenet)",
+        "if(CUDNN_FOUND)\n  add_subdirectory(swin)\n  add_subdirectory(swin_int8)\n  add_subdirectory(vit)\n"
+        "  add_subdirectory(vit_int8)\n  add_subdirectory(wenet)\nendif()",
+        "the Swin, ViT and WeNet examples link cuDNN, which is optional",
+    ),
     # --- FasterTransformer's C++/CUDA sources
-    Edit(f"{FT}/src/fastertransformer/utils/nvtx_utils.cc", '#include "nvToolsExt.h"', "#include <nvtx3/nvToolsExt.h>",
-         "CUDA 13 ships NVTX 3 only"),
-    Edit(f"{FT}/src/fastertransformer/th_op/th_utils.h", "#include <nvToolsExt.h>", "#include <nvtx3/nvToolsExt.h>",
-         "CUDA 13 ships NVTX 3 only"),
-    Edit(f"{FT}/src/fastertransformer/utils/cublasMMWrapper.h", "#include <map>\n", "#include <array>\n#include <map>\n",
-         "std::array is used without its header (an incomplete type with newer libstdc++)"),
-    Edit(f"{FT}/src/fastertransformer/kernels/decoder_masked_multihead_attention_utils.h", "#include <stdint.h>\n",
-         "#include <stdint.h>\n#include <stdio.h>\n", "printf is used without its header"),
+    Edit(
+        f"{FT}/src/fastertransformer/utils/nvtx_utils.cc",
+        '#include "nvToolsExt.h"',
+        "#include <nvtx3/nvToolsExt.h>",
+        "CUDA 13 ships NVTX 3 only",
+    ),
+    Edit(
+        f"{FT}/src/fastertransformer/th_op/th_utils.h",
+        "#include <nvToolsExt.h>",
+        "#include <nvtx3/nvToolsExt.h>",
+        "CUDA 13 ships NVTX 3 only",
+    ),
+    Edit(
+        f"{FT}/src/fastertransformer/utils/cublasMMWrapper.h",
+        "#include <map>\n",
+        "#include <array>\n#include <map>\n",
+        "std::array is used without its header (an incomplete type with newer libstdc++)",
+    ),
+    Edit(
+        f"{FT}/src/fastertransformer/kernels/decoder_masked_multihead_attention_utils.h",
+        "#include <stdint.h>\n",
+        "#include <stdint.h>\n#include <stdio.h>\n",
+        "printf is used without its header",
+    ),
     *_cccl3(f"{FT}/src/fastertransformer/kernels/moe_kernels.cu", sums=0, maxes=1, sum_objects=1),
     *_cccl3(f"{FT}/src/fastertransformer/layers/attention_layers/DecoderCrossAttentionLayer.cu", sums=0, maxes=1),
     *_cccl3(f"{FT}/src/fastertransformer/kernels/longformer_kernels.cu", sums=2, maxes=2),
     *_cccl3(f"{FT}/3rdparty/trt_fused_multihead_attention/common.cuh", sums=2, maxes=2, sum_objects=2),
-    Edit(f"{FT}/src/fastertransformer/utils/gemm_test/gemm_func.cc", "           matmulTileName[tile],\n",
-         "           (tile >= 0 && tile < (int)(sizeof(matmulTileName) / sizeof(matmulTileName[0])) ? "
-         "matmulTileName[tile] : \"other\"),\n",
-         "cuBLASLt 13 reports tile ids past the end of the tool's name table; gpt_gemm/t5_gemm read a wild "
-         "pointer and crash while printing the results"),
+    Edit(
+        f"{FT}/src/fastertransformer/utils/gemm_test/gemm_func.cc",
+        "           matmulTileName[tile],\n",
+        "           (tile >= 0 && tile < (int)(sizeof(matmulTileName) / sizeof(matmulTileName[0])) ? "
+        'matmulTileName[tile] : "other"),\n',
+        "cuBLASLt 13 reports tile ids past the end of the tool's name table; gpt_gemm/t5_gemm read a wild "
+        "pointer and crash while printing the results",
+    ),
     # --- the Triton backend's CMake
     # --- behaviour: the backend's enable_custom_all_reduce parameter was never read (the check tested the
     # vector pointer, never null), so FasterTransformer used its custom all-reduce at exactly 8 ranks of a
     # node whatever the parameter said, and NCCL otherwise
-    Edit(f"{FT}/src/fastertransformer/utils/custom_ar_comm.cc", "    if (custom_all_reduce_comms == 0) {",
-         "    if (enable_custom_all_reduce == 0) {", "honour enable_custom_all_reduce (upstream tested the pointer)"),
+    Edit(
+        f"{FT}/src/fastertransformer/utils/custom_ar_comm.cc",
+        "    if (custom_all_reduce_comms == 0) {",
+        "    if (enable_custom_all_reduce == 0) {",
+        "honour enable_custom_all_reduce (upstream tested the pointer)",
+    ),
     # --- behaviour: a GEMM algorithm from gemm_config.in that cuBLASLt refuses was skipped in silence (the
     # status was not checked): the product never ran, its output kept stale values, and decoding looked
     # faster than the memory allows. Now the refused algorithm falls back to cuBLASLt's own choice, and any
     # other failure is an error.
-    Edit(f"{FT}/src/fastertransformer/utils/cublasMMWrapper.cc", "        cublasLtMatmul(cublaslt_handle_,\n",
-         "        cublasStatus_t ftx_status = cublasLtMatmul(cublaslt_handle_,\n",
-         "keep the status of the tuned cublasLtMatmul"),
-    Edit(f"{FT}/src/fastertransformer/utils/cublasMMWrapper.cc",
-         "                       stream_);\n\n        cublasLtMatmulDescDestroy(operationDesc);",
-         "                       stream_);\n"
-         "        if (ftx_status != CUBLAS_STATUS_SUCCESS && findAlgo == 1) {\n"
-         "            ftx_status = cublasLtMatmul(cublaslt_handle_, operationDesc, alpha, A, Adesc, B, Bdesc, beta, C,\n"
-         "                                        Cdesc, C, Cdesc, NULL, workSpace, workspaceSize, stream_);\n"
-         "        }\n"
-         "        check_cuda_error(ftx_status);\n\n"
-         "        cublasLtMatmulDescDestroy(operationDesc);",
-         "a refused tuned algorithm falls back to cuBLASLt's choice instead of skipping the GEMM"),
-    Edit("fastertransformer_backend/CMakeLists.txt", 'set(CMAKE_CUDA_FLAGS "-include stdio.h")',
-         'set(CMAKE_CUDA_FLAGS "${CMAKE_CUDA_FLAGS} -include stdio.h")',
-         "append to the CUDA flags instead of dropping the include paths and flags given on the command line"),
-    Edit("fastertransformer_backend/CMakeLists.txt", "target_compile_features(triton-fastertransformer-backend PRIVATE "
-         "cxx_std_14)", "target_compile_features(triton-fastertransformer-backend PRIVATE cxx_std_17)",
-         "FasterTransformer's headers need C++17 with CUDA 13"),
+    Edit(
+        f"{FT}/src/fastertransformer/utils/cublasMMWrapper.cc",
+        "        cublasLtMatmul(cublaslt_handle_,\n",
+        "        cublasStatus_t ftx_status = cublasLtMatmul(cublaslt_handle_,\n",
+        "keep the status of the tuned cublasLtMatmul",
+    ),
+    Edit(
+        f"{FT}/src/fastertransformer/utils/cublasMMWrapper.cc",
+        "                       stream_);\n\n        cublasLtMatmulDescDestroy(operationDesc);",
+        "                       stream_);\n"
+        "        if (ftx_status != CUBLAS_STATUS_SUCCESS && findAlgo == 1) {\n"
+        "            ftx_status = cublasLtMatmul(cublaslt_handle_, operationDesc, alpha, A, Adesc, B, Bdesc, beta, C,\n"
+        "                                        Cdesc, C, Cdesc, NULL, workSpace, workspaceSize, stream_);\n"
+        "        }\n"
+        "        check_cuda_error(ftx_status);\n\n"
+        "        cublasLtMatmulDescDestroy(operationDesc);",
+        "a refused tuned algorithm falls back to cuBLASLt's choice instead of skipping the GEMM",
+    ),
+    Edit(
+        "fastertransformer_backend/CMakeLists.txt",
+        'set(CMAKE_CUDA_FLAGS "-include stdio.h")',
+        'set(CMAKE_CUDA_FLAGS "${CMAKE_CUDA_FLAGS} -include stdio.h")',
+        "append to the CUDA flags instead of dropping the include paths and flags given on the command line",
+    ),
+    Edit(
+        "fastertransformer_backend/CMakeLists.txt",
+        "target_compile_features(triton-fastertransformer-backend PRIVATE cxx_std_14)",
+        "target_compile_features(triton-fastertransformer-backend PRIVATE cxx_std_17)",
+        "FasterTransformer's headers need C++17 with CUDA 13",
+    ),
     # --- Triton's backend utilities (r22.12)
-    Edit("triton/backend/CMakeLists.txt", "OPTIONS -arch compute_53\n", "OPTIONS -arch compute_75\n",
-         "nvcc 13 dropped compute_53"),
-    Edit("triton/backend/CMakeLists.txt", "OPTIONS -code compute_53,sm_53,sm_60,sm_61,sm_62,sm_70,sm_72,sm_75\n",
-         "OPTIONS -code compute_75,sm_75,sm_80,sm_90\n", "nvcc 13 builds for sm_75 and newer only"),
+    Edit(
+        "triton/backend/CMakeLists.txt",
+        "OPTIONS -arch compute_53\n",
+        "OPTIONS -arch compute_75\n",
+        "nvcc 13 dropped compute_53",
+    ),
+    Edit(
+        "triton/backend/CMakeLists.txt",
+        "OPTIONS -code compute_53,sm_53,sm_60,sm_61,sm_62,sm_70,sm_72,sm_75\n",
+        "OPTIONS -code compute_75,sm_75,sm_80,sm_90\n",
+        "nvcc 13 builds for sm_75 and newer only",
+    ),
 )
 
 
@@ -175,9 +244,11 @@ def apply_patches(root: Path, edits: Sequence[Edit] = PATCHES) -> int:
     problems = check_patches(root, edits)
     if problems:
         shown = "\n  ".join(problems[:8])
-        raise SourceError(f"ftx's patch set does not fit these sources ({len(problems)} edit(s)):\n  {shown}",
-                          hint="the sources differ from the pinned upstream commits, or were patched already; "
-                               "start from unmodified upstream sources")
+        raise SourceError(
+            f"ftx's patch set does not fit these sources ({len(problems)} edit(s)):\n  {shown}",
+            hint="the sources differ from the pinned upstream commits, or were patched already; "
+            "start from unmodified upstream sources",
+        )
     texts: dict[str, str] = {}
     for edit in edits:
         if edit.path not in texts:

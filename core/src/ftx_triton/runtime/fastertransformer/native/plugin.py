@@ -62,11 +62,15 @@ class NativeFasterTransformer(FasterTransformerRuntime):
         pre = self.preflight(settings)
         built = find_backend(store, pre) if pre.sm else None
         if built is not None:
-            return Availability(True, f"FasterTransformer is built here for SM {','.join(map(str, built.sm))} "
-                                      f"({built.path})")
+            return Availability(
+                True, f"FasterTransformer is built here for SM {','.join(map(str, built.sm))} ({built.path})"
+            )
         if pre.ok:
-            return Availability(True, f"FasterTransformer is not built yet; ftx will build it for SM "
-                                      f"{','.join(map(str, pre.sm))} from pinned sources (a few minutes, once)")
+            return Availability(
+                True,
+                f"FasterTransformer is not built yet; ftx will build it for SM "
+                f"{','.join(map(str, pre.sm))} from pinned sources (a few minutes, once)",
+            )
         failed = pre.failures[0]
         return Availability(False, f"FasterTransformer cannot be built here: {failed.name}: {failed.detail}")
 
@@ -80,8 +84,12 @@ class NativeFasterTransformer(FasterTransformerRuntime):
         from ftx_triton.runtime.fastertransformer.native.options import NativeOptions
         from ftx_triton.runtime.fastertransformer.native.serve import check_hosts_reachable
 
-        layout = node_layout(read_hosts(Path(str(settings.launch.hosts)), repeats=True), tp=settings.convert.tp,
-                             pp=settings.configure.pp, instances=settings.configure.instances)
+        layout = node_layout(
+            read_hosts(Path(str(settings.launch.hosts)), repeats=True),
+            tp=settings.convert.tp,
+            pp=settings.configure.pp,
+            instances=settings.configure.instances,
+        )
         check_hosts_reachable(layout, NativeOptions.from_settings(settings).ssh_port)
 
     def built(self, ctx: StageContext) -> BuiltBackend:
@@ -89,8 +97,14 @@ class NativeFasterTransformer(FasterTransformerRuntime):
         from ftx_triton.runtime.fastertransformer.native.options import NativeOptions, backend_for
 
         options = NativeOptions.from_settings(ctx.settings)
-        return backend_for(ctx.store, sm=options.sm, sources=options.sources, jobs=options.jobs, say=ctx.say,
-                           show_progress=ctx.show_progress)
+        return backend_for(
+            ctx.store,
+            sm=options.sm,
+            sources=options.sources,
+            jobs=options.jobs,
+            say=ctx.say,
+            show_progress=ctx.show_progress,
+        )
 
     # -- stages ----------------------------------------------------------------------------
 
@@ -105,9 +119,13 @@ class NativeFasterTransformer(FasterTransformerRuntime):
         sm = ",".join(map(str, pre.sm)) or "<--sm>"
         home = plan.store.home
         built = find_backend(plan.store, pre) if pre.sm else None
-        build_line = (f"backend   cached {built.path}" if built else
-                      f"backend   ftx backend build --sm {sm}" + (f" --sources {options.sources}" if options.sources else "")
-                      + (f"  (key {backend_key(pre)})" if pre.sm else ""))
+        build_line = (
+            f"backend   cached {built.path}"
+            if built
+            else f"backend   ftx backend build --sm {sm}"
+            + (f" --sources {options.sources}" if options.sources else "")
+            + (f"  (key {backend_key(pre)})" if pre.sm else "")
+        )
         lines = [build_line]
         if not pre.ok:
             lines += [f"          missing: {c.name}: {c.detail}" for c in pre.failures]
@@ -116,15 +134,19 @@ class NativeFasterTransformer(FasterTransformerRuntime):
             lines.append(f"tune      {plan.family.gemm_tool} {args}  (CUDA_VISIBLE_DEVICES=<first serving GPU>)")
         else:
             lines.append("tune      skipped (--no-tune)")
-        lines.append(f"configure Triton repository -> {plan.repository_dir} (fastertransformer backend, "
-                     "preprocessing, postprocessing, ensemble)")
+        lines.append(
+            f"configure Triton repository -> {plan.repository_dir} (fastertransformer backend, "
+            "preprocessing, postprocessing, ensemble)"
+        )
         if s.until == "serve":
             world = s.convert.tp * s.configure.pp
             gpus = ",".join(map(str, options.gpus or range(world)))
             launcher = "mpirun --hostfile … -n <nodes> " if options.hosts_file else ""
-            lines.append(f"serve     CUDA_VISIBLE_DEVICES={gpus} {launcher}tritonserver --model-repository="
-                         f"{plan.repository_dir} --backend-directory=<fastertransformer + python> "
-                         f"(cwd {work_dir_for(home, s)}, holding gemm_config.in)")
+            lines.append(
+                f"serve     CUDA_VISIBLE_DEVICES={gpus} {launcher}tritonserver --model-repository="
+                f"{plan.repository_dir} --backend-directory=<fastertransformer + python> "
+                f"(cwd {work_dir_for(home, s)}, holding gemm_config.in)"
+            )
         return lines
 
     def tune_key(self, family: Family, spec: ModelSpec, settings: RunSettings) -> Mapping[str, object]:
@@ -132,8 +154,11 @@ class NativeFasterTransformer(FasterTransformerRuntime):
         from ftx_triton.runtime.fastertransformer.native.build import backend_key
 
         pre = self.preflight(settings)
-        return {"gpu": gpu_model(self.probe().gpus), "build": backend_key(pre) if pre.sm else None,
-                "args": gemm_arguments(family, spec, settings)}
+        return {
+            "gpu": gpu_model(self.probe().gpus),
+            "build": backend_key(pre) if pre.sm else None,
+            "args": gemm_arguments(family, spec, settings),
+        }
 
     def tune(self, family: Family, spec: ModelSpec, dest: Path, ctx: StageContext) -> GemmConfig:
         from ftx_triton.plan.artifacts import GemmConfig
@@ -148,8 +173,12 @@ class NativeFasterTransformer(FasterTransformerRuntime):
         args = gemm_arguments(family, spec, s)
         path = run_gemm_tool(built, family.gemm_tool, args, dest, gpus[0])
         model = gpu_model([g for g in self.probe().gpus if g.index == gpus[0]])
-        (dest / "ftx-tune.json").write_text(json.dumps({"tool": family.gemm_tool, "args": args, "gpu": model,
-                                                        "gpu_index": gpus[0], "build": built.key}, indent=2))
+        (dest / "ftx-tune.json").write_text(
+            json.dumps(
+                {"tool": family.gemm_tool, "args": args, "gpu": model, "gpu_index": gpus[0], "build": built.key},
+                indent=2,
+            )
+        )
         return GemmConfig(path, True, f"{family.gemm_tool} {' '.join(args)} on {model} (build {built.key})")
 
     def serve(self, repository: ModelRepository, gemm: GemmConfig, ctx: StageContext) -> Endpoint:

@@ -36,10 +36,12 @@ def _first_int(environ: Mapping[str, str], names: Sequence[str]) -> int:
 
 def rank_gpus(gpus: Sequence[str], per_rank: int, local_rank: int) -> list[str]:
     """The GPUs of the ``local_rank``-th process on a machine: its slice of ``gpus``."""
-    chosen = list(gpus[local_rank * per_rank:(local_rank + 1) * per_rank])
+    chosen = list(gpus[local_rank * per_rank : (local_rank + 1) * per_rank])
     if per_rank < 1 or len(chosen) < per_rank:
-        raise ValueError(f"local rank {local_rank} needs GPUs {local_rank * per_rank}..{(local_rank + 1) * per_rank - 1} "
-                         f"of {','.join(gpus) or 'none'} ({per_rank} per rank)")
+        raise ValueError(
+            f"local rank {local_rank} needs GPUs {local_rank * per_rank}..{(local_rank + 1) * per_rank - 1} "
+            f"of {','.join(gpus) or 'none'} ({per_rank} per rank)"
+        )
     return chosen
 
 
@@ -69,8 +71,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         gpus = rank_gpus([g for g in args.gpus.split(",") if g], args.per_rank, local)
     except ValueError as exc:
         print(f"error: ftx rank {rank}: {exc}", file=sys.stderr, flush=True)
-        print("hint: list a machine on as many lines of the hosts file as it has GPU groups, or name --gpus",
-              file=sys.stderr, flush=True)
+        print(
+            "hint: list a machine on as many lines of the hosts file as it has GPU groups, or name --gpus",
+            file=sys.stderr,
+            flush=True,
+        )
         return 2
     env = dict(environ, CUDA_VISIBLE_DEVICES=",".join(gpus), FTX_MPI_RANK=str(rank))
     print(f"ftx: MPI rank {rank} (local {local}) on GPU(s) {env['CUDA_VISIBLE_DEVICES']}", file=sys.stderr, flush=True)

@@ -27,13 +27,7 @@ from ftx_triton.plan.settings import RunSettings
 from ftx_triton.repository.io import TEXT_MODEL_NAME
 from ftx_triton.repository.model_config import FT_MODEL_NAME
 from ftx_triton.runtime.fastertransformer.base import prepare_work_dir as prepare_ft_work_dir
-from ftx_triton.runtime.fastertransformer.hosts import (
-    FORWARDED_ENV,
-    HOSTFILE_NAME,
-    NodeLayout,
-    node_layout,
-    read_hosts,
-)
+from ftx_triton.runtime.fastertransformer.hosts import FORWARDED_ENV, HOSTFILE_NAME, NodeLayout, node_layout, read_hosts
 from ftx_triton.runtime.fastertransformer.logscan import LogScanner, ScanContext
 from ftx_triton.runtime.fastertransformer.native.build import BuiltBackend
 from ftx_triton.runtime.fastertransformer.native.options import NativeOptions
@@ -69,9 +63,16 @@ def work_dir_for(home: Path, settings: RunSettings) -> Path:
     return home / "native" / "serve" / f"{server_name(settings.model)}-tp{settings.convert.tp}pp{settings.configure.pp}"
 
 
-def plan_native_serve(*, settings: RunSettings, options: NativeOptions, built: BuiltBackend, gemm: GemmConfig | None,
-                      home: Path, available_gpus: Sequence[object] | None = None,
-                      base_env: Mapping[str, str] | None = None) -> NativeServePlan:
+def plan_native_serve(
+    *,
+    settings: RunSettings,
+    options: NativeOptions,
+    built: BuiltBackend,
+    gemm: GemmConfig | None,
+    home: Path,
+    available_gpus: Sequence[object] | None = None,
+    base_env: Mapping[str, str] | None = None,
+) -> NativeServePlan:
     """The server's GPUs, environment, working directory and launcher (no process is started)."""
     from ftx_triton.runtime.fastertransformer.gpus import local_gpus, select_gpus
 
@@ -80,8 +81,10 @@ def plan_native_serve(*, settings: RunSettings, options: NativeOptions, built: B
     layout = node_layout(hosts, tp=tp, pp=pp, instances=settings.configure.instances, ssh_port=options.ssh_port or 22)
     gpus_here = tuple(local_gpus()) if available_gpus is None else tuple(available_gpus)
     if not gpus_here:
-        raise ServeError("no NVIDIA GPU found: FasterTransformer needs tp x pp GPUs",
-                         hint="run on a GPU host with the NVIDIA driver (nvidia-smi), or use --runtime python")
+        raise ServeError(
+            "no NVIDIA GPU found: FasterTransformer needs tp x pp GPUs",
+            hint="run on a GPU host with the NVIDIA driver (nvidia-smi), or use --runtime python",
+        )
     here = layout.gpus_per_node * (layout.machines[0][1] if layout.multi_node else 1)
     gpus = select_gpus(here, options.gpus, gpus_here)  # type: ignore[arg-type]
     work = work_dir_for(home, settings)
@@ -90,10 +93,16 @@ def plan_native_serve(*, settings: RunSettings, options: NativeOptions, built: B
     if layout.multi_node:
         mpirun = str(built.opal_prefix / "bin" / "mpirun") if built.opal_prefix else "mpirun"
         per_machine = options.gpus or tuple(range(layout.gpus_per_node * layout.ranks_per_machine))
-        launcher = (mpirun, *native_mpirun_args(layout, work / HOSTFILE_NAME, options.ssh_port),
-                    sys.executable, "-m", "ftx_triton.runtime.fastertransformer.native.rank",
-                    f"--gpus={','.join(map(str, per_machine))}",
-                    f"--per-rank={layout.gpus_per_node}", "--")
+        launcher = (
+            mpirun,
+            *native_mpirun_args(layout, work / HOSTFILE_NAME, options.ssh_port),
+            sys.executable,
+            "-m",
+            "ftx_triton.runtime.fastertransformer.native.rank",
+            f"--gpus={','.join(map(str, per_machine))}",
+            f"--per-rank={layout.gpus_per_node}",
+            "--",
+        )
     expect = bool(gemm and gemm.tuned and gemm.path)
     return NativeServePlan(gpus, layout, env, work, launcher, gemm.path if expect and gemm else None, expect)
 
@@ -103,8 +112,17 @@ def native_mpirun_args(layout: NodeLayout, hostfile: Path, ssh_port: int | None)
     in line order (``--map-by slot``), no core binding (each process runs a thread per GPU), the
     environment forwarded to the other machines, ssh on ``ssh_port`` when given. Machines named
     ``localhost`` are started without ssh."""
-    argv = ["-n", str(layout.nodes), "--allow-run-as-root", "--hostfile", str(hostfile),
-            "--map-by", "slot", "--bind-to", "none"]
+    argv = [
+        "-n",
+        str(layout.nodes),
+        "--allow-run-as-root",
+        "--hostfile",
+        str(hostfile),
+        "--map-by",
+        "slot",
+        "--bind-to",
+        "none",
+    ]
     for name in FORWARD:
         argv += ["-x", name]
     if ssh_port:
@@ -119,8 +137,9 @@ def is_local(host: str) -> bool:
     return host in LOCAL_NAMES or host in {socket.gethostname(), socket.getfqdn()}
 
 
-def check_hosts_reachable(layout: NodeLayout, ssh_port: int | None, timeout_s: float = 5.0,
-                          connect: Callable[..., object] | None = None) -> None:
+def check_hosts_reachable(
+    layout: NodeLayout, ssh_port: int | None, timeout_s: float = 5.0, connect: Callable[..., object] | None = None
+) -> None:
     """Every other machine of the hosts file resolves and answers on its ssh port, checked in seconds
     before mpirun would wait on it (ConfigError naming the first that does not)."""
     import socket
@@ -133,10 +152,11 @@ def check_hosts_reachable(layout: NodeLayout, ssh_port: int | None, timeout_s: f
         try:
             conn = connect((host, port), timeout=timeout_s)
         except OSError as exc:
-            raise ConfigError(f"the hosts file names {host}, which cannot be reached on ssh port {port}: "
-                              f"{exc.strerror or exc}",
-                              hint="check the name and that sshd runs there (mpirun starts the other processes "
-                                   "through ssh; --ssh-port sets the port), or remove the line") from None
+            raise ConfigError(
+                f"the hosts file names {host}, which cannot be reached on ssh port {port}: {exc.strerror or exc}",
+                hint="check the name and that sshd runs there (mpirun starts the other processes "
+                "through ssh; --ssh-port sets the port), or remove the line",
+            ) from None
         close = getattr(conn, "close", None)
         if close:
             close()
@@ -154,11 +174,14 @@ def backends_directory(built: BuiltBackend, home: Path) -> Path:
 
     install = find_tritonserver()
     python_backends = prepare_backends(install, home)
-    server_libs = sorted(install.libs.glob("libtritonserver*.so*")) or sorted(install.binary.parent.parent.glob(
-        "lib/libtritonserver*.so*"))
+    server_libs = sorted(install.libs.glob("libtritonserver*.so*")) or sorted(
+        install.binary.parent.parent.glob("lib/libtritonserver*.so*")
+    )
     if not server_libs:
-        raise ServeError(f"the tritonserver at {install.binary} has no libtritonserver library next to it",
-                         hint="reinstall nvidia-pytriton")
+        raise ServeError(
+            f"the tritonserver at {install.binary} has no libtritonserver library next to it",
+            hint="reinstall nvidia-pytriton",
+        )
     root = home / "native" / "backends" / f"{built.key}-py{install.python_version}"
     ft_dir = root / "fastertransformer"
     ft_dir.mkdir(parents=True, exist_ok=True)
@@ -192,8 +215,15 @@ def _finding_error(scanner: LogScanner, log_path: Path) -> ServeError | None:
     return ServeError(scanner.summary(finding), hint=f"{finding.hint} (full log: {log_path})")
 
 
-def serve_native(repository: ModelRepository, gemm: GemmConfig, settings: RunSettings, built: BuiltBackend, *,
-                 home: Path, say: Callable[[str], None] | None = None) -> Endpoint:
+def serve_native(
+    repository: ModelRepository,
+    gemm: GemmConfig,
+    settings: RunSettings,
+    built: BuiltBackend,
+    *,
+    home: Path,
+    say: Callable[[str], None] | None = None,
+) -> Endpoint:
     """Start tritonserver with the FasterTransformer backend on ``repository``; return once it generates."""
     from ftx_triton.runtime.fastertransformer.gpus import local_gpus
     from ftx_triton.server.ports import ports_for
@@ -209,16 +239,33 @@ def serve_native(repository: ModelRepository, gemm: GemmConfig, settings: RunSet
         say(f"serve     no gemm_config.in: {gemm.reason}")
     s = settings.serve
     ports, given = ports_for(s.host, s.http_port, s.grpc_port, s.metrics_port, say)
-    server = TritonServer(repository.path, home=home, host=s.host, ports=ports, ports_given=given,
-                          name=settings.serve.name or server_name(settings.model),
-                          number_if_taken=settings.serve.name is None,
-                          env=plan.env, ready_timeout_s=options.ready_timeout_s, die_with_parent=not s.detach,
-                          backend_directory=backends_directory(built, home), cwd=plan.work_dir, launcher=plan.launcher)
-    context = ScanContext(tp=settings.convert.tp, pp=settings.configure.pp, expect_gemm=plan.expect_gemm,
-                          gpu_sm=tuple(sorted({g.sm for g in local_gpus() if g.sm})), work_dir=str(plan.work_dir),
-                          rebuild="ftx backend build")
-    say(f"serve     tritonserver + FasterTransformer on GPU(s) {','.join(map(str, plan.gpus))}, working "
-        f"directory {plan.work_dir}")
+    server = TritonServer(
+        repository.path,
+        home=home,
+        host=s.host,
+        ports=ports,
+        ports_given=given,
+        name=settings.serve.name or server_name(settings.model),
+        number_if_taken=settings.serve.name is None,
+        env=plan.env,
+        ready_timeout_s=options.ready_timeout_s,
+        die_with_parent=not s.detach,
+        backend_directory=backends_directory(built, home),
+        cwd=plan.work_dir,
+        launcher=plan.launcher,
+    )
+    context = ScanContext(
+        tp=settings.convert.tp,
+        pp=settings.configure.pp,
+        expect_gemm=plan.expect_gemm,
+        gpu_sm=tuple(sorted({g.sm for g in local_gpus() if g.sm})),
+        work_dir=str(plan.work_dir),
+        rebuild="ftx backend build",
+    )
+    say(
+        f"serve     tritonserver + FasterTransformer on GPU(s) {','.join(map(str, plan.gpus))}, working "
+        f"directory {plan.work_dir}"
+    )
     try:
         server.start(progress=say)
     except ServeError:
@@ -231,9 +278,15 @@ def serve_native(repository: ModelRepository, gemm: GemmConfig, settings: RunSet
         server.stop()
         raise found
     seconds = check_generates(server, repository.path, "FasterTransformer")
-    log.info("serve.ready", runtime="fastertransformer-native", http=server.http_url, grpc=server.grpc_url,
-             smoke_s=round(seconds, 3),
-             gpus=list(plan.gpus), tuned=plan.expect_gemm)
+    log.info(
+        "serve.ready",
+        runtime="fastertransformer-native",
+        http=server.http_url,
+        grpc=server.grpc_url,
+        smoke_s=round(seconds, 3),
+        gpus=list(plan.gpus),
+        tuned=plan.expect_gemm,
+    )
     text = TEXT_MODEL_NAME
     model = text if text in repository.models or (repository.path / text).is_dir() else FT_MODEL_NAME
     return Endpoint(http_url=server.http_url, grpc_url=server.grpc_url, model=model, handle=server)
@@ -246,5 +299,15 @@ def _log_text(path: Path) -> str:
         return ""
 
 
-__all__ = ["NativeServePlan", "backends_directory", "check_hosts_reachable", "is_local", "native_mpirun_args",
-           "plan_native_serve", "prepare_work_dir", "scan_log", "serve_native", "work_dir_for"]
+__all__ = [
+    "NativeServePlan",
+    "backends_directory",
+    "check_hosts_reachable",
+    "is_local",
+    "native_mpirun_args",
+    "plan_native_serve",
+    "prepare_work_dir",
+    "scan_log",
+    "serve_native",
+    "work_dir_for",
+]

@@ -65,20 +65,25 @@ def verify_sources(root: Path, components: Sequence[Component] = COMPONENTS) -> 
     for comp in components:
         base = root / comp.folder
         if not base.is_dir():
-            raise SourceError(f"the sources have no {comp.folder}/ ({comp.display})",
-                              hint=f"{root} must hold the source layout: FasterTransformer/, "
-                                   "fastertransformer_backend/, triton/{common,core,backend}/, rapidjson/")
+            raise SourceError(
+                f"the sources have no {comp.folder}/ ({comp.display})",
+                hint=f"{root} must hold the source layout: FasterTransformer/, "
+                "fastertransformer_backend/, triton/{common,core,backend}/, rapidjson/",
+            )
         files = used_files(root, comp)
         if not files:
-            raise SourceError(f"{comp.folder}/ holds none of the files the build uses ({comp.display})",
-                              hint=f"expected {', '.join(comp.used)} inside {base}")
+            raise SourceError(
+                f"{comp.folder}/ holds none of the files the build uses ({comp.display})",
+                hint=f"expected {', '.join(comp.used)} inside {base}",
+            )
         got = tree_digest(base, files)
         if got != comp.tree_sha256:
             raise SourceError(
                 f"the sources of {comp.name} differ from the pinned {comp.display}: tree sha256 {got[:16]}… "
                 f"over {len(files)} files, expected {comp.tree_sha256[:16]}…",
                 hint=f"use {comp.display} unmodified (its {', '.join(comp.used)}); ftx applies its own patches "
-                     "to a copy, so pass the upstream files, or leave out --sources to download them")
+                "to a copy, so pass the upstream files, or leave out --sources to download them",
+            )
     log.info("sources.verified", root=str(root), components=len(components))
 
 
@@ -89,9 +94,11 @@ def _layout_root(directory: Path) -> Path:
     entries = [p for p in directory.iterdir() if not p.name.startswith(".")]
     if len(entries) == 1 and (entries[0] / "FasterTransformer").is_dir():
         return entries[0]
-    raise SourceError(f"{directory} is not a source tree: it has no FasterTransformer/ folder",
-                      hint="--sources takes a directory (or archive) holding FasterTransformer/, "
-                           "fastertransformer_backend/, triton/ and rapidjson/")
+    raise SourceError(
+        f"{directory} is not a source tree: it has no FasterTransformer/ folder",
+        hint="--sources takes a directory (or archive) holding FasterTransformer/, "
+        "fastertransformer_backend/, triton/ and rapidjson/",
+    )
 
 
 def _ready(directory: Path, key: str) -> bool:
@@ -113,8 +120,10 @@ def sources_from(spec: Path, cache: Path, *, progress: bool = True) -> Path:
     from ftx_triton.fetching.archive import is_archive, safe_extract
 
     if not is_archive(spec):
-        raise SourceError(f"--sources {spec} is neither a directory nor an archive ftx can open",
-                          hint="use a directory, .tar.gz, .tar.xz, .tar.zst or .zip")
+        raise SourceError(
+            f"--sources {spec} is neither a directory nor an archive ftx can open",
+            hint="use a directory, .tar.gz, .tar.xz, .tar.zst or .zip",
+        )
     key = make_key({"archive": sha256_file(spec), "pins": pins_fingerprint()})
     target = Path(cache) / f"archive-{key}"
     if _ready(target, key):
@@ -128,8 +137,7 @@ def sources_from(spec: Path, cache: Path, *, progress: bool = True) -> Path:
     return _layout_root(target)
 
 
-def download_sources(cache: Path, *, progress: bool = True,
-                     components: Sequence[Component] = COMPONENTS) -> Path:
+def download_sources(cache: Path, *, progress: bool = True, components: Sequence[Component] = COMPONENTS) -> Path:
     """Download each component's public archive at its pin into one source layout; verified."""
     from ftx_triton.fetching.archive import safe_extract
     from ftx_triton.fetching.http import download
@@ -156,9 +164,17 @@ def download_sources(cache: Path, *, progress: bool = True,
 
 def acquire_sources(spec: Path | None, cache: Path, *, progress: bool = True) -> Path:
     """``--sources`` when given, else the public archives; returns the verified source root."""
-    return sources_from(spec, cache, progress=progress) if spec is not None else download_sources(
-        cache, progress=progress)
+    return (
+        sources_from(spec, cache, progress=progress) if spec is not None else download_sources(cache, progress=progress)
+    )
 
 
-__all__ = ["acquire_sources", "component_digest", "download_sources", "sources_from", "tree_digest",
-           "used_files", "verify_sources"]
+__all__ = [
+    "acquire_sources",
+    "component_digest",
+    "download_sources",
+    "sources_from",
+    "tree_digest",
+    "used_files",
+    "verify_sources",
+]

