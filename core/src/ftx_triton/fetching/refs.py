@@ -263,6 +263,7 @@ def local_content_key(root: Path, home: Path) -> str:
     import json
 
     from ftx_triton.io.hashing import sha256_files
+    from ftx_triton.io.regular import open_regular
 
     quick = local_fingerprint(root)
     memo = (
@@ -278,6 +279,8 @@ def local_content_key(root: Path, home: Path) -> str:
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
         files += [Path(dirpath, name) for name in sorted(filenames)]
+    for file in files:  # a named pipe would block the hash, a device never end it: refuse them by name
+        open_regular(file).close()
     digests = sha256_files(files)
     digest = hashlib.sha256()
     for file in files:
