@@ -28,7 +28,7 @@ class LaunchFields(TypedDict):
     gpus: tuple[int, ...] | None
     env: Mapping[str, str]
     hosts_file: Path | None
-    ssh_port: int
+    ssh_port: int | None
     ready_timeout_s: float
 
 
@@ -39,7 +39,8 @@ class FtLaunchOptions:
     gpus: tuple[int, ...] | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     hosts_file: Path | None = None
-    ssh_port: int = DEFAULT_SSH_PORT
+    ssh_port: int | None = None
+    """sshd's port on the other machines when named (--ssh-port); None: ssh's own default."""
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
 
     @staticmethod
@@ -50,7 +51,7 @@ class FtLaunchOptions:
             "gpus": parse_gpus(launch.gpus) if launch.gpus not in (None, "", ()) else None,
             "env": parse_env(launch.env) if launch.env else {},
             "hosts_file": Path(launch.hosts) if launch.hosts else None,
-            "ssh_port": int(launch.ssh_port or DEFAULT_SSH_PORT),
+            "ssh_port": int(launch.ssh_port) if launch.ssh_port else None,
             "ready_timeout_s": float(launch.ready_timeout or DEFAULT_READY_TIMEOUT_S),
         }
 

@@ -46,6 +46,7 @@ from ftx_triton.runtime.fastertransformer.docker.spec import ContainerSpec, Moun
 from ftx_triton.runtime.fastertransformer.gpus import default_sm, select_gpus
 from ftx_triton.runtime.fastertransformer.hosts import HOSTFILE_NAME, NodeLayout, mpirun_argv, node_layout, read_hosts
 from ftx_triton.runtime.fastertransformer.logscan import LogScanner, ScanContext
+from ftx_triton.runtime.fastertransformer.options import DEFAULT_SSH_PORT
 from ftx_triton.server.ports import ServerPorts, busy_ports, client_host, http_ok
 from ftx_triton.server.ports import choose_ports as shared_choose_ports
 from ftx_triton.terminal.redact import redact, strip_secrets
@@ -164,7 +165,7 @@ def plan_serve(
         tp=settings.convert.tp,
         pp=settings.configure.pp,
         instances=settings.configure.instances if instances is None else instances,
-        ssh_port=options.ssh_port,
+        ssh_port=options.ssh_port or DEFAULT_SSH_PORT,  # the container runs its own sshd there
     )
     gpus = (
         select_gpus(layout.gpus_per_node, options.gpus)
