@@ -64,6 +64,10 @@ NAMESPACE = _namespace_prefix()
 
 pytestmark = [
     *SERVER_MARKS,
+    # Opt-in until every variant is proven within CI's time budget: one server per variant took minutes here.
+    pytest.mark.skipif(
+        os.environ.get("FTX_UPSTREAM_SCRIPTS") != "1", reason="set FTX_UPSTREAM_SCRIPTS=1 to run upstream's scripts"
+    ),
     pytest.mark.skipif(
         not (CLIENTS / "tools" / "issue_request.py").is_file(),
         reason="fastertransformer_backend's client sources are absent (FTX_UPSTREAM_CLIENTS)",
