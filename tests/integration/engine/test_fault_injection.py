@@ -37,7 +37,8 @@ STAGES = ("fetch", "convert", "tune", "configure")
 
 
 def _env(home: Path) -> dict[str, str]:
-    return {**os.environ, "FTX_HOME": str(home), "FTX_DEVICE": "cpu", "PYTHONUNBUFFERED": "1"}
+    # verbose: a one-shot --prompt run holds its step lines back otherwise, and the kills wait for them
+    return {**os.environ, "FTX_HOME": str(home), "FTX_DEVICE": "cpu", "PYTHONUNBUFFERED": "1", "FTX_VERBOSE": "1"}
 
 
 def _artifacts(home: Path) -> dict[str, str]:
