@@ -225,7 +225,8 @@ def test_limits_are_printed_as_written() -> None:
 
 
 def _ensemble_requests(served: Served) -> int:
-    with _OPENER.open(served.http + "/v2/models/ensemble/stats", timeout=60) as response:
+    """Requests the text model (what the OpenAI endpoint calls) has completed."""
+    with _OPENER.open(served.http + "/v2/models/text/stats", timeout=60) as response:
         return int(json.loads(response.read())["model_stats"][0]["inference_count"])
 
 
