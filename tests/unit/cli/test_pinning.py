@@ -168,7 +168,7 @@ def _gpu_host_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
         DockerFasterTransformer,
         "available",
-        lambda self, settings: Availability(True, "stand-in GPU host: Docker, NVIDIA runtime, image"),
+        lambda self, settings, store=None: Availability(True, "stand-in GPU host: Docker, NVIDIA runtime, image"),
     )
 
 
