@@ -43,8 +43,9 @@ def tiny_gptneox(dest: Path) -> Path:
     return build(dest, random_init=True, seed=4)
 
 
-def tiny_kogpt(dest: Path) -> Path:
-    """KoGPT's shape scaled down: GPT-J with [BOS] 0 / [EOS] 1 / [PAD] 3 and a tokenizer holding them."""
+def tiny_kogpt(dest: Path, vocab_size: int = 504) -> Path:
+    """KoGPT's shape scaled down: GPT-J with [BOS] 0 / [EOS] 1 / [PAD] 3 and a tokenizer holding them
+    (``vocab_size``: KoGPT's own is 64512)."""
     from ftx_triton.fetching.tiny import tiny_gptj as build
     from ftx_triton.fetching.tiny import train_bpe_tokenizer
 
@@ -54,7 +55,7 @@ def tiny_kogpt(dest: Path) -> Path:
         n_head=4,
         n_layer=2,
         rotary_dim=4,
-        vocab_size=504,
+        vocab_size=vocab_size,
         tokenizer=False,
         token_ids={"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 3},
         random_init=True,

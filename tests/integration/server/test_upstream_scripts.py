@@ -109,31 +109,9 @@ def _gptj(dest: Path) -> Path:
 
 def _kogpt(dest: Path) -> Path:
     """KoGPT's layout and ids ([BOS] 0, [EOS] 1, [PAD] 3), its vocabulary size (64512)."""
-    from ftx_triton.fetching.tiny import tiny_gptj, train_bpe_tokenizer
+    from python_runtime_support import tiny_kogpt
 
-    tiny_gptj(
-        dest,
-        n_embd=64,
-        n_head=4,
-        n_layer=2,
-        rotary_dim=4,
-        vocab_size=64512,
-        tokenizer=False,
-        token_ids={"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 3},
-        random_init=True,
-        seed=7,
-    )
-    train_bpe_tokenizer(
-        dest,
-        specials=("[BOS]", "[EOS]", "[UNK]", "[PAD]", "[MASK]"),
-        extra_config={
-            "bos_token": "[BOS]",
-            "eos_token": "[EOS]",
-            "unk_token": "[UNK]",
-            "pad_token": "[PAD]",
-            "mask_token": "[MASK]",
-        },
-    )
+    tiny_kogpt(dest, vocab_size=64512)
     _positions(dest, "n_positions")
     return dest
 
