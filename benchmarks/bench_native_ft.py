@@ -51,76 +51,12 @@ from typing import Any
 
 import numpy as np
 
-SHAPES: dict[str, dict[str, Any]] = {
-    # GPT-J-6B: 28 layers x 4096, 16 heads of 256, rotary 64, vocab 50400
-    "gptj": {"family": "gptj", "layers": 28, "hidden": 4096, "heads": 16, "rotary": 64, "vocab": 50400, "inter": 16384},
-    # GPT-NeoX-architecture 6.9B (Pythia-6.9B's shape): 32 layers x 4096, 32 heads of 128, rotary 25%, vocab 50432
-    "gptneox": {
-        "family": "gptneox",
-        "layers": 32,
-        "hidden": 4096,
-        "heads": 32,
-        "rotary_pct": 0.25,
-        "vocab": 50432,
-        "inter": 16384,
-    },
-}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from seed_shapes import SHAPES, random_checkpoint  # noqa: E402 - beside this script
 
 
 def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
-
-
-# --------------------------------------------------------------------------- the model
-
-
-def random_checkpoint(name: str, dest: Path) -> Path:
-    """A random fp16 checkpoint of ``SHAPES[name]`` made on the GPU, plus a small trained tokenizer."""
-    import torch
-    import transformers
-    from ftx_triton.fetching.tiny import train_bpe_tokenizer
-
-    s = SHAPES[name]
-    tok = train_bpe_tokenizer(dest)
-    eos = tok.token_to_id("<|endoftext|>")
-    if s["family"] == "gptj":
-        config = transformers.GPTJConfig(
-            n_layer=s["layers"],
-            n_embd=s["hidden"],
-            n_head=s["heads"],
-            rotary_dim=s["rotary"],
-            vocab_size=s["vocab"],
-            n_inner=s["inter"],
-            n_positions=2048,
-            bos_token_id=eos,
-            eos_token_id=eos,
-            tie_word_embeddings=False,
-        )
-        cls = transformers.GPTJForCausalLM
-    else:
-        config = transformers.GPTNeoXConfig(
-            num_hidden_layers=s["layers"],
-            hidden_size=s["hidden"],
-            num_attention_heads=s["heads"],
-            rotary_pct=s["rotary_pct"],
-            vocab_size=s["vocab"],
-            intermediate_size=s["inter"],
-            max_position_embeddings=2048,
-            use_parallel_residual=True,
-            bos_token_id=eos,
-            eos_token_id=eos,
-            tie_word_embeddings=False,
-        )
-        cls = transformers.GPTNeoXForCausalLM
-    torch.manual_seed(0)
-    started = time.perf_counter()
-    with torch.device("cuda"):
-        model = cls(config).to(torch.float16)
-    model.save_pretrained(dest, safe_serialization=True)
-    del model
-    torch.cuda.empty_cache()
-    say(f"bench     {name}: random checkpoint in {time.perf_counter() - started:.1f} s -> {dest}")
-    return dest
 
 
 def hbm_bandwidth_gbs() -> float:
@@ -396,7 +332,7 @@ def read_bandwidth_gbs() -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--shapes", nargs="+", default=["gptj", "gptneox"], choices=list(SHAPES))
     parser.add_argument("--tps", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32])
     parser.add_argument("--dtypes", nargs="+", default=["fp16"], choices=["fp16", "bf16"])
@@ -426,7 +362,9 @@ def main() -> None:
     gpus = local_gpus()
     args.tps = [tp for tp in args.tps if tp <= len(gpus)]
     options = NativeOptions.from_settings(RunSettings.of("x"))
-    built = backend_for(sm=options.sm, sources=options.sources, home=home, say=say, show_progress=False)
+    from ftx_triton.store.artifact_store import ArtifactStore
+
+    built = backend_for(ArtifactStore(home), sm=options.sm, sources=options.sources, say=say, show_progress=False)
     bandwidth, read_bw = hbm_bandwidth_gbs(), read_bandwidth_gbs()
     say(f"bench     device-to-device copy: {bandwidth:.0f} GB/s (read + write); read-only: {read_bw:.0f} GB/s")
     report: dict[str, Any] = {
