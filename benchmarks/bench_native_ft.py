@@ -183,17 +183,27 @@ def within_bound(rate: float, bound: float, what: str) -> float:
     return rate
 
 
-def infer(http_url: str, batch: int, prompt_len: int, new_tokens: int, vocab: int, seed: int) -> tuple[float, int]:
-    """One request of ``batch`` random prompts; (seconds, generated tokens, checked by generated_tokens)."""
+def random_request(batch: int, prompt_len: int, new_tokens: int, vocab: int, seed: int) -> dict[str, np.ndarray]:
+    """The raw model's inputs for ``batch`` random prompts of ``prompt_len`` ids: exactly ``new_tokens``
+    new tokens each, since ``end_id`` (:func:`end_id_for`) lies outside the vocabulary."""
     rng = np.random.default_rng(seed)
-    ids = rng.integers(100, vocab - 1, size=(batch, prompt_len)).astype(np.uint32)
-    end_id = vocab + 7
-    columns = {
-        "input_ids": ids,
+    return {
+        "input_ids": rng.integers(100, vocab - 1, size=(batch, prompt_len)).astype(np.uint32),
         "input_lengths": np.full((batch, 1), prompt_len, np.uint32),
         "request_output_len": np.full((batch, 1), new_tokens, np.uint32),
-        "end_id": np.full((batch, 1), end_id, np.uint32),
+        "end_id": np.full((batch, 1), end_id_for(vocab), np.uint32),
     }
+
+
+def end_id_for(vocab: int) -> int:
+    """An end id no generated token can equal (outside a vocabulary of ``vocab`` ids)."""
+    return vocab + 7
+
+
+def infer(http_url: str, batch: int, prompt_len: int, new_tokens: int, vocab: int, seed: int) -> tuple[float, int]:
+    """One request of ``batch`` random prompts; (seconds, generated tokens, checked by generated_tokens)."""
+    columns = random_request(batch, prompt_len, new_tokens, vocab, seed)
+    ids, end_id = columns["input_ids"], end_id_for(vocab)
     payload = {
         "inputs": [
             {"name": k, "shape": list(v.shape), "datatype": "UINT32", "data": v.flatten().tolist()}
@@ -426,7 +436,9 @@ def main() -> None:
     gpus = local_gpus()
     args.tps = [tp for tp in args.tps if tp <= len(gpus)]
     options = NativeOptions.from_settings(RunSettings.of("x"))
-    built = backend_for(sm=options.sm, sources=options.sources, home=home, say=say, show_progress=False)
+    from ftx_triton.store.artifact_store import ArtifactStore
+
+    built = backend_for(ArtifactStore(home), sm=options.sm, sources=options.sources, say=say, show_progress=False)
     bandwidth, read_bw = hbm_bandwidth_gbs(), read_bandwidth_gbs()
     say(f"bench     device-to-device copy: {bandwidth:.0f} GB/s (read + write); read-only: {read_bw:.0f} GB/s")
     report: dict[str, Any] = {
