@@ -268,7 +268,8 @@ class Level:
     samples: list[Sample] = field(default_factory=list, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k != "samples"}
+        """The figures, and every request's seconds to its first text and to its end, and its tokens."""
+        return asdict(self)
 
 
 async def closed_loop(
@@ -323,6 +324,11 @@ class RawModel:
         from ftx_triton.server.text_client import HttpTriton
 
         config = HttpTriton(target.http).get_model_config("fastertransformer")["config"]
+        if "input_lengths" not in {i.get("name") for i in config.get("input", ())}:
+            raise SystemExit(
+                "error: the raw path sends a decoder's inputs; this fastertransformer model is an "
+                "encoder-decoder\nhint: leave raw out: --paths text,openai"
+            )
         self.max_batch = int(config.get("max_batch_size", 0))
         self.decoupled = bool((config.get("model_transaction_policy") or {}).get("decoupled"))
         self.vocab = model_vocab(target.http)
