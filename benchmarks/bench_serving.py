@@ -411,7 +411,12 @@ def machine() -> dict[str, Any]:
             ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, check=False
         )
         gpus = [line.strip() for line in out.stdout.splitlines() if line.strip()]
-    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "gpus": gpus}
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "gpus": gpus,
+        "load_average_1min": round(os.getloadavg()[0], 2),  # at the start: how busy the machine already was
+    }
 
 
 async def run(args: argparse.Namespace, target: Target) -> dict[str, Any]:
