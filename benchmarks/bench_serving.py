@@ -232,6 +232,64 @@ async def openai_model_id(base: str) -> str:
         return str((await response.json())["data"][0]["id"])
 
 
+# --------------------------------------------------------------------------- Triton's own statistics
+
+STEP_MODELS = ("preprocessing", "fastertransformer", "postprocessing")
+
+
+def triton_counters(http: str) -> dict[str, dict[str, int]]:
+    """Triton's cumulative statistics of the models a text request runs through (``/v2/models/stats``)."""
+    from ftx_triton.server.text_client import HttpTriton
+
+    out = {}
+    for model in HttpTriton(http).get_json("/v2/models/stats").get("model_stats", ()):
+        if model.get("name") not in STEP_MODELS:
+            continue
+        stats = model.get("inference_stats", {})
+        out[model["name"]] = {
+            "inferences": int(model.get("inference_count", 0)),
+            "executions": int(model.get("execution_count", 0)),
+            "requests": int(stats.get("success", {}).get("count", 0)),
+            "queue_ns": int(stats.get("queue", {}).get("ns", 0)),
+            "compute_ns": sum(
+                int(stats.get(k, {}).get("ns", 0)) for k in ("compute_input", "compute_infer", "compute_output")
+            ),
+        }
+    return out
+
+
+def model_costs(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> dict[str, dict[str, float]]:
+    """What each model did between two readings: requests, executions, mean batch per execution, mean
+    queue and compute milliseconds per request (where time goes: a model whose queue time grows with the
+    concurrency wants more instances or dynamic batching)."""
+    costs = {}
+    for name, now in sorted(after.items(), key=lambda item: STEP_MODELS.index(item[0])):
+        was = before.get(name, dict.fromkeys(now, 0))
+        d = {k: now[k] - was.get(k, 0) for k in now}
+        if not d["requests"]:
+            continue
+        costs[name] = {
+            "requests": d["requests"],
+            "executions": d["executions"],
+            "mean_batch": d["inferences"] / d["executions"] if d["executions"] else 0.0,
+            "queue_ms": d["queue_ns"] / d["requests"] / 1e6,
+            "compute_ms": d["compute_ns"] / d["requests"] / 1e6,
+        }
+    return costs
+
+
+async def settled_costs(http: str, before: dict[str, dict[str, int]], done: int) -> dict[str, dict[str, float]]:
+    """:func:`model_costs` once Triton counted the ``done`` requests (it updates a decoupled model's
+    statistics after the last response left, so a reading right after the client's last event can miss
+    it); after 5 s, whatever it counted."""
+    for _ in range(50):
+        costs = model_costs(before, triton_counters(http))
+        if all(costs.get(m, {}).get("requests", 0) >= done for m in STEP_MODELS[:2]):
+            break
+        await asyncio.sleep(0.1)
+    return costs
+
+
 # --------------------------------------------------------------------------- a level
 
 
@@ -265,6 +323,8 @@ class Level:
     latency_p90_ms: float = 0.0
     raw_tokens_per_s: float | None = None
     vs_raw: float | None = None
+    models: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Triton's statistics of each step model over the level (:func:`model_costs`)."""
     samples: list[Sample] = field(default_factory=list, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
@@ -456,7 +516,9 @@ async def run(args: argparse.Namespace, target: Target) -> dict[str, Any]:
             say(f"bench     raw batch {c}: {raw_rate:.1f} tok/s")
         for path in paths:
             level = Level(path.name, c, n, raw_tokens_per_s=raw_rate)
+            before = triton_counters(target.http)
             samples, errors, wall = await closed_loop(path, c, n, args.timeout)
+            level.models = await settled_costs(target.http, before, len(samples))
             summarize(level, samples, errors, wall, args.max_tokens, path.streams)
             if raw_rate and level.tokens_per_s:
                 level.vs_raw = level.tokens_per_s / raw_rate
@@ -492,6 +554,17 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {_ms(row['latency_p50_ms'])} | {'-' if raw is None else f'{raw:.1f}'} "
             f"| {'-' if ratio is None else f'{ratio:.2f}'} |"
         )
+    lines += [
+        "",
+        "| path | concurrency | model | requests | executions | mean batch | queue ms / request | compute ms / request |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in report["levels"]:
+        for name, cost in row.get("models", {}).items():
+            lines.append(
+                f"| {row['path']} | {row['concurrency']} | {name} | {cost['requests']} | {cost['executions']} "
+                f"| {cost['mean_batch']:.1f} | {cost['queue_ms']:.1f} | {cost['compute_ms']:.1f} |"
+            )
     return "\n".join(lines)
 
 
