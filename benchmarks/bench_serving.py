@@ -57,7 +57,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench_native_ft import end_id_for, generated_tokens, infer, random_request  # noqa: E402
+from bench_native_ft import MeasurementFault, end_id_for, generated_tokens, infer, random_request  # noqa: E402
 
 DEFAULT_PROMPT = (
     "The history of computing is a story of machines that became smaller, faster and cheaper, "
@@ -124,7 +124,10 @@ def model_vocab(http: str, timeout_s: float = 30.0) -> int:
                 return ini.getint(section, "vocab_size")
     if (path / "config.json").is_file():
         return int(json.loads((path / "config.json").read_text())["vocab_size"])
-    raise SystemExit(f"error: cannot find the raw model's vocab_size under {path} (config.ini or config.json)")
+    raise SystemExit(
+        f"error: cannot find the raw model's vocab_size under {path} (config.ini or config.json)\n"
+        "hint: pass it with --vocab N, or leave the raw model out: --paths text,openai"
+    )
 
 
 # --------------------------------------------------------------------------- one request
@@ -278,16 +281,33 @@ def model_costs(before: dict[str, dict[str, int]], after: dict[str, dict[str, in
     return costs
 
 
-async def settled_costs(http: str, before: dict[str, dict[str, int]], done: int) -> dict[str, dict[str, float]]:
-    """:func:`model_costs` once Triton counted the ``done`` requests (it updates a decoupled model's
-    statistics after the last response left, so a reading right after the client's last event can miss
-    it); after 5 s, whatever it counted."""
-    for _ in range(50):
-        costs = model_costs(before, triton_counters(http))
-        if all(costs.get(m, {}).get("requests", 0) >= done for m in STEP_MODELS[:2]):
-            break
-        await asyncio.sleep(0.1)
-    return costs
+class Counters:
+    """Triton's statistics, read once Triton counted every request the benchmark sent.
+
+    Triton updates a decoupled model's statistics after its last response left, so a reading taken as the
+    client got its last event can miss that request, and the next level's reading would count it. The
+    benchmark therefore tells this object what it sent (:meth:`sent`) and a reading waits (5 s at most)
+    until the counters hold all of it."""
+
+    def __init__(self, http: str) -> None:
+        self.http = http
+        self.start = triton_counters(http)
+        self.expected = dict.fromkeys(STEP_MODELS[:2], 0)
+
+    def sent(self, *, text: int = 0, raw: int = 0) -> None:
+        """``text`` requests through the ensemble (each runs preprocessing and the raw model), ``raw`` to
+        the raw model alone."""
+        self.expected["preprocessing"] += text
+        self.expected["fastertransformer"] += text + raw
+
+    async def read(self) -> dict[str, dict[str, int]]:
+        for _ in range(50):
+            now = triton_counters(self.http)
+            counted = model_costs(self.start, now)
+            if all(counted.get(m, {}).get("requests", 0) >= n for m, n in self.expected.items()):
+                break
+            await asyncio.sleep(0.1)
+        return now
 
 
 # --------------------------------------------------------------------------- a level
@@ -380,7 +400,7 @@ def summarize(
 class RawModel:
     """The ``fastertransformer`` model at batch = concurrency: median tokens/s of ``repeats`` requests."""
 
-    def __init__(self, target: Target, prompt_len: int, max_tokens: int, repeats: int) -> None:
+    def __init__(self, target: Target, prompt_len: int, max_tokens: int, repeats: int, vocab: int = 0) -> None:
         from ftx_triton.server.text_client import HttpTriton
 
         config = HttpTriton(target.http).get_model_config("fastertransformer")["config"]
@@ -391,8 +411,12 @@ class RawModel:
             )
         self.max_batch = int(config.get("max_batch_size", 0))
         self.decoupled = bool((config.get("model_transaction_policy") or {}).get("decoupled"))
-        self.vocab = model_vocab(target.http)
+        self.vocab = vocab or model_vocab(target.http)
         self.target, self.prompt_len, self.max_tokens, self.repeats = target, prompt_len, max_tokens, repeats
+        self.refused: dict[int, str] = {}
+        self.sent = 0
+        """Requests of the last :meth:`tokens_per_s` that the model answered."""
+        """batch -> why its figure was refused (an answer short of its tokens, or over max_batch_size)."""
 
     def once(self, batch: int, seed: int) -> tuple[float, int]:
         if not self.decoupled:
@@ -446,14 +470,23 @@ class RawModel:
         )
 
     def tokens_per_s(self, batch: int) -> float | None:
+        self.sent = 0
         if self.max_batch and batch > self.max_batch:
-            say(f"bench     raw batch {batch}: over the model's max_batch_size {self.max_batch}, not measured")
+            self.refused[batch] = f"over the model's max_batch_size {self.max_batch}"
+            say(f"bench     raw batch {batch}: {self.refused[batch]}, not measured")
             return None
-        self.once(batch, seed=99)  # warm-up
         rates = []
-        for r in range(self.repeats):
-            seconds, tokens = self.once(batch, seed=r)
-            rates.append(tokens / seconds)
+        try:
+            self.sent += 1
+            self.once(batch, seed=99)  # warm-up
+            for r in range(self.repeats):
+                self.sent += 1
+                seconds, tokens = self.once(batch, seed=r)
+                rates.append(tokens / seconds)
+        except MeasurementFault as fault:  # an answer short of its tokens: no figure rather than a false one
+            self.refused[batch] = str(fault)
+            say(f"bench     raw batch {batch}: REFUSED {fault}")
+            return None
         return statistics.median(rates)
 
 
@@ -491,7 +524,7 @@ async def run(args: argparse.Namespace, target: Target) -> dict[str, Any]:
         else:
             model = await openai_model_id(target.openai)
             paths.append(OpenAIPath(target.openai, args.prompt, args.max_tokens, tokens, model))
-    raw = RawModel(target, prompt_len, args.max_tokens, args.raw_repeats) if "raw" in args.paths else None
+    raw = RawModel(target, prompt_len, args.max_tokens, args.raw_repeats, args.vocab) if "raw" in args.paths else None
     report: dict[str, Any] = {
         "target": {k: str(v) for k, v in asdict(target).items()},
         "machine": machine(),
@@ -505,20 +538,25 @@ async def run(args: argparse.Namespace, target: Target) -> dict[str, Any]:
         "streaming": {p.name: p.streams for p in paths},
         "levels": [],
     }
+    counters = Counters(target.http)
     for path in paths:  # one warm-up request each (loads lazily built state: tokenizers, CUDA graphs)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=args.timeout)) as session:
             await path(session)
+        counters.sent(text=1)
         report["streaming"][path.name] = path.streams
     for c in args.concurrency:
         n = args.requests or max(8, 4 * c)
         raw_rate = raw.tokens_per_s(c) if raw else None
+        if raw:
+            counters.sent(raw=raw.sent)
         if raw_rate is not None:
             say(f"bench     raw batch {c}: {raw_rate:.1f} tok/s")
         for path in paths:
             level = Level(path.name, c, n, raw_tokens_per_s=raw_rate)
-            before = triton_counters(target.http)
+            before = await counters.read()
             samples, errors, wall = await closed_loop(path, c, n, args.timeout)
-            level.models = await settled_costs(target.http, before, len(samples))
+            counters.sent(text=len(samples))
+            level.models = model_costs(before, await counters.read())
             summarize(level, samples, errors, wall, args.max_tokens, path.streams)
             if raw_rate and level.tokens_per_s:
                 level.vs_raw = level.tokens_per_s / raw_rate
@@ -529,6 +567,8 @@ async def run(args: argparse.Namespace, target: Target) -> dict[str, Any]:
             )
         if raw and not paths:
             report["levels"].append(Level("raw", c, args.raw_repeats, raw_tokens_per_s=raw_rate).as_dict())
+        if raw and raw.refused:
+            report["raw_refused"] = {str(b): why for b, why in raw.refused.items()}
         if args.json:  # what is measured so far survives a run cut short
             args.json.write_text(json.dumps(report, indent=2))
     return report
@@ -597,6 +637,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="The prompt of every text/OpenAI request.")
     parser.add_argument("--paths", type=_paths, default=["text", "openai", "raw"], help="Default text,openai,raw.")
     parser.add_argument("--raw-repeats", type=int, default=3, help="Raw-model requests per batch (median).")
+    parser.add_argument(
+        "--vocab",
+        type=int,
+        default=0,
+        help="The raw model's vocabulary size (default: vocab_size of the checkpoint it serves).",
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="Seconds one request may take.")
     parser.add_argument("--json", type=Path, help="Also write the figures here.")
     args = parser.parse_args(argv)

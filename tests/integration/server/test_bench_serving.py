@@ -101,3 +101,13 @@ def test_a_name_no_server_has_is_an_error_with_a_hint(env: dict[str, str], tmp_p
     assert done.returncode == 1 and report is None
     assert "error: no running ftx server named 'no-such-server'" in done.stderr
     assert "hint: " in done.stderr
+
+
+def test_a_raw_answer_that_fails_its_check_gives_no_figure(env: dict[str, str], tmp_path: Path) -> None:
+    """Told a vocabulary smaller than the model's (--vocab 200), the raw answers hold ids outside it: the
+    check refuses them and the table shows no raw figure rather than a false one."""
+    done, report = _bench(env, tmp_path, "--paths", "raw", "--vocab", "200")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [row["raw_tokens_per_s"] for row in report["levels"]] == [None, None]
+    assert set(report["raw_refused"]) == {"1", "2"}
+    assert "outside the vocabulary" in report["raw_refused"]["1"]
