@@ -96,7 +96,8 @@ def test_the_table_measures_the_text_model_the_openai_endpoint_and_the_raw_model
     assert table[0].startswith("| path | concurrency") and len(table) == 2 + len(report["levels"])
 
 
-def test_a_name_no_server_has_is_an_error_with_a_hint(env: dict[str, str], tmp_path: Path) -> None:
+def test_a_name_no_server_has_is_an_error_with_a_hint(tmp_path: Path) -> None:
+    env = {**os.environ, "FTX_HOME": str(tmp_path / "home")}
     done, report = _bench(env, tmp_path, "no-such-server")
     assert done.returncode == 1 and report is None
     assert "error: no running ftx server named 'no-such-server'" in done.stderr
