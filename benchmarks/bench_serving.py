@@ -26,10 +26,10 @@ by re-tokenizing each answer's new text with the deployment's own tokenizer (the
 short of ``--max-tokens`` (an end-of-text token or a stop). A model that does not stream answers in one
 event: its TTFT is its latency and ITL is not measured.
 
-The load generator is hand-written on asyncio + aiohttp (a dependency of ftx already): perf_analyzer
-measures neither the OpenAI endpoint nor tokens, genai-perf does not install on the GPU hosts (no
-network, its dependencies absent), and one event loop holds 64 streaming clients without 64 threads
-whose scheduling would add to the latencies measured.
+The load generator is hand-written on asyncio + aiohttp (a dependency of ftx already): the
+perf_analyzer ftx installs (tritonclient 2.41's) has no OpenAI service kind and counts no tokens,
+genai-perf does not install on the GPU hosts (no network, its dependencies absent), and one event loop
+holds 64 streaming clients without 64 threads whose scheduling would add to the latencies measured.
 
 Against a deployment started with ``ftx run MODEL --streaming --detach`` (found like ``ftx bench`` finds
 it: the one running under FTX_HOME, or NAME from ``ftx ps``, or ``--url``)::
@@ -544,7 +544,13 @@ async def run(args: argparse.Namespace, target: Target) -> dict[str, Any]:
     counters = Counters(target.http)
     for path in paths:  # one warm-up request each (loads lazily built state: tokenizers, CUDA graphs)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=args.timeout)) as session:
-            await path(session)
+            try:
+                await path(session)
+            except (TimeoutError, aiohttp.ClientError, RuntimeError, ValueError) as exc:
+                raise SystemExit(
+                    f"error: the {path.name} path's first request failed: {type(exc).__name__}: {exc}\n"
+                    "hint: check the deployment with `ftx ps` and `ftx generate`; leave a path out with --paths"
+                ) from None
         counters.sent(text=1)
         report["streaming"][path.name] = path.streams
     for c in args.concurrency:
