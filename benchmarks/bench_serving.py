@@ -159,8 +159,16 @@ async def _sse(response: aiohttp.ClientResponse) -> Any:
 
 
 async def _failed(response: aiohttp.ClientResponse) -> None:
-    if response.status != 200:
-        raise RuntimeError(f"HTTP {response.status}: {(await response.text())[:300]}")
+    """A RuntimeError with the server's own message (Triton's, or OpenAI's error shape) unless HTTP 200."""
+    if response.status == 200:
+        return
+    text = (await response.text()).strip().removeprefix("data:")  # a stream frames its error as an event
+    try:
+        error = json.loads(text)["error"]
+        text = str(error.get("message", error) if isinstance(error, dict) else error)
+    except (ValueError, KeyError, TypeError):
+        pass
+    raise RuntimeError(f"HTTP {response.status}: {text[:300]}")
 
 
 class TextPath:
@@ -549,7 +557,8 @@ async def run(args: argparse.Namespace, target: Target) -> dict[str, Any]:
             except (TimeoutError, aiohttp.ClientError, RuntimeError, ValueError) as exc:
                 raise SystemExit(
                     f"error: the {path.name} path's first request failed: {type(exc).__name__}: {exc}\n"
-                    "hint: check the deployment with `ftx ps` and `ftx generate`; leave a path out with --paths"
+                    "hint: choose a --prompt and --max-tokens the model accepts (try them with `ftx generate`), "
+                    "check the deployment with `ftx ps`, or leave the path out with --paths"
                 ) from None
         counters.sent(text=1)
         report["streaming"][path.name] = path.streams

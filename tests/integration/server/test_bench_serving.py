@@ -112,3 +112,12 @@ def test_a_raw_answer_that_fails_its_check_gives_no_figure(env: dict[str, str], 
     assert [row["raw_tokens_per_s"] for row in report["levels"]] == [None, None]
     assert set(report["raw_refused"]) == {"1", "2"}
     assert "outside the vocabulary" in report["raw_refused"]["1"]
+
+
+def test_a_request_the_deployment_refuses_is_an_error_with_the_servers_reason(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    done, report = _bench(env, tmp_path, "--max-tokens", "100000", "--paths", "text")
+    assert done.returncode == 1 and report is None
+    assert "error: the text path's first request failed: RuntimeError: HTTP 400: " in done.stderr
+    assert "exceeds the limit of" in done.stderr and "hint: choose a --prompt and --max-tokens" in done.stderr
