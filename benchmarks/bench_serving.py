@@ -549,6 +549,14 @@ async def run(args: argparse.Namespace, target: Target) -> dict[str, Any]:
         "streaming": {p.name: p.streams for p in paths},
         "levels": [],
     }
+    if raw:
+        report["raw"] = {
+            "vocab": raw.vocab,
+            "decoupled": raw.decoupled,
+            "max_batch_size": raw.max_batch,
+            "repeats": raw.repeats,
+            "prompt_tokens": prompt_len,
+        }
     counters = Counters(target.http)
     for path in paths:  # one warm-up request each (loads lazily built state: tokenizers, CUDA graphs)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=args.timeout)) as session:
@@ -605,6 +613,9 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     for row in report["levels"]:
         raw, ratio = row.get("raw_tokens_per_s"), row.get("vs_raw")
+        if row["path"] == "raw":  # --paths raw: the raw model alone
+            lines.append(f"| raw | {row['concurrency']} |" + " - |" * 10 + f" {_ms(raw)} | - |")
+            continue
         lines.append(
             f"| {row['path']} | {row['concurrency']} | {row['requests']} | {row['errors']} | {row['short']} "
             f"| {row['requests_per_s']:.2f} | {row['tokens_per_s']:.1f} | {_ms(row['ttft_p50_ms'])} "
@@ -612,6 +623,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {_ms(row['latency_p50_ms'])} | {'-' if raw is None else f'{raw:.1f}'} "
             f"| {'-' if ratio is None else f'{ratio:.2f}'} |"
         )
+    if not any(row.get("models") for row in report["levels"]):
+        return "\n".join(lines)
     lines += [
         "",
         "| path | concurrency | model | requests | executions | mean batch | queue ms / request | compute ms / request |",
