@@ -119,17 +119,27 @@ def within_bound(rate: float, bound: float, what: str) -> float:
     return rate
 
 
-def infer(http_url: str, batch: int, prompt_len: int, new_tokens: int, vocab: int, seed: int) -> tuple[float, int]:
-    """One request of ``batch`` random prompts; (seconds, generated tokens, checked by generated_tokens)."""
+def random_request(batch: int, prompt_len: int, new_tokens: int, vocab: int, seed: int) -> dict[str, np.ndarray]:
+    """The raw model's inputs for ``batch`` random prompts of ``prompt_len`` ids: exactly ``new_tokens``
+    new tokens each, since ``end_id`` (:func:`end_id_for`) lies outside the vocabulary."""
     rng = np.random.default_rng(seed)
-    ids = rng.integers(100, vocab - 1, size=(batch, prompt_len)).astype(np.uint32)
-    end_id = vocab + 7
-    columns = {
-        "input_ids": ids,
+    return {
+        "input_ids": rng.integers(100, vocab - 1, size=(batch, prompt_len)).astype(np.uint32),
         "input_lengths": np.full((batch, 1), prompt_len, np.uint32),
         "request_output_len": np.full((batch, 1), new_tokens, np.uint32),
-        "end_id": np.full((batch, 1), end_id, np.uint32),
+        "end_id": np.full((batch, 1), end_id_for(vocab), np.uint32),
     }
+
+
+def end_id_for(vocab: int) -> int:
+    """An end id no generated token can equal (outside a vocabulary of ``vocab`` ids)."""
+    return vocab + 7
+
+
+def infer(http_url: str, batch: int, prompt_len: int, new_tokens: int, vocab: int, seed: int) -> tuple[float, int]:
+    """One request of ``batch`` random prompts; (seconds, generated tokens, checked by generated_tokens)."""
+    columns = random_request(batch, prompt_len, new_tokens, vocab, seed)
+    ids, end_id = columns["input_ids"], end_id_for(vocab)
     payload = {
         "inputs": [
             {"name": k, "shape": list(v.shape), "datatype": "UINT32", "data": v.flatten().tolist()}

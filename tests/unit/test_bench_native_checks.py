@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 
 from bench_native_ft import MeasurementFault, generated_tokens, markdown, step_bytes_per_gpu, within_bound  # noqa: E402
 

@@ -1,0 +1,123 @@
+"""``benchmarks/bench_serving.py`` against a real deployment: the built-in tiny-gptj served by the python
+runtime on CPU (``ftx run --streaming --detach`` in a temporary FTX_HOME, real tritonserver, real OpenAI
+endpoint), at concurrency 1 and 2 with a few requests. Checks that every figure is measured (positive),
+that the tokens counted are the tokens asked for, and that no request's first text came after its end;
+the figures' sizes are not checked (the machine may be busy)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from python_runtime_support import SERVER_MARKS
+
+pytestmark = SERVER_MARKS
+
+ROOT = Path(__file__).parents[3]
+FTX = str(Path(sys.executable).parent / "ftx")
+MAX_TOKENS, REQUESTS, LEVELS = 6, 2, (1, 2)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    home = tmp_path_factory.mktemp("bench-serving-home")
+    env = {**os.environ, "FTX_HOME": str(home), "FTX_DEVICE": "cpu"}
+    run = subprocess.run(
+        [FTX, "run", "tiny-gptj", "--runtime", "python", "--streaming", "--detach"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    try:
+        yield env
+    finally:
+        subprocess.run([FTX, "stop", "--all"], capture_output=True, timeout=120, env=env)
+
+
+def _bench(env: dict[str, str], tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], Any]:
+    out = tmp_path / "serving.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bench_serving.py"),
+            "--concurrency",
+            ",".join(map(str, LEVELS)),
+            "--requests",
+            str(REQUESTS),
+            "--max-tokens",
+            str(MAX_TOKENS),
+            "--raw-repeats",
+            "1",
+            "--json",
+            str(out),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    return done, json.loads(out.read_text()) if out.is_file() else None
+
+
+def test_the_table_measures_the_text_model_the_openai_endpoint_and_the_raw_model(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    done, report = _bench(env, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert report["streaming"] == {"text": True, "openai": True}
+    assert [(row["path"], row["concurrency"]) for row in report["levels"]] == [
+        (path, c) for c in LEVELS for path in ("text", "openai")
+    ]
+    for row in report["levels"]:
+        assert row["errors"] == 0, row["first_error"]
+        assert row["requests"] == REQUESTS and len(row["samples"]) == REQUESTS
+        assert row["tokens"] == REQUESTS * MAX_TOKENS and row["short"] == 0
+        assert all(s["tokens"] == MAX_TOKENS for s in row["samples"])
+        for key in ("requests_per_s", "tokens_per_s", "ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "itl_p90_ms"):
+            assert row[key] > 0, key
+        assert row["raw_tokens_per_s"] > 0 and row["vs_raw"] > 0
+        assert all(0 < s["ttft_s"] <= s["latency_s"] for s in row["samples"])
+        assert all(s["events"] > 1 for s in row["samples"])  # streamed: more than one event per answer
+        assert row["ttft_p50_ms"] <= row["latency_p50_ms"] and row["ttft_p90_ms"] <= row["latency_p90_ms"]
+        # Triton's own statistics over the level: each request went once through each step model
+        assert list(row["models"]) == ["preprocessing", "fastertransformer", "postprocessing"]
+        assert row["models"]["preprocessing"]["requests"] == row["models"]["fastertransformer"]["requests"] == REQUESTS
+        assert all(cost["compute_ms"] > 0 and cost["mean_batch"] >= 1 for cost in row["models"].values())
+    table = done.stdout.split("\n\n")[0].splitlines()
+    assert table[0].startswith("| path | concurrency") and len(table) == 2 + len(report["levels"])
+
+
+def test_a_name_no_server_has_is_an_error_with_a_hint(tmp_path: Path) -> None:
+    env = {**os.environ, "FTX_HOME": str(tmp_path / "home")}
+    done, report = _bench(env, tmp_path, "no-such-server")
+    assert done.returncode == 1 and report is None
+    assert "error: no running ftx server named 'no-such-server'" in done.stderr
+    assert "hint: " in done.stderr
+
+
+def test_a_raw_answer_that_fails_its_check_gives_no_figure(env: dict[str, str], tmp_path: Path) -> None:
+    """Told a vocabulary smaller than the model's (--vocab 200), the raw answers hold ids outside it: the
+    check refuses them and the table shows no raw figure rather than a false one."""
+    done, report = _bench(env, tmp_path, "--paths", "raw", "--vocab", "200")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [row["raw_tokens_per_s"] for row in report["levels"]] == [None, None]
+    assert set(report["raw_refused"]) == {"1", "2"}
+    assert "outside the vocabulary" in report["raw_refused"]["1"]
+
+
+def test_a_request_the_deployment_refuses_is_an_error_with_the_servers_reason(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    done, report = _bench(env, tmp_path, "--max-tokens", "100000", "--paths", "text")
+    assert done.returncode == 1 and report is None
+    assert "error: the text path's first request failed: RuntimeError: HTTP 400: " in done.stderr
+    assert "exceeds the limit of" in done.stderr and "hint: choose a --prompt and --max-tokens" in done.stderr
