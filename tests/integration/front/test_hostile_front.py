@@ -137,6 +137,62 @@ def test_a_malformed_chunk_size_is_refused_at_once(server: object, size: bytes) 
     _alive(server)
 
 
+def test_a_body_within_the_limit_does_not_overflow_tritonservers_stack(server: object) -> None:
+    """tritonserver 2.51 copies a body onto its HTTP thread's stack: under the usual 8 MiB stack a 4.2 MB
+    body killed it with SIGSEGV. The supervisor gives it a stack for the front's 8 MiB limit."""
+    body = json.dumps({"inputs": [], "padding": "x" * (7 * 1024 * 1024)}).encode()
+    status, text = _post(server.http_url, body, path="/v2/models/no_such_model/infer")  # type: ignore[attr-defined]
+    assert status == 404 and "unknown model" in text, text[:300]
+    _alive(server)
+
+
+def test_objects_with_thousands_of_members_are_refused(server: object) -> None:
+    """tritonserver looks members up one by one: 20 000 keys in ``parameters`` took it 3 s of a core,
+    50 000 took 35 s (quadratic); the shield refuses the request instead."""
+    for body in (
+        {"inputs": [], "parameters": {f"p{i}": 1 for i in range(20_000)}},
+        {"inputs": [{"name": "input_ids", "shape": [1, 1], "datatype": "INT32", "data": [1]}] * 5000},
+    ):
+        began = time.monotonic()
+        status, text = _post(server.http_url, json.dumps(body).encode())  # type: ignore[attr-defined]
+        assert status == 400 and ("members" in text or "JSON objects" in text), text[:300]
+        assert time.monotonic() - began < 60
+    _alive(server)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"inputs": [], "parameters": {"x": NaN}}',
+        b'{"inputs": [], "parameters": {"x": -Infinity}}',
+        b'{"inputs": [], "parameters": {"x": 1e400}}',
+        b'{"inputs": [], "id": "\\ud800"}',
+        b'{"inputs": [], "\\udfff": 1}',
+        '{"inputs": [], "id": "x"}'.encode("utf-16"),
+        '{"inputs": [], "id": "x"}'.encode("utf-32"),
+    ],
+    ids=["nan", "infinity", "overflow", "lone-surrogate", "surrogate-key", "utf16", "utf32"],
+)
+def test_json_only_pythons_parser_takes_is_the_clients_400(server: object, body: bytes) -> None:
+    """Python's parser takes these, tritonserver's does not and called them its own fault (500)."""
+    status, text = _post(server.http_url, body)  # type: ignore[attr-defined]
+    assert status == 400 and ("not valid JSON" in text or "surrogate" in text), (status, text[:300])
+
+
+def test_every_answer_names_only_ftx_as_the_server(server: object) -> None:
+    """aiohttp's default ``Server`` header gave its own and Python's versions away."""
+    url = server.http_url  # type: ignore[attr-defined]
+    answers = [
+        _raw(url, b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),  # forwarded
+        _raw(url, b"POST /v2 HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\n[["),  # refused
+        _raw(url, b"GET /v2 HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", wait_s=30),  # aiohttp's parser
+    ]
+    for answer in answers:
+        head = answer.split(b"\r\n\r\n", 1)[0].lower()
+        assert head.startswith(b"http/1."), answer[:200]
+        assert b"\r\nserver: ftx" in head and b"aiohttp" not in head and b"python" not in head, head
+
+
 # --------------------------------------------------------------------------- fronts with limits of their own
 
 
