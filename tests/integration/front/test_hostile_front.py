@@ -193,6 +193,18 @@ def test_every_answer_names_only_ftx_as_the_server(server: object) -> None:
         assert b"\r\nserver: ftx" in head and b"aiohttp" not in head and b"python" not in head, head
 
 
+def test_admin_apis_from_this_machine_still_work(server: object) -> None:
+    status, text = _post(server.http_url, b'{"log_verbose_level": 0}', path="/v2/logging")  # type: ignore[attr-defined]
+    assert status == 200 and '"log_verbose_level":0' in text, text
+
+
+def test_loopback_addresses() -> None:
+    from ftx_triton.front.addresses import is_loopback
+
+    assert all(map(is_loopback, ["127.0.0.1", "127.3.2.1", "::1", "[::1]", "::ffff:127.0.0.1", "localhost"]))
+    assert not any(map(is_loopback, ["0.0.0.0", "::", "10.0.0.1", "::ffff:10.0.0.1", "", None, "example.com"]))
+
+
 # --------------------------------------------------------------------------- fronts with limits of their own
 
 
@@ -259,3 +271,71 @@ def test_an_idle_connection_is_closed_and_the_cap_refuses_the_fifth(front: objec
             sock.close()
     status, _text = _post(f"127.0.0.1:{port}", b"", path="/v2/repository/index")
     assert status == 200
+
+
+@pytest.fixture
+def remote_view(server: object) -> Iterator[object]:
+    """A front whose every client counts as one on another machine: a stand-in for a remote client,
+    which a loopback-only test cannot have."""
+    from ftx_triton.front.server import Front
+    from ftx_triton.front.shield import Shield
+
+    upstream = int(server.http_url.rsplit(":", 1)[1])  # type: ignore[attr-defined]
+    made = Front(Shield(upstream, trusted_peer=lambda _remote: False).app(), "127.0.0.1", 0)
+    made.start()
+    yield made
+    made.stop()
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v2/logging",
+        "/v2/trace/setting",
+        "/v2/models/add_one/trace/setting",
+        "/v2/systemsharedmemory/region/leak/register",
+        "/v2/systemsharedmemory/status",
+        "/v2/cudasharedmemory/region/leak/register",
+        "/v2/repository/models/add_one/unload",
+        "/V2/Logging/",
+    ],
+)
+def test_admin_apis_are_refused_to_clients_elsewhere(remote_view: object, path: str) -> None:
+    """A client elsewhere (``--host`` wider than loopback) could register any /dev/shm region of the host
+    as a tensor, or set log_verbose_level (24 KB of log per request) until the disk is full."""
+    url = f"127.0.0.1:{remote_view.port}"  # type: ignore[attr-defined]
+    body = b'{"log_verbose_level": 2, "key": "/triton_python_backend_shm_region_x", "offset": 0, "byte_size": 64}'
+    status, text = _post(url, body, path=path)
+    assert status == 403 and "this machine only" in text, (status, text)
+
+
+def test_inference_and_reads_still_reach_tritonserver_from_elsewhere(remote_view: object) -> None:
+    url = f"127.0.0.1:{remote_view.port}"  # type: ignore[attr-defined]
+    assert infer_http(url, "add_one").tolist() == [[2, 3, 4], [5, 6, 7]]
+    status, text = _post(url, b"", path="/v2/repository/index")
+    assert status == 200 and "add_one" in text, text
+    request = urllib.request.Request(f"http://{url}/v2/logging", method="GET")
+    with _DIRECT.open(request, timeout=60) as response:
+        assert response.status == 200 and b"log_verbose_level" in response.read()
+
+
+def test_a_wider_address_keeps_grpc_admin_apis_behind_a_key(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tritonserver on an address wider than loopback: its gRPC admin APIs need a key nobody has. The
+    server binds 127.0.0.1 here, told it is wider (a loopback-only test binds nothing else)."""
+    import tritonclient.grpc as grpcclient
+    from ftx_triton.server import tritonserver
+    from ftx_triton.server.tritonserver import TritonServer
+    from tritonclient.utils import InferenceServerException
+
+    monkeypatch.setattr(tritonserver, "is_loopback", lambda _host: False)
+    root = tmp_path_factory.mktemp("wide")
+    repo = add_repository(root / "repo")
+    with TritonServer(repo, home=root / "home", model_control="explicit", load_models=["add_one"]) as running:
+        client = grpcclient.InferenceServerClient(running.grpc_url)
+        with pytest.raises(InferenceServerException, match="(?i)restricted|permission|unavailable|key"):
+            client.update_log_settings({"log_verbose_level": 2})
+        assert client.is_model_ready("add_one")
+        status, text = _post(running.http_url, b'{"log_verbose_level": 0}', path="/v2/logging")
+        assert status == 200, text  # clients on this machine go through the front

@@ -14,6 +14,10 @@ its charset or validity):
 * refuses a JSON body that does not parse (400, with the parser's reason), or that Python's parser
   takes and tritonserver's does not (``NaN``/``Infinity``, numbers past a double, a lone UTF-16
   surrogate escape, a body in UTF-16/32): tritonserver would answer these as its own fault (500);
+* refuses the administrative APIs that change the server (shared-memory registration, logging and
+  trace settings, model load/unload) to clients that are not on this machine (403): with ``--host``
+  wider than loopback they would let anyone register a ``/dev/shm`` region of this host as a tensor
+  (reading or overwriting it) or turn on verbose logging until the disk is full;
 * passes the rest through unchanged (keep-alive, streamed ``generate_stream`` answers included), the
   body decoded, to tritonserver. gRPC and metrics go to tritonserver directly.
 """
@@ -32,6 +36,7 @@ import aiohttp
 import numpy as np
 from aiohttp import web
 
+from ftx_triton.front.addresses import is_loopback
 from ftx_triton.front.server import Refused, read_body, refusal
 
 MAX_JSON_DEPTH = 64
@@ -58,6 +63,12 @@ _BINARY_HEADER = "Inference-Header-Content-Length"
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _OPEN = np.frombuffer(b"[{", np.uint8)
+_ADMIN = re.compile(
+    r"/v2/(?:(?:system|cuda)sharedmemory(?:/.*)?|logging|trace/setting|models/[^/]+(?:/versions/[^/]+)?/trace/setting"
+    r"|repository/models/[^/]+/(?:load|unload))/?",
+    re.IGNORECASE,
+)
+"""Paths of tritonserver's HTTP API that change the server; GET of logging/trace settings only reads."""
 _WORKER_BYTES = 256 * 1024
 """Bodies over this size are checked in a worker thread, off the event loop."""
 
@@ -176,9 +187,11 @@ class Shield:
         *,
         max_json_depth: int = MAX_JSON_DEPTH,
         on_refused: Callable[[str], None] | None = None,
+        trusted_peer: Callable[[str | None], bool] = is_loopback,
     ) -> None:
         self.base = f"http://127.0.0.1:{upstream_port}"
         self.max_json_depth = max_json_depth
+        self.trusted_peer = trusted_peer
         self.on_refused = on_refused
         self.session: aiohttp.ClientSession | None = None
 
@@ -201,8 +214,19 @@ class Shield:
         if self.session is not None:
             await self.session.close()
 
+    def check_admin(self, request: web.Request) -> None:
+        """Refuse an administrative request from a client on another machine."""
+        if request.method in ("GET", "HEAD") and "sharedmemory" not in request.path.lower():
+            return
+        if _ADMIN.fullmatch(request.path) and not self.trusted_peer(request.remote):
+            raise Refused(
+                HTTPStatus.FORBIDDEN,
+                f"{request.path[:120]} changes the server and is served to clients on this machine only",
+            )
+
     async def forward(self, request: web.Request) -> web.StreamResponse:
         try:
+            self.check_admin(request)
             body = await read_body(request)
             part = json_part(request.headers, body)
             if len(part) > _WORKER_BYTES:
