@@ -1,0 +1,75 @@
+"""Hostile files and environment at the command line (issue 27, the third adversarial pass): special files
+where ftx reads or writes a small text file, and an ``HF_ENDPOINT`` that is no URL. Each case failed
+before its fix (a replaced FIFO or link, a hang, a traceback); the CLI runs in-process on a real FTX_HOME."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from cli_helpers import assert_clean_failure
+
+
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_ftx_lock_never_replaces_a_special_file_or_a_link(ftx_cli, tmp_path: Path, kind: str) -> None:
+    """The rename of the new file replaced whatever was there: as root, ``-o /dev/null`` made /dev/null a
+    text file (a FIFO and a link stand in for devices here)."""
+    target = tmp_path / "out.toml"
+    if kind == "fifo":
+        _fifo(target)
+    else:
+        (tmp_path / "real.toml").write_text("# mine\n")
+        target.symlink_to(tmp_path / "real.toml")
+    result = ftx_cli("lock", "tiny-gptj", "-o", str(target))
+    assert_clean_failure(result, "is not a regular file")
+    if kind == "fifo":
+        assert stat.S_ISFIFO(os.lstat(target).st_mode)
+    else:
+        assert target.is_symlink() and (tmp_path / "real.toml").read_text() == "# mine\n"
+    assert not list(tmp_path.glob(".out.toml.tmp-*"))
+
+
+def test_ftx_lock_into_a_missing_directory_is_a_clean_error(ftx_cli, tmp_path: Path) -> None:
+    result = ftx_cli("lock", "tiny-gptj", "-o", str(tmp_path / "no" / "such" / "ftx.toml"))
+    assert_clean_failure(result, "cannot write", "No such file or directory")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("option", ["--lock", "--hosts"])
+def test_a_deployment_or_hosts_file_that_is_a_pipe_is_refused_not_waited_on(
+    ftx_cli, tmp_path: Path, option: str
+) -> None:
+    """A named pipe blocked ftx forever; /dev/zero (the same path through the code) grew its memory forever."""
+    pipe = _fifo(tmp_path / "file")
+    args = ["run", "--lock", str(pipe)] if option == "--lock" else ["run", "tiny-gptj", "--hosts", str(pipe)]
+    result = ftx_cli(*args, "--dry-run")
+    assert_clean_failure(result, "named pipe")
+
+
+def test_an_oversized_deployment_file_is_refused_unread(
+    ftx_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ftx_triton.cli.manifest import MAX_MANIFEST_BYTES
+
+    (tmp_path / "ftx.toml").write_text('[model]\nsource = "tiny-gptj"\n# ' + "x" * MAX_MANIFEST_BYTES + "\n")
+    monkeypatch.chdir(tmp_path)
+    assert_clean_failure(ftx_cli("run", "--dry-run"), "larger than")
+
+
+@pytest.mark.parametrize("endpoint", ["file:///etc", "ftp://mirror.example", "http://", "http://[::1"])
+def test_an_hf_endpoint_that_is_no_http_url_is_a_clean_error(
+    ftx_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, endpoint: str
+) -> None:
+    """huggingface_hub failed on it with a traceback (requests' InvalidSchema) before any check of ftx's."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    result = ftx_cli("pull", "hf://a/b", "--no-resource-check", env={"HF_ENDPOINT": endpoint})
+    assert_clean_failure(result, "HF_ENDPOINT", "is not an http(s) URL")
