@@ -1,11 +1,17 @@
-"""Hostile files and environment at the command line (issue 27, the third adversarial pass): special files
-where ftx reads or writes a small text file, and an ``HF_ENDPOINT`` that is no URL. Each case failed
-before its fix (a replaced FIFO or link, a hang, a traceback); the CLI runs in-process on a real FTX_HOME."""
+"""Hostile files, downloads and environment at the command line (issue 27, the third adversarial pass):
+special files where ftx reads or writes a small text file, an ``HF_ENDPOINT`` that is no URL, a download
+that never ends. Each case failed before its fix (a replaced FIFO or link, a hang, a traceback, a full
+disk); the CLI runs in-process on a real FTX_HOME, downloads come from a real HTTP server on 127.0.0.1."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import os
+import shutil
 import stat
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -73,3 +79,48 @@ def test_an_hf_endpoint_that_is_no_http_url_is_a_clean_error(
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     result = ftx_cli("pull", "hf://a/b", "--no-resource-check", env={"HF_ENDPOINT": endpoint})
     assert_clean_failure(result, "HF_ENDPOINT", "is not an http(s) URL")
+
+
+class _Endless(http.server.BaseHTTPRequestHandler):
+    """A server that sends zeros without a Content-Length until the client goes."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_HEAD(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+        with contextlib.suppress(OSError):
+            while True:
+                self.wfile.write(b"\0" * 65536)
+
+
+@pytest.fixture
+def endless_url() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Endless)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/model.tar.gz"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.timeout(300)
+def test_a_download_of_no_declared_size_stops_before_the_disk_is_full(
+    ftx_cli, tmp_path: Path, endless_url: str
+) -> None:
+    """An endless body filled FTX_HOME's disk, and the partial file was kept "to resume", so the disk
+    stayed full. Now it stops while the extraction reserve is still free and removes what it wrote.
+    A real 96 MiB tmpfs."""
+    from ftx_triton.fetching.archive import FREE_SPACE_RESERVE
+    from mounts import tmpfs
+
+    with tmpfs(tmp_path / "home", size="96m") as home:
+        result = ftx_cli("pull", endless_url, "--no-resource-check", env={"FTX_HOME": str(home)})
+        assert_clean_failure(result, "no space left", "declared no size", "removed")
+        assert not list(home.rglob("*.part"))
+        assert shutil.disk_usage(home).free >= FREE_SPACE_RESERVE
