@@ -124,3 +124,27 @@ def test_a_download_of_no_declared_size_stops_before_the_disk_is_full(
         assert_clean_failure(result, "no space left", "declared no size", "removed")
         assert not list(home.rglob("*.part"))
         assert shutil.disk_usage(home).free >= FREE_SPACE_RESERVE
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        ('docker_host = "tcp://builder.example:2375"', "Docker daemon of another machine"),
+        ('docker_host = "ssh://user@gpu.example"', "Docker daemon of another machine"),
+        ('hosts = "hosts.txt"', "on the machines it lists"),
+    ],
+)
+def test_a_committed_ftx_toml_cannot_send_the_model_to_other_machines(
+    ftx_cli, tiny_gptj_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, line: str, says: str
+) -> None:
+    """A stranger's ftx.toml chose where the model and every request go: a remote Docker daemon, or MPI
+    ranks over ssh on the machines of its hosts file. Like a wider --host, only the command line may."""
+    (tmp_path / "hosts.txt").write_text("localhost gpus=1\n")
+    manifest = tmp_path / "ftx.toml"
+    manifest.write_text(f'[model]\nsource = "{tiny_gptj_dir}"\n[settings]\nruntime = "python"\n{line}\n')
+    monkeypatch.chdir(tmp_path)
+    assert_clean_failure(ftx_cli("run", "--dry-run"), says, "on the command line to mean it")
+    if "docker_host" in line:
+        manifest.write_text(manifest.read_text().replace(line, 'docker_host = "unix:///var/run/docker.sock"'))
+        result = ftx_cli("run", "--dry-run")
+        assert result.exit_code == 0, result.stderr  # this machine's daemon stays a setting like any other

@@ -90,13 +90,13 @@ def model_from_manifest(model: str | None, opts: dict[str, Any], lock: Path | No
             value = locked_value(ctx, params[key], value, manifest.path)
         source = ctx.get_parameter_source(key)
         if source in (None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP):
-            if key in _EXPOSING and not is_loopback(str(value)):
+            if (reach := _reaches_beyond(key, value)) is not None:
                 option = "/".join(params[key].opts)
                 raise ConfigError(
-                    f"{manifest.path}: [settings] {key} = {value!r} would expose the server beyond "
-                    "this machine; a file from a repository cannot widen exposure on its own",
+                    f"{manifest.path}: [settings] {key} = {value!r} {reach}; a file from a repository "
+                    "cannot widen exposure on its own",
                     hint=f"pass {option} {value} on the command line to mean it (or remove the line "
-                    "to serve on 127.0.0.1)",
+                    "to keep it on this machine)",
                 )
             opts[key] = tuple(value) if isinstance(value, list) else value
             if key == "runtime":
@@ -112,6 +112,22 @@ _NOT_SETTINGS = {
 """``ftx run`` parameters that are no deployment setting, and where they go instead."""
 _EXPOSING = ("host", "openai_host")
 """Settings whose non-loopback value opens endpoints to the network: only the command line may do that."""
+
+
+def _reaches_beyond(key: str, value: object) -> str | None:
+    """Why a setting from a file would reach beyond this machine (only the command line may), or None."""
+    text = str(value)
+    if key in _EXPOSING and not is_loopback(text):
+        return "would expose the server beyond this machine"
+    if key == "hosts":
+        return "would start server processes, holding the model and every request, on the machines it lists"
+    if key == "docker_host":
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(text)
+        if parts.scheme not in ("unix", "npipe", "") and not is_loopback(parts.hostname or ""):
+            return "would hand the model and its server to the Docker daemon of another machine"
+    return None
 
 
 def is_loopback(host: str) -> bool:
