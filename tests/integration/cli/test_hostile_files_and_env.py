@@ -148,3 +148,19 @@ def test_a_committed_ftx_toml_cannot_send_the_model_to_other_machines(
         manifest.write_text(manifest.read_text().replace(line, 'docker_host = "unix:///var/run/docker.sock"'))
         result = ftx_cli("run", "--dry-run")
         assert result.exit_code == 0, result.stderr  # this machine's daemon stays a setting like any other
+
+
+@pytest.mark.parametrize("where", ["below-a-file", "proc"])
+def test_convert_output_that_cannot_be_a_directory_is_refused_first(
+    ftx_cli, tiny_gptj_dir: Path, tmp_path: Path, where: str
+) -> None:
+    """``ftx convert --output`` below a file or on /proc converted the whole model, then failed with a
+    FileExistsError / FileNotFoundError traceback."""
+    (tmp_path / "file").write_text("mine\n")
+    output = {
+        "below-a-file": tmp_path / "file" / "out",
+        "proc": Path("/proc/ftx-test-output"),
+    }[where]
+    result = ftx_cli("convert", str(tiny_gptj_dir), "--output", str(output))
+    assert_clean_failure(result, "--output")
+    assert (tmp_path / "file").read_text() == "mine\n"

@@ -24,6 +24,24 @@ from ftx_triton.paths import ftx_home
 MARKER = "ftx-convert.json"
 
 
+def _check_output_place(output: Path) -> None:
+    """Refuse, before converting anything, an --output that cannot become a directory: one below a file
+    (``/dev/full/…``) or on a file system where nothing can be made (``/proc``)."""
+    existing = next(path for path in (output, *output.parents) if path.exists() or path == path.parent)
+    if not existing.is_dir():
+        raise OutputError(
+            f"--output {output}: {existing} exists and is not a directory",
+            hint="choose an --output in a directory you can write to",
+        )
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(
+            f"cannot create --output {output}: {exc.strerror or exc}",
+            hint="choose an --output in a directory you can write to",
+        ) from None
+
+
 @click.command(cls=FtxCommand)
 @click.argument("source")
 @click.option("--family", help="Model family; detected from config.json when omitted.")
@@ -54,6 +72,7 @@ def convert(
     target = output / gpu_dir_name(tp)
     if target.exists() and not target.is_dir():
         raise OutputError(f"{target} exists and is not a directory", hint="remove it or choose another --output")
+    _check_output_place(output)
     settings = settings_from_options(
         source,
         family=family,
