@@ -157,10 +157,25 @@ def test_convert_output_that_cannot_be_a_directory_is_refused_first(
     """``ftx convert --output`` below a file or on /proc converted the whole model, then failed with a
     FileExistsError / FileNotFoundError traceback."""
     (tmp_path / "file").write_text("mine\n")
-    output = {
-        "below-a-file": tmp_path / "file" / "out",
-        "proc": Path("/proc/ftx-test-output"),
-    }[where]
+    output = {"below-a-file": tmp_path / "file" / "out", "proc": Path("/proc/ftx-test-output")}[where]
     result = ftx_cli("convert", str(tiny_gptj_dir), "--output", str(output))
     assert_clean_failure(result, "--output")
     assert (tmp_path / "file").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--temperature", "nan"),
+        ("--temperature", "inf"),
+        ("--top-p", "nan"),
+        ("--timeout", "nan"),
+        ("--timeout", "1e300"),
+    ],
+)
+def test_generate_refuses_numbers_that_are_not_finite(ftx_cli, option: str, value: str) -> None:
+    """click's ranges let NaN through: a NaN temperature went to the model, a NaN or huge --timeout was a
+    ValueError / OverflowError traceback from the socket."""
+    result = ftx_cli("generate", "Hello", "--url", "http://127.0.0.1:9", option, value)
+    assert result.exit_code == 2, (result.exit_code, result.stderr, result.exception)
+    assert option in result.stderr and ("finite" in result.stderr or "range" in result.stderr), result.stderr
