@@ -25,6 +25,7 @@ from ftx_triton.cli.options import (
 )
 from ftx_triton.engine.pipeline import Pipeline, RunResult
 from ftx_triton.errors import ConfigError
+from ftx_triton.front.addresses import is_loopback
 from ftx_triton.paths import ftx_home
 from ftx_triton.plan.settings import RunSettings
 
@@ -128,18 +129,6 @@ def _reaches_beyond(key: str, value: object) -> str | None:
         if parts.scheme not in ("unix", "npipe", "") and not is_loopback(parts.hostname or ""):
             return "would hand the model and its server to the Docker daemon of another machine"
     return None
-
-
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
-    import ipaddress
-
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
