@@ -26,20 +26,23 @@ MARKER = "ftx-convert.json"
 
 def _check_output_place(output: Path) -> None:
     """Refuse, before converting anything, an --output that cannot become a directory: one below a file
-    (``/dev/full/…``) or on a file system where nothing can be made (``/proc``)."""
+    (``/dev/full/…``) or on a file system where nothing can be made (``/proc``). Leaves nothing behind."""
     existing = next(path for path in (output, *output.parents) if path.exists() or path == path.parent)
     if not existing.is_dir():
         raise OutputError(
             f"--output {output}: {existing} exists and is not a directory",
             hint="choose an --output in a directory you can write to",
         )
-    try:
+    missing = [path for path in (output, *output.parents) if not path.exists()]
+    try:  # made and removed again: nothing is left if the conversion then fails
         output.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OutputError(
             f"cannot create --output {output}: {exc.strerror or exc}",
             hint="choose an --output in a directory you can write to",
         ) from None
+    for path in missing:
+        path.rmdir()
 
 
 @click.command(cls=FtxCommand)
