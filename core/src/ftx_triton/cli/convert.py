@@ -16,7 +16,7 @@ import click
 from ftx_triton.cli.common import FtxCommand, say
 from ftx_triton.cli.options import conversion_options, safety_options
 from ftx_triton.cli.run import run_pipeline, settings_from_options
-from ftx_triton.errors import OutputError
+from ftx_triton.errors import OutputError, file_system_error
 from ftx_triton.io.atomic import publish_dir
 from ftx_triton.io.ftformat import gpu_dir_name
 from ftx_triton.paths import ftx_home
@@ -36,8 +36,8 @@ def _check_output_place(output: Path) -> None:
     missing = [path for path in (output, *output.parents) if not path.exists()]
     try:  # made and removed again: nothing is left if the conversion then fails
         output.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OutputError(
+    except OSError as exc:  # a full or read-only disk is said as everywhere else
+        raise file_system_error(exc) or OutputError(
             f"cannot create --output {output}: {exc.strerror or exc}",
             hint="choose an --output in a directory you can write to",
         ) from None
