@@ -137,6 +137,74 @@ def test_a_malformed_chunk_size_is_refused_at_once(server: object, size: bytes) 
     _alive(server)
 
 
+def test_a_body_within_the_limit_does_not_overflow_tritonservers_stack(server: object) -> None:
+    """tritonserver 2.51 copies a body onto its HTTP thread's stack: under the usual 8 MiB stack a 4.2 MB
+    body killed it with SIGSEGV. The supervisor gives it a stack for the front's 8 MiB limit."""
+    body = json.dumps({"inputs": [], "padding": "x" * (7 * 1024 * 1024)}).encode()
+    status, text = _post(server.http_url, body, path="/v2/models/no_such_model/infer")  # type: ignore[attr-defined]
+    assert status == 404 and "unknown model" in text, text[:300]
+    _alive(server)
+
+
+def test_objects_with_thousands_of_members_are_refused(server: object) -> None:
+    """tritonserver looks members up one by one: 20 000 keys in ``parameters`` took it 3 s of a core,
+    50 000 took 35 s (quadratic); the shield refuses the request instead."""
+    for body in (
+        {"inputs": [], "parameters": {f"p{i}": 1 for i in range(20_000)}},
+        {"inputs": [{"name": "input_ids", "shape": [1, 1], "datatype": "INT32", "data": [1]}] * 5000},
+    ):
+        began = time.monotonic()
+        status, text = _post(server.http_url, json.dumps(body).encode())  # type: ignore[attr-defined]
+        assert status == 400 and ("members" in text or "JSON objects" in text), text[:300]
+        assert time.monotonic() - began < 60
+    _alive(server)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"inputs": [], "parameters": {"x": NaN}}',
+        b'{"inputs": [], "parameters": {"x": -Infinity}}',
+        b'{"inputs": [], "parameters": {"x": 1e400}}',
+        b'{"inputs": [], "id": "\\ud800"}',
+        b'{"inputs": [], "\\udfff": 1}',
+        '{"inputs": [], "id": "x"}'.encode("utf-16"),
+        '{"inputs": [], "id": "x"}'.encode("utf-32"),
+    ],
+    ids=["nan", "infinity", "overflow", "lone-surrogate", "surrogate-key", "utf16", "utf32"],
+)
+def test_json_only_pythons_parser_takes_is_the_clients_400(server: object, body: bytes) -> None:
+    """Python's parser takes these, tritonserver's does not and called them its own fault (500)."""
+    status, text = _post(server.http_url, body)  # type: ignore[attr-defined]
+    assert status == 400 and ("not valid JSON" in text or "surrogate" in text), (status, text[:300])
+
+
+def test_every_answer_names_only_ftx_as_the_server(server: object) -> None:
+    """aiohttp's default ``Server`` header gave its own and Python's versions away."""
+    url = server.http_url  # type: ignore[attr-defined]
+    answers = [
+        _raw(url, b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),  # forwarded
+        _raw(url, b"POST /v2 HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\n[["),  # refused
+        _raw(url, b"GET /v2 HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", wait_s=30),  # aiohttp's parser
+    ]
+    for answer in answers:
+        head = answer.split(b"\r\n\r\n", 1)[0].lower()
+        assert head.startswith(b"http/1."), answer[:200]
+        assert b"\r\nserver: ftx" in head and b"aiohttp" not in head and b"python" not in head, head
+
+
+def test_admin_apis_from_this_machine_still_work(server: object) -> None:
+    status, text = _post(server.http_url, b'{"log_verbose_level": 0}', path="/v2/logging")  # type: ignore[attr-defined]
+    assert status == 200 and '"log_verbose_level":0' in text, text
+
+
+def test_loopback_addresses() -> None:
+    from ftx_triton.front.addresses import is_loopback
+
+    assert all(map(is_loopback, ["127.0.0.1", "127.3.2.1", "::1", "[::1]", "::ffff:127.0.0.1", "localhost"]))
+    assert not any(map(is_loopback, ["0.0.0.0", "::", "10.0.0.1", "::ffff:10.0.0.1", "", None, "example.com"]))
+
+
 # --------------------------------------------------------------------------- fronts with limits of their own
 
 
@@ -203,3 +271,71 @@ def test_an_idle_connection_is_closed_and_the_cap_refuses_the_fifth(front: objec
             sock.close()
     status, _text = _post(f"127.0.0.1:{port}", b"", path="/v2/repository/index")
     assert status == 200
+
+
+@pytest.fixture
+def remote_view(server: object) -> Iterator[object]:
+    """A front whose every client counts as one on another machine: a stand-in for a remote client,
+    which a loopback-only test cannot have."""
+    from ftx_triton.front.server import Front
+    from ftx_triton.front.shield import Shield
+
+    upstream = int(server.http_url.rsplit(":", 1)[1])  # type: ignore[attr-defined]
+    made = Front(Shield(upstream, trusted_peer=lambda _remote: False).app(), "127.0.0.1", 0)
+    made.start()
+    yield made
+    made.stop()
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v2/logging",
+        "/v2/trace/setting",
+        "/v2/models/add_one/trace/setting",
+        "/v2/systemsharedmemory/region/leak/register",
+        "/v2/systemsharedmemory/status",
+        "/v2/cudasharedmemory/region/leak/register",
+        "/v2/repository/models/add_one/unload",
+        "/V2/Logging/",
+    ],
+)
+def test_admin_apis_are_refused_to_clients_elsewhere(remote_view: object, path: str) -> None:
+    """A client elsewhere (``--host`` wider than loopback) could register any /dev/shm region of the host
+    as a tensor, or set log_verbose_level (24 KB of log per request) until the disk is full."""
+    url = f"127.0.0.1:{remote_view.port}"  # type: ignore[attr-defined]
+    body = b'{"log_verbose_level": 2, "key": "/triton_python_backend_shm_region_x", "offset": 0, "byte_size": 64}'
+    status, text = _post(url, body, path=path)
+    assert status == 403 and "this machine only" in text, (status, text)
+
+
+def test_inference_and_reads_still_reach_tritonserver_from_elsewhere(remote_view: object) -> None:
+    url = f"127.0.0.1:{remote_view.port}"  # type: ignore[attr-defined]
+    assert infer_http(url, "add_one").tolist() == [[2, 3, 4], [5, 6, 7]]
+    status, text = _post(url, b"", path="/v2/repository/index")
+    assert status == 200 and "add_one" in text, text
+    request = urllib.request.Request(f"http://{url}/v2/logging", method="GET")
+    with _DIRECT.open(request, timeout=60) as response:
+        assert response.status == 200 and b"log_verbose_level" in response.read()
+
+
+def test_a_wider_address_keeps_grpc_admin_apis_behind_a_key(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tritonserver on an address wider than loopback: its gRPC admin APIs need a key nobody has. The
+    server binds 127.0.0.1 here, told it is wider (a loopback-only test binds nothing else)."""
+    import tritonclient.grpc as grpcclient
+    from ftx_triton.server import tritonserver
+    from ftx_triton.server.tritonserver import TritonServer
+    from tritonclient.utils import InferenceServerException
+
+    monkeypatch.setattr(tritonserver, "is_loopback", lambda _host: False)
+    root = tmp_path_factory.mktemp("wide")
+    repo = add_repository(root / "repo")
+    with TritonServer(repo, home=root / "home", model_control="explicit", load_models=["add_one"]) as running:
+        client = grpcclient.InferenceServerClient(running.grpc_url)
+        with pytest.raises(InferenceServerException, match="(?i)restricted|permission|unavailable|key"):
+            client.update_log_settings({"log_verbose_level": 2})
+        assert client.is_model_ready("add_one")
+        status, text = _post(running.http_url, b'{"log_verbose_level": 0}', path="/v2/logging")
+        assert status == 200, text  # clients on this machine go through the front

@@ -45,11 +45,27 @@ class Manifest:
     settings: Mapping[str, Any] = field(default_factory=dict)
 
 
+MAX_MANIFEST_BYTES = 1 << 20
+"""The largest deployment file read (one ``ftx lock`` writes is a few hundred bytes)."""
+
+
+def _manifest_text(path: Path) -> str:
+    """The file's text: a regular file of at most :data:`MAX_MANIFEST_BYTES` (a FIFO or ``/dev/zero`` is
+    refused without blocking on it or reading it to the end)."""
+    from ftx_triton.errors import CheckpointError
+    from ftx_triton.io.regular import read_regular
+
+    try:
+        return read_regular(path, MAX_MANIFEST_BYTES).decode("utf-8")
+    except CheckpointError as exc:  # a pipe, device or directory
+        raise ValueError(exc.message) from None
+
+
 def load_manifest(path: Path) -> Manifest:
     """Parse ``path``; errors name the file and the key."""
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:  # TOMLDecodeError and UnicodeDecodeError are ValueErrors
+        data = tomllib.loads(_manifest_text(path))
+    except (OSError, ValueError, RecursionError) as exc:  # TOMLDecodeError and UnicodeDecodeError are ValueErrors
         raise ConfigError(
             f"cannot read {path}: {exc}", hint="fix the TOML syntax (UTF-8 text), or rewrite it with `ftx lock MODEL`"
         ) from exc
@@ -175,9 +191,21 @@ def write_lock(
         for key, value in settings.items():
             section[key] = value
         doc["settings"] = section
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        # the rename would replace the link or special file itself (as root: /dev/null with a text file)
+        raise ConfigError(
+            f"{path} exists and is not a regular file; ftx lock writes a new file there",
+            hint="pass -o with the path of a file (e.g. ./ftx.toml) that is absent or a regular file",
+        )
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(tomlkit.dumps(doc))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(tomlkit.dumps(doc))
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(
+            f"cannot write {path}: {exc.strerror or exc}", hint="pass -o with a writable path in an existing directory"
+        ) from None
 
 
 def locked_source(manifest: Manifest) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,17 @@ class TpType(click.IntRange):
 
 
 """Every TCP port option (--http-port, --grpc-port, --metrics-port, --openai-port): refused outside 1-65535."""
+
+
+class FiniteFloatRange(click.FloatRange):
+    """A FloatRange that also refuses ``nan`` and ``inf`` (click's range check lets NaN through, and an
+    infinite timeout overflows the socket's)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 def section(title: str, *decorators: F) -> Callable[[F], F]:

@@ -25,6 +25,7 @@ from ftx_triton.cli.options import (
 )
 from ftx_triton.engine.pipeline import Pipeline, RunResult
 from ftx_triton.errors import ConfigError
+from ftx_triton.front.addresses import is_loopback
 from ftx_triton.paths import ftx_home
 from ftx_triton.plan.settings import RunSettings
 
@@ -90,13 +91,13 @@ def model_from_manifest(model: str | None, opts: dict[str, Any], lock: Path | No
             value = locked_value(ctx, params[key], value, manifest.path)
         source = ctx.get_parameter_source(key)
         if source in (None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP):
-            if key in _EXPOSING and not is_loopback(str(value)):
+            if (reach := _reaches_beyond(key, value)) is not None:
                 option = "/".join(params[key].opts)
                 raise ConfigError(
-                    f"{manifest.path}: [settings] {key} = {value!r} would expose the server beyond "
-                    "this machine; a file from a repository cannot widen exposure on its own",
+                    f"{manifest.path}: [settings] {key} = {value!r} {reach}; a file from a repository "
+                    "cannot widen exposure on its own",
                     hint=f"pass {option} {value} on the command line to mean it (or remove the line "
-                    "to serve on 127.0.0.1)",
+                    "to keep it on this machine)",
                 )
             opts[key] = tuple(value) if isinstance(value, list) else value
             if key == "runtime":
@@ -114,16 +115,20 @@ _EXPOSING = ("host", "openai_host")
 """Settings whose non-loopback value opens endpoints to the network: only the command line may do that."""
 
 
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
-    import ipaddress
+def _reaches_beyond(key: str, value: object) -> str | None:
+    """Why a setting from a file would reach beyond this machine (only the command line may), or None."""
+    text = str(value)
+    if key in _EXPOSING and not is_loopback(text):
+        return "would expose the server beyond this machine"
+    if key == "hosts":
+        return "would start server processes, holding the model and every request, on the machines it lists"
+    if key == "docker_host":
+        from urllib.parse import urlsplit
 
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+        parts = urlsplit(text)
+        if parts.scheme not in ("unix", "npipe", "") and not is_loopback(parts.hostname or ""):
+            return "would hand the model and its server to the Docker daemon of another machine"
+    return None
 
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")

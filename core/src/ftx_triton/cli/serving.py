@@ -21,6 +21,7 @@ from typing import Any
 import click
 
 from ftx_triton.cli.common import FtxCommand, say
+from ftx_triton.cli.options import FiniteFloatRange
 from ftx_triton.engine.deployment import Deployment, openai_model_id
 from ftx_triton.errors import ServeError
 from ftx_triton.repository.io import TEXT_MODEL_NAME
@@ -28,6 +29,8 @@ from ftx_triton.server.text_client import TextInterface, first_text, pieces, sam
 
 EXAMPLE_PROMPT = "Once upon a time"
 EXAMPLE_TOKENS = 16
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+"""The longest --timeout (a week; sockets refuse far larger ones)."""
 
 
 def _client_error(exc: Exception, url: str, model: str) -> ServeError:
@@ -309,11 +312,11 @@ def _checked_url(url: str) -> str:
 )
 @click.option(
     "--temperature",
-    type=click.FloatRange(0, min_open=False),
+    type=FiniteFloatRange(0, min_open=False),
     help="Sampling temperature (alone it samples from the whole distribution; 0 = greedy).",
 )
 @click.option("--top-k", type=click.IntRange(0), help="Sample from the k most likely tokens (0 = off).")
-@click.option("--top-p", type=click.FloatRange(0, 1), help="Nucleus sampling probability mass (0 = off).")
+@click.option("--top-p", type=FiniteFloatRange(0, 1), help="Nucleus sampling probability mass (0 = off).")
 @click.option("--stream", is_flag=True, help="Print tokens as they are generated (a model served with --streaming).")
 @click.option(
     "--url",
@@ -323,7 +326,7 @@ def _checked_url(url: str) -> str:
 @click.option(
     "--timeout",
     "timeout_s",
-    type=click.FloatRange(0, min_open=True),
+    type=FiniteFloatRange(0, MAX_TIMEOUT_S, min_open=True),
     default=600.0,
     show_default=True,
     help="Seconds to wait for the answer.",

@@ -289,7 +289,9 @@ class _Budget:
         if total > self.space_limit:
             if self.explicit:
                 raise _TooBig(f"it expands to more than {self.space_limit} bytes at member {name!r}")
-            raise OSError(errno.ENOSPC, f"member {name!r} takes it past the {self.space_limit} bytes free")
+            raise OSError(
+                errno.ENOSPC, f"member {name!r} would leave less than ftx's reserve of {FREE_SPACE_RESERVE} bytes free"
+            )
 
 
 class _Writer:

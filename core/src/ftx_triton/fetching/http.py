@@ -5,13 +5,19 @@ request (guarded by ``If-Range`` so a file that changed upstream restarts instea
 spliced). The checksum, when given, is checked before the final rename, so ``DEST`` only ever
 holds a complete, verified file. A ``DEST.lock`` file lock makes concurrent calls for one
 ``DEST`` download it once.
+
+A body that fills the disk is no partial download worth keeping: on ENOSPC the part is removed, and a
+body whose server declared no size stops (part removed) once the disk would keep less than
+the reserve archive extraction keeps (``FREE_SPACE_RESERVE``), before it fills the disk for everything else.
 """
 
 from __future__ import annotations
 
+import errno
 import http.client
 import os
 import re
+import shutil
 import ssl
 import time
 from dataclasses import dataclass
@@ -25,6 +31,7 @@ import structlog
 from filelock import FileLock, Timeout
 
 from ftx_triton.errors import SourceError
+from ftx_triton.fetching.archive import FREE_SPACE_RESERVE
 from ftx_triton.fetching.integrity import normalize_sha256
 from ftx_triton.io.hashing import sha256_file
 from ftx_triton.plan.interrupt import keeping
@@ -224,8 +231,21 @@ def _fetch_once(url: str, part: Path, *, timeout_s: float, bar: ByteProgress) ->
             log.warning("download.restarted", url=redact_url(url), reason="server ignored the Range request")
         _write_validator(part, response.headers, plan)
         bar.reset(completed=plan.start, total=plan.total)
-        with open(part, "ab" if plan.start else "wb") as out:
-            _copy_body(response, out, bar, timeout_s)
+        try:
+            with open(part, "ab" if plan.start else "wb") as out:
+                _copy_body(response, out, bar, timeout_s, bounded=plan.total is not None)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            got = _size(part)
+            part.unlink(missing_ok=True)
+            _validator_path(part).unlink(missing_ok=True)
+            declared = f"of {plan.total} declared" if plan.total is not None else "(its server declared no size)"
+            raise SourceError(
+                f"no space left for {redact_url(url)} in {part.parent} after {got} bytes {declared}; "
+                "the partial download was removed",
+                hint="free space on that disk, or point FTX_HOME at a larger one",
+            ) from None
     if plan.total is not None and _size(part) < plan.total:
         raise _Transient(f"connection closed after {_size(part)} of {plan.total} bytes")
 
@@ -252,7 +272,12 @@ def _plan(response: http.client.HTTPResponse, offset: int, part: Path) -> _Plan:
     return _Plan(offset, total if total is not None else (offset + length if length is not None else None))
 
 
-def _copy_body(response: http.client.HTTPResponse, out: BinaryIO, bar: ByteProgress, timeout_s: float) -> None:
+def _copy_body(
+    response: http.client.HTTPResponse, out: BinaryIO, bar: ByteProgress, timeout_s: float, *, bounded: bool
+) -> None:
+    """Copy the body; one of undeclared size (``bounded`` False) stops with ENOSPC while the disk still
+    keeps the extraction reserve free."""
+    reserve = 0 if bounded else FREE_SPACE_RESERVE
     while True:
         try:
             chunk = response.read1(CHUNK_BYTES)
@@ -260,6 +285,8 @@ def _copy_body(response: http.client.HTTPResponse, out: BinaryIO, bar: ByteProgr
             raise _Transient(_describe(exc, timeout_s)) from exc
         if not chunk:
             return
+        if reserve and shutil.disk_usage(Path(out.name).parent).free - len(chunk) < reserve:
+            raise OSError(errno.ENOSPC, "the disk would keep less than its reserve free")
         out.write(chunk)
         bar.advance(len(chunk))
 

@@ -33,7 +33,7 @@ from huggingface_hub.utils import (
     filter_repo_objects,
 )
 
-from ftx_triton.errors import SourceError
+from ftx_triton.errors import ConfigError, SourceError
 from ftx_triton.paths import ftx_home
 from ftx_triton.terminal.progress import progress_enabled
 
@@ -48,8 +48,22 @@ _TRUE = {"1", "true", "yes", "on"}
 
 
 def hf_endpoint() -> str:
-    """``HF_ENDPOINT`` or huggingface.co."""
-    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+    """``HF_ENDPOINT`` or huggingface.co; an endpoint that is no http(s) URL is a ConfigError (huggingface_hub
+    would fail on it with a traceback)."""
+    from urllib.parse import urlsplit
+
+    endpoint = (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+    try:
+        parts = urlsplit(endpoint)
+        usable = parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:
+        usable = False
+    if not usable:
+        raise ConfigError(
+            f"HF_ENDPOINT={endpoint[:200]!r} is not an http(s) URL of a Hugging Face Hub",
+            hint="unset HF_ENDPOINT to use huggingface.co, or set it to a mirror such as https://hf-mirror.example",
+        )
+    return endpoint
 
 
 def hf_offline() -> bool:

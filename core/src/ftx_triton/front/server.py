@@ -9,7 +9,9 @@ aiohttp parses HTTP (a malformed or negative chunk size is a 400 before any hand
   ``idle_timeout_s``;
 * :func:`read_body`: the *decoded* body, at most ``max_body_bytes`` (413 beyond), read within
   ``body_timeout_s`` (408), with any ``Content-Encoding`` but ``gzip``, ``deflate`` and ``identity``
-  refused (415).
+  refused (415);
+* a ``Server`` header that names only ``ftx`` (aiohttp's own names its and Python's versions), on
+  every answer: the application's, and those aiohttp writes itself for a request it cannot parse.
 
 :class:`Front` binds its socket synchronously (so a taken port is known before anything else starts)
 and serves either in the calling thread (:meth:`Front.run`) or in a thread of its own
@@ -59,6 +61,12 @@ class Refused(Exception):
 
 
 LIMITS_KEY = web.AppKey("ftx_front_limits", Limits)
+SERVER_NAME = "ftx"
+"""The ``Server`` header of every answer."""
+
+
+async def _name_server(_request: web.Request, response: web.StreamResponse) -> None:
+    response.headers["Server"] = SERVER_NAME
 
 
 def limits_of(request: web.Request) -> Limits:
@@ -111,7 +119,7 @@ def refusal(refused: Refused) -> web.Response:
 
 _BUSY_LINGER_S = 1.0
 _BUSY = (
-    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    b"HTTP/1.1 503 Service Unavailable\r\nServer: ftx\r\nContent-Type: application/json\r\nConnection: close\r\n"
     b"Content-Length: %d\r\n\r\n%s"
 )
 
@@ -146,6 +154,14 @@ class _Connection(web.RequestHandler):
         self.counted = True
         super().connection_made(transport)
         self.await_headers()
+
+    def handle_error(
+        self, request: Any, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
+        """aiohttp's answer to a request it could not parse or handle, naming only ``ftx``."""
+        response = super().handle_error(request, status, exc, message)
+        response.headers["Server"] = SERVER_NAME
+        return response
 
     def data_received(self, data: bytes) -> None:
         if not self.busy:  # a refused connection's request is read and dropped
@@ -199,6 +215,7 @@ class Front:
         self.limits = limits or Limits()
         app[LIMITS_KEY] = self.limits
         app.middlewares.insert(0, _header_clock)
+        app.on_response_prepare.append(_name_server)
         self.app = app
         self.host = host
         self.open_connections = 0

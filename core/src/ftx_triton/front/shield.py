@@ -8,8 +8,16 @@ its charset or validity):
 
 * refuses JSON nested deeper than ``max_json_depth`` (400): brackets are counted outside JSON strings
   on the bytes themselves, so a body that is not valid UTF-8 is checked like any other;
-* refuses a JSON body that does not parse (400, with the parser's reason), which tritonserver would
-  answer as its own fault (500);
+* refuses an object of more than ``max_json_members`` members, or a body of more than
+  ``max_json_objects`` objects (400): tritonserver looks members up one by one, so a request's time
+  grows with the square of its members (50 000 keys in ``parameters``: 35 s of one core);
+* refuses a JSON body that does not parse (400, with the parser's reason), or that Python's parser
+  takes and tritonserver's does not (``NaN``/``Infinity``, numbers past a double, a lone UTF-16
+  surrogate escape, a body in UTF-16/32): tritonserver would answer these as its own fault (500);
+* refuses the administrative APIs that change the server (shared-memory registration, logging and
+  trace settings, model load/unload) to clients that are not on this machine (403): with ``--host``
+  wider than loopback they would let anyone register a ``/dev/shm`` region of this host as a tensor
+  (reading or overwriting it) or turn on verbose logging until the disk is full;
 * passes the rest through unchanged (keep-alive, streamed ``generate_stream`` answers included), the
   body decoded, to tritonserver. gRPC and metrics go to tritonserver directly.
 """
@@ -18,17 +26,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
+from typing import Any
 
 import aiohttp
 import numpy as np
 from aiohttp import web
 
+from ftx_triton.front.addresses import is_loopback
 from ftx_triton.front.server import Refused, read_body, refusal
 
 MAX_JSON_DEPTH = 64
+MAX_JSON_MEMBERS = 256
+"""Members one JSON object of a request may have (a Triton request has tens)."""
+MAX_JSON_OBJECTS = 4096
+"""JSON objects one request may hold (its inputs, outputs and their parameters)."""
 _HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -48,6 +63,12 @@ _BINARY_HEADER = "Inference-Header-Content-Length"
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _OPEN = np.frombuffer(b"[{", np.uint8)
+_ADMIN = re.compile(
+    r"/v2/(?:(?:system|cuda)sharedmemory(?:/.*)?|logging|trace/setting|models/[^/]+(?:/versions/[^/]+)?/trace/setting"
+    r"|repository/models/[^/]+/(?:load|unload))/?",
+    re.IGNORECASE,
+)
+"""Paths of tritonserver's HTTP API that change the server; GET of logging/trace settings only reads."""
 _WORKER_BYTES = 256 * 1024
 """Bodies over this size are checked in a worker thread, off the event loop."""
 
@@ -64,16 +85,81 @@ def json_depth(data: bytes) -> int:
     return int(np.cumsum(steps).max(initial=0))
 
 
-def check_json(data: bytes, max_depth: int = MAX_JSON_DEPTH) -> None:
+class _Strict:
+    """The hooks of one strict parse: counts objects and members, refuses what tritonserver's parser does."""
+
+    def __init__(self, max_members: int, max_objects: int) -> None:
+        self.max_members, self.max_objects, self.objects = max_members, max_objects, 0
+
+    def pairs(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        self.objects += 1
+        if len(pairs) > self.max_members:
+            raise Refused(
+                HTTPStatus.BAD_REQUEST,
+                f"a JSON object of the request has {len(pairs)} members; at most {self.max_members}",
+            )
+        if self.objects > self.max_objects:
+            raise Refused(HTTPStatus.BAD_REQUEST, f"the request holds more than {self.max_objects} JSON objects")
+        return dict(pairs)
+
+    @staticmethod
+    def constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a JSON number")
+
+    @staticmethod
+    def number(text: str) -> Any:
+        if math.isinf(float(text)):
+            raise ValueError(f"the number {text[:40]} is too large for a double")
+        return float(text) if any(c in text for c in ".eE") else int(text)
+
+
+def lone_surrogate(value: Any, path: str = "") -> str | None:
+    """The path of the first string in ``value`` (keys included) holding a lone UTF-16 surrogate
+    (``"\\ud800"``), if any."""
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return where or "body"
+        elif isinstance(item, dict):
+            stack.extend((v, f"{where}.{k}" if where else str(k)) for k, v in item.items())
+            stack.extend((k, where) for k in item)
+        elif isinstance(item, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
+    return None
+
+
+def check_json(
+    data: bytes,
+    max_depth: int = MAX_JSON_DEPTH,
+    max_members: int = MAX_JSON_MEMBERS,
+    max_objects: int = MAX_JSON_OBJECTS,
+) -> None:
     """Raise :class:`Refused` for a JSON body tritonserver must not see."""
     if not data.strip():
         return
     if data.count(b"[") + data.count(b"{") > max_depth and json_depth(data) > max_depth:
         raise Refused(HTTPStatus.BAD_REQUEST, f"the request's JSON is nested deeper than {max_depth} levels")
+    strict = _Strict(max_members, max_objects)
     try:
-        json.loads(data)
+        value = json.loads(
+            data.decode("utf-8-sig"),
+            object_pairs_hook=strict.pairs,
+            parse_constant=strict.constant,
+            parse_float=strict.number,
+            parse_int=strict.number,
+        )
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise Refused(HTTPStatus.BAD_REQUEST, f"the request body is not valid JSON (UTF-8): {exc}"[:300]) from None
+    if (b"\\ud" in data or b"\\uD" in data) and (where := lone_surrogate(value)) is not None:
+        raise Refused(
+            HTTPStatus.BAD_REQUEST,
+            f"{where[:100]} holds a lone UTF-16 surrogate (an escape such as \\ud800 without its pair), which is "
+            "not text; send valid UTF-8 or complete surrogate pairs",
+        )
 
 
 def json_part(headers: Mapping[str, str], body: bytes) -> bytes:
@@ -101,9 +187,11 @@ class Shield:
         *,
         max_json_depth: int = MAX_JSON_DEPTH,
         on_refused: Callable[[str], None] | None = None,
+        trusted_peer: Callable[[str | None], bool] = is_loopback,
     ) -> None:
         self.base = f"http://127.0.0.1:{upstream_port}"
         self.max_json_depth = max_json_depth
+        self.trusted_peer = trusted_peer
         self.on_refused = on_refused
         self.session: aiohttp.ClientSession | None = None
 
@@ -126,8 +214,19 @@ class Shield:
         if self.session is not None:
             await self.session.close()
 
+    def check_admin(self, request: web.Request) -> None:
+        """Refuse an administrative request from a client on another machine."""
+        if request.method in ("GET", "HEAD") and "sharedmemory" not in request.path.lower():
+            return
+        if _ADMIN.fullmatch(request.path) and not self.trusted_peer(request.remote):
+            raise Refused(
+                HTTPStatus.FORBIDDEN,
+                f"{request.path[:120]} changes the server and is served to clients on this machine only",
+            )
+
     async def forward(self, request: web.Request) -> web.StreamResponse:
         try:
+            self.check_admin(request)
             body = await read_body(request)
             part = json_part(request.headers, body)
             if len(part) > _WORKER_BYTES:
@@ -166,4 +265,12 @@ class Shield:
         return response
 
 
-__all__ = ["MAX_JSON_DEPTH", "Shield", "check_json", "json_depth"]
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "MAX_JSON_MEMBERS",
+    "MAX_JSON_OBJECTS",
+    "Shield",
+    "check_json",
+    "json_depth",
+    "lone_surrogate",
+]

@@ -26,6 +26,7 @@ from aiohttp import web
 
 from ftx_triton.errors import FtxError
 from ftx_triton.front.server import Refused, read_body
+from ftx_triton.front.shield import lone_surrogate
 from ftx_triton.openai_api.chat import TemplateError, TemplateTimeout, TemplateWorker, chat_template, render
 from ftx_triton.repository.io import TEXT_MODEL_NAME
 from ftx_triton.server.text_client import HttpError, HttpTriton, TextInterface, pieces, sampling_values, text_interface
@@ -66,23 +67,6 @@ unknown charset, nesting deeper than the parser recurses."""
 def _show(value: float) -> str:
     """A limit as people write it: ``1048576``, ``0.5``."""
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
-
-
-def _lone_surrogate(value: Any, path: str = "") -> str | None:
-    """The path of the first string in ``value`` holding a lone UTF-16 surrogate (``"\\ud800"``), if any."""
-    stack = [(value, path)]
-    while stack:
-        item, where = stack.pop()
-        if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                return where or "body"
-        elif isinstance(item, dict):
-            stack.extend((v, f"{where}.{k}" if where else str(k)) for k, v in item.items())
-        elif isinstance(item, list):
-            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
-    return None
 
 
 @dataclass
@@ -284,7 +268,7 @@ class Handlers:
             raise BadRequest(f"the body is not readable JSON ({type(exc).__name__})") from None
         if not isinstance(body, dict):
             raise BadRequest("the body must be a JSON object")
-        where = _lone_surrogate(body)
+        where = lone_surrogate(body)
         if where is not None:
             raise BadRequest(
                 f"{where} holds a lone UTF-16 surrogate (an escape such as \\ud800 without its pair), "

@@ -6,6 +6,10 @@ of its own. It
 * starts tritonserver as its child, which gets SIGKILL should the supervisor die (PDEATHSIG), and
   adopts orphaned Python-backend stubs (it is their subreaper), so no process outlives it;
 * serves the HTTP shield (:mod:`ftx_triton.front.shield`) when asked, on the port users see;
+* gives tritonserver a stack limit (``RLIMIT_STACK``, which sets its threads' stacks) of
+  :func:`stack_for` the largest body it may receive: tritonserver 2.51 copies a request body onto the
+  stack of its HTTP thread, so under the usual 8 MiB a body of about 4 MiB kills it with SIGSEGV. When
+  the hard limit allows less, the front's body limit shrinks to what fits (and says so);
 * watches the stubs: one that dies leaves its model "ready" while every request fails, so the
   supervisor says which one died and stops the server (exit code :data:`STUB_DIED`);
 * on SIGTERM/SIGINT/SIGHUP (``ftx stop``, Ctrl-C, or ftx dying: it gets SIGTERM then) stops
@@ -21,8 +25,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -43,6 +49,9 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _POLL_S = 0.2
 _STUB_CHECK_S = 0.5
+_STACK_MARGIN = 16 << 20
+DEFAULT_BODY_BYTES = 64 << 20
+"""tritonserver's own body limit (--http-max-input-size) when nothing in front of it sets one."""
 
 
 def say(message: str) -> None:
@@ -60,6 +69,28 @@ def _die_with_supervisor() -> None:
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def stack_for(body_bytes: int) -> int:
+    """The stack tritonserver's HTTP threads need for a body of ``body_bytes`` (it holds up to two copies
+    of it there, measured: SIGSEGV at a 4.2 MB infer body under an 8 MiB stack)."""
+    return 2 * body_bytes + _STACK_MARGIN
+
+
+def make_room_for_bodies(body_bytes: int) -> int:
+    """Raise this process's soft ``RLIMIT_STACK`` (tritonserver inherits it) to :func:`stack_for`
+    ``body_bytes``; return the largest body the resulting limit holds (``body_bytes`` unless the hard
+    limit is lower)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
+    need = stack_for(body_bytes)
+    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    if soft == resource.RLIM_INFINITY or soft < target:  # unlimited gives threads a small default stack
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_STACK, (target, hard))
+            soft = target
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return body_bytes
+    return max(0, (soft - _STACK_MARGIN) // 2)
 
 
 def signal_name(code: int) -> str:
@@ -131,8 +162,11 @@ class Supervisor:
         _prctl(_PR_SET_CHILD_SUBREAPER, 1)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda signum, frame: self.stop_requested.set())
-        if self.spec.get("front") and not self._start_front():
-            return FRONT_FAILED
+        if self.spec.get("front"):
+            if not self._start_front():
+                return FRONT_FAILED
+        elif make_room_for_bodies(DEFAULT_BODY_BYTES) < DEFAULT_BODY_BYTES:
+            say("the stack limit (ulimit -s) is below what tritonserver needs for 64 MiB request bodies")
         self.triton = subprocess.Popen(self.spec["command"], stdin=subprocess.DEVNULL, preexec_fn=_die_with_supervisor)  # noqa: PLW1509 - prctl/getppid/kill only
         say(f"tritonserver started (pid {self.triton.pid})")
         try:
@@ -153,6 +187,13 @@ class Supervisor:
             on_refused=lambda line: say(f"HTTP front refused {line}"),
         )
         limits = Limits.from_spec(front)
+        fits = make_room_for_bodies(limits.max_body_bytes)
+        if fits < limits.max_body_bytes:
+            say(
+                f"the hard stack limit (ulimit -Hs) leaves tritonserver room for bodies up to {fits} bytes, "
+                f"not {limits.max_body_bytes}: the front accepts at most {fits}"
+            )
+            limits = dataclasses.replace(limits, max_body_bytes=fits)
         try:
             self.front = Front(shield.app(), host, port, limits)
         except OSError as exc:

@@ -42,6 +42,7 @@ from urllib.parse import quote
 import structlog
 
 from ftx_triton.errors import ServeError
+from ftx_triton.front.addresses import is_loopback
 from ftx_triton.server.install import TritonInstall, find_tritonserver, prepare_backends, server_env
 from ftx_triton.server.ports import ServerPorts, client_host, free_ports, http_ok, loopback_port
 from ftx_triton.server.process_tree import (
@@ -155,6 +156,10 @@ def _parent_death_signal() -> Callable[[], None] | None:
 
 class _StartFailure(Exception):
     """Internal: why a start attempt failed (before the log is diagnosed)."""
+
+
+ADMIN_APIS = "model-repository,shared-memory,logging,trace"
+"""tritonserver's API groups that change the server (its names for --grpc-restricted-protocol)."""
 
 
 class TritonServer:
@@ -311,7 +316,20 @@ class TritonServer:
             f"--model-control-mode={self.model_control}",
         ]
         cmd += [f"--load-model={model}" for model in self.load_models]
+        if not is_loopback(self.host):
+            cmd += self.admin_restrictions()
         return cmd
+
+    def admin_restrictions(self) -> list[str]:
+        """On an address wider than loopback, tritonserver's administrative APIs need a key nobody is
+        given (gRPC; and HTTP when no front guards it): clients elsewhere cannot register this host's
+        shared memory, turn on verbose logging or load models. Clients here use the HTTP front."""
+        key = secrets.token_urlsafe(18)
+        restriction = f"{ADMIN_APIS}:ftx-admin-key={key}"
+        flags = [f"--grpc-restricted-protocol={restriction}"]
+        if not self.http_front:
+            flags.append(f"--http-restricted-api={restriction}")
+        return flags
 
     # ----------------------------------------------------------------- lifecycle
 

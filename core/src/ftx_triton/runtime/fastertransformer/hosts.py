@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ftx_triton.errors import ConfigError
+from ftx_triton.errors import CheckpointError, ConfigError
+from ftx_triton.io.regular import read_regular
 
 HOSTFILE_NAME = "ftx-hostfile"
 FORWARDED_ENV = ("CUDA_VISIBLE_DEVICES", "NCCL_LAUNCH_MODE", "FT_LOG_LEVEL")
@@ -72,17 +73,19 @@ class NodeLayout:
         return "".join(f"{host} slots={count}\n" for host, count in self.machines)
 
 
+MAX_HOSTS_BYTES = 1 << 20
+"""The largest hosts file read (a line per machine)."""
 _LINE = re.compile(r"^(?P<host>[A-Za-z0-9_.:\[\]-]+)(?:\s+(?P<opts>.*))?$")
 
 
 def read_hosts(path: Path, *, repeats: bool = False) -> HostList:
     """Parse a hosts file (see the module docstring); ``repeats``: a machine may take adjacent lines."""
     try:
-        text = path.read_text()
-    except OSError as exc:
+        text = read_regular(path, MAX_HOSTS_BYTES).decode("utf-8")
+    except (OSError, ValueError, CheckpointError) as exc:  # a pipe or /dev/zero is refused, not read forever
+        reason = exc.message if isinstance(exc, CheckpointError) else getattr(exc, "strerror", None) or exc
         raise ConfigError(
-            f"cannot read the hosts file {path}: {exc.strerror or exc}",
-            hint="--hosts takes a file with one node name per line",
+            f"cannot read the hosts file {path}: {reason}", hint="--hosts takes a text file with one node name per line"
         ) from None
     hosts: list[str] = []
     gpus: list[int | None] = []

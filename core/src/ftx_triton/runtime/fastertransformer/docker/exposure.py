@@ -10,10 +10,11 @@ restricted to requests carrying a key, where the image's tritonserver has restri
 
 from __future__ import annotations
 
-import ipaddress
 import re
 import secrets
 from dataclasses import dataclass
+
+from ftx_triton.front.addresses import is_loopback
 
 METRICS_ADDRESS_SINCE = (23, 6)
 RESTRICTED_API_SINCE = (24, 1)
@@ -27,15 +28,6 @@ def triton_version_of(image: str) -> tuple[int, int] | None:
     tag = image.rsplit("/", 1)[-1].partition(":")[2]
     match = _VERSION.search(tag)
     return (int(match.group(1)), int(match.group(2))) if match else None
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True)
