@@ -65,7 +65,7 @@ def _namespace_prefix() -> list[str] | None:
     return prefix if subprocess.run(probe, capture_output=True).returncode == 0 else None
 
 
-NAMESPACE = _namespace_prefix()
+NAMESPACE = _namespace_prefix() if (CLIENTS / "tools").is_dir() and CLIENT_PYTHON.is_file() else None
 
 pytestmark = [
     *SERVER_MARKS,
