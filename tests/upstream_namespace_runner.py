@@ -16,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -37,6 +38,7 @@ def loopback_up() -> None:
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the server on the way out
     loopback_up()
     if sys.argv[1] == "--probe":
         return

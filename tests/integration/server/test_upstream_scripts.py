@@ -268,10 +268,11 @@ class Run:
 
 @dataclass
 class _Namespace:
-    process: subprocess.Popen[str]
+    process: subprocess.Popen[bytes]
     repository: Path
     results: Path
     records: Path
+    log: Path
 
 
 def _start(case: Case, src: Path, tmp: Path, work: Path, streaming: bool) -> _Namespace:
@@ -301,20 +302,28 @@ def _start(case: Case, src: Path, tmp: Path, work: Path, streaming: bool) -> _Na
         )
     )
     assert NAMESPACE is not None
-    process = subprocess.Popen(
-        [*NAMESPACE, sys.executable, str(HERE / "upstream_namespace_runner.py"), str(plan)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    return _Namespace(process, repository, results, records)
+    log = tmp / f"namespace-{label}.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [*NAMESPACE, sys.executable, str(HERE / "upstream_namespace_runner.py"), str(plan)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    return _Namespace(process, repository, results, records, log)
 
 
 def _finish(namespace: _Namespace) -> Served:
-    output, _ = namespace.process.communicate(timeout=1500)
-    assert namespace.process.returncode == 0, output[-4000:]
+    namespace.process.wait(timeout=1500)
+    assert namespace.process.returncode == 0, namespace.log.read_text(errors="replace")[-4000:]
     results = {r["name"]: r for r in json.loads(namespace.results.read_text())}
     return Served(results, namespace.records)
+
+
+def _stop(namespace: _Namespace | None) -> None:
+    """A namespace left running when the other one failed: its runner stops its server on SIGTERM."""
+    if namespace is not None and namespace.process.poll() is None:
+        namespace.process.terminate()
+        namespace.process.wait(timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -341,8 +350,12 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     work = _workdir(tmp, src, case)
     plain = _start(case, src, tmp, work, streaming=False)
     stream = _start(case, src, tmp, work, streaming=True) if case.streaming else None
-    served = _finish(plain)
-    streamed = _finish(stream) if stream is not None else None
+    try:
+        served = _finish(plain)
+        streamed = _finish(stream) if stream is not None else None
+    finally:
+        _stop(plain)
+        _stop(stream)
     return Run(case, reference_model(src), load_codec(plain.repository / "preprocessing" / "1"), served, streamed)
 
 
