@@ -90,7 +90,7 @@ EOF
   rm -rf "${tmp:-/nonexistent}"
 fi
 if [ "$dev" = 1 ]; then
-  # fastertransformer_backend's client scripts (tests/test_upstream_scripts.py) use np.bool, gone in
+  # fastertransformer_backend's client scripts (tests/integration/server/test_upstream_scripts.py) use np.bool, gone in
   # numpy 1.24: they run with $venv/clients, numpy 1.23 first and this environment's packages after it.
   step "creating $venv/clients (numpy<1.24 for fastertransformer_backend's client scripts)"
   rm -rf "$venv/clients"

@@ -2,23 +2,25 @@
 
 The scripts and request files are that project's unmodified sources, read from the directory
 ``FTX_UPSTREAM_CLIENTS`` names (default: ``../shared/upstream-clients`` beside the repository); the
-test skips when it is absent. Only their protocol flags (and, for the T5 translation and LAMBADA
-scripts, their own size flags: 3004 sentences of 128 tokens are hours on a CPU) are given. What they
-need is given in this test's environment, never by editing them:
+test skips when it is absent. Only their protocol flags and some of their own size flags are given
+(T5 translation and LAMBADA: 3004 sentences of 128 tokens are hours on a CPU; the identity scripts:
+8 new tokens instead of 24). What they need is given in this test's environment, never by editing them:
 
 - numpy < 1.24 (they use ``np.bool``): the clients' interpreter ``.venv/clients`` that
   ``scripts/setup.sh --dev`` builds (numpy 1.23 first, then the main environment's packages);
-- localhost:8000/8001: each server runs in a private network namespace (``unshare -n``) with the
+- localhost:8000/8001: each server runs in a private network namespace (``unshare -n``) with its
   scripts, so other tritonservers on the machine keep their ports;
 - their working directory: ``tools`` (a link to the sources), the GPT-2 vocabulary LAMBADA reads, a
   small ``lambada_test.jsonl`` and a ``t5-small`` tokenizer directory (the served T5's tokenizer).
 
 Tiny random models carry the real vocabularies (GPT-J: GPT-2's; GPT-NeoX: GPT-NeoX-20B's; KoGPT and T5
 are sized to the ids the scripts send), so the scripts' fixed token ids are valid. The scripts print
-and swallow errors: every call is recorded (``upstream_client_launcher.py``) and checked here: no
-errors, raw ids equal transformers' greedy generation, preprocessing ids equal the tokenizer's, and
-postprocessing/ensemble text equals decoding those ids. Families: GPT-J, KoGPT, GPT-NeoX, T5 v1.0 and
-v1.1 layouts; each over HTTP and gRPC, one server per repository.
+and swallow errors: every call, streamed ones included, is recorded (``upstream_client_launcher.py``)
+and checked here: no errors, raw ids equal transformers' greedy generation, preprocessing ids equal
+the tokenizer's, and postprocessing/ensemble text equals decoding those ids. Families: GPT-J, KoGPT,
+GPT-NeoX, T5 v1.0 and v1.1 layouts, each over HTTP and gRPC. Time: one server per family (its
+``--streaming`` repository served beside it in a second namespace), the scripts forked from one
+interpreter that imported their libraries, four at a time.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,25 +51,24 @@ GPT_FILES = (
     "sample_request_runtime_top_k.json",
     "sample_request_ensemble.json",
 )
+IDENTITY_SIZE = ("-o", "8")  # new tokens per request (default 24): the identity scripts send 10 batches of 8
+PARALLEL = 4  # scripts at once against one server: their start-up and sleeps overlap the server's work
 T5_FILES = ("sample_request_single_t5.json", "sample_request_single_t5_ia3.json")
 
 
 def _namespace_prefix() -> list[str] | None:
-    if shutil.which("unshare") is None or shutil.which("ip") is None:
+    """``unshare -n`` (``-rn`` when not root: a user namespace too), if this machine grants it."""
+    if shutil.which("unshare") is None:
         return None
     prefix = ["unshare", "-n"] if os.geteuid() == 0 else ["unshare", "-rn"]
-    probe = subprocess.run([*prefix, "ip", "link", "set", "lo", "up"], capture_output=True)
-    return prefix if probe.returncode == 0 else None
+    probe = [*prefix, sys.executable, str(HERE / "upstream_namespace_runner.py"), "--probe"]
+    return prefix if subprocess.run(probe, capture_output=True).returncode == 0 else None
 
 
-NAMESPACE = _namespace_prefix()
+NAMESPACE = _namespace_prefix() if (CLIENTS / "tools").is_dir() and CLIENT_PYTHON.is_file() else None
 
 pytestmark = [
     *SERVER_MARKS,
-    # Opt-in until every variant is proven within CI's time budget: one server per variant took minutes here.
-    pytest.mark.skipif(
-        os.environ.get("FTX_UPSTREAM_SCRIPTS") != "1", reason="set FTX_UPSTREAM_SCRIPTS=1 to run upstream's scripts"
-    ),
     pytest.mark.skipif(
         not (CLIENTS / "tools" / "issue_request.py").is_file(),
         reason="fastertransformer_backend's client sources are absent (FTX_UPSTREAM_CLIENTS)",
@@ -177,26 +178,22 @@ def _workdir(tmp: Path, src: Path, case: Case) -> Path:
     return work
 
 
-def _commands(case: Case, work: Path, records: Path, streaming: bool) -> list[dict[str, Any]]:
+def _jobs(case: Case, work: Path, records: Path, streaming: bool) -> list[dict[str, Any]]:
+    """The scripts to run against one repository: the streaming ones for a --streaming repository,
+    every other one over HTTP and gRPC otherwise."""
     tools = CLIENTS / "tools"
-    env = {"PYTHONPATH": str(work), "PYTHONWARNINGS": "ignore"}
-    commands: list[dict[str, Any]] = []
+    jobs: list[dict[str, Any]] = []
 
     def add(name: str, script: str, *args: str) -> None:
-        record = records / f"{name}.pkl"
-        commands.append(
+        jobs.append(
             {
                 "name": name,
+                "script": str(tools / script),
+                "args": list(args),
                 "cwd": str(work),
-                "env": env,
-                "timeout": 900,
-                "argv": [
-                    str(CLIENT_PYTHON),
-                    str(HERE / "upstream_client_launcher.py"),
-                    str(record),
-                    str(tools / script),
-                    *args,
-                ],
+                "env": {"PYTHONPATH": str(work), "PYTHONWARNINGS": "ignore"},
+                "record": str(records / f"{name}.pkl"),
+                "timeout": 600,
             }
         )
 
@@ -204,8 +201,8 @@ def _commands(case: Case, work: Path, records: Path, streaming: bool) -> list[di
         stream_file = "sample_request_stream_t5.json" if case.t5 else "sample_request_stream.json"
         add("issue_request-stream", "issue_request.py", str(tools / "requests" / stream_file))
         if not case.t5:
-            add("gpt_identity_test-stream", "gpt/identity_test.py", "-i", "grpc", "-d")
-        return commands
+            add("gpt_identity_test-stream", "gpt/identity_test.py", "-i", "grpc", "-d", *IDENTITY_SIZE)
+        return jobs
     for protocol in PROTOCOLS:
         params = json.dumps({"config": {"protocol": protocol}})
         for request in T5_FILES if case.t5 else GPT_FILES:
@@ -228,24 +225,22 @@ def _commands(case: Case, work: Path, records: Path, streaming: bool) -> list[di
                 "2",
             )
             continue
-        add(f"identity_test-{protocol}", "identity_test.py", "-i", protocol)
-        add(f"gpt_identity_test-{protocol}", "gpt/identity_test.py", "-i", protocol)
+        add(f"identity_test-{protocol}", "identity_test.py", "-i", protocol, *IDENTITY_SIZE)
+        add(f"gpt_identity_test-{protocol}", "gpt/identity_test.py", "-i", protocol, *IDENTITY_SIZE)
         add(f"end_to_end_test-{protocol}", "end_to_end_test.py", "-i", protocol)
         add(f"gpt_end_to_end_test-{protocol}", "gpt/end_to_end_test.py", "-i", protocol)
         if case.family == "gptneox":
             add(f"gptneox_jp_test-{protocol}", "gpt/gptneox_jp_test.py", "-i", protocol)
         add(f"gpt_evaluate_lambada-{protocol}", "gpt/evaluate_lambada.py", "-i", protocol, "--number-of-samples", "8")
     if not case.t5:
-        add("gpt_identity_test-beam2", "gpt/identity_test.py", "-i", "http", "-beam", "2")
-    return commands
+        add("gpt_identity_test-beam2", "gpt/identity_test.py", "-i", "http", "-beam", "2", *IDENTITY_SIZE)
+    return jobs
 
 
 @dataclass
-class Run:
-    case: Case
-    repository: Path
-    ref: Any
-    codec: Any
+class Served:
+    """One repository's scripts: each one's exit status and output, and the calls it made."""
+
     results: dict[str, dict[str, Any]]
     records: Path
 
@@ -254,44 +249,114 @@ class Run:
         return pickle.loads(path.read_bytes()) if path.is_file() else []
 
 
-def _serve_and_run(
-    case: Case, repository: Path, home: Path, tmp: Path, work: Path, streaming: bool
-) -> tuple[dict[str, dict[str, Any]], Path]:
-    records = tmp / ("records-stream" if streaming else "records")
+@dataclass
+class Run:
+    case: Case
+    ref: Any
+    codec: Any
+    served: Served
+    streamed: Served | None
+    greedy: dict[tuple[tuple[int, ...], int, int | None], list[int]] = field(default_factory=dict)
+
+    @property
+    def results(self) -> dict[str, dict[str, Any]]:
+        return self.served.results
+
+    def calls(self, name: str) -> list[dict[str, Any]]:
+        return self.served.calls(name)
+
+
+@dataclass
+class _Namespace:
+    process: subprocess.Popen[bytes]
+    repository: Path
+    results: Path
+    records: Path
+    log: Path
+
+
+def _start(case: Case, src: Path, tmp: Path, work: Path, streaming: bool) -> _Namespace:
+    """Writes the repository, then serves it and runs its scripts in a network namespace of its own."""
+    label = "stream" if streaming else "plain"
+    home = tmp / f"home-{label}"
+    repository = Path(build_repository(src, home, case.family, 1, streaming=streaming).path)
+    records = tmp / f"records-{label}"
     records.mkdir()
-    plan = {
-        "repository": str(repository),
-        "home": str(home),
-        "results": str(tmp / f"results-{streaming}.json"),
-        "name": f"upstream-{case.family}",
-        "commands": _commands(case, work, records, streaming),
-    }
-    (tmp / "plan.json").write_text(json.dumps(plan))
-    assert NAMESPACE is not None
-    done = subprocess.run(
-        [*NAMESPACE, sys.executable, str(HERE / "upstream_namespace_runner.py"), str(tmp / "plan.json")],
-        capture_output=True,
-        text=True,
-        timeout=1800,
+    jobs = tmp / f"jobs-{label}.json"
+    results = tmp / f"results-{label}.json"
+    jobs.write_text(
+        json.dumps({"results": str(results), "parallel": PARALLEL, "jobs": _jobs(case, work, records, streaming)})
     )
-    assert done.returncode == 0, done.stderr[-4000:]
-    results = {r["name"]: r for r in json.loads(Path(plan["results"]).read_text())}
-    return results, records
+    plan = tmp / f"plan-{label}.json"
+    plan.write_text(
+        json.dumps(
+            {
+                "repository": str(repository),
+                "home": str(home),
+                "name": f"upstream-{case.family}-{label}",
+                "python": str(CLIENT_PYTHON),
+                "launcher": str(HERE / "upstream_client_launcher.py"),
+                "jobs": str(jobs),
+                "timeout": 1200,
+            }
+        )
+    )
+    assert NAMESPACE is not None
+    log = tmp / f"namespace-{label}.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [*NAMESPACE, sys.executable, str(HERE / "upstream_namespace_runner.py"), str(plan)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    return _Namespace(process, repository, results, records, log)
+
+
+def _finish(namespace: _Namespace) -> Served:
+    namespace.process.wait(timeout=1500)
+    assert namespace.process.returncode == 0, namespace.log.read_text(errors="replace")[-4000:]
+    results = {r["name"]: r for r in json.loads(namespace.results.read_text())}
+    return Served(results, namespace.records)
+
+
+def _stop(namespace: _Namespace | None) -> None:
+    """A namespace left running when the other one failed: its runner stops its server on SIGTERM."""
+    if namespace is not None and namespace.process.poll() is None:
+        namespace.process.terminate()
+        namespace.process.wait(timeout=120)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """The reference generations in this process run beside the servers: one thread each, as there
+    (torch's thread per core spins against the other processes)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
-def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
-    """One family: its repository served in a namespace of its own, every script run against it."""
+def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, one_torch_thread: None) -> Run:
+    """One family: its repository (and its --streaming one) served in network namespaces of their own,
+    side by side, every script run against them."""
     from ftx_triton.repository.textproc import load_codec
 
     case = CASES[request.param]
     tmp = tmp_path_factory.mktemp(f"upstream-{request.param}")
     src = case.build(tmp / "hf")
-    home = tmp / "home"
-    repository = Path(build_repository(src, home, case.family, 1).path)
     work = _workdir(tmp, src, case)
-    results, records = _serve_and_run(case, repository, home, tmp, work, streaming=False)
-    yield Run(case, repository, reference_model(src), load_codec(repository / "preprocessing" / "1"), results, records)
+    plain = _start(case, src, tmp, work, streaming=False)
+    stream = _start(case, src, tmp, work, streaming=True) if case.streaming else None
+    try:
+        served = _finish(plain)
+        streamed = _finish(stream) if stream is not None else None
+    finally:
+        _stop(plain)
+        _stop(stream)
+    return Run(case, reference_model(src), load_codec(plain.repository / "preprocessing" / "1"), served, streamed)
 
 
 # --------------------------------------------------------------------------- checks
@@ -327,17 +392,21 @@ def _rows_without_words(inputs: dict[str, np.ndarray], names: tuple[str, ...]) -
 
 
 def _greedy(run: Run, prompt: list[int], n: int, end_id: int | None) -> list[int]:
+    """transformers' greedy ids (the scripts repeat their requests: each one is generated once)."""
     vocab = int(run.ref.config.vocab_size)
     eos = end_id if end_id is not None else run.ref.config.eos_token_id
-    return hf_greedy(run.ref, prompt, n, eos_token_id=eos if eos is not None and eos < vocab else None)
+    eos = eos if eos is not None and eos < vocab else None
+    key = (tuple(prompt), n, eos)
+    if key not in run.greedy:
+        run.greedy[key] = hf_greedy(run.ref, prompt, n, eos_token_id=eos)
+    return run.greedy[key]
 
 
 def _greedy_row(inputs: dict[str, np.ndarray], b: int) -> bool:
-    return (
-        _column(inputs, "runtime_top_k", b, 1) <= 1
-        and _column(inputs, "runtime_top_p", b, 0.0) == 0.0
-        and _column(inputs, "beam_width", b, 1) == 1
-    )
+    """FasterTransformer decodes greedily with top-k 1 (whatever top-p keeps of one token), or with
+    neither top-k nor top-p."""
+    top_k, top_p = _column(inputs, "runtime_top_k", b, 1), _column(inputs, "runtime_top_p", b, 0.0)
+    return (top_k == 1 or (top_k == 0 and top_p == 0.0)) and _column(inputs, "beam_width", b, 1) == 1
 
 
 def _greedy_rows(inputs: dict[str, np.ndarray], word_lists: tuple[str, ...]) -> list[int]:
@@ -411,6 +480,10 @@ def _check_script(run: Run, results: dict[str, dict[str, Any]], records: Path, n
     seen: dict[str, int] = {}
     for call in calls:
         assert "error" not in call, f"{name}: {call['model']}: {call['error']}"
+        if "responses" in call:  # a gRPC stream: every response clean, the last one holds the whole answer
+            errors = [r["error"] for r in call["responses"] if "error" in r]
+            assert call["responses"] and not errors, f"{name}: {call['model']}: {errors or 'no response'}"
+            call = {**call, "outputs": call["responses"][-1]["outputs"]}
         checked = CHECKS[call["model"]](run, call)
         seen[call["model"]] = seen.get(call["model"], 0) + (checked or 0) + (checked is None)
     return seen
@@ -424,12 +497,12 @@ def _names(run: Run, prefix: str) -> list[str]:
 
 def test_issue_request_with_every_request_file(run: Run) -> None:
     for name in _names(run, "issue_request-"):
-        seen = _check_script(run, run.results, run.records, name)
+        seen = _check_script(run, run.results, run.served.records, name)
         assert seen, f"{name} made no call"
     if not run.case.t5:
         for protocol in PROTOCOLS:
             seen = _check_script(
-                run, run.results, run.records, f"issue_request-sample_request_ensemble.json-{protocol}"
+                run, run.results, run.served.records, f"issue_request-sample_request_ensemble.json-{protocol}"
             )
             assert seen.get("ensemble", 0) >= 1
 
@@ -438,7 +511,7 @@ def test_identity_tests(run: Run) -> None:
     if run.case.t5:
         pytest.skip("identity_test.py drives GPT models")
     for name in (*_names(run, "identity_test-"), *_names(run, "gpt_identity_test-")):
-        seen = _check_script(run, run.results, run.records, name)
+        seen = _check_script(run, run.results, run.served.records, name)
         assert seen.get("fastertransformer", 0) >= (0 if name.endswith("beam2") else 1), name
     beam = run.calls("gpt_identity_test-beam2")
     assert beam and all(c["outputs"]["output_ids"].shape[1] == 2 for c in beam)
@@ -452,7 +525,7 @@ def test_end_to_end_tests_call_each_model_then_the_ensemble(run: Run) -> None:
     )
     for prefix in prefixes:
         for name in _names(run, prefix):
-            seen = _check_script(run, run.results, run.records, name)
+            seen = _check_script(run, run.results, run.served.records, name)
             models = [c["model"] for c in run.calls(name)]
             assert models == ["preprocessing", "fastertransformer", "postprocessing", "ensemble"], (name, models)
             assert seen["ensemble"] >= 1 and seen["fastertransformer"] >= 1, (name, seen)
@@ -462,7 +535,7 @@ def test_evaluate_lambada(run: Run) -> None:
     if run.case.t5:
         pytest.skip("evaluate_lambada.py drives GPT models")
     for name in _names(run, "gpt_evaluate_lambada-"):
-        seen = _check_script(run, run.results, run.records, name)
+        seen = _check_script(run, run.results, run.served.records, name)
         assert seen.get("fastertransformer", 0) >= 1
         assert "last token accuracy" in run.results[name]["stdout"]
 
@@ -471,20 +544,16 @@ def test_t5_end_to_end_translation(run: Run) -> None:
     if not run.case.t5:
         pytest.skip("t5_end_to_end_test.py drives T5")
     for name in _names(run, "t5_end_to_end_test-"):
-        seen = _check_script(run, run.results, run.records, name)
+        seen = _check_script(run, run.results, run.served.records, name)
         assert seen.get("fastertransformer", 0) >= 1
         assert "BLEU score" in run.results[name]["stdout"]
 
 
-def test_streaming_scripts(run: Run, tmp_path: Path) -> None:
+def test_streaming_scripts(run: Run) -> None:
     """issue_request.py's stream file and gpt/identity_test.py -d against the --streaming repository."""
-    if not run.case.streaming:
+    if run.streamed is None:
         pytest.skip("one T5 layout streams (the other's stream path is the same code)")
-    home = tmp_path / "home"
-    src = run.case.build(tmp_path / "hf")
-    repository = Path(build_repository(src, home, run.case.family, 1, streaming=True).path)
-    work = _workdir(tmp_path, src, run.case)
-    results, records = _serve_and_run(run.case, repository, home, tmp_path, work, streaming=True)
-    for name in results:
-        _check_script(run, results, records, name)
-    assert "issue_request-stream" in results
+    for name in run.streamed.results:
+        seen = _check_script(run, run.streamed.results, run.streamed.records, name)
+        assert seen.get("fastertransformer", 0) >= 1, (name, seen)
+    assert "issue_request-stream" in run.streamed.results
