@@ -142,14 +142,16 @@ def auto_layout(
 ) -> tuple[dict[str, int], str]:
     """``--tp auto`` resolved: the settings to change (tp, pp, instances) and why. FasterTransformer
     runtimes plan over this machine's GPUs (``gpus``: :class:`~ftx_triton.runtime.fastertransformer.gpus.Gpu`, default
-    the local ones) for the tuning batch (``--tune-batch`` x ``--tune-beam``) of full-context sequences;
-    other runtimes run on one device."""
+    the local ones) for the tuning batch (``--tune-batch`` x ``--tune-beam``) of full-context sequences
+    (tp 1 where no GPU is seen: such a machine can only plan); other runtimes run on one device."""
     name = getattr(runtime, "name", "") or ""
+    if runtime is None:
+        return {"tp": 1}, "--tp auto: tp 1 (no runtime is chosen for a run that stops before the tune stage)"
     if not name.startswith("fastertransformer"):
-        return {"tp": 1}, f"--tp auto: tp 1 (the {name or 'chosen'} runtime runs on one device)"
+        return {"tp": 1}, f"--tp auto: tp 1 (the {name} runtime runs on one device)"
     if settings.launch.hosts:
         raise ConfigError(
-            "--tp auto plans the GPUs of this machine; a --hosts layout needs --tp and --pp",
+            "--tp auto (the default) plans the GPUs of this machine only; a --hosts layout needs --tp and --pp",
             hint="give --tp (GPUs per machine) and --pp (machines), e.g. --tp 8 --pp 2",
         )
     from ftx_triton.repository.model_config import context_size
@@ -157,6 +159,11 @@ def auto_layout(
 
     found = tuple(local_gpus()) if gpus is None else tuple(gpus)
     memory = [g.memory_mib << 20 for g in found if g.memory_mib]
+    if not memory:  # planning (--dry-run, a lock) works anywhere; serving is refused by the runtime's own check
+        return {"tp": 1}, (
+            f"--tp auto: tp 1 (no GPU {'memory is' if found else 'is'} seen here to plan over; the {name} runtime "
+            "serves on a GPU host, which plans its own layout, or give --tp)"
+        )
     dtype = settings.configure.data_type or getattr(runtime, "default_data_type", None) or settings.convert.weight_dtype
     seq_len = context_size(hf_config) or 2048
     batch = settings.tune.tune_batch * settings.tune.tune_beam
