@@ -208,12 +208,14 @@ def test_a_model_that_fits_no_layout_is_refused_before_any_download(ftx_cli, gpu
     assert not list((ftx_home / "store").glob("fetch/*"))
 
 
+@pytest.mark.parametrize("runtime", ["fastertransformer-native", "fastertransformer-docker"])
 def test_fewer_gpus_than_an_explicit_tp_is_refused_before_converting(
-    ftx_cli, gpus_seen, tiny_gptj_dir, ftx_home
+    ftx_cli, gpus_seen, tiny_gptj_dir, ftx_home, runtime: str
 ) -> None:
-    """One GPU seen, --tp 2 asked of the native runtime: the runtime's reason at once, nothing converted."""
+    """One GPU seen, --tp 2 asked: the runtime's reason at once, nothing converted (the Docker runtime
+    found out at its tune stage, after the conversion)."""
     gpus_seen(1)
-    result = ftx_cli("run", str(tiny_gptj_dir), "--runtime", "fastertransformer-native", "--tp", "2")
+    result = ftx_cli("run", str(tiny_gptj_dir), "--runtime", runtime, "--tp", "2")
     assert result.exit_code != 0
     assert "tp x pp needs 2 GPUs but this machine has 1" in result.stderr, result.stderr
     assert not list((ftx_home / "store" / "convert").glob("*/*-gpu"))
