@@ -30,6 +30,17 @@ def test_gpt_neox_20b_fits_one_h100_at_a_small_batch_and_needs_two_at_a_large_on
     assert "GPT-NeoX-20B" in str(err.value) and "--hosts" in (err.value.hint or "")
 
 
+def test_a_pp_or_instance_count_the_user_gave_is_kept() -> None:
+    """--pp 2 with auto: only tp is chosen; --instances 2: each instance gets its share of the GPUs."""
+    plan = plan_placement(NEOX_20B, [H100, H100], batch=24, seq_len=2048, pp=2)
+    assert (plan.tp, plan.pp, plan.instances) == (1, 2, 1)
+    plan = plan_placement(GPTJ_6B, [H100] * 4, batch=8, seq_len=2048, instances=2)
+    assert (plan.tp, plan.pp, plan.instances) == (1, 1, 2) and "--instances 2 as given" in plan.reason
+    with pytest.raises(ConfigError, match="does not fit the 2 GPU.* with --instances 2") as err:
+        plan_placement(NEOX_20B, [H100, H100], batch=24, seq_len=2048, instances=2)
+    assert "fewer than --instances 2" in (err.value.hint or "")
+
+
 def test_the_smallest_gpu_decides_and_no_gpu_is_an_error() -> None:
     assert plan_placement(GPTJ_6B, [H100, 16 * GiB], batch=8, seq_len=2048).tp == 2
     with pytest.raises(ConfigError, match="no GPU found"):
