@@ -65,8 +65,8 @@ TP_HELP = "Tensor-parallel GPUs."
 TP_AUTO_HELP = (
     "Tensor-parallel GPUs, or auto (the default): on the FasterTransformer runtimes, the smallest tp x pp "
     "whose weights and KV cache (for --tune-batch sequences of the model's full context) fit the GPUs "
-    "here, more instances on the GPUs left; tp 1 on the python runtime. --dry-run says what and why; "
-    "an explicit --tp (and --pp) is taken as given."
+    "here, more instances on the GPUs left (a --pp or --instances given is kept); tp 1 on the python "
+    "runtime. --dry-run says what and why."
 )
 PP_OPTION = click.option(
     "--pp", type=click.IntRange(1, 64), default=1, show_default=True, help="Pipeline-parallel stages."
