@@ -252,3 +252,21 @@ def test_ftx_lock_records_tp_auto_and_a_replay_takes_it(ftx_cli, tiny_gptj_dir, 
     replay = ftx_cli("run", "--dry-run")
     assert replay.exit_code == 0, replay.stderr + repr(replay.exception)
     assert "place     --tp auto: tp 1 (the python runtime runs on one device)" in replay.stderr
+
+
+def test_the_docker_launcher_refuses_a_hosts_file_naming_a_machine_without_an_address(
+    ftx_cli, tiny_gptj_dir, ftx_home, tmp_path
+) -> None:
+    """A name under .invalid never resolves (RFC 2606): the Docker launcher's error names it before
+    anything is converted (it failed only when mpirun in the container tried it, after the conversion)."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost\nnode-b.invalid\n")
+    result = ftx_cli(
+        "run", str(tiny_gptj_dir), "--runtime", "fastertransformer-docker", "--tp", "2", "--hosts", str(hosts)
+    )
+    assert result.exit_code != 0
+    assert "error: the hosts file names node-b.invalid, which does not resolve to an address" in result.stderr, (
+        result.stderr
+    )
+    assert "hint: check the name" in result.stderr
+    assert not list((ftx_home / "store" / "convert").glob("*/*-gpu"))

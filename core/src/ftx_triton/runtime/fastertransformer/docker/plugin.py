@@ -33,7 +33,19 @@ class DockerFasterTransformer(FasterTransformerRuntime):
     def available(self, settings: RunSettings, store: ArtifactStore) -> Availability:
         from ftx_triton.runtime.fastertransformer.docker.options import DockerOptions
 
-        if short := self._too_few_gpus(settings, DockerOptions.from_settings(settings)):
+        options = DockerOptions.from_settings(settings)
+        if options.hosts_file and settings.convert.tp:
+            from ftx_triton.runtime.fastertransformer.hosts import check_hosts_resolve, node_layout, read_hosts
+
+            check_hosts_resolve(
+                node_layout(
+                    read_hosts(options.hosts_file),
+                    tp=settings.convert.tp,
+                    pp=settings.configure.pp,
+                    instances=settings.configure.instances,
+                )
+            )
+        if short := self._too_few_gpus(settings, options):
             return Availability(False, short)
         try:
             import docker
