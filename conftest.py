@@ -35,3 +35,21 @@ def tiny_gptj_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from ftx_triton.fetching.tiny import tiny_gptj
 
     return tiny_gptj(tmp_path_factory.mktemp("tiny-gptj"))
+
+
+@pytest.fixture(scope="session")
+def built_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The built-in tiny-gptj, built once per session: an FTX_HOME builds it on first use (about 10 s),
+    so tests whose subject is not that build start from a copy (``fetch_helpers.seed_demo``)."""
+    from ftx_triton.fetching.demo import ensure_demo_checkpoint
+
+    return ensure_demo_checkpoint(tmp_path_factory.mktemp("demo-once"))
+
+
+@pytest.fixture
+def demo_ftx_home(ftx_home: Path, built_demo: Path) -> Path:
+    """:func:`ftx_triton.testing.fixtures.ftx_home` with the built-in tiny-gptj already built."""
+    from fetch_helpers import seed_demo
+
+    seed_demo(ftx_home, built_demo)
+    return ftx_home

@@ -306,3 +306,16 @@ def checkpoint_entries(src: Path, top: str = "tiny-gptj") -> list[Entry]:
     entries = [Entry(top, kind="dir")]
     entries += [Entry(f"{top}/{p.name}", p.read_bytes()) for p in sorted(src.iterdir()) if p.is_file()]
     return entries
+
+
+def seed_demo(home: Path, built: Path) -> Path:
+    """``home`` with the built-in tiny-gptj in place, as its first use would leave it (a copy of ``built``,
+    marker included, so ftx finds it built)."""
+    import shutil
+
+    from ftx_triton.fetching.demo import demo_dir
+
+    target = demo_dir(home)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(built, target)
+    return target

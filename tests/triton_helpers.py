@@ -131,6 +131,17 @@ def shm_regions() -> set[str]:
     return {p.name for p in SHM_DIR.glob(f"{SHM_PREFIX}*")}
 
 
+def home_shm_prefixes(home: Path) -> tuple[str, ...]:
+    """Shared-memory prefixes of the servers started with this FTX_HOME (from their logs' command lines),
+    so a test judges only its own servers' regions, not those of other test runs on the machine."""
+    import re
+
+    found = set()
+    for log in (home / "triton" / "logs").glob("*.log"):
+        found.update(re.findall(r"shm-region-prefix-name=(\S+)", log.read_text(errors="replace")))
+    return tuple(sorted(found))
+
+
 def _stat(path: Path) -> list[str] | None:
     try:
         return path.read_text().rsplit(")", 1)[1].split()

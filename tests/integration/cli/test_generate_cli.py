@@ -28,28 +28,23 @@ from python_runtime_support import (
     SERVER_MARKS,
     build_repository,
     decoder_inputs,
-    family_tp_cases,
     hf_greedy,
     infer,
     reference_model,
     registered_families,
     t5_inputs,
 )
+from triton_helpers import home_shm_prefixes
 
 pytestmark = SERVER_MARKS
 
 FAMILIES = registered_families()
-CASES = family_tp_cases(FAMILIES)
+CASES = [(name, 1) for name in sorted(FAMILIES)] + [(name, 2) for name in ("gptj", "t5") if name in FAMILIES]
+"""Every family at tp 1, and the pipeline's tp-2 repository for one decoder and the encoder-decoder: the
+python runtime at tp 2 is checked token for token for every family by test_python_runtime_server, and
+the ensemble around the model does not depend on tp (kogpt-tp2 and gptneox-tp2 proved the same path)."""
 FTX = [str(Path(sys.executable).parent / "ftx")]
 TEXT_PROMPTS = ("Once upon a time", "The quick brown fox", "Hello world")
-
-
-def _shm_prefixes(home: Path) -> set[str]:
-    """Shared-memory prefixes of the servers started with this home (from their logs' command lines)."""
-    prefixes = set()
-    for log in (home / "triton" / "logs").glob("*.log"):
-        prefixes.update(re.findall(r"shm-region-prefix-name=(\S+)", log.read_text(errors="replace")))
-    return prefixes
 
 
 def _no_ftx_servers_left(home: Path) -> None:
@@ -57,7 +52,7 @@ def _no_ftx_servers_left(home: Path) -> None:
     (other servers on this machine, e.g. of concurrent test runs, are not ours to judge)."""
     from ftx_triton.server.process_tree import SHM_DIR
 
-    prefixes = _shm_prefixes(home)
+    prefixes = home_shm_prefixes(home)
     assert prefixes, f"no server log under {home}"
     deadline = time.monotonic() + 15
     while True:
@@ -255,12 +250,12 @@ def _env(home: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def demo_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An FTX_HOME whose built-in tiny-gptj is already built (first use builds it)."""
-    from ftx_triton.fetching.demo import ensure_demo_checkpoint
+def demo_home(tmp_path_factory: pytest.TempPathFactory, built_demo: Path) -> Path:
+    """An FTX_HOME whose built-in tiny-gptj is already built (a copy of the session's build)."""
+    from fetch_helpers import seed_demo
 
     home = tmp_path_factory.mktemp("demo-home")
-    ensure_demo_checkpoint(home)
+    seed_demo(home, built_demo)
     return home
 
 

@@ -634,10 +634,10 @@ def test_bad_ftx_toml(ftx_cli, ftx_home: Path, tmp_path: Path, monkeypatch: pyte
 
 
 SETTINGS = {  # [settings] value -> what the error says; checked as the command line checks the option
-    'tp = "two"': "tp must be an integer in 1-64, not str 'two'",
-    "tp = 1.5": "tp must be an integer in 1-64, not float 1.5",
-    "tp = true": "tp must be an integer in 1-64, not bool True",
-    "tp = 0": "tp must be an integer in 1-64, not int 0",
+    'tp = "two"': "tp must be an integer in 1-64 or auto, not str 'two'",
+    "tp = 1.5": "tp must be an integer in 1-64 or auto, not float 1.5",
+    "tp = true": "tp must be an integer in 1-64 or auto, not bool True",
+    "tp = 0": "tp must be an integer in 1-64 or auto, not int 0",
     "instances = 1.5": "instances must be an integer in 1-64, not float 1.5",
     'streaming = "false"': "streaming must be true or false, not str 'false'",
     'device = "tpu"': "device must be one of auto, cpu, cuda, not str 'tpu'",

@@ -6,8 +6,9 @@ FTX_HOME is left, the next run finishes, and every published artifact is byte-id
 clean run published; the store holds no temporary or half-replaced directories, and a killed server
 start leaves no Python-backend shared-memory region behind.
 
-FTX_FAULT_SEED and FTX_FAULT_ROUNDS (kills per kill point, 2 by default) widen a campaign run by hand;
-the printed line gives kills landed and runs recovered.
+FTX_FAULT_SEED and FTX_FAULT_ROUNDS (kills per kill point, 1 by default: the seed is fixed, so a second
+round in CI is one more fixed delay, not a new path) widen a campaign run by hand; the printed line gives
+kills landed and runs recovered.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from pathlib import Path
 
 import psutil
 import pytest
+from triton_helpers import home_shm_prefixes
 
 pytestmark = pytest.mark.slow
 
 SEED = int(os.environ.get("FTX_FAULT_SEED", "20261124"))
-ROUNDS = max(1, int(os.environ.get("FTX_FAULT_ROUNDS", "2")))
+ROUNDS = max(1, int(os.environ.get("FTX_FAULT_ROUNDS", "1")))
 FTX = [sys.executable, "-c", "from ftx_triton.cli import main; main()"]
 SHM = Path("/dev/shm")
 SHM_PREFIX = "triton_python_backend_shm_region_ftx-"
@@ -153,7 +155,7 @@ def test_a_kill_anywhere_in_the_stages_recovers_byte_identical(tiny_gptj_dir: Pa
             assert not _leftovers(home), (where, _leftovers(home))
             survived += 1
     print(f"fault injection: {killed} kills landed (of {survived} runs), {survived} recovered byte-identical")
-    assert killed >= len(KILL_POINTS)  # most kill points fire before the run ends
+    assert 2 * killed >= len(KILL_POINTS) * ROUNDS  # most kills land before the run ends
 
 
 def test_a_kill_during_server_start_leaves_no_process_or_shared_memory(tiny_gptj_dir: Path, tmp_path: Path) -> None:
@@ -183,4 +185,5 @@ def test_a_kill_during_server_start_leaves_no_process_or_shared_memory(tiny_gptj
     assert done.stdout.strip().startswith("Once upon a time")
     assert not _wait_for_none(home)
     after = {p.name for p in SHM.iterdir()} if SHM.exists() else set()
-    assert not [n for n in after - before if n.startswith(SHM_PREFIX)], f"seed {SEED}"
+    ours = home_shm_prefixes(home)  # servers of other test runs on this machine make regions too
+    assert ours and not [n for n in after - before if n.startswith(ours)], f"seed {SEED}"

@@ -170,16 +170,17 @@ def serve(repo: Path, home: Path, models: list[str]) -> Iterator[Served]:
 def text_models(
     request: pytest.FixtureRequest, repositories: dict[str, Path], home: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, Path, Served]]:
-    """One family's preprocessing + postprocessing on the real server, from a *copy* of its repository.
+    """One family's whole repository on the real server, from a *copy* of it whose fastertransformer
+    model is FAKE_FT_MODEL_PY (the backend needs a GPU; one server per family serves every test here).
 
     The copy lives elsewhere and tritonserver runs in another working directory, so nothing in the
     repository may depend on where it was written.
     """
     family = request.param
     original = repository(repositories, family)
-    moved = tmp_path_factory.mktemp(f"moved-{family}") / "repo"
-    shutil.copytree(original, moved)
-    yield from ((family, moved, served) for served in serve(moved, home, ["preprocessing", "postprocessing"]))
+    moved = with_fake_ft(original, tmp_path_factory.mktemp(f"moved-{family}") / "repo")
+    models = ["fastertransformer", "preprocessing", "postprocessing", "text"]
+    yield from ((family, moved, served) for served in serve(moved, home, models))
 
 
 def text(value: str) -> np.ndarray:
@@ -448,34 +449,30 @@ def with_fake_ft(repo: Path, dest: Path) -> Path:
     return dest
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_text_generate_endpoint_with_a_fake_ft_model(
-    repositories: dict[str, Path], home: Path, tmp_path: Path, family: str
-) -> None:
+def test_text_generate_endpoint_with_a_fake_ft_model(text_models) -> None:
     """POST /v2/models/text/generate with only text_input and max_tokens, then with stop words."""
-    repo = with_fake_ft(repository(repositories, family), tmp_path / "repo")
+    family, _, served = text_models
     prompt = PROMPTS[family]
-    for served in serve(repo, home, ["fastertransformer", "preprocessing", "postprocessing", "text"]):
-        status, body = served.post("/v2/models/text/generate", {"text_input": prompt, "max_tokens": 16})
-        assert status == 200, body
-        assert json.loads(body)["text_output"] == prompt  # the echoed "generation", prompt stripped
-        status, body = served.post(
-            "/v2/models/text/generate",
-            {
-                "text_input": prompt,
-                "max_tokens": 16,
-                "stop": [" dog"],
-                "temperature": 0.5,
-                "top_k": 4,
-                "top_p": 0.9,
-                "beam_width": 1,
-                "random_seed": 7,
-            },
-        )
-        assert status == 200, body
-        assert json.loads(body)["text_output"] == prompt + " dog"
-        status, body = served.post("/v2/models/text/generate", {"text_input": prompt, "max_tokens": 0})
-        assert status == 400 and "max_tokens must be at least 1" in body
+    status, body = served.post("/v2/models/text/generate", {"text_input": prompt, "max_tokens": 16})
+    assert status == 200, body
+    assert json.loads(body)["text_output"] == prompt  # the echoed "generation", prompt stripped
+    status, body = served.post(
+        "/v2/models/text/generate",
+        {
+            "text_input": prompt,
+            "max_tokens": 16,
+            "stop": [" dog"],
+            "temperature": 0.5,
+            "top_k": 4,
+            "top_p": 0.9,
+            "beam_width": 1,
+            "random_seed": 7,
+        },
+    )
+    assert status == 200, body
+    assert json.loads(body)["text_output"] == prompt + " dog"
+    status, body = served.post("/v2/models/text/generate", {"text_input": prompt, "max_tokens": 0})
+    assert status == 400 and "max_tokens must be at least 1" in body
 
 
 def test_ensemble_with_the_python_runtime_generates_like_transformers(

@@ -53,11 +53,11 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    from ftx_triton.fetching.demo import ensure_demo_checkpoint
+def served(tmp_path_factory: pytest.TempPathFactory, built_demo: Path) -> Iterator[Served]:
+    from fetch_helpers import seed_demo
 
     home = tmp_path_factory.mktemp("openai-home")
-    demo = ensure_demo_checkpoint(home)
+    demo = seed_demo(home, built_demo)
     tokenizer = tmp_path_factory.mktemp("tokenizer")
     shutil.copy(demo / "tokenizer.json", tokenizer / "tokenizer.json")
     config = json.loads((demo / "tokenizer_config.json").read_text())

@@ -95,8 +95,13 @@ def test_serves_python_models_and_ensemble_over_http_and_grpc(tmp_path: Path, ho
     # Every region this server made carries its prefix; other servers may run concurrently.
     assert not {name for name in shm_regions() - before if name.startswith(server.shm_prefix)}
     assert any("loading model add_one" in m for m in messages) and any("ready" in m for m in messages)
-    header = server.log_path.read_text().splitlines()[0]
+    text = server.log_path.read_text()
+    header = text.splitlines()[0]
     assert "--http-address=127.0.0.1" in header and "--metrics-address=127.0.0.1" in header
+    # a clean stop: no connection held tritonserver's exit (the front's idle keep-alive pool did, for
+    # the whole exit timeout, after which it gave up unloading and the supervisor killed the stubs)
+    assert "HTTP service connections" not in text and "Exit timeout expired" not in text
+    assert "killed" not in text.split("stop requested", 1)[1]
     pyver = f"{sys.version_info.major}.{sys.version_info.minor}"
     assert (home / "triton" / f"backends-{pyver}" / "python" / "triton_python_backend_stub").is_file()
 

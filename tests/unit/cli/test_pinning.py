@@ -128,7 +128,8 @@ def test_lock_of_a_changed_local_source_is_refused(
     assert changed.exit_code == 1 and "changed since `ftx lock`" in changed.stderr
 
 
-def test_lock_of_the_builtin_demo_records_its_name_not_a_path(ftx_cli, in_tmp_cwd: Path, ftx_home: Path) -> None:
+def test_lock_of_the_builtin_demo_records_its_name_not_a_path(ftx_cli, in_tmp_cwd: Path, demo_ftx_home: Path) -> None:
+    ftx_home = demo_ftx_home
     locked = ftx_cli("lock", "tiny-gptj")
     assert locked.exit_code == 0, locked.stderr
     text = (in_tmp_cwd / "ftx.toml").read_text()

@@ -14,7 +14,7 @@ import pytest
 
 
 @pytest.fixture
-def built(ftx_cli, ftx_home: Path) -> dict[str, dict]:
+def built(ftx_cli, demo_ftx_home: Path) -> dict[str, dict]:
     """A store of the built-in model up to its repository: stage -> its `ftx ls --json` row."""
     result = ftx_cli("run", "tiny-gptj", "--until", "configure", "--runtime", "python")
     assert result.exit_code == 0, result.stderr

@@ -151,7 +151,9 @@ def locked_settings(settings: Any) -> dict[str, Any]:
             value = getattr(section, f.name)
             if value is None or f.name in _NOT_LOCKED or value == () or value == {}:
                 continue
-            if isinstance(value, Path):
+            if f.name == "tp" and value == 0:
+                value = "auto"  # as asked: the machine that replays the lock plans its own layout
+            elif isinstance(value, Path):
                 value = str(value)
             elif isinstance(value, tuple):
                 value = list(value)

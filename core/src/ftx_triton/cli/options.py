@@ -73,27 +73,42 @@ source_options = section(
     click.option("--family", help="Model family (see `ftx models`); detected from config.json when omitted."),
 )
 
+TP_HELP = "Tensor-parallel GPUs."
+TP_AUTO_HELP = (
+    "Tensor-parallel GPUs, or auto (the default): on the FasterTransformer runtimes, the smallest tp x pp "
+    "whose weights and KV cache (for --tune-batch sequences of the model's full context) fit the GPUs "
+    "here, more instances on the GPUs left (a --pp or --instances given is kept); tp 1 on the python "
+    "runtime. --dry-run says what and why."
+)
+PP_OPTION = click.option(
+    "--pp", type=click.IntRange(1, 64), default=1, show_default=True, help="Pipeline-parallel stages."
+)
+WEIGHT_DTYPE_OPTION = click.option(
+    "--weight-dtype",
+    type=click.Choice(["auto", *WEIGHT_DTYPES]),
+    default="auto",
+    show_default=True,
+    help="Data type of the converted weight files; auto = the source's own (config.json's "
+    "torch_dtype, else the weight files'), so an fp16 checkpoint is not doubled to fp32.",
+)
+
 conversion_options = section(
     "Conversion",
-    click.option(
-        "--tp",
-        type=TpType(),
-        default=1,
-        show_default=True,
-        help="Tensor-parallel GPUs, or auto: the smallest tp x pp whose weights and KV cache (for "
-        "--tune-batch sequences of the model's full context) fit the GPUs here, more instances "
-        "on the GPUs left (FasterTransformer runtimes; --dry-run says what and why).",
-    ),
-    click.option("--pp", type=click.IntRange(1, 64), default=1, show_default=True, help="Pipeline-parallel stages."),
-    click.option(
-        "--weight-dtype",
-        type=click.Choice(["auto", *WEIGHT_DTYPES]),
-        default="auto",
-        show_default=True,
-        help="Data type of the converted weight files; auto = the source's own (config.json's "
-        "torch_dtype, else the weight files'), so an fp16 checkpoint is not doubled to fp32.",
-    ),
+    click.option("--tp", type=click.IntRange(1, 64), default=1, show_default=True, help=TP_HELP),
+    PP_OPTION,
+    WEIGHT_DTYPE_OPTION,
 )
+"""--tp N, --pp, --weight-dtype: for the commands that convert or lay out at a tp the user names
+(convert, configure, verify, image)."""
+
+deployment_conversion_options = section(
+    "Conversion",
+    click.option("--tp", type=TpType(), default="auto", show_default=True, help=TP_AUTO_HELP),
+    PP_OPTION,
+    WEIGHT_DTYPE_OPTION,
+)
+"""The same with ``--tp auto`` as the default: ``ftx run`` and ``ftx lock``, which know the runtime (the
+pipeline resolves tp 0 through the placement planner once the model's configuration is known)."""
 
 repository_options = section(
     "Triton repository",

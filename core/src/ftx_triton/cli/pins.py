@@ -11,7 +11,14 @@ import click
 
 from ftx_triton.cli.common import FtxCommand, get_host, say
 from ftx_triton.cli.manifest import MANIFEST_NAME, locked_settings, write_lock
-from ftx_triton.cli.options import PORT, conversion_options, repository_options, section, source_options, tune_options
+from ftx_triton.cli.options import (
+    PORT,
+    deployment_conversion_options,
+    repository_options,
+    section,
+    source_options,
+    tune_options,
+)
 from ftx_triton.plan.settings import RunSettings
 
 
@@ -94,7 +101,7 @@ def _check_lockable(url: str) -> None:
 @click.command(cls=FtxCommand)
 @click.argument("model")
 @source_options
-@conversion_options
+@deployment_conversion_options
 @repository_options
 @section(
     "Stages and runtime",
@@ -158,7 +165,7 @@ def lock(model: str, output: Path, **opts: Any) -> None:
     write_lock(output, requires, table, locked)
     say(
         f"pinned {len(requires)} distributions, {pinned}, runtime {settings.runtime}, "
-        f"tp {settings.convert.tp}, weights {settings.convert.weight_dtype}"
+        f"tp {settings.convert.tp or 'auto'}, weights {settings.convert.weight_dtype}"
     )
     click.echo(str(output))
 

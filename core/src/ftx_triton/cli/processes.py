@@ -115,7 +115,8 @@ def _supervisor(proc: Any) -> tuple[Any, dict[str, Any]]:
 def served_models(home: Path, servers: list[ServerRecord] | None = None) -> list[ServedModel]:
     """The running tritonservers of this home (serving a repository under it, or recorded by
     ``--detach``), oldest first, with the detached record's name where there is one (``servers``:
-    the records of ``home`` when the caller has read them already)."""
+    the records of ``home`` when the caller has read them already). The ranks of one multi-process
+    server (the tritonservers under one supervisor) are one entry, their memory summed."""
     import psutil
 
     from ftx_triton.openai_api.records import read_records
@@ -123,7 +124,7 @@ def served_models(home: Path, servers: list[ServerRecord] | None = None) -> list
 
     records = {r.pid: r for r in (list_servers(home) if servers is None else servers) if r.alive}
     openai = {r["triton_pid"]: r["url"] for r in read_records(home)}
-    found = []
+    found: dict[int, ServedModel] = {}
     for proc in psutil.process_iter(["pid", "name", "cmdline", "create_time"]):
         cmdline = proc.info.get("cmdline") or []
         if not cmdline or (Path(cmdline[0]).name != "tritonserver" and proc.info.get("name") != "tritonserver"):
@@ -134,6 +135,10 @@ def served_models(home: Path, servers: list[ServerRecord] | None = None) -> list
         repository = Path(repo_text)
         supervisor, spec = _supervisor(proc)
         owner = supervisor.pid if supervisor is not None else proc.pid  # the pid ftx recorded
+        if owner in found:  # another MPI rank of the same server (mpirun runs one tritonserver per rank)
+            found[owner].memory_bytes += _tree_rss(proc)
+            found[owner].extra["ranks"] = int(found[owner].extra.get("ranks", 1)) + 1
+            continue
         record = records.get(owner)
         if record is None and not repository.resolve().is_relative_to(Path(home).resolve()):
             continue  # another FTX_HOME's (or not ftx's) server
@@ -146,28 +151,26 @@ def served_models(home: Path, servers: list[ServerRecord] | None = None) -> list
                 "http",
                 "8000",
             )
-        found.append(
-            ServedModel(
-                pid=owner,
-                name=record.name if record else "(foreground)",
-                model=str(deployment.get("model") or repository.name),
-                runtime=runtime,
-                device=_device(proc, runtime),
-                memory_bytes=_tree_rss(proc),
-                uptime_s=time.time() - proc.info["create_time"],
-                http=http,
-                grpc=_address(cmdline, "grpc", "8001"),
-                repository=str(repository),
-                openai=openai.get(owner, ""),
-                extra={
-                    "detached": record is not None,
-                    "family": deployment.get("family"),
-                    "tp": deployment.get("tp"),
-                    "data_type": deployment.get("data_type"),
-                },
-            )
+        found[owner] = ServedModel(
+            pid=owner,
+            name=record.name if record else "(foreground)",
+            model=str(deployment.get("model") or repository.name),
+            runtime=runtime,
+            device=_device(proc, runtime),
+            memory_bytes=_tree_rss(proc),
+            uptime_s=time.time() - proc.info["create_time"],
+            http=http,
+            grpc=_address(cmdline, "grpc", "8001"),
+            repository=str(repository),
+            openai=openai.get(owner, ""),
+            extra={
+                "detached": record is not None,
+                "family": deployment.get("family"),
+                "tp": deployment.get("tp"),
+                "data_type": deployment.get("data_type"),
+            },
         )
-    return sorted(found, key=lambda s: -s.uptime_s)
+    return sorted(found.values(), key=lambda s: -s.uptime_s)
 
 
 __all__ = ["ServedModel", "served_models"]

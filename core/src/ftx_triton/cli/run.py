@@ -13,7 +13,8 @@ from click.core import ParameterSource
 from ftx_triton.cli.common import PluginOptionsCommand, command_store, get_host, pop_plugin_options, say
 from ftx_triton.cli.options import (
     PORT,
-    conversion_options,
+    TpType,
+    deployment_conversion_options,
     docker_options,
     repository_options,
     safety_options,
@@ -158,6 +159,8 @@ def locked_value(ctx: click.Context, param: click.Parameter, value: Any, path: P
     type: range, choices), so the file and the command line never disagree; a wrong one is a ConfigError."""
     if param.name == "env" and isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
         return value  # KEY = "VALUE" pairs, as `ftx lock` writes a mapping
+    if isinstance(param.type, TpType) and value == "auto":
+        return 0  # tp = "auto", as `ftx lock` writes the default
     kind = {click.types.BoolParamType: bool, click.types.IntParamType: int, click.types.FloatParamType: float}
     want: type = next((t for cls, t in kind.items() if isinstance(param.type, cls)), str)
     items = value if isinstance(value, list) and param.multiple else [value]
@@ -179,6 +182,8 @@ def _expected(param: click.Parameter) -> str:
     t = param.type
     if isinstance(t, click.Choice):
         what = "one of " + ", ".join(map(str, t.choices))
+    elif isinstance(t, TpType):
+        what = f"an integer in {t.min}-{t.max} or auto"
     elif isinstance(t, click.IntRange):
         what = f"an integer in {t.min}-{t.max}"
     elif isinstance(t, click.types.IntParamType):
@@ -197,7 +202,7 @@ def _expected(param: click.Parameter) -> str:
 @click.command(cls=PluginOptionsCommand)
 @click.argument("model", required=False)
 @source_options
-@conversion_options
+@deployment_conversion_options
 @repository_options
 @stage_options
 @safety_options

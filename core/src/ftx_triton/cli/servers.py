@@ -33,13 +33,23 @@ def ps_command(as_json: bool) -> None:
     from ftx_triton.cli.processes import served_models
     from ftx_triton.plan.resources import human_bytes
     from ftx_triton.server.records import list_servers
+    from ftx_triton.server.server_log import last_exit_cause
 
     records = list_servers(_home())  # read once: a malformed record is reported once
     served = served_models(_home(), records)
     dead = [r for r in records if not r.alive]
     if as_json:
         data = [{**s.as_dict(), "alive": True} for s in served]
-        data += [{"name": r.name, "pid": r.pid, "alive": False, "repository": r.repository} for r in dead]
+        data += [
+            {
+                "name": r.name,
+                "pid": r.pid,
+                "alive": False,
+                "repository": r.repository,
+                "cause": last_exit_cause(Path(r.log_path)) if r.log_path else None,
+            }
+            for r in dead
+        ]
         click.echo(json.dumps(data, indent=2))
         return
     if not served and not dead:
@@ -63,6 +73,10 @@ def ps_command(as_json: bool) -> None:
     ]
     rows += [[r.name, "dead", "-", "-", "-", "-", "-", "-", "-", str(r.pid)] for r in dead]
     click.echo(_table(rows))
+    for record in dead:
+        cause = last_exit_cause(Path(record.log_path)) if record.log_path else None
+        if cause:
+            say(f"{record.name} stopped by itself: {cause} (log: {record.log_path})")
     if dead:
         say("dead servers' records are removed by `ftx stop NAME` (or `ftx stop --all`)")
 

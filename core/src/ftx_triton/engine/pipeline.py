@@ -220,13 +220,15 @@ class Pipeline:
     def _resolve_parallelism(
         self, settings: RunSettings, family: Family, hf_config: dict, runtime: Runtime | None
     ) -> RunSettings:
-        """``--tp auto`` (tp 0): tp x pp and instances from the placement planner, said with the reason."""
+        """``--tp auto`` (tp 0, ``ftx run``'s default): tp x pp and instances from the placement planner. The
+        reason is said for a layout over GPUs and in ``--dry-run`` (tp 1 on the python runtime is no news)."""
         if settings.convert.tp != 0:
             return settings
         from ftx_triton.runtime.fastertransformer.placement import auto_layout
 
         changes, reason = auto_layout(settings, family, hf_config, runtime)
-        self.say(f"place     {reason}")
+        if self.settings.dry_run or changes != {"tp": 1}:
+            self.say(f"place     {reason}")
         log.info("place.chosen", **changes)
         return settings.replace(**changes)
 

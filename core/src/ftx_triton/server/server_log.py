@@ -71,6 +71,12 @@ LOADING = re.compile(r'"loading: ([^:"]+):\d+"')
 STUB_LAUNCH = re.compile(r"^bash: (?:line \d+: )?(.*)$", re.MULTILINE)
 _CRASH = re.compile(r"Signal \((\d+)\) received")
 _SUPERVISOR = re.compile(r"^ftx-supervisor: (.*)$", re.MULTILINE)
+_MPI_RANK_SIGNALED = re.compile(
+    r"(?:mpirun|prterun|prte) noticed that process rank (\d+) with PID \d+ on node (\S+) exited on\s+signal (\d+)"
+)
+"""Open MPI's report (4.x says mpirun, 5.x prterun) of a rank that died of a signal; it then ends the others."""
+_MPI_RANK_FAILED = re.compile(r"Process name:\s+\[\[\d+,\d+\],(\d+)\]\s+Exit code:\s+(\d+)")
+"""Open MPI's report of the first rank that exited non-zero."""
 LOADED = re.compile(r"successfully loaded '([^']+)'")
 
 
@@ -159,8 +165,30 @@ def exit_cause(text: str) -> str | None:
             causes.append(f"tritonserver crashed with {signal.Signals(number).name} (signal {number})")
         except ValueError:
             causes.append(f"tritonserver crashed with signal {number}")
+    for rank, node, number in _MPI_RANK_SIGNALED.findall(text)[:1]:
+        causes.append(f"MPI rank {rank} on {node} died of {_signal_text(int(number))}; mpirun ended the other ranks")
+    for rank, code in _MPI_RANK_FAILED.findall(text)[:1]:
+        causes.append(f"MPI rank {rank} exited with code {code}; mpirun ended the other ranks")
     causes += [r for r in _SUPERVISOR.findall(text) if "died" in r or "exited by itself" in r]
     return "; ".join(causes) if causes else None
+
+
+def _signal_text(number: int) -> str:
+    try:
+        return f"{signal.Signals(number).name} (signal {number})"
+    except ValueError:
+        return f"signal {number}"
+
+
+def last_exit_cause(path: Path, tail_bytes: int = 1 << 16) -> str | None:
+    """:func:`exit_cause` of the last start recorded in the log at ``path`` (its tail; None if unreadable)."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(max(0, fh.seek(0, 2) - tail_bytes))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    return exit_cause(text.rsplit("\n# ftx: ", 1)[-1])
 
 
 def python_backend_models(repository: Path) -> list[str]:

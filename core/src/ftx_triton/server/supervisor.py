@@ -261,6 +261,10 @@ class Supervisor:
 
     def _shutdown(self) -> None:
         timeout = float(self.spec.get("exit_timeout_s", 10)) + 5
+        if self.front is not None:
+            # first: the front's idle keep-alive connections to tritonserver count as open clients, and
+            # tritonserver waits out its --exit-timeout-secs for them (every stop took 10 s more)
+            self.front.stop()
         if self.triton is not None and self.triton.poll() is None:
             self.triton.send_signal(signal.SIGTERM)
             try:
@@ -276,8 +280,6 @@ class Supervisor:
         psutil.wait_procs(leftovers, timeout=5)
         if leftovers:
             say(f"killed {len(leftovers)} leftover process(es): " + ", ".join(f"{p.pid}" for p in leftovers))
-        if self.front is not None:
-            self.front.stop()
         removed = remove_shm(self.spec.get("shm_prefix", ""))
         if removed:
             say(f"removed {removed} shared-memory region(s)")

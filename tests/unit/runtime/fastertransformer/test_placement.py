@@ -30,6 +30,17 @@ def test_gpt_neox_20b_fits_one_h100_at_a_small_batch_and_needs_two_at_a_large_on
     assert "GPT-NeoX-20B" in str(err.value) and "--hosts" in (err.value.hint or "")
 
 
+def test_a_pp_or_instance_count_the_user_gave_is_kept() -> None:
+    """--pp 2 with auto: only tp is chosen; --instances 2: each instance gets its share of the GPUs."""
+    plan = plan_placement(NEOX_20B, [H100, H100], batch=24, seq_len=2048, pp=2)
+    assert (plan.tp, plan.pp, plan.instances) == (1, 2, 1)
+    plan = plan_placement(GPTJ_6B, [H100] * 4, batch=8, seq_len=2048, instances=2)
+    assert (plan.tp, plan.pp, plan.instances) == (1, 1, 2) and "--instances 2 as given" in plan.reason
+    with pytest.raises(ConfigError, match="does not fit the 2 GPU.* with --instances 2") as err:
+        plan_placement(NEOX_20B, [H100, H100], batch=24, seq_len=2048, instances=2)
+    assert "fewer than --instances 2" in (err.value.hint or "")
+
+
 def test_the_smallest_gpu_decides_and_no_gpu_is_an_error() -> None:
     assert plan_placement(GPTJ_6B, [H100, 16 * GiB], batch=8, seq_len=2048).tp == 2
     with pytest.raises(ConfigError, match="no GPU found"):
@@ -143,4 +154,119 @@ def test_a_hosts_file_naming_an_unreachable_machine_is_refused_before_converting
     )
     assert result.exit_code != 0
     assert "error: the hosts file names node-b.invalid, which cannot be reached on ssh port 22" in result.stderr
+    assert not list((ftx_home / "store" / "convert").glob("*/*-gpu"))
+
+
+# --------------------------------------------------------------------------- --tp auto as ftx run's default
+
+H100_GPU = ("NVIDIA H100 80GB HBM3", (9, 0))
+
+
+@pytest.fixture()
+def gpus_seen(monkeypatch: pytest.MonkeyPatch):
+    """Sets the GPUs ftx sees (a stand-in inventory: this machine has none); the planner and the native
+    runtime's host probe both read it."""
+    from ftx_triton.runtime.fastertransformer import gpus as gpus_module
+    from ftx_triton.runtime.fastertransformer.gpus import Gpu
+    from ftx_triton.runtime.fastertransformer.native import toolchain
+
+    def see(count: int, memory_mib: int = 81559) -> None:
+        found = tuple(Gpu(i, H100_GPU[0], H100_GPU[1], memory_mib=memory_mib) for i in range(count))
+        monkeypatch.setattr(gpus_module, "local_gpus", lambda: found)
+        monkeypatch.setattr(toolchain, "local_gpus", lambda: found)
+
+    return see
+
+
+def test_tp_auto_is_ftx_runs_default_and_cpu_runs_keep_tp_1(ftx_cli, tiny_gptj_dir) -> None:
+    """No --tp on a machine without GPUs: the python runtime at tp 1, as before auto became the default."""
+    result = ftx_cli("run", str(tiny_gptj_dir), "--dry-run")
+    assert result.exit_code == 0, result.stderr + repr(result.exception)
+    assert "place     --tp auto: tp 1 (the python runtime runs on one device)" in result.stderr
+    assert "tp=1" in result.stderr
+    explicit = ftx_cli("run", str(tiny_gptj_dir), "--tp", "1", "--dry-run")
+    assert explicit.exit_code == 0 and "place " not in explicit.stderr  # an explicit tp is taken as given
+
+
+def test_default_run_plans_gpt_neox_20b_over_the_gpus_it_sees(ftx_cli, gpus_seen, monkeypatch) -> None:
+    """The gpt-neox-20b preset's published configuration (known without a download) on the
+    FasterTransformer runtime: 41 GiB of fp16 weights and 17.2 GiB of KV cache (--tune-batch 8 x 2048
+    tokens) fit one H100 at tp 1; at --tune-batch 24 they need tp 2, which two H100s give."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    base = ("run", "gpt-neox-20b", "--runtime", "fastertransformer-native", "--dry-run")
+    gpus_seen(1)
+    one = ftx_cli(*base)
+    assert one.exit_code == 0, one.stderr + repr(one.exception)
+    assert "place     --tp auto: tp 1 x pp 1: " in one.stderr and "batch 8 x 2048 tokens" in one.stderr
+    gpus_seen(2)
+    two = ftx_cli(*base, "--tune-batch", "24")
+    assert two.exit_code == 0, two.stderr + repr(two.exception)
+    assert "place     --tp auto: tp 2 x pp 1: " in two.stderr and "tp 1 x pp 1 would need" in two.stderr
+    assert "tp=2" in two.stderr
+
+
+def test_a_model_that_fits_no_layout_is_refused_before_any_download(ftx_cli, gpus_seen, ftx_home, monkeypatch) -> None:
+    """GPT-NeoX-20B at --tune-batch 24 on one H100: an error naming the sizes and a hint, before the
+    fetch stage (nothing in the store, no Hugging Face cache created)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(ftx_home / "hf"))
+    gpus_seen(1)
+    result = ftx_cli("run", "gpt-neox-20b", "--runtime", "fastertransformer-native", "--tune-batch", "24")
+    assert result.exit_code != 0
+    assert "error: gpt-neox-20b does not fit the 1 GPU(s) here" in result.stderr, result.stderr
+    assert "hint: use more GPUs" in result.stderr
+    assert not (ftx_home / "hf").exists()
+    assert not list((ftx_home / "store").glob("fetch/*"))
+
+
+@pytest.mark.parametrize("runtime", ["fastertransformer-native", "fastertransformer-docker"])
+def test_fewer_gpus_than_an_explicit_tp_is_refused_before_converting(
+    ftx_cli, gpus_seen, tiny_gptj_dir, ftx_home, runtime: str
+) -> None:
+    """One GPU seen, --tp 2 asked: the runtime's reason at once, nothing converted (the Docker runtime
+    found out at its tune stage, after the conversion)."""
+    gpus_seen(1)
+    result = ftx_cli("run", str(tiny_gptj_dir), "--runtime", runtime, "--tp", "2")
+    assert result.exit_code != 0
+    assert "tp x pp needs 2 GPUs but this machine has 1" in result.stderr, result.stderr
+    assert not list((ftx_home / "store" / "convert").glob("*/*-gpu"))
+
+
+def test_tp_auto_with_a_hosts_file_asks_for_the_layout(ftx_cli, gpus_seen, tiny_gptj_dir, tmp_path) -> None:
+    """--hosts spans machines the planner cannot see: the default auto asks for --tp and --pp."""
+    gpus_seen(2)
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost\nlocalhost\n")
+    result = ftx_cli("run", str(tiny_gptj_dir), "--runtime", "fastertransformer-native", "--hosts", str(hosts))
+    assert result.exit_code != 0
+    assert "a --hosts layout needs --tp and --pp" in result.stderr and "hint: give --tp" in result.stderr
+
+
+def test_ftx_lock_records_tp_auto_and_a_replay_takes_it(ftx_cli, tiny_gptj_dir, tmp_path, monkeypatch) -> None:
+    """The default is written as tp = "auto" (a lock written on one machine plans on the one replaying it)."""
+    lock = tmp_path / "ftx.toml"
+    written = ftx_cli("lock", str(tiny_gptj_dir), "--runtime", "python", "-o", str(lock))
+    assert written.exit_code == 0, written.stderr + repr(written.exception)
+    assert 'tp = "auto"' in lock.read_text()
+    monkeypatch.chdir(tmp_path)
+    replay = ftx_cli("run", "--dry-run")
+    assert replay.exit_code == 0, replay.stderr + repr(replay.exception)
+    assert "place     --tp auto: tp 1 (the python runtime runs on one device)" in replay.stderr
+
+
+def test_the_docker_launcher_refuses_a_hosts_file_naming_a_machine_without_an_address(
+    ftx_cli, tiny_gptj_dir, ftx_home, tmp_path
+) -> None:
+    """A name under .invalid never resolves (RFC 2606): the Docker launcher's error names it before
+    anything is converted (it failed only when mpirun in the container tried it, after the conversion)."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost\nnode-b.invalid\n")
+    result = ftx_cli(
+        "run", str(tiny_gptj_dir), "--runtime", "fastertransformer-docker", "--tp", "2", "--hosts", str(hosts)
+    )
+    assert result.exit_code != 0
+    assert "error: the hosts file names node-b.invalid, which does not resolve to an address" in result.stderr, (
+        result.stderr
+    )
+    assert "hint: check the name" in result.stderr
     assert not list((ftx_home / "store" / "convert").glob("*/*-gpu"))

@@ -76,7 +76,12 @@ def _from_torch() -> list[Gpu]:
         if not torch.cuda.is_available():
             return []
         return [
-            Gpu(i, torch.cuda.get_device_name(i), tuple(torch.cuda.get_device_capability(i)))  # type: ignore[arg-type]
+            Gpu(
+                i,
+                torch.cuda.get_device_name(i),
+                tuple(torch.cuda.get_device_capability(i)),  # type: ignore[arg-type]
+                memory_mib=torch.cuda.get_device_properties(i).total_memory >> 20,  # --tp auto plans by it
+            )
             for i in range(torch.cuda.device_count())
         ]
     except Exception:

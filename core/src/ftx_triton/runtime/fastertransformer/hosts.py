@@ -160,6 +160,22 @@ def node_layout(hosts: HostList | None, *, tp: int, pp: int, instances: int = 1,
     return NodeLayout(nodes, per_node, hosts.hosts, ssh_port)
 
 
+def check_hosts_resolve(layout: NodeLayout) -> None:
+    """Every machine of the hosts file has an address: a misspelt or unknown name is a ConfigError in
+    seconds, before anything is fetched (the Docker launcher's other nodes start their containers only
+    when told, so their ssh port cannot be checked this early; the native launcher also dials it)."""
+    import socket
+
+    for host, _ in layout.machines:
+        try:
+            socket.getaddrinfo(host, None)
+        except OSError as exc:
+            raise ConfigError(
+                f"the hosts file names {host}, which does not resolve to an address: {exc.strerror or exc}",
+                hint="check the name (it must resolve on this machine: DNS or /etc/hosts), or remove the line",
+            ) from None
+
+
 def mpirun_argv(layout: NodeLayout, hostfile: str | None = None, forward: Sequence[str] = FORWARDED_ENV) -> list[str]:
     """``mpirun -n <nodes> --allow-run-as-root`` (+ hostfile, env forwarding and ssh port for several nodes)."""
     argv = ["mpirun", "-n", str(layout.nodes), "--allow-run-as-root"]

@@ -83,10 +83,18 @@ def layouts(footprint: Footprint, gpus: int) -> list[tuple[int, int]]:
 
 
 def plan_placement(
-    footprint: Footprint, gpu_memory: Sequence[int], *, batch: int, seq_len: int, model: str = "the model"
+    footprint: Footprint,
+    gpu_memory: Sequence[int],
+    *,
+    batch: int,
+    seq_len: int,
+    model: str = "the model",
+    pp: int | None = None,
+    instances: int | None = None,
 ) -> Placement:
     """The smallest tp x pp that fits the smallest of ``gpu_memory`` (bytes per GPU), instances filling the
-    rest; ConfigError when no layout fits (see the module docstring)."""
+    rest; ConfigError when no layout fits (see the module docstring). ``pp`` and ``instances``, when the
+    user gave them, are kept: only tp is chosen, among layouts that leave room for every instance."""
     if not gpu_memory:
         raise ConfigError(
             "no GPU found: FasterTransformer needs at least one",
@@ -94,7 +102,8 @@ def plan_placement(
         )
     usable = int(min(gpu_memory) * USABLE_FRACTION)
     kv = footprint.kv_bytes(batch, seq_len)
-    candidates = layouts(footprint, len(gpu_memory))
+    fixed_pp, copies = pp, instances or 1
+    candidates = [(t, p) for t, p in layouts(footprint, len(gpu_memory) // copies) if pp is None or p == pp]
     for tp, pp in candidates:
         need = need_per_gpu(footprint, tp, pp, batch, seq_len)
         if need <= usable:
@@ -108,17 +117,24 @@ def plan_placement(
             if smaller:
                 t, p = smaller[-1]
                 why += f"; tp {t} x pp {p} would need {human(need_per_gpu(footprint, t, p, batch, seq_len))}"
-            instances = len(gpu_memory) // world
-            if instances > 1:
-                why += f"; {instances} instances fill the {len(gpu_memory)} GPUs"
-            return Placement(tp, pp, instances, need, usable, len(gpu_memory), why)
-    widest = max(candidates, key=lambda c: (c[0] * c[1], c[0]), default=(1, 1))
+            if instances is not None:
+                why += f"; --instances {instances} as given"
+            elif len(gpu_memory) // world > 1:
+                why += f"; {len(gpu_memory) // world} instances fill the {len(gpu_memory)} GPUs"
+            return Placement(tp, pp, instances or len(gpu_memory) // world, need, usable, len(gpu_memory), why)
+    widest = max(candidates, key=lambda c: (c[0] * c[1], c[0]), default=(1, fixed_pp or 1))
     need = need_per_gpu(footprint, *widest, batch, seq_len)
+    kept = " ".join(
+        f"--{name} {value}" for name, value in (("pp", fixed_pp), ("instances", instances)) if value is not None
+    )
     raise ConfigError(
-        f"{model} does not fit the {len(gpu_memory)} GPU(s) here: {human(footprint.weight_bytes)} of weights and "
-        f"{human(kv)} of KV cache for batch {batch} x {seq_len} tokens need {human(need)} per GPU even at "
-        f"tp {widest[0]} x pp {widest[1]}, and each GPU has {human(usable)} usable",
-        hint="use more GPUs (or several machines with --hosts), a smaller --max-batch-size, or a 16-bit --weight-dtype",
+        f"{model} does not fit the {len(gpu_memory)} GPU(s) here{f' with {kept}' if kept else ''}: "
+        f"{human(footprint.weight_bytes)} of weights and {human(kv)} of KV cache for batch {batch} x {seq_len} "
+        f"tokens need {human(need)} per GPU even at tp {widest[0]} x pp {widest[1]}, and each GPU has "
+        f"{human(usable)} usable",
+        hint="use more GPUs (or several machines with --hosts), a smaller --tune-batch (the batch planned for)"
+        + (f", fewer than {kept}" if kept else "")
+        + ", or a 16-bit --weight-dtype",
     )
 
 
@@ -142,14 +158,16 @@ def auto_layout(
 ) -> tuple[dict[str, int], str]:
     """``--tp auto`` resolved: the settings to change (tp, pp, instances) and why. FasterTransformer
     runtimes plan over this machine's GPUs (``gpus``: :class:`~ftx_triton.runtime.fastertransformer.gpus.Gpu`, default
-    the local ones) for the tuning batch (``--tune-batch`` x ``--tune-beam``) of full-context sequences;
-    other runtimes run on one device."""
+    the local ones) for the tuning batch (``--tune-batch`` x ``--tune-beam``) of full-context sequences
+    (tp 1 where no GPU is seen: such a machine can only plan); other runtimes run on one device."""
     name = getattr(runtime, "name", "") or ""
+    if runtime is None:
+        return {"tp": 1}, "--tp auto: tp 1 (no runtime is chosen for a run that stops before the tune stage)"
     if not name.startswith("fastertransformer"):
-        return {"tp": 1}, f"--tp auto: tp 1 (the {name or 'chosen'} runtime runs on one device)"
+        return {"tp": 1}, f"--tp auto: tp 1 (the {name} runtime runs on one device)"
     if settings.launch.hosts:
         raise ConfigError(
-            "--tp auto plans the GPUs of this machine; a --hosts layout needs --tp and --pp",
+            "--tp auto (the default) plans the GPUs of this machine only; a --hosts layout needs --tp and --pp",
             hint="give --tp (GPUs per machine) and --pp (machines), e.g. --tp 8 --pp 2",
         )
     from ftx_triton.repository.model_config import context_size
@@ -157,11 +175,22 @@ def auto_layout(
 
     found = tuple(local_gpus()) if gpus is None else tuple(gpus)
     memory = [g.memory_mib << 20 for g in found if g.memory_mib]
+    if not memory:  # planning (--dry-run, a lock) works anywhere; serving is refused by the runtime's own check
+        return {"tp": 1}, (
+            f"--tp auto: tp 1 (no GPU {'memory is' if found else 'is'} seen here to plan over; the {name} runtime "
+            "serves on a GPU host, which plans its own layout, or give --tp)"
+        )
     dtype = settings.configure.data_type or getattr(runtime, "default_data_type", None) or settings.convert.weight_dtype
     seq_len = context_size(hf_config) or 2048
     batch = settings.tune.tune_batch * settings.tune.tune_beam
     placement = plan_placement(
-        footprint_of(family, family.spec(hf_config), dtype), memory, batch=batch, seq_len=seq_len, model=settings.model
+        footprint_of(family, family.spec(hf_config), dtype),
+        memory,
+        batch=batch,
+        seq_len=seq_len,
+        model=settings.model,
+        pp=settings.configure.pp if settings.configure.pp != 1 else None,  # --pp N given: kept
+        instances=settings.configure.instances if settings.configure.instances != 1 else None,
     )
     return (
         {"tp": placement.tp, "pp": placement.pp, "instances": placement.instances},

