@@ -94,8 +94,8 @@ def measure(mode: str, directory: Path) -> dict[str, float]:
     thread.start()
     started = time.perf_counter()
     if mode == "ftx .bin":
-        reader = TorchBinFile(directory / "pytorch_model.bin")
-        arrays = (reader.read(n) for n in reader.names())
+        bin_reader = TorchBinFile(directory / "pytorch_model.bin")
+        arrays = (bin_reader.read(n) for n in bin_reader.names())
     elif mode == "ftx safetensors":
         reader = SafetensorsFile(directory / "model.safetensors")
         arrays = (reader.read(n) for n in reader.names())

@@ -299,10 +299,16 @@ def native_runs(
                 endpoint.http_url, args.batches, args, s["vocab"], bound=lambda batch: batch * read_bw / step_bytes
             )
         finally:
-            endpoint.handle.stop()
+            _stop(endpoint)
         if args.json:  # what is measured so far survives a run cut short
             args.json.with_suffix(".partial.json").write_text(json.dumps(out, indent=2))
     return out
+
+
+def _stop(endpoint: Any) -> None:
+    """Stop the server behind ``endpoint`` (every endpoint a runtime returns has one)."""
+    assert endpoint.handle is not None, "an endpoint without its server"
+    endpoint.handle.stop()
 
 
 def python_runs(name: str, source: Path, home: Path, args: argparse.Namespace) -> dict[int, float]:
@@ -318,7 +324,7 @@ def python_runs(name: str, source: Path, home: Path, args: argparse.Namespace) -
     try:
         return measure(endpoint.http_url, args.batches, args, s["vocab"])
     finally:
-        endpoint.handle.stop()
+        _stop(endpoint)
 
 
 def read_bandwidth_gbs() -> float:

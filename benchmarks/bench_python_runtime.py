@@ -135,7 +135,7 @@ def build_synthetic_gptj(
                 param.zero_()
             else:
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
-    model.to(torch_dtype).save_pretrained(tmp, safe_serialization=True)
+    model.to(torch_dtype).save_pretrained(tmp, safe_serialization=True)  # type: ignore[arg-type]
     params = sum(p.numel() for p in model.parameters())
     (tmp / "bench.json").write_text(json.dumps({"parameters": params, "dtype": dtype}))
     os.replace(tmp, dest)
@@ -396,7 +396,8 @@ def run_throughput(workdir: Path, preset: dict[str, Any], batches: list[int], de
     started = time.perf_counter()
     result = Pipeline(load_host(), ArtifactStore(home), settings, say=say).run()
     pipeline_s = time.perf_counter() - started
-    server = result.endpoint.handle
+    assert result.endpoint is not None and result.endpoint.handle is not None, "the pipeline served nothing"
+    endpoint, server = result.endpoint, result.endpoint.handle
     try:
         say("loading the same checkpoint with transformers in this process …")
         dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[preset["dtype"]]
@@ -406,7 +407,7 @@ def run_throughput(workdir: Path, preset: dict[str, Any], batches: list[int], de
             f"{preset['repeats']} repeats) …"
         )
         results = measure_throughput(
-            result.endpoint.grpc_url,
+            endpoint.grpc_url,
             model,
             batches=batches,
             prompt_len=preset["prompt_len"],

@@ -16,7 +16,7 @@ import pytest
 from ftx_triton.conversion.convert import convert_directory
 from ftx_triton.conversion.family import Family
 
-T5_SPECIALS = {"pad_id": 0, "eos_id": 1, "unk_id": 2, "bos_id": -1}
+T5_SPECIALS: dict[str, Any] = {"pad_id": 0, "eos_id": 1, "unk_id": 2, "bos_id": -1}
 T5_SENTENCES = (
     "translate English to German: The house is wonderful.",
     "translate English to German: Hello world, this is a tiny model.",

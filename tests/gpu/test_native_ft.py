@@ -251,7 +251,9 @@ def _serve_ids(checkpoint: Path, home: Path, built: Any, **flat: Any) -> tuple[l
         **flat,
     )
     result = Pipeline(load_host(), ArtifactStore(home), settings, say=lambda text: print(text, flush=True)).run()
-    assert result.runtime is not None and result.endpoint is not None
+    assert result.runtime is not None and result.endpoint is not None and result.endpoint.handle is not None
+    log_path = result.endpoint.handle.log_path
+    assert log_path is not None
     try:
         tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
         ids, texts = [], []
@@ -260,7 +262,7 @@ def _serve_ids(checkpoint: Path, home: Path, built: Any, **flat: Any) -> tuple[l
             ids.append([int(t) for t in out["output_ids"][0, 0, : int(out["sequence_length"][0, 0])]])
             url = f"http://{result.endpoint.http_url}/v2/models/text/generate"
             texts.append(_post(url, {"text_input": prompt, "max_tokens": NEW_TOKENS})["text_output"])
-        log_text = result.endpoint.handle.log_path.read_text(errors="replace")
+        log_text = log_path.read_text(errors="replace")
     finally:
         result.runtime.stop(result.endpoint)
     return ids, texts, log_text
@@ -338,6 +340,7 @@ def served(request: pytest.FixtureRequest, checkpoints: dict[str, Path], built: 
     result = Pipeline(host, ArtifactStore(home), settings, say=lambda text: print(text, flush=True)).run()
     assert result.runtime is not None and result.runtime.name == "fastertransformer-native"
     assert result.gemm is not None and result.gemm.tuned, result.gemm
+    assert result.endpoint is not None and result.repository is not None
     try:
         yield Served(case, tp, dtype, result.endpoint, result.repository.path, checkpoints[case], result.gemm)
     finally:
