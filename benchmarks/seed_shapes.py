@@ -188,15 +188,3 @@ def greedy_ids(model: Any, prompts: list[list[int]], new_tokens: int) -> list[li
                 past, step = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
                 generated.append(step)
     return torch.cat(generated, dim=1).tolist()
-
-
-def weight_gb(name: str) -> float:
-    """fp16 weight size of ``SHAPES[name]`` in GB (what the checkpoint and the converted model take)."""
-    s = SHAPES[name]
-    h, v, f, n = s["hidden"], s["vocab"], s["inter"], s["layers"]
-    if s["family"] == "t5":
-        inner = s["heads"] * s["d_kv"]
-        per_layer_enc = 4 * h * inner + 2 * h * f
-        per_layer_dec = 8 * h * inner + 2 * h * f
-        return 2 * (v * h + n * (per_layer_enc + per_layer_dec)) / 1e9
-    return 2 * (2 * v * h + n * (4 * h * h + 2 * h * f)) / 1e9

@@ -137,16 +137,6 @@ def _rates(
     return out
 
 
-def _memory_mib() -> list[int]:
-    text = subprocess.run(
-        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout
-    return [int(v) for v in text.split() if v.strip().isdigit()]
-
-
 AGREEMENT_PROMPTS = 32
 """Prompts (32 random tokens each) whose greedy continuations are compared with ``transformers``."""
 
@@ -159,6 +149,7 @@ def test_ftx_run_serves_the_seed_shape_on_native_fastertransformer(shape: str, t
     if torch.cuda.device_count() < tp:
         pytest.skip(f"tp {tp} needs {tp} GPUs")
     import seed_shapes
+    from bench_native_ft import gpu_memory_mib
     from tokenizers import Tokenizer
 
     spec = seed_shapes.SHAPES[shape]
@@ -186,7 +177,8 @@ def test_ftx_run_serves_the_seed_shape_on_native_fastertransformer(shape: str, t
         str(tp),
         *(("--family", "kogpt", "--accept-license") if spec["family"] == "kogpt" else ()),
     )
-    figures: dict[str, object] = {"shape": shape, "tp": tp, "weights_gb": round(seed_shapes.weight_gb(shape), 2)}
+    weights = sum(f.stat().st_size for f in source.glob("*.safetensors"))
+    figures: dict[str, object] = {"shape": shape, "tp": tp, "weights_gb": round(weights / 1e9, 2)}
     results = Path(os.environ["FTX_GPU_RESULTS"]) if os.environ.get("FTX_GPU_RESULTS") else None
 
     def record() -> None:  # what is measured so far survives a failing step
@@ -208,7 +200,7 @@ def test_ftx_run_serves_the_seed_shape_on_native_fastertransformer(shape: str, t
         assert tuned and not tuned[0].get("skipped"), tuned
         assert ready[0]["tuned"] is True, ready
         grpc = ready[0]["grpc"]
-        figures["memory_mib"] = _memory_mib()
+        figures["memory_mib"] = gpu_memory_mib()
 
         if not t5:  # the prompt of --prompt, through the raw model: echoed, then new ids
             ids = Tokenizer.from_file(str(source / "tokenizer.json")).encode(PROMPT).ids
