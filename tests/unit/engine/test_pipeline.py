@@ -72,7 +72,9 @@ def ftx_convert(family, source, spec, dest, ctx):
     def progress(done, total):
         calls.append(done)
         if len(calls) == 3:  # part of the files are on disk: signal and wait to be killed
-            Path(os.environ["FTX_TEST_SIGNAL"]).write_text(str(dest))
+            signal = Path(os.environ["FTX_TEST_SIGNAL"])
+            signal.with_suffix(".tmp").write_text(str(dest))
+            signal.with_suffix(".tmp").rename(signal)  # whole when it appears: the test reads it at once
             time.sleep(600)
     convert_checkpoint(family, reader, family.read_hf_config(source.path), spec, dest,
                        tp=ctx.settings.convert.tp, weight_dtype=ctx.settings.convert.weight_dtype, progress=progress)
