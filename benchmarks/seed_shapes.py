@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ftx_triton.fetching.tiny import END_OF_TEXT
+
 SHAPES: dict[str, dict[str, Any]] = {
     # GPT-J-6B: 28 layers x 4096, 16 heads of 256, rotary 64, vocab 50400
     "gptj": {"family": "gptj", "layers": 28, "hidden": 4096, "heads": 16, "rotary": 64, "vocab": 50400, "inter": 16384},
@@ -48,6 +50,8 @@ SHAPES: dict[str, dict[str, Any]] = {
         "vocab": 50432,
         "inter": 24576,
     },
+    # GPT-J's layout at a size a CPU makes in a second (checks of the scripts that use the shapes above)
+    "gptj-tiny": {"family": "gptj", "layers": 2, "hidden": 64, "heads": 4, "rotary": 8, "vocab": 1000, "inter": 256},
     # T5-3B (v1.0): 24 + 24 layers, d_model 1024, 32 heads of 128, d_ff 16384 (ReLU), vocab 32128, tied
     "t5-3b": {"family": "t5", "layers": 24, "hidden": 1024, "heads": 32, "d_kv": 128, "vocab": 32128, "inter": 16384},
 }
@@ -55,12 +59,44 @@ SHAPES: dict[str, dict[str, Any]] = {
 KOGPT_SPECIALS = ("[BOS]", "[EOS]", "[UNK]", "[PAD]", "[MASK]")
 
 
+def vocab_characters(count: int) -> list[str]:
+    """``count`` distinct characters, one per token of a full-vocabulary tokenizer: the CJK ideographs
+    (U+4E00..U+9FFF), then CJK extension B (U+20000..): letters that no normalizer or whitespace rule
+    touches, so decoding then re-encoding any id sequence gives the same ids."""
+    chars = [chr(c) for c in range(0x4E00, 0xA000)] + [chr(c) for c in range(0x20000, 0x2A6E0)]
+    if count > len(chars):
+        raise ValueError(f"at most {len(chars)} characters, {count} asked")
+    return chars[:count]
+
+
+def char_tokenizer(dest: Path, vocab: int) -> Any:
+    """A tokenizer with one character per id for every id of a ``vocab``-sized model (id 0 the end of
+    text): a random model's every generated id then decodes to one character and re-encodes to one
+    token, so a serving benchmark counts tokens and first text exactly (a small trained tokenizer decodes
+    most of a 50k vocabulary to nothing). Writes tokenizer.json and tokenizer_config.json."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models
+
+    ids = {END_OF_TEXT: 0} | {ch: i + 1 for i, ch in enumerate(vocab_characters(vocab - 1))}
+    tokenizer = Tokenizer(models.BPE(vocab=ids, merges=[]))
+    tokenizer.add_special_tokens([END_OF_TEXT])
+    tokenizer.decoder = decoders.Fuse()
+    dest.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(dest / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 2048}
+    config |= {"bos_token": END_OF_TEXT, "eos_token": END_OF_TEXT}
+    (dest / "tokenizer_config.json").write_text(json.dumps(config))
+    return tokenizer
+
+
 def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _config(name: str, dest: Path) -> tuple[Any, Any]:  # noqa: C901 - one branch per family
-    """(configuration, model class) of ``SHAPES[name]``; trains and writes its tokenizer into ``dest``."""
+def _config(name: str, dest: Path, full_vocab: bool = False) -> tuple[Any, Any]:  # noqa: C901 - one branch per family
+    """(configuration, model class) of ``SHAPES[name]``; trains and writes its tokenizer into ``dest``
+    (``full_vocab``: :func:`char_tokenizer` instead, for GPT-J and GPT-NeoX)."""
     import transformers
     from ftx_triton.fetching.tiny import train_bpe_tokenizer
 
@@ -94,8 +130,8 @@ def _config(name: str, dest: Path) -> tuple[Any, Any]:  # noqa: C901 - one branc
         ids = {"bos_token_id": tok.token_to_id("[BOS]"), "eos_token_id": tok.token_to_id("[EOS]")}
         ids["pad_token_id"] = tok.token_to_id("[PAD]")
     else:
-        tok = train_bpe_tokenizer(dest)
-        eos = tok.token_to_id("<|endoftext|>")
+        tok = char_tokenizer(dest, s["vocab"]) if full_vocab else train_bpe_tokenizer(dest)
+        eos = tok.token_to_id(END_OF_TEXT)
         ids = {"bos_token_id": eos, "eos_token_id": eos}
     if s["family"] in ("gptj", "kogpt"):
         config = transformers.GPTJConfig(
@@ -125,12 +161,12 @@ def _config(name: str, dest: Path) -> tuple[Any, Any]:  # noqa: C901 - one branc
     return config, transformers.GPTNeoXForCausalLM
 
 
-def random_model(name: str, dest: Path, device: str = "cuda") -> Any:
+def random_model(name: str, dest: Path, device: str = "cuda", full_vocab: bool = False) -> Any:
     """``SHAPES[name]`` with random fp16 weights, made on ``device`` (fp16 from the start: GPT-NeoX-20B in
     fp32 would not fit one GPU); its tokenizer is written to ``dest``."""
     import torch
 
-    config, cls = _config(name, dest)
+    config, cls = _config(name, dest, full_vocab)
     torch.manual_seed(0)
     started = time.perf_counter()
     default = torch.get_default_dtype()
@@ -152,14 +188,16 @@ def save(model: Any, dest: Path) -> Path:
     return dest
 
 
-def random_checkpoint(name: str, dest: Path) -> Path:
-    """A random fp16 checkpoint of ``SHAPES[name]`` made on the GPU, plus a small trained tokenizer."""
+def random_checkpoint(name: str, dest: Path, full_vocab: bool = False, device: str = "cuda") -> Path:
+    """A random fp16 checkpoint of ``SHAPES[name]`` made on ``device``, plus a small trained tokenizer
+    (``full_vocab``: one character per id, :func:`char_tokenizer`)."""
     import torch
 
-    model = random_model(name, dest)
+    model = random_model(name, dest, device, full_vocab)
     save(model, dest)
     del model
-    torch.cuda.empty_cache()
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return dest
 
 

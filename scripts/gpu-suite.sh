@@ -2,12 +2,14 @@
 # The native FasterTransformer GPU suite (and optionally its benchmark) on a GPU machine, in one command:
 #
 #   scripts/gpu-suite.sh all --sources ft-upstream-sources.tar.xz --wheels DIR [--tps 1,2] [--bench ARGS] [--out DIR]
+#                        [--no-tests] [--after 'COMMAND']
 # (FTX_GPU_PYTEST_ARGS: more pytest arguments, e.g. -k to pick cases; FTX_GPU_DTYPES: fp16,bf16 by default;
 #  FTX_GPU_MAXFAIL: stop after this many failed tests, 3 by default, so a systematic fault costs seconds;
 #  FTX_GPU_TESTS: the test files, in the order they run, tests/gpu by default; the tests write their
 #  figures to FTX_GPU_RESULTS, the logs folder)
 #
-# builds the backend (`ftx backend build`), runs `pytest -m gpu tests/gpu` and, with --bench, the benchmark,
+# builds the backend (`ftx backend build`), runs `pytest -m gpu tests/gpu` (not with --no-tests), then --after's
+# command (bash, from the job's copy of the checkout, e.g. scripts/serving-matrix.sh) and, with --bench, the benchmark,
 # all in a background job whose logs and results land in --out. A host that limits how long one command may
 # run can split it: `start` (install, then start the job and return), `wait --max SECONDS` (report and
 # return, repeatable) and `wheels DIR` (install more wheels while the job builds; the tests wait for them
@@ -22,13 +24,15 @@ set -uo pipefail
 PHASE="${1:-all}"; shift || true
 WORK="${FTX_GPU_WORK:-/tmp/ftx-gpu}"
 OUT="${OUT:-$PWD/gpu-out}"
-SOURCES="" ; WHEELS=() ; TPS="" ; BENCH="" ; MAX=540 ; WAIT_WHEELS=0
+SOURCES="" ; WHEELS=() ; TPS="" ; BENCH="" ; AFTER="" ; TESTS=1 ; MAX=540 ; WAIT_WHEELS=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --sources) SOURCES="$2"; shift 2 ;;
     --wheels) WHEELS+=("$2"); shift 2 ;;
     --tps) TPS="$2"; shift 2 ;;
     --bench) BENCH="$2"; shift 2 ;;
+    --after) AFTER="$2"; shift 2 ;;
+    --no-tests) TESTS=0; shift ;;
     --out) OUT="$2"; shift 2 ;;
     --max) MAX="$2"; shift 2 ;;
     --wait-wheels) WAIT_WHEELS=1; shift ;;
@@ -95,7 +99,8 @@ start() {
   rm -f "$WORK/status" "$WORK/done" "$WORK"/logs/gpu-*.xml "$WORK"/logs/gpu-tests.log "$WORK"/logs/bench.* \
     "$WORK"/logs/ftx-run-*.json  # no stale results
   # the job runs from its own copy of the tests: the checkout may be replaced while it runs
-  rm -rf "$WORK/code" && mkdir -p "$WORK/code" && cp -r tests benchmarks pyproject.toml "$WORK/code/"
+  rm -rf "$WORK/code" && mkdir -p "$WORK/code" && cp -r tests benchmarks scripts pyproject.toml "$WORK/code/"
+  printf '%s\n' "$AFTER" > "$WORK/after.sh"
   setsid bash -c "
     cd '$WORK/code'
     . '$WORK/env.sh'
@@ -104,10 +109,17 @@ start() {
     echo build > '$WORK/status'
     $PY -c 'from ftx_triton.cli import main; main()' backend build ${FTX_FT_SOURCES:+--sources $FTX_FT_SOURCES} > '$WORK/logs/build.log' 2>&1 || echo 'build failed' >> '$WORK/status'
     if [ $WAIT_WHEELS = 1 ]; then while [ ! -e '$WORK/wheels.ok' ]; do sleep 2; done; . '$WORK/env.sh'; fi
+    if [ $TESTS = 1 ]; then
     echo tests >> '$WORK/status'
     $PY -m pytest -m gpu ${FTX_GPU_TESTS:-tests/gpu} -v -rA -p no:cacheprovider --junitxml='$WORK/logs/gpu-junit.xml' --maxfail=${FTX_GPU_MAXFAIL:-3} ${FTX_GPU_PYTEST_ARGS:-} \
       > '$WORK/logs/gpu-tests.log' 2>&1
     echo \"tests exit \$?\" >> '$WORK/status'
+    fi
+    if [ -n '$AFTER' ]; then
+      echo after >> '$WORK/status'
+      bash '$WORK/after.sh' > '$WORK/logs/after.log' 2>&1
+      echo \"after exit \$?\" >> '$WORK/status'
+    fi
     if [ -n '$BENCH' ]; then
       echo bench >> '$WORK/status'
       $PY benchmarks/bench_native_ft.py $BENCH --json '$WORK/logs/bench.json' > '$WORK/logs/bench.log' 2>&1
@@ -124,7 +136,8 @@ report() {
   tar czf "$OUT/gpu-logs.tar.gz" -C "$WORK/logs" . 2>/dev/null
   [ -d "$FTX_HOME_LOGS" ] && tar czf "$OUT/server-logs.tar.gz" -C "$FTX_HOME_LOGS" . 2>/dev/null
   echo "--- status: $(tr '\n' ' ' < "$WORK/status" 2>/dev/null)"
-  for f in build.log gpu-tests.log bench.log; do
+  cp "$WORK"/logs/serving-* "$OUT"/ 2>/dev/null
+  for f in build.log gpu-tests.log after.log bench.log; do
     [ -f "$WORK/logs/$f" ] && { echo "--- $f (tail)"; tail -n 25 "$WORK/logs/$f"; }
   done
   # the first failures' own lines, which the summary above only names

@@ -71,6 +71,7 @@ def test_help_documents_every_option(ftx_cli) -> None:
         "--tokenizer",
         "--max-batch-size",
         "--instances",
+        "--text-instances",
         "--streaming",
         "--dynamic-batching",
         "--runtime",
@@ -222,6 +223,15 @@ def test_tp2_points_at_the_2gpu_checkpoint(ftx_cli, tiny_gptj_dir: Path, tmp_pat
     assert parse_config(out / "ensemble" / "config.pbtxt").max_batch_size == 16
 
 
+def test_text_instances_count_both_text_models(ftx_cli, tiny_gptj_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "repo"
+    configure(ftx_cli, tiny_gptj_dir, out, "--text-instances", "3")
+    for role in ("preprocessing", "postprocessing"):
+        assert [g.count for g in parse_config(out / role / "config.pbtxt").instance_group] == [3], role
+    assert [g.count for g in ft_config(out).instance_group] == [1]
+    assert json.loads((out / "ftx-deployment.json").read_text())["text_instances"] == 3
+
+
 def test_streaming_is_decoupled_and_postprocessing_reads_ft_outputs_only(
     ftx_cli, tiny_gptj_dir: Path, tmp_path: Path
 ) -> None:
@@ -358,6 +368,7 @@ def test_ft_options_the_backend_refuses_are_refused(plugin_host) -> None:
     for options, match in (
         (replace(base, max_batch_size=0), "max_batch_size"),
         (replace(base, instances=0), "instance"),
+        (replace(base, text_instances=0), "text models"),
         (replace(base, tp=0), "tensor_para_size"),
         (replace(base, io_kind="encoder"), "I/O kind"),
         (neox, "GPT-NeoX"),

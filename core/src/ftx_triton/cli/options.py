@@ -128,6 +128,14 @@ repository_options = section(
         help="Model instances (each holds tp x pp GPUs).",
     ),
     click.option(
+        "--text-instances",
+        type=click.IntRange(1, 64),
+        default=1,
+        show_default=True,
+        help="Instances (CPU processes) of the preprocessing and postprocessing models; a streamed "
+        "answer sends every piece through postprocessing.",
+    ),
+    click.option(
         "--streaming/--no-streaming",
         default=False,
         show_default=True,

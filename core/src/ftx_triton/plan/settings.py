@@ -66,6 +66,8 @@ class RepositorySettings:
     """Compute type; None until the runtime is chosen (then its default, else the weight dtype)."""
     max_batch_size: int = 128  # ftx_triton.repository.model_config.DEFAULT_MAX_BATCH_SIZE
     instances: int = 1
+    text_instances: int = 1
+    """Instances of the preprocessing and postprocessing models (CPU processes)."""
     streaming: bool = False
     dynamic_batching: bool = True
     tokenizer: Path | None = None

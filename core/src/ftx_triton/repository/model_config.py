@@ -62,6 +62,8 @@ class FtModelOptions:
     data_type: str = "fp16"
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     instances: int = 1
+    text_instances: int = 1
+    """Instances of each Python-backend text model (preprocessing, postprocessing)."""
     streaming: bool = False
     dynamic_batching: bool = True
     backend: str = "fastertransformer"
@@ -111,6 +113,7 @@ class FtModelOptions:
             data_type=settings.data_type,
             max_batch_size=repo.max_batch_size,
             instances=repo.instances,
+            text_instances=repo.text_instances,
             streaming=repo.streaming,
             dynamic_batching=repo.dynamic_batching,
             max_positions=positions,
@@ -174,6 +177,8 @@ def check_ft_options(opts: FtModelOptions) -> None:
         )
     if opts.instances < 1:
         raise ConfigError("the instance count must be at least 1", hint="use --instances 1 or more")
+    if opts.text_instances < 1:
+        raise ConfigError("the text models' instance count must be at least 1", hint="use --text-instances 1 or more")
     if opts.backend == "fastertransformer":
         refuse_data_type(opts.model_type, opts.data_type, opts.data_types, opts.data_type_note)
 

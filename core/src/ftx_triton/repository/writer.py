@@ -336,7 +336,12 @@ def write_text_model(dest: Path, role: str, plan: RepositoryPlan) -> None:
     else:
         inputs, outputs = postprocessing_inputs(io_kind, dict(plan.ft.output_dtypes)), POSTPROCESSING_OUTPUTS
     config = build_python_model_config(
-        role, inputs, outputs, max_batch_size=plan.ft.max_batch_size, parameters=params, instances=1
+        role,
+        inputs,
+        outputs,
+        max_batch_size=plan.ft.max_batch_size,
+        parameters=params,
+        instances=plan.ft.text_instances,
     )
     model_dir = dest / role
     write_config(config, model_dir)
@@ -392,6 +397,7 @@ def deployment_record(plan: RepositoryPlan, backend: str) -> dict[str, Any]:
         "data_type": ft.data_type,
         "max_batch_size": ft.max_batch_size,
         "instances": ft.instances,
+        "text_instances": ft.text_instances,
         "streaming": ft.streaming,
         "dynamic_batching": ft.dynamic_batching,
         "custom_all_reduce": ft.custom_all_reduce_on,

@@ -112,6 +112,9 @@ def test_auto_layout_for_a_fastertransformer_runtime_uses_the_gpus_given() -> No
     h100s = [Gpu(i, "NVIDIA H100 80GB HBM3", (9, 0), memory_mib=81559) for i in range(2)]
     changes, why = auto_layout(RunSettings.of("gptj-6b", tp=0), family, _gptj_config(), _Runtime(), gpus=h100s)
     assert changes == {"tp": 1, "pp": 1, "instances": 2} and why.startswith("--tp auto: tp 1 x pp 1")
+    only_one = RunSettings.of("gptj-6b", tp=0, gpus="1")  # --gpus narrows what the planner fills
+    changes, why = auto_layout(only_one, family, _gptj_config(), _Runtime(), gpus=h100s)
+    assert changes == {"tp": 1, "pp": 1, "instances": 1}, why
     small = [Gpu(i, "NVIDIA T4", (7, 5), memory_mib=15360) for i in range(4)]
     changes, _ = auto_layout(RunSettings.of("gptj-6b", tp=0), family, _gptj_config(), _Runtime(), gpus=small)
     assert changes == {"tp": 2, "pp": 1, "instances": 2}

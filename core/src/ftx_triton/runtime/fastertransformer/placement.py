@@ -159,7 +159,8 @@ def auto_layout(
     """``--tp auto`` resolved: the settings to change (tp, pp, instances) and why. FasterTransformer
     runtimes plan over this machine's GPUs (``gpus``: :class:`~ftx_triton.runtime.fastertransformer.gpus.Gpu`, default
     the local ones) for the tuning batch (``--tune-batch`` x ``--tune-beam``) of full-context sequences
-    (tp 1 where no GPU is seen: such a machine can only plan); other runtimes run on one device."""
+    (tp 1 where no GPU is seen: such a machine can only plan; ``--gpus`` narrows them); other runtimes run on
+    one device."""
     name = getattr(runtime, "name", "") or ""
     if runtime is None:
         return {"tp": 1}, "--tp auto: tp 1 (no runtime is chosen for a run that stops before the tune stage)"
@@ -174,6 +175,11 @@ def auto_layout(
     from ftx_triton.runtime.fastertransformer.gpus import local_gpus
 
     found = tuple(local_gpus()) if gpus is None else tuple(gpus)
+    if settings.launch.gpus not in (None, "", ()):  # --gpus 0: plan over the GPUs the run may use
+        from ftx_triton.runtime.fastertransformer.options import parse_gpus
+
+        chosen = set(parse_gpus(settings.launch.gpus))
+        found = tuple(g for g in found if g.index in chosen)
     memory = [g.memory_mib << 20 for g in found if g.memory_mib]
     if not memory:  # planning (--dry-run, a lock) works anywhere; serving is refused by the runtime's own check
         return {"tp": 1}, (
