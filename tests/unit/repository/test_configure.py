@@ -230,6 +230,13 @@ def test_text_instances_count_both_text_models(ftx_cli, tiny_gptj_dir: Path, tmp
         assert [g.count for g in parse_config(out / role / "config.pbtxt").instance_group] == [3], role
     assert [g.count for g in ft_config(out).instance_group] == [1]
     assert json.loads((out / "ftx-deployment.json").read_text())["text_instances"] == 3
+    streaming = tmp_path / "streaming"
+    configure(ftx_cli, tiny_gptj_dir, streaming, "--text-instances", "3", "--streaming")
+    counts = {
+        r: parse_config(streaming / r / "config.pbtxt").instance_group[0].count
+        for r in ("preprocessing", "postprocessing")
+    }
+    assert counts == {"preprocessing": 3, "postprocessing": 1}  # a stream's pieces keep their order
 
 
 def test_streaming_is_decoupled_and_postprocessing_reads_ft_outputs_only(

@@ -132,8 +132,15 @@ repository_options = section(
         type=click.IntRange(1, 64),
         default=1,
         show_default=True,
-        help="Instances (CPU processes) of the preprocessing and postprocessing models; a streamed "
-        "answer sends every piece through postprocessing.",
+        help="Instances (CPU processes) of the preprocessing and postprocessing models (a streaming "
+        "deployment keeps one postprocessing instance: several could send a stream's pieces out of order).",
+    ),
+    click.option(
+        "--text-batching/--no-text-batching",
+        default=True,
+        show_default=True,
+        help="Triton's dynamic batcher in front of the preprocessing and postprocessing models: one Python "
+        "call per group of queued requests (a streamed answer sends every piece through postprocessing).",
     ),
     click.option(
         "--streaming/--no-streaming",

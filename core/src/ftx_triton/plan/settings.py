@@ -68,6 +68,8 @@ class RepositorySettings:
     instances: int = 1
     text_instances: int = 1
     """Instances of the preprocessing and postprocessing models (CPU processes)."""
+    text_batching: bool = True
+    """Triton's dynamic batcher in front of the preprocessing and postprocessing models."""
     streaming: bool = False
     dynamic_batching: bool = True
     tokenizer: Path | None = None

@@ -6,6 +6,7 @@ printed with ``text_format`` and parsed back before it is trusted.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -64,6 +65,8 @@ class FtModelOptions:
     instances: int = 1
     text_instances: int = 1
     """Instances of each Python-backend text model (preprocessing, postprocessing)."""
+    text_batching: bool = True
+    """Dynamic batching of each text model's requests (one Python call per queued group)."""
     streaming: bool = False
     dynamic_batching: bool = True
     backend: str = "fastertransformer"
@@ -114,6 +117,7 @@ class FtModelOptions:
             max_batch_size=repo.max_batch_size,
             instances=repo.instances,
             text_instances=repo.text_instances,
+            text_batching=repo.text_batching,
             streaming=repo.streaming,
             dynamic_batching=repo.dynamic_batching,
             max_positions=positions,
@@ -253,9 +257,15 @@ def build_python_model_config(
     max_batch_size: int,
     parameters: Mapping[str, str],
     instances: int = 1,
+    batching: bool = False,
 ) -> mc.ModelConfig:
-    """A Python-backend model (preprocessing, postprocessing) on CPU."""
+    """A Python-backend model (preprocessing, postprocessing) on CPU. ``batching``: Triton's dynamic batcher
+    hands the model every queued request in one call (ragged: the model answers each request on its own,
+    so their shapes need not agree)."""
     config = mc.ModelConfig(name=name, backend="python", max_batch_size=max_batch_size)
+    if batching:
+        inputs = [dataclasses.replace(decl, ragged=True) for decl in inputs]
+        config.dynamic_batching.SetInParent()
     add_inputs_outputs(config, inputs, outputs)
     group = config.instance_group.add()
     group.count = instances
