@@ -344,6 +344,9 @@ class Level:
     tokens: int = 0
     short: int = 0
     """Requests that ended with fewer than --max-tokens tokens (counted by re-tokenizing)."""
+    garbled: int = 0
+    """Requests whose text holds more than --max-tokens tokens: pieces out of order or sent twice (a stream of
+    whole-text answers read out of order repeats its text); counted as --max-tokens in the figures."""
     requests_per_s: float = 0.0
     tokens_per_s: float = 0.0
     ttft_p50_ms: float = 0.0
@@ -392,8 +395,9 @@ def summarize(
     level.errors, level.first_error = len(errors), errors[0] if errors else ""
     if not samples:
         return
-    level.tokens = sum(s.tokens for s in samples)
+    level.tokens = sum(min(s.tokens, max_tokens) for s in samples)  # no request generates more than it asked
     level.short = sum(s.tokens < max_tokens for s in samples)
+    level.garbled = sum(s.tokens > max_tokens for s in samples)
     level.requests_per_s = len(samples) / wall
     level.tokens_per_s = level.tokens / wall
     ttft = [s.ttft_s * 1000 for s in samples]
@@ -607,17 +611,18 @@ def _ms(value: float | None) -> str:
 def markdown(report: dict[str, Any]) -> str:
     """The table for docs/benchmarks.md."""
     lines = [
-        "| path | concurrency | requests | errors | short | req/s | tok/s | TTFT p50 ms | TTFT p90 ms "
+        "| path | concurrency | requests | errors | short | garbled | req/s | tok/s | TTFT p50 ms | TTFT p90 ms "
         "| ITL p50 ms | ITL p90 ms | latency p50 ms | raw tok/s (batch = c) | vs raw |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in report["levels"]:
         raw, ratio = row.get("raw_tokens_per_s"), row.get("vs_raw")
         if row["path"] == "raw":  # --paths raw: the raw model alone
-            lines.append(f"| raw | {row['concurrency']} |" + " - |" * 10 + f" {_ms(raw)} | - |")
+            lines.append(f"| raw | {row['concurrency']} |" + " - |" * 11 + f" {_ms(raw)} | - |")
             continue
         lines.append(
             f"| {row['path']} | {row['concurrency']} | {row['requests']} | {row['errors']} | {row['short']} "
+            f"| {row.get('garbled', 0)} "
             f"| {row['requests_per_s']:.2f} | {row['tokens_per_s']:.1f} | {_ms(row['ttft_p50_ms'])} "
             f"| {_ms(row['ttft_p90_ms'])} | {_ms(row['itl_p50_ms'])} | {_ms(row['itl_p90_ms'])} "
             f"| {_ms(row['latency_p50_ms'])} | {'-' if raw is None else f'{raw:.1f}'} "

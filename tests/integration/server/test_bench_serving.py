@@ -121,3 +121,15 @@ def test_a_request_the_deployment_refuses_is_an_error_with_the_servers_reason(
     assert done.returncode == 1 and report is None
     assert "error: the text path's first request failed: RuntimeError: HTTP 400: " in done.stderr
     assert "exceeds the limit of" in done.stderr and "hint: choose a --prompt and --max-tokens" in done.stderr
+
+
+def test_a_text_longer_than_asked_is_counted_as_garbled_not_as_tokens() -> None:
+    """A stream whose whole-text answers arrive out of order reads as the text repeated (seen on two GPUs
+    with several postprocessing instances): such a request counts --max-tokens, not its inflated count."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_serving import Level, Sample, summarize
+
+    level = Level("text", concurrency=2, requests=3)
+    samples = [Sample(0.1, 1.0, 6, 6), Sample(0.1, 1.0, 6, 6), Sample(0.1, 1.0, 40, 6)]
+    summarize(level, samples, [], wall=1.0, max_tokens=MAX_TOKENS, streams=True)
+    assert (level.tokens, level.garbled, level.short, level.tokens_per_s) == (18, 1, 0, 18.0)
