@@ -206,6 +206,21 @@ def test_postprocessing_decodes_only_the_generated_part_up_to_sequence_length(bp
     assert out["text_output"].tolist() == [[b" fox jumps"]]
 
 
+def test_postprocessing_decodes_only_the_outputs_asked_for(bpe_dir: Path) -> None:
+    """The text ensemble asks for text_output, the classic one for OUTPUT: one decode each, not two (a
+    streamed answer passes through postprocessing once per token)."""
+    codec = load_codec(bpe_dir, "hf")
+    decoded: list[int] = []
+    decode = codec.decode
+    codec.decode = lambda ids: decoded.append(len(ids)) or decode(ids)  # type: ignore[method-assign]
+    row = codec.encode("The quick brown fox", prompt=True)
+    inputs = {"TOKENS_BATCH": np.array([[row]], dtype=np.uint32), "sequence_length": np.array([[len(row)]])}
+    post = Postprocessor(codec, decoder_settings(codec))
+    assert set(post.run(inputs, ["text_output"])) == {"text_output"} and len(decoded) == 1
+    assert set(post.run(inputs, ["OUTPUT"])) == {"OUTPUT"} and len(decoded) == 2
+    assert set(post.run(inputs)) == {"text_output", "OUTPUT"} and len(decoded) == 4  # a direct call: both
+
+
 def test_postprocessing_stops_at_the_end_id(bpe_dir: Path) -> None:
     codec = load_codec(bpe_dir, "hf")
     eos = codec.token_id(END_OF_TEXT)

@@ -391,7 +391,8 @@ class Preprocessor:
         settings = TextSettings.from_parameters(params, max_batch_size)
         return cls(load_codec(directory, settings.tokenizer_kind), settings)
 
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, inputs: Mapping[str, np.ndarray], wanted: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+        """Every output (one encoding makes them all: ``wanted`` changes nothing here)."""
         if "QUERY" in inputs:
             return self._ft_interface(inputs)
         return self._generate_interface(inputs)
@@ -606,7 +607,11 @@ class Postprocessor:
             result.append(row)
         return result
 
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, inputs: Mapping[str, np.ndarray], wanted: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+        """``text_output`` and ``OUTPUT``, or only those in ``wanted`` (what the caller asked for: the text
+        ensemble reads ``text_output`` alone, the classic ensemble ``OUTPUT`` alone, and a streamed answer
+        passes here once per token, so each decode skipped counts)."""
+        wanted = {"text_output", "OUTPUT"} if wanted is None else set(wanted)
         if "TOKENS_BATCH" not in inputs:
             raise RequestError("the request has no TOKENS_BATCH")
         ids = np.asarray(inputs["TOKENS_BATCH"])
@@ -615,12 +620,16 @@ class Postprocessor:
             lengths = np.full(ids.shape[:-1], ids.shape[-1], np.int64)
         prompt_lengths = inputs.get("REQUEST_INPUT_LEN", inputs.get("RESPONSE_INPUT_LENGTHS"))
         offsets = inputs.get(STREAM_OFFSET)
-        if offsets is not None:
-            texts = self.new_texts(ids, lengths, offsets)
-        else:
-            texts = self.texts(ids, lengths, prompt_lengths)
-        whole = self.texts(ids, lengths, whole=True)
-        return {"text_output": _as_bytes(texts), "OUTPUT": _as_bytes(whole)}
+        result = {}
+        if "text_output" in wanted:
+            if offsets is not None:
+                texts = self.new_texts(ids, lengths, offsets)
+            else:
+                texts = self.texts(ids, lengths, prompt_lengths)
+            result["text_output"] = _as_bytes(texts)
+        if "OUTPUT" in wanted:
+            result["OUTPUT"] = _as_bytes(self.texts(ids, lengths, whole=True))
+        return result
 
 
 STREAM_OFFSET = "ftx_stream_offset"

@@ -20,6 +20,13 @@ def invalid_argument(message):
     return pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
 
 
+def requested_outputs(request):
+    """The outputs the caller asked for (an ensemble step asks for those it maps), or None for all."""
+    names = getattr(request, "requested_output_names", None)
+    asked = list(names()) if names is not None else []
+    return asked or None
+
+
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
@@ -42,7 +49,7 @@ class TritonPythonModel:
                 if tensor is not None:
                     arrays[name] = tensor.as_numpy()
             try:
-                result = self.processor.run(arrays)
+                result = self.processor.run(arrays, requested_outputs(request))
             except textproc.RequestError as exc:
                 responses.append(pb_utils.InferenceResponse(error=invalid_argument(f"{self.role}: {exc}")))
                 continue
