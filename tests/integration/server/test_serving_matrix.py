@@ -1,0 +1,55 @@
+"""``scripts/serving-matrix.sh`` on CPU: a random GPT-J-layout checkpoint made by the script (the
+``gptj-tiny`` shape, one character per token), two deployment variants each started with ``ftx run``
+(python runtime, real tritonserver), loaded by ``bench_serving.py`` and stopped. Checks each variant's
+figures count exactly the tokens asked for, that the variants really differ (streamed or not), and that
+no server is left running."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from python_runtime_support import SERVER_MARKS
+
+pytestmark = SERVER_MARKS
+
+ROOT = Path(__file__).parents[3]
+MAX_TOKENS, REQUESTS = 4, 4
+
+
+def test_each_variant_is_served_measured_and_stopped(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = {
+        **os.environ,
+        "FTX_HOME": str(tmp_path / "home"),
+        "FTX_DEVICE": "cpu",
+        "PYTHON": sys.executable,
+        "FTX_SERVING_VARIANTS": "--streaming;--no-streaming",
+        "FTX_SERVING_BENCH": f"--concurrency 2 --max-tokens {MAX_TOKENS} --requests {REQUESTS} --raw-repeats 1",
+    }
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "serving-matrix.sh"), str(out), "shape:gptj-tiny", "--runtime", "python"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (out / "checkpoint-gptj-tiny" / "config.json").is_file()
+    streamed = {}
+    for tag, variant in (("serving-v1", "--streaming"), ("serving-v2", "--no-streaming")):
+        assert (out / f"{tag}.args").read_text().split() == ["--runtime", "python", variant]
+        report = json.loads((out / f"{tag}.json").read_text())
+        streamed[tag] = report["streaming"]["text"]
+        rows = [row for row in report["levels"] if row["path"] in ("text", "openai")]
+        assert [row["path"] for row in rows] == ["text", "openai"]
+        for row in rows:
+            assert row["errors"] == 0, row["first_error"]
+            assert (row["tokens"], row["short"], row["garbled"]) == (REQUESTS * MAX_TOKENS, 0, 0), row["path"]
+        assert "| text | 2 |" in (out / f"{tag}.md").read_text()
+    assert streamed == {"serving-v1": True, "serving-v2": False}
+    ps = subprocess.run([sys.executable, "-m", "ftx_triton", "ps"], capture_output=True, text=True, env=env)
+    assert ps.returncode == 0 and "bench-v" not in ps.stdout, ps.stdout + ps.stderr
