@@ -237,6 +237,22 @@ def test_text_instances_count_both_text_models(ftx_cli, tiny_gptj_dir: Path, tmp
         for r in ("preprocessing", "postprocessing")
     }
     assert counts == {"preprocessing": 3, "postprocessing": 1}  # a stream's pieces keep their order
+    plan = ftx_cli("run", str(tiny_gptj_dir), "--dry-run", "--streaming", "--text-instances", "3")
+    assert plan.exit_code == 0, plan.stderr
+    assert "preprocessing x3, postprocessing x1, batched, ensemble" in plan.stderr
+
+
+def test_text_models_batch_unless_told_not_to(ftx_cli, tiny_gptj_dir: Path, tmp_path: Path) -> None:
+    """Dynamic batching with every input ragged (the Python model answers each request on its own)."""
+    batched, alone = tmp_path / "batched", tmp_path / "alone"
+    configure(ftx_cli, tiny_gptj_dir, batched)
+    configure(ftx_cli, tiny_gptj_dir, alone, "--no-text-batching")
+    for role in ("preprocessing", "postprocessing"):
+        on, off = parse_config(batched / role / "config.pbtxt"), parse_config(alone / role / "config.pbtxt")
+        assert on.HasField("dynamic_batching") and all(i.allow_ragged_batch for i in on.input), role
+        assert not off.HasField("dynamic_batching") and not any(i.allow_ragged_batch for i in off.input), role
+    plan = ftx_cli("run", str(tiny_gptj_dir), "--dry-run", "--no-text-batching")
+    assert "preprocessing x1, postprocessing x1, ensemble" in plan.stderr
 
 
 def test_streaming_is_decoupled_and_postprocessing_reads_ft_outputs_only(

@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -66,6 +66,9 @@ from ftx_triton.repository.model_config import (
     write_config,
 )
 from ftx_triton.terminal.redact import redact_data
+
+if TYPE_CHECKING:
+    from ftx_triton.plan.settings import RepositorySettings
 
 log = structlog.get_logger(__name__)
 
@@ -324,14 +327,23 @@ def write_ft_model(plan: RepositoryPlan, dest: Path, writer: FtWriter) -> str:
     return writer(model_dir, plan.ft, plan.family) or parse_config(model_dir / "config.pbtxt").backend
 
 
-def text_instances(role: str, plan: RepositoryPlan) -> int:
-    """Instances of ``role``: ``--text-instances``, but one postprocessing instance in a streaming deployment.
-    Triton hands each streamed response to postprocessing as its own request and forwards the answers as
-    they finish: with several instances a later piece can overtake an earlier one (measured: 2 of 256
-    streams reordered at 64 clients with 4 instances, none with 1)."""
-    if role == POSTPROCESSING and plan.ft.streaming:
+def text_instances(role: str, *, streaming: bool, count: int) -> int:
+    """Instances of ``role``: ``count`` (``--text-instances``), but one postprocessing instance in a streaming
+    deployment. Triton hands each streamed response to postprocessing as its own request and forwards the
+    answers as they finish: with several instances a later piece can overtake an earlier one (measured: 2
+    of 256 streams reordered at 64 clients with 4 instances, none with 1)."""
+    if role == POSTPROCESSING and streaming:
         return 1
-    return plan.ft.text_instances
+    return count
+
+
+def describe_text_models(repo: RepositorySettings) -> str:
+    """The text models as a dry run shows them: ``preprocessing x2, postprocessing x1, batched``."""
+    pre, post = (
+        text_instances(role, streaming=repo.streaming, count=repo.text_instances)
+        for role in (PREPROCESSING, POSTPROCESSING)
+    )
+    return f"preprocessing x{pre}, postprocessing x{post}" + (", batched" if repo.text_batching else "")
 
 
 def write_text_model(dest: Path, role: str, plan: RepositoryPlan) -> None:
@@ -351,7 +363,7 @@ def write_text_model(dest: Path, role: str, plan: RepositoryPlan) -> None:
         outputs,
         max_batch_size=plan.ft.max_batch_size,
         parameters=params,
-        instances=text_instances(role, plan),
+        instances=text_instances(role, streaming=plan.ft.streaming, count=plan.ft.text_instances),
         batching=plan.ft.text_batching,
     )
     model_dir = dest / role

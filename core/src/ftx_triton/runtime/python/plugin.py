@@ -36,11 +36,13 @@ class PythonRuntime(Runtime):
         return Availability(True, "serving with the embedded python runtime")
 
     def describe(self, plan: DryRunPlan) -> list[str]:
+        from ftx_triton.repository.writer import describe_text_models
+
         s = plan.settings
         lines = [
             "tune      skipped: the python runtime does not use gemm_config.in",
             f"configure Triton repository -> {plan.repository_dir} (fastertransformer model on the python "
-            "backend, preprocessing, postprocessing, ensemble)",
+            f"backend, {describe_text_models(s.configure)}, ensemble)",
         ]
         if s.until == "serve":
             lines.append(

@@ -109,6 +109,7 @@ class NativeFasterTransformer(FasterTransformerRuntime):
     # -- stages ----------------------------------------------------------------------------
 
     def describe(self, plan: DryRunPlan) -> list[str]:
+        from ftx_triton.repository.writer import describe_text_models
         from ftx_triton.runtime.fastertransformer.native.build import backend_key, find_backend
         from ftx_triton.runtime.fastertransformer.native.options import NativeOptions
         from ftx_triton.runtime.fastertransformer.native.serve import work_dir_for
@@ -136,7 +137,7 @@ class NativeFasterTransformer(FasterTransformerRuntime):
             lines.append("tune      skipped (--no-tune)")
         lines.append(
             f"configure Triton repository -> {plan.repository_dir} (fastertransformer backend, "
-            "preprocessing, postprocessing, ensemble)"
+            f"{describe_text_models(s.configure)}, ensemble)"
         )
         if s.until == "serve":
             world = s.convert.tp * s.configure.pp
