@@ -43,6 +43,7 @@ import structlog
 
 from ftx_triton.errors import ServeError
 from ftx_triton.front.addresses import is_loopback
+from ftx_triton.server.admin_apis import admin_restriction
 from ftx_triton.server.install import TritonInstall, find_tritonserver, prepare_backends, server_env
 from ftx_triton.server.ports import ServerPorts, client_host, free_ports, http_ok, loopback_port
 from ftx_triton.server.process_tree import (
@@ -156,10 +157,6 @@ def _parent_death_signal() -> Callable[[], None] | None:
 
 class _StartFailure(Exception):
     """Internal: why a start attempt failed (before the log is diagnosed)."""
-
-
-ADMIN_APIS = "model-repository,shared-memory,logging,trace"
-"""tritonserver's API groups that change the server (its names for --grpc-restricted-protocol)."""
 
 
 class TritonServer:
@@ -324,8 +321,7 @@ class TritonServer:
         """On an address wider than loopback, tritonserver's administrative APIs need a key nobody is
         given (gRPC; and HTTP when no front guards it): clients elsewhere cannot register this host's
         shared memory, turn on verbose logging or load models. Clients here use the HTTP front."""
-        key = secrets.token_urlsafe(18)
-        restriction = f"{ADMIN_APIS}:ftx-admin-key={key}"
+        restriction = admin_restriction(secrets.token_urlsafe(18))
         flags = [f"--grpc-restricted-protocol={restriction}"]
         if not self.http_front:
             flags.append(f"--http-restricted-api={restriction}")

@@ -15,11 +15,10 @@ import secrets
 from dataclasses import dataclass
 
 from ftx_triton.front.addresses import is_loopback
+from ftx_triton.server.admin_apis import ADMIN_APIS, ADMIN_KEY_HEADER, admin_restriction
 
 METRICS_ADDRESS_SINCE = (23, 6)
 RESTRICTED_API_SINCE = (24, 1)
-ADMIN_APIS = "model-repository,shared-memory,logging,trace"
-ADMIN_KEY_HEADER = "ftx-admin-key"
 _VERSION = re.compile(r"(?<![\d.])(\d{2})\.(\d{2})(?![\d.])")
 
 
@@ -59,7 +58,7 @@ def exposure_for(host: str, triton_version: tuple[int, int] | None, *, admin_key
             ),
         )
     key = admin_key or secrets.token_urlsafe(18)
-    restriction = f"{ADMIN_APIS}:{ADMIN_KEY_HEADER}={key}"
+    restriction = admin_restriction(key)
     flags += [f"--http-restricted-api={restriction}", f"--grpc-restricted-protocol={restriction}"]
     return Exposure(tuple(flags), admin_key=key)
 
