@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ftx_triton.server.install import python_version
+from ftx_triton.server.supervisor import signal_name
 
 LOG_TAIL_LINES = 30
 
@@ -160,24 +161,13 @@ def exit_cause(text: str) -> str | None:
     causes = []
     crashes = [int(n) for n in _CRASH.findall(text) if int(n) not in (signal.SIGTERM, signal.SIGINT)]
     if crashes:  # tritonserver also says "Signal (15) received." when it is asked to stop
-        number = crashes[0]
-        try:
-            causes.append(f"tritonserver crashed with {signal.Signals(number).name} (signal {number})")
-        except ValueError:
-            causes.append(f"tritonserver crashed with signal {number}")
+        causes.append(f"tritonserver crashed with {signal_name(-crashes[0])}")
     for rank, node, number in _MPI_RANK_SIGNALED.findall(text)[:1]:
-        causes.append(f"MPI rank {rank} on {node} died of {_signal_text(int(number))}; mpirun ended the other ranks")
+        causes.append(f"MPI rank {rank} on {node} died of {signal_name(-int(number))}; mpirun ended the other ranks")
     for rank, code in _MPI_RANK_FAILED.findall(text)[:1]:
         causes.append(f"MPI rank {rank} exited with code {code}; mpirun ended the other ranks")
     causes += [r for r in _SUPERVISOR.findall(text) if "died" in r or "exited by itself" in r]
     return "; ".join(causes) if causes else None
-
-
-def _signal_text(number: int) -> str:
-    try:
-        return f"{signal.Signals(number).name} (signal {number})"
-    except ValueError:
-        return f"signal {number}"
 
 
 def last_exit_cause(path: Path, tail_bytes: int = 1 << 16) -> str | None:
