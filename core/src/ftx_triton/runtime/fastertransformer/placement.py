@@ -102,15 +102,15 @@ def plan_placement(
         )
     usable = int(min(gpu_memory) * USABLE_FRACTION)
     kv = footprint.kv_bytes(batch, seq_len)
-    fixed_pp, copies = pp, instances or 1
+    copies = instances or 1
     candidates = [(t, p) for t, p in layouts(footprint, len(gpu_memory) // copies) if pp is None or p == pp]
-    for tp, pp in candidates:
-        need = need_per_gpu(footprint, tp, pp, batch, seq_len)
+    for tp, stages in candidates:
+        need = need_per_gpu(footprint, tp, stages, batch, seq_len)
         if need <= usable:
-            world = tp * pp
+            world = tp * stages
             smaller = [(t, p) for t, p in candidates if t * p < world]
             why = (
-                f"tp {tp} x pp {pp}: {human(need)} per GPU ({human(footprint.weight_bytes / world)} of weights, "
+                f"tp {tp} x pp {stages}: {human(need)} per GPU ({human(footprint.weight_bytes / world)} of weights, "
                 f"{human(kv / world)} of KV cache for batch {batch} x {seq_len} tokens, {human(WORKSPACE_BYTES)} "
                 f"workspace) fits {human(usable)} usable of each GPU"
             )
@@ -121,12 +121,10 @@ def plan_placement(
                 why += f"; --instances {instances} as given"
             elif len(gpu_memory) // world > 1:
                 why += f"; {len(gpu_memory) // world} instances fill the {len(gpu_memory)} GPUs"
-            return Placement(tp, pp, instances or len(gpu_memory) // world, need, usable, len(gpu_memory), why)
-    widest = max(candidates, key=lambda c: (c[0] * c[1], c[0]), default=(1, fixed_pp or 1))
+            return Placement(tp, stages, instances or len(gpu_memory) // world, need, usable, len(gpu_memory), why)
+    widest = max(candidates, key=lambda c: (c[0] * c[1], c[0]), default=(1, pp or 1))
     need = need_per_gpu(footprint, *widest, batch, seq_len)
-    kept = " ".join(
-        f"--{name} {value}" for name, value in (("pp", fixed_pp), ("instances", instances)) if value is not None
-    )
+    kept = " ".join(f"--{name} {value}" for name, value in (("pp", pp), ("instances", instances)) if value is not None)
     raise ConfigError(
         f"{model} does not fit the {len(gpu_memory)} GPU(s) here{f' with {kept}' if kept else ''}: "
         f"{human(footprint.weight_bytes)} of weights and {human(kv)} of KV cache for batch {batch} x {seq_len} "
