@@ -56,6 +56,15 @@ def _address(cmdline: list[str], kind: str, default_port: str) -> str:
     return f"{shown}:{port}"
 
 
+def _front_address(front: object, kind: str, default_port: str) -> str | None:
+    """The address a front of the supervisor's spec listens on (None without that front)."""
+    if not isinstance(front, dict):
+        return None
+    return _address(
+        [f"--{kind}-address={front.get('host', '')}", f"--{kind}-port={front.get('port', '')}"], kind, default_port
+    )
+
+
 def _tree_rss(proc: Any) -> int:
     import psutil
 
@@ -144,13 +153,9 @@ def served_models(home: Path, servers: list[ServerRecord] | None = None) -> list
             continue  # another FTX_HOME's (or not ftx's) server
         deployment = _deployment(repository)
         runtime = str(deployment.get("runtime", "?"))
-        http = _address(cmdline, "http", "8000")
-        if isinstance(spec.get("front"), dict):  # clients reach tritonserver's HTTP through the supervisor's front
-            http = _address(
-                [f"--http-address={spec['front'].get('host', '')}", f"--http-port={spec['front'].get('port', '')}"],
-                "http",
-                "8000",
-            )
+        # clients reach tritonserver's HTTP and gRPC through the supervisor's fronts
+        http = _front_address(spec.get("front"), "http", "8000") or _address(cmdline, "http", "8000")
+        grpc = _front_address(spec.get("grpc_front"), "grpc", "8001") or _address(cmdline, "grpc", "8001")
         found[owner] = ServedModel(
             pid=owner,
             name=record.name if record else "(foreground)",
@@ -160,7 +165,7 @@ def served_models(home: Path, servers: list[ServerRecord] | None = None) -> list
             memory_bytes=_tree_rss(proc),
             uptime_s=time.time() - proc.info["create_time"],
             http=http,
-            grpc=_address(cmdline, "grpc", "8001"),
+            grpc=grpc,
             repository=str(repository),
             openai=openai.get(owner, ""),
             extra={

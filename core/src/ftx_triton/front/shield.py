@@ -35,8 +35,10 @@ from typing import Any
 import aiohttp
 import numpy as np
 from aiohttp import web
+from yarl import URL
 
 from ftx_triton.front.addresses import is_loopback
+from ftx_triton.front.paths import checked_path, forwarded_path
 from ftx_triton.front.server import Refused, read_body, refusal
 
 MAX_JSON_DEPTH = 64
@@ -207,26 +209,28 @@ class Shield:
             connector=aiohttp.TCPConnector(limit=0, force_close=False),
             auto_decompress=False,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-            skip_auto_headers=("User-Agent",),
+            # aiohttp would ask for gzip on every request: the client's own Accept-Encoding (or none) goes instead
+            skip_auto_headers=("User-Agent", "Accept-Encoding"),
         )
 
     async def _close(self, _app: web.Application) -> None:
         if self.session is not None:
             await self.session.close()
 
-    def check_admin(self, request: web.Request) -> None:
-        """Refuse an administrative request from a client on another machine."""
-        if request.method in ("GET", "HEAD") and "sharedmemory" not in request.path.lower():
+    def check_admin(self, request: web.Request, path: str) -> None:
+        """Refuse an administrative request from a client on another machine (``path``: the forwarded one)."""
+        seen = checked_path(path)
+        if request.method in ("GET", "HEAD") and "sharedmemory" not in seen.lower():
             return
-        if _ADMIN.fullmatch(request.path) and not self.trusted_peer(request.remote):
+        if _ADMIN.fullmatch(seen) and not self.trusted_peer(request.remote):
             raise Refused(
-                HTTPStatus.FORBIDDEN,
-                f"{request.path[:120]} changes the server and is served to clients on this machine only",
+                HTTPStatus.FORBIDDEN, f"{seen[:120]} changes the server and is served to clients on this machine only"
             )
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
         try:
-            self.check_admin(request)
+            path = forwarded_path(request.rel_url.raw_path)
+            self.check_admin(request, path)
             body = await read_body(request)
             part = json_part(request.headers, body)
             if len(part) > _WORKER_BYTES:
@@ -242,7 +246,10 @@ class Shield:
         try:
             upstream = await self.session.request(
                 request.method,
-                self.base + request.rel_url.raw_path_qs,
+                URL(
+                    self.base + path + (f"?{query}" if (query := request.rel_url.raw_query_string) else ""),
+                    encoded=True,
+                ),
                 data=body if body or request.method in ("POST", "PUT") else None,
                 headers=headers,
                 allow_redirects=False,
