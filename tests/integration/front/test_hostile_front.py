@@ -482,3 +482,28 @@ def test_grpc_messages_over_the_limit_are_refused_before_tritonserver(server: ob
             client.infer("add_one", [bomb], compression_algorithm="gzip", client_timeout=120)
     assert _tritonserver_rss(server) - before < 8 << 20
     assert infer_grpc(url, "add_one").tolist() == [[2, 3, 4], [5, 6, 7]]
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["generate", "chat"])
+def test_ftx_generate_at_the_grpc_port_says_so(server: object, chat: bool, tmp_path: object) -> None:
+    """Issue 33: ``ftx generate --url http://<gRPC port>`` (and ``--chat``) ended in a BadStatusLine traceback
+    with HTTP/2 frames printed to the terminal."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    url = f"http://{server.grpc_url}"  # type: ignore[attr-defined]
+    args = ["--chat", "--url", url + "/v1"] if chat else ["--url", url, "Once upon a time"]
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "ftx"), "generate", *args],
+        input="hello\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "FTX_HOME": str(tmp_path)},
+        errors="backslashreplace",
+    )
+    assert done.returncode == 1, done
+    assert "does not answer HTTP/1.1" in done.stderr and "gRPC port" in done.stderr and "hint:" in done.stderr, done
+    assert "Traceback" not in done.stderr and "\x00" not in done.stderr + done.stdout, done.stderr

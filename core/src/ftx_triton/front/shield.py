@@ -18,8 +18,12 @@ its charset or validity):
   trace settings, model load/unload) to clients that are not on this machine (403): with ``--host``
   wider than loopback they would let anyone register a ``/dev/shm`` region of this host as a tensor
   (reading or overwriting it) or turn on verbose logging until the disk is full;
+* forwards only paths without dot segments or encoded separators, byte for byte, and checks them in one
+  decoded form (:mod:`.paths`): no spelling of an administrative path passes the check;
 * passes the rest through unchanged (keep-alive, streamed ``generate_stream`` answers included), the
-  body decoded, to tritonserver. gRPC and metrics go to tritonserver directly.
+  body decoded and the client's own ``Accept-Encoding``, to tritonserver; answers that call a client's
+  mistake tritonserver's own fault (or a 200) get the status they deserve (:mod:`.answers`). gRPC goes
+  through its own front (:mod:`.grpc_front`), metrics to tritonserver directly.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from aiohttp import web
 from yarl import URL
 
 from ftx_triton.front.addresses import is_loopback
+from ftx_triton.front.answers import MAX_READ_BYTES, reclassified, worth_reading
 from ftx_triton.front.paths import checked_path, forwarded_path
 from ftx_triton.front.server import Refused, read_body, refusal
 
@@ -259,6 +264,19 @@ class Shield:
                 {"error": f"tritonserver is not reachable: {exc}"}, status=HTTPStatus.SERVICE_UNAVAILABLE
             )
         async with upstream:
+            head = b""
+            if (
+                worth_reading(request.method, checked_path(path), upstream.status)
+                and upstream.content_type == "application/json"
+                and "Content-Encoding" not in upstream.headers
+            ):
+                while len(head) <= MAX_READ_BYTES and (chunk := await upstream.content.read(MAX_READ_BYTES + 1)):
+                    head += chunk
+                if upstream.content.at_eof() and (better := reclassified(checked_path(path), upstream.status, head)):
+                    status, message = better
+                    if self.on_refused is not None:
+                        self.on_refused(f"{request.method} {request.path[:200]}: {upstream.status} -> {status}")
+                    return web.json_response({"error": message}, status=status)
             response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
             for key, value in upstream.headers.items():
                 if key.lower() not in _HOP_BY_HOP or key.lower() == "content-encoding":
@@ -266,6 +284,8 @@ class Shield:
             if upstream.content_length is not None:
                 response.content_length = upstream.content_length
             await response.prepare(request)
+            if head:
+                await response.write(head)
             async for chunk in upstream.content.iter_any():
                 await response.write(chunk)
             await response.write_eof()

@@ -101,6 +101,8 @@ def start_openai(
         host,
         "--port",
         str(chosen),
+        "--home",
+        str(Path(home).resolve()),
     ]
     with log_path.open("ab") as log:
         process = subprocess.Popen(

@@ -44,6 +44,8 @@ from typing import Any
 
 import psutil
 
+from ftx_triton.server.home_watch import HomeWatch
+
 PREFIX = "ftx-supervisor:"
 STUB_NAME = "triton_python_backend_stub"
 SHM_DIR = Path("/dev/shm")
@@ -152,27 +154,6 @@ def remove_shm(prefix: str) -> int:
             path.unlink()
             removed += 1
     return removed
-
-
-class HomeWatch:
-    """Whether a directory (FTX_HOME) is still the one that was there at the start."""
-
-    def __init__(self, path: str | None) -> None:
-        self.path = Path(path) if path else None
-        self.identity = self._identity()
-
-    def _identity(self) -> tuple[int, int] | None:
-        if self.path is None:
-            return None
-        try:
-            found = self.path.stat()
-        except OSError:
-            return None
-        return found.st_dev, found.st_ino
-
-    def gone(self) -> bool:
-        """True once the directory watched from the start was removed or replaced by another."""
-        return self.identity is not None and self._identity() != self.identity
 
 
 class Supervisor:
