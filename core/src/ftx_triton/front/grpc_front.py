@@ -10,8 +10,9 @@ relays each call of Triton's service (and the gRPC health check) to it as bytes,
   (``RESOURCE_EXHAUSTED``); grpcio applies the limit to the *decompressed* message, so a compressed
   message that inflates past it is refused too;
 * metadata is capped (``grpc.max_metadata_size``), at most ``max_concurrent_rpcs`` calls run at once
-  (more are refused with ``RESOURCE_EXHAUSTED``), and the port is bound exclusively (grpcio would
-  otherwise share it with another process through ``SO_REUSEPORT``);
+  (more are refused with ``RESOURCE_EXHAUSTED``), a connection without calls closes after
+  :data:`IDLE_TIMEOUT_S`, and the port is bound exclusively (grpcio would otherwise share it with
+  another process through ``SO_REUSEPORT``);
 * calls keep their metadata (the admin key of restricted APIs included), deadline and cancellation;
   tritonserver's errors come back with their code and message; streams (``ModelStreamInfer``) are
   relayed message by message in both directions.
@@ -32,6 +33,8 @@ from grpc import aio
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """The same limit as the HTTP front's body."""
 MAX_METADATA_BYTES = 64 * 1024
+IDLE_TIMEOUT_S = 120.0
+"""A connection with no call for this long is closed (the HTTP front's keep-alive timeout)."""
 _HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 _HOP_BY_HOP = frozenset({"user-agent", "te", "content-type", "host"})
 
@@ -148,6 +151,7 @@ class GrpcFront:
                 ("grpc.max_receive_message_length", self.max_message_bytes),
                 ("grpc.max_send_message_length", -1),
                 ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+                ("grpc.max_connection_idle_ms", int(IDLE_TIMEOUT_S * 1000)),
                 ("grpc.so_reuseport", 0),
             ],
         )
