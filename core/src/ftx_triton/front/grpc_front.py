@@ -9,7 +9,7 @@ relays each call of Triton's service (and the gRPC health check) to it as bytes,
 * a message over ``max_message_bytes`` is refused by grpcio before the call reaches tritonserver
   (``RESOURCE_EXHAUSTED``); grpcio applies the limit to the *decompressed* message, so a compressed
   message that inflates past it is refused too;
-* metadata is capped (``grpc.max_metadata_size``), at most ``max_concurrent_rpcs`` calls run at once
+* at most ``max_concurrent_rpcs`` calls run at once
   (more are refused with ``RESOURCE_EXHAUSTED``), a connection without calls closes after
   :data:`IDLE_TIMEOUT_S`, and the port is bound exclusively (grpcio would otherwise share it with
   another process through ``SO_REUSEPORT``);
@@ -32,7 +32,6 @@ from grpc import aio
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """The same limit as the HTTP front's body."""
-MAX_METADATA_BYTES = 64 * 1024
 IDLE_TIMEOUT_S = 120.0
 """A connection with no call for this long is closed (the HTTP front's keep-alive timeout)."""
 _HEALTH_CHECK = "/grpc.health.v1.Health/Check"
@@ -150,7 +149,6 @@ class GrpcFront:
             options=[
                 ("grpc.max_receive_message_length", self.max_message_bytes),
                 ("grpc.max_send_message_length", -1),
-                ("grpc.max_metadata_size", MAX_METADATA_BYTES),
                 ("grpc.max_connection_idle_ms", int(IDLE_TIMEOUT_S * 1000)),
                 ("grpc.so_reuseport", 0),
             ],
