@@ -22,7 +22,7 @@ from ftx_triton.server import tritonserver as server_mod
 from ftx_triton.server.install import STUB_NAME, find_tritonserver, prepare_backends
 from ftx_triton.server.process_tree import FTX_SHM_PREFIX, SHM_DIR, stub_processes, sweep_orphans
 from ftx_triton.server.records import list_servers
-from ftx_triton.server.supervisor import STUB_DIED
+from ftx_triton.server.supervisor import HOME_GONE, STUB_DIED
 from ftx_triton.server.tritonserver import TritonServer
 from triton_helpers import add_one_model, add_repository, infer_http, process_gone, python_model, shm_regions
 
@@ -389,6 +389,7 @@ def test_a_server_and_its_endpoint_whose_ftx_home_is_deleted_stop_themselves(tmp
         assert server.running and endpoint.process.poll() is None
         shutil.rmtree(home)
         assert _eventually(lambda: process_gone(server.pid), timeout_s=30), "the server kept running"
+        assert server.wait(timeout=5) == HOME_GONE and "FTX_HOME" in server.exit_report()
         assert _eventually(lambda: endpoint.process.poll() is not None, timeout_s=30), "the endpoint kept running"
         assert not any(name.startswith(prefix) for name in shm_regions())
         assert port_free(server.host, server.ports.http) and port_free(server.host, server.ports.grpc)

@@ -232,6 +232,29 @@ class Shield:
                 HTTPStatus.FORBIDDEN, f"{seen[:120]} changes the server and is served to clients on this machine only"
             )
 
+    async def _better_answer(
+        self, request: web.Request, path: str, upstream: aiohttp.ClientResponse
+    ) -> tuple[bytes, web.Response | None]:
+        """What was read of an answer worth classifying again (:mod:`.answers`), and the answer it deserves
+        instead (None: pass it on as it is)."""
+        seen = checked_path(path)
+        if not (
+            worth_reading(request.method, seen, upstream.status)
+            and upstream.content_type == "application/json"
+            and "Content-Encoding" not in upstream.headers
+        ):
+            return b"", None
+        head = b""
+        while len(head) <= MAX_READ_BYTES and (chunk := await upstream.content.read(MAX_READ_BYTES + 1)):
+            head += chunk
+        better = reclassified(seen, upstream.status, head) if upstream.content.at_eof() else None
+        if better is None:
+            return head, None
+        status, message = better
+        if self.on_refused is not None:
+            self.on_refused(f"{request.method} {request.path[:200]}: {upstream.status} answered {status}")
+        return head, web.json_response({"error": message}, status=status)
+
     async def forward(self, request: web.Request) -> web.StreamResponse:
         try:
             path = forwarded_path(request.rel_url.raw_path)
@@ -264,19 +287,9 @@ class Shield:
                 {"error": f"tritonserver is not reachable: {exc}"}, status=HTTPStatus.SERVICE_UNAVAILABLE
             )
         async with upstream:
-            head = b""
-            if (
-                worth_reading(request.method, checked_path(path), upstream.status)
-                and upstream.content_type == "application/json"
-                and "Content-Encoding" not in upstream.headers
-            ):
-                while len(head) <= MAX_READ_BYTES and (chunk := await upstream.content.read(MAX_READ_BYTES + 1)):
-                    head += chunk
-                if upstream.content.at_eof() and (better := reclassified(checked_path(path), upstream.status, head)):
-                    status, message = better
-                    if self.on_refused is not None:
-                        self.on_refused(f"{request.method} {request.path[:200]}: {upstream.status} -> {status}")
-                    return web.json_response({"error": message}, status=status)
+            head, better = await self._better_answer(request, path, upstream)
+            if better is not None:
+                return better
             response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
             for key, value in upstream.headers.items():
                 if key.lower() not in _HOP_BY_HOP or key.lower() == "content-encoding":

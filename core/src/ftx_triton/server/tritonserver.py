@@ -73,6 +73,7 @@ from ftx_triton.server.server_log import (
     read_from,
 )
 from ftx_triton.server.stub_env import stub_env
+from ftx_triton.server.supervisor import HOME_GONE
 
 log = structlog.get_logger(__name__)
 
@@ -562,8 +563,10 @@ class TritonServer:
     def exit_report(self) -> str:
         """Why the server stopped by itself, from its log: the cause (a crash signal, a dead stub, a
         model failure) and the log's last lines."""
-        text = read_from(self._log_path, 0)
         code = self._proc.returncode if self._proc else None
+        if code == HOME_GONE:
+            return f"tritonserver stopped: its FTX_HOME {self.home} was deleted (its records and logs with it)"
+        text = read_from(self._log_path, 0)
         cause = exit_cause(text) or (diagnose(text, log_path=self._log_path) or Diagnosis("", "")).cause
         head = f"tritonserver stopped by itself (supervisor exit code {code})"
         return (
