@@ -87,7 +87,8 @@ class Stages:
     # -- the stages ------------------------------------------------------------------------
 
     def fetch(self, ref: SourceRef, family: Family | None, ctx: StageContext) -> Source:
-        from ftx_triton.fetching.refs import local_content_key, resolve_revision
+        from ftx_triton.fetching.local_keys import local_content_key
+        from ftx_triton.fetching.refs import resolve_revision
 
         patterns = list(family.fetch_patterns if family else Family.fetch_patterns)
         settings = section_fingerprint(ctx.settings.fetch)
