@@ -38,6 +38,7 @@ from ftx_triton.plan.settings import RunSettings, section_fingerprint
 from ftx_triton.plugins import PluginHost
 from ftx_triton.runtime.api import Runtime
 from ftx_triton.store.artifact_store import Artifact, ArtifactStore, make_key
+from ftx_triton.terminal import timeline
 
 log = structlog.get_logger(__name__)
 
@@ -272,6 +273,7 @@ class Stages:
             )
         finally:
             structlog.contextvars.unbind_contextvars("stage")
+        timeline.step(stage, cached=cached)
         value = _result(result_type, artifact)
         detail = getattr(value, "reason", "") if isinstance(value, GemmConfig) and not value.tuned else ""
         if cached:
