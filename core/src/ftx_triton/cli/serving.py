@@ -26,6 +26,7 @@ from ftx_triton.engine.deployment import Deployment, openai_model_id
 from ftx_triton.errors import ServeError
 from ftx_triton.repository.io import TEXT_MODEL_NAME
 from ftx_triton.server.text_client import TextInterface, first_text, pieces, sampling_values, text_interface
+from ftx_triton.terminal import timeline
 
 EXAMPLE_PROMPT = "Once upon a time"
 EXAMPLE_TOKENS = 16
@@ -498,6 +499,7 @@ def after_serve(deployment: Deployment, *, prompt: str | None = None, max_tokens
     try:
         if prompt is None or detach:
             deployment.start_front(detach=detach)
+            timeline.step("openai front")
         if prompt is not None:  # no "try it" block: the server stops after the answer (--detach prints it)
             stream = _decoupled(deployment.repository.path)
             text = generate_text(
@@ -515,6 +517,8 @@ def after_serve(deployment: Deployment, *, prompt: str | None = None, max_tokens
                 return
         if detach:
             name = deployment.detach()
+            timeline.step("detach")
+            timeline.summary()
             click.echo(describe_endpoint(deployment))
             stop_hint = deployment.server.stop_hint or f"`ftx ps` lists it, `ftx stop {name}` stops it"
             click.echo(f"\nleft running as {name!r}: {stop_hint}")

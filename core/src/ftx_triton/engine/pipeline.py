@@ -28,6 +28,7 @@ from ftx_triton.plugins import PluginHost
 from ftx_triton.runtime.api import DryRunPlan, Layout, Runtime
 from ftx_triton.runtime.select import choose_runtime
 from ftx_triton.store.artifact_store import ArtifactStore
+from ftx_triton.terminal import timeline
 
 log = structlog.get_logger(__name__)
 
@@ -95,6 +96,7 @@ class Pipeline:
 
     def run(self) -> RunResult:
         plan = self.plan()
+        timeline.step("plan")
         result = RunResult(plan=plan, outcomes=self.stages.outcomes)
         if self.settings.dry_run:
             return self._dry_run(plan, result)

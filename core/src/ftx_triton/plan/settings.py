@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -275,6 +276,7 @@ def path_fingerprint(path: Path) -> dict[str, Any]:
     """A path by what it holds: every file's relative name and sha256, not where it lies (a copy keys as the
     original); a missing path keys as missing, by its name."""
     from ftx_triton.io.hashing import sha256_file
+    from ftx_triton.io.source_tree import tree_files
 
     path = Path(path)
     if path.is_file():
@@ -282,8 +284,8 @@ def path_fingerprint(path: Path) -> dict[str, Any]:
     if not path.is_dir():
         return {"path": str(path), "missing": True}
     digest = hashlib.sha256()
-    for file in sorted(p for p in path.rglob("*") if p.is_file()):
-        digest.update(f"{file.relative_to(path).as_posix()}\0{sha256_file(file)}\n".encode())
+    for file in sorted(tree_files(path, skip=frozenset()), key=lambda f: f.rel.parts):  # links followed
+        digest.update(os.fsencode(file.rel.as_posix()) + f"\0{sha256_file(file.path)}\n".encode())
     return {"tree": digest.hexdigest()}
 
 
