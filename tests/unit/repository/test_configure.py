@@ -203,7 +203,12 @@ def test_deployment_record(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_pat
     configure(ftx_cli, tiny_gptj_dir, out, "--data-type", "fp16")
     record = json.loads((out / "ftx-deployment.json").read_text())
     assert record["family"] == "gptj" and record["model_type"] == "GPT-J"
-    assert (record["tp"], record["pp"], record["weight_dtype"], record["data_type"]) == (1, 1, "fp32", "fp16")
+    assert (record["tp"], record["pp"], record["weight_dtype"], record["data_type"]) == (
+        1,
+        1,
+        "fp16",
+        "fp16",
+    )  # weights in the compute type
     assert record["source"]["path"] == str(tiny_gptj_dir) and record["source"]["revision"]
     assert record["plugins"]["family"]["distribution"] == "ftx-triton-gptj" and record["plugins"]["ftx"]
     for stage in ("fetch", "convert", "tune"):
@@ -541,8 +546,9 @@ def test_verify_catches_config_pbtxt_that_disagrees_with_config_ini(
     (out / "ftx-deployment.json").write_text(json.dumps({**record, "data_types": others}))
     with pytest.raises(ConfigError, match=f"data_type {data_type} is not run by FasterTransformer for GPT-J"):
         verify_repository(out)
-    (out / "ftx-deployment.json").write_text(json.dumps({**record, "weight_dtype": "fp16"}))
-    with pytest.raises(ConfigError, match="weight_dtype fp16"):
+    other_weights = "bf16" if record["weight_dtype"] != "bf16" else "fp32"
+    (out / "ftx-deployment.json").write_text(json.dumps({**record, "weight_dtype": other_weights}))
+    with pytest.raises(ConfigError, match=f"weight_dtype {other_weights}"):
         verify_repository(out)
     path.write_text(original.replace("max_batch_size", "max_batch_sise"))
     with pytest.raises(ConfigError, match="max_batch_sise"):

@@ -89,7 +89,9 @@ WEIGHT_DTYPE_OPTION = click.option(
     default="auto",
     show_default=True,
     help="Data type of the converted weight files; auto = the source's own (config.json's "
-    "torch_dtype, else the weight files'), so an fp16 checkpoint is not doubled to fp32.",
+    "torch_dtype, else the weight files'), so an fp16 checkpoint is not doubled to fp32, except that "
+    "`ftx run` on a FasterTransformer runtime converts to the compute type (an fp32 checkpoint served in "
+    "fp16 gets fp16 files).",
 )
 
 conversion_options = section(
