@@ -453,7 +453,9 @@ def ids_equal(report: dict[str, Any]) -> list[str]:
             mine, theirs = run["untuned"].get("ids", {}), off["untuned"].get("ids", {})
             for batch in report["batches"]:
                 same = mine.get(batch) is not None and mine.get(batch) == theirs.get(batch)
-                lines.append(f"{name} {key} batch {batch}: token ids {'EQUAL' if same else 'DIFFER'} to all-reduce off")
+                lines.append(
+                    f"{name} {key} batch {batch}: token ids {'EQUAL to' if same else 'DIFFER from'} all-reduce off"
+                )
     return lines
 
 
