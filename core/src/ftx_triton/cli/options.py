@@ -58,7 +58,9 @@ WEIGHT_DTYPE_OPTION = click.option(
     default="auto",
     show_default=True,
     help="Data type of the converted weight files; auto = the source's own (config.json's "
-    "torch_dtype, else the weight files'), so an fp16 checkpoint is not doubled to fp32.",
+    "torch_dtype, else the weight files'), so an fp16 checkpoint is not doubled to fp32, except that "
+    "`ftx run` on a FasterTransformer runtime converts to the compute type (an fp32 checkpoint served in "
+    "fp16 gets fp16 files).",
 )
 
 conversion_options = section(
@@ -126,9 +128,9 @@ repository_options = section(
     click.option(
         "--custom-all-reduce/--no-custom-all-reduce",
         default=None,
-        help="FasterTransformer's own all-reduce between the GPUs of a node (it has kernels for 8 "
-        "GPUs of one node only; any other tp x pp uses NCCL either way). Default: off, for "
-        "every compute type (docs/benchmarks.md).",
+        help="FasterTransformer's own all-reduce between the GPUs of one node at tp 2, 4 or 8 with one "
+        "pipeline stage (ftx's kernels; GPUs without NVLink or PCIe peer access use NCCL, said in the "
+        "server log). Default: on for fp16 at tp 2, where it was measured faster than NCCL; off elsewhere.",
     ),
     click.option(
         "--tokenizer",

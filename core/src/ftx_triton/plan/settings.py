@@ -112,7 +112,7 @@ class RepositorySettings:
     tokenizer: Path | None = None
     custom_all_reduce: bool | None = None
     """FasterTransformer's own all-reduce between the GPUs of one node at tp > 1 (None: ftx's default for
-    the compute type, ftx_triton.repository.model_config.CUSTOM_ALL_REDUCE)."""
+    the compute type and tp, ftx_triton.repository.model_config.CUSTOM_ALL_REDUCE)."""
 
 
 @dataclass(frozen=True)
