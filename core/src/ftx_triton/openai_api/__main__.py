@@ -12,6 +12,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model-id", required=True, help="The model name clients send (and /v1/models lists)")
     parser.add_argument("--tokenizer", required=True, type=Path, help="The repository's preprocessing/1 directory")
     parser.add_argument("--ensemble", default="text", help="The text model (generate extension)")
+    parser.add_argument(
+        "--triton-grpc", help="Triton's gRPC address, HOST:PORT: a streaming model's token ids are read from it"
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)
@@ -19,7 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     from ftx_triton.front.server import Front, Limits
     from ftx_triton.openai_api.app import MAX_BODY_BYTES, make_app
 
-    app = make_app(args.triton, args.model_id, args.tokenizer, args.ensemble)
+    app = make_app(args.triton, args.model_id, args.tokenizer, args.ensemble, triton_grpc=args.triton_grpc)
     Front(app, args.host, args.port, Limits(max_body_bytes=MAX_BODY_BYTES)).run()
 
 
