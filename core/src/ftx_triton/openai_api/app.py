@@ -29,6 +29,7 @@ from ftx_triton.front.server import Refused, read_body
 from ftx_triton.front.shield import lone_surrogate
 from ftx_triton.openai_api.admission import overloaded_response
 from ftx_triton.openai_api.chat import TemplateError, TemplateTimeout, TemplateWorker, chat_template, render
+from ftx_triton.openai_api.metrics import FrontMetrics, Tracked
 from ftx_triton.openai_api.token_generation import TokenGeneration
 from ftx_triton.repository.io import TEXT_MODEL_NAME
 from ftx_triton.repository.textproc import RequestError
@@ -92,14 +93,24 @@ class Deployment:
     """Triton's gRPC endpoint, for the token route (None: every request goes through the ensemble)."""
     route: TokenRoute | None = None
     """The token route of a streaming repository this process can read (:mod:`.token_generation`)."""
+    metrics: FrontMetrics | None = None
+    """Token-level Prometheus series (``/metrics``), when the endpoint keeps them."""
     _iface: TextInterface | None = None
     _codec: Any = None
 
-    def generation(self, prompt: str, values: Mapping[str, Any], stop: list[str]) -> Generation | TokenGeneration:
-        """The generation for one prompt: over the token route when there is one, else the ensemble."""
+    def generation(
+        self, prompt: str, values: Mapping[str, Any], stop: list[str]
+    ) -> Generation | TokenGeneration | Tracked:
+        """The generation for one prompt: over the token route when there is one, else the ensemble; measured
+        when the endpoint keeps metrics."""
+        generation: Generation | TokenGeneration
         if self.tokens is not None and self.route is not None:
-            return TokenGeneration(self.tokens, self.route, prompt, values, stop)
-        return Generation(self, prompt, values, stop)
+            generation = TokenGeneration(self.tokens, self.route, prompt, values, stop)
+        else:
+            generation = Generation(self, prompt, values, stop)
+        if self.metrics is None:
+            return generation
+        return self.metrics.track(generation, self.count, lambda: self.count(prompt, prompt=True))
 
     def iface(self) -> TextInterface:
         if self._iface is None:
@@ -428,7 +439,7 @@ class Handlers:
     async def _sse(
         self,
         request: web.Request,
-        generation: Generation | TokenGeneration,
+        generation: Generation | TokenGeneration | Tracked,
         chunk: Any,
         *,
         first: str | None = None,
@@ -446,7 +457,7 @@ class Handlers:
     async def _send_events(
         self,
         request: web.Request,
-        generation: Generation | TokenGeneration,
+        generation: Generation | TokenGeneration | Tracked,
         chunk: Any,
         stream: AsyncGenerator[str, None],
         *,
@@ -554,6 +565,7 @@ def make_app(
     """The application for one deployment (``triton_http`` = ``http://host:port`` of Triton; ``triton_grpc``
     = its ``host:port`` for gRPC, which a streaming repository's token route reads ids from)."""
     deployment = Deployment(HttpTriton(triton_http, timeout_s=timeout_s), model_id, ensemble, Path(tokenizer_dir))
+    deployment.metrics = FrontMetrics()
     if triton_grpc:
         deployment.route = TokenRoute.open(Path(tokenizer_dir).parent.parent)  # the repository of preprocessing/1
         if deployment.route is not None:
@@ -566,6 +578,7 @@ def make_app(
             web.post("/v1/completions", handlers.completions),
             web.post("/v1/chat/completions", handlers.chat),
             web.get("/health", _health),
+            web.get("/metrics", deployment.metrics.handler),
         ]
     )
 
