@@ -104,7 +104,9 @@ def test_an_overloaded_model_answers_429_with_retry_after_and_triton_its_own_err
 
     def openai(key: str, tokens: int) -> None:
         began = time.monotonic()
-        status, headers, body = _post(served.openai + "/completions", {"prompt": "Once upon a time", "max_tokens": tokens})
+        status, headers, body = _post(
+            served.openai + "/completions", {"prompt": "Once upon a time", "max_tokens": tokens}
+        )
         results[key] = (time.monotonic() - began, status, headers, body)
 
     def triton(key: str) -> None:
@@ -172,3 +174,28 @@ def test_the_dashboard_plots_only_series_the_endpoint_exposes(served: Served) ->
     for query in queries:
         used = set(re.findall(r"\b(ftx_\w+)", query))
         assert used and used <= names, (query, used - names)
+
+
+def test_bench_via_openai_reads_the_endpoints_metrics_per_level(served: Served) -> None:
+    env = {**os.environ, "FTX_HOME": str(served.home)}
+    done = subprocess.run(
+        [*FTX, "bench", "--via", "openai", "--concurrency", "1,2", "--requests", "4", "--max-tokens", "4", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["url"] == served.openai and "--via openai" in result["why"]
+    for point, c in zip(result["points"], (1, 2), strict=True):
+        front = point["front"]
+        assert point["concurrency"] == c and point["requests"] == front["completed"] >= 1
+        # two clients against a queue of one: a request can find it full (429), which the load counts and survives
+        assert front["completed"] + front["rejected"] == 4 and front["errors"] == 0
+        assert front["rejected"] == 0 or c == 2
+        assert front["ttft_avg_ms"] > 0 and front["itl_avg_ms"] > 0 and front["output_tokens_per_s"] > 0
+    refused = subprocess.run(
+        [*FTX, "bench", "--via", "openai", "--tool", "perf_analyzer"], capture_output=True, text=True, env=env
+    )
+    assert refused.returncode == 1 and "no OpenAI service kind" in refused.stderr
