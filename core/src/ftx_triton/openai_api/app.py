@@ -57,6 +57,8 @@ class ServerFault(Exception):
 
 STREAM_HEADER = "X-Ftx-Stream"
 """On a ``stream: true`` answer: ``tokens`` (the model streams) or ``whole`` (it does not: one chunk)."""
+ROUTE_HEADER = "X-Ftx-Route"
+"""On a streamed answer: ``tokens`` (ids read from the model over gRPC, detokenized here) or ``ensemble``."""
 NOT_STREAMING = (
     "this deployment answers in one piece: the model was not deployed with --streaming, so the "
     "whole text arrives as one chunk (ftx run MODEL --streaming streams token by token)"
@@ -474,6 +476,7 @@ class Handlers:
                 "Content-Type": "text/event-stream",
                 "Cache-Control": "no-cache",
                 STREAM_HEADER: "tokens" if decoupled else "whole",
+                ROUTE_HEADER: "tokens" if self.d.route is not None and self.d.tokens is not None else "ensemble",
             }
         )
         await response.prepare(request)
