@@ -120,6 +120,29 @@ repository_options = section(
         help="Decoupled model: one response per generated token (gRPC streaming).",
     ),
     click.option(
+        "--stream-interval",
+        type=click.IntRange(1, 4096),
+        default=1,
+        show_default=True,
+        help="With --streaming: the model sends every Nth generated token's response and the last (each "
+        "holds the whole text so far). 1 = every token, as FasterTransformer's backend does.",
+    ),
+    click.option(
+        "--max-queue-size",
+        type=click.IntRange(0, 1 << 20),
+        default=0,
+        show_default=True,
+        help="Admission control: requests the model's queue holds; one more is refused at once (the OpenAI "
+        "endpoint answers 429 with Retry-After). 0 = unbounded.",
+    ),
+    click.option(
+        "--queue-timeout-ms",
+        type=click.IntRange(0, 3_600_000),
+        default=0,
+        show_default=True,
+        help="Admission control: a request that waited this long in the model's queue is refused. 0 = no limit.",
+    ),
+    click.option(
         "--dynamic-batching/--no-dynamic-batching",
         default=True,
         show_default=True,

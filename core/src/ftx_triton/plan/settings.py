@@ -108,6 +108,12 @@ class RepositorySettings:
     text_batching: bool = True
     """Triton's dynamic batcher in front of the preprocessing and postprocessing models."""
     streaming: bool = False
+    stream_interval: int = 1
+    """A streaming model sends every Nth step's response (and the last); 1: every step, as upstream."""
+    max_queue_size: int = 0
+    """The fastertransformer model's bounded queue (admission control); 0: unbounded, as Triton's default."""
+    queue_timeout_ms: int = 0
+    """How long a request may wait in that queue before it is refused; 0: no limit."""
     dynamic_batching: bool = True
     tokenizer: Path | None = None
     custom_all_reduce: bool | None = None
