@@ -55,7 +55,7 @@ def get_host() -> PluginHost:
     if _HOST is None:
         from ftx_triton.plugins import load_host
 
-        _HOST = load_host()
+        _HOST = load_host(families_when_asked=True)
         for record in _HOST.broken:
             from ftx_triton.terminal.console import warn
 

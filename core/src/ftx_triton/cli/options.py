@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from ftx_triton.commandkit import FiniteFloatRange, section
-from ftx_triton.conversion.dtypes import WEIGHT_DTYPES
+from ftx_triton.conversion.dtype_names import WEIGHT_DTYPE_NAMES
 from ftx_triton.plan.settings import AUTO, STAGES
 
 PORT = click.IntRange(1, 65535)
@@ -54,7 +54,7 @@ PP_OPTION = click.option(
 )
 WEIGHT_DTYPE_OPTION = click.option(
     "--weight-dtype",
-    type=click.Choice(["auto", *WEIGHT_DTYPES]),
+    type=click.Choice(["auto", *WEIGHT_DTYPE_NAMES]),
     default="auto",
     show_default=True,
     help="Data type of the converted weight files; auto = the source's own (config.json's "
@@ -81,7 +81,7 @@ pipeline asks the chosen runtime's ``layout`` once the model's configuration is 
 
 repository_options = section(
     "Triton repository",
-    click.option("--data-type", type=click.Choice(list(WEIGHT_DTYPES)), help=DATA_TYPE_HELP),
+    click.option("--data-type", type=click.Choice(list(WEIGHT_DTYPE_NAMES)), help=DATA_TYPE_HELP),
     click.option(
         "--max-batch-size",
         type=click.IntRange(1, 4096),

@@ -22,7 +22,6 @@ from ftx_triton.cli.options import (
     stage_options,
     tune_options,
 )
-from ftx_triton.engine.pipeline import Pipeline, RunResult
 from ftx_triton.errors import ConfigError
 from ftx_triton.front.addresses import is_loopback
 from ftx_triton.paths import ftx_home
@@ -30,6 +29,7 @@ from ftx_triton.plan.settings import AUTO, RunSettings
 
 if TYPE_CHECKING:
     from ftx_triton.commandkit import CommandKit
+    from ftx_triton.engine.pipeline import RunResult
 
 
 def settings_from_options(model: str, **opts: Any) -> RunSettings:
@@ -40,6 +40,7 @@ def settings_from_options(model: str, **opts: Any) -> RunSettings:
 def run_pipeline(settings: RunSettings, lock: Path | None = None) -> RunResult:
     """Check the deployment's pins, then run the pipeline over the user's FTX_HOME."""
     from ftx_triton.cli.manifest import check_requirements, find_manifest
+    from ftx_triton.engine.pipeline import Pipeline
     from ftx_triton.store.housekeeping import rotate_logs
 
     manifest = find_manifest(lock=lock)
