@@ -27,7 +27,6 @@ from ftx_triton.terminal import lazylog
 if TYPE_CHECKING:
     import click
 
-    from ftx_triton.commandkit import CommandKit
     from ftx_triton.conversion.family import Family
 
 log = lazylog.get_logger(__name__)
@@ -206,9 +205,10 @@ class PluginHost:
                 self.runtime_owner[runtime.name] = owner.distribution
                 owner.runtimes.append(runtime.name)
 
-    def commands(self, kit: CommandKit, taken: Iterable[str] = ()) -> dict[str, click.Command]:
-        """The commands plugins add (``ftx_register_commands``, handed ``kit`` when they name it), by name; one
-        ``taken`` by core or by two plugins is an error naming both."""
+    def commands(self, kit: object, taken: Iterable[str] = ()) -> dict[str, click.Command]:
+        """The commands plugins add (``ftx_register_commands``, handed ``kit``, the CLI's
+        :class:`~ftx_triton.commandkit.CommandKit`, when they name it), by name; one ``taken`` by core or by two
+        plugins is an error naming both."""
         import click
 
         commands: dict[str, click.Command] = {}
