@@ -65,10 +65,11 @@ class SourceSettings:
 class ConvertSettings:
     """convert: the FasterTransformer files."""
 
-    tp: int | Auto = 1
-    """:data:`AUTO` (the CLI's default) becomes the chosen runtime's ``layout`` once the plan knows the model."""
-    weight_dtype: str = "fp32"
-    """``auto`` (the CLI's default) becomes the source's dtype once the pipeline has read the source."""
+    tp: int | Auto = AUTO
+    """:data:`AUTO` (the default, as ``ftx run``'s) becomes the chosen runtime's ``layout`` once the plan knows the
+    model."""
+    weight_dtype: str = "auto"
+    """``auto`` (the default, as ``ftx run``'s) becomes the source's dtype once the pipeline has read the source."""
 
     @property
     def planned_tp(self) -> int:
