@@ -21,3 +21,15 @@ def test_ftx_run_defaults_are_run_settings_defaults() -> None:
     from_python = RunSettings.of("some-model")
     assert from_shell == from_python
     assert (from_python.convert.tp, from_python.convert.weight_dtype) == (AUTO, "auto")
+
+
+def test_run_and_lock_take_one_declaration_of_a_setting() -> None:
+    """`--http-port` of `ftx run` and of `ftx lock` come from ServeSettings' one declaration (help, type, range)."""
+    from ftx_triton.cli.pins import lock
+
+    def option(command: Any, name: str) -> Any:
+        return next(p for p in command.params if p.name == name)
+
+    for name in ("http_port", "host", "device"):
+        mine, theirs = option(run, name), option(lock, name)
+        assert (mine.help, repr(mine.type), mine.default) == (theirs.help, repr(theirs.type), theirs.default)
