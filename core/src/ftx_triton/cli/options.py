@@ -7,9 +7,9 @@ from typing import Any
 
 import click
 
-from ftx_triton.commandkit import FiniteFloatRange, section
-from ftx_triton.conversion.dtypes import WEIGHT_DTYPES
-from ftx_triton.plan.settings import AUTO, STAGES
+from ftx_triton.commandkit import FiniteFloatRange, options_of, section
+from ftx_triton.conversion.dtype_names import WEIGHT_DTYPE_NAMES
+from ftx_triton.plan.settings import AUTO, STAGES, SourceSettings, TuneSettings
 
 PORT = click.IntRange(1, 65535)
 """Every TCP port option (--http-port, --grpc-port, --metrics-port, --openai-port): refused outside 1-65535."""
@@ -34,13 +34,8 @@ DATA_TYPE_HELP = (
     "weight dtype; the python runtime computes fp16 as fp32 on a CPU; --dry-run shows the choice)."
 )
 
-source_options = section(
-    "Source",
-    click.option("--source", help="Checkpoint to use instead of the preset's: a path, hf://org/name[@rev] or a URL."),
-    click.option("--revision", help="Branch, tag or commit of a Hugging Face source."),
-    click.option("--sha256", help="Expected sha256 of a downloaded archive or file (checked before use)."),
-    click.option("--family", help="Model family (see `ftx models`); detected from config.json when omitted."),
-)
+source_options = options_of(SourceSettings)
+"""--source, --revision, --sha256, --family: declared once on SourceSettings."""
 
 TP_HELP = "Tensor-parallel GPUs."
 TP_AUTO_HELP = (
@@ -54,7 +49,7 @@ PP_OPTION = click.option(
 )
 WEIGHT_DTYPE_OPTION = click.option(
     "--weight-dtype",
-    type=click.Choice(["auto", *WEIGHT_DTYPES]),
+    type=click.Choice(["auto", *WEIGHT_DTYPE_NAMES]),
     default="auto",
     show_default=True,
     help="Data type of the converted weight files; auto = the source's own (config.json's "
@@ -83,7 +78,7 @@ pipeline asks the chosen runtime's ``layout`` once the model's configuration is 
 
 repository_options = section(
     "Triton repository",
-    click.option("--data-type", type=click.Choice(list(WEIGHT_DTYPES)), help=DATA_TYPE_HELP),
+    click.option("--data-type", type=click.Choice(list(WEIGHT_DTYPE_NAMES)), help=DATA_TYPE_HELP),
     click.option(
         "--max-batch-size",
         type=click.IntRange(1, 4096),
@@ -184,26 +179,8 @@ stage_options = section(
     click.option("--dry-run", is_flag=True, help="Print what would run, run nothing."),
 )
 
-tune_options = section(
-    "GEMM tuning",
-    click.option(
-        "--tune-batch",
-        type=click.IntRange(1, 4096),
-        default=8,
-        show_default=True,
-        help="Batch size to tune for (the decoder GEMMs run at batch x beam rows).",
-    ),
-    click.option(
-        "--tune-beam", type=click.IntRange(1, 64), default=1, show_default=True, help="Beam width to tune for."
-    ),
-    click.option(
-        "--tune-max-input-len",
-        type=click.IntRange(1, 65536),
-        default=512,
-        show_default=True,
-        help="Longest prompt (tokens) to tune the context GEMMs for.",
-    ),
-)
+tune_options = options_of(TuneSettings, only=("tune_batch", "tune_beam", "tune_max_input_len"))
+"""--tune-batch, --tune-beam, --tune-max-input-len: declared once on TuneSettings."""
 
 safety_options = section(
     "Safety",

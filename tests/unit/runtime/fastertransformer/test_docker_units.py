@@ -305,7 +305,7 @@ def test_serve_plan_for_tp2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 def test_serve_plan_edge_cases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FTX_HOME", str(tmp_path / "home"))
     repo, ckpt = _repository(tmp_path / "a", tp=1, inside=True)
-    s = RunSettings.of("m", host="0.0.0.0")
+    s = RunSettings.of("m", host="0.0.0.0", tp=1)
     plan = plan_serve(
         repository=repo,
         checkpoints=checkpoint_dirs(repo),
