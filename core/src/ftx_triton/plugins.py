@@ -43,11 +43,13 @@ DEFAULT_PLUGINS = (
     "ftx_triton.cli.image",
     "ftx_triton.runtime.fastertransformer.native.plugin",
     "ftx_triton.cli.backend",
+    "ftx_triton.cluster.slurm.plugin",
+    "ftx_triton.cluster.export",
 )
 """Core's own plugins: the stage defaults (``trylast``), the runtimes it ships and their commands (the Docker
 launcher's ``ftx image``/``tune``/``package``, the native one's ``ftx backend``: CLI modules, since runtimes
-never import the CLI). Core never imports them for logic; they are registered and called through the hooks
-like any third-party plugin."""
+never import the CLI) and the cluster launchers (``ftx slurm``, ``ftx export``). Core never imports them for
+logic; they are registered and called through the hooks like any third-party plugin."""
 
 
 @dataclass

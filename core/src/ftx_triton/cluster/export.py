@@ -1,0 +1,22 @@
+"""`ftx export`: a deployment written for a cluster's own tools (`ftx export slurm`: the batch script;
+`ftx export k8s`: Kubernetes manifests and a Helm chart)."""
+
+from __future__ import annotations
+
+import click
+
+from ftx_triton import hookimpl
+from ftx_triton.cli.common import FtxGroup
+
+
+@click.group("export", cls=FtxGroup)
+def export() -> None:
+    """Write a deployment for a cluster's own tools (sbatch, kubectl, helm)."""
+
+
+@hookimpl
+def ftx_register_commands(cli: click.Group) -> None:
+    from ftx_triton.cluster.slurm.cli import script_command
+
+    export.add_command(script_command, "slurm")
+    cli.add_command(export)
