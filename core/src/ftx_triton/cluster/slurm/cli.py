@@ -151,17 +151,17 @@ def script_command(model: str, run_args: tuple[str, ...], output: Path | None, *
     from ftx_triton.cluster.slurm.script import render
     from ftx_triton.cluster.slurm.submit import new_token
 
+    from ftx_triton.cluster.output import write_text
+
     request, _ = _request(model, run_args, **opts)
     token = new_token()
     text = render(request, token)
-    request.directory.mkdir(parents=True, exist_ok=True)
-    (request.directory / TOKEN_FILE).write_text(token + "\n")
+    if output is not None:
+        write_text(output, text)
+    write_text(request.directory / TOKEN_FILE, token + "\n")  # what the job's first step looks for
     if output is None:
         click.echo(text, nl=False)
         return
-    from ftx_triton.cluster.output import write_text
-
-    write_text(output, text)
     say(f"wrote {output}: submit it with `sbatch {output}`")
 
 

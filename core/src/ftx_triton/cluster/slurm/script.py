@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ftx_triton.errors import ConfigError
+
 STEP_MODULE = "ftx_triton.cluster.slurm.step"
 
 
@@ -54,8 +56,22 @@ def _q(text: str | Path) -> str:
     return shlex.quote(str(text))
 
 
+def check_request(request: SlurmRequest) -> None:
+    """No value may hold a line break or other control character: in an ``#SBATCH`` line it would start a
+    line of its own, which bash then runs."""
+    values = [request.name, request.model, *request.run_args, *request.sbatch, request.python]
+    values += [v for v in (request.gpu_type, request.partition, request.time_limit, request.container_image) if v]
+    for value in values:
+        if any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise ConfigError(
+                f"{value[:60]!r} holds a control character (a line break?)",
+                hint="give each option and value without line breaks or tabs",
+            )
+
+
 def render(request: SlurmRequest, token: str) -> str:
     """The sbatch script (bash), every value quoted."""
+    check_request(request)
     directives = [
         f"--job-name=ftx-{request.name}",
         f"--nodes={request.nodes}",

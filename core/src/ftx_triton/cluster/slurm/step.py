@@ -82,7 +82,7 @@ def serve(home: Path, name: str, run_args: Sequence[str]) -> int:
     openai = "--no-openai" not in run_args
     openai_host = _option(run_args, "--openai-host") or "0.0.0.0"
     openai_port = int(given["openai"]) if given["openai"] else free_ports(client_host(openai_host).strip("[]")).http
-    argv = ["run", *run_args, "--host", host, "--name", name]
+    argv = ["run", *run_args, "--host", host, "--name", name, *_job_hosts(home, name)]
     argv += ["--http-port", str(ports.http), "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics)]
     if openai:
         argv += ["--openai-host", openai_host, "--openai-port", str(openai_port)]
@@ -101,6 +101,28 @@ def serve(home: Path, name: str, run_args: Sequence[str]) -> int:
     if openai:
         ready.append(f"http://{client_host(openai_host)}:{openai_port}/v1/models")
     return _supervise(home, name, _ftx(*argv), ready=ready)
+
+
+def _job_hosts(home: Path, name: str) -> list[str]:
+    """With several nodes: ``--hosts FILE`` listing the job's nodes, rank 0 (this one) first, ``gpus=N`` each;
+    the FasterTransformer runtime starts one rank per node over them (tp = GPUs per node, pp = nodes)."""
+    nodes = int(os.environ.get("SLURM_JOB_NUM_NODES", "1") or 1)
+    if nodes < 2:
+        return []
+    listed = subprocess.run(
+        ["scontrol", "show", "hostnames", os.environ.get("SLURM_JOB_NODELIST", "")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    ).stdout.split()
+    here = os.environ.get("SLURMD_NODENAME", "")
+    ordered = sorted(listed, key=lambda n: n != here)
+    gpus = os.environ.get("SLURM_GPUS_PER_NODE", "").rpartition(":")[2]
+    suffix = f" gpus={gpus}" if gpus.isdigit() else ""
+    path = deployment_dir(home, name) / f"hosts-{os.environ.get('SLURM_JOB_ID', '0')}"
+    path.write_text("".join(f"{node}{suffix}\n" for node in ordered))
+    return ["--hosts", str(path)]
 
 
 def _supervise(home: Path, name: str, argv: list[str], ready: list[str] | None, stdout: list[str] | None = None) -> int:
