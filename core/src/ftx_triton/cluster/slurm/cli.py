@@ -147,11 +147,10 @@ def script_command(model: str, run_args: tuple[str, ...], output: Path | None, *
     The script is what `ftx slurm run` submits. Submitted by hand, its deployment is not recorded on
     the login node: its log and address are under FTX_HOME/slurm/NAME/.
     """
+    from ftx_triton.cluster.output import write_text
     from ftx_triton.cluster.slurm.records import TOKEN_FILE
     from ftx_triton.cluster.slurm.script import render
     from ftx_triton.cluster.slurm.submit import new_token
-
-    from ftx_triton.cluster.output import write_text
 
     request, _ = _request(model, run_args, **opts)
     token = new_token()
