@@ -16,7 +16,9 @@ def export() -> None:
 
 @hookimpl
 def ftx_register_commands(cli: click.Group) -> None:
+    from ftx_triton.cluster.kubernetes.cli import k8s_command
     from ftx_triton.cluster.slurm.cli import script_command
 
     export.add_command(script_command, "slurm")
+    export.add_command(k8s_command, "k8s")
     cli.add_command(export)

@@ -64,13 +64,14 @@ PASS_THROUGH = {"ignore_unknown_options": True, "allow_interspersed_args": False
 
 
 def _request(model: str, run_args: tuple[str, ...], **opts: Any):  # -> tuple[SlurmRequest, dict]
+    from ftx_triton.cluster.runargs import check_run_args
     from ftx_triton.cluster.slurm.script import SlurmRequest
-    from ftx_triton.cluster.slurm.submit import absolute_model, check_run_args, choose_name
+    from ftx_triton.cluster.slurm.submit import REFUSED_RUN_OPTIONS, absolute_model, choose_name
     from ftx_triton.paths import ftx_home
 
     home = ftx_home()
     model = absolute_model(model)
-    params = check_run_args(model, run_args)
+    params = check_run_args(model, run_args, REFUSED_RUN_OPTIONS)
     request = SlurmRequest(
         name=choose_name(home, model, opts["name"]),
         model=model,

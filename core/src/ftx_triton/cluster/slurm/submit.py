@@ -6,7 +6,7 @@ from __future__ import annotations
 import secrets
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 from ftx_triton.cluster.slurm import scheduler
@@ -66,27 +66,6 @@ def check_shared_home(home: Path, partition: str | None) -> None:
             f"partition {partition or '(default)'} cannot see",
             hint="point FTX_HOME at storage every node mounts at the same path (NFS, Lustre, GPFS, BeeGFS …)",
         )
-
-
-def check_run_args(model: str, run_args: Sequence[str]) -> dict[str, object]:
-    """Parse ``ftx run MODEL run_args`` as `ftx run` would (types, ranges, choices), before anything is
-    submitted; options that make no sense in a job are refused. Returns the parsed values."""
-    import click
-
-    from ftx_triton.cli.run import run
-
-    try:
-        ctx = run.make_context("ftx run", [model, *run_args])
-    except click.ClickException as exc:
-        raise ConfigError(
-            f"ftx run would refuse these options: {exc.format_message()}",
-            hint="the options after MODEL are `ftx run`'s (see `ftx run --help`)",
-        ) from None
-    for key, why in REFUSED_RUN_OPTIONS.items():
-        value = ctx.params.get(key)
-        if value not in (None, False, "serve", ()):
-            raise ConfigError(f"`ftx run --{key.replace('_', '-')}` has no meaning in a Slurm job", hint=why)
-    return dict(ctx.params)
 
 
 def choose_name(home: Path, model: str, wanted: str | None) -> str:
