@@ -180,15 +180,22 @@ def tune(model: str, **opts: Any) -> None:
 @_tune_options
 @_docker_options
 @safety_options
-def package(model: str, tag: str, base_image: str | None, **opts: Any) -> None:
+@click.option("--dry-run", is_flag=True, help="Print the stages and the image that would be built; build nothing.")
+def package(model: str, tag: str, base_image: str | None, dry_run: bool, **opts: Any) -> None:
     """Build an image holding MODEL's repository, checkpoint and gemm_config.in, runnable with one docker run."""
     from ftx_triton.cli.run import run_pipeline
     from ftx_triton.runtime.fastertransformer.docker.client import connect
     from ftx_triton.runtime.fastertransformer.docker.options import DockerOptions
-    from ftx_triton.runtime.fastertransformer.docker.package import PackageInputs, package_image
+    from ftx_triton.runtime.fastertransformer.docker.package import PackageInputs, package_image, run_spec
 
-    settings = _settings(model, "configure", opts)
+    settings = _settings(model, "configure", {**opts, "dry_run": dry_run})
     result = run_pipeline(settings)
+    if dry_run:
+        base = base_image or DockerOptions.from_settings(settings).image
+        tuned = "a tuned gemm_config.in" if settings.tune.tune else "no gemm_config.in (--no-tune)"
+        click.echo(f"package: would build {tag} FROM {base} with the model repository, its checkpoint and {tuned}")
+        click.echo(f"run it with: {run_spec(tag, settings.convert.tp * settings.configure.pp).docker_run_line()}")
+        return
     assert result.repository is not None
     options = DockerOptions.from_settings(settings)
     keys = {o.stage: o.key for o in result.outcomes}
