@@ -14,6 +14,14 @@ from ftx_triton.cli.common import FtxCommand, FtxGroup, say
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+
+def check_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--name as `ftx run --name` takes it (it names files and directories under FTX_HOME)."""
+    from ftx_triton.cli.run import _check_name
+
+    return _check_name(ctx, param, value)
+
+
 JOB_OPTIONS: tuple[Callable[[F], F], ...] = (
     click.option("--nodes", type=click.IntRange(1, 1024), default=1, show_default=True, help="Nodes (= pp)."),
     click.option(
@@ -43,7 +51,11 @@ JOB_OPTIONS: tuple[Callable[[F], F], ...] = (
     click.option(
         "--container-image", help="Run the steps in this image through pyxis/enroot (srun --container-image)."
     ),
-    click.option("--name", help="The deployment's name in `ftx ps`/`ftx stop` (default: from MODEL)."),
+    click.option(
+        "--name",
+        callback=lambda ctx, param, value: check_name(ctx, param, value),
+        help="The deployment's name in `ftx ps`/`ftx stop` (letters, digits, . _ -; default: from MODEL).",
+    ),
     click.option(
         "--python",
         type=click.Path(dir_okay=False),
