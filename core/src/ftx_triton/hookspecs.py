@@ -19,6 +19,7 @@ import pluggy
 if TYPE_CHECKING:
     import click
 
+    from ftx_triton.commandkit import CommandKit
     from ftx_triton.conversion.family import Family, ModelSpec
     from ftx_triton.plan.artifacts import Checkpoint, Endpoint, GemmConfig, ModelRepository, Source, SourceRef
     from ftx_triton.plan.cluster import ClusterDeployment
@@ -56,14 +57,18 @@ def ftx_register_runtimes() -> Sequence[type[Runtime]]:
 
 
 @hookspec
-def ftx_register_commands(cli: click.Group) -> None:
+def ftx_register_commands(cli: click.Group, kit: CommandKit) -> None:
     """Add this plugin's commands to the ``ftx`` command line: ``cli.add_command(command)``.
 
     A runtime brings its own tools this way (the Docker launcher's ``ftx image``, ``ftx tune`` and
-    ``ftx package``, the native launcher's ``ftx backend``). A command name another plugin or core
+    ``ftx package``, the native launcher's ``ftx backend``), built from :mod:`ftx_triton.commandkit`
+    (``FtxCommand``, ``say``, ``options_of(Section)``). A command name another plugin or core
     already uses is a PluginError naming both.
 
     :param cli: a click group collecting this plugin's commands.
+    :param kit: what a command needs from the CLI above it: ``kit.run(settings)`` runs the pipeline as
+        ``ftx run`` does, ``kit.settings(model, **options)`` builds the settings, ``kit.options[name]``
+        adds core's option groups (``source``, ``conversion``, ``repository``, ``tune``, ``safety``).
     :returns: nothing; the commands are added to ``cli``.
     """
 

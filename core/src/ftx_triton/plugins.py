@@ -28,6 +28,8 @@ from ftx_triton.runtime.api import Runtime
 if TYPE_CHECKING:
     import click
 
+    from ftx_triton.commandkit import CommandKit
+
 log = structlog.get_logger(__name__)
 
 ENTRY_POINT_GROUP = "ftx"
@@ -40,16 +42,16 @@ DEFAULT_PLUGINS = (
     "ftx_triton.engine.default_plugins.serve",
     "ftx_triton.runtime.python.plugin",
     "ftx_triton.runtime.fastertransformer.docker.plugin",
-    "ftx_triton.cli.image",
+    "ftx_triton.runtime.fastertransformer.docker.commands",
     "ftx_triton.runtime.fastertransformer.native.plugin",
-    "ftx_triton.cli.backend",
+    "ftx_triton.runtime.fastertransformer.native.commands",
     "ftx_triton.cluster.slurm.plugin",
     "ftx_triton.cluster.export",
 )
-"""Core's own plugins: the stage defaults (``trylast``), the runtimes it ships and their commands (the Docker
-launcher's ``ftx image``/``tune``/``package``, the native one's ``ftx backend``: CLI modules, since runtimes
-never import the CLI) and the cluster launchers (``ftx slurm``, ``ftx export``). Core never imports them for
-logic; they are registered and called through the hooks like any third-party plugin."""
+"""Core's own plugins: the stage defaults (``trylast``), the runtimes it ships and, beside each launcher, its
+commands (the Docker launcher's ``ftx image``/``tune``/``package``, the native one's ``ftx backend``, built from
+:mod:`ftx_triton.commandkit`), and the cluster launchers (``ftx slurm``, ``ftx export``). Core never imports them
+for logic; they are registered and called through the hooks like any third-party plugin."""
 
 
 @dataclass
@@ -193,9 +195,9 @@ class PluginHost:
                 self.runtime_owner[runtime.name] = owner.distribution
                 owner.runtimes.append(runtime.name)
 
-    def commands(self, taken: Iterable[str] = ()) -> dict[str, click.Command]:
-        """The commands plugins add (``ftx_register_commands``), by name; one ``taken`` by core or by two
-        plugins is an error naming both."""
+    def commands(self, kit: CommandKit, taken: Iterable[str] = ()) -> dict[str, click.Command]:
+        """The commands plugins add (``ftx_register_commands``, handed ``kit`` when they name it), by name; one
+        ``taken`` by core or by two plugins is an error naming both."""
         import click
 
         commands: dict[str, click.Command] = {}
@@ -203,7 +205,8 @@ class PluginHost:
         for impl in self.pm.hook.ftx_register_commands.get_hookimpls():
             owner = self._record_for(impl.plugin_name).distribution
             group = click.Group()
-            impl.function(cli=group)
+            given = {"cli": group, "kit": kit}
+            impl.function(**{name: given[name] for name in impl.argnames if name in given})
             for name, command in group.commands.items():
                 if name in owners:
                     raise PluginError(

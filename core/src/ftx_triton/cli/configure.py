@@ -45,7 +45,7 @@ def precheck_source(settings: RunSettings, source: Path) -> None:
     if settings.data_type != "auto":  # else the source's dtype, checked once the pipeline knows it
         check_data_type(family, settings.data_type)
     spec = family.spec(hf_config)
-    spec.check_parallel(settings.convert.tp, settings.configure.pp)
+    spec.check_parallel(settings.convert.planned_tp, settings.configure.pp)
     tokenizer = settings.configure.tokenizer
     plan_tokenizer(tokenizer or source, family, spec, explicit=tokenizer is not None)
 

@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
-from ftx_triton.cli.common import HELP_SECTIONS
+from ftx_triton.commandkit import FiniteFloatRange, section
 from ftx_triton.conversion.dtypes import WEIGHT_DTYPES
-from ftx_triton.plan.settings import STAGES
-
-F = Callable[..., Any]
+from ftx_triton.plan.settings import AUTO, STAGES
 
 PORT = click.IntRange(1, 65535)
+"""Every TCP port option (--http-port, --grpc-port, --metrics-port, --openai-port): refused outside 1-65535."""
 
 
 class TpType(click.IntRange):
-    """``--tp``: 1-64, or ``auto`` (0 in the settings: the placement planner picks tp x pp from the GPUs here)."""
+    """``--tp``: 1-64, or ``auto`` (:data:`~ftx_triton.plan.settings.AUTO`: the chosen runtime lays the model out)."""
 
     name = "1-64|auto"
 
@@ -27,37 +24,9 @@ class TpType(click.IntRange):
         super().__init__(1, 64)
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, str) and value.strip().lower() == "auto":
-            return 0
+        if value is AUTO or (isinstance(value, str) and value.strip().lower() == "auto"):
+            return AUTO
         return super().convert(value, param, ctx)
-
-
-"""Every TCP port option (--http-port, --grpc-port, --metrics-port, --openai-port): refused outside 1-65535."""
-
-
-class FiniteFloatRange(click.FloatRange):
-    """A FloatRange that also refuses ``nan`` and ``inf`` (click's range check lets NaN through, and an
-    infinite timeout overflows the socket's)."""
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        number = super().convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
-        return number
-
-
-def section(title: str, *decorators: F) -> Callable[[F], F]:
-    """Apply click option decorators and list their options under ``title`` in --help."""
-
-    def apply(func: F) -> F:
-        before = len(getattr(func, "__click_params__", []))
-        for decorator in reversed(decorators):
-            func = decorator(func)
-        for param in getattr(func, "__click_params__", [])[before:]:
-            HELP_SECTIONS.setdefault(param.name or "", title)
-        return func
-
-    return apply
 
 
 DATA_TYPE_HELP = (
@@ -108,7 +77,7 @@ deployment_conversion_options = section(
     WEIGHT_DTYPE_OPTION,
 )
 """The same with ``--tp auto`` as the default: ``ftx run`` and ``ftx lock``, which know the runtime (the
-pipeline resolves tp 0 through the placement planner once the model's configuration is known)."""
+pipeline asks the chosen runtime's ``layout`` once the model's configuration is known)."""
 
 repository_options = section(
     "Triton repository",
@@ -190,33 +159,6 @@ stage_options = section(
     click.option("--dry-run", is_flag=True, help="Print what would run, run nothing."),
 )
 
-docker_options = section(
-    "FasterTransformer runtime (Docker)",
-    click.option("--image", help="FasterTransformer image (default: the one `ftx image build` makes)."),
-    click.option("--gpus", help="Host GPU indices to use, e.g. 0,1,2,3 (default: the first tp x pp)."),
-    click.option("--docker-host", help="Docker daemon URL (default: DOCKER_HOST or the local socket)."),
-)
-"""Where the fastertransformer runtime runs."""
-
-serve_container_options = section(
-    "FasterTransformer runtime (Docker)",
-    click.option("--shm-size", help="Shared memory of the server container [default: 1g]."),
-    click.option(
-        "--env", multiple=True, help="KEY=VALUE for the server container (repeatable), e.g. FT_LOG_LEVEL=DEBUG."
-    ),
-    click.option(
-        "--hosts",
-        type=click.Path(exists=True, dir_okay=False),
-        help="Multi-node: a file with one host per line (GPUs per node x nodes must equal tp x pp; "
-        "the native launcher also takes a machine on several lines, one process each).",
-    ),
-    click.option(
-        "--ssh-port",
-        type=click.IntRange(1, 65535),
-        help="Multi-node: the ssh port mpirun reaches the other machines on [default: 22 natively, 2222 in Docker].",
-    ),
-)
-
 tune_options = section(
     "GEMM tuning",
     click.option(
@@ -256,3 +198,19 @@ safety_options = section(
         "(FTX_HOME) or memory (estimated from the model's parameter count and dtypes).",
     ),
 )
+
+
+__all__ = [
+    "DATA_TYPE_HELP",
+    "PORT",
+    "FiniteFloatRange",
+    "TpType",
+    "conversion_options",
+    "deployment_conversion_options",
+    "repository_options",
+    "safety_options",
+    "section",
+    "source_options",
+    "stage_options",
+    "tune_options",
+]

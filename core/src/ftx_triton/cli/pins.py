@@ -165,7 +165,7 @@ def lock(model: str, output: Path, **opts: Any) -> None:
     write_lock(output, requires, table, locked)
     say(
         f"pinned {len(requires)} distributions, {pinned}, runtime {settings.runtime}, "
-        f"tp {settings.convert.tp or 'auto'}, weights {settings.convert.weight_dtype}"
+        f"tp {settings.convert.tp}, weights {settings.convert.weight_dtype}"
     )
     click.echo(str(output))
 

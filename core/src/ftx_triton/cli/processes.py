@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,19 +71,20 @@ def _tree_rss(proc: Any) -> int:
     return total
 
 
-def _device(proc: Any, runtime: str) -> str:
-    """The python runtime's --device (its FTX_DEVICE); GPUs for the FasterTransformer runtime."""
+def _device(proc: Any, spec: Mapping[str, Any], record: ServerRecord | None) -> str:
+    """What the runtime said it serves on: in the detached record or the supervisor's spec (``TritonServer(device=)``),
+    else in the server's environment (``FTX_DEVICE``, as a container's tritonserver has it); ``?`` when unsaid."""
     import psutil
 
-    if runtime not in ("python", "?", ""):  # the FasterTransformer runtimes run on GPUs
-        return "gpu"
+    from ftx_triton.server.records import DEVICE_ENV
+
+    said = (record.device if record is not None else "") or spec.get("device")
+    if said:
+        return str(said)
     try:
-        device = proc.environ().get("FTX_DEVICE", "auto")
+        return str(proc.environ().get(DEVICE_ENV) or "?")
     except (psutil.AccessDenied, psutil.NoSuchProcess, OSError):
         return "?"
-    if device == "auto":
-        return "cuda" if Path("/dev/nvidia0").exists() else "cpu"
-    return device
 
 
 def _cluster_managed(proc: Any) -> bool:
@@ -170,7 +172,7 @@ def served_models(home: Path, servers: list[ServerRecord] | None = None) -> list
             name=record.name if record else "(foreground)",
             model=str(deployment.get("model") or repository.name),
             runtime=runtime,
-            device=_device(proc, runtime),
+            device=_device(proc, spec, record),
             memory_bytes=_tree_rss(proc),
             uptime_s=time.time() - proc.info["create_time"],
             http=http,

@@ -12,11 +12,14 @@ keyed by their content, so an edit in place makes a new artifact.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar
+
+from ftx_triton.plan.options import OptionSection, S, normalise
 
 STAGES = ("fetch", "convert", "tune", "configure", "serve")
 
@@ -26,6 +29,26 @@ NO_TUNE_COST = (
     "measured on this GPU for these shapes (batch x beam); generation is slower per token by an amount that "
     "depends on the GPU and shapes, outputs are unaffected; tuning runs once and is cached"
 )
+
+
+class Auto(enum.Enum):
+    """``auto``: a choice the plan makes (``--tp auto``: the chosen runtime's layout), never a number in disguise."""
+
+    AUTO = "auto"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+AUTO = Auto.AUTO
+
+
+def is_auto(value: object) -> bool:
+    """Whether ``value`` is :data:`AUTO` (or the word ``auto``, as a file or the command line writes it)."""
+    return value is AUTO or (isinstance(value, str) and value.strip().lower() == "auto")
 
 
 @dataclass(frozen=True)
@@ -42,9 +65,22 @@ class SourceSettings:
 class ConvertSettings:
     """convert: the FasterTransformer files."""
 
-    tp: int = 1
+    tp: int | Auto = 1
+    """:data:`AUTO` (the CLI's default) becomes the chosen runtime's ``layout`` once the plan knows the model."""
     weight_dtype: str = "fp32"
     """``auto`` (the CLI's default) becomes the source's dtype once the pipeline has read the source."""
+
+    @property
+    def planned_tp(self) -> int:
+        """tp as the plan resolved it (every stage runs after the plan: never auto there)."""
+        if isinstance(self.tp, Auto):
+            raise RuntimeError("tp is still auto: only a resolved plan's settings have a number")
+        return self.tp
+
+    @property
+    def known_tp(self) -> int | None:
+        """tp when it is a number, None while it is auto (what a runtime's cheap availability check sees)."""
+        return None if isinstance(self.tp, Auto) else self.tp
 
 
 @dataclass(frozen=True)
@@ -96,27 +132,12 @@ class ServeSettings:
     """The deployment's name (``ftx ps``/``ftx stop``); None: from the model, numbered when taken."""
 
 
-@dataclass(frozen=True)
-class LaunchSettings:
-    """How a FasterTransformer launcher reaches GPUs: image, GPUs, container and node options."""
-
-    image: str | None = None
-    gpus: str | tuple[int, ...] | None = None
-    docker_host: str | None = None
-    shm_size: str | None = None
-    env: tuple[str, ...] | Mapping[str, str] = ()
-    hosts: str | None = None
-    ssh_port: int | None = None
-    ready_timeout: float | None = None
-
-
 SECTIONS: dict[str, type] = {
     "fetch": SourceSettings,
     "convert": ConvertSettings,
     "tune": TuneSettings,
     "configure": RepositorySettings,
     "serve": ServeSettings,
-    "launch": LaunchSettings,
 }
 """Section attribute of :class:`RunSettings` -> its class."""
 
@@ -137,13 +158,13 @@ class RunSettings:
     runtime_origin: str | None = None
     """Where ``runtime`` came from when not from ``--runtime`` (``ftx configure's default``, ``ftx.toml``)."""
     plugin_options: tuple[tuple[str, Any], ...] = ()
-    """Values of the options plugins add to ``ftx run`` (``ftx_add_options``), as sorted (name, value) pairs."""
+    """Values of the options runtimes and plugins add to ``ftx run`` (``Runtime.option_sections``,
+    ``ftx_add_options``), as sorted (name, value) pairs; :meth:`options` reads a section of them back."""
     fetch: SourceSettings = field(default_factory=SourceSettings)
     convert: ConvertSettings = field(default_factory=ConvertSettings)
     tune: TuneSettings = field(default_factory=TuneSettings)
     configure: RepositorySettings = field(default_factory=RepositorySettings)
     serve: ServeSettings = field(default_factory=ServeSettings)
-    launch: LaunchSettings = field(default_factory=LaunchSettings)
 
     RUN_WIDE: ClassVar[tuple[str, ...]] = (
         "until",
@@ -165,17 +186,22 @@ class RunSettings:
         """A copy with the named fields changed, wherever they live; unknown names are an error."""
         run_wide: dict[str, Any] = {}
         per_section: dict[str, dict[str, Any]] = {}
+        declared: dict[str, Any] = {}
         for name, value in flat.items():
             if value is None and name not in _NULLABLE_OVERRIDES:
                 continue
             if name == "plugin_options":
-                run_wide[name] = tuple(sorted(dict(value).items()))
+                declared.update(value)
+            elif name in OptionSection.registry:  # an option a runtime's section declares (--image, --hosts)
+                declared[name] = normalise(value)
             elif name in self.RUN_WIDE:
                 run_wide[name] = frozenset(value) if name == "force" else value
             elif name in FIELD_SECTION:
                 per_section.setdefault(FIELD_SECTION[name], {})[name] = _normalise(name, value)
             else:
                 raise TypeError(f"unknown setting {name!r}")
+        if declared:
+            run_wide["plugin_options"] = tuple(sorted({**dict(self.plugin_options), **declared}.items()))
         sections = {attr: replace(getattr(self, attr), **changes) for attr, changes in per_section.items()}
         return replace(self, **run_wide, **sections)
 
@@ -183,8 +209,13 @@ class RunSettings:
         """The value of an option a plugin added to ``ftx run`` (``default`` when it was not given)."""
         return dict(self.plugin_options).get(name, default)
 
+    def options(self, section: type[S]) -> S:
+        """The values of an option section a runtime declared (``Runtime.option_sections``), typed: what was
+        given on the command line, in ``ftx.toml`` or to :meth:`of`, the section's defaults for the rest."""
+        return section.from_values(dict(self.plugin_options))
+
     def section(self, stage: str) -> Any:
-        """The settings section of ``stage`` (``fetch`` … ``serve``, or ``launch``)."""
+        """The settings section of ``stage`` (``fetch`` … ``serve``)."""
         return getattr(self, stage)
 
     @property
@@ -199,8 +230,8 @@ _NULLABLE_OVERRIDES: frozenset[str] = frozenset()
 
 
 def _normalise(name: str, value: Any) -> Any:
-    if name == "env" and isinstance(value, list):
-        return tuple(value)
+    if name == "tp" and is_auto(value):
+        return AUTO
     if name == "tokenizer" and value is not None:
         return Path(value)
     return value
@@ -226,6 +257,8 @@ def section_fingerprint(section: Any) -> dict[str, Any]:
 
 
 def _key_value(value: Any) -> Any:
+    if isinstance(value, Auto):
+        return value.value
     if isinstance(value, Path):
         return path_fingerprint(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -255,16 +288,18 @@ def path_fingerprint(path: Path) -> dict[str, Any]:
 
 
 __all__ = [
+    "AUTO",
     "FIELD_SECTION",
     "SECTIONS",
     "STAGES",
+    "Auto",
     "ConvertSettings",
-    "LaunchSettings",
     "RepositorySettings",
     "RunSettings",
     "ServeSettings",
     "SourceSettings",
     "TuneSettings",
+    "is_auto",
     "path_fingerprint",
     "section_fingerprint",
 ]

@@ -111,7 +111,7 @@ class FtModelOptions:
         return cls.for_family(
             family,
             checkpoint_path,
-            settings.convert.tp,
+            settings.convert.planned_tp,
             pp=repo.pp,
             data_type=settings.data_type,
             max_batch_size=repo.max_batch_size,

@@ -199,6 +199,7 @@ class TritonServer:
         launcher: Sequence[str] = (),
         ports_given: bool | None = None,
         number_if_taken: bool | None = None,
+        device: str = "",
     ) -> None:
         if model_control not in MODEL_CONTROL_MODES:
             raise ServeError(
@@ -238,6 +239,9 @@ class TritonServer:
         self.cwd = Path(cwd) if cwd else None
         """The server's working directory (default: its log folder); FasterTransformer reads gemm_config.in there."""
         self.launcher = tuple(launcher)
+        self.device = device
+        """What the runtime serves on (``cpu``, ``cuda``, ``gpu``), for ``ftx ps``: in the supervisor's spec and
+        the detached record."""
         """Put before the server's command line (``mpirun -n 2 …`` for several nodes)."""
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         self._log_path = (
@@ -384,6 +388,8 @@ class TritonServer:
             "shm_prefix": self.shm_prefix,
             "exit_timeout_s": self.exit_timeout_s,
         }
+        if self.device:
+            spec["device"] = self.device
         if self.http_front:
             spec["front"] = {
                 "host": self.host,
@@ -587,6 +593,7 @@ class TritonServer:
             shm_prefix=self.shm_prefix,
             exit_timeout_s=self.exit_timeout_s,
             start_ticks=self._start_ticks,
+            device=self.device,
         )
         tmp = directory / f".{self.name}.{secrets.token_hex(4)}.tmp"
         tmp.write_text(record.to_json())

@@ -270,7 +270,11 @@ def test_serve_plan_for_tp2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     spec = plan.spec
     assert spec.name == "ftx-gptj-gpt-j-6b-tp2pp1"
     assert plan.work_dir == tmp_path / "home" / "docker" / "work" / spec.name
-    assert spec.gpus == ("4", "5") and spec.environment == {"CUDA_VISIBLE_DEVICES": "0,1", "FT_LOG_LEVEL": "DEBUG"}
+    assert spec.gpus == ("4", "5") and spec.environment == {
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "FTX_DEVICE": "gpu",
+        "FT_LOG_LEVEL": "DEBUG",
+    }
     assert [(m.source, m.read_only) for m in spec.mounts] == [
         (str(repo), True),
         (str(ckpt), True),

@@ -61,7 +61,7 @@ def ftx_configure(
 ) -> ModelRepository:
     s = ctx.settings
     check_data_type(family, s.data_type)
-    tp = s.convert.tp
+    tp = s.convert.planned_tp
     if checkpoint.tensor_parallel != tp:
         raise ConfigError(
             f"the converted checkpoint {checkpoint.path} is for tp {checkpoint.tensor_parallel}, "

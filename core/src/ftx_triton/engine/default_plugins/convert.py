@@ -16,5 +16,7 @@ from ftx_triton.terminal.progress import byte_progress
 def ftx_convert(family: Family, source: Source, spec: ModelSpec, dest: Path, ctx: StageContext) -> Checkpoint:
     s = ctx.settings.convert
     with byte_progress(f"convert {family.name} tp={s.tp}", enabled=ctx.show_progress) as bar:
-        result = convert_directory(family, source.path, dest, tp=s.tp, weight_dtype=s.weight_dtype, progress=bar.update)
-    return Checkpoint(result.directory, s.tp, s.weight_dtype, family.name, result.non_finite)
+        result = convert_directory(
+            family, source.path, dest, tp=s.planned_tp, weight_dtype=s.weight_dtype, progress=bar.update
+        )
+    return Checkpoint(result.directory, s.planned_tp, s.weight_dtype, family.name, result.non_finite)

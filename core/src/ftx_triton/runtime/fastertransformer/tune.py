@@ -22,5 +22,5 @@ def gemm_arguments(family: Family, spec: ModelSpec, settings: RunSettings) -> li
         beam=t.tune_beam,
         max_input_len=t.tune_max_input_len,
         data_type=settings.data_type,
-        tp=settings.convert.tp,
+        tp=settings.convert.planned_tp,
     )
