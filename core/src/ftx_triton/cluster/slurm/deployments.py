@@ -9,6 +9,7 @@ from typing import Any
 from ftx_triton.cluster.slurm import scheduler
 from ftx_triton.cluster.slurm.records import ENDPOINT_FILE, JOB_FILE, deployment_names, read_json
 from ftx_triton.cluster.slurm.script import deployment_dir
+from ftx_triton.errors import ServeError
 from ftx_triton.plan.cluster import ClusterDeployment
 
 STOP_TIMEOUT_S = 180.0
@@ -22,8 +23,27 @@ def list_deployments(home: Path) -> list[ClusterDeployment]:
         return []
     jobs = {name: read_json(deployment_dir(home, name) / JOB_FILE) for name in names}
     ids = [str(job.get("job_id")) for job in jobs.values() if job.get("job_id")]
-    states = scheduler.job_states(ids) if scheduler.available() else {}
+    try:
+        if not scheduler.available():
+            raise ServeError("this machine has no Slurm client (squeue)")
+        states = scheduler.job_states(ids)
+    except ServeError as exc:  # Slurm cannot say: the deployments are listed as unknown, with why
+        return [_unknown(home, name, jobs[name], exc.message) for name in names]
     return [_deployment(home, name, jobs[name], states.get(str(jobs[name].get("job_id")))) for name in names]
+
+
+def _unknown(home: Path, name: str, job: dict[str, Any], why: str) -> ClusterDeployment:
+    job_id = str(job.get("job_id", "?"))
+    return ClusterDeployment(
+        name=name,
+        state="unknown",
+        scheduler="slurm",
+        where=f"slurm job {job_id}",
+        model=str(job.get("model", "-")),
+        runtime=str(job.get("runtime", "-")),
+        cause=f"Slurm cannot say how the job is: {why}",
+        stop=lambda: stop(home, name, job_id),
+    )
 
 
 def _deployment(home: Path, name: str, job: dict[str, Any], state: scheduler.JobState | None) -> ClusterDeployment:

@@ -87,6 +87,8 @@ def job_states(job_ids: Sequence[str]) -> dict[str, JobState]:
         return {}
     found: dict[str, JobState] = {}
     result = run(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i|%T|%r|%N"])
+    if result.returncode != 0 and "Invalid job id" not in result.stderr:
+        raise ServeError(f"squeue failed: {_message(result)}", hint="is slurmctld up? (`scontrol ping`)")
     for line in result.stdout.splitlines() if result.returncode == 0 else ():
         job, state, reason, nodes = (line.split("|") + ["", "", "", ""])[:4]
         found[job.strip()] = JobState(state.strip(), "" if reason.strip() == "None" else reason.strip(), "", nodes)
