@@ -63,7 +63,7 @@ def test_container_image_runs_every_step_in_it_with_ftx_home_mounted(tmp_path: P
 
 
 def test_dry_run_prints_the_script_and_writes_nothing(ftx_cli, ftx_home: Path) -> None:  # type: ignore[no-untyped-def]
-    result = ftx_cli("slurm", "run", "--dry-run", "--gpus-per-node", "2", "tiny-gptj", "--tp", "2")
+    result = ftx_cli("slurm", "run", "--dry-run", "tiny-gptj", "--tp", "2")  # tp 2 on one node: 2 GPUs
     assert result.exit_code == 0, result.stderr
     assert result.stdout.startswith("#!/bin/bash\n#SBATCH --job-name=ftx-tiny-gptj\n")
     assert "#SBATCH --gpus-per-node=2\n" in result.stdout and " serve -- tiny-gptj --tp 2" in result.stdout

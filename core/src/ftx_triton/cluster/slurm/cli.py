@@ -27,9 +27,8 @@ JOB_OPTIONS: tuple[Callable[[F], F], ...] = (
     click.option(
         "--gpus-per-node",
         type=click.IntRange(0, 64),
-        default=0,
-        show_default=True,
-        help="GPUs of each node (= tp; 0 for the python runtime on CPUs).",
+        help="GPUs of each node (= tp; default: --tp x --pp / --nodes when --tp is a number, else 0: the "
+        "python runtime on CPUs).",
     ),
     click.option("--gpu-type", help="The GPU kind (Slurm gres type, e.g. a100); Slurm refuses one it lacks."),
     click.option("--partition", help="The partition (default: the cluster's default one)."),
@@ -91,7 +90,7 @@ def _request(model: str, run_args: tuple[str, ...], **opts: Any):  # -> tuple[Sl
         home=home,
         python=opts["python"],
         nodes=opts["nodes"],
-        gpus_per_node=opts["gpus_per_node"],
+        gpus_per_node=_gpus_per_node(opts["gpus_per_node"], params, opts["nodes"]),
         gpu_type=opts["gpu_type"],
         partition=opts["partition"],
         time_limit=opts["time_limit"],
@@ -100,6 +99,16 @@ def _request(model: str, run_args: tuple[str, ...], **opts: Any):  # -> tuple[Sl
         sbatch=tuple(opts["sbatch_options"]),
     )
     return request, params
+
+
+def _gpus_per_node(given: int | None, params: dict[str, object], nodes: int) -> int:
+    """--gpus-per-node, else what `ftx run`'s --tp and --pp ask for spread over the nodes (tp x pp / nodes)."""
+    if given is not None:
+        return given
+    tp, pp = params.get("tp"), params.get("pp")
+    if isinstance(tp, int) and tp > 0 and isinstance(pp, int) and pp > 0:
+        return max(1, tp * pp // nodes)
+    return 0
 
 
 @click.group("slurm", cls=FtxGroup)
@@ -140,7 +149,13 @@ def run_command(
             f"{request.name} submitted as Slurm job {job_id}: `ftx ps` follows it, `ftx stop {request.name}` cancels it"
         )
         return
-    deployment = follow(request.home, request.name, say, list_deployments, timeout_s)
+    try:
+        deployment = follow(request.home, request.name, say, list_deployments, timeout_s)
+    except KeyboardInterrupt:
+        say(
+            f"stopped waiting; job {job_id} stays queued or running: `ftx ps` follows it, `ftx stop {request.name}` ends it"
+        )
+        raise
     click.echo(describe(deployment))
     click.echo(
         f"\nleft running as {request.name!r} (Slurm job {job_id}): `ftx ps` lists it, `ftx stop {request.name}` ends it"
