@@ -64,7 +64,7 @@ def _deployment(home: Path, name: str, job: dict[str, Any], state: scheduler.Job
         return ClusterDeployment(state="ended", where=where, cause=_cause(directory, job_id, state, endpoint), **fields)
     if state is not None and state.state == "PENDING":
         return ClusterDeployment(state="pending", where=f"{where} ({state.reason or 'queued'})", **fields)
-    phase = str(endpoint.get("state") or "starting")
+    phase = str(endpoint.get("state") or "preparing")  # the job runs its first steps
     if phase != "running":
         return ClusterDeployment(state=phase, where=where, **fields)
     address = scheduler.node_address(str(endpoint.get("node", "")))

@@ -156,5 +156,5 @@ def describe(deployment: ClusterDeployment) -> str:
     lines = [f"Triton HTTP  http://{deployment.http}", f"Triton gRPC  {deployment.grpc}"]
     if deployment.openai:
         lines.append(f"OpenAI       {deployment.openai}")
-    lines.append(f'try it:      ftx generate {deployment.name} --prompt "Hello"')
+    lines.append(f'try it:      ftx generate {deployment.name} "Hello"')
     return "\n".join(lines)
