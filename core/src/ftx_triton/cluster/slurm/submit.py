@@ -17,7 +17,7 @@ from ftx_triton.plan.cluster import ClusterDeployment
 
 REFUSED_RUN_OPTIONS = {
     "detach": "a Slurm deployment is always left running: `ftx stop NAME` ends it",
-    "prompt": "ask the running deployment instead: `ftx generate NAME --prompt …`",
+    "prompt": "ask the running deployment instead: `ftx generate NAME 'a prompt'`",
     "dry_run": "give --dry-run to `ftx slurm run` itself: it prints the batch script",
     "name": "give --name to `ftx slurm run` itself",
     "hosts": "Slurm chooses the nodes: ask for them with --nodes (and --partition)",
