@@ -24,6 +24,7 @@ kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
 K8S_VERSION = "1.30"
 CRD = Path(__file__).parents[2] / "data" / "k8s" / f"leaderworkerset.x-k8s.io_leaderworkersets-{LWS_VERSION}.yaml.gz"
+PODMONITOR_CRD = CRD.with_name("monitoring.coreos.com_podmonitors-v0.80.0.yaml.gz")
 RUN = ("gptj", "--runtime", "fastertransformer-native", "--tp", "8", "--pp", "2")
 
 
@@ -34,11 +35,16 @@ def _export(ftx_cli: Any, out: Path, *extra: str, run: tuple[str, ...] = RUN) ->
 
 
 @functools.cache
-def _lws_schema() -> dict[str, Any]:
+def _crd_schema(path: Path) -> dict[str, Any]:
+    """The ``v1`` schema of a CustomResourceDefinition kept in tests/data/k8s."""
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # 1.2 MB of YAML: libyaml's parser when there is one
-    crd = yaml.load(gzip.decompress(CRD.read_bytes()), Loader=loader)  # noqa: S506 - a safe loader
+    crd = yaml.load(gzip.decompress(path.read_bytes()), Loader=loader)  # noqa: S506 - a safe loader
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
     return version["schema"]["openAPIV3Schema"]
+
+
+def _lws_schema() -> dict[str, Any]:
+    return _crd_schema(CRD)
 
 
 def _validate_pod_template(template: dict[str, Any]) -> None:
@@ -53,8 +59,10 @@ def test_one_pod_is_a_deployment_and_every_object_fits_the_kubernetes_schemas(ft
     docs = _export(ftx_cli, tmp_path, "--gpus-per-node", "8", run=("gptj", "--tp", "8"))
     kinds = [d["kind"] for d in docs]
     assert kinds == ["ServiceAccount", "PersistentVolumeClaim", "Job", "Deployment", "Service", "PodMonitor"]
-    for doc in docs[:-1]:  # the PodMonitor is a CRD of prometheus-operator, whose schema is not kept here
+    for doc in docs[:-1]:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    jsonschema.validate(docs[-1], _crd_schema(PODMONITOR_CRD))  # prometheus-operator's CRD
+    assert docs[-1]["spec"]["podMetricsEndpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s"}]
     deployment = docs[3]["spec"]["template"]["spec"]
     server = deployment["containers"][0]
     assert server["command"][:4] == ["ftx", "run", "gptj", "--tp"] and "--until" not in server["command"]
@@ -88,6 +96,9 @@ def test_several_pods_are_a_leaderworkerset_of_the_pinned_release(ftx_cli: Any, 
     for doc in docs:
         if doc["kind"] not in ("LeaderWorkerSet", "PodMonitor"):
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    monitor = next(d for d in docs if d["kind"] == "PodMonitor")
+    jsonschema.validate(monitor, _crd_schema(PODMONITOR_CRD))
+    assert monitor["spec"]["selector"]["matchLabels"][WORKER_INDEX_LABEL] == "0"  # the leader's Triton metrics
 
 
 def test_the_schemas_refuse_what_is_wrong() -> None:
