@@ -17,6 +17,7 @@ import os
 import shutil
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -123,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.role == "worker":
         return worker()
     run_args = args.run_args[1:] if args.run_args[:1] == ["--"] else args.run_args
-    return leader(run_args, os.environ, Path("/tmp/ftx-lws"))  # the pod's own: each group writes its hosts
+    return leader(run_args, os.environ, Path(tempfile.gettempdir()) / f"ftx-lws-{os.getpid()}")  # the pod's own
 
 
 if __name__ == "__main__":
