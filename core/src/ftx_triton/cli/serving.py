@@ -312,6 +312,7 @@ def resolve_target(model: str | None, url: str | None) -> tuple[str, str]:
     """
     if url:
         return _checked_url(url), model or TEXT_MODEL_NAME
+    from ftx_triton.cli.clusters import running_as_served
     from ftx_triton.cli.processes import served_models
     from ftx_triton.server.records import list_servers
 
@@ -321,6 +322,7 @@ def resolve_target(model: str | None, url: str | None) -> tuple[str, str]:
         for r in live
     ]
     servers += [(s.name, s.grpc, TEXT_MODEL_NAME) for s in served_models(_home(), live) if not s.extra.get("detached")]
+    servers += [(s.name, s.grpc, TEXT_MODEL_NAME) for s in running_as_served(_home())]
     named = [s for s in servers if model is not None and s[0] == model]
     if named:
         return named[0][1], named[0][2]
