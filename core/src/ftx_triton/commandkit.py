@@ -304,36 +304,49 @@ def click_option(name: str, default: object, declared: Declared) -> click.Option
     if declared.envvar:
         kwargs["envvar"] = list(declared.envvar)
     if kind is bool:
-        opts = [f"{flag}/--no-{flag[2:]}"]
+        opts = [f"{flag}/--no-{flag[2:]}" if declared.pair else flag]
         kwargs["default"] = default
+        if not declared.pair:
+            kwargs["is_flag"] = True
     else:
         opts = [flag]
         kwargs.update(type=param_type, multiple=declared.multiple, default=None if declared.multiple else default)
     return click.Option([*opts, name], **kwargs)
 
 
-def section_options(section_cls: type[OptionSection], only: tuple[str, ...] = ()) -> list[click.Option]:
-    """New click options for the declared fields of ``section_cls`` (``only`` these names, when given), listed
-    under its title in --help."""
-    options = [
-        click_option(name, default, declared)
-        for name, default, declared in section_cls.declarations()
-        if not only or name in only
-    ]
-    for option in options:
+def section_options(
+    section_cls: type[OptionSection],
+    only: tuple[str, ...] = (),
+    callbacks: Mapping[str, Callable[..., Any]] | None = None,
+) -> list[click.Option]:
+    """New click options for the declared fields of ``section_cls`` (``only`` these names, when given, in that
+    order), listed under its title (or a field's own ``group``) in --help; ``callbacks`` check a value further."""
+    declared = {name: (default, spec) for name, default, spec in section_cls.declarations()}
+    names = [name for name in only if name in declared] if only else list(declared)
+    options = []
+    for name in names:
+        default, spec = declared[name]
+        option = click_option(name, default, spec)
         option.show_envvar = True
-        HELP_SECTIONS.setdefault(option.name or "", section_cls.title)
+        if callbacks and name in callbacks:
+            option.callback = callbacks[name]
+        HELP_SECTIONS.setdefault(name, spec.group or section_cls.title)
+        options.append(option)
     return options
 
 
-def options_of(section_cls: type[OptionSection], only: tuple[str, ...] = ()) -> Callable[[F], F]:
+def options_of(
+    section_cls: type[OptionSection],
+    only: tuple[str, ...] = (),
+    callbacks: Mapping[str, Callable[..., Any]] | None = None,
+) -> Callable[[F], F]:
     """A decorator adding :func:`section_options` to a command (as ``@click.option`` would)."""
 
     def apply(func: F) -> F:
         params = getattr(func, "__click_params__", None)
         if params is None:
             params = func.__click_params__ = []  # type: ignore[attr-defined]
-        params.extend(reversed(section_options(section_cls, only)))
+        params.extend(reversed(section_options(section_cls, only, callbacks)))
         return func
 
     return apply

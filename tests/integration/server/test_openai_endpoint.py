@@ -50,6 +50,7 @@ class Served:
         self.home = home
         self.openai = re.search(r"OpenAI\s+(http://\S+/v1)", stdout).group(1)
         self.http = re.search(r"HTTP\s+(http://\S+)", stdout).group(1)
+        self.grpc = re.search(r"gRPC\s+(\S+)", stdout).group(1)
 
 
 @pytest.fixture(scope="module")
@@ -225,8 +226,9 @@ def test_limits_are_printed_as_written() -> None:
 
 
 def _ensemble_requests(served: Served) -> int:
-    """Requests the text model (what the OpenAI endpoint calls) has completed."""
-    with _OPENER.open(served.http + "/v2/models/text/stats", timeout=60) as response:
+    """Requests the raw model has completed (the endpoint reaches it through the ensemble, or straight over
+    gRPC on a streaming deployment's token route)."""
+    with _OPENER.open(served.http + "/v2/models/fastertransformer/stats", timeout=60) as response:
         return int(json.loads(response.read())["model_stats"][0]["inference_count"])
 
 
@@ -502,3 +504,71 @@ def test_a_value_of_the_wrong_json_type_is_the_clients_400(served: Served, field
     body = {"text_input": "Once", "max_tokens": 2, "stream": True, **field}
     status, answer = _post(served.http + "/v2/models/text/generate_stream", body)
     assert status == 400 and "Unable to parse" in answer["error"] and "wrong JSON type" in answer["error"], answer
+
+
+# --------------------------------------------------------------------------- the token route (issue 38)
+
+
+def _executions(served: Served, model: str) -> int:
+    with _OPENER.open(f"{served.http}/v2/models/{model}/stats", timeout=60) as response:
+        return int(json.loads(response.read())["model_stats"][0]["execution_count"])
+
+
+def _repository(served: Served) -> Path:
+    env = {**os.environ, "FTX_HOME": str(served.home)}
+    ps = subprocess.run([*FTX, "ps", "--json"], capture_output=True, text=True, timeout=120, env=env)
+    return Path(json.loads(ps.stdout)[0]["repository"])
+
+
+def test_streams_read_ids_from_the_model_and_run_no_python_model_per_token(served: Served) -> None:
+    """A streamed completion and `ftx generate --stream` read the fastertransformer model's ids over gRPC and
+    detokenize in their own process: postprocessing runs not once for them, and the text is the ensemble's."""
+    expected = _triton_text(served, "Once upon a time", 12)
+    before = _executions(served, "postprocessing"), _executions(served, "fastertransformer")
+    status, text = _post(
+        served.openai + "/completions", {"prompt": "Once upon a time", "max_tokens": 12, "stream": True}, raw=True
+    )
+    assert status == 200
+    chunks = [json.loads(e) for e in _events(text)[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == expected
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    env = {**os.environ, "FTX_HOME": str(served.home)}
+    cli = subprocess.run(
+        [*FTX, "generate", "Once upon a time", "--max-tokens", "12", "--stream"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert cli.stdout.strip() == ("Once upon a time" + expected).strip()
+    after = _executions(served, "postprocessing"), _executions(served, "fastertransformer")
+    assert after[0] == before[0], "no postprocessing call for a stream on the token route"
+    assert after[1] >= before[1] + 2
+
+
+def test_a_slow_reader_gets_the_whole_text_in_fewer_pieces(served: Served) -> None:
+    """The reader keeps only the newest response while the consumer is busy: nothing is lost, since each
+    response holds the whole output so far, and the stream never waits for the slow consumer."""
+    import asyncio
+
+    from ftx_triton.server.token_stream import AsyncTokenClient, TokenRoute, stream_texts
+
+    route = TokenRoute.open(_repository(served))
+    assert route is not None and route.decoupled
+    expected = _triton_text(served, "Once upon a time", 24)
+
+    async def read(delay: float) -> list[str]:
+        client = AsyncTokenClient(served.grpc)
+        try:
+            pieces = []
+            async for piece in stream_texts(client, route, {"prompt": "Once upon a time", "max_tokens": 24}):
+                pieces.append(piece)
+                await asyncio.sleep(delay)
+            return pieces
+        finally:
+            await client.close()
+
+    slow = asyncio.run(read(0.5))
+    assert "".join(slow) == expected
+    assert len(slow) < 24

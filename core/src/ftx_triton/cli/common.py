@@ -55,7 +55,7 @@ def get_host() -> PluginHost:
     if _HOST is None:
         from ftx_triton.plugins import load_host
 
-        _HOST = load_host()
+        _HOST = load_host(families_when_asked=True)
         for record in _HOST.broken:
             from ftx_triton.terminal.console import warn
 
@@ -137,7 +137,7 @@ def plugin_options(taken: set[str]) -> list[click.Option]:
 def pop_plugin_options(opts: dict[str, Any]) -> dict[str, Any]:
     """Take the plugin options' values out of a command's keyword arguments (for ``RunSettings.plugin_options``)."""
     names = {option.name for option in _PLUGIN_OPTIONS or ()}
-    return {name: opts.pop(name) for name in list(opts) if name in names and opts[name] is not None}
+    return {name: value for name in list(opts) if name in names and (value := opts.pop(name)) not in (None, ())}
 
 
 _HOST: PluginHost | None = None

@@ -26,8 +26,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from packaging.requirements import InvalidRequirement, Requirement
-
 from ftx_triton.errors import ConfigError, PluginError
 
 MANIFEST_NAME = "ftx.toml"
@@ -105,6 +103,8 @@ def find_manifest(start: Path | None = None, lock: Path | None = None) -> Manife
 
 def unmet_requirements(requires: Sequence[str]) -> list[tuple[str, str]]:
     """(requirement, what is installed) for every requirement the environment does not satisfy."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
     unmet = []
     for text in requires:
         try:
@@ -227,7 +227,7 @@ def locked_source(manifest: Manifest) -> str:
 
 def check_local_source(manifest: Manifest) -> None:
     """A locked local source must hold what it held at ``ftx lock`` time (by content)."""
-    from ftx_triton.fetching.refs import local_fingerprint
+    from ftx_triton.fetching.local_keys import local_fingerprint
     from ftx_triton.plan.settings import path_fingerprint
 
     model = manifest.model

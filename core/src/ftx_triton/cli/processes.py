@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from ftx_triton.server.records import ServerRecord
 
 DEPLOYMENT_FILE = "ftx-deployment.json"
+CLUSTER_ENV = "FTX_CLUSTER_DEPLOYMENT"
+"""Set by a cluster launcher's job for the servers it starts; `ftx ps` lists those through the launcher."""
 
 
 @dataclass
@@ -94,6 +96,16 @@ def _device(proc: Any, spec: Mapping[str, Any], record: ServerRecord | None) -> 
         return "?"
 
 
+def _cluster_managed(proc: Any) -> bool:
+    """Whether a cluster scheduler's job started this server (``FTX_CLUSTER_DEPLOYMENT`` in its environment)."""
+    import psutil
+
+    try:
+        return bool(proc.environ().get(CLUSTER_ENV))
+    except (psutil.AccessDenied, psutil.NoSuchProcess, OSError):
+        return False
+
+
 def _deployment(repository: Path) -> dict[str, Any]:
     try:
         return json.loads((repository / DEPLOYMENT_FILE).read_text())
@@ -144,6 +156,8 @@ def served_models(home: Path, servers: list[ServerRecord] | None = None) -> list
         if repo_text is None:
             continue
         repository = Path(repo_text)
+        if _cluster_managed(proc):
+            continue  # a cluster deployment's server on this node: its plugin reports it (ftx_cluster_deployments)
         supervisor, spec = _supervisor(proc)
         owner = supervisor.pid if supervisor is not None else proc.pid  # the pid ftx recorded
         if owner in found:  # another MPI rank of the same server (mpirun runs one tritonserver per rank)

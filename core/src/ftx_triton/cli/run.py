@@ -12,7 +12,6 @@ from click.core import ParameterSource
 
 from ftx_triton.cli.common import PluginOptionsCommand, command_store, get_host, pop_plugin_options, say
 from ftx_triton.cli.options import (
-    PORT,
     TpType,
     deployment_conversion_options,
     repository_options,
@@ -22,14 +21,15 @@ from ftx_triton.cli.options import (
     stage_options,
     tune_options,
 )
-from ftx_triton.engine.pipeline import Pipeline, RunResult
+from ftx_triton.commandkit import options_of
 from ftx_triton.errors import ConfigError
 from ftx_triton.front.addresses import is_loopback
 from ftx_triton.paths import ftx_home
-from ftx_triton.plan.settings import AUTO, RunSettings
+from ftx_triton.plan.settings import AUTO, RunSettings, ServeSettings, TuneSettings
 
 if TYPE_CHECKING:
     from ftx_triton.commandkit import CommandKit
+    from ftx_triton.engine.pipeline import RunResult
 
 
 def settings_from_options(model: str, **opts: Any) -> RunSettings:
@@ -40,6 +40,7 @@ def settings_from_options(model: str, **opts: Any) -> RunSettings:
 def run_pipeline(settings: RunSettings, lock: Path | None = None) -> RunResult:
     """Check the deployment's pins, then run the pipeline over the user's FTX_HOME."""
     from ftx_triton.cli.manifest import check_requirements, find_manifest
+    from ftx_triton.engine.pipeline import Pipeline
     from ftx_triton.store.housekeeping import rotate_logs
 
     manifest = find_manifest(lock=lock)
@@ -223,42 +224,8 @@ def _expected(param: click.Parameter) -> str:
 @stage_options
 @safety_options
 @tune_options
-@section(
-    "Serving",
-    click.option("--host", default="127.0.0.1", show_default=True, help="Address the server binds to."),
-    click.option("--http-port", type=PORT, help="HTTP port (default: Triton's 8000, or a free one when taken)."),
-    click.option("--grpc-port", type=PORT, help="gRPC port (default: Triton's 8001, or a free one when taken)."),
-    click.option("--metrics-port", type=PORT, help="Metrics port (default: Triton's 8002, or a free one when taken)."),
-    click.option("--detach", is_flag=True, help="Leave the server running (see `ftx ps`, `ftx stop`)."),
-    click.option(
-        "--name",
-        callback=_check_name,
-        help="The deployment's name in `ftx ps`/`ftx stop` (letters, digits, . _ -; at most 64); "
-        "a name a running server has is refused before anything starts (default: from "
-        "MODEL, numbered -2, -3 … when taken).",
-    ),
-    click.option(
-        "--device",
-        type=click.Choice(["auto", "cpu", "cuda"]),
-        default="auto",
-        show_default=True,
-        help="Python runtime device.",
-    ),
-    click.option(
-        "--tune/--no-tune", default=True, show_default=True, help="Auto-tune GEMMs (fastertransformer runtime)."
-    ),
-    click.option(
-        "--openai/--no-openai",
-        default=True,
-        show_default=True,
-        help="Also serve an OpenAI-compatible endpoint (/v1/completions, /v1/chat/completions) in "
-        "front of the ensemble.",
-    ),
-    click.option(
-        "--openai-host", default="127.0.0.1", show_default=True, help="Address the OpenAI-compatible endpoint binds to."
-    ),
-    click.option("--openai-port", type=PORT, help="Its port (default: the first free one from 9000)."),
-)
+@options_of(ServeSettings, callbacks={"name": _check_name})
+@options_of(TuneSettings, only=("tune",))
 @section(
     "Source",
     click.option(
@@ -286,6 +253,9 @@ def run(model: str | None, prompt: str | None, max_tokens: int, lock_file: Path 
     MODEL is a preset (see `ftx models`), hf://org/name[@revision], a URL or a local path;
     omitted, it comes from ./ftx.toml or --lock FILE (see `ftx lock`).
     """
+    from ftx_triton.terminal import timeline
+
+    timeline.step("start")  # the interpreter, imports and option parsing
     model = model_from_manifest(model, opts, lock_file)
     plugin_values = pop_plugin_options(opts)
     settings = settings_from_options(model, plugin_options=plugin_values, **opts)

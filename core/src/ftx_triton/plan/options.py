@@ -43,6 +43,10 @@ class Declared:
     """The long flag, when it is not ``--`` + the field name with ``-`` for ``_``."""
     envvar: tuple[str, ...] = ()
     """Environment variables besides the ``FTX_<COMMAND>_<OPTION>`` twin every option has."""
+    group: str | None = None
+    """The --help section it is listed under, when not its section's ``title``."""
+    pair: bool = True
+    """A ``bool``: ``--x/--no-x`` (else a plain flag, ``--detach``)."""
 
 
 def option(default: Any, *, help: str, kind: type = str, **declared: Any) -> Any:  # noqa: A002 - click's word

@@ -14,12 +14,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ftx_triton.plan.options import OptionSection, S, normalise
+from ftx_triton.plan.options import OptionSection, S, normalise, option
 
 STAGES = ("fetch", "convert", "tune", "configure", "serve")
 
@@ -52,23 +53,27 @@ def is_auto(value: object) -> bool:
 
 
 @dataclass(frozen=True)
-class SourceSettings:
+class SourceSettings(OptionSection):
     """fetch: which checkpoint."""
 
-    source: str | None = None
-    revision: str | None = None
-    sha256: str | None = None
-    family: str | None = None
+    title: ClassVar[str] = "Source"
+    source: str | None = option(
+        None, help="Checkpoint to use instead of the preset's: a path, hf://org/name[@rev] or a URL."
+    )
+    revision: str | None = option(None, help="Branch, tag or commit of a Hugging Face source.")
+    sha256: str | None = option(None, help="Expected sha256 of a downloaded archive or file (checked before use).")
+    family: str | None = option(None, help="Model family (see `ftx models`); detected from config.json when omitted.")
 
 
 @dataclass(frozen=True)
 class ConvertSettings:
     """convert: the FasterTransformer files."""
 
-    tp: int | Auto = 1
-    """:data:`AUTO` (the CLI's default) becomes the chosen runtime's ``layout`` once the plan knows the model."""
-    weight_dtype: str = "fp32"
-    """``auto`` (the CLI's default) becomes the source's dtype once the pipeline has read the source."""
+    tp: int | Auto = AUTO
+    """:data:`AUTO` (the default, as ``ftx run``'s) becomes the chosen runtime's ``layout`` once the plan knows the
+    model."""
+    weight_dtype: str = "auto"
+    """``auto`` (the default, as ``ftx run``'s) becomes the source's dtype once the pipeline has read the source."""
 
     @property
     def planned_tp(self) -> int:
@@ -84,13 +89,30 @@ class ConvertSettings:
 
 
 @dataclass(frozen=True)
-class TuneSettings:
+class TuneSettings(OptionSection):
     """tune: the GEMM shapes ``gemm_config.in`` is measured for."""
 
-    tune: bool = True
-    tune_batch: int = 8
-    tune_beam: int = 1
-    tune_max_input_len: int = 512
+    title: ClassVar[str] = "GEMM tuning"
+    tune: bool = option(
+        True, help="Auto-tune GEMMs (fastertransformer runtime).", kind=bool, show_default=True, group="Serving"
+    )
+    tune_batch: int = option(
+        8,
+        help="Batch size to tune for (the decoder GEMMs run at batch x beam rows).",
+        kind=int,
+        low=1,
+        high=4096,
+        show_default=True,
+    )
+    tune_beam: int = option(1, help="Beam width to tune for.", kind=int, low=1, high=64, show_default=True)
+    tune_max_input_len: int = option(
+        512,
+        help="Longest prompt (tokens) to tune the context GEMMs for.",
+        kind=int,
+        low=1,
+        high=65536,
+        show_default=True,
+    )
 
 
 @dataclass(frozen=True)
@@ -107,29 +129,51 @@ class RepositorySettings:
     text_batching: bool = True
     """Triton's dynamic batcher in front of the preprocessing and postprocessing models."""
     streaming: bool = False
+    stream_interval: int = 1
+    """A streaming model sends every Nth step's response (and the last); 1: every step, as upstream."""
+    max_queue_size: int = 0
+    """The fastertransformer model's bounded queue (admission control); 0: unbounded, as Triton's default."""
+    queue_timeout_ms: int = 0
+    """How long a request may wait in that queue before it is refused; 0: no limit."""
     dynamic_batching: bool = True
     tokenizer: Path | None = None
     custom_all_reduce: bool | None = None
     """FasterTransformer's own all-reduce between the GPUs of one node at tp > 1 (None: ftx's default for
-    the compute type, ftx_triton.repository.model_config.CUSTOM_ALL_REDUCE)."""
+    the compute type and tp, ftx_triton.repository.model_config.CUSTOM_ALL_REDUCE)."""
+
+
+def _port(help: str) -> Any:  # noqa: A002 - click's word
+    return option(None, help=help, kind=int, low=1, high=65535)
 
 
 @dataclass(frozen=True)
-class ServeSettings:
+class ServeSettings(OptionSection):
     """serve: where and how the server listens."""
 
-    host: str = "127.0.0.1"
-    http_port: int | None = None
-    grpc_port: int | None = None
-    metrics_port: int | None = None
-    detach: bool = False
-    device: str = "auto"
-    openai: bool = True
-    """Start the OpenAI-compatible endpoint beside the server (``ftx run``)."""
-    openai_host: str = "127.0.0.1"
-    openai_port: int | None = None
-    name: str | None = None
+    title: ClassVar[str] = "Serving"
+    host: str = option("127.0.0.1", help="Address the server binds to.", show_default=True)
+    http_port: int | None = _port("HTTP port (default: Triton's 8000, or a free one when taken).")
+    grpc_port: int | None = _port("gRPC port (default: Triton's 8001, or a free one when taken).")
+    metrics_port: int | None = _port("Metrics port (default: Triton's 8002, or a free one when taken).")
+    detach: bool = option(False, help="Leave the server running (see `ftx ps`, `ftx stop`).", kind=bool, pair=False)
+    name: str | None = option(
+        None,
+        help="The deployment's name in `ftx ps`/`ftx stop` (letters, digits, . _ -; at most 64); "
+        "a name a running server has is refused before anything starts (default: from "
+        "MODEL, numbered -2, -3 … when taken).",
+    )
     """The deployment's name (``ftx ps``/``ftx stop``); None: from the model, numbered when taken."""
+    device: str = option("auto", help="Python runtime device.", choices=("auto", "cpu", "cuda"), show_default=True)
+    openai: bool = option(
+        True,
+        help="Also serve an OpenAI-compatible endpoint (/v1/completions, /v1/chat/completions) in "
+        "front of the ensemble.",
+        kind=bool,
+        show_default=True,
+    )
+    """Start the OpenAI-compatible endpoint beside the server (``ftx run``)."""
+    openai_host: str = option("127.0.0.1", help="Address the OpenAI-compatible endpoint binds to.", show_default=True)
+    openai_port: int | None = _port("Its port (default: the first free one from 9000).")
 
 
 SECTIONS: dict[str, type] = {
@@ -192,12 +236,12 @@ class RunSettings:
                 continue
             if name == "plugin_options":
                 declared.update(value)
-            elif name in OptionSection.registry:  # an option a runtime's section declares (--image, --hosts)
-                declared[name] = normalise(value)
             elif name in self.RUN_WIDE:
                 run_wide[name] = frozenset(value) if name == "force" else value
             elif name in FIELD_SECTION:
                 per_section.setdefault(FIELD_SECTION[name], {})[name] = _normalise(name, value)
+            elif name in OptionSection.registry:  # an option a runtime's section declares (--image, --hosts)
+                declared[name] = normalise(value)
             else:
                 raise TypeError(f"unknown setting {name!r}")
         if declared:
@@ -275,6 +319,7 @@ def path_fingerprint(path: Path) -> dict[str, Any]:
     """A path by what it holds: every file's relative name and sha256, not where it lies (a copy keys as the
     original); a missing path keys as missing, by its name."""
     from ftx_triton.io.hashing import sha256_file
+    from ftx_triton.io.source_tree import tree_files
 
     path = Path(path)
     if path.is_file():
@@ -282,8 +327,8 @@ def path_fingerprint(path: Path) -> dict[str, Any]:
     if not path.is_dir():
         return {"path": str(path), "missing": True}
     digest = hashlib.sha256()
-    for file in sorted(p for p in path.rglob("*") if p.is_file()):
-        digest.update(f"{file.relative_to(path).as_posix()}\0{sha256_file(file)}\n".encode())
+    for file in sorted(tree_files(path, skip=frozenset()), key=lambda f: f.rel.parts):  # links followed
+        digest.update(os.fsencode(file.rel.as_posix()) + f"\0{sha256_file(file.path)}\n".encode())
     return {"tree": digest.hexdigest()}
 
 

@@ -68,12 +68,14 @@ from ftx_triton.server.server_log import (
     diagnose,
     exit_cause,
     failed_models,
+    log_clock,
     log_tail,
     python_backend_models,
     read_from,
 )
 from ftx_triton.server.stub_env import stub_env
 from ftx_triton.server.supervisor import HOME_GONE
+from ftx_triton.terminal import timeline
 
 log = structlog.get_logger(__name__)
 
@@ -256,6 +258,7 @@ class TritonServer:
             else (self.home / "triton" / "logs" / f"{self.name}-{stamp}-{self.shm_prefix[-7:-1]}.log")
         )
         self._proc: subprocess.Popen[bytes] | None = None
+        self._load_began: dict[str, float | None] = {}
         self._start_ticks: int | None = None
         self._state_file: Path | None = None
         self._started_at = ""
@@ -378,6 +381,7 @@ class TritonServer:
                 self._cleanup_process()
                 raise
             self._started_at = datetime.now(UTC).isoformat(timespec="seconds")
+            timeline.step("tritonserver ready", models=len(self.expected_models))
             log.info(
                 "server.started",
                 name=self.name,
@@ -508,8 +512,12 @@ class TritonServer:
         """Report progress from a log line; raise _StartFailure if it means the start has failed."""
         if match := LOADING.search(line):
             say(f"loading model {match.group(1)}")
+            self._load_began[match.group(1)] = log_clock(line)
         elif match := LOADED.search(line):
             say(f"loaded model {match.group(1)}")
+            began, ended = self._load_began.pop(match.group(1), None), log_clock(line)
+            if began is not None and ended is not None:  # tritonserver's own clock: no polling delay in it
+                log.info("server.model_loaded", model=match.group(1), seconds=round((ended - began) % 86400, 3))
         if MISSING_LIB.search(line) or STUB_LAUNCH.search(line):
             raise _StartFailure("a Python-backend stub could not start")
         if PORT_IN_USE.search(line) or SERVICE_FAILED.search(line):

@@ -18,11 +18,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ftx_triton.errors import ConfigError
+from ftx_triton.repository.model_config import context_size
+from ftx_triton.runtime.api import Layout
+from ftx_triton.runtime.fastertransformer import gpus as inventory
+from ftx_triton.runtime.fastertransformer.options import FtLaunchSection, parse_gpus
 
 if TYPE_CHECKING:
     from ftx_triton.conversion.family import Family, ModelSpec
     from ftx_triton.plan.settings import RunSettings
-    from ftx_triton.runtime.api import Layout, Runtime
+    from ftx_triton.runtime.api import Runtime
     from ftx_triton.runtime.fastertransformer.gpus import Gpu
 
 GiB = 1 << 30
@@ -167,18 +171,13 @@ def auto_layout(
     """``--tp auto`` on a FasterTransformer runtime: the layout over this machine's GPUs (``gpus``, default the
     local ones) for the tuning batch (``--tune-batch`` x ``--tune-beam``) of full-context sequences (tp 1 where no
     GPU is seen: such a machine can only plan; ``--gpus`` narrows them)."""
-    from ftx_triton.repository.model_config import context_size
-    from ftx_triton.runtime.api import Layout
-    from ftx_triton.runtime.fastertransformer.gpus import local_gpus
-    from ftx_triton.runtime.fastertransformer.options import FtLaunchSection, parse_gpus
-
     launch = settings.options(FtLaunchSection)
     if launch.hosts:
         raise ConfigError(
             "--tp auto (the default) plans the GPUs of this machine only; a --hosts layout needs --tp and --pp",
             hint="give --tp (GPUs per machine) and --pp (machines), e.g. --tp 8 --pp 2",
         )
-    found = tuple(local_gpus()) if gpus is None else tuple(gpus)
+    found = tuple(inventory.local_gpus()) if gpus is None else tuple(gpus)  # read when called: tests set it
     if launch.gpus not in (None, "", ()):  # --gpus 0: plan over the GPUs the run may use
         assert launch.gpus is not None
         chosen = set(parse_gpus(launch.gpus))

@@ -7,8 +7,11 @@ build) is each launcher's own.
 
 from __future__ import annotations
 
-from ftx_triton.conversion.family import Family, ModelSpec
-from ftx_triton.plan.settings import RunSettings
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ftx_triton.conversion.family import Family, ModelSpec
+    from ftx_triton.plan.settings import RunSettings
 
 GEMM_FILE = "gemm_config.in"
 
