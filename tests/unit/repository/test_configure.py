@@ -486,7 +486,12 @@ def test_configure_hook_refuses_a_checkpoint_for_another_tp(converted: Path, ftx
     )
     source = Source(SourceRef("local", str(source_path)), source_path, "local-x")
     hf_config = family.read_hf_config(source_path)
-    ctx = StageContext(RunSettings.of("x", tp=1), ArtifactStore(ftx_home), ftx_home, runtime=DockerFasterTransformer())
+    ctx = StageContext(
+        RunSettings.of("x", tp=1, weight_dtype="fp32"),
+        ArtifactStore(ftx_home),
+        ftx_home,
+        runtime=DockerFasterTransformer(),
+    )
     dest = ftx_home / "dest"
     with pytest.raises(ConfigError, match="tp 2, not the requested --tp 1"):
         ftx_configure(

@@ -283,7 +283,11 @@ def test_serve_plan_for_tp2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     spec = plan.spec
     assert spec.name == "ftx-gptj-gpt-j-6b-tp2pp1"
     assert plan.work_dir == tmp_path / "home" / "docker" / "work" / spec.name
-    assert spec.gpus == ("4", "5") and spec.environment == {"CUDA_VISIBLE_DEVICES": "0,1", "FT_LOG_LEVEL": "DEBUG"}
+    assert spec.gpus == ("4", "5") and spec.environment == {
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "FTX_DEVICE": "gpu",
+        "FT_LOG_LEVEL": "DEBUG",
+    }
     assert [(m.source, m.read_only) for m in spec.mounts] == [
         (str(repo), True),
         (str(ckpt), True),
@@ -301,7 +305,7 @@ def test_serve_plan_for_tp2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 def test_serve_plan_edge_cases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FTX_HOME", str(tmp_path / "home"))
     repo, ckpt = _repository(tmp_path / "a", tp=1, inside=True)
-    s = RunSettings.of("m", host="0.0.0.0")
+    s = RunSettings.of("m", host="0.0.0.0", tp=1)
     plan = plan_serve(
         repository=repo,
         checkpoints=checkpoint_dirs(repo),

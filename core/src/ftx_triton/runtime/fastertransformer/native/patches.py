@@ -29,6 +29,7 @@ from ftx_triton.errors import SourceError
 log = structlog.get_logger(__name__)
 
 FT = "FasterTransformer"
+BACKEND_CC = "fastertransformer_backend/src/libfastertransformer.cc"
 CUB_INCLUDE = "#include <cub/cub.cuh>\n"
 CUB_INCLUDE_CCCL3 = "#include <cub/cub.cuh>\n#include <cuda/functional>\n#include <cuda/std/functional>\n"
 
@@ -245,6 +246,46 @@ PATCHES: tuple[Change, ...] = (
         "        check_cuda_error(ftx_status);\n\n"
         "        cublasLtMatmulDescDestroy(operationDesc);",
         "a refused tuned algorithm falls back to cuBLASLt's choice instead of skipping the GEMM",
+    ),
+    # --- behaviour: the stream interval. A decoupled model sent a response per generated token to every request
+    # of the batch (a Triton response, a device-to-host copy of the whole output so far, and downstream one
+    # Python postprocessing call each). With the model parameter ``ftx_stream_interval`` N > 1 the streaming
+    # callback sends every Nth step only; the final response (the whole output) always goes. Absent or 1:
+    # every step, as upstream.
+    Edit(
+        BACKEND_CC,
+        "  std::vector<TRITONBACKEND_ResponseFactory*>* factories;\n  BackendModelInstance* model;\n};\n",
+        "  std::vector<TRITONBACKEND_ResponseFactory*>* factories;\n  BackendModelInstance* model;\n"
+        "  int ftx_stream_interval = 1;\n  int ftx_steps = 0;\n};\n",
+        "the streaming callback's context counts steps against the stream interval",
+    ),
+    Edit(
+        BACKEND_CC,
+        "  stream_callback_ctx_t* context =\n      reinterpret_cast<stream_callback_ctx_t*>(ctx);\n",
+        "  stream_callback_ctx_t* context =\n      reinterpret_cast<stream_callback_ctx_t*>(ctx);\n"
+        "  if (context->ftx_stream_interval > 1 &&\n"
+        "      ++context->ftx_steps % context->ftx_stream_interval != 0) {\n"
+        "    return;  // ftx: not a step of the stream interval (the final response still carries every token)\n"
+        "  }\n",
+        "send a streamed response every ftx_stream_interval steps",
+    ),
+    Edit(
+        BACKEND_CC,
+        "  stream_callback_ctx_t context = {total_batch_size, requests,   request_count,\n"
+        "                                   &responses,       &factories, this};\n",
+        "  stream_callback_ctx_t context = {total_batch_size, requests,   request_count,\n"
+        "                                   &responses,       &factories, this};\n"
+        "  {\n"
+        "    common::TritonJson::Value ftx_params, ftx_value;\n"
+        "    std::string ftx_interval;\n"
+        '    if (model_state_->ModelConfig().Find("parameters", &ftx_params) &&\n'
+        '        ftx_params.Find("ftx_stream_interval", &ftx_value)) {\n'
+        '      ftx_value.MemberAsString("string_value", &ftx_interval);\n'
+        "    }\n"
+        "    const int ftx_n = std::atoi(ftx_interval.c_str());\n"
+        "    context.ftx_stream_interval = ftx_n > 1 ? ftx_n : 1;\n"
+        "  }\n",
+        "read the stream interval from the model's parameters (absent: every step, as upstream)",
     ),
     Edit(
         "fastertransformer_backend/CMakeLists.txt",
