@@ -727,12 +727,14 @@ def test_batch_token_budget_from_the_environment_is_checked(
 # --------------------------------------------------------------------------- compiled decoding (static KV cache)
 
 
-def test_compiled_decoding_is_for_cuda_and_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compiled_decoding_is_opt_in_and_for_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
     from ftx_triton.errors import ConfigError
     from ftx_triton.runtime.python.generation import COMPILE_ENV, compiled_on
 
     monkeypatch.delenv(COMPILE_ENV, raising=False)
+    assert not compiled_on(torch.device("cuda"))  # eager unless asked: the reference of the converted files
+    monkeypatch.setenv(COMPILE_ENV, "1")
     assert compiled_on(torch.device("cuda")) and compiled_on(torch.device("cuda", 1))
     assert not compiled_on(torch.device("cpu"))
     monkeypatch.setenv(COMPILE_ENV, "0")
