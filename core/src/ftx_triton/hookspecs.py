@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from ftx_triton.conversion.family import Family, ModelSpec
     from ftx_triton.plan.artifacts import Checkpoint, Endpoint, GemmConfig, ModelRepository, Source, SourceRef
+    from ftx_triton.plan.cluster import ClusterDeployment
     from ftx_triton.plan.context import StageContext
     from ftx_triton.runtime.api import Runtime
 
@@ -81,6 +82,19 @@ def ftx_add_options() -> Sequence[click.Option]:
     ``ftx run`` already has is a PluginError.
 
     :returns: ``click.Option`` objects (new ones per call); an empty sequence is fine.
+    """
+
+
+@hookspec
+def ftx_cluster_deployments(home: Path) -> Sequence[ClusterDeployment]:
+    """Return the deployments this plugin runs on a cluster scheduler for ``home`` (its Slurm jobs, ...).
+
+    `ftx ps` lists them, `ftx generate` and `ftx bench` reach the running ones by name, `ftx stop NAME`
+    (or ``--all``) calls their ``stop``. Called on every such command: answer from records and one
+    query of the scheduler, and return an empty sequence when the scheduler's tools are absent.
+
+    :param home: the ``FTX_HOME`` whose deployments are asked for.
+    :returns: :class:`ftx_triton.plan.cluster.ClusterDeployment` objects; an empty sequence is fine.
     """
 
 

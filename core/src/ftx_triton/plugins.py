@@ -44,11 +44,13 @@ DEFAULT_PLUGINS = (
     "ftx_triton.runtime.fastertransformer.docker.commands",
     "ftx_triton.runtime.fastertransformer.native.plugin",
     "ftx_triton.runtime.fastertransformer.native.commands",
+    "ftx_triton.cluster.slurm.plugin",
+    "ftx_triton.cluster.export",
 )
 """Core's own plugins: the stage defaults (``trylast``), the runtimes it ships and, beside each launcher, its
 commands (the Docker launcher's ``ftx image``/``tune``/``package``, the native one's ``ftx backend``, built from
-:mod:`ftx_triton.commandkit`). Core never imports them for logic; they are registered and called through the
-hooks like any third-party plugin."""
+:mod:`ftx_triton.commandkit`), and the cluster launchers (``ftx slurm``, ``ftx export``). Core never imports them
+for logic; they are registered and called through the hooks like any third-party plugin."""
 
 
 @dataclass

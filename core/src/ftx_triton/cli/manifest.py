@@ -227,7 +227,7 @@ def locked_source(manifest: Manifest) -> str:
 
 def check_local_source(manifest: Manifest) -> None:
     """A locked local source must hold what it held at ``ftx lock`` time (by content)."""
-    from ftx_triton.fetching.refs import local_fingerprint
+    from ftx_triton.fetching.local_keys import local_fingerprint
     from ftx_triton.plan.settings import path_fingerprint
 
     model = manifest.model

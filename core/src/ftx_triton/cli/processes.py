@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from ftx_triton.server.records import ServerRecord
 
 DEPLOYMENT_FILE = "ftx-deployment.json"
+CLUSTER_ENV = "FTX_CLUSTER_DEPLOYMENT"
+"""Set by a cluster launcher's job for the servers it starts; `ftx ps` lists those through the launcher."""
 
 
 @dataclass
@@ -57,6 +59,15 @@ def _address(cmdline: list[str], kind: str, default_port: str) -> str:
     return f"{shown}:{port}"
 
 
+def _front_address(front: object, kind: str, default_port: str) -> str | None:
+    """The address a front of the supervisor's spec listens on (None without that front)."""
+    if not isinstance(front, dict):
+        return None
+    return _address(
+        [f"--{kind}-address={front.get('host', '')}", f"--{kind}-port={front.get('port', '')}"], kind, default_port
+    )
+
+
 def _tree_rss(proc: Any) -> int:
     import psutil
 
@@ -83,6 +94,16 @@ def _device(proc: Any, spec: Mapping[str, Any], record: ServerRecord | None) -> 
         return str(proc.environ().get(DEVICE_ENV) or "?")
     except (psutil.AccessDenied, psutil.NoSuchProcess, OSError):
         return "?"
+
+
+def _cluster_managed(proc: Any) -> bool:
+    """Whether a cluster scheduler's job started this server (``FTX_CLUSTER_DEPLOYMENT`` in its environment)."""
+    import psutil
+
+    try:
+        return bool(proc.environ().get(CLUSTER_ENV))
+    except (psutil.AccessDenied, psutil.NoSuchProcess, OSError):
+        return False
 
 
 def _deployment(repository: Path) -> dict[str, Any]:
@@ -135,6 +156,8 @@ def served_models(home: Path, servers: list[ServerRecord] | None = None) -> list
         if repo_text is None:
             continue
         repository = Path(repo_text)
+        if _cluster_managed(proc):
+            continue  # a cluster deployment's server on this node: its plugin reports it (ftx_cluster_deployments)
         supervisor, spec = _supervisor(proc)
         owner = supervisor.pid if supervisor is not None else proc.pid  # the pid ftx recorded
         if owner in found:  # another MPI rank of the same server (mpirun runs one tritonserver per rank)
@@ -146,13 +169,9 @@ def served_models(home: Path, servers: list[ServerRecord] | None = None) -> list
             continue  # another FTX_HOME's (or not ftx's) server
         deployment = _deployment(repository)
         runtime = str(deployment.get("runtime", "?"))
-        http = _address(cmdline, "http", "8000")
-        if isinstance(spec.get("front"), dict):  # clients reach tritonserver's HTTP through the supervisor's front
-            http = _address(
-                [f"--http-address={spec['front'].get('host', '')}", f"--http-port={spec['front'].get('port', '')}"],
-                "http",
-                "8000",
-            )
+        # clients reach tritonserver's HTTP and gRPC through the supervisor's fronts
+        http = _front_address(spec.get("front"), "http", "8000") or _address(cmdline, "http", "8000")
+        grpc = _front_address(spec.get("grpc_front"), "grpc", "8001") or _address(cmdline, "grpc", "8001")
         found[owner] = ServedModel(
             pid=owner,
             name=record.name if record else "(foreground)",
@@ -162,7 +181,7 @@ def served_models(home: Path, servers: list[ServerRecord] | None = None) -> list
             memory_bytes=_tree_rss(proc),
             uptime_s=time.time() - proc.info["create_time"],
             http=http,
-            grpc=_address(cmdline, "grpc", "8001"),
+            grpc=grpc,
             repository=str(repository),
             openai=openai.get(owner, ""),
             extra={

@@ -253,6 +253,9 @@ def run(model: str | None, prompt: str | None, max_tokens: int, lock_file: Path 
     MODEL is a preset (see `ftx models`), hf://org/name[@revision], a URL or a local path;
     omitted, it comes from ./ftx.toml or --lock FILE (see `ftx lock`).
     """
+    from ftx_triton.terminal import timeline
+
+    timeline.step("start")  # the interpreter, imports and option parsing
     model = model_from_manifest(model, opts, lock_file)
     plugin_values = pop_plugin_options(opts)
     settings = settings_from_options(model, plugin_options=plugin_values, **opts)

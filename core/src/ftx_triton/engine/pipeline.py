@@ -28,6 +28,7 @@ from ftx_triton.plugins import PluginHost
 from ftx_triton.runtime.api import DryRunPlan, Layout, Runtime
 from ftx_triton.runtime.select import choose_runtime
 from ftx_triton.store.artifact_store import ArtifactStore
+from ftx_triton.terminal import timeline
 
 log = structlog.get_logger(__name__)
 
@@ -95,6 +96,7 @@ class Pipeline:
 
     def run(self) -> RunResult:
         plan = self.plan()
+        timeline.step("plan")
         result = RunResult(plan=plan, outcomes=self.stages.outcomes)
         if self.settings.dry_run:
             return self._dry_run(plan, result)
@@ -186,23 +188,27 @@ class Pipeline:
     def _resolve(self, plan: Plan, path: Path | None, *, local_source: bool) -> Plan:
         """Resolve what depends on the model's configuration: weight dtype, tp, runtime, compute type, spec,
         estimate. What an earlier resolution decided (the runtime, the estimate) is kept."""
-        from ftx_triton.plan.resources import default_weight_dtype, source_dtype
+        from ftx_triton.plan.resources import default_weight_dtype, source_dtype, weights_for_runtime
 
         family, hf_config = plan.family, dict(plan.hf_config or {})
         assert family is not None
         settings = plan.settings
         dtype = plan.source_dtype or source_dtype(family, path, hf_config)
-        if settings.convert.weight_dtype == "auto":
-            chosen = default_weight_dtype(family, dtype)
-            settings = settings.replace(weight_dtype=chosen)
-            log.info("convert.weight_dtype_chosen", weight_dtype=chosen, source_dtype=dtype)
+        auto_weights = settings.convert.weight_dtype == "auto"
+        if auto_weights:
+            settings = settings.replace(weight_dtype=default_weight_dtype(family, dtype))
         runtime, reason = plan.runtime, plan.runtime_reason
-        if runtime is None and self._wanted("tune"):  # --tp auto is the chosen runtime's layout: probe as tp 1
+        # chosen from convert on: the runtime decides the weight dtype (--weight-dtype auto) and --tp auto
+        if runtime is None and self._wanted("convert"):  # --tp auto is the chosen runtime's layout: probe as tp 1
             probe = settings.replace(tp=1) if settings.convert.tp is AUTO else settings
             runtime, reason = choose_runtime(self.host.runtimes, probe, self.store)
         settings = self._resolve_parallelism(settings, family, hf_config, runtime)
         if runtime is not None and settings.configure.data_type is None:
             settings = settings.replace(data_type=runtime.default_data_type or settings.convert.weight_dtype)
+        if auto_weights:
+            chosen = weights_for_runtime(family, runtime, settings)
+            settings = settings.replace(weight_dtype=chosen)
+            log.info("convert.weight_dtype_chosen", weight_dtype=chosen, source_dtype=dtype)
         spec = family.spec(hf_config)
         spec.check_parallel(settings.convert.planned_tp, settings.configure.pp)
         family.check_weight_dtype(settings.convert.weight_dtype)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -84,7 +85,9 @@ class ConvertSettings(OptionSection):
     weight_dtype: str = option(
         "auto",
         help="Data type of the converted weight files; auto = the source's own (config.json's "
-        "torch_dtype, else the weight files'), so an fp16 checkpoint is not doubled to fp32.",
+        "torch_dtype, else the weight files'), so an fp16 checkpoint is not doubled to fp32, except that "
+        "`ftx run` on a FasterTransformer runtime converts to the compute type (an fp32 checkpoint served in "
+        "fp16 gets fp16 files).",
         choices=("auto", *WEIGHT_DTYPE_NAMES),
         show_default=True,
     )
@@ -171,6 +174,35 @@ class RepositorySettings(OptionSection):
     streaming: bool = option(
         False, help="Decoupled model: one response per generated token (gRPC streaming).", kind=bool, show_default=True
     )
+    stream_interval: int = option(
+        1,
+        help="With --streaming: the model sends every Nth generated token's response and the last (each "
+        "holds the whole text so far). 1 = every token, as FasterTransformer's backend does.",
+        kind=int,
+        low=1,
+        high=4096,
+        show_default=True,
+    )
+    """A streaming model sends every Nth step's response (and the last); 1: every step, as upstream."""
+    max_queue_size: int = option(
+        0,
+        help="Admission control: requests the model's queue holds; one more is refused at once (the OpenAI "
+        "endpoint answers 429 with Retry-After). 0 = unbounded.",
+        kind=int,
+        low=0,
+        high=1 << 20,
+        show_default=True,
+    )
+    """The fastertransformer model's bounded queue (admission control); 0: unbounded, as Triton's default."""
+    queue_timeout_ms: int = option(
+        0,
+        help="Admission control: a request that waited this long in the model's queue is refused. 0 = no limit.",
+        kind=int,
+        low=0,
+        high=3_600_000,
+        show_default=True,
+    )
+    """How long a request may wait in that queue before it is refused; 0: no limit."""
     dynamic_batching: bool = option(
         True, help="Batch requests of different prompt lengths (ragged input_ids).", kind=bool, show_default=True
     )
@@ -179,13 +211,13 @@ class RepositorySettings(OptionSection):
     )
     custom_all_reduce: bool | None = option(
         None,
-        help="FasterTransformer's own all-reduce between the GPUs of a node (it has kernels for 8 "
-        "GPUs of one node only; any other tp x pp uses NCCL either way). Default: off, for "
-        "every compute type (docs/benchmarks.md).",
+        help="FasterTransformer's own all-reduce between the GPUs of one node at tp 2, 4 or 8 with one "
+        "pipeline stage (ftx's kernels; GPUs without NVLink or PCIe peer access use NCCL, said in the "
+        "server log). Default: on for fp16 at tp 2, where it was measured faster than NCCL; off elsewhere.",
         kind=bool,
     )
     """FasterTransformer's own all-reduce between the GPUs of one node at tp > 1 (None: ftx's default for
-    the compute type, ftx_triton.repository.model_config.CUSTOM_ALL_REDUCE)."""
+    the compute type and tp, ftx_triton.repository.model_config.CUSTOM_ALL_REDUCE)."""
 
 
 def _port(help: str) -> Any:  # noqa: A002 - click's word
@@ -365,6 +397,7 @@ def path_fingerprint(path: Path) -> dict[str, Any]:
     """A path by what it holds: every file's relative name and sha256, not where it lies (a copy keys as the
     original); a missing path keys as missing, by its name."""
     from ftx_triton.io.hashing import sha256_file
+    from ftx_triton.io.source_tree import tree_files
 
     path = Path(path)
     if path.is_file():
@@ -372,8 +405,8 @@ def path_fingerprint(path: Path) -> dict[str, Any]:
     if not path.is_dir():
         return {"path": str(path), "missing": True}
     digest = hashlib.sha256()
-    for file in sorted(p for p in path.rglob("*") if p.is_file()):
-        digest.update(f"{file.relative_to(path).as_posix()}\0{sha256_file(file)}\n".encode())
+    for file in sorted(tree_files(path, skip=frozenset()), key=lambda f: f.rel.parts):  # links followed
+        digest.update(os.fsencode(file.rel.as_posix()) + f"\0{sha256_file(file.path)}\n".encode())
     return {"tree": digest.hexdigest()}
 
 

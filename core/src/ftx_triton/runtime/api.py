@@ -79,6 +79,9 @@ class Runtime:
     """One line for ``ftx plugins`` / ``--help``."""
     default_data_type: ClassVar[str | None] = None
     """Compute type when ``--data-type`` is not given (None: the weight dtype)."""
+    weights_in_compute_type: ClassVar[bool] = False
+    """Whether ``--weight-dtype auto`` converts to the compute type (True) rather than the source's dtype: a
+    runtime that casts the weights to the compute type when it loads them gains nothing from wider files."""
     uses_gemm_config: ClassVar[bool] = False
     """Whether ``gemm_config.in`` matters to this runtime (the tune stage asks it to tune)."""
     loads_into_host_memory: ClassVar[bool] = False

@@ -74,6 +74,19 @@ def test_gemm_fallback_is_an_error_only_when_tuned() -> None:
     assert finding is not None and finding.kind == "gemm-missing" and finding.severity == "error"
 
 
+def test_custom_all_reduce_falling_back_to_nccl_is_a_warning_naming_why() -> None:
+    scanner = LogScanner()
+    line = (
+        "[FT][WARNING] custom all-reduce is off: GPU 0 cannot access the memory of GPU 1 "
+        "(no NVLink or PCIe peer access); using NCCL"
+    )
+    finding = scanner.scan(line)
+    assert finding is not None and finding.kind == "custom-all-reduce" and finding.severity == "warning"
+    assert "GPU 0 cannot access the memory of GPU 1" in finding.message and "NCCL" in finding.message
+    assert "--no-custom-all-reduce" in finding.hint and not scanner.errors
+    assert scanner.scan("[FT][INFO] custom all-reduce on GPUs 0-1 (2 ranks, messages up to 50331648 bytes)") is None
+
+
 def test_specific_cause_beats_generic_failure_and_counts_repeats() -> None:
     scanner = LogScanner()
     scanner.scan(LINES["load-failed"])

@@ -44,6 +44,7 @@ class FasterTransformerRuntime(Runtime):
 
     selects_as: ClassVar[tuple[str, ...]] = ("fastertransformer",)
     default_data_type: ClassVar[str | None] = "fp16"
+    weights_in_compute_type: ClassVar[bool] = True
     uses_gemm_config: ClassVar[bool] = True
     option_sections: ClassVar[tuple[type[OptionSection], ...]] = (FtLaunchSection,)
 

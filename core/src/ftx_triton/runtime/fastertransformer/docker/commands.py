@@ -194,12 +194,29 @@ def package_command(kit: CommandKit) -> click.Command:
     @kit.options["tune"]
     @_docker_options
     @kit.options["safety"]
-    def package(model: str, tag: str, base_image: str | None, **opts: Any) -> None:
+    @click.option("--dry-run", is_flag=True, help="Print the stages and the image that would be built; build nothing.")
+    def package(model: str, tag: str, base_image: str | None, dry_run: bool, **opts: Any) -> None:
         """Build an image holding MODEL's repository, checkpoint and gemm_config.in, runnable with one docker run."""
-        settings = _settings(kit, model, "configure", opts)
-        package_built(settings, kit.run(settings), tag, base_image)
+        settings = _settings(kit, model, "configure", {**opts, "dry_run": dry_run})
+        result = kit.run(settings)
+        if dry_run:
+            package_plan(settings, tag, base_image)
+            return
+        package_built(settings, result, tag, base_image)
 
     return package
+
+
+def package_plan(settings: RunSettings, tag: str, base_image: str | None) -> None:
+    """What ``ftx package --dry-run`` prints after the stages: the image it would build and how it runs."""
+    from ftx_triton.runtime.fastertransformer.docker.options import DockerOptions
+    from ftx_triton.runtime.fastertransformer.docker.package import run_spec
+
+    base = base_image or DockerOptions.from_settings(settings).image
+    tuned = "a tuned gemm_config.in" if settings.tune.tune else "no gemm_config.in (--no-tune)"
+    click.echo(f"package: would build {tag} FROM {base} with the model repository, its checkpoint and {tuned}")
+    gpus = settings.convert.planned_tp * settings.configure.pp
+    click.echo(f"run it with: {run_spec(tag, gpus).docker_run_line()}")
 
 
 def package_built(settings: RunSettings, result: Any, tag: str, base_image: str | None) -> None:

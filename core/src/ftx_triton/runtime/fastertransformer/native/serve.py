@@ -279,10 +279,14 @@ def serve_native(
         if found is not None:
             raise found from None
         raise
-    found = _finding_error(scan_log(_log_text(server.log_path), context), server.log_path)
+    scanned = scan_log(_log_text(server.log_path), context)
+    found = _finding_error(scanned, server.log_path)
     if found is not None:
         server.stop()
         raise found
+    for finding in scanned.findings:  # served, but not as asked (custom all-reduce fell back to NCCL)
+        if finding.severity == "warning":
+            say(f"warning   {finding.message}\n          hint: {finding.hint}")
     seconds = check_generates(server, repository.path, "FasterTransformer")
     log.info(
         "serve.ready",
