@@ -261,6 +261,23 @@ def say(text: str) -> None:
     console_say(text)
 
 
+class AutoInt(click.IntRange):
+    """An integer in a range, or ``auto`` (:data:`~ftx_triton.plan.settings.AUTO`: the plan decides, as ``--tp``)."""
+
+    def __init__(self, low: int = 1, high: int = 64) -> None:
+        super().__init__(low, high)
+        self.name = f"{low}-{high}|auto"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from ftx_triton.plan.settings import is_auto
+
+        if is_auto(value):
+            from ftx_triton.plan.settings import AUTO
+
+            return AUTO
+        return super().convert(value, param, ctx)
+
+
 class FiniteFloatRange(click.FloatRange):
     """A FloatRange that also refuses ``nan`` and ``inf`` (click's range check lets NaN through, and an
     infinite timeout overflows the socket's)."""
@@ -293,13 +310,16 @@ def click_option(name: str, default: object, declared: Declared) -> click.Option
     param_type: click.ParamType | None = None
     if declared.choices:
         param_type = click.Choice(list(declared.choices))
+    elif kind is int and declared.auto:
+        param_type = AutoInt(int(declared.low or 1), int(declared.high or 64))
+        default = str(default) if default is not None else None
     elif kind is int:
         low, high = (None if b is None else int(b) for b in (declared.low, declared.high))
         param_type = click.IntRange(low, high) if low is not None or high is not None else click.INT
     elif kind is float:
         param_type = FiniteFloatRange(declared.low, declared.high)
     elif kind is Path:
-        param_type = click.Path(exists=declared.must_exist, dir_okay=not declared.must_exist)
+        param_type = click.Path(exists=declared.must_exist, dir_okay=declared.dir_okay, path_type=Path)
     kwargs: dict[str, Any] = {"help": declared.help, "show_default": declared.show_default}
     if declared.envvar:
         kwargs["envvar"] = list(declared.envvar)

@@ -59,7 +59,7 @@ def _replace(path: Path) -> None:
 def test_a_source_changed_under_its_conversion_is_refused_and_nothing_kept(
     ftx_cli, tiny_gptj_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change
 ) -> None:
-    from ftx_triton.engine.default_plugins import convert as default_convert
+    from ftx_triton.conversion import convert as default_convert  # the stage's converter, looked up per run
 
     source = shutil.copytree(tiny_gptj_dir, tmp_path / "model", copy_function=shutil.copy)
     real = default_convert.convert_directory

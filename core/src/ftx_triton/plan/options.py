@@ -47,6 +47,10 @@ class Declared:
     """The --help section it is listed under, when not its section's ``title``."""
     pair: bool = True
     """A ``bool``: ``--x/--no-x`` (else a plain flag, ``--detach``)."""
+    auto: bool = False
+    """An ``int`` that may also be ``auto`` (``--tp``)."""
+    dir_okay: bool = True
+    """A ``Path`` may name a directory."""
 
 
 def option(default: Any, *, help: str, kind: type = str, **declared: Any) -> Any:  # noqa: A002 - click's word

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ftx_triton.conversion.dtype_names import WEIGHT_DTYPE_NAMES
 from ftx_triton.plan.options import OptionSection, S, normalise, option
 
 STAGES = ("fetch", "convert", "tune", "configure", "serve")
@@ -65,14 +66,31 @@ class SourceSettings(OptionSection):
     family: str | None = option(None, help="Model family (see `ftx models`); detected from config.json when omitted.")
 
 
+TP_AUTO_HELP = (
+    "Tensor-parallel GPUs, or auto (the default): on the FasterTransformer runtimes, the smallest tp x pp "
+    "whose weights and KV cache (for --tune-batch sequences of the model's full context) fit the GPUs "
+    "here, more instances on the GPUs left (a --pp or --instances given is kept); tp 1 on the python "
+    "runtime. --dry-run says what and why."
+)
+
+
 @dataclass(frozen=True)
-class ConvertSettings:
+class ConvertSettings(OptionSection):
     """convert: the FasterTransformer files."""
 
-    tp: int | Auto = AUTO
+    title: ClassVar[str] = "Conversion"
+    tp: int | Auto = option(AUTO, help=TP_AUTO_HELP, kind=int, low=1, high=64, auto=True, show_default=True)
     """:data:`AUTO` (the default, as ``ftx run``'s) becomes the chosen runtime's ``layout`` once the plan knows the
     model."""
-    weight_dtype: str = "auto"
+    weight_dtype: str = option(
+        "auto",
+        help="Data type of the converted weight files; auto = the source's own (config.json's "
+        "torch_dtype, else the weight files'), so an fp16 checkpoint is not doubled to fp32, except that "
+        "`ftx run` on a FasterTransformer runtime converts to the compute type (an fp32 checkpoint served in "
+        "fp16 gets fp16 files).",
+        choices=("auto", *WEIGHT_DTYPE_NAMES),
+        show_default=True,
+    )
     """``auto`` (the default, as ``ftx run``'s) becomes the source's dtype once the pipeline has read the source."""
 
     @property
@@ -115,29 +133,89 @@ class TuneSettings(OptionSection):
     )
 
 
+DATA_TYPE_HELP = (
+    "Compute type (default: the runtime's own — fp16 on the fastertransformer runtime — else the "
+    "weight dtype; the python runtime computes fp16 as fp32 on a CPU; --dry-run shows the choice)."
+)
+
+
 @dataclass(frozen=True)
-class RepositorySettings:
+class RepositorySettings(OptionSection):
     """configure: the Triton model repository."""
 
-    pp: int = 1
-    data_type: str | None = None
+    title: ClassVar[str] = "Triton repository"
+    pp: int = option(
+        1, help="Pipeline-parallel stages.", kind=int, low=1, high=64, show_default=True, group="Conversion"
+    )
+    data_type: str | None = option(None, help=DATA_TYPE_HELP, choices=WEIGHT_DTYPE_NAMES)
     """Compute type; None until the runtime is chosen (then its default, else the weight dtype)."""
-    max_batch_size: int = 128  # ftx_triton.repository.model_config.DEFAULT_MAX_BATCH_SIZE
-    instances: int = 1
-    text_instances: int = 1
-    """Instances of the preprocessing and postprocessing models (CPU processes)."""
-    text_batching: bool = True
-    """Triton's dynamic batcher in front of the preprocessing and postprocessing models."""
-    streaming: bool = False
-    stream_interval: int = 1
+    max_batch_size: int = option(  # ftx_triton.repository.model_config.DEFAULT_MAX_BATCH_SIZE
+        128, help="Largest batch Triton sends to the model.", kind=int, low=1, high=4096, show_default=True
+    )
+    instances: int = option(
+        1, help="Model instances (each holds tp x pp GPUs).", kind=int, low=1, high=64, show_default=True
+    )
+    text_instances: int = option(
+        1,
+        help="Instances (CPU processes) of the preprocessing and postprocessing models (a streaming "
+        "deployment keeps one postprocessing instance: several could send a stream's pieces out of order).",
+        kind=int,
+        low=1,
+        high=64,
+        show_default=True,
+    )
+    text_batching: bool = option(
+        True,
+        help="Triton's dynamic batcher in front of the preprocessing and postprocessing models: one Python "
+        "call per group of queued requests (a streamed answer sends every piece through postprocessing).",
+        kind=bool,
+        show_default=True,
+    )
+    streaming: bool = option(
+        False, help="Decoupled model: one response per generated token (gRPC streaming).", kind=bool, show_default=True
+    )
+    stream_interval: int = option(
+        1,
+        help="With --streaming: the model sends every Nth generated token's response and the last (each "
+        "holds the whole text so far). 1 = every token, as FasterTransformer's backend does.",
+        kind=int,
+        low=1,
+        high=4096,
+        show_default=True,
+    )
     """A streaming model sends every Nth step's response (and the last); 1: every step, as upstream."""
-    max_queue_size: int = 0
+    max_queue_size: int = option(
+        0,
+        help="Admission control: requests the model's queue holds; one more is refused at once (the OpenAI "
+        "endpoint answers 429 with Retry-After). 0 = unbounded.",
+        kind=int,
+        low=0,
+        high=1 << 20,
+        show_default=True,
+    )
     """The fastertransformer model's bounded queue (admission control); 0: unbounded, as Triton's default."""
-    queue_timeout_ms: int = 0
+    queue_timeout_ms: int = option(
+        0,
+        help="Admission control: a request that waited this long in the model's queue is refused. 0 = no limit.",
+        kind=int,
+        low=0,
+        high=3_600_000,
+        show_default=True,
+    )
     """How long a request may wait in that queue before it is refused; 0: no limit."""
-    dynamic_batching: bool = True
-    tokenizer: Path | None = None
-    custom_all_reduce: bool | None = None
+    dynamic_batching: bool = option(
+        True, help="Batch requests of different prompt lengths (ragged input_ids).", kind=bool, show_default=True
+    )
+    tokenizer: Path | None = option(
+        None, help="Tokenizer files to use instead of the checkpoint's own.", kind=Path, must_exist=True
+    )
+    custom_all_reduce: bool | None = option(
+        None,
+        help="FasterTransformer's own all-reduce between the GPUs of one node at tp 2, 4 or 8 with one "
+        "pipeline stage (ftx's kernels; GPUs without NVLink or PCIe peer access use NCCL, said in the "
+        "server log). Default: on for fp16 at tp 2, where it was measured faster than NCCL; off elsewhere.",
+        kind=bool,
+    )
     """FasterTransformer's own all-reduce between the GPUs of one node at tp > 1 (None: ftx's default for
     the compute type and tp, ftx_triton.repository.model_config.CUSTOM_ALL_REDUCE)."""
 

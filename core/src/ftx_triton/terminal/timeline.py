@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import time
 
-import structlog
+from ftx_triton.terminal import lazylog
 
-log = structlog.get_logger(__name__)
+log = lazylog.get_logger(__name__)  # cli/serving imports this module: `ftx --help` needs no structlog
 
 
 def _process_started() -> float:

@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ftx_triton import hookimpl
-from ftx_triton.commandkit import FtxCommand, FtxGroup, options_of, say
+from ftx_triton.commandkit import F, FtxCommand, FtxGroup, options_of, say
 from ftx_triton.runtime.fastertransformer.docker.options import DockerSection
 from ftx_triton.runtime.fastertransformer.options import FtLaunchSection
 
 if TYPE_CHECKING:
     from ftx_triton.commandkit import CommandKit
+    from ftx_triton.engine.pipeline import RunResult
     from ftx_triton.plan.settings import RunSettings
 
 SM_HELP = (
@@ -141,7 +142,7 @@ def _settings(kit: CommandKit, model: str, until: str, opts: dict[str, Any]) -> 
     )
 
 
-def _docker_options(func: Any) -> Any:
+def _docker_options(func: F) -> F:
     """--image, --docker-host and --gpus: where the launcher's image runs."""
     return options_of(DockerSection, only=("image", "docker_host"))(options_of(FtLaunchSection, only=("gpus",))(func))
 
@@ -219,7 +220,7 @@ def package_plan(settings: RunSettings, tag: str, base_image: str | None) -> Non
     click.echo(f"run it with: {run_spec(tag, gpus).docker_run_line()}")
 
 
-def package_built(settings: RunSettings, result: Any, tag: str, base_image: str | None) -> None:
+def package_built(settings: RunSettings, result: RunResult, tag: str, base_image: str | None) -> None:
     """Package what the pipeline built for ``settings`` into the image ``tag``; print its id."""
     from ftx_triton.runtime.fastertransformer.docker.client import connect
     from ftx_triton.runtime.fastertransformer.docker.options import DockerOptions
