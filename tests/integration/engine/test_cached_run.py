@@ -57,3 +57,15 @@ def test_model_load_seconds_come_from_the_server_log_clock() -> None:
     ended = log_clock("I1127 00:00:01.250000 31106 model_lifecycle.cc:839] \"successfully loaded 'x'\"")
     assert began is not None and ended is not None and round((ended - began) % 86400, 3) == 1.75
     assert log_clock("ftx-supervisor: tritonserver started (pid 1)") is None
+
+
+def test_a_second_convert_reads_neither_the_source_nor_the_conversion_again(
+    ftx_cli, tiny_gptj_dir: Path, tmp_path: Path
+) -> None:
+    """``-o`` hard-links the store's files (their ctime moves): the store records that, so the next cached
+    convert does not re-hash the conversion (it did, every time)."""
+    first = ftx_cli("convert", str(tiny_gptj_dir), "-o", str(tmp_path / "a"))
+    assert first.exit_code == 0, first.stderr
+    again = ftx_cli("-v", "convert", str(tiny_gptj_dir), "-o", str(tmp_path / "b"))
+    assert again.exit_code == 0, again.stderr
+    assert "convert   cached" in again.stderr and "cache.rehashed" not in again.stderr

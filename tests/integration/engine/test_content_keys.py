@@ -59,22 +59,22 @@ def _replace(path: Path) -> None:
 def test_a_source_changed_under_its_conversion_is_refused_and_nothing_kept(
     ftx_cli, tiny_gptj_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change
 ) -> None:
-    from ftx_triton.conversion import convert as default_convert  # the stage's converter, looked up per run
+    from ftx_triton.conversion import convert as conversion
 
     source = shutil.copytree(tiny_gptj_dir, tmp_path / "model", copy_function=shutil.copy)
-    real = default_convert.convert_directory
+    real = conversion.convert_directory
 
     def changed_meanwhile(*args, **kwargs):  # type: ignore[no-untyped-def]
         result = real(*args, **kwargs)
         change(source / "model.safetensors")
         return result
 
-    monkeypatch.setattr(default_convert, "convert_directory", changed_meanwhile)
+    monkeypatch.setattr(conversion, "convert_directory", changed_meanwhile)  # imported when a conversion runs
     refused = ftx_cli("run", str(source), "--until", "convert", "--runtime", "python")
     assert refused.exit_code == 1 and refused.exception is None
     assert "changed while it was converted" in refused.stderr and "hint:" in refused.stderr
     assert [r["stage"] for r in _ls(ftx_cli)] == ["fetch"]  # no conversion stored as done
-    monkeypatch.setattr(default_convert, "convert_directory", real)
+    monkeypatch.setattr(conversion, "convert_directory", real)
     again = ftx_cli("run", str(source), "--until", "convert", "--runtime", "python")
     assert again.exit_code == 0, again.stderr
     assert "convert   done" in again.stderr

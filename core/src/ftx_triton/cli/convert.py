@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from ftx_triton.cli.common import FtxCommand, say
+from ftx_triton.cli.common import FtxCommand, command_store, say
 from ftx_triton.cli.options import conversion_options, safety_options
 from ftx_triton.cli.run import run_pipeline, settings_from_options
 from ftx_triton.errors import OutputError, file_system_error
@@ -71,7 +71,9 @@ def convert(
 ) -> None:
     """Convert SOURCE to FasterTransformer's layout in OUTPUT/<tp>-gpu/."""
     from ftx_triton.io.ftformat import gpu_dir_name  # with numpy: not at `ftx --help`
+    from ftx_triton.terminal import timeline
 
+    timeline.step("start")  # the interpreter, imports and option parsing
     target = output / gpu_dir_name(tp)
     if target.exists() and not target.is_dir():
         raise OutputError(f"{target} exists and is not a directory", hint="remove it or choose another --output")
@@ -120,6 +122,7 @@ def convert(
                 }
             )
         )
+    command_store().linked("convert", key)  # hard links moved the files' ctime, not their bytes
     say(f"placed {files} files from {checkpoint.path}")
     click.echo(str(target))
 

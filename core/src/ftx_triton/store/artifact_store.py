@@ -354,6 +354,27 @@ class ArtifactStore:
             }
         )
 
+    def linked(self, stage: str, key: str) -> None:
+        """Record the signatures of files ftx just hard-linked elsewhere (``ftx convert -o``): a link moves only
+        their ctime, which would make the next lookup read them all again. Files whose size, inode or mtime
+        moved too are left as recorded (the next lookup re-hashes them)."""
+        path = self.path(stage, key)
+        meta = read_provenance(path)
+        outputs = meta.get("outputs") if meta else None
+        if meta is None or not isinstance(outputs, dict):
+            return
+        found = _scan(path)
+        fresh = {}
+        for rel, info in outputs.items():
+            st = found.get(rel)
+            if st is None or not _valid_record(info) or "symlink" in info:
+                continue
+            now = _signature(st)
+            if all(now[k] == info.get(k) for k in ("size", "mtime_ns", "inode", "device")):
+                fresh[rel] = now
+        if fresh:
+            self._refresh_signatures(stage, key, meta, fresh)
+
     def _refresh_signatures(self, stage: str, key: str, meta: dict[str, Any], fresh: dict[str, dict[str, int]]) -> None:
         """Record the signatures of re-hashed, intact files, so the next lookup need not re-read them.
 
