@@ -566,7 +566,8 @@ class RawModel:
 
     def once(self, batch: int, seed: int) -> tuple[float, int]:
         if not self.decoupled:
-            return infer(self.target.http, batch, self.prompt_len, self.max_tokens, self.vocab, seed)
+            seconds, tokens, _ = infer(self.target.http, batch, self.prompt_len, self.max_tokens, self.vocab, seed)
+            return seconds, tokens
         return self._streamed(batch, seed)
 
     def _streamed(self, batch: int, seed: int) -> tuple[float, int]:

@@ -453,6 +453,59 @@ def test_bench_with_perf_analyzer(served: Served) -> None:
     assert _stored(served)[-1]["tool"] == "perf_analyzer"
 
 
+def _plain(url: str) -> tuple[int, Any]:
+    try:
+        with _OPENER.open(url, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())  # not JSON: the test fails here
+
+
+def test_every_endpoint_answer_is_json_even_for_faults_nobody_foresaw(served: Served, tmp_path: Path) -> None:
+    """Issue 33: with its FTX_HOME deleted, the endpoint's tokenizer was gone and every completion was
+    aiohttp's plain-text 500; no such route and another method were plain text too."""
+    from ftx_triton.front.server import Front
+    from ftx_triton.openai_api.app import make_app
+
+    status, answer = _plain(served.openai + "/completions")  # GET of a POST route
+    assert status == 405 and answer["error"]["type"] == "invalid_request_error", answer
+    status, answer = _plain(served.openai.removesuffix("/v1") + "/v2/nothing")
+    assert status == 404 and "Not Found" in answer["error"]["message"], answer
+    front = Front(make_app(served.http, "tiny-gptj", tmp_path / "deleted" / "preprocessing" / "1"), "127.0.0.1", 0)
+    front.start()
+    try:
+        status, answer = _post(f"http://127.0.0.1:{front.port}/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+        assert status == 500 and answer["error"]["type"] == "server_error", answer
+        assert "tokenizer" in answer["error"]["message"], answer
+    finally:
+        front.stop()
+
+
+def test_generate_on_a_streaming_deployment_is_a_400_naming_generate_stream(served: Served) -> None:
+    """Issue 33: tritonserver ran the request, then answered 200 with a body that was only an error."""
+    status, answer = _post(served.http + "/v2/models/text/generate", {"text_input": "Once", "max_tokens": 2})
+    assert status == 400 and "/v2/models/text/generate_stream" in answer["error"], answer
+    status, text = _post(
+        served.http + "/v2/models/text/generate_stream",
+        {"text_input": "Once", "max_tokens": 2, "stream": True},
+        raw=True,
+    )
+    assert status == 200 and "text_output" in text, text
+
+
+@pytest.mark.parametrize(
+    "field",
+    [{"temperature": "NaN"}, {"temperature": "Infinity"}, {"max_tokens": "2"}, {"text_input": 5}],
+    ids=["nan-string", "infinity-string", "int-as-string", "number-as-text"],
+)
+def test_a_value_of_the_wrong_json_type_is_the_clients_400(served: Served, field: dict[str, Any]) -> None:
+    """Issue 33 (and round 3's type mistakes): JSON has no NaN, so clients send "NaN" for an FP32 input, which
+    tritonserver called its own fault (500 "Unable to parse 'data'")."""
+    body = {"text_input": "Once", "max_tokens": 2, "stream": True, **field}
+    status, answer = _post(served.http + "/v2/models/text/generate_stream", body)
+    assert status == 400 and "Unable to parse" in answer["error"] and "wrong JSON type" in answer["error"], answer
+
+
 # --------------------------------------------------------------------------- the token route (issue 38)
 
 

@@ -26,6 +26,7 @@ from ftx_triton.engine.deployment import Deployment, openai_model_id
 from ftx_triton.errors import ServeError
 from ftx_triton.repository.io import TEXT_MODEL_NAME
 from ftx_triton.server.text_client import TextInterface, first_text, pieces, sampling_values, text_interface
+from ftx_triton.terminal import timeline
 
 EXAMPLE_PROMPT = "Once upon a time"
 EXAMPLE_TOKENS = 16
@@ -311,6 +312,7 @@ def resolve_target(model: str | None, url: str | None) -> tuple[str, str]:
     """
     if url:
         return _checked_url(url), model or TEXT_MODEL_NAME
+    from ftx_triton.cli.clusters import running_as_served
     from ftx_triton.cli.processes import served_models
     from ftx_triton.server.records import list_servers
 
@@ -320,6 +322,7 @@ def resolve_target(model: str | None, url: str | None) -> tuple[str, str]:
         for r in live
     ]
     servers += [(s.name, s.grpc, TEXT_MODEL_NAME) for s in served_models(_home(), live) if not s.extra.get("detached")]
+    servers += [(s.name, s.grpc, TEXT_MODEL_NAME) for s in running_as_served(_home())]
     named = [s for s in servers if model is not None and s[0] == model]
     if named:
         return named[0][1], named[0][2]
@@ -553,6 +556,7 @@ def after_serve(deployment: Deployment, *, prompt: str | None = None, max_tokens
     try:
         if prompt is None or detach:
             deployment.start_front(detach=detach)
+            timeline.step("openai front")
         if prompt is not None:  # no "try it" block: the server stops after the answer (--detach prints it)
             stream = _decoupled(deployment.repository.path)
             text = generate_text(
@@ -571,6 +575,8 @@ def after_serve(deployment: Deployment, *, prompt: str | None = None, max_tokens
                 return
         if detach:
             name = deployment.detach()
+            timeline.step("detach")
+            timeline.summary()
             click.echo(describe_endpoint(deployment))
             stop_hint = deployment.server.stop_hint or f"`ftx ps` lists it, `ftx stop {name}` stops it"
             click.echo(f"\nleft running as {name!r}: {stop_hint}")

@@ -7,7 +7,8 @@ Token counts (``usage``, ``finish_reason``) come from the repository's own token
 render in a worker process with a time limit (:class:`~.chat.TemplateWorker`). A client that leaves
 ends its request: the front cancels the handler (no further prompt is generated) and a stream's worker
 stops at its next piece. Mistakes of the client are 4xx ``invalid_request_error``; faults of the server
-or the model (a failed generation, a template that overruns its time) are 5xx ``server_error``.
+or the model (a failed generation, a template that overruns its time) are 5xx ``server_error``; every
+answer is JSON, aiohttp's own (no such route, another method) and an unforeseen fault's included.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import asyncio
 import json
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import AsyncGenerator, Iterator, Mapping
 from dataclasses import dataclass
@@ -551,6 +553,13 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return _error(502, f"the Triton server did not answer: {exc.message}", "server_error")
     except ConnectionResetError:  # the client left mid-request: nobody to answer, nothing worth a traceback
         return web.Response(status=400)
+    except web.HTTPException as exc:  # aiohttp's own: no such route (404), another method (405)
+        if exc.status < 400:
+            raise
+        return _error(exc.status, f"{request.method} {request.path[:200]}: {exc.reason}", "invalid_request_error")
+    except Exception as exc:  # noqa: BLE001 - a fault nobody foresaw: in the log in full, JSON to the client
+        traceback.print_exc()
+        return _error(500, f"the endpoint failed: {type(exc).__name__}: {exc}"[:500], "server_error")
 
 
 async def _health(_request: web.Request) -> web.Response:

@@ -102,6 +102,8 @@ def start_openai(
         host,
         "--port",
         str(chosen),
+        "--home",
+        str(Path(home).resolve()),
     ]
     if triton_grpc:  # a streaming model's ids are read straight from its gRPC stream (no Python model per token)
         cmd += ["--triton-grpc", triton_grpc]

@@ -44,11 +44,12 @@ DATA_TYPES: tuple[str, ...] = ("fp32", "fp16", "bf16")
 """Every compute type the backend knows; a family narrows it to what its model type really runs."""
 
 
-CUSTOM_ALL_REDUCE: dict[str, bool] = {"fp16": False, "bf16": False, "fp32": False}
-"""Whether FasterTransformer's custom all-reduce is on by default, per compute type. Off for each: on two
-H100s (tp=2, GPT-J-6B shape) on and off measured equal within 0.5% in fp16 and bf16, since FasterTransformer
-has custom all-reduce kernels for 8 ranks of a node only and uses NCCL at any other size; the 8-GPU case is
-unmeasured (docs/benchmarks.md)."""
+CUSTOM_ALL_REDUCE: dict[tuple[str, int], bool] = {("fp16", 2): True}
+"""Whether FasterTransformer's custom all-reduce (ftx's kernels for 2, 4 and 8 GPUs of one node) is on by
+default, per (compute type, tp); off wherever not listed. On where it was measured to win: fp16 at tp 2 on
+two H100s (GPT-J-6B shape, greedy, batch 1/8/32: 1.4%/1.3%/2.6% faster than NCCL, generated ids equal;
+docs/benchmarks.md). bf16 at tp 2 passed the GPU suite with it on, but its speed is unmeasured; tp 4 and 8
+are built, not yet run."""
 
 
 @dataclass(frozen=True)
@@ -84,13 +85,13 @@ class FtModelOptions:
     output_dtypes: tuple[tuple[str, str], ...] = ()
     """(output, dtype) where ``model_type`` returns another dtype than its I/O kind's table."""
     custom_all_reduce: bool | None = None
-    """FasterTransformer's custom all-reduce at tp > 1; None: :data:`CUSTOM_ALL_REDUCE` for the compute type."""
+    """FasterTransformer's custom all-reduce at tp > 1; None: :data:`CUSTOM_ALL_REDUCE` for the compute type and tp."""
 
     @property
     def custom_all_reduce_on(self) -> bool:
         if self.custom_all_reduce is not None:
             return self.custom_all_reduce
-        return CUSTOM_ALL_REDUCE.get(self.data_type, False)
+        return CUSTOM_ALL_REDUCE.get((self.data_type, self.tp), False)
 
     @classmethod
     def for_family(cls, family: Family, checkpoint_path: Path, tp: int, **choices: Any) -> FtModelOptions:
@@ -117,7 +118,7 @@ class FtModelOptions:
         return cls.for_family(
             family,
             checkpoint_path,
-            settings.convert.tp,
+            settings.convert.planned_tp,
             pp=repo.pp,
             data_type=settings.data_type,
             max_batch_size=repo.max_batch_size,
