@@ -73,7 +73,7 @@ def _stats(served: Served, model: str) -> int:
 
 
 def _metrics(served: Served) -> dict[str, float]:
-    from ftx_triton.openai_api.metrics import read_metrics
+    from ftx_triton.server.front_metrics import read_metrics
 
     return read_metrics(served.metrics)
 
@@ -144,7 +144,7 @@ def test_an_overloaded_model_answers_429_with_retry_after_and_triton_its_own_err
 
 
 def test_metrics_count_tokens_time_to_first_token_and_inter_token_latency(served: Served) -> None:
-    from ftx_triton.openai_api.metrics import level_figures
+    from ftx_triton.server.front_metrics import level_figures
 
     before = _metrics(served)
     began = time.monotonic()
