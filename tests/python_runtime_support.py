@@ -275,8 +275,10 @@ def stream(
     model: str = "fastertransformer",
     outputs: Sequence[str] = ("output_ids", "sequence_length"),
     timeout_s: float = 120.0,
+    on_response: Any = None,
 ) -> list[tuple[dict[str, np.ndarray], bool]]:
-    """One gRPC streaming request: every response's outputs and final flag, in arrival order."""
+    """One gRPC streaming request: every response's outputs and final flag, in arrival order (``on_response()``
+    is called as each arrives)."""
     import queue
 
     import tritonclient.grpc as grpcclient
@@ -304,6 +306,8 @@ def stream(
             final = result.get_response().parameters["triton_final_response"].bool_param
             data = {n: result.as_numpy(n) for n in outputs if result.as_numpy(n) is not None}
             responses.append((data, final))  # an empty final response would show as ({}, True)
+            if on_response is not None:
+                on_response()
             if final:
                 return responses
     finally:

@@ -26,7 +26,6 @@ from ftx_triton.engine.deployment import Deployment, openai_model_id
 from ftx_triton.errors import ServeError
 from ftx_triton.repository.io import TEXT_MODEL_NAME
 from ftx_triton.server.text_client import TextInterface, first_text, pieces, sampling_values, text_interface
-from ftx_triton.terminal import timeline
 
 EXAMPLE_PROMPT = "Once upon a time"
 EXAMPLE_TOKENS = 16
@@ -551,6 +550,8 @@ def after_serve(deployment: Deployment, *, prompt: str | None = None, max_tokens
     ``--detach``: leave the server running and say how to reach and stop it.
     Otherwise: serve in the foreground until Ctrl-C or SIGTERM, then stop cleanly.
     """
+    from ftx_triton.terminal import timeline  # structlog: not for `ftx --help`
+
     endpoint = deployment.endpoint
     detach = deployment.settings.serve.detach
     try:

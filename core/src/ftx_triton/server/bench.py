@@ -49,7 +49,7 @@ class Point:
     tokens_per_s: float | None = None
     front: dict[str, Any] | None = None
     """What the OpenAI endpoint's own metrics said over the level (``--via openai``: mean TTFT and ITL, output
-    tokens/s, completed, rejected and failed requests; ``ftx_triton.openai_api.metrics.level_figures``)."""
+    tokens/s, completed, rejected and failed requests; ``ftx_triton.server.front_metrics.level_figures``)."""
 
 
 @dataclass
@@ -120,7 +120,7 @@ def openai_load(
     import urllib.error
     import urllib.request
 
-    from ftx_triton.openai_api.metrics import level_figures, read_metrics
+    from ftx_triton.server.front_metrics import level_figures, read_metrics
 
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True}).encode()

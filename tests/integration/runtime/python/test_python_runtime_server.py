@@ -247,25 +247,26 @@ def test_stream_interval_sends_every_nth_step_and_the_bounded_queue_refuses_at_o
         tmp_path, name, 1, src, ref, streaming=True, stream_interval=3, max_queue_size=1, queue_timeout_ms=200
     )
     no_eos = {"end_id": column(10_000, 1, np.uint32)}
-    outcome: dict[str, tuple[float, str]] = {}
+    outcome: dict[str, tuple[float, float, str]] = {}  # key -> (started, ended, "ok" or the error)
+    generating = threading.Event()
 
     def call(key: str, prompt: list[int], n: int) -> None:
         began = time.monotonic()
         try:
-            stream(server.grpc_url, decoder_inputs([prompt], n, **no_eos))
-            outcome[key] = (time.monotonic() - began, "ok")
+            stream(server.grpc_url, decoder_inputs([prompt], n, **no_eos), on_response=generating.set)
+            outcome[key] = (began, time.monotonic(), "ok")
         except Exception as exc:  # noqa: BLE001 - the refusal is the result
-            outcome[key] = (time.monotonic() - began, str(exc))
+            outcome[key] = (began, time.monotonic(), str(exc))
 
     try:
         responses = stream(server.grpc_url, decoder_inputs([PROMPTS[0]], 7, **no_eos))
+        generating.clear()
         first = threading.Thread(target=call, args=("generating", PROMPTS[0], 240))
         first.start()
-        time.sleep(0.5)  # the first request is generating now (240 steps of the tiny model take longer)
+        assert generating.wait(60)  # its first reply came: it is generating now
         others = [threading.Thread(target=call, args=(k, PROMPTS[1], 4)) for k in ("second", "third")]
         for thread in others:
             thread.start()
-            time.sleep(0.05)
         for thread in [first, *others]:
             thread.join(120)
     finally:
@@ -274,14 +275,14 @@ def test_stream_interval_sends_every_nth_step_and_the_bounded_queue_refuses_at_o
     expected = hf_greedy(ref, PROMPTS[0], 7, eos_token_id=None)
     for (data, _final), step in zip(responses, (3, 6, 7), strict=True):
         assert _tokens(data, 0) == expected[: len(PROMPTS[0]) + step]
-    assert outcome["generating"][1] == "ok", outcome
-    refused = [outcome["second"][1], outcome["third"][1]]
-    assert any("maximum queue size" in m for m in refused), outcome
-    full = next(k for k in ("second", "third") if "maximum queue size" in outcome[k][1])
-    assert outcome[full][0] < 1.0, outcome  # fast: no wait for the generation in progress
+    assert outcome["generating"][2] == "ok", outcome
+    refused = [k for k in ("second", "third") if "maximum queue size" in outcome[k][2]]
+    assert refused, outcome  # two arrivals while one generates: the queue of one holds one of them at most
+    full = refused[0]
+    assert outcome[full][1] - outcome[full][0] < 1.0, outcome  # fast: no wait for the generation in progress
     queued = "third" if full == "second" else "second"
-    if outcome["generating"][0] > 0.5 + 0.2 + 1.0:  # the queued one had time to time out
-        assert "timeout" in outcome[queued][1].lower(), outcome
+    if outcome["generating"][1] - outcome[queued][0] > 0.2 + 0.5:  # the queued one had time to time out
+        assert "timeout" in outcome[queued][2].lower(), outcome
 
 
 def test_tensors_cross_the_stub_through_dlpack_too(sources: dict[str, tuple[Path, Any]], tmp_path: Path) -> None:
