@@ -47,6 +47,55 @@ def test_an_existing_directory_is_not_overwritten(ftx_cli: Any, tmp_path: Path) 
     assert [p.name for p in dest.iterdir()] == ["keep.txt"]
 
 
+def test_siblings_named_like_ftxs_leftovers_are_the_users_and_kept(ftx_cli: Any, tmp_path: Path) -> None:
+    """Folders beside --dir named like ftx's temporary and moved-aside ones, but not made by ftx (no marker),
+    are neither removed nor renamed into place; a leftover ftx did make is cleaned up."""
+    from ftx_triton.io.atomic import new_holder
+
+    dest = tmp_path / "D"
+    mine = [tmp_path / ".D.old-1", tmp_path / ".D.tmp-2", tmp_path / ".D.old-zz"]
+    for folder in mine:
+        folder.mkdir()
+        (folder / "keep.txt").write_text("mine")
+    left = new_holder(dest, "tmp")  # what a killed `ftx plugin new` leaves
+    result = ftx_cli("plugin", "new", "mistral", "--dir", str(dest))
+    assert result.exit_code == 0 and "Traceback" not in result.stderr, result.stderr
+    assert [(f / "keep.txt").read_text() for f in mine] == ["mine"] * 3
+    assert not left.exists() and (dest / "pyproject.toml").is_file()
+
+
+@pytest.mark.parametrize(
+    ("where", "needle"),
+    [
+        ("under-a-file", "exists and is not a directory"),
+        ("in-proc", "cannot create --dir"),
+        ("long-name", "File name too long"),
+    ],
+)
+def test_unusable_dirs_are_refused_cleanly(ftx_cli: Any, tmp_path: Path, where: str, needle: str) -> None:
+    from cli_helpers import assert_clean_failure
+
+    room = tmp_path / "room"
+    room.mkdir()
+    (room / "afile").write_text("x")
+    dest = {
+        "under-a-file": room / "afile" / "sub",
+        "in-proc": Path("/proc/ftx-plugin"),
+        "long-name": room / ("a" * 300),
+    }[where]
+    assert_clean_failure(ftx_cli("plugin", "new", "mistral", "--dir", str(dest)), needle, "--dir")
+    assert sorted(p.name for p in room.iterdir()) == ["afile"]
+
+
+def test_a_link_to_an_empty_folder_is_written_where_it_points(ftx_cli: Any, tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "empty")
+    result = ftx_cli("plugin", "new", "mistral", "--dir", str(tmp_path / "link"))
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.strip() == str(tmp_path / "empty")
+    assert (tmp_path / "empty" / "pyproject.toml").is_file() and (tmp_path / "link").is_symlink()
+
+
 KIT_MODULES = ("testing", "oracle")
 """Packages of core that run in a plugin author's test session (the conformance kit and its FT reference)."""
 

@@ -29,7 +29,7 @@ def new_command(slug: str, directory: Path | None) -> None:
 
     check_slug(slug, set(get_host().families))
     dest = (directory or Path.cwd() / f"ftx-triton-{slug}").absolute()
-    caveats = new_plugin(slug, dest)
+    dest, caveats = new_plugin(slug, dest)
     say(f"plugin    ftx-triton-{slug} written: package ftx_{slug}, entry point {slug!r}, family {slug!r}")
     for caveat in caveats:
         say(f"  note: {caveat}")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ftx_triton.errors import ConfigError, OutputError
 from ftx_triton.io.atomic import publish_dir
+from ftx_triton.io.outputs import check_output_place, output_error
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "plugin_template"
 TEMPLATE_SLUG = "gpt2"
@@ -45,11 +46,27 @@ def _renamed(text: str, slug: str) -> str:
     return re.sub(rf'^(\s+name = )"{TEMPLATE_SLUG}"', rf'\1"{slug}"', text, flags=re.MULTILINE)  # Family.name
 
 
-def new_plugin(slug: str, dest: Path) -> list[str]:
-    """Write the project into ``dest`` (absent or empty; published whole or not at all); return caveats."""
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+def new_plugin(slug: str, dest: Path) -> tuple[Path, list[str]]:
+    """Write the project into ``dest`` (absent or empty; a link is followed; published whole or not at all);
+    return where it went and the caveats."""
+    dest = check_output_place(dest, "--dir")
+    if any(dest.iterdir()) if dest.is_dir() else dest.exists():
         raise OutputError(f"{dest} already exists and is not empty", hint="choose another --dir, or remove it")
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        _write(slug, dest)
+    except OSError as exc:
+        raise output_error(exc, "--dir", dest) from None
+    return dest, [
+        f"the family still claims Hugging Face model_type {TEMPLATE_SLUG!r} (hf_model_types, hf_constants, and "
+        f"tiny_hf_config in the conformance test) and GPT-2's preset and transformers class: the slug "
+        f"{slug!r} names the plugin, the model_type names the checkpoints it converts — set both to yours",
+        f"two installed families may not claim one model_type or preset name: rename the {TEMPLATE_SLUG!r} preset",
+    ]
+
+
+def _write(slug: str, dest: Path) -> None:
+    """The renamed template, published at ``dest`` whole or not at all."""
     with publish_dir(dest, locked=False) as tmp:
         for source in sorted(TEMPLATE.rglob("*")):
             rel = source.relative_to(TEMPLATE)
@@ -63,12 +80,6 @@ def new_plugin(slug: str, dest: Path) -> list[str]:
                 target.write_text(_renamed(source.read_text(), slug))
             else:
                 shutil.copyfile(source, target)
-    return [
-        f"the family still claims Hugging Face model_type {TEMPLATE_SLUG!r} (hf_model_types, hf_constants, and "
-        f"tiny_hf_config in the conformance test) and GPT-2's preset and transformers class: the slug "
-        f"{slug!r} names the plugin, the model_type names the checkpoints it converts — set both to yours",
-        f"two installed families may not claim one model_type or preset name: rename the {TEMPLATE_SLUG!r} preset",
-    ]
 
 
 __all__ = ["TEMPLATE", "check_slug", "new_plugin"]
