@@ -10,6 +10,7 @@ original checkpoint: one PASS/FAIL line per directory on stdout; any FAIL exits 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
@@ -24,7 +25,7 @@ MARKER = "ftx-convert.json"
 
 def converted_dirs(path: Path) -> list[Path]:
     """The ``<tp>-gpu`` directories ``path`` is or holds; empty when it is no converted output."""
-    if (path / "config.ini").is_file():
+    if os.path.lexists(path / "config.ini"):  # whatever it is: a device or pipe is refused when it is read
         return [path]
     if not path.is_dir() or (path / "config.json").is_file():
         return []
@@ -120,7 +121,15 @@ def verify(
         verdict = check(directory, original, model_class=model_class, tp=split)
         click.echo(verdict.describe())
         if not verdict.passed:
-            failed.append(directory)
+            failed.append(verdict)
+    if any(verdict.non_finite for verdict in failed):
+        raise CheckpointError(
+            f"{sum(1 for v in failed if v.non_finite)} of {len(targets)} converted "
+            f"director{'y' if len(targets) == 1 else 'ies'} hold NaN or Inf weights, which FasterTransformer "
+            "would compute with (the files are named above)",
+            hint="the original checkpoint holds them (check it, e.g. with torch.isfinite) or the conversion made "
+            "them (an fp16 --weight-dtype overflowing: convert to fp32 or bf16); this is not the family's table",
+        )
     if failed:
         raise CheckpointError(
             f"{len(failed)} of {len(targets)} converted director{'y' if len(targets) == 1 else 'ies'} would not compute "
