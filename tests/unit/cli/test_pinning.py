@@ -49,6 +49,33 @@ def test_lock_pins_versions_and_source_then_run_uses_it(ftx_cli, in_tmp_cwd: Pat
     assert Path(result.stdout.strip(), "config.ini").is_file()
 
 
+def test_lock_into_a_directory_writes_ftx_toml_in_it(ftx_cli, in_tmp_cwd: Path, tiny_gptj_dir: Path) -> None:
+    """`-o dir/` once wrote a file named `dir`."""
+    from cli_helpers import assert_clean_failure
+
+    (in_tmp_cwd / "deploy").mkdir()
+    for given in ("deploy/", "deploy"):
+        locked = ftx_cli("lock", str(tiny_gptj_dir), "-o", given)
+        assert locked.exit_code == 0, locked.stderr
+        assert locked.stdout.strip() == "deploy/ftx.toml" and (in_tmp_cwd / "deploy" / "ftx.toml").is_file()
+    missing = ftx_cli("lock", str(tiny_gptj_dir), "-o", "nowhere/")
+    assert_clean_failure(missing, "names a directory, which does not exist")
+    assert not (in_tmp_cwd / "nowhere").exists()
+
+
+def test_lock_does_not_overwrite_another_lock_silently(ftx_cli, in_tmp_cwd: Path, tiny_gptj_dir: Path) -> None:
+    from cli_helpers import assert_clean_failure
+
+    assert ftx_cli("lock", str(tiny_gptj_dir)).exit_code == 0
+    first = (in_tmp_cwd / "ftx.toml").read_text()
+    assert ftx_cli("lock", str(tiny_gptj_dir)).exit_code == 0  # the same pins again: nothing is lost
+    refused = ftx_cli("lock", str(tiny_gptj_dir), "--tp", "2")
+    assert_clean_failure(refused, "already exists and pins something else", "--force")
+    assert (in_tmp_cwd / "ftx.toml").read_text() == first
+    forced = ftx_cli("lock", str(tiny_gptj_dir), "--tp", "2", "--force")
+    assert forced.exit_code == 0 and "tp = 2" in (in_tmp_cwd / "ftx.toml").read_text()
+
+
 def test_load_plugins_allowlist(ftx_cli) -> None:
     result = ftx_cli("plugins", "--json", env={"FTX_LOAD_PLUGINS": "ftx-triton-gptj"})
     status = {r["name"]: r["status"] for r in json.loads(result.stdout)}
@@ -206,7 +233,11 @@ def test_a_lock_written_on_a_cpu_machine_replays_on_a_gpu_host_and_vice_versa(
     assert (deploy / "prod.toml").read_text() == written_on_cpu  # nothing of the machine that wrote it
     assert _plan(ftx_cli, "--lock", "deploy/prod.toml") == cpu_plan
     tokenizer = shutil.copytree(tiny_gptj_dir, in_tmp_cwd / "deploy" / "tokenizer")
-    assert ftx_cli("lock", str(tiny_gptj_dir), "-o", "deploy/prod.toml", "--tokenizer", str(tokenizer)).exit_code == 0
+    again = ftx_cli("lock", str(tiny_gptj_dir), "-o", "deploy/prod.toml", "--tokenizer", str(tokenizer))
+    assert again.exit_code == 1 and "does not overwrite it silently" in again.stderr  # it says something else
+    assert (deploy / "prod.toml").read_text() == written_on_cpu
+    args = ("lock", str(tiny_gptj_dir), "-o", "deploy/prod.toml", "--tokenizer", str(tokenizer), "--force")
+    assert ftx_cli(*args).exit_code == 0
     text = (deploy / "prod.toml").read_text()
     assert str(in_tmp_cwd) not in text  # nothing absolute in a file meant to be committed
     assert tomllib.loads(text)["settings"]["tokenizer"] == "tokenizer"

@@ -164,9 +164,17 @@ def locked_settings(settings: Any) -> dict[str, Any]:
 
 
 def write_lock(
-    path: Path, requires: Sequence[str], model: Mapping[str, Any], settings: Mapping[str, Any] | None = None
+    path: Path,
+    requires: Sequence[str],
+    model: Mapping[str, Any],
+    settings: Mapping[str, Any] | None = None,
+    *,
+    replace: bool = False,
 ) -> None:
-    """Write ftx.toml (with tomlkit: any path or value is quoted correctly) through a temp file and a rename."""
+    """Write ftx.toml (with tomlkit: any path or value is quoted correctly) through a temp file and a rename.
+
+    An existing file that says something else is replaced only with ``replace`` (``ftx lock --force``): a lock
+    is committed and reviewed, so rewriting it silently would lose its pins."""
     import os
 
     import tomlkit
@@ -199,15 +207,29 @@ def write_lock(
             f"{path} exists and is not a regular file; ftx lock writes a new file there",
             hint="pass -o with the path of a file (e.g. ./ftx.toml) that is absent or a regular file",
         )
+    text = tomlkit.dumps(doc)
+    if path.is_file() and not replace and _existing_text(path) != text:
+        raise ConfigError(
+            f"{path} already exists and pins something else; ftx lock does not overwrite it silently",
+            hint="pass --force to replace it (review the difference before committing it), or -o another file",
+        )
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(tomlkit.dumps(doc))
+        tmp.write_text(text)
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise ConfigError(
             f"cannot write {path}: {exc.strerror or exc}", hint="pass -o with a writable path in an existing directory"
         ) from None
+
+
+def _existing_text(path: Path) -> str | None:
+    """The deployment file already at ``path`` (None when it cannot be read as one)."""
+    try:
+        return _manifest_text(path)
+    except (OSError, ValueError):
+        return None
 
 
 def locked_source(manifest: Manifest) -> str:
