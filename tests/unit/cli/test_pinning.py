@@ -245,3 +245,39 @@ def test_a_lock_written_on_a_cpu_machine_replays_on_a_gpu_host_and_vice_versa(
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     assert _plan(ftx_cli, "--lock", str(deploy / "prod.toml")) == cpu_plan
+
+
+# --------------------------------------------------------------------------- a lock pins the stack
+
+
+def test_lock_records_the_stack_and_a_replay_on_another_is_refused(
+    ftx_cli, in_tmp_cwd: Path, tiny_gptj_dir: Path
+) -> None:
+    """The lock pins what computes and serves (torch, transformers, numpy, the tritonserver package, the image's
+    and the native build's pinned sources); a replay where any of it differs is refused, --allow-drift goes on."""
+    from importlib import metadata
+
+    from cli_helpers import assert_clean_failure
+
+    assert ftx_cli("lock", str(tiny_gptj_dir)).exit_code == 0
+    stack = tomllib.loads((in_tmp_cwd / "ftx.toml").read_text())["stack"]
+    assert stack["numpy"] == metadata.version("numpy") and stack["torch"] == metadata.version("torch")
+    assert stack["transformers"] == metadata.version("transformers")
+    assert stack["nvidia-pytriton"] == metadata.version("nvidia-pytriton")
+    assert "FasterTransformer@df4a75348601" in stack["fastertransformer-docker"]
+    assert stack["fastertransformer-native"].startswith("sources ")
+    assert ftx_cli("run", "--until", "convert").exit_code == 0  # the same stack replays
+    text = (in_tmp_cwd / "ftx.toml").read_text()
+    (in_tmp_cwd / "ftx.toml").write_text(text.replace(f'numpy = "{stack["numpy"]}"', 'numpy = "1.0.0"'))
+    refused = ftx_cli("run", "--until", "convert")
+    assert_clean_failure(refused, "was locked on another stack", f"numpy 1.0.0 -> {stack['numpy']}", "--allow-drift")
+    drifted = ftx_cli("run", "--until", "convert", "--allow-drift")
+    assert drifted.exit_code == 0 and "locked on another stack" in drifted.stderr
+
+
+def test_lock_resolve_records_what_this_machine_chooses(ftx_cli, in_tmp_cwd: Path, tiny_gptj_dir: Path) -> None:
+    """Without a GPU, `auto` is the python runtime at tp 1 in fp32: --resolve writes those, not auto."""
+    locked = ftx_cli("lock", str(tiny_gptj_dir), "--resolve")
+    assert locked.exit_code == 0, locked.stderr
+    settings = tomllib.loads((in_tmp_cwd / "ftx.toml").read_text())["settings"]
+    assert (settings["runtime"], settings["tp"], settings["weight_dtype"]) == ("python", 1, "fp32")

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from ftx_triton.cli.common import FtxCommand, get_host, say
-from ftx_triton.cli.manifest import MANIFEST_NAME, locked_settings, write_lock
+from ftx_triton.cli.manifest import MANIFEST_NAME, current_stack, locked_settings, write_lock
 from ftx_triton.cli.options import (
     PORT,
     deployment_conversion_options,
@@ -136,7 +136,13 @@ def _check_lockable(url: str) -> None:
     help=f"The deployment file to write (a directory: {MANIFEST_NAME} in it).",
 )
 @click.option("--force", is_flag=True, help="Replace an existing deployment file that says something else.")
-def lock(model: str, output: str, force: bool, **opts: Any) -> None:
+@click.option(
+    "--resolve",
+    is_flag=True,
+    help="Record the runtime, tp and weight dtype this machine chooses for `auto` (a lock for hosts like this "
+    "one) instead of `auto`.",
+)
+def lock(model: str, output: str, force: bool, resolve: bool, **opts: Any) -> None:
     """Write ftx.toml: exact versions of core and the plugins the deployment uses, MODEL pinned, and every
     setting as asked.
 
@@ -164,12 +170,34 @@ def lock(model: str, output: str, force: bool, **opts: Any) -> None:
         else value
         for key, value in locked_settings(settings).items()
     }  # paths relative to the file, as the source
-    write_lock(path, requires, table, locked, replace=force)
+    if resolve:
+        locked.update(_resolved(settings))
+    stack = current_stack(get_host().runtimes.values())
+    write_lock(path, requires, table, locked, stack=stack, replace=force)
     say(
-        f"pinned {len(requires)} distributions, {pinned}, runtime {settings.runtime}, "
-        f"tp {settings.convert.tp or 'auto'}, weights {settings.convert.weight_dtype}"
+        f"pinned {len(requires)} distributions, {pinned}, runtime {locked['runtime']}, "
+        f"tp {locked.get('tp', 'auto')}, weights {locked.get('weight_dtype', 'auto')}"
     )
     click.echo(str(path))
+
+
+def _resolved(settings: RunSettings) -> dict[str, Any]:
+    """What this machine chooses for ``auto``: the runtime, tp and weight dtype of the plan ``ftx run`` would
+    follow here (planned, nothing fetched or built)."""
+    from ftx_triton.cli.common import command_store
+    from ftx_triton.engine.pipeline import Pipeline
+
+    plan = Pipeline(get_host(), command_store(), settings).plan()
+    if plan.runtime is None:
+        raise ConfigError(
+            f"the runtime and tp for {settings.model} cannot be chosen before its config.json is here",
+            hint=f"run `ftx pull {settings.model}` first (or pass --family for a preset), then lock with --resolve",
+        )
+    return {
+        "runtime": plan.runtime.name,
+        "tp": plan.settings.convert.tp,
+        "weight_dtype": plan.settings.convert.weight_dtype,
+    }
 
 
 def lock_path(output: str) -> Path:

@@ -106,6 +106,13 @@ class NativeFasterTransformer(FasterTransformerRuntime):
             show_progress=ctx.show_progress,
         )
 
+    def identity(self) -> Mapping[str, str]:
+        """The pinned sources and ftx's patches the backend is built from (the build itself is per machine)."""
+        from ftx_triton.runtime.fastertransformer.native.patches import patch_set_digest
+        from ftx_triton.runtime.fastertransformer.pins import pins_digest
+
+        return {self.name: f"sources {pins_digest()} patches {patch_set_digest()[:16]}"}
+
     # -- stages ----------------------------------------------------------------------------
 
     def describe(self, plan: DryRunPlan) -> list[str]:
