@@ -40,8 +40,11 @@ class ServedModel:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
+        """``ftx ps --json``: every address in one form, its scheme included (``http://``, ``grpc://``; the
+        OpenAI endpoint's base URL, or null)."""
         data = {k: v for k, v in self.__dict__.items() if k != "extra"}
-        return {**data, "http_url": self.http, "grpc_url": self.grpc, **self.extra}
+        addresses = {"http": f"http://{self.http}", "grpc": f"grpc://{self.grpc}", "openai": self.openai or None}
+        return {**data, **addresses, **self.extra}
 
 
 def _flag(cmdline: list[str], name: str) -> str | None:
@@ -153,7 +156,7 @@ def served_models(home: Path, servers: list[ServerRecord] | None = None) -> list
             )
         found[owner] = ServedModel(
             pid=owner,
-            name=record.name if record else "(foreground)",
+            name=record.name if record else str(spec.get("name") or "(foreground)"),
             model=str(deployment.get("model") or repository.name),
             runtime=runtime,
             device=_device(proc, runtime),

@@ -383,6 +383,7 @@ class TritonServer:
             "command": triton_command,
             "shm_prefix": self.shm_prefix,
             "exit_timeout_s": self.exit_timeout_s,
+            "name": self.name,  # `ftx ps` names a foreground server by it
         }
         if self.http_front:
             spec["front"] = {

@@ -9,6 +9,7 @@ becomes a JSON event instead, so a machine reading stderr never sees the two mix
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import sys
 from collections.abc import Iterator
@@ -81,9 +82,14 @@ def warn(text: str) -> None:
     console().print(line, soft_wrap=True)
 
 
+def timestamp() -> str:
+    """Now, as every JSON event carries it (ISO 8601, UTC, as structlog's ``TimeStamper(fmt="iso", utc=True)``)."""
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def emit_json(event: dict[str, Any]) -> None:
-    """One JSON line on stderr, written directly (never wrapped or styled)."""
-    sys.stderr.write(json.dumps(event, sort_keys=True, default=str) + "\n")
+    """One JSON line on stderr, written directly (never wrapped or styled), with its ``timestamp``."""
+    sys.stderr.write(json.dumps({"timestamp": timestamp(), **event}, sort_keys=True, default=str) + "\n")
     sys.stderr.flush()
 
 
