@@ -23,6 +23,12 @@ def test_a_new_plugin_names_itself_by_its_slug_and_keeps_the_checkpoints_model_t
     assert project["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"] == ["src/ftx_mistral"]
     family = (dest / "src" / "ftx_mistral" / "family.py").read_text()
     assert 'name = "mistral"' in family and 'hf_model_types = ("gpt2",)' in family
+    assert "class Mistral(Family):" in family and 'hf_model_class = "GPT2LMHeadModel"' in family
+    assert "GPT2(" not in family and "type[Mistral]" in (dest / "src" / "ftx_mistral" / "__init__.py").read_text()
+    assert "class TestMistral(FamilyConformance):" in (dest / "tests" / "test_mistral_conformance.py").read_text()
+    tox = (dest / "tox.ini").read_text()  # CI: lint, then the kit over the supported ftx-triton versions
+    assert "ruff check" in tox and "ftx-triton[kit]==0.1.*" in tox and "download.pytorch.org/whl/cpu" in tox
+    assert "tox" in (dest / ".github" / "workflows" / "ci.yml").read_text()
     assert (dest / "tests" / "test_mistral_conformance.py").is_file()
     assert not list(dest.rglob("__pycache__")) and not list(tmp_path.glob(".*"))  # no lock or temp left beside it
     assert "model_type 'gpt2'" in result.stderr and "set both to yours" in result.stderr
@@ -109,7 +115,10 @@ def test_the_next_step_installs_the_test_extra(ftx_cli: Any, tmp_path: Path) -> 
     dest = tmp_path / "ftx-mistral"
     result = ftx_cli("plugin", "new", "mistral", "--dir", str(dest))
     assert result.exit_code == 0, result.stderr
-    assert f"next      pip install -e '{dest}[test]' && pytest {dest / 'tests'}" in result.stderr
+    assert (
+        "next      pip install torch --index-url https://download.pytorch.org/whl/cpu && "
+        f"pip install -e '{dest}[test]' && pytest {dest / 'tests'}" in result.stderr
+    )
 
 
 def test_the_plugins_test_extra_pulls_cores_kit_extra(ftx_cli: Any, tmp_path: Path) -> None:

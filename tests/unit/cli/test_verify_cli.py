@@ -171,3 +171,17 @@ def test_an_unreadable_config_ini_is_an_error_not_a_traceback(
         ini.symlink_to("/dev/zero")
         needle = "is a character device"
     assert_clean_failure(ftx_cli("verify", str(directory), env=NO_GPU), str(ini), needle)
+
+
+def test_verify_without_torch_says_how_to_install_it(
+    ftx_cli: Any, gptj_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain install has no torch (the kit extra brings it): an ImportError traceback once."""
+    import sys
+
+    from cli_helpers import assert_clean_failure
+
+    directory = _converted(ftx_cli, gptj_checkpoint, tmp_path / "ft", 1)
+    monkeypatch.setitem(sys.modules, "torch", None)  # what an environment without torch gives importlib
+    result = ftx_cli("verify", str(directory), env=NO_GPU)
+    assert_clean_failure(result, "needs torch", "download.pytorch.org/whl/cpu", "ftx-triton[kit]")

@@ -225,14 +225,15 @@ class FtxGroup(click.Group):
                 param.show_envvar = True
 
 
-def get_host() -> PluginHost:
-    """The plugin host for this process (loaded once); broken plugins are warned about."""
+def get_host(*, warn_broken: bool = True) -> PluginHost:
+    """The plugin host for this process (loaded once); broken plugins are warned about, unless the caller reports
+    them itself (``ftx plugins``: once)."""
     global _HOST
     if _HOST is None:
         from ftx_triton.plugins import load_host
 
         _HOST = load_host()
-        for record in _HOST.broken:
+        for record in _HOST.broken if warn_broken else ():
             from ftx_triton.terminal.console import warn
 
             warn(f"plugin {record.name} ({record.distribution}) failed to load: {record.error}")

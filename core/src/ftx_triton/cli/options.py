@@ -16,6 +16,8 @@ from ftx_triton.plan.settings import STAGES
 F = Callable[..., Any]
 
 PORT = click.IntRange(1, 65535)
+CPU_TORCH = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+"""The CPU build of torch (the default wheel is the CUDA build, several GB): what the kit and verify need."""
 
 
 class TpType(click.IntRange):

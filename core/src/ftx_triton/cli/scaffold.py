@@ -18,6 +18,8 @@ from ftx_triton.io.outputs import check_output_place, output_error
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "plugin_template"
 TEMPLATE_SLUG = "gpt2"
+TEMPLATE_CLASS = "GPT2"
+"""The template family's class (and ``TestGPT2``, its conformance test); ``GPT2LMHeadModel`` names checkpoints."""
 SLUG = re.compile(r"[a-z][a-z0-9]{0,39}")
 
 
@@ -38,7 +40,13 @@ def check_slug(slug: str, taken: set[str] | frozenset[str] = frozenset()) -> str
     return slug
 
 
+def class_name(slug: str) -> str:
+    """The family's class name for ``slug`` (``mistral`` -> ``Mistral``), as the template's ``GPT2`` is GPT-2's."""
+    return slug[:1].upper() + slug[1:]
+
+
 def _renamed(text: str, slug: str) -> str:
+    text = re.sub(rf"\b(Test)?{TEMPLATE_CLASS}\b", lambda m: f"{m.group(1) or ''}{class_name(slug)}", text)
     text = text.replace(f"ftx_{TEMPLATE_SLUG}", f"ftx_{slug}").replace(
         f"ftx-triton-{TEMPLATE_SLUG}", f"ftx-triton-{slug}"
     )

@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from ftx_triton.cli.common import FtxCommand, get_host, say
-from ftx_triton.cli.options import conversion_options, safety_options
+from ftx_triton.cli.options import CPU_TORCH, conversion_options, safety_options
 from ftx_triton.errors import CheckpointError, ConfigError, FtxError
 
 MARKER = "ftx-convert.json"
@@ -93,6 +93,7 @@ def verify(
     """
     from ftx_triton.oracle import verify as check
 
+    _need_reference_packages()
     path = Path(model)
     directories = converted_dirs(path) if path.exists() else []
     if directories:
@@ -136,6 +137,21 @@ def verify(
             "what transformers computes on FasterTransformer",
             hint="the family's tensor table puts a tensor where FasterTransformer does not read it (q/k/v order, "
             "fused layout, split axis, a transpose): fix the table, re-convert, and verify again",
+        )
+
+
+def _need_reference_packages() -> None:
+    """verify compares with transformers on torch: without them, an error saying how to install them (it was an
+    ImportError traceback)."""
+    from importlib.util import find_spec
+
+    missing = [name for name in ("torch", "transformers") if find_spec(name) is None]
+    if missing:
+        raise ConfigError(
+            f"ftx verify compares with transformers on the original checkpoint, which needs {' and '.join(missing)} "
+            "(not installed here)",
+            hint=f"{CPU_TORCH} && pip install 'ftx-triton[kit]' (the CPU build of torch first: the default one is "
+            "the CUDA build, several GB)",
         )
 
 
