@@ -725,7 +725,7 @@ def test_settings_as_ftx_lock_writes_them_are_taken(
     (tmp_path / "ftx.toml").write_text(text + 'force = ["convert"]\n')
     result = ftx_cli("run", "--dry-run")
     assert result.exit_code == 0, result.stderr
-    assert "tp=2" in result.stderr and "ports 8123/free" in result.stderr
+    assert "tp=2" in result.stdout and "ports 8123/free" in result.stdout
 
 
 def test_duplicate_zip_names_through_the_cli(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path) -> None:

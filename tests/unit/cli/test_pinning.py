@@ -203,7 +203,7 @@ def _gpu_host_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
 def _plan(ftx_cli, *args: str, env: dict[str, str] | None = None) -> dict[str, str]:
     planned = ftx_cli("run", *args, "--dry-run", env=env)
     assert planned.exit_code == 0, planned.stderr
-    lines = {line.split()[0]: line for line in planned.stderr.splitlines() if line and not line.startswith(" ")}
+    lines = {line.split()[0]: line for line in planned.stdout.splitlines() if line and not line.startswith(" ")}
     return {"runtime": lines["runtime"].split()[1], "compute": lines["compute"].split()[1], "convert": lines["convert"]}
 
 

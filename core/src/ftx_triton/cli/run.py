@@ -47,7 +47,8 @@ def run_pipeline(settings: RunSettings, lock: Path | None = None, *, allow_drift
         check_requirements(manifest)
         check_stack(manifest, get_host().runtimes.values(), allow_drift=allow_drift)
     rotate_logs(ftx_home())  # server logs do not pile up: the newest ones are kept
-    return Pipeline(get_host(), command_store(), settings, say=say).run()
+    # a dry run's plan is its result: stdout (`ftx run … --dry-run > plan.txt`); warnings and errors stay on stderr
+    return Pipeline(get_host(), command_store(), settings, say=click.echo if settings.dry_run else say).run()
 
 
 def model_from_manifest(model: str | None, opts: dict[str, Any], lock: Path | None = None) -> str:
