@@ -135,9 +135,15 @@ def global_options() -> list[click.Option]:
 
 GLOBAL_NAMES = ("log_format", "verbose")
 
-HELP_SECTIONS: dict[str, str] = {}
-"""Option name -> the help section it is listed under (commands without a section list them
-under "Options"). Filled by the option groups in :mod:`ftx_triton.cli.options`."""
+HELP_SECTION_ATTR = "ftx_help_section"
+"""The attribute of a click option naming the --help section it is listed under (set by the option groups in
+:mod:`ftx_triton.cli.options` on each option they make; options without it are listed under "Options"). Per
+option, not per name: ``--max-tokens`` of ``ftx generate`` is not ``ftx run``'s, nor ``ftx rm --dry-run`` a
+stage option."""
+
+
+def set_help_section(param: click.Parameter, title: str) -> None:
+    setattr(param, HELP_SECTION_ATTR, title)
 
 
 class FtxCommand(click.Command):
@@ -178,7 +184,7 @@ class FtxCommand(click.Command):
             record = param.get_help_record(ctx) if isinstance(param, click.Option) else None
             if record is None:
                 continue
-            title = HELP_SECTIONS.get(param.name or "", "Options")
+            title = getattr(param, HELP_SECTION_ATTR, "Options")
             if param.name in GLOBAL_NAMES or param is self.get_help_option(ctx):
                 title = "Global options"
             sections.setdefault(title, []).append(record)
@@ -284,7 +290,7 @@ def plugin_options(taken: set[str]) -> list[click.Option]:
         _PLUGIN_OPTIONS = get_host().run_options(taken=taken)
         for option in _PLUGIN_OPTIONS:
             option.show_envvar = True
-            HELP_SECTIONS[option.name or ""] = PLUGIN_SECTION
+            set_help_section(option, PLUGIN_SECTION)
     return _PLUGIN_OPTIONS
 
 

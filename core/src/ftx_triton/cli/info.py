@@ -6,11 +6,10 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from ftx_triton.cli.common import FtxCommand, get_host, say
-from ftx_triton.terminal.console import warn
+from ftx_triton.terminal.console import results_console, warn
 
 if TYPE_CHECKING:
     from ftx_triton.plugins import PluginHost
@@ -45,7 +44,7 @@ def models(as_json: bool) -> None:
             f"{n} → {p['source']}{'@' + p['revision'] if p['revision'] else ''}" for n, p in row["presets"].items()
         )
         table.add_row(row["family"], row["model_type"], presets or "-", row["distribution"] or "-")
-    Console().print(table)
+    results_console().print(table)
 
 
 @click.command(cls=FtxCommand)
@@ -84,7 +83,7 @@ def plugins(as_json: bool, freeze: bool, check: bool) -> None:
                 ", ".join(r.runtimes) or "-",
                 status,
             )
-        console = Console()
+        console = results_console()
         console.print(table)
         runtimes = Table("runtime", "--runtime", "priority", "from", "what", title="runtimes")
         for name, runtime in sorted(host.runtimes.items(), key=lambda item: -item[1].priority):

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from ftx_triton.cli.common import HELP_SECTIONS
+from ftx_triton.cli.common import set_help_section
 from ftx_triton.conversion.dtypes import WEIGHT_DTYPES
 from ftx_triton.plan.settings import STAGES
 
@@ -56,7 +56,7 @@ def section(title: str, *decorators: F) -> Callable[[F], F]:
         for decorator in reversed(decorators):
             func = decorator(func)
         for param in getattr(func, "__click_params__", [])[before:]:
-            HELP_SECTIONS.setdefault(param.name or "", title)
+            set_help_section(param, title)
         return func
 
     return apply

@@ -29,6 +29,17 @@ def console() -> Console:
     return _STATE["console"]
 
 
+PIPED_WIDTH = 10_000
+"""The width tables are laid out in when stdout is no terminal: their natural width, never cut at 80 columns."""
+
+
+def results_console() -> Console:
+    """A console for results on stdout (tables): the terminal's width on a terminal; piped or redirected
+    (``ftx plugins | cat``), as wide as the table needs, so no cell is cut or wrapped."""
+    out = Console(highlight=False)
+    return out if out.is_terminal else Console(width=PIPED_WIDTH, highlight=False)
+
+
 def set_json(enabled: bool) -> None:
     """Render human lines as JSON events (``--log-format json``)."""
     _STATE["json"] = enabled
@@ -104,4 +115,4 @@ def status(text: str) -> Iterator[None]:
     yield
 
 
-__all__ = ["console", "emit_json", "is_terminal", "json_mode", "say", "set_json", "status", "warn"]
+__all__ = ["console", "emit_json", "results_console", "is_terminal", "json_mode", "say", "set_json", "status", "warn"]
