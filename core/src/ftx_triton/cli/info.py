@@ -6,10 +6,8 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich.table import Table
 
 from ftx_triton.cli.common import FtxCommand, get_host, say
-from ftx_triton.terminal.console import results_console, warn
 
 if TYPE_CHECKING:
     from ftx_triton.plugins import PluginHost
@@ -19,6 +17,10 @@ if TYPE_CHECKING:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def models(as_json: bool) -> None:
     """List model families and presets."""
+    from rich.table import Table
+
+    from ftx_triton.terminal.console import results_console
+
     host = get_host()
     rows: list[dict[str, Any]] = []
     for family in sorted(host.families.values(), key=lambda f: f.name):
@@ -57,7 +59,12 @@ def models(as_json: bool) -> None:
 )
 def plugins(as_json: bool, freeze: bool, check: bool) -> None:
     """List plugins: distribution, version, hooks, families, and any load error (exit 1 if one failed to load)."""
+    from rich.table import Table
+
+    from ftx_triton.terminal.console import results_console, warn
+
     host = get_host(warn_broken=False)  # said here, once
+    host.collect_families()  # each record lists its families
     records = host.records
     if check:
         _check(host)

@@ -12,15 +12,15 @@ import click
 from ftx_triton.cli.common import FtxCommand, get_host, say
 from ftx_triton.cli.manifest import MANIFEST_NAME, current_stack, locked_settings, write_lock
 from ftx_triton.cli.options import (
-    PORT,
     deployment_conversion_options,
     repository_options,
     section,
     source_options,
     tune_options,
 )
+from ftx_triton.commandkit import options_of
 from ftx_triton.errors import ConfigError
-from ftx_triton.plan.settings import RunSettings
+from ftx_triton.plan.settings import RunSettings, ServeSettings
 
 
 def _requires(family: str | None, runtime: str) -> list[str]:
@@ -114,20 +114,7 @@ def _check_lockable(url: str) -> None:
     ),
 )
 @tune_options
-@section(
-    "Serving",
-    click.option("--host", default="127.0.0.1", show_default=True, help="Address the server binds to."),
-    click.option("--http-port", type=PORT, help="HTTP port."),
-    click.option("--grpc-port", type=PORT, help="gRPC port."),
-    click.option("--metrics-port", type=PORT, help="Metrics port."),
-    click.option(
-        "--device",
-        type=click.Choice(["auto", "cpu", "cuda"]),
-        default="auto",
-        show_default=True,
-        help="Python runtime device.",
-    ),
-)
+@options_of(ServeSettings, only=("host", "http_port", "grpc_port", "metrics_port", "device"))
 @click.option(
     "--output",
     "-o",
@@ -195,7 +182,7 @@ def _resolved(settings: RunSettings) -> dict[str, Any]:
         )
     return {
         "runtime": plan.runtime.name,
-        "tp": plan.settings.convert.tp,
+        "tp": plan.settings.convert.planned_tp,
         "weight_dtype": plan.settings.convert.weight_dtype,
     }
 

@@ -13,7 +13,6 @@ import shutil
 from pathlib import Path
 
 from ftx_triton.errors import ConfigError, OutputError
-from ftx_triton.io.atomic import publish_dir
 from ftx_triton.io.outputs import check_output_place, output_error
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "plugin_template"
@@ -75,6 +74,8 @@ def new_plugin(slug: str, dest: Path) -> tuple[Path, list[str]]:
 
 def _write(slug: str, dest: Path) -> None:
     """The renamed template, published at ``dest`` whole or not at all."""
+    from ftx_triton.io.atomic import publish_dir
+
     with publish_dir(dest, locked=False) as tmp:
         for source in sorted(TEMPLATE.rglob("*")):
             rel = source.relative_to(TEMPLATE)

@@ -26,7 +26,6 @@ from ftx_triton.engine.deployment import Deployment, openai_model_id
 from ftx_triton.errors import ServeError
 from ftx_triton.repository.io import TEXT_MODEL_NAME
 from ftx_triton.server.text_client import TextInterface, first_text, pieces, sampling_values, text_interface
-from ftx_triton.terminal.console import json_mode
 
 EXAMPLE_PROMPT = "Once upon a time"
 EXAMPLE_TOKENS = 16
@@ -63,6 +62,7 @@ def generate_text(
     echo_prompt: bool = False,
     timeout_s: float = 600.0,
     on_note: Callable[[str], None] | None = None,
+    repository: Path | None = None,
 ) -> str:
     """Generate once through ``model``'s text interface at ``url``; return the text.
 
@@ -73,8 +73,14 @@ def generate_text(
     as responses arrive — for decoder models the prompt first — and the result is everything it got.
     A decoupled (streaming) model is always read as a stream; ``stream`` against a model deployed
     without ``--streaming`` still works, and ``on_note`` is told that the text arrives whole.
+    ``repository``: the served repository, when it is on this machine; a streaming one is then read over its
+    token route (ids from the fastertransformer model over gRPC, text made here: :mod:`~ftx_triton.server.token_stream`).
     """
     values = {"prompt": prompt, **sampling_values(max_tokens, temperature, top_k, top_p)}
+    if repository is not None and model == TEXT_MODEL_NAME and not url.startswith(("http://", "https://")):
+        text = _generate_tokens(url, repository, prompt, values, stream, on_text, echo_prompt, timeout_s)
+        if text is not None:
+            return text
     if url.startswith(("http://", "https://")):
         return _generate_http(
             url,
@@ -98,6 +104,53 @@ def generate_text(
         timeout_s=timeout_s,
         on_note=on_note,
     )
+
+
+def _generate_tokens(
+    url: str,
+    repository: Path,
+    prompt: str,
+    values: dict[str, Any],
+    stream: bool,
+    on_text: Callable[[str], None] | None,
+    echo_prompt: bool,
+    timeout_s: float,
+) -> str | None:
+    """The text over a streaming repository's token route; None when it has none (the ensemble serves)."""
+    from ftx_triton.repository.textproc import RequestError
+    from ftx_triton.server.token_stream import ModelRefused, TokenRoute, stream_texts_sync
+
+    route = TokenRoute.open(repository)
+    if route is None:
+        return None
+    lead = prompt if route.io_kind == "decoder" else ""
+    printed = lead if stream or echo_prompt else ""
+    if stream and on_text and lead:
+        on_text(lead)
+    try:
+        for piece in stream_texts_sync(url, route, values, timeout_s):
+            printed += piece
+            if stream and on_text:
+                on_text(piece)
+    except (RequestError, ModelRefused) as exc:
+        raise ServeError(f"the server refused the request: {exc}") from None
+    return printed
+
+
+def repository_at(target: str) -> Path | None:
+    """The repository of the server of this FTX_HOME listening at the gRPC address ``target``, if any."""
+    from ftx_triton.cli.processes import served_models
+    from ftx_triton.server.records import list_servers
+
+    address = target.removeprefix("grpc://")
+    live = [r for r in list_servers(_home()) if r.alive]
+    for record in live:
+        if record.grpc_url == address:
+            return Path(record.repository)
+    for served in served_models(_home(), live):
+        if served.grpc == address:
+            return Path(served.repository)
+    return None
 
 
 def _not_streaming_note(model: str) -> str:
@@ -258,6 +311,7 @@ def resolve_target(model: str | None, url: str | None) -> tuple[str, str]:
     """
     if url:
         return _checked_url(url), model or TEXT_MODEL_NAME
+    from ftx_triton.cli.clusters import running_as_served
     from ftx_triton.cli.processes import served_models
     from ftx_triton.server.records import list_servers
 
@@ -267,6 +321,7 @@ def resolve_target(model: str | None, url: str | None) -> tuple[str, str]:
         for r in live
     ]
     servers += [(s.name, s.grpc, TEXT_MODEL_NAME) for s in served_models(_home(), live) if not s.extra.get("detached")]
+    servers += [(s.name, s.grpc, TEXT_MODEL_NAME) for s in running_as_served(_home())]
     named = [s for s in servers if model is not None and s[0] == model]
     if named:
         return named[0][1], named[0][2]
@@ -386,6 +441,7 @@ def generate(
         echo_prompt=True,
         timeout_s=timeout_s,
         on_note=lambda note: say(f"note: {note}"),
+        repository=repository_at(target) if triton_model == TEXT_MODEL_NAME else None,
     )
     click.echo("" if stream else text)
 
@@ -511,11 +567,14 @@ def after_serve(deployment: Deployment, *, prompt: str | None = None, max_tokens
     ``--detach``: leave the server running and say how to reach and stop it.
     Otherwise: serve in the foreground until Ctrl-C or SIGTERM, then stop cleanly.
     """
+    from ftx_triton.terminal import timeline  # structlog: not at `ftx --help`
+
     endpoint = deployment.endpoint
     detach = deployment.settings.serve.detach
     try:
         if prompt is None or detach:
             deployment.start_front(detach=detach)
+            timeline.step("openai front")
         if prompt is not None:  # no "try it" block: the server stops after the answer (--detach prints it)
             stream = _decoupled(deployment.repository.path)
             text = generate_text(
@@ -526,6 +585,7 @@ def after_serve(deployment: Deployment, *, prompt: str | None = None, max_tokens
                 stream=stream,
                 on_text=_writer() if stream else None,
                 echo_prompt=True,
+                repository=deployment.repository.path,
             )
             click.echo("" if stream else text)
             if not detach:
@@ -533,6 +593,10 @@ def after_serve(deployment: Deployment, *, prompt: str | None = None, max_tokens
                 return
         if detach:
             name = deployment.detach()
+            timeline.step("detach")
+            timeline.summary()
+            from ftx_triton.terminal.console import json_mode
+
             if json_mode():  # a script reads where it runs, as `ftx ps --json` shows it
                 click.echo(json.dumps(endpoint_json(deployment, name), sort_keys=True))
                 return

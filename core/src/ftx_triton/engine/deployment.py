@@ -77,6 +77,7 @@ class Deployment:
             port=s.openai_port,
             detach=detach,
             watch_pid=self.server.pid,
+            triton_grpc=self.endpoint.grpc_url,
         )
 
     def detach(self) -> str:

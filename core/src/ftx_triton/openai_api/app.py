@@ -7,7 +7,8 @@ Token counts (``usage``, ``finish_reason``) come from the repository's own token
 render in a worker process with a time limit (:class:`~.chat.TemplateWorker`). A client that leaves
 ends its request: the front cancels the handler (no further prompt is generated) and a stream's worker
 stops at its next piece. Mistakes of the client are 4xx ``invalid_request_error``; faults of the server
-or the model (a failed generation, a template that overruns its time) are 5xx ``server_error``.
+or the model (a failed generation, a template that overruns its time) are 5xx ``server_error``; every
+answer is JSON, aiohttp's own (no such route, another method) and an unforeseen fault's included.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import asyncio
 import json
 import threading
 import time
+import traceback
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncGenerator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,9 +29,21 @@ from aiohttp import web
 from ftx_triton.errors import FtxError
 from ftx_triton.front.server import Refused, read_body
 from ftx_triton.front.shield import lone_surrogate
+from ftx_triton.openai_api.admission import overloaded_response
 from ftx_triton.openai_api.chat import TemplateError, TemplateTimeout, TemplateWorker, chat_template, render
+from ftx_triton.openai_api.metrics import FrontMetrics, Tracked
+from ftx_triton.openai_api.token_generation import TokenGeneration
 from ftx_triton.repository.io import TEXT_MODEL_NAME
+from ftx_triton.repository.textproc import RequestError
 from ftx_triton.server.text_client import HttpError, HttpTriton, TextInterface, pieces, sampling_values, text_interface
+from ftx_triton.server.token_stream import (
+    AsyncTokenClient,
+    ModelRefused,
+    Overloaded,
+    StreamFault,
+    TokenRoute,
+    is_overload,
+)
 
 MAX_TOKENS_DEFAULT = 16
 """OpenAI's default for /v1/completions."""
@@ -45,6 +59,8 @@ class ServerFault(Exception):
 
 STREAM_HEADER = "X-Ftx-Stream"
 """On a ``stream: true`` answer: ``tokens`` (the model streams) or ``whole`` (it does not: one chunk)."""
+ROUTE_HEADER = "X-Ftx-Route"
+"""On a streamed answer: ``tokens`` (ids read from the model over gRPC, detokenized here) or ``ensemble``."""
 NOT_STREAMING = (
     "this deployment answers in one piece: the model was not deployed with --streaming, so the "
     "whole text arrives as one chunk (ftx run MODEL --streaming streams token by token)"
@@ -77,8 +93,28 @@ class Deployment:
     model_id: str
     ensemble: str
     tokenizer_dir: Path
+    tokens: AsyncTokenClient | None = None
+    """Triton's gRPC endpoint, for the token route (None: every request goes through the ensemble)."""
+    route: TokenRoute | None = None
+    """The token route of a streaming repository this process can read (:mod:`.token_generation`)."""
+    metrics: FrontMetrics | None = None
+    """Token-level Prometheus series (``/metrics``), when the endpoint keeps them."""
     _iface: TextInterface | None = None
     _codec: Any = None
+
+    def generation(
+        self, prompt: str, values: Mapping[str, Any], stop: list[str]
+    ) -> Generation | TokenGeneration | Tracked:
+        """The generation for one prompt: over the token route when there is one, else the ensemble; measured
+        when the endpoint keeps metrics."""
+        generation: Generation | TokenGeneration
+        if self.tokens is not None and self.route is not None:
+            generation = TokenGeneration(self.tokens, self.route, prompt, values, stop)
+        else:
+            generation = Generation(self, prompt, values, stop)
+        if self.metrics is None:
+            return generation
+        return self.metrics.track(generation, self.count, lambda: self.count(prompt, prompt=True))
 
     def iface(self) -> TextInterface:
         if self._iface is None:
@@ -203,6 +239,13 @@ class Generation:
             return "stop"
         return "length" if self.deployment.count(text) >= int(self.values["max_tokens"]) else "stop"
 
+    def astream(self) -> AsyncGenerator[str, None]:
+        """:meth:`stream` in a worker thread (the HTTP client is synchronous)."""
+        return _in_thread_iter(self.stream())
+
+    async def awhole(self) -> str:
+        return await asyncio.to_thread(self.whole)
+
 
 async def _in_thread_iter(gen: Iterator[str]) -> AsyncGenerator[str, None]:
     """Consume a blocking iterator in a worker thread, yielding its items to the event loop; the worker
@@ -302,7 +345,7 @@ class Handlers:
         if stream:
             if len(prompts) != 1:
                 raise BadRequest("stream supports one prompt", "prompt")
-            generation = Generation(self.d, prompts[0], values, stop)
+            generation = self.d.generation(prompts[0], values, stop)
 
             def chunk(text: str, reason: str | None) -> dict[str, Any]:
                 return {
@@ -316,8 +359,8 @@ class Handlers:
             return await self._sse(request, generation, chunk, first=prompts[0] if echo else None)
         choices, prompt_tokens, completion_tokens = [], 0, 0
         for index, prompt in enumerate(prompts):
-            generation = Generation(self.d, prompt, values, stop)
-            text = await asyncio.to_thread(generation.whole)
+            generation = self.d.generation(prompt, values, stop)
+            text = await generation.awhole()
             prompt_tokens += self.d.count(prompt, prompt=True)
             completion_tokens += self.d.count(text)
             choices.append(
@@ -364,7 +407,7 @@ class Handlers:
                 f"{exc}; the template is part of the model's repository (tokenizer_config.json)"
             ) from None
         values, stop, stream = _request_values(body, None)
-        generation = Generation(self.d, prompt, values, stop)
+        generation = self.d.generation(prompt, values, stop)
         ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if stream:
 
@@ -379,7 +422,7 @@ class Handlers:
                 }
 
             return await self._sse(request, generation, chunk, role=True)
-        text = await asyncio.to_thread(generation.whole)
+        text = await generation.awhole()
         return web.json_response(
             {
                 "id": ident,
@@ -398,12 +441,18 @@ class Handlers:
         )
 
     async def _sse(
-        self, request: web.Request, generation: Generation, chunk: Any, *, first: str | None = None, role: bool = False
+        self,
+        request: web.Request,
+        generation: Generation | TokenGeneration | Tracked,
+        chunk: Any,
+        *,
+        first: str | None = None,
+        role: bool = False,
     ) -> web.StreamResponse:
         await asyncio.to_thread(self.d.iface)  # fail before the 200 if the ensemble cannot be read
         # the first piece too: a request the model refuses, or a server that is gone, is an HTTP error
         # status (400 / 502 from the middleware), not a 200 whose stream holds the error
-        stream = _in_thread_iter(generation.stream())
+        stream = generation.astream()
         try:
             return await self._send_events(request, generation, chunk, stream, first=first, role=role)
         finally:
@@ -412,9 +461,9 @@ class Handlers:
     async def _send_events(
         self,
         request: web.Request,
-        generation: Generation,
+        generation: Generation | TokenGeneration | Tracked,
         chunk: Any,
-        stream: AsyncIterator[str],
+        stream: AsyncGenerator[str, None],
         *,
         first: str | None,
         role: bool,
@@ -429,6 +478,7 @@ class Handlers:
                 "Content-Type": "text/event-stream",
                 "Cache-Control": "no-cache",
                 STREAM_HEADER: "tokens" if decoupled else "whole",
+                ROUTE_HEADER: "tokens" if self.d.route is not None and self.d.tokens is not None else "ensemble",
             }
         )
         await response.prepare(request)
@@ -452,7 +502,7 @@ class Handlers:
                 async for piece in stream:
                     await send(chunk(piece, None))
                 await send(chunk("", generation.finish_reason))
-            except (HttpError, FtxError) as exc:
+            except (HttpError, FtxError, RequestError) as exc:
                 await send({"error": {"message": str(exc), "type": "server_error", "param": None, "code": None}})
             await send("[DONE]")
             await response.write_eof()
@@ -477,7 +527,19 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return _error(exc.status, str(exc), "invalid_request_error", exc.param, exc.code)
     except ServerFault as exc:
         return _error(500, str(exc), "server_error")
+    except (RequestError, ModelRefused) as exc:  # the token route's preprocessing, or the model, refused the request
+        return _error(400, f"the model refused the request: {exc}", "invalid_request_error")
+    except Overloaded as exc:
+        return overloaded_response(exc.message)
+    except StreamFault as exc:
+        return _error(
+            500,
+            f"the model failed on this request (a fault of the server, not of the request): {exc.message}",
+            "server_error",
+        )
     except HttpError as exc:
+        if is_overload(exc.message):
+            return overloaded_response(exc.message)
         if 400 <= exc.status < 500:
             return _error(400, f"the model refused the request: {exc.message}", "invalid_request_error")
         if exc.status == 500:
@@ -491,6 +553,13 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return _error(502, f"the Triton server did not answer: {exc.message}", "server_error")
     except ConnectionResetError:  # the client left mid-request: nobody to answer, nothing worth a traceback
         return web.Response(status=400)
+    except web.HTTPException as exc:  # aiohttp's own: no such route (404), another method (405)
+        if exc.status < 400:
+            raise
+        return _error(exc.status, f"{request.method} {request.path[:200]}: {exc.reason}", "invalid_request_error")
+    except Exception as exc:  # noqa: BLE001 - a fault nobody foresaw: in the log in full, JSON to the client
+        traceback.print_exc()
+        return _error(500, f"the endpoint failed: {type(exc).__name__}: {exc}"[:500], "server_error")
 
 
 HEALTH_TIMEOUT_S = 3.0
@@ -512,10 +581,21 @@ def health_handler(triton: str, ensemble: str) -> Any:
 
 
 def make_app(
-    triton_http: str, model_id: str, tokenizer_dir: Path, ensemble: str = TEXT_MODEL_NAME, timeout_s: float = 600.0
+    triton_http: str,
+    model_id: str,
+    tokenizer_dir: Path,
+    ensemble: str = TEXT_MODEL_NAME,
+    timeout_s: float = 600.0,
+    triton_grpc: str | None = None,
 ) -> web.Application:
-    """The application for one deployment (``triton_http`` = ``http://host:port`` of Triton)."""
+    """The application for one deployment (``triton_http`` = ``http://host:port`` of Triton; ``triton_grpc``
+    = its ``host:port`` for gRPC, which a streaming repository's token route reads ids from)."""
     deployment = Deployment(HttpTriton(triton_http, timeout_s=timeout_s), model_id, ensemble, Path(tokenizer_dir))
+    deployment.metrics = FrontMetrics()
+    if triton_grpc:
+        deployment.route = TokenRoute.open(Path(tokenizer_dir).parent.parent)  # the repository of preprocessing/1
+        if deployment.route is not None:
+            deployment.tokens = AsyncTokenClient(triton_grpc)
     handlers = Handlers(deployment)
     app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
     app.add_routes(
@@ -524,12 +604,15 @@ def make_app(
             web.post("/v1/completions", handlers.completions),
             web.post("/v1/chat/completions", handlers.chat),
             web.get("/health", health_handler(triton_http, ensemble)),
+            web.get("/metrics", deployment.metrics.handler),
         ]
     )
 
     async def stop_renderer(_app: web.Application) -> None:
         if handlers.renderer is not None:
             handlers.renderer.stop()
+        if deployment.tokens is not None:
+            await deployment.tokens.close()
 
     app.on_cleanup.append(stop_renderer)
     return app

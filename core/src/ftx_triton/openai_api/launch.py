@@ -82,6 +82,7 @@ def start_openai(
     port: int | None = None,
     detach: bool = False,
     watch_pid: int | None = None,
+    triton_grpc: str | None = None,
 ) -> OpenAIEndpoint:
     """Start the endpoint for ``repository`` served at ``triton_http``; return once it answers. With ``watch_pid``
     (the server's supervisor) it ends when that process ends, detached or not."""
@@ -104,7 +105,11 @@ def start_openai(
         "--port",
         str(chosen),
         *(["--watch-pid", str(watch_pid)] if watch_pid else []),
+        "--home",
+        str(Path(home).resolve()),
     ]
+    if triton_grpc:  # a streaming model's ids are read straight from its gRPC stream (no Python model per token)
+        cmd += ["--triton-grpc", triton_grpc]
     with log_path.open("ab") as log:
         process = subprocess.Popen(
             cmd,

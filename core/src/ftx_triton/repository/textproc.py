@@ -274,11 +274,18 @@ def _text(value: Any, name: str = "input") -> str:
 
 def csv_words(array: np.ndarray | None, name: str) -> list[list[str]]:
     """FasterTransformer's word-list strings (one CSV line of words per item, ``"Hawks, Hawks"``)
-    as one list of words per item; spaces are kept, they are part of a word's tokens."""
-    return [
-        [word for line in row for fields in csv.reader([line]) for word in fields if word]
-        for row in strings(array, name)
-    ]
+    as one list of words per item; spaces are kept, they are part of a word's tokens. A line the CSV
+    reader refuses (a word over its 131072-character field limit, a NUL) is the request's mistake."""
+    try:
+        return [
+            [word for line in row for fields in csv.reader([line]) for word in fields if word]
+            for row in strings(array, name)
+        ]
+    except csv.Error as exc:
+        raise RequestError(
+            f"{name} is not a word list this model can read ({exc}); send words as one CSV line "
+            f"of at most {csv.field_size_limit()} characters a word"
+        ) from None
 
 
 # --------------------------------------------------------------------------- parameters
