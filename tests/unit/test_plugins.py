@@ -143,3 +143,26 @@ def test_plugin_outside_the_api_range_is_refused(tmp_path: Path) -> None:
     assert record["status"] == "broken"
     assert "supports plugin API 3..4 but this ftx provides API 2" in record["error"]
     assert "upgrade ftx" in record["error"]
+
+
+def test_plugins_check_fails_ci_on_a_broken_plugin_and_says_it_once(tmp_path: Path) -> None:
+    site = make_dist(tmp_path / "site", "ftx-broken", "ftx_broken", BROKEN)
+    checked = ftx(["plugins", "--check"], site, tmp_path / "home")
+    assert checked.returncode == 1 and checked.stdout == ""
+    assert checked.stderr.count("does_not_exist_anywhere") == 1 and "error: plugin ftx_broken" in checked.stderr
+    assert "hint:" in checked.stderr and "Traceback" not in checked.stderr
+    listing = ftx(["plugins"], site, tmp_path / "home")  # the table: the failure is said once too, then exit 1
+    assert listing.returncode == 1 and listing.stderr.count("failed to load") == 1
+    clean = ftx(["plugins", "--check"], None, tmp_path / "home")
+    assert clean.returncode == 0 and "plugins loaded" in clean.stderr and "gptj" in clean.stderr
+
+
+@pytest.mark.parametrize("how", ["preset", "--family"])
+def test_a_family_hidden_by_the_allow_list_is_named_hidden_not_unknown(
+    tmp_path: Path, tiny_gptj_dir: Path, how: str
+) -> None:
+    args = ["run", "gptj"] if how == "preset" else ["run", str(tiny_gptj_dir), "--family", "gptj"]
+    hidden = ftx([*args, "--dry-run"], None, tmp_path / "home", FTX_LOAD_PLUGINS="ftx-triton-t5")
+    assert hidden.returncode == 1 and "unknown" not in hidden.stderr, hidden.stderr
+    assert "family 'gptj' is hidden" in hidden.stderr and "FTX_LOAD_PLUGINS does not list it" in hidden.stderr
+    assert "hint: add gptj to FTX_LOAD_PLUGINS" in hidden.stderr

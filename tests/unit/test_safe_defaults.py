@@ -37,7 +37,7 @@ def _huge_config_dir(path: Path) -> Path:
 def test_dry_run_says_sizes_memory_and_compute_type(ftx_cli) -> None:
     result = ftx_cli("run", "gptj", "--dry-run", "--runtime", "python")
     assert result.exit_code == 0, result.stderr
-    err = result.stderr
+    err = result.stdout  # the plan is the dry run's result
     assert "6.05 B parameters; source stored as fp32" in err
     assert "download 24.2 GB, converted 24.2 GB (fp32)" in err and "free at" in err
     assert "python runtime needs about" in err and "available" in err
@@ -47,9 +47,9 @@ def test_dry_run_says_sizes_memory_and_compute_type(ftx_cli) -> None:
 def test_dry_run_and_help_agree_on_the_fastertransformer_compute_type(ftx_cli) -> None:
     dry = ftx_cli("run", "kogpt", "--dry-run", "--runtime", "fastertransformer")
     assert dry.exit_code == 0, dry.stderr
-    assert "convert   kogpt" in dry.stderr and "(fp16, tp=1)" in dry.stderr  # the preset's fp16 is kept
-    assert "compute   fp16 (the fastertransformer-docker runtime's default)" in dry.stderr
-    assert "download 12.3 GB, converted 12.3 GB (fp16)" in dry.stderr
+    assert "convert   kogpt" in dry.stdout and "(fp16, tp=1)" in dry.stdout  # the preset's fp16 is kept
+    assert "compute   fp16 (the fastertransformer-docker runtime's default)" in dry.stdout
+    assert "download 12.3 GB, converted 12.3 GB (fp16)" in dry.stdout
     help_text = " ".join(ftx_cli("run", "--help").stdout.split())
     assert "fp16 on the fastertransformer runtime" in help_text
     assert "auto = the source's own" in help_text
@@ -60,13 +60,13 @@ def test_fastertransformer_plans_weights_in_the_compute_type(ftx_cli) -> None:
     --weight-dtype and --data-type still choose."""
     dry = ftx_cli("run", "gptj", "--tp", "4", "--runtime", "fastertransformer", "--dry-run")
     assert dry.exit_code == 0, dry.stderr
-    assert "source stored as fp32" in dry.stderr
-    assert "converted 12.1 GB (fp16)" in dry.stderr and "(fp16, tp=4)" in dry.stderr
-    assert "--weight-dtype fp16" in dry.stderr
+    assert "source stored as fp32" in dry.stdout
+    assert "converted 12.1 GB (fp16)" in dry.stdout and "(fp16, tp=4)" in dry.stdout
+    assert "--weight-dtype fp16" in dry.stdout
     kept = ftx_cli("run", "gptj", "--tp", "4", "--runtime", "fastertransformer", "--dry-run", "--weight-dtype", "fp32")
-    assert "converted 24.2 GB (fp32)" in kept.stderr and "--weight-dtype fp32" in kept.stderr
+    assert "converted 24.2 GB (fp32)" in kept.stdout and "--weight-dtype fp32" in kept.stdout
     bf16 = ftx_cli("run", "gptj", "--runtime", "fastertransformer", "--dry-run", "--data-type", "bf16")
-    assert "converted 12.1 GB (bf16)" in bf16.stderr
+    assert "converted 12.1 GB (bf16)" in bf16.stdout
 
 
 def test_an_fp32_source_converts_to_the_compute_type_for_fastertransformer(
@@ -152,7 +152,7 @@ def test_noncommercial_licence_is_shown_and_needs_acceptance(ftx_cli, ftx_home: 
     assert "--accept-license" in refused.stderr and "FTX_ACCEPT_LICENSE" in refused.stderr
     assert not (ftx_home / "store" / "fetch").exists() or not any((ftx_home / "store" / "fetch").iterdir())
     dry = ftx_cli("run", "kogpt", "--dry-run")
-    assert dry.exit_code == 0 and "CC-BY-NC-ND-4.0" in dry.stderr
+    assert dry.exit_code == 0 and "CC-BY-NC-ND-4.0" in dry.stdout
 
 
 def test_licence_rule_is_cores() -> None:

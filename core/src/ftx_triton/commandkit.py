@@ -151,10 +151,15 @@ def global_options() -> list[click.Option]:
 
 GLOBAL_NAMES = ("log_format", "verbose")
 
-HELP_SECTIONS: dict[str, str] = {}
-"""Option name -> the help section it is listed under (commands without a section list them
-under "Options"). Filled by :func:`section` (the option groups of :mod:`ftx_triton.cli.options`, a runtime's
-option sections)."""
+HELP_SECTION_ATTR = "ftx_help_section"
+"""The attribute of a click option naming the --help section it is listed under (set on each option by
+:func:`section` and :func:`section_options`; options without it are listed under "Options"). Per option, not per
+name: ``ftx generate --max-tokens`` is not ``ftx run``'s, nor ``ftx rm --dry-run`` a stage option."""
+
+
+def set_help_section(param: click.Parameter, title: str) -> None:
+    """List ``param`` under ``title`` in its command's --help."""
+    setattr(param, HELP_SECTION_ATTR, title)
 
 
 class FtxCommand(click.Command):
@@ -195,7 +200,7 @@ class FtxCommand(click.Command):
             record = param.get_help_record(ctx) if isinstance(param, click.Option) else None
             if record is None:
                 continue
-            title = HELP_SECTIONS.get(param.name or "", "Options")
+            title = getattr(param, HELP_SECTION_ATTR, "Options")
             if param.name in GLOBAL_NAMES or param is self.get_help_option(ctx):
                 title = "Global options"
             sections.setdefault(title, []).append(record)
@@ -297,7 +302,7 @@ def section(title: str, *decorators: F) -> Callable[[F], F]:
         for decorator in reversed(decorators):
             func = decorator(func)
         for param in getattr(func, "__click_params__", [])[before:]:
-            HELP_SECTIONS.setdefault(param.name or "", title)
+            set_help_section(param, title)
         return func
 
     return apply
@@ -350,7 +355,7 @@ def section_options(
         option.show_envvar = True
         if callbacks and name in callbacks:
             option.callback = callbacks[name]
-        HELP_SECTIONS.setdefault(name, spec.group or section_cls.title)
+        set_help_section(option, spec.group or section_cls.title)
         options.append(option)
     return options
 

@@ -162,7 +162,7 @@ class PluginHost:
 
     def _mark_broken(self, record: PluginRecord, error: str) -> None:
         record.status, record.error = "broken", error
-        log.warning("plugin.failed", plugin=record.name, distribution=record.distribution, error=error)
+        log.info("plugin.failed", plugin=record.name, distribution=record.distribution, error=error)
 
     def collect_families(self) -> None:
         """Ask every plugin for its families (once); a duplicate name is an error naming both."""
@@ -264,10 +264,30 @@ class PluginHost:
         try:
             return self.families[name]
         except KeyError:
+            if hidden := self.hidden_family(name):
+                raise hidden from None
             raise FamilyResolutionError(
                 f"unknown family {name!r}; installed families: {', '.join(sorted(self.families)) or 'none'}",
                 hint=self._broken_hint() or "see `ftx models`, or install the plugin (pip install ftx-<family>)",
             ) from None
+
+    def hidden_family(self, name: str) -> FamilyResolutionError | None:
+        """The error for a family whose plugin is installed but not loaded by the user's choice (its entry point
+        is the family's slug): named as hidden, not as unknown."""
+        record = next(
+            (r for r in self.records if r.status in ("skipped", "disabled") and name in (r.name, r.distribution)), None
+        )
+        if record is None:
+            return None
+        if record.status == "skipped":
+            why, fix = "FTX_LOAD_PLUGINS does not list it", f"add {record.name} to FTX_LOAD_PLUGINS (or unset it)"
+        else:
+            why, fix = "FTX_DISABLE_PLUGINS lists it", f"remove {record.name} from FTX_DISABLE_PLUGINS"
+        return FamilyResolutionError(
+            f"family {name!r} is hidden: its plugin {record.distribution} {record.version} is installed but not "
+            f"loaded ({why})",
+            hint=fix,
+        )
 
     def resolve_family(self, hf_config: Mapping[str, Any], explicit: str | None = None) -> Family:
         """Pick the family for a config.json: ``explicit`` wins, else the unique match."""

@@ -327,6 +327,28 @@ def _detached(env: Mapping[str, str], *options: str, stop: str = "--all") -> Ite
         deployment.stop = _ftx("stop", stop, env=env, timeout=120)
 
 
+def test_a_detached_json_run_prints_its_addresses_as_json_as_ps_does(demo_home: Path) -> None:
+    """`ftx --log-format json run --detach` printed the human block on stdout; `ftx ps --json` gave each address
+    twice (``http`` without a scheme beside ``http_url``); JSON lines said by ftx carried no timestamp."""
+    env = _env(demo_home)
+    run = _ftx("--log-format", "json", *RUN_TINY_GPTJ, "--detach", "--name", "jsoned", env=env, timeout=600)
+    try:
+        assert run.returncode == 0, run.stderr[-3000:]
+        printed = json.loads(run.stdout)
+        assert printed["name"] == "jsoned" and printed["runtime"] == "python" and printed["stop"] == "ftx stop jsoned"
+        assert printed["http"].startswith("http://127.0.0.1:") and printed["grpc"].startswith("grpc://127.0.0.1:")
+        assert printed["openai"].startswith("http://127.0.0.1:") and printed["openai"].endswith("/v1")
+        events = [json.loads(line) for line in run.stderr.splitlines() if line.startswith("{")]
+        assert any(e["event"] == "message" for e in events) and all("timestamp" in e for e in events)
+        (row,) = [r for r in json.loads(_ftx("ps", "--json", env=env, timeout=120).stdout) if r["alive"]]
+        assert {k: row[k] for k in ("name", "http", "grpc", "openai")} == {
+            k: printed[k] for k in ("name", "http", "grpc", "openai")
+        }
+        assert "http_url" not in row and "grpc_url" not in row
+    finally:
+        _ftx("stop", "--all", env=env, timeout=120)
+
+
 def test_detach_then_generate_ps_and_stop(demo_home: Path) -> None:
     env = _env(demo_home)
     with _detached(env, stop="tiny-gptj") as deployment:
@@ -400,12 +422,12 @@ def test_streaming_deployment_streams_tokens_through_the_ensemble(demo_home: Pat
 
 
 @contextlib.contextmanager
-def _foreground_run(home: Path) -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
-    """`ftx run tiny-gptj --runtime python` in the foreground: yields the process and the lines it printed up to
-    the one saying "Ctrl-C stops the server" (all of them if it ended first, or what came within 300 s); the
+def _foreground_run(home: Path, *options: str) -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
+    """`ftx run tiny-gptj --runtime python OPTIONS...` in the foreground: yields the process and the lines it printed
+    up to the one saying "Ctrl-C stops the server" (all of them if it ended first, or what came within 300 s); the
     process is killed on the way out if it still runs."""
     proc = subprocess.Popen(
-        [*FTX, *RUN_TINY_GPTJ], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(home)
+        [*FTX, *RUN_TINY_GPTJ, *options], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(home)
     )
     try:
         lines: list[str] = []
@@ -422,7 +444,8 @@ def _foreground_run(home: Path) -> Iterator[tuple[subprocess.Popen[str], list[st
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
 def test_foreground_server_stops_cleanly_on_a_signal(demo_home: Path, sig: int) -> None:
-    with _foreground_run(demo_home) as (proc, lines):
+    name = f"fg-{sig}"  # `ftx ps` names a foreground run by its --name (it said "(foreground)")
+    with _foreground_run(demo_home, "--name", name) as (proc, lines):
         assert any("Ctrl-C stops the server" in line for line in lines), "".join(lines) + proc.stderr.read()
         grpc = re.search(r"gRPC\s+(\S+)", "".join(lines)).group(1)
         assert generate_text(grpc, "text", "Hello world", max_tokens=3).startswith(",")
@@ -432,7 +455,7 @@ def test_foreground_server_stops_cleanly_on_a_signal(demo_home: Path, sig: int) 
         assert found.returncode == 0 and found.stdout.startswith("Hello world,"), found.stderr
         ps = json.loads(_ftx("ps", "--json", env=_env(demo_home), timeout=120).stdout)
         openai_url = re.search(r"OpenAI\s+(\S+)", "".join(lines)).group(1)
-        assert [row["openai"] for row in ps if row["name"] == "(foreground)"] == [openai_url]
+        assert [(row["openai"], row["detached"]) for row in ps if row["name"] == name] == [(openai_url, False)]
         # a deployment without --streaming says so on a `stream: true` request instead of passing one chunk off
         # as a stream: a header and an SSE comment
         request = urllib.request.Request(

@@ -179,3 +179,26 @@ def test_generate_refuses_numbers_that_are_not_finite(ftx_cli, option: str, valu
     result = ftx_cli("generate", "Hello", "--url", "http://127.0.0.1:9", option, value)
     assert result.exit_code == 2, (result.exit_code, result.stderr, result.exception)
     assert option in result.stderr and ("finite" in result.stderr or "range" in result.stderr), result.stderr
+
+
+@pytest.mark.parametrize("runtime", ["fastertransformer-docker", "fastertransformer-native"])
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b"\x88\x01\xff binary", "cannot read the hosts file"),
+        (b"localhost gpus=99999999999\nlocalhost gpus=99999999999\n", "is not a GPU count of 1 to 64"),
+        (b"-oProxyCommand=touch\nlocalhost\n", "is not 'HOST [gpus=N]'"),
+        (b"--help\nlocalhost\n", "is not 'HOST [gpus=N]'"),
+    ],
+)
+def test_a_dry_run_reads_the_hosts_file_and_refuses_what_a_run_would(
+    ftx_cli, tmp_path: Path, runtime: str, content: bytes, needle: str
+) -> None:
+    """Binary content, absurd GPU counts and host names mpirun or ssh would take as options were planned
+    without a word by the native launcher's dry run (it never read the file)."""
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_bytes(content)
+    result = ftx_cli(
+        "run", "tiny-gptj", "--dry-run", "--runtime", runtime, "--tp", "1", "--pp", "2", "--hosts", str(hosts)
+    )
+    assert_clean_failure(result, needle)

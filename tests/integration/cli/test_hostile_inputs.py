@@ -21,6 +21,7 @@ from urllib.parse import quote
 
 import pytest
 from cli_helpers import assert_clean_failure, events, run_until_configure
+from ftx_triton.io.atomic import new_holder
 from ftx_triton.store.artifact_store import PROVENANCE_FILE, ArtifactStore
 
 # --- the store: content, provenance, publishing ----------------------------------------------
@@ -220,15 +221,11 @@ def test_kill_between_the_renames_of_a_forced_publish_loses_nothing(ftx_home: Pa
 def test_stale_build_and_old_directories_are_removed_under_the_lock(ftx_home: Path) -> None:
     store = ArtifactStore(ftx_home)
     art, _ = build_three_files(store)
-    stale = [
-        store.tmp_root / "convert-k-999-deadbeef",
-        store.tmp_root / "old-k-deadbeef",
-        art.path.parent / ".k.old-deadbeef",
-        art.path.parent / ".k.tmp-deadbeef",
-    ]
+    stale = [store.tmp_root / "convert-k-999-deadbeef", store.tmp_root / "old-k-deadbeef"]
     for path in stale:
         path.mkdir()
         (path / "w.bin").write_bytes(b"x")
+    stale += [new_holder(art.path, "old"), new_holder(art.path, "tmp")]  # beside the artifact, as a kill leaves them
     build_three_files(store, force=True, tag=b"v2")
     assert [p for p in stale if p.exists()] == []
     assert (art.path / "1-gpu" / "model.wte.bin").read_bytes() == b"v2" * 1000
@@ -728,7 +725,7 @@ def test_settings_as_ftx_lock_writes_them_are_taken(
     (tmp_path / "ftx.toml").write_text(text + 'force = ["convert"]\n')
     result = ftx_cli("run", "--dry-run")
     assert result.exit_code == 0, result.stderr
-    assert "tp=2" in result.stderr and "ports 8123/free" in result.stderr
+    assert "tp=2" in result.stdout and "ports 8123/free" in result.stdout
 
 
 def test_duplicate_zip_names_through_the_cli(ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path) -> None:

@@ -453,6 +453,50 @@ def test_bench_with_perf_analyzer(served: Served) -> None:
     assert _stored(served)[-1]["tool"] == "perf_analyzer"
 
 
+def _health(url: str) -> tuple[int, str]:
+    try:
+        with _OPENER.open(url, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_health_means_health_and_the_front_dies_with_its_supervisor(tmp_path: Path, built_demo: Path) -> None:
+    """`/health` answered "ok" whatever Triton did, and a detached deployment's endpoint outlived its server as an
+    orphan holding its port. A real detached deployment: its tritonserver is stopped (SIGSTOP: a wedged server),
+    then killed."""
+    import psutil
+    from fetch_helpers import seed_demo
+
+    home = tmp_path / "home"
+    seed_demo(home, built_demo)
+    env = {**os.environ, "FTX_HOME": str(home), "FTX_DEVICE": "cpu"}
+    run = subprocess.run(
+        [*FTX, "run", "tiny-gptj", "--runtime", "python", "--detach"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    try:
+        health = Served(home, run.stdout).openai.removesuffix("/v1") + "/health"
+        assert _health(health) == (200, "ok")
+        (record_file,) = (home / "openai").glob("*.json")
+        record = json.loads(record_file.read_text())
+        front = psutil.Process(record["pid"])
+        supervisor = psutil.Process(record["triton_pid"])
+        (triton,) = [p for p in supervisor.children(recursive=True) if p.name() == "tritonserver"]
+        triton.suspend()
+        status, body = _health(health)
+        assert status == 503 and json.loads(body)["status"] == "unavailable", body
+        triton.kill()
+        front.wait(timeout=30)  # gone with the supervisor, not an orphan of init
+        assert not supervisor.is_running()
+    finally:
+        subprocess.run([*FTX, "stop", "--all"], capture_output=True, timeout=120, env=env)
+
+
 def _plain(url: str) -> tuple[int, Any]:
     try:
         with _OPENER.open(url, timeout=60) as response:

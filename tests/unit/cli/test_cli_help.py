@@ -109,3 +109,30 @@ def test_help_texts_make_no_false_claims(ftx_cli) -> None:
     assert "lists presets" not in pull and "list presets" not in pull
     tune = " ".join(ftx_cli("tune", "--help").stdout.split())
     assert "--runtime" not in tune  # tune always tunes for the fastertransformer runtime
+
+
+def _section_of(help_text: str, option: str) -> str:
+    """The --help section heading an option is listed under."""
+    heading = ""
+    for line in help_text.splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            heading = line[:-1]
+        elif line.strip().startswith(option):
+            return heading
+    raise AssertionError(f"{option} not in help")
+
+
+def test_help_sections_belong_to_each_commands_own_options(ftx_cli) -> None:
+    """Sections were looked up by option name across commands: `ftx rm --dry-run` sat under "Stages and
+    runtime" (ftx run's), `ftx generate --max-tokens` under "Try it"."""
+    assert _section_of(ftx_cli("rm", "--help").stdout, "--dry-run") == "Options"
+    assert _section_of(ftx_cli("generate", "--help").stdout, "--max-tokens") == "Options"
+    run_help = ftx_cli("run", "--help").stdout
+    assert _section_of(run_help, "--max-tokens") == "Try it" and _section_of(run_help, "--dry-run") != "Options"
+
+
+def test_tables_are_not_cut_when_piped(ftx_cli) -> None:
+    """`ftx plugins | cat` cut every row at 80 columns (…); piped, a table takes the width it needs."""
+    result = ftx_cli("plugins")
+    assert result.exit_code == 0 and "…" not in result.stdout
+    assert any("ftx-triton-gptneox" in line and "ftx_register_families" in line for line in result.stdout.splitlines())

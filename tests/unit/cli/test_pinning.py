@@ -49,6 +49,33 @@ def test_lock_pins_versions_and_source_then_run_uses_it(ftx_cli, in_tmp_cwd: Pat
     assert Path(result.stdout.strip(), "config.ini").is_file()
 
 
+def test_lock_into_a_directory_writes_ftx_toml_in_it(ftx_cli, in_tmp_cwd: Path, tiny_gptj_dir: Path) -> None:
+    """`-o dir/` once wrote a file named `dir`."""
+    from cli_helpers import assert_clean_failure
+
+    (in_tmp_cwd / "deploy").mkdir()
+    for given in ("deploy/", "deploy"):
+        locked = ftx_cli("lock", str(tiny_gptj_dir), "-o", given)
+        assert locked.exit_code == 0, locked.stderr
+        assert locked.stdout.strip() == "deploy/ftx.toml" and (in_tmp_cwd / "deploy" / "ftx.toml").is_file()
+    missing = ftx_cli("lock", str(tiny_gptj_dir), "-o", "nowhere/")
+    assert_clean_failure(missing, "names a directory, which does not exist")
+    assert not (in_tmp_cwd / "nowhere").exists()
+
+
+def test_lock_does_not_overwrite_another_lock_silently(ftx_cli, in_tmp_cwd: Path, tiny_gptj_dir: Path) -> None:
+    from cli_helpers import assert_clean_failure
+
+    assert ftx_cli("lock", str(tiny_gptj_dir)).exit_code == 0
+    first = (in_tmp_cwd / "ftx.toml").read_text()
+    assert ftx_cli("lock", str(tiny_gptj_dir)).exit_code == 0  # the same pins again: nothing is lost
+    refused = ftx_cli("lock", str(tiny_gptj_dir), "--tp", "2")
+    assert_clean_failure(refused, "already exists and pins something else", "--force")
+    assert (in_tmp_cwd / "ftx.toml").read_text() == first
+    forced = ftx_cli("lock", str(tiny_gptj_dir), "--tp", "2", "--force")
+    assert forced.exit_code == 0 and "tp = 2" in (in_tmp_cwd / "ftx.toml").read_text()
+
+
 def test_load_plugins_allowlist(ftx_cli) -> None:
     result = ftx_cli("plugins", "--json", env={"FTX_LOAD_PLUGINS": "ftx-triton-gptj"})
     status = {r["name"]: r["status"] for r in json.loads(result.stdout)}
@@ -176,7 +203,7 @@ def _gpu_host_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
 def _plan(ftx_cli, *args: str, env: dict[str, str] | None = None) -> dict[str, str]:
     planned = ftx_cli("run", *args, "--dry-run", env=env)
     assert planned.exit_code == 0, planned.stderr
-    lines = {line.split()[0]: line for line in planned.stderr.splitlines() if line and not line.startswith(" ")}
+    lines = {line.split()[0]: line for line in planned.stdout.splitlines() if line and not line.startswith(" ")}
     return {"runtime": lines["runtime"].split()[1], "compute": lines["compute"].split()[1], "convert": lines["convert"]}
 
 
@@ -206,7 +233,11 @@ def test_a_lock_written_on_a_cpu_machine_replays_on_a_gpu_host_and_vice_versa(
     assert (deploy / "prod.toml").read_text() == written_on_cpu  # nothing of the machine that wrote it
     assert _plan(ftx_cli, "--lock", "deploy/prod.toml") == cpu_plan
     tokenizer = shutil.copytree(tiny_gptj_dir, in_tmp_cwd / "deploy" / "tokenizer")
-    assert ftx_cli("lock", str(tiny_gptj_dir), "-o", "deploy/prod.toml", "--tokenizer", str(tokenizer)).exit_code == 0
+    again = ftx_cli("lock", str(tiny_gptj_dir), "-o", "deploy/prod.toml", "--tokenizer", str(tokenizer))
+    assert again.exit_code == 1 and "does not overwrite it silently" in again.stderr  # it says something else
+    assert (deploy / "prod.toml").read_text() == written_on_cpu
+    args = ("lock", str(tiny_gptj_dir), "-o", "deploy/prod.toml", "--tokenizer", str(tokenizer), "--force")
+    assert ftx_cli(*args).exit_code == 0
     text = (deploy / "prod.toml").read_text()
     assert str(in_tmp_cwd) not in text  # nothing absolute in a file meant to be committed
     assert tomllib.loads(text)["settings"]["tokenizer"] == "tokenizer"
@@ -214,3 +245,39 @@ def test_a_lock_written_on_a_cpu_machine_replays_on_a_gpu_host_and_vice_versa(
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     assert _plan(ftx_cli, "--lock", str(deploy / "prod.toml")) == cpu_plan
+
+
+# --------------------------------------------------------------------------- a lock pins the stack
+
+
+def test_lock_records_the_stack_and_a_replay_on_another_is_refused(
+    ftx_cli, in_tmp_cwd: Path, tiny_gptj_dir: Path
+) -> None:
+    """The lock pins what computes and serves (torch, transformers, numpy, the tritonserver package, the image's
+    and the native build's pinned sources); a replay where any of it differs is refused, --allow-drift goes on."""
+    from importlib import metadata
+
+    from cli_helpers import assert_clean_failure
+
+    assert ftx_cli("lock", str(tiny_gptj_dir)).exit_code == 0
+    stack = tomllib.loads((in_tmp_cwd / "ftx.toml").read_text())["stack"]
+    assert stack["numpy"] == metadata.version("numpy") and stack["torch"] == metadata.version("torch")
+    assert stack["transformers"] == metadata.version("transformers")
+    assert stack["nvidia-pytriton"] == metadata.version("nvidia-pytriton")
+    assert "FasterTransformer@df4a75348601" in stack["fastertransformer-docker"]
+    assert stack["fastertransformer-native"].startswith("sources ")
+    assert ftx_cli("run", "--until", "convert").exit_code == 0  # the same stack replays
+    text = (in_tmp_cwd / "ftx.toml").read_text()
+    (in_tmp_cwd / "ftx.toml").write_text(text.replace(f'numpy = "{stack["numpy"]}"', 'numpy = "1.0.0"'))
+    refused = ftx_cli("run", "--until", "convert")
+    assert_clean_failure(refused, "was locked on another stack", f"numpy 1.0.0 -> {stack['numpy']}", "--allow-drift")
+    drifted = ftx_cli("run", "--until", "convert", "--allow-drift")
+    assert drifted.exit_code == 0 and "locked on another stack" in drifted.stderr
+
+
+def test_lock_resolve_records_what_this_machine_chooses(ftx_cli, in_tmp_cwd: Path, tiny_gptj_dir: Path) -> None:
+    """Without a GPU, `auto` is the python runtime at tp 1 in fp32: --resolve writes those, not auto."""
+    locked = ftx_cli("lock", str(tiny_gptj_dir), "--resolve")
+    assert locked.exit_code == 0, locked.stderr
+    settings = tomllib.loads((in_tmp_cwd / "ftx.toml").read_text())["settings"]
+    assert (settings["runtime"], settings["tp"], settings["weight_dtype"]) == ("python", 1, "fp32")

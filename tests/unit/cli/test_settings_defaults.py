@@ -10,7 +10,7 @@ from ftx_triton.cli.common import pop_plugin_options
 from ftx_triton.cli.run import run, settings_from_options
 from ftx_triton.plan.settings import AUTO, RunSettings
 
-NOT_SETTINGS = ("model", "prompt", "max_tokens", "lock_file")
+NOT_SETTINGS = ("model", "prompt", "max_tokens", "lock_file", "allow_drift")
 
 
 def test_ftx_run_defaults_are_run_settings_defaults() -> None:

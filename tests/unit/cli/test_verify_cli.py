@@ -125,3 +125,63 @@ def test_another_checkpoint_is_named_not_a_traceback(ftx_cli: Any, gptj_checkpoi
     result = ftx_cli("verify", str(directory), "--checkpoint", str(other), env=NO_GPU)
     assert result.exit_code == 1 and result.exception is None
     assert "says vocab_size = 128" in result.stderr and "has 96" in result.stderr
+
+
+def _poison(path: Path, rows: slice, width: int = 64) -> None:
+    """Write NaN into ``rows`` of a float32 ``[rows, width]`` file."""
+    table = np.fromfile(path, dtype=np.float32).reshape(-1, width)
+    table[rows] = np.nan
+    table.tofile(path)
+
+
+def test_a_nan_in_an_embedding_row_no_prompt_reaches_fails(ftx_cli: Any, gptj_checkpoint: Path, tmp_path: Path) -> None:
+    """The reference's prompt never reads row 127 of the embedding table: the logits alone would pass."""
+    directory = _converted(ftx_cli, gptj_checkpoint, tmp_path / "ft", 1)
+    _poison(directory / "model.wte.bin", slice(127, 128))
+    result = ftx_cli("verify", str(directory), env=NO_GPU)
+    assert result.exit_code == 1 and result.exception is None, result.stderr
+    (line,) = result.stdout.splitlines()
+    assert line.startswith("FAIL ") and "NaN or Inf values in 1 files: model.wte.bin (64)" in line
+    assert "hold NaN or Inf weights" in result.stderr and "not the family's table" in result.stderr
+
+
+def test_a_nan_in_lm_head_is_named_as_such_not_blamed_on_the_table(
+    ftx_cli: Any, gptj_checkpoint: Path, tmp_path: Path
+) -> None:
+    directory = _converted(ftx_cli, gptj_checkpoint, tmp_path / "ft", 1)
+    _poison(directory / "model.lm_head.weight.bin", slice(0, 1), width=128)
+    result = ftx_cli("verify", str(directory), env=NO_GPU)
+    assert result.exit_code == 1 and "model.lm_head.weight.bin" in result.stdout
+    assert "hold NaN or Inf weights" in result.stderr and "puts a tensor where" not in result.stderr
+
+
+@pytest.mark.parametrize("kind", ["latin-1", "device"])
+def test_an_unreadable_config_ini_is_an_error_not_a_traceback(
+    ftx_cli: Any, gptj_checkpoint: Path, tmp_path: Path, kind: str
+) -> None:
+    from cli_helpers import assert_clean_failure
+
+    directory = _converted(ftx_cli, gptj_checkpoint, tmp_path / "ft", 1)
+    ini = directory / "config.ini"
+    if kind == "latin-1":
+        ini.write_bytes(ini.read_bytes() + "; caf\xe9\n".encode("latin-1"))
+        needle = "it is not UTF-8 text"
+    else:
+        ini.unlink()
+        ini.symlink_to("/dev/zero")
+        needle = "is a character device"
+    assert_clean_failure(ftx_cli("verify", str(directory), env=NO_GPU), str(ini), needle)
+
+
+def test_verify_without_torch_says_how_to_install_it(
+    ftx_cli: Any, gptj_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain install has no torch (the kit extra brings it): an ImportError traceback once."""
+    import sys
+
+    from cli_helpers import assert_clean_failure
+
+    directory = _converted(ftx_cli, gptj_checkpoint, tmp_path / "ft", 1)
+    monkeypatch.setitem(sys.modules, "torch", None)  # what an environment without torch gives importlib
+    result = ftx_cli("verify", str(directory), env=NO_GPU)
+    assert_clean_failure(result, "needs torch", "download.pytorch.org/whl/cpu", "ftx-triton[kit]")

@@ -368,3 +368,45 @@ def test_ft_gpt_post_layernorm_relu_without_final_norm_matches_opt(tmp_path: Pat
     verdict = verify(out, tmp_path / "hf", model_class="OPTForCausalLM")
     assert verdict.model_type == "GPT" and verdict.passed, verdict.describe()
     assert verdict.max_abs_diff < 1e-3 * verdict.scale
+
+
+def test_the_kit_round_trip_accepts_a_declared_lossy_row_and_only_that(pytester: pytest.Pytester) -> None:
+    """FasterTransformer drops the first two rows of OPT's position table, so a correct table has no exact
+    inverse: a row whose op declares the loss (``ops.drop_rows``: ``kept_rows``) passes the round trip, which
+    checks the kept rows exactly; the same loss undeclared fails it (here on GPT-J's embedding table)."""
+    pytester.makepyfile(
+        test_lossy=textwrap.dedent("""
+        import dataclasses
+        from ftx_triton.conversion import ops
+        from ftx_triton.conversion.tensormap import TensorMap
+        from ftx_triton.testing.conformance import FamilyConformance
+        from ftx_gptj.family import GPTJ, TENSORS
+
+        DECLARED = ops.drop_rows(2)
+        UNDECLARED = dataclasses.replace(DECLARED, name="undeclared", kept_rows=None)
+
+        def lossy(op):
+            rows = [dataclasses.replace(r, op=op) if r.dst == "model.wte" else r for r in TENSORS.rows]
+            return TensorMap(*rows)
+
+        class DeclaredGPTJ(GPTJ):
+            tensors = lossy(DECLARED)
+
+        class UndeclaredGPTJ(GPTJ):
+            tensors = lossy(UNDECLARED)
+
+        CONFIG = {"model_type": "gptj", "n_layer": 2, "n_embd": 64, "n_head": 4, "rotary_dim": 8,
+                  "vocab_size": 128, "n_positions": 64, "bos_token_id": 1, "eos_token_id": 2}
+
+        class TestDeclared(FamilyConformance):
+            family = DeclaredGPTJ
+            tiny_hf_config = CONFIG
+
+        class TestUndeclared(FamilyConformance):
+            family = UndeclaredGPTJ
+            tiny_hf_config = CONFIG
+    """)
+    )
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider", "-k", "round_trip")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*FAILED*TestUndeclared::test_round_trip_returns_the_original_tensors*"])

@@ -244,7 +244,7 @@ def test_text_instances_count_both_text_models(ftx_cli, tiny_gptj_dir: Path, tmp
     assert counts == {"preprocessing": 3, "postprocessing": 1}  # a stream's pieces keep their order
     plan = ftx_cli("run", str(tiny_gptj_dir), "--dry-run", "--streaming", "--text-instances", "3")
     assert plan.exit_code == 0, plan.stderr
-    assert "preprocessing x3, postprocessing x1, batched, ensemble" in plan.stderr
+    assert "preprocessing x3, postprocessing x1, batched, ensemble" in plan.stdout
 
 
 def test_text_models_batch_unless_told_not_to(ftx_cli, tiny_gptj_dir: Path, tmp_path: Path) -> None:
@@ -257,7 +257,7 @@ def test_text_models_batch_unless_told_not_to(ftx_cli, tiny_gptj_dir: Path, tmp_
         assert on.HasField("dynamic_batching") and all(i.allow_ragged_batch for i in on.input), role
         assert not off.HasField("dynamic_batching") and not any(i.allow_ragged_batch for i in off.input), role
     plan = ftx_cli("run", str(tiny_gptj_dir), "--dry-run", "--no-text-batching")
-    assert "preprocessing x1, postprocessing x1, ensemble" in plan.stderr
+    assert "preprocessing x1, postprocessing x1, ensemble" in plan.stdout
 
 
 def test_streaming_is_decoupled_and_postprocessing_reads_ft_outputs_only(
@@ -588,3 +588,13 @@ def test_default_max_batch_size_takes_upstreams_client_batches(ftx_cli) -> None:
     ), help_text
     assert RunSettings.of("m").configure.max_batch_size == DEFAULT_MAX_BATCH_SIZE
     assert FtModelOptions("GPT-J", "decoder", Path("x"), 1).max_batch_size == DEFAULT_MAX_BATCH_SIZE
+
+
+def test_configure_says_once_that_it_does_not_tune_and_blames_no_flag(
+    ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path
+) -> None:
+    """It warned twice about a --no-tune nobody passed."""
+    result = ftx_cli("configure", str(tiny_gptj_dir), "--output", str(tmp_path / "repo"))
+    assert result.exit_code == 0, result.stderr
+    assert "--no-tune" not in result.stderr and "tune.skipped" not in result.stderr
+    assert result.stderr.count("ftx configure writes the repository without tuning") == 1

@@ -242,14 +242,14 @@ def test_a_run_asks_whether_its_runtime_is_available_once(
         "run", str(tiny_gptj_dir), "--runtime", "abacus", "--until", "configure", *(["--dry-run"] if dry_run else [])
     )
     assert result.exit_code == 0, result.stderr + repr(result.exception)
-    assert "runtime   toy (requested with --runtime abacus)" in result.stderr
+    assert "runtime   toy (requested with --runtime abacus)" in result.stdout + result.stderr
     assert (ftx_home / "toy-probes").read_text().splitlines() == ["probed"]
 
 
 def test_a_third_party_runtime_describes_its_dry_run(toy_plugin: Path, ftx_cli: Any, tiny_gptj_dir: Path) -> None:
     result = ftx_cli("run", str(tiny_gptj_dir), "--runtime", "toy", "--tp", "2", "--dry-run")
     assert result.exit_code == 0, result.stderr
-    assert "toy       would serve gptj at tp 2 on an abacus" in result.stderr
+    assert "toy       would serve gptj at tp 2 on an abacus" in result.stdout
 
 
 def test_ftx_plugins_lists_the_runtime_and_its_owner(toy_plugin: Path, ftx_cli: Any) -> None:

@@ -14,7 +14,6 @@ import click
 from ftx_triton.commandkit import (
     ENV_PREFIX,
     GLOBAL_NAMES,
-    HELP_SECTIONS,
     FtxCommand,
     FtxGroup,
     apply_envvar_rule,
@@ -24,12 +23,13 @@ from ftx_triton.commandkit import (
     option_envvar,
     print_error,
     say,
+    set_help_section,
 )
 
 __all__ = [
     "ENV_PREFIX",
     "GLOBAL_NAMES",
-    "HELP_SECTIONS",
+    "set_help_section",
     "FtxCommand",
     "FtxGroup",
     "FtxRootGroup",
@@ -49,14 +49,15 @@ __all__ = [
 ]
 
 
-def get_host() -> PluginHost:
-    """The plugin host for this process (loaded once); broken plugins are warned about."""
+def get_host(*, warn_broken: bool = True) -> PluginHost:
+    """The plugin host for this process (loaded once); broken plugins are warned about, unless the caller reports
+    them itself (``ftx plugins``: once)."""
     global _HOST
     if _HOST is None:
         from ftx_triton.plugins import load_host
 
         _HOST = load_host(families_when_asked=True)
-        for record in _HOST.broken:
+        for record in _HOST.broken if warn_broken else ():
             from ftx_triton.terminal.console import warn
 
             warn(f"plugin {record.name} ({record.distribution}) failed to load: {record.error}")
@@ -129,7 +130,7 @@ def plugin_options(taken: set[str]) -> list[click.Option]:
         added = host.run_options(taken={*taken, *(o.name for o in declared if o.name)})
         for option in added:
             option.show_envvar = True
-            HELP_SECTIONS[option.name or ""] = PLUGIN_SECTION
+            set_help_section(option, PLUGIN_SECTION)
         _PLUGIN_OPTIONS = [*declared, *added]
     return _PLUGIN_OPTIONS
 

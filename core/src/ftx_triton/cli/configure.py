@@ -122,6 +122,7 @@ def configure(source: str, output: Path, runtime: str, **opts: Any) -> None:
         until="configure",
         runtime=runtime,
         tune=False,
+        untuned_because="ftx configure writes the repository without tuning (`ftx run` tunes on the GPU host)",
         runtime_origin=None if given else "ftx configure's default",
         **opts,
     )

@@ -16,31 +16,11 @@ import click
 from ftx_triton.cli.common import FtxCommand, command_store, say
 from ftx_triton.cli.options import conversion_options, safety_options
 from ftx_triton.cli.run import run_pipeline, settings_from_options
-from ftx_triton.errors import OutputError, file_system_error
+from ftx_triton.errors import OutputError
+from ftx_triton.io.outputs import check_output_place
 from ftx_triton.paths import ftx_home
 
 MARKER = "ftx-convert.json"
-
-
-def _check_output_place(output: Path) -> None:
-    """Refuse, before converting anything, an --output that cannot become a directory: one below a file
-    (``/dev/full/…``) or on a file system where nothing can be made (``/proc``). Leaves nothing behind."""
-    existing = next(path for path in (output, *output.parents) if path.exists() or path == path.parent)
-    if not existing.is_dir():
-        raise OutputError(
-            f"--output {output}: {existing} exists and is not a directory",
-            hint="choose an --output in a directory you can write to",
-        )
-    missing = [path for path in (output, *output.parents) if not path.exists()]
-    try:  # made and removed again: nothing is left if the conversion then fails
-        output.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:  # a full or read-only disk is said as everywhere else
-        raise file_system_error(exc) or OutputError(
-            f"cannot create --output {output}: {exc.strerror or exc}",
-            hint="choose an --output in a directory you can write to",
-        ) from None
-    for path in missing:
-        path.rmdir()
 
 
 @click.command(cls=FtxCommand)
@@ -74,10 +54,10 @@ def convert(
     from ftx_triton.terminal import timeline
 
     timeline.step("start")  # the interpreter, imports and option parsing
+    check_output_place(output, "--output")
     target = output / gpu_dir_name(tp)
     if target.exists() and not target.is_dir():
         raise OutputError(f"{target} exists and is not a directory", hint="remove it or choose another --output")
-    _check_output_place(output)
     settings = settings_from_options(
         source,
         family=family,

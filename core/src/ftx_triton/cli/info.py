@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from ftx_triton.cli.common import FtxCommand, get_host
+from ftx_triton.cli.common import FtxCommand, get_host, say
+
+if TYPE_CHECKING:
+    from ftx_triton.plugins import PluginHost
 
 
 @click.command(cls=FtxCommand)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def models(as_json: bool) -> None:
     """List model families and presets."""
-    from rich.console import Console
     from rich.table import Table
+
+    from ftx_triton.terminal.console import results_console
 
     host = get_host()
     rows: list[dict[str, Any]] = []
@@ -42,20 +46,29 @@ def models(as_json: bool) -> None:
             f"{n} → {p['source']}{'@' + p['revision'] if p['revision'] else ''}" for n, p in row["presets"].items()
         )
         table.add_row(row["family"], row["model_type"], presets or "-", row["distribution"] or "-")
-    Console().print(table)
+    results_console().print(table)
 
 
 @click.command(cls=FtxCommand)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--freeze", is_flag=True, help="Print name==version lines to pin this plugin set.")
-def plugins(as_json: bool, freeze: bool) -> None:
-    """List plugins: distribution, version, hooks, families, and any load error."""
-    from rich.console import Console
+@click.option(
+    "--check",
+    is_flag=True,
+    help="For CI: no table; exit 1 naming each plugin that fails to load, else say how many loaded.",
+)
+def plugins(as_json: bool, freeze: bool, check: bool) -> None:
+    """List plugins: distribution, version, hooks, families, and any load error (exit 1 if one failed to load)."""
     from rich.table import Table
 
-    host = get_host()
+    from ftx_triton.terminal.console import results_console, warn
+
+    host = get_host(warn_broken=False)  # said here, once
     host.collect_families()  # each record lists its families
     records = host.records
+    if check:
+        _check(host)
+        return
     if freeze:
         from ftx_triton.plugins import installed_distributions
 
@@ -77,7 +90,7 @@ def plugins(as_json: bool, freeze: bool) -> None:
                 ", ".join(r.runtimes) or "-",
                 status,
             )
-        console = Console()
+        console = results_console()
         console.print(table)
         runtimes = Table("runtime", "--runtime", "priority", "from", "what", title="runtimes")
         for name, runtime in sorted(host.runtimes.items(), key=lambda item: -item[1].priority):
@@ -90,7 +103,23 @@ def plugins(as_json: bool, freeze: bool) -> None:
             )
         console.print(runtimes)
     if host.broken:
+        for record in host.broken:
+            warn(f"plugin {record.name} ({record.distribution}) failed to load: {record.error}")
         raise SystemExit(1)
+
+
+def _check(host: PluginHost) -> None:
+    """``ftx plugins --check``: one error naming every plugin that failed to load, or one line of what loaded."""
+    from ftx_triton.errors import PluginError
+
+    if host.broken:
+        raise PluginError(
+            "; ".join(f"plugin {r.name} ({r.distribution} {r.version}) failed to load: {r.error}" for r in host.broken),
+            hint="fix the import error (run `python -c 'import MODULE'` in this environment to see it whole), or "
+            "disable the plugin with FTX_DISABLE_PLUGINS",
+        )
+    loaded = [r for r in host.records if r.status == "loaded"]
+    say(f"{len(loaded)} plugins loaded: {', '.join(r.name for r in loaded)}; {len(host.families)} families")
 
 
 commands = [models, plugins]

@@ -12,15 +12,22 @@ family = "kogpt"
 runtime = "python"
 tp = 1
 weight_dtype = "fp16"
+
+[stack]                         # written by `ftx lock`: what the deployment computes and serves with
+python = "3.11.7"
+torch = "2.5.1"
+numpy = "2.1.3"
+fastertransformer-docker = "fastertransformer_backend@c6936c39be6f FasterTransformer@df4a75348601 triton 23.05"
 ```
 ``requires`` is checked against the installed distributions before any stage runs; an unmet
-requirement is an error listing each one with what is installed.
+requirement is an error listing each one with what is installed. ``[stack]`` is compared with this
+machine's (:func:`check_stack`): a difference is refused by ``ftx run`` unless ``--allow-drift``.
 """
 
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -41,6 +48,7 @@ class Manifest:
     requires: tuple[str, ...] = ()
     model: Mapping[str, Any] = field(default_factory=dict)
     settings: Mapping[str, Any] = field(default_factory=dict)
+    stack: Mapping[str, str] = field(default_factory=dict)
 
 
 MAX_MANIFEST_BYTES = 1 << 20
@@ -89,7 +97,13 @@ def load_manifest(path: Path) -> Manifest:
             hint="write [settings] on its own line, then "
             "one `option = value` per line, or rewrite the file with `ftx lock MODEL`",
         )
-    return Manifest(path, tuple(requires), model, settings)
+    stack = data.get("stack", {})
+    if not isinstance(stack, dict) or not all(isinstance(v, str) for v in stack.values()):
+        raise ConfigError(
+            f'{path}: [stack] must be a table of strings (package = "version")',
+            hint="rewrite the file with `ftx lock MODEL --force`",
+        )
+    return Manifest(path, tuple(requires), model, settings, stack)
 
 
 def find_manifest(start: Path | None = None, lock: Path | None = None) -> Manifest | None:
@@ -135,6 +149,54 @@ def check_requirements(manifest: Manifest) -> None:
         )
 
 
+STACK_PACKAGES = ("torch", "transformers", "numpy", "nvidia-pytriton")
+"""The Python distributions that compute and serve (nvidia-pytriton carries the tritonserver binary)."""
+
+
+def current_stack(runtimes: Iterable[Any] = ()) -> dict[str, str]:
+    """This machine's stack: Python, :data:`STACK_PACKAGES` and each runtime's :meth:`identity` (the sources its
+    image or build comes from)."""
+    import platform
+
+    stack = {"python": platform.python_version()}
+    for name in STACK_PACKAGES:
+        try:
+            stack[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            stack[name] = "not installed"
+    for runtime in runtimes:
+        stack.update({str(k): str(v) for k, v in runtime.identity().items()})
+    return stack
+
+
+def stack_drift(manifest: Manifest, runtimes: Iterable[Any] = ()) -> list[str]:
+    """``name: locked -> here`` for every entry of the lock's ``[stack]`` this machine differs in."""
+    here = current_stack(runtimes)
+    return [
+        f"{name} {locked} -> {here.get(name, 'unknown here')}"
+        for name, locked in manifest.stack.items()
+        if here.get(name) != locked
+    ]
+
+
+def check_stack(manifest: Manifest, runtimes: Iterable[Any], *, allow_drift: bool) -> None:
+    """Refuse (ConfigError) a replay on another stack than the lock's, or only warn with ``allow_drift``."""
+    drift = stack_drift(manifest, runtimes)
+    if not drift:
+        return
+    what = f"{manifest.path} was locked on another stack: " + "; ".join(drift)
+    if allow_drift:
+        from ftx_triton.terminal.console import warn
+
+        warn(f"{what} (going on: --allow-drift)")
+        return
+    raise ConfigError(
+        what,
+        hint="install the locked versions (the same image and build pins come with the same ftx-triton), pass "
+        "--allow-drift to serve with this stack anyway, or `ftx lock --force` to pin this one",
+    )
+
+
 LOCKED_SECTIONS = ("convert", "tune", "configure", "serve")
 """Settings sections ``ftx lock`` records (every field that is set), so ``ftx run`` reproduces them, besides the
 options the runtimes declare (``Runtime.option_sections``)."""
@@ -169,9 +231,18 @@ def locked_settings(settings: Any) -> dict[str, Any]:
 
 
 def write_lock(
-    path: Path, requires: Sequence[str], model: Mapping[str, Any], settings: Mapping[str, Any] | None = None
+    path: Path,
+    requires: Sequence[str],
+    model: Mapping[str, Any],
+    settings: Mapping[str, Any] | None = None,
+    *,
+    stack: Mapping[str, str] | None = None,
+    replace: bool = False,
 ) -> None:
-    """Write ftx.toml (with tomlkit: any path or value is quoted correctly) through a temp file and a rename."""
+    """Write ftx.toml (with tomlkit: any path or value is quoted correctly) through a temp file and a rename.
+
+    An existing file that says something else is replaced only with ``replace`` (``ftx lock --force``): a lock
+    is committed and reviewed, so rewriting it silently would lose its pins."""
     import os
 
     import tomlkit
@@ -198,21 +269,41 @@ def write_lock(
         for key, value in settings.items():
             section[key] = value
         doc["settings"] = section
+    if stack:
+        pinned = tomlkit.table()
+        pinned.add(tomlkit.comment("the stack it was locked on: `ftx run` refuses another unless --allow-drift"))
+        for key, value in stack.items():
+            pinned[key] = value
+        doc["stack"] = pinned
     if path.is_symlink() or (path.exists() and not path.is_file()):
         # the rename would replace the link or special file itself (as root: /dev/null with a text file)
         raise ConfigError(
             f"{path} exists and is not a regular file; ftx lock writes a new file there",
             hint="pass -o with the path of a file (e.g. ./ftx.toml) that is absent or a regular file",
         )
+    text = tomlkit.dumps(doc)
+    if path.is_file() and not replace and _existing_text(path) != text:
+        raise ConfigError(
+            f"{path} already exists and pins something else; ftx lock does not overwrite it silently",
+            hint="pass --force to replace it (review the difference before committing it), or -o another file",
+        )
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(tomlkit.dumps(doc))
+        tmp.write_text(text)
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise ConfigError(
             f"cannot write {path}: {exc.strerror or exc}", hint="pass -o with a writable path in an existing directory"
         ) from None
+
+
+def _existing_text(path: Path) -> str | None:
+    """The deployment file already at ``path`` (None when it cannot be read as one)."""
+    try:
+        return _manifest_text(path)
+    except (OSError, ValueError):
+        return None
 
 
 def locked_source(manifest: Manifest) -> str:

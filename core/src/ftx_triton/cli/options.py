@@ -9,6 +9,8 @@ from ftx_triton.plan.settings import STAGES, ConvertSettings, RepositorySettings
 
 PORT = click.IntRange(1, 65535)
 """Every TCP port option (--http-port, --grpc-port, --metrics-port, --openai-port): refused outside 1-65535."""
+CPU_TORCH = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+"""The CPU build of torch (the default wheel is the CUDA build, several GB): what the kit and verify need."""
 
 
 TpType = AutoInt

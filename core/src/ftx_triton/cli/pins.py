@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from ftx_triton.cli.common import FtxCommand, get_host, say
-from ftx_triton.cli.manifest import MANIFEST_NAME, locked_settings, write_lock
+from ftx_triton.cli.manifest import MANIFEST_NAME, current_stack, locked_settings, write_lock
 from ftx_triton.cli.options import (
     deployment_conversion_options,
     repository_options,
@@ -19,6 +19,7 @@ from ftx_triton.cli.options import (
     tune_options,
 )
 from ftx_triton.commandkit import options_of
+from ftx_triton.errors import ConfigError
 from ftx_triton.plan.settings import RunSettings, ServeSettings
 
 
@@ -117,12 +118,18 @@ def _check_lockable(url: str) -> None:
 @click.option(
     "--output",
     "-o",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=Path(MANIFEST_NAME),
+    default=MANIFEST_NAME,
     show_default=True,
-    help="The deployment file to write.",
+    help=f"The deployment file to write (a directory: {MANIFEST_NAME} in it).",
 )
-def lock(model: str, output: Path, **opts: Any) -> None:
+@click.option("--force", is_flag=True, help="Replace an existing deployment file that says something else.")
+@click.option(
+    "--resolve",
+    is_flag=True,
+    help="Record the runtime, tp and weight dtype this machine chooses for `auto` (a lock for hosts like this "
+    "one) instead of `auto`.",
+)
+def lock(model: str, output: str, force: bool, resolve: bool, **opts: Any) -> None:
     """Write ftx.toml: exact versions of core and the plugins the deployment uses, MODEL pinned, and every
     setting as asked.
 
@@ -134,27 +141,64 @@ def lock(model: str, output: Path, **opts: Any) -> None:
     """
     from ftx_triton.runtime.select import check_runtime_name
 
+    path = lock_path(output)
     tokenizer = opts.get("tokenizer")
     if tokenizer is not None:
         opts["tokenizer"] = Path(tokenizer).expanduser().resolve()
     settings = RunSettings.of(model, **opts)
     check_runtime_name(get_host().runtimes, settings.runtime)
-    table, pinned = _model_table(settings, opts.get("family"), output)
+    table, pinned = _model_table(settings, opts.get("family"), path)
     local = Path(table["source"]) if "tree_sha256" in table else None
-    family = _family_of(table, (output.parent / local).resolve() if local is not None else None)
+    family = _family_of(table, (path.parent / local).resolve() if local is not None else None)
     requires = _requires(family, settings.runtime)
     locked = {
-        key: os.path.relpath(Path(value).resolve(), output.parent.resolve())
+        key: os.path.relpath(Path(value).resolve(), path.parent.resolve())
         if isinstance(getattr(settings.configure, key, None), Path)
         else value
         for key, value in locked_settings(settings).items()
     }  # paths relative to the file, as the source
-    write_lock(output, requires, table, locked)
+    if resolve:
+        locked.update(_resolved(settings))
+    stack = current_stack(get_host().runtimes.values())
+    write_lock(path, requires, table, locked, stack=stack, replace=force)
     say(
-        f"pinned {len(requires)} distributions, {pinned}, runtime {settings.runtime}, "
-        f"tp {settings.convert.tp}, weights {settings.convert.weight_dtype}"
+        f"pinned {len(requires)} distributions, {pinned}, runtime {locked['runtime']}, "
+        f"tp {locked.get('tp', 'auto')}, weights {locked.get('weight_dtype', 'auto')}"
     )
-    click.echo(str(output))
+    click.echo(str(path))
+
+
+def _resolved(settings: RunSettings) -> dict[str, Any]:
+    """What this machine chooses for ``auto``: the runtime, tp and weight dtype of the plan ``ftx run`` would
+    follow here (planned, nothing fetched or built)."""
+    from ftx_triton.cli.common import command_store
+    from ftx_triton.engine.pipeline import Pipeline
+
+    plan = Pipeline(get_host(), command_store(), settings).plan()
+    if plan.runtime is None:
+        raise ConfigError(
+            f"the runtime and tp for {settings.model} cannot be chosen before its config.json is here",
+            hint=f"run `ftx pull {settings.model}` first (or pass --family for a preset), then lock with --resolve",
+        )
+    return {
+        "runtime": plan.runtime.name,
+        "tp": plan.settings.convert.planned_tp,
+        "weight_dtype": plan.settings.convert.weight_dtype,
+    }
+
+
+def lock_path(output: str) -> Path:
+    """The file ``-o`` names: ``ftx.toml`` inside it when it is a directory or ends with a separator (``-o dir/``
+    once wrote a file named ``dir``)."""
+    path = Path(output).expanduser()
+    if output.endswith(("/", os.sep)) or path.is_dir():
+        if not path.is_dir():
+            raise ConfigError(
+                f"-o {output} names a directory, which does not exist",
+                hint=f"create it first, or pass the file to write (e.g. -o {path / MANIFEST_NAME})",
+            )
+        return path / MANIFEST_NAME
+    return path
 
 
 commands = [lock]

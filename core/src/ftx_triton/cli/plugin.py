@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from ftx_triton.cli.common import FtxGroup, get_host, say
+from ftx_triton.cli.options import CPU_TORCH
 
 
 @click.group("plugin", cls=FtxGroup)
@@ -29,7 +30,7 @@ def new_command(slug: str, directory: Path | None) -> None:
 
     check_slug(slug, set(get_host().families))
     dest = (directory or Path.cwd() / f"ftx-triton-{slug}").absolute()
-    caveats = new_plugin(slug, dest)
+    dest, caveats = new_plugin(slug, dest)
     say(f"plugin    ftx-triton-{slug} written: package ftx_{slug}, entry point {slug!r}, family {slug!r}")
     for caveat in caveats:
         say(f"  note: {caveat}")
@@ -39,10 +40,11 @@ def new_command(slug: str, directory: Path | None) -> None:
 
 def next_step(dest: Path) -> str:
     """The commands that install the new plugin with its test extra (pytest and the kit's dependencies: torch,
-    transformers) and run the conformance kit."""
+    transformers) and run the conformance kit; torch's CPU build first (the default wheel is the CUDA one,
+    several GB, that the kit does not need)."""
     return (
-        f"pip install -e {shlex.quote(f'{dest}[test]')} && pytest {shlex.quote(str(dest / 'tests'))}"
-        "   (the test extra brings pytest, torch and transformers for the conformance kit)"
+        f"{CPU_TORCH} && pip install -e {shlex.quote(f'{dest}[test]')} && pytest {shlex.quote(str(dest / 'tests'))}"
+        "   (torch's CPU build first; the test extra brings pytest and transformers for the conformance kit)"
     )
 
 

@@ -43,8 +43,11 @@ class ServedModel:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
+        """``ftx ps --json``: every address in one form, its scheme included (``http://``, ``grpc://``; the
+        OpenAI endpoint's base URL, or null)."""
         data = {k: v for k, v in self.__dict__.items() if k != "extra"}
-        return {**data, "http_url": self.http, "grpc_url": self.grpc, **self.extra}
+        addresses = {"http": f"http://{self.http}", "grpc": f"grpc://{self.grpc}", "openai": self.openai or None}
+        return {**data, **addresses, **self.extra}
 
 
 def _flag(cmdline: list[str], name: str) -> str | None:
@@ -174,7 +177,7 @@ def served_models(home: Path, servers: list[ServerRecord] | None = None) -> list
         grpc = _front_address(spec.get("grpc_front"), "grpc", "8001") or _address(cmdline, "grpc", "8001")
         found[owner] = ServedModel(
             pid=owner,
-            name=record.name if record else "(foreground)",
+            name=record.name if record else str(spec.get("name") or "(foreground)"),
             model=str(deployment.get("model") or repository.name),
             runtime=runtime,
             device=_device(proc, spec, record),

@@ -37,17 +37,20 @@ def settings_from_options(model: str, **opts: Any) -> RunSettings:
     return RunSettings.of(model, **opts)
 
 
-def run_pipeline(settings: RunSettings, lock: Path | None = None) -> RunResult:
-    """Check the deployment's pins, then run the pipeline over the user's FTX_HOME."""
-    from ftx_triton.cli.manifest import check_requirements, find_manifest
+def run_pipeline(settings: RunSettings, lock: Path | None = None, *, allow_drift: bool = True) -> RunResult:
+    """Check the deployment's pins (its stack: refused on drift unless ``allow_drift``, which only warns), then
+    run the pipeline over the user's FTX_HOME."""
+    from ftx_triton.cli.manifest import check_requirements, check_stack, find_manifest
     from ftx_triton.engine.pipeline import Pipeline
     from ftx_triton.store.housekeeping import rotate_logs
 
     manifest = find_manifest(lock=lock)
     if manifest is not None:
         check_requirements(manifest)
+        check_stack(manifest, get_host().runtimes.values(), allow_drift=allow_drift)
     rotate_logs(ftx_home())  # server logs do not pile up: the newest ones are kept
-    return Pipeline(get_host(), command_store(), settings, say=say).run()
+    # a dry run's plan is its result: stdout (`ftx run … --dry-run > plan.txt`); warnings and errors stay on stderr
+    return Pipeline(get_host(), command_store(), settings, say=click.echo if settings.dry_run else say).run()
 
 
 def command_kit() -> CommandKit:
@@ -235,6 +238,12 @@ def _expected(param: click.Parameter) -> str:
         help="The deployment file to replay when MODEL is omitted (default: ./ftx.toml), as "
         "`ftx lock -o FILE` wrote it; its requirements are checked either way.",
     ),
+    click.option(
+        "--allow-drift",
+        is_flag=True,
+        help="Serve even when this machine's stack (torch, transformers, numpy, tritonserver, the image's or "
+        "build's pinned sources) differs from the lock's [stack]; the difference is warned about.",
+    ),
 )
 @section(
     "Try it",
@@ -247,7 +256,9 @@ def _expected(param: click.Parameter) -> str:
         help="Tokens to generate for --prompt.",
     ),
 )
-def run(model: str | None, prompt: str | None, max_tokens: int, lock_file: Path | None, **opts: Any) -> None:
+def run(
+    model: str | None, prompt: str | None, max_tokens: int, lock_file: Path | None, allow_drift: bool, **opts: Any
+) -> None:
     """Fetch, convert, tune, configure and serve MODEL.
 
     MODEL is a preset (see `ftx models`), hf://org/name[@revision], a URL or a local path;
@@ -268,7 +279,7 @@ def run(model: str | None, prompt: str | None, max_tokens: int, lock_file: Path 
     one_shot = prompt is not None and not settings.serve.detach and not settings.dry_run
     quiet = one_shot and not click.get_current_context().find_root().meta.get("verbose")
     with _held_back(quiet):
-        result = run_pipeline(settings, lock_file)
+        result = run_pipeline(settings, lock_file, allow_drift=allow_drift)
     if quiet and result.endpoint is not None:
         say(_summary(settings, result))
     if settings.dry_run:

@@ -13,9 +13,12 @@ import shutil
 from pathlib import Path
 
 from ftx_triton.errors import ConfigError, OutputError
+from ftx_triton.io.outputs import check_output_place, output_error
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "plugin_template"
 TEMPLATE_SLUG = "gpt2"
+TEMPLATE_CLASS = "GPT2"
+"""The template family's class (and ``TestGPT2``, its conformance test); ``GPT2LMHeadModel`` names checkpoints."""
 SLUG = re.compile(r"[a-z][a-z0-9]{0,39}")
 
 
@@ -36,7 +39,13 @@ def check_slug(slug: str, taken: set[str] | frozenset[str] = frozenset()) -> str
     return slug
 
 
+def class_name(slug: str) -> str:
+    """The family's class name for ``slug`` (``mistral`` -> ``Mistral``), as the template's ``GPT2`` is GPT-2's."""
+    return slug[:1].upper() + slug[1:]
+
+
 def _renamed(text: str, slug: str) -> str:
+    text = re.sub(rf"\b(Test)?{TEMPLATE_CLASS}\b", lambda m: f"{m.group(1) or ''}{class_name(slug)}", text)
     text = text.replace(f"ftx_{TEMPLATE_SLUG}", f"ftx_{slug}").replace(
         f"ftx-triton-{TEMPLATE_SLUG}", f"ftx-triton-{slug}"
     )
@@ -44,11 +53,27 @@ def _renamed(text: str, slug: str) -> str:
     return re.sub(rf'^(\s+name = )"{TEMPLATE_SLUG}"', rf'\1"{slug}"', text, flags=re.MULTILINE)  # Family.name
 
 
-def new_plugin(slug: str, dest: Path) -> list[str]:
-    """Write the project into ``dest`` (absent or empty; published whole or not at all); return caveats."""
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+def new_plugin(slug: str, dest: Path) -> tuple[Path, list[str]]:
+    """Write the project into ``dest`` (absent or empty; a link is followed; published whole or not at all);
+    return where it went and the caveats."""
+    dest = check_output_place(dest, "--dir")
+    if any(dest.iterdir()) if dest.is_dir() else dest.exists():
         raise OutputError(f"{dest} already exists and is not empty", hint="choose another --dir, or remove it")
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        _write(slug, dest)
+    except OSError as exc:
+        raise output_error(exc, "--dir", dest) from None
+    return dest, [
+        f"the family still claims Hugging Face model_type {TEMPLATE_SLUG!r} (hf_model_types, hf_constants, and "
+        f"tiny_hf_config in the conformance test) and GPT-2's preset and transformers class: the slug "
+        f"{slug!r} names the plugin, the model_type names the checkpoints it converts — set both to yours",
+        f"two installed families may not claim one model_type or preset name: rename the {TEMPLATE_SLUG!r} preset",
+    ]
+
+
+def _write(slug: str, dest: Path) -> None:
+    """The renamed template, published at ``dest`` whole or not at all."""
     from ftx_triton.io.atomic import publish_dir
 
     with publish_dir(dest, locked=False) as tmp:
@@ -64,12 +89,6 @@ def new_plugin(slug: str, dest: Path) -> list[str]:
                 target.write_text(_renamed(source.read_text(), slug))
             else:
                 shutil.copyfile(source, target)
-    return [
-        f"the family still claims Hugging Face model_type {TEMPLATE_SLUG!r} (hf_model_types, hf_constants, and "
-        f"tiny_hf_config in the conformance test) and GPT-2's preset and transformers class: the slug "
-        f"{slug!r} names the plugin, the model_type names the checkpoints it converts — set both to yours",
-        f"two installed families may not claim one model_type or preset name: rename the {TEMPLATE_SLUG!r} preset",
-    ]
 
 
 __all__ = ["TEMPLATE", "check_slug", "new_plugin"]

@@ -502,6 +502,23 @@ def _decoupled(repository: Path) -> bool:
         return False
 
 
+def endpoint_json(deployment: Deployment, name: str) -> dict[str, object]:
+    """A detached deployment as ``ftx run --detach --log-format json`` prints it on stdout: its name, model,
+    runtime and addresses in the forms ``ftx ps --json`` uses."""
+    endpoint, server = deployment.endpoint, deployment.server
+    return {
+        "name": name,
+        "model": deployment.settings.model,
+        "runtime": deployment.runtime.name,
+        "http": f"http://{endpoint.http_url}",
+        "grpc": f"grpc://{endpoint.grpc_url}",
+        "metrics": server.metrics_url,
+        "openai": deployment.openai.url if deployment.openai else None,
+        "log": str(server.log_path) if server.log_path else None,
+        "stop": server.stop_hint or f"ftx stop {name}",
+    }
+
+
 def describe_endpoint(deployment: Deployment) -> str:
     """The block ``ftx run`` prints: URLs, models, an example curl and an example ``ftx generate``."""
     endpoint, server, settings = deployment.endpoint, deployment.server, deployment.settings
@@ -578,6 +595,11 @@ def after_serve(deployment: Deployment, *, prompt: str | None = None, max_tokens
             name = deployment.detach()
             timeline.step("detach")
             timeline.summary()
+            from ftx_triton.terminal.console import json_mode
+
+            if json_mode():  # a script reads where it runs, as `ftx ps --json` shows it
+                click.echo(json.dumps(endpoint_json(deployment, name), sort_keys=True))
+                return
             click.echo(describe_endpoint(deployment))
             stop_hint = deployment.server.stop_hint or f"`ftx ps` lists it, `ftx stop {name}` stops it"
             click.echo(f"\nleft running as {name!r}: {stop_hint}")

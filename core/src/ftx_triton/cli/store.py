@@ -20,10 +20,10 @@ def _age(seconds: float) -> str:
 
 
 def _table(entries: list) -> None:  # list[StoreEntry]
-    from rich.console import Console
     from rich.table import Table
 
     from ftx_triton.plan.resources import human_bytes
+    from ftx_triton.terminal.console import results_console
 
     now = time.time()
     table = Table("STAGE", "KEY", "SIZE", "USED", "SOURCE", "", box=None, pad_edge=False)
@@ -36,7 +36,7 @@ def _table(entries: list) -> None:  # list[StoreEntry]
             e.source,
             "in use" if e.in_use else "",
         )
-    Console(width=max(120, Console().width)).print(table)
+    results_console().print(table)
 
 
 @click.command("ls", cls=FtxCommand)

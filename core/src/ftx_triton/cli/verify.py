@@ -10,12 +10,13 @@ original checkpoint: one PASS/FAIL line per directory on stdout; any FAIL exits 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
 
 from ftx_triton.cli.common import FtxCommand, get_host, say
-from ftx_triton.cli.options import conversion_options, safety_options
+from ftx_triton.cli.options import CPU_TORCH, conversion_options, safety_options
 from ftx_triton.errors import CheckpointError, ConfigError, FtxError
 
 MARKER = "ftx-convert.json"
@@ -24,7 +25,7 @@ MARKER = "ftx-convert.json"
 
 def converted_dirs(path: Path) -> list[Path]:
     """The ``<tp>-gpu`` directories ``path`` is or holds; empty when it is no converted output."""
-    if (path / "config.ini").is_file():
+    if os.path.lexists(path / "config.ini"):  # whatever it is: a device or pipe is refused when it is read
         return [path]
     if not path.is_dir() or (path / "config.json").is_file():
         return []
@@ -92,6 +93,7 @@ def verify(
     """
     from ftx_triton.oracle import verify as check
 
+    _need_reference_packages()
     path = Path(model)
     directories = converted_dirs(path) if path.exists() else []
     if directories:
@@ -120,13 +122,36 @@ def verify(
         verdict = check(directory, original, model_class=model_class, tp=split)
         click.echo(verdict.describe())
         if not verdict.passed:
-            failed.append(directory)
+            failed.append(verdict)
+    if any(verdict.non_finite for verdict in failed):
+        raise CheckpointError(
+            f"{sum(1 for v in failed if v.non_finite)} of {len(targets)} converted "
+            f"director{'y' if len(targets) == 1 else 'ies'} hold NaN or Inf weights, which FasterTransformer "
+            "would compute with (the files are named above)",
+            hint="the original checkpoint holds them (check it, e.g. with torch.isfinite) or the conversion made "
+            "them (an fp16 --weight-dtype overflowing: convert to fp32 or bf16); this is not the family's table",
+        )
     if failed:
         raise CheckpointError(
             f"{len(failed)} of {len(targets)} converted director{'y' if len(targets) == 1 else 'ies'} would not compute "
             "what transformers computes on FasterTransformer",
             hint="the family's tensor table puts a tensor where FasterTransformer does not read it (q/k/v order, "
             "fused layout, split axis, a transpose): fix the table, re-convert, and verify again",
+        )
+
+
+def _need_reference_packages() -> None:
+    """verify compares with transformers on torch: without them, an error saying how to install them (it was an
+    ImportError traceback)."""
+    from importlib.util import find_spec
+
+    missing = [name for name in ("torch", "transformers") if find_spec(name) is None]
+    if missing:
+        raise ConfigError(
+            f"ftx verify compares with transformers on the original checkpoint, which needs {' and '.join(missing)} "
+            "(not installed here)",
+            hint=f"{CPU_TORCH} && pip install 'ftx-triton[kit]' (the CPU build of torch first: the default one is "
+            "the CUDA build, several GB)",
         )
 
 

@@ -26,7 +26,7 @@ from ftx_triton.conversion.shapes import eval_shape
 from ftx_triton.envvars import env_int
 from ftx_triton.errors import CheckpointError
 from ftx_triton.io.checkpoint import TensorReader, check_weight_dtype, tensor_dtype
-from ftx_triton.io.ftformat import gpu_dir_name, read_ini, read_tensor, write_ini
+from ftx_triton.io.ftformat import gpu_dir_name, non_finite_count, read_ini, read_tensor, write_ini
 from ftx_triton.io.writer import BackgroundWriter
 
 log = structlog.get_logger(__name__)
@@ -138,20 +138,6 @@ def convert_checkpoint(
     )
     return ConversionResult(
         target, files, done_bytes, written, seconds, read_seconds, writer.stall_seconds, tuple(non_finite)
-    )
-
-
-_FINITE_CHUNK = 1 << 24
-
-
-def non_finite_count(array: np.ndarray) -> int:
-    """How many NaN or Inf values ``array`` holds (checked in chunks: no mask of the whole tensor)."""
-    if not np.issubdtype(array.dtype, np.floating):
-        return 0
-    flat = array.reshape(-1)
-    return sum(
-        int(flat[i : i + _FINITE_CHUNK].size - np.count_nonzero(np.isfinite(flat[i : i + _FINITE_CHUNK])))
-        for i in range(0, flat.size, _FINITE_CHUNK)
     )
 
 

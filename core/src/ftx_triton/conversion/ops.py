@@ -34,6 +34,15 @@ class Op:
     inverse: Callable[[np.ndarray, OpContext], list[np.ndarray]] | None = None
     layout_only: bool = True
     arity: int = 1
+    kept_rows: tuple[int | None, int | None] | None = None
+    """A declared lossy step: the rows (``start``, ``stop`` of a slice) of the source tensor the FT file keeps;
+    the inverse fills the others with zeros and the conformance kit's round trip compares only these. None: the
+    op keeps everything (an exact inverse)."""
+
+    @property
+    def kept(self) -> slice:
+        """The part of the source tensor the round trip must return exactly."""
+        return slice(*self.kept_rows) if self.kept_rows is not None else slice(None)
 
 
 identity = Op(
@@ -81,3 +90,22 @@ divide_by_tp = Op(
     layout_only=False,
 )
 """A row-parallel bias added on every rank before the all-reduce: each rank holds 1/tp of it."""
+
+
+def drop_rows(count: int) -> Op:
+    """FasterTransformer keeps rows ``count:`` of the source table (OPT's learned position table starts with two
+    offset rows FT does not read); the inverse puts zero rows back in their place. Declared lossy
+    (``kept_rows``): the kit checks the kept rows exactly and the dropped ones not at all."""
+    if count < 1:
+        raise ValueError("drop_rows needs a count of at least 1")
+
+    def inverse(y: np.ndarray, ctx: OpContext) -> list[np.ndarray]:
+        return [np.concatenate([np.zeros((count, *y.shape[1:]), dtype=y.dtype), y])]
+
+    return Op(
+        f"drop_rows({count})",
+        forward=lambda xs, ctx: xs[0][count:],
+        shape=lambda shapes, ctx: (shapes[0][0] - count, *shapes[0][1:]),
+        inverse=inverse,
+        kept_rows=(count, None),
+    )

@@ -76,6 +76,7 @@ class Deployment:
             host=s.openai_host,
             port=s.openai_port,
             detach=detach,
+            watch_pid=self.server.pid,
             triton_grpc=self.endpoint.grpc_url,
         )
 

@@ -43,7 +43,12 @@ def resolve_source(settings: RunSettings, host: PluginHost) -> tuple[SourceRef, 
         if family.license or preset.license:
             log.info("license.notice", model=settings.model, license=preset.license or family.license)
     text = settings.fetch.source or settings.model
-    ref = parse_ref(text, presets=presets, revision=settings.fetch.revision)
+    try:
+        ref = parse_ref(text, presets=presets, revision=settings.fetch.revision)
+    except SourceError:
+        if hidden := host.hidden_family(text):  # `ftx run gptj` with the gptj plugin left out by the user
+            raise hidden from None
+        raise
     if settings.fetch.sha256:
         _check_sha256_applies(ref, text, settings.fetch.sha256)
         ref = dataclasses.replace(ref, sha256=settings.fetch.sha256)

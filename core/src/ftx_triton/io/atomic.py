@@ -1,11 +1,14 @@
 """Build a directory beside its final place and publish it with one rename: the one helper for it.
 
-A killed build leaves only a hidden ``.<name>.tmp-*`` sibling, which the next build of the same
-target removes (under the target's lock, so never while another process still writes it). A
-replacement moves the old directory aside to ``.<name>.old-*`` first; if a kill lands between the
-two renames, the next build (or :func:`recover`) puts the old one back, so a target is never lost
-without its successor in place. Written here rather than taken from a library: none of the kept
-ones (``atomicwrites`` is for files and unmaintained) publishes directories.
+Every directory ftx makes beside a target is a *holder*: a hidden ``.<name>.tmp-*`` (the build, in its
+``tree``) or ``.<name>.old-*`` (the replaced target, moved into its ``tree``) that carries the marker file
+:data:`MARKER` from the moment it exists. A killed build leaves only such a holder, which the next build of
+the same target removes (under the target's lock, so never while another process still writes it); if a kill
+lands between the two renames of a replacement, the next build (or :func:`recover`) puts the old one back, so
+a target is never lost without its successor in place. The one rule: a sibling without the marker is not
+ftx's, whatever its name, and is never removed, renamed or restored (``ftx plugin new --dir`` and
+``ftx convert -o`` write into the user's own folders). Written here rather than taken from a library: none
+of the kept ones (``atomicwrites`` is for files and unmaintained) publishes directories.
 """
 
 from __future__ import annotations
@@ -21,9 +24,33 @@ import filelock
 
 from ftx_triton.io.trees import remove_tree
 
+MARKER = ".ftx-holder"
+"""The file inside every directory ftx makes beside a target; without it a sibling is the user's."""
+_TREE = "tree"
 
-def _siblings(final: Path, kind: str) -> list[Path]:
-    return sorted(final.parent.glob(f".{final.name}.{kind}-*"))
+
+def is_holder(path: Path) -> bool:
+    """Whether ``path`` is a directory ftx made (a real directory, not a link, holding :data:`MARKER`)."""
+    try:
+        return path.is_dir() and not path.is_symlink() and (path / MARKER).is_file()
+    except OSError:
+        return False
+
+
+def holders(final: Path, kind: str) -> list[Path]:
+    """The ``tmp`` or ``old`` holders ftx left beside ``final``, oldest name first; other siblings are ignored."""
+    try:
+        return sorted(p for p in final.parent.glob(f".{final.name}.{kind}-*") if is_holder(p))
+    except OSError:
+        return []
+
+
+def new_holder(final: Path, kind: str) -> Path:
+    """A fresh, marked ``.<name>.<kind>-*`` directory beside ``final`` (its payload goes in ``tree``)."""
+    holder = final.parent / f".{final.name}.{kind}-{uuid.uuid4().hex[:8]}"
+    holder.mkdir()
+    (holder / MARKER).write_text("made by ftx beside the target it builds; removed by its next build\n")
+    return holder
 
 
 def lock_for(final: Path, lock_dir: Path | None = None) -> filelock.FileLock:
@@ -59,11 +86,10 @@ def recover(final: Path) -> None:
 
     Call with the target's lock held.
     """
-    olds = _siblings(final, "old")
-    if olds and not final.exists():
-        os.replace(olds[-1], final)
-        olds = olds[:-1]
-    for stale in [*olds, *_siblings(final, "tmp")]:
+    olds = holders(final, "old")
+    if olds and not final.exists() and not final.is_symlink() and (olds[-1] / _TREE).exists():
+        os.replace(olds[-1] / _TREE, final)
+    for stale in [*olds, *holders(final, "tmp")]:
         remove_tree(stale)
 
 
@@ -81,14 +107,14 @@ def publish_dir(
     guard = announced(lock_for(final, lock_dir), f"building {final}") if locked else contextlib.nullcontext()
     with guard:
         recover(final)
-        tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
+        holder = new_holder(final, "tmp")
+        tmp = holder / _TREE
         try:
+            tmp.mkdir()
             yield tmp
             swap_in(tmp, final, replace)
-        except BaseException:
-            remove_tree(tmp)
-            raise
+        finally:
+            remove_tree(holder)
 
 
 def swap_in(tmp: Path, final: Path, replace: bool) -> None:
@@ -98,12 +124,12 @@ def swap_in(tmp: Path, final: Path, replace: bool) -> None:
     if final.exists() or final.is_symlink():
         if not replace:
             raise FileExistsError(f"{final} appeared while it was being built")
-        old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
-        os.replace(final, old)
+        old = new_holder(final, "old")
+        os.replace(final, old / _TREE)
         os.replace(tmp, final)
         remove_tree(old)
     else:
         os.replace(tmp, final)
 
 
-__all__ = ["announced", "lock_for", "publish_dir", "recover"]
+__all__ = ["MARKER", "announced", "holders", "is_holder", "lock_for", "new_holder", "publish_dir", "recover"]

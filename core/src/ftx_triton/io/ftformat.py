@@ -11,10 +11,12 @@ import configparser
 from collections.abc import Mapping
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 from ftx_triton.errors import CheckpointError
 from ftx_triton.io.fastcopy import contiguous
+from ftx_triton.io.regular import TooLarge, read_regular
 
 IniSections = Mapping[str, Mapping[str, object]]
 
@@ -42,12 +44,29 @@ def write_ini(path: Path, sections: IniSections) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+MAX_INI_BYTES = 1 << 20
+"""A config.ini is a few hundred bytes; one past a MiB is not FasterTransformer's."""
+
+
 def read_ini(path: Path) -> dict[str, dict[str, str]]:
-    """Parse ``config.ini`` into ``{section: {key: value}}`` (sections and keys lower-cased)."""
+    """Parse ``config.ini`` into ``{section: {key: value}}`` (sections and keys lower-cased).
+
+    Only a regular UTF-8 file of at most :data:`MAX_INI_BYTES` is read (a converted directory may be a
+    stranger's: a device or named pipe is refused, not read forever); anything else is a CheckpointError.
+    """
     parser = configparser.ConfigParser(interpolation=None, inline_comment_prefixes=(" ;", "\t;"), strict=False)
     try:
-        with path.open() as fh:
-            parser.read_file(fh)
+        parser.read_string(read_regular(path, MAX_INI_BYTES).decode("utf-8"), source=str(path))
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(
+            f"cannot read {path}: it is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})",
+            hint="a FasterTransformer config.ini is plain text: re-run the conversion",
+        ) from None
+    except TooLarge:
+        raise CheckpointError(
+            f"cannot read {path}: it is larger than {MAX_INI_BYTES} bytes, which no config.ini is",
+            hint="re-run the conversion",
+        ) from None
     except (OSError, configparser.Error) as exc:
         raise CheckpointError(f"cannot read {path}: {exc}", hint="re-run the conversion") from exc
     return {s.lower(): {k.lower(): v for k, v in parser[s].items()} for s in parser.sections()}
@@ -77,6 +96,35 @@ def read_tensor(path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarr
             hint="weight_data_type or the <tp>-gpu directory does not match these files; re-convert",
         )
     return np.fromfile(path, dtype=dtype).reshape(shape)
+
+
+_FINITE_CHUNK = 1 << 24
+_FLOATS = (np.dtype(ml_dtypes.bfloat16),)
+"""Float types numpy does not class as ``np.floating`` (ml_dtypes' bfloat16)."""
+
+
+def non_finite_count(array: np.ndarray) -> int:
+    """How many NaN or Inf values ``array`` holds, bfloat16 included (checked in chunks: no mask of the
+    whole tensor)."""
+    if not (np.issubdtype(array.dtype, np.floating) or array.dtype in _FLOATS):
+        return 0
+    flat = array.reshape(-1)
+    return sum(
+        int(flat[i : i + _FINITE_CHUNK].size - np.count_nonzero(np.isfinite(flat[i : i + _FINITE_CHUNK])))
+        for i in range(0, flat.size, _FINITE_CHUNK)
+    )
+
+
+def non_finite_files(directory: Path, dtype: np.dtype) -> dict[str, int]:
+    """``{file name: count}`` of the ``.bin`` files in ``directory`` that hold NaN or Inf values, each read
+    (mapped, not loaded whole) as ``dtype``; files whose size is no whole number of elements are skipped."""
+    found: dict[str, int] = {}
+    for file in sorted(directory.glob("*.bin")):
+        if not file.is_file() or file.stat().st_size % dtype.itemsize or file.stat().st_size == 0:
+            continue
+        if bad := non_finite_count(np.memmap(file, dtype=dtype, mode="r")):
+            found[file.name] = bad
+    return found
 
 
 def gpu_dir_name(tp: int | str) -> str:

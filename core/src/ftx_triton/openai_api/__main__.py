@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -17,6 +20,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--watch-pid", type=int, help="Exit when this process (the server's supervisor) ends")
     parser.add_argument("--home", type=Path, help="The FTX_HOME of its record: the endpoint stops once it is deleted")
     args = parser.parse_args(argv)
 
@@ -32,7 +36,39 @@ def main(argv: list[str] | None = None) -> None:
         front.stop()
 
     HomeWatch(args.home).on_gone(home_gone)
+    if args.watch_pid:
+        watch(args.watch_pid, front.stop)
     front.run()
+
+
+WATCH_INTERVAL_S = 0.5
+
+
+def watch(pid: int, on_gone: Callable[[], None]) -> None:
+    """Call ``on_gone`` (from a daemon thread) once process ``pid`` has ended: the endpoint of a detached
+    deployment lives in its own session, so no parent-death signal reaches it when its server's supervisor
+    dies. The process is known by its start time too, so a reused pid is not taken for it."""
+    import psutil
+
+    try:
+        started = psutil.Process(pid).create_time()
+    except psutil.Error:
+        on_gone()
+        return
+
+    def alive() -> bool:
+        try:
+            process = psutil.Process(pid)
+            return process.create_time() == started and process.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def loop() -> None:
+        while alive():
+            time.sleep(WATCH_INTERVAL_S)
+        on_gone()
+
+    threading.Thread(target=loop, name="ftx-watch-supervisor", daemon=True).start()
 
 
 if __name__ == "__main__":

@@ -562,8 +562,22 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return _error(500, f"the endpoint failed: {type(exc).__name__}: {exc}"[:500], "server_error")
 
 
-async def _health(_request: web.Request) -> web.Response:
-    return web.Response(text="ok")
+HEALTH_TIMEOUT_S = 3.0
+"""How long ``/health`` waits for Triton (a stopped or wedged server answers 503 after that)."""
+
+
+def health_handler(triton: str, ensemble: str) -> Any:
+    """``/health``: 200 ``ok`` only when Triton is ready and the model can answer, else 503 with the reason
+    (a load balancer then takes the deployment out of rotation, as it should)."""
+    probe = HttpTriton(triton, timeout_s=HEALTH_TIMEOUT_S)
+
+    async def health(_request: web.Request) -> web.Response:
+        reason = await asyncio.to_thread(probe.unready, ensemble)
+        if reason is None:
+            return web.Response(text="ok")
+        return web.json_response({"status": "unavailable", "reason": reason}, status=503)
+
+    return health
 
 
 def make_app(
@@ -589,7 +603,7 @@ def make_app(
             web.get("/v1/models", handlers.models),
             web.post("/v1/completions", handlers.completions),
             web.post("/v1/chat/completions", handlers.chat),
-            web.get("/health", _health),
+            web.get("/health", health_handler(triton_http, ensemble)),
             web.get("/metrics", deployment.metrics.handler),
         ]
     )

@@ -81,9 +81,11 @@ def start_openai(
     host: str = "127.0.0.1",
     port: int | None = None,
     detach: bool = False,
+    watch_pid: int | None = None,
     triton_grpc: str | None = None,
 ) -> OpenAIEndpoint:
-    """Start the endpoint for ``repository`` served at ``triton_http``; return once it answers."""
+    """Start the endpoint for ``repository`` served at ``triton_http``; return once it answers. With ``watch_pid``
+    (the server's supervisor) it ends when that process ends, detached or not."""
     chosen = choose_port(host, port)
     log_dir = Path(home) / "openai" / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -102,6 +104,7 @@ def start_openai(
         host,
         "--port",
         str(chosen),
+        *(["--watch-pid", str(watch_pid)] if watch_pid else []),
         "--home",
         str(Path(home).resolve()),
     ]

@@ -104,7 +104,7 @@ class FtFiles:
 
     def __init__(self, path: Path, tp: int | None = None) -> None:
         self.path = Path(path)
-        if not (self.path / "config.ini").is_file():
+        if not os.path.lexists(self.path / "config.ini"):  # a device or pipe there is refused by read_ini
             raise CheckpointError(
                 f"{self.path} has no config.ini: it is not a converted FasterTransformer directory",
                 hint="point at the <tp>-gpu directory ftx convert wrote",

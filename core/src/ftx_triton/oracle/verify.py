@@ -12,14 +12,15 @@ tiny checkpoints are drawn with larger than default weights).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ftx_triton.errors import CheckpointError, ConfigError
+from ftx_triton.io.ftformat import non_finite_files
 from ftx_triton.oracle import gpt, gptj, gptneox, t5
 from ftx_triton.oracle.files import FtFiles
 
@@ -47,17 +48,24 @@ class Verdict:
     max_abs_diff: float
     scale: float
     tolerance: float
+    non_finite: Mapping[str, int] = field(default_factory=dict)
+    """``{file name: count}`` of the converted files holding NaN or Inf values (a FAIL whatever the logits)."""
 
     @property
     def passed(self) -> bool:
-        return bool(np.isfinite(self.max_abs_diff)) and self.max_abs_diff <= self.tolerance
+        return not self.non_finite and bool(np.isfinite(self.max_abs_diff)) and self.max_abs_diff <= self.tolerance
 
     def describe(self) -> str:
         word = "PASS" if self.passed else "FAIL"
-        return (
+        line = (
             f"{word}  {self.path}  {self.model_type} tp={self.tp} {self.weight_dtype}: max |FT reference - "
             f"transformers| = {self.max_abs_diff:.3g} (tolerance {self.tolerance:.3g}, logits up to {self.scale:.3g})"
         )
+        if self.non_finite:
+            shown = ", ".join(f"{name} ({count})" for name, count in list(self.non_finite.items())[:3])
+            more = " …" if len(self.non_finite) > 3 else ""
+            line += f"; NaN or Inf values in {len(self.non_finite)} files: {shown}{more}"
+        return line
 
 
 def model_type_of(files: FtFiles) -> str:
@@ -150,6 +158,7 @@ def verify(path: Path, checkpoint: Path, *, model_class: str | None = None, tp: 
     model_type = model_type_of(files)
     section = files.section(_SECTION_OF[model_type])
     weight_dtype = {"float32": "fp32", "float16": "fp16"}.get(section.file_dtype().name, "bf16")
+    non_finite = non_finite_files(files.path, section.file_dtype())  # rows the prompt never reaches included
     model = load_transformers(checkpoint, model_class, seq2seq=model_type == "T5", weight_dtype=weight_dtype)
     vocab = section.size("vocab_size")
     if int(getattr(model.config, "vocab_size", vocab)) != vocab:
@@ -175,4 +184,5 @@ def verify(path: Path, checkpoint: Path, *, model_class: str | None = None, tp: 
         max_abs_diff=float(np.abs(got - want).max()),
         scale=scale,
         tolerance=RELATIVE_TOLERANCE * max(scale, 1e-6),
+        non_finite=non_finite,
     )

@@ -26,11 +26,18 @@ from ftx_triton.plan.options import OptionSection, S, normalise, option
 STAGES = ("fetch", "convert", "tune", "configure", "serve")
 
 
-NO_TUNE_COST = (
-    "--no-tune: FasterTransformer will use cuBLAS's default GEMM algorithms instead of the fastest ones "
+UNTUNED_COST = (
+    "FasterTransformer will use cuBLAS's default GEMM algorithms instead of the fastest ones "
     "measured on this GPU for these shapes (batch x beam); generation is slower per token by an amount that "
     "depends on the GPU and shapes, outputs are unaffected; tuning runs once and is cached"
 )
+NO_TUNE_COST = f"--no-tune: {UNTUNED_COST}"
+
+
+def untuned_reason(settings: RunSettings) -> str:
+    """What the tune stage says when it does not tune: the cause (``--no-tune``, or the command's own, e.g.
+    ``ftx configure`` writing a repository without tuning) and what it costs."""
+    return f"{settings.untuned_because}: {UNTUNED_COST}" if settings.untuned_because else NO_TUNE_COST
 
 
 class Auto(enum.Enum):
@@ -279,6 +286,8 @@ class RunSettings:
     """Refuse a build that would not fit the disk or memory (``--no-resource-check`` turns it off)."""
     runtime_origin: str | None = None
     """Where ``runtime`` came from when not from ``--runtime`` (``ftx configure's default``, ``ftx.toml``)."""
+    untuned_because: str | None = None
+    """Why tuning is off when the user did not pass ``--no-tune`` (``ftx configure`` does not tune)."""
     plugin_options: tuple[tuple[str, Any], ...] = ()
     """Values of the options runtimes and plugins add to ``ftx run`` (``Runtime.option_sections``,
     ``ftx_add_options``), as sorted (name, value) pairs; :meth:`options` reads a section of them back."""
@@ -296,6 +305,7 @@ class RunSettings:
         "accept_license",
         "resource_check",
         "runtime_origin",
+        "untuned_because",
         "plugin_options",
     )
 

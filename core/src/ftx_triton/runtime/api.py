@@ -99,6 +99,11 @@ class Runtime:
         (the native backend) looks there, never at a store of its own."""
         return Availability(True, f"the {self.name} runtime is installed")
 
+    def identity(self) -> Mapping[str, str]:
+        """What this runtime serves with, beyond the Python packages (an image's pinned sources, a build's
+        pins): ``ftx lock`` records it in ``[stack]`` and a replay compares it. Cheap, no side effects."""
+        return {}
+
     # -- the plan ---------------------------------------------------------------------------
 
     def layout(self, settings: RunSettings, family: Family, hf_config: Mapping[str, object]) -> Layout:

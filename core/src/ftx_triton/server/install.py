@@ -66,11 +66,17 @@ def _install_from_dir(root: Path) -> TritonInstall:
     return install
 
 
+TRITONSERVER_INSTALL = "pip install --no-deps nvidia-pytriton"
+"""What brings the embedded tritonserver: the nvidia-pytriton wheel, without its dependencies (its metadata pins
+numpy<2, which ftx does not need; only the binary and its libraries are used). No extra of ftx-triton can say
+``--no-deps``, so the hints give this line."""
+
+
 def find_tritonserver() -> TritonInstall:
     """Locate tritonserver, its backends, the stub for this Python and the vendored libs."""
     if os.environ.get(TRITONSERVER_DIR_ENV):
         return _install_from_dir(Path(os.environ[TRITONSERVER_DIR_ENV]))
-    hint = "pip install nvidia-pytriton (the python runtime's embedded tritonserver)"
+    hint = f"{TRITONSERVER_INSTALL} (the python runtime's embedded tritonserver)"
     spec = importlib_util.find_spec("pytriton")
     if spec is None or not spec.submodule_search_locations:
         raise ServeError("nvidia-pytriton is not installed, so there is no tritonserver to run", hint=hint)

@@ -248,6 +248,23 @@ class HttpTriton:
     def get_model_config(self, model: str, as_json: bool = True) -> Mapping[str, Any]:
         return {"config": self.get_json(f"/v2/models/{quote(model, safe='')}/config")}
 
+    def unready(self, model: str) -> str | None:
+        """Why ``model`` cannot answer now (Triton not live or not ready, the model not ready, no answer), or
+        None when it can."""
+        for path, what in (
+            ("/v2/health/ready", "Triton is not ready"),
+            (f"/v2/models/{quote(model, safe='')}/ready", f"the model {model!r} is not ready"),
+        ):
+            try:
+                with self._open(path) as response:
+                    if response.status != 200:
+                        return what
+            except HttpError:
+                return what
+            except ServeError:
+                return f"Triton does not answer at {self.base}"
+        return None
+
     def models(self) -> list[str]:
         """Names of the models the server has loaded (the repository index, READY only)."""
         index = self._json("/v2/repository/index", {}, list)

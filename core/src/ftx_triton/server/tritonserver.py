@@ -400,6 +400,7 @@ class TritonServer:
             "command": triton_command,
             "shm_prefix": self.shm_prefix,
             "exit_timeout_s": self.exit_timeout_s,
+            "name": self.name,  # `ftx ps` names a foreground server by it
             "home": str(self.home.resolve()),
         }
         if self.device:

@@ -38,7 +38,7 @@ from typing import Any
 import filelock
 import structlog
 
-from ftx_triton.io.atomic import recover, swap_in
+from ftx_triton.io.atomic import holders, recover, swap_in
 from ftx_triton.io.hashing import sha256_files
 from ftx_triton.io.trees import remove_tree
 from ftx_triton.paths import unusable_home
@@ -399,7 +399,7 @@ class ArtifactStore:
     def _recover(self, stage: str, key: str) -> None:
         """Undo what killed processes left for this key (we hold the key's lock)."""
         final = self.path(stage, key)
-        if not final.exists() and any(final.parent.glob(f".{key}.old-*")):
+        if not final.exists() and holders(final, "old"):
             log.warning(
                 "cache.restored",
                 stage=stage,

@@ -9,6 +9,7 @@ becomes a JSON event instead, so a machine reading stderr never sees the two mix
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import sys
 from collections.abc import Iterator
@@ -26,6 +27,17 @@ def console() -> Console:
         _STATE["console"] = Console(stderr=True, soft_wrap=True, highlight=False)
         _STATE["stderr"] = sys.stderr
     return _STATE["console"]
+
+
+PIPED_WIDTH = 10_000
+"""The width tables are laid out in when stdout is no terminal: their natural width, never cut at 80 columns."""
+
+
+def results_console() -> Console:
+    """A console for results on stdout (tables): the terminal's width on a terminal; piped or redirected
+    (``ftx plugins | cat``), as wide as the table needs, so no cell is cut or wrapped."""
+    out = Console(highlight=False)
+    return out if out.is_terminal else Console(width=PIPED_WIDTH, highlight=False)
 
 
 def set_json(enabled: bool) -> None:
@@ -81,9 +93,14 @@ def warn(text: str) -> None:
     console().print(line, soft_wrap=True)
 
 
+def timestamp() -> str:
+    """Now, as every JSON event carries it (ISO 8601, UTC, as structlog's ``TimeStamper(fmt="iso", utc=True)``)."""
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def emit_json(event: dict[str, Any]) -> None:
-    """One JSON line on stderr, written directly (never wrapped or styled)."""
-    sys.stderr.write(json.dumps(event, sort_keys=True, default=str) + "\n")
+    """One JSON line on stderr, written directly (never wrapped or styled), with its ``timestamp``."""
+    sys.stderr.write(json.dumps({"timestamp": timestamp(), **event}, sort_keys=True, default=str) + "\n")
     sys.stderr.flush()
 
 
@@ -98,4 +115,4 @@ def status(text: str) -> Iterator[None]:
     yield
 
 
-__all__ = ["console", "emit_json", "is_terminal", "json_mode", "say", "set_json", "status", "warn"]
+__all__ = ["console", "emit_json", "results_console", "is_terminal", "json_mode", "say", "set_json", "status", "warn"]

@@ -174,13 +174,30 @@ class FamilyConformance:
         family = self.family()
         reader = family.open_weights(checkpoint)
         skipped = set(self._skipped(checkpoint))
+        kept = self._kept(checkpoint)
         for tp, directory in converted.items():
             rebuilt = dict(invert_checkpoint(family, directory))
             for name in reader.names():
                 if name in skipped:
                     continue
                 assert name in rebuilt, f"tp={tp}: {name} is not rebuilt"
-                np.testing.assert_array_equal(rebuilt[name], reader.read(name), err_msg=f"tp={tp}: {name}")
+                part = kept.get(name, slice(None))  # a row's declared lossy step: only what FT keeps comes back
+                np.testing.assert_array_equal(
+                    rebuilt[name][part], reader.read(name)[part], err_msg=f"tp={tp}: {name}[{part}]"
+                )
+
+    def _kept(self, checkpoint: Path) -> dict[str, slice]:
+        """Source tensors of rows whose op declares a lossy step (``Op.kept_rows``), with the part they keep."""
+        from ftx_triton.conversion import tensormap
+
+        spec = self._spec(checkpoint)
+        return {
+            tensormap.bind(source, binding): row.op.kept
+            for row in self.family().tensor_map(spec).rows
+            if row.op.kept_rows is not None
+            for binding in tensormap.expand(row, spec.layers)
+            for source in row.sources
+        }
 
     def _skipped(self, checkpoint: Path) -> list[str]:
         from ftx_triton.conversion.tensormap import plan

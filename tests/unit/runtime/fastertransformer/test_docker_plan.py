@@ -72,11 +72,13 @@ def test_image_step_builds_for_hopper(plan: tuple[list[str], Path, Path, Path]) 
         ]
     ]
     text = "\n".join(block)
+    assert "--branch" not in text and " main " not in text  # never a moving branch
     assert (
-        "git clone --depth 1 --branch main https://github.com/triton-inference-server/fastertransformer_backend.git"
-        in text
+        "fetch -q --depth 1 https://github.com/triton-inference-server/fastertransformer_backend.git "
+        "c6936c39be6fc57c161db34cfe5c45d1bef81ee2" in text
     )
-    sed = next(line for line in block if "sed -i" in line)
+    assert "GIT_TAG df4a7534860137e060e18d2ebf019906120ea204" in text
+    sed = next(line for line in block if "sed -i -E" in line)
     assert "-D SM=90" in sed and "fastertransformer_backend/docker/Dockerfile" in sed
     assert (
         "docker build --rm --build-arg TRITON_VERSION=23.05 --build-arg "

@@ -22,7 +22,6 @@ from ftx_triton.runtime.fastertransformer.native.patches import (
     check_patches,
     patch_set_digest,
 )
-from ftx_triton.runtime.fastertransformer.native.pins import COMPONENTS, Component, component, pins_fingerprint
 from ftx_triton.runtime.fastertransformer.native.sources import (
     component_digest,
     sources_from,
@@ -30,6 +29,7 @@ from ftx_triton.runtime.fastertransformer.native.sources import (
     used_files,
     verify_sources,
 )
+from ftx_triton.runtime.fastertransformer.pins import COMPONENTS, Component, component, pins_fingerprint
 from repo_paths import REPO
 
 BUNDLE = REPO.parent / "shared" / "ft-sources" / "ft-upstream-sources.tar.xz"

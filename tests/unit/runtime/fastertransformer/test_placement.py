@@ -129,8 +129,8 @@ def test_tp_auto_on_the_command_line_says_what_it_chose(ftx_cli, tiny_gptj_dir) 
     """``ftx run --tp auto --dry-run`` on a CPU machine: the python runtime, so tp 1, and the line says why."""
     result = ftx_cli("run", str(tiny_gptj_dir), "--tp", "auto", "--runtime", "python", "--dry-run")
     assert result.exit_code == 0, result.stderr + repr(result.exception)
-    assert "place     --tp auto: tp 1 (the python runtime runs on one device)" in result.stderr
-    assert "tp=1" in result.stderr
+    assert "place     --tp auto: tp 1 (the python runtime runs on one device)" in result.stdout
+    assert "tp=1" in result.stdout
     bad = ftx_cli("run", str(tiny_gptj_dir), "--tp", "many", "--dry-run")
     assert bad.exit_code != 0 and "many" in bad.stderr
 
@@ -186,10 +186,10 @@ def test_tp_auto_is_ftx_runs_default_and_cpu_runs_keep_tp_1(ftx_cli, tiny_gptj_d
     """No --tp on a machine without GPUs: the python runtime at tp 1, as before auto became the default."""
     result = ftx_cli("run", str(tiny_gptj_dir), "--dry-run")
     assert result.exit_code == 0, result.stderr + repr(result.exception)
-    assert "place     --tp auto: tp 1 (the python runtime runs on one device)" in result.stderr
-    assert "tp=1" in result.stderr
+    assert "place     --tp auto: tp 1 (the python runtime runs on one device)" in result.stdout
+    assert "tp=1" in result.stdout
     explicit = ftx_cli("run", str(tiny_gptj_dir), "--tp", "1", "--dry-run")
-    assert explicit.exit_code == 0 and "place " not in explicit.stderr  # an explicit tp is taken as given
+    assert explicit.exit_code == 0 and "place " not in explicit.stdout  # an explicit tp is taken as given
 
 
 def test_default_run_plans_gpt_neox_20b_over_the_gpus_it_sees(ftx_cli, gpus_seen, monkeypatch) -> None:
@@ -201,12 +201,12 @@ def test_default_run_plans_gpt_neox_20b_over_the_gpus_it_sees(ftx_cli, gpus_seen
     gpus_seen(1)
     one = ftx_cli(*base)
     assert one.exit_code == 0, one.stderr + repr(one.exception)
-    assert "place     --tp auto: tp 1 x pp 1: " in one.stderr and "batch 8 x 2048 tokens" in one.stderr
+    assert "place     --tp auto: tp 1 x pp 1: " in one.stdout and "batch 8 x 2048 tokens" in one.stdout
     gpus_seen(2)
     two = ftx_cli(*base, "--tune-batch", "24")
     assert two.exit_code == 0, two.stderr + repr(two.exception)
-    assert "place     --tp auto: tp 2 x pp 1: " in two.stderr and "tp 1 x pp 1 would need" in two.stderr
-    assert "tp=2" in two.stderr
+    assert "place     --tp auto: tp 2 x pp 1: " in two.stdout and "tp 1 x pp 1 would need" in two.stdout
+    assert "tp=2" in two.stdout
 
 
 def test_a_model_that_fits_no_layout_is_refused_before_any_download(ftx_cli, gpus_seen, ftx_home, monkeypatch) -> None:
@@ -255,7 +255,7 @@ def test_ftx_lock_records_tp_auto_and_a_replay_takes_it(ftx_cli, tiny_gptj_dir, 
     monkeypatch.chdir(tmp_path)
     replay = ftx_cli("run", "--dry-run")
     assert replay.exit_code == 0, replay.stderr + repr(replay.exception)
-    assert "place     --tp auto: tp 1 (the python runtime runs on one device)" in replay.stderr
+    assert "place     --tp auto: tp 1 (the python runtime runs on one device)" in replay.stdout
 
 
 def test_the_docker_launcher_refuses_a_hosts_file_naming_a_machine_without_an_address(

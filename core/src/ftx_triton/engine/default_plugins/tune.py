@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from ftx_triton import hookimpl
 from ftx_triton.plan.artifacts import GemmConfig
 from ftx_triton.plan.context import StageContext
-from ftx_triton.plan.settings import NO_TUNE_COST
+from ftx_triton.plan.settings import untuned_reason
 from ftx_triton.runtime.api import Runtime
 from ftx_triton.terminal import lazylog
 
@@ -23,6 +23,7 @@ def ftx_tune(family: Family, spec: ModelSpec, dest: Path, ctx: StageContext, run
     if not runtime.uses_gemm_config:
         return GemmConfig(None, False, f"the {runtime.name} runtime does not use gemm_config.in")
     if not ctx.settings.tune.tune:
-        log.warning("tune.skipped", reason=NO_TUNE_COST)
-        return GemmConfig(None, False, NO_TUNE_COST)
+        reason = untuned_reason(ctx.settings)
+        log.info("tune.skipped", reason=reason)  # the stage's own line says it (once) to a person
+        return GemmConfig(None, False, reason)
     return runtime.tune(family, spec, dest, ctx)

@@ -75,7 +75,10 @@ class NodeLayout:
 
 MAX_HOSTS_BYTES = 1 << 20
 """The largest hosts file read (a line per machine)."""
-_LINE = re.compile(r"^(?P<host>[A-Za-z0-9_.:\[\]-]+)(?:\s+(?P<opts>.*))?$")
+MAX_GPUS_PER_NODE = 64
+"""The most GPUs a hosts-file line may declare (the largest machines hold 16)."""
+_LINE = re.compile(r"^(?P<host>[A-Za-z0-9\[][A-Za-z0-9_.:\[\]-]*)(?:\s+(?P<opts>.*))?$")
+"""A host name starts with a letter, digit or ``[`` (IPv6): never ``-``, which mpirun and ssh take as an option."""
 
 
 def read_hosts(path: Path, *, repeats: bool = False) -> HostList:
@@ -95,12 +98,21 @@ def read_hosts(path: Path, *, repeats: bool = False) -> HostList:
             continue
         m = _LINE.match(line)
         if not m:
-            raise ConfigError(f"{path}:{number}: {raw.strip()!r} is not 'HOST [gpus=N]'")
+            raise ConfigError(
+                f"{path}:{number}: {raw.strip()[:80]!r} is not 'HOST [gpus=N]'",
+                hint="one machine per line: a name or address starting with a letter, a digit or '[', "
+                "then optionally gpus=N",
+            )
         count: int | None = None
         for opt in (m.group("opts") or "").split():
             key, _, value = opt.partition("=")
-            if key in ("gpus", "slots") and value.isdigit() and int(value) > 0:
+            if key in ("gpus", "slots") and value.isdigit() and 0 < int(value) <= MAX_GPUS_PER_NODE:
                 count = int(value)
+            elif key in ("gpus", "slots"):
+                raise ConfigError(
+                    f"{path}:{number}: {opt!r} is not a GPU count of 1 to {MAX_GPUS_PER_NODE}",
+                    hint="write the number of GPUs the machine has, e.g. 'HOST gpus=8'",
+                )
             else:
                 raise ConfigError(f"{path}:{number}: unknown option {opt!r}", hint="use 'HOST gpus=N'")
         if m.group("host") in hosts and not (repeats and hosts[-1] == m.group("host")):

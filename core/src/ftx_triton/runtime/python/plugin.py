@@ -21,6 +21,19 @@ NEEDS = {"pytriton": "nvidia-pytriton", "torch": "torch", "transformers": "trans
 """Import name -> the distribution that provides it."""
 
 
+def install_line(missing: list[str]) -> str:
+    """The commands that install what is missing: torch and transformers through the ``torch`` extra, the
+    tritonserver as :data:`~ftx_triton.server.install.TRITONSERVER_INSTALL` says (an extra cannot)."""
+    from ftx_triton.server.install import TRITONSERVER_INSTALL
+
+    steps = []
+    if {"torch", "transformers"} & set(missing):
+        steps.append("pip install 'ftx-triton[torch]'")
+    if "nvidia-pytriton" in missing:
+        steps.append(TRITONSERVER_INSTALL)
+    return " && ".join(steps)
+
+
 class PythonRuntime(Runtime):
     """A Python-backend ``fastertransformer`` model with FasterTransformer's inputs and outputs."""
 
@@ -32,7 +45,7 @@ class PythonRuntime(Runtime):
     def available(self, settings: RunSettings, store: ArtifactStore) -> Availability:
         missing = [dist for module, dist in NEEDS.items() if importlib.util.find_spec(module) is None]
         if missing:
-            return Availability(False, f"{', '.join(missing)} not installed (pip install 'ftx-triton[torch,serve]')")
+            return Availability(False, f"{', '.join(missing)} not installed ({install_line(missing)})")
         return Availability(True, "serving with the embedded python runtime")
 
     def describe(self, plan: DryRunPlan) -> list[str]:

@@ -310,6 +310,40 @@ def test_dry_run_lines_show_build_tune_and_serve(tmp_path: Path, monkeypatch: py
     assert "CUDA_VISIBLE_DEVICES=0,1 tritonserver" in text and "holding gemm_config.in" in text
 
 
+def test_a_multi_node_dry_run_reads_the_hosts_file_and_shows_the_real_launcher(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As faithful as the Docker launcher's plan: no ``…``/``<nodes>`` placeholders, the GPUs of this
+    machine's ranks, and the hosts file read and checked against tp x pp."""
+    from ftx_triton.plugins import load_host
+    from ftx_triton.runtime.api import DryRunPlan
+
+    monkeypatch.setenv("FTX_HOME", str(tmp_path))
+    family = load_host().family("gptj")
+    spec = family.spec(dict(family.presets["gptj"].hf_config or {}))
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost\nlocalhost\n")
+
+    def describe(**settings: object) -> str:
+        plan = DryRunPlan(
+            _settings(data_type="fp16", **settings),
+            family,
+            spec,
+            tmp_path / "c",
+            tmp_path / "r",
+            ArtifactStore(tmp_path),
+        )
+        return "\n".join(_runtime(_probe()).describe(plan))
+
+    text = describe(tp=1, pp=2, hosts=str(hosts))
+    assert "…" not in text and "<nodes>" not in text and "<first serving GPU>" not in text
+    assert "CUDA_VISIBLE_DEVICES=0,1 mpirun -n 2 --allow-run-as-root --hostfile" in text
+    assert "native.rank --gpus=0,1 --per-rank=1 -- tritonserver" in text and "localhost slots=2" in text
+    hosts.write_text("localhost gpus=2\nlocalhost gpus=2\n")  # 4 GPUs asked of a layout of 2
+    with pytest.raises(ConfigError, match="tp x pp = 1 x 2 = 2 but 2 nodes x 2 GPUs = 4"):
+        describe(tp=1, pp=2, hosts=str(hosts))
+
+
 # --------------------------------------------------------------------------- the embedded server's new options
 
 

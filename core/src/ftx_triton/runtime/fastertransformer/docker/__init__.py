@@ -28,8 +28,14 @@ DEFAULT_IMAGE_REPOSITORY = "ftx/triton-fastertransformer"
 DEFAULT_IMAGE_TAG = f"{DEFAULT_IMAGE_REPOSITORY}:{DEFAULT_TRITON_VERSION}"
 """The image ``ftx image build`` makes by default and every fastertransformer run uses by default."""
 
+from ftx_triton.runtime.fastertransformer.pins import component as _pinned  # noqa: E402 - plain data, no SDK
+
 DEFAULT_BACKEND_REPO = "https://github.com/triton-inference-server/fastertransformer_backend.git"
-DEFAULT_BACKEND_REF = "main"
+DEFAULT_BACKEND_REF = _pinned("fastertransformer_backend").ref
+"""The backend commit the image is built from: the native build's pin (never a moving branch)."""
+FT_REPO = f"https://github.com/{_pinned('FasterTransformer').repository}.git"
+FT_COMMIT = _pinned("FasterTransformer").ref
+"""The FasterTransformer commit the backend's CMake fetches in the image (its CMakeLists says ``main``)."""
 
 TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
 """tritonserver inside the NGC base image."""
@@ -50,6 +56,8 @@ __all__ = [
     "DEFAULT_IMAGE_REPOSITORY",
     "DEFAULT_IMAGE_TAG",
     "DEFAULT_TRITON_VERSION",
+    "FT_COMMIT",
+    "FT_REPO",
     "GEMM_BIN_DIR",
     "LABEL_PREFIX",
     "TRITONSERVER",

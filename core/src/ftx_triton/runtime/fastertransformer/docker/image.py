@@ -14,6 +14,7 @@ import datetime as dt
 import hashlib
 import json
 import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -30,6 +31,7 @@ from ftx_triton.runtime.fastertransformer.docker import (
     DEFAULT_BACKEND_REPO,
     DEFAULT_IMAGE_REPOSITORY,
     DEFAULT_TRITON_VERSION,
+    FT_COMMIT,
     LABEL_PREFIX,
 )
 from ftx_triton.runtime.fastertransformer.docker.client import docker_errors, explain
@@ -76,8 +78,28 @@ class ImageBuild:
         return {"TRITON_VERSION": self.triton_version, "BASE_IMAGE": self.base}
 
 
+_ADD_BACKEND = re.compile(r"^ADD\s+\.\s+(?P<dir>/\S+)\s*$")
+FT_PIN_SED = f"/FasterTransformer.git/{{n;s/GIT_TAG main/GIT_TAG {FT_COMMIT}/;n;s/GIT_SHALLOW ON/GIT_SHALLOW OFF/}}"
+"""Pins the FasterTransformer the backend's CMakeLists fetches (``GIT_TAG main``) to :data:`FT_COMMIT`; a
+commit cannot be fetched shallow by CMake."""
+
+
+def pin_fasttransformer(text: str) -> str:
+    """Insert, right after the Dockerfile's ``ADD . <backend dir>``, the edit of the backend's CMakeLists that
+    makes CMake fetch FasterTransformer at the pinned commit instead of ``main`` (unchanged without that line)."""
+    lines = text.splitlines(keepends=True)
+    for number, line in enumerate(lines):
+        if m := _ADD_BACKEND.match(line.rstrip("\r\n")):
+            edit = f"RUN sed -i -e {shlex.quote(FT_PIN_SED)} {m.group('dir')}/CMakeLists.txt\n"
+            lines.insert(number + 1, edit)
+            return "".join(lines)
+    return text
+
+
 def patch_dockerfile(text: str, sm: tuple[int, ...]) -> str:
-    """Add ``-D SM=<list>`` to the Dockerfile's CMake invocation (unchanged when ``sm`` is empty)."""
+    """FasterTransformer pinned (:func:`pin_fasttransformer`) and ``-D SM=<list>`` added to the Dockerfile's CMake
+    invocation (no ``-D SM`` when ``sm`` is empty)."""
+    text = pin_fasttransformer(text)
     if not sm:
         return text
     lines = text.splitlines(keepends=True)
@@ -116,23 +138,35 @@ def backend_checkout(build: ImageBuild, home: Path, say: Callable[[str], None]) 
 
         say(f"image     cloning {build.backend_repo}" + (f" ({build.backend_ref})" if build.backend_ref else ""))
         with publish_dir(dest, replace=True) as tmp:
-            argv = ["git", "clone", "--depth", "1"]
-            if build.backend_ref:
-                argv += ["--branch", build.backend_ref]
-            argv += [build.backend_repo, str(tmp)]
-            try:
-                done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
-            except FileNotFoundError:
-                raise ToolError(
-                    "git is not installed, so the backend repository cannot be cloned",
-                    hint="install git, or pass --backend-repo PATH to a checkout",
-                ) from None
-            if done.returncode != 0:
-                raise ToolError(
-                    f"cloning {build.backend_repo} failed: {done.stderr.strip().splitlines()[-1:] or ''}",
-                    hint="check the URL and --backend-ref, or pass --backend-repo PATH to a local checkout",
-                )
+            for argv in clone_commands(build.backend_repo, build.backend_ref, str(tmp)):
+                _git(argv, build)
     return dest, _git_commit(dest)
+
+
+def clone_commands(repo: str, ref: str | None, dest: str) -> list[list[str]]:
+    """The git commands that check out ``ref`` (a commit, tag or branch; None: the default branch) of ``repo``
+    into ``dest``, fetching that one revision only (``git clone --branch`` takes no commit)."""
+    return [
+        ["git", "init", "-q", dest],
+        ["git", "-C", dest, "fetch", "-q", "--depth", "1", repo, *([ref] if ref else [])],
+        ["git", "-C", dest, "checkout", "-q", "--detach", "FETCH_HEAD"],
+    ]
+
+
+def _git(argv: list[str], build: ImageBuild) -> None:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+    except FileNotFoundError:
+        raise ToolError(
+            "git is not installed, so the backend repository cannot be fetched",
+            hint="install git, or pass --backend-repo PATH to a checkout",
+        ) from None
+    if done.returncode != 0:
+        raise ToolError(
+            f"fetching {build.backend_repo} at {build.backend_ref or 'its default branch'} failed: "
+            f"{done.stderr.strip().splitlines()[-1:] or ''}",
+            hint="check the URL and --backend-ref, or pass --backend-repo PATH to a local checkout",
+        )
 
 
 def _git_commit(path: Path) -> str | None:
@@ -161,6 +195,7 @@ def image_labels(build: ImageBuild, commit: str | None, dockerfile_sha: str) -> 
         f"{LABEL_PREFIX}.backend-repo": build.backend_repo,
         f"{LABEL_PREFIX}.backend-ref": build.backend_ref or "",
         f"{LABEL_PREFIX}.backend-commit": commit or "unknown",
+        f"{LABEL_PREFIX}.fastertransformer-commit": FT_COMMIT,
         f"{LABEL_PREFIX}.dockerfile-sha256": dockerfile_sha,
         f"{LABEL_PREFIX}.version": _ftx_version(),
         "org.opencontainers.image.created": _now(),

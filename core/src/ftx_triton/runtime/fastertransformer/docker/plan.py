@@ -22,8 +22,14 @@ from ftx_triton.runtime.fastertransformer.docker import (
     DEFAULT_BACKEND_REPO,
     DEFAULT_IMAGE_REPOSITORY,
     DEFAULT_TRITON_VERSION,
+    FT_COMMIT,
 )
-from ftx_triton.runtime.fastertransformer.docker.image import DOCKERFILE, ImageBuild
+from ftx_triton.runtime.fastertransformer.docker.image import (
+    DOCKERFILE,
+    ImageBuild,
+    clone_commands,
+    pin_fasttransformer,
+)
 from ftx_triton.runtime.fastertransformer.docker.options import DEFAULT_PORTS, DockerOptions
 from ftx_triton.runtime.fastertransformer.docker.serve import plan_serve
 from ftx_triton.runtime.fastertransformer.docker.tune import gemm_tool_path, tune_spec
@@ -53,6 +59,10 @@ def _source(settings: RunSettings, family: Family) -> str:
 
 def _flag(name: str, value: object, default: object) -> list[str]:
     return [name, str(value)] if value != default else []
+
+
+_UPSTREAM_ADD = "ADD . /workspace/build/fastertransformer_backend\n"
+"""The line of the backend's Dockerfile that puts the checkout in the image."""
 
 
 def describe_run(
@@ -129,7 +139,12 @@ def describe_run(
         "skipped when `ftx image ls` lists it",
         f"{INDENT}$ {shlex.join(build_cli)}",
         f"{INDENT}  equivalent to (ftx does these through git and the Docker API):",
-        f"{INDENT}  git clone --depth 1 --branch {DEFAULT_BACKEND_REF} {DEFAULT_BACKEND_REPO} {checkout}",
+        *(
+            f"{INDENT}  {shlex.join(argv)}"
+            for argv in clone_commands(DEFAULT_BACKEND_REPO, DEFAULT_BACKEND_REF, checkout)
+        ),
+        f"{INDENT}  after its `ADD .` line the Dockerfile gets (FasterTransformer at {FT_COMMIT}, not main):",
+        f"{INDENT}  {pin_fasttransformer(_UPSTREAM_ADD).splitlines()[1]}",
     ]
     if sm:
         sed = f"/^RUN\\b.*\\bcmake\\s*\\\\\\s*$/a\\      -D SM={build.sm_text} \\\\"

@@ -68,6 +68,15 @@ class DockerFasterTransformer(FasterTransformerRuntime):
             return Availability(False, f"the image {image} is not built (run `ftx image build`)")
         return Availability(True, "Docker, the NVIDIA runtime and the FasterTransformer image are present")
 
+    def identity(self) -> Mapping[str, str]:
+        """The pinned sources the image is built from (the image id itself differs per build)."""
+        from ftx_triton.runtime.fastertransformer.docker import DEFAULT_BACKEND_REF, DEFAULT_TRITON_VERSION, FT_COMMIT
+
+        return {
+            self.name: f"fastertransformer_backend@{DEFAULT_BACKEND_REF[:12]} FasterTransformer@{FT_COMMIT[:12]} "
+            f"triton {DEFAULT_TRITON_VERSION}"
+        }
+
     def describe(self, plan: DryRunPlan) -> list[str]:
         from ftx_triton.runtime.fastertransformer.docker.plan import describe_run
 

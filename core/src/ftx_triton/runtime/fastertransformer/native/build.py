@@ -37,9 +37,9 @@ import structlog
 from ftx_triton.errors import ToolError
 from ftx_triton.runtime.fastertransformer.native import BACKEND_STAGE
 from ftx_triton.runtime.fastertransformer.native.patches import apply_patches, patch_set_digest
-from ftx_triton.runtime.fastertransformer.native.pins import COMPONENTS, pins_fingerprint
 from ftx_triton.runtime.fastertransformer.native.sources import READY_MARK, used_files
 from ftx_triton.runtime.fastertransformer.native.toolchain import CUDA_LIBS, Preflight, RuntimeLibraries
+from ftx_triton.runtime.fastertransformer.pins import COMPONENTS, pins_fingerprint
 from ftx_triton.store.artifact_store import ArtifactStore, make_key
 
 log = structlog.get_logger(__name__)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ftx_triton import hookimpl
 from ftx_triton.runtime.api import Availability, DryRunPlan, Runtime
@@ -108,19 +108,24 @@ class NativeFasterTransformer(FasterTransformerRuntime):
             show_progress=ctx.show_progress,
         )
 
+    def identity(self) -> Mapping[str, str]:
+        """The pinned sources and ftx's patches the backend is built from (the build itself is per machine)."""
+        from ftx_triton.runtime.fastertransformer.native.patches import patch_set_digest
+        from ftx_triton.runtime.fastertransformer.pins import pins_digest
+
+        return {self.name: f"sources {pins_digest()} patches {patch_set_digest()[:16]}"}
+
     # -- stages ----------------------------------------------------------------------------
 
     def describe(self, plan: DryRunPlan) -> list[str]:
         from ftx_triton.repository.writer import describe_text_models
         from ftx_triton.runtime.fastertransformer.native.build import backend_key, find_backend
         from ftx_triton.runtime.fastertransformer.native.options import NativeOptions
-        from ftx_triton.runtime.fastertransformer.native.serve import work_dir_for
 
         s = plan.settings
         options = NativeOptions.from_settings(s)
         pre = self.preflight(s)
         sm = ",".join(map(str, pre.sm)) or "<--sm>"
-        home = plan.store.home
         built = find_backend(plan.store, pre) if pre.sm else None
         build_line = (
             f"backend   cached {built.path}"
@@ -134,7 +139,8 @@ class NativeFasterTransformer(FasterTransformerRuntime):
             lines += [f"          missing: {c.name}: {c.detail}" for c in pre.failures]
         if s.tune.tune:
             args = " ".join(gemm_arguments(plan.family, plan.spec, s))
-            lines.append(f"tune      {plan.family.gemm_tool} {args}  (CUDA_VISIBLE_DEVICES=<first serving GPU>)")
+            first = self._serving_gpus(s, options)[1][0]
+            lines.append(f"tune      {plan.family.gemm_tool} {args}  (CUDA_VISIBLE_DEVICES={first})")
         else:
             lines.append("tune      skipped (--no-tune)")
         lines.append(
@@ -142,13 +148,40 @@ class NativeFasterTransformer(FasterTransformerRuntime):
             f"{describe_text_models(s.configure)}, ensemble)"
         )
         if s.until == "serve":
-            world = s.convert.planned_tp * s.configure.pp
-            gpus = ",".join(map(str, options.gpus or range(world)))
-            launcher = "mpirun --hostfile … -n <nodes> " if options.hosts_file else ""
+            lines += self._describe_serve(plan, options, built)
+        return lines
+
+    def _serving_gpus(self, settings: RunSettings, options: Any) -> tuple[Any, tuple[int, ...]]:
+        """The layout (the hosts file read and checked against tp x pp) and this machine's GPUs for it: those
+        the server will take when this machine has them, else the indices it would ask for."""
+        from ftx_triton.runtime.fastertransformer.gpus import select_gpus
+        from ftx_triton.runtime.fastertransformer.native.serve import native_layout
+
+        layout = native_layout(settings, options)
+        here = layout.gpus_per_node * (layout.machines[0][1] if layout.multi_node else 1)
+        found = self.probe().gpus
+        return layout, tuple(select_gpus(here, options.gpus, found) if found else (options.gpus or range(here)))
+
+    def _describe_serve(self, plan: DryRunPlan, options: Any, built: BuiltBackend | None) -> list[str]:
+        """The serve step as it will run: the hosts file read and checked (as the Docker launcher's plan does),
+        the GPUs this machine gives, the real mpirun and rank launcher of a multi-node layout."""
+        import shlex
+
+        from ftx_triton.runtime.fastertransformer.native.serve import rank_launcher, work_dir_for
+
+        s = plan.settings
+        layout, gpus = self._serving_gpus(s, options)
+        work = work_dir_for(plan.store.home, s)
+        mpirun = str(built.opal_prefix / "bin" / "mpirun") if built and built.opal_prefix else "mpirun"
+        launcher = shlex.join(rank_launcher(layout, options, work, mpirun))
+        lines = [
+            f"serve     CUDA_VISIBLE_DEVICES={','.join(map(str, gpus))} {launcher + ' ' if launcher else ''}"
+            f"tritonserver --model-repository={plan.repository_dir} --backend-directory=<fastertransformer + python> "
+            f"(cwd {work}, holding gemm_config.in)"
+        ]
+        if layout.multi_node:
             lines.append(
-                f"serve     CUDA_VISIBLE_DEVICES={gpus} {launcher}tritonserver --model-repository="
-                f"{plan.repository_dir} --backend-directory=<fastertransformer + python> "
-                f"(cwd {work_dir_for(home, s)}, holding gemm_config.in)"
+                f"          hostfile {work / 'ftx-hostfile'}: " + "; ".join(layout.hostfile_text().splitlines())
             )
         return lines
 

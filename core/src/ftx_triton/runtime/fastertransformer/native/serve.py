@@ -81,9 +81,7 @@ def plan_native_serve(
     """The server's GPUs, environment, working directory and launcher (no process is started)."""
     from ftx_triton.runtime.fastertransformer.gpus import local_gpus, select_gpus
 
-    tp, pp = settings.convert.planned_tp, settings.configure.pp
-    hosts = read_hosts(options.hosts_file, repeats=True) if options.hosts_file else None
-    layout = node_layout(hosts, tp=tp, pp=pp, instances=settings.configure.instances, ssh_port=options.ssh_port or 22)
+    layout = native_layout(settings, options)
     gpus_here = tuple(local_gpus()) if available_gpus is None else tuple(available_gpus)
     if not gpus_here:
         raise ServeError(
@@ -94,22 +92,40 @@ def plan_native_serve(
     gpus = select_gpus(here, options.gpus, gpus_here)  # type: ignore[arg-type]
     work = work_dir_for(home, settings)
     env = runtime_environment(built, gpus, options.env, base=base_env)
-    launcher: tuple[str, ...] = ()
-    if layout.multi_node:
-        mpirun = str(built.opal_prefix / "bin" / "mpirun") if built.opal_prefix else "mpirun"
-        per_machine = options.gpus or tuple(range(layout.gpus_per_node * layout.ranks_per_machine))
-        launcher = (
-            mpirun,
-            *native_mpirun_args(layout, work / HOSTFILE_NAME, options.ssh_port),
-            sys.executable,
-            "-m",
-            "ftx_triton.runtime.fastertransformer.native.rank",
-            f"--gpus={','.join(map(str, per_machine))}",
-            f"--per-rank={layout.gpus_per_node}",
-            "--",
-        )
+    mpirun = str(built.opal_prefix / "bin" / "mpirun") if built.opal_prefix else "mpirun"
+    launcher = rank_launcher(layout, options, work, mpirun)
     expect = bool(gemm and gemm.tuned and gemm.path)
     return NativeServePlan(gpus, layout, env, work, launcher, gemm.path if expect and gemm else None, expect)
+
+
+def native_layout(settings: RunSettings, options: NativeOptions) -> NodeLayout:
+    """The machines and GPUs per FasterTransformer process: the hosts file read and checked against tp x pp."""
+    hosts = read_hosts(options.hosts_file, repeats=True) if options.hosts_file else None
+    return node_layout(
+        hosts,
+        tp=settings.convert.planned_tp,
+        pp=settings.configure.pp,
+        instances=settings.configure.instances,
+        ssh_port=options.ssh_port or 22,
+    )
+
+
+def rank_launcher(layout: NodeLayout, options: NativeOptions, work: Path, mpirun: str) -> tuple[str, ...]:
+    """What starts the ranks of a multi-node layout (mpirun, then each rank's GPU launcher before tritonserver);
+    empty for one node."""
+    if not layout.multi_node:
+        return ()
+    per_machine = options.gpus or tuple(range(layout.gpus_per_node * layout.ranks_per_machine))
+    return (
+        mpirun,
+        *native_mpirun_args(layout, work / HOSTFILE_NAME, options.ssh_port),
+        sys.executable,
+        "-m",
+        "ftx_triton.runtime.fastertransformer.native.rank",
+        f"--gpus={','.join(map(str, per_machine))}",
+        f"--per-rank={layout.gpus_per_node}",
+        "--",
+    )
 
 
 def native_mpirun_args(layout: NodeLayout, hostfile: Path, ssh_port: int | None) -> list[str]:

@@ -1,7 +1,7 @@
 """Get the pinned upstream sources and prove they are the pinned ones.
 
 ``--sources DIR|ARCHIVE`` takes a directory (or an archive of one) in the source layout of
-:mod:`ftx_triton.runtime.fastertransformer.native.pins`, for machines without network; without it each component's public archive is
+:mod:`ftx_triton.runtime.fastertransformer.pins`, for machines without network; without it each component's public archive is
 downloaded (:func:`ftx_triton.fetching.http.download`) and extracted into that layout. Either way every
 component's used files are hashed into a tree digest and compared with the pin before anything is
 built: a mismatch is a :class:`~ftx_triton.errors.SourceError` naming the component.
@@ -21,7 +21,7 @@ import structlog
 from ftx_triton.errors import SourceError
 from ftx_triton.io.atomic import publish_dir
 from ftx_triton.io.hashing import sha256_file
-from ftx_triton.runtime.fastertransformer.native.pins import COMPONENTS, Component, pins_fingerprint
+from ftx_triton.runtime.fastertransformer.pins import COMPONENTS, Component, pins_fingerprint
 from ftx_triton.store.artifact_store import make_key
 
 log = structlog.get_logger(__name__)

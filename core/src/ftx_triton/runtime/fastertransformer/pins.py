@@ -1,4 +1,4 @@
-"""The upstream sources the native backend is built from, pinned.
+"""The upstream sources FasterTransformer is built from, pinned (the native build and the Docker image both).
 
 Each :class:`Component` names its public home and commit (or tag), where it goes in the source
 layout the build expects, which of its files the build uses (``used`` path prefixes, minus
@@ -78,10 +78,9 @@ COMPONENTS: tuple[Component, ...] = (
         tree_sha256="8e4ef9b0d3ed00cd8a748ab3a3a2992e570f622392b40baaf6487cef1724e5b9",
     ),
     Component(
-        # Only the short sha is known (the offline bundle carries no git metadata).
         "fastertransformer_backend",
         "triton-inference-server/fastertransformer_backend",
-        "c6936c3",
+        "c6936c39be6fc57c161db34cfe5c45d1bef81ee2",
         "fastertransformer_backend",
         used=("CMakeLists.txt", "cmake/", "src/"),
         tree_sha256="20958bab7a60fcea160bcd8edb4fa9c908252299439064287f9f30661830a7bc",
@@ -138,4 +137,12 @@ def pins_fingerprint(components: tuple[Component, ...] = COMPONENTS) -> dict[str
     return {c.name: f"{c.display}#{c.tree_sha256}" for c in components}
 
 
-__all__ = ["COMPONENTS", "TRITON_TAG", "Component", "component", "pins_fingerprint"]
+def pins_digest(components: tuple[Component, ...] = COMPONENTS) -> str:
+    """One short digest of every pin (revision and tree digest): what a lock records of the sources."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(pins_fingerprint(components), sort_keys=True).encode()).hexdigest()[:16]
+
+
+__all__ = ["COMPONENTS", "TRITON_TAG", "Component", "component", "pins_digest", "pins_fingerprint"]

@@ -1,0 +1,23 @@
+"""FasterTransformer files: counting NaN/Inf in every float type the converter writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from ftx_triton.io.ftformat import non_finite_count, non_finite_files, write_tensor
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
+def test_non_finite_values_are_counted_in_every_weight_dtype(dtype: type) -> None:
+    """bfloat16 is no ``np.floating`` to numpy: its NaNs went uncounted at conversion."""
+    values = np.array([1.0, np.nan, np.inf, -np.inf, 2.0], dtype=np.float32).astype(dtype)
+    assert non_finite_count(values) == 3
+
+
+def test_the_files_holding_them_are_named(tmp_path: Path) -> None:
+    write_tensor(tmp_path / "a.bin", np.array([1.0, np.nan], dtype=ml_dtypes.bfloat16))
+    write_tensor(tmp_path / "b.bin", np.ones(4, dtype=ml_dtypes.bfloat16))
+    assert non_finite_files(tmp_path, np.dtype(ml_dtypes.bfloat16)) == {"a.bin": 1}
