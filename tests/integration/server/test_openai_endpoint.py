@@ -188,7 +188,31 @@ def test_stop_strings_cut_the_text(served: Served) -> None:
     "body, param, status",
     [
         ({"prompt": "", "max_tokens": 4}, "prompt", 400),
-        ({"prompt": "Hi", "n": 2}, "n", 400),
+        ({"prompt": "Hi", "n": 0}, "n", 400),
+        ({"prompt": "Hi", "n": 10_000}, "n", 400),
+        ({"prompt": "Hi", "n": 2, "best_of": 1}, "best_of", 400),
+        ({"prompt": "Hi", "logprobs": -1}, "logprobs", 400),
+        ({"prompt": "Hi", "logprobs": 1000}, "logprobs", 400),
+        ({"prompt": "Hi", "logit_bias": {"99999999": -100}}, "logit_bias", 400),  # outside the vocabulary
+        ({"prompt": "Hi", "logit_bias": {"5": "x"}}, "logit_bias", 400),
+        ({"prompt": "Hi", "logit_bias": {"five": -100}}, "logit_bias", 400),
+        ({"prompt": "Hi", "logit_bias": {"5": 3}}, "logit_bias", 400),  # FT can ban, not bias
+        ({"prompt": "Hi", "seed": -1}, "seed", 400),
+        ({"prompt": "Hi", "stop": "x" * 513}, "stop", 400),
+        # #33.9: fields neither honoured nor refused used to be 200 as if absent
+        ({"prompt": "Hi", "frequency_penalty": 0.5}, "frequency_penalty", 400),
+        ({"prompt": "Hi", "presence_penalty": 0.5}, "presence_penalty", 400),
+        ({"prompt": "Hi", "suffix": " the end"}, "suffix", 400),
+        ({"prompt": "Hi", "stream_options": {"include_usage": True}}, "stream_options", 400),  # without stream
+        ({"prompt": "Hi", "logprobs": 0, "echo": True}, "echo", 400),  # prompt log probs: FT has none
+        ({"prompt": "Hi", "some_new_field": 1}, "some_new_field", 400),
+        ({"prompt": "Hi", "best_of": 2, "stream": True}, "best_of", 400),
+        (
+            {"messages": [{"role": "user", "content": "Hi"}], "response_format": {"type": "json_object"}},
+            "response_format",
+            400,
+        ),
+        ({"messages": [{"role": "user", "content": "Hi"}], "logprobs": True, "top_logprobs": 2}, "top_logprobs", 400),
         ({"prompt": "Hi", "model": "gpt-4"}, "model", 404),  # OpenAI's model_not_found
         ({"prompt": "Hi", "temperature": 5}, "temperature", 400),
         ({"prompt": "Hi", "max_tokens": "many"}, "max_tokens", 400),
@@ -214,13 +238,13 @@ def test_bad_requests_get_openai_errors(served: Served, body: dict, param: str, 
 
 def test_limits_are_printed_as_written() -> None:
     """Not ``1.04858e+06``: a client reads the number it may send."""
-    from ftx_triton.openai_api.app import BadRequest, _request_values
+    from ftx_triton.openai_api.params import BadRequest, parse_params
 
     with pytest.raises(BadRequest) as refused:
-        _request_values({"max_tokens": 0}, None)
+        parse_params({"max_tokens": 0}, "completions", None)
     assert "between 1 and 1048576" in str(refused.value)
     with pytest.raises(BadRequest) as refused:
-        _request_values({"top_p": 3}, None)
+        parse_params({"top_p": 3}, "completions", None)
     assert "between 0 and 1" in str(refused.value) and "e+" not in str(refused.value)
 
 
