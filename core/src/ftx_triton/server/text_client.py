@@ -34,6 +34,7 @@ ROLES: dict[str, tuple[str, ...]] = {
     "seed": ("random_seed",),
     "beam_width": ("beam_width",),
     "stop": ("stop",),
+    "bad_words": ("bad_words",),
     "bad_token_ids": ("bad_token_ids",),
     "stream": ("stream",),
 }
