@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from python_runtime_support import SERVER_MARKS  # noqa: E402
 
@@ -473,3 +474,140 @@ def test_bench_with_perf_analyzer(served: Served) -> None:
     assert result["tool"] == "perf_analyzer" and [p["concurrency"] for p in result["points"]] == [1, 2]
     assert all(p["throughput_rps"] > 0 and p["latency_p99_ms"] > 0 for p in result["points"])
     assert _stored(served)[-1]["tool"] == "perf_analyzer"
+
+
+# --------------------------------------------------------------------------- #36 with the official client
+
+
+def _client(served: Served) -> Any:
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=served.openai, api_key="none", max_retries=0, timeout=300)
+
+
+def _text_model_answer(served: Served, prompt: str, max_tokens: int, **extra: Any) -> Any:
+    """The text model's own answer (ids and log probabilities) for the same request."""
+    from ftx_triton.cli.serving import generate_answer
+
+    return generate_answer(served.http, "text", prompt, max_tokens=max_tokens, **extra)
+
+
+def test_openai_client_gets_log_probs_streamed_and_not(served: Served) -> None:
+    """logprobs 0: each chosen token's log probability in OpenAI's shape, the same numbers as the text model's
+    (FasterTransformer's output_log_probs), streamed or not; usage counts the generated ids (#33: it used to
+    re-encode the text, 10 tokens for max_tokens 8)."""
+    client = _client(served)
+    prompt = "Once upon a time"
+    answer = client.completions.create(model="tiny-gptj", prompt=prompt, max_tokens=8, logprobs=0)
+    reference = _text_model_answer(served, prompt, 8)
+    choice = answer.choices[0]
+    assert choice.text == reference.text
+    assert len(choice.logprobs.token_logprobs) == len(reference.token_ids) == answer.usage.completion_tokens
+    assert np.allclose(choice.logprobs.token_logprobs, reference.log_probs, atol=1e-6)
+    assert "".join(choice.logprobs.tokens) == choice.text
+    assert choice.logprobs.text_offset[0] == len(prompt)
+    chunks = list(
+        client.completions.create(
+            model="tiny-gptj",
+            prompt=prompt,
+            max_tokens=8,
+            logprobs=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    streamed = [v for c in chunks if c.choices and c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs]
+    assert np.allclose(streamed, reference.log_probs, atol=1e-6)
+    assert chunks[-1].usage.completion_tokens == len(reference.token_ids) and chunks[-1].choices == []
+    chat = client.chat.completions.create(
+        model="tiny-gptj", messages=[{"role": "user", "content": prompt}], max_tokens=5, logprobs=True
+    )
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens and all(
+        c.logprob <= 0 and c.top_logprobs == [] for c in content
+    )
+    assert "".join(c.token for c in content) == chat.choices[0].message.content
+    stream = client.chat.completions.create(
+        model="tiny-gptj", messages=[{"role": "user", "content": prompt}], max_tokens=5, logprobs=True, stream=True
+    )
+    values = [
+        c.logprob
+        for chunk in stream
+        if chunk.choices and chunk.choices[0].logprobs
+        for c in chunk.choices[0].logprobs.content
+    ]
+    assert np.allclose(values, [c.logprob for c in content], atol=1e-6)
+
+
+def test_usage_counts_the_generated_ids_not_a_re_encoding_of_the_text(served: Served) -> None:
+    """#33 (low): re-encoding the text miscounted (10 for max_tokens 8); the count is the model's own ids.
+    Sampled generations (random tokens seldom re-encode to themselves), at least one of whose texts
+    re-encodes to another count, so the test can tell the two apart."""
+    from ftx_triton.fetching.demo import ensure_demo_checkpoint
+    from ftx_triton.repository.textproc import load_codec
+
+    client = _client(served)
+    codec = load_codec(ensure_demo_checkpoint(served.home))
+    differs = []
+    for seed in range(12):
+        answer = client.completions.create(
+            model="tiny-gptj", prompt="Once upon a time", max_tokens=8, temperature=2.0, seed=seed
+        )
+        ids = _text_model_answer(served, "Once upon a time", 8, temperature=2.0, options={"seed": seed}).token_ids
+        assert answer.usage.completion_tokens == len(ids), seed
+        differs.append(len(codec.encode(answer.choices[0].text, prompt=False)) != len(ids))
+        if any(differs):
+            break
+    assert any(differs), "no generation here tells a re-encoding from the model's count"
+
+
+def test_openai_client_seed_n_logit_bias_and_stop(served: Served) -> None:
+    client = _client(served)
+    prompt = "Once upon a time"
+
+    def sample(**extra: Any) -> Any:
+        return client.completions.create(model="tiny-gptj", prompt=prompt, max_tokens=8, temperature=1.0, **extra)
+
+    first, again = sample(seed=3), sample(seed=3)
+    assert first.choices[0].text == again.choices[0].text
+    assert len({sample(seed=s).choices[0].text for s in (1, 2, 4, 5)}) > 1
+    three = sample(seed=10, n=3)
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    assert [c.text for c in three.choices] == [sample(seed=10 + i).choices[0].text for i in range(3)]
+    streamed = list(
+        client.completions.create(
+            model="tiny-gptj", prompt=prompt, max_tokens=8, temperature=1.0, seed=10, n=3, stream=True
+        )
+    )
+    for i in range(3):
+        text = "".join(c.choices[0].text for c in streamed if c.choices and c.choices[0].index == i)
+        assert text == three.choices[i].text
+    best = sample(seed=10, n=1, best_of=3, logprobs=0)
+    scored = sample(seed=10, n=3, logprobs=0)
+    means = [float(np.mean(c.logprobs.token_logprobs)) for c in scored.choices]
+    assert best.choices[0].text == scored.choices[int(np.argmax(means))].text
+    greedy = _text_model_answer(served, prompt, 8)
+    banned = sorted(set(greedy.token_ids[:2]))
+    biased = client.completions.create(
+        model="tiny-gptj", prompt=prompt, max_tokens=8, logit_bias={str(t): -100 for t in banned}
+    )
+    ids = _text_model_answer(served, prompt, 8, options={"bad_token_ids": banned}).token_ids
+    assert not set(ids) & set(banned)
+    assert biased.choices[0].text == _text_model_answer(served, prompt, 8, options={"bad_token_ids": banned}).text
+    assert biased.choices[0].text != greedy.text
+
+
+def test_openai_client_sees_refusals_as_bad_request_errors(served: Served) -> None:
+    openai = pytest.importorskip("openai")
+    client = _client(served)
+    for extra, param in (
+        ({"logprobs": 3}, "logprobs"),
+        ({"frequency_penalty": 1.0}, "frequency_penalty"),
+        ({"logit_bias": {"5": 10}}, "logit_bias"),
+        ({"extra_body": {"mystery": True}}, "mystery"),
+    ):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(model="tiny-gptj", prompt="Hi", max_tokens=2, **extra)
+        assert refused.value.body["param"] == param and refused.value.body["type"] == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model="tiny-gptj", prompt="Hi", logprobs=2)
+    assert "computes only the chosen token's log probability" in refused.value.body["message"]
