@@ -189,8 +189,9 @@ def test_text_model_gives_log_probs_beams_seeds_and_bans_like_transformers(deplo
     generated = expected if deployment.encoder_decoder else expected[len(prompt) :]
     end = deployment.ref.config.eos_token_id
     kept = generated[: generated.index(end)] if end in generated else generated
-    for url in (http, deployment.server.grpc_url):
-        answer = generate_answer(url, "text", text, max_tokens=8)
+    for url, options in ((http, {}), (deployment.server.grpc_url, {"logprobs": True})):
+        # asked for log probabilities, greedy decoding goes through a tiny nucleus (FT's top-k 1 answers 0)
+        answer = generate_answer(url, "text", text, max_tokens=8, options=options)
         assert answer.token_ids == tuple(kept), url
         assert answer.log_probs is not None
         wanted = _teacher_forced_log_probs(deployment, prompt, kept)

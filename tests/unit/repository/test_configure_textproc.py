@@ -278,6 +278,11 @@ def test_preprocessing_caps_word_lists_before_tokenizing_them(bpe_dir: Path) -> 
                 "STOP_WORDS_DICT": csv_line,
             }
         )
+    greedy = pre.run({**base, "logprobs": np.array([[True]])})
+    assert greedy["runtime_top_p"].tolist() == [[np.float32(textproc.GREEDY_TOP_P)]]
+    assert greedy["runtime_top_k"].tolist() == [[0]]
+    sampled = pre.run({**base, "logprobs": np.array([[True]]), "top_k": np.array([[5]], np.int64)})
+    assert sampled["runtime_top_k"].tolist() == [[5]] and sampled["runtime_top_p"].tolist() == [[0.0]]
     banned = pre.run({**base, "bad_token_ids": np.array([[5, 9, -1]], np.int64)})
     assert banned["BAD_WORDS_IDS"].tolist() == word_list([[]], codec, token_ids=[[5, 9]]).tolist()
     assert banned["is_return_log_probs"].tolist() == [[True]]

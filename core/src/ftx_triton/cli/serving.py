@@ -459,7 +459,7 @@ def generate(
     if temperature == 0:
         temperature = None  # greedy
     for index in range(count):
-        options: dict[str, Any] = {"beam_width": beam, "bad_words": list(banned) or None}
+        options: dict[str, Any] = {"beam_width": beam, "bad_words": list(banned) or None, "logprobs": logprobs or None}
         if seed is not None:
             options["seed"] = seed + index
         if count > 1:

@@ -186,6 +186,8 @@ def parse_params(body: Mapping[str, Any], kind: str, vocab_size: int | None) -> 
     if params.best_of > params.n and params.stream:
         raise BadRequest("best_of cannot be used with stream (the best are known only at the end)", "best_of")
     params.logprobs = _logprobs(body, kind)
+    if params.logprobs or params.best_of > params.n:
+        values["logprobs"] = True  # FasterTransformer's greedy log probabilities need it (see textproc)
     params.echo = _flag(body, "echo")
     if params.echo and params.logprobs:
         raise _unsupported(

@@ -112,6 +112,7 @@ GENERATE_INPUTS = (
     TensorDecl("stop", "STRING", (-1,), optional=True),
     TensorDecl("bad_words", "STRING", (-1,), optional=True),
     TensorDecl("bad_token_ids", "INT64", (-1,), optional=True),
+    TensorDecl("logprobs", "BOOL", (1,), optional=True),
     TensorDecl("stream", "BOOL", (1,), optional=True),
 )
 TOKEN_IDS = "output_token_ids"

@@ -383,6 +383,8 @@ def model_parameters(model_config: Mapping[str, Any]) -> dict[str, str]:
 
 
 UINT32_MAX = 2**32 - 1
+GREEDY_TOP_P = 1e-6
+"""The nucleus that decodes greedily through FasterTransformer's top-p kernel (see ``logprobs``)."""
 PROMPT_CHARS_PER_TOKEN = 16
 """Characters of a long prompt tokenized first to see whether it can fit the context at all: texts
 average about 4 characters a token, so a prefix this generous yielding too many tokens proves the
@@ -485,6 +487,15 @@ class Preprocessor:
             raise RequestError("beam_width must be at least 1")
         if (repetition_penalty <= 0).any():
             raise RequestError("repetition_penalty must be positive")
+        if "logprobs" in inputs:
+            # FasterTransformer's greedy decoding is top-k 1, whose output_log_probs are the chosen token's
+            # probability renormalized among the top 1: always 0. Its top-p kernel keeps the softmax's own
+            # value, and a nucleus this small holds only the most likely token: the same tokens, true log
+            # probabilities.
+            wanted = _scalar_column(inputs, "logprobs", batch, False, np.bool_)
+            greedy = wanted & (top_k <= 1) & (top_p == 0)
+            top_k = np.where(greedy, 0, top_k)
+            top_p = np.where(greedy, GREEDY_TOP_P, top_p).astype(np.float32)
         if "random_seed" in inputs:
             seed = _scalar_column(inputs, "random_seed", batch, 0, np.uint64)
         else:  # a fresh seed per request, so sampling differs between requests unless asked otherwise

@@ -36,6 +36,7 @@ ROLES: dict[str, tuple[str, ...]] = {
     "stop": ("stop",),
     "bad_words": ("bad_words",),
     "bad_token_ids": ("bad_token_ids",),
+    "logprobs": ("logprobs",),
     "stream": ("stream",),
 }
 TEXT_OUTPUTS = ("text_output", "OUTPUT_0")
