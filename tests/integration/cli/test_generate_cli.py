@@ -209,6 +209,34 @@ def test_text_model_gives_log_probs_beams_seeds_and_bans_like_transformers(deplo
     assert free.token_ids and not set(free.token_ids) & set(banned)
 
 
+def test_openai_endpoint_on_a_deployment_that_answers_whole(deployment: Deployment) -> None:
+    """The OpenAI endpoint over a deployment without --streaming (every family, T5 included), through the
+    official client: logprobs and usage from the text model's own ids, n with seeds, best_of."""
+    openai = pytest.importorskip("openai")
+    from ftx_triton.front.server import Front
+    from ftx_triton.openai_api.app import make_app
+
+    http = f"http://{deployment.server.http_url}"
+    tokenizer = Path(deployment.server.repository) / "preprocessing" / "1"
+    front = Front(make_app(http, "m", tokenizer), "127.0.0.1", 0)
+    front.start()
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{front.port}/v1", api_key="none", max_retries=0)
+        text = TEXT_PROMPTS[1]
+        reference = generate_answer(http, "text", text, max_tokens=6, options={"logprobs": True})
+        answer = client.completions.create(model="m", prompt=text, max_tokens=6, logprobs=0)
+        choice = answer.choices[0]
+        assert choice.text == reference.text and answer.usage.completion_tokens == len(reference.token_ids)
+        assert np.allclose(choice.logprobs.token_logprobs, reference.log_probs, atol=1e-6)
+        many = client.completions.create(model="m", prompt=text, max_tokens=6, temperature=1.0, seed=4, n=2)
+        one = client.completions.create(model="m", prompt=text, max_tokens=6, temperature=1.0, seed=5)
+        assert many.choices[1].text == one.choices[0].text
+        best = client.completions.create(model="m", prompt=text, max_tokens=6, temperature=1.0, seed=4, best_of=2)
+        assert best.choices[0].text in {c.text for c in many.choices} and len(best.choices) == 1
+    finally:
+        front.stop()
+
+
 def test_malformed_ensemble_requests_get_errors_and_serving_continues(deployment: Deployment) -> None:
     from tritonclient.utils import InferenceServerException
 
