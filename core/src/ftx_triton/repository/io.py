@@ -36,6 +36,7 @@ SAMPLING_INPUTS = (
     _scalar("temperature", "FP32"),
     _scalar("len_penalty", "FP32"),
     _scalar("repetition_penalty", "FP32"),
+    _scalar("presence_penalty", "FP32"),
     _scalar("random_seed", "UINT64"),
     _scalar("is_return_log_probs", "BOOL"),
     _scalar("beam_width", "UINT32"),

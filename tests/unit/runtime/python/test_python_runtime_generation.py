@@ -330,6 +330,31 @@ def test_many_bad_words_are_never_generated_and_match_transformers(gptj: Any) ->
     assert generated == expected
 
 
+def test_presence_penalty_is_fastertransformers_additive_penalty(gptj: Any) -> None:
+    """FT's presence_penalty: each token present in the prompt or the text so far loses it once. Greedy with
+    a large one never repeats a token; a small one equals transformers' greedy over logits penalized by hand;
+    and FT takes either it or repetition_penalty, not both."""
+    ref, gen, _spec = gptj
+    prompt = PROMPTS[0]
+    end = column(10_000, 1, np.uint32)
+    out = _run(gen, decoder_inputs([prompt], 10, presence_penalty=column(1000.0, 1, np.float32), end_id=end))
+    tokens = _tokens(out)
+    assert len(set(tokens)) == len(tokens), tokens
+    small = _tokens(_run(gen, decoder_inputs([prompt], 8, presence_penalty=column(0.5, 1, np.float32), end_id=end)))
+    sequence = list(prompt)
+    with torch.inference_mode():
+        for _ in range(8):
+            logits = ref(torch.tensor([sequence])).logits[0, -1].float()
+            logits[sorted(set(sequence))] -= 0.5
+            sequence.append(int(logits.argmax()))
+    assert small == sequence
+    both = decoder_inputs(
+        [prompt], 4, presence_penalty=column(0.5, 1, np.float32), repetition_penalty=column(1.1, 1, np.float32)
+    )
+    with pytest.raises(RequestError, match="exclude each other"):
+        gen.parse(both)
+
+
 def test_items_with_different_settings_run_in_separate_groups(gptj: Any) -> None:
     ref, gen, _spec = gptj
     before = gen.groups_run

@@ -62,6 +62,8 @@ GREEDY_BELOW_TEMPERATURE = 1e-5
 """Temperatures below this decode greedily: the limit of sampling as the temperature falls."""
 REPETITION_PENALTY_RANGE = (1e-4, 1e4)
 """Beyond these, dividing or multiplying a logit by the penalty overflows float32."""
+PRESENCE_PENALTY_LIMIT = 1e4
+"""|presence_penalty| beyond this is no longer a penalty but an overflow of the logits."""
 LEN_PENALTY_LIMIT = 10.0
 """|len_penalty| above this overflows a beam's length ** len_penalty."""
 
@@ -76,6 +78,7 @@ class Sampling:
     top_p: float = 0.0
     temperature: float = 1.0
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0  # FT's, times the temperature (FT subtracts it after dividing by the temperature)
     len_penalty: float = 0.0
     beam_width: int = 1
     random_seed: int = 0
@@ -293,6 +296,12 @@ def parse_request(inputs: Mapping[str, np.ndarray], limits: ModelLimits, kind: s
     top_k, top_p = scalar("runtime_top_k", 0, int), scalar("runtime_top_p", 0.0, float)
     temperature = scalar("temperature", 1.0, float)
     repetition = scalar("repetition_penalty", 1.0, float)
+    presence = scalar("presence_penalty", 0.0, float)
+    if "presence_penalty" in inputs and "repetition_penalty" in inputs:
+        raise RequestError(
+            "repetition_penalty and presence_penalty exclude each other (FasterTransformer takes one of them); "
+            "send only one"
+        )
     len_penalty = scalar("len_penalty", 0.0, float)
     for name in ("beam_search_diversity_rate", "top_p_decay", "top_p_min"):
         scalar(name, 0.0, float)  # finite, though transformers has no use for them
@@ -323,6 +332,10 @@ def parse_request(inputs: Mapping[str, np.ndarray], limits: ModelLimits, kind: s
     low, high = REPETITION_PENALTY_RANGE
     if ((repetition < low) | (repetition > high)).any():
         raise RequestError(f"repetition_penalty must be between {low:g} and {high:g} (1.0 = off)")
+    if (np.abs(presence) > PRESENCE_PENALTY_LIMIT).any():
+        raise RequestError(
+            f"presence_penalty must be between {-PRESENCE_PENALTY_LIMIT:g} and {PRESENCE_PENALTY_LIMIT:g}"
+        )
     if (np.abs(len_penalty) > LEN_PENALTY_LIMIT).any():
         raise RequestError(
             f"len_penalty must be between {-LEN_PENALTY_LIMIT:g} and {LEN_PENALTY_LIMIT:g} "
@@ -355,6 +368,7 @@ def parse_request(inputs: Mapping[str, np.ndarray], limits: ModelLimits, kind: s
             top_p=float(top_p[i]),
             temperature=float(temperature[i]),
             repetition_penalty=float(repetition[i]),
+            presence_penalty=float(presence[i]) * float(temperature[i]),
             len_penalty=float(len_penalty[i]),
             beam_width=beam,
             random_seed=seeds[i],
@@ -496,6 +510,20 @@ class _BadWords:
                 if banned:
                     scores[r, sorted(banned)] = -float("inf")
         return scores
+
+
+class _PresencePenalty:
+    """A transformers LogitsProcessor: FasterTransformer's ``presence_penalty`` (its additive repetition
+    penalty): every token present in the prompt or the generated text loses the penalty once, however
+    often it occurs. FT subtracts it after dividing by the temperature; transformers divides after its
+    processors, so the penalty comes here multiplied by the temperature (see Sampling)."""
+
+    def __init__(self, penalty: float) -> None:
+        self.penalty = penalty
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        present = scores.new_zeros(scores.shape, dtype=scores.dtype).scatter_(1, input_ids, 1.0)
+        return scores - present * self.penalty
 
 
 class _BeamWatcher:
@@ -682,6 +710,11 @@ class Generator:
                 hook = self.model.register_forward_hook(streamer.keep_logits)
         elif sink is not None:
             criteria.append(_BeamWatcher(items, indices, beam, start, sink))
+        processors: list[Any] = []
+        if sampling.presence_penalty:
+            processors.append(_PresencePenalty(sampling.presence_penalty))
+        if sampling.bad_words:
+            processors.append(_BadWords(sampling.bad_words))
         torch.manual_seed(sampling.random_seed)
         if torch.cuda.is_available():
             torch.cuda.manual_seed_all(sampling.random_seed)
@@ -692,9 +725,7 @@ class Generator:
                     attention_mask=attention,
                     generation_config=config,
                     stopping_criteria=StoppingCriteriaList(criteria) if criteria else None,
-                    logits_processor=LogitsProcessorList([_BadWords(sampling.bad_words)])
-                    if sampling.bad_words
-                    else None,
+                    logits_processor=LogitsProcessorList(processors) if processors else None,
                     streamer=streamer,
                 )
         finally:
