@@ -15,6 +15,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 
 from ftx_triton.runtime.python.words import MAX_WORDS, WordTrie
 
@@ -46,9 +47,9 @@ def main() -> None:
     for count in (1, 16, 128, MAX_WORDS):
         words = [tuple(rng.randrange(VOCAB) for _ in range(rng.randint(1, 8))) for _ in range(count)]
         trie = WordTrie(words)
-        plain = median_us(lambda words=words: plain_ends_with(history, words))
-        fast = median_us(lambda trie=trie: trie.ends_with(history))
-        completions = median_us(lambda trie=trie: trie.completions(history))
+        plain = median_us(partial(plain_ends_with, history, words))
+        fast = median_us(partial(trie.ends_with, history))
+        completions = median_us(partial(trie.completions, history))
         print(f"{count:>6} {plain:>16.2f} {fast:>10.2f} {plain / fast:>7.1f} {completions:>22.2f}")
 
 

@@ -178,7 +178,8 @@ def test_stop_strings_cut_the_text(served: Served) -> None:
     full = _triton_text(served, "Once upon a time", 12)
     cut_at = full.split()[2]
     status, answer = _post(
-        served.openai + "/completions", {"prompt": "Once upon a time", "max_tokens": 12, "stop": [cut_at]}
+        served.openai + "/completions",
+        {"prompt": "Once upon a time", "max_tokens": 12, "stop": [cut_at, "z" * 500]},  # 500 z: > 64 tokens
     )
     assert status == 200
     assert answer["choices"][0]["text"] == full[: full.find(cut_at)]

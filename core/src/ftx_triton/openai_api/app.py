@@ -30,6 +30,7 @@ from ftx_triton.front.shield import lone_surrogate
 from ftx_triton.openai_api.chat import TemplateError, TemplateTimeout, TemplateWorker, chat_template, render
 from ftx_triton.openai_api.params import BadRequest, Params, parse_params
 from ftx_triton.repository.io import TEXT_MODEL_NAME
+from ftx_triton.repository.textproc import MAX_WORD_TOKENS
 from ftx_triton.server.text_client import HttpError, HttpTriton, PieceJoiner, TextInterface, text_interface
 
 T = TypeVar("T")
@@ -273,6 +274,9 @@ class Handlers:
         """The request's settings, checked against what this deployment's model can give."""
         codec = await asyncio.to_thread(self.d.codec)
         params = parse_params(body, kind, codec.vocab_size)
+        if params.stop:  # stop strings of more tokens than a stop word may have are only cut in the text
+            words = [s for s in params.stop if len(codec.encode(s, prompt=False)) <= MAX_WORD_TOKENS]
+            params.values["stop"] = words or None
         if params.best_of * prompts > MAX_PROMPTS:
             raise BadRequest(
                 f"{prompts} prompt(s) x {params.best_of} generations each is more than the {MAX_PROMPTS} one "
