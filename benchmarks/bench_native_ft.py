@@ -38,6 +38,7 @@ The figures go into ``docs/benchmarks.md`` by hand.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -136,8 +137,9 @@ def end_id_for(vocab: int) -> int:
     return vocab + 7
 
 
-def infer(http_url: str, batch: int, prompt_len: int, new_tokens: int, vocab: int, seed: int) -> tuple[float, int]:
-    """One request of ``batch`` random prompts; (seconds, generated tokens, checked by generated_tokens)."""
+def infer(http_url: str, batch: int, prompt_len: int, new_tokens: int, vocab: int, seed: int) -> tuple[float, int, str]:
+    """One request of ``batch`` random prompts; (seconds, generated tokens, checked by generated_tokens, and
+    the sha256 of the generated ids, which runs that must decode alike compare)."""
     columns = random_request(batch, prompt_len, new_tokens, vocab, seed)
     ids, end_id = columns["input_ids"], end_id_for(vocab)
     payload = {
@@ -157,21 +159,26 @@ def infer(http_url: str, batch: int, prompt_len: int, new_tokens: int, vocab: in
         answer = json.loads(response.read())
     seconds = time.perf_counter() - t0
     out = {o["name"]: np.array(o["data"]).reshape(o["shape"]) for o in answer["outputs"]}
-    return seconds, generated_tokens(ids, out["output_ids"], out["sequence_length"], new_tokens, end_id, vocab)
+    tokens = generated_tokens(ids, out["output_ids"], out["sequence_length"], new_tokens, end_id, vocab)
+    generated = out["output_ids"].reshape(batch, -1)[:, prompt_len : prompt_len + new_tokens]
+    return seconds, tokens, hashlib.sha256(generated.astype(np.int64).tobytes()).hexdigest()
 
 
 def measure(
     http_url: str, batches: list[int], args: argparse.Namespace, vocab: int, bound: Any = None
 ) -> dict[int, Any]:
     """Median tokens/s per batch size (one warm-up request each); ``bound(batch)``: the HBM bound, above
-    which a figure is refused (recorded as ``{"refused": why}``)."""
-    out: dict[int, Any] = {}
+    which a figure is refused (recorded as ``{"refused": why}``). ``ids[batch]``: the sha256 of every
+    request's generated ids, joined (two runs that must decode alike compare them)."""
+    out: dict[Any, Any] = {"ids": {}}
     for batch in batches:
         infer(http_url, batch, args.prompt_len, args.new_tokens, vocab, seed=99)
-        rates = []
+        rates, digests = [], []
         for r in range(args.repeats):
-            seconds, tokens = infer(http_url, batch, args.prompt_len, args.new_tokens, vocab, seed=r)
+            seconds, tokens, digest = infer(http_url, batch, args.prompt_len, args.new_tokens, vocab, seed=r)
             rates.append(tokens / seconds)
+            digests.append(digest)
+        out["ids"][batch] = hashlib.sha256("".join(digests).encode()).hexdigest()[:16]
         rate = statistics.median(rates)
         try:
             out[batch] = within_bound(rate, bound(batch), f"batch {batch}") if bound else rate
@@ -425,9 +432,31 @@ def main() -> None:
                 say(f"bench     {name} python runtime failed: {entry['python_error']}")
         if args.json:
             args.json.write_text(json.dumps(report, indent=2))
+    report["ids_equal"] = ids_equal(report)
     print(markdown(report))
+    for line in report["ids_equal"]:
+        print(line)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
+
+
+def ids_equal(report: dict[str, Any]) -> list[str]:
+    """For each run with custom all-reduce on and its run with it off: whether every request's generated
+    ids were the same (untuned runs, per batch size)."""
+    lines = []
+    for name, entry in report["shapes"].items():
+        runs = entry["native"]
+        for key, run in runs.items():
+            off = runs.get(key.replace("all-reduce on", "all-reduce off")) if key.endswith("all-reduce on") else None
+            if not off or "error" in run or "error" in off:
+                continue
+            mine, theirs = run["untuned"].get("ids", {}), off["untuned"].get("ids", {})
+            for batch in report["batches"]:
+                same = mine.get(batch) is not None and mine.get(batch) == theirs.get(batch)
+                lines.append(
+                    f"{name} {key} batch {batch}: token ids {'EQUAL to' if same else 'DIFFER from'} all-reduce off"
+                )
+    return lines
 
 
 def _cell(value: Any) -> str:

@@ -103,8 +103,10 @@ def build_synthetic_gptj(
     """A GPT-J with N(0, 0.02²) weights and a small BPE tokenizer (its <|endoftext|> is id 0)."""
     import torch
     from ftx_triton.fetching.tiny import END_OF_TEXT, train_bpe_tokenizer
+    from ftx_triton.runtime.python.hf_model import _no_init_weights
     from transformers import GPTJConfig, GPTJForCausalLM
-    from transformers.modeling_utils import no_init_weights
+
+    no_init_weights = _no_init_weights()  # transformers 4 and 5 keep it in different modules
 
     if (dest / "config.json").is_file():
         return dest
@@ -211,7 +213,8 @@ def measure_throughput(
     for batch in batches:
         result = BatchResult(batch)
         ids = prompts(batch, prompt_len, vocab, seed=batch)
-        server_generate(grpc_url, ids, min(8, new_tokens), end_id)  # warm-up both paths
+        # warm-up both paths at the measured length: a compiled server builds its graphs for this shape here
+        server_generate(grpc_url, ids, new_tokens, end_id)
         direct_generate(model, ids, min(8, new_tokens), end_id)
         for r in range(repeats):
             s_seconds, s_tokens = server_generate(grpc_url, ids, new_tokens, end_id)

@@ -14,7 +14,11 @@ Three paths, at each concurrency level (default 1, 8, 32, 64):
   which the two user paths are compared (``vs raw`` = their tokens/s over the raw model's at batch = the
   concurrency).
 
-``text`` and ``openai`` are closed loops: ``c`` clients, each sending its next request as soon as its
+* ``raw-loop``: the ``fastertransformer`` model alone as users reach it, one random prompt per request from
+  ``c`` closed-loop clients, through the same dynamic batcher (the ceiling the user paths can reach with
+  FasterTransformer's whole-batch generation; ``vs loop`` = their tokens/s over it).
+
+``text``, ``openai`` and ``raw-loop`` are closed loops: ``c`` clients, each sending its next request as soon as its
 previous one ended, until a FIXED number of requests per level is done (``--requests``, default 4 per
 client and at least 8): never "until stable", so a busy machine slows the figures but cannot make the run
 give up or last forever. Per level: requests/s and generated tokens/s (over the level's wall time), time
@@ -25,6 +29,12 @@ by re-tokenizing each answer's new text with the deployment's own tokenizer (the
 ``preprocessing/1``, as the OpenAI endpoint counts ``usage``); the table says how many requests ended
 short of ``--max-tokens`` (an end-of-text token or a stop). A model that does not stream answers in one
 event: its TTFT is its latency and ITL is not measured.
+
+``--rates 2,4,8`` adds open-loop levels: requests arrive as a Poisson process at each rate (requests/s,
+exponential gaps drawn from a fixed seed), each sent whether or not earlier ones ended, as vLLM's and
+genai-perf's serving benchmarks do; a closed loop hides queueing, since its clients wait. Every level reports
+goodput: requests/s that met both ``--slo-ttft-ms`` and ``--slo-itl-ms`` (a non-streaming answer has no ITL:
+its TTFT, the latency, must meet the TTFT target alone).
 
 The load generator is hand-written on asyncio + aiohttp (a dependency of ftx already): the
 perf_analyzer ftx installs (tritonclient 2.41's) has no OpenAI service kind and counts no tokens,
@@ -221,6 +231,8 @@ class OpenAIPath:
         self.body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True}
         self.tokens = tokens
         self.streams = True  # set from the answer's X-Ftx-Stream header on the first request
+        self.route = "ensemble"
+        """``tokens`` when the endpoint reads the raw model's ids itself (X-Ftx-Route): then no text model runs."""
 
     async def __call__(self, session: aiohttp.ClientSession) -> Sample:
         started = time.perf_counter()
@@ -228,6 +240,7 @@ class OpenAIPath:
         async with session.post(self.url, json=self.body) as response:
             await _failed(response)
             self.streams = response.headers.get("X-Ftx-Stream", "tokens") == "tokens"
+            self.route = response.headers.get("X-Ftx-Route", "ensemble")
             async for event in _sse(response):
                 text = str(event["choices"][0].get("text", ""))
                 if text and first is None:
@@ -241,6 +254,73 @@ async def openai_model_id(base: str) -> str:
     async with aiohttp.ClientSession() as session, session.get(base.rstrip("/") + "/models") as response:
         await _failed(response)
         return str((await response.json())["data"][0]["id"])
+
+
+class RawLoopPath:
+    """One random prompt per request straight to ``fastertransformer`` over gRPC (its stream when decoupled),
+    every answer checked to hold exactly ``max_tokens`` new ids (``bench_native_ft.generated_tokens``)."""
+
+    name = "raw-loop"
+
+    def __init__(self, target: Target, prompt_len: int, max_tokens: int, vocab: int, decoupled: bool) -> None:
+        from ftx_triton.server.token_stream import AsyncTokenClient
+
+        self.client = AsyncTokenClient(target.grpc)
+        self.prompt_len, self.max_tokens, self.vocab = prompt_len, max_tokens, vocab
+        self.streams = decoupled
+        self.seed = 1000
+
+    async def __call__(self, _session: aiohttp.ClientSession) -> Sample:
+        from ftx_triton.server.token_stream import infer_request, read_response
+
+        self.seed += 1
+        columns = random_request(1, self.prompt_len, self.max_tokens, self.vocab, self.seed)
+        request = infer_request(columns)
+        started = time.perf_counter()
+        first, events, last = None, 0, None
+        if self.streams:
+            done = asyncio.Event()
+
+            async def requests() -> Any:
+                yield request
+                await done.wait()
+
+            call = self.client.stub().ModelStreamInfer(requests())
+            try:
+                async for message in call:
+                    outputs, final = read_response(message)
+                    if outputs:
+                        events += 1
+                        last = outputs
+                        if first is None and int(outputs["sequence_length"].reshape(-1)[0]) > self.prompt_len:
+                            first = time.perf_counter()
+                    if final:
+                        break
+            finally:
+                done.set()
+                call.cancel()
+        else:
+            from tritonclient.grpc import service_pb2
+
+            del request.parameters["triton_enable_empty_final_response"]
+            answer = await self.client.stub().ModelInfer(request)
+            last, _final = read_response(service_pb2.ModelStreamInferResponse(infer_response=answer))
+            events = 1
+        ended = time.perf_counter()
+        if last is None:
+            raise RuntimeError("the raw model answered nothing")
+        try:
+            tokens = generated_tokens(
+                columns["input_ids"],
+                last["output_ids"],
+                last["sequence_length"],
+                self.max_tokens,
+                end_id_for(self.vocab),
+                self.vocab,
+            )
+        except MeasurementFault as fault:
+            raise ValueError(f"the raw answer failed its check: {fault}") from None
+        return Sample((first or ended) - started, ended - started, tokens, events)
 
 
 # --------------------------------------------------------------------------- Triton's own statistics
@@ -338,6 +418,8 @@ class Level:
     path: str
     concurrency: int
     requests: int
+    rate: float | None = None
+    """Open loop: the Poisson arrival rate (requests/s); None for a closed loop of ``concurrency`` clients."""
     errors: int = 0
     first_error: str = ""
     wall_s: float = 0.0
@@ -357,6 +439,10 @@ class Level:
     latency_p90_ms: float = 0.0
     raw_tokens_per_s: float | None = None
     vs_raw: float | None = None
+    goodput_rps: float = 0.0
+    """Requests/s that met the TTFT and ITL targets (``--slo-ttft-ms``, ``--slo-itl-ms``)."""
+    vs_loop: float | None = None
+    """tokens/s over the closed-loop raw baseline's (``raw-loop``) at the same level."""
     models: dict[str, dict[str, float]] = field(default_factory=dict)
     """Triton's statistics of each step model over the level (:func:`model_costs`)."""
     samples: list[Sample] = field(default_factory=list, repr=False)
@@ -388,8 +474,52 @@ async def closed_loop(
         return samples, errors, time.perf_counter() - started
 
 
+async def open_loop(
+    call: Callable[[aiohttp.ClientSession], Awaitable[Sample]], rate: float, requests: int, timeout_s: float, seed: int
+) -> tuple[list[Sample], list[str], float]:
+    """``requests`` requests arriving as a Poisson process of ``rate`` per second, each sent at its time whatever
+    the earlier ones do: (samples, errors, wall s from the first arrival to the last answer)."""
+    import random
+
+    gaps = random.Random(seed)
+    samples: list[Sample] = []
+    errors: list[str] = []
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+
+        async def one() -> None:
+            try:
+                samples.append(await call(session))
+            except (TimeoutError, aiohttp.ClientError, RuntimeError, ValueError) as exc:
+                errors.append(f"{type(exc).__name__}: {exc}"[:300])
+
+        started = time.perf_counter()
+        tasks = []
+        for i in range(requests):
+            if i:
+                await asyncio.sleep(gaps.expovariate(rate))
+            tasks.append(asyncio.create_task(one()))
+        await asyncio.gather(*tasks)
+        return samples, errors, time.perf_counter() - started
+
+
+def meets(sample: Sample, ttft_ms: float, itl_ms: float, streams: bool) -> bool:
+    """Whether one request met the targets (without a stream, its latency is its TTFT and it has no ITL)."""
+    if sample.ttft_s * 1000 > ttft_ms:
+        return False
+    if not streams or sample.tokens <= 1:
+        return True
+    return (sample.latency_s - sample.ttft_s) * 1000 / (sample.tokens - 1) <= itl_ms
+
+
 def summarize(
-    level: Level, samples: list[Sample], errors: list[str], wall: float, max_tokens: int, streams: bool
+    level: Level,
+    samples: list[Sample],
+    errors: list[str],
+    wall: float,
+    max_tokens: int,
+    streams: bool,
+    slo: tuple[float, float] = (float("inf"), float("inf")),
 ) -> None:
     level.samples, level.wall_s = samples, wall
     level.errors, level.first_error = len(errors), errors[0] if errors else ""
@@ -400,6 +530,7 @@ def summarize(
     level.garbled = sum(s.tokens > max_tokens for s in samples)
     level.requests_per_s = len(samples) / wall
     level.tokens_per_s = level.tokens / wall
+    level.goodput_rps = sum(meets(s, *slo, streams) for s in samples) / wall
     ttft = [s.ttft_s * 1000 for s in samples]
     latency = [s.latency_s * 1000 for s in samples]
     level.ttft_p50_ms, level.ttft_p90_ms = percentile(ttft, 50), percentile(ttft, 90)
@@ -435,7 +566,8 @@ class RawModel:
 
     def once(self, batch: int, seed: int) -> tuple[float, int]:
         if not self.decoupled:
-            return infer(self.target.http, batch, self.prompt_len, self.max_tokens, self.vocab, seed)
+            seconds, tokens, _ = infer(self.target.http, batch, self.prompt_len, self.max_tokens, self.vocab, seed)
+            return seconds, tokens
         return self._streamed(batch, seed)
 
     def _streamed(self, batch: int, seed: int) -> tuple[float, int]:
@@ -540,6 +672,9 @@ async def run(args: argparse.Namespace, target: Target) -> dict[str, Any]:
             model = await openai_model_id(target.openai)
             paths.append(OpenAIPath(target.openai, args.prompt, args.max_tokens, tokens, model))
     raw = RawModel(target, prompt_len, args.max_tokens, args.raw_repeats, args.vocab) if "raw" in args.paths else None
+    if "raw-loop" in args.paths:
+        probe = raw or RawModel(target, prompt_len, args.max_tokens, 1, args.vocab)
+        paths.insert(0, RawLoopPath(target, prompt_len, args.max_tokens, probe.vocab, probe.decoupled))
     report: dict[str, Any] = {
         "target": {k: str(v) for k, v in asdict(target).items()},
         "machine": machine(),
@@ -551,6 +686,7 @@ async def run(args: argparse.Namespace, target: Target) -> dict[str, Any]:
         "tokens_counted_by": "re-tokenizing each answer's new text with the deployment's tokenizer "
         "(repository/preprocessing/1)",
         "streaming": {p.name: p.streams for p in paths},
+        "slo": {"ttft_ms": args.slo_ttft_ms, "itl_ms": args.slo_itl_ms},
         "levels": [],
     }
     if raw:
@@ -572,7 +708,7 @@ async def run(args: argparse.Namespace, target: Target) -> dict[str, Any]:
                     "hint: choose a --prompt and --max-tokens the model accepts (try them with `ftx generate`), "
                     "check the deployment with `ftx ps`, or leave the path out with --paths"
                 ) from None
-        counters.sent(text=1)
+        _sent(counters, path, 1)
         report["streaming"][path.name] = path.streams
     for c in args.concurrency:
         n = args.requests or max(8, 4 * c)
@@ -581,15 +717,20 @@ async def run(args: argparse.Namespace, target: Target) -> dict[str, Any]:
             counters.sent(raw=raw.sent)
         if raw_rate is not None:
             say(f"bench     raw batch {c}: {raw_rate:.1f} tok/s")
+        loop_rate: float | None = None
         for path in paths:
             level = Level(path.name, c, n, raw_tokens_per_s=raw_rate)
             before = await counters.read()
             samples, errors, wall = await closed_loop(path, c, n, args.timeout)
-            counters.sent(text=len(samples))
+            _sent(counters, path, len(samples))
             level.models = model_costs(before, await counters.read())
-            summarize(level, samples, errors, wall, args.max_tokens, path.streams)
+            summarize(level, samples, errors, wall, args.max_tokens, path.streams, (args.slo_ttft_ms, args.slo_itl_ms))
             if raw_rate and level.tokens_per_s:
                 level.vs_raw = level.tokens_per_s / raw_rate
+            if path.name == "raw-loop":
+                loop_rate = level.tokens_per_s or None
+            elif loop_rate and level.tokens_per_s:
+                level.vs_loop = level.tokens_per_s / loop_rate
             report["levels"].append(level.as_dict())
             say(
                 f"bench     {path.name} c={c}: {level.requests_per_s:.2f} req/s, {level.tokens_per_s:.1f} tok/s, "
@@ -601,7 +742,32 @@ async def run(args: argparse.Namespace, target: Target) -> dict[str, Any]:
             report["raw_refused"] = {str(b): why for b, why in raw.refused.items()}
         if args.json:  # what is measured so far survives a run cut short
             args.json.write_text(json.dumps(report, indent=2))
+    for rate in args.rates:
+        n = args.requests or max(8, int(rate * args.open_seconds))
+        for path in paths:
+            level = Level(path.name, 0, n, rate=rate)
+            before = await counters.read()
+            samples, errors, wall = await open_loop(path, rate, n, args.timeout, seed=int(rate * 1000))
+            _sent(counters, path, len(samples))
+            level.models = model_costs(before, await counters.read())
+            summarize(level, samples, errors, wall, args.max_tokens, path.streams, (args.slo_ttft_ms, args.slo_itl_ms))
+            report["levels"].append(level.as_dict())
+            say(
+                f"bench     {path.name} at {rate:g} req/s (open loop): {level.requests_per_s:.2f} req/s, "
+                f"goodput {level.goodput_rps:.2f} req/s, TTFT p50 {level.ttft_p50_ms:.0f} ms"
+            )
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=2))
     return report
+
+
+def _sent(counters: Counters, path: Any, requests: int) -> None:
+    """Tell Triton's counters what a path sent: through the ensemble, or to the raw model alone (the raw loop,
+    and the OpenAI endpoint when it reads the model's ids itself)."""
+    if path.name == "raw-loop" or getattr(path, "route", "ensemble") == "tokens":
+        counters.sent(raw=requests)
+    else:
+        counters.sent(text=requests)
 
 
 def _ms(value: float | None) -> str:
@@ -612,21 +778,24 @@ def markdown(report: dict[str, Any]) -> str:
     """The table for docs/benchmarks.md."""
     lines = [
         "| path | concurrency | requests | errors | short | garbled | req/s | tok/s | TTFT p50 ms | TTFT p90 ms "
-        "| ITL p50 ms | ITL p90 ms | latency p50 ms | raw tok/s (batch = c) | vs raw |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| ITL p50 ms | ITL p90 ms | latency p50 ms | raw tok/s (batch = c) | vs raw | vs loop | goodput req/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in report["levels"]:
         raw, ratio = row.get("raw_tokens_per_s"), row.get("vs_raw")
         if row["path"] == "raw":  # --paths raw: the raw model alone
-            lines.append(f"| raw | {row['concurrency']} |" + " - |" * 11 + f" {_ms(raw)} | - |")
+            lines.append(f"| raw | {row['concurrency']} |" + " - |" * 11 + f" {_ms(raw)} | - | - | - |")
             continue
+        loop = row.get("vs_loop")
+        where = f"{row['rate']:g}/s open" if row.get("rate") else str(row["concurrency"])
         lines.append(
-            f"| {row['path']} | {row['concurrency']} | {row['requests']} | {row['errors']} | {row['short']} "
+            f"| {row['path']} | {where} | {row['requests']} | {row['errors']} | {row['short']} "
             f"| {row.get('garbled', 0)} "
             f"| {row['requests_per_s']:.2f} | {row['tokens_per_s']:.1f} | {_ms(row['ttft_p50_ms'])} "
             f"| {_ms(row['ttft_p90_ms'])} | {_ms(row['itl_p50_ms'])} | {_ms(row['itl_p90_ms'])} "
             f"| {_ms(row['latency_p50_ms'])} | {'-' if raw is None else f'{raw:.1f}'} "
-            f"| {'-' if ratio is None else f'{ratio:.2f}'} |"
+            f"| {'-' if ratio is None else f'{ratio:.2f}'} | {'-' if loop is None else f'{loop:.2f}'} "
+            f"| {row.get('goodput_rps', 0):.2f} |"
         )
     if not any(row.get("models") for row in report["levels"]):
         return "\n".join(lines)
@@ -654,10 +823,20 @@ def _levels(text: str) -> list[int]:
     return levels
 
 
+def _rates(text: str) -> list[float]:
+    try:
+        rates = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        rates = []
+    if not rates or any(not 0 < r <= 10000 for r in rates):
+        raise argparse.ArgumentTypeError("a comma-separated list of request rates per second, e.g. 2,4,8")
+    return rates
+
+
 def _paths(text: str) -> list[str]:
     paths = [p.strip() for p in text.split(",") if p.strip()]
-    if not paths or set(paths) - {"text", "openai", "raw"}:
-        raise argparse.ArgumentTypeError("a comma-separated subset of text,openai,raw")
+    if not paths or set(paths) - {"text", "openai", "raw", "raw-loop"}:
+        raise argparse.ArgumentTypeError("a comma-separated subset of text,openai,raw,raw-loop")
     return paths
 
 
@@ -671,7 +850,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--max-tokens", type=int, default=128, help="Tokens each request asks for (default 128).")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="The prompt of every text/OpenAI request.")
-    parser.add_argument("--paths", type=_paths, default=["text", "openai", "raw"], help="Default text,openai,raw.")
+    parser.add_argument(
+        "--paths", type=_paths, default=["text", "openai", "raw", "raw-loop"], help="Default text,openai,raw,raw-loop."
+    )
+    parser.add_argument(
+        "--rates", type=_rates, default=[], help="Open-loop levels: Poisson arrival rates in requests/s, e.g. 2,4,8."
+    )
+    parser.add_argument(
+        "--open-seconds", type=float, default=20.0, help="An open level sends rate x this many requests (at least 8)."
+    )
+    parser.add_argument("--slo-ttft-ms", type=float, default=1000.0, help="Goodput's time-to-first-token target.")
+    parser.add_argument("--slo-itl-ms", type=float, default=50.0, help="Goodput's inter-token latency target.")
     parser.add_argument("--raw-repeats", type=int, default=3, help="Raw-model requests per batch (median).")
     parser.add_argument(
         "--vocab",

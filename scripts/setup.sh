@@ -30,15 +30,19 @@ pip_quietly() {
 }
 
 if [ "$dev" = 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  # Tests drive a real Docker daemon (its stand-in image is built from busybox-static) and mpirun;
+  # Tests drive a real Docker daemon (its stand-in image is built from busybox-static), mpirun and a
+  # one-node Slurm cluster (slurm-wlm, munge; srun --mpi=pmix loads libpmix.so from libpmix-dev);
   # perf_analyzer needs libb64.
   missing=()
   command -v dockerd >/dev/null || missing+=(docker.io)
   command -v mpirun >/dev/null || missing+=(openmpi-bin)
   dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
   dpkg -s libb64-0d >/dev/null 2>&1 || missing+=(libb64-0d)
+  command -v slurmctld >/dev/null || missing+=(slurm-wlm)
+  command -v munged >/dev/null || missing+=(munge)
+  dpkg -s libpmix-dev >/dev/null 2>&1 || missing+=(libpmix-dev)
   if [ ${#missing[@]} -gt 0 ]; then
-    step "apt-get install ${missing[*]} (Debian packages for the Docker tests and perf_analyzer)"
+    step "apt-get install ${missing[*]} (Debian packages for the Docker and Slurm tests and perf_analyzer)"
     apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
 fi

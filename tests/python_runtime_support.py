@@ -130,13 +130,20 @@ def convert(family: Family, src: Path, out: Path, tp: int, weight_dtype: str = "
 
 
 def options(
-    family: Family, ckpt: Path, tp: int, *, streaming: bool = False, max_batch_size: int = 8, data_type: str = "fp32"
+    family: Family,
+    ckpt: Path,
+    tp: int,
+    *,
+    streaming: bool = False,
+    max_batch_size: int = 8,
+    data_type: str = "fp32",
+    **choices: Any,
 ) -> Any:
-    """FtModelOptions for the fastertransformer model of ``family``."""
+    """FtModelOptions for the fastertransformer model of ``family`` (``choices``: more deployment options)."""
     from ftx_triton.repository.model_config import FtModelOptions
 
     return FtModelOptions.for_family(
-        family, ckpt, tp, data_type=data_type, max_batch_size=max_batch_size, streaming=streaming
+        family, ckpt, tp, data_type=data_type, max_batch_size=max_batch_size, streaming=streaming, **choices
     )
 
 

@@ -6,7 +6,8 @@ tie, is converted, tuned (gpt_gemm/t5_gemm), configured and served by ftx's pipe
 ``--runtime fastertransformer-native``; text goes in through the ensemble and the text that comes
 out equals what ``transformers`` generates from the original checkpoint (same token ids through the
 raw ``fastertransformer`` model too), at every tp in ``FTX_GPU_TPS`` (default: 1, and 2 when there
-are two GPUs) and fp16 and bf16 compute (where FasterTransformer has the family in that type).
+are two GPUs) and fp16 and bf16 compute (where FasterTransformer has the family in that type);
+``FTX_GPU_CUSTOM_AR=on|off`` chooses FasterTransformer's custom all-reduce at tp > 1.
 
 The backend is built once for the session from ``FTX_FT_SOURCES`` (or the pinned public archives).
 FasterTransformer stops at end_id, so sequences are compared up to its sequence_length.
@@ -306,6 +307,11 @@ def _dtypes() -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
+def _custom_all_reduce() -> bool | None:
+    """FTX_GPU_CUSTOM_AR=on/off: FasterTransformer's custom all-reduce at tp > 1 (unset: ftx's default)."""
+    return {"on": True, "off": False}.get(os.environ.get("FTX_GPU_CUSTOM_AR", "").strip().lower())
+
+
 def _cases() -> list[tuple[str, int, str]]:
     """Every family at the first tp and dtype first, so a run cut short has covered the families."""
     return [(case, tp, dtype) for dtype in _dtypes() for tp in _tps() for case in MODELS]
@@ -336,6 +342,7 @@ def served(request: pytest.FixtureRequest, checkpoints: dict[str, Path], built: 
         tune_batch=len(PROMPTS),
         tune_max_input_len=16,
         accept_license=True,
+        custom_all_reduce=_custom_all_reduce(),
     )
     result = Pipeline(host, ArtifactStore(home), settings, say=lambda text: print(text, flush=True)).run()
     assert result.runtime is not None and result.runtime.name == "fastertransformer-native"

@@ -78,3 +78,27 @@ def test_a_step_reads_every_weight_but_the_input_embedding(tmp_path: Path) -> No
     (tmp_path / "model.layers.0.attention.dense.weight.0.bin").write_bytes(b"\0" * 1200)
     assert step_bytes_per_gpu(tmp_path, 1) == (2000, 1600)
     assert step_bytes_per_gpu(tmp_path, 2) == (1000, 800)
+
+
+def test_ids_equal_compares_custom_all_reduce_on_with_off() -> None:
+    from bench_native_ft import ids_equal
+
+    def run(ids: dict[int, str]) -> dict:
+        return {"untuned": {"ids": ids, 1: 1.0, 8: 2.0}}
+
+    report = {
+        "batches": [1, 8],
+        "shapes": {
+            "gptj": {
+                "native": {
+                    "fp16 tp2 all-reduce off": run({1: "a", 8: "b"}),
+                    "fp16 tp2 all-reduce on": run({1: "a", 8: "c"}),
+                    "fp16 tp1": run({1: "a", 8: "b"}),
+                }
+            }
+        },
+    }
+    assert ids_equal(report) == [
+        "gptj fp16 tp2 all-reduce on batch 1: token ids EQUAL to all-reduce off",
+        "gptj fp16 tp2 all-reduce on batch 8: token ids DIFFER from all-reduce off",
+    ]

@@ -16,6 +16,7 @@ def test_every_hook_is_an_ftx_hook() -> None:
         "ftx_register_runtimes",
         "ftx_register_commands",
         "ftx_add_options",
+        "ftx_cluster_deployments",
         "ftx_fetch",
         "ftx_convert",
         "ftx_tune",

@@ -55,6 +55,35 @@ def test_dry_run_and_help_agree_on_the_fastertransformer_compute_type(ftx_cli) -
     assert "auto = the source's own" in help_text
 
 
+def test_fastertransformer_plans_weights_in_the_compute_type(ftx_cli) -> None:
+    """An fp32 hub checkpoint served in fp16 on FasterTransformer converts to fp16 files (half the bytes);
+    --weight-dtype and --data-type still choose."""
+    dry = ftx_cli("run", "gptj", "--tp", "4", "--runtime", "fastertransformer", "--dry-run")
+    assert dry.exit_code == 0, dry.stderr
+    assert "source stored as fp32" in dry.stderr
+    assert "converted 12.1 GB (fp16)" in dry.stderr and "(fp16, tp=4)" in dry.stderr
+    assert "--weight-dtype fp16" in dry.stderr
+    kept = ftx_cli("run", "gptj", "--tp", "4", "--runtime", "fastertransformer", "--dry-run", "--weight-dtype", "fp32")
+    assert "converted 24.2 GB (fp32)" in kept.stderr and "--weight-dtype fp32" in kept.stderr
+    bf16 = ftx_cli("run", "gptj", "--runtime", "fastertransformer", "--dry-run", "--data-type", "bf16")
+    assert "converted 12.1 GB (bf16)" in bf16.stderr
+
+
+def test_an_fp32_source_converts_to_the_compute_type_for_fastertransformer(
+    ftx_cli, ftx_home: Path, tmp_path: Path
+) -> None:
+    """A real conversion through `ftx run` (stopped after convert: no FasterTransformer binary here)."""
+    src = tiny_gptj(tmp_path / "src")  # fp32
+    result = ftx_cli("run", str(src), "--runtime", "fastertransformer", "--until", "convert")
+    assert result.exit_code == 0, result.stderr
+    inis = list((ftx_home / "store" / "convert").rglob("config.ini"))
+    assert len(inis) == 1 and "weight_data_type = fp16" in inis[0].read_text()
+    python = ftx_cli("run", str(src), "--runtime", "python", "--until", "convert")
+    assert python.exit_code == 0, python.stderr
+    inis = list((ftx_home / "store" / "convert").rglob("config.ini"))
+    assert sorted("weight_data_type = fp32" in ini.read_text() for ini in inis) == [False, True]
+
+
 def test_serving_more_than_the_memory_is_refused_before_anything_is_fetched(
     ftx_cli, ftx_home: Path, tmp_path: Path
 ) -> None:

@@ -28,10 +28,11 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "ftx_triton.conversion.tensormap": ("M", "Skip", "TensorMap"),
     "ftx_triton.conversion.ops": ("Op", "OpContext"),
     # runtimes
-    "ftx_triton.runtime.api": ("Runtime", "Availability", "DryRunPlan"),
+    "ftx_triton.runtime.api": ("Runtime", "Availability", "DryRunPlan", "Layout"),
+    "ftx_triton.plan.options": ("OptionSection", "option"),
     # stage records, settings, context
     "ftx_triton.plan.artifacts": ("SourceRef", "Source", "Checkpoint", "GemmConfig", "ModelRepository", "Endpoint"),
-    "ftx_triton.plan.settings": ("RunSettings",),
+    "ftx_triton.plan.settings": ("RunSettings", "AUTO"),
     "ftx_triton.plan.context": ("StageContext",),
     "ftx_triton.repository.model_config": ("FtModelOptions",),
     # driving ftx
@@ -94,8 +95,9 @@ if TYPE_CHECKING:
     )
     from ftx_triton.plan.artifacts import Checkpoint, Endpoint, GemmConfig, ModelRepository, Source, SourceRef
     from ftx_triton.plan.context import StageContext
-    from ftx_triton.plan.settings import RunSettings
+    from ftx_triton.plan.options import OptionSection, option
+    from ftx_triton.plan.settings import AUTO, RunSettings
     from ftx_triton.plugins import PluginHost, load_host
     from ftx_triton.repository.model_config import FtModelOptions
-    from ftx_triton.runtime.api import Availability, DryRunPlan, Runtime
+    from ftx_triton.runtime.api import Availability, DryRunPlan, Layout, Runtime
     from ftx_triton.store.artifact_store import ArtifactStore

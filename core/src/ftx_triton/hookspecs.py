@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from ftx_triton.conversion.family import Family, ModelSpec
     from ftx_triton.plan.artifacts import Checkpoint, Endpoint, GemmConfig, ModelRepository, Source, SourceRef
+    from ftx_triton.plan.cluster import ClusterDeployment
     from ftx_triton.plan.context import StageContext
     from ftx_triton.runtime.api import Runtime
 
@@ -55,14 +56,19 @@ def ftx_register_runtimes() -> Sequence[type[Runtime]]:
 
 
 @hookspec
-def ftx_register_commands(cli: click.Group) -> None:
+def ftx_register_commands(cli: click.Group, kit: object) -> None:
     """Add this plugin's commands to the ``ftx`` command line: ``cli.add_command(command)``.
 
     A runtime brings its own tools this way (the Docker launcher's ``ftx image``, ``ftx tune`` and
-    ``ftx package``, the native launcher's ``ftx backend``). A command name another plugin or core
+    ``ftx package``, the native launcher's ``ftx backend``), built from :mod:`ftx_triton.commandkit`
+    (``FtxCommand``, ``say``, ``options_of(Section)``). A command name another plugin or core
     already uses is a PluginError naming both.
 
     :param cli: a click group collecting this plugin's commands.
+    :param kit: an :class:`ftx_triton.commandkit.CommandKit`, what a command needs from the CLI above it:
+        ``kit.run(settings)`` runs the pipeline as
+        ``ftx run`` does, ``kit.settings(model, **options)`` builds the settings, ``kit.options[name]``
+        adds core's option groups (``source``, ``conversion``, ``repository``, ``tune``, ``safety``).
     :returns: nothing; the commands are added to ``cli``.
     """
 
@@ -76,6 +82,19 @@ def ftx_add_options() -> Sequence[click.Option]:
     ``ftx run`` already has is a PluginError.
 
     :returns: ``click.Option`` objects (new ones per call); an empty sequence is fine.
+    """
+
+
+@hookspec
+def ftx_cluster_deployments(home: Path) -> Sequence[ClusterDeployment]:
+    """Return the deployments this plugin runs on a cluster scheduler for ``home`` (its Slurm jobs, ...).
+
+    `ftx ps` lists them, `ftx generate` and `ftx bench` reach the running ones by name, `ftx stop NAME`
+    (or ``--all``) calls their ``stop``. Called on every such command: answer from records and one
+    query of the scheduler, and return an empty sequence when the scheduler's tools are absent.
+
+    :param home: the ``FTX_HOME`` whose deployments are asked for.
+    :returns: :class:`ftx_triton.plan.cluster.ClusterDeployment` objects; an empty sequence is fine.
     """
 
 

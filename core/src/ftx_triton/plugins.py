@@ -18,17 +18,18 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
 import pluggy
-import structlog
 
 from ftx_triton import PLUGIN_API_VERSION, hookspecs
-from ftx_triton.conversion.family import Family, read_config_json
 from ftx_triton.errors import FamilyResolutionError, PluginError
 from ftx_triton.runtime.api import Runtime
+from ftx_triton.terminal import lazylog
 
 if TYPE_CHECKING:
     import click
 
-log = structlog.get_logger(__name__)
+    from ftx_triton.conversion.family import Family
+
+log = lazylog.get_logger(__name__)
 
 ENTRY_POINT_GROUP = "ftx"
 CORE_DISTRIBUTION = "ftx-triton"  # the PyPI name of core (import package ftx_triton)
@@ -40,14 +41,16 @@ DEFAULT_PLUGINS = (
     "ftx_triton.engine.default_plugins.serve",
     "ftx_triton.runtime.python.plugin",
     "ftx_triton.runtime.fastertransformer.docker.plugin",
-    "ftx_triton.cli.image",
+    "ftx_triton.runtime.fastertransformer.docker.commands",
     "ftx_triton.runtime.fastertransformer.native.plugin",
-    "ftx_triton.cli.backend",
+    "ftx_triton.runtime.fastertransformer.native.commands",
+    "ftx_triton.cluster.slurm.plugin",
+    "ftx_triton.cluster.export",
 )
-"""Core's own plugins: the stage defaults (``trylast``), the runtimes it ships and their commands (the Docker
-launcher's ``ftx image``/``tune``/``package``, the native one's ``ftx backend``: CLI modules, since runtimes
-never import the CLI). Core never imports them for logic; they are registered and called through the hooks
-like any third-party plugin."""
+"""Core's own plugins: the stage defaults (``trylast``), the runtimes it ships and, beside each launcher, its
+commands (the Docker launcher's ``ftx image``/``tune``/``package``, the native one's ``ftx backend``, built from
+:mod:`ftx_triton.commandkit`), and the cluster launchers (``ftx slurm``, ``ftx export``). Core never imports them
+for logic; they are registered and called through the hooks like any third-party plugin."""
 
 
 @dataclass
@@ -92,7 +95,7 @@ class PluginHost:
         self.pm = pluggy.PluginManager("ftx")
         self.pm.add_hookspecs(hookspecs)
         self.records: list[PluginRecord] = []
-        self.families: dict[str, Family] = {}
+        self._families: dict[str, Family] | None = None
         self.family_owner: dict[str, str] = {}
         self.runtimes: dict[str, Runtime] = {}
         self.runtime_owner: dict[str, str] = {}
@@ -102,6 +105,15 @@ class PluginHost:
     @property
     def hook(self) -> Any:
         return self.pm.hook
+
+    @property
+    def families(self) -> dict[str, Family]:
+        """The registered families by name, collected from the plugins when first asked for (so a command that
+        needs none, ``ftx --help``, imports no family and no numpy)."""
+        if self._families is None:
+            self.collect_families()
+        assert self._families is not None
+        return self._families
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -153,21 +165,25 @@ class PluginHost:
         log.warning("plugin.failed", plugin=record.name, distribution=record.distribution, error=error)
 
     def collect_families(self) -> None:
-        """Ask every plugin for its families; a duplicate name is an error naming both."""
+        """Ask every plugin for its families (once); a duplicate name is an error naming both."""
+        if self._families is not None:
+            return
+        collected: dict[str, Family] = {}
         for impl in self.pm.hook.ftx_register_families.get_hookimpls():
             owner = self._record_for(impl.plugin_name)
-            families = cast(Iterable[type[Family]], impl.function() or ())
+            families = cast(Iterable[type["Family"]], impl.function() or ())
             for cls in families:
                 family = cls()
-                if family.name in self.families:
+                if family.name in collected:
                     raise PluginError(
                         f"family {family.name!r} is registered by both {self.family_owner[family.name]} "
                         f"and {owner.distribution}",
                         hint=f"uninstall one of them, or block one with FTX_DISABLE_PLUGINS={owner.name}",
                     )
-                self.families[family.name] = family
+                collected[family.name] = family
                 self.family_owner[family.name] = owner.distribution
                 owner.families.append(family.name)
+        self._families = collected
 
     def collect_runtimes(self) -> None:
         """Ask every plugin for its runtimes; a duplicate name is an error naming both."""
@@ -191,8 +207,9 @@ class PluginHost:
                 self.runtime_owner[runtime.name] = owner.distribution
                 owner.runtimes.append(runtime.name)
 
-    def commands(self, taken: Iterable[str] = ()) -> dict[str, click.Command]:
-        """The commands plugins add (``ftx_register_commands``), by name; one ``taken`` by core or by two
+    def commands(self, kit: object, taken: Iterable[str] = ()) -> dict[str, click.Command]:
+        """The commands plugins add (``ftx_register_commands``, handed ``kit``, the CLI's
+        :class:`~ftx_triton.commandkit.CommandKit`, when they name it), by name; one ``taken`` by core or by two
         plugins is an error naming both."""
         import click
 
@@ -201,7 +218,8 @@ class PluginHost:
         for impl in self.pm.hook.ftx_register_commands.get_hookimpls():
             owner = self._record_for(impl.plugin_name).distribution
             group = click.Group()
-            impl.function(cli=group)
+            given = {"cli": group, "kit": kit}
+            impl.function(**{name: given[name] for name in impl.argnames if name in given})
             for name, command in group.commands.items():
                 if name in owners:
                     raise PluginError(
@@ -280,6 +298,8 @@ class PluginHost:
         for family in self.families.values():
             if family.claims_source(path):
                 return family, family.read_hf_config(path)
+        from ftx_triton.conversion.family import read_config_json
+
         hf_config = read_config_json(path)
         return self.resolve_family(hf_config), hf_config
 
@@ -306,13 +326,20 @@ def _check_api_range(module: object) -> str | None:
     return f"supports plugin API {low}..{high} but this ftx provides API {PLUGIN_API_VERSION}; upgrade {side}"
 
 
-def load_host(*, entry_points: Iterable[metadata.EntryPoint] | None = None, extra: Sequence[object] = ()) -> PluginHost:
-    """Build a host with core defaults, discovered plugins and ``extra`` plugin objects."""
+def load_host(
+    *,
+    entry_points: Iterable[metadata.EntryPoint] | None = None,
+    extra: Sequence[object] = (),
+    families_when_asked: bool = False,
+) -> PluginHost:
+    """Build a host with core defaults, discovered plugins and ``extra`` plugin objects; the families are
+    collected now, or on first use with ``families_when_asked`` (the CLI: ``ftx --help`` needs none)."""
     host = PluginHost()
     host.load_entry_points(entry_points)
     for plugin in extra:
         host.register(plugin)
-    host.collect_families()
+    if not families_when_asked:
+        host.collect_families()
     host.collect_runtimes()
     return host
 

@@ -605,3 +605,24 @@ def test_cli_reports_a_missing_piece(tmp_path: Path, ftx_cli) -> None:
     assert result.exit_code == 1 and result.exception is None
     assert "shard_1/4.npz missing" in result.stderr
     assert "hint:" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_linked_shard_folders_of_another_checkpoint_are_converted_anew(tmp_path: Path, ftx_cli) -> None:
+    """Two slim checkpoints with the same layout and config.json, fp16 and bf16, each kept as shard folders
+    linked in from another disk: the second is its own artifact, converted from its own bytes (its key once
+    left out everything behind a folder link, and the first one's conversion was served)."""
+    outputs = []
+    for dtype in ("fp16", "bf16"):
+        disk = tmp_path / "disk2" / dtype
+        write_slim(disk, shards=2, layers=2, dtype=dtype)
+        src = tmp_path / dtype / "step_1"
+        src.mkdir(parents=True)
+        (src / "config.json").write_text(json.dumps({"n_head": 4}))
+        for shard in disk.iterdir():
+            (src / shard.name).symlink_to(shard, target_is_directory=True)
+        result = ftx_cli("convert", str(src), "--tp", "1", "-o", str(tmp_path / f"out-{dtype}"))
+        assert result.exit_code == 0, (result.stderr, result.exception)
+        outputs.append(result.stderr)
+    assert "convert   done" in outputs[1] and "cached" not in outputs[1]
+    wte = [(tmp_path / f"out-{dtype}" / "1-gpu" / "model.wte.bin").read_bytes() for dtype in ("fp16", "bf16")]
+    assert wte[0] != wte[1]

@@ -349,7 +349,7 @@ def test_docker_serve_spec_has_no_token_and_a_redacted_model_label(
     monkeypatch.setattr(gpus_mod, "local_gpus", lambda: fake)
     monkeypatch.setenv("HF_TOKEN", HF_SECRET)
     url = f"https://s3.example/b/m.tar.zst?X-Amz-Signature={SIGNATURE}"
-    settings = RunSettings.of(url, runtime="fastertransformer")
+    settings = RunSettings.of(url, runtime="fastertransformer", tp=1)
     options = DockerOptions(env={"HF_TOKEN": HF_SECRET, "HUGGING_FACE_HUB_TOKEN": HF_SECRET, "FT_LOG_LEVEL": "DEBUG"})
     plan = plan_serve(
         repository=tmp_path, checkpoints=[], settings=settings, family="gptj", options=options, gemm=None, home=tmp_path

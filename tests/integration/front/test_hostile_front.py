@@ -339,3 +339,171 @@ def test_a_wider_address_keeps_grpc_admin_apis_behind_a_key(
         assert client.is_model_ready("add_one")
         status, text = _post(running.http_url, b'{"log_verbose_level": 0}', path="/v2/logging")
         assert status == 200, text  # clients on this machine go through the front
+
+
+# --------------------------------------------------------------------------- round 4 (issue 33)
+
+
+def _local_address_elsewhere() -> str | None:
+    """An IPv4 address of this machine that is not loopback: a client connecting to it from here has it
+    as its own address, so the front sees a client on another machine."""
+    import psutil
+
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family == socket.AF_INET and not address.address.startswith("127."):
+                return str(address.address)
+    return None
+
+
+@pytest.fixture
+def from_elsewhere(server: object) -> Iterator[str]:
+    """``host:port`` of a front whose clients are not on the loopback: the real check through this machine's
+    non-loopback address where it has one (a wider ``--host``), else a front that counts every client as
+    remote (a loopback-only machine has no second address)."""
+    from ftx_triton.front.server import Front
+    from ftx_triton.front.shield import Shield
+
+    upstream = int(server.http_url.rsplit(":", 1)[1])  # type: ignore[attr-defined]
+    address = _local_address_elsewhere()
+    shield = Shield(upstream) if address else Shield(upstream, trusted_peer=lambda _remote: False)
+    made = Front(shield.app(), address or "127.0.0.1", 0)
+    made.start()
+    yield f"{address or '127.0.0.1'}:{made.port}"
+    made.stop()
+
+
+_ADMIN_SPELLINGS = [
+    "/v2/./logging",
+    "/v2/x/../logging",
+    "/./v2/logging",
+    "/v2/models/add_one/../../logging",
+    "/v2/%2e/logging",
+    "/v2/%2E%2E/v2/logging",
+    "/v2/x/%2e%2e/logging",
+    "/v2/x/.%2E/logging",
+    "/v2/x/%2E./logging",
+    "/v2/x/..%2Flogging",
+    "/v2%2flogging",
+    "/v2/x/..%5clogging",
+    "//v2/logging",
+    "/v2//logging",
+    "/v2/logging//",
+    "/v2/%6Cogging",
+    "/v2/log%67ing",
+    "/V2/LOGGING",
+    "/v2/logging?x=/../",
+    "/v2/./systemsharedmemory/region/r/register",
+    "/v2/cudasharedmemory/./region/r/register",
+    "/v2/%73ystemsharedmemory/region/r/register",
+    "/v2/repository/models/add_one/%2e/unload",
+    "/v2/trace/x/../setting",
+    "http://x/v2/./logging",
+]
+
+
+@pytest.mark.parametrize("path", _ADMIN_SPELLINGS)
+def test_no_spelling_of_an_admin_path_passes_the_guard(server: object, from_elsewhere: str, path: str) -> None:
+    """Issue 33: the guard checked ``/v2/./logging`` as it came while the forward resolved it to
+    ``/v2/logging`` (200 from another machine). Each spelling is refused (403, or 400 for dot segments and
+    encoded separators) and tritonserver's settings are unchanged."""
+    body = b'{"log_verbose_level": 3, "key": "/triton_python_backend_shm_region_x", "offset": 0, "byte_size": 64}'
+    request = (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    answer = _raw(from_elsewhere, request, wait_s=30)
+    status = answer[9:12]
+    assert status in (b"400", b"403"), answer[:300]
+    assert b"this machine only" in answer or b"segment" in answer or b"encoded" in answer, answer[:300]
+    request = urllib.request.Request(f"http://{server.http_url}/v2/logging", method="GET")  # type: ignore[attr-defined]
+    with _DIRECT.open(request, timeout=60) as response:
+        assert json.loads(response.read())["log_verbose_level"] == 0
+
+
+def test_dot_segments_are_refused_for_every_route_and_plain_paths_pass(server: object) -> None:
+    """One path policy for all requests: what is forwarded is what was checked, byte for byte."""
+    url = server.http_url  # type: ignore[attr-defined]
+    answer = _raw(url, b"GET /v2/models/x/../add_one/ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 400") and b"segment" in answer, answer[:300]
+    answer = _raw(url, b"GET /v2/models/add_one/ready?a=%2e%2e HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:300]  # a query is no path
+    _alive(server)
+
+
+def _head(answer: bytes) -> bytes:
+    return answer.split(b"\r\n\r\n", 1)[0].lower()
+
+
+def test_answers_are_compressed_only_for_clients_that_ask(server: object) -> None:
+    """Issue 33: the front asked tritonserver for gzip on every request, so every client got gzip."""
+    url = server.http_url  # type: ignore[attr-defined]
+    body = json.dumps(
+        {"inputs": [{"name": "input_ids", "shape": [2, 3], "datatype": "INT32", "data": [1, 2, 3, 4, 5, 6]}]}
+    ).encode()
+    infer = f"POST {_INFER} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {len(body)}\r\n".encode()
+    plain = _raw(url, infer + b"\r\n" + body)
+    assert plain.startswith(b"HTTP/1.1 200") and b"content-encoding" not in _head(plain), _head(plain)
+    assert json.loads(plain.split(b"\r\n\r\n", 1)[1])["outputs"][0]["data"] == [2, 3, 4, 5, 6, 7]
+    asked = _raw(url, infer + b"Accept-Encoding: gzip\r\n\r\n" + body)
+    assert b"content-encoding: gzip" in _head(asked), _head(asked)
+    packed = asked.split(b"\r\n\r\n", 1)[1]
+    assert json.loads(gzip.decompress(packed))["outputs"][0]["data"] == [2, 3, 4, 5, 6, 7]
+
+
+def _tritonserver_rss(server: object) -> int:
+    import psutil
+
+    supervisor = psutil.Process(server.pid)  # type: ignore[attr-defined]
+    triton = next(p for p in supervisor.children() if p.name() == "tritonserver")
+    return int(triton.memory_info().rss)
+
+
+def test_grpc_messages_over_the_limit_are_refused_before_tritonserver(server: object) -> None:
+    """Issue 33: tritonserver 2.51 takes gRPC messages of any size (400 and 800 MB, and a gzip message under
+    1 MB that inflates to 600 MB, grew it by gigabytes). The gRPC front refuses messages over the server's
+    limit (8 MiB here), compressed ones by their decompressed size, and tritonserver never sees them."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    from triton_helpers import infer_grpc
+    from tritonclient.utils import InferenceServerException
+
+    url = server.grpc_url  # type: ignore[attr-defined]
+    assert infer_grpc(url, "add_one").tolist() == [[2, 3, 4], [5, 6, 7]]
+    before = _tritonserver_rss(server)
+    with grpcclient.InferenceServerClient(url) as client:
+        big = grpcclient.InferInput("input_ids", [1, 9 << 18], "INT32")  # 9 MiB of data
+        big.set_data_from_numpy(np.zeros((1, 9 << 18), np.int32))
+        with pytest.raises(InferenceServerException, match="RESOURCE_EXHAUSTED.*larger than max"):
+            client.infer("add_one", [big], client_timeout=120)
+        bomb = grpcclient.InferInput("input_ids", [1, 16 << 20], "INT32")  # 64 MiB of zeros, ~64 KB gzipped
+        bomb.set_data_from_numpy(np.zeros((1, 16 << 20), np.int32))
+        with pytest.raises(InferenceServerException, match="RESOURCE_EXHAUSTED.*(?i:decompressed)"):
+            client.infer("add_one", [bomb], compression_algorithm="gzip", client_timeout=120)
+    assert _tritonserver_rss(server) - before < 8 << 20
+    assert infer_grpc(url, "add_one").tolist() == [[2, 3, 4], [5, 6, 7]]
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["generate", "chat"])
+def test_ftx_generate_at_the_grpc_port_says_so(server: object, chat: bool, tmp_path: object) -> None:
+    """Issue 33: ``ftx generate --url http://<gRPC port>`` (and ``--chat``) ended in a BadStatusLine traceback
+    with HTTP/2 frames printed to the terminal."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    url = f"http://{server.grpc_url}"  # type: ignore[attr-defined]
+    args = ["--chat", "--url", url + "/v1"] if chat else ["--url", url, "Once upon a time"]
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "ftx"), "generate", *args],
+        input="hello\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "FTX_HOME": str(tmp_path)},
+        errors="backslashreplace",
+    )
+    assert done.returncode == 1, done
+    assert "does not answer HTTP/1.1" in done.stderr and "gRPC port" in done.stderr and "hint:" in done.stderr, done
+    assert "Traceback" not in done.stderr and "\x00" not in done.stderr + done.stdout, done.stderr

@@ -73,9 +73,9 @@ def test_the_table_measures_the_text_model_the_openai_endpoint_and_the_raw_model
 ) -> None:
     done, report = _bench(env, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert report["streaming"] == {"text": True, "openai": True}
+    assert report["streaming"] == {"raw-loop": True, "text": True, "openai": True}
     assert [(row["path"], row["concurrency"]) for row in report["levels"]] == [
-        (path, c) for c in LEVELS for path in ("text", "openai")
+        (path, c) for c in LEVELS for path in ("raw-loop", "text", "openai")
     ]
     for row in report["levels"]:
         assert row["errors"] == 0, row["first_error"]
@@ -88,12 +88,47 @@ def test_the_table_measures_the_text_model_the_openai_endpoint_and_the_raw_model
         assert all(0 < s["ttft_s"] <= s["latency_s"] for s in row["samples"])
         assert all(s["events"] > 1 for s in row["samples"])  # streamed: more than one event per answer
         assert row["ttft_p50_ms"] <= row["latency_p50_ms"] and row["ttft_p90_ms"] <= row["latency_p90_ms"]
-        # Triton's own statistics over the level: each request went once through each step model
-        assert list(row["models"]) == ["preprocessing", "fastertransformer", "postprocessing"]
-        assert row["models"]["preprocessing"]["requests"] == row["models"]["fastertransformer"]["requests"] == REQUESTS
+        assert row["goodput_rps"] <= row["requests_per_s"]
+        # Triton's own statistics over the level: a text request went once through each step model; the raw loop
+        # and the OpenAI endpoint (its token route reads the raw model's ids itself) ran the raw model alone
+        steps = (
+            ["preprocessing", "fastertransformer", "postprocessing"] if row["path"] == "text" else ["fastertransformer"]
+        )
+        assert list(row["models"]) == steps, row["path"]
+        assert row["models"]["fastertransformer"]["requests"] == REQUESTS
         assert all(cost["compute_ms"] > 0 and cost["mean_batch"] >= 1 for cost in row["models"].values())
+        if row["path"] != "raw-loop":
+            assert row["vs_loop"] > 0
     table = done.stdout.split("\n\n")[0].splitlines()
     assert table[0].startswith("| path | concurrency") and len(table) == 2 + len(report["levels"])
+
+
+def test_open_loop_levels_send_poisson_arrivals_and_count_goodput(env: dict[str, str], tmp_path: Path) -> None:
+    """An open level sends its requests at their arrival times, not when earlier ones end; goodput counts the
+    requests within the targets (an unreachable TTFT target: none)."""
+    done, report = _bench(
+        env, tmp_path, "--paths", "openai,raw-loop", "--concurrency", "1", "--rates", "4", "--slo-ttft-ms", "0.001"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    open_rows = [row for row in report["levels"] if row["rate"]]
+    assert [(row["path"], row["rate"]) for row in open_rows] == [("raw-loop", 4.0), ("openai", 4.0)]
+    for row in open_rows:
+        assert row["errors"] == 0 and len(row["samples"]) == row["requests"] == REQUESTS
+        assert row["goodput_rps"] == 0 and row["requests_per_s"] > 0
+    closed = [row for row in report["levels"] if not row["rate"]]
+    assert all(row["goodput_rps"] == 0 for row in closed)
+    assert "4/s open" in done.stdout
+
+
+def test_goodput_counts_requests_within_both_targets() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_serving import Sample, meets
+
+    fast = Sample(ttft_s=0.1, latency_s=1.1, tokens=11, events=11)  # ITL 100 ms
+    assert meets(fast, ttft_ms=200, itl_ms=150, streams=True)
+    assert not meets(fast, ttft_ms=50, itl_ms=150, streams=True)
+    assert not meets(fast, ttft_ms=200, itl_ms=50, streams=True)
+    assert meets(fast, ttft_ms=200, itl_ms=50, streams=False)  # no stream: no ITL to judge
 
 
 def test_a_name_no_server_has_is_an_error_with_a_hint(tmp_path: Path) -> None:

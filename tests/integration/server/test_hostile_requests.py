@@ -200,3 +200,31 @@ def _raise(answer: tuple[int, dict[str, Any]]) -> None:
     status, body = answer
     if status != 200:
         raise _Refused(status, body)
+
+
+def test_an_upstream_word_list_over_the_csv_field_limit_is_the_clients_400(deployment: Deployment) -> None:
+    """Issue 33: FasterTransformer's ensemble reads INPUT_2/INPUT_3 as CSV lines; a word over the CSV
+    reader's 131 072-character field limit was the preprocessing model's fault (500)."""
+    url = deployment.server.http_url
+
+    def ensemble(bad_words: str) -> tuple[int, dict[str, Any]]:
+        body = {
+            "inputs": [
+                {"name": "INPUT_0", "datatype": "BYTES", "shape": [1, 1], "data": ["Once upon a time"]},
+                {"name": "INPUT_1", "datatype": "UINT32", "shape": [1, 1], "data": [2]},
+                {"name": "INPUT_2", "datatype": "BYTES", "shape": [1, 1], "data": [bad_words]},
+            ]
+        }
+        request = urllib.request.Request(
+            f"http://{url}/v2/models/ensemble/infer", data=json.dumps(body).encode(), method="POST"
+        )
+        try:
+            with _DIRECT.open(request, timeout=300) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+
+    status, answer = ensemble('"' + "x" * 140_000 + '"')
+    assert status == 400 and "INPUT_2" in answer["error"] and "131072" in answer["error"], (status, answer)
+    status, answer = ensemble("time, upon")
+    assert status == 200, answer

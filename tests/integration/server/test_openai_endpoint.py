@@ -51,6 +51,7 @@ class Served:
         self.home = home
         self.openai = re.search(r"OpenAI\s+(http://\S+/v1)", stdout).group(1)
         self.http = re.search(r"HTTP\s+(http://\S+)", stdout).group(1)
+        self.grpc = re.search(r"gRPC\s+(\S+)", stdout).group(1)
 
 
 @pytest.fixture(scope="module")
@@ -251,8 +252,9 @@ def test_limits_are_printed_as_written() -> None:
 
 
 def _ensemble_requests(served: Served) -> int:
-    """Requests the text model (what the OpenAI endpoint calls) has completed."""
-    with _OPENER.open(served.http + "/v2/models/text/stats", timeout=60) as response:
+    """Requests the raw model has completed (the endpoint reaches it through the ensemble, or straight over
+    gRPC on a streaming deployment's token route)."""
+    with _OPENER.open(served.http + "/v2/models/fastertransformer/stats", timeout=60) as response:
         return int(json.loads(response.read())["model_stats"][0]["inference_count"])
 
 
@@ -475,6 +477,127 @@ def test_bench_with_perf_analyzer(served: Served) -> None:
     assert result["tool"] == "perf_analyzer" and [p["concurrency"] for p in result["points"]] == [1, 2]
     assert all(p["throughput_rps"] > 0 and p["latency_p99_ms"] > 0 for p in result["points"])
     assert _stored(served)[-1]["tool"] == "perf_analyzer"
+
+
+def _plain(url: str) -> tuple[int, Any]:
+    try:
+        with _OPENER.open(url, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())  # not JSON: the test fails here
+
+
+def test_every_endpoint_answer_is_json_even_for_faults_nobody_foresaw(served: Served, tmp_path: Path) -> None:
+    """Issue 33: with its FTX_HOME deleted, the endpoint's tokenizer was gone and every completion was
+    aiohttp's plain-text 500; no such route and another method were plain text too."""
+    from ftx_triton.front.server import Front
+    from ftx_triton.openai_api.app import make_app
+
+    status, answer = _plain(served.openai + "/completions")  # GET of a POST route
+    assert status == 405 and answer["error"]["type"] == "invalid_request_error", answer
+    status, answer = _plain(served.openai.removesuffix("/v1") + "/v2/nothing")
+    assert status == 404 and "Not Found" in answer["error"]["message"], answer
+    front = Front(make_app(served.http, "tiny-gptj", tmp_path / "deleted" / "preprocessing" / "1"), "127.0.0.1", 0)
+    front.start()
+    try:
+        status, answer = _post(f"http://127.0.0.1:{front.port}/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+        assert status == 500 and answer["error"]["type"] == "server_error", answer
+        assert "tokenizer" in answer["error"]["message"], answer
+    finally:
+        front.stop()
+
+
+def test_generate_on_a_streaming_deployment_is_a_400_naming_generate_stream(served: Served) -> None:
+    """Issue 33: tritonserver ran the request, then answered 200 with a body that was only an error."""
+    status, answer = _post(served.http + "/v2/models/text/generate", {"text_input": "Once", "max_tokens": 2})
+    assert status == 400 and "/v2/models/text/generate_stream" in answer["error"], answer
+    status, text = _post(
+        served.http + "/v2/models/text/generate_stream",
+        {"text_input": "Once", "max_tokens": 2, "stream": True},
+        raw=True,
+    )
+    assert status == 200 and "text_output" in text, text
+
+
+@pytest.mark.parametrize(
+    "field",
+    [{"temperature": "NaN"}, {"temperature": "Infinity"}, {"max_tokens": "2"}, {"text_input": 5}],
+    ids=["nan-string", "infinity-string", "int-as-string", "number-as-text"],
+)
+def test_a_value_of_the_wrong_json_type_is_the_clients_400(served: Served, field: dict[str, Any]) -> None:
+    """Issue 33 (and round 3's type mistakes): JSON has no NaN, so clients send "NaN" for an FP32 input, which
+    tritonserver called its own fault (500 "Unable to parse 'data'")."""
+    body = {"text_input": "Once", "max_tokens": 2, "stream": True, **field}
+    status, answer = _post(served.http + "/v2/models/text/generate_stream", body)
+    assert status == 400 and "Unable to parse" in answer["error"] and "wrong JSON type" in answer["error"], answer
+
+
+# --------------------------------------------------------------------------- the token route (issue 38)
+
+
+def _executions(served: Served, model: str) -> int:
+    with _OPENER.open(f"{served.http}/v2/models/{model}/stats", timeout=60) as response:
+        return int(json.loads(response.read())["model_stats"][0]["execution_count"])
+
+
+def _repository(served: Served) -> Path:
+    env = {**os.environ, "FTX_HOME": str(served.home)}
+    ps = subprocess.run([*FTX, "ps", "--json"], capture_output=True, text=True, timeout=120, env=env)
+    return Path(json.loads(ps.stdout)[0]["repository"])
+
+
+def test_streams_read_ids_from_the_model_and_run_no_python_model_per_token(served: Served) -> None:
+    """A streamed completion and `ftx generate --stream` read the fastertransformer model's ids over gRPC and
+    detokenize in their own process: postprocessing runs not once for them, and the text is the ensemble's."""
+    expected = _triton_text(served, "Once upon a time", 12)
+    before = _executions(served, "postprocessing"), _executions(served, "fastertransformer")
+    status, text = _post(
+        served.openai + "/completions", {"prompt": "Once upon a time", "max_tokens": 12, "stream": True}, raw=True
+    )
+    assert status == 200
+    chunks = [json.loads(e) for e in _events(text)[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == expected
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    env = {**os.environ, "FTX_HOME": str(served.home)}
+    cli = subprocess.run(
+        [*FTX, "generate", "Once upon a time", "--max-tokens", "12", "--stream"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert cli.stdout.strip() == ("Once upon a time" + expected).strip()
+    after = _executions(served, "postprocessing"), _executions(served, "fastertransformer")
+    assert after[0] == before[0], "no postprocessing call for a stream on the token route"
+    assert after[1] >= before[1] + 2
+
+
+def test_a_slow_reader_gets_the_whole_text_in_fewer_pieces(served: Served) -> None:
+    """The reader keeps only the newest response while the consumer is busy: nothing is lost, since each
+    response holds the whole output so far, and the stream never waits for the slow consumer."""
+    import asyncio
+
+    from ftx_triton.server.token_stream import AsyncTokenClient, TokenRoute, stream_texts
+
+    route = TokenRoute.open(_repository(served))
+    assert route is not None and route.decoupled
+    expected = _triton_text(served, "Once upon a time", 24)
+
+    async def read(delay: float) -> list[str]:
+        client = AsyncTokenClient(served.grpc)
+        try:
+            pieces = []
+            async for piece in stream_texts(client, route, {"prompt": "Once upon a time", "max_tokens": 24}):
+                pieces.append(piece)
+                await asyncio.sleep(delay)
+            return pieces
+        finally:
+            await client.close()
+
+    slow = asyncio.run(read(0.5))
+    assert "".join(slow) == expected
+    assert len(slow) < 24
 
 
 # --------------------------------------------------------------------------- #36 with the official client

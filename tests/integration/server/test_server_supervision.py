@@ -22,7 +22,7 @@ from ftx_triton.server import tritonserver as server_mod
 from ftx_triton.server.install import STUB_NAME, find_tritonserver, prepare_backends
 from ftx_triton.server.process_tree import FTX_SHM_PREFIX, SHM_DIR, stub_processes, sweep_orphans
 from ftx_triton.server.records import list_servers
-from ftx_triton.server.supervisor import STUB_DIED
+from ftx_triton.server.supervisor import HOME_GONE, STUB_DIED
 from ftx_triton.server.tritonserver import TritonServer
 from triton_helpers import add_one_model, add_repository, infer_http, process_gone, python_model, shm_regions
 
@@ -361,3 +361,39 @@ def test_a_stub_that_never_connects_times_out_with_the_reason(tmp_path: Path) ->
         server.start()
     assert time.monotonic() - started < 60
     assert process_gone(server.pid)
+
+
+def test_a_server_and_its_endpoint_whose_ftx_home_is_deleted_stop_themselves(tmp_path: Path) -> None:
+    """Issue 33: after ``rm -rf $FTX_HOME`` a detached server (and its OpenAI endpoint) kept running and
+    no ``ftx stop`` could find it, its record gone. Both watch the home they started from and stop: the
+    server's processes end, its shared memory is removed, its ports are free again."""
+    import shutil
+
+    from ftx_triton.openai_api.launch import start_openai
+    from ftx_triton.server.ports import port_free
+
+    home = tmp_path / "home"
+    repo = add_repository(tmp_path / "repo")
+    (tmp_path / "deployment" / "preprocessing" / "1").mkdir(parents=True)
+    server = TritonServer(repo, home=home, name="homeless", die_with_parent=False)
+    server.start()
+    endpoint = None
+    try:
+        server.detach()
+        endpoint = start_openai(
+            f"http://{server.http_url}", tmp_path / "deployment", "homeless", home=home, detach=True
+        )
+        prefix = server.shm_prefix
+        assert any(name.startswith(prefix) for name in shm_regions())
+        time.sleep(1.5)  # both have looked at the home at least once
+        assert server.running and endpoint.process.poll() is None
+        shutil.rmtree(home)
+        assert _eventually(lambda: process_gone(server.pid), timeout_s=30), "the server kept running"
+        assert server.wait(timeout=5) == HOME_GONE and "FTX_HOME" in server.exit_report()
+        assert _eventually(lambda: endpoint.process.poll() is not None, timeout_s=30), "the endpoint kept running"
+        assert not any(name.startswith(prefix) for name in shm_regions())
+        assert port_free(server.host, server.ports.http) and port_free(server.host, server.ports.grpc)
+    finally:
+        if endpoint is not None:
+            endpoint.stop()
+        server.stop()

@@ -92,8 +92,8 @@ def test_run_help_is_grouped(ftx_cli) -> None:
         "Safety",
         "Serving",
         "Try it",
-        "FasterTransformer runtime (Docker)",
         "GEMM tuning",
+        "FasterTransformer runtime (Docker)",  # declared by the runtimes (Runtime.option_sections)
         "Global options",
     ]
 

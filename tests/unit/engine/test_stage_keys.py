@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from ftx_triton.plan.settings import FIELD_SECTION, SECTIONS, RepositorySettings, RunSettings, section_fingerprint
+from ftx_triton.runtime.fastertransformer.docker.options import DockerSection
 
 
 def _other_value(value: Any, annotation: str) -> Any:
@@ -66,11 +67,11 @@ def test_flat_option_names_land_in_their_sections() -> None:
         force=["convert"],
     )
     assert (s.convert.tp, s.configure.max_batch_size, s.tune.tune_batch) == (2, 32, 4)
-    assert (s.serve.http_port, s.launch.image, s.fetch.revision) == (9000, "i:1", "main")
+    assert (s.serve.http_port, s.options(DockerSection).image, s.fetch.revision) == (9000, "i:1", "main")
     assert s.until == "tune" and s.force == frozenset({"convert"})
     with pytest.raises(TypeError, match="unknown setting"):
         RunSettings.of("m", tensor_parallel=2)
-    assert set(SECTIONS) == {"fetch", "convert", "tune", "configure", "serve", "launch"}
+    assert set(SECTIONS) == {"fetch", "convert", "tune", "configure", "serve"}  # a runtime's options are its own
 
 
 def _events(stderr: str) -> list[dict[str, Any]]:

@@ -17,7 +17,8 @@ from fetch_helpers import LocalServer, download_in_process, payload, sha256
 from ftx_triton.errors import SourceError
 from ftx_triton.fetching import http as fetch_http
 from ftx_triton.fetching.http import download, part_path
-from ftx_triton.fetching.refs import local_fingerprint, parse_ref, resolve_revision
+from ftx_triton.fetching.local_keys import local_fingerprint
+from ftx_triton.fetching.refs import parse_ref, resolve_revision
 from ftx_triton.plan.artifacts import SourceRef
 from structlog.testing import capture_logs
 

@@ -9,16 +9,30 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ftx_triton.cli.run import command_kit
 from plugin_dists import make_dist
 
 TOY_RUNTIME = '''
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import click
 
 import ftx_triton
+from ftx_triton.commandkit import options_of
 from ftx_triton.plan.artifacts import Endpoint, GemmConfig
+
+
+@dataclass(frozen=True)
+class AbacusOptions(ftx_triton.OptionSection):
+    """The toy runtime's own options: `ftx run --wires 2 --beads 20`, `wires = 2` in ftx.toml."""
+
+    title: ClassVar[str] = "Abacus runtime"
+    wires: int = ftx_triton.option(1, help="Wires of the abacus (its tensor-parallel ranks under --tp auto).",
+                                   kind=int, low=1, high=8, show_default=True)
+    beads: int = ftx_triton.option(10, help="Beads per wire.", kind=int, low=1, high=1000, show_default=True)
 
 
 class ToyHandle:
@@ -52,6 +66,11 @@ class Toy(ftx_triton.Runtime):
     description = "a runtime from outside core, for tests"
     uses_gemm_config = True
     default_data_type = "fp32"
+    option_sections = (AbacusOptions,)
+
+    def layout(self, settings, family, hf_config):
+        wires = settings.options(AbacusOptions).wires
+        return ftx_triton.Layout(wires, 1, 1, f"tp {wires} (one rank per wire of the abacus)")
 
     def available(self, settings, store):
         with (store.home / "toy-probes").open("a") as probes:  # in the run's home: counted by a test
@@ -79,6 +98,7 @@ class Toy(ftx_triton.Runtime):
         (ctx.home / "toy-served.json").write_text(json.dumps({
             "repository": str(repository.path), "runtime": repository.runtime, "gemm": str(gemm.path),
             "tuned": gemm.tuned, "namespace": ctx.settings.plugin_option("namespace"),
+            "beads": ctx.settings.options(AbacusOptions).beads, "tp": ctx.settings.convert.tp,
             "store": str(ctx.store.home)}))
         return Endpoint("127.0.0.1:9", "127.0.0.1:10", model="ensemble", handle=ToyHandle(ctx.home / "toy-handle"))
 
@@ -95,12 +115,14 @@ def ftx_add_options():
 
 
 @ftx_triton.hookimpl
-def ftx_register_commands(cli):
+def ftx_register_commands(cli, kit):
     @cli.command("toyctl")
     @click.argument("what")
-    def toyctl(what):
+    @options_of(AbacusOptions, only=("beads",))
+    def toyctl(what, beads):
         """Talk to the abacus."""
-        click.echo(f"abacus says {what}")
+        settings = kit.settings("toy-model", beads=beads)
+        click.echo(f"abacus says {what} with {settings.options(AbacusOptions).beads} beads")
 '''
 
 
@@ -140,10 +162,40 @@ def test_a_third_party_runtime_adds_an_option_and_a_command(
     assert result.exit_code == 0, result.stderr + repr(result.exception)
     assert json.loads((ftx_home / "toy-served.json").read_text())["namespace"] == "team-a"
     command = ftx_cli("toyctl", "hello")
-    assert command.exit_code == 0 and command.stdout.strip() == "abacus says hello"
+    assert command.exit_code == 0 and command.stdout.strip() == "abacus says hello with 10 beads"
     help_text = ftx_cli("run", "--help").stdout
     assert "Plugin options" in help_text and "--namespace" in help_text and "FTX_RUN_NAMESPACE" in help_text
     assert "toyctl" in ftx_cli("--help").stdout
+
+
+def test_a_third_party_runtime_declares_its_layout_options_and_command(
+    toy_plugin: Path, ftx_cli: Any, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path
+) -> None:
+    """The toy runtime's option section (`--wires`, `--beads`) is an option of `ftx run`, a setting of ftx.toml and a
+    typed value in its stages; its `layout` decides `--tp auto` (two wires: tp 2); its command takes the section's
+    options; and it serves through the same pipeline as core's launchers."""
+    result = ftx_cli(
+        "run", str(tiny_gptj_dir), "--runtime", "toy", "--wires", "2", "--beads", "20", "--detach", "--no-openai"
+    )
+    assert result.exit_code == 0, result.stderr + repr(result.exception)
+    served = json.loads((ftx_home / "toy-served.json").read_text())
+    assert (served["tp"], served["beads"]) == (2, 20)
+    assert "place     --tp auto: tp 2 (one rank per wire of the abacus)" in result.stderr
+    assert (Path(served["repository"]) / "fastertransformer" / "config.pbtxt").read_text().count("tensor_para_size")
+    help_text = ftx_cli("run", "--help").stdout
+    assert "Abacus runtime:" in help_text and "--wires" in help_text and "FTX_RUN_BEADS" in help_text
+    assert "abacus says hi with 7 beads" in ftx_cli("toyctl", "hi", "--beads", "7").stdout
+    refused = ftx_cli("run", str(tiny_gptj_dir), "--runtime", "toy", "--beads", "0", "--dry-run")
+    assert refused.exit_code == 2 and "--beads" in refused.stderr  # the declared range, checked by click
+    lock = tmp_path / "ftx.toml"
+    lock.write_text(f'[model]\nsource = "{tiny_gptj_dir}"\n[settings]\nruntime = "toy"\nwires = 2\nbeads = 30\n')
+    replay = ftx_cli("run", "--lock", str(lock), "--detach", "--no-openai")
+    assert replay.exit_code == 0, replay.stderr + repr(replay.exception)
+    assert json.loads((ftx_home / "toy-served.json").read_text())["beads"] == 30
+    wrong = tmp_path / "wrong.toml"
+    wrong.write_text(f'[model]\nsource = "{tiny_gptj_dir}"\n[settings]\nruntime = "toy"\nbeads = "many"\n')
+    bad = ftx_cli("run", "--lock", str(wrong), "--dry-run")
+    assert bad.exit_code == 1 and "beads must be an integer in 1-1000" in bad.stderr
 
 
 def test_without_the_plugin_its_option_and_command_are_unknown(ftx_cli: Any, tiny_gptj_dir: Path) -> None:
@@ -169,14 +221,14 @@ def test_a_plugin_option_named_like_a_core_one_is_an_error() -> None:
         )
     )
     with pytest.raises(PluginError, match="command 'run' is added by both ftx core and clash2"):
-        host.commands(taken={"run": None})
+        host.commands(command_kit(), taken={"run": None})
 
 
 def test_core_runtimes_bring_their_own_commands(plugin_host: Any) -> None:
     """`ftx image`/`tune`/`package` and `ftx backend` are not core's commands: they come through the hook."""
     from ftx_triton.cli import cli
 
-    commands = plugin_host.commands()
+    commands = plugin_host.commands(command_kit())
     assert {"image", "tune", "package", "backend"} <= set(commands)
     assert not {"image", "tune", "package", "backend"} & set(cli.commands)
 

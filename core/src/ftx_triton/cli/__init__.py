@@ -72,10 +72,13 @@ def cli() -> None:
 
 
 def _add_commands() -> None:
+    from ftx_triton.cli.run import command_kit
+
     for module_name in COMMAND_MODULES:
         module = importlib.import_module(module_name)
         for command in module.commands:
             cli.add_command(command)
+    cli.make_kit = command_kit
 
 
 _add_commands()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -23,10 +24,11 @@ def _concurrency(text: str) -> list[int]:
 
 
 def _target(name: str | None, url: str | None):  # -> ServedModel
+    from ftx_triton.cli.clusters import running_as_served
     from ftx_triton.cli.processes import served_models
     from ftx_triton.paths import ftx_home
 
-    served = served_models(ftx_home())
+    served = served_models(ftx_home()) + running_as_served(ftx_home())
     if url:
         wanted = url.removeprefix("http://").rstrip("/")
         match = [s for s in served if s.http == wanted]
@@ -72,6 +74,14 @@ def _target(name: str | None, url: str | None):  # -> ServedModel
 @click.option(
     "--max-tokens", type=click.IntRange(1, 4096), default=16, show_default=True, help="Tokens each request generates."
 )
+@click.option(
+    "--via",
+    type=click.Choice(["triton", "openai"]),
+    default="triton",
+    show_default=True,
+    help="Load the ensemble over Triton's generate extension, or the OpenAI endpoint (streamed completions, "
+    "with its own token metrics per level: time to first token, inter-token latency, rejections).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def bench(
     name: str | None,
@@ -81,6 +91,7 @@ def bench(
     requests: int,
     prompt: str,
     max_tokens: int,
+    via: str,
     as_json: bool,
 ) -> None:
     """Measure a running deployment's throughput and latency through its ensemble.
@@ -93,6 +104,9 @@ def bench(
 
     levels = _concurrency(concurrency)
     target = _target(name, url)
+    if via == "openai":
+        _bench_openai(target, tool, levels, requests, prompt, max_tokens, as_json)
+        return
     binary = find_perf_analyzer()
     if tool == "perf_analyzer" and binary is None:
         raise ConfigError(
@@ -153,6 +167,64 @@ def bench(
         for row in rows:
             click.echo("  ".join(cell.rjust(w) for cell, w in zip(row, widths)))
     say(f"stored in {stored}")
+
+
+def _bench_openai(
+    target: Any, tool: str, levels: list[int], requests: int, prompt: str, max_tokens: int, as_json: bool
+) -> None:
+    """``--via openai``: ftx's load generator through the OpenAI endpoint, and the endpoint's metrics per level."""
+    from ftx_triton.paths import ftx_home
+    from ftx_triton.repository.textproc import load_codec
+    from ftx_triton.server.bench import BenchResult, openai_load, store_result
+
+    if tool == "perf_analyzer":
+        raise ConfigError(
+            "perf_analyzer has no OpenAI service kind", hint="leave --tool out (or --tool builtin) with --via openai"
+        )
+    if not target.openai:
+        raise ServeError(
+            f"{target.name} has no OpenAI endpoint (started with --no-openai?)",
+            hint="restart it without --no-openai, or bench it with --via triton",
+        )
+    why = "ftx's own closed-loop load generator through the OpenAI endpoint (--via openai)"
+    result = BenchResult("builtin", why, target.model, target.openai, prompt, max_tokens)
+    say(f"bench     {target.name} ({target.model}) through {target.openai}: {why}")
+    codec = load_codec(Path(target.repository) / "preprocessing" / "1")
+    result.points = openai_load(
+        target.openai,
+        target.model,
+        prompt,
+        max_tokens,
+        levels,
+        requests,
+        count_tokens=lambda text: len(codec.encode(text, prompt=False)),
+    )
+    stored = store_result(ftx_home(), Path(target.repository), result)
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), indent=2))
+    else:
+        rows = [["CONCURRENCY", "REQ/S", "P50 MS", "TOKENS/S", "TTFT MS", "ITL MS", "REJECTED"]]
+        for p in result.points:
+            front = p.front or {}
+            rows.append(
+                [
+                    str(p.concurrency),
+                    f"{p.throughput_rps:.2f}",
+                    f"{p.latency_p50_ms:.1f}",
+                    f"{front.get('output_tokens_per_s') or 0:.1f}",
+                    _ms(front.get("ttft_avg_ms")),
+                    _ms(front.get("itl_avg_ms")),
+                    str(front.get("rejected", 0)),
+                ]
+            )
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        for row in rows:
+            click.echo("  ".join(cell.rjust(w) for cell, w in zip(row, widths)))
+    say(f"stored in {stored}")
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 commands = [bench]

@@ -8,6 +8,7 @@ this module free of another HTTP client.
 
 from __future__ import annotations
 
+import http.client
 import json
 import sys
 import urllib.error
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ftx_triton.errors import ServeError
+from ftx_triton.server.text_client import not_http
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -62,6 +64,8 @@ def _post(url: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         raise ServeError(
             f"cannot reach {url}: {getattr(exc, 'reason', exc)}", hint="is the server still running? (`ftx ps`)"
         ) from None
+    except http.client.HTTPException:
+        raise not_http(url, "pass the OpenAI address `ftx run` printed with --url http://HOST:PORT/v1") from None
     if not isinstance(answer, dict):
         raise ServeError(f"{url} answered something that is no chat completion", hint="is it an ftx endpoint?")
     return answer

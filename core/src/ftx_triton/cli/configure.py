@@ -14,10 +14,8 @@ from ftx_triton.cli.common import FtxCommand, get_host, say
 from ftx_triton.cli.options import conversion_options, repository_options, safety_options
 from ftx_triton.cli.run import run_pipeline, settings_from_options
 from ftx_triton.errors import ConfigError, OutputError
-from ftx_triton.io.atomic import publish_dir
 from ftx_triton.paths import ftx_home
 from ftx_triton.plan.settings import RunSettings
-from ftx_triton.store.artifact_store import PROVENANCE_FILE
 
 
 def check_output(output: Path) -> Path:
@@ -45,7 +43,7 @@ def precheck_source(settings: RunSettings, source: Path) -> None:
     if settings.data_type != "auto":  # else the source's dtype, checked once the pipeline knows it
         check_data_type(family, settings.data_type)
     spec = family.spec(hf_config)
-    spec.check_parallel(settings.convert.tp, settings.configure.pp)
+    spec.check_parallel(settings.convert.planned_tp, settings.configure.pp)
     tokenizer = settings.configure.tokenizer
     plan_tokenizer(tokenizer or source, family, spec, explicit=tokenizer is not None)
 
@@ -61,7 +59,9 @@ def fetched_source(settings: RunSettings) -> Path | None:
 
 def place_repository(repository: Path, output: Path) -> None:
     """Copy ``repository`` to ``output`` through a sibling temp directory and one rename."""
+    from ftx_triton.io.atomic import publish_dir
     from ftx_triton.repository.writer import verify_repository
+    from ftx_triton.store.artifact_store import PROVENANCE_FILE
 
     with publish_dir(output, lock_dir=ftx_home() / "locks") as tmp:
         for src in sorted(repository.rglob("*")):  # not copytree: it folds a full disk into one shutil.Error

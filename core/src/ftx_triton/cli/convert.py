@@ -17,8 +17,6 @@ from ftx_triton.cli.common import FtxCommand, say
 from ftx_triton.cli.options import conversion_options, safety_options
 from ftx_triton.cli.run import run_pipeline, settings_from_options
 from ftx_triton.errors import OutputError, file_system_error
-from ftx_triton.io.atomic import publish_dir
-from ftx_triton.io.ftformat import gpu_dir_name
 from ftx_triton.paths import ftx_home
 
 MARKER = "ftx-convert.json"
@@ -72,6 +70,8 @@ def convert(
     resource_check: bool,
 ) -> None:
     """Convert SOURCE to FasterTransformer's layout in OUTPUT/<tp>-gpu/."""
+    from ftx_triton.io.ftformat import gpu_dir_name  # with numpy: not at `ftx --help`
+
     target = output / gpu_dir_name(tp)
     if target.exists() and not target.is_dir():
         raise OutputError(f"{target} exists and is not a directory", hint="remove it or choose another --output")
@@ -105,6 +105,8 @@ def convert(
             f"{target} already exists and holds something else",
             hint="choose another --output, or pass --overwrite to replace it",
         )
+    from ftx_triton.io.atomic import publish_dir
+
     with publish_dir(target, replace=overwrite, lock_dir=ftx_home() / "locks") as tmp:
         files = _place(checkpoint.path, tmp)
         (tmp / MARKER).write_text(

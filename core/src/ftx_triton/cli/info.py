@@ -6,8 +6,6 @@ import json
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from ftx_triton.cli.common import FtxCommand, get_host
 
@@ -16,6 +14,9 @@ from ftx_triton.cli.common import FtxCommand, get_host
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def models(as_json: bool) -> None:
     """List model families and presets."""
+    from rich.console import Console
+    from rich.table import Table
+
     host = get_host()
     rows: list[dict[str, Any]] = []
     for family in sorted(host.families.values(), key=lambda f: f.name):
@@ -49,7 +50,11 @@ def models(as_json: bool) -> None:
 @click.option("--freeze", is_flag=True, help="Print name==version lines to pin this plugin set.")
 def plugins(as_json: bool, freeze: bool) -> None:
     """List plugins: distribution, version, hooks, families, and any load error."""
+    from rich.console import Console
+    from rich.table import Table
+
     host = get_host()
+    host.collect_families()  # each record lists its families
     records = host.records
     if freeze:
         from ftx_triton.plugins import installed_distributions

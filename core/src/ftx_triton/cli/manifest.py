@@ -26,8 +26,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from packaging.requirements import InvalidRequirement, Requirement
-
 from ftx_triton.errors import ConfigError, PluginError
 
 MANIFEST_NAME = "ftx.toml"
@@ -105,6 +103,8 @@ def find_manifest(start: Path | None = None, lock: Path | None = None) -> Manife
 
 def unmet_requirements(requires: Sequence[str]) -> list[tuple[str, str]]:
     """(requirement, what is installed) for every requirement the environment does not satisfy."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
     unmet = []
     for text in requires:
         try:
@@ -135,8 +135,9 @@ def check_requirements(manifest: Manifest) -> None:
         )
 
 
-LOCKED_SECTIONS = ("convert", "tune", "configure", "serve", "launch")
-"""Settings sections ``ftx lock`` records (every field that is set), so ``ftx run`` reproduces them."""
+LOCKED_SECTIONS = ("convert", "tune", "configure", "serve")
+"""Settings sections ``ftx lock`` records (every field that is set), so ``ftx run`` reproduces them, besides the
+options the runtimes declare (``Runtime.option_sections``)."""
 _NOT_LOCKED = frozenset({"detach"})
 
 
@@ -144,22 +145,26 @@ def locked_settings(settings: Any) -> dict[str, Any]:
     """Flat option values of a (resolved) RunSettings that shape the deployment, TOML-ready."""
     from dataclasses import fields
 
+    from ftx_triton.plan.options import OptionSection
+    from ftx_triton.plan.settings import Auto
+
     out: dict[str, Any] = {"runtime": settings.runtime}
-    for section_name in LOCKED_SECTIONS:
-        section = getattr(settings, section_name)
-        for f in fields(section):
-            value = getattr(section, f.name)
-            if value is None or f.name in _NOT_LOCKED or value == () or value == {}:
-                continue
-            if f.name == "tp" and value == 0:
-                value = "auto"  # as asked: the machine that replays the lock plans its own layout
-            elif isinstance(value, Path):
-                value = str(value)
-            elif isinstance(value, tuple):
-                value = list(value)
-            elif isinstance(value, Mapping):
-                value = {str(k): str(v) for k, v in value.items()}
-            out[f.name] = value
+    values = [
+        (f.name, getattr(getattr(settings, s), f.name)) for s in LOCKED_SECTIONS for f in fields(settings.section(s))
+    ]
+    declared = [(name, value) for name, value in settings.plugin_options if name in OptionSection.registry]
+    for name, value in [*values, *declared]:
+        if value is None or name in _NOT_LOCKED or value == () or value == {}:
+            continue
+        if isinstance(value, Auto):
+            value = str(value)  # as asked: the machine that replays the lock plans its own layout
+        elif isinstance(value, Path):
+            value = str(value)
+        elif isinstance(value, tuple):
+            value = list(value)
+        elif isinstance(value, Mapping):
+            value = {str(k): str(v) for k, v in value.items()}
+        out[name] = value
     return out
 
 
@@ -222,7 +227,7 @@ def locked_source(manifest: Manifest) -> str:
 
 def check_local_source(manifest: Manifest) -> None:
     """A locked local source must hold what it held at ``ftx lock`` time (by content)."""
-    from ftx_triton.fetching.refs import local_fingerprint
+    from ftx_triton.fetching.local_keys import local_fingerprint
     from ftx_triton.plan.settings import path_fingerprint
 
     model = manifest.model

@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
-from ftx_triton.cli.common import HELP_SECTIONS
-from ftx_triton.conversion.dtypes import WEIGHT_DTYPES
-from ftx_triton.plan.settings import STAGES
-
-F = Callable[..., Any]
+from ftx_triton.commandkit import FiniteFloatRange, options_of, section
+from ftx_triton.conversion.dtype_names import WEIGHT_DTYPE_NAMES
+from ftx_triton.plan.settings import AUTO, STAGES, SourceSettings, TuneSettings
 
 PORT = click.IntRange(1, 65535)
+"""Every TCP port option (--http-port, --grpc-port, --metrics-port, --openai-port): refused outside 1-65535."""
 
 
 class TpType(click.IntRange):
-    """``--tp``: 1-64, or ``auto`` (0 in the settings: the placement planner picks tp x pp from the GPUs here)."""
+    """``--tp``: 1-64, or ``auto`` (:data:`~ftx_triton.plan.settings.AUTO`: the chosen runtime lays the model out)."""
 
     name = "1-64|auto"
 
@@ -27,37 +24,9 @@ class TpType(click.IntRange):
         super().__init__(1, 64)
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, str) and value.strip().lower() == "auto":
-            return 0
+        if value is AUTO or (isinstance(value, str) and value.strip().lower() == "auto"):
+            return AUTO
         return super().convert(value, param, ctx)
-
-
-"""Every TCP port option (--http-port, --grpc-port, --metrics-port, --openai-port): refused outside 1-65535."""
-
-
-class FiniteFloatRange(click.FloatRange):
-    """A FloatRange that also refuses ``nan`` and ``inf`` (click's range check lets NaN through, and an
-    infinite timeout overflows the socket's)."""
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        number = super().convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
-        return number
-
-
-def section(title: str, *decorators: F) -> Callable[[F], F]:
-    """Apply click option decorators and list their options under ``title`` in --help."""
-
-    def apply(func: F) -> F:
-        before = len(getattr(func, "__click_params__", []))
-        for decorator in reversed(decorators):
-            func = decorator(func)
-        for param in getattr(func, "__click_params__", [])[before:]:
-            HELP_SECTIONS.setdefault(param.name or "", title)
-        return func
-
-    return apply
 
 
 DATA_TYPE_HELP = (
@@ -65,13 +34,8 @@ DATA_TYPE_HELP = (
     "weight dtype; the python runtime computes fp16 as fp32 on a CPU; --dry-run shows the choice)."
 )
 
-source_options = section(
-    "Source",
-    click.option("--source", help="Checkpoint to use instead of the preset's: a path, hf://org/name[@rev] or a URL."),
-    click.option("--revision", help="Branch, tag or commit of a Hugging Face source."),
-    click.option("--sha256", help="Expected sha256 of a downloaded archive or file (checked before use)."),
-    click.option("--family", help="Model family (see `ftx models`); detected from config.json when omitted."),
-)
+source_options = options_of(SourceSettings)
+"""--source, --revision, --sha256, --family: declared once on SourceSettings."""
 
 TP_HELP = "Tensor-parallel GPUs."
 TP_AUTO_HELP = (
@@ -85,11 +49,13 @@ PP_OPTION = click.option(
 )
 WEIGHT_DTYPE_OPTION = click.option(
     "--weight-dtype",
-    type=click.Choice(["auto", *WEIGHT_DTYPES]),
+    type=click.Choice(["auto", *WEIGHT_DTYPE_NAMES]),
     default="auto",
     show_default=True,
     help="Data type of the converted weight files; auto = the source's own (config.json's "
-    "torch_dtype, else the weight files'), so an fp16 checkpoint is not doubled to fp32.",
+    "torch_dtype, else the weight files'), so an fp16 checkpoint is not doubled to fp32, except that "
+    "`ftx run` on a FasterTransformer runtime converts to the compute type (an fp32 checkpoint served in "
+    "fp16 gets fp16 files).",
 )
 
 conversion_options = section(
@@ -108,11 +74,11 @@ deployment_conversion_options = section(
     WEIGHT_DTYPE_OPTION,
 )
 """The same with ``--tp auto`` as the default: ``ftx run`` and ``ftx lock``, which know the runtime (the
-pipeline resolves tp 0 through the placement planner once the model's configuration is known)."""
+pipeline asks the chosen runtime's ``layout`` once the model's configuration is known)."""
 
 repository_options = section(
     "Triton repository",
-    click.option("--data-type", type=click.Choice(list(WEIGHT_DTYPES)), help=DATA_TYPE_HELP),
+    click.option("--data-type", type=click.Choice(list(WEIGHT_DTYPE_NAMES)), help=DATA_TYPE_HELP),
     click.option(
         "--max-batch-size",
         type=click.IntRange(1, 4096),
@@ -149,6 +115,29 @@ repository_options = section(
         help="Decoupled model: one response per generated token (gRPC streaming).",
     ),
     click.option(
+        "--stream-interval",
+        type=click.IntRange(1, 4096),
+        default=1,
+        show_default=True,
+        help="With --streaming: the model sends every Nth generated token's response and the last (each "
+        "holds the whole text so far). 1 = every token, as FasterTransformer's backend does.",
+    ),
+    click.option(
+        "--max-queue-size",
+        type=click.IntRange(0, 1 << 20),
+        default=0,
+        show_default=True,
+        help="Admission control: requests the model's queue holds; one more is refused at once (the OpenAI "
+        "endpoint answers 429 with Retry-After). 0 = unbounded.",
+    ),
+    click.option(
+        "--queue-timeout-ms",
+        type=click.IntRange(0, 3_600_000),
+        default=0,
+        show_default=True,
+        help="Admission control: a request that waited this long in the model's queue is refused. 0 = no limit.",
+    ),
+    click.option(
         "--dynamic-batching/--no-dynamic-batching",
         default=True,
         show_default=True,
@@ -157,9 +146,9 @@ repository_options = section(
     click.option(
         "--custom-all-reduce/--no-custom-all-reduce",
         default=None,
-        help="FasterTransformer's own all-reduce between the GPUs of a node (it has kernels for 8 "
-        "GPUs of one node only; any other tp x pp uses NCCL either way). Default: off, for "
-        "every compute type (docs/benchmarks.md).",
+        help="FasterTransformer's own all-reduce between the GPUs of one node at tp 2, 4 or 8 with one "
+        "pipeline stage (ftx's kernels; GPUs without NVLink or PCIe peer access use NCCL, said in the "
+        "server log). Default: on for fp16 at tp 2, where it was measured faster than NCCL; off elsewhere.",
     ),
     click.option(
         "--tokenizer",
@@ -190,53 +179,8 @@ stage_options = section(
     click.option("--dry-run", is_flag=True, help="Print what would run, run nothing."),
 )
 
-docker_options = section(
-    "FasterTransformer runtime (Docker)",
-    click.option("--image", help="FasterTransformer image (default: the one `ftx image build` makes)."),
-    click.option("--gpus", help="Host GPU indices to use, e.g. 0,1,2,3 (default: the first tp x pp)."),
-    click.option("--docker-host", help="Docker daemon URL (default: DOCKER_HOST or the local socket)."),
-)
-"""Where the fastertransformer runtime runs."""
-
-serve_container_options = section(
-    "FasterTransformer runtime (Docker)",
-    click.option("--shm-size", help="Shared memory of the server container [default: 1g]."),
-    click.option(
-        "--env", multiple=True, help="KEY=VALUE for the server container (repeatable), e.g. FT_LOG_LEVEL=DEBUG."
-    ),
-    click.option(
-        "--hosts",
-        type=click.Path(exists=True, dir_okay=False),
-        help="Multi-node: a file with one host per line (GPUs per node x nodes must equal tp x pp; "
-        "the native launcher also takes a machine on several lines, one process each).",
-    ),
-    click.option(
-        "--ssh-port",
-        type=click.IntRange(1, 65535),
-        help="Multi-node: the ssh port mpirun reaches the other machines on [default: 22 natively, 2222 in Docker].",
-    ),
-)
-
-tune_options = section(
-    "GEMM tuning",
-    click.option(
-        "--tune-batch",
-        type=click.IntRange(1, 4096),
-        default=8,
-        show_default=True,
-        help="Batch size to tune for (the decoder GEMMs run at batch x beam rows).",
-    ),
-    click.option(
-        "--tune-beam", type=click.IntRange(1, 64), default=1, show_default=True, help="Beam width to tune for."
-    ),
-    click.option(
-        "--tune-max-input-len",
-        type=click.IntRange(1, 65536),
-        default=512,
-        show_default=True,
-        help="Longest prompt (tokens) to tune the context GEMMs for.",
-    ),
-)
+tune_options = options_of(TuneSettings, only=("tune_batch", "tune_beam", "tune_max_input_len"))
+"""--tune-batch, --tune-beam, --tune-max-input-len: declared once on TuneSettings."""
 
 safety_options = section(
     "Safety",
@@ -256,3 +200,19 @@ safety_options = section(
         "(FTX_HOME) or memory (estimated from the model's parameter count and dtypes).",
     ),
 )
+
+
+__all__ = [
+    "DATA_TYPE_HELP",
+    "PORT",
+    "FiniteFloatRange",
+    "TpType",
+    "conversion_options",
+    "deployment_conversion_options",
+    "repository_options",
+    "safety_options",
+    "section",
+    "source_options",
+    "stage_options",
+    "tune_options",
+]

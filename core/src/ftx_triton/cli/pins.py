@@ -12,14 +12,14 @@ import click
 from ftx_triton.cli.common import FtxCommand, get_host, say
 from ftx_triton.cli.manifest import MANIFEST_NAME, locked_settings, write_lock
 from ftx_triton.cli.options import (
-    PORT,
     deployment_conversion_options,
     repository_options,
     section,
     source_options,
     tune_options,
 )
-from ftx_triton.plan.settings import RunSettings
+from ftx_triton.commandkit import options_of
+from ftx_triton.plan.settings import RunSettings, ServeSettings
 
 
 def _requires(family: str | None, runtime: str) -> list[str]:
@@ -113,20 +113,7 @@ def _check_lockable(url: str) -> None:
     ),
 )
 @tune_options
-@section(
-    "Serving",
-    click.option("--host", default="127.0.0.1", show_default=True, help="Address the server binds to."),
-    click.option("--http-port", type=PORT, help="HTTP port."),
-    click.option("--grpc-port", type=PORT, help="gRPC port."),
-    click.option("--metrics-port", type=PORT, help="Metrics port."),
-    click.option(
-        "--device",
-        type=click.Choice(["auto", "cpu", "cuda"]),
-        default="auto",
-        show_default=True,
-        help="Python runtime device.",
-    ),
-)
+@options_of(ServeSettings, only=("host", "http_port", "grpc_port", "metrics_port", "device"))
 @click.option(
     "--output",
     "-o",
@@ -165,7 +152,7 @@ def lock(model: str, output: Path, **opts: Any) -> None:
     write_lock(output, requires, table, locked)
     say(
         f"pinned {len(requires)} distributions, {pinned}, runtime {settings.runtime}, "
-        f"tp {settings.convert.tp or 'auto'}, weights {settings.convert.weight_dtype}"
+        f"tp {settings.convert.tp}, weights {settings.convert.weight_dtype}"
     )
     click.echo(str(output))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
     from ftx_triton.server.records import ServerRecord
 
 DEPLOYMENT_FILE = "ftx-deployment.json"
+CLUSTER_ENV = "FTX_CLUSTER_DEPLOYMENT"
+"""Set by a cluster launcher's job for the servers it starts; `ftx ps` lists those through the launcher."""
 
 
 @dataclass
@@ -56,6 +59,15 @@ def _address(cmdline: list[str], kind: str, default_port: str) -> str:
     return f"{shown}:{port}"
 
 
+def _front_address(front: object, kind: str, default_port: str) -> str | None:
+    """The address a front of the supervisor's spec listens on (None without that front)."""
+    if not isinstance(front, dict):
+        return None
+    return _address(
+        [f"--{kind}-address={front.get('host', '')}", f"--{kind}-port={front.get('port', '')}"], kind, default_port
+    )
+
+
 def _tree_rss(proc: Any) -> int:
     import psutil
 
@@ -68,19 +80,30 @@ def _tree_rss(proc: Any) -> int:
     return total
 
 
-def _device(proc: Any, runtime: str) -> str:
-    """The python runtime's --device (its FTX_DEVICE); GPUs for the FasterTransformer runtime."""
+def _device(proc: Any, spec: Mapping[str, Any], record: ServerRecord | None) -> str:
+    """What the runtime said it serves on: in the detached record or the supervisor's spec (``TritonServer(device=)``),
+    else in the server's environment (``FTX_DEVICE``, as a container's tritonserver has it); ``?`` when unsaid."""
     import psutil
 
-    if runtime not in ("python", "?", ""):  # the FasterTransformer runtimes run on GPUs
-        return "gpu"
+    from ftx_triton.server.records import DEVICE_ENV
+
+    said = (record.device if record is not None else "") or spec.get("device")
+    if said:
+        return str(said)
     try:
-        device = proc.environ().get("FTX_DEVICE", "auto")
+        return str(proc.environ().get(DEVICE_ENV) or "?")
     except (psutil.AccessDenied, psutil.NoSuchProcess, OSError):
         return "?"
-    if device == "auto":
-        return "cuda" if Path("/dev/nvidia0").exists() else "cpu"
-    return device
+
+
+def _cluster_managed(proc: Any) -> bool:
+    """Whether a cluster scheduler's job started this server (``FTX_CLUSTER_DEPLOYMENT`` in its environment)."""
+    import psutil
+
+    try:
+        return bool(proc.environ().get(CLUSTER_ENV))
+    except (psutil.AccessDenied, psutil.NoSuchProcess, OSError):
+        return False
 
 
 def _deployment(repository: Path) -> dict[str, Any]:
@@ -133,6 +156,8 @@ def served_models(home: Path, servers: list[ServerRecord] | None = None) -> list
         if repo_text is None:
             continue
         repository = Path(repo_text)
+        if _cluster_managed(proc):
+            continue  # a cluster deployment's server on this node: its plugin reports it (ftx_cluster_deployments)
         supervisor, spec = _supervisor(proc)
         owner = supervisor.pid if supervisor is not None else proc.pid  # the pid ftx recorded
         if owner in found:  # another MPI rank of the same server (mpirun runs one tritonserver per rank)
@@ -144,23 +169,19 @@ def served_models(home: Path, servers: list[ServerRecord] | None = None) -> list
             continue  # another FTX_HOME's (or not ftx's) server
         deployment = _deployment(repository)
         runtime = str(deployment.get("runtime", "?"))
-        http = _address(cmdline, "http", "8000")
-        if isinstance(spec.get("front"), dict):  # clients reach tritonserver's HTTP through the supervisor's front
-            http = _address(
-                [f"--http-address={spec['front'].get('host', '')}", f"--http-port={spec['front'].get('port', '')}"],
-                "http",
-                "8000",
-            )
+        # clients reach tritonserver's HTTP and gRPC through the supervisor's fronts
+        http = _front_address(spec.get("front"), "http", "8000") or _address(cmdline, "http", "8000")
+        grpc = _front_address(spec.get("grpc_front"), "grpc", "8001") or _address(cmdline, "grpc", "8001")
         found[owner] = ServedModel(
             pid=owner,
             name=record.name if record else "(foreground)",
             model=str(deployment.get("model") or repository.name),
             runtime=runtime,
-            device=_device(proc, runtime),
+            device=_device(proc, spec, record),
             memory_bytes=_tree_rss(proc),
             uptime_s=time.time() - proc.info["create_time"],
             http=http,
-            grpc=_address(cmdline, "grpc", "8001"),
+            grpc=grpc,
             repository=str(repository),
             openai=openai.get(owner, ""),
             extra={

@@ -5,30 +5,31 @@ from __future__ import annotations
 import contextlib
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
 
 from ftx_triton.cli.common import PluginOptionsCommand, command_store, get_host, pop_plugin_options, say
 from ftx_triton.cli.options import (
-    PORT,
     TpType,
     deployment_conversion_options,
-    docker_options,
     repository_options,
     safety_options,
     section,
-    serve_container_options,
     source_options,
     stage_options,
     tune_options,
 )
-from ftx_triton.engine.pipeline import Pipeline, RunResult
+from ftx_triton.commandkit import options_of
 from ftx_triton.errors import ConfigError
 from ftx_triton.front.addresses import is_loopback
 from ftx_triton.paths import ftx_home
-from ftx_triton.plan.settings import RunSettings
+from ftx_triton.plan.settings import AUTO, RunSettings, ServeSettings, TuneSettings
+
+if TYPE_CHECKING:
+    from ftx_triton.commandkit import CommandKit
+    from ftx_triton.engine.pipeline import RunResult
 
 
 def settings_from_options(model: str, **opts: Any) -> RunSettings:
@@ -39,6 +40,7 @@ def settings_from_options(model: str, **opts: Any) -> RunSettings:
 def run_pipeline(settings: RunSettings, lock: Path | None = None) -> RunResult:
     """Check the deployment's pins, then run the pipeline over the user's FTX_HOME."""
     from ftx_triton.cli.manifest import check_requirements, find_manifest
+    from ftx_triton.engine.pipeline import Pipeline
     from ftx_triton.store.housekeeping import rotate_logs
 
     manifest = find_manifest(lock=lock)
@@ -46,6 +48,21 @@ def run_pipeline(settings: RunSettings, lock: Path | None = None) -> RunResult:
         check_requirements(manifest)
     rotate_logs(ftx_home())  # server logs do not pile up: the newest ones are kept
     return Pipeline(get_host(), command_store(), settings, say=say).run()
+
+
+def command_kit() -> CommandKit:
+    """The kit plugins' commands are built with (``ftx_register_commands``)."""
+    from ftx_triton.cli import options
+    from ftx_triton.commandkit import CommandKit
+
+    groups = {
+        "source": options.source_options,
+        "conversion": options.conversion_options,
+        "repository": options.repository_options,
+        "tune": options.tune_options,
+        "safety": options.safety_options,
+    }
+    return CommandKit(run=run_pipeline, settings=settings_from_options, options=groups)
 
 
 def model_from_manifest(model: str | None, opts: dict[str, Any], lock: Path | None = None) -> str:
@@ -67,7 +84,7 @@ def model_from_manifest(model: str | None, opts: dict[str, Any], lock: Path | No
     check_local_source(manifest)
     ctx = click.get_current_context()
     locked = {**manifest.settings, **{k: manifest.model.get(k) for k in ("revision", "family", "sha256")}}
-    params = {p.name: p for p in ctx.command.params}
+    params = {p.name: p for p in ctx.command.get_params(ctx)}  # with the runtimes' and plugins'
     if unknown := sorted(k for k in manifest.settings if k not in opts):  # opts: the deployment's options
         import difflib
 
@@ -160,7 +177,7 @@ def locked_value(ctx: click.Context, param: click.Parameter, value: Any, path: P
     if param.name == "env" and isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
         return value  # KEY = "VALUE" pairs, as `ftx lock` writes a mapping
     if isinstance(param.type, TpType) and value == "auto":
-        return 0  # tp = "auto", as `ftx lock` writes the default
+        return AUTO  # tp = "auto", as `ftx lock` writes the default
     kind = {click.types.BoolParamType: bool, click.types.IntParamType: int, click.types.FloatParamType: float}
     want: type = next((t for cls, t in kind.items() if isinstance(param.type, cls)), str)
     items = value if isinstance(value, list) and param.multiple else [value]
@@ -206,45 +223,9 @@ def _expected(param: click.Parameter) -> str:
 @repository_options
 @stage_options
 @safety_options
-@docker_options
-@serve_container_options
 @tune_options
-@section(
-    "Serving",
-    click.option("--host", default="127.0.0.1", show_default=True, help="Address the server binds to."),
-    click.option("--http-port", type=PORT, help="HTTP port (default: Triton's 8000, or a free one when taken)."),
-    click.option("--grpc-port", type=PORT, help="gRPC port (default: Triton's 8001, or a free one when taken)."),
-    click.option("--metrics-port", type=PORT, help="Metrics port (default: Triton's 8002, or a free one when taken)."),
-    click.option("--detach", is_flag=True, help="Leave the server running (see `ftx ps`, `ftx stop`)."),
-    click.option(
-        "--name",
-        callback=_check_name,
-        help="The deployment's name in `ftx ps`/`ftx stop` (letters, digits, . _ -; at most 64); "
-        "a name a running server has is refused before anything starts (default: from "
-        "MODEL, numbered -2, -3 … when taken).",
-    ),
-    click.option(
-        "--device",
-        type=click.Choice(["auto", "cpu", "cuda"]),
-        default="auto",
-        show_default=True,
-        help="Python runtime device.",
-    ),
-    click.option(
-        "--tune/--no-tune", default=True, show_default=True, help="Auto-tune GEMMs (fastertransformer runtime)."
-    ),
-    click.option(
-        "--openai/--no-openai",
-        default=True,
-        show_default=True,
-        help="Also serve an OpenAI-compatible endpoint (/v1/completions, /v1/chat/completions) in "
-        "front of the ensemble.",
-    ),
-    click.option(
-        "--openai-host", default="127.0.0.1", show_default=True, help="Address the OpenAI-compatible endpoint binds to."
-    ),
-    click.option("--openai-port", type=PORT, help="Its port (default: the first free one from 9000)."),
-)
+@options_of(ServeSettings, callbacks={"name": _check_name})
+@options_of(TuneSettings, only=("tune",))
 @section(
     "Source",
     click.option(
@@ -272,8 +253,11 @@ def run(model: str | None, prompt: str | None, max_tokens: int, lock_file: Path 
     MODEL is a preset (see `ftx models`), hf://org/name[@revision], a URL or a local path;
     omitted, it comes from ./ftx.toml or --lock FILE (see `ftx lock`).
     """
-    plugin_values = pop_plugin_options(opts)
+    from ftx_triton.terminal import timeline
+
+    timeline.step("start")  # the interpreter, imports and option parsing
     model = model_from_manifest(model, opts, lock_file)
+    plugin_values = pop_plugin_options(opts)
     settings = settings_from_options(model, plugin_options=plugin_values, **opts)
     if settings.serve.openai and (prompt is None or settings.serve.detach):  # the front starts after the server
         from ftx_triton.server.ports import check_host

@@ -13,7 +13,6 @@ import shutil
 from pathlib import Path
 
 from ftx_triton.errors import ConfigError, OutputError
-from ftx_triton.io.atomic import publish_dir
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "plugin_template"
 TEMPLATE_SLUG = "gpt2"
@@ -50,6 +49,8 @@ def new_plugin(slug: str, dest: Path) -> list[str]:
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise OutputError(f"{dest} already exists and is not empty", hint="choose another --dir, or remove it")
     dest.parent.mkdir(parents=True, exist_ok=True)
+    from ftx_triton.io.atomic import publish_dir
+
     with publish_dir(dest, locked=False) as tmp:
         for source in sorted(TEMPLATE.rglob("*")):
             rel = source.relative_to(TEMPLATE)

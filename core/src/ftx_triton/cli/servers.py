@@ -30,6 +30,7 @@ def ps_command(as_json: bool) -> None:
     Every tritonserver on this machine is listed (foreground, detached or in a container); a
     detached one has its name (`ftx stop NAME`). Records of detached servers that died are shown too.
     """
+    from ftx_triton.cli.clusters import cluster_deployments
     from ftx_triton.cli.processes import served_models
     from ftx_triton.plan.resources import human_bytes
     from ftx_triton.server.records import list_servers
@@ -38,8 +39,9 @@ def ps_command(as_json: bool) -> None:
     records = list_servers(_home())  # read once: a malformed record is reported once
     served = served_models(_home(), records)
     dead = [r for r in records if not r.alive]
+    clusters = cluster_deployments(_home())
     if as_json:
-        data = [{**s.as_dict(), "alive": True} for s in served]
+        data = [{**s.as_dict(), "alive": True} for s in served] + [d.as_dict() for d in clusters]
         data += [
             {
                 "name": r.name,
@@ -52,7 +54,7 @@ def ps_command(as_json: bool) -> None:
         ]
         click.echo(json.dumps(data, indent=2))
         return
-    if not served and not dead:
+    if not served and not dead and not clusters:
         say("no tritonserver is running")
         return
     rows = [["NAME", "STATE", "MODEL", "RUNTIME", "DEVICE", "MEMORY", "UPTIME", "HTTP", "OPENAI", "PID"]]
@@ -72,7 +74,25 @@ def ps_command(as_json: bool) -> None:
         for s in served
     ]
     rows += [[r.name, "dead", "-", "-", "-", "-", "-", "-", "-", str(r.pid)] for r in dead]
+    rows += [
+        [
+            d.name,
+            d.state,
+            d.model,
+            d.runtime,
+            d.where,
+            "-",
+            "-",
+            f"http://{d.http}" if d.http else "-",
+            d.openai or "-",
+            "-",
+        ]
+        for d in clusters
+    ]
     click.echo(_table(rows))
+    for deployment in clusters:
+        if deployment.cause:
+            say(f"{deployment.name} ({deployment.where}): {deployment.cause}")
     for record in dead:
         cause = last_exit_cause(Path(record.log_path)) if record.log_path else None
         if cause:
@@ -97,26 +117,33 @@ def _uptime(seconds: float) -> str:
 @click.argument("name", required=False)
 @click.option("--all", "all_servers", is_flag=True, help="Stop every detached server.")
 def stop_command(name: str | None, all_servers: bool) -> None:
-    """Stop a detached tritonserver (NAME, the only one running, or --all).
+    """Stop a detached tritonserver (NAME, the only one running, or --all), or a deployment on a cluster
+    (NAME as `ftx ps` lists it: its job is cancelled and its records removed).
 
     Malformed records (`ftx ps` warns about them) are removed by NAME (their file's) or --all.
     """
     if name and all_servers:
         raise click.UsageError("give a NAME or --all, not both")
+    from ftx_triton.cli.clusters import cluster_deployments
     from ftx_triton.openai_api.records import FOREGROUND_PREFIX, read_records, remove_malformed_fronts, stop_record
     from ftx_triton.server.records import remove_malformed_servers, stop_server
 
     removed = (
         remove_malformed_servers(_home(), name) + remove_malformed_fronts(_home(), name) if name or all_servers else []
     )
-    handled = stop_server(_home(), name, all_servers=all_servers, missing_ok=bool(removed))
+    clusters = [d for d in cluster_deployments(_home()) if all_servers or (name is not None and d.name == name)]
+    for deployment in clusters:  # ended on its cluster, records removed
+        click.echo(deployment.stop())
+    if clusters and not all_servers:
+        return
+    handled = stop_server(_home(), name, all_servers=all_servers, missing_ok=bool(removed) or bool(clusters))
     names = {r.name for r in handled} | ({name} if name else set())
     for front in read_records(_home()):
         if front["name"] in names or all_servers and not front["name"].startswith(FOREGROUND_PREFIX):
             stop_record(front)
     for bad in removed:
         click.echo(f"removed malformed record {bad.path} ({bad.problem})")
-    if not handled and not removed:
+    if not handled and not removed and not clusters:
         click.echo("no detached servers")
     for record in handled:
         if record.alive:

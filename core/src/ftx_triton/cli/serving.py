@@ -36,6 +36,7 @@ from ftx_triton.server.text_client import (
     sampling_values,
     text_interface,
 )
+from ftx_triton.terminal import timeline
 
 EXAMPLE_PROMPT = "Once upon a time"
 EXAMPLE_TOKENS = 16
@@ -82,6 +83,7 @@ def generate_answer(
     echo_prompt: bool = False,
     timeout_s: float = 600.0,
     on_note: Callable[[str], None] | None = None,
+    repository: Path | None = None,
 ) -> Answer:
     """Generate once through ``model``'s text interface at ``url``; the text, with the generated token ids and
     their log probabilities where the model gives them.
@@ -94,8 +96,15 @@ def generate_answer(
     ``options`` holds further roles of the text interface (``seed``, ``beam_width``, ``bad_words``).
     A decoupled (streaming) model is always read as a stream; ``stream`` against a model deployed
     without ``--streaming`` still works, and ``on_note`` is told that the text arrives whole.
+    ``repository``: the served repository, when it is on this machine; a streaming one is then read over its
+    token route (ids from the fastertransformer model over gRPC, text made here: :mod:`~ftx_triton.server.token_stream`).
     """
     values = {"prompt": prompt, **sampling_values(max_tokens, temperature, top_k, top_p), **(options or {})}
+    routed = not (values.get("logprobs") or int(values.get("beam_width") or 1) > 1)  # the route reads ids only
+    if routed and repository is not None and model == TEXT_MODEL_NAME and not url.startswith(("http://", "https://")):
+        text = _generate_tokens(url, repository, prompt, values, stream, on_text, echo_prompt, timeout_s)
+        if text is not None:
+            return Answer(text)
     call = _generate_http if url.startswith(("http://", "https://")) else _generate_grpc
     return call(
         url,
@@ -108,6 +117,53 @@ def generate_answer(
         timeout_s=timeout_s,
         on_note=on_note,
     )
+
+
+def _generate_tokens(
+    url: str,
+    repository: Path,
+    prompt: str,
+    values: dict[str, Any],
+    stream: bool,
+    on_text: Callable[[str], None] | None,
+    echo_prompt: bool,
+    timeout_s: float,
+) -> str | None:
+    """The text over a streaming repository's token route; None when it has none (the ensemble serves)."""
+    from ftx_triton.repository.textproc import RequestError
+    from ftx_triton.server.token_stream import ModelRefused, TokenRoute, stream_texts_sync
+
+    route = TokenRoute.open(repository)
+    if route is None:
+        return None
+    lead = prompt if route.io_kind == "decoder" else ""
+    printed = lead if stream or echo_prompt else ""
+    if stream and on_text and lead:
+        on_text(lead)
+    try:
+        for piece in stream_texts_sync(url, route, values, timeout_s):
+            printed += piece
+            if stream and on_text:
+                on_text(piece)
+    except (RequestError, ModelRefused) as exc:
+        raise ServeError(f"the server refused the request: {exc}") from None
+    return printed
+
+
+def repository_at(target: str) -> Path | None:
+    """The repository of the server of this FTX_HOME listening at the gRPC address ``target``, if any."""
+    from ftx_triton.cli.processes import served_models
+    from ftx_triton.server.records import list_servers
+
+    address = target.removeprefix("grpc://")
+    live = [r for r in list_servers(_home()) if r.alive]
+    for record in live:
+        if record.grpc_url == address:
+            return Path(record.repository)
+    for served in served_models(_home(), live):
+        if served.grpc == address:
+            return Path(served.repository)
+    return None
 
 
 def _not_streaming_note(model: str) -> str:
@@ -303,6 +359,7 @@ def resolve_target(model: str | None, url: str | None) -> tuple[str, str]:
     """
     if url:
         return _checked_url(url), model or TEXT_MODEL_NAME
+    from ftx_triton.cli.clusters import running_as_served
     from ftx_triton.cli.processes import served_models
     from ftx_triton.server.records import list_servers
 
@@ -312,6 +369,7 @@ def resolve_target(model: str | None, url: str | None) -> tuple[str, str]:
         for r in live
     ]
     servers += [(s.name, s.grpc, TEXT_MODEL_NAME) for s in served_models(_home(), live) if not s.extra.get("detached")]
+    servers += [(s.name, s.grpc, TEXT_MODEL_NAME) for s in running_as_served(_home())]
     named = [s for s in servers if model is not None and s[0] == model]
     if named:
         return named[0][1], named[0][2]
@@ -480,6 +538,7 @@ def generate(
             echo_prompt=True,
             timeout_s=timeout_s,
             on_note=lambda note: say(f"note: {note}"),
+            repository=repository_at(target) if triton_model == TEXT_MODEL_NAME else None,
         )
         click.echo("" if stream else answer.text)
         if logprobs:
@@ -608,6 +667,7 @@ def after_serve(deployment: Deployment, *, prompt: str | None = None, max_tokens
     try:
         if prompt is None or detach:
             deployment.start_front(detach=detach)
+            timeline.step("openai front")
         if prompt is not None:  # no "try it" block: the server stops after the answer (--detach prints it)
             stream = _decoupled(deployment.repository.path)
             text = generate_text(
@@ -618,6 +678,7 @@ def after_serve(deployment: Deployment, *, prompt: str | None = None, max_tokens
                 stream=stream,
                 on_text=_writer() if stream else None,
                 echo_prompt=True,
+                repository=deployment.repository.path,
             )
             click.echo("" if stream else text)
             if not detach:
@@ -625,6 +686,8 @@ def after_serve(deployment: Deployment, *, prompt: str | None = None, max_tokens
                 return
         if detach:
             name = deployment.detach()
+            timeline.step("detach")
+            timeline.summary()
             click.echo(describe_endpoint(deployment))
             stop_hint = deployment.server.stop_hint or f"`ftx ps` lists it, `ftx stop {name}` stops it"
             click.echo(f"\nleft running as {name!r}: {stop_hint}")

@@ -5,13 +5,12 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from ftx_triton.conversion.dtype_names import WEIGHT_DTYPE_NAMES
 from ftx_triton.errors import ConfigError
 
-WEIGHT_DTYPES: dict[str, np.dtype] = {
-    "fp32": np.dtype(np.float32),
-    "fp16": np.dtype(np.float16),
-    "bf16": np.dtype(ml_dtypes.bfloat16),
-}
+WEIGHT_DTYPES: dict[str, np.dtype] = dict(
+    zip(WEIGHT_DTYPE_NAMES, (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)), strict=True)
+)
 
 
 def numpy_dtype(name: str) -> np.dtype:

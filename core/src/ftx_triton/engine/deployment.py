@@ -76,6 +76,7 @@ class Deployment:
             host=s.openai_host,
             port=s.openai_port,
             detach=detach,
+            triton_grpc=self.endpoint.grpc_url,
         )
 
     def detach(self) -> str:

@@ -23,13 +23,16 @@ from ftx_triton.plan.artifacts import Checkpoint, Endpoint, GemmConfig, ModelRep
 from ftx_triton.plan.context import StageContext
 from ftx_triton.plan.plan import Plan
 from ftx_triton.plan.resources import Estimate
-from ftx_triton.plan.settings import STAGES, RunSettings
+from ftx_triton.plan.settings import AUTO, STAGES, RunSettings
 from ftx_triton.plugins import PluginHost
-from ftx_triton.runtime.api import DryRunPlan, Runtime
+from ftx_triton.runtime.api import DryRunPlan, Layout, Runtime
 from ftx_triton.runtime.select import choose_runtime
 from ftx_triton.store.artifact_store import ArtifactStore
+from ftx_triton.terminal import timeline
 
 log = structlog.get_logger(__name__)
+
+NO_RUNTIME_LAYOUT = "tp 1 (no runtime is chosen for a run that stops before the tune stage)"
 
 
 @dataclass
@@ -93,6 +96,7 @@ class Pipeline:
 
     def run(self) -> RunResult:
         plan = self.plan()
+        timeline.step("plan")
         result = RunResult(plan=plan, outcomes=self.stages.outcomes)
         if self.settings.dry_run:
             return self._dry_run(plan, result)
@@ -184,25 +188,29 @@ class Pipeline:
     def _resolve(self, plan: Plan, path: Path | None, *, local_source: bool) -> Plan:
         """Resolve what depends on the model's configuration: weight dtype, tp, runtime, compute type, spec,
         estimate. What an earlier resolution decided (the runtime, the estimate) is kept."""
-        from ftx_triton.plan.resources import default_weight_dtype, source_dtype
+        from ftx_triton.plan.resources import default_weight_dtype, source_dtype, weights_for_runtime
 
         family, hf_config = plan.family, dict(plan.hf_config or {})
         assert family is not None
         settings = plan.settings
         dtype = plan.source_dtype or source_dtype(family, path, hf_config)
-        if settings.convert.weight_dtype == "auto":
-            chosen = default_weight_dtype(family, dtype)
-            settings = settings.replace(weight_dtype=chosen)
-            log.info("convert.weight_dtype_chosen", weight_dtype=chosen, source_dtype=dtype)
+        auto_weights = settings.convert.weight_dtype == "auto"
+        if auto_weights:
+            settings = settings.replace(weight_dtype=default_weight_dtype(family, dtype))
         runtime, reason = plan.runtime, plan.runtime_reason
-        if runtime is None and self._wanted("tune"):  # --tp auto (0) is chosen with the runtime: probe as tp 1
-            probe = settings.replace(tp=1) if settings.convert.tp == 0 else settings
+        # chosen from convert on: the runtime decides the weight dtype (--weight-dtype auto) and --tp auto
+        if runtime is None and self._wanted("convert"):  # --tp auto is the chosen runtime's layout: probe as tp 1
+            probe = settings.replace(tp=1) if settings.convert.tp is AUTO else settings
             runtime, reason = choose_runtime(self.host.runtimes, probe, self.store)
         settings = self._resolve_parallelism(settings, family, hf_config, runtime)
         if runtime is not None and settings.configure.data_type is None:
             settings = settings.replace(data_type=runtime.default_data_type or settings.convert.weight_dtype)
+        if auto_weights:
+            chosen = weights_for_runtime(family, runtime, settings)
+            settings = settings.replace(weight_dtype=chosen)
+            log.info("convert.weight_dtype_chosen", weight_dtype=chosen, source_dtype=dtype)
         spec = family.spec(hf_config)
-        spec.check_parallel(settings.convert.tp, settings.configure.pp)
+        spec.check_parallel(settings.convert.planned_tp, settings.configure.pp)
         family.check_weight_dtype(settings.convert.weight_dtype)
         estimate = plan.estimate or self._estimate_for(
             family, spec, dtype, settings, runtime, local_source=local_source
@@ -220,15 +228,21 @@ class Pipeline:
     def _resolve_parallelism(
         self, settings: RunSettings, family: Family, hf_config: dict, runtime: Runtime | None
     ) -> RunSettings:
-        """``--tp auto`` (tp 0, ``ftx run``'s default): tp x pp and instances from the placement planner. The
-        reason is said for a layout over GPUs and in ``--dry-run`` (tp 1 on the python runtime is no news)."""
-        if settings.convert.tp != 0:
+        """``--tp auto`` (``ftx run``'s default): tp x pp and instances as the chosen runtime lays the model out
+        (``Runtime.layout``). The reason is said when the layout spreads the model and in ``--dry-run``."""
+        if settings.convert.tp is not AUTO:
             return settings
-        from ftx_triton.runtime.fastertransformer.placement import auto_layout
-
-        changes, reason = auto_layout(settings, family, hf_config, runtime)
-        if self.settings.dry_run or changes != {"tp": 1}:
-            self.say(f"place     {reason}")
+        if runtime is None:
+            layout = Layout(1, settings.configure.pp, settings.configure.instances, NO_RUNTIME_LAYOUT)
+        else:
+            layout = runtime.layout(settings, family, hf_config)
+        changes = {"tp": layout.tp, "pp": layout.pp, "instances": layout.instances}
+        if self.settings.dry_run or (layout.tp, layout.pp, layout.instances) != (
+            1,
+            settings.configure.pp,
+            settings.configure.instances,
+        ):
+            self.say(f"place     --tp auto: {layout.reason}")
         log.info("place.chosen", **changes)
         return settings.replace(**changes)
 
@@ -324,7 +338,7 @@ class Pipeline:
         s = plan.settings
         result.family, result.spec = family, spec
         self._say_resources(plan, local_source=ref.kind == "local")
-        checkpoint_dir = self.store.root / "convert" / "<key>" / gpu_dir_name(s.convert.tp)
+        checkpoint_dir = self.store.root / "convert" / "<key>" / gpu_dir_name(s.convert.planned_tp)
         repository_dir = self.store.root / "configure" / "<key>"
         self.say(f"convert   {family.name} -> {checkpoint_dir} ({s.convert.weight_dtype}, tp={s.convert.tp})")
         runtime = plan.runtime

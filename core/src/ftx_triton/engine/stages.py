@@ -38,6 +38,7 @@ from ftx_triton.plan.settings import RunSettings, section_fingerprint
 from ftx_triton.plugins import PluginHost
 from ftx_triton.runtime.api import Runtime
 from ftx_triton.store.artifact_store import Artifact, ArtifactStore, make_key
+from ftx_triton.terminal import timeline
 
 log = structlog.get_logger(__name__)
 
@@ -81,20 +82,25 @@ class Stages:
         self.say = say or (lambda text: None)
         self.outcomes: list[StageOutcome] = []
         self._last_producer: dict[str, Any] = {}
+        self._local_identity: dict[Path, str] = {}
+        """The identity of each local source's files when they were keyed (checked again after a conversion)."""
         self.before_build: Callable[[str], None] = lambda stage: None
         """Called with the stage name when a stage really builds (a cache miss), before its hook."""
 
     # -- the stages ------------------------------------------------------------------------
 
     def fetch(self, ref: SourceRef, family: Family | None, ctx: StageContext) -> Source:
-        from ftx_triton.fetching.refs import local_content_key, resolve_revision
+        from ftx_triton.fetching.local_keys import local_content_key
+        from ftx_triton.fetching.refs import resolve_revision
 
         patterns = list(family.fetch_patterns if family else Family.fetch_patterns)
         settings = section_fingerprint(ctx.settings.fetch)
         local_dir = ref.kind == "local" and Path(ref.uri).is_dir()
         inputs: dict[str, Any]
         if local_dir:  # keyed by content, not by where it lies: a copy elsewhere is the same artifact
-            revision = local_content_key(Path(ref.uri), self.store.home)
+            local = local_content_key(Path(ref.uri), self.store.home)
+            revision = local.key
+            self._local_identity[Path(ref.uri)] = local.identity
             inputs = {
                 "ref": "local",
                 "revision": revision,
@@ -140,8 +146,20 @@ class Stages:
             family,
             Checkpoint,
             ctx,
-            lambda dest: self.host.hook.ftx_convert(family=family, source=source, spec=spec, dest=dest, ctx=ctx),
+            lambda dest: self._unchanged_after(
+                source, self.host.hook.ftx_convert(family=family, source=source, spec=spec, dest=dest, ctx=ctx)
+            ),
         )
+
+    def _unchanged_after(self, source: Source, value: R) -> R:
+        """``value``, built from a local source whose files are still those its key was computed from; a
+        SourceError (nothing stored) when one was written, replaced, added or removed meanwhile."""
+        from ftx_triton.fetching.local_keys import changed_error, source_identity
+
+        keyed = self._local_identity.get(source.path)
+        if keyed is not None and source_identity(source.path) != keyed:
+            raise changed_error(source.path, "while it was converted")
+        return value
 
     def tune(self, family: Family, spec: ModelSpec, runtime: Runtime, ctx: StageContext) -> GemmConfig:
         ctx = self._context(ctx)
@@ -255,6 +273,7 @@ class Stages:
             )
         finally:
             structlog.contextvars.unbind_contextvars("stage")
+        timeline.step(stage, cached=cached)
         value = _result(result_type, artifact)
         detail = getattr(value, "reason", "") if isinstance(value, GemmConfig) and not value.tuned else ""
         if cached:

@@ -11,7 +11,8 @@ from ftx_triton.fetching.archive import is_archive, safe_extract
 from ftx_triton.fetching.http import download
 from ftx_triton.fetching.hub import download_snapshot, list_repo_files
 from ftx_triton.fetching.integrity import normalize_sha256
-from ftx_triton.fetching.refs import local_fingerprint, parse_ref, resolve_revision
+from ftx_triton.fetching.local_keys import local_content_key, local_fingerprint
+from ftx_triton.fetching.refs import parse_ref, resolve_revision
 from ftx_triton.io.hashing import sha256_file
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "download_snapshot",
     "is_archive",
     "list_repo_files",
+    "local_content_key",
     "local_fingerprint",
     "normalize_sha256",
     "parse_ref",

@@ -24,6 +24,7 @@ from ftx_triton.errors import SourceError
 from ftx_triton.fetching.archive import archive_format, supported_suffixes
 from ftx_triton.fetching.hub import check_revision, resolve_commit
 from ftx_triton.fetching.integrity import normalize_sha256
+from ftx_triton.fetching.local_keys import local_fingerprint
 from ftx_triton.plan.artifacts import SourceRef
 from ftx_triton.terminal.redact import redact_url
 
@@ -31,7 +32,6 @@ log = structlog.get_logger(__name__)
 
 _REPO_ID_RE = re.compile(r"^(?:[\w.\-]+/)?[\w.\-]+$")
 _HF_WEB_RE = re.compile(r"^https?://(?:www\.)?huggingface\.co/([\w.\-]+/[\w.\-]+)(?:/tree/([^/?#]+))?/?$")
-_SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__"}
 ACCEPTED_FORMS = (
     "hf://ORG/NAME[@REVISION]",
     "https://HOST/PATH (archive or file)",
@@ -231,63 +231,3 @@ def _http_validators(url: str, timeout_s: float = 10) -> list[str]:
         log.warning("source.head_failed", url=redact_url(url), error=str(exc))
         return []
     return [f"{name}={headers[name]}" for name in ("ETag", "Last-Modified") if headers.get(name)]
-
-
-def local_fingerprint(root: Path) -> str:
-    """A quick content fingerprint: relative names, sizes and mtime_ns of every file (VCS dirs skipped)."""
-    if not root.is_dir():
-        raise SourceError(
-            f"local source {root} is not a directory", hint="give a directory holding config.json and weights"
-        )
-    digest = hashlib.sha256()
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
-        for name in sorted(filenames):
-            path = Path(dirpath, name)
-            try:
-                st = path.stat()  # follows symlinks: HF cache snapshots link into blobs/
-            except FileNotFoundError as exc:
-                raise SourceError(f"{path} is a broken symlink", hint="fix or remove it, then run again") from exc
-            digest.update(f"{path.relative_to(root).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return f"local-{digest.hexdigest()[:40]}"
-
-
-def local_content_key(root: Path, home: Path) -> str:
-    """The key of a local checkpoint directory by what it holds: every file's relative name and sha256
-    (``content-…``), wherever the directory lies, so a copy keys as the original.
-
-    Hashing a multi-GB checkpoint on every run would cost minutes: the digest is remembered in
-    ``<home>/local-keys`` under the directory's absolute path and quick fingerprint (names, sizes, mtimes), and
-    computed again only when one of them changes.
-    """
-    import json
-
-    from ftx_triton.io.hashing import sha256_files
-    from ftx_triton.io.regular import open_regular
-
-    quick = local_fingerprint(root)
-    memo = (
-        Path(home) / "local-keys" / (hashlib.sha256(f"{root.resolve()}\0{quick}".encode()).hexdigest()[:32] + ".json")
-    )
-    try:
-        remembered = json.loads(memo.read_text())
-        if isinstance(remembered, dict) and isinstance(remembered.get("key"), str):
-            return str(remembered["key"])
-    except (OSError, ValueError):
-        pass  # not remembered (or a damaged memo of ftx's own): hashed again
-    files = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
-        files += [Path(dirpath, name) for name in sorted(filenames)]
-    for file in files:  # a named pipe would block the hash, a device never end it: refuse them by name
-        open_regular(file).close()
-    digests = sha256_files(files)
-    digest = hashlib.sha256()
-    for file in files:
-        digest.update(f"{file.relative_to(root).as_posix()}\0{digests[file]}\n".encode())
-    key = f"content-{digest.hexdigest()[:40]}"
-    memo.parent.mkdir(parents=True, exist_ok=True)
-    tmp = memo.with_name(f".{memo.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"key": key, "path": str(root.resolve())}))
-    os.replace(tmp, memo)
-    return key

@@ -18,8 +18,12 @@ its charset or validity):
   trace settings, model load/unload) to clients that are not on this machine (403): with ``--host``
   wider than loopback they would let anyone register a ``/dev/shm`` region of this host as a tensor
   (reading or overwriting it) or turn on verbose logging until the disk is full;
+* forwards only paths without dot segments or encoded separators, byte for byte, and checks them in one
+  decoded form (:mod:`.paths`): no spelling of an administrative path passes the check;
 * passes the rest through unchanged (keep-alive, streamed ``generate_stream`` answers included), the
-  body decoded, to tritonserver. gRPC and metrics go to tritonserver directly.
+  body decoded and the client's own ``Accept-Encoding``, to tritonserver; answers that call a client's
+  mistake tritonserver's own fault (or a 200) get the status they deserve (:mod:`.answers`). gRPC goes
+  through its own front (:mod:`.grpc_front`), metrics to tritonserver directly.
 """
 
 from __future__ import annotations
@@ -35,8 +39,11 @@ from typing import Any
 import aiohttp
 import numpy as np
 from aiohttp import web
+from yarl import URL
 
 from ftx_triton.front.addresses import is_loopback
+from ftx_triton.front.answers import MAX_READ_BYTES, reclassified, worth_reading
+from ftx_triton.front.paths import checked_path, forwarded_path
 from ftx_triton.front.server import Refused, read_body, refusal
 
 MAX_JSON_DEPTH = 64
@@ -207,26 +214,51 @@ class Shield:
             connector=aiohttp.TCPConnector(limit=0, force_close=False),
             auto_decompress=False,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-            skip_auto_headers=("User-Agent",),
+            # aiohttp would ask for gzip on every request: the client's own Accept-Encoding (or none) goes instead
+            skip_auto_headers=("User-Agent", "Accept-Encoding"),
         )
 
     async def _close(self, _app: web.Application) -> None:
         if self.session is not None:
             await self.session.close()
 
-    def check_admin(self, request: web.Request) -> None:
-        """Refuse an administrative request from a client on another machine."""
-        if request.method in ("GET", "HEAD") and "sharedmemory" not in request.path.lower():
+    def check_admin(self, request: web.Request, path: str) -> None:
+        """Refuse an administrative request from a client on another machine (``path``: the forwarded one)."""
+        seen = checked_path(path)
+        if request.method in ("GET", "HEAD") and "sharedmemory" not in seen.lower():
             return
-        if _ADMIN.fullmatch(request.path) and not self.trusted_peer(request.remote):
+        if _ADMIN.fullmatch(seen) and not self.trusted_peer(request.remote):
             raise Refused(
-                HTTPStatus.FORBIDDEN,
-                f"{request.path[:120]} changes the server and is served to clients on this machine only",
+                HTTPStatus.FORBIDDEN, f"{seen[:120]} changes the server and is served to clients on this machine only"
             )
+
+    async def _better_answer(
+        self, request: web.Request, path: str, upstream: aiohttp.ClientResponse
+    ) -> tuple[bytes, web.Response | None]:
+        """What was read of an answer worth classifying again (:mod:`.answers`), and the answer it deserves
+        instead (None: pass it on as it is)."""
+        seen = checked_path(path)
+        if not (
+            worth_reading(request.method, seen, upstream.status)
+            and upstream.content_type == "application/json"
+            and "Content-Encoding" not in upstream.headers
+        ):
+            return b"", None
+        head = b""
+        while len(head) <= MAX_READ_BYTES and (chunk := await upstream.content.read(MAX_READ_BYTES + 1)):
+            head += chunk
+        better = reclassified(seen, upstream.status, head) if upstream.content.at_eof() else None
+        if better is None:
+            return head, None
+        status, message = better
+        if self.on_refused is not None:
+            self.on_refused(f"{request.method} {request.path[:200]}: {upstream.status} answered {status}")
+        return head, web.json_response({"error": message}, status=status)
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
         try:
-            self.check_admin(request)
+            path = forwarded_path(request.rel_url.raw_path)
+            self.check_admin(request, path)
             body = await read_body(request)
             part = json_part(request.headers, body)
             if len(part) > _WORKER_BYTES:
@@ -242,7 +274,10 @@ class Shield:
         try:
             upstream = await self.session.request(
                 request.method,
-                self.base + request.rel_url.raw_path_qs,
+                URL(
+                    self.base + path + (f"?{query}" if (query := request.rel_url.raw_query_string) else ""),
+                    encoded=True,
+                ),
                 data=body if body or request.method in ("POST", "PUT") else None,
                 headers=headers,
                 allow_redirects=False,
@@ -252,6 +287,9 @@ class Shield:
                 {"error": f"tritonserver is not reachable: {exc}"}, status=HTTPStatus.SERVICE_UNAVAILABLE
             )
         async with upstream:
+            head, better = await self._better_answer(request, path, upstream)
+            if better is not None:
+                return better
             response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
             for key, value in upstream.headers.items():
                 if key.lower() not in _HOP_BY_HOP or key.lower() == "content-encoding":
@@ -259,6 +297,8 @@ class Shield:
             if upstream.content_length is not None:
                 response.content_length = upstream.content_length
             await response.prepare(request)
+            if head:
+                await response.write(head)
             async for chunk in upstream.content.iter_any():
                 await response.write(chunk)
             await response.write_eof()

@@ -21,6 +21,7 @@ import numpy as np
 from ftx_triton.errors import CheckpointError
 from ftx_triton.io.jsonfile import json_kind, read_json_object
 from ftx_triton.io.regular import open_regular
+from ftx_triton.io.source_tree import SKIPPED_DIRS
 
 SAFETENSORS_DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype(np.float64),
@@ -338,6 +339,12 @@ def _index_files(path: Path, index_name: str) -> list[Path]:
             raise CheckpointError(
                 f"{index_path} names shard {name!r}, {where}",
                 hint="a shard must be a file inside the checkpoint directory; " + hint,
+            )
+        if skipped := SKIPPED_DIRS.intersection(parts):
+            raise CheckpointError(
+                f"{index_path} names shard {name!r}, inside a {min(skipped)} folder "
+                "(version-control and cache folders are no part of a checkpoint)",
+                hint="keep the shards in the checkpoint's own folders; " + hint,
             )
     missing = [f for f in files if not (path / f).is_file()]
     if missing:

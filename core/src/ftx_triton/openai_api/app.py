@@ -7,7 +7,8 @@ Token counts (``usage``, ``finish_reason``) come from the repository's own token
 render in a worker process with a time limit (:class:`~.chat.TemplateWorker`). A client that leaves
 ends its request: the front cancels the handler (no further prompt is generated) and a stream's worker
 stops at its next piece. Mistakes of the client are 4xx ``invalid_request_error``; faults of the server
-or the model (a failed generation, a template that overruns its time) are 5xx ``server_error``.
+or the model (a failed generation, a template that overruns its time) are 5xx ``server_error``; every
+answer is JSON, aiohttp's own (no such route, another method) and an unforeseen fault's included.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import asyncio
 import json
 import threading
 import time
+import traceback
 import uuid
+from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,11 +30,22 @@ from aiohttp import web
 from ftx_triton.errors import FtxError
 from ftx_triton.front.server import Refused, read_body
 from ftx_triton.front.shield import lone_surrogate
+from ftx_triton.openai_api.admission import overloaded_response
 from ftx_triton.openai_api.chat import TemplateError, TemplateTimeout, TemplateWorker, chat_template, render
+from ftx_triton.openai_api.metrics import FrontMetrics, Tracked
 from ftx_triton.openai_api.params import BadRequest, Params, parse_params
+from ftx_triton.openai_api.token_generation import TokenGeneration
 from ftx_triton.repository.io import TEXT_MODEL_NAME
-from ftx_triton.repository.textproc import MAX_WORD_TOKENS
+from ftx_triton.repository.textproc import MAX_WORD_TOKENS, RequestError
 from ftx_triton.server.text_client import HttpError, HttpTriton, PieceJoiner, TextInterface, text_interface
+from ftx_triton.server.token_stream import (
+    AsyncTokenClient,
+    ModelRefused,
+    Overloaded,
+    StreamFault,
+    TokenRoute,
+    is_overload,
+)
 
 T = TypeVar("T")
 MAX_PROMPTS = 64
@@ -46,14 +60,18 @@ class ServerFault(Exception):
 
 STREAM_HEADER = "X-Ftx-Stream"
 """On a ``stream: true`` answer: ``tokens`` (the model streams) or ``whole`` (it does not: one chunk)."""
+ROUTE_HEADER = "X-Ftx-Route"
+"""On a streamed answer: ``tokens`` (ids read from the model over gRPC, detokenized here) or ``ensemble``."""
 NOT_STREAMING = (
     "this deployment answers in one piece: the model was not deployed with --streaming, so the "
     "whole text arrives as one chunk (ftx run MODEL --streaming streams token by token)"
 )
 
+
 UNREADABLE_BODY = (ValueError, UnicodeDecodeError, LookupError, RecursionError)
 """What reading a client's body as JSON raises on bad input: not JSON, bytes not in its charset, an
 unknown charset, nesting deeper than the parser recurses."""
+
 
 _DETOKENIZE_WINDOW = 6
 """Tokens before a token that its text is decoded with (a byte-level or sentencepiece token's text
@@ -68,8 +86,28 @@ class Deployment:
     model_id: str
     ensemble: str
     tokenizer_dir: Path
+    tokens: AsyncTokenClient | None = None
+    """Triton's gRPC endpoint, for the token route (None: every request goes through the ensemble)."""
+    route: TokenRoute | None = None
+    """The token route of a streaming repository this process can read (:mod:`.token_generation`)."""
+    metrics: FrontMetrics | None = None
+    """Token-level Prometheus series (``/metrics``), when the endpoint keeps them."""
     _iface: TextInterface | None = None
     _codec: Any = None
+
+    def generation(
+        self, prompt: str, values: Mapping[str, Any], stop: list[str], *, log_probs: bool = False
+    ) -> Generation | TokenGeneration | Tracked:
+        """The generation for one prompt: over the token route when there is one and no log probabilities
+        are wanted (the route reads ids only), else the ensemble; measured when the endpoint keeps metrics."""
+        generation: Generation | TokenGeneration
+        if self.tokens is not None and self.route is not None and not log_probs:
+            generation = TokenGeneration(self.tokens, self.route, prompt, values, stop)
+        else:
+            generation = Generation(self, prompt, values, stop)
+        if self.metrics is None:
+            return generation
+        return self.metrics.track(generation, self.count, lambda: self.count(prompt, prompt=True))
 
     def iface(self) -> TextInterface:
         if self._iface is None:
@@ -118,14 +156,16 @@ class Piece:
     text: str
     token_ids: list[int]
     log_probs: list[float]
+    shown: str = ""
 
 
 class Generation:
-    """One generation for one prompt: the whole text, or its pieces as they arrive.
+    """One generation for one prompt over the ``text`` ensemble: the whole text, or its pieces as they arrive.
 
-    Token ids and log probabilities come from the text model; ``has_tokens`` is False for a model
-    that gives none (a repository written before it did, or FasterTransformer streaming, whose answers
-    repeat the whole sequence): then counts are the tokenizer's count of the text.
+    Token ids and log probabilities come from the text model (``piece_tokens`` holds those of each piece
+    yielded, in order); ``has_tokens`` is False for a model that gives none (a repository written before it
+    did, or FasterTransformer streaming, whose answers repeat the whole sequence): then counts are the
+    tokenizer's count of the text.
     """
 
     def __init__(self, deployment: Deployment, prompt: str, values: Mapping[str, Any], stop: list[str]) -> None:
@@ -136,20 +176,13 @@ class Generation:
         self.text = ""
         self.token_ids: list[int] = []
         self.log_probs: list[float] = []
+        self.piece_tokens: deque[tuple[list[int], list[float]]] = deque()
         self.has_tokens = True
 
     def whole(self) -> str:
-        iface = self.deployment.iface()
-        if iface.decoupled:
-            for _piece in self.stream():
-                pass
-            return self.text
-        answer = self.deployment.triton.answer(iface, self.values)
-        text, stopped = _cut(_continuation(answer.text, self.prompt, iface), self.stop)
-        self._keep(answer.token_ids, answer.log_probs)
-        self.text = text
-        self.finish_reason = self._reason(stopped)
-        return text
+        for _piece in self.stream():
+            pass
+        return self.text
 
     def _keep(self, ids: Sequence[int] | None, probs: Sequence[float] | None) -> None:
         if ids is None:
@@ -158,11 +191,11 @@ class Generation:
         self.token_ids += ids
         self.log_probs += list(probs or [0.0] * len(ids))
 
-    def stream(self) -> Iterator[Piece]:
-        """New text as it is generated (the prompt is not repeated)."""
+    def stream(self) -> Iterator[str]:
+        """New text as it is generated (the prompt is not repeated); "" when only tokens came."""
         iface = self.deployment.iface()
         values = {**self.values, "stream": True} if iface.decoupled else self.values
-        self.has_tokens = iface.streams_pieces or not iface.decoupled
+        self.has_tokens = iface.gives_tokens
         joiner = PieceJoiner(iface, self.prompt)
         seen, stopped = "", False
         for answer in self.deployment.triton.answer_stream(iface, values):
@@ -172,13 +205,15 @@ class Generation:
                 self._keep(answer.token_ids, answer.log_probs)
             text, stopped = _cut(_continuation(seen, self.prompt, iface), self.stop)
             if len(text) > len(self.text) or len(self.token_ids) > before:
-                yield Piece(text[len(self.text) :], self.token_ids[before:], self.log_probs[before:])
-                self.text = text
+                self.piece_tokens.append((self.token_ids[before:], self.log_probs[before:]))
+                piece, self.text = text[len(self.text) :], text
+                yield piece
             if stopped:
                 break
         self.finish_reason = self._reason(stopped)
 
-    def completion_tokens(self) -> int:
+    @property
+    def tokens(self) -> int:
         """Tokens generated: the model's own ids where it gives them, else the tokenizer's count of the text."""
         return len(self.token_ids) if self.has_tokens else self.deployment.count(self.text)
 
@@ -189,7 +224,14 @@ class Generation:
         self.stopped = stopped
         if stopped:
             return "stop"
-        return "length" if self.completion_tokens() >= int(self.values["max_tokens"]) else "stop"
+        return "length" if self.tokens >= int(self.values["max_tokens"]) else "stop"
+
+    def astream(self) -> AsyncGenerator[str, None]:
+        """:meth:`stream` in a worker thread (the HTTP client is synchronous)."""
+        return _in_thread_iter(self.stream())
+
+    async def awhole(self) -> str:
+        return await asyncio.to_thread(self.whole)
 
 
 async def _in_thread_iter(gen: Iterator[T]) -> AsyncGenerator[T, None]:
@@ -297,15 +339,23 @@ class Handlers:
             )
         return params
 
-    def _generations(self, prompt: str, params: Params) -> list[Generation]:
-        return [Generation(self.d, prompt, params.for_choice(i), params.stop) for i in range(params.best_of)]
+    def _generations(self, prompt: str, params: Params) -> list[Any]:
+        scored = params.logprobs or params.best_of > params.n
+        return [
+            self.d.generation(prompt, params.for_choice(i), params.stop, log_probs=scored)
+            for i in range(params.best_of)
+        ]
 
     @staticmethod
-    def _best(generations: list[Generation], params: Params) -> list[Generation]:
+    def _base(generation: Any) -> Any:
+        """The generation a metrics wrapper measures (or the generation itself)."""
+        return generation.generation if isinstance(generation, Tracked) else generation
+
+    def _best(self, generations: list[Any], params: Params) -> list[Any]:
         """The ``n`` answered: all of them, or with best_of the n of highest mean token log probability."""
         if params.best_of == params.n:
             return generations
-        return sorted(generations, key=lambda g: g.mean_log_prob(), reverse=True)[: params.n]
+        return sorted(generations, key=lambda g: self._base(g).mean_log_prob(), reverse=True)[: params.n]
 
     def _logprobs(self, ids: Sequence[int], probs: Sequence[float], start: int, limit: int | None) -> dict[str, Any]:
         """OpenAI's completions ``logprobs`` for these tokens, the first at text offset ``start``; tokens
@@ -333,7 +383,8 @@ class Handlers:
         ]
         return {"content": content, "refusal": None}
 
-    def _choice_logprobs(self, g: Generation, start: int) -> dict[str, Any]:
+    def _choice_logprobs(self, generation: Any, start: int) -> dict[str, Any]:
+        g = self._base(generation)
         return self._logprobs(g.token_ids, g.log_probs, start, len(g.text) if g.stopped else None)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -368,15 +419,15 @@ class Handlers:
         prompt_tokens = completion_tokens = 0
         for prompt in prompts:
             generations = self._generations(prompt, params)
-            for generation in generations:
-                await asyncio.to_thread(generation.whole)
+            texts = [await g.awhole() for g in generations]
             prompt_tokens += self.d.count(prompt, prompt=True)
-            completion_tokens += sum(g.completion_tokens() for g in generations)
+            completion_tokens += sum(self._tokens(g, t) for g, t in zip(generations, texts, strict=True))
             for g in self._best(generations, params):
+                text = texts[generations.index(g)]
                 choices.append(
                     {
                         "index": len(choices),
-                        "text": (prompt + g.text) if params.echo else g.text,
+                        "text": (prompt + text) if params.echo else text,
                         "logprobs": self._choice_logprobs(g, len(prompt)) if params.logprobs else None,
                         "finish_reason": g.finish_reason,
                     }
@@ -391,6 +442,10 @@ class Handlers:
                 "usage": _usage(prompt_tokens, completion_tokens),
             }
         )
+
+    def _tokens(self, generation: Any, text: str) -> int:
+        """Tokens generated: the model's own count where the route gives it, else the tokenizer's of the text."""
+        return int(getattr(self._base(generation), "tokens", 0) or 0) or (self.d.count(text) if text else 0)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
@@ -435,18 +490,18 @@ class Handlers:
 
             return await self._sse(request, prompt, params, chunk, role=True)
         generations = self._generations(prompt, params)
-        for generation in generations:
-            await asyncio.to_thread(generation.whole)
+        texts = [await g.awhole() for g in generations]
         choices = []
         for index, g in enumerate(self._best(generations, params)):
             choice: dict[str, Any] = {
                 "index": index,
-                "message": {"role": "assistant", "content": g.text},
+                "message": {"role": "assistant", "content": texts[generations.index(g)]},
                 "finish_reason": g.finish_reason,
             }
             if params.logprobs:
                 choice["logprobs"] = self._chat_logprobs(self._choice_logprobs(g, 0))
             choices.append(choice)
+        completion = sum(self._tokens(g, t) for g, t in zip(generations, texts, strict=True))
         return web.json_response(
             {
                 "id": ident,
@@ -454,17 +509,24 @@ class Handlers:
                 "created": created,
                 "model": self.d.model_id,
                 "choices": choices,
-                "usage": _usage(self.d.count(prompt, prompt=True), sum(g.completion_tokens() for g in generations)),
+                "usage": _usage(self.d.count(prompt, prompt=True), completion),
             }
         )
 
-    def _events(self, prompt: str, params: Params) -> Iterator[tuple[int, Piece | None, Generation]]:
+    async def _events(self, prompt: str, params: Params) -> AsyncGenerator[tuple[int, Piece | None, Any], None]:
         """The pieces of the request's generations one after the other, ``(choice, piece, generation)``;
-        a ``None`` piece ends a choice."""
+        an empty first piece opens a choice, a ``None`` piece ends it."""
         for index, generation in enumerate(self._generations(prompt, params)):
-            yield index, Piece("", [], []), generation  # the choice opens
-            for piece in generation.stream():
-                yield index, piece, generation
+            yield index, Piece("", [], [], ""), generation
+            base = self._base(generation)
+            stream = generation.astream()
+            try:
+                async for text in stream:
+                    tokens = getattr(base, "piece_tokens", None)
+                    ids, probs = tokens.popleft() if tokens else ([], [])
+                    yield index, Piece(text, ids, probs, text), generation
+            finally:
+                await stream.aclose()
             yield index, None, generation
 
     async def _sse(
@@ -473,7 +535,7 @@ class Handlers:
         await asyncio.to_thread(self.d.iface)  # fail before the 200 if the ensemble cannot be read
         # the first piece too: a request the model refuses, or a server that is gone, is an HTTP error
         # status (400 / 502 from the middleware), not a 200 whose stream holds the error
-        stream = _in_thread_iter(self._events(prompt, params))
+        stream = self._events(prompt, params)
         try:
             return await self._send_events(request, prompt, params, chunk, stream, echo=echo, role=role)
         finally:
@@ -485,7 +547,7 @@ class Handlers:
         prompt: str,
         params: Params,
         chunk: Any,
-        stream: AsyncIterator[tuple[int, Piece | None, Generation]],
+        stream: AsyncIterator[tuple[int, Piece | None, Any]],
         *,
         echo: bool,
         role: bool,
@@ -493,11 +555,13 @@ class Handlers:
         opening = await anext(stream)  # the first choice opens: nothing generated yet
         second = await anext(stream)  # its first piece (or its end): a refusal is still an HTTP error here
         decoupled = self.d.iface().decoupled
+        route = self.d.route is not None and self.d.tokens is not None and not params.logprobs
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",
                 "Cache-Control": "no-cache",
                 STREAM_HEADER: "tokens" if decoupled else "whole",
+                ROUTE_HEADER: "tokens" if route else "ensemble",
             }
         )
         await response.prepare(request)
@@ -508,16 +572,15 @@ class Handlers:
             text = data if isinstance(data, str) else json.dumps(data)
             await response.write(f"data: {text}\n\n".encode())
 
-        generations: list[Generation] = []
-        positions: dict[int, int] = {}
+        texts: dict[int, str] = {}
+        generations: dict[int, Any] = {}
 
-        async def handle(index: int, piece: Piece | None, generation: Generation) -> None:
+        async def handle(index: int, piece: Piece | None, generation: Any) -> None:
             if piece is None:
                 await send(chunk(index, "", None, generation.finish_reason))
                 return
-            if index not in positions:  # the choice opens
-                generations.append(generation)
-                positions[index] = len(prompt)
+            if index not in generations:  # the choice opens
+                generations[index], texts[index] = generation, ""
                 if role:
                     head = chunk(index, "", None, None)
                     head["choices"][0]["delta"] = {"role": "assistant"}
@@ -527,8 +590,8 @@ class Handlers:
                 return
             logprobs = None
             if params.logprobs and piece.token_ids:
-                logprobs = self._logprobs(piece.token_ids, piece.log_probs, positions[index], None)
-            positions[index] += len(piece.text)
+                logprobs = self._logprobs(piece.token_ids, piece.log_probs, len(prompt) + len(texts[index]), None)
+            texts[index] += piece.text
             if piece.text or logprobs:
                 await send(chunk(index, piece.text, logprobs, None))
 
@@ -539,12 +602,12 @@ class Handlers:
                 async for event in stream:
                     await handle(*event)
                 if params.include_usage:
-                    usage = _usage(self.d.count(prompt, prompt=True), sum(g.completion_tokens() for g in generations))
+                    completion = sum(self._tokens(g, texts[i]) for i, g in generations.items())
                     last = chunk(0, "", None, None)
                     last["choices"] = []
-                    last["usage"] = usage
+                    last["usage"] = _usage(self.d.count(prompt, prompt=True), completion)
                     await send(last)
-            except (HttpError, FtxError) as exc:
+            except (HttpError, FtxError, RequestError) as exc:
                 await send({"error": {"message": str(exc), "type": "server_error", "param": None, "code": None}})
             await send("[DONE]")
             await response.write_eof()
@@ -569,7 +632,19 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return _error(exc.status, str(exc), "invalid_request_error", exc.param, exc.code)
     except ServerFault as exc:
         return _error(500, str(exc), "server_error")
+    except (RequestError, ModelRefused) as exc:  # the token route's preprocessing, or the model, refused the request
+        return _error(400, f"the model refused the request: {exc}", "invalid_request_error")
+    except Overloaded as exc:
+        return overloaded_response(exc.message)
+    except StreamFault as exc:
+        return _error(
+            500,
+            f"the model failed on this request (a fault of the server, not of the request): {exc.message}",
+            "server_error",
+        )
     except HttpError as exc:
+        if is_overload(exc.message):
+            return overloaded_response(exc.message)
         if 400 <= exc.status < 500:
             return _error(400, f"the model refused the request: {exc.message}", "invalid_request_error")
         if exc.status == 500:
@@ -583,6 +658,13 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return _error(502, f"the Triton server did not answer: {exc.message}", "server_error")
     except ConnectionResetError:  # the client left mid-request: nobody to answer, nothing worth a traceback
         return web.Response(status=400)
+    except web.HTTPException as exc:  # aiohttp's own: no such route (404), another method (405)
+        if exc.status < 400:
+            raise
+        return _error(exc.status, f"{request.method} {request.path[:200]}: {exc.reason}", "invalid_request_error")
+    except Exception as exc:  # noqa: BLE001 - a fault nobody foresaw: in the log in full, JSON to the client
+        traceback.print_exc()
+        return _error(500, f"the endpoint failed: {type(exc).__name__}: {exc}"[:500], "server_error")
 
 
 async def _health(_request: web.Request) -> web.Response:
@@ -590,10 +672,21 @@ async def _health(_request: web.Request) -> web.Response:
 
 
 def make_app(
-    triton_http: str, model_id: str, tokenizer_dir: Path, ensemble: str = TEXT_MODEL_NAME, timeout_s: float = 600.0
+    triton_http: str,
+    model_id: str,
+    tokenizer_dir: Path,
+    ensemble: str = TEXT_MODEL_NAME,
+    timeout_s: float = 600.0,
+    triton_grpc: str | None = None,
 ) -> web.Application:
-    """The application for one deployment (``triton_http`` = ``http://host:port`` of Triton)."""
+    """The application for one deployment (``triton_http`` = ``http://host:port`` of Triton; ``triton_grpc``
+    = its ``host:port`` for gRPC, which a streaming repository's token route reads ids from)."""
     deployment = Deployment(HttpTriton(triton_http, timeout_s=timeout_s), model_id, ensemble, Path(tokenizer_dir))
+    deployment.metrics = FrontMetrics()
+    if triton_grpc:
+        deployment.route = TokenRoute.open(Path(tokenizer_dir).parent.parent)  # the repository of preprocessing/1
+        if deployment.route is not None:
+            deployment.tokens = AsyncTokenClient(triton_grpc)
     handlers = Handlers(deployment)
     app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
     app.add_routes(
@@ -602,12 +695,15 @@ def make_app(
             web.post("/v1/completions", handlers.completions),
             web.post("/v1/chat/completions", handlers.chat),
             web.get("/health", _health),
+            web.get("/metrics", deployment.metrics.handler),
         ]
     )
 
     async def stop_renderer(_app: web.Application) -> None:
         if handlers.renderer is not None:
             handlers.renderer.stop()
+        if deployment.tokens is not None:
+            await deployment.tokens.close()
 
     app.on_cleanup.append(stop_renderer)
     return app

@@ -81,6 +81,7 @@ def start_openai(
     host: str = "127.0.0.1",
     port: int | None = None,
     detach: bool = False,
+    triton_grpc: str | None = None,
 ) -> OpenAIEndpoint:
     """Start the endpoint for ``repository`` served at ``triton_http``; return once it answers."""
     chosen = choose_port(host, port)
@@ -101,7 +102,11 @@ def start_openai(
         host,
         "--port",
         str(chosen),
+        "--home",
+        str(Path(home).resolve()),
     ]
+    if triton_grpc:  # a streaming model's ids are read straight from its gRPC stream (no Python model per token)
+        cmd += ["--triton-grpc", triton_grpc]
     with log_path.open("ab") as log:
         process = subprocess.Popen(
             cmd,

@@ -7,13 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
 from ftx_triton.plan.settings import RunSettings
-from ftx_triton.store.artifact_store import ArtifactStore
+from ftx_triton.terminal import lazylog
 
 if TYPE_CHECKING:
     from ftx_triton.runtime.api import Runtime
+    from ftx_triton.store.artifact_store import ArtifactStore
 
 
 @dataclass(frozen=True)
@@ -27,7 +26,7 @@ class StageContext:
     runtime: Runtime | None = None
     """The runtime chosen for this run (None before the tune stage chooses one)."""
     runtime_reason: str = ""
-    log: Any = field(default_factory=lambda: structlog.get_logger("ftx.stage"))
+    log: Any = field(default_factory=lambda: lazylog.get_logger("ftx.stage"))
     show_progress: bool = True
     say: Callable[[str], None] = field(default=lambda text: None)
     """A human line for the user (the CLI's: stderr, above progress bars); runtimes report through it."""

@@ -82,6 +82,16 @@ def default_weight_dtype(family: Any, found: str | None) -> str:
     return "fp32" if "fp32" in family.weight_dtypes else family.weight_dtypes[0]
 
 
+def weights_for_runtime(family: Any, runtime: Any, settings: Any) -> str:
+    """``--weight-dtype auto`` once the runtime is known: the compute type where the runtime casts the weights
+    to it when it loads them (FasterTransformer: an fp32 checkpoint served in fp16 converts to fp16 files, half
+    the disk, conversion and load time) and the family stores it; else the weight dtype chosen so far."""
+    compute = settings.configure.data_type
+    if runtime is not None and runtime.weights_in_compute_type and compute in family.weight_dtypes:
+        return str(compute)
+    return str(settings.convert.weight_dtype)
+
+
 def parameter_count(family: Any, spec: Any) -> int:
     """Every element of every tensor the family's table writes for ``spec``."""
     from ftx_triton.conversion.convert import ft_element_count
@@ -210,6 +220,7 @@ __all__ = [
     "ResourceError",
     "config_dtype",
     "default_weight_dtype",
+    "weights_for_runtime",
     "estimate",
     "human_bytes",
     "parameter_count",

@@ -12,11 +12,15 @@ keyed by their content, so an edit in place makes a new artifact.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar
+
+from ftx_triton.plan.options import OptionSection, S, normalise, option
 
 STAGES = ("fetch", "convert", "tune", "configure", "serve")
 
@@ -28,33 +32,87 @@ NO_TUNE_COST = (
 )
 
 
+class Auto(enum.Enum):
+    """``auto``: a choice the plan makes (``--tp auto``: the chosen runtime's layout), never a number in disguise."""
+
+    AUTO = "auto"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+AUTO = Auto.AUTO
+
+
+def is_auto(value: object) -> bool:
+    """Whether ``value`` is :data:`AUTO` (or the word ``auto``, as a file or the command line writes it)."""
+    return value is AUTO or (isinstance(value, str) and value.strip().lower() == "auto")
+
+
 @dataclass(frozen=True)
-class SourceSettings:
+class SourceSettings(OptionSection):
     """fetch: which checkpoint."""
 
-    source: str | None = None
-    revision: str | None = None
-    sha256: str | None = None
-    family: str | None = None
+    title: ClassVar[str] = "Source"
+    source: str | None = option(
+        None, help="Checkpoint to use instead of the preset's: a path, hf://org/name[@rev] or a URL."
+    )
+    revision: str | None = option(None, help="Branch, tag or commit of a Hugging Face source.")
+    sha256: str | None = option(None, help="Expected sha256 of a downloaded archive or file (checked before use).")
+    family: str | None = option(None, help="Model family (see `ftx models`); detected from config.json when omitted.")
 
 
 @dataclass(frozen=True)
 class ConvertSettings:
     """convert: the FasterTransformer files."""
 
-    tp: int = 1
-    weight_dtype: str = "fp32"
-    """``auto`` (the CLI's default) becomes the source's dtype once the pipeline has read the source."""
+    tp: int | Auto = AUTO
+    """:data:`AUTO` (the default, as ``ftx run``'s) becomes the chosen runtime's ``layout`` once the plan knows the
+    model."""
+    weight_dtype: str = "auto"
+    """``auto`` (the default, as ``ftx run``'s) becomes the source's dtype once the pipeline has read the source."""
+
+    @property
+    def planned_tp(self) -> int:
+        """tp as the plan resolved it (every stage runs after the plan: never auto there)."""
+        if isinstance(self.tp, Auto):
+            raise RuntimeError("tp is still auto: only a resolved plan's settings have a number")
+        return self.tp
+
+    @property
+    def known_tp(self) -> int | None:
+        """tp when it is a number, None while it is auto (what a runtime's cheap availability check sees)."""
+        return None if isinstance(self.tp, Auto) else self.tp
 
 
 @dataclass(frozen=True)
-class TuneSettings:
+class TuneSettings(OptionSection):
     """tune: the GEMM shapes ``gemm_config.in`` is measured for."""
 
-    tune: bool = True
-    tune_batch: int = 8
-    tune_beam: int = 1
-    tune_max_input_len: int = 512
+    title: ClassVar[str] = "GEMM tuning"
+    tune: bool = option(
+        True, help="Auto-tune GEMMs (fastertransformer runtime).", kind=bool, show_default=True, group="Serving"
+    )
+    tune_batch: int = option(
+        8,
+        help="Batch size to tune for (the decoder GEMMs run at batch x beam rows).",
+        kind=int,
+        low=1,
+        high=4096,
+        show_default=True,
+    )
+    tune_beam: int = option(1, help="Beam width to tune for.", kind=int, low=1, high=64, show_default=True)
+    tune_max_input_len: int = option(
+        512,
+        help="Longest prompt (tokens) to tune the context GEMMs for.",
+        kind=int,
+        low=1,
+        high=65536,
+        show_default=True,
+    )
 
 
 @dataclass(frozen=True)
@@ -71,43 +129,51 @@ class RepositorySettings:
     text_batching: bool = True
     """Triton's dynamic batcher in front of the preprocessing and postprocessing models."""
     streaming: bool = False
+    stream_interval: int = 1
+    """A streaming model sends every Nth step's response (and the last); 1: every step, as upstream."""
+    max_queue_size: int = 0
+    """The fastertransformer model's bounded queue (admission control); 0: unbounded, as Triton's default."""
+    queue_timeout_ms: int = 0
+    """How long a request may wait in that queue before it is refused; 0: no limit."""
     dynamic_batching: bool = True
     tokenizer: Path | None = None
     custom_all_reduce: bool | None = None
     """FasterTransformer's own all-reduce between the GPUs of one node at tp > 1 (None: ftx's default for
-    the compute type, ftx_triton.repository.model_config.CUSTOM_ALL_REDUCE)."""
+    the compute type and tp, ftx_triton.repository.model_config.CUSTOM_ALL_REDUCE)."""
+
+
+def _port(help: str) -> Any:  # noqa: A002 - click's word
+    return option(None, help=help, kind=int, low=1, high=65535)
 
 
 @dataclass(frozen=True)
-class ServeSettings:
+class ServeSettings(OptionSection):
     """serve: where and how the server listens."""
 
-    host: str = "127.0.0.1"
-    http_port: int | None = None
-    grpc_port: int | None = None
-    metrics_port: int | None = None
-    detach: bool = False
-    device: str = "auto"
-    openai: bool = True
-    """Start the OpenAI-compatible endpoint beside the server (``ftx run``)."""
-    openai_host: str = "127.0.0.1"
-    openai_port: int | None = None
-    name: str | None = None
+    title: ClassVar[str] = "Serving"
+    host: str = option("127.0.0.1", help="Address the server binds to.", show_default=True)
+    http_port: int | None = _port("HTTP port (default: Triton's 8000, or a free one when taken).")
+    grpc_port: int | None = _port("gRPC port (default: Triton's 8001, or a free one when taken).")
+    metrics_port: int | None = _port("Metrics port (default: Triton's 8002, or a free one when taken).")
+    detach: bool = option(False, help="Leave the server running (see `ftx ps`, `ftx stop`).", kind=bool, pair=False)
+    name: str | None = option(
+        None,
+        help="The deployment's name in `ftx ps`/`ftx stop` (letters, digits, . _ -; at most 64); "
+        "a name a running server has is refused before anything starts (default: from "
+        "MODEL, numbered -2, -3 … when taken).",
+    )
     """The deployment's name (``ftx ps``/``ftx stop``); None: from the model, numbered when taken."""
-
-
-@dataclass(frozen=True)
-class LaunchSettings:
-    """How a FasterTransformer launcher reaches GPUs: image, GPUs, container and node options."""
-
-    image: str | None = None
-    gpus: str | tuple[int, ...] | None = None
-    docker_host: str | None = None
-    shm_size: str | None = None
-    env: tuple[str, ...] | Mapping[str, str] = ()
-    hosts: str | None = None
-    ssh_port: int | None = None
-    ready_timeout: float | None = None
+    device: str = option("auto", help="Python runtime device.", choices=("auto", "cpu", "cuda"), show_default=True)
+    openai: bool = option(
+        True,
+        help="Also serve an OpenAI-compatible endpoint (/v1/completions, /v1/chat/completions) in "
+        "front of the ensemble.",
+        kind=bool,
+        show_default=True,
+    )
+    """Start the OpenAI-compatible endpoint beside the server (``ftx run``)."""
+    openai_host: str = option("127.0.0.1", help="Address the OpenAI-compatible endpoint binds to.", show_default=True)
+    openai_port: int | None = _port("Its port (default: the first free one from 9000).")
 
 
 SECTIONS: dict[str, type] = {
@@ -116,7 +182,6 @@ SECTIONS: dict[str, type] = {
     "tune": TuneSettings,
     "configure": RepositorySettings,
     "serve": ServeSettings,
-    "launch": LaunchSettings,
 }
 """Section attribute of :class:`RunSettings` -> its class."""
 
@@ -137,13 +202,13 @@ class RunSettings:
     runtime_origin: str | None = None
     """Where ``runtime`` came from when not from ``--runtime`` (``ftx configure's default``, ``ftx.toml``)."""
     plugin_options: tuple[tuple[str, Any], ...] = ()
-    """Values of the options plugins add to ``ftx run`` (``ftx_add_options``), as sorted (name, value) pairs."""
+    """Values of the options runtimes and plugins add to ``ftx run`` (``Runtime.option_sections``,
+    ``ftx_add_options``), as sorted (name, value) pairs; :meth:`options` reads a section of them back."""
     fetch: SourceSettings = field(default_factory=SourceSettings)
     convert: ConvertSettings = field(default_factory=ConvertSettings)
     tune: TuneSettings = field(default_factory=TuneSettings)
     configure: RepositorySettings = field(default_factory=RepositorySettings)
     serve: ServeSettings = field(default_factory=ServeSettings)
-    launch: LaunchSettings = field(default_factory=LaunchSettings)
 
     RUN_WIDE: ClassVar[tuple[str, ...]] = (
         "until",
@@ -165,17 +230,22 @@ class RunSettings:
         """A copy with the named fields changed, wherever they live; unknown names are an error."""
         run_wide: dict[str, Any] = {}
         per_section: dict[str, dict[str, Any]] = {}
+        declared: dict[str, Any] = {}
         for name, value in flat.items():
             if value is None and name not in _NULLABLE_OVERRIDES:
                 continue
             if name == "plugin_options":
-                run_wide[name] = tuple(sorted(dict(value).items()))
+                declared.update(value)
             elif name in self.RUN_WIDE:
                 run_wide[name] = frozenset(value) if name == "force" else value
             elif name in FIELD_SECTION:
                 per_section.setdefault(FIELD_SECTION[name], {})[name] = _normalise(name, value)
+            elif name in OptionSection.registry:  # an option a runtime's section declares (--image, --hosts)
+                declared[name] = normalise(value)
             else:
                 raise TypeError(f"unknown setting {name!r}")
+        if declared:
+            run_wide["plugin_options"] = tuple(sorted({**dict(self.plugin_options), **declared}.items()))
         sections = {attr: replace(getattr(self, attr), **changes) for attr, changes in per_section.items()}
         return replace(self, **run_wide, **sections)
 
@@ -183,8 +253,13 @@ class RunSettings:
         """The value of an option a plugin added to ``ftx run`` (``default`` when it was not given)."""
         return dict(self.plugin_options).get(name, default)
 
+    def options(self, section: type[S]) -> S:
+        """The values of an option section a runtime declared (``Runtime.option_sections``), typed: what was
+        given on the command line, in ``ftx.toml`` or to :meth:`of`, the section's defaults for the rest."""
+        return section.from_values(dict(self.plugin_options))
+
     def section(self, stage: str) -> Any:
-        """The settings section of ``stage`` (``fetch`` … ``serve``, or ``launch``)."""
+        """The settings section of ``stage`` (``fetch`` … ``serve``)."""
         return getattr(self, stage)
 
     @property
@@ -199,8 +274,8 @@ _NULLABLE_OVERRIDES: frozenset[str] = frozenset()
 
 
 def _normalise(name: str, value: Any) -> Any:
-    if name == "env" and isinstance(value, list):
-        return tuple(value)
+    if name == "tp" and is_auto(value):
+        return AUTO
     if name == "tokenizer" and value is not None:
         return Path(value)
     return value
@@ -226,6 +301,8 @@ def section_fingerprint(section: Any) -> dict[str, Any]:
 
 
 def _key_value(value: Any) -> Any:
+    if isinstance(value, Auto):
+        return value.value
     if isinstance(value, Path):
         return path_fingerprint(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -242,6 +319,7 @@ def path_fingerprint(path: Path) -> dict[str, Any]:
     """A path by what it holds: every file's relative name and sha256, not where it lies (a copy keys as the
     original); a missing path keys as missing, by its name."""
     from ftx_triton.io.hashing import sha256_file
+    from ftx_triton.io.source_tree import tree_files
 
     path = Path(path)
     if path.is_file():
@@ -249,22 +327,24 @@ def path_fingerprint(path: Path) -> dict[str, Any]:
     if not path.is_dir():
         return {"path": str(path), "missing": True}
     digest = hashlib.sha256()
-    for file in sorted(p for p in path.rglob("*") if p.is_file()):
-        digest.update(f"{file.relative_to(path).as_posix()}\0{sha256_file(file)}\n".encode())
+    for file in sorted(tree_files(path, skip=frozenset()), key=lambda f: f.rel.parts):  # links followed
+        digest.update(os.fsencode(file.rel.as_posix()) + f"\0{sha256_file(file.path)}\n".encode())
     return {"tree": digest.hexdigest()}
 
 
 __all__ = [
+    "AUTO",
     "FIELD_SECTION",
     "SECTIONS",
     "STAGES",
+    "Auto",
     "ConvertSettings",
-    "LaunchSettings",
     "RepositorySettings",
     "RunSettings",
     "ServeSettings",
     "SourceSettings",
     "TuneSettings",
+    "is_auto",
     "path_fingerprint",
     "section_fingerprint",
 ]

@@ -19,7 +19,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ftx_triton.conversion.family import POSITION_KEYS
 from ftx_triton.errors import ConfigError, FtxError
 from ftx_triton.io.ftformat import gpu_dir_name
-from ftx_triton.repository.io import IO_KINDS, TensorDecl, ft_outputs
+from ftx_triton.repository.io import IO_KINDS, STREAM_INTERVAL_PARAMETER, TensorDecl, ft_outputs
 
 if TYPE_CHECKING:
     from ftx_triton.conversion.family import Family
@@ -44,11 +44,12 @@ DATA_TYPES: tuple[str, ...] = ("fp32", "fp16", "bf16")
 """Every compute type the backend knows; a family narrows it to what its model type really runs."""
 
 
-CUSTOM_ALL_REDUCE: dict[str, bool] = {"fp16": False, "bf16": False, "fp32": False}
-"""Whether FasterTransformer's custom all-reduce is on by default, per compute type. Off for each: on two
-H100s (tp=2, GPT-J-6B shape) on and off measured equal within 0.5% in fp16 and bf16, since FasterTransformer
-has custom all-reduce kernels for 8 ranks of a node only and uses NCCL at any other size; the 8-GPU case is
-unmeasured (docs/benchmarks.md)."""
+CUSTOM_ALL_REDUCE: dict[tuple[str, int], bool] = {("fp16", 2): True}
+"""Whether FasterTransformer's custom all-reduce (ftx's kernels for 2, 4 and 8 GPUs of one node) is on by
+default, per (compute type, tp); off wherever not listed. On where it was measured to win: fp16 at tp 2 on
+two H100s (GPT-J-6B shape, greedy, batch 1/8/32: 1.4%/1.3%/2.6% faster than NCCL, generated ids equal;
+docs/benchmarks.md). bf16 at tp 2 passed the GPU suite with it on, but its speed is unmeasured; tp 4 and 8
+are built, not yet run."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,12 @@ class FtModelOptions:
     text_batching: bool = True
     """Dynamic batching of each text model's requests (one Python call per queued group)."""
     streaming: bool = False
+    stream_interval: int = 1
+    """A decoupled model sends every Nth step's response and the last (ftx's backend patch, the python runtime)."""
+    max_queue_size: int = 0
+    """Triton's dynamic batcher queue bound for the model: a request beyond it is refused at once (0: none)."""
+    queue_timeout_ms: int = 0
+    """A queued request that waited this long is refused (0: no limit)."""
     dynamic_batching: bool = True
     backend: str = "fastertransformer"
     data_types: tuple[str, ...] = DATA_TYPES
@@ -78,13 +85,13 @@ class FtModelOptions:
     output_dtypes: tuple[tuple[str, str], ...] = ()
     """(output, dtype) where ``model_type`` returns another dtype than its I/O kind's table."""
     custom_all_reduce: bool | None = None
-    """FasterTransformer's custom all-reduce at tp > 1; None: :data:`CUSTOM_ALL_REDUCE` for the compute type."""
+    """FasterTransformer's custom all-reduce at tp > 1; None: :data:`CUSTOM_ALL_REDUCE` for the compute type and tp."""
 
     @property
     def custom_all_reduce_on(self) -> bool:
         if self.custom_all_reduce is not None:
             return self.custom_all_reduce
-        return CUSTOM_ALL_REDUCE.get(self.data_type, False)
+        return CUSTOM_ALL_REDUCE.get((self.data_type, self.tp), False)
 
     @classmethod
     def for_family(cls, family: Family, checkpoint_path: Path, tp: int, **choices: Any) -> FtModelOptions:
@@ -111,7 +118,7 @@ class FtModelOptions:
         return cls.for_family(
             family,
             checkpoint_path,
-            settings.convert.tp,
+            settings.convert.planned_tp,
             pp=repo.pp,
             data_type=settings.data_type,
             max_batch_size=repo.max_batch_size,
@@ -119,6 +126,9 @@ class FtModelOptions:
             text_instances=repo.text_instances,
             text_batching=repo.text_batching,
             streaming=repo.streaming,
+            stream_interval=repo.stream_interval,
+            max_queue_size=repo.max_queue_size,
+            queue_timeout_ms=repo.queue_timeout_ms,
             dynamic_batching=repo.dynamic_batching,
             max_positions=positions,
             custom_all_reduce=repo.custom_all_reduce,
@@ -183,8 +193,41 @@ def check_ft_options(opts: FtModelOptions) -> None:
         raise ConfigError("the instance count must be at least 1", hint="use --instances 1 or more")
     if opts.text_instances < 1:
         raise ConfigError("the text models' instance count must be at least 1", hint="use --text-instances 1 or more")
+    check_serving_options(opts)
     if opts.backend == "fastertransformer":
         refuse_data_type(opts.model_type, opts.data_type, opts.data_types, opts.data_type_note)
+
+
+def check_serving_options(opts: FtModelOptions) -> None:
+    """The stream interval and the bounded queue need what they act on (a stream, the dynamic batcher)."""
+    if opts.stream_interval < 1:
+        raise ConfigError("the stream interval must be at least 1", hint="use --stream-interval 1 or more")
+    if opts.stream_interval > 1 and not opts.streaming:
+        raise ConfigError(
+            f"--stream-interval {opts.stream_interval} needs a streaming deployment",
+            hint="add --streaming, or leave --stream-interval out",
+        )
+    if opts.max_queue_size < 0 or opts.queue_timeout_ms < 0:
+        raise ConfigError("the queue size and timeout cannot be negative", hint="use 0 for no bound")
+    if (opts.max_queue_size or opts.queue_timeout_ms) and not opts.dynamic_batching:
+        raise ConfigError(
+            "--max-queue-size and --queue-timeout-ms bound the dynamic batcher's queue, which "
+            "--no-dynamic-batching turns off",
+            hint="leave --no-dynamic-batching out, or the queue options",
+        )
+
+
+def add_queue_policy(config: mc.ModelConfig, opts: FtModelOptions) -> None:
+    """Admission control: Triton's dynamic batcher refuses a request beyond ``max_queue_size`` at once, and one
+    that waited ``queue_timeout_ms`` in the queue, with its own error (the OpenAI endpoint answers 429)."""
+    if not (opts.max_queue_size or opts.queue_timeout_ms):
+        return
+    policy = config.dynamic_batching.default_queue_policy
+    policy.max_queue_size = opts.max_queue_size
+    if opts.queue_timeout_ms:
+        policy.timeout_action = mc.ModelQueuePolicy.TimeoutAction.REJECT
+        policy.default_timeout_microseconds = opts.queue_timeout_ms * 1000
+        policy.allow_timeout_override = True
 
 
 def _add_tensor(collection: object, decl: TensorDecl, output: bool = False) -> None:
@@ -235,6 +278,9 @@ def build_ft_model_config(opts: FtModelOptions) -> mc.ModelConfig:
     config.model_transaction_policy.decoupled = opts.streaming
     if opts.dynamic_batching:
         config.dynamic_batching.SetInParent()
+        add_queue_policy(config, opts)
+    if opts.streaming and opts.stream_interval > 1:
+        config.parameters[STREAM_INTERVAL_PARAMETER].string_value = str(opts.stream_interval)
     set_parameters(
         config,
         {

@@ -305,12 +305,20 @@ def _text(value: Any, name: str = "input") -> str:
 def csv_words(array: np.ndarray | None, name: str) -> list[list[str]]:
     """FasterTransformer's word-list strings (one CSV line of words per item, ``"Hawks, Hawks"``)
     as one list of words per item; spaces are kept, they are part of a word's tokens. A line longer
-    than :data:`MAX_WORDS` words of :data:`MAX_WORD_CHARS` characters is refused before it is split."""
+    than :data:`MAX_WORDS` words of :data:`MAX_WORD_CHARS` characters is refused before it is split; a
+    line the CSV reader refuses (a word over its 131072-character field limit, a NUL) is the request's
+    mistake too."""
     rows = strings(array, name, MAX_WORDS)
     longest = MAX_WORDS * (MAX_WORD_CHARS + 1)
     if any(len(line) > longest for row in rows for line in row):
         raise RequestError(f"{name} is longer than {MAX_WORDS} words of {MAX_WORD_CHARS} characters")
-    return [[word for line in row for fields in csv.reader([line]) for word in fields if word] for row in rows]
+    try:
+        return [[word for line in row for fields in csv.reader([line]) for word in fields if word] for row in rows]
+    except csv.Error as exc:
+        raise RequestError(
+            f"{name} is not a word list this model can read ({exc}); send words as one CSV line "
+            f"of at most {csv.field_size_limit()} characters a word"
+        ) from None
 
 
 # --------------------------------------------------------------------------- parameters

@@ -4,9 +4,11 @@ A runtime is a class registered through the ``ftx_register_runtimes`` hook, exac
 family is registered through ``ftx_register_families`` (core's own runtimes — ``python`` and
 ``fastertransformer-docker`` — are registered that way too). Core asks each runtime whether it can
 run here and why, lets ``--runtime auto`` pick the available one with the highest ``priority``, and
-then calls it for the stages that depend on it: ``tune`` (GEMM tuning), ``write_ft_model`` (its part
-of the model repository: the ``fastertransformer`` model), ``serve`` and ``stop``. ``describe`` gives
-the ``--dry-run`` lines. Core never branches on a runtime's name.
+then calls it for the stages that depend on it: ``layout`` (``--tp auto``: how the model is spread over
+devices), ``tune`` (GEMM tuning), ``write_ft_model`` (its part of the model repository: the
+``fastertransformer`` model), ``serve`` and ``stop``. ``describe`` gives the ``--dry-run`` lines. The options
+it reads are declared in ``option_sections`` (``ftx run`` gets them as options, ``ftx.toml`` as settings) and
+read back typed with ``settings.options(Section)``. Core never branches on a runtime's name.
 
 ``--runtime NAME`` selects by ``name`` or by one of ``selects_as`` (``fastertransformer`` selects
 whichever FasterTransformer launcher is available, preferring the higher ``priority``).
@@ -18,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
+
+from ftx_triton.plan.options import OptionSection
 
 if TYPE_CHECKING:
     from ftx_triton.conversion.family import Family, ModelSpec
@@ -48,6 +52,17 @@ class DryRunPlan:
     """The run's store (``store.home`` is FTX_HOME): where cached builds and working directories are."""
 
 
+@dataclass(frozen=True)
+class Layout:
+    """How a runtime spreads one model over its devices: tp ranks x pp stages, instances, and why (said as
+    ``place     --tp auto: <reason>``)."""
+
+    tp: int
+    pp: int = 1
+    instances: int = 1
+    reason: str = ""
+
+
 class Runtime:
     """Base class of every runtime. Subclasses set the class attributes and override the methods.
 
@@ -64,10 +79,16 @@ class Runtime:
     """One line for ``ftx plugins`` / ``--help``."""
     default_data_type: ClassVar[str | None] = None
     """Compute type when ``--data-type`` is not given (None: the weight dtype)."""
+    weights_in_compute_type: ClassVar[bool] = False
+    """Whether ``--weight-dtype auto`` converts to the compute type (True) rather than the source's dtype: a
+    runtime that casts the weights to the compute type when it loads them gains nothing from wider files."""
     uses_gemm_config: ClassVar[bool] = False
     """Whether ``gemm_config.in`` matters to this runtime (the tune stage asks it to tune)."""
     loads_into_host_memory: ClassVar[bool] = False
     """Whether serving holds the whole model in this machine's RAM (checked before fetching)."""
+    option_sections: ClassVar[tuple[type[OptionSection], ...]] = ()
+    """The options this runtime reads (:class:`~ftx_triton.plan.options.OptionSection` dataclasses): options of
+    ``ftx run`` and settings of ``ftx.toml``, read back with ``settings.options(Section)``."""
 
     # -- selection -------------------------------------------------------------------------
 
@@ -77,6 +98,15 @@ class Runtime:
         ``store`` is the run's (its ``home`` the user's FTX_HOME): a runtime that builds something once
         (the native backend) looks there, never at a store of its own."""
         return Availability(True, f"the {self.name} runtime is installed")
+
+    # -- the plan ---------------------------------------------------------------------------
+
+    def layout(self, settings: RunSettings, family: Family, hf_config: Mapping[str, object]) -> Layout:
+        """``--tp auto`` for this model on this runtime: tp x pp and instances (``settings`` as the user gave
+        them, with tp still auto). The default serves on one device, keeping ``--pp`` and ``--instances``."""
+        return Layout(
+            1, settings.configure.pp, settings.configure.instances, f"tp 1 (the {self.name} runtime runs on one device)"
+        )
 
     # -- stages ----------------------------------------------------------------------------
 
@@ -119,4 +149,12 @@ def runtime_names(runtimes: Sequence[Runtime]) -> list[str]:
     return names
 
 
-__all__ = ["Availability", "DryRunPlan", "Runtime", "runtime_names"]
+def option_sections(runtimes: Sequence[Runtime]) -> list[type[OptionSection]]:
+    """The option sections these runtimes declare, each once, in registration order."""
+    out: list[type[OptionSection]] = []
+    for runtime in runtimes:
+        out.extend(section for section in runtime.option_sections if section not in out)
+    return out
+
+
+__all__ = ["Availability", "DryRunPlan", "Layout", "Runtime", "option_sections", "runtime_names"]

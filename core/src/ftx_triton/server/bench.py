@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,9 @@ class Point:
     latency_p99_ms: float
     latency_avg_ms: float
     tokens_per_s: float | None = None
+    front: dict[str, Any] | None = None
+    """What the OpenAI endpoint's own metrics said over the level (``--via openai``: mean TTFT and ITL, output
+    tokens/s, completed, rejected and failed requests; ``ftx_triton.openai_api.metrics.level_figures``)."""
 
 
 @dataclass
@@ -102,6 +105,70 @@ def builtin_load(
             f"the server refused the benchmark's request: {exc.message}",
             hint="choose a --prompt and --max-tokens the model accepts (try them with `ftx generate`)",
         ) from None
+
+    def send() -> str:
+        return server.generate(iface, values) if not iface.decoupled else "".join(server.generate_stream(iface, values))
+
+    return closed_loop(send, concurrency, requests, count_tokens, prompt)
+
+
+def openai_load(
+    base: str, model: str, prompt: str, max_tokens: int, concurrency: Sequence[int], requests: int, count_tokens: Any
+) -> list[Point]:
+    """The same closed loop through the OpenAI endpoint (``base`` = ``http://host:port/v1``, streamed completions),
+    each level with what the endpoint's ``/metrics`` counted over it (:attr:`Point.front`)."""
+    import urllib.error
+    import urllib.request
+
+    from ftx_triton.openai_api.metrics import level_figures, read_metrics
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True}).encode()
+    metrics_url = base.rstrip("/").removesuffix("/v1") + "/metrics"
+
+    def send() -> str:
+        request = urllib.request.Request(
+            base.rstrip("/") + "/completions", data=body, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with opener.open(request, timeout=600) as response:
+                text = []
+                for raw in response:
+                    line = raw.decode("utf-8", "replace").strip()
+                    if line.startswith("data:") and line != "data: [DONE]":
+                        event = json.loads(line[len("data:") :])
+                        if "error" in event:
+                            raise ToolError(f"the stream sent an error: {event['error']}")
+                        text.append(str(event["choices"][0].get("text", "")))
+                return prompt + "".join(text)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 429:
+                raise Rejected from None
+            raise ToolError(f"the OpenAI endpoint answered {exc.code}: {exc.read()[:300]!r}") from None
+
+    try:
+        send()  # warm up, and find out whether the endpoint takes this request at all
+    except (ToolError, OSError) as exc:
+        raise ToolError(
+            f"the OpenAI endpoint refused the benchmark's request: {exc}",
+            hint="choose a --prompt and --max-tokens the model accepts (try them with `ftx generate`)",
+        ) from None
+    points = []
+    for c in concurrency:
+        before, began = read_metrics(metrics_url), time.perf_counter()
+        (point,) = closed_loop(send, [c], requests, count_tokens, prompt)
+        figures = level_figures(before, read_metrics(metrics_url), time.perf_counter() - began)
+        points.append(replace(point, front=figures))
+    return points
+
+
+class Rejected(Exception):
+    """A request the deployment's bounded queue refused (HTTP 429): the load goes on."""
+
+
+def closed_loop(send: Any, concurrency: Sequence[int], requests: int, count_tokens: Any, prompt: str) -> list[Point]:
+    """``c`` clients each calling ``send()`` (-> the text, starting with the prompt) back to back until
+    ``requests`` are done, per level."""
     points = []
     for c in concurrency:
         latencies: list[float] = []
@@ -124,11 +191,9 @@ def builtin_load(
                     left[0] -= 1
                 began = time.perf_counter()
                 try:
-                    text = (
-                        server.generate(iface, values)
-                        if not iface.decoupled
-                        else "".join(server.generate_stream(iface, values))
-                    )
+                    text = send()
+                except Rejected:  # the bounded queue refused it: counted by the endpoint's metrics, not a fault
+                    continue
                 except BaseException as exc:  # noqa: BLE001 - reported after the threads stop
                     with lock:
                         errors.append(exc)

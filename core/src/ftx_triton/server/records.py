@@ -92,6 +92,11 @@ def remove_records(records: list[MalformedRecord], name: str | None) -> list[Mal
     return chosen
 
 
+DEVICE_ENV = "FTX_DEVICE"
+"""The environment variable a server's processes carry their device in (a container's tritonserver has no
+supervisor spec to say it)."""
+
+
 @dataclass(frozen=True)
 class ServerRecord:
     """A detached server as written to ``<home>/servers/<name>.json``."""
@@ -109,6 +114,8 @@ class ServerRecord:
     shm_prefix: str = ""
     exit_timeout_s: int = 10
     start_ticks: int | None = None
+    device: str = ""
+    """What the runtime that started it serves on (``cpu``, ``cuda``, ``gpu``; empty: not said)."""
     state_file: str = field(default="", compare=False)
     alive: bool = field(default=True, compare=False)
 

@@ -79,6 +79,16 @@ _MPI_RANK_SIGNALED = re.compile(
 _MPI_RANK_FAILED = re.compile(r"Process name:\s+\[\[\d+,\d+\],(\d+)\]\s+Exit code:\s+(\d+)")
 """Open MPI's report of the first rank that exited non-zero."""
 LOADED = re.compile(r"successfully loaded '([^']+)'")
+_GLOG_CLOCK = re.compile(r"^[IWEF]\d{4} (\d\d):(\d\d):(\d\d(?:\.\d+)?) ")
+
+
+def log_clock(line: str) -> float | None:
+    """The seconds since midnight a tritonserver log line was written at (``I1126 16:43:18.461937 …``), or None."""
+    match = _GLOG_CLOCK.match(line)
+    if match is None:
+        return None
+    hours, minutes, seconds = match.groups()
+    return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
 
 
 def failed_models(text: str) -> dict[str, str]:

@@ -16,6 +16,7 @@ import numpy as np
 from ftx_triton.errors import ServeError
 from ftx_triton.repository.model_config import FT_MODEL_NAME
 from ftx_triton.server.tritonserver import MAX_NAME_CHARS, TritonServer
+from ftx_triton.terminal import timeline
 
 
 def server_name(model: str) -> str:
@@ -76,7 +77,9 @@ def check_generates(server: TritonServer, repository: Path, what: str) -> float:
     config = parse_config(repository / FT_MODEL_NAME / "config.pbtxt")  # it parsed before the server loaded it
     io_kind = "decoder" if "input_lengths" in {i.name for i in config.input} else "encoder-decoder"
     try:
-        return smoke_test(server.grpc_url, io_kind, config.model_transaction_policy.decoupled)
+        seconds = smoke_test(server.grpc_url, io_kind, config.model_transaction_policy.decoupled)
+        timeline.step("smoke generation")
+        return seconds
     except queue.Empty:
         server.stop()
         raise ServeError(

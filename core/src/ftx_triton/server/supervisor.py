@@ -5,20 +5,25 @@ of its own. It
 
 * starts tritonserver as its child, which gets SIGKILL should the supervisor die (PDEATHSIG), and
   adopts orphaned Python-backend stubs (it is their subreaper), so no process outlives it;
-* serves the HTTP shield (:mod:`ftx_triton.front.shield`) when asked, on the port users see;
+* serves the HTTP shield (:mod:`ftx_triton.front.shield`) and the gRPC front (:mod:`ftx_triton.front.grpc_front`,
+  a message size limit) when asked, on the ports users see;
 * gives tritonserver a stack limit (``RLIMIT_STACK``, which sets its threads' stacks) of
   :func:`stack_for` the largest body it may receive: tritonserver 2.51 copies a request body onto the
   stack of its HTTP thread, so under the usual 8 MiB a body of about 4 MiB kills it with SIGSEGV. When
   the hard limit allows less, the front's body limit shrinks to what fits (and says so);
 * watches the stubs: one that dies leaves its model "ready" while every request fails, so the
   supervisor says which one died and stops the server (exit code :data:`STUB_DIED`);
+* watches the FTX_HOME it was started from: once that directory is deleted (or replaced), the server's
+  record is gone and no ``ftx stop`` could find it, so it stops the server (exit code :data:`HOME_GONE`);
 * on SIGTERM/SIGINT/SIGHUP (``ftx stop``, Ctrl-C, or ftx dying: it gets SIGTERM then) stops
   tritonserver, kills what is left of the process tree, removes the server's shared memory and
   exits; when tritonserver dies by itself it does the same and says how it died.
 
 Every line it writes starts with ``ftx-supervisor:`` and goes to the server's log. SPEC is JSON:
 ``command``, ``shm_prefix``, ``exit_timeout_s``, optional ``front`` (``host``, ``port``,
-``upstream_port``, ``max_json_depth`` and the fields of :class:`ftx_triton.front.server.Limits`).
+``upstream_port``, ``max_json_depth`` and the fields of :class:`ftx_triton.front.server.Limits`), optional
+``grpc_front`` (``host``, ``port``, ``upstream_port``, ``max_message_bytes``), optional ``home`` (the
+directory whose removal stops the server).
 """
 
 from __future__ import annotations
@@ -39,12 +44,16 @@ from typing import Any
 
 import psutil
 
+from ftx_triton.server.home_watch import HomeWatch
+
 PREFIX = "ftx-supervisor:"
 STUB_NAME = "triton_python_backend_stub"
 SHM_DIR = Path("/dev/shm")
 STUB_DIED = 70
 """Exit code when a Python-backend stub died (the server could answer nothing that needs it)."""
 FRONT_FAILED = 71
+HOME_GONE = 72
+"""Exit code when the FTX_HOME the server was started from was deleted (its record with it)."""
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _POLL_S = 0.2
@@ -153,6 +162,8 @@ class Supervisor:
         self.stop_requested = threading.Event()
         self.triton: subprocess.Popen[bytes] | None = None
         self.front: Any = None
+        self.grpc_front: Any = None
+        self.home = HomeWatch(spec.get("home"))
         self.seen_stubs: dict[int, str] = {}
         self.exit_code = 0
 
@@ -167,6 +178,10 @@ class Supervisor:
                 return FRONT_FAILED
         elif make_room_for_bodies(DEFAULT_BODY_BYTES) < DEFAULT_BODY_BYTES:
             say("the stack limit (ulimit -s) is below what tritonserver needs for 64 MiB request bodies")
+        if self.spec.get("grpc_front") and not self._start_grpc_front():
+            if self.front is not None:
+                self.front.stop()
+            return FRONT_FAILED
         self.triton = subprocess.Popen(self.spec["command"], stdin=subprocess.DEVNULL, preexec_fn=_die_with_supervisor)  # noqa: PLW1509 - prctl/getppid/kill only
         say(f"tritonserver started (pid {self.triton.pid})")
         try:
@@ -208,6 +223,25 @@ class Supervisor:
         )
         return True
 
+    def _start_grpc_front(self) -> bool:
+        from ftx_triton.front.grpc_front import DEFAULT_MAX_MESSAGE_BYTES, GrpcFront
+
+        front = self.spec["grpc_front"]
+        host, port = front["host"], front["port"]
+        limit = int(front.get("max_message_bytes") or DEFAULT_MAX_MESSAGE_BYTES)
+        self.grpc_front = GrpcFront(host, port, front["upstream_port"], max_message_bytes=limit)
+        try:
+            self.grpc_front.start()
+        except OSError as exc:
+            self.grpc_front = None
+            say(f"failed to start GRPC service: Socket '{host}:{port}' already in use ({exc})")
+            return False
+        say(
+            f"gRPC front on {host}:{port} -> tritonserver 127.0.0.1:{front['upstream_port']} "
+            f"(messages up to {limit} bytes decompressed)"
+        )
+        return True
+
     def _watch(self) -> None:
         assert self.triton is not None
         next_check = time.monotonic() + _STUB_CHECK_S
@@ -219,6 +253,13 @@ class Supervisor:
                 return
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + _STUB_CHECK_S
+                if self.home.gone():
+                    say(
+                        f"{self.home.path} (this server's FTX_HOME) was deleted: its record went with it and no "
+                        "`ftx stop` could find the server, so it stops"
+                    )
+                    self.exit_code = HOME_GONE
+                    return
                 dead = self._dead_stub()
                 if dead:
                     say(
@@ -261,6 +302,8 @@ class Supervisor:
 
     def _shutdown(self) -> None:
         timeout = float(self.spec.get("exit_timeout_s", 10)) + 5
+        if self.grpc_front is not None:
+            self.grpc_front.stop()
         if self.front is not None:
             # first: the front's idle keep-alive connections to tritonserver count as open clients, and
             # tritonserver waits out its --exit-timeout-secs for them (every stop took 10 s more)

@@ -10,6 +10,7 @@ the gRPC path lives beside ``ftx generate``.
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import urllib.error
@@ -214,6 +215,17 @@ class HttpError(Exception):
         self.message = message
 
 
+def not_http(url: str, hint: str | None = None) -> ServeError:
+    """The error for a server at ``url`` whose answer is not HTTP/1.1 (a gRPC port answers with HTTP/2 frames)."""
+    return ServeError(
+        f"the server at {url} does not answer HTTP/1.1 (its answer has no HTTP status line): "
+        "it may be Triton's gRPC port",
+        hint=hint
+        or "pass the HTTP address `ftx run` printed with --url http://HOST:PORT "
+        "(a gRPC address goes without http://, as HOST:PORT; `ftx ps` lists both)",
+    )
+
+
 _MAX_ANSWER_BYTES = 64 << 20
 """The largest non-streamed answer read (a generated text is far smaller)."""
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # local servers: never via a proxy
@@ -254,6 +266,8 @@ class HttpTriton:
                 hint="start a server (`ftx run MODEL --detach`), check `ftx ps`, and pass the HTTP "
                 "address `ftx run` printed with --url http://HOST:PORT",
             ) from None
+        except http.client.HTTPException:
+            raise not_http(self.base) from None
 
     def _json(self, path: str, body: Mapping[str, Any] | None, kind: type) -> Any:
         """The answer to ``path`` as JSON of ``kind``; anything else is a ServeError saying this is no Triton."""

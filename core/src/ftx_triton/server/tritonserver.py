@@ -68,11 +68,14 @@ from ftx_triton.server.server_log import (
     diagnose,
     exit_cause,
     failed_models,
+    log_clock,
     log_tail,
     python_backend_models,
     read_from,
 )
 from ftx_triton.server.stub_env import stub_env
+from ftx_triton.server.supervisor import HOME_GONE
+from ftx_triton.terminal import timeline
 
 log = structlog.get_logger(__name__)
 
@@ -169,6 +172,8 @@ class TritonServer:
     be detached, so pass ``die_with_parent=False`` for servers meant to outlive ftx.
     ``http_front`` puts :mod:`ftx_triton.front.shield` on the HTTP port (bodies up to ``max_body_bytes``, other
     :class:`ftx_triton.front.server.Limits` fields in ``front_limits``);
+    ``grpc_front`` puts :mod:`ftx_triton.front.grpc_front` on the gRPC port (messages up to ``max_body_bytes``,
+    decompressed);
     ``stub_start_timeout_s``: how long a Python model may load without a stub process of its own.
     ``pid`` is the supervisor's (:mod:`ftx_triton.server.supervisor`), the leader of the server's processes.
     A ``name`` a live detached server has is refused at ``detach``, unless ``number_if_taken``
@@ -191,6 +196,7 @@ class TritonServer:
         name: str | None = None,
         die_with_parent: bool = True,
         http_front: bool = True,
+        grpc_front: bool = True,
         max_body_bytes: int | None = None,
         front_limits: Mapping[str, float] | None = None,
         stub_start_timeout_s: float = STUB_START_TIMEOUT_S,
@@ -199,6 +205,7 @@ class TritonServer:
         launcher: Sequence[str] = (),
         ports_given: bool | None = None,
         number_if_taken: bool | None = None,
+        device: str = "",
     ) -> None:
         if model_control not in MODEL_CONTROL_MODES:
             raise ServeError(
@@ -228,16 +235,21 @@ class TritonServer:
         self.name = _safe_name(name or self.repository.name)
         self.die_with_parent = die_with_parent
         self.http_front = http_front
+        self.grpc_front = grpc_front
         self.max_body_bytes = max_body_bytes
         self.front_limits = dict(front_limits or {})
         self.stub_start_timeout_s = stub_start_timeout_s
         self._internal_http_port: int | None = None
+        self._internal_grpc_port: int | None = None
         self.shm_prefix = f"{FTX_SHM_PREFIX}{secrets.token_hex(6)}-"
         self.backend_directory = Path(backend_directory) if backend_directory else None
         """Serve with this ``--backend-directory`` instead of the prepared wheel backends (python only)."""
         self.cwd = Path(cwd) if cwd else None
         """The server's working directory (default: its log folder); FasterTransformer reads gemm_config.in there."""
         self.launcher = tuple(launcher)
+        self.device = device
+        """What the runtime serves on (``cpu``, ``cuda``, ``gpu``), for ``ftx ps``: in the supervisor's spec and
+        the detached record."""
         """Put before the server's command line (``mpirun -n 2 …`` for several nodes)."""
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         self._log_path = (
@@ -246,6 +258,7 @@ class TritonServer:
             else (self.home / "triton" / "logs" / f"{self.name}-{stamp}-{self.shm_prefix[-7:-1]}.log")
         )
         self._proc: subprocess.Popen[bytes] | None = None
+        self._load_began: dict[str, float | None] = {}
         self._start_ticks: int | None = None
         self._state_file: Path | None = None
         self._started_at = ""
@@ -293,19 +306,22 @@ class TritonServer:
         return tuple(repository_models(self.repository))
 
     def command(self, backends: Path, binary: Path, repository: Path | None = None) -> list[str]:
-        """The tritonserver command line (its HTTP on the loopback behind the front, if any)."""
+        """The tritonserver command line (its HTTP and gRPC on the loopback behind the fronts, if any)."""
         if self.http_front:
             http = f"--http-address=127.0.0.1 --http-port={self._internal_http_port}".split()
         else:
             http = [f"--http-address={self.host}", f"--http-port={self.ports.http}"]
+        if self.grpc_front:
+            grpc = ["--grpc-address=127.0.0.1", f"--grpc-port={self._internal_grpc_port}"]
+        else:
+            grpc = [f"--grpc-address={self.host}", f"--grpc-port={self.ports.grpc}"]
         cmd = [
             str(binary),
             f"--model-repository={repository or self.repository}",
             f"--backend-directory={backends}",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             *http,
-            f"--grpc-address={self.host}",
-            f"--grpc-port={self.ports.grpc}",
+            *grpc,
             "--allow-metrics=true",
             f"--metrics-address={self.host}",
             f"--metrics-port={self.ports.metrics}",
@@ -357,7 +373,7 @@ class TritonServer:
                 if found and found.port_in_use and attempt < attempts:
                     log.info("server.port_retry", name=self.name, attempt=attempt, cause=found.cause)
                     self.ports = free_ports(self.host)
-                    self._internal_http_port = None
+                    self._internal_http_port = self._internal_grpc_port = None
                     self._proc, self._swept = None, False
                     continue
                 raise self._start_error(str(failure), found, text) from None
@@ -365,6 +381,7 @@ class TritonServer:
                 self._cleanup_process()
                 raise
             self._started_at = datetime.now(UTC).isoformat(timespec="seconds")
+            timeline.step("tritonserver ready", models=len(self.expected_models))
             log.info(
                 "server.started",
                 name=self.name,
@@ -383,7 +400,10 @@ class TritonServer:
             "command": triton_command,
             "shm_prefix": self.shm_prefix,
             "exit_timeout_s": self.exit_timeout_s,
+            "home": str(self.home.resolve()),
         }
+        if self.device:
+            spec["device"] = self.device
         if self.http_front:
             spec["front"] = {
                 "host": self.host,
@@ -391,6 +411,13 @@ class TritonServer:
                 "upstream_port": self._internal_http_port,
                 **self.front_limits,
                 "max_body_bytes": self.max_body_bytes,
+            }
+        if self.grpc_front:
+            spec["grpc_front"] = {
+                "host": self.host,
+                "port": self.ports.grpc,
+                "upstream_port": self._internal_grpc_port,
+                "max_message_bytes": self.max_body_bytes,
             }
         return [sys.executable, "-m", "ftx_triton.server.supervisor", json.dumps(spec)]
 
@@ -400,6 +427,8 @@ class TritonServer:
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
         if self.http_front and self._internal_http_port is None:
             self._internal_http_port = loopback_port()
+        if self.grpc_front and self._internal_grpc_port is None:
+            self._internal_grpc_port = loopback_port()
         triton = [*self.launcher, *self.command(backends, install.binary, repository)]
         cmd = self.supervisor_command(triton)
         with self._log_path.open("ab") as out:
@@ -483,8 +512,12 @@ class TritonServer:
         """Report progress from a log line; raise _StartFailure if it means the start has failed."""
         if match := LOADING.search(line):
             say(f"loading model {match.group(1)}")
+            self._load_began[match.group(1)] = log_clock(line)
         elif match := LOADED.search(line):
             say(f"loaded model {match.group(1)}")
+            began, ended = self._load_began.pop(match.group(1), None), log_clock(line)
+            if began is not None and ended is not None:  # tritonserver's own clock: no polling delay in it
+                log.info("server.model_loaded", model=match.group(1), seconds=round((ended - began) % 86400, 3))
         if MISSING_LIB.search(line) or STUB_LAUNCH.search(line):
             raise _StartFailure("a Python-backend stub could not start")
         if PORT_IN_USE.search(line) or SERVICE_FAILED.search(line):
@@ -544,8 +577,10 @@ class TritonServer:
     def exit_report(self) -> str:
         """Why the server stopped by itself, from its log: the cause (a crash signal, a dead stub, a
         model failure) and the log's last lines."""
-        text = read_from(self._log_path, 0)
         code = self._proc.returncode if self._proc else None
+        if code == HOME_GONE:
+            return f"tritonserver stopped: its FTX_HOME {self.home} was deleted (its records and logs with it)"
+        text = read_from(self._log_path, 0)
         cause = exit_cause(text) or (diagnose(text, log_path=self._log_path) or Diagnosis("", "")).cause
         head = f"tritonserver stopped by itself (supervisor exit code {code})"
         return (
@@ -587,6 +622,7 @@ class TritonServer:
             shm_prefix=self.shm_prefix,
             exit_timeout_s=self.exit_timeout_s,
             start_ticks=self._start_ticks,
+            device=self.device,
         )
         tmp = directory / f".{self.name}.{secrets.token_hex(4)}.tmp"
         tmp.write_text(record.to_json())

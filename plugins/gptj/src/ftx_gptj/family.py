@@ -13,11 +13,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ftx_triton.conversion import ops
-from ftx_triton.conversion.family import Family, ModelSpec, Preset, checked_rotary, head_size_of
-from ftx_triton.conversion.ftini import FtIni, IniSection
-from ftx_triton.conversion.tensormap import M, Skip, TensorMap
-from ftx_triton.io.checkpoint import TensorReader
+from ftx_triton.plugin_api import (
+    Family,
+    FtIni,
+    IniSection,
+    M,
+    ModelSpec,
+    Preset,
+    Skip,
+    TensorMap,
+    TensorReader,
+    checked_rotary,
+    head_size_of,
+    ops,
+)
 
 from ftx_gptj import slim
 

@@ -61,7 +61,7 @@ from typing import IO, Any
 import ml_dtypes
 import numpy as np
 import structlog
-from ftx_triton.errors import CheckpointError, ConfigError
+from ftx_triton.plugin_api import CheckpointError, ConfigError
 
 log = structlog.get_logger(__name__)
 

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ftx_triton import hookimpl
 
-from ftx_gptneox.family import GPTNeoX
+if TYPE_CHECKING:
+    from ftx_gptneox.family import GPTNeoX
 
-__all__ = ["GPTNeoX", "ftx_register_families"]
+__all__ = ["ftx_register_families"]
 
 
 @hookimpl
 def ftx_register_families() -> list[type[GPTNeoX]]:
+    from ftx_gptneox.family import GPTNeoX  # when families are asked for: `ftx --help` loads the plugin, not numpy
+
     return [GPTNeoX]

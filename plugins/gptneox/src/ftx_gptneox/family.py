@@ -25,12 +25,24 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from ftx_triton.conversion import ops
-from ftx_triton.conversion.family import Family, ModelSpec, Preset, checked_rotary, head_size_of
-from ftx_triton.conversion.ftini import FtIni, IniSection, Key
-from ftx_triton.conversion.ops import Op, OpContext, Shape
-from ftx_triton.conversion.tensormap import M, Skip, TensorMap
-from ftx_triton.errors import ConfigError
+from ftx_triton.plugin_api import (
+    ConfigError,
+    Family,
+    FtIni,
+    IniSection,
+    Key,
+    M,
+    ModelSpec,
+    Op,
+    OpContext,
+    Preset,
+    Shape,
+    Skip,
+    TensorMap,
+    checked_rotary,
+    head_size_of,
+    ops,
+)
 
 # -- ops: Hugging Face's head-interleaved fused QKV <-> FT's [q | k | v] blocks ------------------
 

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ftx_triton import hookimpl
 
-from ftx_kogpt.family import KoGPT
+if TYPE_CHECKING:
+    from ftx_kogpt.family import KoGPT
 
-__all__ = ["KoGPT", "ftx_register_families"]
+__all__ = ["ftx_register_families"]
 
 
 @hookimpl
 def ftx_register_families() -> list[type[KoGPT]]:
+    from ftx_kogpt.family import KoGPT  # when families are asked for: `ftx --help` loads the plugin, not numpy
+
     return [KoGPT]

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ftx_gptj.family import GPTJ
-from ftx_triton.conversion.family import Preset
-from ftx_triton.conversion.tokenizer_ids import reconcile_token_ids
+from ftx_triton.plugin_api import Preset, reconcile_token_ids
 
 LICENSE = "CC-BY-NC-ND-4.0"
 

@@ -22,11 +22,19 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from ftx_triton.conversion import ops
-from ftx_triton.conversion.family import Family, ModelSpec, Preset, read_config_json
-from ftx_triton.conversion.ftini import FtIni, IniSection
-from ftx_triton.conversion.tensormap import M, Skip, TensorMap
-from ftx_triton.errors import ConfigError
+from ftx_triton.plugin_api import (
+    ConfigError,
+    Family,
+    FtIni,
+    IniSection,
+    M,
+    ModelSpec,
+    Preset,
+    Skip,
+    TensorMap,
+    ops,
+    read_config_json,
+)
 
 log = structlog.get_logger(__name__)
 

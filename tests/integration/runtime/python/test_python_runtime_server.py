@@ -233,6 +233,57 @@ def test_decoupled_model_streams_one_response_per_token(sources: dict[str, tuple
     assert [final for _data, final in ids_then] == [False, True]
 
 
+def test_stream_interval_sends_every_nth_step_and_the_bounded_queue_refuses_at_once(
+    sources: dict[str, tuple[Path, Any]], tmp_path: Path
+) -> None:
+    """``ftx_stream_interval`` 3: replies at steps 3 and 6 and the final one, each holding every token so far.
+    ``max_queue_size`` 1: while one request generates and one waits, a third is refused at once with Triton's
+    own error (admission control), and the queued one is refused once it waited past ``queue_timeout_ms``."""
+    import time
+
+    name = "gptj"
+    src, ref = sources[name]
+    server = _start(
+        tmp_path, name, 1, src, ref, streaming=True, stream_interval=3, max_queue_size=1, queue_timeout_ms=200
+    )
+    no_eos = {"end_id": column(10_000, 1, np.uint32)}
+    outcome: dict[str, tuple[float, str]] = {}
+
+    def call(key: str, prompt: list[int], n: int) -> None:
+        began = time.monotonic()
+        try:
+            stream(server.grpc_url, decoder_inputs([prompt], n, **no_eos))
+            outcome[key] = (time.monotonic() - began, "ok")
+        except Exception as exc:  # noqa: BLE001 - the refusal is the result
+            outcome[key] = (time.monotonic() - began, str(exc))
+
+    try:
+        responses = stream(server.grpc_url, decoder_inputs([PROMPTS[0]], 7, **no_eos))
+        first = threading.Thread(target=call, args=("generating", PROMPTS[0], 240))
+        first.start()
+        time.sleep(0.5)  # the first request is generating now (240 steps of the tiny model take longer)
+        others = [threading.Thread(target=call, args=(k, PROMPTS[1], 4)) for k in ("second", "third")]
+        for thread in others:
+            thread.start()
+            time.sleep(0.05)
+        for thread in [first, *others]:
+            thread.join(120)
+    finally:
+        server.stop()
+    assert [final for _data, final in responses] == [False, False, True]
+    expected = hf_greedy(ref, PROMPTS[0], 7, eos_token_id=None)
+    for (data, _final), step in zip(responses, (3, 6, 7), strict=True):
+        assert _tokens(data, 0) == expected[: len(PROMPTS[0]) + step]
+    assert outcome["generating"][1] == "ok", outcome
+    refused = [outcome["second"][1], outcome["third"][1]]
+    assert any("maximum queue size" in m for m in refused), outcome
+    full = next(k for k in ("second", "third") if "maximum queue size" in outcome[k][1])
+    assert outcome[full][0] < 1.0, outcome  # fast: no wait for the generation in progress
+    queued = "third" if full == "second" else "second"
+    if outcome["generating"][0] > 0.5 + 0.2 + 1.0:  # the queued one had time to time out
+        assert "timeout" in outcome[queued][1].lower(), outcome
+
+
 def test_tensors_cross_the_stub_through_dlpack_too(sources: dict[str, tuple[Path, Any]], tmp_path: Path) -> None:
     """The DLPack exchange used under numpy 2 (where the stub's numpy bridge returns empty tensors)
     gives the same answers; FTX_TRITON_DLPACK=1 forces it here, under numpy 1."""

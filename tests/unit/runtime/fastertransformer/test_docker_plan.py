@@ -173,7 +173,7 @@ def test_no_tune_and_multi_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr("ftx_triton.runtime.fastertransformer.docker.plan.local_gpus", lambda: ())
     hosts = tmp_path / "hosts"
     hosts.write_text("node-a gpus=4\nnode-b gpus=4  # second node\n")
-    settings = RunSettings.of("gptj", tp=4, pp=2, tune=False, hosts=str(hosts))
+    settings = RunSettings.of("gptj", tp=4, pp=2, tune=False, hosts=str(hosts), weight_dtype="fp32")
     lines = describe_run(settings, GPTJ(), GPTJ().spec(GPTJ_6B), tmp_path / "c" / "4-gpu", tmp_path / "r")
     text = "\n".join(lines)
     assert "3. tune       skipped — --no-tune: FasterTransformer will use cuBLAS's default GEMM" in text

@@ -74,6 +74,19 @@ def test_gemm_fallback_is_an_error_only_when_tuned() -> None:
     assert finding is not None and finding.kind == "gemm-missing" and finding.severity == "error"
 
 
+def test_custom_all_reduce_falling_back_to_nccl_is_a_warning_naming_why() -> None:
+    scanner = LogScanner()
+    line = (
+        "[FT][WARNING] custom all-reduce is off: GPU 0 cannot access the memory of GPU 1 "
+        "(no NVLink or PCIe peer access); using NCCL"
+    )
+    finding = scanner.scan(line)
+    assert finding is not None and finding.kind == "custom-all-reduce" and finding.severity == "warning"
+    assert "GPU 0 cannot access the memory of GPU 1" in finding.message and "NCCL" in finding.message
+    assert "--no-custom-all-reduce" in finding.hint and not scanner.errors
+    assert scanner.scan("[FT][INFO] custom all-reduce on GPUs 0-1 (2 ranks, messages up to 50331648 bytes)") is None
+
+
 def test_specific_cause_beats_generic_failure_and_counts_repeats() -> None:
     scanner = LogScanner()
     scanner.scan(LINES["load-failed"])
@@ -270,7 +283,11 @@ def test_serve_plan_for_tp2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     spec = plan.spec
     assert spec.name == "ftx-gptj-gpt-j-6b-tp2pp1"
     assert plan.work_dir == tmp_path / "home" / "docker" / "work" / spec.name
-    assert spec.gpus == ("4", "5") and spec.environment == {"CUDA_VISIBLE_DEVICES": "0,1", "FT_LOG_LEVEL": "DEBUG"}
+    assert spec.gpus == ("4", "5") and spec.environment == {
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "FTX_DEVICE": "gpu",
+        "FT_LOG_LEVEL": "DEBUG",
+    }
     assert [(m.source, m.read_only) for m in spec.mounts] == [
         (str(repo), True),
         (str(ckpt), True),
@@ -288,7 +305,7 @@ def test_serve_plan_for_tp2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 def test_serve_plan_edge_cases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FTX_HOME", str(tmp_path / "home"))
     repo, ckpt = _repository(tmp_path / "a", tp=1, inside=True)
-    s = RunSettings.of("m", host="0.0.0.0")
+    s = RunSettings.of("m", host="0.0.0.0", tp=1)
     plan = plan_serve(
         repository=repo,
         checkpoints=checkpoint_dirs(repo),

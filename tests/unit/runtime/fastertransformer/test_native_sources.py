@@ -17,6 +17,7 @@ from ftx_triton.runtime.fastertransformer.native import patches as patches_mod
 from ftx_triton.runtime.fastertransformer.native.patches import (
     PATCHES,
     Edit,
+    NewFile,
     apply_patches,
     check_patches,
     patch_set_digest,
@@ -176,6 +177,23 @@ def test_patch_set_digest_changes_with_any_edit(monkeypatch: pytest.MonkeyPatch)
     assert patches_mod.PATCHES is PATCHES
 
 
+def test_a_new_file_is_written_once_and_counts_in_the_digest(tmp_path: Path) -> None:
+    new = next(e for e in PATCHES if isinstance(e, NewFile))
+    (tmp_path / new.path).parent.mkdir(parents=True)
+    assert apply_patches(tmp_path, [new]) == 1
+    assert (tmp_path / new.path).read_text() == new.text and "ftx" in new.text
+    assert check_patches(tmp_path, [new]) == [f"{new.path} is already patched ({new.why})"]
+    (tmp_path / new.path).write_text("someone else's file\n")
+    assert check_patches(tmp_path, [new]) == [f"{new.path} exists already"]
+    assert check_patches(tmp_path / "elsewhere", [new])[0].endswith(f"does not exist (for {new.path})")
+
+
+def test_the_digest_covers_a_new_files_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = patch_set_digest()
+    monkeypatch.setattr(NewFile, "text", property(lambda self: "changed"))
+    assert patch_set_digest() != before
+
+
 # --------------------------------------------------------------------------- the real upstream sources
 
 
@@ -199,12 +217,15 @@ def test_the_real_sources_match_every_pin(upstream: Path) -> None:
 
 @needs_bundle
 def test_the_patch_set_applies_to_the_real_sources_exactly_once(upstream: Path, tmp_path: Path) -> None:
-    for rel in {e.path for e in PATCHES}:  # a copy of the touched files is enough
+    for rel in {e.path for e in PATCHES if isinstance(e, Edit)}:  # a copy of the touched files is enough
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(upstream / rel, tmp_path / rel)
     assert check_patches(tmp_path) == []
     apply_patches(tmp_path)
     assert len(check_patches(tmp_path)) == len(PATCHES)  # every edit now reports "already patched"
+    kernels = tmp_path / "FasterTransformer/src/fastertransformer/kernels"
+    assert "ftx_custom_ar_kernels.cu" in (kernels / "CMakeLists.txt").read_text()
+    assert "template<typename T, int NRANKS>" in (kernels / "ftx_custom_ar_kernels.cu").read_text()
     cmake = (tmp_path / "FasterTransformer/CMakeLists.txt").read_text()
     assert 'set(CXX_STD "17"' in cmake and "if(FT_BUILD_TESTS)" in cmake and "-lnvToolsExt" not in cmake
 

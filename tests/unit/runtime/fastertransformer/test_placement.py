@@ -110,18 +110,19 @@ def test_auto_layout_for_a_fastertransformer_runtime_uses_the_gpus_given() -> No
 
     family = load_host().family("gptj")
     h100s = [Gpu(i, "NVIDIA H100 80GB HBM3", (9, 0), memory_mib=81559) for i in range(2)]
-    changes, why = auto_layout(RunSettings.of("gptj-6b", tp=0), family, _gptj_config(), _Runtime(), gpus=h100s)
-    assert changes == {"tp": 1, "pp": 1, "instances": 2} and why.startswith("--tp auto: tp 1 x pp 1")
-    only_one = RunSettings.of("gptj-6b", tp=0, gpus="1")  # --gpus narrows what the planner fills
-    changes, why = auto_layout(only_one, family, _gptj_config(), _Runtime(), gpus=h100s)
-    assert changes == {"tp": 1, "pp": 1, "instances": 1}, why
+    auto = RunSettings.of("gptj-6b", tp="auto")
+    layout = auto_layout(auto, family, _gptj_config(), _Runtime(), gpus=h100s)
+    assert (layout.tp, layout.pp, layout.instances) == (1, 1, 2) and layout.reason.startswith("tp 1 x pp 1")
+    only_one = RunSettings.of("gptj-6b", tp="auto", gpus="1")  # --gpus narrows what the planner fills
+    layout = auto_layout(only_one, family, _gptj_config(), _Runtime(), gpus=h100s)
+    assert (layout.tp, layout.pp, layout.instances) == (1, 1, 1), layout.reason
     small = [Gpu(i, "NVIDIA T4", (7, 5), memory_mib=15360) for i in range(4)]
-    changes, _ = auto_layout(RunSettings.of("gptj-6b", tp=0), family, _gptj_config(), _Runtime(), gpus=small)
-    assert changes == {"tp": 2, "pp": 1, "instances": 2}
+    layout = auto_layout(auto, family, _gptj_config(), _Runtime(), gpus=small)
+    assert (layout.tp, layout.pp, layout.instances) == (2, 1, 2)
     with pytest.raises(ConfigError, match="gptj-6b does not fit the 1 GPU"):
-        auto_layout(RunSettings.of("gptj-6b", tp=0), family, _gptj_config(), _Runtime(), gpus=small[:1])
+        auto_layout(auto, family, _gptj_config(), _Runtime(), gpus=small[:1])
     with pytest.raises(ConfigError, match="a --hosts layout needs --tp and --pp"):
-        auto_layout(RunSettings.of("gptj-6b", tp=0, hosts="hosts.txt"), family, _gptj_config(), _Runtime(), gpus=h100s)
+        auto_layout(auto.replace(hosts="hosts.txt"), family, _gptj_config(), _Runtime(), gpus=h100s)
 
 
 def test_tp_auto_on_the_command_line_says_what_it_chose(ftx_cli, tiny_gptj_dir) -> None:

@@ -794,3 +794,40 @@ def test_batch_token_budget_from_the_environment_is_checked(
     monkeypatch.setenv("FTX_MAX_BATCH_TOKENS", value)
     with pytest.raises(ConfigError, match=f"FTX_MAX_BATCH_TOKENS={value!r} is not an integer"):
         Generator.for_model(gen.model, end_id=spec.end_id, start_id=spec.start_id)
+
+
+# --------------------------------------------------------------------------- compiled decoding (static KV cache)
+
+
+def test_compiled_decoding_is_opt_in_and_for_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    from ftx_triton.errors import ConfigError
+    from ftx_triton.runtime.python.generation import COMPILE_ENV, compiled_on
+
+    monkeypatch.delenv(COMPILE_ENV, raising=False)
+    assert not compiled_on(torch.device("cuda"))  # eager unless asked: the reference of the converted files
+    monkeypatch.setenv(COMPILE_ENV, "1")
+    assert compiled_on(torch.device("cuda")) and compiled_on(torch.device("cuda", 1))
+    assert not compiled_on(torch.device("cpu"))
+    monkeypatch.setenv(COMPILE_ENV, "0")
+    assert not compiled_on(torch.device("cuda"))
+    monkeypatch.setenv(COMPILE_ENV, "yes")
+    with pytest.raises(ConfigError, match="FTX_PYTHON_COMPILE='yes' is not an integer in 0-1"):
+        compiled_on(torch.device("cuda"))
+
+
+def test_the_static_cache_path_generates_what_the_eager_one_does(gptj: Any) -> None:
+    """The compiled path's static KV cache, run eagerly here (transformers compiles only on CUDA): greedy,
+    sampled and log-prob requests give the same ids (and log probs) as the dynamic cache."""
+    _ref, gen, _spec = gptj
+    assert not gen.compiled  # CPU
+    static = replace(gen, compiled=True)
+    prompts = [list(PROMPTS[i % 3]) for i in range(4)]
+    sampled = {"runtime_top_k": column(3, 4, np.uint32), "random_seed": column(7, 4, np.uint64)}
+    for extra in ({}, sampled):
+        inputs = decoder_inputs(prompts, 6, **extra)
+        assert np.array_equal(_run(static, inputs)["output_ids"], _run(gen, inputs)["output_ids"])
+    inputs = decoder_inputs(prompts, 4, is_return_log_probs=column(True, 4, np.bool_))
+    eager, compiled = _run(gen, inputs), _run(static, inputs)
+    assert np.array_equal(compiled["output_ids"], eager["output_ids"])
+    assert np.allclose(compiled["output_log_probs"], eager["output_log_probs"], atol=1e-4)

@@ -10,17 +10,17 @@ after :func:`~ftx_triton.repository.writer.write_repository` has parsed everythi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ftx_triton
 from ftx_triton import hookimpl
-from ftx_triton.conversion.family import Family, ModelSpec
 from ftx_triton.errors import ConfigError
 from ftx_triton.plan.artifacts import Checkpoint, GemmConfig, ModelRepository, Source
 from ftx_triton.plan.context import StageContext
-from ftx_triton.repository.model_config import FtModelOptions, check_data_type
-from ftx_triton.repository.writer import plan_repository, write_repository
 from ftx_triton.runtime.api import Runtime
+
+if TYPE_CHECKING:
+    from ftx_triton.conversion.family import Family, ModelSpec
 
 
 def deployment_info(
@@ -59,9 +59,12 @@ def ftx_configure(
     ctx: StageContext,
     runtime: Runtime,
 ) -> ModelRepository:
+    from ftx_triton.repository.model_config import FtModelOptions, check_data_type
+    from ftx_triton.repository.writer import plan_repository, write_repository
+
     s = ctx.settings
     check_data_type(family, s.data_type)
-    tp = s.convert.tp
+    tp = s.convert.planned_tp
     if checkpoint.tensor_parallel != tp:
         raise ConfigError(
             f"the converted checkpoint {checkpoint.path} is for tp {checkpoint.tensor_parallel}, "

@@ -6,18 +6,20 @@ import contextlib
 import fnmatch
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
-import structlog
-
 from ftx_triton import hookimpl
-from ftx_triton.conversion.family import Family
 from ftx_triton.errors import SourceError
 from ftx_triton.plan.artifacts import Source, SourceRef
 from ftx_triton.plan.context import StageContext
+from ftx_triton.terminal import lazylog
 
-log = structlog.get_logger(__name__)
+if TYPE_CHECKING:
+    from ftx_triton.conversion.family import Family
+
+log = lazylog.get_logger(__name__)
 
 WEIGHT_FALLBACK = ("pytorch_model*.bin", "pytorch_model.bin.index.json")
 

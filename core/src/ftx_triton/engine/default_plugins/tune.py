@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-
-import structlog
+from typing import TYPE_CHECKING
 
 from ftx_triton import hookimpl
-from ftx_triton.conversion.family import Family, ModelSpec
 from ftx_triton.plan.artifacts import GemmConfig
 from ftx_triton.plan.context import StageContext
 from ftx_triton.plan.settings import NO_TUNE_COST
 from ftx_triton.runtime.api import Runtime
+from ftx_triton.terminal import lazylog
 
-log = structlog.get_logger(__name__)
+if TYPE_CHECKING:
+    from ftx_triton.conversion.family import Family, ModelSpec
+
+log = lazylog.get_logger(__name__)
 
 
 @hookimpl(trylast=True)

@@ -7,14 +7,18 @@ never the other launcher.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from ftx_triton.runtime.api import Runtime
+from ftx_triton.plan.options import OptionSection
+from ftx_triton.runtime.api import Layout, Runtime
+from ftx_triton.runtime.fastertransformer.options import FtLaunchSection
 from ftx_triton.runtime.fastertransformer.tune import GEMM_FILE
 
 if TYPE_CHECKING:
     from ftx_triton.conversion.family import Family
+    from ftx_triton.plan.settings import RunSettings
     from ftx_triton.repository.model_config import FtModelOptions
     from ftx_triton.runtime.fastertransformer.hosts import NodeLayout
 
@@ -40,7 +44,16 @@ class FasterTransformerRuntime(Runtime):
 
     selects_as: ClassVar[tuple[str, ...]] = ("fastertransformer",)
     default_data_type: ClassVar[str | None] = "fp16"
+    weights_in_compute_type: ClassVar[bool] = True
     uses_gemm_config: ClassVar[bool] = True
+    option_sections: ClassVar[tuple[type[OptionSection], ...]] = (FtLaunchSection,)
+
+    def layout(self, settings: RunSettings, family: Family, hf_config: Mapping[str, object]) -> Layout:
+        """The smallest tp x pp whose weights and KV cache fit the GPUs here, instances on the rest
+        (:mod:`~ftx_triton.runtime.fastertransformer.placement`)."""
+        from ftx_triton.runtime.fastertransformer.placement import auto_layout
+
+        return auto_layout(settings, family, hf_config, self)
 
     def write_ft_model(self, model_dir: Path, options: FtModelOptions, family: Family) -> str:
         from ftx_triton.repository.writer import write_backend_ft_model

@@ -129,6 +129,15 @@ def _gemm_missing(m: re.Match[str], c: ScanContext) -> tuple[str, str, str] | No
     )
 
 
+def _custom_all_reduce_off(m: re.Match[str], c: ScanContext) -> tuple[str, str, str]:
+    return (
+        "warning",
+        f"FasterTransformer's custom all-reduce is off ({m.group('why')}); the GPUs reduce through NCCL",
+        "it needs 2, 4 or 8 GPUs that reach each other's memory (NVLink or PCIe peer access: "
+        "`nvidia-smi topo -m`); --no-custom-all-reduce chooses NCCL on purpose",
+    )
+
+
 def _driver(m: re.Match[str], c: ScanContext) -> tuple[str, str, str]:
     return (
         "error",
@@ -208,6 +217,9 @@ RULES: tuple[Rule, ...] = (
         _wrong_sm,
     ),
     Rule("gemm-missing", re.compile(r"gemm_config\.in is not found; using default GEMM algo"), _gemm_missing),
+    Rule(
+        "custom-all-reduce", re.compile(r"custom all-reduce is off: (?P<why>.*?); using NCCL"), _custom_all_reduce_off
+    ),
     Rule(
         "driver",
         re.compile(

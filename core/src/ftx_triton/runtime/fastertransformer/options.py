@@ -1,7 +1,9 @@
-"""Launch choices both FasterTransformer launchers read the same way, from the ``launch`` settings section.
+"""Launch choices both FasterTransformer launchers read the same way.
 
-:class:`FtLaunchOptions` holds the fields they share (GPU indices, extra environment, the hosts file and ssh
-port of a multi-node run, the readiness timeout); each launcher's options subclass it with its own.
+:class:`FtLaunchSection` declares them (``--gpus``, ``--env``, ``--hosts``, ``--ssh-port``: options of ``ftx run``
+and settings of ``ftx.toml``, as the user wrote them); :class:`FtLaunchOptions` holds them checked (GPU indices,
+extra environment, the hosts file and ssh port of a multi-node run, the readiness timeout); each launcher's
+options subclass it with its own.
 """
 
 from __future__ import annotations
@@ -9,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, ClassVar, TypedDict
 
 from ftx_triton.errors import ConfigError
+from ftx_triton.plan.options import OptionSection, option
 
 if TYPE_CHECKING:
     from ftx_triton.plan.settings import RunSettings
@@ -20,6 +23,35 @@ DEFAULT_READY_TIMEOUT_S = 900.0
 """Loading a 6B-20B model onto GPUs takes minutes; a hung NCCL init must still end."""
 
 DEFAULT_SSH_PORT = 2222
+
+
+@dataclass(frozen=True)
+class FtLaunchSection(OptionSection):
+    """What both FasterTransformer launchers take from the user: GPUs, environment, nodes."""
+
+    title: ClassVar[str] = "FasterTransformer runtime (Docker)"
+    gpus: str | tuple[int, ...] | None = option(
+        None, help="Host GPU indices to use, e.g. 0,1,2,3 (default: the first tp x pp)."
+    )
+    env: tuple[str, ...] | Mapping[str, str] = option(
+        (), help="KEY=VALUE for the server container (repeatable), e.g. FT_LOG_LEVEL=DEBUG.", multiple=True
+    )
+    hosts: str | None = option(
+        None,
+        help="Multi-node: a file with one host per line (GPUs per node x nodes must equal tp x pp; "
+        "the native launcher also takes a machine on several lines, one process each).",
+        kind=Path,
+        must_exist=True,
+    )
+    ssh_port: int | None = option(
+        None,
+        help="Multi-node: the ssh port mpirun reaches the other machines on [default: 22 natively, 2222 in Docker].",
+        kind=int,
+        low=1,
+        high=65535,
+    )
+    ready_timeout: float | None = None
+    """Seconds a starting server may take to answer (no option: ``RunSettings.of(ready_timeout=…)``)."""
 
 
 class LaunchFields(TypedDict):
@@ -45,8 +77,8 @@ class FtLaunchOptions:
 
     @staticmethod
     def launch_fields(settings: RunSettings) -> LaunchFields:
-        """The shared fields as read from ``settings.launch`` (keyword arguments of any subclass)."""
-        launch = settings.launch
+        """The shared fields as read from the run's :class:`FtLaunchSection` (keyword arguments of any subclass)."""
+        launch = settings.options(FtLaunchSection)
         return {
             "gpus": parse_gpus(launch.gpus) if launch.gpus not in (None, "", ()) else None,
             "env": parse_env(launch.env) if launch.env else {},
@@ -77,4 +109,12 @@ def parse_env(value: Mapping[str, str] | Iterable[str] | str) -> dict[str, str]:
     return out
 
 
-__all__ = ["DEFAULT_READY_TIMEOUT_S", "DEFAULT_SSH_PORT", "FtLaunchOptions", "LaunchFields", "parse_env", "parse_gpus"]
+__all__ = [
+    "DEFAULT_READY_TIMEOUT_S",
+    "DEFAULT_SSH_PORT",
+    "FtLaunchOptions",
+    "FtLaunchSection",
+    "LaunchFields",
+    "parse_env",
+    "parse_gpus",
+]

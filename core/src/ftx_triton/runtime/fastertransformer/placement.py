@@ -13,11 +13,21 @@ Hand-written arithmetic: no library plans FasterTransformer's layouts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ftx_triton.errors import ConfigError
+from ftx_triton.repository.model_config import context_size
+from ftx_triton.runtime.api import Layout
+from ftx_triton.runtime.fastertransformer import gpus as inventory
+from ftx_triton.runtime.fastertransformer.options import FtLaunchSection, parse_gpus
+
+if TYPE_CHECKING:
+    from ftx_triton.conversion.family import Family, ModelSpec
+    from ftx_triton.plan.settings import RunSettings
+    from ftx_triton.runtime.api import Runtime
+    from ftx_triton.runtime.fastertransformer.gpus import Gpu
 
 GiB = 1 << 30
 WORKSPACE_BYTES = 2 * GiB + GiB // 2
@@ -136,7 +146,7 @@ def plan_placement(
     )
 
 
-def footprint_of(family: Any, spec: Any, dtype: str) -> Footprint:
+def footprint_of(family: Family, spec: ModelSpec, dtype: str) -> Footprint:
     """A family's checkpoint's footprint in compute type ``dtype`` (parameters from its own table)."""
     from ftx_triton.plan.resources import parameter_count
 
@@ -152,54 +162,47 @@ def footprint_of(family: Any, spec: Any, dtype: str) -> Footprint:
 
 
 def auto_layout(
-    settings: Any, family: Any, hf_config: dict[str, Any], runtime: Any, gpus: Sequence[Any] | None = None
-) -> tuple[dict[str, int], str]:
-    """``--tp auto`` resolved: the settings to change (tp, pp, instances) and why. FasterTransformer
-    runtimes plan over this machine's GPUs (``gpus``: :class:`~ftx_triton.runtime.fastertransformer.gpus.Gpu`, default
-    the local ones) for the tuning batch (``--tune-batch`` x ``--tune-beam``) of full-context sequences
-    (tp 1 where no GPU is seen: such a machine can only plan; ``--gpus`` narrows them); other runtimes run on
-    one device."""
-    name = getattr(runtime, "name", "") or ""
-    if runtime is None:
-        return {"tp": 1}, "--tp auto: tp 1 (no runtime is chosen for a run that stops before the tune stage)"
-    if not name.startswith("fastertransformer"):
-        return {"tp": 1}, f"--tp auto: tp 1 (the {name} runtime runs on one device)"
-    if settings.launch.hosts:
+    settings: RunSettings,
+    family: Family,
+    hf_config: Mapping[str, object],
+    runtime: Runtime,
+    gpus: Sequence[Gpu] | None = None,
+) -> Layout:
+    """``--tp auto`` on a FasterTransformer runtime: the layout over this machine's GPUs (``gpus``, default the
+    local ones) for the tuning batch (``--tune-batch`` x ``--tune-beam``) of full-context sequences (tp 1 where no
+    GPU is seen: such a machine can only plan; ``--gpus`` narrows them)."""
+    launch = settings.options(FtLaunchSection)
+    if launch.hosts:
         raise ConfigError(
             "--tp auto (the default) plans the GPUs of this machine only; a --hosts layout needs --tp and --pp",
             hint="give --tp (GPUs per machine) and --pp (machines), e.g. --tp 8 --pp 2",
         )
-    from ftx_triton.repository.model_config import context_size
-    from ftx_triton.runtime.fastertransformer.gpus import local_gpus
-
-    found = tuple(local_gpus()) if gpus is None else tuple(gpus)
-    if settings.launch.gpus not in (None, "", ()):  # --gpus 0: plan over the GPUs the run may use
-        from ftx_triton.runtime.fastertransformer.options import parse_gpus
-
-        chosen = set(parse_gpus(settings.launch.gpus))
+    found = tuple(inventory.local_gpus()) if gpus is None else tuple(gpus)  # read when called: tests set it
+    if launch.gpus not in (None, "", ()):  # --gpus 0: plan over the GPUs the run may use
+        assert launch.gpus is not None
+        chosen = set(parse_gpus(launch.gpus))
         found = tuple(g for g in found if g.index in chosen)
     memory = [g.memory_mib << 20 for g in found if g.memory_mib]
+    pp, instances = settings.configure.pp, settings.configure.instances
     if not memory:  # planning (--dry-run, a lock) works anywhere; serving is refused by the runtime's own check
-        return {"tp": 1}, (
-            f"--tp auto: tp 1 (no GPU {'memory is' if found else 'is'} seen here to plan over; the {name} runtime "
-            "serves on a GPU host, which plans its own layout, or give --tp)"
+        return Layout(
+            1,
+            pp,
+            instances,
+            f"tp 1 (no GPU {'memory is' if found else 'is'} seen here to plan over; the {runtime.name} runtime "
+            "serves on a GPU host, which plans its own layout, or give --tp)",
         )
-    dtype = settings.configure.data_type or getattr(runtime, "default_data_type", None) or settings.convert.weight_dtype
-    seq_len = context_size(hf_config) or 2048
-    batch = settings.tune.tune_batch * settings.tune.tune_beam
+    dtype = settings.configure.data_type or runtime.default_data_type or settings.convert.weight_dtype
     placement = plan_placement(
-        footprint_of(family, family.spec(hf_config), dtype),
+        footprint_of(family, family.spec(dict(hf_config)), dtype),
         memory,
-        batch=batch,
-        seq_len=seq_len,
+        batch=settings.tune.tune_batch * settings.tune.tune_beam,
+        seq_len=context_size(hf_config) or 2048,
         model=settings.model,
-        pp=settings.configure.pp if settings.configure.pp != 1 else None,  # --pp N given: kept
-        instances=settings.configure.instances if settings.configure.instances != 1 else None,
+        pp=pp if pp != 1 else None,  # --pp N given: kept
+        instances=instances if instances != 1 else None,
     )
-    return (
-        {"tp": placement.tp, "pp": placement.pp, "instances": placement.instances},
-        f"--tp auto: {placement.reason}",
-    )
+    return Layout(placement.tp, placement.pp, placement.instances, placement.reason)
 
 
 __all__ = ["Footprint", "Placement", "auto_layout", "footprint_of", "layouts", "need_per_gpu", "plan_placement"]

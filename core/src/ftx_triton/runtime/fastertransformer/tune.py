@@ -7,8 +7,11 @@ build) is each launcher's own.
 
 from __future__ import annotations
 
-from ftx_triton.conversion.family import Family, ModelSpec
-from ftx_triton.plan.settings import RunSettings
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ftx_triton.conversion.family import Family, ModelSpec
+    from ftx_triton.plan.settings import RunSettings
 
 GEMM_FILE = "gemm_config.in"
 
@@ -22,5 +25,5 @@ def gemm_arguments(family: Family, spec: ModelSpec, settings: RunSettings) -> li
         beam=t.tune_beam,
         max_input_len=t.tune_max_input_len,
         data_type=settings.data_type,
-        tp=settings.convert.tp,
+        tp=settings.convert.planned_tp,
     )

@@ -47,6 +47,9 @@ MAX_BATCH_TOKENS = 32768
 """Default of ``FTX_MAX_BATCH_TOKENS``: rows x (prompt + new tokens) one ``generate`` call may hold,
 so a large dynamic batch runs as several calls instead of exhausting memory."""
 BATCH_TOKENS_ENV = "FTX_MAX_BATCH_TOKENS"
+COMPILE_ENV = "FTX_PYTHON_COMPILE"
+"""1 (the default) or 0: on a CUDA device, greedy and sampled decoding run with a static KV cache, which
+makes transformers compile the model's forward with torch.compile (CUDA graphs); 0 keeps it eager."""
 
 DECODER = "decoder"
 ENCODER_DECODER = "encoder-decoder"
@@ -612,6 +615,8 @@ class Generator:
     kind: str = DECODER
     device: Any = None
     limits: ModelLimits | None = None
+    compiled: bool = False
+    """Static KV cache + torch.compile (:func:`compiled_on`); beam search stays eager."""
     groups_run: int = field(default=0, init=False)
 
     @classmethod
@@ -641,7 +646,8 @@ class Generator:
             max_positions=int(positions) if positions else None,
             max_batch_tokens=budget,
         )
-        return cls(model, kind, device or next(model.parameters()).device, limits)
+        device = device or next(model.parameters()).device
+        return cls(model, kind, device, limits, compiled_on(device))
 
     def parse(self, inputs: Mapping[str, np.ndarray]) -> ParsedRequest:
         assert self.limits is not None
@@ -692,6 +698,8 @@ class Generator:
         if self.kind == ENCODER_DECODER:
             kwargs["decoder_start_token_id"] = sampling.start_id
         want_scores = sampling.log_probs
+        if self.compiled and beam == 1:
+            kwargs["cache_implementation"] = "static"  # transformers then compiles the forward (CUDA graphs)
         config = GenerationConfig(
             max_new_tokens=max_new,
             min_new_tokens=0,
@@ -760,6 +768,15 @@ class Generator:
         """Each beam's token scores as beam search ranked them (log-softmax, after the processors)."""
         scores = self.model.compute_transition_scores(sequences, out.scores, out.beam_indices, normalize_logits=False)
         return scores.float().cpu().numpy()
+
+
+def compiled_on(device: Any) -> bool:
+    """Whether decoding on ``device`` runs compiled: on CUDA when ``FTX_PYTHON_COMPILE=1`` (opt-in: measured 3-4x
+    faster on an H100, but at batch 8 its fp16 ids differed from eager's, and this runtime is the reference
+    that the converted files hold the model; CPU stays eager: compiling costs more there than it saves)."""
+    from ftx_triton.envvars import env_int
+
+    return getattr(device, "type", str(device)) == "cuda" and env_int(COMPILE_ENV, 0, 0, 1) == 1
 
 
 def group_items(items: Iterable[Item]) -> dict[Sampling, list[int]]:

@@ -9,6 +9,7 @@ hold the model.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from dataclasses import dataclass
@@ -38,6 +39,8 @@ class LoadedModel:
     dtype: Any  # torch.dtype
     ini: dict[str, dict[str, str]]
     seconds: float
+    imports_s: float = 0.0
+    """Of ``seconds``: importing torch and the transformers model class."""
 
     @property
     def is_encoder_decoder(self) -> bool:
@@ -123,10 +126,10 @@ def load_model(
 ) -> LoadedModel:
     """Build ``family``'s transformers model from the FT files in ``ft_dir`` (a ``<tp>-gpu`` dir);
     ``max_positions``: the source checkpoint's context size (see :func:`hf_config_for`)."""
+    started = time.perf_counter()
     import torch
 
     no_init_weights = _no_init_weights()
-    started = time.perf_counter()
     ft_dir = Path(ft_dir)
     if not (ft_dir / "config.ini").is_file():
         raise CheckpointError(f"{ft_dir} holds no config.ini", hint="point at a converted <tp>-gpu directory")
@@ -134,13 +137,16 @@ def load_model(
     dtype = torch_dtype(data_type, target)
     config, ini = hf_config_for(family, ft_dir, max_positions)
     cls = _model_class(family, config)
+    imports_s = time.perf_counter() - started
     # Built the way ``from_pretrained(..., dtype=…).to(device)`` builds it: on the CPU under the
     # compute dtype, then moved. Non-parameter tables computed at init (GPT-J's sinusoidal
     # positions) then hold the same values as there; computed on a GPU they round differently.
+    # Parameters are made on the meta device (no memory, no initialisation) and then assigned the
+    # tensors read from the files: the weights are never held twice, nor copied once more.
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        with no_init_weights(), torch.device("cpu"):
+        with no_init_weights(), _parameters_on_meta(), torch.device("cpu"):
             model = cls(config)
     finally:
         torch.set_default_dtype(previous)
@@ -149,23 +155,23 @@ def load_model(
     if untied:
         _untie_head(model)
     state = model.state_dict(keep_vars=True)
-    loaded: set[str] = set()
+    tensors: dict[str, Any] = {}
     rename = _renamer(cls, config)
-    with torch.no_grad():
-        for original, array in invert_checkpoint(family, ft_dir):
-            name = rename(original)
-            if name not in state:
-                raise CheckpointError(
-                    f"{ft_dir}: the {family.name} table yields {name!r}, which {cls.__name__} does not have"
-                )
-            param = state[name]
-            if tuple(param.shape) != tuple(array.shape):
-                raise CheckpointError(
-                    f"{ft_dir}: {name} has shape {tuple(array.shape)}, {cls.__name__} expects {tuple(param.shape)}",
-                    hint="the config.ini does not match the .bin files; re-run the conversion",
-                )
-            param.copy_(torch.from_numpy(array))
-            loaded.add(name)
+    for original, array in invert_checkpoint(family, ft_dir):
+        name = rename(original)
+        if name not in state:
+            raise CheckpointError(
+                f"{ft_dir}: the {family.name} table yields {name!r}, which {cls.__name__} does not have"
+            )
+        param = state[name]
+        if tuple(param.shape) != tuple(array.shape):
+            raise CheckpointError(
+                f"{ft_dir}: {name} has shape {tuple(array.shape)}, {cls.__name__} expects {tuple(param.shape)}",
+                hint="the config.ini does not match the .bin files; re-run the conversion",
+            )
+        tensors[name] = torch.from_numpy(array).to(param.dtype)  # no copy when the dtype is already right
+    model.load_state_dict(tensors, strict=False, assign=True)
+    loaded = set(tensors)
     head = model.get_output_embeddings()
     kept_head = head.weight if untied and head is not None else None
     model.tie_weights()  # tied parameters (T5's embed_tokens, a tied lm_head) share the loaded tensor again
@@ -183,9 +189,10 @@ def load_model(
         dtype=str(dtype).replace("torch.", ""),
         tensors=len(loaded),
         seconds=round(seconds, 2),
+        imports_s=round(imports_s, 2),
         attention=getattr(config, "_attn_implementation", None),
     )
-    return LoadedModel(model, config, target, dtype, ini, seconds)
+    return LoadedModel(model, config, target, dtype, ini, seconds, imports_s)
 
 
 def _untie_head(model: Any) -> None:
@@ -193,7 +200,7 @@ def _untie_head(model: Any) -> None:
     import torch
 
     head, inputs = model.get_output_embeddings(), model.get_input_embeddings()
-    if head is None or inputs is None or head.weight.data_ptr() != inputs.weight.data_ptr():
+    if head is None or inputs is None or head.weight is not inputs.weight:
         return
     head.weight = torch.nn.Parameter(head.weight.detach().clone())
 
@@ -218,6 +225,16 @@ def _renamer(cls: Any, config: Any) -> Any:
         return name
 
     return rename
+
+
+def _parameters_on_meta() -> Any:
+    """transformers' context that makes parameters on the meta device and buffers where they would be (GPT-J's
+    position table is computed at init); without it (a transformers that moved it), parameters are allocated."""
+    try:
+        from transformers.integrations.accelerate import init_empty_weights
+    except ImportError:  # pragma: no cover - depends on the transformers release
+        return contextlib.nullcontext()
+    return init_empty_weights(include_buffers=False)
 
 
 def _no_init_weights() -> Any:

@@ -21,6 +21,14 @@ READY_TIMEOUT_S = 900.0
 """Loading a multi-GB model into transformers on CPU can take minutes."""
 
 
+def served_device(requested: str) -> str:
+    """The device ``ftx ps`` shows: ``--device``, ``auto`` as this machine resolves it (a CUDA GPU when the
+    NVIDIA driver has one)."""
+    if requested != "auto":
+        return requested
+    return "cuda" if Path("/dev/nvidia0").exists() else "cpu"
+
+
 def serve_python(repository: ModelRepository, ctx: StageContext) -> Endpoint:
     """Start tritonserver on ``repository`` (python runtime) and return its endpoint once it generates.
 
@@ -55,6 +63,7 @@ def serve_python(repository: ModelRepository, ctx: StageContext) -> Endpoint:
         env={DEVICE_ENV: s.device},
         ready_timeout_s=READY_TIMEOUT_S,
         die_with_parent=not s.detach,
+        device=served_device(s.device),
     )
     server.start(progress=say)
     seconds = check_generates(server, path, f"the {FT_MODEL_NAME} model")

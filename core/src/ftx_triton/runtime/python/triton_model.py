@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import structlog
 
-from ftx_triton.repository.io import STREAM_OFFSET
+from ftx_triton.repository.io import STREAM_INTERVAL_PARAMETER, STREAM_OFFSET
 from ftx_triton.runtime.python.generation import (
     Generator,
     Item,
@@ -82,6 +82,7 @@ class _Pending:
     finished: list[bool] = field(default_factory=list)
     sent: list[int] = field(default_factory=list)  # per item: tokens already sent (stream offsets)
     responses: int = 0
+    steps: int = 0  # decoding steps seen (the stream interval sends every Nth)
     done: bool = False
 
     @classmethod
@@ -109,6 +110,7 @@ class _Stream(StepSink):
         wanted: Sequence[Sequence[str] | None] | None,
     ) -> None:
         self.model, self.send, self.wanted = model, send, wanted
+        self.interval = max(1, model.stream_interval)
         self.owners: dict[int, tuple[_Pending, int]] = {}
         for p in pending:
             for k in range(len(p.request.items)):
@@ -133,11 +135,15 @@ class _Stream(StepSink):
             p.finished[k] = event.finished
             touched[p.index] = p
         for p in touched.values():
+            p.steps += 1
+            final = all(p.finished)
+            if not final and p.steps % self.interval:
+                continue  # the stream interval: every Nth step's reply (and the last) holds all tokens so far
             results = [
                 partial_result(item, gen, probs if item.sampling.log_probs else None)
                 for item, gen, probs in zip(p.request.items, p.generated, p.log_probs, strict=True)
             ]
-            self.reply(p, results, steps=max(len(g) for g in p.generated), final=all(p.finished))
+            self.reply(p, results, steps=max(len(g) for g in p.generated), final=final)
 
     def on_beams(self, rows: list[tuple[int, np.ndarray]]) -> None:
         by_request: dict[int, tuple[_Pending, dict[int, np.ndarray]]] = {}
@@ -154,9 +160,11 @@ class _Stream(StepSink):
 class FtModel:
     """FT-interface generation over a rebuilt transformers model (no Triton types here)."""
 
-    def __init__(self, generator: Generator, output_dtypes: Mapping[str, Any]) -> None:
+    def __init__(self, generator: Generator, output_dtypes: Mapping[str, Any], stream_interval: int = 1) -> None:
         self.generator = generator
         self.output_dtypes = dict(output_dtypes)
+        self.stream_interval = stream_interval
+        """A stream sends every Nth step's reply and the last (config.pbtxt's ``ftx_stream_interval``)."""
         self.lock = threading.Lock()
 
     @classmethod
@@ -184,7 +192,8 @@ class FtModel:
             loaded.model, end_id=spec.end_id, start_id=spec.start_id, device=loaded.device, max_positions=positions
         )
         dtypes = {out["name"]: _NUMPY_TYPES.get(out["data_type"], np.float32) for out in config.get("output", ())}
-        return cls(generator, dtypes)
+        interval = params.get(STREAM_INTERVAL_PARAMETER, "")
+        return cls(generator, dtypes, int(interval) if interval.isdigit() and int(interval) > 1 else 1)
 
     # -- requests -------------------------------------------------------------------------
 

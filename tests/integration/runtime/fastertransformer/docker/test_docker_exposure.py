@@ -74,7 +74,7 @@ def test_the_serve_container_listens_on_loopback_by_default(
     plan = plan_serve(
         repository=repo,
         checkpoints=[tmp_path / "convert" / "1-gpu"],
-        settings=RunSettings.of("m"),
+        settings=RunSettings.of("m", tp=1),
         family="gptj",
         options=DockerOptions(image=image),
         gemm=None,

@@ -319,6 +319,7 @@ def test_serve_without_nvidia_runtime_says_how_to_fix(
     settings = RunSettings.of(
         "tiny",
         runtime="fastertransformer",
+        tp=1,
         http_port=free_port(),
         grpc_port=free_port(),
         metrics_port=free_port(),

@@ -126,7 +126,7 @@ def test_gemm_tool_usage_exit_0_without_a_file_is_an_error(
 
 
 def _ctx(tmp_path: Path, **settings: Any) -> StageContext:
-    s = RunSettings.of("gptj", runtime="fastertransformer", **settings)
+    s = RunSettings.of("gptj", runtime="fastertransformer", **{"tp": 1, "weight_dtype": "fp32", **settings})
     return StageContext(
         settings=s, store=ArtifactStore(tmp_path / "home"), home=tmp_path / "home", runtime=DockerFasterTransformer()
     )

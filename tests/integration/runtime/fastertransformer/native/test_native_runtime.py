@@ -81,7 +81,7 @@ def built(tmp_path: Path) -> BuiltBackend:
 
 
 def _settings(**flat: object) -> RunSettings:
-    return RunSettings.of("hf://org/model", runtime="fastertransformer", **flat)
+    return RunSettings.of("hf://org/model", runtime="fastertransformer", **{"tp": 1, "weight_dtype": "fp32", **flat})
 
 
 def _plan(

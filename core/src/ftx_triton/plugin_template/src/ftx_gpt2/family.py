@@ -10,10 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ftx_triton.conversion.family import Family, ModelSpec, Preset
-from ftx_triton.conversion.ftini import FtIni, IniSection
-from ftx_triton.conversion.ops import Op
-from ftx_triton.conversion.tensormap import M, Skip, TensorMap
+from ftx_triton.plugin_api import Family, FtIni, IniSection, M, ModelSpec, Op, Preset, Skip, TensorMap
 
 split_fused_qkv = Op(
     "gpt2_split_fused_qkv",

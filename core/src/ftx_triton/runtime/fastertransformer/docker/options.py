@@ -1,17 +1,18 @@
-"""Choices of the fastertransformer runtime's Docker launcher, read from the ``launch`` settings section.
+"""Choices of the fastertransformer runtime's Docker launcher.
 
-CLI commands pass them as options (``--image``, ``--gpus``, ``--shm-size``, ``--env``, ``--hosts``,
-``--docker-host``); this module validates them into one frozen :class:`DockerOptions` (the shared
-:class:`~ftx_triton.runtime.fastertransformer.options.FtLaunchOptions` plus what only a container needs).
+:class:`DockerSection` declares what only a container needs (``--image``, ``--docker-host``, ``--shm-size``) beside
+the shared :class:`~ftx_triton.runtime.fastertransformer.options.FtLaunchSection`; this module validates both into
+one frozen :class:`DockerOptions`.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from ftx_triton.errors import ConfigError
+from ftx_triton.plan.options import OptionSection, option
 from ftx_triton.plan.settings import RunSettings
 from ftx_triton.runtime.fastertransformer.docker import DEFAULT_IMAGE_TAG
 from ftx_triton.runtime.fastertransformer.options import FtLaunchOptions
@@ -25,6 +26,16 @@ STACK = 67108864
 
 
 @dataclass(frozen=True)
+class DockerSection(OptionSection):
+    """What the Docker launcher takes from the user besides the shared launch options."""
+
+    title: ClassVar[str] = "FasterTransformer runtime (Docker)"
+    image: str | None = option(None, help="FasterTransformer image (default: the one `ftx image build` makes).")
+    docker_host: str | None = option(None, help="Docker daemon URL (default: DOCKER_HOST or the local socket).")
+    shm_size: str | None = option(None, help="Shared memory of the server container [default: 1g].")
+
+
+@dataclass(frozen=True)
 class DockerOptions(FtLaunchOptions):
     """The shared launch options plus the image, the container's shared memory and the daemon."""
 
@@ -35,7 +46,7 @@ class DockerOptions(FtLaunchOptions):
 
     @classmethod
     def from_settings(cls, settings: RunSettings) -> DockerOptions:
-        launch = settings.launch
+        launch = settings.options(DockerSection)
         kwargs: dict[str, Any] = dict(cls.launch_fields(settings))
         if launch.image:
             kwargs["image"] = str(launch.image)
@@ -52,4 +63,4 @@ def check_size(text: str) -> str:
     return text.lower()
 
 
-__all__ = ["DEFAULT_PORTS", "DEFAULT_SHM_SIZE", "MEMLOCK", "STACK", "DockerOptions", "check_size"]
+__all__ = ["DEFAULT_PORTS", "DEFAULT_SHM_SIZE", "MEMLOCK", "STACK", "DockerOptions", "DockerSection", "check_size"]

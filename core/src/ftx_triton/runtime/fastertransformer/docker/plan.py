@@ -68,7 +68,7 @@ def describe_run(
     gpus_here = local_gpus()
     sm = default_sm(gpus_here)
     s = settings
-    tp, pp, repo, tune_s, serve_s = s.convert.tp, s.configure.pp, s.configure, s.tune, s.serve
+    tp, pp, repo, tune_s, serve_s = s.convert.planned_tp, s.configure.pp, s.configure, s.tune, s.serve
     data_type = s.data_type
     ports = ServerPorts(
         serve_s.http_port or DEFAULT_PORTS[0],

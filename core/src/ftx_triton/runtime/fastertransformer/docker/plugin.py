@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ftx_triton import hookimpl
+from ftx_triton.plan.options import OptionSection
 from ftx_triton.runtime.api import Availability, DryRunPlan, Runtime
 from ftx_triton.runtime.fastertransformer.base import FasterTransformerRuntime
+from ftx_triton.runtime.fastertransformer.docker.options import DockerOptions, DockerSection
+from ftx_triton.runtime.fastertransformer.options import FtLaunchSection
 from ftx_triton.runtime.fastertransformer.tune import gemm_arguments
 
 if TYPE_CHECKING:
@@ -26,21 +29,21 @@ class DockerFasterTransformer(FasterTransformerRuntime):
     name = "fastertransformer-docker"
     priority = 30
     description = "Triton + FasterTransformer backend image on tp x pp GPUs through Docker (mpirun tritonserver)"
+    option_sections: ClassVar[tuple[type[OptionSection], ...]] = (FtLaunchSection, DockerSection)
 
     def __init__(self) -> None:
         self._targets: dict[Any, dict[str, Any]] = {}
 
     def available(self, settings: RunSettings, store: ArtifactStore) -> Availability:
-        from ftx_triton.runtime.fastertransformer.docker.options import DockerOptions
-
         options = DockerOptions.from_settings(settings)
-        if options.hosts_file and settings.convert.tp:
+        tp = settings.convert.known_tp
+        if options.hosts_file and tp:
             from ftx_triton.runtime.fastertransformer.hosts import check_hosts_resolve, node_layout, read_hosts
 
             check_hosts_resolve(
                 node_layout(
                     read_hosts(options.hosts_file),
-                    tp=settings.convert.tp,
+                    tp=tp,
                     pp=settings.configure.pp,
                     instances=settings.configure.instances,
                 )
@@ -73,13 +76,13 @@ class DockerFasterTransformer(FasterTransformerRuntime):
         )
 
     @staticmethod
-    def _too_few_gpus(settings: RunSettings, options: Any) -> str | None:
+    def _too_few_gpus(settings: RunSettings, options: DockerOptions) -> str | None:
         """Why a local Docker daemon's host cannot give tp x pp GPUs (None when it can, or cannot be known
         here: a remote daemon, a --hosts layout, no driver seen, tp still auto); checked before any fetch,
         not at the tune stage after the conversion."""
         from ftx_triton.runtime.fastertransformer.gpus import local_gpus
 
-        wanted = settings.convert.tp * settings.configure.pp
+        wanted = (settings.convert.known_tp or 0) * settings.configure.pp
         if not wanted or options.docker_host or options.hosts_file:
             return None
         if options.gpus and len(set(options.gpus)) != wanted:
@@ -93,7 +96,6 @@ class DockerFasterTransformer(FasterTransformerRuntime):
         """GPU, image id and tool arguments of this run's tuning (resolved once per settings)."""
         from ftx_triton.runtime.fastertransformer.docker.client import connect
         from ftx_triton.runtime.fastertransformer.docker.image import resolve_image
-        from ftx_triton.runtime.fastertransformer.docker.options import DockerOptions
         from ftx_triton.runtime.fastertransformer.gpus import gpu_model, local_gpus, select_gpus
 
         cache_key = (family.name, repr(settings))
@@ -101,7 +103,7 @@ class DockerFasterTransformer(FasterTransformerRuntime):
             return self._targets[cache_key]
         options = DockerOptions.from_settings(settings)
         gpus = local_gpus()
-        wanted = settings.convert.tp * settings.configure.pp
+        wanted = settings.convert.planned_tp * settings.configure.pp
         chosen = select_gpus(wanted, options.gpus, gpus) if not options.hosts_file else (options.gpus or (0,))
         gpu_index = chosen[0]
         model = gpu_model([g for g in gpus if g.index == gpu_index]) if gpus else "unknown GPU"

@@ -49,6 +49,7 @@ from ftx_triton.runtime.fastertransformer.logscan import LogScanner, ScanContext
 from ftx_triton.runtime.fastertransformer.options import DEFAULT_SSH_PORT
 from ftx_triton.server.ports import ServerPorts, busy_ports, client_host, http_ok
 from ftx_triton.server.ports import choose_ports as shared_choose_ports
+from ftx_triton.server.records import DEVICE_ENV
 from ftx_triton.terminal.redact import redact, strip_secrets
 
 log = structlog.get_logger(__name__)
@@ -65,7 +66,7 @@ def container_name(settings: RunSettings, family: str) -> str:
     model = Path(settings.model).name if "/" in settings.model else settings.model
     slug = _NAME_RE.sub("-", model).strip("-.").lower() or "model"
     stem = family if slug == family else f"{family}-{slug}"
-    return f"ftx-{stem}-tp{settings.convert.tp}pp{settings.configure.pp}"[:120]
+    return f"ftx-{stem}-tp{settings.convert.planned_tp}pp{settings.configure.pp}"[:120]
 
 
 def work_dir_for(name: str, home: Path | None = None) -> Path:
@@ -162,7 +163,7 @@ def plan_serve(
     hosts = read_hosts(options.hosts_file) if options.hosts_file else None
     layout = node_layout(
         hosts,
-        tp=settings.convert.tp,
+        tp=settings.convert.planned_tp,
         pp=settings.configure.pp,
         instances=settings.configure.instances if instances is None else instances,
         ssh_port=options.ssh_port or DEFAULT_SSH_PORT,  # the container runs its own sshd there
@@ -192,7 +193,11 @@ def plan_serve(
     exposure = exposure_for(settings.serve.host, triton_version_of(options.image))
     command += list(exposure.flags)
     environment = strip_secrets(
-        {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(layout.gpus_per_node)), **options.env}
+        {
+            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(layout.gpus_per_node)),
+            DEVICE_ENV: "gpu",  # what `ftx ps` shows for the container's tritonserver
+            **options.env,
+        }
     )
     labels = {
         f"{LABEL_PREFIX}.role": "serve",
@@ -591,7 +596,11 @@ def serve_fastertransformer(
         )
     client = client or connect(options.docker_host)
     scan = ScanContext(
-        tp=s.convert.tp, pp=s.configure.pp, expect_gemm=plan.expect_gemm, gpu_sm=default_sm(), image=options.image
+        tp=s.convert.planned_tp,
+        pp=s.configure.pp,
+        expect_gemm=plan.expect_gemm,
+        gpu_sm=default_sm(),
+        image=options.image,
     )
     server = FtServer(
         client, plan, scan=scan, say=say, ready_timeout_s=options.ready_timeout_s, stop_timeout_s=options.stop_timeout_s

@@ -42,7 +42,7 @@ class NativeOptions(FtLaunchOptions):
 
 
 def tp_pp(settings: RunSettings) -> tuple[int, int]:
-    return settings.convert.tp, settings.configure.pp
+    return settings.convert.planned_tp, settings.configure.pp
 
 
 def backend_for(

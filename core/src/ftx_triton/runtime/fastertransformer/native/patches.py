@@ -2,10 +2,12 @@
 CUDA 13 (CCCL 3), C++17 and CMake 4.
 
 Each :class:`Edit` replaces one exact text in one file of the source layout, ``count`` times (once,
-unless said). :func:`apply_patches` first checks every edit against the files — the old text must
-occur exactly ``count`` times and the new text must not be there already — and only then writes, so
-drifted sources (another commit, an already patched copy) are refused with nothing changed. The
-patch set's digest is part of the backend build's cache key.
+unless said); each :class:`NewFile` adds a file of ftx's own (``patch_files/``: the custom all-reduce
+for 2, 4 and 8 GPUs, built instead of upstream's 8-GPU-only one). :func:`apply_patches` first checks
+every change against the files — the old text must occur exactly ``count`` times and the new text
+must not be there already; a new file must not exist — and only then writes, so drifted sources
+(another commit, an already patched copy) are refused with nothing changed. The patch set's digest
+(with the new files' text) is part of the backend build's cache key.
 
 Written as text edits rather than diff files: each states its reason next to it, needs no patch
 tool, and applies or refuses as a whole.
@@ -17,6 +19,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from importlib import resources
 from pathlib import Path
 
 import structlog
@@ -26,6 +29,7 @@ from ftx_triton.errors import SourceError
 log = structlog.get_logger(__name__)
 
 FT = "FasterTransformer"
+BACKEND_CC = "fastertransformer_backend/src/libfastertransformer.cc"
 CUB_INCLUDE = "#include <cub/cub.cuh>\n"
 CUB_INCLUDE_CCCL3 = "#include <cub/cub.cuh>\n#include <cuda/functional>\n#include <cuda/std/functional>\n"
 
@@ -41,6 +45,31 @@ class Edit:
     count: int = 1
 
 
+@dataclass(frozen=True)
+class NewFile:
+    """Add ``path`` (relative to the source root) with the text of ftx's ``patch_files/<name>``."""
+
+    path: str
+    name: str
+    why: str
+
+    @property
+    def text(self) -> str:
+        return resources.files(__package__).joinpath("patch_files", self.name).read_text(encoding="utf-8")
+
+
+Change = Edit | NewFile
+
+CUSTOM_AR_FITS = (
+    "  // ftx: the custom all-reduce joins this model instance's own GPUs, counted from its first (one node, one\n"
+    "  // pipeline stage); otherwise every rank gets none and reduces through NCCL\n"
+    "  cudaSetDevice(model_instance_device_id_start_);\n"
+    "  shared_ft_model->createCustomComms(&custom_all_reduce_comms_,\n"
+    "      num_nodes == 1 && shared_ft_model->getPipelineParaSize() == 1 ? tp_pp_size_ : 1);\n"
+    "  custom_all_reduce_comms_.resize(model_instance_gpu_size_);\n"
+)
+
+
 def _cccl3(path: str, sums: int, maxes: int, sum_objects: int = 0) -> list[Edit]:
     """cub::Sum / cub::Max were removed in CCCL 3: use libcu++'s functors (and include them)."""
     edits = [Edit(path, CUB_INCLUDE, CUB_INCLUDE_CCCL3, "CCCL 3: include the libcu++ functors used below")]
@@ -53,7 +82,7 @@ def _cccl3(path: str, sums: int, maxes: int, sum_objects: int = 0) -> list[Edit]
     return edits
 
 
-PATCHES: tuple[Edit, ...] = (
+PATCHES: tuple[Change, ...] = (
     # --- FasterTransformer's CMake
     Edit(
         f"{FT}/CMakeLists.txt",
@@ -144,14 +173,57 @@ PATCHES: tuple[Edit, ...] = (
         "pointer and crash while printing the results",
     ),
     # --- the Triton backend's CMake
-    # --- behaviour: the backend's enable_custom_all_reduce parameter was never read (the check tested the
-    # vector pointer, never null), so FasterTransformer used its custom all-reduce at exactly 8 ranks of a
-    # node whatever the parameter said, and NCCL otherwise
+    # --- behaviour: custom all-reduce for 2, 4 and 8 GPUs. Upstream's kernels are compiled for exactly 8 ranks
+    # (tp 2 and 4 fell back to NCCL), its comm never read enable_custom_all_reduce (it tested the vector
+    # pointer), sums in a rank-dependent order, has no barrier after a call (a rank could overwrite its buffer
+    # while a peer still read it) and skips the start barrier when its flag wraps to 0. ftx builds its own
+    # kernels and comm instead (same header and entry points), templated on the rank count.
+    NewFile(
+        f"{FT}/src/fastertransformer/kernels/ftx_custom_ar_kernels.cu",
+        "ftx_custom_ar_kernels.cu",
+        "one-shot and two-shot all-reduce kernels for 2, 4 and 8 ranks",
+    ),
+    NewFile(
+        f"{FT}/src/fastertransformer/utils/ftx_custom_ar_comm.cc",
+        "ftx_custom_ar_comm.cc",
+        "the comm: peer access checked (else NCCL, said in the log), the instance's own GPUs, the parameter read",
+    ),
     Edit(
-        f"{FT}/src/fastertransformer/utils/custom_ar_comm.cc",
-        "    if (custom_all_reduce_comms == 0) {",
-        "    if (enable_custom_all_reduce == 0) {",
-        "honour enable_custom_all_reduce (upstream tested the pointer)",
+        f"{FT}/src/fastertransformer/kernels/CMakeLists.txt",
+        "add_library(custom_ar_kernels STATIC custom_ar_kernels.cu)",
+        "add_library(custom_ar_kernels STATIC ftx_custom_ar_kernels.cu)",
+        "build ftx's all-reduce kernels instead of upstream's 8-rank ones",
+    ),
+    Edit(
+        f"{FT}/src/fastertransformer/utils/CMakeLists.txt",
+        "add_library(custom_ar_comm STATIC custom_ar_comm.cc)",
+        "add_library(custom_ar_comm STATIC ftx_custom_ar_comm.cc)",
+        "build ftx's all-reduce comm instead of upstream's",
+    ),
+    Edit(
+        f"{FT}/src/fastertransformer/kernels/custom_ar_kernels.h",
+        "#define MAX_ALL_REDUCE_BLOCKS 24\n",
+        "#define MAX_ALL_REDUCE_BLOCKS 24\n"
+        "// ftx's kernels: at most this many blocks, one-shot up to this many bytes at 4 and 8 ranks (always at 2),\n"
+        "// and each rank's flags: start, then one per block and rank for the middle and the end barriers\n"
+        "#define FTX_AR_MAX_BLOCKS 64\n"
+        "#define FTX_AR_ONE_SHOT_BYTES 393216\n"
+        "#define FTX_AR_FLAG_WORDS (RANKS_PER_NODE * (1 + 2 * FTX_AR_MAX_BLOCKS))\n",
+        "the limits of ftx's all-reduce kernels",
+    ),
+    Edit(
+        f"{FT}/src/fastertransformer/kernels/custom_ar_kernels.h",
+        "    uint32_t  barrier_flag;\n",
+        "    uint32_t  barrier_flag;\n"
+        "    size_t    ranks;  // ftx: ranks taking part (2, 4 or 8); the arrays hold RANKS_PER_NODE\n",
+        "the kernels are chosen by the rank count",
+    ),
+    Edit(
+        "fastertransformer_backend/src/libfastertransformer.cc",
+        "  shared_ft_model->createCustomComms(&custom_all_reduce_comms_, world_size_);\n",
+        CUSTOM_AR_FITS,
+        "upstream gave the comm every visible GPU of every node (world size), so several instances, pipeline "
+        "stages or nodes would have joined GPUs that do not reduce together",
     ),
     # --- behaviour: a GEMM algorithm from gemm_config.in that cuBLASLt refuses was skipped in silence (the
     # status was not checked): the product never ran, its output kept stale values, and decoding looked
@@ -174,6 +246,46 @@ PATCHES: tuple[Edit, ...] = (
         "        check_cuda_error(ftx_status);\n\n"
         "        cublasLtMatmulDescDestroy(operationDesc);",
         "a refused tuned algorithm falls back to cuBLASLt's choice instead of skipping the GEMM",
+    ),
+    # --- behaviour: the stream interval. A decoupled model sent a response per generated token to every request
+    # of the batch (a Triton response, a device-to-host copy of the whole output so far, and downstream one
+    # Python postprocessing call each). With the model parameter ``ftx_stream_interval`` N > 1 the streaming
+    # callback sends every Nth step only; the final response (the whole output) always goes. Absent or 1:
+    # every step, as upstream.
+    Edit(
+        BACKEND_CC,
+        "  std::vector<TRITONBACKEND_ResponseFactory*>* factories;\n  BackendModelInstance* model;\n};\n",
+        "  std::vector<TRITONBACKEND_ResponseFactory*>* factories;\n  BackendModelInstance* model;\n"
+        "  int ftx_stream_interval = 1;\n  int ftx_steps = 0;\n};\n",
+        "the streaming callback's context counts steps against the stream interval",
+    ),
+    Edit(
+        BACKEND_CC,
+        "  stream_callback_ctx_t* context =\n      reinterpret_cast<stream_callback_ctx_t*>(ctx);\n",
+        "  stream_callback_ctx_t* context =\n      reinterpret_cast<stream_callback_ctx_t*>(ctx);\n"
+        "  if (context->ftx_stream_interval > 1 &&\n"
+        "      ++context->ftx_steps % context->ftx_stream_interval != 0) {\n"
+        "    return;  // ftx: not a step of the stream interval (the final response still carries every token)\n"
+        "  }\n",
+        "send a streamed response every ftx_stream_interval steps",
+    ),
+    Edit(
+        BACKEND_CC,
+        "  stream_callback_ctx_t context = {total_batch_size, requests,   request_count,\n"
+        "                                   &responses,       &factories, this};\n",
+        "  stream_callback_ctx_t context = {total_batch_size, requests,   request_count,\n"
+        "                                   &responses,       &factories, this};\n"
+        "  {\n"
+        "    common::TritonJson::Value ftx_params, ftx_value;\n"
+        "    std::string ftx_interval;\n"
+        '    if (model_state_->ModelConfig().Find("parameters", &ftx_params) &&\n'
+        '        ftx_params.Find("ftx_stream_interval", &ftx_value)) {\n'
+        '      ftx_value.MemberAsString("string_value", &ftx_interval);\n'
+        "    }\n"
+        "    const int ftx_n = std::atoi(ftx_interval.c_str());\n"
+        "    context.ftx_stream_interval = ftx_n > 1 ? ftx_n : 1;\n"
+        "  }\n",
+        "read the stream interval from the model's parameters (absent: every step, as upstream)",
     ),
     Edit(
         "fastertransformer_backend/CMakeLists.txt",
@@ -203,13 +315,29 @@ PATCHES: tuple[Edit, ...] = (
 )
 
 
-def patch_set_digest(edits: Sequence[Edit] = PATCHES) -> str:
-    """sha256 of the patch set (part of the build key)."""
-    text = json.dumps([asdict(e) for e in edits], sort_keys=True)
+def _record(change: Change) -> dict[str, object]:
+    return {**asdict(change), "text": change.text} if isinstance(change, NewFile) else asdict(change)
+
+
+def patch_set_digest(edits: Sequence[Change] = PATCHES) -> str:
+    """sha256 of the patch set, new files' text included (part of the build key)."""
+    text = json.dumps([_record(e) for e in edits], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _problem(root: Path, edit: Edit, texts: dict[str, str]) -> str | None:
+def _new_file_problem(root: Path, new: NewFile, texts: dict[str, str]) -> str | None:
+    path = root / new.path
+    if new.path in texts or path.exists():
+        same = texts.get(new.path) == new.text or (path.is_file() and path.read_text(errors="replace") == new.text)
+        return f"{new.path} is already patched ({new.why})" if same else f"{new.path} exists already"
+    if not path.parent.is_dir():
+        return f"{path.parent.relative_to(root)} does not exist (for {new.path})"
+    return None
+
+
+def _problem(root: Path, edit: Change, texts: dict[str, str]) -> str | None:
+    if isinstance(edit, NewFile):
+        return _new_file_problem(root, edit, texts)
     if edit.path not in texts:
         path = root / edit.path
         if not path.is_file():
@@ -226,19 +354,26 @@ def _problem(root: Path, edit: Edit, texts: dict[str, str]) -> str | None:
     return f"{edit.path}: expected {edit.count} occurrence(s) of {edit.old.strip()[:60]!r}, found {found}"
 
 
-def check_patches(root: Path, edits: Sequence[Edit] = PATCHES) -> list[str]:
-    """Every way the edits do not fit the files under ``root`` (empty: they all apply exactly)."""
+def _changed(text: str | None, change: Change) -> str:
+    if isinstance(change, NewFile):
+        return change.text
+    assert text is not None
+    return text.replace(change.old, change.new)
+
+
+def check_patches(root: Path, edits: Sequence[Change] = PATCHES) -> list[str]:
+    """Every way the changes do not fit the files under ``root`` (empty: they all apply exactly)."""
     texts: dict[str, str] = {}
     problems = []
     for edit in edits:
         if (problem := _problem(Path(root), edit, texts)) is not None:
             problems.append(problem)
             continue
-        texts[edit.path] = texts[edit.path].replace(edit.old, edit.new)  # later edits see earlier ones
+        texts[edit.path] = _changed(texts.get(edit.path), edit)  # later edits see earlier ones
     return problems
 
 
-def apply_patches(root: Path, edits: Sequence[Edit] = PATCHES) -> int:
+def apply_patches(root: Path, edits: Sequence[Change] = PATCHES) -> int:
     """Apply every edit under ``root`` or none: raise SourceError if any does not fit. Returns the count."""
     root = Path(root)
     problems = check_patches(root, edits)
@@ -251,13 +386,13 @@ def apply_patches(root: Path, edits: Sequence[Edit] = PATCHES) -> int:
         )
     texts: dict[str, str] = {}
     for edit in edits:
-        if edit.path not in texts:
+        if edit.path not in texts and isinstance(edit, Edit):
             texts[edit.path] = (root / edit.path).read_text(encoding="utf-8", errors="surrogateescape")
-        texts[edit.path] = texts[edit.path].replace(edit.old, edit.new)
+        texts[edit.path] = _changed(texts.get(edit.path), edit)
     for rel, text in texts.items():
         (root / rel).write_text(text, encoding="utf-8", errors="surrogateescape")
     log.info("patches.applied", root=str(root), edits=len(edits), files=len(texts))
     return len(edits)
 
 
-__all__ = ["PATCHES", "Edit", "apply_patches", "check_patches", "patch_set_digest"]
+__all__ = ["PATCHES", "Change", "Edit", "NewFile", "apply_patches", "check_patches", "patch_set_digest"]

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from ftx_triton import hookimpl
 from ftx_triton.runtime.api import Availability, DryRunPlan, Runtime
 from ftx_triton.runtime.fastertransformer.base import FasterTransformerRuntime
+from ftx_triton.runtime.fastertransformer.options import FtLaunchSection
 from ftx_triton.runtime.fastertransformer.tune import gemm_arguments
 
 if TYPE_CHECKING:
@@ -51,13 +52,14 @@ class NativeFasterTransformer(FasterTransformerRuntime):
     def available(self, settings: RunSettings, store: ArtifactStore) -> Availability:
         from ftx_triton.runtime.fastertransformer.native.build import find_backend
 
-        if settings.launch.hosts and settings.convert.tp:
+        hosts, tp = settings.options(FtLaunchSection).hosts, settings.convert.known_tp
+        if hosts and tp:
             self.check_hosts(settings)
         probe = self.probe()
         if not probe.gpus:
             return Availability(False, "no NVIDIA GPU or driver found")
-        wanted = settings.convert.tp * settings.configure.pp
-        if not settings.launch.hosts and len(probe.gpus) < wanted:
+        wanted = (tp or 0) * settings.configure.pp
+        if not hosts and len(probe.gpus) < wanted:
             return Availability(False, f"tp x pp needs {wanted} GPUs but this machine has {len(probe.gpus)}")
         pre = self.preflight(settings)
         built = find_backend(store, pre) if pre.sm else None
@@ -85,8 +87,8 @@ class NativeFasterTransformer(FasterTransformerRuntime):
         from ftx_triton.runtime.fastertransformer.native.serve import check_hosts_reachable
 
         layout = node_layout(
-            read_hosts(Path(str(settings.launch.hosts)), repeats=True),
-            tp=settings.convert.tp,
+            read_hosts(Path(str(settings.options(FtLaunchSection).hosts)), repeats=True),
+            tp=settings.convert.planned_tp,
             pp=settings.configure.pp,
             instances=settings.configure.instances,
         )
@@ -140,7 +142,7 @@ class NativeFasterTransformer(FasterTransformerRuntime):
             f"{describe_text_models(s.configure)}, ensemble)"
         )
         if s.until == "serve":
-            world = s.convert.tp * s.configure.pp
+            world = s.convert.planned_tp * s.configure.pp
             gpus = ",".join(map(str, options.gpus or range(world)))
             launcher = "mpirun --hostfile … -n <nodes> " if options.hosts_file else ""
             lines.append(
@@ -170,7 +172,7 @@ class NativeFasterTransformer(FasterTransformerRuntime):
 
         s = ctx.settings
         built = self.built(ctx)
-        gpus = gpus_for(self.probe(), s.convert.tp * s.configure.pp, NativeOptions.from_settings(s).gpus)
+        gpus = gpus_for(self.probe(), s.convert.planned_tp * s.configure.pp, NativeOptions.from_settings(s).gpus)
         args = gemm_arguments(family, spec, s)
         path = run_gemm_tool(built, family.gemm_tool, args, dest, gpus[0])
         model = gpu_model([g for g in self.probe().gpus if g.index == gpus[0]])

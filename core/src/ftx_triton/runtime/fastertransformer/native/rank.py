@@ -22,8 +22,9 @@ import sys
 from collections.abc import Mapping, Sequence
 
 SHM_OPTION = "shm-region-prefix-name="
-LOCAL_RANK_VARS = ("OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_LOCAL_RANK", "MPI_LOCALRANKID")
-RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+LOCAL_RANK_VARS = ("OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
+RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
+"""Open MPI's mpirun, PMIx, MPICH and Slurm's srun (``--mpi=pmix`` sets PMIX_RANK but no local rank)."""
 
 
 def _first_int(environ: Mapping[str, str], names: Sequence[str]) -> int:

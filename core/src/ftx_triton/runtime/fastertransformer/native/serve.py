@@ -60,7 +60,12 @@ class NativeServePlan:
 
 def work_dir_for(home: Path, settings: RunSettings) -> Path:
     """The server's working directory (gemm_config.in, the hostfile), one per model and layout."""
-    return home / "native" / "serve" / f"{server_name(settings.model)}-tp{settings.convert.tp}pp{settings.configure.pp}"
+    return (
+        home
+        / "native"
+        / "serve"
+        / f"{server_name(settings.model)}-tp{settings.convert.planned_tp}pp{settings.configure.pp}"
+    )
 
 
 def plan_native_serve(
@@ -76,7 +81,7 @@ def plan_native_serve(
     """The server's GPUs, environment, working directory and launcher (no process is started)."""
     from ftx_triton.runtime.fastertransformer.gpus import local_gpus, select_gpus
 
-    tp, pp = settings.convert.tp, settings.configure.pp
+    tp, pp = settings.convert.planned_tp, settings.configure.pp
     hosts = read_hosts(options.hosts_file, repeats=True) if options.hosts_file else None
     layout = node_layout(hosts, tp=tp, pp=pp, instances=settings.configure.instances, ssh_port=options.ssh_port or 22)
     gpus_here = tuple(local_gpus()) if available_gpus is None else tuple(available_gpus)
@@ -253,9 +258,10 @@ def serve_native(
         backend_directory=backends_directory(built, home),
         cwd=plan.work_dir,
         launcher=plan.launcher,
+        device="gpu",
     )
     context = ScanContext(
-        tp=settings.convert.tp,
+        tp=settings.convert.planned_tp,
         pp=settings.configure.pp,
         expect_gemm=plan.expect_gemm,
         gpu_sm=tuple(sorted({g.sm for g in local_gpus() if g.sm})),
@@ -273,10 +279,14 @@ def serve_native(
         if found is not None:
             raise found from None
         raise
-    found = _finding_error(scan_log(_log_text(server.log_path), context), server.log_path)
+    scanned = scan_log(_log_text(server.log_path), context)
+    found = _finding_error(scanned, server.log_path)
     if found is not None:
         server.stop()
         raise found
+    for finding in scanned.findings:  # served, but not as asked (custom all-reduce fell back to NCCL)
+        if finding.severity == "warning":
+            say(f"warning   {finding.message}\n          hint: {finding.hint}")
     seconds = check_generates(server, repository.path, "FasterTransformer")
     log.info(
         "serve.ready",

@@ -1,17 +1,22 @@
-"""``ftx image build|ls``, ``ftx tune`` and ``ftx package``: the fastertransformer runtime's images."""
+"""``ftx image build|ls``, ``ftx tune`` and ``ftx package``: the Docker launcher's commands, registered through
+``ftx_register_commands`` like any plugin's (``ftx tune`` and ``ftx package`` run the pipeline through the kit
+core hands the hook)."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ftx_triton import hookimpl
-from ftx_triton.cli.common import FtxCommand, FtxGroup, say
-from ftx_triton.cli.options import conversion_options, repository_options, safety_options, source_options
-from ftx_triton.cli.options import docker_options as _docker_options
-from ftx_triton.cli.options import tune_options as _tune_options
+from ftx_triton.commandkit import FtxCommand, FtxGroup, options_of, say
+from ftx_triton.runtime.fastertransformer.docker.options import DockerSection
+from ftx_triton.runtime.fastertransformer.options import FtLaunchSection
+
+if TYPE_CHECKING:
+    from ftx_triton.commandkit import CommandKit
+    from ftx_triton.plan.settings import RunSettings
 
 SM_HELP = (
     "GPU architectures to compile FasterTransformer for, e.g. 80,90 (default: this machine's GPUs; "
@@ -126,10 +131,8 @@ def image_ls(as_json: bool, docker_host: str | None) -> None:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
 
 
-def _settings(model: str, until: str, opts: dict[str, Any]) -> Any:
-    from ftx_triton.cli.run import settings_from_options
-
-    return settings_from_options(
+def _settings(kit: CommandKit, model: str, until: str, opts: dict[str, Any]) -> RunSettings:
+    return kit.settings(
         model,
         until=until,
         runtime="fastertransformer",
@@ -138,57 +141,90 @@ def _settings(model: str, until: str, opts: dict[str, Any]) -> Any:
     )
 
 
-@click.command("tune", cls=FtxCommand)
-@click.argument("model")
-@source_options
-@conversion_options
-@click.option(
-    "--data-type",
-    type=click.Choice(["fp32", "fp16", "bf16"]),
-    help="Compute type to tune for (default: the weight dtype).",
-)
-@_tune_options
-@_docker_options
-@safety_options
-@click.option(
-    "--force",
-    "force",
-    multiple=True,
-    type=click.Choice(["fetch", "convert", "tune"]),
-    help="Redo this stage even if cached (repeatable).",
-)
-def tune(model: str, **opts: Any) -> None:
-    """Run the family's GEMM tool (gpt_gemm, t5_gemm) in the image; print gemm_config.in's path."""
-    from ftx_triton.cli.run import run_pipeline
-
-    result = run_pipeline(_settings(model, "tune", opts))
-    if result.gemm is None or result.gemm.path is None:
-        say(f"not tuned: {result.gemm.reason if result.gemm else 'no tune stage ran'}")
-        return
-    say(f"tuned: {result.gemm.reason}")
-    click.echo(str(result.gemm.path))
+def _docker_options(func: Any) -> Any:
+    """--image, --docker-host and --gpus: where the launcher's image runs."""
+    return options_of(DockerSection, only=("image", "docker_host"))(options_of(FtLaunchSection, only=("gpus",))(func))
 
 
-@click.command("package", cls=FtxCommand)
-@click.argument("model")
-@click.option("--tag", required=True, help="Tag of the new image, e.g. registry.example/team/gptj:1.")
-@click.option("--base-image", help="Image to build on (default: --image, i.e. the FasterTransformer image).")
-@source_options
-@conversion_options
-@repository_options
-@click.option("--tune/--no-tune", default=True, show_default=True, help="Put a tuned gemm_config.in in the image.")
-@_tune_options
-@_docker_options
-@safety_options
-def package(model: str, tag: str, base_image: str | None, **opts: Any) -> None:
-    """Build an image holding MODEL's repository, checkpoint and gemm_config.in, runnable with one docker run."""
-    from ftx_triton.cli.run import run_pipeline
+def tune_command(kit: CommandKit) -> click.Command:
+    """``ftx tune``: the pipeline until the tune stage on the fastertransformer runtime."""
+
+    @click.command("tune", cls=FtxCommand)
+    @click.argument("model")
+    @kit.options["source"]
+    @kit.options["conversion"]
+    @click.option(
+        "--data-type",
+        type=click.Choice(["fp32", "fp16", "bf16"]),
+        help="Compute type to tune for (default: the weight dtype).",
+    )
+    @kit.options["tune"]
+    @_docker_options
+    @kit.options["safety"]
+    @click.option(
+        "--force",
+        "force",
+        multiple=True,
+        type=click.Choice(["fetch", "convert", "tune"]),
+        help="Redo this stage even if cached (repeatable).",
+    )
+    def tune(model: str, **opts: Any) -> None:
+        """Run the family's GEMM tool (gpt_gemm, t5_gemm) in the image; print gemm_config.in's path."""
+        result = kit.run(_settings(kit, model, "tune", opts))
+        if result.gemm is None or result.gemm.path is None:
+            say(f"not tuned: {result.gemm.reason if result.gemm else 'no tune stage ran'}")
+            return
+        say(f"tuned: {result.gemm.reason}")
+        click.echo(str(result.gemm.path))
+
+    return tune
+
+
+def package_command(kit: CommandKit) -> click.Command:
+    """``ftx package``: the pipeline until configure, then an image holding what it built."""
+
+    @click.command("package", cls=FtxCommand)
+    @click.argument("model")
+    @click.option("--tag", required=True, help="Tag of the new image, e.g. registry.example/team/gptj:1.")
+    @click.option("--base-image", help="Image to build on (default: --image, i.e. the FasterTransformer image).")
+    @kit.options["source"]
+    @kit.options["conversion"]
+    @kit.options["repository"]
+    @click.option("--tune/--no-tune", default=True, show_default=True, help="Put a tuned gemm_config.in in the image.")
+    @kit.options["tune"]
+    @_docker_options
+    @kit.options["safety"]
+    @click.option("--dry-run", is_flag=True, help="Print the stages and the image that would be built; build nothing.")
+    def package(model: str, tag: str, base_image: str | None, dry_run: bool, **opts: Any) -> None:
+        """Build an image holding MODEL's repository, checkpoint and gemm_config.in, runnable with one docker run."""
+        settings = _settings(kit, model, "configure", {**opts, "dry_run": dry_run})
+        result = kit.run(settings)
+        if dry_run:
+            package_plan(settings, tag, base_image)
+            return
+        package_built(settings, result, tag, base_image)
+
+    return package
+
+
+def package_plan(settings: RunSettings, tag: str, base_image: str | None) -> None:
+    """What ``ftx package --dry-run`` prints after the stages: the image it would build and how it runs."""
+    from ftx_triton.runtime.fastertransformer.docker.options import DockerOptions
+    from ftx_triton.runtime.fastertransformer.docker.package import run_spec
+
+    base = base_image or DockerOptions.from_settings(settings).image
+    tuned = "a tuned gemm_config.in" if settings.tune.tune else "no gemm_config.in (--no-tune)"
+    click.echo(f"package: would build {tag} FROM {base} with the model repository, its checkpoint and {tuned}")
+    gpus = settings.convert.planned_tp * settings.configure.pp
+    click.echo(f"run it with: {run_spec(tag, gpus).docker_run_line()}")
+
+
+def package_built(settings: RunSettings, result: Any, tag: str, base_image: str | None) -> None:
+    """Package what the pipeline built for ``settings`` into the image ``tag``; print its id."""
     from ftx_triton.runtime.fastertransformer.docker.client import connect
     from ftx_triton.runtime.fastertransformer.docker.options import DockerOptions
     from ftx_triton.runtime.fastertransformer.docker.package import PackageInputs, package_image
 
-    settings = _settings(model, "configure", opts)
-    result = run_pipeline(settings)
     assert result.repository is not None
     options = DockerOptions.from_settings(settings)
     keys = {o.stage: o.key for o in result.outcomes}
@@ -207,7 +243,7 @@ def package(model: str, tag: str, base_image: str | None, **opts: Any) -> None:
         tag=tag,
         base_image=base_image or options.image,
         gemm=gemm,
-        tp=settings.convert.tp,
+        tp=settings.convert.planned_tp,
         pp=settings.configure.pp,
         provenance=provenance,
     )
@@ -215,11 +251,8 @@ def package(model: str, tag: str, base_image: str | None, **opts: Any) -> None:
     click.echo(built.id)
 
 
-commands: list[click.Command] = [image, tune, package]
-
-
 @hookimpl
-def ftx_register_commands(cli: click.Group) -> None:
+def ftx_register_commands(cli: click.Group, kit: CommandKit) -> None:
     """The Docker launcher's tools: ``ftx image`` (build, list), ``ftx tune`` and ``ftx package``."""
-    for command in commands:
+    for command in (image, tune_command(kit), package_command(kit)):
         cli.add_command(command)

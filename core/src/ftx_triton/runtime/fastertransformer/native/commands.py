@@ -1,4 +1,5 @@
-"""``ftx backend build|preflight``: the natively built FasterTransformer backend."""
+"""``ftx backend build|preflight``: the natively built FasterTransformer backend (the native launcher's commands,
+registered through ``ftx_register_commands``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 import click
 
 from ftx_triton import hookimpl
-from ftx_triton.cli.common import FtxGroup, say
+from ftx_triton.commandkit import FtxGroup, command_store, say
 
 SM_HELP = "GPU architectures to build for, e.g. 90 or 80,90 (default: this machine's GPUs)."
 SOURCES_HELP = (
@@ -52,15 +53,11 @@ def preflight_command(sm: str | None) -> None:
 @click.option("--force", is_flag=True, help="Build again even if a build for this toolchain and SM list exists.")
 def build_command(sm: str | None, sources: Path | None, jobs: int | None, force: bool) -> None:
     """Build (or find) the backend for this toolchain and SM list; print the artifact's path."""
-    from ftx_triton.cli.common import command_store
     from ftx_triton.runtime.fastertransformer.native.options import backend_for
 
     built = backend_for(command_store(), sm=sm, sources=sources, jobs=jobs, force=force, need_gpu=sm is None, say=say)
     say(f"backend   {'cached' if built.cached else 'built'}: SM {','.join(map(str, built.sm))}, key {built.key}")
     click.echo(str(built.path))
-
-
-commands: list[click.Command] = [backend]
 
 
 @hookimpl

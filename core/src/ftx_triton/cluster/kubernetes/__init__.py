@@ -1,0 +1,1 @@
+"""Kubernetes: a deployment as manifests and a Helm chart (`ftx export k8s`), and the entrypoints its pods run."""

@@ -1,0 +1,1 @@
+"""Slurm: a deployment as one batch job (a prepare step, then the server; tp = GPUs per node, pp = nodes)."""

@@ -1,0 +1,4 @@
+"""FasterTransformer's weight data type names, without numpy (``conversion.dtypes`` maps them to numpy types; the
+CLI needs only the names, so ``ftx --help`` imports no numpy)."""
+
+WEIGHT_DTYPE_NAMES = ("fp32", "fp16", "bf16")

@@ -1,0 +1,201 @@
+"""Many users at once (issue 38), on the python runtime: a streaming tiny-gptj deployed with a stream interval
+of 3 and a bounded queue of 1 (`ftx run --streaming --stream-interval 3 --max-queue-size 1`), real
+tritonserver, real HTTP and gRPC."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from python_runtime_support import SERVER_MARKS
+
+pytestmark = SERVER_MARKS
+
+FTX = [str(Path(sys.executable).parent / "ftx")]
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+LONG = 200
+"""Tokens of the request that keeps the model busy (the tiny model's context is 256)."""
+
+
+class Served:
+    def __init__(self, home: Path, stdout: str) -> None:
+        self.home = home
+        self.openai = re.search(r"OpenAI\s+(http://\S+/v1)", stdout).group(1)
+        self.http = re.search(r"HTTP\s+(http://\S+)", stdout).group(1)
+        self.metrics = self.openai.removesuffix("/v1") + "/metrics"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, built_demo: Path) -> Iterator[Served]:
+    from fetch_helpers import seed_demo
+
+    home = tmp_path_factory.mktemp("many-users-home")
+    seed_demo(home, built_demo)
+    env = {**os.environ, "FTX_HOME": str(home), "FTX_DEVICE": "cpu"}
+    args = ["--streaming", "--stream-interval", "3", "--max-queue-size", "1"]
+    run = subprocess.run(
+        [*FTX, "run", "tiny-gptj", "--runtime", "python", *args, "--detach"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    try:
+        yield Served(home, run.stdout)
+    finally:
+        subprocess.run([*FTX, "stop", "--all"], capture_output=True, timeout=120, env=env)
+
+
+def _post(url: str, body: Any) -> tuple[int, dict[str, str], str]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with _OPENER.open(request, timeout=300) as response:
+            return response.status, dict(response.headers), response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read().decode()
+
+
+def _stats(served: Served, model: str) -> int:
+    with _OPENER.open(f"{served.http}/v2/models/{model}/stats", timeout=60) as response:
+        return int(json.loads(response.read())["model_stats"][0]["execution_count"])
+
+
+def _metrics(served: Served) -> dict[str, float]:
+    from ftx_triton.openai_api.metrics import read_metrics
+
+    return read_metrics(served.metrics)
+
+
+def test_the_text_models_stream_every_third_step_and_lose_nothing(served: Served) -> None:
+    """Triton's text ensemble with the stream interval: postprocessing runs once per third token, and the
+    joined text equals the OpenAI endpoint's (token route) for the same greedy request."""
+    from ftx_triton.server.text_client import HttpTriton, pieces, text_interface
+
+    server = HttpTriton(served.http)
+    iface = text_interface(server, "text")
+    before = _stats(served, "postprocessing")
+    events = list(server.generate_stream(iface, {"prompt": "Once upon a time", "max_tokens": 9, "stream": True}))
+    text = "".join(pieces(iter(events), iface, "Once upon a time")).removeprefix("Once upon a time")
+    assert _stats(served, "postprocessing") - before <= 4  # 3 streamed responses (+ the final), not 9
+    assert len([e for e in events if e]) <= 4
+    status, _headers, body = _post(served.openai + "/completions", {"prompt": "Once upon a time", "max_tokens": 9})
+    assert status == 200 and json.loads(body)["choices"][0]["text"] == text
+
+
+def test_an_overloaded_model_answers_429_with_retry_after_and_triton_its_own_error_fast(served: Served) -> None:
+    """One request generates, one waits in the queue of 1: the next OpenAI request gets 429 with Retry-After,
+    and a Triton client (the text ensemble) gets Triton's queue error, both at once; the rest complete."""
+    from ftx_triton.server.text_client import HttpError, HttpTriton, text_interface
+
+    before = _metrics(served)
+    results: dict[str, tuple[float, int, dict[str, str], str]] = {}
+
+    def openai(key: str, tokens: int) -> None:
+        began = time.monotonic()
+        status, headers, body = _post(
+            served.openai + "/completions", {"prompt": "Once upon a time", "max_tokens": tokens}
+        )
+        results[key] = (time.monotonic() - began, status, headers, body)
+
+    def triton(key: str) -> None:
+        server = HttpTriton(served.http)
+        iface = text_interface(server, "text")
+        began = time.monotonic()
+        try:
+            list(server.generate_stream(iface, {"prompt": "Once upon a time", "max_tokens": 4, "stream": True}))
+            results[key] = (time.monotonic() - began, 200, {}, "")
+        except HttpError as exc:
+            results[key] = (time.monotonic() - began, exc.status, {}, exc.message)
+
+    busy = threading.Thread(target=openai, args=("busy", LONG))
+    busy.start()
+    time.sleep(0.4)  # generating now
+    waiting = threading.Thread(target=openai, args=("waiting", 4))
+    waiting.start()
+    time.sleep(0.2)  # queued behind it
+    refused = [threading.Thread(target=openai, args=("openai", 4)), threading.Thread(target=triton, args=("triton",))]
+    for thread in refused:
+        thread.start()
+    for thread in [busy, waiting, *refused]:
+        thread.join(300)
+    assert results["busy"][1] == 200 and results["waiting"][1] == 200, results
+    seconds, status, headers, body = results["openai"]
+    assert status == 429, results
+    assert json.loads(body)["error"]["code"] == "rate_limit_exceeded"
+    assert int(headers["Retry-After"]) >= 1
+    assert seconds < 2.0 and results["busy"][0] > seconds
+    seconds, status, _headers, message = results["triton"]
+    assert "maximum queue size" in message.lower() and seconds < 2.0, results
+    after = _metrics(served)
+    assert after["ftx_requests_rejected_total"] - before.get("ftx_requests_rejected_total", 0) == 1
+    assert after["ftx_requests_total{outcome=ok}"] - before["ftx_requests_total{outcome=ok}"] == 2
+
+
+def test_metrics_count_tokens_time_to_first_token_and_inter_token_latency(served: Served) -> None:
+    from ftx_triton.openai_api.metrics import level_figures
+
+    before = _metrics(served)
+    began = time.monotonic()
+    for stream in (True, False):
+        status, _headers, _body = _post(
+            served.openai + "/completions", {"prompt": "Once upon a time", "max_tokens": 12, "stream": stream}
+        )
+        assert status == 200
+    after = _metrics(served)
+    figures = level_figures(before, after, time.monotonic() - began)
+    assert after["ftx_output_tokens_total"] - before["ftx_output_tokens_total"] == 24
+    assert after["ftx_time_to_first_token_seconds_count"] - before["ftx_time_to_first_token_seconds_count"] == 2
+    assert after["ftx_inter_token_latency_seconds_count"] - before["ftx_inter_token_latency_seconds_count"] == 2
+    assert figures["completed"] == 2 and figures["rejected"] == 0 and figures["errors"] == 0
+    assert 0 < figures["ttft_avg_ms"] and 0 < figures["itl_avg_ms"] and figures["output_tokens_per_s"] > 0
+    assert after["ftx_requests_in_flight"] == 0 and after["ftx_requests_queued"] == 0
+
+
+def test_the_dashboard_plots_only_series_the_endpoint_exposes(served: Served) -> None:
+    """Every query of the Grafana dashboard names series /metrics really has (a renamed series breaks this)."""
+    with _OPENER.open(served.metrics, timeout=30) as response:
+        exposed = response.read().decode()
+    names = set(re.findall(r"^(ftx_\w+)", exposed, flags=re.M))
+    dashboard = json.loads((Path(__file__).parents[3] / "docs" / "grafana" / "ftx-serving.json").read_text())
+    queries = [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", ())]
+    assert queries
+    for query in queries:
+        used = set(re.findall(r"\b(ftx_\w+)", query))
+        assert used and used <= names, (query, used - names)
+
+
+def test_bench_via_openai_reads_the_endpoints_metrics_per_level(served: Served) -> None:
+    env = {**os.environ, "FTX_HOME": str(served.home)}
+    done = subprocess.run(
+        [*FTX, "bench", "--via", "openai", "--concurrency", "1,2", "--requests", "4", "--max-tokens", "4", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["url"] == served.openai and "--via openai" in result["why"]
+    for point, c in zip(result["points"], (1, 2), strict=True):
+        front = point["front"]
+        assert point["concurrency"] == c and point["requests"] == front["completed"] >= 1
+        # two clients against a queue of one: a request can find it full (429), which the load counts and survives
+        assert front["completed"] + front["rejected"] == 4 and front["errors"] == 0
+        assert front["rejected"] == 0 or c == 2
+        assert front["ttft_avg_ms"] > 0 and front["itl_avg_ms"] > 0 and front["output_tokens_per_s"] > 0
+    refused = subprocess.run(
+        [*FTX, "bench", "--via", "openai", "--tool", "perf_analyzer"], capture_output=True, text=True, env=env
+    )
+    assert refused.returncode == 1 and "no OpenAI service kind" in refused.stderr
