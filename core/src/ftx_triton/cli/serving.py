@@ -36,7 +36,6 @@ from ftx_triton.server.text_client import (
     sampling_values,
     text_interface,
 )
-from ftx_triton.terminal import timeline
 
 EXAMPLE_PROMPT = "Once upon a time"
 EXAMPLE_TOKENS = 16
@@ -662,6 +661,8 @@ def after_serve(deployment: Deployment, *, prompt: str | None = None, max_tokens
     ``--detach``: leave the server running and say how to reach and stop it.
     Otherwise: serve in the foreground until Ctrl-C or SIGTERM, then stop cleanly.
     """
+    from ftx_triton.terminal import timeline  # structlog and rich: not on `ftx --help`'s path
+
     endpoint = deployment.endpoint
     detach = deployment.settings.serve.detach
     try:
