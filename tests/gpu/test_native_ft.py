@@ -451,6 +451,113 @@ def test_token_ids_of_the_raw_model_equal_transformers(served: Served) -> None:
         assert got[: len(generated)] == generated, (served.case, served.tp, served.dtype, prompt, got, generated)
 
 
+def _teacher_forced(served: Served, prompt: list[int], generated: list[int]) -> list[float]:
+    """transformers' fp32 log-softmax of each generated token, the sequence fed back through the source model."""
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(served.source)
+    model = getattr(transformers, config.architectures[0]).from_pretrained(served.source).eval()
+    with torch.inference_mode():
+        if config.is_encoder_decoder:
+            decoder = torch.tensor([[config.decoder_start_token_id, *generated]])
+            steps = model(input_ids=torch.tensor([prompt]), decoder_input_ids=decoder).logits[0].float().log_softmax(-1)
+            return [float(steps[i, t]) for i, t in enumerate(generated)]
+        steps = model(torch.tensor([prompt + generated])).logits[0].float().log_softmax(-1)
+        return [float(steps[len(prompt) + i - 1, t]) for i, t in enumerate(generated)]
+
+
+LOG_PROB_TOLERANCE = {"fp16": 0.05, "bf16": 0.15}
+"""Per-token log-probability tolerance against transformers' fp32 (the GPU computes in the served dtype)."""
+
+
+def test_log_probs_equal_transformers(served: Served) -> None:
+    """#36 on FasterTransformer: the raw model's cum_log_probs under greedy decoding (its top-k 1 answers
+    output_log_probs of 0, the chosen token renormalized among one) and the text model's per-token log
+    probabilities when asked for them (decoded through a tiny nucleus) equal transformers' log-softmax."""
+    encoder_decoder = served.case.startswith("t5")
+    tolerance = LOG_PROB_TOLERANCE.get(served.dtype, 0.05)
+    for prompt in PROMPTS:
+        ids, generated, _ = _reference(served, prompt)
+        expected = _teacher_forced(served, ids, generated)
+        inputs = t5_or_decoder_inputs(ids, encoder_decoder)
+        payload = {
+            "inputs": [
+                *(
+                    {"name": k, "shape": list(v.shape), "datatype": "UINT32", "data": v.flatten().tolist()}
+                    for k, v in inputs.items()
+                ),
+                {"name": "is_return_log_probs", "shape": [1, 1], "datatype": "BOOL", "data": [True]},
+            ],
+            "outputs": [{"name": "output_ids"}, {"name": "sequence_length"}, {"name": "cum_log_probs"}],
+        }
+        answer = _post(f"http://{served.endpoint.http_url}/v2/models/fastertransformer/infer", payload)
+        out = {o["name"]: np.array(o["data"]).reshape(o["shape"]) for o in answer["outputs"]}
+        cumulative = float(out["cum_log_probs"][0, 0])
+        assert abs(cumulative - sum(expected)) <= tolerance * len(expected), (served.case, prompt, cumulative)
+        text = _post(
+            f"http://{served.endpoint.http_url}/v2/models/text/generate",
+            {"text_input": prompt, "max_tokens": NEW_TOKENS, "logprobs": True},
+        )
+        got_ids = [int(t) for t in np.atleast_1d(text["output_token_ids"]) if int(t) >= 0]
+        assert got_ids[: len(generated)] == generated, (served.case, prompt, got_ids, generated)
+        got = np.atleast_1d(np.asarray(text["output_token_log_probs"], np.float64))[: len(expected)]
+        assert np.allclose(got, expected, atol=tolerance), (served.case, served.dtype, prompt, got, expected)
+
+
+def test_beam_search_equals_transformers(served: Served) -> None:
+    """#36 on FasterTransformer: beam width 3 through the raw model; the best beam equals transformers'
+    generate(num_beams=3) (length penalty 0, no early stop, as FT's beam search runs) and every beam is
+    answered ([batch, beam, length])."""
+    import torch
+    import transformers
+
+    encoder_decoder = served.case.startswith("t5")
+    config = transformers.AutoConfig.from_pretrained(served.source)
+    model = getattr(transformers, config.architectures[0]).from_pretrained(served.source).eval()
+    for prompt in PROMPTS:
+        ids, _generated, _ = _reference(served, prompt)
+        with torch.no_grad():
+            beams = model.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=NEW_TOKENS,
+                num_beams=3,
+                num_return_sequences=3,
+                do_sample=False,
+                length_penalty=0.0,
+                early_stopping=False,
+                eos_token_id=config.eos_token_id,
+                pad_token_id=config.eos_token_id,
+            ).tolist()
+        best = beams[0][1:] if encoder_decoder else beams[0][len(ids) :]
+        best = best[: best.index(config.eos_token_id)] if config.eos_token_id in best else best
+        inputs = t5_or_decoder_inputs(ids, encoder_decoder)
+        payload = {
+            "inputs": [
+                *(
+                    {"name": k, "shape": list(v.shape), "datatype": "UINT32", "data": v.flatten().tolist()}
+                    for k, v in inputs.items()
+                ),
+                {"name": "beam_width", "shape": [1, 1], "datatype": "UINT32", "data": [3]},
+            ],
+            "outputs": [{"name": "output_ids"}, {"name": "sequence_length"}],
+        }
+        answer = _post(f"http://{served.endpoint.http_url}/v2/models/fastertransformer/infer", payload)
+        out = {o["name"]: np.array(o["data"]).reshape(o["shape"]) for o in answer["outputs"]}
+        assert out["output_ids"].shape[:2] == (1, 3)
+        tokens = [int(t) for t in out["output_ids"][0, 0, : int(out["sequence_length"][0, 0])]]
+        got = tokens if encoder_decoder else tokens[len(ids) :]
+        got = got[: got.index(config.eos_token_id)] if config.eos_token_id in got else got
+        assert got == best, (served.case, served.tp, served.dtype, prompt, got, best)
+
+
+def t5_or_decoder_inputs(ids: list[int], encoder_decoder: bool) -> dict[str, np.ndarray]:
+    from python_runtime_support import decoder_inputs, t5_inputs
+
+    return t5_inputs([ids], NEW_TOKENS) if encoder_decoder else decoder_inputs([ids], NEW_TOKENS)
+
+
 def test_the_server_loaded_the_tuned_gemm_config(served: Served) -> None:
     """ftx placed gemm_config.in in the server's working directory and FasterTransformer read it."""
     server = served.endpoint.handle

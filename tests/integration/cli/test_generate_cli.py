@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ftx_triton.cli.serving import generate_text, resolve_target, sampling_values
+from ftx_triton.cli.serving import generate_answer, generate_text, resolve_target, sampling_values
 from ftx_triton.errors import ServeError
 from python_runtime_support import (
     BUILDERS,
@@ -160,6 +160,81 @@ def test_ensemble_and_raw_model_greedy_equal_transformers(deployment: Deployment
         # what `ftx generate` prints: a decoder continues the prompt, T5 answers it
         shown = generate_text(grpc, "text", text, max_tokens=12, echo_prompt=True)
         assert shown == (got if deployment.encoder_decoder else text + got)
+
+
+def _teacher_forced_log_probs(deployment: Deployment, prompt: list[int], generated: list[int]) -> list[float]:
+    """transformers' log-softmax of each generated token, the sequence fed back through the original model."""
+    import torch
+
+    model = deployment.ref
+    with torch.inference_mode():
+        if deployment.encoder_decoder:
+            start = model.config.decoder_start_token_id
+            decoder = torch.tensor([[start, *generated]])
+            logits = model(input_ids=torch.tensor([prompt]), decoder_input_ids=decoder).logits[0]
+            steps = logits.float().log_softmax(-1)
+            return [float(steps[i, t]) for i, t in enumerate(generated)]
+        logits = model(torch.tensor([prompt + generated])).logits[0].float().log_softmax(-1)
+        return [float(logits[len(prompt) + i - 1, t]) for i, t in enumerate(generated)]
+
+
+def test_text_model_gives_log_probs_beams_seeds_and_bans_like_transformers(deployment: Deployment) -> None:
+    """#36 through the whole repository (text model over both protocols) for every family: the generated ids
+    and their log probabilities (transformers' log-softmax within fp32 tolerance), beam search equal to
+    generate(num_beams=3), a seed that repeats its text, and banned tokens that never appear."""
+    http = f"http://{deployment.server.http_url}"
+    text = TEXT_PROMPTS[0]
+    prompt = deployment.encode(text)
+    expected = hf_greedy(deployment.ref, prompt, 8)
+    generated = expected if deployment.encoder_decoder else expected[len(prompt) :]
+    end = deployment.ref.config.eos_token_id
+    kept = generated[: generated.index(end)] if end in generated else generated
+    for url, options in ((http, {}), (deployment.server.grpc_url, {"logprobs": True})):
+        # asked for log probabilities, greedy decoding goes through a tiny nucleus (FT's top-k 1 answers 0)
+        answer = generate_answer(url, "text", text, max_tokens=8, options=options)
+        assert answer.token_ids == tuple(kept), url
+        assert answer.log_probs is not None
+        wanted = _teacher_forced_log_probs(deployment, prompt, kept)
+        assert np.allclose(answer.log_probs, wanted, atol=1e-3), (url, answer.log_probs, wanted)
+    beams = hf_greedy(deployment.ref, prompt, 8, num_beams=3, early_stopping=False, length_penalty=0.0)
+    best = beams if deployment.encoder_decoder else beams[len(prompt) :]
+    got = generate_answer(http, "text", text, max_tokens=8, options={"beam_width": 3})
+    assert got.text == deployment.decode(best)
+    sampled = {"seed": 17}
+    first = generate_answer(deployment.server.grpc_url, "text", text, max_tokens=8, temperature=1.0, options=sampled)
+    again = generate_answer(http, "text", text, max_tokens=8, temperature=1.0, options=sampled)
+    assert first.token_ids == again.token_ids and first.text == again.text
+    banned = sorted(set(kept[:2]))
+    free = generate_answer(http, "text", text, max_tokens=8, options={"bad_token_ids": banned})
+    assert free.token_ids and not set(free.token_ids) & set(banned)
+
+
+def test_openai_endpoint_on_a_deployment_that_answers_whole(deployment: Deployment) -> None:
+    """The OpenAI endpoint over a deployment without --streaming (every family, T5 included), through the
+    official client: logprobs and usage from the text model's own ids, n with seeds, best_of."""
+    openai = pytest.importorskip("openai")
+    from ftx_triton.front.server import Front
+    from ftx_triton.openai_api.app import make_app
+
+    http = f"http://{deployment.server.http_url}"
+    tokenizer = Path(deployment.server.repository) / "preprocessing" / "1"
+    front = Front(make_app(http, "m", tokenizer), "127.0.0.1", 0)
+    front.start()
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{front.port}/v1", api_key="none", max_retries=0)
+        text = TEXT_PROMPTS[1]
+        reference = generate_answer(http, "text", text, max_tokens=6, options={"logprobs": True})
+        answer = client.completions.create(model="m", prompt=text, max_tokens=6, logprobs=0)
+        choice = answer.choices[0]
+        assert choice.text == reference.text and answer.usage.completion_tokens == len(reference.token_ids)
+        assert np.allclose(choice.logprobs.token_logprobs, reference.log_probs, atol=1e-6)
+        many = client.completions.create(model="m", prompt=text, max_tokens=6, temperature=1.0, seed=4, n=2)
+        one = client.completions.create(model="m", prompt=text, max_tokens=6, temperature=1.0, seed=5)
+        assert many.choices[1].text == one.choices[0].text
+        best = client.completions.create(model="m", prompt=text, max_tokens=6, temperature=1.0, seed=4, best_of=2)
+        assert best.choices[0].text in {c.text for c in many.choices} and len(best.choices) == 1
+    finally:
+        front.stop()
 
 
 def test_malformed_ensemble_requests_get_errors_and_serving_continues(deployment: Deployment) -> None:
@@ -378,10 +453,34 @@ def test_detach_then_generate_ps_and_stop(demo_home: Path) -> None:
         assert "deployed without --streaming, so the text arrives whole" in streamed.stderr
         no_model = _ftx("generate", "The quick brown", "--max-tokens", "6", env=env)
         assert no_model.returncode == 0 and no_model.stdout == plain.stdout, no_model.stderr
+        _check_generate_options(env, plain.stdout)
     stop = deployment.stop
     assert stop is not None  # set on the way out of the block
     assert stop.returncode == 0 and "stopped tiny-gptj" in stop.stdout, stop.stderr
     _no_ftx_servers_left(demo_home)
+
+
+def _check_generate_options(env: Mapping[str, str], plain: str) -> None:
+    """#36: `ftx generate --logprobs / --beam / --n / --seed / --ban` against a served deployment."""
+    base = ("generate", "The quick brown", "--max-tokens", "6")
+    scored = _ftx(*base, "--logprobs", env=env)
+    assert scored.returncode == 0, scored.stderr
+    text, table = scored.stdout.split("\n\n", 1)
+    assert text + "\n" == plain
+    rows = [line.split("\t") for line in table.strip().splitlines()]
+    assert len(rows) == 6 and all(int(t) >= 0 and float(v) <= 0 for t, v in rows)
+    beam = _ftx(*base, "--beam", "2", env=env)
+    assert beam.returncode == 0 and beam.stdout.startswith("The quick brown"), beam.stderr
+    seeded = _ftx(*base, "--temperature", "1", "--seed", "5", "--n", "2", env=env)
+    assert seeded.returncode == 0, seeded.stderr
+    assert "--- generation 1 of 2 (seed 5)" in seeded.stdout and "--- generation 2 of 2 (seed 6)" in seeded.stdout
+    alone = _ftx(*base, "--temperature", "1", "--seed", "6", env=env)
+    assert seeded.stdout.split("(seed 6)\n", 1)[1] == alone.stdout
+    word = plain.removeprefix("The quick brown").split()[0]
+    banned = _ftx(*base, "--ban", f" {word}", env=env)
+    assert banned.returncode == 0 and f" {word}" not in banned.stdout.removeprefix("The quick brown"), banned.stdout
+    refused = _ftx(*base, "--ban", "", env=env)
+    assert refused.returncode != 0 and "empty word" in refused.stderr
 
 
 def test_streaming_deployment_streams_tokens_through_the_ensemble(demo_home: Path) -> None:

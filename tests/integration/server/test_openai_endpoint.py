@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from python_runtime_support import SERVER_MARKS  # noqa: E402
 
@@ -178,7 +179,8 @@ def test_stop_strings_cut_the_text(served: Served) -> None:
     full = _triton_text(served, "Once upon a time", 12)
     cut_at = full.split()[2]
     status, answer = _post(
-        served.openai + "/completions", {"prompt": "Once upon a time", "max_tokens": 12, "stop": [cut_at]}
+        served.openai + "/completions",
+        {"prompt": "Once upon a time", "max_tokens": 12, "stop": [cut_at, "z" * 500]},  # 500 z: > 64 tokens
     )
     assert status == 200
     assert answer["choices"][0]["text"] == full[: full.find(cut_at)]
@@ -189,7 +191,31 @@ def test_stop_strings_cut_the_text(served: Served) -> None:
     "body, param, status",
     [
         ({"prompt": "", "max_tokens": 4}, "prompt", 400),
-        ({"prompt": "Hi", "n": 2}, "n", 400),
+        ({"prompt": "Hi", "n": 0}, "n", 400),
+        ({"prompt": "Hi", "n": 10_000}, "n", 400),
+        ({"prompt": "Hi", "n": 2, "best_of": 1}, "best_of", 400),
+        ({"prompt": "Hi", "logprobs": -1}, "logprobs", 400),
+        ({"prompt": "Hi", "logprobs": 1000}, "logprobs", 400),
+        ({"prompt": "Hi", "logit_bias": {"99999999": -100}}, "logit_bias", 400),  # outside the vocabulary
+        ({"prompt": "Hi", "logit_bias": {"5": "x"}}, "logit_bias", 400),
+        ({"prompt": "Hi", "logit_bias": {"five": -100}}, "logit_bias", 400),
+        ({"prompt": "Hi", "logit_bias": {"5": 3}}, "logit_bias", 400),  # FT can ban, not bias
+        ({"prompt": "Hi", "seed": -1}, "seed", 400),
+        ({"prompt": "Hi", "stop": "x" * 513}, "stop", 400),
+        # #33.9: fields neither honoured nor refused used to be 200 as if absent
+        ({"prompt": "Hi", "frequency_penalty": 0.5}, "frequency_penalty", 400),
+        ({"prompt": "Hi", "presence_penalty": 0.5}, "presence_penalty", 400),
+        ({"prompt": "Hi", "suffix": " the end"}, "suffix", 400),
+        ({"prompt": "Hi", "stream_options": {"include_usage": True}}, "stream_options", 400),  # without stream
+        ({"prompt": "Hi", "logprobs": 0, "echo": True}, "echo", 400),  # prompt log probs: FT has none
+        ({"prompt": "Hi", "some_new_field": 1}, "some_new_field", 400),
+        ({"prompt": "Hi", "best_of": 2, "stream": True}, "best_of", 400),
+        (
+            {"messages": [{"role": "user", "content": "Hi"}], "response_format": {"type": "json_object"}},
+            "response_format",
+            400,
+        ),
+        ({"messages": [{"role": "user", "content": "Hi"}], "logprobs": True, "top_logprobs": 2}, "top_logprobs", 400),
         ({"prompt": "Hi", "model": "gpt-4"}, "model", 404),  # OpenAI's model_not_found
         ({"prompt": "Hi", "temperature": 5}, "temperature", 400),
         ({"prompt": "Hi", "max_tokens": "many"}, "max_tokens", 400),
@@ -215,13 +241,13 @@ def test_bad_requests_get_openai_errors(served: Served, body: dict, param: str, 
 
 def test_limits_are_printed_as_written() -> None:
     """Not ``1.04858e+06``: a client reads the number it may send."""
-    from ftx_triton.openai_api.app import BadRequest, _request_values
+    from ftx_triton.openai_api.params import BadRequest, parse_params
 
     with pytest.raises(BadRequest) as refused:
-        _request_values({"max_tokens": 0}, None)
+        parse_params({"max_tokens": 0}, "completions", None)
     assert "between 1 and 1048576" in str(refused.value)
     with pytest.raises(BadRequest) as refused:
-        _request_values({"top_p": 3}, None)
+        parse_params({"top_p": 3}, "completions", None)
     assert "between 0 and 1" in str(refused.value) and "e+" not in str(refused.value)
 
 
@@ -616,3 +642,140 @@ def test_a_slow_reader_gets_the_whole_text_in_fewer_pieces(served: Served) -> No
     slow = asyncio.run(read(0.5))
     assert "".join(slow) == expected
     assert len(slow) < 24
+
+
+# --------------------------------------------------------------------------- #36 with the official client
+
+
+def _client(served: Served) -> Any:
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=served.openai, api_key="none", max_retries=0, timeout=300)
+
+
+def _text_model_answer(served: Served, prompt: str, max_tokens: int, **extra: Any) -> Any:
+    """The text model's own answer (ids and log probabilities) for the same request."""
+    from ftx_triton.cli.serving import generate_answer
+
+    return generate_answer(served.http, "text", prompt, max_tokens=max_tokens, **extra)
+
+
+def test_openai_client_gets_log_probs_streamed_and_not(served: Served) -> None:
+    """logprobs 0: each chosen token's log probability in OpenAI's shape, the same numbers as the text model's
+    (FasterTransformer's output_log_probs), streamed or not; usage counts the generated ids (#33: it used to
+    re-encode the text, 10 tokens for max_tokens 8)."""
+    client = _client(served)
+    prompt = "Once upon a time"
+    answer = client.completions.create(model="tiny-gptj", prompt=prompt, max_tokens=8, logprobs=0)
+    reference = _text_model_answer(served, prompt, 8)
+    choice = answer.choices[0]
+    assert choice.text == reference.text
+    assert len(choice.logprobs.token_logprobs) == len(reference.token_ids) == answer.usage.completion_tokens
+    assert np.allclose(choice.logprobs.token_logprobs, reference.log_probs, atol=1e-6)
+    assert "".join(choice.logprobs.tokens) == choice.text
+    assert choice.logprobs.text_offset[0] == len(prompt)
+    chunks = list(
+        client.completions.create(
+            model="tiny-gptj",
+            prompt=prompt,
+            max_tokens=8,
+            logprobs=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    streamed = [v for c in chunks if c.choices and c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs]
+    assert np.allclose(streamed, reference.log_probs, atol=1e-6)
+    assert chunks[-1].usage.completion_tokens == len(reference.token_ids) and chunks[-1].choices == []
+    chat = client.chat.completions.create(
+        model="tiny-gptj", messages=[{"role": "user", "content": prompt}], max_tokens=5, logprobs=True
+    )
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens and all(
+        c.logprob <= 0 and c.top_logprobs == [] for c in content
+    )
+    assert "".join(c.token for c in content) == chat.choices[0].message.content
+    stream = client.chat.completions.create(
+        model="tiny-gptj", messages=[{"role": "user", "content": prompt}], max_tokens=5, logprobs=True, stream=True
+    )
+    values = [
+        c.logprob
+        for chunk in stream
+        if chunk.choices and chunk.choices[0].logprobs
+        for c in chunk.choices[0].logprobs.content
+    ]
+    assert np.allclose(values, [c.logprob for c in content], atol=1e-6)
+
+
+def test_usage_counts_the_generated_ids_not_a_re_encoding_of_the_text(served: Served) -> None:
+    """#33 (low): re-encoding the text miscounted (10 for max_tokens 8); the count is the model's own ids.
+    Sampled generations (random tokens seldom re-encode to themselves), at least one of whose texts
+    re-encodes to another count, so the test can tell the two apart."""
+    from ftx_triton.fetching.demo import ensure_demo_checkpoint
+    from ftx_triton.repository.textproc import load_codec
+
+    client = _client(served)
+    codec = load_codec(ensure_demo_checkpoint(served.home))
+    differs = []
+    for seed in range(12):
+        answer = client.completions.create(
+            model="tiny-gptj", prompt="Once upon a time", max_tokens=8, temperature=2.0, seed=seed
+        )
+        ids = _text_model_answer(served, "Once upon a time", 8, temperature=2.0, options={"seed": seed}).token_ids
+        assert answer.usage.completion_tokens == len(ids), seed
+        differs.append(len(codec.encode(answer.choices[0].text, prompt=False)) != len(ids))
+        if any(differs):
+            break
+    assert any(differs), "no generation here tells a re-encoding from the model's count"
+
+
+def test_openai_client_seed_n_logit_bias_and_stop(served: Served) -> None:
+    client = _client(served)
+    prompt = "Once upon a time"
+
+    def sample(**extra: Any) -> Any:
+        return client.completions.create(model="tiny-gptj", prompt=prompt, max_tokens=8, temperature=1.0, **extra)
+
+    first, again = sample(seed=3), sample(seed=3)
+    assert first.choices[0].text == again.choices[0].text
+    assert len({sample(seed=s).choices[0].text for s in (1, 2, 4, 5)}) > 1
+    three = sample(seed=10, n=3)
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    assert [c.text for c in three.choices] == [sample(seed=10 + i).choices[0].text for i in range(3)]
+    streamed = list(
+        client.completions.create(
+            model="tiny-gptj", prompt=prompt, max_tokens=8, temperature=1.0, seed=10, n=3, stream=True
+        )
+    )
+    for i in range(3):
+        text = "".join(c.choices[0].text for c in streamed if c.choices and c.choices[0].index == i)
+        assert text == three.choices[i].text
+    best = sample(seed=10, n=1, best_of=3, logprobs=0)
+    scored = sample(seed=10, n=3, logprobs=0)
+    means = [float(np.mean(c.logprobs.token_logprobs)) for c in scored.choices]
+    assert best.choices[0].text == scored.choices[int(np.argmax(means))].text
+    greedy = _text_model_answer(served, prompt, 8)
+    banned = sorted(set(greedy.token_ids[:2]))
+    biased = client.completions.create(
+        model="tiny-gptj", prompt=prompt, max_tokens=8, logit_bias={str(t): -100 for t in banned}
+    )
+    ids = _text_model_answer(served, prompt, 8, options={"bad_token_ids": banned}).token_ids
+    assert not set(ids) & set(banned)
+    assert biased.choices[0].text == _text_model_answer(served, prompt, 8, options={"bad_token_ids": banned}).text
+    assert biased.choices[0].text != greedy.text
+
+
+def test_openai_client_sees_refusals_as_bad_request_errors(served: Served) -> None:
+    openai = pytest.importorskip("openai")
+    client = _client(served)
+    for extra, param in (
+        ({"logprobs": 3}, "logprobs"),
+        ({"frequency_penalty": 1.0}, "frequency_penalty"),
+        ({"logit_bias": {"5": 10}}, "logit_bias"),
+        ({"extra_body": {"mystery": True}}, "mystery"),
+    ):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(model="tiny-gptj", prompt="Hi", max_tokens=2, **extra)
+        assert refused.value.body["param"] == param and refused.value.body["type"] == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model="tiny-gptj", prompt="Hi", logprobs=2)
+    assert "computes only the chosen token's log probability" in refused.value.body["message"]

@@ -145,10 +145,14 @@ def test_text_model_speaks_generate_names_and_is_wired(ftx_cli, tiny_gptj_dir: P
     assert ins["text_input"].data_type == mc.TYPE_STRING and not ins["text_input"].optional
     # INT64: Triton casts a JSON number to the declared type unchecked, so INT32 would wrap 2**32 + 5 to 5
     assert ins["max_tokens"].data_type == mc.TYPE_INT64 and not ins["max_tokens"].optional
-    for name in ("temperature", "top_k", "top_p", "stop", "beam_width", "stream"):
+    for name in ("temperature", "top_k", "top_p", "stop", "beam_width", "stream", "random_seed", "bad_token_ids"):
         assert ins[name].optional, name
     assert ins["stream"].data_type == mc.TYPE_BOOL
-    assert [(o.name, o.data_type) for o in ens.output] == [("text_output", mc.TYPE_STRING)]
+    assert [(o.name, o.data_type) for o in ens.output] == [
+        ("text_output", mc.TYPE_STRING),
+        ("output_token_ids", mc.TYPE_INT64),
+        ("output_token_log_probs", mc.TYPE_FP32),
+    ]
     assert [s.model_name for s in ens.ensemble_scheduling.step] == [
         "preprocessing",
         "fastertransformer",
@@ -266,9 +270,13 @@ def test_streaming_is_decoupled_and_postprocessing_reads_ft_outputs_only(
     out = tmp_path / "repo"
     configure(ftx_cli, tiny_gptj_dir, out, "--streaming")
     assert ft_config(out).model_transaction_policy.decoupled
-    for name in ("text", "ensemble"):
+    for name, reads in (
+        ("text", {"TOKENS_BATCH", "sequence_length", "output_log_probs"}),
+        ("ensemble", {"TOKENS_BATCH", "sequence_length"}),
+    ):
         post = parse_config(out / name / "config.pbtxt").ensemble_scheduling.step[2]
-        assert set(post.input_map) == {"TOKENS_BATCH", "sequence_length"}, name
+        assert set(post.input_map) == reads, name
+        assert all(v.startswith("_") for v in post.input_map.values()) or name == "ensemble"
     params = parse_config(out / "preprocessing" / "config.pbtxt").parameters
     assert params["streaming"].string_value == "1"
 

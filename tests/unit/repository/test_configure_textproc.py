@@ -218,7 +218,74 @@ def test_postprocessing_decodes_only_the_outputs_asked_for(bpe_dir: Path) -> Non
     post = Postprocessor(codec, decoder_settings(codec))
     assert set(post.run(inputs, ["text_output"])) == {"text_output"} and len(decoded) == 1
     assert set(post.run(inputs, ["OUTPUT"])) == {"OUTPUT"} and len(decoded) == 2
-    assert set(post.run(inputs)) == {"text_output", "OUTPUT"} and len(decoded) == 4  # a direct call: both
+    assert set(post.run(inputs)) >= {"text_output", "OUTPUT"} and len(decoded) == 4  # a direct call: all
+    assert set(post.run(inputs, ["output_token_ids"])) == {"output_token_ids", "output_token_log_probs"}
+    assert len(decoded) == 4  # ids and log probabilities decode nothing
+
+
+def test_postprocessing_answers_the_generated_ids_and_their_log_probs(bpe_dir: Path) -> None:
+    """#36: the text model answers the best beam's generated ids (up to the end id) and FT's log
+    probability of each; a streamed response only its new ones (from the stream offset, FT's
+    output_log_probs counting generated positions after the prompt)."""
+    codec = load_codec(bpe_dir, "hf")
+    settings = decoder_settings(codec)
+    prompt, generated = codec.encode("The quick", prompt=True), codec.encode(" brown fox", prompt=False)
+    row = [*prompt, *generated, settings.end_id, settings.end_id]
+    log_probs = np.array([[[-0.5 - i for i in range(len(generated) + 2)]]], np.float32)
+    post = Postprocessor(codec, settings)
+    base = {
+        "TOKENS_BATCH": np.array([[row]], np.uint32),
+        "sequence_length": np.array([[len(row) - 1]], np.uint32),
+        "output_log_probs": log_probs,
+    }
+    whole = post.run({**base, "REQUEST_INPUT_LEN": np.array([[len(prompt)]], np.uint32)})
+    assert whole["output_token_ids"].tolist() == [generated]
+    assert whole["output_token_log_probs"].tolist() == [log_probs[0, 0, : len(generated)].tolist()]
+    offset = len(prompt) + 1  # a stream's second response: the tokens after the first generated one
+    piece = post.run(
+        {
+            **base,
+            "sequence_length": np.array([[len(prompt) + 2]], np.uint32),
+            "ftx_stream_offset": np.array([[offset]], np.uint32),
+            "RESPONSE_INPUT_LENGTHS": np.array([[len(prompt)]], np.int32),
+        }
+    )
+    assert piece["output_token_ids"].tolist() == [generated[1:2]]
+    assert piece["output_token_log_probs"].tolist() == [[float(log_probs[0, 0, 1])]]
+
+
+def test_preprocessing_caps_word_lists_before_tokenizing_them(bpe_dir: Path) -> None:
+    """#33.4: stop and bad words (text, FT's CSV lists, banned ids) are limited in number and length."""
+    codec = load_codec(bpe_dir, "hf")
+    pre = Preprocessor(codec, decoder_settings(codec))
+    base = {"text_input": text_batch("Hello"), "max_tokens": np.array([[3]], dtype=np.int64)}
+    many = np.array([[b"x"] * (textproc.MAX_WORDS + 1)], dtype=np.object_)
+    for change, message in (
+        ({"stop": many}, "at most 1024"),
+        ({"bad_words": many}, "at most 1024"),
+        ({"stop": np.array([[b"y" * (textproc.MAX_WORD_CHARS + 1)]], dtype=np.object_)}, "longer than 512"),
+        ({"bad_token_ids": np.arange(textproc.MAX_WORDS + 1, dtype=np.int64)[None]}, "at most 1024"),
+        ({"bad_token_ids": np.array([[codec.vocab_size]], np.int64)}, "outside the vocabulary"),
+    ):
+        with pytest.raises(RequestError, match=message):
+            pre.run({**base, **change})
+    csv_line = np.array([[(",".join(["a"] * (textproc.MAX_WORDS + 1))).encode()]], dtype=np.object_)
+    with pytest.raises(RequestError, match="at most 1024"):
+        pre.run(
+            {
+                "QUERY": text_batch("Hello"),
+                "REQUEST_OUTPUT_LEN": np.array([[3]], np.uint32),
+                "STOP_WORDS_DICT": csv_line,
+            }
+        )
+    greedy = pre.run({**base, "logprobs": np.array([[True]])})
+    assert greedy["runtime_top_p"].tolist() == [[np.float32(textproc.GREEDY_TOP_P)]]
+    assert greedy["runtime_top_k"].tolist() == [[0]]
+    sampled = pre.run({**base, "logprobs": np.array([[True]]), "top_k": np.array([[5]], np.int64)})
+    assert sampled["runtime_top_k"].tolist() == [[5]] and sampled["runtime_top_p"].tolist() == [[0.0]]
+    banned = pre.run({**base, "bad_token_ids": np.array([[5, 9, -1]], np.int64)})
+    assert banned["BAD_WORDS_IDS"].tolist() == word_list([[]], codec, token_ids=[[5, 9]]).tolist()
+    assert banned["is_return_log_probs"].tolist() == [[True]]
 
 
 def test_postprocessing_stops_at_the_end_id(bpe_dir: Path) -> None:

@@ -14,7 +14,8 @@ import queue
 import shlex
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +26,23 @@ from ftx_triton.cli.options import FiniteFloatRange
 from ftx_triton.engine.deployment import Deployment, openai_model_id
 from ftx_triton.errors import ServeError
 from ftx_triton.repository.io import TEXT_MODEL_NAME
-from ftx_triton.server.text_client import TextInterface, first_text, pieces, sampling_values, text_interface
+from ftx_triton.server.text_client import (
+    TOKEN_IDS,
+    TOKEN_LOG_PROBS,
+    Answer,
+    PieceJoiner,
+    TextInterface,
+    first_text,
+    sampling_values,
+    text_interface,
+)
 
 EXAMPLE_PROMPT = "Once upon a time"
 EXAMPLE_TOKENS = 16
+MAX_BEAM = 16
+"""The widest --beam (the python runtime's limit; FasterTransformer's memory grows with it)."""
+MAX_GENERATIONS = 64
+"""The most --n generations one command makes."""
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 """The longest --timeout (a week; sockets refuse far larger ones)."""
 
@@ -48,7 +62,12 @@ def _client_error(exc: Exception, url: str, model: str) -> ServeError:
     return ServeError(f"the server refused the request: {text}")
 
 
-def generate_text(
+def generate_text(url: str, model: str, prompt: str, **kwargs: Any) -> str:
+    """Generate once through ``model``'s text interface at ``url``; return the text (see :func:`generate_answer`)."""
+    return generate_answer(url, model, prompt, **kwargs).text
+
+
+def generate_answer(
     url: str,
     model: str,
     prompt: str,
@@ -57,43 +76,36 @@ def generate_text(
     temperature: float | None = None,
     top_k: int | None = None,
     top_p: float | None = None,
+    options: Mapping[str, Any] | None = None,
     stream: bool = False,
     on_text: Callable[[str], None] | None = None,
     echo_prompt: bool = False,
     timeout_s: float = 600.0,
     on_note: Callable[[str], None] | None = None,
     repository: Path | None = None,
-) -> str:
-    """Generate once through ``model``'s text interface at ``url``; return the text.
+) -> Answer:
+    """Generate once through ``model``'s text interface at ``url``; the text, with the generated token ids and
+    their log probabilities where the model gives them.
 
     ``url`` is Triton's HTTP address (``http://host:port``, as ``ftx run`` prints it: the generate
-    extension) or its gRPC address (``host:port`` or ``grpc://host:port``). The result is the
-    generated text; with ``echo_prompt`` a decoder model's result starts with the prompt it continues
-    (an encoder-decoder's answer never does). With ``stream``, ``on_text`` gets each new piece of text
-    as responses arrive — for decoder models the prompt first — and the result is everything it got.
+    extension) or its gRPC address (``host:port`` or ``grpc://host:port``). The text is the generated
+    text; with ``echo_prompt`` a decoder model's result starts with the prompt it continues (an
+    encoder-decoder's answer never does). With ``stream``, ``on_text`` gets each new piece of text as
+    responses arrive — for decoder models the prompt first — and the text is everything it got.
+    ``options`` holds further roles of the text interface (``seed``, ``beam_width``, ``bad_words``).
     A decoupled (streaming) model is always read as a stream; ``stream`` against a model deployed
     without ``--streaming`` still works, and ``on_note`` is told that the text arrives whole.
     ``repository``: the served repository, when it is on this machine; a streaming one is then read over its
     token route (ids from the fastertransformer model over gRPC, text made here: :mod:`~ftx_triton.server.token_stream`).
     """
-    values = {"prompt": prompt, **sampling_values(max_tokens, temperature, top_k, top_p)}
-    if repository is not None and model == TEXT_MODEL_NAME and not url.startswith(("http://", "https://")):
+    values = {"prompt": prompt, **sampling_values(max_tokens, temperature, top_k, top_p), **(options or {})}
+    routed = not (values.get("logprobs") or int(values.get("beam_width") or 1) > 1)  # the route reads ids only
+    if routed and repository is not None and model == TEXT_MODEL_NAME and not url.startswith(("http://", "https://")):
         text = _generate_tokens(url, repository, prompt, values, stream, on_text, echo_prompt, timeout_s)
         if text is not None:
-            return text
-    if url.startswith(("http://", "https://")):
-        return _generate_http(
-            url,
-            model,
-            prompt,
-            values,
-            stream=stream,
-            on_text=on_text,
-            echo_prompt=echo_prompt,
-            timeout_s=timeout_s,
-            on_note=on_note,
-        )
-    return _generate_grpc(
+            return Answer(text)
+    call = _generate_http if url.startswith(("http://", "https://")) else _generate_grpc
+    return call(
         url,
         model,
         prompt,
@@ -166,6 +178,38 @@ def _finish(text: str, prompt: str, iface: TextInterface, echo_prompt: bool) -> 
     return text
 
 
+def _check_beams(iface: TextInterface, values: Mapping[str, Any]) -> None:
+    """Beam search on a streaming deployment is refused: its best beam changes while it streams, so
+    the pieces would not join into any beam's text."""
+    if iface.decoupled and int(values.get("beam_width") or 1) > 1:
+        raise ServeError(
+            "beam search needs a deployment that answers in one piece: this one streams (--streaming), and "
+            "its best running beam changes from step to step",
+            hint="deploy without --streaming to use --beam",
+        )
+
+
+def _streamed(
+    answers: Iterator[Answer], iface: TextInterface, prompt: str, on_text: Callable[[str], None] | None, whole: bool
+) -> Answer:
+    """The stream's answers joined: the text (starting with the prompt for a decoder, unless ``whole`` is
+    False and it is cut off), and the token ids and log probabilities when each answer holds only its own."""
+    joiner = PieceJoiner(iface, prompt)
+    text, ids, probs = "", list[int](), list[float]()
+    for answer in answers:
+        piece = joiner.add(answer.text)
+        if piece:
+            text += piece
+            if on_text:
+                on_text(piece)
+        if iface.gives_tokens and answer.token_ids is not None:
+            ids += answer.token_ids
+            probs += answer.log_probs or [0.0] * len(answer.token_ids)
+    if not whole and iface.continues_prompt:
+        text = text.removeprefix(prompt)
+    return Answer(text, tuple(ids) if iface.gives_tokens else None, tuple(probs) if iface.gives_tokens else None)
+
+
 def _generate_http(
     url: str,
     model: str,
@@ -177,26 +221,27 @@ def _generate_http(
     echo_prompt: bool,
     timeout_s: float,
     on_note: Callable[[str], None] | None,
-) -> str:
+) -> Answer:
     from ftx_triton.server.text_client import HttpError, HttpTriton
 
     server = HttpTriton(url, timeout_s=timeout_s)
     try:
         iface = text_interface(server, model)
+        _check_beams(iface, values)
         if stream and not iface.decoupled and on_note:
             on_note(_not_streaming_note(model))
         if iface.decoupled:
             values["stream"] = True
         if stream or iface.decoupled:
-            text = ""
-            for piece in pieces(server.generate_stream(iface, values), iface, prompt):
-                text += piece
-                if stream and on_text:
-                    on_text(piece)
-            if stream or echo_prompt or not iface.continues_prompt:
-                return text
-            return text.removeprefix(prompt)
-        return _finish(server.generate(iface, values), prompt, iface, echo_prompt)
+            return _streamed(
+                server.answer_stream(iface, values),
+                iface,
+                prompt,
+                on_text if stream else None,
+                stream or echo_prompt or not iface.continues_prompt,
+            )
+        answer = server.answer(iface, values)
+        return replace(answer, text=_finish(answer.text, prompt, iface, echo_prompt))
     except HttpError as exc:
         if exc.status == 404 or "unknown model" in exc.message.lower():
             raise ServeError(
@@ -204,6 +249,17 @@ def _generate_http(
                 hint=f"the text model is {TEXT_MODEL_NAME!r}",
             ) from None
         raise ServeError(f"the server refused the request: {exc.message}") from None
+
+
+def _grpc_answer(result: Any, iface: TextInterface) -> Answer:
+    """An Answer from a gRPC result (the token outputs when the model gives them)."""
+    event: dict[str, Any] = {iface.output: first_text(result.as_numpy(iface.output))}
+    if iface.gives_tokens:
+        for name in (TOKEN_IDS, TOKEN_LOG_PROBS):
+            array = result.as_numpy(name)
+            if array is not None:
+                event[name] = array.reshape(-1).tolist()
+    return Answer.of(event, iface.output)
 
 
 def _generate_grpc(
@@ -217,7 +273,7 @@ def _generate_grpc(
     echo_prompt: bool,
     timeout_s: float,
     on_note: Callable[[str], None] | None,
-) -> str:
+) -> Answer:
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
@@ -228,44 +284,43 @@ def _generate_grpc(
             iface = text_interface(client, model)
         except InferenceServerException as exc:
             raise _client_error(exc, target, model) from None
+        _check_beams(iface, values)
         if stream and not iface.decoupled and on_note:
             on_note(_not_streaming_note(model))
         if iface.decoupled:
             values["stream"] = True
         inputs = iface.tensors(values, grpcclient)
-        outputs = [grpcclient.InferRequestedOutput(iface.output)]
+        names = [iface.output, *((TOKEN_IDS, TOKEN_LOG_PROBS) if iface.gives_tokens else ())]
+        outputs = [grpcclient.InferRequestedOutput(name) for name in names]
         if stream or iface.decoupled:
-            text = _stream(client, iface, inputs, outputs, on_text if stream else None, timeout_s, target, prompt)
-            if stream or echo_prompt or not iface.continues_prompt:
-                return text
-            return text.removeprefix(prompt)
+            return _streamed(
+                _stream(client, iface, inputs, outputs, timeout_s, target),
+                iface,
+                prompt,
+                on_text if stream else None,
+                stream or echo_prompt or not iface.continues_prompt,
+            )
         try:
             result = client.infer(model, inputs, outputs=outputs, client_timeout=timeout_s)
         except InferenceServerException as exc:
             raise _client_error(exc, target, model) from None
-        return _finish(first_text(result.as_numpy(iface.output)), prompt, iface, echo_prompt)
+        answer = _grpc_answer(result, iface)
+        return replace(answer, text=_finish(answer.text, prompt, iface, echo_prompt))
     finally:
         client.close()
 
 
 def _stream(
-    client: Any,
-    iface: TextInterface,
-    inputs: list[Any],
-    outputs: list[Any],
-    on_text: Callable[[str], None] | None,
-    timeout_s: float,
-    target: str,
-    prompt: str,
-) -> str:
-    """Print pieces as they arrive; the text starts with the prompt whether or not the model repeats it
-    (ftx's streaming ensemble sends each new piece once, one without stream offsets the whole text so far)."""
+    client: Any, iface: TextInterface, inputs: list[Any], outputs: list[Any], timeout_s: float, target: str
+) -> Iterator[Answer]:
+    """The answers of a gRPC stream as they arrive (ftx's streaming ensemble sends each new piece once,
+    one without stream offsets the whole text so far)."""
     from tritonclient.utils import InferenceServerException
 
     responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
-
-    def texts() -> Iterator[str]:
+    try:
+        client.async_stream_infer(iface.model, inputs, outputs=outputs, enable_empty_final_response=True)
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -276,19 +331,11 @@ def _stream(
                 raise _client_error(
                     error if isinstance(error, Exception) else InferenceServerException(str(error)), target, iface.model
                 )
-            yield first_text(result.as_numpy(iface.output))
             final = result.get_response().parameters.get("triton_final_response")
+            if result.as_numpy(iface.output) is not None or final is None or not final.bool_param:
+                yield _grpc_answer(result, iface)
             if final is None or final.bool_param:
                 return
-
-    printed = ""
-    try:
-        client.async_stream_infer(iface.model, inputs, outputs=outputs, enable_empty_final_response=True)
-        for piece in pieces(texts(), iface, prompt):
-            printed += piece
-            if on_text:
-                on_text(piece)
-        return printed
     finally:
         client.stop_stream()
 
@@ -394,6 +441,36 @@ def _checked_url(url: str) -> str:
     "template through the server's OpenAI endpoint (--url: its /v1 address).",
 )
 @click.option("--system", help="With --chat: a system message that opens the conversation.")
+@click.option(
+    "--seed",
+    type=click.IntRange(0, (1 << 63) - 1),
+    help="Random seed of sampling (FT's random_seed): same seed, same text.",
+)
+@click.option(
+    "--beam",
+    type=click.IntRange(1, MAX_BEAM),
+    help="Beam search of this width (FT's beam_width); prints the best beam (a deployment without --streaming).",
+)
+@click.option(
+    "--n",
+    "count",
+    type=click.IntRange(1, MAX_GENERATIONS),
+    default=1,
+    show_default=True,
+    help="Generations of the prompt, each printed under a header (seeds SEED, SEED+1 … with --seed).",
+)
+@click.option(
+    "--ban",
+    "banned",
+    multiple=True,
+    metavar="WORD",
+    help="Never generate WORD (FT's bad_words_list, tokenized by the model's tokenizer); repeatable.",
+)
+@click.option(
+    "--logprobs",
+    is_flag=True,
+    help="After the text, each generated token id and its log probability (FT's output_log_probs), one per line.",
+)
 def generate(
     args: tuple[str, ...],
     max_tokens: int,
@@ -405,6 +482,11 @@ def generate(
     timeout_s: float,
     chat: bool,
     system: str | None,
+    seed: int | None,
+    beam: int | None,
+    count: int,
+    banned: tuple[str, ...],
+    logprobs: bool,
 ) -> None:
     """Generate a continuation of PROMPT on a running server, or chat with it (--chat, turns from stdin).
 
@@ -412,6 +494,8 @@ def generate(
     served ensemble. Without --temperature/--top-k/--top-p decoding is greedy.
     """
     if chat:
+        if seed is not None or beam or count > 1 or banned or logprobs:
+            raise click.UsageError("--seed, --beam, --n, --ban and --logprobs generate from a PROMPT, not with --chat")
         _chat(args, url, max_tokens, temperature, top_k, top_p, timeout_s, system)
         return
     if not args:
@@ -421,29 +505,56 @@ def generate(
     model, prompt = (None, args[0]) if len(args) == 1 else args
     if not prompt.strip():
         raise click.BadParameter("the prompt is empty", param_hint="PROMPT")
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError:  # bytes the terminal's encoding could not decode reach Python as surrogates
-        raise click.BadParameter("the prompt is not valid UTF-8 text", param_hint="PROMPT") from None
+    for text, hint in ((prompt, "PROMPT"), *((word, "--ban") for word in banned)):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # bytes the terminal's encoding could not decode reach Python as surrogates
+            raise click.BadParameter("not valid UTF-8 text", param_hint=hint) from None
+    if any(not word for word in banned):
+        raise click.BadParameter("an empty word cannot be banned", param_hint="--ban")
     target, triton_model = resolve_target(model, url)
     if temperature == 0:
         temperature = None  # greedy
-    text = generate_text(
-        target,
-        triton_model,
-        prompt,
-        max_tokens=max_tokens,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        stream=stream,
-        on_text=_writer() if stream else None,
-        echo_prompt=True,
-        timeout_s=timeout_s,
-        on_note=lambda note: say(f"note: {note}"),
-        repository=repository_at(target) if triton_model == TEXT_MODEL_NAME else None,
-    )
-    click.echo("" if stream else text)
+    for index in range(count):
+        options: dict[str, Any] = {"beam_width": beam, "bad_words": list(banned) or None, "logprobs": logprobs or None}
+        if seed is not None:
+            options["seed"] = seed + index
+        if count > 1:
+            click.echo(
+                f"--- generation {index + 1} of {count}" + (f" (seed {seed + index})" if seed is not None else "")
+            )
+        answer = generate_answer(
+            target,
+            triton_model,
+            prompt,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            options=options,
+            stream=stream,
+            on_text=_writer() if stream else None,
+            echo_prompt=True,
+            timeout_s=timeout_s,
+            on_note=lambda note: say(f"note: {note}"),
+            repository=repository_at(target) if triton_model == TEXT_MODEL_NAME else None,
+        )
+        click.echo("" if stream else answer.text)
+        if logprobs:
+            _print_logprobs(answer, target)
+
+
+def _print_logprobs(answer: Answer, target: str) -> None:
+    """Each generated token id and its log probability, tab-separated, after a blank line."""
+    if answer.token_ids is None or answer.log_probs is None:
+        raise ServeError(
+            f"the text model at {target} does not answer token log probabilities (a repository written by an "
+            "older ftx, or FasterTransformer streaming, which resends the whole sequence each step)",
+            hint="run `ftx run MODEL` again to rebuild the repository, or deploy without --streaming",
+        )
+    click.echo("")
+    for token, value in zip(answer.token_ids, answer.log_probs, strict=True):
+        click.echo(f"{token}\t{value:.6f}")
 
 
 def _chat(
@@ -567,7 +678,7 @@ def after_serve(deployment: Deployment, *, prompt: str | None = None, max_tokens
     ``--detach``: leave the server running and say how to reach and stop it.
     Otherwise: serve in the foreground until Ctrl-C or SIGTERM, then stop cleanly.
     """
-    from ftx_triton.terminal import timeline  # structlog: not for `ftx --help`
+    from ftx_triton.terminal import timeline  # structlog and rich: not on `ftx --help`'s path
 
     endpoint = deployment.endpoint
     detach = deployment.settings.serve.detach

@@ -19,10 +19,11 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import AsyncGenerator, Iterator, Mapping
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -32,10 +33,11 @@ from ftx_triton.front.shield import lone_surrogate
 from ftx_triton.openai_api.admission import overloaded_response
 from ftx_triton.openai_api.chat import TemplateError, TemplateTimeout, TemplateWorker, chat_template, render
 from ftx_triton.openai_api.metrics import FrontMetrics, Tracked
+from ftx_triton.openai_api.params import BadRequest, Params, parse_params
 from ftx_triton.openai_api.token_generation import TokenGeneration
 from ftx_triton.repository.io import TEXT_MODEL_NAME
-from ftx_triton.repository.textproc import RequestError
-from ftx_triton.server.text_client import HttpError, HttpTriton, TextInterface, pieces, sampling_values, text_interface
+from ftx_triton.repository.textproc import MAX_WORD_TOKENS, RequestError
+from ftx_triton.server.text_client import HttpError, HttpTriton, PieceJoiner, TextInterface, text_interface
 from ftx_triton.server.token_stream import (
     AsyncTokenClient,
     ModelRefused,
@@ -45,10 +47,9 @@ from ftx_triton.server.token_stream import (
     is_overload,
 )
 
-MAX_TOKENS_DEFAULT = 16
-"""OpenAI's default for /v1/completions."""
+T = TypeVar("T")
 MAX_PROMPTS = 64
-"""Prompts one /v1/completions request may hold (each is one generation)."""
+"""Generations one /v1/completions request may ask for (prompts x n, or prompts x best_of)."""
 MAX_BODY_BYTES = 8 << 20
 """The largest request body (decoded) the endpoint reads."""
 
@@ -67,22 +68,14 @@ NOT_STREAMING = (
 )
 
 
-class BadRequest(Exception):
-    """A request OpenAI's API would refuse (HTTP 400, or ``status``; ``code`` as OpenAI names it)."""
-
-    def __init__(self, message: str, param: str | None = None, *, status: int = 400, code: str | None = None) -> None:
-        super().__init__(message)
-        self.param, self.status, self.code = param, status, code
-
-
 UNREADABLE_BODY = (ValueError, UnicodeDecodeError, LookupError, RecursionError)
 """What reading a client's body as JSON raises on bad input: not JSON, bytes not in its charset, an
 unknown charset, nesting deeper than the parser recurses."""
 
 
-def _show(value: float) -> str:
-    """A limit as people write it: ``1048576``, ``0.5``."""
-    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+_DETOKENIZE_WINDOW = 6
+"""Tokens before a token that its text is decoded with (a byte-level or sentencepiece token's text
+depends on its neighbours: a character split over tokens, a leading space)."""
 
 
 @dataclass
@@ -103,12 +96,12 @@ class Deployment:
     _codec: Any = None
 
     def generation(
-        self, prompt: str, values: Mapping[str, Any], stop: list[str]
+        self, prompt: str, values: Mapping[str, Any], stop: list[str], *, log_probs: bool = False
     ) -> Generation | TokenGeneration | Tracked:
-        """The generation for one prompt: over the token route when there is one, else the ensemble; measured
-        when the endpoint keeps metrics."""
+        """The generation for one prompt: over the token route when there is one and no log probabilities
+        are wanted (the route reads ids only), else the ensemble; measured when the endpoint keeps metrics."""
         generation: Generation | TokenGeneration
-        if self.tokens is not None and self.route is not None:
+        if self.tokens is not None and self.route is not None and not log_probs:
             generation = TokenGeneration(self.tokens, self.route, prompt, values, stop)
         else:
             generation = Generation(self, prompt, values, stop)
@@ -121,75 +114,29 @@ class Deployment:
             self._iface = text_interface(self.triton, self.ensemble)
         return self._iface
 
-    def count(self, text: str, *, prompt: bool = False) -> int:
+    def codec(self) -> Any:
         if self._codec is None:
             from ftx_triton.repository.textproc import load_codec
 
             self._codec = load_codec(self.tokenizer_dir)
-        return len(self._codec.encode(text, prompt=prompt))
+        return self._codec
+
+    def count(self, text: str, *, prompt: bool = False) -> int:
+        return len(self.codec().encode(text, prompt=prompt))
+
+    def token_texts(self, ids: Sequence[int]) -> list[str]:
+        """The text each token adds (decoded beside the tokens before it, so pieces join as the text reads)."""
+        from ftx_triton.repository.textproc import added_text
+
+        codec, out = self.codec(), []
+        for i in range(len(ids)):
+            context = list(ids[max(0, i - _DETOKENIZE_WINDOW) : i])
+            out.append(added_text(codec.decode(context), codec.decode([*context, ids[i]])))
+        return out
 
 
 def _error(status: int, message: str, kind: str, param: str | None = None, code: str | None = None) -> web.Response:
     return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": code}}, status=status)
-
-
-def _number(body: Mapping[str, Any], name: str, kind: type, low: float, high: float) -> Any:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or (kind is int and not isinstance(value, int)):
-        raise BadRequest(f"{name} must be {'an integer' if kind is int else 'a number'}", name)
-    if not low <= value <= high:
-        raise BadRequest(f"{name} must be between {_show(low)} and {_show(high)}", name)
-    return value
-
-
-def _request_values(body: Mapping[str, Any], default_max_tokens: int | None) -> tuple[dict[str, Any], list[str], bool]:
-    """Sampling values, stop strings and stream flag of a completions-style body."""
-    n = body.get("n", 1)
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise BadRequest("n must be an integer", "n")
-    if n != 1:
-        raise BadRequest("only n=1 is supported", "n")
-    _refuse_unsupported(body)
-    max_tokens = _number(body, "max_tokens", int, 1, 1 << 20)
-    if max_tokens is None:
-        max_tokens = _number(body, "max_completion_tokens", int, 1, 1 << 20) or default_max_tokens
-    temperature = _number(body, "temperature", float, 0, 2)
-    top_p = _number(body, "top_p", float, 0, 1)
-    top_k = _number(body, "top_k", int, 0, 1 << 20)
-    stop = body.get("stop") or []
-    stop = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
-        raise BadRequest("stop must be a string or a list of up to 4 non-empty strings", "stop")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise BadRequest("stream must be true or false", "stream")
-    values = sampling_values(max_tokens or MAX_TOKENS_DEFAULT, temperature or None, top_k or None, top_p)
-    return values, stop, stream
-
-
-UNSUPPORTED = {
-    "logprobs": "log probabilities are not returned by this endpoint",
-    "top_logprobs": "log probabilities are not returned by this endpoint",
-    "tools": "this endpoint does no tool calling",
-    "functions": "this endpoint does no function calling",
-}
-"""Request fields whose features the endpoint lacks: refused (400 unsupported_parameter) when set, never ignored."""
-
-
-def _refuse_unsupported(body: Mapping[str, Any]) -> None:
-    for name, why in UNSUPPORTED.items():
-        if body.get(name) not in (None, False, [], {}):
-            raise BadRequest(
-                f"{name} is not supported: {why}; send the request without it", name, code="unsupported_parameter"
-            )
-    if body.get("tool_choice") not in (None, "none"):
-        raise BadRequest(
-            "tool_choice is not supported: this endpoint does no tool calling; send the request without it",
-            "tool_choice",
-            code="unsupported_parameter",
-        )
 
 
 def _cut(text: str, stop: list[str]) -> tuple[str, bool]:
@@ -202,42 +149,82 @@ def _continuation(text: str, prompt: str, iface: TextInterface) -> str:
     return text[len(prompt) :] if iface.continues_prompt and text.startswith(prompt) else text
 
 
+@dataclass
+class Piece:
+    """New text of a generation, with the tokens that made it and their log probabilities (when known)."""
+
+    text: str
+    token_ids: list[int]
+    log_probs: list[float]
+    shown: str = ""
+
+
 class Generation:
-    """One generation for one prompt: the whole text, or its pieces as they arrive."""
+    """One generation for one prompt over the ``text`` ensemble: the whole text, or its pieces as they arrive.
+
+    Token ids and log probabilities come from the text model (``piece_tokens`` holds those of each piece
+    yielded, in order); ``has_tokens`` is False for a model that gives none (a repository written before it
+    did, or FasterTransformer streaming, whose answers repeat the whole sequence): then counts are the
+    tokenizer's count of the text.
+    """
 
     def __init__(self, deployment: Deployment, prompt: str, values: Mapping[str, Any], stop: list[str]) -> None:
         self.deployment, self.prompt, self.stop = deployment, prompt, stop
         self.values = {"prompt": prompt, **values}
         self.finish_reason = "length"
+        self.stopped = False
+        self.text = ""
+        self.token_ids: list[int] = []
+        self.log_probs: list[float] = []
+        self.piece_tokens: deque[tuple[list[int], list[float]]] = deque()
+        self.has_tokens = True
 
     def whole(self) -> str:
-        iface = self.deployment.iface()
-        if iface.decoupled:
-            return "".join(self.stream())
-        text = _continuation(self.deployment.triton.generate(iface, self.values), self.prompt, iface)
-        text, stopped = _cut(text, self.stop)
-        self.finish_reason = self._reason(text, stopped)
-        return text
+        for _piece in self.stream():
+            pass
+        return self.text
+
+    def _keep(self, ids: Sequence[int] | None, probs: Sequence[float] | None) -> None:
+        if ids is None:
+            self.has_tokens = False
+            return
+        self.token_ids += ids
+        self.log_probs += list(probs or [0.0] * len(ids))
 
     def stream(self) -> Iterator[str]:
-        """New text as it is generated (the prompt is not repeated)."""
+        """New text as it is generated (the prompt is not repeated); "" when only tokens came."""
         iface = self.deployment.iface()
         values = {**self.values, "stream": True} if iface.decoupled else self.values
-        sent, seen, stopped = "", "", False
-        for piece in pieces(self.deployment.triton.generate_stream(iface, values), iface, self.prompt):
-            seen += piece  # a decoder's stream starts with the prompt (pieces() makes sure of it)
+        self.has_tokens = iface.gives_tokens
+        joiner = PieceJoiner(iface, self.prompt)
+        seen, stopped = "", False
+        for answer in self.deployment.triton.answer_stream(iface, values):
+            seen += joiner.add(answer.text)  # a decoder's stream starts with the prompt (the joiner makes sure)
+            before = len(self.token_ids)
+            if self.has_tokens:
+                self._keep(answer.token_ids, answer.log_probs)
             text, stopped = _cut(_continuation(seen, self.prompt, iface), self.stop)
-            if len(text) > len(sent):
-                yield text[len(sent) :]
-                sent = text
+            if len(text) > len(self.text) or len(self.token_ids) > before:
+                self.piece_tokens.append((self.token_ids[before:], self.log_probs[before:]))
+                piece, self.text = text[len(self.text) :], text
+                yield piece
             if stopped:
                 break
-        self.finish_reason = self._reason(sent, stopped)
+        self.finish_reason = self._reason(stopped)
 
-    def _reason(self, text: str, stopped: bool) -> str:
+    @property
+    def tokens(self) -> int:
+        """Tokens generated: the model's own ids where it gives them, else the tokenizer's count of the text."""
+        return len(self.token_ids) if self.has_tokens else self.deployment.count(self.text)
+
+    def mean_log_prob(self) -> float:
+        return sum(self.log_probs) / len(self.log_probs) if self.log_probs else 0.0
+
+    def _reason(self, stopped: bool) -> str:
+        self.stopped = stopped
         if stopped:
             return "stop"
-        return "length" if self.deployment.count(text) >= int(self.values["max_tokens"]) else "stop"
+        return "length" if self.tokens >= int(self.values["max_tokens"]) else "stop"
 
     def astream(self) -> AsyncGenerator[str, None]:
         """:meth:`stream` in a worker thread (the HTTP client is synchronous)."""
@@ -247,7 +234,7 @@ class Generation:
         return await asyncio.to_thread(self.whole)
 
 
-async def _in_thread_iter(gen: Iterator[str]) -> AsyncGenerator[str, None]:
+async def _in_thread_iter(gen: Iterator[T]) -> AsyncGenerator[T, None]:
     """Consume a blocking iterator in a worker thread, yielding its items to the event loop; the worker
     stops at its next item once this generator is closed (the client left)."""
     loop = asyncio.get_running_loop()
@@ -325,6 +312,81 @@ class Handlers:
             )
         return body
 
+    async def _params(self, body: Mapping[str, Any], kind: str, prompts: int) -> Params:
+        """The request's settings, checked against what this deployment's model can give."""
+        codec = await asyncio.to_thread(self.d.codec)
+        params = parse_params(body, kind, codec.vocab_size)
+        if params.stop:  # stop strings of more tokens than a stop word may have are only cut in the text
+            words = [s for s in params.stop if len(codec.encode(s, prompt=False)) <= MAX_WORD_TOKENS]
+            params.values["stop"] = words or None
+        if params.best_of * prompts > MAX_PROMPTS:
+            raise BadRequest(
+                f"{prompts} prompt(s) x {params.best_of} generations each is more than the {MAX_PROMPTS} one "
+                "request may ask for (send several requests)",
+                "best_of" if params.best_of > 1 else "n",
+            )
+        iface = await asyncio.to_thread(self.d.iface)
+        if (params.logprobs or params.best_of > params.n) and not iface.gives_tokens:
+            raise BadRequest(
+                "this deployment's text model does not answer token log probabilities"
+                + (
+                    " while streaming (FasterTransformer resends the whole sequence each step)"
+                    if iface.decoupled
+                    else " (its repository was written by an older ftx: run `ftx run` again to rebuild it)"
+                ),
+                "logprobs" if params.logprobs else "best_of",
+                code="unsupported_parameter",
+            )
+        return params
+
+    def _generations(self, prompt: str, params: Params) -> list[Any]:
+        scored = params.logprobs or params.best_of > params.n
+        return [
+            self.d.generation(prompt, params.for_choice(i), params.stop, log_probs=scored)
+            for i in range(params.best_of)
+        ]
+
+    @staticmethod
+    def _base(generation: Any) -> Any:
+        """The generation a metrics wrapper measures (or the generation itself)."""
+        return generation.generation if isinstance(generation, Tracked) else generation
+
+    def _best(self, generations: list[Any], params: Params) -> list[Any]:
+        """The ``n`` answered: all of them, or with best_of the n of highest mean token log probability."""
+        if params.best_of == params.n:
+            return generations
+        return sorted(generations, key=lambda g: self._base(g).mean_log_prob(), reverse=True)[: params.n]
+
+    def _logprobs(self, ids: Sequence[int], probs: Sequence[float], start: int, limit: int | None) -> dict[str, Any]:
+        """OpenAI's completions ``logprobs`` for these tokens, the first at text offset ``start``; tokens
+        that begin at or past ``limit`` characters (cut by a stop string) are left out."""
+        tokens, offsets, pos = [], [], start
+        for text in self.d.token_texts(ids):
+            if limit is not None and pos - start >= limit:
+                break
+            tokens.append(text)
+            offsets.append(pos)
+            pos += len(text)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [float(p) for p in probs[: len(tokens)]],
+            "top_logprobs": None,
+            "text_offset": offsets,
+        }
+
+    @staticmethod
+    def _chat_logprobs(logprobs: Mapping[str, Any]) -> dict[str, Any]:
+        """Chat's ``logprobs`` shape from the completions one (no alternatives: FT computes none)."""
+        content = [
+            {"token": token, "logprob": value, "bytes": list(token.encode("utf-8")), "top_logprobs": []}
+            for token, value in zip(logprobs["tokens"], logprobs["token_logprobs"], strict=True)
+        ]
+        return {"content": content, "refusal": None}
+
+    def _choice_logprobs(self, generation: Any, start: int) -> dict[str, Any]:
+        g = self._base(generation)
+        return self._logprobs(g.token_ids, g.log_probs, start, len(g.text) if g.stopped else None)
+
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
         prompts = body.get("prompt")
@@ -337,40 +399,39 @@ class Handlers:
                 "request (send several requests)",
                 "prompt",
             )
-        values, stop, stream = _request_values(body, MAX_TOKENS_DEFAULT)
-        echo = body.get("echo", False)
-        if not isinstance(echo, bool):
-            raise BadRequest("echo must be true or false", "echo")
+        params = await self._params(body, "completions", len(prompts))
         ident, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        if stream:
+
+        def chunk(index: int, text: str, logprobs: dict[str, Any] | None, reason: str | None) -> dict[str, Any]:
+            return {
+                "id": ident,
+                "object": "text_completion",
+                "created": created,
+                "model": self.d.model_id,
+                "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}],
+            }
+
+        if params.stream:
             if len(prompts) != 1:
                 raise BadRequest("stream supports one prompt", "prompt")
-            generation = self.d.generation(prompts[0], values, stop)
-
-            def chunk(text: str, reason: str | None) -> dict[str, Any]:
-                return {
-                    "id": ident,
-                    "object": "text_completion",
-                    "created": created,
-                    "model": self.d.model_id,
-                    "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}],
-                }
-
-            return await self._sse(request, generation, chunk, first=prompts[0] if echo else None)
-        choices, prompt_tokens, completion_tokens = [], 0, 0
-        for index, prompt in enumerate(prompts):
-            generation = self.d.generation(prompt, values, stop)
-            text = await generation.awhole()
+            return await self._sse(request, prompts[0], params, chunk, echo=params.echo)
+        choices: list[dict[str, Any]] = []
+        prompt_tokens = completion_tokens = 0
+        for prompt in prompts:
+            generations = self._generations(prompt, params)
+            texts = [await g.awhole() for g in generations]
             prompt_tokens += self.d.count(prompt, prompt=True)
-            completion_tokens += self.d.count(text)
-            choices.append(
-                {
-                    "index": index,
-                    "text": (prompt + text) if echo else text,
-                    "logprobs": None,
-                    "finish_reason": generation.finish_reason,
-                }
-            )
+            completion_tokens += sum(self._tokens(g, t) for g, t in zip(generations, texts, strict=True))
+            for g in self._best(generations, params):
+                text = texts[generations.index(g)]
+                choices.append(
+                    {
+                        "index": len(choices),
+                        "text": (prompt + text) if params.echo else text,
+                        "logprobs": self._choice_logprobs(g, len(prompt)) if params.logprobs else None,
+                        "finish_reason": g.finish_reason,
+                    }
+                )
         return web.json_response(
             {
                 "id": ident,
@@ -381,6 +442,10 @@ class Handlers:
                 "usage": _usage(prompt_tokens, completion_tokens),
             }
         )
+
+    def _tokens(self, generation: Any, text: str) -> int:
+        """Tokens generated: the model's own count where the route gives it, else the tokenizer's of the text."""
+        return int(getattr(self._base(generation), "tokens", 0) or 0) or (self.d.count(text) if text else 0)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
@@ -396,6 +461,7 @@ class Handlers:
             raise BadRequest(
                 "messages must be a non-empty list of {role, content} objects with text content", "messages"
             )
+        params = await self._params(body, "chat", 1)
         try:
             prompt = (
                 render(messages, None, self.specials) if self.renderer is None else await self.renderer.render(messages)
@@ -406,79 +472,96 @@ class Handlers:
             raise ServerFault(
                 f"{exc}; the template is part of the model's repository (tokenizer_config.json)"
             ) from None
-        values, stop, stream = _request_values(body, None)
-        generation = self.d.generation(prompt, values, stop)
         ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        if stream:
+        if params.stream:
 
-            def chunk(text: str, reason: str | None) -> dict[str, Any]:
+            def chunk(index: int, text: str, logprobs: dict[str, Any] | None, reason: str | None) -> dict[str, Any]:
                 delta = {"content": text} if text else {}
+                choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": reason}
+                if params.logprobs:
+                    choice["logprobs"] = self._chat_logprobs(logprobs) if logprobs else None
                 return {
                     "id": ident,
                     "object": "chat.completion.chunk",
                     "created": created,
                     "model": self.d.model_id,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": reason}],
+                    "choices": [choice],
                 }
 
-            return await self._sse(request, generation, chunk, role=True)
-        text = await generation.awhole()
+            return await self._sse(request, prompt, params, chunk, role=True)
+        generations = self._generations(prompt, params)
+        texts = [await g.awhole() for g in generations]
+        choices = []
+        for index, g in enumerate(self._best(generations, params)):
+            choice: dict[str, Any] = {
+                "index": index,
+                "message": {"role": "assistant", "content": texts[generations.index(g)]},
+                "finish_reason": g.finish_reason,
+            }
+            if params.logprobs:
+                choice["logprobs"] = self._chat_logprobs(self._choice_logprobs(g, 0))
+            choices.append(choice)
+        completion = sum(self._tokens(g, t) for g, t in zip(generations, texts, strict=True))
         return web.json_response(
             {
                 "id": ident,
                 "object": "chat.completion",
                 "created": created,
                 "model": self.d.model_id,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": text},
-                        "finish_reason": generation.finish_reason,
-                    }
-                ],
-                "usage": _usage(self.d.count(prompt, prompt=True), self.d.count(text)),
+                "choices": choices,
+                "usage": _usage(self.d.count(prompt, prompt=True), completion),
             }
         )
 
+    async def _events(self, prompt: str, params: Params) -> AsyncGenerator[tuple[int, Piece | None, Any], None]:
+        """The pieces of the request's generations one after the other, ``(choice, piece, generation)``;
+        an empty first piece opens a choice, a ``None`` piece ends it."""
+        for index, generation in enumerate(self._generations(prompt, params)):
+            yield index, Piece("", [], [], ""), generation
+            base = self._base(generation)
+            stream = generation.astream()
+            try:
+                async for text in stream:
+                    tokens = getattr(base, "piece_tokens", None)
+                    ids, probs = tokens.popleft() if tokens else ([], [])
+                    yield index, Piece(text, ids, probs, text), generation
+            finally:
+                await stream.aclose()
+            yield index, None, generation
+
     async def _sse(
-        self,
-        request: web.Request,
-        generation: Generation | TokenGeneration | Tracked,
-        chunk: Any,
-        *,
-        first: str | None = None,
-        role: bool = False,
+        self, request: web.Request, prompt: str, params: Params, chunk: Any, *, echo: bool = False, role: bool = False
     ) -> web.StreamResponse:
         await asyncio.to_thread(self.d.iface)  # fail before the 200 if the ensemble cannot be read
         # the first piece too: a request the model refuses, or a server that is gone, is an HTTP error
         # status (400 / 502 from the middleware), not a 200 whose stream holds the error
-        stream = generation.astream()
+        stream = self._events(prompt, params)
         try:
-            return await self._send_events(request, generation, chunk, stream, first=first, role=role)
+            return await self._send_events(request, prompt, params, chunk, stream, echo=echo, role=role)
         finally:
             await stream.aclose()  # the worker stops at its next piece when the client has left
 
     async def _send_events(
         self,
         request: web.Request,
-        generation: Generation | TokenGeneration | Tracked,
+        prompt: str,
+        params: Params,
         chunk: Any,
-        stream: AsyncGenerator[str, None],
+        stream: AsyncIterator[tuple[int, Piece | None, Any]],
         *,
-        first: str | None,
+        echo: bool,
         role: bool,
     ) -> web.StreamResponse:
-        try:
-            opening: str | None = await anext(stream)
-        except StopAsyncIteration:
-            opening = None
+        opening = await anext(stream)  # the first choice opens: nothing generated yet
+        second = await anext(stream)  # its first piece (or its end): a refusal is still an HTTP error here
         decoupled = self.d.iface().decoupled
+        route = self.d.route is not None and self.d.tokens is not None and not params.logprobs
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",
                 "Cache-Control": "no-cache",
                 STREAM_HEADER: "tokens" if decoupled else "whole",
-                ROUTE_HEADER: "tokens" if self.d.route is not None and self.d.tokens is not None else "ensemble",
+                ROUTE_HEADER: "tokens" if route else "ensemble",
             }
         )
         await response.prepare(request)
@@ -489,19 +572,41 @@ class Handlers:
             text = data if isinstance(data, str) else json.dumps(data)
             await response.write(f"data: {text}\n\n".encode())
 
-        if role:
-            head = chunk("", None)
-            head["choices"][0]["delta"] = {"role": "assistant"}
-            await send(head)
-        if first:
-            await send(chunk(first, None))
+        texts: dict[int, str] = {}
+        generations: dict[int, Any] = {}
+
+        async def handle(index: int, piece: Piece | None, generation: Any) -> None:
+            if piece is None:
+                await send(chunk(index, "", None, generation.finish_reason))
+                return
+            if index not in generations:  # the choice opens
+                generations[index], texts[index] = generation, ""
+                if role:
+                    head = chunk(index, "", None, None)
+                    head["choices"][0]["delta"] = {"role": "assistant"}
+                    await send(head)
+                if echo:
+                    await send(chunk(index, prompt, None, None))
+                return
+            logprobs = None
+            if params.logprobs and piece.token_ids:
+                logprobs = self._logprobs(piece.token_ids, piece.log_probs, len(prompt) + len(texts[index]), None)
+            texts[index] += piece.text
+            if piece.text or logprobs:
+                await send(chunk(index, piece.text, logprobs, None))
+
         try:
             try:
-                if opening is not None:
-                    await send(chunk(opening, None))
-                async for piece in stream:
-                    await send(chunk(piece, None))
-                await send(chunk("", generation.finish_reason))
+                await handle(*opening)
+                await handle(*second)
+                async for event in stream:
+                    await handle(*event)
+                if params.include_usage:
+                    completion = sum(self._tokens(g, texts[i]) for i, g in generations.items())
+                    last = chunk(0, "", None, None)
+                    last["choices"] = []
+                    last["usage"] = _usage(self.d.count(prompt, prompt=True), completion)
+                    await send(last)
             except (HttpError, FtxError, RequestError) as exc:
                 await send({"error": {"message": str(exc), "type": "server_error", "param": None, "code": None}})
             await send("[DONE]")

@@ -25,6 +25,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ftx_triton.errors import ConfigError
 from ftx_triton.repository.io import (
+    FT_LOG_PROBS,
     FT_PASS_THROUGH,
     FT_TEXT_INPUTS,
     FT_TEXT_OUTPUT,
@@ -33,6 +34,7 @@ from ftx_triton.repository.io import (
     GENERATE_OUTPUTS,
     PROMPT_LENGTHS,
     PROMPT_TO_FT,
+    RESPONSE_INPUT_LENGTHS,
     SAMPLING_FROM_PREPROCESSING,
     STREAM_OFFSET,
     TEXT_MODEL_NAME,
@@ -89,12 +91,18 @@ def build_text_ensemble_config(
         ft.input_map[decl.name] = _internal(decl.name)
     ft.output_map["sequence_length"] = "_generated_length"
     post.input_map["sequence_length"] = "_generated_length"
+    ft.output_map[FT_LOG_PROBS] = _internal(FT_LOG_PROBS)
+    post.input_map[FT_LOG_PROBS] = _internal(FT_LOG_PROBS)
     if STREAM_OFFSET in ft_outputs:
         ft.output_map[STREAM_OFFSET] = _internal(STREAM_OFFSET)
         post.input_map[STREAM_OFFSET] = _internal(STREAM_OFFSET)
+        if io_kind == "decoder":  # where the generated tokens (and their log probabilities) start
+            ft.output_map["response_input_lengths"] = _internal(RESPONSE_INPUT_LENGTHS)
+            post.input_map[RESPONSE_INPUT_LENGTHS] = _internal(RESPONSE_INPUT_LENGTHS)
     elif io_kind == "decoder" and not streaming:
         post.input_map[PROMPT_LENGTHS] = _internal(PROMPT_LENGTHS)
-    post.output_map["text_output"] = "text_output"
+    for decl in GENERATE_OUTPUTS:
+        post.output_map[decl.name] = decl.name
     return config
 
 

@@ -36,6 +36,7 @@ SAMPLING_INPUTS = (
     _scalar("temperature", "FP32"),
     _scalar("len_penalty", "FP32"),
     _scalar("repetition_penalty", "FP32"),
+    _scalar("presence_penalty", "FP32"),
     _scalar("random_seed", "UINT64"),
     _scalar("is_return_log_probs", "BOOL"),
     _scalar("beam_width", "UINT32"),
@@ -111,9 +112,20 @@ GENERATE_INPUTS = (
     TensorDecl("random_seed", "UINT64", (1,), optional=True),
     TensorDecl("stop", "STRING", (-1,), optional=True),
     TensorDecl("bad_words", "STRING", (-1,), optional=True),
+    TensorDecl("bad_token_ids", "INT64", (-1,), optional=True),
+    TensorDecl("logprobs", "BOOL", (1,), optional=True),
     TensorDecl("stream", "BOOL", (1,), optional=True),
 )
-GENERATE_OUTPUTS = (TensorDecl("text_output", "STRING", (-1,)),)
+TOKEN_IDS = "output_token_ids"
+TOKEN_LOG_PROBS = "output_token_log_probs"
+GENERATE_OUTPUTS = (
+    TensorDecl("text_output", "STRING", (-1,)),
+    TensorDecl(TOKEN_IDS, "INT64", (-1,)),
+    TensorDecl(TOKEN_LOG_PROBS, "FP32", (-1,)),
+)
+"""``text_output`` (the text, one string per beam); the generated token ids of the best beam that the
+text holds (this response's new ones when streaming; -1 pads) and FasterTransformer's log probability of
+each (``output_log_probs``: the generate path always asks for them)."""
 
 STREAM_OFFSET = "ftx_stream_offset"
 """An output of the python runtime's decoupled fastertransformer model ([B, beam], UINT32): where the
@@ -211,6 +223,7 @@ SAMPLING_FROM_PREPROCESSING = (
     TensorDecl("repetition_penalty", "FP32", (1,)),
     TensorDecl("random_seed", "UINT64", (1,)),
     TensorDecl("beam_width", "UINT32", (1,)),
+    TensorDecl("is_return_log_probs", "BOOL", (1,)),
 )
 """The generate path's sampling settings as FT inputs of the same names (absent on the FT path)."""
 PREPROCESSING_OUTPUTS = (*PROMPT_OUTPUTS, *SAMPLING_FROM_PREPROCESSING)
@@ -218,6 +231,7 @@ PREPROCESSING_OUTPUTS = (*PROMPT_OUTPUTS, *SAMPLING_FROM_PREPROCESSING)
 TOKENS_BATCH = "TOKENS_BATCH"
 RESPONSE_INPUT_LENGTHS = "RESPONSE_INPUT_LENGTHS"
 POSTPROCESSING_OUTPUTS = (TensorDecl("OUTPUT", "STRING", (-1, -1)), *GENERATE_OUTPUTS)
+FT_LOG_PROBS = "output_log_probs"
 """``OUTPUT``: the whole sequence as decoded, FasterTransformer's ensemble text (its ``OUTPUT_0``);
 ``text_output``: the generated text (only the new piece of it per streamed response)."""
 
@@ -234,4 +248,5 @@ def postprocessing_inputs(io_kind: str, dtypes: Mapping[str, str] | None = None)
         TensorDecl(RESPONSE_INPUT_LENGTHS, "INT32", (-1,), optional=True),
         TensorDecl(PROMPT_LENGTHS, "UINT32", (1,), optional=True),
         TensorDecl(STREAM_OFFSET, "UINT32", (-1,), optional=True),
+        TensorDecl(FT_LOG_PROBS, "FP32", (-1, -1), optional=True),
     )

@@ -224,6 +224,13 @@ def special_token_names(directory: Path) -> dict[str, str]:
 
 # --------------------------------------------------------------------------- word lists
 
+MAX_WORDS = 1024
+"""Stop or bad words one prompt may carry (text words, token-id words, or banned token ids)."""
+MAX_WORD_TOKENS = 64
+"""Tokens one stop or bad word may have."""
+MAX_WORD_CHARS = 512
+"""Characters one stop or bad word given as text may have."""
+
 
 def encode_words(words_per_item: Sequence[Sequence[Sequence[int]]]) -> np.ndarray:
     """Per-item lists of token-id words as FasterTransformer's stop/bad words tensor ``[B, 2, W]`` (int32).
@@ -250,16 +257,39 @@ def encode_words(words_per_item: Sequence[Sequence[Sequence[int]]]) -> np.ndarra
     return out
 
 
-def word_list(words_per_item: Sequence[Sequence[str]], codec: Codec) -> np.ndarray:
-    """Stop/bad words given as text, tokenized (no BOS) and encoded by :func:`encode_words`."""
-    return encode_words([[codec.encode(word, prompt=False) for word in words if word] for words in words_per_item])
+def word_list(
+    words_per_item: Sequence[Sequence[str]], codec: Codec, name: str = "words", token_ids: Sequence[Sequence[int]] = ()
+) -> np.ndarray:
+    """Stop/bad words given as text, tokenized (no BOS), plus one-token words given as ids
+    (``token_ids``, per item), encoded by :func:`encode_words`.
+
+    Each item holds at most :data:`MAX_WORDS` words of at most :data:`MAX_WORD_CHARS` characters and
+    :data:`MAX_WORD_TOKENS` tokens, checked before anything is tokenized.
+    """
+    encoded = []
+    for index, words in enumerate(words_per_item):
+        ids = list(token_ids[index]) if index < len(token_ids) else []
+        if len(words) + len(ids) > MAX_WORDS:
+            raise RequestError(
+                f"{name} holds {len(words) + len(ids)} words for one prompt; at most {MAX_WORDS} are accepted"
+            )
+        if any(len(word) > MAX_WORD_CHARS for word in words):
+            raise RequestError(f"{name} holds a word longer than {MAX_WORD_CHARS} characters")
+        tokenized = [codec.encode(word, prompt=False) for word in words if word]
+        if any(len(word) > MAX_WORD_TOKENS for word in tokenized):
+            raise RequestError(f"{name} holds a word of more than {MAX_WORD_TOKENS} tokens")
+        encoded.append(tokenized + [[int(i)] for i in ids])
+    return encode_words(encoded)
 
 
-def strings(array: np.ndarray | None, name: str = "input") -> list[list[str]]:
-    """A ``[B, …]`` BYTES tensor as one list of non-empty strings per batch item."""
+def strings(array: np.ndarray | None, name: str = "input", limit: int | None = None) -> list[list[str]]:
+    """A ``[B, …]`` BYTES tensor as one list of non-empty strings per batch item (at most ``limit`` each,
+    checked before any is decoded)."""
     if array is None:
         return []
     items = array.reshape(array.shape[0], -1) if array.ndim else array.reshape(1, 1)
+    if limit is not None and items.shape[1] > limit:
+        raise RequestError(f"{name} holds {items.shape[1]} words for one prompt; at most {limit} are accepted")
     return [[t for t in (_text(v, name) for v in row) if t] for row in items]
 
 
@@ -274,13 +304,16 @@ def _text(value: Any, name: str = "input") -> str:
 
 def csv_words(array: np.ndarray | None, name: str) -> list[list[str]]:
     """FasterTransformer's word-list strings (one CSV line of words per item, ``"Hawks, Hawks"``)
-    as one list of words per item; spaces are kept, they are part of a word's tokens. A line the CSV
-    reader refuses (a word over its 131072-character field limit, a NUL) is the request's mistake."""
+    as one list of words per item; spaces are kept, they are part of a word's tokens. A line longer
+    than :data:`MAX_WORDS` words of :data:`MAX_WORD_CHARS` characters is refused before it is split; a
+    line the CSV reader refuses (a word over its 131072-character field limit, a NUL) is the request's
+    mistake too."""
+    rows = strings(array, name, MAX_WORDS)
+    longest = MAX_WORDS * (MAX_WORD_CHARS + 1)
+    if any(len(line) > longest for row in rows for line in row):
+        raise RequestError(f"{name} is longer than {MAX_WORDS} words of {MAX_WORD_CHARS} characters")
     try:
-        return [
-            [word for line in row for fields in csv.reader([line]) for word in fields if word]
-            for row in strings(array, name)
-        ]
+        return [[word for line in row for fields in csv.reader([line]) for word in fields if word] for row in rows]
     except csv.Error as exc:
         raise RequestError(
             f"{name} is not a word list this model can read ({exc}); send words as one CSV line "
@@ -358,6 +391,8 @@ def model_parameters(model_config: Mapping[str, Any]) -> dict[str, str]:
 
 
 UINT32_MAX = 2**32 - 1
+GREEDY_TOP_P = 1e-6
+"""The nucleus that decodes greedily through FasterTransformer's top-p kernel (see ``logprobs``)."""
 PROMPT_CHARS_PER_TOKEN = 16
 """Characters of a long prompt tokenized first to see whether it can fit the context at all: texts
 average about 4 characters a token, so a prefix this generous yielding too many tokens proves the
@@ -413,10 +448,10 @@ class Preprocessor:
         lengths = self._output_lengths(_scalar_column(inputs, "REQUEST_OUTPUT_LEN", batch, 0, np.int64), "INPUT_1")
         out = self._prompts(prompts, lengths)
         out["BAD_WORDS_IDS"] = word_list(
-            _pad_rows(csv_words(inputs.get("BAD_WORDS_DICT"), "INPUT_2"), batch), self.codec
+            _pad_rows(csv_words(inputs.get("BAD_WORDS_DICT"), "INPUT_2"), batch), self.codec, "INPUT_2"
         )
         out["STOP_WORDS_IDS"] = word_list(
-            _pad_rows(csv_words(inputs.get("STOP_WORDS_DICT"), "INPUT_3"), batch), self.codec
+            _pad_rows(csv_words(inputs.get("STOP_WORDS_DICT"), "INPUT_3"), batch), self.codec, "INPUT_3"
         )
         return out
 
@@ -460,6 +495,15 @@ class Preprocessor:
             raise RequestError("beam_width must be at least 1")
         if (repetition_penalty <= 0).any():
             raise RequestError("repetition_penalty must be positive")
+        if "logprobs" in inputs:
+            # FasterTransformer's greedy decoding is top-k 1, whose output_log_probs are the chosen token's
+            # probability renormalized among the top 1: always 0. Its top-p kernel keeps the softmax's own
+            # value, and a nucleus this small holds only the most likely token: the same tokens, true log
+            # probabilities.
+            wanted = _scalar_column(inputs, "logprobs", batch, False, np.bool_)
+            greedy = wanted & (top_k <= 1) & (top_p == 0)
+            top_k = np.where(greedy, 0, top_k)
+            top_p = np.where(greedy, GREEDY_TOP_P, top_p).astype(np.float32)
         if "random_seed" in inputs:
             seed = _scalar_column(inputs, "random_seed", batch, 0, np.uint64)
         else:  # a fresh seed per request, so sampling differs between requests unless asked otherwise
@@ -474,11 +518,35 @@ class Preprocessor:
                 "repetition_penalty": repetition_penalty,
                 "random_seed": seed,
                 "beam_width": beam_width.astype(np.uint32),
-                "BAD_WORDS_IDS": word_list(_pad_rows(strings(inputs.get("bad_words"), "bad_words"), batch), self.codec),
-                "STOP_WORDS_IDS": word_list(_pad_rows(strings(inputs.get("stop"), "stop"), batch), self.codec),
+                "is_return_log_probs": np.ones((batch, 1), np.bool_),
+                "BAD_WORDS_IDS": word_list(
+                    _pad_rows(strings(inputs.get("bad_words"), "bad_words", MAX_WORDS), batch),
+                    self.codec,
+                    "bad_words",
+                    self._banned_ids(inputs.get("bad_token_ids"), batch),
+                ),
+                "STOP_WORDS_IDS": word_list(
+                    _pad_rows(strings(inputs.get("stop"), "stop", MAX_WORDS), batch), self.codec, "stop"
+                ),
             }
         )
         return out
+
+    def _banned_ids(self, array: np.ndarray | None, batch: int) -> list[list[int]]:
+        """``bad_token_ids`` (``[B, N]`` token ids never to generate, OpenAI's ``logit_bias`` of -100): at
+        most :data:`MAX_WORDS` per prompt, each inside the vocabulary; negative ids pad a row."""
+        if array is None:
+            return []
+        ids = np.asarray(array).reshape(batch, -1) if np.asarray(array).size else np.zeros((batch, 0), np.int64)
+        if ids.shape[1] > MAX_WORDS:
+            raise RequestError(f"bad_token_ids holds {ids.shape[1]} ids; at most {MAX_WORDS} are accepted")
+        if ids.dtype.kind == "f":
+            raise RequestError("bad_token_ids must be integer token ids")
+        ids = ids.astype(np.int64)
+        vocab = self.codec.vocab_size
+        if (ids >= vocab).any():
+            raise RequestError(f"bad_token_ids holds {int(ids.max())}, outside the vocabulary (0..{vocab - 1})")
+        return [[int(i) for i in row if i >= 0] for row in ids]
 
     @staticmethod
     def _output_lengths(values: np.ndarray, name: str) -> np.ndarray:
@@ -614,11 +682,51 @@ class Postprocessor:
             result.append(row)
         return result
 
+    def tokens(
+        self,
+        output_ids: np.ndarray,
+        sequence_length: np.ndarray,
+        log_probs: np.ndarray | None,
+        starts: np.ndarray | None,
+        prompt_lengths: np.ndarray | None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The best beam's generated ids from ``starts`` (stream offsets, else the prompt length; 0 for
+        T5) to the first end id, and FasterTransformer's log probability of each (its
+        ``output_log_probs`` counts generated positions: a decoder's prompt comes first in ``output_ids``).
+        ``[B, n]`` each, ids padded with -1."""
+        ids, ends = self._shaped(output_ids, sequence_length)
+        batch = ids.shape[0]
+        decoder = self.settings.io_kind != ENCODER_DECODER
+        prompts = self._per_beam(prompt_lengths, batch, ids.shape[1]) if decoder else None
+        first = self._per_beam(starts, batch, ids.shape[1])
+        probs = None if log_probs is None else np.asarray(log_probs, np.float32).reshape(batch, ids.shape[1], -1)
+        rows: list[tuple[list[int], list[float]]] = []
+        for b in range(batch):
+            prompt = int(prompts[b, 0]) if prompts is not None else 0
+            start = int(first[b, 0]) if first is not None else prompt
+            end = int(ends[b, 0])
+            generated = [int(t) for t in ids[b, 0, start:end]]
+            if self.settings.end_id in generated:
+                generated = generated[: generated.index(self.settings.end_id)]
+            values = [0.0] * len(generated)
+            if probs is not None and (prompts is not None or not decoder):
+                at = start - prompt
+                window = probs[b, 0, max(at, 0) : at + len(generated)].tolist()
+                values[len(values) - len(window) :] = window
+            rows.append((generated, values))
+        width = max([1] + [len(r[0]) for r in rows])
+        out_ids = np.full((batch, width), -1, np.int64)
+        out_probs = np.zeros((batch, width), np.float32)
+        for b, (generated, values) in enumerate(rows):
+            out_ids[b, : len(generated)] = generated
+            out_probs[b, : len(values)] = values
+        return out_ids, out_probs
+
     def run(self, inputs: Mapping[str, np.ndarray], wanted: Iterable[str] | None = None) -> dict[str, np.ndarray]:
-        """``text_output`` and ``OUTPUT``, or only those in ``wanted`` (what the caller asked for: the text
-        ensemble reads ``text_output`` alone, the classic ensemble ``OUTPUT`` alone, and a streamed answer
-        passes here once per token, so each decode skipped counts)."""
-        wanted = {"text_output", "OUTPUT"} if wanted is None else set(wanted)
+        """``text_output``, ``OUTPUT`` and the token outputs, or only those in ``wanted`` (what the caller
+        asked for: the text ensemble reads ``text_output`` and the tokens, the classic ensemble ``OUTPUT``
+        alone, and a streamed answer passes here once per token, so each decode skipped counts)."""
+        wanted = {"text_output", "OUTPUT", TOKEN_IDS, TOKEN_LOG_PROBS} if wanted is None else set(wanted)
         if "TOKENS_BATCH" not in inputs:
             raise RequestError("the request has no TOKENS_BATCH")
         ids = np.asarray(inputs["TOKENS_BATCH"])
@@ -636,10 +744,16 @@ class Postprocessor:
             result["text_output"] = _as_bytes(texts)
         if "OUTPUT" in wanted:
             result["OUTPUT"] = _as_bytes(self.texts(ids, lengths, whole=True))
+        if TOKEN_IDS in wanted or TOKEN_LOG_PROBS in wanted:
+            result[TOKEN_IDS], result[TOKEN_LOG_PROBS] = self.tokens(
+                ids, lengths, inputs.get("output_log_probs"), offsets, prompt_lengths
+            )
         return result
 
 
 STREAM_OFFSET = "ftx_stream_offset"
+TOKEN_IDS = "output_token_ids"
+TOKEN_LOG_PROBS = "output_token_log_probs"
 _INCOMPLETE = "\ufffd"
 """What a decoder makes of a character whose bytes have not all been generated yet."""
 

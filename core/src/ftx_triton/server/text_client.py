@@ -31,9 +31,49 @@ ROLES: dict[str, tuple[str, ...]] = {
     "temperature": ("temperature",),
     "top_k": ("top_k", "runtime_top_k"),
     "top_p": ("top_p", "runtime_top_p"),
+    "repetition_penalty": ("repetition_penalty",),
+    "seed": ("random_seed",),
+    "beam_width": ("beam_width",),
+    "stop": ("stop",),
+    "bad_words": ("bad_words",),
+    "bad_token_ids": ("bad_token_ids",),
+    "logprobs": ("logprobs",),
     "stream": ("stream",),
 }
 TEXT_OUTPUTS = ("text_output", "OUTPUT_0")
+TOKEN_IDS = "output_token_ids"
+TOKEN_LOG_PROBS = "output_token_log_probs"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One answer of the text model: its text (the best beam's; ``texts`` has every beam's) and, where the
+    model gives them, the generated token ids that text holds and their log probabilities."""
+
+    text: str
+    token_ids: tuple[int, ...] | None = None
+    log_probs: tuple[float, ...] | None = None
+    texts: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, event: Mapping[str, Any], output: str) -> Answer:
+        texts = tuple(str(t) for t in _flat(event.get(output, "")))
+        ids = event.get(TOKEN_IDS)
+        probs = event.get(TOKEN_LOG_PROBS)
+        token_ids = None if ids is None else tuple(int(i) for i in _flat(ids) if int(i) >= 0)
+        log_probs = None
+        if token_ids is not None and probs is not None:
+            log_probs = tuple(float(p) for p in _flat(probs))[: len(token_ids)]
+        return cls(texts[0] if texts else "", token_ids, log_probs, texts)
+
+
+def _flat(value: Any) -> list[Any]:
+    """A generate-extension output as a flat list (one element comes as a scalar, several as an array)."""
+    if isinstance(value, list):
+        return [v for item in value for v in _flat(item)]
+    return [value]
+
+
 _NUMPY = {
     "BYTES": "object",
     "BOOL": "bool",
@@ -60,6 +100,8 @@ class TextInterface:
     streams_pieces: bool = False
     """Each streamed response holds only its new text (the ensemble reads the FT model's stream
     offset), rather than all the text so far."""
+    gives_tokens: bool = False
+    """The model answers the generated token ids and their log probabilities beside the text."""
 
     def tensors(self, values: Mapping[str, Any], module: Any) -> list[Any]:
         """tritonclient InferInputs for the given role values (roles the model lacks are skipped)."""
@@ -70,11 +112,13 @@ class TextInterface:
             if value is None or role not in self.inputs:
                 continue
             name, datatype, shape = self.inputs[role]
-            full = tuple(1 if d < 0 else d for d in shape) or (1,)
+            items = list(value) if isinstance(value, list | tuple) else [value]
+            last = len(shape) - 1  # a list fills the last dimension (metadata shapes start with the batch's -1)
+            full = tuple(len(items) if d < 0 and i == last else 1 if d < 0 else d for i, d in enumerate(shape)) or (1,)
             if datatype == "BYTES":
-                array = np.array([str(value).encode("utf-8")], dtype=np.object_)
+                array = np.array([str(v).encode("utf-8") for v in items], dtype=np.object_)
             else:
-                array = np.array([value], dtype=_NUMPY.get(datatype, "float32"))
+                array = np.array(items, dtype=_NUMPY.get(datatype, "float32"))
             tensor = module.InferInput(name, list(full), datatype)
             tensor.set_data_from_numpy(array.reshape(full))
             out.append(tensor)
@@ -114,7 +158,13 @@ def text_interface(client: Any, model: str) -> TextInterface:
         for step in (config.get("ensemble_scheduling") or {}).get("step", ())
     )
     return TextInterface(
-        model, inputs, output, decoupled, continues_prompt=not encoder_decoder, streams_pieces=streams_pieces
+        model,
+        inputs,
+        output,
+        decoupled,
+        continues_prompt=not encoder_decoder,
+        streams_pieces=streams_pieces,
+        gives_tokens=TOKEN_IDS in outputs and (streams_pieces or not decoupled),
     )
 
 
@@ -271,12 +321,21 @@ class HttpTriton:
         return [str(m["name"]) for m in index if isinstance(m, dict) and m.get("state") == "READY" and "name" in m]
 
     def generate(self, iface: TextInterface, values: Mapping[str, Any]) -> str:
-        """One ``/generate`` request; the model's text output."""
+        """One ``/generate`` request; the model's text output (the best beam's)."""
+        return self.answer(iface, values).text
+
+    def answer(self, iface: TextInterface, values: Mapping[str, Any]) -> Answer:
+        """One ``/generate`` request: the text with the token ids and log probabilities, where given."""
         answer = self._json(f"/v2/models/{quote(iface.model, safe='')}/generate", iface.payload(values), dict)
-        return str(answer.get(iface.output, ""))
+        return Answer.of(answer, iface.output)
 
     def generate_stream(self, iface: TextInterface, values: Mapping[str, Any]) -> Iterator[str]:
         """``/generate_stream``: the text of each server-sent event as it arrives."""
+        for answer in self.answer_stream(iface, values):
+            yield answer.text
+
+    def answer_stream(self, iface: TextInterface, values: Mapping[str, Any]) -> Iterator[Answer]:
+        """``/generate_stream``: each server-sent event as an :class:`Answer` as it arrives."""
         with self._open(f"/v2/models/{quote(iface.model, safe='')}/generate_stream", iface.payload(values)) as response:
             for raw in response:
                 line = raw.decode("utf-8", "replace").strip()
@@ -295,22 +354,35 @@ class HttpTriton:
                 if "error" in event:
                     message = str(event["error"])
                     raise HttpError(500 if MODEL_FAULT.search(message) else 400, message)
-                yield str(event.get(iface.output, ""))
+                yield Answer.of(event, iface.output)
 
 
-def pieces(texts: Iterator[str], iface: TextInterface, prompt: str) -> Iterator[str]:
+class PieceJoiner:
     """New text from successive stream answers, the whole text starting with the prompt for a decoder.
 
     ftx's streaming ensemble sends each new piece once (``iface.streams_pieces``); one without stream
     offsets sends the whole text so far, and a classic one only the continuation."""
-    printed = ""
-    for text in texts:
-        if not printed and iface.continues_prompt and (iface.streams_pieces or not text.startswith(prompt)):
-            text = prompt + text
-        if iface.streams_pieces and printed:
+
+    def __init__(self, iface: TextInterface, prompt: str) -> None:
+        self.iface, self.prompt, self.printed = iface, prompt, ""
+
+    def add(self, text: str) -> str:
+        """The new piece that answer ``text`` adds ("" when none)."""
+        iface = self.iface
+        if not self.printed and iface.continues_prompt and (iface.streams_pieces or not text.startswith(self.prompt)):
+            text = self.prompt + text
+        if iface.streams_pieces and self.printed:
             piece = text
         else:
-            piece = text.removeprefix(printed) if text.startswith(printed) else text
+            piece = text.removeprefix(self.printed) if text.startswith(self.printed) else text
+        self.printed += piece
+        return piece
+
+
+def pieces(texts: Iterator[str], iface: TextInterface, prompt: str) -> Iterator[str]:
+    """The non-empty new pieces of successive stream answers (see :class:`PieceJoiner`)."""
+    joiner = PieceJoiner(iface, prompt)
+    for text in texts:
+        piece = joiner.add(text)
         if piece:
-            printed += piece
             yield piece

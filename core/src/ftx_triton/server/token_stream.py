@@ -34,7 +34,7 @@ FT_MODEL = "fastertransformer"
 PREPROCESSING_DIR = Path("preprocessing") / "1"
 _OUTPUTS = ("output_ids", "sequence_length")
 _GENERATE_NAMES = frozenset(d.name for d in GENERATE_INPUTS)
-_ROLE_TO_INPUT = {"prompt": "text_input"}
+_ROLE_TO_INPUT = {"prompt": "text_input", "seed": "random_seed"}
 """Roles of a generate request whose preprocessing input has another name (the rest share theirs)."""
 _TRITON_TYPES: dict[np.dtype[Any], str] = {
     np.dtype(np.uint32): "UINT32",
@@ -111,6 +111,8 @@ class TokenRoute:
                 continue
             if name == "text_input":
                 request[name] = np.array([[str(value).encode("utf-8")]], dtype=np.object_)
+            elif isinstance(value, list | tuple) and all(isinstance(v, int) for v in value):
+                request[name] = np.array([list(value)], dtype=np.int64)  # token ids (bad_token_ids)
             elif isinstance(value, list | tuple):
                 request[name] = np.array([[str(v).encode("utf-8") for v in value]], dtype=np.object_)
             else:

@@ -283,6 +283,78 @@ def test_log_probs_are_returned_when_asked(gptj: Any) -> None:
     assert np.allclose(out["cum_log_probs"][:, 0], out["output_log_probs"][:, 0].sum(-1), atol=1e-5)
 
 
+def test_log_probs_equal_transformers_log_softmax_of_the_original_checkpoint(gptj: Any) -> None:
+    """#36: each generated token's log probability is the original model's log-softmax at that token
+    (the sequence fed back through transformers), within fp32 tolerance; streamed or not."""
+    ref, gen, _spec = gptj
+    prompt = PROMPTS[0]
+    out = _run(
+        gen,
+        decoder_inputs([prompt], 6, is_return_log_probs=column(True, 1, np.bool_), end_id=column(10_000, 1, np.uint32)),
+    )
+    sequence = _tokens(out)
+    with torch.inference_mode():
+        logits = ref(torch.tensor([sequence])).logits[0].float().log_softmax(-1)
+    expected = [float(logits[p - 1, sequence[p]]) for p in range(len(prompt), len(sequence))]
+    assert np.allclose(out["output_log_probs"][0, 0, : len(expected)], expected, atol=1e-4)
+    assert np.isclose(out["cum_log_probs"][0, 0], sum(expected), atol=1e-3)
+
+
+def test_seeds_are_reproducible_and_different_seeds_differ(gptj: Any) -> None:
+    _ref, gen, _spec = gptj
+    prompt = PROMPTS[1]
+    base = {"temperature": column(1.5, 1, np.float32), "runtime_top_p": column(1.0, 1, np.float32)}
+    base["end_id"] = column(10_000, 1, np.uint32)
+
+    def sample(seed: int) -> list[int]:
+        return _tokens(_run(gen, decoder_inputs([prompt], 12, random_seed=column(seed, 1, np.uint64), **base)))
+
+    assert sample(11) == sample(11)
+    assert len({tuple(sample(seed)) for seed in (1, 2, 3, 4)}) > 1
+
+
+def test_many_bad_words_are_never_generated_and_match_transformers(gptj: Any) -> None:
+    """A thousand two-token bad words (FT's bad_words_list, OpenAI's logit_bias of -100 as one-token
+    words beside them) through ftx's trie-based processor: the same tokens as transformers' bad_words_ids."""
+    ref, gen, _spec = gptj
+    prompt = PROMPTS[2]
+    free = hf_greedy(ref, prompt, 10, eos_token_id=None)[len(prompt) :]
+    words = [(free[0],), *[(a, b) for a in range(40) for b in range(25)]]
+    words.append((free[1], free[2]))
+    out = _run(
+        gen, decoder_inputs([prompt], 10, end_id=column(10_000, 1, np.uint32), bad_words_list=encode_words([words]))
+    )
+    generated = _tokens(out)[len(prompt) :]
+    assert free[0] not in generated
+    expected = hf_greedy(ref, prompt, 10, eos_token_id=None, bad_words_ids=[list(w) for w in words])[len(prompt) :]
+    assert generated == expected
+
+
+def test_presence_penalty_is_fastertransformers_additive_penalty(gptj: Any) -> None:
+    """FT's presence_penalty: each token present in the prompt or the text so far loses it once. Greedy with
+    a large one never repeats a token; a small one equals transformers' greedy over logits penalized by hand;
+    and FT takes either it or repetition_penalty, not both."""
+    ref, gen, _spec = gptj
+    prompt = PROMPTS[0]
+    end = column(10_000, 1, np.uint32)
+    out = _run(gen, decoder_inputs([prompt], 10, presence_penalty=column(1000.0, 1, np.float32), end_id=end))
+    tokens = _tokens(out)
+    assert len(set(tokens)) == len(tokens), tokens
+    small = _tokens(_run(gen, decoder_inputs([prompt], 8, presence_penalty=column(0.5, 1, np.float32), end_id=end)))
+    sequence = list(prompt)
+    with torch.inference_mode():
+        for _ in range(8):
+            logits = ref(torch.tensor([sequence])).logits[0, -1].float()
+            logits[sorted(set(sequence))] -= 0.5
+            sequence.append(int(logits.argmax()))
+    assert small == sequence
+    both = decoder_inputs(
+        [prompt], 4, presence_penalty=column(0.5, 1, np.float32), repetition_penalty=column(1.1, 1, np.float32)
+    )
+    with pytest.raises(RequestError, match="exclude each other"):
+        gen.parse(both)
+
+
 def test_items_with_different_settings_run_in_separate_groups(gptj: Any) -> None:
     ref, gen, _spec = gptj
     before = gen.groups_run

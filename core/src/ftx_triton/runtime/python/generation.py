@@ -37,6 +37,8 @@ from typing import Any
 import numpy as np
 import structlog
 
+from ftx_triton.runtime.python.words import MAX_WORD_TOKENS, MAX_WORDS, trie
+
 log = structlog.get_logger(__name__)
 
 MAX_NEW_TOKENS = 4096
@@ -63,6 +65,8 @@ GREEDY_BELOW_TEMPERATURE = 1e-5
 """Temperatures below this decode greedily: the limit of sampling as the temperature falls."""
 REPETITION_PENALTY_RANGE = (1e-4, 1e4)
 """Beyond these, dividing or multiplying a logit by the penalty overflows float32."""
+PRESENCE_PENALTY_LIMIT = 1e4
+"""|presence_penalty| beyond this is no longer a penalty but an overflow of the logits."""
 LEN_PENALTY_LIMIT = 10.0
 """|len_penalty| above this overflows a beam's length ** len_penalty."""
 
@@ -77,6 +81,7 @@ class Sampling:
     top_p: float = 0.0
     temperature: float = 1.0
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0  # FT's, times the temperature (FT subtracts it after dividing by the temperature)
     len_penalty: float = 0.0
     beam_width: int = 1
     random_seed: int = 0
@@ -112,8 +117,6 @@ class Sampling:
             )
         if self.beam_width > 1:
             kwargs.update(length_penalty=self.len_penalty, early_stopping=False)
-        if self.bad_words:
-            kwargs["bad_words_ids"] = [list(word) for word in self.bad_words]
         return kwargs
 
 
@@ -169,7 +172,11 @@ class ModelLimits:
 
 
 def decode_words(array: np.ndarray | None, batch: int, what: str) -> list[Words]:
-    """FT word lists ``[B, 2, W]`` → per item a tuple of token-id tuples (``[[0], [-1]]`` = none)."""
+    """FT word lists ``[B, 2, W]`` → per item a tuple of token-id tuples (``[[0], [-1]]`` = none).
+
+    At most :data:`~.words.MAX_WORDS` words of :data:`~.words.MAX_WORD_TOKENS` tokens per item: the
+    width is checked before any offset is read, so a huge list is refused without being walked.
+    """
     if array is None:
         return [()] * batch
     data = np.asarray(array)
@@ -177,22 +184,27 @@ def decode_words(array: np.ndarray | None, batch: int, what: str) -> list[Words]
         data = data[None]
     if data.ndim != 3 or data.shape[1] != 2 or data.shape[0] not in (1, batch):
         raise RequestError(f"{what} must have shape [batch, 2, W], got {list(np.asarray(array).shape)}")
+    if data.shape[2] > MAX_WORDS * MAX_WORD_TOKENS:
+        raise RequestError(
+            f"{what} is {data.shape[2]} ids wide; an item may hold at most {MAX_WORDS} words of at most "
+            f"{MAX_WORD_TOKENS} tokens ({MAX_WORDS * MAX_WORD_TOKENS} ids)"
+        )
     out: list[Words] = []
     for row in data if data.shape[0] == batch else np.repeat(data, batch, axis=0):
         ids, offsets = row[0].astype(np.int64), row[1].astype(np.int64)
-        words: list[tuple[int, ...]] = []
-        start = 0
-        for end in offsets:
-            if end < 0:
-                break
-            if end < start or end > len(ids):
-                raise RequestError(
-                    f"{what}: offsets must be increasing end positions within the ids (got {offsets.tolist()})"
-                )
-            if end > start:
-                words.append(tuple(int(t) for t in ids[start:end]))
-            start = int(end)
-        out.append(tuple(words))
+        cut = np.flatnonzero(offsets < 0)
+        offsets = offsets[: cut[0]] if cut.size else offsets
+        starts = np.concatenate([[0], offsets[:-1]]) if offsets.size else offsets
+        if offsets.size and ((offsets < starts).any() or offsets[-1] > len(ids)):
+            raise RequestError(
+                f"{what}: offsets must be increasing end positions within the ids (got {offsets[:16].tolist()}…)"
+            )
+        spans = [(int(a), int(b)) for a, b in zip(starts, offsets, strict=True) if b > a]
+        if len(spans) > MAX_WORDS:
+            raise RequestError(f"{what} holds {len(spans)} words for one item; at most {MAX_WORDS} are accepted")
+        if any(b - a > MAX_WORD_TOKENS for a, b in spans):
+            raise RequestError(f"{what} holds a word longer than {MAX_WORD_TOKENS} tokens")
+        out.append(tuple(tuple(int(t) for t in ids[a:b]) for a, b in spans))
     return out
 
 
@@ -287,6 +299,12 @@ def parse_request(inputs: Mapping[str, np.ndarray], limits: ModelLimits, kind: s
     top_k, top_p = scalar("runtime_top_k", 0, int), scalar("runtime_top_p", 0.0, float)
     temperature = scalar("temperature", 1.0, float)
     repetition = scalar("repetition_penalty", 1.0, float)
+    presence = scalar("presence_penalty", 0.0, float)
+    if "presence_penalty" in inputs and "repetition_penalty" in inputs:
+        raise RequestError(
+            "repetition_penalty and presence_penalty exclude each other (FasterTransformer takes one of them); "
+            "send only one"
+        )
     len_penalty = scalar("len_penalty", 0.0, float)
     for name in ("beam_search_diversity_rate", "top_p_decay", "top_p_min"):
         scalar(name, 0.0, float)  # finite, though transformers has no use for them
@@ -317,6 +335,10 @@ def parse_request(inputs: Mapping[str, np.ndarray], limits: ModelLimits, kind: s
     low, high = REPETITION_PENALTY_RANGE
     if ((repetition < low) | (repetition > high)).any():
         raise RequestError(f"repetition_penalty must be between {low:g} and {high:g} (1.0 = off)")
+    if (np.abs(presence) > PRESENCE_PENALTY_LIMIT).any():
+        raise RequestError(
+            f"presence_penalty must be between {-PRESENCE_PENALTY_LIMIT:g} and {PRESENCE_PENALTY_LIMIT:g}"
+        )
     if (np.abs(len_penalty) > LEN_PENALTY_LIMIT).any():
         raise RequestError(
             f"len_penalty must be between {-LEN_PENALTY_LIMIT:g} and {LEN_PENALTY_LIMIT:g} "
@@ -349,6 +371,7 @@ def parse_request(inputs: Mapping[str, np.ndarray], limits: ModelLimits, kind: s
             top_p=float(top_p[i]),
             temperature=float(temperature[i]),
             repetition_penalty=float(repetition[i]),
+            presence_penalty=float(presence[i]) * float(temperature[i]),
             len_penalty=float(len_penalty[i]),
             beam_width=beam,
             random_seed=seeds[i],
@@ -406,15 +429,14 @@ def _note_ignored(inputs: Mapping[str, np.ndarray]) -> None:
 
 
 def ends_with_word(sequence: Sequence[int], words: Words) -> bool:
-    """Whether ``sequence`` ends with one of ``words``."""
-    n = len(sequence)
-    return any(len(w) <= n and tuple(sequence[n - len(w) :]) == w for w in words)
+    """Whether ``sequence`` ends with one of ``words`` (cost: the longest word, not the number of words)."""
+    return bool(words) and trie(words).ends_with(sequence)
 
 
 def finished_length(prompt: Sequence[int] | np.ndarray, generated: Sequence[int] | np.ndarray, item: Item) -> int:
     """How many generated tokens count: up to and including end_id or a stop word, at most output_len."""
     end_id = item.sampling.end_id
-    history = list(prompt)
+    history = [int(t) for t in prompt[-MAX_WORD_TOKENS:]]
     for t, token in enumerate(generated[: item.output_len]):
         history.append(int(token))
         if int(token) == end_id or (item.stop_words and ends_with_word(history, item.stop_words)):
@@ -461,13 +483,50 @@ class _StopWords:
 
         done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         group = max(1, input_ids.shape[0] // len(self.words))
-        longest = max(len(w) for ws in self.words for w in ws)
-        tails = input_ids[:, -longest:].tolist()
+        tails = input_ids[:, -MAX_WORD_TOKENS:].tolist()
         for r, tail in enumerate(tails):
             words = self.words[min(r // group, len(self.words) - 1)]
             if words:
                 done[r] = ends_with_word(tail, words)
         return done
+
+
+class _BadWords:
+    """A transformers LogitsProcessor banning what would complete a bad word (FasterTransformer's
+    ``bad_words_list``: the word's last token after its other tokens; a one-token word everywhere).
+
+    transformers' own ``bad_words_ids`` checks every word at every step; the trie walks back at most
+    the longest word, however many words there are.
+    """
+
+    def __init__(self, words: Words) -> None:
+        self.trie = trie(words)
+        self.single = sorted(self.trie.single)
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        scores = scores.clone()
+        if self.single:
+            scores[:, self.single] = -float("inf")
+        if self.trie.longest > 1:
+            for r, tail in enumerate(input_ids[:, -(self.trie.longest - 1) :].tolist()):
+                banned = self.trie.completions(tail) - self.trie.single
+                if banned:
+                    scores[r, sorted(banned)] = -float("inf")
+        return scores
+
+
+class _PresencePenalty:
+    """A transformers LogitsProcessor: FasterTransformer's ``presence_penalty`` (its additive repetition
+    penalty): every token present in the prompt or the generated text loses the penalty once, however
+    often it occurs. FT subtracts it after dividing by the temperature; transformers divides after its
+    processors, so the penalty comes here multiplied by the temperature (see Sampling)."""
+
+    def __init__(self, penalty: float) -> None:
+        self.penalty = penalty
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        present = scores.new_zeros(scores.shape, dtype=scores.dtype).scatter_(1, input_ids, 1.0)
+        return scores - present * self.penalty
 
 
 class _BeamWatcher:
@@ -490,12 +549,15 @@ class _Streamer:
     """A transformers streamer turning each decoding step into TokenEvents for a sink.
 
     With log probabilities asked for, a forward hook keeps the logits each step was chosen from
-    (the raw logits, as ``output_logits`` returns them at the end).
+    (the raw logits, as ``output_logits`` returns them at the end) and the chosen token's log
+    probability is kept per row: one step's logits at a time, never all of them (``output_logits``
+    would hold rows x steps x vocabulary floats).
     """
 
     def __init__(self, items: Sequence[Item], indices: Sequence[int], sink: StepSink) -> None:
         self.items, self.indices, self.sink = items, indices, sink
         self.generated: list[list[int]] = [[] for _ in items]
+        self.chosen: list[list[float]] = [[] for _ in items]
         self.finished = [False] * len(items)
         self.logits: Any = None
         self._first = True
@@ -519,6 +581,8 @@ class _Streamer:
             if self.finished[r]:
                 continue
             self.generated[r].append(int(token))
+            if chosen is not None:
+                self.chosen[r].append(chosen[r])
             done = _is_final(item, self.generated[r])
             self.finished[r] = done
             events.append(TokenEvent(self.indices[r], int(token), done, None if chosen is None else chosen[r]))
@@ -535,7 +599,12 @@ def _is_final(item: Item, generated: Sequence[int]) -> bool:
         return True
     if generated and int(generated[-1]) == item.sampling.end_id:
         return True
-    return bool(item.stop_words) and ends_with_word(list(item.prompt) + list(generated), item.stop_words)
+    if not item.stop_words:
+        return False
+    tail = list(generated[-MAX_WORD_TOKENS:])
+    if len(tail) < MAX_WORD_TOKENS:
+        tail = [int(t) for t in item.prompt[len(tail) - MAX_WORD_TOKENS :]] + tail
+    return ends_with_word(tail, item.stop_words)
 
 
 @dataclass
@@ -615,7 +684,7 @@ class Generator:
         self, sampling: Sampling, items: Sequence[Item], indices: Sequence[int], sink: StepSink | None
     ) -> list[ItemResult]:
         import torch
-        from transformers import GenerationConfig, StoppingCriteriaList
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
         beam = sampling.beam_width
         max_new = max(item.output_len for item in items)
@@ -636,7 +705,6 @@ class Generator:
             min_new_tokens=0,
             return_dict_in_generate=True,
             output_scores=want_scores and beam > 1,
-            output_logits=want_scores and beam == 1,
             **kwargs,
         )
         start = input_ids.shape[1] if self.kind == DECODER else 1  # drop the prompt / decoder start token
@@ -644,12 +712,17 @@ class Generator:
         if any(item.stop_words for item in items):
             criteria.append(_StopWords([item.stop_words for item in items]))
         streamer = hook = None
-        if sink is not None and beam == 1:
-            streamer = _Streamer(items, indices, sink)
+        if beam == 1 and (sink is not None or want_scores):
+            streamer = _Streamer(items, indices, sink or StepSink())
             if want_scores:
                 hook = self.model.register_forward_hook(streamer.keep_logits)
         elif sink is not None:
             criteria.append(_BeamWatcher(items, indices, beam, start, sink))
+        processors: list[Any] = []
+        if sampling.presence_penalty:
+            processors.append(_PresencePenalty(sampling.presence_penalty))
+        if sampling.bad_words:
+            processors.append(_BadWords(sampling.bad_words))
         torch.manual_seed(sampling.random_seed)
         if torch.cuda.is_available():
             torch.cuda.manual_seed_all(sampling.random_seed)
@@ -660,6 +733,7 @@ class Generator:
                     attention_mask=attention,
                     generation_config=config,
                     stopping_criteria=StoppingCriteriaList(criteria) if criteria else None,
+                    logits_processor=LogitsProcessorList(processors) if processors else None,
                     streamer=streamer,
                 )
         finally:
@@ -668,7 +742,13 @@ class Generator:
         self.groups_run += 1
         sequences = out.sequences
         generated = sequences[:, start:].cpu().numpy().astype(np.int64)
-        log_probs = self._log_probs(out, sequences, beam) if want_scores else None
+        log_probs = None
+        if want_scores and beam > 1:
+            log_probs = self._beam_log_probs(out, sequences)
+        elif want_scores and streamer is not None:
+            log_probs = np.zeros((len(items), max(1, max(len(c) for c in streamer.chosen))), np.float32)
+            for r, chosen in enumerate(streamer.chosen):
+                log_probs[r, : len(chosen)] = chosen
         results = []
         for n, item in enumerate(items):
             rows = generated[n * beam : (n + 1) * beam]
@@ -684,17 +764,9 @@ class Generator:
             results.append(ItemResult(tokens, lengths, probs))
         return results
 
-    def _log_probs(self, out: Any, sequences: Any, beam: int) -> np.ndarray:
-        import torch
-
-        if beam > 1:
-            scores = self.model.compute_transition_scores(
-                sequences, out.scores, out.beam_indices, normalize_logits=False
-            )
-        else:
-            steps = torch.stack(out.logits, dim=1).float().log_softmax(-1)  # [rows, steps, V]
-            chosen = sequences[:, -steps.shape[1] :]
-            scores = steps.gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
+    def _beam_log_probs(self, out: Any, sequences: Any) -> np.ndarray:
+        """Each beam's token scores as beam search ranked them (log-softmax, after the processors)."""
+        scores = self.model.compute_transition_scores(sequences, out.scores, out.beam_indices, normalize_logits=False)
         return scores.float().cpu().numpy()
 
 
