@@ -722,7 +722,7 @@ def test_settings_as_ftx_lock_writes_them_are_taken(
     monkeypatch.chdir(tmp_path)
     assert ftx_cli("lock", str(tiny_gptj_dir), "--http-port", "8123", "--tp", "2").exit_code == 0
     text = (tmp_path / "ftx.toml").read_text()
-    (tmp_path / "ftx.toml").write_text(text + 'force = ["convert"]\n')
+    (tmp_path / "ftx.toml").write_text(text.replace("[settings]\n", '[settings]\nforce = ["convert"]\n', 1))
     result = ftx_cli("run", "--dry-run")
     assert result.exit_code == 0, result.stderr
     assert "tp=2" in result.stdout and "ports 8123/free" in result.stdout

@@ -23,12 +23,19 @@ Answers from tritonserver are not limited (they are the server's own).
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import grpc
-from grpc import aio
+# The supervisor forks tritonserver (a preexec_fn) while this front's threads run; with grpcio's fork support on,
+# its fork handlers ran in that child ("Other threads are currently calling into gRPC, skipping fork() handlers")
+# and tritonserver died with SIGABRT at start, now and then. The child only execs, so the support is turned
+# off before grpcio reads it (at import), whatever the environment says.
+os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
+
+import grpc  # noqa: E402
+from grpc import aio  # noqa: E402
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """The same limit as the HTTP front's body."""
