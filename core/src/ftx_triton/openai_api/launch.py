@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,10 +130,21 @@ def start_openai(
                 f"the OpenAI endpoint exited with code {process.returncode}:\n{tail}",
                 hint=f"see {log_path}; --no-openai serves without it",
             )
-        with contextlib.suppress(OSError):
-            with _OPENER.open(health, timeout=2) as response:
-                if response.status == 200:
-                    return endpoint
+        if _answers(health):
+            return endpoint
         time.sleep(0.1)
     endpoint.stop()
     raise ServeError(f"the OpenAI endpoint did not answer within {READY_TIMEOUT_S:g} s", hint=f"see {log_path}")
+
+
+def _answers(health: str) -> bool:
+    """Whether the endpoint process answers ``/health`` at all: it is up. Its 503 (Triton or the text model not
+    ready) is the model's state, which callers check themselves; waiting for a 200 here would wait out a model
+    still loading, or a repository without a text model, and call the endpoint dead."""
+    try:
+        with _OPENER.open(health, timeout=2):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
