@@ -180,19 +180,8 @@ class FtxCommand(click.Command):
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> object:
-        from ftx_triton.plan.interrupt import EXIT_CODE
-
-        try:
+        with handle_errors():
             return super().invoke(ctx)
-        except FtxError as exc:
-            print_error(exc)
-            ctx.exit(1)
-        except OSError as exc:
-            print_error(_file_system_error_or_raise(exc))
-            ctx.exit(1)
-        except KeyboardInterrupt:
-            print_interrupted()
-            ctx.exit(EXIT_CODE)
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         sections: dict[str, list[tuple[str, str]]] = {}
