@@ -41,8 +41,8 @@ PROMPTS = (
 
 
 def build(tmp: Path, args: argparse.Namespace) -> Path:
+    from ftx_gptj.tiny import tiny_gptj
     from ftx_triton.engine.pipeline import Pipeline
-    from ftx_triton.fetching.tiny import tiny_gptj
     from ftx_triton.plan.settings import RunSettings
     from ftx_triton.plugins import load_host
     from ftx_triton.store.artifact_store import ArtifactStore

@@ -653,7 +653,7 @@ def test_deployment_names_long_taken_and_chosen(demo_home: Path, tmp_path: Path)
     names went whole into file names); a second `ftx run MODEL --detach` loaded a whole server before refusing
     the name, and no deployment could be named. Now a derived name is cut to 64 characters and numbered when
     taken, and `--name` picks one, refused before anything starts when a running server has it."""
-    from ftx_triton.fetching.demo import demo_dir
+    from fetch_helpers import demo_dir
 
     env = _env(demo_home)
     ckpt = shutil.copytree(demo_dir(demo_home), tmp_path / ("c" * 250))

@@ -299,7 +299,7 @@ def test_a_chat_template_that_never_ends_blocks_nobody(served: Served, tmp_path:
 
     tokenizer = tmp_path / "tokenizer"
     tokenizer.mkdir()
-    from ftx_triton.fetching.demo import ensure_demo_checkpoint
+    from fetch_helpers import ensure_demo_checkpoint
 
     shutil.copy(ensure_demo_checkpoint(served.home) / "tokenizer.json", tokenizer / "tokenizer.json")
     forever = "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"
@@ -710,7 +710,7 @@ def test_usage_counts_the_generated_ids_not_a_re_encoding_of_the_text(served: Se
     """#33 (low): re-encoding the text miscounted (10 for max_tokens 8); the count is the model's own ids.
     Sampled generations (random tokens seldom re-encode to themselves), at least one of whose texts
     re-encodes to another count, so the test can tell the two apart."""
-    from ftx_triton.fetching.demo import ensure_demo_checkpoint
+    from fetch_helpers import ensure_demo_checkpoint
     from ftx_triton.repository.textproc import load_codec
 
     client = _client(served)

@@ -25,9 +25,9 @@ from ftx_triton.conversion.ops import OpContext
 from ftx_triton.conversion.shapes import eval_shape
 from ftx_triton.envvars import env_int
 from ftx_triton.errors import CheckpointError
-from ftx_triton.io.checkpoint import TensorReader, check_weight_dtype, tensor_dtype
-from ftx_triton.io.ftformat import gpu_dir_name, non_finite_count, read_ini, read_tensor, write_ini
-from ftx_triton.io.writer import BackgroundWriter
+from ftx_triton.formats.checkpoint import TensorReader, check_weight_dtype, tensor_dtype
+from ftx_triton.formats.ftformat import gpu_dir_name, non_finite_count, read_ini, read_tensor, write_ini
+from ftx_triton.formats.writer import BackgroundWriter
 
 log = structlog.get_logger(__name__)
 

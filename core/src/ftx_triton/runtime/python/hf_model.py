@@ -21,7 +21,7 @@ import structlog
 from ftx_triton.conversion.convert import invert_checkpoint
 from ftx_triton.conversion.family import Family
 from ftx_triton.errors import CheckpointError, ConfigError
-from ftx_triton.io.ftformat import read_ini
+from ftx_triton.formats.ftformat import read_ini
 
 log = structlog.get_logger(__name__)
 

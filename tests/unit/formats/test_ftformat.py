@@ -7,7 +7,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from ftx_triton.io.ftformat import non_finite_count, non_finite_files, write_tensor
+from ftx_triton.formats.ftformat import non_finite_count, non_finite_files, write_tensor
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])

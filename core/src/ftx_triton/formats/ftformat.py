@@ -15,7 +15,7 @@ import ml_dtypes
 import numpy as np
 
 from ftx_triton.errors import CheckpointError
-from ftx_triton.io.fastcopy import contiguous
+from ftx_triton.formats.fastcopy import contiguous
 from ftx_triton.io.regular import TooLarge, read_regular
 
 IniSections = Mapping[str, Mapping[str, object]]
