@@ -112,7 +112,7 @@ def _link_out(adapter: Path, dest: Path) -> Path:
 
 
 def _other_size(adapter: Path, dest: Path) -> Path:
-    from ftx_triton.fetching.tiny import tiny_gptj
+    from ftx_gptj.tiny import tiny_gptj
 
     bigger = tiny_gptj(dest.parent / "bigger-base", n_embd=96, n_head=4, tokenizer=False)
     return _make_adapter(bigger, dest)

@@ -81,7 +81,7 @@ def check_adapter_folder(folder: Path) -> dict[str, Any]:
 
 def lora_deltas(folder: Path) -> list[LoraDelta]:
     """The base weights the adapter changes, from its safetensors header (no tensor read)."""
-    from ftx_triton.io.checkpoint import SafetensorsFile
+    from ftx_triton.formats.checkpoint import SafetensorsFile
 
     reader = SafetensorsFile(folder / ADAPTER_WEIGHTS)
     try:
@@ -107,7 +107,7 @@ def lora_deltas(folder: Path) -> list[LoraDelta]:
 
 def check_adapter_fits(folder: Path, base: Path, deltas: list[LoraDelta]) -> None:
     """Every module the adapter changes exists in the base checkpoint with the trained shape."""
-    from ftx_triton.io.checkpoint import open_checkpoint
+    from ftx_triton.formats.checkpoint import open_checkpoint
 
     reader = open_checkpoint(base)
     try:
