@@ -23,6 +23,8 @@ from ftx_triton.client.text_client import (
     TOKEN_IDS,
     TOKEN_LOG_PROBS,
     Answer,
+    HttpError,
+    HttpTriton,
     PieceJoiner,
     TextInterface,
     first_text,
@@ -85,15 +87,11 @@ class HttpTransport:
     """Triton's generate extension."""
 
     def __init__(self, url: str, timeout_s: float) -> None:
-        from ftx_triton.client.text_client import HttpTriton
-
         self.server = HttpTriton(url, timeout_s=timeout_s)
         self.model = ""
 
     @contextlib.contextmanager
     def _mapped(self) -> Iterator[None]:
-        from ftx_triton.client.text_client import HttpError
-
         try:
             yield
         except HttpError as exc:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ftx_triton.client.text_client import HttpError, HttpTriton, sse_data, text_interface
 from ftx_triton.errors import ToolError
 
 Sender = Callable[[], str]
@@ -66,8 +67,6 @@ def _warmed(send: Sender, what: str, refused: tuple[type[BaseException], ...]) -
 
 def triton_sender(url: str, model: str, prompt: str, max_tokens: int) -> Sender:
     """Requests over Triton's generate extension at ``url`` (streamed when the model is decoupled), warmed up."""
-    from ftx_triton.client.text_client import HttpError, HttpTriton, text_interface
-
     server = HttpTriton(url)
     iface = text_interface(server, model)
     values = {"prompt": prompt, "max_tokens": max_tokens, **({"stream": True} if iface.decoupled else {})}
@@ -83,8 +82,6 @@ def openai_sender(base: str, model: str, prompt: str, max_tokens: int) -> Sender
     (the bounded queue is full) raises :class:`Rejected`."""
     import urllib.error
     import urllib.request
-
-    from ftx_triton.client.text_client import sse_data
 
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True}).encode()

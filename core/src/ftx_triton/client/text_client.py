@@ -291,6 +291,10 @@ class HttpTriton:
     def get_json(self, path: str) -> Any:
         return self._json(path, None, dict)
 
+    def post_json(self, path: str, body: Mapping[str, Any]) -> Any:
+        """POST ``body`` to ``path`` (``/v2/models/M/infer``, ``…/generate``); the JSON object it answers."""
+        return self._json(path, body, dict)
+
     # the two calls text_interface() makes, shaped like tritonclient's as_json answers
     def get_model_metadata(self, model: str, as_json: bool = True) -> Mapping[str, Any]:
         return self.get_json(f"/v2/models/{quote(model, safe='')}")

@@ -19,7 +19,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Protocol
 
-from ftx_triton.errors import ServeError
+from ftx_triton.client.generate import generate_text
+from ftx_triton.errors import ConfigError, ServeError
 from ftx_triton.plan.artifacts import Endpoint, ModelRepository, ServedDeployment
 from ftx_triton.plan.settings import RunSettings
 from ftx_triton.runtime.api import Runtime
@@ -92,7 +93,6 @@ class Deployment:
     @property
     def streams(self) -> bool:
         """Whether the served model answers as a stream (a decoupled ``fastertransformer`` model)."""
-        from ftx_triton.errors import ConfigError
         from ftx_triton.repository.model_config import FT_MODEL_NAME, parse_config
 
         try:
@@ -138,8 +138,6 @@ class Deployment:
     def generate_once(self, prompt: str, max_tokens: int, on_text: Callable[[str], None] | None = None) -> str:
         """One answer to ``prompt`` from the served text model, starting with the prompt for a decoder
         (streamed piece by piece to ``on_text`` when given)."""
-        from ftx_triton.client.generate import generate_text
-
         return generate_text(
             self.endpoint.grpc_url,
             self.endpoint.model,

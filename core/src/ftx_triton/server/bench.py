@@ -28,8 +28,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ftx_triton.client.load import LevelWatch, Point, Sender, closed_loop, openai_sender, triton_sender
+from ftx_triton.client.text_client import HttpTriton, text_interface
 from ftx_triton.errors import ConfigError, ServeError, ToolError
 from ftx_triton.repository.io import TEXT_MODEL_NAME
+from ftx_triton.server.front_metrics import level_figures, read_metrics
 
 PERF_ANALYZER_ENV = "FTX_PERF_ANALYZER"
 
@@ -57,13 +59,9 @@ class FrontMetricsWatch:
         self.before: dict[str, float] = {}
 
     def begin(self) -> None:
-        from ftx_triton.server.front_metrics import read_metrics
-
         self.before = read_metrics(self.url)
 
     def end(self, seconds: float) -> dict[str, Any]:
-        from ftx_triton.server.front_metrics import level_figures, read_metrics
-
         return level_figures(self.before, read_metrics(self.url), seconds)
 
 
@@ -273,8 +271,6 @@ def _triton_load(target: BenchTarget, tool: str) -> BenchLoad:
 
 def _perf_analyzer(binary: Path) -> Callable[..., list[Point]]:
     def run(target: BenchTarget, prompt: str, max_tokens: int, levels: list[int], requests: int) -> list[Point]:
-        from ftx_triton.client.text_client import HttpTriton, text_interface
-
         streaming = text_interface(HttpTriton(f"http://{target.http}"), TEXT_MODEL_NAME).decoupled
         return run_perf_analyzer(
             binary, target.grpc, TEXT_MODEL_NAME, prompt, max_tokens, levels, requests, streaming=streaming
