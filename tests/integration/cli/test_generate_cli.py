@@ -22,7 +22,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ftx_triton.cli.serving import generate_answer, generate_text, resolve_target, sampling_values
+from ftx_triton.cli.serving import resolve_target
+from ftx_triton.client.generate import generate_answer, generate_text
+from ftx_triton.client.text_client import sampling_values
 from ftx_triton.errors import ServeError
 from python_runtime_support import (
     BUILDERS,

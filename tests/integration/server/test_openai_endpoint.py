@@ -83,7 +83,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, built_demo: Path) -> Iterat
 
 
 def _triton_text(served: Served, prompt: str, max_tokens: int) -> str:
-    from ftx_triton.cli.serving import generate_text
+    from ftx_triton.client.generate import generate_text
 
     return generate_text(served.http, "text", prompt, max_tokens=max_tokens)
 
@@ -622,7 +622,7 @@ def test_a_slow_reader_gets_the_whole_text_in_fewer_pieces(served: Served) -> No
     response holds the whole output so far, and the stream never waits for the slow consumer."""
     import asyncio
 
-    from ftx_triton.server.token_stream import AsyncTokenClient, TokenRoute, stream_texts
+    from ftx_triton.client.token_stream import AsyncTokenClient, TokenRoute, stream_texts
 
     route = TokenRoute.open(_repository(served))
     assert route is not None and route.decoupled
@@ -654,7 +654,7 @@ def _client(served: Served) -> Any:
 
 def _text_model_answer(served: Served, prompt: str, max_tokens: int, **extra: Any) -> Any:
     """The text model's own answer (ids and log probabilities) for the same request."""
-    from ftx_triton.cli.serving import generate_answer
+    from ftx_triton.client.generate import generate_answer
 
     return generate_answer(served.http, "text", prompt, max_tokens=max_tokens, **extra)
 

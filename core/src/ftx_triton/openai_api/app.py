@@ -27,6 +27,15 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from ftx_triton.client.text_client import HttpError, HttpTriton, PieceJoiner, TextInterface, text_interface
+from ftx_triton.client.token_stream import (
+    AsyncTokenClient,
+    ModelRefused,
+    Overloaded,
+    StreamFault,
+    TokenRoute,
+    is_overload,
+)
 from ftx_triton.errors import FtxError
 from ftx_triton.front.server import Refused, read_body
 from ftx_triton.front.shield import lone_surrogate
@@ -37,15 +46,6 @@ from ftx_triton.openai_api.params import BadRequest, Params, parse_params
 from ftx_triton.openai_api.token_generation import TokenGeneration
 from ftx_triton.repository.io import TEXT_MODEL_NAME
 from ftx_triton.repository.textproc import MAX_WORD_TOKENS, RequestError
-from ftx_triton.server.text_client import HttpError, HttpTriton, PieceJoiner, TextInterface, text_interface
-from ftx_triton.server.token_stream import (
-    AsyncTokenClient,
-    ModelRefused,
-    Overloaded,
-    StreamFault,
-    TokenRoute,
-    is_overload,
-)
 
 T = TypeVar("T")
 MAX_PROMPTS = 64

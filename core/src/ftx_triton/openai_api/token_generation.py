@@ -3,7 +3,7 @@
 The same contract as :class:`~ftx_triton.openai_api.app.Generation` (``astream``, ``awhole``,
 ``finish_reason``), for a streaming deployment whose repository this process can read: the prompt is
 tokenized and checked by the repository's own preprocessing code, the model streams ids over gRPC, and
-:mod:`ftx_triton.server.token_stream` detokenizes them incrementally, dropping responses the client was too
+:mod:`ftx_triton.client.token_stream` detokenizes them incrementally, dropping responses the client was too
 slow to read (each holds the whole output so far). No Python model runs per token.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any
 
-from ftx_triton.server.token_stream import AsyncTokenClient, TokenRoute, stream_texts
+from ftx_triton.client.token_stream import AsyncTokenClient, TokenRoute, stream_texts
 
 
 def cut_at_stop(text: str, stop: list[str]) -> tuple[str, bool]:
