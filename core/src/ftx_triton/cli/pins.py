@@ -11,16 +11,10 @@ import click
 
 from ftx_triton.cli.common import FtxCommand, get_host, say
 from ftx_triton.cli.manifest import MANIFEST_NAME, current_stack, locked_settings, write_lock
-from ftx_triton.cli.options import (
-    deployment_conversion_options,
-    repository_options,
-    section,
-    source_options,
-    tune_options,
-)
+from ftx_triton.cli.options import deployment_conversion_options, repository_options, source_options, tune_options
 from ftx_triton.commandkit import options_of
 from ftx_triton.errors import ConfigError
-from ftx_triton.plan.settings import RunSettings, ServeSettings
+from ftx_triton.plan.settings import RunSettings, RunWideSettings, ServeSettings
 
 
 def _requires(family: str | None, runtime: str) -> list[str]:
@@ -125,14 +119,10 @@ def _check_lockable(url: str) -> None:
 @source_options
 @deployment_conversion_options
 @repository_options
-@section(
-    "Stages and runtime",
-    click.option(
-        "--runtime",
-        default="auto",
-        show_default=True,
-        help="Runtime to pin (auto: the one `ftx run` chooses on the machine that replays the lock).",
-    ),
+@options_of(
+    RunWideSettings,
+    only=("runtime",),
+    helps={"runtime": "Runtime to pin (auto: the one `ftx run` chooses on the machine that replays the lock)."},
 )
 @tune_options
 @options_of(ServeSettings, only=("host", "http_port", "grpc_port", "metrics_port", "device"))
