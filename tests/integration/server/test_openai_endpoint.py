@@ -779,3 +779,9 @@ def test_openai_client_sees_refusals_as_bad_request_errors(served: Served) -> No
     with pytest.raises(openai.BadRequestError) as refused:
         client.completions.create(model="tiny-gptj", prompt="Hi", logprobs=2)
     assert "computes only the chosen token's log probability" in refused.value.body["message"]
+
+
+def test_embeddings_on_a_decoder_only_deployment_is_a_400_saying_it_has_no_encoder(served: Served) -> None:
+    status, answer = _post(served.openai + "/embeddings", {"input": "Hello"})
+    assert status == 400, answer
+    assert answer["error"]["code"] == "embeddings_unsupported" and "no encoder" in answer["error"]["message"]
