@@ -644,6 +644,39 @@ def test_a_slow_reader_gets_the_whole_text_in_fewer_pieces(served: Served) -> No
     assert len(slow) < 24
 
 
+def test_segmented_generation_gives_the_unsegmented_greedy_text(served: Served) -> None:
+    """FTX_SEGMENT_TOKENS=k: the front asks for k tokens at a time, re-sending the prompt and the text so far;
+    greedy, the text is the one request's, whatever k (the tiny tokenizer re-encodes its text to the same ids),
+    and the model ran one request per segment."""
+    import asyncio
+
+    from ftx_triton.openai_api.token_generation import TokenGeneration
+    from ftx_triton.server.token_stream import AsyncTokenClient, TokenRoute
+
+    route = TokenRoute.open(_repository(served))
+    assert route is not None
+    prompt, wanted = "Once upon a time", 20
+    expected = _triton_text(served, prompt, wanted)
+
+    async def generate(segment: int) -> tuple[str, int, str]:
+        client = AsyncTokenClient(served.grpc)
+        try:
+            generation = TokenGeneration(client, route, prompt, {"max_tokens": wanted}, [], segment=segment)
+            return await generation.awhole(), generation.tokens, generation.finish_reason
+        finally:
+            await client.close()
+
+    whole = asyncio.run(generate(0))
+    assert whole[0] == expected
+    for segment in (1, 6):
+        before = _executions(served, "fastertransformer")
+        assert asyncio.run(generate(segment)) == whole, segment
+        # one request per segment; a model that ended early is told by a segment shorter than asked
+        tokens = whole[1]
+        segments = -(-wanted // segment) if tokens == wanted else tokens // segment + 1
+        assert _executions(served, "fastertransformer") - before == segments, segment
+
+
 # --------------------------------------------------------------------------- #36 with the official client
 
 

@@ -51,6 +51,7 @@ repository_options = options_of(
         "stream_interval",
         "max_queue_size",
         "queue_timeout_ms",
+        "batch_delay_us",
         "dynamic_batching",
         "custom_all_reduce",
         "tokenizer",

@@ -216,6 +216,16 @@ class RepositorySettings(OptionSection):
         show_default=True,
     )
     """How long a request may wait in that queue before it is refused; 0: no limit."""
+    batch_delay_us: int = option(
+        0,
+        help="The model's dynamic batcher may hold a request this many microseconds to batch more with it "
+        "(Triton's max_queue_delay_microseconds). 0 = send what is queued as soon as an instance is free.",
+        kind=int,
+        low=0,
+        high=10_000_000,
+        show_default=True,
+    )
+    """Triton's ``max_queue_delay_microseconds`` on the fastertransformer model; 0: none, as Triton's default."""
     dynamic_batching: bool = option(
         True, help="Batch requests of different prompt lengths (ragged input_ids).", kind=bool, show_default=True
     )
