@@ -42,9 +42,9 @@ from seed_shapes import SHAPES, random_checkpoint  # noqa: E402 - beside this sc
 # label -> (custom all-reduce, environment of the server)
 VARIANTS: dict[str, tuple[bool, dict[str, str]]] = {
     "custom AR, 2 AR/layer": (True, {"FTX_GPTJ_ONE_ALLREDUCE": "0"}),
-    "custom AR, 1 AR/layer": (True, {}),
+    "custom AR, 1 AR/layer": (True, {"FTX_GPTJ_ONE_ALLREDUCE": "1"}),
     "NCCL, 2 AR/layer": (False, {"FTX_GPTJ_ONE_ALLREDUCE": "0"}),
-    "NCCL, 1 AR/layer": (False, {}),
+    "NCCL, 1 AR/layer": (False, {"FTX_GPTJ_ONE_ALLREDUCE": "1"}),
     "NCCL LL, 2 AR/layer": (False, {"FTX_GPTJ_ONE_ALLREDUCE": "0", "NCCL_PROTO": "LL"}),
 }
 SET_BY_VARIANTS = {"FTX_GPTJ_ONE_ALLREDUCE", "NCCL_PROTO", "CUDA_INJECTION64_PATH", "FTX_CUPTI_OUT"}
@@ -125,6 +125,10 @@ def analyse(trace: Path, steps: int = 100) -> dict[str, Any]:
             "gpu_idle_us_per_step": (span - busy) / steps / 1e3,
             "host_wait_at_step_end_us_median": statistics.median(waits) / 1e3 if waits else None,
             "host_launch_span_us_median": statistics.median(host_spans) / 1e3 if host_spans else None,
+            # the host's own time per step: the span from one step's end to the next, less its wait there
+            "host_launching_us_median": (
+                statistics.median(host_spans) / 1e3 - statistics.median(waits) / 1e3 if host_spans and waits else None
+            ),
             "kernels": [
                 {"name": n, "us_per_step": t / steps / 1e3, "per_step": c / steps, "share": t / span}
                 for n, (t, c) in top[:25]
