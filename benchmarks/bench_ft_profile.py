@@ -110,10 +110,10 @@ def analyse(trace: Path, steps: int = 100) -> dict[str, Any]:
             if at < len(starts[thread]):
                 waits.append(starts[thread][at] - launched)
             host_spans.append(launched - prev_launch[2])
-        thread = launch_of.get(marks[-1][2], (None,))[0]
+        last = launch_of.get(marks[-1][2])
         calls: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-        if thread is not None:
-            for start, end, _corr, name in apis[thread]:
+        if last is not None:
+            for start, end, _corr, name in apis[last[0]]:
                 if t0 <= start <= t1:
                     calls[name][0] += end - start
                     calls[name][1] += 1
