@@ -84,6 +84,27 @@ def _model_table(settings: RunSettings, family: str | None, output: Path) -> tup
     return table, f"{path} -> content {table['tree_sha256'][:16]}…"
 
 
+def _adapter_table(settings: RunSettings, output: Path) -> dict[str, str]:
+    """[model] adapter, pinned as the source is: a Hub adapter by its commit, a folder (relative to the lock
+    file) by its content key."""
+    from ftx_triton.conversion.adapters import check_adapter_folder
+    from ftx_triton.fetching.local_keys import local_content_key
+    from ftx_triton.fetching.refs import parse_ref, resolve_revision
+    from ftx_triton.paths import ftx_home
+
+    if not settings.fetch.adapter:
+        return {}
+    ref = parse_ref(settings.fetch.adapter)
+    if ref.kind == "hf":
+        return {"adapter": ref.uri, "adapter_revision": resolve_revision(ref)}
+    folder = Path(ref.uri)
+    check_adapter_folder(folder)
+    return {
+        "adapter": os.path.relpath(folder.resolve(), output.parent.resolve()),
+        "adapter_revision": local_content_key(folder, ftx_home()).key,
+    }
+
+
 def _check_lockable(url: str) -> None:
     """ftx.toml is meant to be committed: a URL with credentials (a presigned query, user:password@) is refused,
     as a redacted one could not be fetched again."""
@@ -148,6 +169,9 @@ def lock(model: str, output: str, force: bool, resolve: bool, **opts: Any) -> No
     settings = RunSettings.of(model, **opts)
     check_runtime_name(get_host().runtimes, settings.runtime)
     table, pinned = _model_table(settings, opts.get("family"), path)
+    if adapter := _adapter_table(settings, path):
+        table.update(adapter)
+        pinned += f", adapter {adapter['adapter']} -> {adapter['adapter_revision']}"
     local = Path(table["source"]) if "tree_sha256" in table else None
     family = _family_of(table, (path.parent / local).resolve() if local is not None else None)
     requires = _requires(family, settings.runtime)

@@ -118,6 +118,8 @@ class Pipeline:
         result.family, result.spec = family, spec
         if not self._wanted("convert"):
             return result
+        if plan.settings.fetch.adapter:
+            source = result.source = self.stages.adapt(family, source, self._context(plan))
         ctx = self._context(plan)
         checkpoint = result.checkpoint = self.stages.convert(family, source, spec, ctx)
         if checkpoint.non_finite:

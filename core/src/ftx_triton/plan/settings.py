@@ -71,6 +71,12 @@ class SourceSettings(OptionSection):
     revision: str | None = option(None, help="Branch, tag or commit of a Hugging Face source.")
     sha256: str | None = option(None, help="Expected sha256 of a downloaded archive or file (checked before use).")
     family: str | None = option(None, help="Model family (see `ftx models`); detected from config.json when omitted.")
+    adapter: str | None = option(
+        None,
+        help="A PEFT LoRA adapter to merge into the weights before conversion: a folder (adapter_config.json "
+        "and adapter_model.safetensors) or hf://org/name[@rev]; the merged checkpoint is cached under the base's "
+        "and the adapter's content.",
+    )
 
 
 TP_AUTO_HELP = (
