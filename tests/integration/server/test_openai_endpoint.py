@@ -650,8 +650,8 @@ def test_segmented_generation_gives_the_unsegmented_greedy_text(served: Served) 
     and the model ran one request per segment."""
     import asyncio
 
+    from ftx_triton.client.token_stream import AsyncTokenClient, TokenRoute
     from ftx_triton.openai_api.token_generation import TokenGeneration
-    from ftx_triton.server.token_stream import AsyncTokenClient, TokenRoute
 
     route = TokenRoute.open(_repository(served))
     assert route is not None

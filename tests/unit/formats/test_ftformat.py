@@ -25,7 +25,7 @@ def test_the_files_holding_them_are_named(tmp_path: Path) -> None:
 
 def test_a_mapped_tensor_is_the_files_pages_and_writes_stay_private(tmp_path: Path) -> None:
     """``mmap=True`` maps the file copy-on-write: the same values as a read, no copy, the file unchanged."""
-    from ftx_triton.io.ftformat import read_tensor
+    from ftx_triton.formats.ftformat import read_tensor
 
     values = np.arange(12, dtype=np.float16).reshape(3, 4)
     write_tensor(tmp_path / "w.bin", values)

@@ -23,8 +23,8 @@ def _concurrency(text: str) -> list[int]:
 
 def _target(name: str | None, url: str | None):  # -> ServedModel
     from ftx_triton.cli.clusters import running_as_served
-    from ftx_triton.cli.processes import served_models
     from ftx_triton.paths import ftx_home
+    from ftx_triton.server.processes import served_models
 
     served = served_models(ftx_home()) + running_as_served(ftx_home())
     if url:

@@ -17,7 +17,7 @@ def find_openai(home: Path, name: str | None, url: str | None) -> str:
     ``name`` (or the only one) as `ftx ps` lists it."""
     if url:
         return url.rstrip("/") if url.rstrip("/").endswith("/v1") else url.rstrip("/") + "/v1"
-    from ftx_triton.cli.processes import served_models
+    from ftx_triton.server.processes import served_models
 
     servers = [s for s in served_models(home) if name is None or s.name == name]
     with_front = [s for s in servers if s.openai]

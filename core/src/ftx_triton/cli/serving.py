@@ -37,7 +37,7 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 def repository_at(target: str) -> Path | None:
     """The repository of the server of this FTX_HOME listening at the gRPC address ``target``, if any."""
-    from ftx_triton.cli.processes import served_models
+    from ftx_triton.server.processes import served_models
     from ftx_triton.server.records import list_servers
 
     address = target.removeprefix("grpc://")
@@ -70,7 +70,7 @@ def resolve_target(model: str | None, url: str | None) -> tuple[str, str]:
     if url:
         return _checked_url(url), model or TEXT_MODEL_NAME
     from ftx_triton.cli.clusters import running_as_served
-    from ftx_triton.cli.processes import served_models
+    from ftx_triton.server.processes import served_models
     from ftx_triton.server.records import list_servers
 
     live = [r for r in list_servers(_home()) if r.alive]

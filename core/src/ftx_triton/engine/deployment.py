@@ -156,7 +156,7 @@ class Deployment:
         if self.openai is None:
             yield
             return
-        from ftx_triton.openai_api.records import FOREGROUND_PREFIX
+        from ftx_triton.server.front_records import FOREGROUND_PREFIX
 
         path = self._record_front(self.openai, f"{FOREGROUND_PREFIX}{os.getpid()}")
         try:
@@ -166,7 +166,7 @@ class Deployment:
 
     def _record_front(self, openai: OpenAIEndpoint, name: str) -> Path:
         """Record the OpenAI front under ``name`` (what `ftx ps` lists and `ftx stop` stops)."""
-        from ftx_triton.openai_api.records import write_record
+        from ftx_triton.server.front_records import write_record
 
         return write_record(
             self.home,
