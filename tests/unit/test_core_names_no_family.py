@@ -22,7 +22,9 @@ ALLOWED: dict[str, str] = {
     "oracle/": "FasterTransformer's model types (GPT, GPT-J, GPT-NeoX, T5), which its CPU reference reproduces",
     "conversion/ftini.py": f"{FT_VOCABULARY}: config.ini keys (use_gptj_residual, t5_with_bias) and their meaning",
     "runtime/fastertransformer/native/build.py": f"{FT_VOCABULARY}: the GEMM tools built (gpt_gemm, t5_gemm)",
-    "runtime/fastertransformer/native/patches.py:t5_gemm": f"{FT_VOCABULARY}: a GEMM tool the patch fixes",
+    "runtime/fastertransformer/native/patches.py": f"{FT_VOCABULARY}: the sources the patch set edits (GptJDecoder, "
+    "t5_gemm) by their file and class names",
+    "openai_api/embeddings.py:T5-Encoder": f"{FT_VOCABULARY}: the backend's encoder model type, named in a 501",
     "runtime/fastertransformer/docker/commands.py:team/gptj:1": "an example image tag in --tag's help",
     "runtime/python/hf_model.py:GPTJForCausalLM": "an example transformers class in a hint",
     "conversion/family.py:like 'gptj'": "an example slug in a plugin author's error",

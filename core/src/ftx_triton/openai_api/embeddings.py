@@ -148,7 +148,7 @@ class Embeddings:
             if family.triton_io != ENCODER_IO:
                 raise BadRequest(
                     f"{family.name} is a decoder-only model: it has no encoder to embed with "
-                    "(/v1/embeddings serves encoder-decoder deployments such as T5)",
+                    "(/v1/embeddings serves encoder-decoder deployments)",
                     code="embeddings_unsupported",
                 )
             if record.get("runtime") != "python":

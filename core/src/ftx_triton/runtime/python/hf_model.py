@@ -169,7 +169,10 @@ def load_model(
                 f"{ft_dir}: {name} has shape {tuple(array.shape)}, {cls.__name__} expects {tuple(param.shape)}",
                 hint="the config.ini does not match the .bin files; re-run the conversion",
             )
-        tensors[name] = as_torch(array).to(param.dtype)  # no copy (the mapped file) when the dtype is right
+        tensor = as_torch(array).to(param.dtype)  # no copy (the mapped file) when the dtype is right
+        # a transposed view is copied once: matmul on a strided weight takes another kernel, whose rounding
+        # would make this reference differ from the model in the last bits
+        tensors[name] = tensor if tensor.is_contiguous() else tensor.contiguous()
     model.load_state_dict(tensors, strict=False, assign=True)
     loaded = set(tensors)
     head = model.get_output_embeddings()
