@@ -78,7 +78,7 @@ def golden() -> Path:
 @pytest.fixture(scope="session")
 def tiny_gptj_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer random GPT-J with a trained tokenizer (safetensors)."""
-    from ftx_triton.fetching.tiny import tiny_gptj
+    from ftx_gptj.tiny import tiny_gptj
 
     return tiny_gptj(tmp_path_factory.mktemp("tiny-gptj"))
 
@@ -87,7 +87,7 @@ def tiny_gptj_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def built_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The built-in tiny-gptj, built once per session: an FTX_HOME builds it on first use (about 10 s),
     so tests whose subject is not that build start from a copy (``fetch_helpers.seed_demo``)."""
-    from ftx_triton.fetching.demo import ensure_demo_checkpoint
+    from fetch_helpers import ensure_demo_checkpoint
 
     return ensure_demo_checkpoint(tmp_path_factory.mktemp("demo-once"))
 

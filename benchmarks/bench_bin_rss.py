@@ -87,7 +87,7 @@ def measure(mode: str, directory: Path) -> dict[str, float]:
             time.sleep(0.005)
 
     import torch  # imported before the baseline so its own footprint is not counted
-    from ftx_triton.io.checkpoint import SafetensorsFile, TorchBinFile
+    from ftx_triton.formats.checkpoint import SafetensorsFile, TorchBinFile
 
     base = _status()
     thread = threading.Thread(target=sample, daemon=True)

@@ -28,7 +28,7 @@ CHILD = """
 import json, sys, time
 from pathlib import Path
 from ftx_triton.conversion.convert import convert_checkpoint
-from ftx_triton.io.checkpoint import open_checkpoint
+from ftx_triton.formats.checkpoint import open_checkpoint
 from ftx_gptj.family import GPTJ
 src, out, tp = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 family = GPTJ()

@@ -102,8 +102,8 @@ def build_synthetic_gptj(
 ) -> Path:
     """A GPT-J with N(0, 0.02²) weights and a small BPE tokenizer (its <|endoftext|> is id 0)."""
     import torch
-    from ftx_triton.fetching.tiny import END_OF_TEXT, train_bpe_tokenizer
     from ftx_triton.runtime.python.hf_model import _no_init_weights
+    from ftx_triton.tiny import END_OF_TEXT, train_bpe_tokenizer
     from transformers import GPTJConfig, GPTJForCausalLM
 
     no_init_weights = _no_init_weights()  # transformers 4 and 5 keep it in different modules

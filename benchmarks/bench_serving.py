@@ -122,7 +122,7 @@ def model_vocab(http: str, timeout_s: float = 30.0) -> int:
     (FasterTransformer's ``config.ini``, or the Hugging Face ``config.json`` the python runtime serves)."""
     import configparser
 
-    from ftx_triton.server.text_client import HttpTriton
+    from ftx_triton.client.text_client import HttpTriton
 
     config = HttpTriton(http, timeout_s).get_model_config("fastertransformer")["config"]
     path = Path(config.get("parameters", {}).get("model_checkpoint_path", {}).get("string_value", ""))
@@ -155,11 +155,12 @@ class Sample:
 
 async def _sse(response: aiohttp.ClientResponse) -> Any:
     """The JSON events of a server-sent event stream (``data: {...}``), up to ``data: [DONE]``."""
+    from ftx_triton.client.text_client import sse_data
+
     async for raw in response.content:
-        line = raw.decode("utf-8", "replace").strip()
-        if not line.startswith("data:"):
+        data = sse_data(raw)
+        if data is None:
             continue  # blank separators and ': comment' lines
-        data = line[len("data:") :].strip()
         if data == "[DONE]":
             return
         event = json.loads(data)
@@ -187,8 +188,8 @@ class TextPath:
     name = "text"
 
     def __init__(self, http: str, prompt: str, max_tokens: int, tokens: Tokens) -> None:
+        from ftx_triton.client.text_client import HttpTriton, text_interface
         from ftx_triton.repository.io import TEXT_MODEL_NAME
-        from ftx_triton.server.text_client import HttpTriton, text_interface
 
         self.iface = text_interface(HttpTriton(http), TEXT_MODEL_NAME)
         self.streams = self.iface.decoupled
@@ -201,7 +202,7 @@ class TextPath:
         self.prompt, self.tokens = prompt, tokens
 
     async def __call__(self, session: aiohttp.ClientSession) -> Sample:
-        from ftx_triton.server.text_client import pieces
+        from ftx_triton.client.text_client import pieces
 
         started = time.perf_counter()
         first, texts = None, []
@@ -263,7 +264,7 @@ class RawLoopPath:
     name = "raw-loop"
 
     def __init__(self, target: Target, prompt_len: int, max_tokens: int, vocab: int, decoupled: bool) -> None:
-        from ftx_triton.server.token_stream import AsyncTokenClient
+        from ftx_triton.client.token_stream import AsyncTokenClient
 
         self.client = AsyncTokenClient(target.grpc)
         self.prompt_len, self.max_tokens, self.vocab = prompt_len, max_tokens, vocab
@@ -271,7 +272,7 @@ class RawLoopPath:
         self.seed = 1000
 
     async def __call__(self, _session: aiohttp.ClientSession) -> Sample:
-        from ftx_triton.server.token_stream import infer_request, read_response
+        from ftx_triton.client.token_stream import infer_request, read_response
 
         self.seed += 1
         columns = random_request(1, self.prompt_len, self.max_tokens, self.vocab, self.seed)
@@ -330,7 +331,7 @@ STEP_MODELS = ("preprocessing", "fastertransformer", "postprocessing")
 
 def triton_counters(http: str) -> dict[str, dict[str, int]]:
     """Triton's cumulative statistics of the models a text request runs through (``/v2/models/stats``)."""
-    from ftx_triton.server.text_client import HttpTriton
+    from ftx_triton.client.text_client import HttpTriton
 
     out = {}
     for model in HttpTriton(http).get_json("/v2/models/stats").get("model_stats", ()):
@@ -547,7 +548,7 @@ class RawModel:
     """The ``fastertransformer`` model at batch = concurrency: median tokens/s of ``repeats`` requests."""
 
     def __init__(self, target: Target, prompt_len: int, max_tokens: int, repeats: int, vocab: int = 0) -> None:
-        from ftx_triton.server.text_client import HttpTriton
+        from ftx_triton.client.text_client import HttpTriton
 
         config = HttpTriton(target.http).get_model_config("fastertransformer")["config"]
         if "input_lengths" not in {i.get("name") for i in config.get("input", ())}:

@@ -20,12 +20,10 @@ decoding them). Prints the median tokens/s of both and the ratio text/raw.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -41,8 +39,8 @@ PROMPTS = (
 
 
 def build(tmp: Path, args: argparse.Namespace) -> Path:
+    from ftx_gptj.tiny import tiny_gptj
     from ftx_triton.engine.pipeline import Pipeline
-    from ftx_triton.fetching.tiny import tiny_gptj
     from ftx_triton.plan.settings import RunSettings
     from ftx_triton.plugins import load_host
     from ftx_triton.store.artifact_store import ArtifactStore
@@ -64,10 +62,13 @@ def build(tmp: Path, args: argparse.Namespace) -> Path:
 
 
 def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(request, timeout=600) as response:
-        return json.loads(response.read())
+    """``body`` POSTed to ``url`` through ftx's HTTP client of Triton; the JSON it answers."""
+    from urllib.parse import urlsplit
+
+    from ftx_triton.client.text_client import HttpTriton
+
+    parts = urlsplit(url)
+    return dict(HttpTriton(f"{parts.scheme}://{parts.netloc}").post_json(parts.path, body))
 
 
 def raw_request(http: str, ids: list[int], new_tokens: int) -> list[int]:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ftx_triton.fetching.tiny import END_OF_TEXT
+from ftx_triton.tiny import END_OF_TEXT
 
 SHAPES: dict[str, dict[str, Any]] = {
     # GPT-J-6B: 28 layers x 4096, 16 heads of 256, rotary 64, vocab 50400
@@ -98,7 +98,7 @@ def _config(name: str, dest: Path, full_vocab: bool = False) -> tuple[Any, Any]:
     """(configuration, model class) of ``SHAPES[name]``; trains and writes its tokenizer into ``dest``
     (``full_vocab``: :func:`char_tokenizer` instead, for GPT-J and GPT-NeoX)."""
     import transformers
-    from ftx_triton.fetching.tiny import train_bpe_tokenizer
+    from ftx_triton.tiny import train_bpe_tokenizer
 
     s = SHAPES[name]
     if s["family"] == "t5":

@@ -60,7 +60,7 @@ genai() {  # genai TAG [--streaming]: the average output sequence length genai-p
     "$(find "$work/$1" -name profile_export_genai_perf.json | head -1)"
 }
 
-tokenizer=$("$venv/bin/python" -c "from ftx_triton.fetching.demo import ensure_demo_checkpoint; from ftx_triton.paths import ftx_home; print(ensure_demo_checkpoint(ftx_home()))" 2>/dev/null | tail -1)
+tokenizer=$("$venv/bin/python" -c "from ftx_gptj.tiny import DEMO; from ftx_triton.engine.builtin import ensure_builtin; from ftx_triton.paths import ftx_home; print(ensure_builtin(ftx_home(), 'tiny-gptj', DEMO))" 2>/dev/null | tail -1)
 serve
 echo "== perf_analyzer: fastertransformer over HTTP ($http)"
 cat > "$work/ft.json" <<'EOF'

@@ -313,9 +313,22 @@ def seed_demo(home: Path, built: Path) -> Path:
     marker included, so ftx finds it built)."""
     import shutil
 
-    from ftx_triton.fetching.demo import demo_dir
-
     target = demo_dir(home)
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copytree(built, target)
     return target
+
+
+def demo_dir(home: Path) -> Path:
+    """Where the built-in tiny-gptj lives in ``home``."""
+    from ftx_triton.engine.builtin import builtin_dir
+
+    return builtin_dir(home, "tiny-gptj")
+
+
+def ensure_demo_checkpoint(home: Path) -> Path:
+    """The built-in tiny-gptj of ``home``, built with the gptj plugin's recipe on first use (as `ftx run tiny-gptj`)."""
+    from ftx_gptj.tiny import DEMO
+    from ftx_triton.engine.builtin import ensure_builtin
+
+    return ensure_builtin(home, "tiny-gptj", DEMO)

@@ -32,13 +32,13 @@ T5_REFERENCES = (
 
 
 def tiny_gptj(dest: Path) -> Path:
-    from ftx_triton.fetching.tiny import tiny_gptj as build
+    from ftx_gptj.tiny import tiny_gptj as build
 
     return build(dest, random_init=True, seed=3)
 
 
 def tiny_gptneox(dest: Path) -> Path:
-    from ftx_triton.fetching.tiny import tiny_gptneox as build
+    from ftx_gptneox.tiny import tiny_gptneox as build
 
     return build(dest, random_init=True, seed=4)
 
@@ -46,8 +46,8 @@ def tiny_gptneox(dest: Path) -> Path:
 def tiny_kogpt(dest: Path, vocab_size: int = 504) -> Path:
     """KoGPT's shape scaled down: GPT-J with [BOS] 0 / [EOS] 1 / [PAD] 3 and a tokenizer holding them
     (``vocab_size``: KoGPT's own is 64512)."""
-    from ftx_triton.fetching.tiny import tiny_gptj as build
-    from ftx_triton.fetching.tiny import train_bpe_tokenizer
+    from ftx_gptj.tiny import tiny_gptj as build
+    from ftx_triton.tiny import train_bpe_tokenizer
 
     build(
         dest,
@@ -80,7 +80,7 @@ def train_t5_spiece(dest: Path, vocab_size: int = 120) -> Any:
     import io
 
     import sentencepiece as spm
-    from ftx_triton.fetching.tiny import CORPUS
+    from ftx_triton.tiny import CORPUS
 
     lines = [s.strip() + "." for s in CORPUS.split(".") if s.strip()] + list(T5_SENTENCES) + list(T5_REFERENCES)
     model = io.BytesIO()
@@ -102,7 +102,7 @@ def train_t5_spiece(dest: Path, vocab_size: int = 120) -> Any:
 
 
 def tiny_t5(dest: Path) -> Path:
-    from ftx_triton.fetching.tiny import tiny_t5 as build
+    from ftx_t5.tiny import tiny_t5 as build
 
     processor = train_t5_spiece(dest)
     build(dest, vocab_size=max(128, processor.GetPieceSize()), seed=5)

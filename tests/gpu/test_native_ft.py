@@ -84,13 +84,15 @@ def _train_causal(model: Any, ids: list[list[int]], steps: int = 150) -> Any:
 
 def _causal_model(kind: str, dest: Path) -> Path:
     import transformers
-    from ftx_triton.fetching import tiny
+    from ftx_gptj.tiny import tiny_gptj
+    from ftx_gptneox.tiny import tiny_gptneox
+    from ftx_triton import tiny
     from tokenizers import Tokenizer
 
     if kind == "gptj":
-        tiny.tiny_gptj(dest, n_embd=128, n_head=4, rotary_dim=16, vocab_size=256, random_init=True, seed=3)
+        tiny_gptj(dest, n_embd=128, n_head=4, rotary_dim=16, vocab_size=256, random_init=True, seed=3)
     elif kind == "kogpt":
-        tiny.tiny_gptj(
+        tiny_gptj(
             dest,
             n_embd=128,
             n_head=4,
@@ -113,7 +115,7 @@ def _causal_model(kind: str, dest: Path) -> Path:
             },
         )
     else:
-        tiny.tiny_gptneox(
+        tiny_gptneox(
             dest,
             hidden_size=128,
             num_attention_heads=4,
@@ -134,11 +136,11 @@ def _causal_model(kind: str, dest: Path) -> Path:
 def _t5_model(kind: str, dest: Path) -> Path:
     import torch
     import transformers
-    from ftx_triton.fetching import tiny
+    from ftx_t5.tiny import tiny_t5
     from python_runtime_support import T5_REFERENCES, T5_SENTENCES, train_t5_spiece
 
     processor = train_t5_spiece(dest)
-    tiny.tiny_t5(
+    tiny_t5(
         dest,
         d_model=128,
         d_kv=32,

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from ftx_triton.fetching.tiny import tiny_gptj
+from ftx_gptj.tiny import tiny_gptj
 
 
 def _huge_config_dir(path: Path) -> Path:

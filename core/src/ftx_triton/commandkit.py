@@ -12,7 +12,7 @@ import contextlib
 import math
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -332,14 +332,18 @@ def section_options(
     section_cls: type[OptionSection],
     only: tuple[str, ...] = (),
     callbacks: Mapping[str, Callable[..., Any]] | None = None,
+    helps: Mapping[str, str] | None = None,
 ) -> list[click.Option]:
     """New click options for the declared fields of ``section_cls`` (``only`` these names, when given, in that
-    order), listed under its title (or a field's own ``group``) in --help; ``callbacks`` check a value further."""
+    order), listed under its title (or a field's own ``group``) in --help; ``callbacks`` check a value further;
+    ``helps`` words a field's help for this command (``ftx lock --runtime`` pins the runtime)."""
     declared = {name: (default, spec) for name, default, spec in section_cls.declarations()}
     names = [name for name in only if name in declared] if only else list(declared)
     options = []
     for name in names:
         default, spec = declared[name]
+        if helps and name in helps:
+            spec = replace(spec, help=helps[name])
         option = click_option(name, default, spec)
         option.show_envvar = True
         if callbacks and name in callbacks:
@@ -353,6 +357,7 @@ def options_of(
     section_cls: type[OptionSection],
     only: tuple[str, ...] = (),
     callbacks: Mapping[str, Callable[..., Any]] | None = None,
+    helps: Mapping[str, str] | None = None,
 ) -> Callable[[F], F]:
     """A decorator adding :func:`section_options` to a command (as ``@click.option`` would)."""
 
@@ -360,7 +365,7 @@ def options_of(
         params = getattr(func, "__click_params__", None)
         if params is None:
             params = func.__click_params__ = []  # type: ignore[attr-defined]
-        params.extend(reversed(section_options(section_cls, only, callbacks)))
+        params.extend(reversed(section_options(section_cls, only, callbacks, helps)))
         return func
 
     return apply

@@ -5,22 +5,33 @@ A family plugin imports this module (and ``hookimpl`` from ``ftx_triton``) and n
 import-linter contract in the root ``pyproject.toml`` keeps core's four plugins to it. The plugin's package
 ``__init__`` should import its family module inside ``ftx_register_families`` (this module imports numpy;
 ``ftx --help`` loads the plugins but needs no family). Runtimes use ``ftx_triton.Runtime`` and
-``ftx_triton.commandkit`` (docs/writing-a-runtime.md).
+``ftx_triton.commandkit`` (docs/writing-a-runtime.md). ``tiny`` (:mod:`ftx_triton.tiny`) is what a family's tiny
+checkpoints and built-in models (a ``Preset`` with a ``BuiltinModel``) are made of: corpus, tokenizers, seeded
+weights, a short deterministic training.
 """
 
 from __future__ import annotations
 
-from ftx_triton import hookimpl
+from ftx_triton import hookimpl, tiny
 from ftx_triton.conversion import ops
-from ftx_triton.conversion.family import Family, ModelSpec, Preset, checked_rotary, head_size_of, read_config_json
+from ftx_triton.conversion.family import (
+    BuiltinModel,
+    Family,
+    ModelSpec,
+    Preset,
+    checked_rotary,
+    head_size_of,
+    read_config_json,
+)
 from ftx_triton.conversion.ftini import FtIni, IniSection, Key
 from ftx_triton.conversion.ops import Op, OpContext, Shape
 from ftx_triton.conversion.tensormap import M, Skip, TensorMap
 from ftx_triton.conversion.tokenizer_ids import reconcile_token_ids
 from ftx_triton.errors import CheckpointError, ConfigError
-from ftx_triton.io.checkpoint import TensorReader
+from ftx_triton.formats.checkpoint import TensorReader
 
 __all__ = [
+    "BuiltinModel",
     "CheckpointError",
     "ConfigError",
     "Family",
@@ -42,4 +53,5 @@ __all__ = [
     "ops",
     "read_config_json",
     "reconcile_token_ids",
+    "tiny",
 ]

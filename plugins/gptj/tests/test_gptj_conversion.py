@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from ftx_gptj.family import GPTJ
 from ftx_triton.conversion.convert import convert_checkpoint, invert_checkpoint
-from ftx_triton.io.checkpoint import open_checkpoint
-from ftx_triton.io.ftformat import read_ini, read_tensor
+from ftx_triton.formats.checkpoint import open_checkpoint
+from ftx_triton.formats.ftformat import read_ini, read_tensor
 from ftx_triton.testing.golden import load_runs, mismatches
 from repo_paths import GOLDEN_DIR
 
@@ -127,7 +127,7 @@ def test_gptj_config_ini_fixes_upstream_quirks(tmp_path: Path) -> None:
     rotary_dim; FT would then build the wrong FFN or fail to parse the ini."""
     import json
 
-    from ftx_triton.fetching.tiny import tiny_gptj
+    from ftx_gptj.tiny import tiny_gptj
 
     # rotary over the whole head (16), stored as released checkpoints may store it: "rotary_dim": null
     # (transformers 5's GPTJConfig refuses None, so the file is edited after saving)

@@ -24,7 +24,7 @@ from ftx_gptj.family import GPTJ, GPTJ_6B_CONFIG
 from ftx_gptj.slim import SlimCheckpointReader, read_slim_config
 from ftx_triton.conversion.convert import convert_checkpoint
 from ftx_triton.errors import CheckpointError, ConfigError
-from ftx_triton.io.ftformat import read_ini
+from ftx_triton.formats.ftformat import read_ini
 from ftx_triton.testing.golden import GoldenRun, load_runs, mismatches
 from repo_paths import GOLDEN_DIR
 

@@ -18,8 +18,8 @@ from ftx_gptneox.family import GPTNeoX
 from ftx_triton.conversion.convert import convert_directory, invert_checkpoint
 from ftx_triton.conversion.dtypes import numpy_dtype
 from ftx_triton.errors import ConfigError
-from ftx_triton.io.checkpoint import open_checkpoint
-from ftx_triton.io.ftformat import read_ini, read_tensor
+from ftx_triton.formats.checkpoint import open_checkpoint
+from ftx_triton.formats.ftformat import read_ini, read_tensor
 from ftx_triton.testing.golden import GoldenRun, load_runs, mismatches
 from repo_paths import GOLDEN_DIR
 
@@ -150,7 +150,7 @@ def test_tied_checkpoint_without_embed_out_uses_the_input_embedding(models_root:
 
 @cache
 def _tiny(root: Path, parallel: bool, rotary_pct: float, heads: int) -> Path:
-    from ftx_triton.fetching.tiny import tiny_gptneox
+    from ftx_gptneox.tiny import tiny_gptneox
 
     dest = root / f"neox-{'par' if parallel else 'seq'}-{rotary_pct}-{heads}h"
     if not (dest / "config.json").exists():

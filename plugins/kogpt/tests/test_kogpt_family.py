@@ -14,8 +14,8 @@ from ftx_kogpt.family import KoGPT
 from ftx_triton.conversion.convert import convert_directory, invert_checkpoint
 from ftx_triton.conversion.tokenizer_ids import tokenizer_token_ids
 from ftx_triton.errors import ConfigError
-from ftx_triton.io.checkpoint import open_checkpoint
-from ftx_triton.io.ftformat import read_ini
+from ftx_triton.formats.checkpoint import open_checkpoint
+from ftx_triton.formats.ftformat import read_ini
 from ftx_triton.testing.golden import GoldenRun, load_runs, mismatches
 from repo_paths import GOLDEN_DIR
 
@@ -44,7 +44,7 @@ def _convert(family: GPTJ, src: Path, out: Path, *, tp: int, weight_dtype: str =
 
 
 def _kogpt_tokenizer(dest: Path, specials: tuple[str, ...] = KOGPT_SPECIALS) -> None:
-    from ftx_triton.fetching.tiny import train_bpe_tokenizer
+    from ftx_triton.tiny import train_bpe_tokenizer
 
     train_bpe_tokenizer(
         dest,
@@ -69,7 +69,7 @@ def _tiny_kogpt(
 ) -> Path:
     """KoGPT6B's shape scaled down (as the golden generator does): head dim 16, rotary_dim 4 (= D/4),
     vocab 504 (= 64512 / 128), fp16 pytorch_model.bin like the KoGPT6B-ryan1.5b-float16 branch."""
-    from ftx_triton.fetching.tiny import tiny_gptj
+    from ftx_gptj.tiny import tiny_gptj
 
     ids = token_ids or {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 3}
     tiny_gptj(
@@ -175,7 +175,7 @@ def test_config_ids_that_disagree_with_the_tokenizer_are_corrected(tmp_path: Pat
 
 
 def test_a_tokenizer_without_the_kogpt_specials_is_an_error(tmp_path: Path) -> None:
-    from ftx_triton.fetching.tiny import train_bpe_tokenizer
+    from ftx_triton.tiny import train_bpe_tokenizer
 
     src = _tiny_kogpt(tmp_path / "hf", tokenizer=False)
     train_bpe_tokenizer(src)  # a GPT-2 style tokenizer: only <|endoftext|>

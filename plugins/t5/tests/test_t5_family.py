@@ -13,8 +13,8 @@ import pytest
 from ftx_t5.family import T5
 from ftx_triton.conversion.convert import convert_checkpoint, ft_layout, invert_checkpoint
 from ftx_triton.errors import ConfigError, MappingError
-from ftx_triton.io.checkpoint import open_checkpoint
-from ftx_triton.io.ftformat import read_ini, read_tensor
+from ftx_triton.formats.checkpoint import open_checkpoint
+from ftx_triton.formats.ftformat import read_ini, read_tensor
 from safetensors.numpy import load_file, save_file
 
 VARIANTS = {
@@ -40,7 +40,7 @@ ALIASES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory):
-    from ftx_triton.fetching.tiny import tiny_t5
+    from ftx_t5.tiny import tiny_t5
 
     built: dict[str, Path] = {}
 
@@ -280,7 +280,7 @@ def copy_checkpoint(src: Path, dest: Path, edit=None, config_edit=None) -> Path:
 
 
 def test_heads_not_divisible_by_tp_fails_before_any_write(tmp_path: Path, ftx_cli) -> None:
-    from ftx_triton.fetching.tiny import tiny_t5
+    from ftx_t5.tiny import tiny_t5
 
     src = tiny_t5(tmp_path / "hf", d_model=48, d_kv=16, num_heads=3, d_ff=64)
     family = T5()
@@ -297,7 +297,7 @@ def test_heads_not_divisible_by_tp_fails_before_any_write(tmp_path: Path, ftx_cl
 
 
 def test_inner_size_not_divisible_by_tp_fails(tmp_path: Path) -> None:
-    from ftx_triton.fetching.tiny import tiny_t5
+    from ftx_t5.tiny import tiny_t5
 
     src = tiny_t5(tmp_path / "hf", d_ff=66)
     family = T5()

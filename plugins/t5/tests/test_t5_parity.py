@@ -10,8 +10,8 @@ import pytest
 from ftx_t5.family import T5
 from ftx_triton.conversion.convert import convert_checkpoint
 from ftx_triton.conversion.dtypes import numpy_dtype
-from ftx_triton.io.checkpoint import open_checkpoint
-from ftx_triton.io.ftformat import read_ini, read_tensor
+from ftx_triton.formats.checkpoint import open_checkpoint
+from ftx_triton.formats.ftformat import read_ini, read_tensor
 from ftx_triton.testing.golden import GoldenRun, load_runs, mismatches
 from repo_paths import GOLDEN_DIR
 

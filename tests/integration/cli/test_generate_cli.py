@@ -22,7 +22,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ftx_triton.cli.serving import generate_answer, generate_text, resolve_target, sampling_values
+from ftx_triton.cli.serving import resolve_target
+from ftx_triton.client.generate import generate_answer, generate_text
+from ftx_triton.client.text_client import sampling_values
 from ftx_triton.errors import ServeError
 from python_runtime_support import (
     BUILDERS,
@@ -653,7 +655,7 @@ def test_deployment_names_long_taken_and_chosen(demo_home: Path, tmp_path: Path)
     names went whole into file names); a second `ftx run MODEL --detach` loaded a whole server before refusing
     the name, and no deployment could be named. Now a derived name is cut to 64 characters and numbered when
     taken, and `--name` picks one, refused before anything starts when a running server has it."""
-    from ftx_triton.fetching.demo import demo_dir
+    from fetch_helpers import demo_dir
 
     env = _env(demo_home)
     ckpt = shutil.copytree(demo_dir(demo_home), tmp_path / ("c" * 250))

@@ -939,7 +939,7 @@ def test_writer_thread_count_from_the_environment_is_checked(
 
 
 def test_a_writer_without_threads_refuses_to_start() -> None:
-    from ftx_triton.io.writer import BackgroundWriter
+    from ftx_triton.formats.writer import BackgroundWriter
 
     with pytest.raises(ValueError, match="at least one thread"):
         BackgroundWriter(threads=-3)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ftx_triton.fetching.tiny import tiny_gptj
+from ftx_gptj.tiny import tiny_gptj
 
 
 @pytest.fixture

@@ -167,8 +167,7 @@ def test_cpu_only_cuda_lines_are_not_shown_as_causes() -> None:
 
 def test_waiting_on_another_process_lock_says_so(tmp_path: Path, built_demo: Path) -> None:
     """ftx says it waits for the process building the demo, then takes that process's build."""
-    from fetch_helpers import seed_demo
-    from ftx_triton.fetching.demo import demo_dir
+    from fetch_helpers import demo_dir, seed_demo
     from ftx_triton.io.atomic import lock_for
 
     home = tmp_path / "home"

@@ -65,14 +65,17 @@ def run_cli(home: Path, *args: str) -> str:
 
 def tiny_source(family: str, dest: Path) -> tuple[Path, tuple[str, ...]]:
     """A tiny checkpoint of ``family`` with its tokenizer, and the configure options it needs."""
-    from ftx_triton.fetching import tiny
+    from ftx_gptj.tiny import tiny_gptj
+    from ftx_gptneox.tiny import tiny_gptneox
+    from ftx_t5.tiny import tiny_t5, train_sentencepiece_tokenizer
+    from ftx_triton import tiny
 
     if family == "gptj":
-        return tiny.tiny_gptj(dest), ()
+        return tiny_gptj(dest), ()
     if family == "gptneox":
-        return tiny.tiny_gptneox(dest), ()
+        return tiny_gptneox(dest), ()
     if family == "kogpt":
-        tiny.tiny_gptj(dest, tokenizer=False)
+        tiny_gptj(dest, tokenizer=False)
         tiny.train_bpe_tokenizer(
             dest,
             specials=KOGPT_SPECIALS,
@@ -83,8 +86,8 @@ def tiny_source(family: str, dest: Path) -> tuple[Path, tuple[str, ...]]:
         (dest / "config.json").write_text(json.dumps(config))
         return dest, ("--family", "kogpt")
     if family == "t5":
-        tiny.tiny_t5(dest)
-        tiny.train_sentencepiece_tokenizer(dest)
+        tiny_t5(dest)
+        train_sentencepiece_tokenizer(dest)
         return dest, ()
     raise AssertionError(family)
 
@@ -367,7 +370,7 @@ def test_checkpoint_config_ini_has_no_prompt_learning_keys_and_matches(
     repositories: dict[str, Path], family: str
 ) -> None:
     """The checkpoint the repository points at has no prompt tables, no '#' comments, right tp."""
-    from ftx_triton.io.ftformat import read_ini
+    from ftx_triton.formats.ftformat import read_ini
     from ftx_triton.repository.model_config import parameter
 
     repo = repository(repositories, family)

@@ -81,7 +81,7 @@ def _metrics(served: Served) -> dict[str, float]:
 def test_the_text_models_stream_every_third_step_and_lose_nothing(served: Served) -> None:
     """Triton's text ensemble with the stream interval: postprocessing runs once per third token, and the
     joined text equals the OpenAI endpoint's (token route) for the same greedy request."""
-    from ftx_triton.server.text_client import HttpTriton, pieces, text_interface
+    from ftx_triton.client.text_client import HttpTriton, pieces, text_interface
 
     server = HttpTriton(served.http)
     iface = text_interface(server, "text")
@@ -98,7 +98,7 @@ def test_an_overloaded_model_answers_429_with_retry_after_and_triton_its_own_err
     """While one request generates, a burst of OpenAI and Triton (text ensemble) requests meets a queue of one:
     the OpenAI endpoint answers 429 with Retry-After, Triton its own queue error, both at once; whatever the
     queue took completes, and the endpoint's metrics count the rejections."""
-    from ftx_triton.server.text_client import HttpError, HttpTriton, text_interface
+    from ftx_triton.client.text_client import HttpError, HttpTriton, text_interface
 
     before = _metrics(served)
     results: dict[str, tuple[float, int, dict[str, str], str]] = {}

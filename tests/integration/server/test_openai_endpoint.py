@@ -83,7 +83,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, built_demo: Path) -> Iterat
 
 
 def _triton_text(served: Served, prompt: str, max_tokens: int) -> str:
-    from ftx_triton.cli.serving import generate_text
+    from ftx_triton.client.generate import generate_text
 
     return generate_text(served.http, "text", prompt, max_tokens=max_tokens)
 
@@ -299,7 +299,7 @@ def test_a_chat_template_that_never_ends_blocks_nobody(served: Served, tmp_path:
 
     tokenizer = tmp_path / "tokenizer"
     tokenizer.mkdir()
-    from ftx_triton.fetching.demo import ensure_demo_checkpoint
+    from fetch_helpers import ensure_demo_checkpoint
 
     shutil.copy(ensure_demo_checkpoint(served.home) / "tokenizer.json", tokenizer / "tokenizer.json")
     forever = "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"
@@ -622,7 +622,7 @@ def test_a_slow_reader_gets_the_whole_text_in_fewer_pieces(served: Served) -> No
     response holds the whole output so far, and the stream never waits for the slow consumer."""
     import asyncio
 
-    from ftx_triton.server.token_stream import AsyncTokenClient, TokenRoute, stream_texts
+    from ftx_triton.client.token_stream import AsyncTokenClient, TokenRoute, stream_texts
 
     route = TokenRoute.open(_repository(served))
     assert route is not None and route.decoupled
@@ -644,6 +644,39 @@ def test_a_slow_reader_gets_the_whole_text_in_fewer_pieces(served: Served) -> No
     assert len(slow) < 24
 
 
+def test_segmented_generation_gives_the_unsegmented_greedy_text(served: Served) -> None:
+    """FTX_SEGMENT_TOKENS=k: the front asks for k tokens at a time, re-sending the prompt and the text so far;
+    greedy, the text is the one request's, whatever k (the tiny tokenizer re-encodes its text to the same ids),
+    and the model ran one request per segment."""
+    import asyncio
+
+    from ftx_triton.client.token_stream import AsyncTokenClient, TokenRoute
+    from ftx_triton.openai_api.token_generation import TokenGeneration
+
+    route = TokenRoute.open(_repository(served))
+    assert route is not None
+    prompt, wanted = "Once upon a time", 20
+    expected = _triton_text(served, prompt, wanted)
+
+    async def generate(segment: int) -> tuple[str, int, str]:
+        client = AsyncTokenClient(served.grpc)
+        try:
+            generation = TokenGeneration(client, route, prompt, {"max_tokens": wanted}, [], segment=segment)
+            return await generation.awhole(), generation.tokens, generation.finish_reason
+        finally:
+            await client.close()
+
+    whole = asyncio.run(generate(0))
+    assert whole[0] == expected
+    for segment in (1, 6):
+        before = _executions(served, "fastertransformer")
+        assert asyncio.run(generate(segment)) == whole, segment
+        # one request per segment; a model that ended early is told by a segment shorter than asked
+        tokens = whole[1]
+        segments = -(-wanted // segment) if tokens == wanted else tokens // segment + 1
+        assert _executions(served, "fastertransformer") - before == segments, segment
+
+
 # --------------------------------------------------------------------------- #36 with the official client
 
 
@@ -654,7 +687,7 @@ def _client(served: Served) -> Any:
 
 def _text_model_answer(served: Served, prompt: str, max_tokens: int, **extra: Any) -> Any:
     """The text model's own answer (ids and log probabilities) for the same request."""
-    from ftx_triton.cli.serving import generate_answer
+    from ftx_triton.client.generate import generate_answer
 
     return generate_answer(served.http, "text", prompt, max_tokens=max_tokens, **extra)
 
@@ -710,7 +743,7 @@ def test_usage_counts_the_generated_ids_not_a_re_encoding_of_the_text(served: Se
     """#33 (low): re-encoding the text miscounted (10 for max_tokens 8); the count is the model's own ids.
     Sampled generations (random tokens seldom re-encode to themselves), at least one of whose texts
     re-encodes to another count, so the test can tell the two apart."""
-    from ftx_triton.fetching.demo import ensure_demo_checkpoint
+    from fetch_helpers import ensure_demo_checkpoint
     from ftx_triton.repository.textproc import load_codec
 
     client = _client(served)
@@ -779,3 +812,9 @@ def test_openai_client_sees_refusals_as_bad_request_errors(served: Served) -> No
     with pytest.raises(openai.BadRequestError) as refused:
         client.completions.create(model="tiny-gptj", prompt="Hi", logprobs=2)
     assert "computes only the chosen token's log probability" in refused.value.body["message"]
+
+
+def test_embeddings_on_a_decoder_only_deployment_is_a_400_saying_it_has_no_encoder(served: Served) -> None:
+    status, answer = _post(served.openai + "/embeddings", {"input": "Hello"})
+    assert status == 400, answer
+    assert answer["error"]["code"] == "embeddings_unsupported" and "no encoder" in answer["error"]["message"]

@@ -43,7 +43,7 @@ instance_group [ { count: 1, kind: KIND_CPU } ]
 
 
 def test_a_failed_generation_is_a_500_and_a_refusal_a_400(tmp_path: Path) -> None:
-    from ftx_triton.server.text_client import HttpError, HttpTriton, text_interface
+    from ftx_triton.client.text_client import HttpError, HttpTriton, text_interface
     from ftx_triton.server.tritonserver import TritonServer
 
     model = tmp_path / "repo" / "erring"

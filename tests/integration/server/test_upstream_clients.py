@@ -187,7 +187,7 @@ def test_generate_stream_sends_each_piece_of_text_once(streamed: Deployment) -> 
     assert len(pieces) == len(generated) and sum(len(p) for p in pieces) == len(expected)
     if not streamed.encoder_decoder:
         assert not any(p.startswith(prompt) for p in pieces if p)
-    from ftx_triton.cli.serving import generate_text
+    from ftx_triton.client.generate import generate_text
 
     printed: list[str] = []
     text = generate_text(streamed.server.grpc_url, "text", prompt, max_tokens=12, stream=True, on_text=printed.append)

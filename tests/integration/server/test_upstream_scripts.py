@@ -89,7 +89,7 @@ def _positions(dest: Path, key: str, n: int = 1024) -> None:
 
 
 def _gptj(dest: Path) -> Path:
-    from ftx_triton.fetching.tiny import tiny_gptj
+    from ftx_gptj.tiny import tiny_gptj
     from transformers import GPT2TokenizerFast
 
     tiny_gptj(
@@ -118,7 +118,7 @@ def _kogpt(dest: Path) -> Path:
 
 
 def _gptneox(dest: Path) -> Path:
-    from ftx_triton.fetching.tiny import tiny_gptneox
+    from ftx_gptneox.tiny import tiny_gptneox
     from transformers import GPTNeoXTokenizerFast
 
     tiny_gptneox(dest, vocab_size=50432, tokenizer=False, random_init=True, seed=4)  # <|endoftext|> is 0
@@ -129,7 +129,7 @@ def _gptneox(dest: Path) -> Path:
 
 def _t5(gated: bool) -> Callable[[Path], Path]:
     def build(dest: Path) -> Path:
-        from ftx_triton.fetching.tiny import tiny_t5
+        from ftx_t5.tiny import tiny_t5
 
         train_t5_spiece(dest)
         return tiny_t5(dest, vocab_size=32128, gated=gated, tie_word_embeddings=not gated, seed=5)
@@ -166,7 +166,7 @@ def _workdir(tmp: Path, src: Path, case: Case) -> Path:
     (work / "tools").symlink_to(CLIENTS / "tools")
     for name in ("gpt2-vocab.json", "gpt2-merges.txt"):
         (work / name).symlink_to(CLIENTS / "vocab" / name)
-    from ftx_triton.fetching.tiny import CORPUS
+    from ftx_triton.tiny import CORPUS
 
     sentences = [s.strip() + "." for s in CORPUS.split(".") if len(s.split()) > 3][:12]
     (work / "lambada_test.jsonl").write_text("".join(json.dumps({"text": s}) + "\n" for s in sentences))

@@ -33,3 +33,32 @@ def test_run_and_lock_take_one_declaration_of_a_setting() -> None:
     for name in ("http_port", "host", "device"):
         mine, theirs = option(run, name), option(lock, name)
         assert (mine.help, repr(mine.type), mine.default) == (theirs.help, repr(theirs.type), theirs.default)
+
+
+def test_every_declared_setting_is_an_option_of_ftx_run_with_its_default() -> None:
+    """Each row of the settings table is an option of `ftx run` whose default, parsed as the shell would, is what
+    RunSettings.of(MODEL) holds in that field."""
+    from ftx_triton.plan.settings import settings_table
+
+    ctx = run.make_context("run", ["some-model"], resilient_parsing=True)
+    python = RunSettings.of("some-model")
+    params = {p.name: p for p in run.params}
+    for key, flag, _default, field in settings_table():
+        assert flag.split("/")[0] in params[key].opts, key
+        held: Any = python
+        for part in field.split("."):
+            held = getattr(held, part)
+        shell = ctx.params[key]
+        assert RunSettings.of("some-model", **{key: shell}) == python, (key, shell, held)
+
+
+def test_docs_list_the_settings_table() -> None:
+    """docs/architecture.md's settings table is the one the code declares (a new setting shows up in the docs)."""
+    from pathlib import Path
+
+    from ftx_triton.plan.settings import settings_table
+
+    text = (Path(__file__).parents[3] / "docs" / "architecture.md").read_text()
+    block = text.split("<!-- settings-table -->")[1].split("<!-- /settings-table -->")[0]
+    rows = block.strip().splitlines()[2:]
+    assert rows == [f"| `{key}` | `{flag}` | {default} | `{field}` |" for key, flag, default, field in settings_table()]

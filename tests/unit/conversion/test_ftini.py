@@ -23,7 +23,7 @@ from ftx_triton.conversion.ftini import (
     read_quantities,
 )
 from ftx_triton.errors import CheckpointError, PluginError
-from ftx_triton.io.ftformat import read_ini, write_ini
+from ftx_triton.formats.ftformat import read_ini, write_ini
 
 SNAP = snapshot()
 

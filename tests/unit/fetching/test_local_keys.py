@@ -13,7 +13,7 @@ import pytest
 from ftx_triton.errors import CheckpointError, SourceError
 from ftx_triton.fetching import local_keys
 from ftx_triton.fetching.local_keys import local_content_key, local_fingerprint, source_identity
-from ftx_triton.io.checkpoint import open_checkpoint
+from ftx_triton.formats.checkpoint import open_checkpoint
 from ftx_triton.io.source_tree import tree_files
 from ftx_triton.plan.settings import path_fingerprint
 

@@ -296,8 +296,8 @@ def test_ft_gpt_post_layernorm_relu_without_final_norm_matches_opt(tmp_path: Pat
     FT's layout by this test (no family plugin converts OPT) matches transformers, at tp 2."""
     import torch
     import transformers
-    from ftx_triton.fetching.tiny import randomize
-    from ftx_triton.io.ftformat import write_ini, write_tensor
+    from ftx_triton.formats.ftformat import write_ini, write_tensor
+    from ftx_triton.tiny import randomize
 
     config = transformers.OPTConfig(
         vocab_size=96,

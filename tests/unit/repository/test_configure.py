@@ -374,7 +374,7 @@ def test_output_must_be_empty(ftx_cli, tiny_gptj_dir: Path, tmp_path: Path) -> N
 
 def test_gptneox_refuses_bf16_with_the_reason(ftx_cli, ftx_home: Path, tmp_path: Path) -> None:
     """FasterTransformer runs GPT-NeoX in fp16 or (silently, for anything else) fp32."""
-    from ftx_triton.fetching.tiny import tiny_gptneox
+    from ftx_gptneox.tiny import tiny_gptneox
 
     source = tiny_gptneox(tmp_path / "neox")
     out = tmp_path / "repo"

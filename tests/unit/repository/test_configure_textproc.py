@@ -1,6 +1,6 @@
 """ftx_triton.repository.textproc: the logic of the preprocessing/postprocessing models, without a server.
 
-Tokenizers are trained offline here (ftx_triton.fetching.tiny). The known upstream bugs that live in
+Tokenizers are trained offline here (ftx_triton.tiny). The known upstream bugs that live in
 pre/post-processing code are shown absent: #1/#2/#6/#7 (decode honours sequence_length and only
 the generated part), #5 (optional word lists, the configured tokenizer, the model's pad id),
 #7 (ids from the model, no GPT-2 constants).
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ftx_triton.fetching.tiny import END_OF_TEXT, train_bpe_tokenizer, train_sentencepiece_tokenizer
+from ftx_t5.tiny import train_sentencepiece_tokenizer
 from ftx_triton.repository import textproc
 from ftx_triton.repository.textproc import (
     Postprocessor,
@@ -22,6 +22,7 @@ from ftx_triton.repository.textproc import (
     load_codec,
     word_list,
 )
+from ftx_triton.tiny import END_OF_TEXT, train_bpe_tokenizer
 
 KOGPT_SPECIALS = ("[BOS]", "[EOS]", "[UNK]", "[PAD]", "[MASK]")
 

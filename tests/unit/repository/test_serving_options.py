@@ -34,6 +34,12 @@ def test_bounded_queue_rejects_beyond_its_size_and_timeout() -> None:
     assert policy.timeout_action == mc.ModelQueuePolicy.TimeoutAction.REJECT
 
 
+def test_batch_delay_is_the_batchers_queue_delay() -> None:
+    assert build_ft_model_config(_options()).dynamic_batching.max_queue_delay_microseconds == 0
+    config = build_ft_model_config(_options(batch_delay_us=2000))
+    assert config.dynamic_batching.max_queue_delay_microseconds == 2000
+
+
 @pytest.mark.parametrize(
     ("choices", "needle"),
     [
@@ -41,6 +47,8 @@ def test_bounded_queue_rejects_beyond_its_size_and_timeout() -> None:
         ({"streaming": True, "stream_interval": 0}, "at least 1"),
         ({"max_queue_size": 4, "dynamic_batching": False}, "--no-dynamic-batching"),
         ({"queue_timeout_ms": -1}, "cannot be negative"),
+        ({"batch_delay_us": 500, "dynamic_batching": False}, "--batch-delay-us"),
+        ({"batch_delay_us": -1}, "batch delay cannot be negative"),
     ],
 )
 def test_options_without_what_they_act_on_are_refused(choices: dict[str, object], needle: str) -> None:

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ftx_triton.repository.textproc import load_codec
-from ftx_triton.server.token_stream import (
+from ftx_triton.client.token_stream import (
     IncrementalText,
     ModelRefused,
     Overloaded,
@@ -18,6 +17,7 @@ from ftx_triton.server.token_stream import (
     is_overload,
     read_response,
 )
+from ftx_triton.repository.textproc import load_codec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 

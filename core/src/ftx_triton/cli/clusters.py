@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ftx_triton.cli.processes import ServedModel
     from ftx_triton.plan.cluster import ClusterDeployment
+    from ftx_triton.server.processes import ServedModel
 
 
 def cluster_deployments(home: Path) -> list[ClusterDeployment]:
@@ -21,7 +21,7 @@ def cluster_deployments(home: Path) -> list[ClusterDeployment]:
 
 def running_as_served(home: Path) -> list[ServedModel]:
     """The running cluster deployments in the shape of a local server (`ftx generate`, `ftx bench` reach them)."""
-    from ftx_triton.cli.processes import ServedModel
+    from ftx_triton.server.processes import ServedModel
 
     return [
         ServedModel(

@@ -36,7 +36,7 @@ from typing import Any
 from ftx_triton.errors import ConfigError, PluginError
 
 MANIFEST_NAME = "ftx.toml"
-MODEL_KEYS = ("source", "revision", "family", "preset", "sha256")
+MODEL_KEYS = ("source", "revision", "family", "preset", "sha256", "adapter", "adapter_revision")
 """Keys of ``[model]``; each is a string."""
 
 
@@ -314,6 +314,26 @@ def locked_source(manifest: Manifest) -> str:
     if "tree_sha256" in manifest.model and not Path(source).is_absolute():
         return str((manifest.path.parent / source).resolve())
     return source
+
+
+def locked_adapter(manifest: Manifest) -> str | None:
+    """``[model] adapter`` as ``--adapter`` takes it: a Hub adapter at its locked commit, or a folder (relative to
+    the lock file) that must still hold what it held at ``ftx lock`` time."""
+    from ftx_triton.fetching.local_keys import local_content_key
+    from ftx_triton.paths import ftx_home
+
+    adapter, revision = manifest.model.get("adapter"), manifest.model.get("adapter_revision")
+    if not adapter:
+        return None
+    if str(adapter).startswith("hf://"):
+        return f"{adapter}@{revision}" if revision else str(adapter)
+    folder = (manifest.path.parent / str(adapter)).resolve()
+    if revision and folder.is_dir() and local_content_key(folder, ftx_home()).key != revision:
+        raise ConfigError(
+            f"the locked adapter {folder} changed since `ftx lock` (its files' sha256 differ)",
+            hint="restore the locked adapter, or run `ftx lock` again to pin the new one",
+        )
+    return str(folder)
 
 
 def check_local_source(manifest: Manifest) -> None:

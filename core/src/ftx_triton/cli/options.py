@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ftx_triton.commandkit import AutoInt, FiniteFloatRange, options_of, section
-from ftx_triton.plan.settings import STAGES, ConvertSettings, RepositorySettings, SourceSettings, TuneSettings
+from ftx_triton.plan.settings import ConvertSettings, RepositorySettings, RunWideSettings, SourceSettings, TuneSettings
 
 PORT = click.IntRange(1, 65535)
 """Every TCP port option (--http-port, --grpc-port, --metrics-port, --openai-port): refused outside 1-65535."""
@@ -51,6 +51,7 @@ repository_options = options_of(
         "stream_interval",
         "max_queue_size",
         "queue_timeout_ms",
+        "batch_delay_us",
         "dynamic_batching",
         "custom_all_reduce",
         "tokenizer",
@@ -58,49 +59,14 @@ repository_options = options_of(
 )
 """The Triton repository's settings, declared once on RepositorySettings."""
 
-stage_options = section(
-    "Stages and runtime",
-    click.option(
-        "--until", type=click.Choice(STAGES), default="serve", show_default=True, help="Stop after this stage."
-    ),
-    click.option(
-        "--runtime",
-        default="auto",
-        show_default=True,
-        help="auto, fastertransformer (its Docker or native launcher, on GPUs), python (embedded "
-        "tritonserver, CPU or one GPU), or any runtime a plugin registers (see `ftx plugins`).",
-    ),
-    click.option(
-        "--force",
-        "force",
-        multiple=True,
-        type=click.Choice(STAGES),
-        help="Redo this stage even if cached (repeatable).",
-    ),
-    click.option("--dry-run", is_flag=True, help="Print what would run, run nothing."),
-)
+stage_options = options_of(RunWideSettings, only=("until", "runtime", "force", "dry_run"))
+"""--until, --runtime, --force, --dry-run: declared once on RunWideSettings."""
 
 tune_options = options_of(TuneSettings, only=("tune_batch", "tune_beam", "tune_max_input_len"))
 """--tune-batch, --tune-beam, --tune-max-input-len: declared once on TuneSettings."""
 
-safety_options = section(
-    "Safety",
-    click.option(
-        "--accept-license",
-        is_flag=True,
-        envvar="FTX_ACCEPT_LICENSE",
-        show_envvar=True,
-        help="Accept a non-commercial model licence (e.g. KoGPT's CC-BY-NC-ND-4.0); without it such a "
-        "model is not fetched.",
-    ),
-    click.option(
-        "--resource-check/--no-resource-check",
-        default=True,
-        show_default=True,
-        help="Refuse to download, convert or serve what would not fit this machine's free disk "
-        "(FTX_HOME) or memory (estimated from the model's parameter count and dtypes).",
-    ),
-)
+safety_options = options_of(RunWideSettings, only=("accept_license", "resource_check"))
+"""--accept-license, --resource-check: declared once on RunWideSettings (listed under Safety)."""
 
 
 __all__ = [

@@ -11,16 +11,10 @@ import click
 
 from ftx_triton.cli.common import FtxCommand, get_host, say
 from ftx_triton.cli.manifest import MANIFEST_NAME, current_stack, locked_settings, write_lock
-from ftx_triton.cli.options import (
-    deployment_conversion_options,
-    repository_options,
-    section,
-    source_options,
-    tune_options,
-)
+from ftx_triton.cli.options import deployment_conversion_options, repository_options, source_options, tune_options
 from ftx_triton.commandkit import options_of
 from ftx_triton.errors import ConfigError
-from ftx_triton.plan.settings import RunSettings, ServeSettings
+from ftx_triton.plan.settings import RunSettings, RunWideSettings, ServeSettings
 
 
 def _requires(family: str | None, runtime: str) -> list[str]:
@@ -84,6 +78,27 @@ def _model_table(settings: RunSettings, family: str | None, output: Path) -> tup
     return table, f"{path} -> content {table['tree_sha256'][:16]}…"
 
 
+def _adapter_table(settings: RunSettings, output: Path) -> dict[str, str]:
+    """[model] adapter, pinned as the source is: a Hub adapter by its commit, a folder (relative to the lock
+    file) by its content key."""
+    from ftx_triton.conversion.adapters import check_adapter_folder
+    from ftx_triton.fetching.local_keys import local_content_key
+    from ftx_triton.fetching.refs import parse_ref, resolve_revision
+    from ftx_triton.paths import ftx_home
+
+    if not settings.fetch.adapter:
+        return {}
+    ref = parse_ref(settings.fetch.adapter)
+    if ref.kind == "hf":
+        return {"adapter": ref.uri, "adapter_revision": resolve_revision(ref)}
+    folder = Path(ref.uri)
+    check_adapter_folder(folder)
+    return {
+        "adapter": os.path.relpath(folder.resolve(), output.parent.resolve()),
+        "adapter_revision": local_content_key(folder, ftx_home()).key,
+    }
+
+
 def _check_lockable(url: str) -> None:
     """ftx.toml is meant to be committed: a URL with credentials (a presigned query, user:password@) is refused,
     as a redacted one could not be fetched again."""
@@ -104,14 +119,10 @@ def _check_lockable(url: str) -> None:
 @source_options
 @deployment_conversion_options
 @repository_options
-@section(
-    "Stages and runtime",
-    click.option(
-        "--runtime",
-        default="auto",
-        show_default=True,
-        help="Runtime to pin (auto: the one `ftx run` chooses on the machine that replays the lock).",
-    ),
+@options_of(
+    RunWideSettings,
+    only=("runtime",),
+    helps={"runtime": "Runtime to pin (auto: the one `ftx run` chooses on the machine that replays the lock)."},
 )
 @tune_options
 @options_of(ServeSettings, only=("host", "http_port", "grpc_port", "metrics_port", "device"))
@@ -148,6 +159,9 @@ def lock(model: str, output: str, force: bool, resolve: bool, **opts: Any) -> No
     settings = RunSettings.of(model, **opts)
     check_runtime_name(get_host().runtimes, settings.runtime)
     table, pinned = _model_table(settings, opts.get("family"), path)
+    if adapter := _adapter_table(settings, path):
+        table.update(adapter)
+        pinned += f", adapter {adapter['adapter']} -> {adapter['adapter_revision']}"
     local = Path(table["source"]) if "tree_sha256" in table else None
     family = _family_of(table, (path.parent / local).resolve() if local is not None else None)
     requires = _requires(family, settings.runtime)

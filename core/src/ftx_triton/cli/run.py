@@ -76,7 +76,7 @@ def model_from_manifest(model: str | None, opts: dict[str, Any], lock: Path | No
     """
     if model:
         return model
-    from ftx_triton.cli.manifest import check_local_source, find_manifest, locked_source
+    from ftx_triton.cli.manifest import check_local_source, find_manifest, locked_adapter, locked_source
 
     manifest = find_manifest(lock=lock)
     if manifest is None or "source" not in manifest.model:
@@ -87,6 +87,7 @@ def model_from_manifest(model: str | None, opts: dict[str, Any], lock: Path | No
     check_local_source(manifest)
     ctx = click.get_current_context()
     locked = {**manifest.settings, **{k: manifest.model.get(k) for k in ("revision", "family", "sha256")}}
+    locked["adapter"] = locked_adapter(manifest)
     params = {p.name: p for p in ctx.command.get_params(ctx)}  # with the runtimes' and plugins'
     if unknown := sorted(k for k in manifest.settings if k not in opts):  # opts: the deployment's options
         import difflib

@@ -31,8 +31,8 @@ def ps_command(as_json: bool) -> None:
     detached one has its name (`ftx stop NAME`). Records of detached servers that died are shown too.
     """
     from ftx_triton.cli.clusters import cluster_deployments
-    from ftx_triton.cli.processes import served_models
     from ftx_triton.plan.resources import human_bytes
+    from ftx_triton.server.processes import served_models
     from ftx_triton.server.records import list_servers
     from ftx_triton.server.server_log import last_exit_cause
 
@@ -125,7 +125,7 @@ def stop_command(name: str | None, all_servers: bool) -> None:
     if name and all_servers:
         raise click.UsageError("give a NAME or --all, not both")
     from ftx_triton.cli.clusters import cluster_deployments
-    from ftx_triton.openai_api.records import FOREGROUND_PREFIX, read_records, remove_malformed_fronts, stop_record
+    from ftx_triton.server.front_records import FOREGROUND_PREFIX, read_records, remove_malformed_fronts, stop_record
     from ftx_triton.server.records import remove_malformed_servers, stop_server
 
     removed = (

@@ -25,9 +25,9 @@ from ftx_triton.conversion.ops import OpContext
 from ftx_triton.conversion.shapes import eval_shape
 from ftx_triton.envvars import env_int
 from ftx_triton.errors import CheckpointError
-from ftx_triton.io.checkpoint import TensorReader, check_weight_dtype, tensor_dtype
-from ftx_triton.io.ftformat import gpu_dir_name, non_finite_count, read_ini, read_tensor, write_ini
-from ftx_triton.io.writer import BackgroundWriter
+from ftx_triton.formats.checkpoint import TensorReader, check_weight_dtype, tensor_dtype
+from ftx_triton.formats.ftformat import gpu_dir_name, non_finite_count, read_ini, read_tensor, write_ini
+from ftx_triton.formats.writer import BackgroundWriter
 
 log = structlog.get_logger(__name__)
 
@@ -179,8 +179,14 @@ def _run_job(job: tensormap.Job, held: Mapping[str, np.ndarray], ctx: OpContext)
     return out.astype(ctx.out_dtype, copy=False)
 
 
-def invert_checkpoint(family: Family, ft_dir: Path, spec: ModelSpec | None = None) -> Iterator[tuple[str, np.ndarray]]:
-    """Yield (Hugging Face name, float32 tensor) rebuilt from a converted ``<tp>-gpu`` directory."""
+def invert_checkpoint(
+    family: Family, ft_dir: Path, spec: ModelSpec | None = None, *, as_stored: bool = False
+) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield (Hugging Face name, float32 tensor) rebuilt from a converted ``<tp>-gpu`` directory.
+
+    ``as_stored``: tensors of layout-only rows keep the files' dtype, files are memory-mapped (copy-on-write)
+    rather than read, and transposes stay views, so such a tensor is the file's pages themselves.
+    """
     ini = read_ini(ft_dir / "config.ini")
     spec = spec or family.spec_from_ini(ini)
     tp = int(ft_dir.name.split("-")[0])
@@ -199,9 +205,14 @@ def invert_checkpoint(family: Family, ft_dir: Path, spec: ModelSpec | None = Non
             ft_shape = row.op.shape(src_shapes, ctx)
             if row.optional and not _exists(ft_dir, dst, row.split):
                 continue
-            array = _read_ranks(ft_dir, dst, row.split, ft_shape, tp, dtype).astype(np.float32)
+            array = _read_ranks(ft_dir, dst, row.split, ft_shape, tp, dtype, mmap=as_stored)
+            if not as_stored or not row.op.layout_only:  # arithmetic in float32, as the conversion did it
+                array = array.astype(np.float32)
             for pattern, tensor in zip(row.sources, row.op.inverse(array, ctx), strict=True):
-                yield tensormap.bind(pattern.split("|")[0], binding), np.ascontiguousarray(tensor)
+                yield (
+                    tensormap.bind(pattern.split("|")[0], binding),
+                    tensor if as_stored else np.ascontiguousarray(tensor),
+                )
 
 
 def _shaped_rows(family: Family, spec: ModelSpec) -> Iterator[tuple[tensormap.M, tuple[int, ...]]]:
@@ -236,10 +247,10 @@ def _exists(ft_dir: Path, dst: str, split: int | None) -> bool:
 
 
 def _read_ranks(
-    ft_dir: Path, dst: str, split: int | None, shape: tuple[int, ...], tp: int, dtype: np.dtype
+    ft_dir: Path, dst: str, split: int | None, shape: tuple[int, ...], tp: int, dtype: np.dtype, *, mmap: bool = False
 ) -> np.ndarray:
-    if split is None:
-        return read_tensor(ft_dir / f"{dst}.bin", dtype, shape)
+    if split is None or tp == 1:
+        return read_tensor(ft_dir / f"{dst}.{'' if split is None else '0.'}bin", dtype, shape, mmap=mmap)
     part_shape = list(shape)
     part_shape[split] //= tp
     parts = [read_tensor(ft_dir / f"{dst}.{rank}.bin", dtype, tuple(part_shape)) for rank in range(tp)]

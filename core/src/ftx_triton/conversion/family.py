@@ -13,7 +13,7 @@ import hashlib
 import importlib
 import inspect
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 from ftx_triton.conversion import ftini
 from ftx_triton.conversion.tensormap import TensorMap
 from ftx_triton.errors import CheckpointError, ConfigError, FtxError
-from ftx_triton.io.checkpoint import TensorReader, open_checkpoint
+from ftx_triton.formats.checkpoint import TensorReader, open_checkpoint
 from ftx_triton.io.jsonfile import read_json_object
 
 SLUG = re.compile(r"^[a-z][a-z0-9]*$")
@@ -53,6 +53,22 @@ TOKENIZER_FILES: tuple[str, ...] = (
 
 
 @dataclass(frozen=True)
+class BuiltinModel:
+    """A model ftx builds offline at first use (a preset whose source is ``builtin:NAME``), declared by its family.
+
+    ``build(dest)`` writes a Hugging Face checkpoint into the empty directory ``dest`` and returns a JSON-able
+    mapping recorded beside it (its final loss …). Core builds it once per ``FTX_HOME`` under a lock and
+    publishes it by one rename; a build whose ``version`` or ``recipe`` differs from the recorded one is rebuilt.
+    """
+
+    build: Callable[[Path], Mapping[str, Any]]
+    recipe: Mapping[str, Any]
+    version: int = 1
+    about: str = ""
+    """What it is, for the record and the status line (``trains a tiny GPT-J offline, about 10 s``)."""
+
+
+@dataclass(frozen=True)
 class Preset:
     """A named model: its default source, revision, licence and an optional archive checksum."""
 
@@ -63,6 +79,8 @@ class Preset:
     sha256: str | None = None
     hf_config: Mapping[str, Any] | None = None
     """A copy of the model's config.json, so ``--dry-run`` can plan without a download."""
+    builtin: BuiltinModel | None = None
+    """How a ``builtin:NAME`` source is built (the family's recipe); None for every other source."""
 
 
 @dataclass(frozen=True)

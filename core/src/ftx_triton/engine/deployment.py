@@ -1,22 +1,26 @@
-"""A served run's lifecycle: the OpenAI front beside the server, detaching, serving until stopped, stopping.
+"""A served run's lifecycle: the OpenAI front beside the server, one answer (``--prompt``), detaching, serving
+until stopped (the front recorded meanwhile), stopping.
 
 The pipeline's serve stage hands back an :class:`~ftx_triton.plan.artifacts.Endpoint`; a :class:`Deployment` owns
 it from there together with the runtime that started it and the OpenAI-compatible front, so every
-front end (the CLI, a test, a library user) gets the same lifecycle. It prints nothing: ``say`` and
-the CLI's own lines are the caller's.
+front end (the CLI, a test, a library user) gets the same lifecycle (:meth:`Deployment.serve`). It prints
+nothing: what is shown is the caller's :class:`ServeView`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from ftx_triton.errors import ServeError
+from ftx_triton.client.generate import generate_text
+from ftx_triton.errors import ConfigError, ServeError
 from ftx_triton.plan.artifacts import Endpoint, ModelRepository, ServedDeployment
 from ftx_triton.plan.settings import RunSettings
 from ftx_triton.runtime.api import Runtime
@@ -28,6 +32,31 @@ if TYPE_CHECKING:
 def openai_model_id(model: str) -> str:
     """The model name OpenAI clients send: what the user ran, without a scheme or revision."""
     return model.removeprefix("hf://").split("@", 1)[0].rstrip("/") or model
+
+
+class ServeView(Protocol):
+    """What a front end shows while :meth:`Deployment.serve` runs the lifecycle."""
+
+    def step(self, name: str) -> None:
+        """A stage of the run is done (``openai front``, ``detach``)."""
+
+    def text(self, piece: str) -> None:
+        """A streamed piece of the one-shot answer."""
+
+    def answered(self, text: str, streamed: bool) -> None:
+        """The one-shot answer is complete (``text`` is whole; when ``streamed``, its pieces went to :meth:`text`)."""
+
+    def detached(self, name: str) -> None:
+        """The server was left running as ``name``."""
+
+    def serving(self) -> None:
+        """The server serves in the foreground until Ctrl-C or SIGTERM."""
+
+    def stopping(self) -> None:
+        """Ctrl-C or SIGTERM arrived; the server is being stopped."""
+
+    def stopped(self) -> None:
+        """The foreground server stopped cleanly."""
 
 
 class _Terminate(Exception):
@@ -61,6 +90,95 @@ class Deployment:
         """Whether ftx records the server when detached (``ftx ps`` lists it, ``ftx generate`` finds it)."""
         return self.server.stop_hint is None
 
+    @property
+    def streams(self) -> bool:
+        """Whether the served model answers as a stream (a decoupled ``fastertransformer`` model)."""
+        from ftx_triton.repository.model_config import FT_MODEL_NAME, parse_config
+
+        try:
+            config = parse_config(self.repository.path / FT_MODEL_NAME / "config.pbtxt")
+        except (ConfigError, OSError):
+            return False
+        return bool(config.model_transaction_policy.decoupled)
+
+    def serve(self, view: ServeView, *, prompt: str | None = None, max_tokens: int = 16) -> None:
+        """The lifecycle once the server is ready.
+
+        ``prompt``: generate once, hand the text to ``view``, stop the server (unless detaching).
+        Detaching (``settings.serve.detach``): leave the server and its front running.
+        Otherwise: serve in the foreground until Ctrl-C or SIGTERM, then stop cleanly. A failure before the
+        server was left running stops it.
+        """
+        detach = self.settings.serve.detach
+        try:
+            if prompt is None or detach:
+                self.start_front(detach=detach)
+                view.step("openai front")
+            if prompt is not None:  # the server stops after the answer (unless it is detached)
+                stream = self.streams
+                text = self.generate_once(prompt, max_tokens, view.text if stream else None)
+                view.answered(text, stream)
+                if not detach:
+                    self.stop()
+                    return
+            if detach:
+                name = self.detach()
+                view.step("detach")
+                view.detached(name)
+                return
+            view.serving()
+            with self.foreground_record():
+                self.serve_until_stopped(on_stopping=view.stopping)
+            view.stopped()
+        except BaseException:
+            if self.detached_name is None:  # a detached run that failed before it was recorded leaves nothing
+                self.stop()
+            raise
+
+    def generate_once(self, prompt: str, max_tokens: int, on_text: Callable[[str], None] | None = None) -> str:
+        """One answer to ``prompt`` from the served text model, starting with the prompt for a decoder
+        (streamed piece by piece to ``on_text`` when given)."""
+        return generate_text(
+            self.endpoint.grpc_url,
+            self.endpoint.model,
+            prompt,
+            max_tokens=max_tokens,
+            stream=on_text is not None,
+            on_text=on_text,
+            echo_prompt=True,
+            repository=self.repository.path,
+        )
+
+    @contextlib.contextmanager
+    def foreground_record(self) -> Iterator[None]:
+        """While a foreground run serves, its OpenAI endpoint is recorded (``foreground-<pid>``) so that
+        `ftx ps` shows it; the record goes when the run ends (or with the next `ftx ps` after a crash)."""
+        if self.openai is None:
+            yield
+            return
+        from ftx_triton.server.front_records import FOREGROUND_PREFIX
+
+        path = self._record_front(self.openai, f"{FOREGROUND_PREFIX}{os.getpid()}")
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
+
+    def _record_front(self, openai: OpenAIEndpoint, name: str) -> Path:
+        """Record the OpenAI front under ``name`` (what `ftx ps` lists and `ftx stop` stops)."""
+        from ftx_triton.server.front_records import write_record
+
+        return write_record(
+            self.home,
+            {
+                "name": name,
+                "pid": openai.process.pid,
+                "url": openai.url,
+                "triton_pid": self.server.pid,
+                "log": str(openai.log_path),
+            },
+        )
+
     def start_front(self, *, detach: bool) -> None:
         """Start the OpenAI-compatible endpoint in front of the ensemble, unless ``--no-openai``."""
         if not self.settings.serve.openai:
@@ -86,18 +204,7 @@ class Deployment:
         server.detach()
         name = str(server.name)
         if self.openai is not None:
-            from ftx_triton.openai_api.records import write_record
-
-            write_record(
-                self.home,
-                {
-                    "name": name,
-                    "pid": self.openai.process.pid,
-                    "url": self.openai.url,
-                    "triton_pid": server.pid,
-                    "log": str(self.openai.log_path),
-                },
-            )
+            self._record_front(self.openai, name)
         self.detached_name = name
         return name
 
@@ -136,4 +243,4 @@ class Deployment:
         self.runtime.stop(self.endpoint)
 
 
-__all__ = ["Deployment", "openai_model_id"]
+__all__ = ["Deployment", "ServeView", "openai_model_id"]

@@ -18,7 +18,7 @@ from ftx_triton.engine.deployment import Deployment
 from ftx_triton.engine.sources import resolve_source
 from ftx_triton.engine.stages import StageOutcome, Stages
 from ftx_triton.errors import ConfigError
-from ftx_triton.io.ftformat import gpu_dir_name
+from ftx_triton.formats.ftformat import gpu_dir_name
 from ftx_triton.plan.artifacts import Checkpoint, Endpoint, GemmConfig, ModelRepository, Source, SourceRef
 from ftx_triton.plan.context import StageContext
 from ftx_triton.plan.plan import Plan
@@ -118,6 +118,8 @@ class Pipeline:
         result.family, result.spec = family, spec
         if not self._wanted("convert"):
             return result
+        if plan.settings.fetch.adapter:
+            source = result.source = self.stages.adapt(family, source, self._context(plan))
         ctx = self._context(plan)
         checkpoint = result.checkpoint = self.stages.convert(family, source, spec, ctx)
         if checkpoint.non_finite:

@@ -46,14 +46,14 @@ def resolve_source(settings: RunSettings, host: PluginHost) -> tuple[SourceRef, 
     try:
         ref = parse_ref(text, presets=presets, revision=settings.fetch.revision)
     except SourceError:
-        if hidden := host.hidden_family(text):  # `ftx run gptj` with the gptj plugin left out by the user
+        if hidden := host.hidden_family(text):  # a family's preset, its plugin left out by the user
             raise hidden from None
         raise
     if settings.fetch.sha256:
         _check_sha256_applies(ref, text, settings.fetch.sha256)
         ref = dataclasses.replace(ref, sha256=settings.fetch.sha256)
     if ref.kind == "builtin":
-        ref = SourceRef("local", str(build_builtin(ref.uri.removeprefix(BUILTIN))), preset=ref.preset)
+        ref = SourceRef("local", str(build_builtin(ref.uri.removeprefix(BUILTIN), host)), preset=ref.preset)
     return ref, preset_family
 
 
@@ -74,11 +74,9 @@ def _check_sha256_applies(ref: SourceRef, text: str, sha256: str) -> None:
         )
 
 
-def build_builtin(name: str) -> Path:
-    """Build (once, offline, deterministically) a model that ships with ftx."""
-    from ftx_triton.fetching.demo import ensure_demo_checkpoint
+def build_builtin(name: str, host: PluginHost) -> Path:
+    """Build (once, offline, with its family's recipe) a model that ships with a family plugin."""
+    from ftx_triton.engine.builtin import builtin_model, ensure_builtin
     from ftx_triton.paths import ftx_home
 
-    if name != "tiny-gptj":
-        raise SourceError(f"unknown built-in model {name!r}", hint="the built-in model is tiny-gptj")
-    return ensure_demo_checkpoint(ftx_home())
+    return ensure_builtin(ftx_home(), name, builtin_model(host, name))

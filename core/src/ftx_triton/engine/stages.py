@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import platform
+import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,7 +23,7 @@ import structlog
 import ftx_triton
 from ftx_triton.conversion import tensormap
 from ftx_triton.conversion.family import Family, ModelSpec
-from ftx_triton.errors import PluginError
+from ftx_triton.errors import PluginError, SourceError
 from ftx_triton.plan.artifacts import (
     Checkpoint,
     Endpoint,
@@ -131,10 +132,55 @@ class Stages:
             source = dataclasses.replace(source, ref=ref, path=Path(ref.uri), origin={**source.origin, "path": ref.uri})
         return source
 
+    def adapt(self, family: Family, source: Source, ctx: StageContext) -> Source:
+        """The source with the run's PEFT LoRA adapter (``--adapter``) merged into its weights: a checkpoint of
+        its own, keyed by the base's key and the adapter's content (a local folder) or commit (the Hub)."""
+        from ftx_triton.conversion import adapters
+        from ftx_triton.fetching.local_keys import local_content_key
+        from ftx_triton.fetching.refs import parse_ref, resolve_revision
+
+        ctx = self._context(ctx)
+        text = ctx.settings.fetch.adapter
+        assert text is not None  # the pipeline adapts only when an adapter is given
+        ref = parse_ref(text)
+        local: Path | None = None
+        if ref.kind == "local":
+            local = Path(ref.uri)
+            adapters.check_adapter_folder(local)
+            revision = local_content_key(local, self.store.home).key
+        elif ref.kind == "hf":
+            revision = resolve_revision(ref)
+        else:
+            raise SourceError(
+                f"--adapter {text}: an adapter is a folder or hf://org/name[@rev], not a {ref.kind} download",
+                hint="download and unpack it, then pass the folder",
+            )
+        inputs = {
+            "fetch": ctx.artifact_keys["fetch"],
+            "adapter": {"ref": "local" if local else ref.uri, "revision": revision},
+            "merge": adapters.MERGE_VERSION,
+        }
+
+        def merge(dest: Path) -> Source:
+            folder = local if local is not None else _download_adapter(ref.uri, revision, dest.parent, ctx)
+            try:
+                config = adapters.check_adapter_folder(folder)
+                adapters.check_adapter_fits(folder, source.path, adapters.lora_deltas(folder))
+                adapters.merge_adapter(family, source.path, folder, dest)
+            finally:
+                if local is None:
+                    shutil.rmtree(folder, ignore_errors=True)
+            adapter = {"ref": ref.display, "revision": revision, **adapters.adapter_origin(config)}
+            return Source(
+                ref=source.ref, path=dest, revision=source.revision, origin={**source.origin, "adapter": adapter}
+            )
+
+        return self._build("adapt", inputs, family, Source, ctx, merge)
+
     def convert(self, family: Family, source: Source, spec: ModelSpec, ctx: StageContext) -> Checkpoint:
         ctx = self._context(ctx)
         inputs = {
-            "fetch": ctx.artifact_keys["fetch"],
+            "fetch": ctx.artifact_keys.get("adapt") or ctx.artifact_keys["fetch"],
             "family": family.name,
             "fingerprint": family.fingerprint(),
             "format": tensormap.FORMAT_VERSION,
@@ -297,8 +343,8 @@ class Stages:
         return value
 
     def _producer(self, family: Family | None, hook_name: str, ctx: StageContext) -> dict[str, Any]:
-        hook = getattr(self.host.hook, hook_name)
-        impls = [impl.plugin_name for impl in reversed(hook.get_hookimpls())]
+        hook = getattr(self.host.hook, hook_name, None)  # core's own steps (adapt) have no hook
+        impls = [impl.plugin_name for impl in reversed(hook.get_hookimpls())] if hook else ["ftx_triton"]
         producer: dict[str, Any] = {"ftx": ftx_triton.__version__, "python": platform.python_version(), "hook": impls}
         if family is not None:
             owner = self.host.family_owner.get(family.name)
@@ -315,6 +361,22 @@ class Stages:
             }
         producer["plugins"] = {r.distribution: r.version for r in self.host.records if r.status == "loaded"}
         return producer
+
+
+def _download_adapter(uri: str, commit: str, where: Path, ctx: StageContext) -> Path:
+    """A Hub adapter's files at ``commit`` in a fresh folder under ``where`` (removed after the merge)."""
+    import os
+    import tempfile
+
+    from ftx_triton.conversion.adapters import ADAPTER_PATTERNS
+    from ftx_triton.fetching.hub import download_snapshot
+
+    folder = Path(tempfile.mkdtemp(prefix="adapter-", dir=where))
+    token = os.environ.get("HF_TOKEN") or None
+    download_snapshot(
+        uri.removeprefix("hf://"), commit, folder, ADAPTER_PATTERNS, token=token, progress=ctx.show_progress
+    )
+    return folder
 
 
 def _result(result_type: type[R], artifact: Artifact) -> R:

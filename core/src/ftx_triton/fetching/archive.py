@@ -494,14 +494,10 @@ def _zip_link(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> str:
 
 def _check_links_inside(root: Path) -> None:
     """After extraction: every symlink must still resolve inside ``root`` (links may chain)."""
-    real_root = os.path.realpath(root)
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            path = os.path.join(dirpath, name)
-            if os.path.islink(path):
-                real = os.path.realpath(path)
-                if os.path.commonpath([real_root, real]) != real_root:
-                    raise _Unsafe(os.path.relpath(path, root), "resolves outside the target")
+    from ftx_triton.io.trees import link_leaving
+
+    if (escape := link_leaving(root)) is not None:
+        raise _Unsafe(escape, "resolves outside the target")
 
 
 def _single_top_dir(dest: Path) -> Path:

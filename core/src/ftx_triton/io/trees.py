@@ -1,4 +1,4 @@
-"""Measuring and removing directory trees of any depth: the one helper for both.
+"""Measuring and removing directory trees of any depth (the one helper for both), and finding links that leave a tree.
 
 Python 3.11's ``shutil.rmtree`` and ``os.walk`` recurse once per directory level, so a tree a few
 thousand levels deep (an archive built to do it, left by an older ftx) raises ``RecursionError``,
@@ -78,3 +78,15 @@ def remove_tree(root: Path) -> None:
                     os.unlink(entry.name, dir_fd=parent)
     with contextlib.suppress(OSError):
         root.rmdir()
+
+
+def link_leaving(root: Path) -> str | None:
+    """The first symlink under ``root`` (its name relative to ``root``) that resolves outside it, if any;
+    links may chain. Used where a folder from a stranger (an extracted archive, an adapter) must stay shut."""
+    real_root = os.path.realpath(root)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            if os.path.islink(path) and os.path.commonpath([real_root, os.path.realpath(path)]) != real_root:
+                return os.path.relpath(path, root)
+    return None

@@ -1,4 +1,5 @@
-"""The aiohttp application: OpenAI's completions and chat completions over a Triton ensemble.
+"""The aiohttp application: OpenAI's completions and chat completions over a Triton ensemble (and
+``/v1/embeddings``, :mod:`.embeddings`).
 
 Requests are validated (OpenAI's error shape, HTTP 400), turned into generate-extension calls on
 the ensemble (run in a worker thread: the Triton client is synchronous) and answered in OpenAI's
@@ -27,18 +28,8 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from ftx_triton.errors import FtxError
-from ftx_triton.front.server import Refused, read_body
-from ftx_triton.front.shield import lone_surrogate
-from ftx_triton.openai_api.admission import overloaded_response
-from ftx_triton.openai_api.chat import TemplateError, TemplateTimeout, TemplateWorker, chat_template, render
-from ftx_triton.openai_api.metrics import FrontMetrics, Tracked
-from ftx_triton.openai_api.params import BadRequest, Params, parse_params
-from ftx_triton.openai_api.token_generation import TokenGeneration
-from ftx_triton.repository.io import TEXT_MODEL_NAME
-from ftx_triton.repository.textproc import MAX_WORD_TOKENS, RequestError
-from ftx_triton.server.text_client import HttpError, HttpTriton, PieceJoiner, TextInterface, text_interface
-from ftx_triton.server.token_stream import (
+from ftx_triton.client.text_client import HttpError, HttpTriton, PieceJoiner, TextInterface, text_interface
+from ftx_triton.client.token_stream import (
     AsyncTokenClient,
     ModelRefused,
     Overloaded,
@@ -46,6 +37,17 @@ from ftx_triton.server.token_stream import (
     TokenRoute,
     is_overload,
 )
+from ftx_triton.errors import FtxError
+from ftx_triton.front.server import Refused, read_body
+from ftx_triton.front.shield import lone_surrogate
+from ftx_triton.openai_api.admission import overloaded_response
+from ftx_triton.openai_api.chat import TemplateError, TemplateTimeout, TemplateWorker, chat_template, render
+from ftx_triton.openai_api.embeddings import Embeddings, parse_embedding_request, token_ids, vectors_payload
+from ftx_triton.openai_api.metrics import FrontMetrics, Tracked
+from ftx_triton.openai_api.params import BadRequest, Params, parse_params
+from ftx_triton.openai_api.token_generation import TokenGeneration
+from ftx_triton.repository.io import TEXT_MODEL_NAME
+from ftx_triton.repository.textproc import MAX_WORD_TOKENS, RequestError
 
 T = TypeVar("T")
 MAX_PROMPTS = 64
@@ -279,6 +281,7 @@ class Handlers:
         self.d = deployment
         self.template, self.specials = chat_template(deployment.tokenizer_dir)
         self.renderer = TemplateWorker(self.template, self.specials) if self.template is not None else None
+        self.embedder = Embeddings(deployment.tokenizer_dir.parent.parent)  # the repository of preprocessing/1
 
     async def models(self, _request: web.Request) -> web.Response:
         return web.json_response(
@@ -386,6 +389,27 @@ class Handlers:
     def _choice_logprobs(self, generation: Any, start: int) -> dict[str, Any]:
         g = self._base(generation)
         return self._logprobs(g.token_ids, g.log_probs, start, len(g.text) if g.stopped else None)
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        """``/v1/embeddings``: mean-pooled encoder output per input (:mod:`.embeddings`)."""
+        body = await self._body(request)
+        wanted = parse_embedding_request(body)
+        try:
+            encoder = await asyncio.to_thread(self.embedder.encoder)
+        except FtxError as exc:
+            raise ServerFault(f"the encoder could not be loaded: {exc.message}") from None
+        codec = await asyncio.to_thread(self.d.codec)
+        ids = token_ids(wanted, lambda text: codec.encode(text, prompt=True), encoder.vocab_size)
+        vectors = await asyncio.to_thread(encoder.embed, ids)
+        used = sum(len(i) for i in ids)
+        return web.json_response(
+            {
+                "object": "list",
+                "data": vectors_payload(vectors, wanted.encoding_format),
+                "model": self.d.model_id,
+                "usage": {"prompt_tokens": used, "total_tokens": used},
+            }
+        )
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
@@ -708,6 +732,7 @@ def make_app(
             web.get("/v1/models", handlers.models),
             web.post("/v1/completions", handlers.completions),
             web.post("/v1/chat/completions", handlers.chat),
+            web.post("/v1/embeddings", handlers.embeddings),
             web.get("/health", health_handler(triton_http, ensemble)),
             web.get("/metrics", deployment.metrics.handler),
         ]

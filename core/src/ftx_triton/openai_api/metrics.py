@@ -152,7 +152,7 @@ class Tracked:
 
 
 def _is_rejection(exc: BaseException) -> bool:
-    from ftx_triton.server.token_stream import Overloaded, is_overload
+    from ftx_triton.client.token_stream import Overloaded, is_overload
 
     return isinstance(exc, Overloaded) or (hasattr(exc, "message") and is_overload(str(getattr(exc, "message", ""))))
 

@@ -28,8 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ftx_triton.client.text_client import sampling_values
 from ftx_triton.repository.textproc import MAX_WORD_CHARS, MAX_WORDS
-from ftx_triton.server.text_client import sampling_values
 
 MAX_TOKENS_DEFAULT = 16
 """OpenAI's default for /v1/completions."""

@@ -3,8 +3,14 @@
 The same contract as :class:`~ftx_triton.openai_api.app.Generation` (``astream``, ``awhole``,
 ``finish_reason``), for a streaming deployment whose repository this process can read: the prompt is
 tokenized and checked by the repository's own preprocessing code, the model streams ids over gRPC, and
-:mod:`ftx_triton.server.token_stream` detokenizes them incrementally, dropping responses the client was too
+:mod:`ftx_triton.client.token_stream` detokenizes them incrementally, dropping responses the client was too
 slow to read (each holds the whole output so far). No Python model runs per token.
+
+Segmented generation (opt-in, ``FTX_SEGMENT_TOKENS=k``): the generation is asked for k tokens at a time,
+each segment a new request of the prompt plus the text so far, so that a request arriving while a batch
+generates waits for one segment instead of a whole generation (FasterTransformer batches per ``forward``).
+Greedy output is the same where the text so far re-encodes to the ids it was decoded from (a tokenizer's
+round trip); each segment re-reads the context, which costs the GPU a context pass per segment.
 """
 
 from __future__ import annotations
@@ -12,7 +18,15 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any
 
-from ftx_triton.server.token_stream import AsyncTokenClient, TokenRoute, stream_texts
+from ftx_triton.client.token_stream import AsyncTokenClient, TokenRoute, stream_texts
+from ftx_triton.envvars import env_int
+
+SEGMENT_ENV = "FTX_SEGMENT_TOKENS"
+
+
+def segment_tokens() -> int:
+    """Tokens per segment from ``FTX_SEGMENT_TOKENS`` (0, the default: one request per generation)."""
+    return env_int(SEGMENT_ENV, 0, 0, 1 << 20)
 
 
 def cut_at_stop(text: str, stop: list[str]) -> tuple[str, bool]:
@@ -32,33 +46,48 @@ class TokenGeneration:
         values: Mapping[str, Any],
         stop: list[str],
         on_first: Callable[[], None] | None = None,
+        segment: int | None = None,
     ) -> None:
         self.client, self.route, self.stop = client, route, stop
         self.values = {"prompt": prompt, **values}
         self.finish_reason = "length"
         self.on_first = on_first
+        self.segment = segment_tokens() if segment is None else segment
+        """Tokens per request (0: the whole generation in one)."""
         self.tokens = 0
         """Tokens generated (counted from the model's ids, not by re-tokenizing text)."""
 
     async def astream(self) -> AsyncGenerator[str, None]:
         """New text as it is generated (the prompt is not repeated), cut at the first stop string."""
         sent, seen, stopped = "", "", False
-        counter = _Counter()
-        pieces = stream_texts(self.client, self.route, self.values, on_first=self.on_first, on_ids=counter)
-        try:
-            async for piece in pieces:
-                seen += piece
-                text, stopped = cut_at_stop(seen, self.stop)
-                if len(text) > len(sent):
-                    yield text[len(sent) :]
-                    sent = text
-                if stopped:
-                    break
-        finally:
-            await pieces.aclose()
-        self.tokens = counter.count
         wanted = int(self.values.get("max_tokens") or 0)
-        self.finish_reason = "stop" if stopped or counter.count < wanted else "length"
+        generated, ended = 0, False
+        while not (stopped or ended):
+            ask = wanted - generated if not self.segment or not wanted else min(self.segment, wanted - generated)
+            values = {**self.values, "prompt": self.values["prompt"] + seen, "max_tokens": ask or None}
+            counter = _Counter()
+            pieces = stream_texts(self.client, self.route, values, on_first=self._first, on_ids=counter)
+            try:
+                async for piece in pieces:
+                    seen += piece
+                    text, stopped = cut_at_stop(seen, self.stop)
+                    if len(text) > len(sent):
+                        yield text[len(sent) :]
+                        sent = text
+                    if stopped:
+                        break
+            finally:
+                await pieces.aclose()
+            generated += counter.count
+            # the end: all asked for, or a segment shorter than asked (the end id), or no segments at all
+            ended = not self.segment or not wanted or generated >= wanted or counter.count < ask
+        self.tokens = generated
+        self.finish_reason = "stop" if stopped or generated < wanted else "length"
+
+    def _first(self) -> None:
+        if self.on_first is not None:
+            self.on_first()
+            self.on_first = None
 
     async def awhole(self) -> str:
         return "".join([piece async for piece in self.astream()])
@@ -74,4 +103,4 @@ class _Counter:
         self.count = count
 
 
-__all__ = ["TokenGeneration", "cut_at_stop"]
+__all__ = ["SEGMENT_ENV", "TokenGeneration", "cut_at_stop", "segment_tokens"]

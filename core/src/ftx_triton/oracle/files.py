@@ -24,7 +24,7 @@ import ml_dtypes
 import numpy as np
 
 from ftx_triton.errors import CheckpointError, ConfigError
-from ftx_triton.io.ftformat import read_ini
+from ftx_triton.formats.ftformat import read_ini
 from ftx_triton.io.regular import open_regular
 
 _FILE_DTYPES = (("fp32", np.dtype(np.float32)), ("fp16", np.dtype(np.float16)), ("bf16", np.dtype(ml_dtypes.bfloat16)))

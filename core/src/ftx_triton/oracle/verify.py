@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ftx_triton.errors import CheckpointError, ConfigError
-from ftx_triton.io.ftformat import non_finite_files
+from ftx_triton.formats.ftformat import non_finite_files
 from ftx_triton.oracle import gpt, gptj, gptneox, t5
 from ftx_triton.oracle.files import FtFiles
 

@@ -71,6 +71,12 @@ class SourceSettings(OptionSection):
     revision: str | None = option(None, help="Branch, tag or commit of a Hugging Face source.")
     sha256: str | None = option(None, help="Expected sha256 of a downloaded archive or file (checked before use).")
     family: str | None = option(None, help="Model family (see `ftx models`); detected from config.json when omitted.")
+    adapter: str | None = option(
+        None,
+        help="A PEFT LoRA adapter to merge into the weights before conversion: a folder (adapter_config.json "
+        "and adapter_model.safetensors) or hf://org/name[@rev]; the merged checkpoint is cached under the base's "
+        "and the adapter's content.",
+    )
 
 
 TP_AUTO_HELP = (
@@ -210,6 +216,16 @@ class RepositorySettings(OptionSection):
         show_default=True,
     )
     """How long a request may wait in that queue before it is refused; 0: no limit."""
+    batch_delay_us: int = option(
+        0,
+        help="The model's dynamic batcher may hold a request this many microseconds to batch more with it "
+        "(Triton's max_queue_delay_microseconds). 0 = send what is queued as soon as an instance is free.",
+        kind=int,
+        low=0,
+        high=10_000_000,
+        show_default=True,
+    )
+    """Triton's ``max_queue_delay_microseconds`` on the fastertransformer model; 0: none, as Triton's default."""
     dynamic_batching: bool = option(
         True, help="Batch requests of different prompt lengths (ragged input_ids).", kind=bool, show_default=True
     )
@@ -272,17 +288,56 @@ SECTIONS: dict[str, type] = {
 
 
 @dataclass(frozen=True)
+class RunWideSettings(OptionSection):
+    """The run-wide choices, declared once: ``ftx run``'s (and ``ftx lock``'s ``--runtime``) options are generated
+    from these fields and :class:`RunSettings` takes its defaults from them."""
+
+    title: ClassVar[str] = "Stages and runtime"
+    until: str = option("serve", help="Stop after this stage.", choices=STAGES, show_default=True)
+    runtime: str = option(
+        "auto",
+        help="auto, fastertransformer (its Docker or native launcher, on GPUs), python (embedded "
+        "tritonserver, CPU or one GPU), or any runtime a plugin registers (see `ftx plugins`).",
+        show_default=True,
+    )
+    force: frozenset[str] = option(
+        frozenset(), help="Redo this stage even if cached (repeatable).", choices=STAGES, multiple=True
+    )
+    dry_run: bool = option(False, help="Print what would run, run nothing.", kind=bool, pair=False)
+    accept_license: bool = option(
+        False,
+        help="Accept a non-commercial model licence (e.g. KoGPT's CC-BY-NC-ND-4.0); without it such a "
+        "model is not fetched.",
+        kind=bool,
+        pair=False,
+        envvar=("FTX_ACCEPT_LICENSE",),
+        group="Safety",
+    )
+    resource_check: bool = option(
+        True,
+        help="Refuse to download, convert or serve what would not fit this machine's free disk "
+        "(FTX_HOME) or memory (estimated from the model's parameter count and dtypes).",
+        kind=bool,
+        show_default=True,
+        group="Safety",
+    )
+
+
+_RUN_WIDE = RunWideSettings()
+
+
+@dataclass(frozen=True)
 class RunSettings:
     """Everything a user chose for one run: run-wide choices plus one frozen section per stage."""
 
     model: str
-    until: str = "serve"
-    runtime: str = "auto"
-    force: frozenset[str] = frozenset()
-    dry_run: bool = False
-    accept_license: bool = False
+    until: str = _RUN_WIDE.until
+    runtime: str = _RUN_WIDE.runtime
+    force: frozenset[str] = _RUN_WIDE.force
+    dry_run: bool = _RUN_WIDE.dry_run
+    accept_license: bool = _RUN_WIDE.accept_license
     """A non-commercial licence was accepted explicitly (``--accept-license``)."""
-    resource_check: bool = True
+    resource_check: bool = _RUN_WIDE.resource_check
     """Refuse a build that would not fit the disk or memory (``--no-resource-check`` turns it off)."""
     runtime_origin: str | None = None
     """Where ``runtime`` came from when not from ``--runtime`` (``ftx configure's default``, ``ftx.toml``)."""
@@ -358,6 +413,28 @@ class RunSettings:
 
 
 _NULLABLE_OVERRIDES: frozenset[str] = frozenset()
+
+
+def settings_table() -> list[tuple[str, str, str, str]]:
+    """Every setting of ``ftx run`` declared in core, one row each: (``ftx.toml`` key, flag, default, the
+    :class:`RunSettings` field that holds it). The click options, ``ftx.toml``'s ``[settings]`` and
+    :meth:`RunSettings.of` all come from these declarations; docs/architecture.md lists this table."""
+    owners: list[tuple[str, type[OptionSection]]] = [
+        ("", RunWideSettings),
+        *((f"{a}.", c) for a, c in SECTIONS.items()),
+    ]
+    rows = []
+    for prefix, cls in owners:
+        for name, default, declared in cls.declarations():
+            flag = declared.flag or "--" + name.replace("_", "-")
+            if declared.kind is bool and declared.pair:
+                flag += f"/--no-{flag[2:]}"
+            shown = "(none)" if default is None or default == frozenset() else str(default)
+            shown = shown.lower() if isinstance(default, bool) else shown
+            rows.append((name, flag, shown, f"{prefix}{name}"))
+    return rows
+
+
 """Fields whose None is a value, not "keep the default" (none today)."""
 
 
@@ -425,6 +502,8 @@ __all__ = [
     "FIELD_SECTION",
     "SECTIONS",
     "STAGES",
+    "RunWideSettings",
+    "settings_table",
     "Auto",
     "ConvertSettings",
     "RepositorySettings",

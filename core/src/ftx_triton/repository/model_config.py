@@ -18,7 +18,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ftx_triton.conversion.family import POSITION_KEYS
 from ftx_triton.errors import ConfigError, FtxError
-from ftx_triton.io.ftformat import gpu_dir_name
+from ftx_triton.formats.ftformat import gpu_dir_name
 from ftx_triton.repository.io import IO_KINDS, STREAM_INTERVAL_PARAMETER, TensorDecl, ft_outputs
 
 if TYPE_CHECKING:
@@ -75,6 +75,8 @@ class FtModelOptions:
     """Triton's dynamic batcher queue bound for the model: a request beyond it is refused at once (0: none)."""
     queue_timeout_ms: int = 0
     """A queued request that waited this long is refused (0: no limit)."""
+    batch_delay_us: int = 0
+    """Triton's ``max_queue_delay_microseconds``: how long the batcher may hold a request to batch more (0: none)."""
     dynamic_batching: bool = True
     backend: str = "fastertransformer"
     data_types: tuple[str, ...] = DATA_TYPES
@@ -129,6 +131,7 @@ class FtModelOptions:
             stream_interval=repo.stream_interval,
             max_queue_size=repo.max_queue_size,
             queue_timeout_ms=repo.queue_timeout_ms,
+            batch_delay_us=repo.batch_delay_us,
             dynamic_batching=repo.dynamic_batching,
             max_positions=positions,
             custom_all_reduce=repo.custom_all_reduce,
@@ -209,9 +212,11 @@ def check_serving_options(opts: FtModelOptions) -> None:
         )
     if opts.max_queue_size < 0 or opts.queue_timeout_ms < 0:
         raise ConfigError("the queue size and timeout cannot be negative", hint="use 0 for no bound")
-    if (opts.max_queue_size or opts.queue_timeout_ms) and not opts.dynamic_batching:
+    if opts.batch_delay_us < 0:
+        raise ConfigError("the batch delay cannot be negative", hint="use 0 for none")
+    if (opts.max_queue_size or opts.queue_timeout_ms or opts.batch_delay_us) and not opts.dynamic_batching:
         raise ConfigError(
-            "--max-queue-size and --queue-timeout-ms bound the dynamic batcher's queue, which "
+            "--max-queue-size, --queue-timeout-ms and --batch-delay-us set the dynamic batcher's queue, which "
             "--no-dynamic-batching turns off",
             hint="leave --no-dynamic-batching out, or the queue options",
         )
@@ -278,6 +283,7 @@ def build_ft_model_config(opts: FtModelOptions) -> mc.ModelConfig:
     config.model_transaction_policy.decoupled = opts.streaming
     if opts.dynamic_batching:
         config.dynamic_batching.SetInParent()
+        config.dynamic_batching.max_queue_delay_microseconds = opts.batch_delay_us
         add_queue_policy(config, opts)
     if opts.streaming and opts.stream_interval > 1:
         config.parameters[STREAM_INTERVAL_PARAMETER].string_value = str(opts.stream_interval)

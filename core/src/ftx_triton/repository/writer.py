@@ -30,7 +30,7 @@ import structlog
 
 from ftx_triton.conversion.family import Family, ModelSpec
 from ftx_triton.errors import CheckpointError, ConfigError
-from ftx_triton.io.ftformat import gpu_dir_name, read_ini
+from ftx_triton.formats.ftformat import gpu_dir_name, read_ini
 from ftx_triton.io.jsonfile import MAX_JSON_BYTES
 from ftx_triton.io.regular import open_regular
 from ftx_triton.repository import textproc
@@ -426,6 +426,7 @@ def deployment_record(plan: RepositoryPlan, backend: str) -> dict[str, Any]:
         "stream_interval": ft.stream_interval,
         "max_queue_size": ft.max_queue_size,
         "queue_timeout_ms": ft.queue_timeout_ms,
+        "batch_delay_us": ft.batch_delay_us,
         "dynamic_batching": ft.dynamic_batching,
         "custom_all_reduce": ft.custom_all_reduce_on,
         "checkpoint": str(ft.checkpoint_path),

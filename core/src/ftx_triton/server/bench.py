@@ -5,9 +5,9 @@ built-in load generator; the figures are stored beside the deployment record.
 bring a binary that installs here (the newest ``perf-analyzer`` on the index this project uses is a
 placeholder without one); the binary ships in the ``tritonclient`` 2.41 manylinux wheel and needs
 ``libb64`` and ``libcudart`` (``scripts/setup.sh --dev`` installs all three beside the venv, without
-touching the environment's own packages). Without it, :func:`builtin_load` drives the same requests
-(closed loop, N concurrent clients over the generate extension) and measures throughput and
-latency percentiles itself; :func:`run_bench` says which tool ran and why.
+touching the environment's own packages). Without it, ftx's own closed loop
+(:func:`ftx_triton.client.load.closed_loop`, N concurrent clients) drives the same requests and measures
+throughput and latency percentiles itself; :class:`BenchResult` says which tool ran and why.
 """
 
 from __future__ import annotations
@@ -18,38 +18,22 @@ import io
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
-import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from ftx_triton.errors import ToolError
+from ftx_triton.client.load import LevelWatch, Point, Sender, closed_loop, openai_sender, triton_sender
+from ftx_triton.client.text_client import HttpTriton, text_interface
+from ftx_triton.errors import ConfigError, ServeError, ToolError
+from ftx_triton.repository.io import TEXT_MODEL_NAME
+from ftx_triton.server.front_metrics import level_figures, read_metrics
 
 PERF_ANALYZER_ENV = "FTX_PERF_ANALYZER"
-
-
-@dataclass(frozen=True)
-class Point:
-    """One concurrency level's figures."""
-
-    concurrency: int
-    requests: int
-    throughput_rps: float
-    latency_p50_ms: float
-    latency_p90_ms: float
-    latency_p99_ms: float
-    latency_avg_ms: float
-    tokens_per_s: float | None = None
-    front: dict[str, Any] | None = None
-    """What the OpenAI endpoint's own metrics said over the level (``--via openai``: mean TTFT and ITL, output
-    tokens/s, completed, rejected and failed requests; ``ftx_triton.server.front_metrics.level_figures``)."""
 
 
 @dataclass
@@ -67,6 +51,20 @@ class BenchResult:
         return {**{k: v for k, v in asdict(self).items() if k != "points"}, "points": [asdict(p) for p in self.points]}
 
 
+class FrontMetricsWatch:
+    """What the OpenAI endpoint's ``/metrics`` counted over each load level (``ftx bench --via openai``)."""
+
+    def __init__(self, base: str) -> None:
+        self.url = base.rstrip("/").removesuffix("/v1") + "/metrics"
+        self.before: dict[str, float] = {}
+
+    def begin(self) -> None:
+        self.before = read_metrics(self.url)
+
+    def end(self, seconds: float) -> dict[str, Any]:
+        return level_figures(self.before, read_metrics(self.url), seconds)
+
+
 def find_perf_analyzer() -> Path | None:
     """``$FTX_PERF_ANALYZER``, else ``perf_analyzer`` on PATH or beside this interpreter."""
     explicit = os.environ.get(PERF_ANALYZER_ENV)
@@ -75,160 +73,6 @@ def find_perf_analyzer() -> Path | None:
     here = Path(sys.executable).parent / "perf_analyzer"
     found = shutil.which("perf_analyzer")
     return Path(found) if found else (here if here.is_file() else None)
-
-
-def _percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
-
-
-def builtin_load(
-    url: str,
-    model: str,
-    prompt: str,
-    max_tokens: int,
-    concurrency: Sequence[int],
-    requests: int,
-    count_tokens: Any = None,
-) -> list[Point]:
-    """Closed loop: ``c`` clients each sending requests back to back until ``requests`` are done."""
-    from ftx_triton.server.text_client import HttpError, HttpTriton, text_interface
-
-    server = HttpTriton(url)
-    iface = text_interface(server, model)
-    values = {"prompt": prompt, "max_tokens": max_tokens, **({"stream": True} if iface.decoupled else {})}
-    try:  # warm up, and find out whether the model takes this request at all
-        server.generate(iface, values) if not iface.decoupled else list(server.generate_stream(iface, values))
-    except HttpError as exc:
-        raise ToolError(
-            f"the server refused the benchmark's request: {exc.message}",
-            hint="choose a --prompt and --max-tokens the model accepts (try them with `ftx generate`)",
-        ) from None
-
-    def send() -> str:
-        return server.generate(iface, values) if not iface.decoupled else "".join(server.generate_stream(iface, values))
-
-    return closed_loop(send, concurrency, requests, count_tokens, prompt)
-
-
-def openai_load(
-    base: str, model: str, prompt: str, max_tokens: int, concurrency: Sequence[int], requests: int, count_tokens: Any
-) -> list[Point]:
-    """The same closed loop through the OpenAI endpoint (``base`` = ``http://host:port/v1``, streamed completions),
-    each level with what the endpoint's ``/metrics`` counted over it (:attr:`Point.front`)."""
-    import urllib.error
-    import urllib.request
-
-    from ftx_triton.server.front_metrics import level_figures, read_metrics
-
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True}).encode()
-    metrics_url = base.rstrip("/").removesuffix("/v1") + "/metrics"
-
-    def send() -> str:
-        request = urllib.request.Request(
-            base.rstrip("/") + "/completions", data=body, headers={"Content-Type": "application/json"}
-        )
-        try:
-            with opener.open(request, timeout=600) as response:
-                text = []
-                for raw in response:
-                    line = raw.decode("utf-8", "replace").strip()
-                    if line.startswith("data:") and line != "data: [DONE]":
-                        event = json.loads(line[len("data:") :])
-                        if "error" in event:
-                            raise ToolError(f"the stream sent an error: {event['error']}")
-                        text.append(str(event["choices"][0].get("text", "")))
-                return prompt + "".join(text)
-        except urllib.error.HTTPError as exc:
-            if exc.code == 429:
-                raise Rejected from None
-            raise ToolError(f"the OpenAI endpoint answered {exc.code}: {exc.read()[:300]!r}") from None
-
-    try:
-        send()  # warm up, and find out whether the endpoint takes this request at all
-    except (ToolError, OSError) as exc:
-        raise ToolError(
-            f"the OpenAI endpoint refused the benchmark's request: {exc}",
-            hint="choose a --prompt and --max-tokens the model accepts (try them with `ftx generate`)",
-        ) from None
-    points = []
-    for c in concurrency:
-        before, began = read_metrics(metrics_url), time.perf_counter()
-        (point,) = closed_loop(send, [c], requests, count_tokens, prompt)
-        figures = level_figures(before, read_metrics(metrics_url), time.perf_counter() - began)
-        points.append(replace(point, front=figures))
-    return points
-
-
-class Rejected(Exception):
-    """A request the deployment's bounded queue refused (HTTP 429): the load goes on."""
-
-
-def closed_loop(send: Any, concurrency: Sequence[int], requests: int, count_tokens: Any, prompt: str) -> list[Point]:
-    """``c`` clients each calling ``send()`` (-> the text, starting with the prompt) back to back until
-    ``requests`` are done, per level."""
-    points = []
-    for c in concurrency:
-        latencies: list[float] = []
-        tokens: list[int] = []
-        lock = threading.Lock()
-        left = [requests]
-        errors: list[BaseException] = []
-
-        def client(
-            lock: threading.Lock,
-            left: list[int],
-            errors: list[BaseException],
-            latencies: list[float],
-            tokens: list[int],
-        ) -> None:
-            while True:
-                with lock:
-                    if left[0] <= 0 or errors:
-                        return
-                    left[0] -= 1
-                began = time.perf_counter()
-                try:
-                    text = send()
-                except Rejected:  # the bounded queue refused it: counted by the endpoint's metrics, not a fault
-                    continue
-                except BaseException as exc:  # noqa: BLE001 - reported after the threads stop
-                    with lock:
-                        errors.append(exc)
-                    return
-                took = time.perf_counter() - began
-                with lock:
-                    latencies.append(took)
-                    if count_tokens is not None:
-                        tokens.append(count_tokens(text.removeprefix(prompt)))
-
-        started = time.perf_counter()
-        threads = [
-            threading.Thread(target=client, args=(lock, left, errors, latencies, tokens), daemon=True) for _ in range(c)
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.perf_counter() - started
-        if errors:
-            raise ToolError(f"a benchmark request failed: {errors[0]}", hint="check the server with `ftx ps`")
-        ms = [x * 1000 for x in latencies]
-        points.append(
-            Point(
-                c,
-                len(ms),
-                len(ms) / wall,
-                _percentile(ms, 50),
-                _percentile(ms, 90),
-                _percentile(ms, 99),
-                statistics.fmean(ms),
-                sum(tokens) / wall if tokens else None,
-            )
-        )
-    return points
 
 
 ANY_WINDOW_PERCENT = 10**9
@@ -341,10 +185,133 @@ def store_result(home: Path, repository: Path, result: BenchResult) -> Path:
     return path
 
 
+Column = tuple[str, Callable[[Point], str]]
+_COMMON: list[Column] = [
+    ("CONCURRENCY", lambda p: str(p.concurrency)),
+    ("REQ/S", lambda p: f"{p.throughput_rps:.2f}"),
+    ("P50 MS", lambda p: f"{p.latency_p50_ms:.1f}"),
+]
+
+
+class BenchTarget(Protocol):
+    """A running deployment as ``ftx bench`` finds it (``ftx ps``'s view)."""
+
+    name: str
+    model: str
+    http: str
+    grpc: str
+    openai: str | None
+    repository: str
+
+
+@dataclass(frozen=True)
+class BenchLoad:
+    """How ``ftx bench`` loads the target: the tool, why, where, how and which columns it prints."""
+
+    tool: str
+    why: str
+    url: str
+    said: str
+    run: Callable[[Any, str, int, list[int], int], list[Point]]
+    columns: list[Column]
+
+
+def _token_counter(target: BenchTarget) -> Callable[[str], int]:
+    """Counts a text's tokens with the deployment's own tokenizer."""
+    from ftx_triton.repository.textproc import load_codec
+
+    codec = load_codec(Path(target.repository) / "preprocessing" / "1")
+    return lambda text: len(codec.encode(text, prompt=False))
+
+
+def _builtin(
+    sender: Callable[..., Sender], base: str, model: str, watch: LevelWatch | None = None
+) -> Callable[..., list[Point]]:
+    """ftx's own closed loop through ``sender`` (its requests for ``model`` to ``base``)."""
+
+    def run(target: BenchTarget, prompt: str, max_tokens: int, levels: list[int], requests: int) -> list[Point]:
+        send = sender(base, model, prompt, max_tokens)
+        return closed_loop(send, levels, requests, _token_counter(target), prompt, watch)
+
+    return run
+
+
+def bench_load(target: BenchTarget, tool: str, via: str) -> BenchLoad:
+    """The load of ``ftx bench --tool TOOL --via VIA`` on ``target``."""
+    return _openai_load(target, tool) if via == "openai" else _triton_load(target, tool)
+
+
+def _triton_load(target: BenchTarget, tool: str) -> BenchLoad:
+    """perf_analyzer when installed (and not --tool builtin), else the closed loop over the generate extension."""
+    binary = find_perf_analyzer()
+    if tool == "perf_analyzer" and binary is None:
+        raise ConfigError(
+            "perf_analyzer is not installed",
+            hint="scripts/setup.sh --dev installs it beside the venv, or set FTX_PERF_ANALYZER=PATH; "
+            "--tool builtin uses ftx's own load generator",
+        )
+    base = f"http://{target.http}"
+    columns = [
+        *_COMMON,
+        ("P90 MS", lambda p: f"{p.latency_p90_ms:.1f}"),
+        ("P99 MS", lambda p: f"{p.latency_p99_ms:.1f}"),
+        ("TOKENS/S", lambda p: f"{p.tokens_per_s:.1f}" if p.tokens_per_s else "-"),
+    ]
+    if binary is not None and tool in ("auto", "perf_analyzer"):
+        run = _perf_analyzer(binary)
+        return BenchLoad("perf_analyzer", f"perf_analyzer at {binary}", base, "with perf_analyzer", run, columns)
+    why = (
+        "requested with --tool builtin"
+        if tool == "builtin"
+        else "perf_analyzer is not installed (no binary on PATH or FTX_PERF_ANALYZER); ftx's own closed-loop "
+        "load generator over the generate extension"
+    )
+    return BenchLoad("builtin", why, base, "with builtin", _builtin(triton_sender, base, TEXT_MODEL_NAME), columns)
+
+
+def _perf_analyzer(binary: Path) -> Callable[..., list[Point]]:
+    def run(target: BenchTarget, prompt: str, max_tokens: int, levels: list[int], requests: int) -> list[Point]:
+        streaming = text_interface(HttpTriton(f"http://{target.http}"), TEXT_MODEL_NAME).decoupled
+        return run_perf_analyzer(
+            binary, target.grpc, TEXT_MODEL_NAME, prompt, max_tokens, levels, requests, streaming=streaming
+        )
+
+    return run
+
+
+def _openai_load(target: BenchTarget, tool: str) -> BenchLoad:
+    """``--via openai``: ftx's load generator through the OpenAI endpoint, and the endpoint's metrics per level."""
+    if tool == "perf_analyzer":
+        raise ConfigError(
+            "perf_analyzer has no OpenAI service kind", hint="leave --tool out (or --tool builtin) with --via openai"
+        )
+    if not target.openai:
+        raise ServeError(
+            f"{target.name} has no OpenAI endpoint (started with --no-openai?)",
+            hint="restart it without --no-openai, or bench it with --via triton",
+        )
+    why = "ftx's own closed-loop load generator through the OpenAI endpoint (--via openai)"
+    columns = [
+        *_COMMON,
+        ("TOKENS/S", lambda p: f"{(p.front or {}).get('output_tokens_per_s') or 0:.1f}"),
+        ("TTFT MS", lambda p: _ms((p.front or {}).get("ttft_avg_ms"))),
+        ("ITL MS", lambda p: _ms((p.front or {}).get("itl_avg_ms"))),
+        ("REJECTED", lambda p: str((p.front or {}).get("rejected", 0))),
+    ]
+    run = _builtin(openai_sender, target.openai, target.model, FrontMetricsWatch(target.openai))
+    return BenchLoad("builtin", why, target.openai, f"through {target.openai}", run, columns)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 __all__ = [
+    "BenchLoad",
     "BenchResult",
-    "Point",
-    "builtin_load",
+    "BenchTarget",
+    "FrontMetricsWatch",
+    "bench_load",
     "find_perf_analyzer",
     "run_perf_analyzer",
     "results_path",

@@ -327,6 +327,9 @@ class TritonServer:
             f"--metrics-port={self.ports.metrics}",
             f"--exit-timeout-secs={self.exit_timeout_s}",
             f"--model-control-mode={self.model_control}",
+            # ftx's repositories carry complete configs: auto-completing them started every Python model's
+            # stub twice (once to ask model.py for a config, once to serve), seconds each before ready
+            "--disable-auto-complete-config",
         ]
         cmd += [f"--load-model={model}" for model in self.load_models]
         if not is_loopback(self.host):

@@ -34,14 +34,14 @@ import numpy as np
 import pytest
 
 from ftx_triton.conversion.family import Family
-from ftx_triton.io.ftformat import gpu_dir_name, read_ini, read_tensor
+from ftx_triton.formats.ftformat import gpu_dir_name, read_ini, read_tensor
 
 TP = 2
 
 
 TINY_WEIGHT_STD = 0.2
 """Every weight of a tiny checkpoint gets N(0, 0.2²) added to transformers' init
-(:func:`ftx_triton.fetching.tiny.randomize`). The default init alone (std 0.02) leaves a tiny model's attention almost
+(:func:`ftx_triton.tiny.randomize`). The default init alone (std 0.02) leaves a tiny model's attention almost
 uniform, where swapping q and k moves its logits less than FasterTransformer's own approximations do;
 with the noise a wrong layout moves them by tens of percent."""
 
@@ -54,7 +54,7 @@ def build_tiny_checkpoint(
     import torch
     import transformers
 
-    from ftx_triton.fetching.tiny import randomize
+    from ftx_triton.tiny import randomize
 
     config = transformers.AutoConfig.for_model(**dict(hf_config))
     model_class = getattr(transformers, family.hf_model_class)

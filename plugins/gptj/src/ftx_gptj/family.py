@@ -29,6 +29,7 @@ from ftx_triton.plugin_api import (
 )
 
 from ftx_gptj import slim
+from ftx_gptj.tiny import DEMO
 
 L = "transformer.h.{i}"
 FT = "model.layers.{i}"
@@ -122,7 +123,9 @@ class GPTJ(Family):
             license="apache-2.0",
             hf_config=GPTJ_6B_CONFIG,
         ),
-        "tiny-gptj": Preset("builtin:tiny-gptj", description="a tiny GPT-J built offline at first use (the demo)"),
+        "tiny-gptj": Preset(
+            "builtin:tiny-gptj", description="a tiny GPT-J built offline at first use (the demo)", builtin=DEMO
+        ),
         # The archive the GPT-J guide downloads; its sha256 is not known here, so it is not pinned.
         "gptj-slim": Preset(
             "https://the-eye.eu/public/AI/GPT-J-6B/step_383500_slim.tar.zstd",

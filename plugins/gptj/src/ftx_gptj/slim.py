@@ -203,7 +203,7 @@ def _listing(names: list[str], limit: int = 6) -> str:
 
 
 class SlimCheckpointReader:
-    """A :class:`ftx_triton.io.checkpoint.TensorReader` over a slim checkpoint directory."""
+    """A :class:`ftx_triton.formats.checkpoint.TensorReader` over a slim checkpoint directory."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)

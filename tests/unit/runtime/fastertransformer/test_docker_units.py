@@ -138,6 +138,17 @@ def test_node_layout_rules() -> None:
     assert node_layout(HostList(("a", "b", "c", "d"), (None,) * 4), tp=4, pp=2).gpus_per_node == 2
     with pytest.raises(ConfigError, match="cannot be split evenly over 3 nodes"):
         node_layout(HostList(("a", "b", "c"), (None,) * 3), tp=4, pp=1)
+
+
+def test_several_instances_of_a_multi_gpu_model_are_refused_on_one_node() -> None:
+    """They would share the tp x pp GPUs, each with its own all-reduce: the layout that hung under load."""
+    with pytest.raises(ConfigError, match=r"--instances 2 with tp x pp = 2 x 1: .* wait on each other") as err:
+        node_layout(None, tp=2, pp=1, instances=2)
+    assert "--instances 1" in (err.value.hint or "")
+    with pytest.raises(ConfigError, match="--instances 3 with tp x pp = 1 x 2"):
+        node_layout(HostList(("a",), (4,)), tp=1, pp=2, instances=3)
+    assert node_layout(None, tp=1, pp=1, instances=4).gpus_per_node == 1  # one-GPU instances: no collective
+    assert node_layout(None, tp=4, pp=1, instances=1).gpus_per_node == 4
     assert node_layout(None, tp=4, pp=1).nodes == 1
     with pytest.raises(ConfigError, match="do not fit on one node with 2 GPUs"):
         node_layout(HostList(("a",), (2,)), tp=4, pp=1)

@@ -231,6 +231,27 @@ def test_the_patch_set_applies_to_the_real_sources_exactly_once(upstream: Path, 
 
 
 @needs_bundle
+def test_an_ffn_layer_that_does_not_all_reduce_keeps_its_own_output_and_gptj_can_reduce_once(
+    upstream: Path, tmp_path: Path
+) -> None:
+    """GPT-NeoX's parallel residual builds its FFN layer without an all-reduce; upstream still swapped the custom
+    all-reduce's peer buffer in as the FFN's output, so the decoder read a buffer nothing wrote. GPT-J's decoder
+    gets the one-all-reduce path behind FTX_GPTJ_ONE_ALLREDUCE=1."""
+    ffn = "FasterTransformer/src/fastertransformer/layers/TensorParallelGeluFfnLayer.cc"
+    decoder = "FasterTransformer/src/fastertransformer/models/gptj/GptJDecoder.cc"
+    for rel in {e.path for e in PATCHES if isinstance(e, Edit)}:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(upstream / rel, tmp_path / rel)
+    swap = "if (enable_custom_all_reduce_ && custom_all_reduce_comm_ != nullptr"
+    assert f"{swap}) {{" in (tmp_path / ffn).read_text()  # upstream: swapped whether or not it reduces
+    apply_patches(tmp_path)
+    assert f"{swap} && do_all_reduce_) {{" in (tmp_path / ffn).read_text()
+    text = (tmp_path / decoder).read_text()
+    assert 'std::string(ftx_one) == "1"' in text and text.count("!ftx_one_all_reduce_,") == 2
+    assert "customAllReduce(ftx_elts, stream_)" in text and "ftNcclAllReduceSum(layer_output" in text
+
+
+@needs_bundle
 def test_a_modified_upstream_file_is_refused_naming_its_component(upstream: Path) -> None:
     target = upstream / "fastertransformer_backend" / "CMakeLists.txt"
     original = target.read_bytes()

@@ -43,6 +43,9 @@ def test_a_pp_or_instance_count_the_user_gave_is_kept() -> None:
 
 def test_the_smallest_gpu_decides_and_no_gpu_is_an_error() -> None:
     assert plan_placement(GPTJ_6B, [H100, 16 * GiB], batch=8, seq_len=2048).tp == 2
+    # a tp 2 model on four GPUs: one instance (two would share its GPUs: refused at serve, see node_layout)
+    wide = plan_placement(NEOX_20B, [H100] * 4, batch=24, seq_len=2048)
+    assert (wide.tp, wide.instances) == (2, 1) and "instances fill" not in wide.reason
     with pytest.raises(ConfigError, match="no GPU found"):
         plan_placement(GPTJ_6B, [], batch=1, seq_len=128)
 
@@ -118,7 +121,7 @@ def test_auto_layout_for_a_fastertransformer_runtime_uses_the_gpus_given() -> No
     assert (layout.tp, layout.pp, layout.instances) == (1, 1, 1), layout.reason
     small = [Gpu(i, "NVIDIA T4", (7, 5), memory_mib=15360) for i in range(4)]
     layout = auto_layout(auto, family, _gptj_config(), _Runtime(), gpus=small)
-    assert (layout.tp, layout.pp, layout.instances) == (2, 1, 2)
+    assert (layout.tp, layout.pp, layout.instances) == (2, 1, 1)  # one tp 2 instance: a second would share its GPUs
     with pytest.raises(ConfigError, match="gptj-6b does not fit the 1 GPU"):
         auto_layout(auto, family, _gptj_config(), _Runtime(), gpus=small[:1])
     with pytest.raises(ConfigError, match="a --hosts layout needs --tp and --pp"):

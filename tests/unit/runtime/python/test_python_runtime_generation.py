@@ -94,6 +94,29 @@ def test_rebuilt_model_has_the_original_weights_and_greedy_output(built: dict[st
             assert _tokens(out, b) == hf_greedy(ref, prompt, 12), (name, tp, b)
 
 
+def test_weights_that_need_no_cast_are_the_mapped_files(built: dict[str, Any]) -> None:
+    """fp32 files on the CPU: every GPT-J weight that the table only moves is a view of its memory-mapped
+    .bin file (no read, no copy), and the model still equals the original."""
+    family, _src, ckpts, ref = built["gptj"]
+    loaded = load_model(family, ckpts[1], device="cpu", data_type="fp32")
+    ft_dir = ckpts[1]
+    files = {str(p.resolve()) for p in ft_dir.glob("*.bin")}
+    spans = []  # this process's mappings of those files (/proc/self/maps: "start-end perms offset dev inode path")
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5] in files:
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            spans.append((start, end))
+    views = sum(
+        any(start <= tensor.data_ptr() < end for start, end in spans) for tensor in loaded.model.state_dict().values()
+    )
+    assert views >= 3 * int(loaded.ini["gptj"]["num_layer"]), views  # qkv, dense, fc per layer at least
+    original = ref.state_dict()
+    for key, tensor in loaded.model.state_dict().items():
+        if key in original:
+            assert torch.equal(tensor.float(), original[key].float()), key
+
+
 def test_load_model_refuses_a_directory_without_config_ini(tmp_path: Path) -> None:
     family = FAMILIES["gptj"]
     with pytest.raises(CheckpointError, match="no config.ini"):

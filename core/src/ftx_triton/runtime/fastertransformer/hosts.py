@@ -142,6 +142,7 @@ def node_layout(hosts: HostList | None, *, tp: int, pp: int, instances: int = 1,
                 f"tp x pp = {world} GPUs do not fit on one node with {per_node} GPUs",
                 hint="add nodes to the hosts file, or lower --tp/--pp",
             )
+        check_instances_share_gpus(tp, pp, instances)
         return NodeLayout(1, world, hosts.hosts if hosts else (), ssh_port)
     nodes = len(hosts.hosts)
     if instances != 1:
@@ -170,6 +171,22 @@ def node_layout(hosts: HostList | None, *, tp: int, pp: int, instances: int = 1,
             )
         per_node = world // nodes
     return NodeLayout(nodes, per_node, hosts.hosts, ssh_port)
+
+
+def check_instances_share_gpus(tp: int, pp: int, instances: int) -> None:
+    """Several instances of a model that spans several GPUs are refused: the server gets tp x pp GPUs, so every
+    instance runs on the same ones, each with its own NCCL communicator and custom all-reduce buffers, and the
+    backend runs the instances at once. Two instances' all-reduce kernels spin on the same GPUs waiting for
+    their peers, in whichever order each GPU took them, and can wait on each other for ever (the OpenAI and
+    text paths hung at 64 clients with --tp 4 --instances 2). One-GPU instances have no collective to wait on."""
+    if instances > 1 and tp * pp > 1:
+        raise ConfigError(
+            f"--instances {instances} with tp x pp = {tp} x {pp}: every instance would run on the same "
+            f"{tp * pp} GPUs with its own NCCL communicator and all-reduce buffers, and two instances' "
+            "all-reduces on one GPU can wait on each other for ever (the server hung under load)",
+            hint="use --instances 1 (its dynamic batcher batches every request), or --tp 1 --instances N "
+            "for a model that fits one GPU",
+        )
 
 
 def check_hosts_resolve(layout: NodeLayout) -> None:

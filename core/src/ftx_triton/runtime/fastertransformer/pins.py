@@ -85,32 +85,21 @@ COMPONENTS: tuple[Component, ...] = (
         used=("CMakeLists.txt", "cmake/", "src/"),
         tree_sha256="20958bab7a60fcea160bcd8edb4fa9c908252299439064287f9f30661830a7bc",
     ),
-    Component(
-        "triton-common",
-        "triton-inference-server/common",
-        TRITON_TAG,
-        "triton/common",
-        used=("CMakeLists.txt", "cmake/", "include/", "src/", "protobuf/"),
-        tree_sha256="ef7744e1234632c2a0f49b993c3cb501d115ff2d4da3235f81a8d4686592a111",
-        tag=True,
-    ),
-    Component(
-        "triton-core",
-        "triton-inference-server/core",
-        TRITON_TAG,
-        "triton/core",
-        used=("CMakeLists.txt", "cmake/", "include/", "src/"),
-        tree_sha256="59900103f1a699054ea38f7f252fe64ddd58aba52c128579f26ea59bb0d5c652",
-        tag=True,
-    ),
-    Component(
-        "triton-backend",
-        "triton-inference-server/backend",
-        TRITON_TAG,
-        "triton/backend",
-        used=("CMakeLists.txt", "cmake/", "include/", "src/"),
-        tree_sha256="858cff719b4691e15aac9129242b765e3f1c73f67fbf3cb1c25b44d9348d8d17",
-        tag=True,
+    *(
+        Component(
+            f"triton-{part}",
+            f"triton-inference-server/{part}",
+            TRITON_TAG,
+            f"triton/{part}",
+            used=("CMakeLists.txt", "cmake/", "include/", "src/", *extra),
+            tree_sha256=digest,
+            tag=True,
+        )
+        for part, extra, digest in (
+            ("common", ("protobuf/",), "ef7744e1234632c2a0f49b993c3cb501d115ff2d4da3235f81a8d4686592a111"),
+            ("core", (), "59900103f1a699054ea38f7f252fe64ddd58aba52c128579f26ea59bb0d5c652"),
+            ("backend", (), "858cff719b4691e15aac9129242b765e3f1c73f67fbf3cb1c25b44d9348d8d17"),
+        )
     ),
     Component(
         "rapidjson",

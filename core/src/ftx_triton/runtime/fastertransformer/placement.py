@@ -129,9 +129,11 @@ def plan_placement(
                 why += f"; tp {t} x pp {p} would need {human(need_per_gpu(footprint, t, p, batch, seq_len))}"
             if instances is not None:
                 why += f"; --instances {instances} as given"
-            elif len(gpu_memory) // world > 1:
-                why += f"; {len(gpu_memory) // world} instances fill the {len(gpu_memory)} GPUs"
-            return Placement(tp, stages, instances or len(gpu_memory) // world, need, usable, len(gpu_memory), why)
+            elif world == 1 and len(gpu_memory) > 1:
+                why += f"; {len(gpu_memory)} instances fill the {len(gpu_memory)} GPUs"
+            # one instance of a multi-GPU model: instances of one would share its GPUs (check_instances_share_gpus)
+            filled = len(gpu_memory) if world == 1 else 1
+            return Placement(tp, stages, instances or filled, need, usable, len(gpu_memory), why)
     widest = max(candidates, key=lambda c: (c[0] * c[1], c[0]), default=(1, pp or 1))
     need = need_per_gpu(footprint, *widest, batch, seq_len)
     kept = " ".join(f"--{name} {value}" for name, value in (("pp", pp), ("instances", instances)) if value is not None)

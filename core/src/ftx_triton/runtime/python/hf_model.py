@@ -21,7 +21,7 @@ import structlog
 from ftx_triton.conversion.convert import invert_checkpoint
 from ftx_triton.conversion.family import Family
 from ftx_triton.errors import CheckpointError, ConfigError
-from ftx_triton.io.ftformat import read_ini
+from ftx_triton.formats.ftformat import read_ini
 
 log = structlog.get_logger(__name__)
 
@@ -157,7 +157,7 @@ def load_model(
     state = model.state_dict(keep_vars=True)
     tensors: dict[str, Any] = {}
     rename = _renamer(cls, config)
-    for original, array in invert_checkpoint(family, ft_dir):
+    for original, array in invert_checkpoint(family, ft_dir, as_stored=True):
         name = rename(original)
         if name not in state:
             raise CheckpointError(
@@ -169,7 +169,7 @@ def load_model(
                 f"{ft_dir}: {name} has shape {tuple(array.shape)}, {cls.__name__} expects {tuple(param.shape)}",
                 hint="the config.ini does not match the .bin files; re-run the conversion",
             )
-        tensors[name] = torch.from_numpy(array).to(param.dtype)  # no copy when the dtype is already right
+        tensors[name] = as_torch(array).to(param.dtype)  # no copy (the mapped file) when the dtype is right
     model.load_state_dict(tensors, strict=False, assign=True)
     loaded = set(tensors)
     head = model.get_output_embeddings()
@@ -193,6 +193,17 @@ def load_model(
         attention=getattr(config, "_attn_implementation", None),
     )
     return LoadedModel(model, config, target, dtype, ini, seconds, imports_s)
+
+
+def as_torch(array: Any) -> Any:
+    """``array`` as a torch tensor sharing its memory (a strided view stays one); bfloat16 (ml_dtypes,
+    which torch does not know) through its bits."""
+    import numpy as np
+    import torch
+
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
 
 
 def _untie_head(model: Any) -> None:

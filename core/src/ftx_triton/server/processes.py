@@ -145,7 +145,7 @@ def served_models(home: Path, servers: list[ServerRecord] | None = None) -> list
     server (the tritonservers under one supervisor) are one entry, their memory summed."""
     import psutil
 
-    from ftx_triton.openai_api.records import read_records
+    from ftx_triton.server.front_records import read_records
     from ftx_triton.server.records import list_servers
 
     records = {r.pid: r for r in (list_servers(home) if servers is None else servers) if r.alive}

@@ -15,8 +15,8 @@ from types import TracebackType
 
 import numpy as np
 
-from ftx_triton.io.fastcopy import contiguous
-from ftx_triton.io.ftformat import write_tensor
+from ftx_triton.formats.fastcopy import contiguous
+from ftx_triton.formats.ftformat import write_tensor
 
 
 class BackgroundWriter:

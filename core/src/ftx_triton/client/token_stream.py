@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from ftx_triton.client.text_client import MODEL_FAULT
 from ftx_triton.errors import ServeError
 from ftx_triton.repository.io import GENERATE_INPUTS, PROMPT_TO_FT
-from ftx_triton.server.text_client import MODEL_FAULT
 
 FT_MODEL = "fastertransformer"
 PREPROCESSING_DIR = Path("preprocessing") / "1"

@@ -291,6 +291,10 @@ class HttpTriton:
     def get_json(self, path: str) -> Any:
         return self._json(path, None, dict)
 
+    def post_json(self, path: str, body: Mapping[str, Any]) -> Any:
+        """POST ``body`` to ``path`` (``/v2/models/M/infer``, ``…/generate``); the JSON object it answers."""
+        return self._json(path, body, dict)
+
     # the two calls text_interface() makes, shaped like tritonclient's as_json answers
     def get_model_metadata(self, model: str, as_json: bool = True) -> Mapping[str, Any]:
         return self.get_json(f"/v2/models/{quote(model, safe='')}")
@@ -338,23 +342,30 @@ class HttpTriton:
         """``/generate_stream``: each server-sent event as an :class:`Answer` as it arrives."""
         with self._open(f"/v2/models/{quote(iface.model, safe='')}/generate_stream", iface.payload(values)) as response:
             for raw in response:
-                line = raw.decode("utf-8", "replace").strip()
-                if not line.startswith("data:"):
+                data = sse_data(raw)
+                if data is None:
                     continue
                 try:
-                    event = json.loads(line[len("data:") :])
+                    event = json.loads(data)
                 except ValueError:
                     event = None
                 if not isinstance(event, dict):
                     raise ServeError(
                         f"the server at {self.base} is not Triton's HTTP endpoint: its stream sent "
-                        f"{line[:60]!r}, not a JSON event",
+                        f"data: {data[:60]!r}, not a JSON event",
                         hint="pass the HTTP address `ftx run` printed with --url http://HOST:PORT",
                     )
                 if "error" in event:
                     message = str(event["error"])
                     raise HttpError(500 if MODEL_FAULT.search(message) else 400, message)
                 yield Answer.of(event, iface.output)
+
+
+def sse_data(raw: bytes | str) -> str | None:
+    """The payload of one line of a server-sent event stream (``data: …``, stripped); None for any other line
+    (blank separators, ``: comment`` lines)."""
+    line = (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw).strip()
+    return line[len("data:") :].strip() if line.startswith("data:") else None
 
 
 class PieceJoiner:

@@ -7,7 +7,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from ftx_triton.io.ftformat import non_finite_count, non_finite_files, write_tensor
+from ftx_triton.formats.ftformat import non_finite_count, non_finite_files, write_tensor
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
@@ -21,3 +21,16 @@ def test_the_files_holding_them_are_named(tmp_path: Path) -> None:
     write_tensor(tmp_path / "a.bin", np.array([1.0, np.nan], dtype=ml_dtypes.bfloat16))
     write_tensor(tmp_path / "b.bin", np.ones(4, dtype=ml_dtypes.bfloat16))
     assert non_finite_files(tmp_path, np.dtype(ml_dtypes.bfloat16)) == {"a.bin": 1}
+
+
+def test_a_mapped_tensor_is_the_files_pages_and_writes_stay_private(tmp_path: Path) -> None:
+    """``mmap=True`` maps the file copy-on-write: the same values as a read, no copy, the file unchanged."""
+    from ftx_triton.formats.ftformat import read_tensor
+
+    values = np.arange(12, dtype=np.float16).reshape(3, 4)
+    write_tensor(tmp_path / "w.bin", values)
+    mapped = read_tensor(tmp_path / "w.bin", np.dtype(np.float16), (3, 4), mmap=True)
+    assert isinstance(mapped, np.memmap)
+    assert np.array_equal(mapped, read_tensor(tmp_path / "w.bin", np.dtype(np.float16), (3, 4)))
+    mapped[0, 0] = 99
+    assert np.array_equal(np.fromfile(tmp_path / "w.bin", dtype=np.float16).reshape(3, 4), values)

@@ -1,4 +1,5 @@
-"""Records of OpenAI endpoints left running with ``ftx run --detach`` (``<home>/openai/<name>.json``).
+"""Records of OpenAI endpoints, the fronts ftx starts beside a tritonserver, left running with ``ftx run --detach``
+(``<home>/openai/<name>.json``).
 
 Records are ftx's own files (trusted, as the server records are): one that cannot be read back
 (:func:`read_record`) is damaged — reported, never acted upon, and removed by ``ftx stop NAME`` or

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ftx_triton.io.fastcopy import contiguous
-from ftx_triton.io.writer import BackgroundWriter
+from ftx_triton.formats.fastcopy import contiguous
+from ftx_triton.formats.writer import BackgroundWriter
 
 
 @pytest.mark.parametrize("split", [None, 0, 1, -1])
