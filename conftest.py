@@ -60,9 +60,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
 @pytest.fixture(autouse=True)
 def _fresh_logging():
-    """Each test starts from structlog's defaults (a CLI run in an earlier test configures it)."""
+    """Each test starts from structlog's defaults and human (not JSON) output: a CLI run in an earlier test
+    configures both, and under xdist the earlier test on a worker is not the one a serial run has."""
     import structlog
+    from ftx_triton.terminal.console import set_json
 
+    set_json(False)
     structlog.reset_defaults()
     structlog.contextvars.clear_contextvars()
     yield
