@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -220,6 +221,31 @@ def test_local_gpus_from_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         (1, "NVIDIA H100 80GB HBM3", 90, 81559),
     ]
     assert "--query-gpu=index,name,compute_cap,uuid,memory.total" in (tmp_path / "args").read_text()
+
+
+def test_no_driver_no_nvidia_smi_does_not_ask_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without nvidia-smi and without an NVIDIA driver, the GPU list is empty and torch (seconds to import)
+    is not asked: a stand-in module in ``sys.modules`` records any use."""
+    used: list[str] = []
+
+    class Spy:
+        def __getattr__(self, name: str) -> object:
+            used.append(name)
+            raise AttributeError(name)
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    monkeypatch.setattr(gpus_mod, "DRIVER_PATHS", (str(tmp_path / "no-driver"),))
+    monkeypatch.setitem(sys.modules, "torch", Spy())
+    gpus_mod.local_gpus.cache_clear()
+    try:
+        assert gpus_mod.local_gpus() == ()
+        assert used == []
+        monkeypatch.setattr(gpus_mod, "DRIVER_PATHS", (str(tmp_path),))  # a driver shows: torch is asked
+        gpus_mod.local_gpus.cache_clear()
+        assert gpus_mod.local_gpus() == ()
+        assert "cuda" in used
+    finally:
+        gpus_mod.local_gpus.cache_clear()
 
 
 # --------------------------------------------------------------------------- container spec

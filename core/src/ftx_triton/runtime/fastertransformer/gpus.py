@@ -7,6 +7,7 @@ key, and checking that ``--tp x --pp`` GPUs exist before a container is started.
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import subprocess
 from collections.abc import Iterable, Sequence
@@ -67,7 +68,19 @@ def _capability(text: str) -> tuple[int, int] | None:
         return None
 
 
+DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/nvidia0")
+"""Where a loaded NVIDIA kernel driver shows itself (in a container too, when a GPU is passed in)."""
+
+
+def nvidia_driver_present() -> bool:
+    """Does this machine show an NVIDIA driver? Checked before asking torch, whose import alone takes
+    seconds (a plan on a machine without GPUs would otherwise pay it on every run)."""
+    return any(os.path.exists(path) for path in DRIVER_PATHS)
+
+
 def _from_torch() -> list[Gpu]:
+    if not nvidia_driver_present():
+        return []
     try:
         import torch
     except ImportError:
