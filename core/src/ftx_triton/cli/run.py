@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,9 +38,15 @@ def settings_from_options(model: str, **opts: Any) -> RunSettings:
     return RunSettings.of(model, **opts)
 
 
-def run_pipeline(settings: RunSettings, lock: Path | None = None, *, allow_drift: bool = True) -> RunResult:
+def run_pipeline(
+    settings: RunSettings,
+    lock: Path | None = None,
+    *,
+    allow_drift: bool = True,
+    before_serve: Callable[[], None] | None = None,
+) -> RunResult:
     """Check the deployment's pins (its stack: refused on drift unless ``allow_drift``, which only warns), then
-    run the pipeline over the user's FTX_HOME."""
+    run the pipeline over the user's FTX_HOME (``before_serve``: called as the serve stage begins)."""
     from ftx_triton.cli.manifest import check_requirements, check_stack, find_manifest
     from ftx_triton.engine.pipeline import Pipeline
     from ftx_triton.store.housekeeping import rotate_logs
@@ -50,7 +57,10 @@ def run_pipeline(settings: RunSettings, lock: Path | None = None, *, allow_drift
         check_stack(manifest, get_host().runtimes.values(), allow_drift=allow_drift)
     rotate_logs(ftx_home())  # server logs do not pile up: the newest ones are kept
     # a dry run's plan is its result: stdout (`ftx run … --dry-run > plan.txt`); warnings and errors stay on stderr
-    return Pipeline(get_host(), command_store(), settings, say=click.echo if settings.dry_run else say).run()
+    pipeline = Pipeline(get_host(), command_store(), settings, say=click.echo if settings.dry_run else say)
+    if before_serve is not None:
+        pipeline.before_serve = before_serve
+    return pipeline.run()
 
 
 def command_kit() -> CommandKit:
@@ -279,23 +289,40 @@ def run(
         _refuse_taken_name(settings.serve.name)
     one_shot = prompt is not None and not settings.serve.detach and not settings.dry_run
     quiet = one_shot and not click.get_current_context().find_root().meta.get("verbose")
-    with _held_back(quiet):
-        result = run_pipeline(settings, lock_file, allow_drift=allow_drift)
-    if quiet and result.endpoint is not None:
-        say(_summary(settings, result))
-    if settings.dry_run:
-        return
-    if result.repository and result.endpoint is None:
-        click.echo(str(result.repository.path))
-    elif result.checkpoint and settings.until in ("convert", "tune"):
-        click.echo(str(result.checkpoint.path))
-    elif result.source and settings.until == "fetch":
-        click.echo(str(result.source.path))
-    if result.deployment is not None:
-        from ftx_triton.cli.serving import after_serve
-
+    with _warm_front(settings, prompt) as warm:
         with _held_back(quiet):
-            after_serve(result.deployment, prompt=prompt, max_tokens=max_tokens)
+            result = run_pipeline(
+                settings, lock_file, allow_drift=allow_drift, before_serve=warm.start if warm is not None else None
+            )
+        if quiet and result.endpoint is not None:
+            say(_summary(settings, result))
+        if settings.dry_run:
+            return
+        if result.repository and result.endpoint is None:
+            click.echo(str(result.repository.path))
+        elif result.checkpoint and settings.until in ("convert", "tune"):
+            click.echo(str(result.checkpoint.path))
+        elif result.source and settings.until == "fetch":
+            click.echo(str(result.source.path))
+        if result.deployment is not None:
+            from ftx_triton.cli.serving import after_serve
+
+            result.deployment.warm_front = warm
+            with _held_back(quiet):
+                after_serve(result.deployment, prompt=prompt, max_tokens=max_tokens)
+
+
+def _warm_front(settings: RunSettings, prompt: str | None) -> contextlib.AbstractContextManager[Any]:
+    """The OpenAI front's process when the run will start one, started as the serve stage begins: its imports
+    (about a second) overlap the model's load, and it binds its port only once it is handed the ready server's
+    address."""
+    if not settings.serve.openai or settings.dry_run or settings.until != "serve":
+        return contextlib.nullcontext()
+    if prompt is not None and not settings.serve.detach:
+        return contextlib.nullcontext()
+    from ftx_triton.openai_api.launch import WarmFront
+
+    return WarmFront(detach=settings.serve.detach)
 
 
 def _held_back(quiet: bool) -> contextlib.AbstractContextManager[object]:

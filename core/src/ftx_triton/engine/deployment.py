@@ -26,7 +26,7 @@ from ftx_triton.plan.settings import RunSettings
 from ftx_triton.runtime.api import Runtime
 
 if TYPE_CHECKING:
-    from ftx_triton.openai_api.launch import OpenAIEndpoint
+    from ftx_triton.openai_api.launch import OpenAIEndpoint, WarmFront
 
 
 def openai_model_id(model: str) -> str:
@@ -73,6 +73,8 @@ class Deployment:
     settings: RunSettings
     home: Path
     openai: OpenAIEndpoint | None = None
+    warm_front: WarmFront | None = None
+    """The front's process started ahead (``ftx run`` starts it while the model loads); else a fresh one."""
     detached_name: str | None = field(default=None, init=False)
     """Set once :meth:`detach` left it running (then ``ftx ps``/``ftx stop`` or its runtime own it)."""
 
@@ -196,6 +198,7 @@ class Deployment:
             detach=detach,
             watch_pid=self.server.pid,
             triton_grpc=self.endpoint.grpc_url,
+            warm=self.warm_front,
         )
 
     def detach(self) -> str:

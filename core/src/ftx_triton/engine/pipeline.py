@@ -78,6 +78,8 @@ class Pipeline:
         """What the user asked for; the resolved values are the plan's (``Plan.settings``)."""
         self.say = say or (lambda text: None)
         self.stages = Stages(host, store, say=self.say)
+        self.before_serve: Callable[[], None] = lambda: None
+        """Called as the serve stage begins (``ftx run`` starts the OpenAI front's process then)."""
         self._estimate: Estimate | None = None  # the plan's, for the disk checks of the builds
         self._license_shown: str | None = None
 
@@ -137,6 +139,7 @@ class Pipeline:
             return result
         repository = result.repository = self.stages.configure(family, spec, source, checkpoint, gemm, runtime, ctx)
         if self._wanted("serve"):
+            self.before_serve()
             endpoint = result.endpoint = self.stages.serve(repository, gemm, runtime, ctx)
             result.deployment = Deployment(endpoint, runtime, repository, plan.settings, self.store.home)
         return result

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -10,6 +13,11 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> None:
+    from ftx_triton.openai_api.launch import WARM_FLAG
+
+    if (sys.argv[1:] if argv is None else argv) == [WARM_FLAG]:
+        warm()
+        return
     parser = argparse.ArgumentParser(prog="python -m ftx_triton.openai_api", description=__doc__)
     parser.add_argument("--triton", required=True, help="Triton's HTTP address, http://HOST:PORT")
     parser.add_argument("--model-id", required=True, help="The model name clients send (and /v1/models lists)")
@@ -39,6 +47,29 @@ def main(argv: list[str] | None = None) -> None:
     if args.watch_pid:
         watch(args.watch_pid, front.stop)
     front.run()
+
+
+def warm() -> None:
+    """Started ahead by ``ftx run``: do the imports now, then wait for one JSON line on stdin, ``{"argv": [...],
+    "log": PATH}``, send the output to that log and run; end quietly if stdin closes first (the run needs no
+    endpoint after all)."""
+    import psutil  # noqa: F401 - imported ahead like the rest
+
+    import ftx_triton.front.server
+    import ftx_triton.openai_api.app
+    import ftx_triton.server.home_watch  # noqa: F401
+
+    line = sys.stdin.readline()
+    if not line.strip():
+        return
+    message = json.loads(line)
+    log = os.open(message["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    for target, fd in ((0, null), (1, log), (2, log)):
+        os.dup2(fd, target)
+    os.close(log)
+    os.close(null)
+    main([str(arg) for arg in message["argv"]])
 
 
 WATCH_INTERVAL_S = 0.5

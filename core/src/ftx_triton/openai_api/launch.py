@@ -4,12 +4,16 @@ A foreground ``ftx run`` starts it so that it dies with ftx (Linux parent-death 
 detached run starts it in its own session and records it (:mod:`.records`) for ``ftx ps`` and
 ``ftx stop``. Its port is ``--openai-port``, or the first free one from :data:`DEFAULT_PORT` up
 (said in the endpoint block ``ftx run`` prints).
+
+``ftx run`` starts the process early (:class:`WarmFront`): it does its imports while the model loads and
+waits for its arguments, which it gets only once the server is ready; it binds no port before then.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import signal
 import subprocess
 import sys
@@ -73,6 +77,81 @@ class OpenAIEndpoint:
                 self.process.wait(timeout=5)
 
 
+WARM_FLAG = "--wait-for-arguments"
+"""``python -m ftx_triton.openai_api --wait-for-arguments``: import, then read the arguments (one JSON line)."""
+
+
+class WarmFront:
+    """An endpoint process started ahead of the server, its imports done, waiting on stdin for its arguments.
+
+    Nothing runs before :meth:`start`. :func:`start_openai` hands the arguments over (:meth:`take`) and waits
+    for it to answer as for a fresh process; a warm process that is gone by then is replaced by a fresh one.
+    Unused, it ends when its stdin closes (:meth:`close`, or this process ending in any way), having bound no
+    port and written nothing.
+    """
+
+    def __init__(self, *, detach: bool) -> None:
+        self.detach = detach
+        self.process: subprocess.Popen | None = None
+        self._started = False
+
+    def start(self) -> None:
+        """Start the process (once; ``ftx run`` does when the server starts, so that the imports overlap
+        the model's load rather than the planning)."""
+        if self._started:
+            return
+        self._started = True
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "ftx_triton.openai_api", WARM_FLAG],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=self.detach,
+            preexec_fn=None if self.detach else _die_with_parent,
+        )  # noqa: PLW1509
+
+    def take(self, argv: list[str], log_path: Path, *, detach: bool) -> subprocess.Popen | None:
+        """The process, given ``argv`` and its log; None when it cannot serve this call (it ended, or it was
+        started for the other of foreground and detached), and then it is closed."""
+        process, self.process = self.process, None
+        if process is None:
+            return None
+        message = json.dumps({"argv": argv, "log": str(log_path)}) + "\n"
+        try:
+            if detach != self.detach or process.poll() is not None or process.stdin is None:
+                raise BrokenPipeError
+            process.stdin.write(message.encode())
+            process.stdin.close()
+        except OSError:
+            _close(process)
+            return None
+        return process
+
+    def close(self) -> None:
+        """End the process unless :meth:`take` handed it over."""
+        process, self.process = self.process, None
+        if process is not None:
+            _close(process)
+
+    def __enter__(self) -> WarmFront:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _close(process: subprocess.Popen) -> None:
+    """End a warm process that got no arguments: its stdin closes, so it exits; killed if it does not."""
+    with contextlib.suppress(OSError):
+        if process.stdin is not None:
+            process.stdin.close()
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=5)
+
+
 def start_openai(
     triton_http: str,
     repository: Path,
@@ -84,17 +163,16 @@ def start_openai(
     detach: bool = False,
     watch_pid: int | None = None,
     triton_grpc: str | None = None,
+    warm: WarmFront | None = None,
 ) -> OpenAIEndpoint:
     """Start the endpoint for ``repository`` served at ``triton_http``; return once it answers. With ``watch_pid``
-    (the server's supervisor) it ends when that process ends, detached or not."""
+    (the server's supervisor) it ends when that process ends, detached or not. ``warm``: a process started
+    ahead, used when it can be (else a fresh one is started)."""
     chosen = choose_port(host, port)
     log_dir = Path(home) / "openai" / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{model_id.replace('/', '-')}-{chosen}.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "ftx_triton.openai_api",
+    argv = [
         "--triton",
         triton_http,
         "--model-id",
@@ -110,19 +188,22 @@ def start_openai(
         str(Path(home).resolve()),
     ]
     if triton_grpc:  # a streaming model's ids are read straight from its gRPC stream (no Python model per token)
-        cmd += ["--triton-grpc", triton_grpc]
-    with log_path.open("ab") as log:
-        process = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=detach,
-            preexec_fn=None if detach else _die_with_parent,
-        )  # noqa: PLW1509
+        argv += ["--triton-grpc", triton_grpc]
+    process = warm.take(argv, log_path, detach=detach) if warm is not None else None
+    if process is None:
+        with log_path.open("ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "ftx_triton.openai_api", *argv],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=detach,
+                preexec_fn=None if detach else _die_with_parent,
+            )  # noqa: PLW1509
     endpoint = OpenAIEndpoint(process, host, chosen, log_path)
     deadline = time.monotonic() + READY_TIMEOUT_S
     health = endpoint.url.removesuffix("/v1") + "/health"
+    pause = 0.01  # a warm process answers within tens of milliseconds; a fresh one takes about a second
     while time.monotonic() < deadline:
         if process.poll() is not None:
             tail = log_path.read_text(errors="replace")[-2000:]
@@ -132,7 +213,8 @@ def start_openai(
             )
         if _answers(health):
             return endpoint
-        time.sleep(0.1)
+        time.sleep(pause)
+        pause = min(0.1, pause * 2)
     endpoint.stop()
     raise ServeError(f"the OpenAI endpoint did not answer within {READY_TIMEOUT_S:g} s", hint=f"see {log_path}")
 

@@ -1,0 +1,88 @@
+"""The OpenAI front's process started ahead (``ftx run`` starts it as the serve stage begins): it binds nothing
+and writes nothing until it is handed its arguments, then serves like a fresh one; unused, dead or started for
+the other mode (foreground / detached), it is ended and a fresh one serves. No tritonserver is needed: the
+endpoint answers ``/health`` (503) with Triton unreachable."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from ftx_triton.openai_api.launch import WarmFront, start_openai
+from ftx_triton.server.ports import free_ports, port_free
+
+
+def _deployment(tmp_path: Path) -> tuple[Path, Path, str]:
+    (tmp_path / "deployment" / "preprocessing" / "1").mkdir(parents=True)
+    unreachable = f"http://127.0.0.1:{free_ports('127.0.0.1').http}"
+    return tmp_path / "deployment", tmp_path / "home", unreachable
+
+
+def _health(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url.removesuffix("/v1") + "/health", timeout=5) as reply:
+            return reply.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_a_warm_front_binds_nothing_until_handed_its_arguments_then_serves(tmp_path: Path) -> None:
+    deployment, home, triton = _deployment(tmp_path)
+    port = free_ports("127.0.0.1").http
+    warm = WarmFront(detach=False)
+    warm.start()
+    assert warm.process is not None
+    pid = warm.process.pid
+    time.sleep(1.5)  # its imports are done by now
+    assert warm.process.poll() is None and port_free("127.0.0.1", port)
+    assert not (home / "openai").exists()
+    endpoint = start_openai(triton, deployment, "warm-model", home=home, port=port, warm=warm)
+    try:
+        assert endpoint.process.pid == pid  # the warm process serves
+        assert _health(endpoint.url) == 503  # up; Triton is not
+        with urllib.request.urlopen(endpoint.url + "/models", timeout=5) as reply:
+            assert [m["id"] for m in json.load(reply)["data"]] == ["warm-model"]
+        assert endpoint.log_path.is_file()
+    finally:
+        endpoint.stop()
+    warm.close()  # taken: closing it again ends nothing
+    assert endpoint.process.poll() is not None
+
+
+def test_an_unused_warm_front_ends_without_a_trace(tmp_path: Path) -> None:
+    warm = WarmFront(detach=True)
+    warm.close()  # never started: nothing to end
+    assert warm.process is None
+    warm.start()
+    process = warm.process
+    assert process is not None
+    warm.close()
+    assert process.returncode == 0
+    assert warm.take(["--help"], tmp_path / "log", detach=True) is None  # closed: nothing to hand over
+
+
+def test_a_warm_front_that_died_or_was_started_for_the_other_mode_is_replaced(tmp_path: Path) -> None:
+    deployment, home, triton = _deployment(tmp_path)
+    foreground = WarmFront(detach=False)
+    foreground.start()
+    assert foreground.process is not None
+    warm_process = foreground.process
+    endpoint = start_openai(triton, deployment, "m", home=home, detach=True, warm=foreground)
+    try:
+        assert endpoint.process.pid != warm_process.pid and _health(endpoint.url) == 503
+        assert warm_process.poll() is not None  # the unusable warm process was ended
+    finally:
+        endpoint.stop()
+    dead = WarmFront(detach=False)
+    dead.start()
+    assert dead.process is not None
+    dead.process.kill()
+    dead.process.wait()
+    endpoint = start_openai(triton, deployment, "m", home=home, warm=dead)
+    try:
+        assert _health(endpoint.url) == 503
+    finally:
+        endpoint.stop()
