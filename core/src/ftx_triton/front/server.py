@@ -24,32 +24,15 @@ import asyncio
 import json
 import socket
 import threading
-from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
 
-MAX_BODY_BYTES = 64 * 1024 * 1024
-"""Default body limit (tritonserver's later releases default --http-max-input-size to the same)."""
+from ftx_triton.front.limits import Limits
+
 ENCODINGS = frozenset({"gzip", "deflate", "identity", ""})
 """Content-Encodings a request body may have (aiohttp decodes gzip and deflate)."""
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one client may hold of a front."""
-
-    max_body_bytes: int = MAX_BODY_BYTES
-    header_timeout_s: float = 30.0
-    body_timeout_s: float = 300.0
-    idle_timeout_s: float = 120.0
-    max_connections: int = 512
-
-    @classmethod
-    def from_spec(cls, spec: dict[str, Any]) -> Limits:
-        """The limits named in ``spec`` (others default); keys are the field names."""
-        return cls(**{k: type(getattr(cls, k))(v) for k, v in spec.items() if k in cls.__dataclass_fields__ and v})
 
 
 class Refused(Exception):

@@ -21,7 +21,7 @@ of its own. It
 
 Every line it writes starts with ``ftx-supervisor:`` and goes to the server's log. SPEC is JSON:
 ``command``, ``shm_prefix``, ``exit_timeout_s``, optional ``front`` (``host``, ``port``,
-``upstream_port``, ``max_json_depth`` and the fields of :class:`ftx_triton.front.server.Limits`), optional
+``upstream_port``, ``max_json_depth`` and the fields of :class:`ftx_triton.front.limits.Limits`), optional
 ``grpc_front`` (``host``, ``port``, ``upstream_port``, ``max_message_bytes``), optional ``home`` (the
 directory whose removal stops the server).
 """
@@ -40,11 +40,14 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from ftx_triton.server.home_watch import HomeWatch
+
+if TYPE_CHECKING:
+    from ftx_triton.front.limits import Limits
 
 PREFIX = "ftx-supervisor:"
 STUB_NAME = "triton_python_backend_stub"
@@ -173,25 +176,49 @@ class Supervisor:
         _prctl(_PR_SET_CHILD_SUBREAPER, 1)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda signum, frame: self.stop_requested.set())
-        if self.spec.get("front"):
-            if not self._start_front():
-                return FRONT_FAILED
-        elif make_room_for_bodies(DEFAULT_BODY_BYTES) < DEFAULT_BODY_BYTES:
-            say("the stack limit (ulimit -s) is below what tritonserver needs for 64 MiB request bodies")
-        if self.spec.get("grpc_front") and not self._start_grpc_front():
-            if self.front is not None:
-                self.front.stop()
+        limits = self._size_stack()
+        # With an HTTP front, tritonserver starts first: the fronts' imports (aiohttp, grpc: about half a second)
+        # overlap its start. ftx sees the server ready only through that front, which listens last, once the
+        # gRPC front does; a front that cannot bind its port ends tritonserver again at once. Without it, ftx
+        # asks tritonserver itself, so a gRPC front must listen before tritonserver starts.
+        grpc_first = limits is None and self.spec.get("grpc_front")
+        if grpc_first and not self._start_grpc_front():
             return FRONT_FAILED
         self.triton = subprocess.Popen(self.spec["command"], stdin=subprocess.DEVNULL, preexec_fn=_die_with_supervisor)  # noqa: PLW1509 - prctl/getppid/kill only
         say(f"tritonserver started (pid {self.triton.pid})")
         try:
+            if limits is not None and not (
+                (not self.spec.get("grpc_front") or self._start_grpc_front()) and self._start_front(limits)
+            ):
+                self.triton.kill()  # it serves nothing yet: no graceful stop to wait for
+                self.triton.wait()
+                return FRONT_FAILED
             self._watch()
         finally:
             self._shutdown()
         return self.exit_code
 
-    def _start_front(self) -> bool:
-        from ftx_triton.front.server import Front, Limits
+    def _size_stack(self) -> Limits | None:
+        """Raise the stack limit tritonserver will inherit to what the HTTP front's body limit needs (lowering
+        that limit to what the hard stack limit allows); the front's limits, None without a front."""
+        from ftx_triton.front.limits import Limits
+
+        if not self.spec.get("front"):
+            if make_room_for_bodies(DEFAULT_BODY_BYTES) < DEFAULT_BODY_BYTES:
+                say("the stack limit (ulimit -s) is below what tritonserver needs for 64 MiB request bodies")
+            return None
+        limits = Limits.from_spec(self.spec["front"])
+        fits = make_room_for_bodies(limits.max_body_bytes)
+        if fits < limits.max_body_bytes:
+            say(
+                f"the hard stack limit (ulimit -Hs) leaves tritonserver room for bodies up to {fits} bytes, "
+                f"not {limits.max_body_bytes}: the front accepts at most {fits}"
+            )
+            limits = dataclasses.replace(limits, max_body_bytes=fits)
+        return limits
+
+    def _start_front(self, limits: Limits) -> bool:
+        from ftx_triton.front.server import Front
         from ftx_triton.front.shield import MAX_JSON_DEPTH, Shield
 
         front = self.spec["front"]
@@ -201,14 +228,6 @@ class Supervisor:
             max_json_depth=front.get("max_json_depth") or MAX_JSON_DEPTH,
             on_refused=lambda line: say(f"HTTP front refused {line}"),
         )
-        limits = Limits.from_spec(front)
-        fits = make_room_for_bodies(limits.max_body_bytes)
-        if fits < limits.max_body_bytes:
-            say(
-                f"the hard stack limit (ulimit -Hs) leaves tritonserver room for bodies up to {fits} bytes, "
-                f"not {limits.max_body_bytes}: the front accepts at most {fits}"
-            )
-            limits = dataclasses.replace(limits, max_body_bytes=fits)
         try:
             self.front = Front(shield.app(), host, port, limits)
         except OSError as exc:

@@ -171,7 +171,7 @@ class TritonServer:
     ``die_with_parent`` makes the server get SIGTERM if this process dies; such a server cannot
     be detached, so pass ``die_with_parent=False`` for servers meant to outlive ftx.
     ``http_front`` puts :mod:`ftx_triton.front.shield` on the HTTP port (bodies up to ``max_body_bytes``, other
-    :class:`ftx_triton.front.server.Limits` fields in ``front_limits``);
+    :class:`ftx_triton.front.limits.Limits` fields in ``front_limits``);
     ``grpc_front`` puts :mod:`ftx_triton.front.grpc_front` on the gRPC port (messages up to ``max_body_bytes``,
     decompressed);
     ``stub_start_timeout_s``: how long a Python model may load without a stub process of its own.
