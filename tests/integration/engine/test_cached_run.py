@@ -1,4 +1,4 @@
-"""A cached run: planning imports neither torch nor transformers, and ``-v`` names each step's seconds."""
+"""A cached run: planning imports neither torch, transformers nor huggingface_hub, and ``-v`` names each step's seconds."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ try:
     main()
 except SystemExit as exc:
     code = exc.code
-print("HEAVY=" + ",".join(m for m in ("torch", "transformers") if m in sys.modules), "CODE=%s" % code)
+print("HEAVY=" + ",".join(m for m in ("torch", "transformers", "huggingface_hub") if m in sys.modules), "CODE=%s" % code)
 """
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import structlog
@@ -17,18 +18,38 @@ log = structlog.get_logger(__name__)
 BUILTIN = "builtin:"
 
 
-def preset_refs(host: PluginHost) -> dict[str, SourceRef]:
-    """Every preset of every family as a SourceRef (built-in models are built on first use)."""
-    from ftx_triton.fetching.refs import parse_ref
+class PresetRefs(Mapping[str, SourceRef]):
+    """Every preset of every family as a SourceRef, each parsed when it is first looked up (built-in models are
+    built on first use): a run names one preset, and checking a Hugging Face name loads huggingface_hub."""
 
-    refs = {}
-    for name, (_family, preset) in host.presets().items():
-        if preset.source.startswith(BUILTIN):
-            refs[name] = SourceRef("builtin", preset.source, preset=name)
-            continue
-        base = parse_ref(preset.source, revision=preset.revision)
-        refs[name] = SourceRef(base.kind, base.uri, preset.revision or base.revision, preset.sha256, preset=name)
-    return refs
+    def __init__(self, host: PluginHost) -> None:
+        self._presets = host.presets()
+        self._parsed: dict[str, SourceRef] = {}
+
+    def __getitem__(self, name: str) -> SourceRef:
+        if name not in self._parsed:
+            from ftx_triton.fetching.refs import parse_ref
+
+            _family, preset = self._presets[name]
+            if preset.source.startswith(BUILTIN):
+                self._parsed[name] = SourceRef("builtin", preset.source, preset=name)
+            else:
+                base = parse_ref(preset.source, revision=preset.revision)
+                self._parsed[name] = SourceRef(
+                    base.kind, base.uri, preset.revision or base.revision, preset.sha256, preset=name
+                )
+        return self._parsed[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._presets)
+
+    def __len__(self) -> int:
+        return len(self._presets)
+
+
+def preset_refs(host: PluginHost) -> PresetRefs:
+    """Every preset of every family as a SourceRef (see :class:`PresetRefs`)."""
+    return PresetRefs(host)
 
 
 def resolve_source(settings: RunSettings, host: PluginHost) -> tuple[SourceRef, str | None]:

@@ -22,7 +22,6 @@ import structlog
 
 from ftx_triton.errors import SourceError
 from ftx_triton.fetching.archive import archive_format, supported_suffixes
-from ftx_triton.fetching.hub import check_revision, resolve_commit
 from ftx_triton.fetching.integrity import normalize_sha256
 from ftx_triton.fetching.local_keys import local_fingerprint
 from ftx_triton.plan.artifacts import SourceRef
@@ -91,12 +90,20 @@ def _parse_hf(body: str, revision: str | None) -> SourceRef:
         )
     for given in (inline_rev, revision):
         if given:
-            check_revision(given)
+            _check_revision(given)
     if inline_rev and revision and inline_rev != revision:
         raise SourceError(
             f"two revisions given for {repo_id}: @{inline_rev} and --revision {revision}", hint="give the revision once"
         )
     return SourceRef(kind="hf", uri=f"hf://{repo_id}", revision=inline_rev or revision or None)
+
+
+def _check_revision(revision: str) -> None:
+    """:func:`ftx_triton.fetching.hub.check_revision`, imported only for a source with a revision (the hub module
+    loads huggingface_hub, which a local or preset source does not need)."""
+    from ftx_triton.fetching.hub import check_revision
+
+    check_revision(revision)
 
 
 def _hub_rejects(repo_id: str) -> str | None:
@@ -152,7 +159,7 @@ def _parse_path(path: Path, text: str) -> SourceRef:
 
 def _from_preset(name: str, preset: SourceRef, revision: str | None) -> SourceRef:
     if revision:
-        check_revision(revision)
+        _check_revision(revision)
     if revision and preset.kind != "hf":
         raise SourceError(
             f"preset {name!r} downloads {preset.uri}, which has no revisions",
@@ -198,6 +205,8 @@ def _unknown(text: str, presets: Mapping[str, SourceRef], why: str) -> SourceErr
 def resolve_revision(ref: SourceRef) -> str:
     """Pin ``ref``: a 40-hex commit (hf), the sha256 or ``url-…`` key (url), ``local-…`` (local)."""
     if ref.kind == "hf":
+        from ftx_triton.fetching.hub import resolve_commit
+
         return resolve_commit(ref.uri.removeprefix("hf://"), ref.revision)
     if ref.kind == "url":
         return normalize_sha256(ref.sha256) or _url_key(ref.uri)
