@@ -17,6 +17,19 @@ def test_non_finite_values_are_counted_in_every_weight_dtype(dtype: type) -> Non
     assert non_finite_count(values) == 3
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
+def test_views_are_counted_as_their_values(dtype: type) -> None:
+    """A transposed weight (as the converter writes most of them) is counted in memory order without a copy;
+    a view that is neither C- nor F-ordered is copied first: the count is the same either way."""
+    values = np.zeros((64, 96, 32), dtype=np.float32)
+    values[1, 2, 3], values[63, 0, 31], values[5, 95, 0] = np.nan, np.inf, -np.inf
+    values = values.astype(dtype)
+    assert non_finite_count(values[0].T) == 0 and non_finite_count(values[1].T) == 1
+    assert non_finite_count(values.reshape(64, -1).T) == 3  # F-ordered
+    assert non_finite_count(values.transpose(1, 0, 2)) == 3  # neither
+    assert non_finite_count(values[::2]) == 0 and non_finite_count(values[1::2]) == 3  # strided
+
+
 def test_the_files_holding_them_are_named(tmp_path: Path) -> None:
     write_tensor(tmp_path / "a.bin", np.array([1.0, np.nan], dtype=ml_dtypes.bfloat16))
     write_tensor(tmp_path / "b.bin", np.ones(4, dtype=ml_dtypes.bfloat16))
