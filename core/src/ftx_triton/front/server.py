@@ -13,7 +13,7 @@ aiohttp parses HTTP (a malformed or negative chunk size is a 400 before any hand
 * a ``Server`` header that names only ``ftx`` (aiohttp's own names its and Python's versions), on
   every answer: the application's, and those aiohttp writes itself for a request it cannot parse.
 
-:class:`Front` binds its socket synchronously (so a taken port is known before anything else starts)
+:class:`Front` binds its socket synchronously (so a taken port is known at once)
 and serves either in the calling thread (:meth:`Front.run`) or in a thread of its own
 (:meth:`Front.start`, as the server supervisor does).
 """
