@@ -68,8 +68,9 @@ def _capability(text: str) -> tuple[int, int] | None:
         return None
 
 
-DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/nvidia0")
-"""Where a loaded NVIDIA kernel driver shows itself (in a container too, when a GPU is passed in)."""
+DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg")
+"""Where a loaded NVIDIA kernel driver shows itself (in a container too, when a GPU is passed in; ``/dev/dxg``:
+WSL 2, whose GPUs have no ``/dev/nvidia*``)."""
 
 
 def nvidia_driver_present() -> bool:
