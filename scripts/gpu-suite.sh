@@ -133,7 +133,8 @@ start() {
 report() {
   # a host that takes back few files gets the main ones and one archive of every log
   cp "$WORK"/logs/gpu-tests.log "$WORK"/logs/bench.json "$WORK"/logs/bench.log "$OUT"/ 2>/dev/null
-  tar czf "$OUT/gpu-logs.tar.gz" -C "$WORK/logs" . 2>/dev/null
+  # (not the random checkpoints scripts/serving-matrix.sh makes there: gigabytes that do not compress)
+  tar czf "$OUT/gpu-logs.tar.gz" --exclude='checkpoint-*' -C "$WORK/logs" . 2>/dev/null
   [ -d "$FTX_HOME_LOGS" ] && tar czf "$OUT/server-logs.tar.gz" -C "$FTX_HOME_LOGS" . 2>/dev/null
   echo "--- status: $(tr '\n' ' ' < "$WORK/status" 2>/dev/null)"
   cp "$WORK"/logs/serving-* "$OUT"/ 2>/dev/null
