@@ -341,6 +341,14 @@ def markdown(result: dict[str, Any]) -> str:
         f"growth {mb('rss_growth_mb')} MB (limit {result['max_growth_mb']:g}), slope {mb('rss_slope_mb_per_min')} MB/min"
         + (f"; GPU first {mb('gpu_first_mb')}, last {mb('gpu_last_mb')} MiB" if "gpu_first_mb" in s else ""),
     ]
+    lines.append(
+        "per path: "
+        + "; ".join(
+            f"{name} {t['requests']} requests, {t['errors']} errors, {t['hangs']} hangs, {t['garbled']} garbled, "
+            f"{t['incomplete']} incomplete"
+            for name, t in result["per_path"].items()
+        )
+    )
     if result["first_error"]:
         lines.append(f"first error: {result['first_error']}")
     lines.append(f"SOAK {s['verdict']}" + (f": {'; '.join(s['reasons'])}" if s["reasons"] else ""))

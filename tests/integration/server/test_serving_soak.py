@@ -71,6 +71,33 @@ def _command(out: Path, seconds: float, *extra: str) -> list[str]:
 pytestmark = SERVER_MARKS
 
 
+def _soak_until_first_window(
+    env: dict[str, str], out: Path, seconds: float, timeout: float
+) -> tuple[subprocess.Popen[str], list[psutil.Process]]:
+    """A soak started in the background, once its first window has ended (load is on), and the tritonserver
+    processes of the deployment."""
+    bench = subprocess.Popen(
+        _command(out, seconds, "--timeout", str(timeout)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert bench.stderr is not None
+    seen = []
+    for line in bench.stderr:
+        seen.append(line)
+        if line.startswith("soak      window 1 "):
+            break
+    else:
+        pytest.fail("the soak printed no window: " + "".join(seen)[-3000:])
+    ps = subprocess.run([FTX, "ps", "--json"], capture_output=True, text=True, env=env, timeout=60)
+    (served,) = json.loads(ps.stdout)
+    tritons = [p for p in psutil.Process(served["pid"]).children(recursive=True) if p.name() == "tritonserver"]
+    assert tritons
+    return bench, tritons
+
+
 class TestSoak:
     def test_a_healthy_deployment_passes_with_every_figure_measured(self, env: dict[str, str], tmp_path: Path) -> None:
         out = tmp_path / "soak.json"
@@ -90,8 +117,30 @@ class TestSoak:
         assert all(m["rss_mb"] > 50 and m["processes"] >= 4 for m in soak["memory"])
         assert s["rss_first_mb"] > 0 and s["rss_max_mb"] >= s["rss_last_mb"]
         assert s["rss_growth_mb"] is not None and s["rss_slope_mb_per_min"] is not None
-        assert "SOAK PASS" in done.stdout and "| window |" in done.stdout
+        assert "SOAK PASS" in done.stdout and "| window |" in done.stdout and "per path: text " in done.stdout
         assert "soak      window 1 " in done.stderr
+
+    def test_a_server_that_stops_answering_mid_soak_gives_hangs_and_a_fail_within_the_timeout(
+        self, env: dict[str, str], tmp_path: Path
+    ) -> None:
+        """The tritonserver is frozen (SIGSTOP) after the first window: requests get no answer, each is cut at
+        the request timeout and counted as a hang; the run ends, FAILs and exits 1. It is thawed afterwards."""
+        out = tmp_path / "soak.json"
+        started = time.monotonic()
+        bench, tritons = _soak_until_first_window(env, out, seconds=3, timeout=3)
+        for proc in tritons:
+            proc.send_signal(signal.SIGSTOP)
+        try:
+            stdout, stderr = bench.communicate(timeout=120)
+        finally:
+            for proc in tritons:
+                proc.send_signal(signal.SIGCONT)
+        assert bench.returncode == 1, stdout[-2000:] + stderr[-3000:]
+        assert time.monotonic() - started < 3 + 3 + 60  # the soak, one request timeout, the start
+        s = json.loads(out.read_text())["soak"]
+        assert s["summary"]["verdict"] == "FAIL" and s["summary"]["hangs"] > 0
+        assert any(r.endswith(" hangs") for r in s["summary"]["reasons"])
+        assert "no answer within 3 s" in s["first_error"] and "SOAK FAIL" in stdout
 
     def test_a_server_killed_mid_soak_is_a_fail_with_errors_not_a_hang(
         self, env: dict[str, str], tmp_path: Path
@@ -99,21 +148,7 @@ class TestSoak:
         """Last in this file: it kills the module's deployment."""
         out = tmp_path / "soak.json"
         started = time.monotonic()
-        bench = subprocess.Popen(
-            _command(out, 6, "--timeout", "5"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-        )
-        assert bench.stderr is not None
-        seen = []
-        for line in bench.stderr:  # load is on: the first window has ended
-            seen.append(line)
-            if line.startswith("soak      window 1 "):
-                break
-        else:
-            pytest.fail("the soak printed no window: " + "".join(seen)[-3000:])
-        ps = subprocess.run([FTX, "ps", "--json"], capture_output=True, text=True, env=env, timeout=60)
-        (served,) = json.loads(ps.stdout)
-        killed = [p for p in psutil.Process(served["pid"]).children(recursive=True) if p.name() == "tritonserver"]
-        assert killed
+        bench, killed = _soak_until_first_window(env, out, seconds=6, timeout=5)
         for proc in killed:
             proc.send_signal(signal.SIGKILL)
         stdout, stderr = bench.communicate(timeout=120)
