@@ -75,7 +75,11 @@ def _soak_until_first_window(
     env: dict[str, str], out: Path, seconds: float, timeout: float
 ) -> tuple[subprocess.Popen[str], list[psutil.Process]]:
     """A soak started in the background, once its first window has ended (load is on), and the tritonserver
-    processes of the deployment."""
+    processes of the deployment (found first: the soak must still be running when they are acted on)."""
+    ps = subprocess.run([FTX, "ps", "--json"], capture_output=True, text=True, env=env, timeout=60)
+    (served,) = json.loads(ps.stdout)
+    tritons = [p for p in psutil.Process(served["pid"]).children(recursive=True) if p.name() == "tritonserver"]
+    assert tritons
     bench = subprocess.Popen(
         _command(out, seconds, "--timeout", str(timeout)),
         stdout=subprocess.PIPE,
@@ -91,10 +95,6 @@ def _soak_until_first_window(
             break
     else:
         pytest.fail("the soak printed no window: " + "".join(seen)[-3000:])
-    ps = subprocess.run([FTX, "ps", "--json"], capture_output=True, text=True, env=env, timeout=60)
-    (served,) = json.loads(ps.stdout)
-    tritons = [p for p in psutil.Process(served["pid"]).children(recursive=True) if p.name() == "tritonserver"]
-    assert tritons
     return bench, tritons
 
 
@@ -127,7 +127,7 @@ class TestSoak:
         the request timeout and counted as a hang; the run ends, FAILs and exits 1. It is thawed afterwards."""
         out = tmp_path / "soak.json"
         started = time.monotonic()
-        bench, tritons = _soak_until_first_window(env, out, seconds=3, timeout=3)
+        bench, tritons = _soak_until_first_window(env, out, seconds=6, timeout=3)
         for proc in tritons:
             proc.send_signal(signal.SIGSTOP)
         try:
@@ -136,7 +136,7 @@ class TestSoak:
             for proc in tritons:
                 proc.send_signal(signal.SIGCONT)
         assert bench.returncode == 1, stdout[-2000:] + stderr[-3000:]
-        assert time.monotonic() - started < 3 + 3 + 60  # the soak, one request timeout, the start
+        assert time.monotonic() - started < 6 + 3 + 60  # the soak, one request timeout, the start
         s = json.loads(out.read_text())["soak"]
         assert s["summary"]["verdict"] == "FAIL" and s["summary"]["hangs"] > 0
         assert any(r.endswith(" hangs") for r in s["summary"]["reasons"])
