@@ -55,7 +55,8 @@ INTERNAL = "internal"
 log = structlog.get_logger(__name__)
 
 
-def _parameters(config: Mapping[str, Any]) -> dict[str, str]:
+def parameters_of(config: Mapping[str, Any]) -> dict[str, str]:
+    """config.pbtxt's ``parameters`` (as Triton's JSON) as plain strings."""
     return {key: value.get("string_value", "") for key, value in (config.get("parameters") or {}).items()}
 
 
@@ -173,7 +174,7 @@ class FtModel:
         from ftx_triton.plugins import load_host
         from ftx_triton.runtime.python.hf_model import load_model
 
-        params = _parameters(config)
+        params = parameters_of(config)
         path = params.get("model_checkpoint_path")
         family_name = params.get(FAMILY_PARAMETER)
         if not path or not family_name:
