@@ -298,18 +298,20 @@ def build_ft_model_config(opts: FtModelOptions) -> mc.ModelConfig:
         add_queue_policy(config, opts)
     if opts.streaming and opts.stream_interval > 1:
         config.parameters[STREAM_INTERVAL_PARAMETER].string_value = str(opts.stream_interval)
-    set_parameters(
-        config,
-        {
-            "model_type": opts.model_type,
-            "tensor_para_size": str(opts.tp),
-            "pipeline_para_size": str(opts.pp),
-            "model_checkpoint_path": str(opts.checkpoint_path),
-            "data_type": opts.data_type,
-            "enable_custom_all_reduce": "1" if opts.custom_all_reduce_on else "0",
-        },
-    )
+    set_parameters(config, backend_parameters(opts, opts.model_type))
     return config
+
+
+def backend_parameters(opts: FtModelOptions, model_type: str) -> dict[str, str]:
+    """What FasterTransformer's backend reads from a model's ``parameters``: its type, layout and files."""
+    return {
+        "model_type": model_type,
+        "tensor_para_size": str(opts.tp),
+        "pipeline_para_size": str(opts.pp),
+        "model_checkpoint_path": str(opts.checkpoint_path),
+        "data_type": opts.data_type,
+        "enable_custom_all_reduce": "1" if opts.custom_all_reduce_on else "0",
+    }
 
 
 ENCODER_MODEL_TYPE = "T5-Encoder"
@@ -328,24 +330,14 @@ def check_embeddings(opts: FtModelOptions, family_name: str) -> None:
 
 def build_encoder_model_config(opts: FtModelOptions, *, backend: str) -> mc.ModelConfig:
     """The ``encoder`` model: the encoder-decoder checkpoint's encoder, one instance, batches as sent (its inputs
-    are padded by the client; no dynamic batcher), its hidden states in ``output_dtype`` (the compute type on
-    FasterTransformer, where the backend sets it so)."""
+    are padded by the client; no dynamic batcher), its hidden states in the compute type (where FasterTransformer's
+    backend sets them; the python runtime declares float32 instead)."""
     config = mc.ModelConfig(name=ENCODER_MODEL_NAME, backend=backend, max_batch_size=opts.max_batch_size)
     add_inputs_outputs(config, ENCODER_INPUTS, encoder_outputs(opts.data_type))
     group = config.instance_group.add()
     group.count = 1
     group.kind = mc.ModelInstanceGroup.Kind.KIND_CPU
-    set_parameters(
-        config,
-        {
-            "model_type": ENCODER_MODEL_TYPE,
-            "tensor_para_size": str(opts.tp),
-            "pipeline_para_size": str(opts.pp),
-            "model_checkpoint_path": str(opts.checkpoint_path),
-            "data_type": opts.data_type,
-            "enable_custom_all_reduce": "1" if opts.custom_all_reduce_on else "0",
-        },
-    )
+    set_parameters(config, backend_parameters(opts, ENCODER_MODEL_TYPE))
     return config
 
 

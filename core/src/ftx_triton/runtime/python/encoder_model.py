@@ -23,6 +23,7 @@ from ftx_triton.runtime.python.triton_model import (
     FAMILY_PARAMETER,
     numpy_to_tensor,
     parameters_of,
+    stub_utils,
     tensor_to_numpy,
 )
 
@@ -79,10 +80,7 @@ class TritonPythonModel:
         self.pb = pb_utils
 
     def initialize(self, args: Mapping[str, Any]) -> None:
-        if self.pb is None:
-            import triton_python_backend_utils as pb_utils  # provided by the Triton stub
-
-            self.pb = pb_utils
+        self.pb = self.pb or stub_utils()
         self.model = EncoderModel.from_config(json.loads(args["model_config"]))
 
     def _answer(self, request: Any) -> Any:

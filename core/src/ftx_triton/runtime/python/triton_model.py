@@ -328,6 +328,13 @@ def numpy_to_tensor(pb: Any, name: str, value: np.ndarray) -> Any:
     return pb.Tensor(name, value)
 
 
+def stub_utils() -> Any:
+    """``triton_python_backend_utils``, which only the Triton stub provides (tests pass a stand-in instead)."""
+    import triton_python_backend_utils as pb_utils
+
+    return pb_utils
+
+
 class TritonPythonModel:
     """The Python-backend entry point (``initialize`` / ``execute`` / ``finalize``)."""
 
@@ -335,10 +342,7 @@ class TritonPythonModel:
         self.pb = pb_utils
 
     def initialize(self, args: Mapping[str, Any]) -> None:
-        if self.pb is None:
-            import triton_python_backend_utils as pb_utils  # provided by the Triton stub
-
-            self.pb = pb_utils
+        self.pb = self.pb or stub_utils()
         try:
             import transformers
 
