@@ -42,7 +42,13 @@ from ftx_triton.front.server import Refused, read_body
 from ftx_triton.front.shield import lone_surrogate
 from ftx_triton.openai_api.admission import overloaded_response
 from ftx_triton.openai_api.chat import TemplateError, TemplateTimeout, TemplateWorker, chat_template, render
-from ftx_triton.openai_api.embeddings import Embeddings, parse_embedding_request, token_ids, vectors_payload
+from ftx_triton.openai_api.embeddings import (
+    Embeddings,
+    EncoderFault,
+    parse_embedding_request,
+    token_ids,
+    vectors_payload,
+)
 from ftx_triton.openai_api.metrics import FrontMetrics, Tracked
 from ftx_triton.openai_api.params import BadRequest, Params, parse_params
 from ftx_triton.openai_api.token_generation import TokenGeneration
@@ -281,7 +287,8 @@ class Handlers:
         self.d = deployment
         self.template, self.specials = chat_template(deployment.tokenizer_dir)
         self.renderer = TemplateWorker(self.template, self.specials) if self.template is not None else None
-        self.embedder = Embeddings(deployment.tokenizer_dir.parent.parent)  # the repository of preprocessing/1
+        # the repository of preprocessing/1, and Triton's HTTP address for its encoder model
+        self.embedder = Embeddings(deployment.tokenizer_dir.parent.parent, deployment.triton.base)
 
     async def models(self, _request: web.Request) -> web.Response:
         return web.json_response(
@@ -394,13 +401,13 @@ class Handlers:
         """``/v1/embeddings``: mean-pooled encoder output per input (:mod:`.embeddings`)."""
         body = await self._body(request)
         wanted = parse_embedding_request(body)
-        try:
-            encoder = await asyncio.to_thread(self.embedder.encoder)
-        except FtxError as exc:
-            raise ServerFault(f"the encoder could not be loaded: {exc.message}") from None
+        encoder = await asyncio.to_thread(self.embedder.encoder)
         codec = await asyncio.to_thread(self.d.codec)
         ids = token_ids(wanted, lambda text: codec.encode(text, prompt=True), encoder.vocab_size)
-        vectors = await asyncio.to_thread(encoder.embed, ids)
+        try:
+            vectors = await asyncio.to_thread(encoder.embed, ids)
+        except EncoderFault as exc:
+            raise ServerFault(str(exc)) from None
         used = sum(len(i) for i in ids)
         return web.json_response(
             {
