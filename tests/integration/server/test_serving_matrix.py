@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from python_runtime_support import SERVER_MARKS
+from python_runtime_support import SERVER_MARKS, own_ports
 
 pytestmark = SERVER_MARKS
 
@@ -71,14 +71,22 @@ def test_a_soak_runs_per_variant_with_its_environment_and_a_failed_variant_fails
         f"--max-tokens {MAX_TOKENS} --soak-max-growth-mb 1000",
     }
     done = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "serving-matrix.sh"), str(out), "tiny-gptj", "--runtime", "python"],
+        [
+            "bash",
+            str(ROOT / "scripts" / "serving-matrix.sh"),
+            str(out),
+            "tiny-gptj",
+            "--runtime",
+            "python",
+            *own_ports(),
+        ],
         capture_output=True,
         text=True,
         timeout=900,
         env=env,
     )
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "serving-soak-v1: FTX_SEGMENT_TOKENS=2 ftx run tiny-gptj --runtime python --streaming" in done.stdout
+    assert "serving-soak-v1: FTX_SEGMENT_TOKENS=2 ftx run tiny-gptj --runtime python --http-port" in done.stdout
     assert "serving-soak-v2: the deployment did not start" in done.stdout
     soak = json.loads((out / "serving-soak-v1.json").read_text())["soak"]
     assert soak["summary"]["verdict"] == "PASS" and soak["summary"]["requests"] > 0

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from python_runtime_support import SERVER_MARKS
+from python_runtime_support import SERVER_MARKS, own_ports
 
 ROOT = Path(__file__).parents[3]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -33,7 +33,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     home = tmp_path_factory.mktemp("soak-home")
     env = {**os.environ, "FTX_HOME": str(home), "FTX_DEVICE": "cpu"}
     run = subprocess.run(
-        [FTX, "run", "tiny-gptj", "--runtime", "python", "--streaming", "--detach"],
+        [FTX, "run", "tiny-gptj", "--runtime", "python", "--streaming", "--detach", *own_ports()],
         capture_output=True,
         text=True,
         timeout=600,
