@@ -731,9 +731,10 @@ def test_embeddings_through_the_backends_t5_encoder_equal_transformers(
         config = parse_config(result.repository.path / "encoder" / "config.pbtxt")
         assert config.backend == "fastertransformer" and parameter(config, "model_type") == "T5-Encoder"
         codec = textproc.load_codec(result.repository.path / "preprocessing" / "1")
-        batch = [codec.encode(text, prompt=True) for text in T5_SENTENCES[:3]]
+        texts = (T5_SENTENCES[0], "Hello", f"{T5_SENTENCES[2]} {T5_SENTENCES[3]}")
+        batch = [codec.encode(text, prompt=True) for text in texts]
         assert len({len(ids) for ids in batch}) > 1, "the inputs must differ in length to test the padding"
-        encoder = Embeddings(result.repository.path, f"http://{result.endpoint.http_url}").encoder()
+        encoder = Embeddings(result.repository.path, result.endpoint.grpc_url).encoder()
         got = np.array(encoder.embed(batch), dtype=np.float32)
         alone = np.array(encoder.embed(batch[1:2]), dtype=np.float32)
     finally:

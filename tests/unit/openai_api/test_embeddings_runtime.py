@@ -11,7 +11,7 @@ import pytest
 from ftx_triton.openai_api.embeddings import Embeddings
 from ftx_triton.openai_api.params import BadRequest
 
-TRITON = "http://127.0.0.1:1"
+TRITON = "127.0.0.1:1"
 
 
 def _repository(tmp_path: Path, **record: Any) -> Path:
@@ -52,3 +52,10 @@ def test_a_deployment_with_its_encoder_model_gets_a_client_with_the_models_vocab
     )
     encoder = Embeddings(repo, TRITON).encoder()
     assert (encoder.vocab_size, encoder.max_batch, encoder.url) == (32128, 8, "127.0.0.1:1")
+
+
+def test_an_endpoint_without_tritons_grpc_address_is_501(tmp_path: Path) -> None:
+    repo = _repository(tmp_path, family="t5", io_kind="encoder-decoder", models=["encoder"])
+    with pytest.raises(BadRequest, match="gRPC") as refused:
+        Embeddings(repo, None).encoder()
+    assert refused.value.status == 501

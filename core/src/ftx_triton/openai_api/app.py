@@ -100,6 +100,8 @@ class Deployment:
     """The token route of a streaming repository this process can read (:mod:`.token_generation`)."""
     metrics: FrontMetrics | None = None
     """Token-level Prometheus series (``/metrics``), when the endpoint keeps them."""
+    triton_grpc: str | None = None
+    """Triton's gRPC ``host:port`` (the token route and the encoder model are read over it)."""
     _iface: TextInterface | None = None
     _codec: Any = None
 
@@ -287,8 +289,8 @@ class Handlers:
         self.d = deployment
         self.template, self.specials = chat_template(deployment.tokenizer_dir)
         self.renderer = TemplateWorker(self.template, self.specials) if self.template is not None else None
-        # the repository of preprocessing/1, and Triton's HTTP address for its encoder model
-        self.embedder = Embeddings(deployment.tokenizer_dir.parent.parent, deployment.triton.base)
+        # the repository of preprocessing/1, and Triton's gRPC address for its encoder model
+        self.embedder = Embeddings(deployment.tokenizer_dir.parent.parent, deployment.triton_grpc)
 
     async def models(self, _request: web.Request) -> web.Response:
         return web.json_response(
@@ -728,6 +730,7 @@ def make_app(
     = its ``host:port`` for gRPC, which a streaming repository's token route reads ids from)."""
     deployment = Deployment(HttpTriton(triton_http, timeout_s=timeout_s), model_id, ensemble, Path(tokenizer_dir))
     deployment.metrics = FrontMetrics()
+    deployment.triton_grpc = triton_grpc
     if triton_grpc:
         deployment.route = TokenRoute.open(Path(tokenizer_dir).parent.parent)  # the repository of preprocessing/1
         if deployment.route is not None:

@@ -77,11 +77,12 @@ def parse_embedding_request(body: Mapping[str, Any]) -> EmbeddingRequest:
 
 
 class Encoder:
-    """The deployment's ``encoder`` model over Triton's HTTP endpoint: ids in (right-padded, with their lengths),
-    hidden states out, mean-pooled here in float32."""
+    """The deployment's ``encoder`` model over Triton's gRPC endpoint: ids in (right-padded, with their lengths),
+    hidden states out, mean-pooled here in float32. gRPC, because Triton's HTTP JSON cannot carry the fp16 and
+    bf16 hidden states, and its binary HTTP client needs gevent, which GPU images often lack."""
 
-    def __init__(self, triton_url: str, vocab_size: int, max_batch: int) -> None:
-        self.url = triton_url.split("://", 1)[-1].rstrip("/")
+    def __init__(self, triton_grpc: str, vocab_size: int, max_batch: int) -> None:
+        self.url = triton_grpc.removeprefix("grpc://").rstrip("/")
         self.vocab_size, self.max_batch = vocab_size, max(1, max_batch)
 
     def embed(self, batch: Sequence[Sequence[int]]) -> list[list[float]]:
@@ -93,7 +94,7 @@ class Encoder:
 
     def _embed(self, batch: Sequence[Sequence[int]]) -> list[list[float]]:
         import numpy as np
-        import tritonclient.http as httpclient
+        import tritonclient.grpc as grpcclient
         from tritonclient.utils import InferenceServerException
 
         lengths = np.array([[len(ids)] for ids in batch], dtype=np.uint32)
@@ -101,14 +102,19 @@ class Encoder:
         for row, tokens in enumerate(batch):
             ids[row, : len(tokens)] = tokens
         inputs = [
-            httpclient.InferInput("input_ids", list(ids.shape), "UINT32"),
-            httpclient.InferInput("sequence_length", list(lengths.shape), "UINT32"),
+            grpcclient.InferInput("input_ids", list(ids.shape), "UINT32"),
+            grpcclient.InferInput("sequence_length", list(lengths.shape), "UINT32"),
         ]
         inputs[0].set_data_from_numpy(ids)
         inputs[1].set_data_from_numpy(lengths)
-        client = httpclient.InferenceServerClient(self.url, network_timeout=600.0, connection_timeout=600.0)
+        client = grpcclient.InferenceServerClient(self.url)
         try:
-            result = client.infer(ENCODER_MODEL_NAME, inputs, outputs=[httpclient.InferRequestedOutput(ENCODER_HIDDEN)])
+            result = client.infer(
+                ENCODER_MODEL_NAME,
+                inputs,
+                outputs=[grpcclient.InferRequestedOutput(ENCODER_HIDDEN)],
+                client_timeout=600.0,
+            )
         except InferenceServerException as exc:
             raise EncoderFault(f"the encoder model failed: {exc.message()}") from None
         finally:
@@ -126,8 +132,8 @@ class EncoderFault(Exception):
 class Embeddings:
     """What ``/v1/embeddings`` serves for one repository: its ``encoder`` model, or the reason there is none."""
 
-    def __init__(self, repository: Path, triton_url: str) -> None:
-        self.repository, self.triton_url = repository, triton_url
+    def __init__(self, repository: Path, triton_grpc: str | None) -> None:
+        self.repository, self.triton_grpc = repository, triton_grpc
         self._encoder: Encoder | None = None
 
     def record(self) -> dict[str, Any]:
@@ -166,7 +172,14 @@ class Embeddings:
         vocab = int((record.get("spec") or {}).get("dims", {}).get("V") or 0) or int(
             (record.get("tokenizer") or {}).get("vocab_size") or 0
         )
-        self._encoder = Encoder(self.triton_url, vocab, int(record.get("max_batch_size") or MAX_INPUTS))
+        if not self.triton_grpc:
+            raise BadRequest(
+                "this endpoint was started without Triton's gRPC address, which embeddings are read over "
+                "(start it with --triton-grpc HOST:PORT)",
+                status=501,
+                code="embeddings_unsupported",
+            )
+        self._encoder = Encoder(self.triton_grpc, vocab, int(record.get("max_batch_size") or MAX_INPUTS))
         return self._encoder
 
 
