@@ -92,6 +92,8 @@ class Target:
     openai: str
     repository: Path
     model: str
+    pid: int = 0
+    """The process ftx recorded for the tritonserver (its supervisor when it has one): the soak reads its memory."""
 
 
 def find_target(name: str | None, url: str | None) -> Target:
@@ -99,7 +101,7 @@ def find_target(name: str | None, url: str | None) -> Target:
     from ftx_triton.cli.bench import _target
 
     served = _target(name, url)
-    return Target(served.http, served.grpc, served.openai, Path(served.repository), served.model)
+    return Target(served.http, served.grpc, served.openai, Path(served.repository), served.model, served.pid)
 
 
 class Tokens:
@@ -151,6 +153,8 @@ class Sample:
     latency_s: float
     tokens: int
     events: int
+    finish: str = ""
+    """Why the server says it stopped (OpenAI's ``finish_reason``: ``length`` or ``stop``); empty when unsaid."""
 
 
 async def _sse(response: aiohttp.ClientResponse) -> Any:
@@ -237,18 +241,21 @@ class OpenAIPath:
 
     async def __call__(self, session: aiohttp.ClientSession) -> Sample:
         started = time.perf_counter()
-        first, texts = None, []
+        first, texts, finish = None, [], ""
         async with session.post(self.url, json=self.body) as response:
             await _failed(response)
             self.streams = response.headers.get("X-Ftx-Stream", "tokens") == "tokens"
             self.route = response.headers.get("X-Ftx-Route", "ensemble")
             async for event in _sse(response):
-                text = str(event["choices"][0].get("text", ""))
+                choice = event["choices"][0]
+                text = str(choice.get("text", ""))
                 if text and first is None:
                     first = time.perf_counter()
                 texts.append(text)
+                finish = str(choice.get("finish_reason") or finish)
         ended = time.perf_counter()
-        return Sample((first or ended) - started, ended - started, self.tokens.generated("".join(texts)), len(texts))
+        generated = self.tokens.generated("".join(texts))
+        return Sample((first or ended) - started, ended - started, generated, len(texts), finish)
 
 
 async def openai_model_id(base: str) -> str:
@@ -711,6 +718,8 @@ async def run(args: argparse.Namespace, target: Target) -> dict[str, Any]:
                 ) from None
         _sent(counters, path, 1)
         report["streaming"][path.name] = path.streams
+    if args.soak_seconds:
+        return await run_soak(args, target, paths, report)
     for c in args.concurrency:
         n = args.requests or max(8, 4 * c)
         raw_rate = raw.tokens_per_s(c) if raw else None
@@ -762,6 +771,41 @@ async def run(args: argparse.Namespace, target: Target) -> dict[str, Any]:
     return report
 
 
+async def run_soak(
+    args: argparse.Namespace, target: Target, paths: list[Any], report: dict[str, Any]
+) -> dict[str, Any]:
+    """``--soak-seconds``: the paths at one concurrency for that long (:mod:`serving_soak`); the JSON is rewritten
+    after every window, so a soak cut short leaves what it measured."""
+    from ftx_triton.paths import ftx_home
+    from serving_soak import deployment_pids, soak
+
+    pids = deployment_pids(target.pid, ftx_home()) if target.pid else []
+    say(
+        f"soak      {args.concurrency[0]} clients on {','.join(p.name for p in paths)} for {args.soak_seconds:g} s; "
+        f"memory of processes {pids or '(none found)'} and their children"
+    )
+
+    def save(partial: Any) -> None:
+        if args.json:
+            args.json.write_text(json.dumps({**report, "soak": partial.as_dict()}, indent=2))
+
+    result = await soak(
+        paths,
+        args.concurrency[0],
+        args.soak_seconds,
+        timeout_s=args.timeout,
+        max_tokens=args.max_tokens,
+        pids=pids,
+        window_s=args.soak_window,
+        sample_s=args.soak_sample,
+        max_growth_mb=args.soak_max_growth_mb,
+        on_window=save,
+        say=say,
+    )
+    report["soak"] = result.as_dict()
+    return report
+
+
 def _sent(counters: Counters, path: Any, requests: int) -> None:
     """Tell Triton's counters what a path sent: through the ensemble, or to the raw model alone (the raw loop,
     and the OpenAI endpoint when it reads the model's ids itself)."""
@@ -777,6 +821,10 @@ def _ms(value: float | None) -> str:
 
 def markdown(report: dict[str, Any]) -> str:
     """The table for docs/benchmarks.md."""
+    if "soak" in report:
+        from serving_soak import markdown as soak_markdown
+
+        return soak_markdown(report["soak"])
     lines = [
         "| path | concurrency | requests | errors | short | garbled | req/s | tok/s | TTFT p50 ms | TTFT p90 ms "
         "| ITL p50 ms | ITL p90 ms | latency p50 ms | raw tok/s (batch = c) | vs raw | vs loop | goodput req/s |",
@@ -841,6 +889,26 @@ def _paths(text: str) -> list[str]:
     return paths
 
 
+def check_soak(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Settle the request timeout and, for a soak, its settings: one concurrency, the client paths (``raw``, one
+    fixed batch rather than clients, is left out), positive windows and samples."""
+    if args.timeout is None:
+        args.timeout = 120.0 if args.soak_seconds else 600.0
+    if args.timeout <= 0:
+        parser.error("--timeout must be positive (seconds one request may take)")
+    if not args.soak_seconds:
+        return
+    if args.soak_seconds < 0 or args.soak_window <= 0 or args.soak_sample <= 0 or args.soak_max_growth_mb < 0:
+        parser.error("--soak-seconds, --soak-window and --soak-sample must be positive, --soak-max-growth-mb >= 0")
+    if len(args.concurrency) != 1:
+        parser.error("a soak runs one level: give --concurrency one number of clients, e.g. --concurrency 64")
+    if args.rates:
+        parser.error("a soak is a closed loop: leave out --rates (run the open-loop levels without --soak-seconds)")
+    args.paths = [p for p in args.paths if p != "raw"]
+    if not args.paths:
+        parser.error("a soak needs client paths: --paths text, openai and/or raw-loop")
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("name", nargs="?", help="The server (NAME or MODEL from `ftx ps`); default: the only one.")
@@ -869,9 +937,28 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         default=0,
         help="The raw model's vocabulary size (default: vocab_size of the checkpoint it serves).",
     )
-    parser.add_argument("--timeout", type=float, default=600.0, help="Seconds one request may take.")
+    parser.add_argument(
+        "--timeout", type=float, help="Seconds one request may take (default 600; 120 in a soak, where it is a hang)."
+    )
     parser.add_argument("--json", type=Path, help="Also write the figures here.")
+    soak = parser.add_argument_group("soak (--soak-seconds): one concurrency, the paths mixed, judged PASS or FAIL")
+    soak.add_argument(
+        "--soak-seconds",
+        type=float,
+        default=0.0,
+        help="Run --concurrency's one level of closed-loop clients (client i on path i mod the paths) for this long; "
+        "exit 1 unless 0 errors, 0 hangs, 0 garbled, 0 incomplete and memory flat.",
+    )
+    soak.add_argument("--soak-window", type=float, default=60.0, help="Seconds per printed window (default 60).")
+    soak.add_argument("--soak-sample", type=float, default=5.0, help="Seconds between memory samples (default 5).")
+    soak.add_argument(
+        "--soak-max-growth-mb",
+        type=float,
+        default=32.0,
+        help="Most the deployment's RSS may grow: last window's median over the first window's peak (default 32).",
+    )
     args = parser.parse_args(argv)
+    check_soak(parser, args)
     from ftx_triton.errors import FtxError
 
     try:
@@ -884,6 +971,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(markdown(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
+    if "soak" in report:
+        say(f"soak      {report['soak']['summary']['verdict']}")
+        if report["soak"]["summary"]["verdict"] != "PASS":
+            raise SystemExit(1)
     return report
 
 

@@ -101,6 +101,8 @@ start() {
   # the job runs from its own copy of the tests: the checkout may be replaced while it runs
   rm -rf "$WORK/code" && mkdir -p "$WORK/code" && cp -r tests benchmarks scripts pyproject.toml "$WORK/code/"
   printf '%s\n' "$AFTER" > "$WORK/after.sh"
+  local has_after=0  # a flag, not the command itself: its quotes would break the job's script below
+  [ -n "$AFTER" ] && has_after=1
   setsid bash -c "
     cd '$WORK/code'
     . '$WORK/env.sh'
@@ -115,7 +117,7 @@ start() {
       > '$WORK/logs/gpu-tests.log' 2>&1
     echo \"tests exit \$?\" >> '$WORK/status'
     fi
-    if [ -n '$AFTER' ]; then
+    if [ $has_after = 1 ]; then
       echo after >> '$WORK/status'
       bash '$WORK/after.sh' > '$WORK/logs/after.log' 2>&1
       echo \"after exit \$?\" >> '$WORK/status'
@@ -133,7 +135,8 @@ start() {
 report() {
   # a host that takes back few files gets the main ones and one archive of every log
   cp "$WORK"/logs/gpu-tests.log "$WORK"/logs/bench.json "$WORK"/logs/bench.log "$OUT"/ 2>/dev/null
-  tar czf "$OUT/gpu-logs.tar.gz" -C "$WORK/logs" . 2>/dev/null
+  # (not the random checkpoints scripts/serving-matrix.sh makes there: gigabytes that do not compress)
+  tar czf "$OUT/gpu-logs.tar.gz" --exclude='checkpoint-*' -C "$WORK/logs" . 2>/dev/null
   [ -d "$FTX_HOME_LOGS" ] && tar czf "$OUT/server-logs.tar.gz" -C "$FTX_HOME_LOGS" . 2>/dev/null
   echo "--- status: $(tr '\n' ' ' < "$WORK/status" 2>/dev/null)"
   cp "$WORK"/logs/serving-* "$OUT"/ 2>/dev/null

@@ -315,6 +315,23 @@ def stream(
         client.close()
 
 
+def own_ports() -> list[str]:
+    """``ftx run`` arguments giving a deployment four free ports of its own (HTTP, gRPC, metrics, OpenAI): two
+    deployments started at once by tests on different workers would otherwise both see Triton's 8000-8002 and
+    the OpenAI endpoint's 9000 free, and one's readiness check could be answered by the other's server."""
+    from ftx_triton.server.ports import free_ports, loopback_port
+
+    while True:
+        ports = free_ports()
+        openai = loopback_port()
+        if openai not in (ports.http, ports.grpc, ports.metrics):
+            break
+    return [
+        *("--http-port", str(ports.http), "--grpc-port", str(ports.grpc)),
+        *("--metrics-port", str(ports.metrics), "--openai-port", str(openai)),
+    ]
+
+
 SERVER_MARKS = [
     pytest.mark.skipif(find_spec("pytriton") is None, reason="nvidia-pytriton is not installed"),
     pytest.mark.skipif(find_spec("torch") is None, reason="torch is not installed"),

@@ -689,3 +689,66 @@ def test_end_to_end_sequence_preprocessing_fastertransformer_postprocessing(serv
             text,
             want,
         )
+
+
+# --------------------------------------------------------------------------- embeddings (T5-Encoder)
+
+
+@pytest.mark.parametrize("case", ["t5", "t5-v1_1"])
+@pytest.mark.parametrize("dtype", _dtypes())
+def test_embeddings_through_the_backends_t5_encoder_equal_transformers(
+    case: str, dtype: str, checkpoints: dict[str, Path], built: Any, home: Path
+) -> None:
+    """``--embeddings`` at tp 1: the repository's ``encoder`` model is FasterTransformer's ``T5-Encoder`` over
+    the same converted files; what ``/v1/embeddings`` computes from it (the endpoint's own client: padded ids
+    and lengths to Triton, mean-pooled here) equals transformers' T5EncoderModel mean-pooled over the same
+    tokens, within the compute type's tolerance, and an input alone equals it in a padded batch."""
+    import torch
+    import transformers
+    from ftx_triton.engine.pipeline import Pipeline
+    from ftx_triton.openai_api.embeddings import Embeddings
+    from ftx_triton.plan.settings import RunSettings
+    from ftx_triton.plugins import load_host
+    from ftx_triton.repository import textproc
+    from ftx_triton.repository.model_config import parameter, parse_config
+    from ftx_triton.store.artifact_store import ArtifactStore
+    from python_runtime_support import T5_SENTENCES
+
+    settings = RunSettings.of(
+        str(checkpoints[case]),
+        runtime="fastertransformer-native",
+        tp=1,
+        data_type=dtype,
+        family="t5",
+        max_batch_size=4,
+        tune_batch=4,
+        tune_max_input_len=32,
+        embeddings=True,
+    )
+    result = Pipeline(load_host(), ArtifactStore(home), settings, say=lambda text: print(text, flush=True)).run()
+    assert result.endpoint is not None and result.repository is not None and result.runtime is not None
+    try:
+        config = parse_config(result.repository.path / "encoder" / "config.pbtxt")
+        assert config.backend == "fastertransformer" and parameter(config, "model_type") == "T5-Encoder"
+        codec = textproc.load_codec(result.repository.path / "preprocessing" / "1")
+        texts = (T5_SENTENCES[0], "Hello", f"{T5_SENTENCES[2]} {T5_SENTENCES[3]}")
+        batch = [codec.encode(text, prompt=True) for text in texts]
+        assert len({len(ids) for ids in batch}) > 1, "the inputs must differ in length to test the padding"
+        encoder = Embeddings(result.repository.path, result.endpoint.grpc_url).encoder()
+        got = np.array(encoder.embed(batch), dtype=np.float32)
+        alone = np.array(encoder.embed(batch[1:2]), dtype=np.float32)
+    finally:
+        result.runtime.stop(result.endpoint)
+    model = transformers.T5EncoderModel.from_pretrained(checkpoints[case]).eval()
+    want = []
+    with torch.inference_mode():
+        for ids in batch:
+            hidden = model(input_ids=torch.tensor([ids])).last_hidden_state[0]
+            want.append(hidden.mean(dim=0).numpy())
+    want_array = np.array(want, dtype=np.float32)
+    scale = float(np.abs(want_array).max())
+    tolerance = 2e-2 if dtype == "fp16" else 6e-2
+    np.testing.assert_allclose(got, want_array, rtol=0, atol=tolerance * scale)
+    cosine = (got * want_array).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want_array, axis=1)
+    assert cosine.min() > 0.999, cosine
+    np.testing.assert_allclose(alone[0], got[1], rtol=0, atol=tolerance * scale)

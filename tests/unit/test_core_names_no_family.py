@@ -24,7 +24,7 @@ ALLOWED: dict[str, str] = {
     "runtime/fastertransformer/native/build.py": f"{FT_VOCABULARY}: the GEMM tools built (gpt_gemm, t5_gemm)",
     "runtime/fastertransformer/native/patches.py": f"{FT_VOCABULARY}: the sources the patch set edits (GptJDecoder, "
     "t5_gemm) by their file and class names",
-    "openai_api/embeddings.py:T5-Encoder": f"{FT_VOCABULARY}: the backend's encoder model type, named in a 501",
+    "repository/model_config.py:T5-Encoder": f"{FT_VOCABULARY}: the backend's encoder model type (--embeddings)",
     "runtime/fastertransformer/docker/commands.py:team/gptj:1": "an example image tag in --tag's help",
     "runtime/python/hf_model.py:GPTJForCausalLM": "an example transformers class in a hint",
     "conversion/family.py:like 'gptj'": "an example slug in a plugin author's error",

@@ -1,6 +1,6 @@
-"""``/v1/embeddings`` on a T5 deployment: `ftx run` of a tiny random T5 on the python runtime (real tritonserver,
-real HTTP), asked by the official ``openai`` client, compared with ``transformers``' T5EncoderModel mean-pooled
-over the same tokens."""
+"""``/v1/embeddings`` on a T5 deployment: `ftx run --embeddings` of a tiny random T5 on the python runtime (real
+tritonserver serving the repository's ``encoder`` model, real HTTP), asked by the official ``openai`` client,
+compared with ``transformers``' T5EncoderModel mean-pooled over the same tokens."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def _post(url: str, body: Any) -> tuple[int, Any]:
 
 class Served:
     def __init__(self, home: Path, source: Path, stdout: str) -> None:
-        self.home, self.source = home, source
+        self.home, self.source, self.stdout_text = home, source, stdout
         self.openai = re.search(r"OpenAI\s+(http://\S+/v1)", stdout).group(1)
 
 
@@ -47,7 +47,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     source = tiny_t5(tmp_path_factory.mktemp("tiny-t5"))
     env = {**os.environ, "FTX_HOME": str(home), "FTX_DEVICE": "cpu"}
     run = subprocess.run(
-        [*FTX, "run", str(source), "--runtime", "python", "--detach"],
+        [*FTX, "run", str(source), "--runtime", "python", "--embeddings", "--detach"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -63,7 +63,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 def _reference(source: Path, texts: list[str]) -> np.ndarray:
     """transformers' T5EncoderModel on the original checkpoint, mean-pooled over each input's tokens."""
     import torch
-    from ftx_triton.openai_api.embeddings import mean_pool
     from transformers import T5EncoderModel, T5Tokenizer
 
     tokenizer = T5Tokenizer(str(source / "spiece.model"), legacy=False)
@@ -71,7 +70,8 @@ def _reference(source: Path, texts: list[str]) -> np.ndarray:
     batch = tokenizer(texts, return_tensors="pt", padding=True)
     with torch.inference_mode():
         hidden = model(**batch).last_hidden_state
-    return mean_pool(hidden, batch["attention_mask"]).numpy()
+    mask = batch["attention_mask"].unsqueeze(-1).float()
+    return ((hidden * mask).sum(dim=1) / mask.sum(dim=1)).numpy()
 
 
 def test_openai_client_embeddings_equal_transformers_t5_encoder_mean_pool(served: Served) -> None:
@@ -107,3 +107,25 @@ def test_bad_embedding_requests_are_400_naming_the_field(served: Served, body: d
     status, answer = _post(served.openai + "/embeddings", body)
     assert status == 400, answer
     assert answer["error"]["param"] == param and answer["error"]["type"] == "invalid_request_error"
+
+
+def test_the_repository_serves_the_encoder_as_a_triton_model(served: Served) -> None:
+    """The encoder is a model of the deployment: Triton's own clients reach it too (ids and lengths in)."""
+    import tritonclient.http as httpclient
+
+    record = json.loads(next(served.home.rglob("ftx-deployment.json")).read_text())
+    assert "encoder" in record["models"] and record["embeddings"] is True
+    url = re.search(r"http://(127\.0\.0\.1:\d+)", served.stdout_text).group(1)
+    client = httpclient.InferenceServerClient(url)
+    ids = np.array([[5, 6, 7, 1]], dtype=np.uint32)
+    inputs = [
+        httpclient.InferInput("input_ids", [1, 4], "UINT32"),
+        httpclient.InferInput("sequence_length", [1, 1], "UINT32"),
+    ]
+    inputs[0].set_data_from_numpy(ids)
+    inputs[1].set_data_from_numpy(np.array([[4]], dtype=np.uint32))
+    hidden = client.infer("encoder", inputs).as_numpy("output_hidden_state")
+    assert hidden.shape[:2] == (1, 4) and hidden.dtype == np.float32 and np.isfinite(hidden).all()
+    inputs[1].set_data_from_numpy(np.array([[9]], dtype=np.uint32))  # longer than the row: refused, not read past
+    with pytest.raises(Exception, match="sequence_length"):
+        client.infer("encoder", inputs)

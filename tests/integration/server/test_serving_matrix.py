@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from python_runtime_support import SERVER_MARKS
+from python_runtime_support import SERVER_MARKS, own_ports
 
 pytestmark = SERVER_MARKS
 
@@ -51,5 +51,46 @@ def test_each_variant_is_served_measured_and_stopped(tmp_path: Path) -> None:
             assert (row["tokens"], row["short"], row["garbled"]) == (REQUESTS * MAX_TOKENS, 0, 0), row["path"]
         assert "| text | 2 |" in (out / f"{tag}.md").read_text()
     assert streamed == {"serving-v1": True, "serving-v2": False}
+    ps = subprocess.run([sys.executable, "-m", "ftx_triton", "ps"], capture_output=True, text=True, env=env)
+    assert ps.returncode == 0 and "bench-v" not in ps.stdout, ps.stdout + ps.stderr
+
+
+def test_a_soak_runs_per_variant_with_its_environment_and_a_failed_variant_fails_the_script(tmp_path: Path) -> None:
+    """FTX_SERVING_BENCH carries the soak's arguments; a variant's leading NAME=VALUE words are its `ftx run`'s
+    environment (segmented generation here); files are named by FTX_SERVING_TAG; a variant that cannot start
+    (an unknown option) is reported and the script ends with exit 1."""
+    out = tmp_path / "out"
+    env = {
+        **os.environ,
+        "FTX_HOME": str(tmp_path / "home"),
+        "FTX_DEVICE": "cpu",
+        "PYTHON": sys.executable,
+        "FTX_SERVING_TAG": "serving-soak",
+        "FTX_SERVING_VARIANTS": "FTX_SEGMENT_TOKENS=2 --streaming;--no-such-option",
+        "FTX_SERVING_BENCH": f"--soak-seconds 2 --soak-window 1 --concurrency 2 --paths openai,text "
+        f"--max-tokens {MAX_TOKENS} --soak-max-growth-mb 1000",
+    }
+    done = subprocess.run(
+        [
+            "bash",
+            str(ROOT / "scripts" / "serving-matrix.sh"),
+            str(out),
+            "tiny-gptj",
+            "--runtime",
+            "python",
+            *own_ports(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "serving-soak-v1: FTX_SEGMENT_TOKENS=2 ftx run tiny-gptj --runtime python --http-port" in done.stdout
+    assert "serving-soak-v2: the deployment did not start" in done.stdout
+    soak = json.loads((out / "serving-soak-v1.json").read_text())["soak"]
+    assert soak["summary"]["verdict"] == "PASS" and soak["summary"]["requests"] > 0
+    assert soak["summary"]["tokens"] == soak["summary"]["requests"] * MAX_TOKENS
+    assert "SOAK PASS" in (out / "serving-soak-v1.md").read_text()
     ps = subprocess.run([sys.executable, "-m", "ftx_triton", "ps"], capture_output=True, text=True, env=env)
     assert ps.returncode == 0 and "bench-v" not in ps.stdout, ps.stdout + ps.stderr

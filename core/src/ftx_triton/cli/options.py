@@ -54,6 +54,7 @@ repository_options = options_of(
         "batch_delay_us",
         "dynamic_batching",
         "custom_all_reduce",
+        "embeddings",
         "tokenizer",
     ),
 )

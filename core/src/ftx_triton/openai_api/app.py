@@ -42,7 +42,13 @@ from ftx_triton.front.server import Refused, read_body
 from ftx_triton.front.shield import lone_surrogate
 from ftx_triton.openai_api.admission import overloaded_response
 from ftx_triton.openai_api.chat import TemplateError, TemplateTimeout, TemplateWorker, chat_template, render
-from ftx_triton.openai_api.embeddings import Embeddings, parse_embedding_request, token_ids, vectors_payload
+from ftx_triton.openai_api.embeddings import (
+    Embeddings,
+    EncoderFault,
+    parse_embedding_request,
+    token_ids,
+    vectors_payload,
+)
 from ftx_triton.openai_api.metrics import FrontMetrics, Tracked
 from ftx_triton.openai_api.params import BadRequest, Params, parse_params
 from ftx_triton.openai_api.token_generation import TokenGeneration
@@ -94,6 +100,8 @@ class Deployment:
     """The token route of a streaming repository this process can read (:mod:`.token_generation`)."""
     metrics: FrontMetrics | None = None
     """Token-level Prometheus series (``/metrics``), when the endpoint keeps them."""
+    triton_grpc: str | None = None
+    """Triton's gRPC ``host:port`` (the token route and the encoder model are read over it)."""
     _iface: TextInterface | None = None
     _codec: Any = None
 
@@ -281,7 +289,8 @@ class Handlers:
         self.d = deployment
         self.template, self.specials = chat_template(deployment.tokenizer_dir)
         self.renderer = TemplateWorker(self.template, self.specials) if self.template is not None else None
-        self.embedder = Embeddings(deployment.tokenizer_dir.parent.parent)  # the repository of preprocessing/1
+        # the repository of preprocessing/1, and Triton's gRPC address for its encoder model
+        self.embedder = Embeddings(deployment.tokenizer_dir.parent.parent, deployment.triton_grpc)
 
     async def models(self, _request: web.Request) -> web.Response:
         return web.json_response(
@@ -394,13 +403,13 @@ class Handlers:
         """``/v1/embeddings``: mean-pooled encoder output per input (:mod:`.embeddings`)."""
         body = await self._body(request)
         wanted = parse_embedding_request(body)
-        try:
-            encoder = await asyncio.to_thread(self.embedder.encoder)
-        except FtxError as exc:
-            raise ServerFault(f"the encoder could not be loaded: {exc.message}") from None
+        encoder = await asyncio.to_thread(self.embedder.encoder)
         codec = await asyncio.to_thread(self.d.codec)
         ids = token_ids(wanted, lambda text: codec.encode(text, prompt=True), encoder.vocab_size)
-        vectors = await asyncio.to_thread(encoder.embed, ids)
+        try:
+            vectors = await asyncio.to_thread(encoder.embed, ids)
+        except EncoderFault as exc:
+            raise ServerFault(str(exc)) from None
         used = sum(len(i) for i in ids)
         return web.json_response(
             {
@@ -721,6 +730,7 @@ def make_app(
     = its ``host:port`` for gRPC, which a streaming repository's token route reads ids from)."""
     deployment = Deployment(HttpTriton(triton_http, timeout_s=timeout_s), model_id, ensemble, Path(tokenizer_dir))
     deployment.metrics = FrontMetrics()
+    deployment.triton_grpc = triton_grpc
     if triton_grpc:
         deployment.route = TokenRoute.open(Path(tokenizer_dir).parent.parent)  # the repository of preprocessing/1
         if deployment.route is not None:

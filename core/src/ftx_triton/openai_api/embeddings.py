@@ -4,26 +4,23 @@ An input's embedding is the mean of the encoder's last hidden states over the in
 ids as the deployment's tokenizer encodes a prompt, T5's closing ``</s>`` included; padding never
 counts), in float32, as ``transformers``' ``T5EncoderModel`` gives them. It is not normalised.
 
-Where it runs: on the python runtime the endpoint rebuilds the encoder from the deployment's converted
-files (``model_checkpoint_path``; the same files the served model reads) on the CPU, once, at the first
-request. On the fastertransformer runtime the answer is 501: the pinned backend has a ``T5-Encoder``
-model type, but ftx's repositories do not deploy it yet. A decoder-only family has no encoder: 400.
+Where it runs: in the deployment's ``encoder`` model, which ``ftx run MODEL --embeddings`` adds to an
+encoder-decoder repository (FasterTransformer's ``T5-Encoder`` model type over the same converted files, or
+the python runtime's stand-in); the endpoint sends the ids and pools the hidden states it gets back. A
+deployment without it answers 501 saying how to start one; a decoder-only family has no encoder: 400.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import Any, TypeGuard
 
 from ftx_triton.openai_api.params import BadRequest
-
-if TYPE_CHECKING:
-    from ftx_triton.conversion.family import Family
+from ftx_triton.repository.io import ENCODER_HIDDEN, ENCODER_MODEL_NAME
 
 MAX_INPUTS = 64
 """Inputs one request may embed."""
@@ -79,48 +76,65 @@ def parse_embedding_request(body: Mapping[str, Any]) -> EmbeddingRequest:
     return EmbeddingRequest(inputs, str(fmt))
 
 
-def mean_pool(hidden: Any, mask: Any) -> Any:
-    """The mean of ``hidden`` (batch, tokens, width) over the tokens ``mask`` (batch, tokens) marks, in float32."""
-    weights = mask.to(hidden.dtype).unsqueeze(-1)
-    return ((hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)).float()
-
-
 class Encoder:
-    """The deployment's encoder, rebuilt from its converted files on the CPU (the python runtime's model)."""
+    """The deployment's ``encoder`` model over Triton's gRPC endpoint: ids in (right-padded, with their lengths),
+    hidden states out, mean-pooled here in float32. gRPC, because Triton's HTTP JSON cannot carry the fp16 and
+    bf16 hidden states, and its binary HTTP client needs gevent, which GPU images often lack."""
 
-    def __init__(self, model: Any, vocab_size: int) -> None:
-        self.model, self.vocab_size = model, vocab_size
-        self.lock = threading.Lock()
-
-    @classmethod
-    def load(cls, family: Family, checkpoint: Path, data_type: str | None) -> Encoder:
-        from ftx_triton.runtime.python.hf_model import load_model
-
-        loaded = load_model(family, checkpoint, device="cpu", data_type=data_type)
-        return cls(loaded.model.get_encoder(), int(loaded.config.vocab_size))
+    def __init__(self, triton_grpc: str, vocab_size: int, max_batch: int) -> None:
+        self.url = triton_grpc.removeprefix("grpc://").rstrip("/")
+        self.vocab_size, self.max_batch = vocab_size, max(1, max_batch)
 
     def embed(self, batch: Sequence[Sequence[int]]) -> list[list[float]]:
-        """One mean-pooled vector per id list (padded with 0 and masked out)."""
-        import torch
+        """One mean-pooled vector per id list, in requests of at most the model's batch size."""
+        vectors: list[list[float]] = []
+        for start in range(0, len(batch), self.max_batch):
+            vectors += self._embed(batch[start : start + self.max_batch])
+        return vectors
 
-        width = max(len(ids) for ids in batch)
-        ids = torch.zeros((len(batch), width), dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
+    def _embed(self, batch: Sequence[Sequence[int]]) -> list[list[float]]:
+        import numpy as np
+        import tritonclient.grpc as grpcclient
+        from tritonclient.utils import InferenceServerException
+
+        lengths = np.array([[len(ids)] for ids in batch], dtype=np.uint32)
+        ids = np.zeros((len(batch), int(lengths.max())), dtype=np.uint32)
         for row, tokens in enumerate(batch):
-            ids[row, : len(tokens)] = torch.tensor(list(tokens), dtype=torch.long)
-            mask[row, : len(tokens)] = 1
-        with self.lock, torch.inference_mode():
-            hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
-        return [list(map(float, row)) for row in mean_pool(hidden, mask).tolist()]
+            ids[row, : len(tokens)] = tokens
+        inputs = [
+            grpcclient.InferInput("input_ids", list(ids.shape), "UINT32"),
+            grpcclient.InferInput("sequence_length", list(lengths.shape), "UINT32"),
+        ]
+        inputs[0].set_data_from_numpy(ids)
+        inputs[1].set_data_from_numpy(lengths)
+        client = grpcclient.InferenceServerClient(self.url)
+        try:
+            result = client.infer(
+                ENCODER_MODEL_NAME,
+                inputs,
+                outputs=[grpcclient.InferRequestedOutput(ENCODER_HIDDEN)],
+                client_timeout=600.0,
+            )
+        except InferenceServerException as exc:
+            raise EncoderFault(f"the encoder model failed: {exc.message()}") from None
+        finally:
+            client.close()
+        hidden = np.asarray(result.as_numpy(ENCODER_HIDDEN), dtype=np.float32)
+        mask = (np.arange(ids.shape[1])[None, :] < lengths).astype(np.float32)[..., None]
+        pooled = (hidden * mask).sum(axis=1) / mask.sum(axis=1)
+        return [list(map(float, row)) for row in pooled]
+
+
+class EncoderFault(Exception):
+    """The encoder model answered with an error (the server's fault: the front sent checked ids)."""
 
 
 class Embeddings:
-    """What ``/v1/embeddings`` serves for one repository: an encoder, or the reason there is none."""
+    """What ``/v1/embeddings`` serves for one repository: its ``encoder`` model, or the reason there is none."""
 
-    def __init__(self, repository: Path) -> None:
-        self.repository = repository
+    def __init__(self, repository: Path, triton_grpc: str | None) -> None:
+        self.repository, self.triton_grpc = repository, triton_grpc
         self._encoder: Encoder | None = None
-        self._load = threading.Lock()
 
     def record(self) -> dict[str, Any]:
         try:
@@ -129,7 +143,7 @@ class Embeddings:
             record = None
         if not isinstance(record, dict):
             raise BadRequest(
-                f"this deployment has no readable {DEPLOYMENT_FILE}, so which encoder serves embeddings is unknown "
+                f"this deployment has no readable {DEPLOYMENT_FILE}, so whether it serves an encoder is unknown "
                 "(run `ftx run` again to rebuild the repository)",
                 status=501,
                 code="embeddings_unsupported",
@@ -137,30 +151,36 @@ class Embeddings:
         return record
 
     def encoder(self) -> Encoder:
-        """The encoder (loaded once), or a BadRequest saying why this deployment cannot embed."""
-        with self._load:
-            if self._encoder is not None:
-                return self._encoder
-            record = self.record()
-            from ftx_triton.plugins import load_host
-
-            family = load_host().family(str(record.get("family")))
-            if family.triton_io != ENCODER_IO:
-                raise BadRequest(
-                    f"{family.name} is a decoder-only model: it has no encoder to embed with "
-                    "(/v1/embeddings serves encoder-decoder deployments)",
-                    code="embeddings_unsupported",
-                )
-            if record.get("runtime") != "python":
-                raise BadRequest(
-                    "embeddings are served on the python runtime only: the pinned FasterTransformer backend has a "
-                    "T5-Encoder model type, but ftx does not deploy it yet (serve with `ftx run MODEL --runtime "
-                    "python` for /v1/embeddings)",
-                    status=501,
-                    code="embeddings_unsupported",
-                )
-            self._encoder = Encoder.load(family, Path(str(record.get("checkpoint"))), record.get("data_type"))
+        """The encoder model's client, or a BadRequest saying why this deployment cannot embed."""
+        if self._encoder is not None:
             return self._encoder
+        record = self.record()
+        if ENCODER_MODEL_NAME not in (record.get("models") or ()):
+            family = record.get("family", "this model")
+            if record.get("io_kind", ENCODER_IO) != ENCODER_IO:
+                raise BadRequest(
+                    f"{family} is a decoder-only model: it has no encoder to embed with "
+                    "(/v1/embeddings serves encoder-decoder deployments started with --embeddings)",
+                    code="embeddings_unsupported",
+                )
+            raise BadRequest(
+                f"this {family} deployment serves no encoder model: start it with `ftx run MODEL --embeddings` "
+                "for /v1/embeddings",
+                status=501,
+                code="embeddings_unsupported",
+            )
+        vocab = int((record.get("spec") or {}).get("dims", {}).get("V") or 0) or int(
+            (record.get("tokenizer") or {}).get("vocab_size") or 0
+        )
+        if not self.triton_grpc:
+            raise BadRequest(
+                "this endpoint was started without Triton's gRPC address, which embeddings are read over "
+                "(start it with --triton-grpc HOST:PORT)",
+                status=501,
+                code="embeddings_unsupported",
+            )
+        self._encoder = Encoder(self.triton_grpc, vocab, int(record.get("max_batch_size") or MAX_INPUTS))
+        return self._encoder
 
 
 def vectors_payload(vectors: Sequence[Sequence[float]], fmt: str) -> list[dict[str, Any]]:

@@ -229,6 +229,15 @@ class RepositorySettings(OptionSection):
     dynamic_batching: bool = option(
         True, help="Batch requests of different prompt lengths (ragged input_ids).", kind=bool, show_default=True
     )
+    embeddings: bool = option(
+        False,
+        help="An encoder-decoder model also serves its encoder alone as the `encoder` model, for "
+        "/v1/embeddings (mean-pooled encoder output). Loads the encoder's weights a second time; on "
+        "FasterTransformer at tp x pp = 1.",
+        kind=bool,
+        show_default=True,
+    )
+    """Serve the encoder alone beside the model (``/v1/embeddings``)."""
     tokenizer: Path | None = option(
         None, help="Tokenizer files to use instead of the checkpoint's own.", kind=Path, must_exist=True
     )

@@ -136,6 +136,23 @@ STREAM_INTERVAL_PARAMETER = "ftx_stream_interval"
 """The fastertransformer model's parameter that ftx's backend patch and the python runtime read: a decoupled
 model sends every Nth step's response and the last (absent or 1: every step, as upstream)."""
 
+# --------------------------------------------------------------------------- the encoder (embeddings)
+
+ENCODER_MODEL_NAME = "encoder"
+"""An encoder-decoder deployment's encoder alone (``--embeddings``): FasterTransformer's ``T5-Encoder`` model type,
+or the python runtime's stand-in, read by ``/v1/embeddings``."""
+ENCODER_INPUTS = (TensorDecl("input_ids", "UINT32", (-1,)), TensorDecl("sequence_length", "UINT32", (1,), reshape=()))
+ENCODER_HIDDEN = "output_hidden_state"
+"""[B, S, d_model] in the compute type: the encoder's last hidden states (final layer norm applied)."""
+
+
+def encoder_outputs(data_type: str) -> tuple[TensorDecl, ...]:
+    """The encoder's output; FasterTransformer's backend returns it in the compute type."""
+    return (TensorDecl(ENCODER_HIDDEN, ENCODER_DTYPES.get(data_type, "FP32"), (-1, -1)),)
+
+
+ENCODER_DTYPES = {"fp32": "FP32", "fp16": "FP16", "bf16": "BF16"}
+
 # --------------------------------------------------------------------------- FasterTransformer's ensemble
 # fastertransformer_backend's own ensemble interface (its all_models/<family>/ensemble), served as
 # ``ensemble`` so its clients work unchanged: prompt strings, output lengths and CSV word lists in,

@@ -19,7 +19,15 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ftx_triton.conversion.family import POSITION_KEYS
 from ftx_triton.errors import ConfigError, FtxError
 from ftx_triton.formats.ftformat import gpu_dir_name
-from ftx_triton.repository.io import IO_KINDS, STREAM_INTERVAL_PARAMETER, TensorDecl, ft_outputs
+from ftx_triton.repository.io import (
+    ENCODER_INPUTS,
+    ENCODER_MODEL_NAME,
+    IO_KINDS,
+    STREAM_INTERVAL_PARAMETER,
+    TensorDecl,
+    encoder_outputs,
+    ft_outputs,
+)
 
 if TYPE_CHECKING:
     from ftx_triton.conversion.family import Family
@@ -88,6 +96,8 @@ class FtModelOptions:
     """(output, dtype) where ``model_type`` returns another dtype than its I/O kind's table."""
     custom_all_reduce: bool | None = None
     """FasterTransformer's custom all-reduce at tp > 1; None: :data:`CUSTOM_ALL_REDUCE` for the compute type and tp."""
+    embeddings: bool = False
+    """Also serve an encoder-decoder model's encoder alone (the ``encoder`` model, for ``/v1/embeddings``)."""
 
     @property
     def custom_all_reduce_on(self) -> bool:
@@ -135,6 +145,7 @@ class FtModelOptions:
             dynamic_batching=repo.dynamic_batching,
             max_positions=positions,
             custom_all_reduce=repo.custom_all_reduce,
+            embeddings=repo.embeddings,
         )
 
 
@@ -287,17 +298,46 @@ def build_ft_model_config(opts: FtModelOptions) -> mc.ModelConfig:
         add_queue_policy(config, opts)
     if opts.streaming and opts.stream_interval > 1:
         config.parameters[STREAM_INTERVAL_PARAMETER].string_value = str(opts.stream_interval)
-    set_parameters(
-        config,
-        {
-            "model_type": opts.model_type,
-            "tensor_para_size": str(opts.tp),
-            "pipeline_para_size": str(opts.pp),
-            "model_checkpoint_path": str(opts.checkpoint_path),
-            "data_type": opts.data_type,
-            "enable_custom_all_reduce": "1" if opts.custom_all_reduce_on else "0",
-        },
-    )
+    set_parameters(config, backend_parameters(opts, opts.model_type))
+    return config
+
+
+def backend_parameters(opts: FtModelOptions, model_type: str) -> dict[str, str]:
+    """What FasterTransformer's backend reads from a model's ``parameters``: its type, layout and files."""
+    return {
+        "model_type": model_type,
+        "tensor_para_size": str(opts.tp),
+        "pipeline_para_size": str(opts.pp),
+        "model_checkpoint_path": str(opts.checkpoint_path),
+        "data_type": opts.data_type,
+        "enable_custom_all_reduce": "1" if opts.custom_all_reduce_on else "0",
+    }
+
+
+ENCODER_MODEL_TYPE = "T5-Encoder"
+"""fastertransformer_backend's model type for a T5 encoder alone (the same converted files as ``T5``)."""
+ENCODER_IO = "encoder-decoder"
+
+
+def check_embeddings(opts: FtModelOptions, family_name: str) -> None:
+    """``--embeddings`` needs an encoder: an encoder-decoder model."""
+    if opts.embeddings and opts.io_kind != ENCODER_IO:
+        raise ConfigError(
+            f"--embeddings serves an encoder-decoder model's encoder, and {family_name} is a decoder-only model",
+            hint="leave --embeddings out (embeddings come from an encoder-decoder model)",
+        )
+
+
+def build_encoder_model_config(opts: FtModelOptions, *, backend: str) -> mc.ModelConfig:
+    """The ``encoder`` model: the encoder-decoder checkpoint's encoder, one instance, batches as sent (its inputs
+    are padded by the client; no dynamic batcher), its hidden states in the compute type (where FasterTransformer's
+    backend sets them; the python runtime declares float32 instead)."""
+    config = mc.ModelConfig(name=ENCODER_MODEL_NAME, backend=backend, max_batch_size=opts.max_batch_size)
+    add_inputs_outputs(config, ENCODER_INPUTS, encoder_outputs(opts.data_type))
+    group = config.instance_group.add()
+    group.count = 1
+    group.kind = mc.ModelInstanceGroup.Kind.KIND_CPU
+    set_parameters(config, backend_parameters(opts, ENCODER_MODEL_TYPE))
     return config
 
 

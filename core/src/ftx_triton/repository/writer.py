@@ -7,6 +7,7 @@ Layout::
     postprocessing/config.pbtxt, 1/model.py  FT outputs → text
     ensemble/config.pbtxt, 1/                fastertransformer_backend's ensemble I/O (INPUT_0 … → OUTPUT_0)
     text/config.pbtxt, 1/                    generate-extension I/O (text_input, max_tokens … → text_output)
+    encoder/config.pbtxt, 1/                 with --embeddings: an encoder-decoder model's encoder alone
     ftx-deployment.json                      what this repository was built from
 
 :func:`plan_repository` raises every :class:`~ftx_triton.errors.FtxError` a user can fix before a
@@ -44,6 +45,7 @@ from ftx_triton.repository.ensemble import (
     check_ensemble,
 )
 from ftx_triton.repository.io import (
+    ENCODER_MODEL_NAME,
     POSTPROCESSING_OUTPUTS,
     PREPROCESSING_INPUTS,
     PREPROCESSING_OUTPUTS,
@@ -58,6 +60,7 @@ from ftx_triton.repository.model_config import (
     build_python_model_config,
     check_against_checkpoint,
     check_data_type,
+    check_embeddings,
     check_ft_config,
     check_ft_options,
     checkpoint_ranks,
@@ -306,6 +309,7 @@ def plan_repository(
         )
     check_data_type(family, ft.data_type)
     check_ft_options(ft)
+    check_embeddings(ft, family.name)
     check_checkpoint(family, Path(ft.checkpoint_path), tp=ft.tp, weight_dtype=weight_dtype)
     tok = plan_tokenizer(tokenizer, family, spec, explicit=tokenizer_explicit)
     return RepositoryPlan(family=family, ft=ft, runtime=runtime, tokenizer=tok, deployment=dict(deployment or {}))
@@ -375,12 +379,27 @@ def write_text_model(dest: Path, role: str, plan: RepositoryPlan) -> None:
         shutil.copyfile(src, version / name)
 
 
-def write_repository(plan: RepositoryPlan, dest: Path, ft_writer: FtWriter = write_backend_ft_model) -> tuple[str, ...]:
+def repository_models(plan: RepositoryPlan) -> tuple[str, ...]:
+    """The models ``plan``'s repository holds: every repository's, and the encoder with ``--embeddings``."""
+    return MODEL_NAMES + ((ENCODER_MODEL_NAME,) if plan.ft.embeddings else ())
+
+
+def write_repository(
+    plan: RepositoryPlan,
+    dest: Path,
+    ft_writer: FtWriter = write_backend_ft_model,
+    encoder_writer: FtWriter | None = None,
+) -> tuple[str, ...]:
     """Write every model and ``ftx-deployment.json`` into ``dest``; verify; return the model names.
 
-    ``ft_writer`` is the serving runtime's contribution (the ``fastertransformer`` model)."""
+    ``ft_writer`` and ``encoder_writer`` are the serving runtime's contribution (the ``fastertransformer``
+    model, and the ``encoder`` model that ``--embeddings`` adds)."""
     dest.mkdir(parents=True, exist_ok=True)
     backend = write_ft_model(plan, dest, ft_writer)
+    if plan.ft.embeddings:
+        if encoder_writer is None:
+            raise ConfigError("this runtime does not serve an encoder alone", hint="leave --embeddings out")
+        encoder_writer(dest / ENCODER_MODEL_NAME, plan.ft, plan.family)
     write_text_model(dest, PREPROCESSING, plan)
     write_text_model(dest, POSTPROCESSING, plan)
     ft_outputs = {o.name for o in parse_config(dest / FT_MODEL_NAME / "config.pbtxt").output}
@@ -401,7 +420,7 @@ def write_repository(plan: RepositoryPlan, dest: Path, ft_writer: FtWriter = wri
     record = redact_data(deployment_record(plan, backend))
     (dest / DEPLOYMENT_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     verify_repository(dest)
-    return MODEL_NAMES
+    return repository_models(plan)
 
 
 def deployment_record(plan: RepositoryPlan, backend: str) -> dict[str, Any]:
@@ -411,6 +430,7 @@ def deployment_record(plan: RepositoryPlan, backend: str) -> dict[str, Any]:
         "schema": DEPLOYMENT_SCHEMA,
         "family": plan.family.name,
         "model_type": ft.model_type,
+        "io_kind": plan.io_kind,
         "ini_sections": list(plan.family.ini.required_sections()),
         "data_types": list(ft.data_types),
         "runtime": plan.runtime,
@@ -439,12 +459,14 @@ def deployment_record(plan: RepositoryPlan, backend: str) -> dict[str, Any]:
             "pad_id": tok.pad_id,
             "vocab_size": tok.vocab_size,
         },
-        "models": list(MODEL_NAMES),
+        "embeddings": ft.embeddings,
+        "models": list(repository_models(plan)),
         "endpoints": {
             "generate": f"/v2/models/{TEXT_MODEL_NAME}/generate",
             "generate_stream": f"/v2/models/{TEXT_MODEL_NAME}/generate_stream",
             "fastertransformer": f"/v2/models/{FT_MODEL_NAME}/infer",
             "ensemble": f"/v2/models/{ENSEMBLE_NAME}/infer",
+            **({"encoder": f"/v2/models/{ENCODER_MODEL_NAME}/infer"} if ft.embeddings else {}),
         },
     }
     record.update(plan.deployment)
@@ -469,7 +491,7 @@ def verify_repository(repository: Path) -> tuple[str, ...]:
             problems.append(f"{config_path}: name {config.name!r} differs from its directory")
         if not (config_path.parent / "1").is_dir():
             problems.append(f"{config_path.parent}/1/ is missing")
-    for name in MODEL_NAMES:
+    for name in MODEL_NAMES + ((ENCODER_MODEL_NAME,) if _recorded(repository, "embeddings") else ()):
         if name not in models and not any(name in p for p in problems):
             problems.append(f"model {name} is missing")
     ft_path = repository / FT_MODEL_NAME / "config.pbtxt"

@@ -134,6 +134,13 @@ class Runtime:
         """Write the ``fastertransformer`` model (``config.pbtxt``, ``1/``) into ``model_dir``; return its backend."""
         raise NotImplementedError(f"runtime {self.name} does not write a fastertransformer model")
 
+    def write_encoder_model(self, model_dir: Path, options: FtModelOptions, family: Family) -> str:
+        """Write the ``encoder`` model (``--embeddings``: an encoder-decoder model's encoder alone) into
+        ``model_dir``; return its backend."""
+        from ftx_triton.errors import ConfigError
+
+        raise ConfigError(f"the {self.name} runtime does not serve an encoder alone", hint="leave --embeddings out")
+
     def serve(self, repository: ModelRepository, gemm: GemmConfig, ctx: StageContext) -> Endpoint:
         """Start serving ``repository``; return once it answers (``Endpoint.handle`` stops it)."""
         raise NotImplementedError(f"runtime {self.name} cannot serve")

@@ -85,6 +85,6 @@ def ftx_configure(
         weight_dtype=checkpoint.weight_dtype,
         deployment=info,
     )
-    models = write_repository(plan, dest, runtime.write_ft_model)
+    models = write_repository(plan, dest, runtime.write_ft_model, runtime.write_encoder_model)
     ctx.log.info("configure.written", family=family.name, models=list(models), runtime=runtime.name)
     return ModelRepository(dest, runtime.name, models, family.name)

@@ -60,5 +60,20 @@ class FasterTransformerRuntime(Runtime):
 
         return write_backend_ft_model(model_dir, options, family)
 
+    def write_encoder_model(self, model_dir: Path, options: FtModelOptions, family: Family) -> str:
+        """The backend's ``T5-Encoder`` model over the same converted files, at tp x pp = 1 only."""
+        from ftx_triton.errors import ConfigError
+        from ftx_triton.repository.model_config import build_encoder_model_config, write_config
+
+        if options.tp * options.pp > 1:
+            raise ConfigError(
+                f"--embeddings at tp x pp = {options.tp} x {options.pp}: the encoder model would run its "
+                "all-reduces on the same GPUs beside the generating model's, and two FasterTransformer models' "
+                "all-reduces at once can wait on each other for ever",
+                hint="serve with --tp 1 for /v1/embeddings, or leave --embeddings out",
+            )
+        write_config(build_encoder_model_config(options, backend="fastertransformer"), model_dir)
+        return "fastertransformer"
+
 
 __all__ = ["FasterTransformerRuntime", "prepare_work_dir"]

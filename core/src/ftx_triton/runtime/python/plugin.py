@@ -69,6 +69,11 @@ class PythonRuntime(Runtime):
 
         return write_python_ft_model(model_dir, options, family)
 
+    def write_encoder_model(self, model_dir: Path, options: FtModelOptions, family: Family) -> str:
+        from ftx_triton.runtime.python.repository import write_python_encoder_model
+
+        return write_python_encoder_model(model_dir, options, family)
+
     def serve(self, repository: ModelRepository, gemm: GemmConfig, ctx: StageContext) -> Endpoint:
         from ftx_triton.runtime.python.serve import serve_python
 

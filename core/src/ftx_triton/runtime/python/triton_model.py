@@ -55,7 +55,8 @@ INTERNAL = "internal"
 log = structlog.get_logger(__name__)
 
 
-def _parameters(config: Mapping[str, Any]) -> dict[str, str]:
+def parameters_of(config: Mapping[str, Any]) -> dict[str, str]:
+    """config.pbtxt's ``parameters`` (as Triton's JSON) as plain strings."""
     return {key: value.get("string_value", "") for key, value in (config.get("parameters") or {}).items()}
 
 
@@ -173,7 +174,7 @@ class FtModel:
         from ftx_triton.plugins import load_host
         from ftx_triton.runtime.python.hf_model import load_model
 
-        params = _parameters(config)
+        params = parameters_of(config)
         path = params.get("model_checkpoint_path")
         family_name = params.get(FAMILY_PARAMETER)
         if not path or not family_name:
@@ -327,6 +328,13 @@ def numpy_to_tensor(pb: Any, name: str, value: np.ndarray) -> Any:
     return pb.Tensor(name, value)
 
 
+def stub_utils() -> Any:
+    """``triton_python_backend_utils``, which only the Triton stub provides (tests pass a stand-in instead)."""
+    import triton_python_backend_utils as pb_utils
+
+    return pb_utils
+
+
 class TritonPythonModel:
     """The Python-backend entry point (``initialize`` / ``execute`` / ``finalize``)."""
 
@@ -334,10 +342,7 @@ class TritonPythonModel:
         self.pb = pb_utils
 
     def initialize(self, args: Mapping[str, Any]) -> None:
-        if self.pb is None:
-            import triton_python_backend_utils as pb_utils  # provided by the Triton stub
-
-            self.pb = pb_utils
+        self.pb = self.pb or stub_utils()
         try:
             import transformers
 
