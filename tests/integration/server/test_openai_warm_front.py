@@ -11,6 +11,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+from ftx_triton.errors import ServeError
 from ftx_triton.openai_api.launch import WarmFront, start_openai
 from ftx_triton.server.ports import free_ports, port_free
 
@@ -86,3 +88,55 @@ def test_a_warm_front_that_died_or_was_started_for_the_other_mode_is_replaced(tm
         assert _health(endpoint.url) == 503
     finally:
         endpoint.stop()
+
+
+class _Foreign:
+    """Another process's endpoint on a port: answers ``/health`` 200, as another deployment's front would."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        class Health(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_port_taken_between_the_check_and_the_bind_is_never_mistaken_for_the_endpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two deployments started at once both find the same port free; the one that binds second must not take
+    the other's endpoint for its own (it would print, record and measure another model's URL): it tries the
+    next free port and comes up there, answering as itself."""
+    from ftx_triton.openai_api import launch
+
+    deployment, home, triton = _deployment(tmp_path)
+    foreign = _Foreign()
+    spare = free_ports("127.0.0.1").http
+    chosen = iter([foreign.port, spare])
+    monkeypatch.setattr(launch, "choose_port", lambda host, port: next(chosen))
+    try:
+        endpoint = start_openai(triton, deployment, "raced-model", home=home)
+        try:
+            assert endpoint.port == spare
+            assert _health(endpoint.url) == 503  # this endpoint (Triton unreachable), not the foreign 200
+        finally:
+            endpoint.stop()
+        monkeypatch.setattr(launch, "choose_port", lambda host, port: foreign.port)
+        with pytest.raises(ServeError, match="another process took it first"):
+            start_openai(triton, deployment, "raced-model", home=home, port=foreign.port)
+    finally:
+        foreign.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 import time
 import traceback
@@ -49,6 +50,7 @@ from ftx_triton.openai_api.embeddings import (
     token_ids,
     vectors_payload,
 )
+from ftx_triton.openai_api.launch import PID_HEADER
 from ftx_triton.openai_api.metrics import FrontMetrics, Tracked
 from ftx_triton.openai_api.params import BadRequest, Params, parse_params
 from ftx_triton.openai_api.token_generation import TokenGeneration
@@ -709,11 +711,13 @@ def health_handler(triton: str, ensemble: str) -> Any:
     (a load balancer then takes the deployment out of rotation, as it should)."""
     probe = HttpTriton(triton, timeout_s=HEALTH_TIMEOUT_S)
 
+    mine = {PID_HEADER: str(os.getpid())}  # how the launcher knows this endpoint from another on the port
+
     async def health(_request: web.Request) -> web.Response:
         reason = await asyncio.to_thread(probe.unready, ensemble)
         if reason is None:
-            return web.Response(text="ok")
-        return web.json_response({"status": "unavailable", "reason": reason}, status=503)
+            return web.Response(text="ok", headers=mine)
+        return web.json_response({"status": "unavailable", "reason": reason}, status=503, headers=mine)
 
     return health
 

@@ -152,6 +152,17 @@ def _close(process: subprocess.Popen) -> None:
         process.wait(timeout=5)
 
 
+PID_HEADER = "X-Ftx-Endpoint-Pid"
+"""The header ``/health`` answers with its process id: the launcher knows its own endpoint from another
+deployment's that took the same port between the free-port check and the bind."""
+ATTEMPTS = 3
+"""Ports tried when the one chosen was taken before the endpoint could bind it (no --openai-port)."""
+
+
+class PortTaken(Exception):
+    """The endpoint's port was bound by another process before the endpoint could bind it."""
+
+
 def start_openai(
     triton_http: str,
     repository: Path,
@@ -167,8 +178,45 @@ def start_openai(
 ) -> OpenAIEndpoint:
     """Start the endpoint for ``repository`` served at ``triton_http``; return once it answers. With ``watch_pid``
     (the server's supervisor) it ends when that process ends, detached or not. ``warm``: a process started
-    ahead, used when it can be (else a fresh one is started)."""
-    chosen = choose_port(host, port)
+    ahead, used when it can be (else a fresh one is started). Another process that takes the chosen port first
+    is never mistaken for the endpoint (its ``/health`` names another pid); the next free port is tried."""
+    for attempt in range(ATTEMPTS):
+        try:
+            return _start_on(
+                choose_port(host, port),
+                triton_http,
+                repository,
+                model_id,
+                home=home,
+                host=host,
+                detach=detach,
+                watch_pid=watch_pid,
+                triton_grpc=triton_grpc,
+                warm=warm if attempt == 0 else None,
+            )
+        except PortTaken as taken:
+            if port is not None or attempt == ATTEMPTS - 1:
+                raise ServeError(
+                    f"the OpenAI endpoint could not bind port {taken}: another process took it first",
+                    hint="choose a free --openai-port, or leave it out to take the next free one",
+                ) from None
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+
+def _start_on(
+    chosen: int,
+    triton_http: str,
+    repository: Path,
+    model_id: str,
+    *,
+    home: Path,
+    host: str,
+    detach: bool,
+    watch_pid: int | None,
+    triton_grpc: str | None,
+    warm: WarmFront | None,
+) -> OpenAIEndpoint:
+    """Start the endpoint on ``chosen``; return once it answers as itself; PortTaken when its bind failed."""
     log_dir = Path(home) / "openai" / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{model_id.replace('/', '-')}-{chosen}.log"
@@ -207,11 +255,13 @@ def start_openai(
     while time.monotonic() < deadline:
         if process.poll() is not None:
             tail = log_path.read_text(errors="replace")[-2000:]
+            if "address already in use" in tail.lower():
+                raise PortTaken(chosen)
             raise ServeError(
                 f"the OpenAI endpoint exited with code {process.returncode}:\n{tail}",
                 hint=f"see {log_path}; --no-openai serves without it",
             )
-        if _answers(health):
+        if _answers(health, process.pid):
             return endpoint
         time.sleep(pause)
         pause = min(0.1, pause * 2)
@@ -219,14 +269,15 @@ def start_openai(
     raise ServeError(f"the OpenAI endpoint did not answer within {READY_TIMEOUT_S:g} s", hint=f"see {log_path}")
 
 
-def _answers(health: str) -> bool:
-    """Whether the endpoint process answers ``/health`` at all: it is up. Its 503 (Triton or the text model not
-    ready) is the model's state, which callers check themselves; waiting for a 200 here would wait out a model
-    still loading, or a repository without a text model, and call the endpoint dead."""
+def _answers(health: str, pid: int) -> bool:
+    """Whether the endpoint process ``pid`` answers ``/health`` at all: it is up. Its 503 (Triton or the text
+    model not ready) is the model's state, which callers check themselves; waiting for a 200 here would wait out
+    a model still loading, or a repository without a text model, and call the endpoint dead. An answer from
+    another process on the port (another deployment's endpoint) is not this one's."""
     try:
-        with _OPENER.open(health, timeout=2):
-            return True
-    except urllib.error.HTTPError:
-        return True
+        with _OPENER.open(health, timeout=2) as reply:
+            return reply.headers.get(PID_HEADER) == str(pid)
+    except urllib.error.HTTPError as refused:
+        return refused.headers.get(PID_HEADER) == str(pid)
     except OSError:
         return False
