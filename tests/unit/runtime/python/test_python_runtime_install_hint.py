@@ -34,3 +34,16 @@ def test_the_hint_installs_what_is_missing(
     availability = PythonRuntime().available(RunSettings.of("tiny-gptj"), ArtifactStore(tmp_path))
     assert not availability.ok and availability.reason.endswith(f"({line})"), availability.reason
     assert "serve]" not in availability.reason
+
+
+def test_a_tritonserver_install_of_ones_own_stands_in_for_the_wheel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With FTX_TRITONSERVER_DIR naming a tritonserver install, the nvidia-pytriton wheel is not needed (the
+    server is found there: a GPU image's own Triton); torch and transformers still are."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pytriton" else real(name, *a))
+    monkeypatch.setenv("FTX_TRITONSERVER_DIR", str(tmp_path / "tritonserver"))
+    assert PythonRuntime().available(RunSettings.of("tiny-gptj"), ArtifactStore(tmp_path)).ok
+    monkeypatch.delenv("FTX_TRITONSERVER_DIR")
+    assert not PythonRuntime().available(RunSettings.of("tiny-gptj"), ArtifactStore(tmp_path)).ok

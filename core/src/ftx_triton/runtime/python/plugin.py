@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,7 +44,14 @@ class PythonRuntime(Runtime):
     description = "embedded tritonserver (nvidia-pytriton) + transformers on the converted files; CPU or one GPU"
 
     def available(self, settings: RunSettings, store: ArtifactStore) -> Availability:
-        missing = [dist for module, dist in NEEDS.items() if importlib.util.find_spec(module) is None]
+        from ftx_triton.server.install import TRITONSERVER_DIR_ENV
+
+        own_server = bool(os.environ.get(TRITONSERVER_DIR_ENV))  # a tritonserver install instead of the wheel's
+        missing = [
+            dist
+            for module, dist in NEEDS.items()
+            if not (own_server and module == "pytriton") and importlib.util.find_spec(module) is None
+        ]
         if missing:
             return Availability(False, f"{', '.join(missing)} not installed ({install_line(missing)})")
         return Availability(True, "serving with the embedded python runtime")
