@@ -198,6 +198,23 @@ def test_port_in_use_is_reported_and_auto_ports_are_repicked(
 
 
 @needs_triton
+def test_a_port_held_by_another_ready_server_is_never_taken_for_this_one(tmp_path: Path, home: Path) -> None:
+    """Two deployments that both found a port free: the second's front cannot bind it, and until its supervisor
+    says so the port answers ready, for the first server. Only an answer signed by this server's supervisor
+    (the front names its pid) counts, so the start fails naming the port instead of serving another model."""
+    first_repo, second_repo = tmp_path / "first", tmp_path / "second"
+    first_repo.mkdir()
+    second_repo.mkdir()
+    with TritonServer(first_repo, home=home, exit_timeout_s=5) as first:
+        ports = dataclasses.replace(free_ports(), http=first.ports.http)
+        second = TritonServer(second_repo, home=home, ports=ports, exit_timeout_s=5, name="second")
+        with pytest.raises(ServeError, match=f"port in use: 127.0.0.1:{first.ports.http}"):
+            second.start()
+        assert process_gone(second.pid)
+        assert first.running
+
+
+@needs_triton
 def test_stub_that_cannot_start_fails_fast_instead_of_hanging(
     tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import re
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
@@ -41,6 +42,7 @@ import numpy as np
 from aiohttp import web
 from yarl import URL
 
+from ftx_triton.front import SERVER_PID_HEADER
 from ftx_triton.front.addresses import is_loopback
 from ftx_triton.front.answers import MAX_READ_BYTES, reclassified, worth_reading
 from ftx_triton.front.paths import checked_path, forwarded_path
@@ -205,6 +207,7 @@ class Shield:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=1 << 62)  # the front's own limit applies (read_body)
         app.router.add_route("*", "/{path:.*}", self.forward)
+        app.on_response_prepare.append(self._sign)
         app.on_startup.append(self._open)
         app.on_cleanup.append(self._close)
         return app
@@ -221,6 +224,10 @@ class Shield:
     async def _close(self, _app: web.Application) -> None:
         if self.session is not None:
             await self.session.close()
+
+    @staticmethod
+    async def _sign(_request: web.Request, response: web.StreamResponse) -> None:
+        response.headers[SERVER_PID_HEADER] = str(os.getpid())
 
     def check_admin(self, request: web.Request, path: str) -> None:
         """Refuse an administrative request from a client on another machine (``path``: the forwarded one)."""

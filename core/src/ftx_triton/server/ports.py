@@ -150,10 +150,13 @@ def loopback_port() -> int:
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
 
 
-def http_ok(url: str, timeout_s: float = 2.0) -> bool:
-    """True if GET ``url`` answers 200 (a fresh connection each time: no keep-alive left open)."""
+def http_ok(url: str, timeout_s: float = 2.0, *, signed: tuple[str, str] | None = None) -> bool:
+    """True if GET ``url`` answers 200 (a fresh connection each time: no keep-alive left open), with the header
+    ``signed`` = (name, value) when given (the answer of one process, not of whoever holds the port)."""
     try:
         with _OPENER.open(url, timeout=timeout_s) as response:
+            if signed is not None and response.headers.get(signed[0]) != signed[1]:
+                return False
             return response.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False

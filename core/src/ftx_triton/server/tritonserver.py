@@ -42,6 +42,7 @@ from urllib.parse import quote
 import structlog
 
 from ftx_triton.errors import ServeError
+from ftx_triton.front import SERVER_PID_HEADER
 from ftx_triton.front.addresses import is_loopback
 from ftx_triton.server.admin_apis import admin_restriction
 from ftx_triton.server.install import TritonInstall, find_tritonserver, prepare_backends, server_env
@@ -459,6 +460,9 @@ class TritonServer:
         """Poll readiness; raise _StartFailure on exit, a fatal log line, or timeout."""
         assert self._proc is not None
         base = f"http://{self.http_url}"
+        # behind ftx's front, only an answer signed by this server's supervisor counts: another deployment that
+        # took the port first (both saw it free) must not be taken for this one
+        signed = (SERVER_PID_HEADER, str(self._proc.pid)) if self.http_front else None
         watch = LogWatch(self._log_path, offset)
         expected = self.expected_models
         pending = list(expected)
@@ -478,9 +482,11 @@ class TritonServer:
                 raise _StartFailure(f"tritonserver exited with code {code} while starting")
             self._check_stubs_started(loading)
             if not server_ready:
-                server_ready = http_ok(f"{base}/v2/health/ready")
+                server_ready = http_ok(f"{base}/v2/health/ready", signed=signed)
             if server_ready:
-                pending = [m for m in pending if not http_ok(f"{base}/v2/models/{quote(m, safe='')}/ready")]
+                pending = [
+                    m for m in pending if not http_ok(f"{base}/v2/models/{quote(m, safe='')}/ready", signed=signed)
+                ]
                 if not pending:
                     return
             if time.monotonic() > deadline:
