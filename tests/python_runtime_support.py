@@ -6,7 +6,11 @@ trainers; servers are the real tritonserver from the nvidia-pytriton wheel.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
@@ -318,7 +322,7 @@ def stream(
 def own_ports() -> list[str]:
     """``ftx run`` arguments giving a deployment four free ports of its own (HTTP, gRPC, metrics, OpenAI): two
     deployments started at once by tests on different workers would otherwise both see Triton's 8000-8002 and
-    the OpenAI endpoint's 9000 free, and one's readiness check could be answered by the other's server."""
+    the OpenAI endpoint's 9000 free, and the one that binds second would have to start again on new ports."""
     from ftx_triton.server.ports import free_ports, loopback_port
 
     while True:
@@ -330,6 +334,28 @@ def own_ports() -> list[str]:
         *("--http-port", str(ports.http), "--grpc-port", str(ports.grpc)),
         *("--metrics-port", str(ports.metrics), "--openai-port", str(openai)),
     ]
+
+
+FTX_COMMAND = str(Path(sys.executable).parent / "ftx")
+
+
+@contextlib.contextmanager
+def detached_run(home: Path, *args: str) -> Iterator[tuple[subprocess.CompletedProcess[str], dict[str, str]]]:
+    """``ftx run ARGS --runtime python --detach`` on the CPU in FTX_HOME ``home``: its finished process (stdout
+    holds the addresses) and the environment to call ftx with; ``ftx stop --all`` once the block ends."""
+    env = {**os.environ, "FTX_HOME": str(home), "FTX_DEVICE": "cpu"}
+    run = subprocess.run(
+        [FTX_COMMAND, "run", *args, "--runtime", "python", "--detach"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    try:
+        yield run, env
+    finally:
+        subprocess.run([FTX_COMMAND, "stop", "--all"], capture_output=True, timeout=120, env=env)
 
 
 SERVER_MARKS = [

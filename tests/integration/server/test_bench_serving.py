@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from python_runtime_support import SERVER_MARKS
+from python_runtime_support import SERVER_MARKS, detached_run
 
 pytestmark = SERVER_MARKS
 
@@ -27,19 +27,8 @@ MAX_TOKENS, REQUESTS, LEVELS = 6, 2, (1, 2)
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     home = tmp_path_factory.mktemp("bench-serving-home")
-    env = {**os.environ, "FTX_HOME": str(home), "FTX_DEVICE": "cpu"}
-    run = subprocess.run(
-        [FTX, "run", "tiny-gptj", "--runtime", "python", "--streaming", "--detach"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    try:
+    with detached_run(home, "tiny-gptj", "--streaming") as (_run, env):
         yield env
-    finally:
-        subprocess.run([FTX, "stop", "--all"], capture_output=True, timeout=120, env=env)
 
 
 def _bench(env: dict[str, str], tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], Any]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from python_runtime_support import SERVER_MARKS
+from python_runtime_support import SERVER_MARKS, detached_run
 
 pytestmark = SERVER_MARKS
 
@@ -42,20 +42,9 @@ def served(tmp_path_factory: pytest.TempPathFactory, built_demo: Path) -> Iterat
 
     home = tmp_path_factory.mktemp("many-users-home")
     seed_demo(home, built_demo)
-    env = {**os.environ, "FTX_HOME": str(home), "FTX_DEVICE": "cpu"}
     args = ["--streaming", "--stream-interval", "3", "--max-queue-size", "1"]
-    run = subprocess.run(
-        [*FTX, "run", "tiny-gptj", "--runtime", "python", *args, "--detach"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    try:
+    with detached_run(home, "tiny-gptj", *args) as (run, _env):
         yield Served(home, run.stdout)
-    finally:
-        subprocess.run([*FTX, "stop", "--all"], capture_output=True, timeout=120, env=env)
 
 
 def _post(url: str, body: Any) -> tuple[int, dict[str, str], str]:

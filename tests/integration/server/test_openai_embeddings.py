@@ -5,9 +5,7 @@ compared with ``transformers``' T5EncoderModel mean-pooled over the same tokens.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -17,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from python_runtime_support import SERVER_MARKS, tiny_t5
+from python_runtime_support import SERVER_MARKS, detached_run, tiny_t5
 
 pytestmark = SERVER_MARKS
 
@@ -45,19 +43,8 @@ class Served:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     home = tmp_path_factory.mktemp("embed-home")
     source = tiny_t5(tmp_path_factory.mktemp("tiny-t5"))
-    env = {**os.environ, "FTX_HOME": str(home), "FTX_DEVICE": "cpu"}
-    run = subprocess.run(
-        [*FTX, "run", str(source), "--runtime", "python", "--embeddings", "--detach"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    try:
+    with detached_run(home, str(source), "--embeddings") as (run, _env):
         yield Served(home, source, run.stdout)
-    finally:
-        subprocess.run([*FTX, "stop", "--all"], capture_output=True, timeout=120, env=env)
 
 
 def _reference(source: Path, texts: list[str]) -> np.ndarray:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from python_runtime_support import SERVER_MARKS  # noqa: E402
+from python_runtime_support import SERVER_MARKS, detached_run  # noqa: E402
 
 pytestmark = SERVER_MARKS
 
@@ -64,20 +64,9 @@ def served(tmp_path_factory: pytest.TempPathFactory, built_demo: Path) -> Iterat
     shutil.copy(demo / "tokenizer.json", tokenizer / "tokenizer.json")
     config = json.loads((demo / "tokenizer_config.json").read_text())
     (tokenizer / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
-    env = {**os.environ, "FTX_HOME": str(home), "FTX_DEVICE": "cpu"}
-    run = subprocess.run(
-        [*FTX, "run", "tiny-gptj", "--runtime", "python", "--streaming", "--detach", "--tokenizer", str(tokenizer)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    served = Served(home, run.stdout)
-    try:
+    with detached_run(home, "tiny-gptj", "--streaming", "--tokenizer", str(tokenizer)) as (run, _env):
+        served = Served(home, run.stdout)
         yield served
-    finally:
-        subprocess.run([*FTX, "stop", "--all"], capture_output=True, timeout=120, env=env)
     with pytest.raises(urllib.error.URLError):  # `ftx stop` ended the endpoint with the server
         _OPENER.open(served.openai + "/models", timeout=5)
 
@@ -496,16 +485,7 @@ def test_health_means_health_and_the_front_dies_with_its_supervisor(tmp_path: Pa
 
     home = tmp_path / "home"
     seed_demo(home, built_demo)
-    env = {**os.environ, "FTX_HOME": str(home), "FTX_DEVICE": "cpu"}
-    run = subprocess.run(
-        [*FTX, "run", "tiny-gptj", "--runtime", "python", "--detach"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    try:
+    with detached_run(home, "tiny-gptj") as (run, _env):
         health = Served(home, run.stdout).openai.removesuffix("/v1") + "/health"
         assert _health(health) == (200, "ok")
         (record_file,) = (home / "openai").glob("*.json")
@@ -519,8 +499,6 @@ def test_health_means_health_and_the_front_dies_with_its_supervisor(tmp_path: Pa
         triton.kill()
         front.wait(timeout=30)  # gone with the supervisor, not an orphan of init
         assert not supervisor.is_running()
-    finally:
-        subprocess.run([*FTX, "stop", "--all"], capture_output=True, timeout=120, env=env)
 
 
 def _plain(url: str) -> tuple[int, Any]:

@@ -7,7 +7,6 @@ with made-up samples (a real leak cannot be made to order)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from python_runtime_support import SERVER_MARKS, own_ports
+from python_runtime_support import SERVER_MARKS, detached_run, own_ports
 
 ROOT = Path(__file__).parents[3]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -31,19 +30,8 @@ MAX_TOKENS = 6
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     home = tmp_path_factory.mktemp("soak-home")
-    env = {**os.environ, "FTX_HOME": str(home), "FTX_DEVICE": "cpu"}
-    run = subprocess.run(
-        [FTX, "run", "tiny-gptj", "--runtime", "python", "--streaming", "--detach", *own_ports()],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    try:
+    with detached_run(home, "tiny-gptj", "--streaming", *own_ports()) as (_run, env):
         yield env
-    finally:
-        subprocess.run([FTX, "stop", "--all"], capture_output=True, timeout=120, env=env)
 
 
 def _command(out: Path, seconds: float, *extra: str) -> list[str]:
