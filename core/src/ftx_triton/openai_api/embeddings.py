@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from ftx_triton.openai_api.params import BadRequest
-from ftx_triton.repository.io import ENCODER_HIDDEN, ENCODER_MODEL_NAME
+from ftx_triton.repository.io import ENCODER_DECODER, ENCODER_HIDDEN, ENCODER_MODEL_NAME
 
 MAX_INPUTS = 64
 """Inputs one request may embed."""
@@ -28,7 +28,6 @@ MAX_INPUT_TOKENS = 512
 """Tokens one input may have (T5's pre-training length)."""
 ENCODING_FORMATS = ("float", "base64")
 DEPLOYMENT_FILE = "ftx-deployment.json"
-ENCODER_IO = "encoder-decoder"
 
 
 @dataclass(frozen=True)
@@ -157,7 +156,7 @@ class Embeddings:
         record = self.record()
         if ENCODER_MODEL_NAME not in (record.get("models") or ()):
             family = record.get("family", "this model")
-            if record.get("io_kind", ENCODER_IO) != ENCODER_IO:
+            if record.get("io_kind", ENCODER_DECODER) != ENCODER_DECODER:
                 raise BadRequest(
                     f"{family} is a decoder-only model: it has no encoder to embed with "
                     "(/v1/embeddings serves encoder-decoder deployments started with --embeddings)",

@@ -180,7 +180,8 @@ def start_openai(
     (the server's supervisor) it ends when that process ends, detached or not. ``warm``: a process started
     ahead, used when it can be (else a fresh one is started). Another process that takes the chosen port first
     is never mistaken for the endpoint (its ``/health`` names another pid); the next free port is tried."""
-    for attempt in range(ATTEMPTS):
+    attempts = ATTEMPTS if port is None else 1  # a port the user chose is not replaced by another
+    for attempt in range(attempts):
         try:
             return _start_on(
                 choose_port(host, port),
@@ -195,12 +196,11 @@ def start_openai(
                 warm=warm if attempt == 0 else None,
             )
         except PortTaken as taken:
-            if port is not None or attempt == ATTEMPTS - 1:
-                raise ServeError(
-                    f"the OpenAI endpoint could not bind port {taken}: another process took it first",
-                    hint="choose a free --openai-port, or leave it out to take the next free one",
-                ) from None
-    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+            lost = taken
+    raise ServeError(
+        f"the OpenAI endpoint could not bind port {lost}: another process took it first",
+        hint="choose a free --openai-port, or leave it out to take the next free one",
+    )
 
 
 def _start_on(

@@ -82,9 +82,11 @@ ENCODER_DECODER_OUTPUTS = (
     TensorDecl("output_log_probs", "FP32", (-1, -1)),
 )
 
+ENCODER_DECODER = "encoder-decoder"
+"""The I/O kind of an encoder-decoder model type (T5's); the other is ``decoder``."""
 IO_KINDS = {
     "decoder": (DECODER_INPUTS, DECODER_OUTPUTS),
-    "encoder-decoder": (ENCODER_DECODER_INPUTS, ENCODER_DECODER_OUTPUTS),
+    ENCODER_DECODER: (ENCODER_DECODER_INPUTS, ENCODER_DECODER_OUTPUTS),
 }
 
 

@@ -20,6 +20,7 @@ from ftx_triton.conversion.family import POSITION_KEYS
 from ftx_triton.errors import ConfigError, FtxError
 from ftx_triton.formats.ftformat import gpu_dir_name
 from ftx_triton.repository.io import (
+    ENCODER_DECODER,
     ENCODER_INPUTS,
     ENCODER_MODEL_NAME,
     IO_KINDS,
@@ -316,12 +317,11 @@ def backend_parameters(opts: FtModelOptions, model_type: str) -> dict[str, str]:
 
 ENCODER_MODEL_TYPE = "T5-Encoder"
 """fastertransformer_backend's model type for a T5 encoder alone (the same converted files as ``T5``)."""
-ENCODER_IO = "encoder-decoder"
 
 
 def check_embeddings(opts: FtModelOptions, family_name: str) -> None:
     """``--embeddings`` needs an encoder: an encoder-decoder model."""
-    if opts.embeddings and opts.io_kind != ENCODER_IO:
+    if opts.embeddings and opts.io_kind != ENCODER_DECODER:
         raise ConfigError(
             f"--embeddings serves an encoder-decoder model's encoder, and {family_name} is a decoder-only model",
             hint="leave --embeddings out (embeddings come from an encoder-decoder model)",

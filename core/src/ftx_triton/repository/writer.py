@@ -491,7 +491,7 @@ def verify_repository(repository: Path) -> tuple[str, ...]:
             problems.append(f"{config_path}: name {config.name!r} differs from its directory")
         if not (config_path.parent / "1").is_dir():
             problems.append(f"{config_path.parent}/1/ is missing")
-    for name in MODEL_NAMES + ((ENCODER_MODEL_NAME,) if _recorded(repository, "embeddings") else ()):
+    for name in _recorded(repository, "models") or MODEL_NAMES:
         if name not in models and not any(name in p for p in problems):
             problems.append(f"model {name} is missing")
     ft_path = repository / FT_MODEL_NAME / "config.pbtxt"
