@@ -59,6 +59,14 @@ def train_bpe_tokenizer(
     return tokenizer
 
 
+def end_of_text_id(dest: Path, vocab_size: int, *, tokenizer: bool) -> int:
+    """The end-of-text id of a tiny model's tokenizer, trained into ``dest`` (at most 200 ids, never more than the
+    model's ``vocab_size``) when ``tokenizer``; 0 for a model shipped without one."""
+    if not tokenizer:
+        return 0
+    return int(train_bpe_tokenizer(dest, vocab_size=min(vocab_size, 200)).token_to_id(END_OF_TEXT))
+
+
 def save_model(model: Any, dest: Path, dtype: str = "float32", safetensors: bool = True) -> Path:
     """``model`` in ``dtype`` saved with ``save_pretrained`` into ``dest``."""
     import torch

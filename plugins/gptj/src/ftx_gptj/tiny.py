@@ -79,10 +79,7 @@ def tiny_gptj(
     """
     from transformers import GPTJConfig, GPTJForCausalLM
 
-    eos = 0
-    if tokenizer:
-        tok = tiny.train_bpe_tokenizer(dest, vocab_size=min(vocab_size, 200))
-        eos = tok.token_to_id(tiny.END_OF_TEXT)
+    eos = tiny.end_of_text_id(dest, vocab_size, tokenizer=tokenizer)
     ids = {"bos_token_id": eos, "eos_token_id": eos, **(token_ids or {})}
     config = GPTJConfig(
         n_layer=n_layer,

@@ -29,10 +29,7 @@ def tiny_gptneox(
     """
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    eos = 0
-    if tokenizer:
-        tok = tiny.train_bpe_tokenizer(dest, vocab_size=min(vocab_size, 200))
-        eos = tok.token_to_id(tiny.END_OF_TEXT)
+    eos = tiny.end_of_text_id(dest, vocab_size, tokenizer=tokenizer)
     config = GPTNeoXConfig(
         num_hidden_layers=num_hidden_layers,
         hidden_size=hidden_size,
