@@ -134,6 +134,10 @@ def configure(source: str, output: Path, runtime: str, **opts: Any) -> None:
         raise ConfigError("the pipeline stopped before the configure stage", hint="run with -v to see why")
     place_repository(result.repository.path, target)
     say(f"repository {target}: {', '.join(result.repository.models)} (runtime {result.repository.runtime})")
+    if settings.configure.streaming:
+        from ftx_triton.repository.model_config import stream_of
+
+        say(f"streaming  {stream_of(True, settings.configure.stream_interval).describe()} (--stream-interval)")
     if result.checkpoint is not None:
         say(f"checkpoint {result.checkpoint.path} (kept in the artifact store; the repository points at it)")
     click.echo(str(target))

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ftx_triton.conversion.dtype_names import WEIGHT_DTYPE_NAMES
-from ftx_triton.plan.options import OptionSection, S, normalise, option
+from ftx_triton.plan.options import META_KEY, OptionSection, S, normalise, option
 
 STAGES = ("fetch", "convert", "tune", "configure", "serve")
 
@@ -187,16 +187,21 @@ class RepositorySettings(OptionSection):
     streaming: bool = option(
         False, help="Decoupled model: one response per generated token (gRPC streaming).", kind=bool, show_default=True
     )
-    stream_interval: int = option(
-        1,
+    stream_interval: int | Auto = option(
+        AUTO,
         help="With --streaming: the model sends every Nth generated token's response and the last (each "
-        "holds the whole text so far). 1 = every token, as FasterTransformer's backend does.",
+        "holds the whole text so far). auto (the default): N grows with the batch the model generates, "
+        "N = ceil(requests in the batch / 4), so the whole batch sends about 4 responses per step (one client "
+        "gets every token; config.pbtxt's ftx_stream_auto_responses sets the 4). 1 = every token, as "
+        "FasterTransformer's backend does.",
         kind=int,
         low=1,
         high=4096,
+        auto=True,
         show_default=True,
     )
-    """A streaming model sends every Nth step's response (and the last); 1: every step, as upstream."""
+    """A streaming model sends every Nth step's response (and the last); 1: every step, as upstream; :data:`AUTO`:
+    N from the batch of each execution (:mod:`ftx_triton.repository.stream_interval`)."""
     max_queue_size: int = option(
         0,
         help="Admission control: requests the model's queue holds; one more is refused at once (the OpenAI "
@@ -448,7 +453,7 @@ def settings_table() -> list[tuple[str, str, str, str]]:
 
 
 def _normalise(name: str, value: Any) -> Any:
-    if name == "tp" and is_auto(value):
+    if name in _AUTO_FIELDS and is_auto(value):
         return AUTO
     if name == "tokenizer" and value is not None:
         return Path(value)
@@ -467,6 +472,10 @@ def _field_sections() -> dict[str, str]:
 
 FIELD_SECTION = _field_sections()
 """Flat option name -> the section attribute holding it."""
+_AUTO_FIELDS = frozenset(
+    f.name for cls in SECTIONS.values() for f in fields(cls) if getattr(f.metadata.get(META_KEY), "auto", False)
+)
+"""Settings that take ``auto`` besides a number (``tp``, ``stream_interval``)."""
 
 
 def section_fingerprint(section: Any) -> dict[str, Any]:

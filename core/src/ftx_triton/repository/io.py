@@ -134,9 +134,6 @@ STREAM_OFFSET = "ftx_stream_offset"
 tokens new in this response start in ``output_ids``. Postprocessing decodes only those, so a stream
 carries each piece of text once (FasterTransformer itself resends the whole sequence every step)."""
 STREAM_OFFSET_DECL = TensorDecl(STREAM_OFFSET, "UINT32", (-1,))
-STREAM_INTERVAL_PARAMETER = "ftx_stream_interval"
-"""The fastertransformer model's parameter that ftx's backend patch and the python runtime read: a decoupled
-model sends every Nth step's response and the last (absent or 1: every step, as upstream)."""
 
 # --------------------------------------------------------------------------- the encoder (embeddings)
 

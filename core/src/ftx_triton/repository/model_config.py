@@ -19,16 +19,17 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ftx_triton.conversion.family import POSITION_KEYS
 from ftx_triton.errors import ConfigError, FtxError
 from ftx_triton.formats.ftformat import gpu_dir_name
+from ftx_triton.plan.settings import AUTO, Auto
 from ftx_triton.repository.io import (
     ENCODER_DECODER,
     ENCODER_INPUTS,
     ENCODER_MODEL_NAME,
     IO_KINDS,
-    STREAM_INTERVAL_PARAMETER,
     TensorDecl,
     encoder_outputs,
     ft_outputs,
 )
+from ftx_triton.repository.stream_interval import StreamInterval
 
 if TYPE_CHECKING:
     from ftx_triton.conversion.family import Family
@@ -78,8 +79,9 @@ class FtModelOptions:
     text_batching: bool = True
     """Dynamic batching of each text model's requests (one Python call per queued group)."""
     streaming: bool = False
-    stream_interval: int = 1
-    """A decoupled model sends every Nth step's response and the last (ftx's backend patch, the python runtime)."""
+    stream_interval: int | Auto = AUTO
+    """A decoupled model sends every Nth step's response and the last (ftx's backend patch, the python runtime);
+    :data:`AUTO`: every ceil(requests in the batch / R)th step (:mod:`ftx_triton.repository.stream_interval`)."""
     max_queue_size: int = 0
     """Triton's dynamic batcher queue bound for the model: a request beyond it is refused at once (0: none)."""
     queue_timeout_ms: int = 0
@@ -99,6 +101,11 @@ class FtModelOptions:
     """FasterTransformer's custom all-reduce at tp > 1; None: :data:`CUSTOM_ALL_REDUCE` for the compute type and tp."""
     embeddings: bool = False
     """Also serve an encoder-decoder model's encoder alone (the ``encoder`` model, for ``/v1/embeddings``)."""
+
+    @property
+    def stream(self) -> StreamInterval:
+        """Which steps the decoupled model sends (every step when not streaming)."""
+        return stream_of(self.streaming, self.stream_interval)
 
     @property
     def custom_all_reduce_on(self) -> bool:
@@ -148,6 +155,13 @@ class FtModelOptions:
             custom_all_reduce=repo.custom_all_reduce,
             embeddings=repo.embeddings,
         )
+
+
+def stream_of(streaming: bool, interval: int | Auto) -> StreamInterval:
+    """The stream interval of ``--stream-interval`` (every step when not ``streaming``)."""
+    if not streaming:
+        return StreamInterval()
+    return StreamInterval(None if isinstance(interval, Auto) else interval)
 
 
 def source_context_size(family: Family, source: Path) -> int | None:
@@ -215,12 +229,15 @@ def check_ft_options(opts: FtModelOptions) -> None:
 
 def check_serving_options(opts: FtModelOptions) -> None:
     """The stream interval and the bounded queue need what they act on (a stream, the dynamic batcher)."""
-    if opts.stream_interval < 1:
-        raise ConfigError("the stream interval must be at least 1", hint="use --stream-interval 1 or more")
-    if opts.stream_interval > 1 and not opts.streaming:
+    interval = opts.stream_interval
+    if not isinstance(interval, Auto) and interval < 1:
+        raise ConfigError(
+            "the stream interval must be at least 1", hint="use --stream-interval auto, or a number of 1 or more"
+        )
+    if not isinstance(interval, Auto) and interval > 1 and not opts.streaming:
         raise ConfigError(
             f"--stream-interval {opts.stream_interval} needs a streaming deployment",
-            hint="add --streaming, or leave --stream-interval out",
+            hint="add --streaming, or leave --stream-interval out (auto, which only a stream uses)",
         )
     if opts.max_queue_size < 0 or opts.queue_timeout_ms < 0:
         raise ConfigError("the queue size and timeout cannot be negative", hint="use 0 for no bound")
@@ -297,8 +314,7 @@ def build_ft_model_config(opts: FtModelOptions) -> mc.ModelConfig:
         config.dynamic_batching.SetInParent()
         config.dynamic_batching.max_queue_delay_microseconds = opts.batch_delay_us
         add_queue_policy(config, opts)
-    if opts.streaming and opts.stream_interval > 1:
-        config.parameters[STREAM_INTERVAL_PARAMETER].string_value = str(opts.stream_interval)
+    set_parameters(config, opts.stream.parameters())
     set_parameters(config, backend_parameters(opts, opts.model_type))
     return config
 

@@ -34,6 +34,7 @@ from ftx_triton.errors import CheckpointError, ConfigError
 from ftx_triton.formats.ftformat import gpu_dir_name, read_ini
 from ftx_triton.io.jsonfile import MAX_JSON_BYTES
 from ftx_triton.io.regular import open_regular
+from ftx_triton.plan.settings import Auto
 from ftx_triton.repository import textproc
 from ftx_triton.repository.ensemble import (
     ENSEMBLE_NAME,
@@ -66,6 +67,7 @@ from ftx_triton.repository.model_config import (
     checkpoint_ranks,
     parameter,
     parse_config,
+    stream_of,
     write_config,
 )
 from ftx_triton.terminal.redact import redact_data
@@ -342,12 +344,14 @@ def text_instances(role: str, *, streaming: bool, count: int) -> int:
 
 
 def describe_text_models(repo: RepositorySettings) -> str:
-    """The text models as a dry run shows them: ``preprocessing x2, postprocessing x1, batched``."""
+    """The text models (and the stream) as a dry run shows them: ``preprocessing x2, postprocessing x1, batched``,
+    then ``, streaming (a response every 4 tokens and the last)`` for a streaming deployment."""
     pre, post = (
         text_instances(role, streaming=repo.streaming, count=repo.text_instances)
         for role in (PREPROCESSING, POSTPROCESSING)
     )
-    return f"preprocessing x{pre}, postprocessing x{post}" + (", batched" if repo.text_batching else "")
+    stream = f", streaming ({stream_of(True, repo.stream_interval).describe()})" if repo.streaming else ""
+    return f"preprocessing x{pre}, postprocessing x{post}" + (", batched" if repo.text_batching else "") + stream
 
 
 def write_text_model(dest: Path, role: str, plan: RepositoryPlan) -> None:
@@ -443,7 +447,7 @@ def deployment_record(plan: RepositoryPlan, backend: str) -> dict[str, Any]:
         "text_instances": ft.text_instances,
         "text_batching": ft.text_batching,
         "streaming": ft.streaming,
-        "stream_interval": ft.stream_interval,
+        "stream_interval": str(ft.stream_interval) if isinstance(ft.stream_interval, Auto) else ft.stream_interval,
         "max_queue_size": ft.max_queue_size,
         "queue_timeout_ms": ft.queue_timeout_ms,
         "batch_delay_us": ft.batch_delay_us,

@@ -293,6 +293,52 @@ def test_stream_interval_sends_every_nth_step_and_the_bounded_queue_refuses_at_o
         assert "timeout" in outcome[queued][2].lower(), outcome
 
 
+def test_auto_stream_interval_counts_the_requests_the_server_batches(
+    sources: dict[str, tuple[Path, Any]], tmp_path: Path
+) -> None:
+    """``--stream-interval auto`` (the default, R = 4): five streams that Triton's dynamic batcher runs as one
+    execution get every 2nd step and the final reply (3 responses for 6 tokens, the last holding all of them);
+    one request of five rows, alone, gets every step (6), as upstream's batch-of-8 identity client expects."""
+    import json
+    import urllib.request
+
+    name = "gptj"
+    src, ref = sources[name]
+    # the batcher holds the first arrival up to 2 s for more and runs at once when five rows are there
+    server = _start(tmp_path, name, 1, src, ref, streaming=True, max_batch_size=5, batch_delay_us=2_000_000)
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(5)]
+    got: dict[int, list[tuple[dict[str, np.ndarray], bool]]] = {}
+
+    def one(index: int) -> None:
+        got[index] = stream(server.grpc_url, decoder_inputs([prompts[index]], 6, end_id=column(10_000, 1, np.uint32)))
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the server is local
+
+    def executions() -> int:
+        with opener.open(f"http://{server.http_url}/v2/models/fastertransformer/stats", timeout=60) as answer:
+            return int(json.loads(answer.read())["model_stats"][0]["execution_count"])
+
+    try:
+        before = executions()
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        batched = executions() - before
+        alone = stream(server.grpc_url, decoder_inputs(prompts, 6, end_id=column(10_000, 5, np.uint32)))
+    finally:
+        server.stop()
+    assert batched == 1  # the five streams were one execution of the model
+    for index, prompt in enumerate(prompts):
+        assert [final for _data, final in got[index]] == [False, False, True], index
+        assert [int(data["sequence_length"][0, 0]) for data, _final in got[index]] == [
+            len(prompt) + s for s in (2, 4, 6)
+        ]
+        assert _tokens(got[index][-1][0], 0) == hf_greedy(ref, prompt, 6, eos_token_id=None)
+    assert [final for _data, final in alone] == [False] * 5 + [True]
+
+
 def test_tensors_cross_the_stub_through_dlpack_too(sources: dict[str, tuple[Path, Any]], tmp_path: Path) -> None:
     """The DLPack exchange used under numpy 2 (where the stub's numpy bridge returns empty tensors)
     gives the same answers; FTX_TRITON_DLPACK=1 forces it here, under numpy 1."""

@@ -655,6 +655,29 @@ def test_beam_search_streams_one_response_per_step(streaming_gptj: Any) -> None:
     assert np.array_equal(replies[-1].outputs["output_ids"], whole["output_ids"])
 
 
+def test_auto_stream_interval_grows_with_the_requests_generated_together(streaming_gptj: Any) -> None:
+    """``--stream-interval auto`` (the default; R = 4 responses per step for the whole batch), the CPU reference
+    of ftx's backend patch: five requests generated together get every 2nd step and the final reply, each reply
+    holding every token so far (the stream offsets say where its new ones start); one request alone, even of five
+    rows, gets every step."""
+    ref, ft = streaming_gptj
+    assert ft.stream_interval.every is None  # the repository's default: auto
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(5)]
+    batch = [decoder_inputs([p], 6, end_id=column(10_000, 1, np.uint32)) for p in prompts]
+    sent: dict[int, list[Any]] = {}
+    ft.stream(batch, lambda index, reply: sent.setdefault(index, []).append(reply))
+    for index, prompt in enumerate(prompts):
+        replies = sent[index]
+        assert [r.final for r in replies] == [False, False, True], index
+        lengths = [int(r.outputs["sequence_length"][0, 0]) for r in replies]
+        assert lengths == [len(prompt) + step for step in (2, 4, 6)]
+        assert [int(r.outputs["ftx_stream_offset"][0, 0]) for r in replies] == [len(prompt), *lengths[:-1]]
+        assert _tokens(replies[-1].outputs) == hf_greedy(ref, prompt, 6, eos_token_id=None)
+    alone: list[Any] = []
+    ft.stream([decoder_inputs(prompts, 6, end_id=column(10_000, 5, np.uint32))], lambda _i, reply: alone.append(reply))
+    assert [r.final for r in alone] == [False] * 5 + [True]
+
+
 # --------------------------------------------------------------------------- one request fails alone (#14.3)
 
 

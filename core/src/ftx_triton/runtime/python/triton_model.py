@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 import structlog
 
-from ftx_triton.repository.io import STREAM_INTERVAL_PARAMETER, STREAM_OFFSET
+from ftx_triton.repository.io import STREAM_OFFSET
+from ftx_triton.repository.stream_interval import StreamInterval
 from ftx_triton.runtime.python.generation import (
     Generator,
     Item,
@@ -101,7 +102,8 @@ class _Pending:
 
 
 class _Stream(StepSink):
-    """Turns decoding steps into one streamed reply per request and step."""
+    """Turns decoding steps into one streamed reply per request and step of the stream interval (for ``auto``:
+    the interval of this batch of requests, as ftx's backend patch computes it)."""
 
     def __init__(
         self,
@@ -111,7 +113,7 @@ class _Stream(StepSink):
         wanted: Sequence[Sequence[str] | None] | None,
     ) -> None:
         self.model, self.send, self.wanted = model, send, wanted
-        self.interval = max(1, model.stream_interval)
+        self.interval = model.stream_interval.for_batch(len(pending))
         self.owners: dict[int, tuple[_Pending, int]] = {}
         for p in pending:
             for k in range(len(p.request.items)):
@@ -154,6 +156,9 @@ class _Stream(StepSink):
         for p, by_item in by_request.values():
             if len(by_item) < len(p.request.items):
                 continue  # items of one request in different generate calls: wait for the last call
+            p.steps += 1
+            if p.steps % self.interval:
+                continue  # the stream interval (the finished beams go as the final reply)
             results = [partial_beams(item, by_item[k]) for k, item in enumerate(p.request.items)]
             self.reply(p, results, steps=max(b.shape[1] for b in by_item.values()), final=False)
 
@@ -161,11 +166,14 @@ class _Stream(StepSink):
 class FtModel:
     """FT-interface generation over a rebuilt transformers model (no Triton types here)."""
 
-    def __init__(self, generator: Generator, output_dtypes: Mapping[str, Any], stream_interval: int = 1) -> None:
+    def __init__(
+        self, generator: Generator, output_dtypes: Mapping[str, Any], stream_interval: StreamInterval | None = None
+    ) -> None:
         self.generator = generator
         self.output_dtypes = dict(output_dtypes)
-        self.stream_interval = stream_interval
-        """A stream sends every Nth step's reply and the last (config.pbtxt's ``ftx_stream_interval``)."""
+        self.stream_interval = stream_interval or StreamInterval()
+        """Which steps a stream sends (config.pbtxt's ``ftx_stream_interval``; default every step); the last
+        always goes."""
         self.lock = threading.Lock()
 
     @classmethod
@@ -193,8 +201,7 @@ class FtModel:
             loaded.model, end_id=spec.end_id, start_id=spec.start_id, device=loaded.device, max_positions=positions
         )
         dtypes = {out["name"]: _NUMPY_TYPES.get(out["data_type"], np.float32) for out in config.get("output", ())}
-        interval = params.get(STREAM_INTERVAL_PARAMETER, "")
-        return cls(generator, dtypes, int(interval) if interval.isdigit() and int(interval) > 1 else 1)
+        return cls(generator, dtypes, StreamInterval.from_parameters(params))
 
     # -- requests -------------------------------------------------------------------------
 

@@ -204,6 +204,7 @@ def describe_run(
             max_batch_size=repo.max_batch_size,
             instances=repo.instances,
             streaming=repo.streaming,
+            stream_interval=repo.stream_interval,
             dynamic_batching=repo.dynamic_batching,
         )
     )

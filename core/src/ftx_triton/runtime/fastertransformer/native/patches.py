@@ -25,6 +25,12 @@ from pathlib import Path
 import structlog
 
 from ftx_triton.errors import SourceError
+from ftx_triton.repository.stream_interval import (
+    STREAM_AUTO,
+    STREAM_AUTO_RESPONSES,
+    STREAM_AUTO_RESPONSES_PARAMETER,
+    STREAM_INTERVAL_PARAMETER,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -369,8 +375,9 @@ PATCHES: tuple[Change, ...] = (
     # --- behaviour: the stream interval. A decoupled model sent a response per generated token to every request
     # of the batch (a Triton response, a device-to-host copy of the whole output so far, and downstream one
     # Python postprocessing call each). With the model parameter ``ftx_stream_interval`` N > 1 the streaming
-    # callback sends every Nth step only; the final response (the whole output) always goes. Absent or 1:
-    # every step, as upstream.
+    # callback sends every Nth step only; ``auto``: N = ceil(requests of this execution / R), R from
+    # ``ftx_stream_auto_responses`` (ftx_triton.repository.stream_interval; the python runtime does the same).
+    # The final response (the whole output) always goes. Absent or 1: every step, as upstream.
     Edit(
         BACKEND_CC,
         "  std::vector<TRITONBACKEND_ResponseFactory*>* factories;\n  BackendModelInstance* model;\n};\n",
@@ -395,16 +402,27 @@ PATCHES: tuple[Change, ...] = (
         "  stream_callback_ctx_t context = {total_batch_size, requests,   request_count,\n"
         "                                   &responses,       &factories, this};\n"
         "  {\n"
-        "    common::TritonJson::Value ftx_params, ftx_value;\n"
-        "    std::string ftx_interval;\n"
-        '    if (model_state_->ModelConfig().Find("parameters", &ftx_params) &&\n'
-        '        ftx_params.Find("ftx_stream_interval", &ftx_value)) {\n'
-        '      ftx_value.MemberAsString("string_value", &ftx_interval);\n'
+        "    common::TritonJson::Value ftx_params, ftx_value, ftx_responses_value;\n"
+        "    std::string ftx_interval, ftx_responses;\n"
+        '    if (model_state_->ModelConfig().Find("parameters", &ftx_params)) {\n'
+        f'      if (ftx_params.Find("{STREAM_INTERVAL_PARAMETER}", &ftx_value)) {{\n'
+        '        ftx_value.MemberAsString("string_value", &ftx_interval);\n'
+        "      }\n"
+        f'      if (ftx_params.Find("{STREAM_AUTO_RESPONSES_PARAMETER}", &ftx_responses_value)) {{\n'
+        '        ftx_responses_value.MemberAsString("string_value", &ftx_responses);\n'
+        "      }\n"
         "    }\n"
-        "    const int ftx_n = std::atoi(ftx_interval.c_str());\n"
+        "    int ftx_n = std::atoi(ftx_interval.c_str());\n"
+        f'    if (ftx_interval == "{STREAM_AUTO}") {{\n'
+        "      // ftx: about ftx_r responses per step for the whole batch, whatever the number of requests\n"
+        "      const int ftx_r_given = std::atoi(ftx_responses.c_str());\n"
+        f"      const size_t ftx_r = ftx_r_given > 0 ? (size_t)ftx_r_given : (size_t){STREAM_AUTO_RESPONSES};\n"
+        "      ftx_n = (int)(((size_t)request_count + ftx_r - 1) / ftx_r);\n"
+        "    }\n"
         "    context.ftx_stream_interval = ftx_n > 1 ? ftx_n : 1;\n"
         "  }\n",
-        "read the stream interval from the model's parameters (absent: every step, as upstream)",
+        "read the stream interval from the model's parameters (absent: every step, as upstream; auto: from the "
+        "number of requests in this execution)",
     ),
     Edit(
         "fastertransformer_backend/CMakeLists.txt",
