@@ -7,6 +7,8 @@ those tests skip where the bundle is absent.
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import tarfile
 from pathlib import Path
@@ -261,3 +263,137 @@ def test_a_modified_upstream_file_is_refused_naming_its_component(upstream: Path
             verify_sources(upstream)
     finally:
         target.write_bytes(original)
+
+
+# --------------------------------------------------------------------------- the stream interval's C++, compiled
+
+STREAM_HARNESS = r"""
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#define TRITONJSON_STATUSTYPE int
+#define TRITONJSON_STATUSRETURN(M) return 1
+#define TRITONJSON_STATUSSUCCESS 0
+#include "triton/common/triton_json.h"
+
+namespace triton { namespace harness {
+struct stream_callback_ctx_t {  // the fields the patch adds (the backend's own ones are not read here)
+  int ftx_stream_interval = 1;
+  int ftx_steps = 0;
+};
+struct ModelState {
+  common::TritonJson::Value config;
+  common::TritonJson::Value& ModelConfig() { return config; }
+};
+
+int Interval(const std::string& json, const uint32_t request_count) {
+  ModelState state;
+  ModelState* model_state_ = &state;
+  if (state.config.Parse(json) != 0) {
+    return -1;
+  }
+  stream_callback_ctx_t context;
+@FILL@
+  return context.ftx_stream_interval;
+}
+
+int Sent(const int interval, const int steps) {
+  stream_callback_ctx_t ctx;
+  ctx.ftx_stream_interval = interval;
+  stream_callback_ctx_t* context = &ctx;
+  int sent = 0;
+  for (int step = 0; step < steps; ++step) {
+    [&]() {
+@SKIP@
+      ++sent;
+    }();
+  }
+  return sent;
+}
+}}  // namespace triton::harness
+
+int main(int argc, char** argv) {
+  for (int i = 1; i + 2 < argc; i += 3) {  // config JSON, requests in the execution, generated steps
+    const int interval = triton::harness::Interval(argv[i], (uint32_t)std::atoi(argv[i + 1]));
+    std::printf("%d %d\n", interval, triton::harness::Sent(interval, std::atoi(argv[i + 2])));
+  }
+  return 0;
+}
+"""
+
+
+def _inserted(needle: str) -> str:
+    """What the backend patch's edit holding ``needle`` adds after its old text (the edits append)."""
+    edit = next(
+        e for e in PATCHES if isinstance(e, Edit) and e.path.endswith("libfastertransformer.cc") and needle in e.new
+    )
+    assert edit.new.startswith(edit.old)
+    return edit.new[len(edit.old) :]
+
+
+@needs_bundle
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_the_stream_interval_patch_compiled_reads_what_the_config_writer_writes(upstream: Path, tmp_path: Path) -> None:
+    """The C++ the patch adds where the backend fills the streaming callback's context, and its step filter,
+    compiled with g++ against Triton's real JSON reader (the backend itself needs CUDA): for config.pbtxt as ftx
+    writes it and Triton hands it over (JSON), the interval for 1 … 64 requests in one execution is the python
+    runtime's (``auto``: ceil(requests / R)), and a stream of 12 steps sends every interval-th one."""
+    import subprocess
+
+    from ftx_triton.plan.settings import AUTO
+    from ftx_triton.repository.model_config import FtModelOptions, build_ft_model_config
+    from ftx_triton.repository.stream_interval import StreamInterval
+    from google.protobuf import json_format
+
+    source = STREAM_HARNESS.replace("@FILL@", _inserted("ftx_stream_auto_responses")).replace(
+        "@SKIP@", _inserted("% context->ftx_stream_interval")
+    )
+    (tmp_path / "harness.cc").write_text(source)
+    includes = [f"-I{upstream / 'triton' / 'common' / 'include'}", f"-I{upstream / 'rapidjson' / 'include'}"]
+    build = subprocess.run(
+        [
+            "g++",
+            "-std=c++17",
+            "-Wall",
+            "-Wextra",
+            "-Wno-deprecated-declarations",
+            *includes,
+            "harness.cc",
+            "-o",
+            "harness",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert build.returncode == 0, build.stderr
+    assert not re.search(r"harness\.cc:\d+:\d+: warning", build.stderr), build.stderr  # none in the patch's lines
+
+    def config(interval: object, streaming: bool = True, **edit: str) -> tuple[str, dict[str, str]]:
+        opts = FtModelOptions("GPT-J", "decoder", Path("/x/1-gpu"), 1, streaming=streaming, stream_interval=interval)  # type: ignore[arg-type]
+        message = build_ft_model_config(opts)
+        for key, value in edit.items():  # a hand-edited config.pbtxt
+            message.parameters[key].string_value = value
+        params = {k: v.string_value for k, v in message.parameters.items()}
+        return json.dumps(json_format.MessageToDict(message, preserving_proto_field_name=True)), params
+
+    configs = [
+        config(AUTO),
+        config(AUTO, ftx_stream_auto_responses="2"),
+        config(AUTO, ftx_stream_auto_responses="0"),  # not a count: the default R
+        config(3),
+        config(1),
+        config(AUTO, streaming=False),
+    ]
+    cases = [(text, params, n) for text, params in configs for n in (1, 2, 4, 5, 8, 9, 32, 64)]
+    args = [str(a) for text, _params, n in cases for a in (text, n, 12)]
+    run = subprocess.run([str(tmp_path / "harness"), *args], capture_output=True, text=True, check=True)
+    got = [tuple(map(int, line.split())) for line in run.stdout.splitlines()]
+    expected = []
+    for _text, params, n in cases:
+        interval = StreamInterval.from_parameters(params).for_batch(n)
+        expected.append((interval, 12 // interval))
+    assert got == expected
+    assert got[:8] == [(1, 12), (1, 12), (1, 12), (2, 6), (2, 6), (3, 4), (8, 1), (16, 0)]  # auto, R = 4
