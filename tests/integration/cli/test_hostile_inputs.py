@@ -645,6 +645,10 @@ SETTINGS = {  # [settings] value -> what the error says; checked as the command 
     "http_port = 70000": "http_port must be an integer in 1-65535, not int 70000",
     "runtime = 5": "runtime must be a string, not int 5",
     "tpp = 2": "'tpp' is no setting of `ftx run` (did you mean 'tp'?)",  # once ignored without a word
+    'stream_interval = "fast"': "stream_interval must be an integer in 1-4096 or auto, not str 'fast'",
+    "stream_interval = 0": "stream_interval must be an integer in 1-4096 or auto, not int 0",
+    "stream_interval = -3": "stream_interval must be an integer in 1-4096 or auto, not int -3",
+    'stream_interval = "4"': "stream_interval must be an integer in 1-4096 or auto, not str '4'",
 }
 
 
@@ -714,6 +718,26 @@ def test_a_committed_ftx_toml_cannot_widen_exposure(
     assert confirmed.exit_code == 0, confirmed.stderr
     manifest.write_text(manifest.read_text().replace(value, "127.0.0.1"))
     assert ftx_cli("run", "--dry-run").exit_code == 0
+
+
+def test_stream_interval_auto_or_a_number_in_ftx_toml_is_taken(
+    ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``stream_interval = "auto"`` (as `ftx lock` writes the default) and a number are taken as the command line
+    takes them; the dry run says which steps the stream sends."""
+    manifest = tmp_path / "ftx.toml"
+    monkeypatch.chdir(tmp_path)
+    for value, says in (
+        ('"auto"', "interval auto: a response every ceil(requests in the batch / 4) tokens"),
+        ("4", "a response every 4 tokens and the last"),
+    ):
+        manifest.write_text(
+            f'[model]\nsource = {json.dumps(str(tiny_gptj_dir))}\n[settings]\nruntime = "python"\nstreaming = true\n'
+            f"stream_interval = {value}\n"
+        )
+        result = ftx_cli("run", "--dry-run")
+        assert result.exit_code == 0, result.stderr
+        assert says in result.stdout, result.stdout
 
 
 def test_settings_as_ftx_lock_writes_them_are_taken(

@@ -248,7 +248,9 @@ def test_text_instances_count_both_text_models(ftx_cli, tiny_gptj_dir: Path, tmp
     assert counts == {"preprocessing": 3, "postprocessing": 1}  # a stream's pieces keep their order
     plan = ftx_cli("run", str(tiny_gptj_dir), "--dry-run", "--streaming", "--text-instances", "3")
     assert plan.exit_code == 0, plan.stderr
-    assert "preprocessing x3, postprocessing x1, batched, ensemble" in plan.stdout
+    assert "preprocessing x3, postprocessing x1, batched, streaming (interval auto: a response every" in plan.stdout
+    assert json.loads((streaming / "ftx-deployment.json").read_text())["stream_interval"] == "auto"  # the default
+    assert ft_config(streaming).parameters["ftx_stream_interval"].string_value == "auto"
 
 
 def test_text_models_batch_unless_told_not_to(ftx_cli, tiny_gptj_dir: Path, tmp_path: Path) -> None:
