@@ -240,7 +240,8 @@ def test_text_instances_count_both_text_models(ftx_cli, tiny_gptj_dir: Path, tmp
     assert [g.count for g in ft_config(out).instance_group] == [1]
     assert json.loads((out / "ftx-deployment.json").read_text())["text_instances"] == 3
     streaming = tmp_path / "streaming"
-    configure(ftx_cli, tiny_gptj_dir, streaming, "--text-instances", "3", "--streaming")
+    told = configure(ftx_cli, tiny_gptj_dir, streaming, "--text-instances", "3", "--streaming")
+    assert "interval auto: a response every ceil(requests in the batch / 4) tokens" in told.stderr
     counts = {
         r: parse_config(streaming / r / "config.pbtxt").instance_group[0].count
         for r in ("preprocessing", "postprocessing")
