@@ -168,6 +168,10 @@ def test_the_upstream_loader_serves_when_chosen_or_when_nothing_can_be_pinned(
     assert loaded.stdout.count("ready 0") == 2 and "pinned 0" in loaded.stdout
     assert loaded.stderr.count("cannot pin") == (1 if warned else 0)
     assert loaded.device == [b"\xab" * 16] * 2
+    if warned:  # ftx's log scan reports it as a warning: the server still serves
+        finding = LogScanner().scan(loaded.stderr.splitlines()[0])
+        assert finding is not None and (finding.kind, finding.severity) == ("weight-loader", "warning")
+        assert "(out of memory)" in finding.message
 
 
 def test_each_gpus_line_of_a_server_log_becomes_one_event() -> None:
