@@ -17,7 +17,7 @@ each repeat twice, with ftx's pinned weight loader and with upstream FasterTrans
 (``FTX_FT_LOADER=upstream``), in alternating order: both timelines, the slowest GPU's weight loading from the
 server log (``ftx: weights of rank …`` lines) and their ratios::
 
-    python benchmarks/bench_cached_run.py --skip convert --repeat 3 --model CHECKPOINT \
+    python benchmarks/bench_cached_run.py --skip convert --repeat 3 --model CHECKPOINT --home "$FTX_HOME" \
         --runtime fastertransformer-native --run-args "--tp 2 --no-tune" --compare-loader
 
 Another version of ftx is measured by putting its sources first on ``PYTHONPATH`` (its server processes inherit it).
@@ -206,6 +206,9 @@ def main() -> None:
     parser.add_argument("--skip", choices=("run", "convert"), help="leave one part out")
     parser.add_argument("--runtime", help="pass --runtime to ftx run (default: the one ftx chooses)")
     parser.add_argument("--model", default="tiny-gptj", help="what ftx run serves (a preset or a checkpoint)")
+    parser.add_argument(
+        "--home", type=Path, help="the FTX_HOME of the runs (default: WORK/run-home; a GPU's holds the built backend)"
+    )
     parser.add_argument("--run-args", default="", help='more ftx run arguments, e.g. "--tp 2 --no-tune"')
     parser.add_argument(
         "--compare-loader",
@@ -214,7 +217,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     ftx = shutil.which("ftx", path=str(Path(sys.executable).parent)) or "ftx"
-    env = {**os.environ, "FTX_HOME": str(args.work / "run-home")}
+    env = {**os.environ, "FTX_HOME": str(args.home or args.work / "run-home")}
     args.work.mkdir(parents=True, exist_ok=True)
     if args.skip != "run":
         loaders = ["pinned", "upstream"] if args.compare_loader else ["pinned"]
