@@ -1,0 +1,306 @@
+"""A lean decode loop for the python runtime on a GPU: one prefill, then one-token forwards on a static KV cache.
+
+``transformers``' ``generate`` spends host time on every step (stopping criteria, cache bookkeeping and a
+read of ``unfinished_sequences.max()`` that waits for the GPU), so a 6B model on an H100 decodes at about
+half its memory-bandwidth bound. This loop keeps the GPU fed:
+
+* the prompt (left-padded) runs once through the model's forward with a ``StaticCache`` of
+  ``prompt + new tokens`` rounded up to :data:`CACHE_ROUND` positions;
+* each step then feeds the new token with its position (``attention_mask.cumsum() - 1``, as ``generate``
+  computes it) and cache position, applies transformers' own logits processors for the request's settings
+  (``_get_logits_processor`` of a ``GenerationConfig`` built like ``generate``'s, plus ftx's presence penalty
+  and bad words) to the float32 logits, and picks the token (argmax, or ``multinomial`` of the softmax), all
+  on the device: sampled ids are the ones ``generate`` draws for the same seed;
+* the host reads the new tokens only every few steps (1, 2, 4 … up to :data:`CHECK_EVERY`), hands them to
+  the streamer step by step (a sink still gets one call per step, with every token) and stops once every
+  row has finished (end id, stop word or its own length); tokens a row generated after its end are cut by
+  the same finishing rules as ``generate``'s output.
+
+How the one-token forward runs is the mode (``FTX_PYTHON_COMPILE``, CUDA only; see :func:`decode_mode`):
+``lean`` calls it eagerly; ``graph`` captures it once per batch size and cache length in a
+``torch.cuda.CUDAGraph`` with static input buffers (eager's aten kernels, replayed without launch costs);
+``cudagraphs`` and ``inductor`` hand it to ``torch.compile`` (its ``cudagraphs`` backend, or inductor's
+``reduce-overhead`` mode, whose fused kernels round fp16 differently from eager's). A capture or compile
+that fails is logged (``runtime.decode_step_fallback``) and that batch shape decodes eagerly.
+
+Beam search, encoder-decoder models (T5) and models without a static cache keep using ``generate``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import structlog
+
+from ftx_triton.errors import ConfigError
+
+log = structlog.get_logger(__name__)
+
+COMPILE_ENV = "FTX_PYTHON_COMPILE"
+EAGER = "eager"
+"""``generate`` with a dynamic cache, every kernel eager (the default, and always on CPU)."""
+TRANSFORMERS_STATIC = "transformers"
+"""``generate`` with ``cache_implementation="static"``: transformers compiles the forward (inductor)."""
+LEAN = "lean"
+GRAPH = "graph"
+CUDAGRAPHS = "cudagraphs"
+INDUCTOR = "inductor"
+LOOP_MODES = (LEAN, GRAPH, CUDAGRAPHS, INDUCTOR)
+"""Modes that decode with :class:`LeanDecoder`."""
+MODES = (EAGER, TRANSFORMERS_STATIC, *LOOP_MODES)
+ALIASES = {"0": EAGER, "1": GRAPH}
+
+CHECK_EVERY = 16
+"""Most steps between two reads of the new tokens on the host."""
+CACHE_ROUND = 64
+"""Static caches hold a multiple of this many positions, so requests of similar lengths share a graph."""
+GRAPHS_KEPT = 2
+"""Captured (batch, cache length) shapes kept at once; each holds its own KV cache."""
+
+
+def decode_mode(device: Any) -> str:
+    """How decoding runs on ``device``: ``FTX_PYTHON_COMPILE`` (one of :data:`MODES`; ``0`` = eager, ``1`` =
+    graph) on a CUDA device, eager elsewhere (compiling costs more on a CPU than it saves)."""
+    import os
+
+    raw = os.environ.get(COMPILE_ENV, "").strip().lower()
+    mode = ALIASES.get(raw, raw) or EAGER
+    if mode not in MODES:
+        raise ConfigError(
+            f"{COMPILE_ENV}={raw!r} is not a decoding mode",
+            hint=f"set {COMPILE_ENV} to one of {', '.join(MODES)} (0 = eager, 1 = graph), or unset it for eager",
+        )
+    return mode if getattr(device, "type", str(device)) == "cuda" else EAGER
+
+
+def cache_length(prompt: int, new_tokens: int) -> int:
+    """Positions of the static cache for a prompt of ``prompt`` tokens and ``new_tokens`` to generate."""
+    total = prompt + new_tokens
+    return -(-total // CACHE_ROUND) * CACHE_ROUND
+
+
+@dataclass
+class _Shape:
+    """A static KV cache and the one-token step's input buffers for one (batch, cache length)."""
+
+    cache: Any
+    ids: Any  # int64 [B, 1]
+    positions: Any  # int64 [B, 1]
+    cache_position: Any  # int64 [1]
+    mask: Any  # int64 [B, cache_len]
+    step: Callable[[], Any] | None = None  # → float logits [B, V] of the buffers' token
+    graph: Any = None
+    logits: Any = None  # the captured graph's output
+
+
+@dataclass
+class LeanDecoder:
+    """Decodes left-padded decoder prompts step by step on a static cache (see the module docstring)."""
+
+    model: Any
+    mode: str = LEAN
+    shapes: OrderedDict[tuple[int, int], _Shape] = field(default_factory=OrderedDict)
+    fallbacks: list[str] = field(default_factory=list)
+    """Why a shape decodes eagerly in a graph or compile mode (capture or compile failed), for the benchmark."""
+
+    def _forward(self, shape: _Shape, **inputs: Any) -> Any:
+        keep = {"logits_to_keep": 1} if _accepts(self.model, "logits_to_keep") else {}
+        out = self.model(past_key_values=shape.cache, use_cache=True, return_dict=True, **inputs, **keep)
+        return out.logits[:, -1, :]
+
+    def _shape(self, batch: int, length: int, device: Any) -> _Shape:
+        import torch
+        from transformers import StaticCache
+
+        key = (batch, length)
+        shape = self.shapes.pop(key, None)
+        if shape is None:
+            while len(self.shapes) >= GRAPHS_KEPT:
+                self.shapes.popitem(last=False)
+            shape = _Shape(
+                cache=StaticCache(config=self.model.config, max_cache_len=length),
+                ids=torch.zeros((batch, 1), dtype=torch.long, device=device),
+                positions=torch.zeros((batch, 1), dtype=torch.long, device=device),
+                cache_position=torch.zeros(1, dtype=torch.long, device=device),
+                mask=torch.ones((batch, length), dtype=torch.long, device=device),
+            )
+        else:
+            shape.cache.reset()
+        self.shapes[key] = shape
+        return shape
+
+    def _step(self, shape: _Shape) -> Any:
+        """The buffers' one-token forward, captured or compiled on first use in those modes."""
+
+        def eager() -> Any:
+            return self._forward(
+                shape,
+                input_ids=shape.ids,
+                attention_mask=shape.mask,
+                position_ids=shape.positions,
+                cache_position=shape.cache_position,
+            )
+
+        if shape.step is None:
+            shape.step = eager
+            if self.mode != LEAN:
+                try:
+                    shape.step = self._captured(shape, eager) if self.mode == GRAPH else self._compiled(shape)
+                except Exception as error:  # noqa: BLE001 - any capture failure leaves eager decoding
+                    reason = f"{self.mode} at batch {shape.ids.shape[0]}: {type(error).__name__}: {error}"
+                    self.fallbacks.append(reason)
+                    log.warning("runtime.decode_step_fallback", reason=reason[:500])
+                    shape.step = eager
+        return shape.step()
+
+    def _captured(self, shape: _Shape, eager: Callable[[], Any]) -> Callable[[], Any]:
+        """``eager`` recorded in a CUDA graph (warmed up on a side stream first, as CUDA graphs need). The
+        warm-up runs the real step for the buffers' token: it writes that position's keys and values, which
+        the replay writes again with the same values."""
+        import torch
+
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                eager()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            shape.logits = eager()
+        shape.graph = graph
+
+        def replay() -> Any:
+            graph.replay()
+            return shape.logits
+
+        return replay
+
+    def _compiled(self, shape: _Shape) -> Callable[[], Any]:
+        import torch
+
+        def forward(ids: Any, positions: Any, cache_position: Any, mask: Any) -> Any:
+            return self._forward(
+                shape, input_ids=ids, attention_mask=mask, position_ids=positions, cache_position=cache_position
+            )
+
+        options: dict[str, Any] = (
+            {"backend": "cudagraphs"} if self.mode == CUDAGRAPHS else {"mode": "reduce-overhead", "fullgraph": True}
+        )
+        compiled = torch.compile(forward, dynamic=False, **options)
+
+        def call() -> Any:
+            # cudagraph trees reuse their output memory on the next call: copy what is read after it
+            return compiled(shape.ids, shape.positions, shape.cache_position, shape.mask).clone()
+
+        call()  # compile now, so that a failure falls back here rather than mid-request
+        return call
+
+    def decode(
+        self,
+        input_ids: Any,
+        attention: Any,
+        *,
+        max_new: int,
+        config: Any,
+        processors: Sequence[Any],
+        take: Callable[[list[int], list[float] | None], bool],
+        log_probs: bool,
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Generate up to ``max_new`` tokens for the left-padded ``input_ids`` [B, S] (``attention`` its mask).
+
+        ``config`` is the ``GenerationConfig`` ``generate`` would get (it picks transformers' processors),
+        ``processors`` ftx's own; ``take(tokens, log_probs)`` receives each step's tokens (one per row) and
+        answers whether every row has finished. Returns the generated ids [B, n] (n ≤ ``max_new``: at least
+        every row's tokens up to its end) and, when asked, each token's log-softmax [B, n].
+        """
+        import torch
+        from transformers import LogitsProcessorList
+
+        batch, prompt = input_ids.shape
+        device = input_ids.device
+        chain = self.model._get_logits_processor(
+            generation_config=config,
+            input_ids_seq_length=prompt,
+            encoder_input_ids=input_ids,
+            prefix_allowed_tokens_fn=None,
+            logits_processor=LogitsProcessorList(processors),
+            device=device,
+            model_kwargs={"attention_mask": attention},
+        )
+        shape = self._shape(batch, cache_length(prompt, max_new), device)
+        sequence = torch.empty((batch, prompt + max_new), dtype=torch.long, device=device)
+        sequence[:, :prompt] = input_ids
+        chosen = torch.zeros((batch, max_new), dtype=torch.float32, device=device) if log_probs else None
+        shape.mask.fill_(1)
+        shape.mask[:, :prompt] = attention
+        positions = attention.long().cumsum(-1) - 1
+        positions.masked_fill_(attention == 0, 1)
+        logits = self._forward(
+            shape,
+            input_ids=input_ids,
+            attention_mask=shape.mask,
+            position_ids=positions,
+            cache_position=torch.arange(prompt, device=device),
+        )
+        shape.positions.copy_(positions[:, -1:])
+        shape.cache_position.fill_(prompt - 1)
+        sample = bool(config.do_sample)
+        done = read = 0
+        group = 1
+        while done < max_new:
+            scores = chain(sequence[:, : prompt + done], logits.to(copy=True, dtype=torch.float32))
+            tokens = (
+                torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+                if sample
+                else torch.argmax(scores, dim=-1)
+            )
+            sequence[:, prompt + done] = tokens
+            if chosen is not None:
+                chosen[:, done] = torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+            done += 1
+            if done - read >= group or done == max_new:
+                if self._hand_over(sequence[:, prompt + read : prompt + done], chosen, read, take):
+                    break
+                read, group = done, min(2 * group, CHECK_EVERY)
+            if done < max_new:
+                shape.ids.copy_(tokens[:, None])
+                shape.positions.add_(1)
+                shape.cache_position.add_(1)
+                logits = self._step(shape)
+        generated = sequence[:, prompt : prompt + done].cpu().numpy().astype(np.int64)
+        return generated, None if chosen is None else chosen[:, :done].cpu().numpy()
+
+    @staticmethod
+    def _hand_over(tokens: Any, chosen: Any, start: int, take: Callable[[list[int], list[float] | None], bool]) -> bool:
+        """The steps since the last read, one ``take`` call each; whether every row has finished."""
+        rows = tokens.cpu().numpy()
+        probs = None if chosen is None else chosen[:, start : start + rows.shape[1]].cpu().numpy()
+        finished = False
+        for column in range(rows.shape[1]):
+            finished = take(
+                [int(t) for t in rows[:, column]], None if probs is None else [float(p) for p in probs[:, column]]
+            )
+        return finished
+
+
+def _accepts(model: Any, name: str) -> bool:
+    import inspect
+
+    return name in inspect.signature(model.forward).parameters
+
+
+def supports_loop(model: Any) -> bool:
+    """Whether ``model`` can decode with :class:`LeanDecoder`: a decoder-only model whose forward takes a
+    static cache's positions, and a transformers that still builds ``generate``'s processors the same way."""
+    config = getattr(model, "config", None)
+    return (
+        config is not None
+        and not getattr(config, "is_encoder_decoder", False)
+        and hasattr(model, "_get_logits_processor")
+        and all(_accepts(model, name) for name in ("past_key_values", "position_ids", "cache_position"))
+    )
