@@ -107,9 +107,17 @@ class LeanDecoder:
     fallbacks: list[str] = field(default_factory=list)
     """Why a shape decodes eagerly in a graph or compile mode (capture or compile failed), for the benchmark."""
 
-    def _forward(self, shape: _Shape, **inputs: Any) -> Any:
-        keep = {"logits_to_keep": 1} if _accepts(self.model, "logits_to_keep") else {}
-        out = self.model(past_key_values=shape.cache, use_cache=True, return_dict=True, **inputs, **keep)
+    def _forward(self, shape: _Shape, *, cache_position: Any, **inputs: Any) -> Any:
+        """The model's forward on the shape's cache, with the keywords this transformers takes: ``cache``
+        (5.x) or ``past_key_values``; ``cache_position`` where the forward takes it (else the cache counts
+        its own length); ``logits_to_keep=1`` where ``generate`` passes it (it changes the head's matmul)."""
+        names = _parameters(self.model)
+        extra: dict[str, Any] = {"cache" if "cache" in names else "past_key_values": shape.cache}
+        if "cache_position" in names:
+            extra["cache_position"] = cache_position
+        if "logits_to_keep" in names:
+            extra["logits_to_keep"] = 1
+        out = self.model(use_cache=True, return_dict=True, **inputs, **extra)
         return out.logits[:, -1, :]
 
     def _shape(self, batch: int, length: int, device: Any) -> _Shape:
@@ -145,22 +153,33 @@ class LeanDecoder:
                 cache_position=shape.cache_position,
             )
 
-        if shape.step is None:
+        if shape.step is not None:
+            return shape.step()
+        shape.step = eager
+        if self.mode == LEAN:
+            return eager()
+        counters = _counters(shape.cache)
+        before = [counter.clone() for counter in counters]
+        try:
+            if self.mode == GRAPH:
+                shape.step = self._captured(shape, eager, counters, before)
+                return shape.step()
+            shape.step, logits = self._compiled(shape)
+            return logits  # compiling ran this step
+        except Exception as error:  # noqa: BLE001 - any capture failure leaves eager decoding
+            reason = f"{self.mode} at batch {shape.ids.shape[0]}: {type(error).__name__}: {error}"
+            self.fallbacks.append(reason)
+            log.warning("runtime.decode_step_fallback", reason=reason[:500])
             shape.step = eager
-            if self.mode != LEAN:
-                try:
-                    shape.step = self._captured(shape, eager) if self.mode == GRAPH else self._compiled(shape)
-                except Exception as error:  # noqa: BLE001 - any capture failure leaves eager decoding
-                    reason = f"{self.mode} at batch {shape.ids.shape[0]}: {type(error).__name__}: {error}"
-                    self.fallbacks.append(reason)
-                    log.warning("runtime.decode_step_fallback", reason=reason[:500])
-                    shape.step = eager
-        return shape.step()
+            _restore(counters, before)
+            return eager()
 
-    def _captured(self, shape: _Shape, eager: Callable[[], Any]) -> Callable[[], Any]:
+    def _captured(
+        self, shape: _Shape, eager: Callable[[], Any], counters: list[Any], before: list[Any]
+    ) -> Callable[[], Any]:
         """``eager`` recorded in a CUDA graph (warmed up on a side stream first, as CUDA graphs need). The
-        warm-up runs the real step for the buffers' token: it writes that position's keys and values, which
-        the replay writes again with the same values."""
+        warm-ups run the real step for the buffers' token: they write that position's keys and values, which
+        the replay writes again with the same values; a cache that counts its own length is set back."""
         import torch
 
         stream = torch.cuda.Stream()
@@ -168,6 +187,7 @@ class LeanDecoder:
         with torch.cuda.stream(stream):
             for _ in range(2):
                 eager()
+                _restore(counters, before)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
@@ -180,7 +200,8 @@ class LeanDecoder:
 
         return replay
 
-    def _compiled(self, shape: _Shape) -> Callable[[], Any]:
+    def _compiled(self, shape: _Shape) -> tuple[Callable[[], Any], Any]:
+        """The step through ``torch.compile`` and the logits of its first (compiling) run."""
         import torch
 
         def forward(ids: Any, positions: Any, cache_position: Any, mask: Any) -> Any:
@@ -197,8 +218,7 @@ class LeanDecoder:
             # cudagraph trees reuse their output memory on the next call: copy what is read after it
             return compiled(shape.ids, shape.positions, shape.cache_position, shape.mask).clone()
 
-        call()  # compile now, so that a failure falls back here rather than mid-request
-        return call
+        return call, call()  # compiled now, so that a failure falls back before this step has run
 
     def decode(
         self,
@@ -288,10 +308,28 @@ class LeanDecoder:
         return finished
 
 
-def _accepts(model: Any, name: str) -> bool:
+def _parameters(model: Any) -> Any:
     import inspect
 
-    return name in inspect.signature(model.forward).parameters
+    return inspect.signature(model.forward).parameters
+
+
+def _counters(cache: Any) -> list[Any]:
+    """The length counters of a cache that counts what it holds on the device (transformers 5's static
+    layers); running a step advances them."""
+    import torch
+
+    layers = getattr(cache, "layers", None) or ()
+    return [
+        layer.cumulative_length
+        for layer in layers
+        if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)
+    ]
+
+
+def _restore(counters: list[Any], values: list[Any]) -> None:
+    for counter, value in zip(counters, values, strict=True):
+        counter.copy_(value)
 
 
 def supports_loop(model: Any) -> bool:
@@ -302,5 +340,6 @@ def supports_loop(model: Any) -> bool:
         config is not None
         and not getattr(config, "is_encoder_decoder", False)
         and hasattr(model, "_get_logits_processor")
-        and all(_accepts(model, name) for name in ("past_key_values", "position_ids", "cache_position"))
+        and "position_ids" in _parameters(model)
+        and bool({"cache", "past_key_values"} & set(_parameters(model)))
     )
