@@ -261,6 +261,14 @@ def mode_request(ids: np.ndarray, new_tokens: int, end_id: int, sampled: bool) -
     return inputs
 
 
+def difference(got: np.ndarray, expected: np.ndarray) -> dict[str, Any]:
+    """How far two [B, n] id arrays agree: equal rows, and the first differing (row, token), if any."""
+    rows_equal = [bool(np.array_equal(a, b)) for a, b in zip(got, expected, strict=True)]
+    where = np.argwhere(got != expected)
+    first = None if where.size == 0 else [int(where[0][0]), int(where[0][1])]
+    return {"rows_equal": f"{sum(rows_equal)}/{len(rows_equal)}", "first_difference_row_token": first}
+
+
 def run_mode(generator: Any, inputs: dict[str, np.ndarray]) -> tuple[float, np.ndarray]:
     """Seconds and generated ids [B, n] of one request through ``generator`` (synchronised)."""
     import torch
@@ -289,6 +297,7 @@ def measure_modes(
     base = Generator.for_model(model, end_id=end_id, start_id=0)
     rows: list[dict[str, Any]] = []
     reference: dict[tuple[int, bool], np.ndarray] = {}
+    lean: dict[int, np.ndarray] = {}  # the lean loop's greedy ids: a graph replays its kernels, so they must match
     eager_median: dict[int, float] = {}
     for mode in modes:
         generator = replace(base, mode=mode)
@@ -309,6 +318,11 @@ def measure_modes(
                     say(f"  {mode} batch {batch} run {r + 1}/{preset['repeats']}: {row['tok_s'][-1]:8.1f} tok/s")
                 row["median_tok_s"] = statistics.median(row["tok_s"])
                 row["ids_equal_eager"] = equal
+                row["ids_vs_eager"] = difference(tokens, reference[(batch, False)])
+                if mode == "lean":
+                    lean[batch] = tokens
+                elif batch in lean:
+                    row["ids_vs_lean"] = difference(tokens, lean[batch])
                 _seconds, tokens = run_mode(generator, mode_request(ids, new_tokens, end_id, sampled=True))
                 row["sampled_ids_equal_eager"] = bool(
                     np.array_equal(tokens, reference.setdefault((batch, True), tokens))
@@ -387,6 +401,10 @@ def print_modes(rows: list[dict[str, Any]]) -> None:
             f"{r['warmup_s']:>9.2f}  {'yes' if r['ids_equal_eager'] else 'NO':>11}  "
             f"{'yes' if r['sampled_ids_equal_eager'] else 'NO':>14}"
         )
+        if not r["ids_equal_eager"]:
+            print(f"{'':>12}  against eager: {r['ids_vs_eager']}")
+        if "ids_vs_lean" in r:
+            print(f"{'':>12}  against lean: {r['ids_vs_lean']}")
         for reason in r.get("fallbacks", []):
             print(f"{'':>12}  fell back to eager steps: {reason[:300]}")
 
