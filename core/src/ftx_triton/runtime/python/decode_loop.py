@@ -260,10 +260,10 @@ class LeanDecoder:
         shape.mask[:, :prompt] = attention
         positions = attention.long().cumsum(-1) - 1
         positions.masked_fill_(attention == 0, 1)
-        logits = self._forward(
+        logits = self._forward(  # the prompt's own mask, as generate passes it (it picks the attention kernel)
             shape,
             input_ids=input_ids,
-            attention_mask=shape.mask,
+            attention_mask=attention,
             position_ids=positions,
             cache_position=torch.arange(prompt, device=device),
         )
