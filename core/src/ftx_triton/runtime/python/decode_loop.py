@@ -106,12 +106,17 @@ class LeanDecoder:
     shapes: OrderedDict[tuple[int, int], _Shape] = field(default_factory=OrderedDict)
     fallbacks: list[str] = field(default_factory=list)
     """Why a shape decodes eagerly in a graph or compile mode (capture or compile failed), for the benchmark."""
+    names: frozenset[str] = field(default=frozenset(), init=False)
+    """The forward's parameter names (read once: ``torch.compile`` cannot trace ``inspect``)."""
+
+    def __post_init__(self) -> None:
+        self.names = frozenset(_parameters(self.model))
 
     def _forward(self, shape: _Shape, *, cache_position: Any, **inputs: Any) -> Any:
         """The model's forward on the shape's cache, with the keywords this transformers takes: ``cache``
         (5.x) or ``past_key_values``; ``cache_position`` where the forward takes it (else the cache counts
         its own length); ``logits_to_keep=1`` where ``generate`` passes it (it changes the head's matmul)."""
-        names = _parameters(self.model)
+        names = self.names
         extra: dict[str, Any] = {"cache" if "cache" in names else "past_key_values": shape.cache}
         if "cache_position" in names:
             extra["cache_position"] = cache_position
