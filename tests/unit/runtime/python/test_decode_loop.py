@@ -18,7 +18,7 @@ import pytest
 from ftx_triton.errors import ConfigError
 from ftx_triton.repository.textproc import encode_words
 from ftx_triton.runtime.python import decode_loop
-from ftx_triton.runtime.python.decode_loop import COMPILE_ENV, LEAN, TRANSFORMERS_STATIC, decode_mode
+from ftx_triton.runtime.python.decode_loop import COMPILE_ENV, EXACT, LEAN, TRANSFORMERS_STATIC, decode_mode
 from ftx_triton.runtime.python.generation import Generator, StepSink, TokenEvent, build_outputs
 from ftx_triton.runtime.python.hf_model import load_model
 from python_runtime_support import BUILDERS, column, convert, decoder_inputs, registered_families
@@ -91,10 +91,12 @@ def _cases(gen: Generator) -> dict[str, dict[str, np.ndarray]]:
     }
 
 
+@pytest.mark.parametrize("mode", [LEAN, EXACT])
 @pytest.mark.parametrize("name", DECODERS)
-def test_the_lean_loop_decodes_exactly_like_generate(generators: dict[str, Generator], name: str) -> None:
+def test_the_lean_loop_decodes_exactly_like_generate(generators: dict[str, Generator], name: str, mode: str) -> None:
+    """``lean`` on a static cache; ``exact`` on a dynamic cache whose layers are views of fixed buffers."""
     gen = generators[name]
-    lean = replace(gen, mode=LEAN)
+    lean = replace(gen, mode=mode)
     for case, extra in _cases(gen).items():
         inputs = decoder_inputs(PROMPTS, [NEW, NEW, NEW - 3, NEW], **extra)
         (expected, expected_steps), (got, got_steps) = _run(gen, inputs), _run(lean, inputs)
@@ -135,10 +137,11 @@ def test_the_loop_stops_once_every_row_has_finished(generators: dict[str, Genera
     assert seen == [1, 3]  # read after steps 1 and 3 (groups of 1, 2, 4 …), then stopped
 
 
-def test_the_static_cache_is_reused_and_cleared_between_requests(generators: dict[str, Generator]) -> None:
+@pytest.mark.parametrize("mode", [LEAN, EXACT])
+def test_the_static_cache_is_reused_and_cleared_between_requests(generators: dict[str, Generator], mode: str) -> None:
     """A second request of the same shape decodes on the same cache and still gives generate's ids."""
     gen = generators["gptneox"]
-    lean = replace(gen, mode=LEAN)
+    lean = replace(gen, mode=mode)
     first = decoder_inputs(PROMPTS, 6, end_id=column(10_000, 4, np.uint32))
     second = decoder_inputs([list(reversed(p)) for p in PROMPTS], 6, end_id=column(10_000, 4, np.uint32))
     _run(lean, first)
@@ -167,6 +170,7 @@ def test_beam_search_keeps_using_generate(generators: dict[str, Generator]) -> N
         ("Inductor", "inductor"),
         ("cudagraphs", "cudagraphs"),
         ("lean", "lean"),
+        ("exact", "exact"),
         ("transformers", "transformers"),
     ],
 )
@@ -186,7 +190,7 @@ def test_an_unknown_decoding_mode_is_refused_with_a_hint(
     monkeypatch.setenv(COMPILE_ENV, value)
     with pytest.raises(ConfigError, match=f"{COMPILE_ENV}=.* is not a decoding mode") as caught:
         decode_mode(torch.device("cuda"))
-    assert "eager, transformers, lean, graph, cudagraphs, inductor" in str(caught.value.hint)
+    assert "eager, transformers, lean, graph, exact, cudagraphs, inductor" in str(caught.value.hint)
     gen = generators["gptj"]
     with pytest.raises(ConfigError, match="is not a decoding mode"):  # even on CPU: a typo is said at start
         Generator.for_model(gen.model, end_id=0, start_id=0)

@@ -20,8 +20,14 @@ How the one-token forward runs is the mode (``FTX_PYTHON_COMPILE``, CUDA only; s
 ``lean`` calls it eagerly; ``graph`` captures it once per batch size and cache length in a
 ``torch.cuda.CUDAGraph`` with static input buffers (eager's aten kernels, replayed without launch costs);
 ``cudagraphs`` and ``inductor`` hand it to ``torch.compile`` (its ``cudagraphs`` backend, or inductor's
-``reduce-overhead`` mode, whose fused kernels round fp16 differently from eager's). A capture or compile
-that fails is logged (``runtime.decode_step_fallback``) and that batch shape decodes eagerly.
+``reduce-overhead`` mode, whose fused kernels round fp16 differently from eager's). These attend over the
+whole static cache with a mask, where ``generate`` attends over the tokens so far, without a mask when
+nothing is padded: transformers' SDPA path may then pick another kernel, with other fp16 rounding.
+``exact`` keeps ``generate``'s attention: a ``DynamicCache`` whose layers are views of fixed buffers, as
+long as the tokens cached so far, and one CUDA graph per (cached tokens, batch padded or not), captured the
+first time that length comes (the mask decision ``generate`` makes by reading the mask is the host's during
+a capture). A capture or compile that fails is logged (``runtime.decode_step_fallback``) and that batch
+shape decodes eagerly.
 
 Beam search, encoder-decoder models (T5) and models without a static cache keep using ``generate``.
 """
@@ -47,9 +53,10 @@ TRANSFORMERS_STATIC = "transformers"
 """``generate`` with ``cache_implementation="static"``: transformers compiles the forward (inductor)."""
 LEAN = "lean"
 GRAPH = "graph"
+EXACT = "exact"
 CUDAGRAPHS = "cudagraphs"
 INDUCTOR = "inductor"
-LOOP_MODES = (LEAN, GRAPH, CUDAGRAPHS, INDUCTOR)
+LOOP_MODES = (LEAN, GRAPH, EXACT, CUDAGRAPHS, INDUCTOR)
 """Modes that decode with :class:`LeanDecoder`."""
 MODES = (EAGER, TRANSFORMERS_STATIC, *LOOP_MODES)
 ALIASES = {"0": EAGER, "1": GRAPH}
@@ -64,7 +71,8 @@ GRAPHS_KEPT = 2
 
 def decode_mode(device: Any) -> str:
     """How decoding runs on ``device``: ``FTX_PYTHON_COMPILE`` (one of :data:`MODES`; ``0`` = eager, ``1`` =
-    graph) on a CUDA device, eager elsewhere (compiling costs more on a CPU than it saves)."""
+    graph) on a CUDA device, eager elsewhere (compiling costs more on a CPU than it saves). The value is
+    checked on every device, so a typo is refused at start."""
     import os
 
     raw = os.environ.get(COMPILE_ENV, "").strip().lower()
@@ -95,6 +103,10 @@ class _Shape:
     step: Callable[[], Any] | None = None  # → float logits [B, V] of the buffers' token
     graph: Any = None
     logits: Any = None  # the captured graph's output
+    lengths: dict[tuple[int, bool], tuple[Any, Any]] = field(default_factory=dict)
+    """``exact``: (graph, logits) per (cached tokens, batch without padding)."""
+    pool: Any = None  # ``exact``: the memory pool its graphs share (they run one at a time)
+    eager_only: bool = False  # ``exact``: a capture failed, this shape decodes eagerly
 
 
 @dataclass
@@ -135,16 +147,67 @@ class LeanDecoder:
             while len(self.shapes) >= GRAPHS_KEPT:
                 self.shapes.popitem(last=False)
             shape = _Shape(
-                cache=StaticCache(config=self.model.config, max_cache_len=length),
+                cache=_views_cache(self.model, length)
+                if self.mode == EXACT
+                else StaticCache(config=self.model.config, max_cache_len=length),
                 ids=torch.zeros((batch, 1), dtype=torch.long, device=device),
                 positions=torch.zeros((batch, 1), dtype=torch.long, device=device),
                 cache_position=torch.zeros(1, dtype=torch.long, device=device),
                 mask=torch.ones((batch, length), dtype=torch.long, device=device),
             )
+        elif self.mode == EXACT:
+            shape.cache.set_length(0)
         else:
             shape.cache.reset()
         self.shapes[key] = shape
         return shape
+
+    def _exact_step(self, shape: _Shape, cached: int, unpadded: bool) -> Any:
+        """``exact``: the step as ``generate`` runs it on a dynamic cache of ``cached`` tokens (attention over
+        exactly those, the same mask or none), eager on a CPU, else from a graph per (``cached``, ``unpadded``)."""
+        import torch
+
+        key = (cached, unpadded)
+        if key in shape.lengths:
+            graph, logits = shape.lengths[key]
+            graph.replay()
+            return logits
+        shape.cache.set_length(cached)
+        mask = shape.mask[:, : cached + 1]
+
+        def eager() -> Any:
+            return self._forward(
+                shape,
+                input_ids=shape.ids,
+                attention_mask=mask,
+                position_ids=shape.positions,
+                cache_position=shape.cache_position,
+            )
+
+        if shape.ids.device.type != "cuda" or shape.eager_only:
+            return eager()
+        try:
+            if shape.pool is None:  # the first capture at this batch size: warm up on a side stream
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    eager()
+                torch.cuda.current_stream().wait_stream(stream)
+                shape.cache.set_length(cached)
+                shape.pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with _causal_skip(unpadded), torch.cuda.graph(graph, pool=shape.pool):
+                logits = eager()
+        except Exception as error:  # noqa: BLE001 - any capture failure leaves eager decoding
+            reason = f"{self.mode} at batch {shape.ids.shape[0]}: {type(error).__name__}: {error}"
+            self.fallbacks.append(reason)
+            log.warning("runtime.decode_step_fallback", reason=reason[:500])
+            shape.eager_only = True
+            shape.cache.set_length(cached)
+            return eager()
+        shape.lengths[key] = (graph, logits)
+        graph.replay()
+        return logits
 
     def _step(self, shape: _Shape) -> Any:
         """The buffers' one-token forward, captured or compiled on first use in those modes."""
@@ -274,6 +337,7 @@ class LeanDecoder:
         )
         shape.positions.copy_(positions[:, -1:])
         shape.cache_position.fill_(prompt - 1)
+        unpadded = bool(attention.all()) if self.mode == EXACT else False
         sample = bool(config.do_sample)
         done = read = 0
         group = 1
@@ -296,7 +360,10 @@ class LeanDecoder:
                 shape.ids.copy_(tokens[:, None])
                 shape.positions.add_(1)
                 shape.cache_position.add_(1)
-                logits = self._step(shape)
+                if self.mode == EXACT:
+                    logits = self._exact_step(shape, prompt + done - 1, unpadded)
+                else:
+                    logits = self._step(shape)
         generated = sequence[:, prompt : prompt + done].cpu().numpy().astype(np.int64)
         return generated, None if chosen is None else chosen[:, :done].cpu().numpy()
 
@@ -311,6 +378,73 @@ class LeanDecoder:
                 [int(t) for t in rows[:, column]], None if probs is None else [float(p) for p in probs[:, column]]
             )
         return finished
+
+
+_VIEWS_CLASS: list[Any] = []
+
+
+def _views_cache(model: Any, length: int) -> Any:
+    """A ``DynamicCache`` (so the model masks and attends exactly as with ``generate``'s) whose layers hold
+    views of fixed buffers of ``length`` positions instead of growing by concatenation: a step's graph
+    writes its keys and values in place, and the views are as long as the tokens cached so far."""
+    if not _VIEWS_CLASS:
+        from transformers import DynamicCache
+
+        class ViewsCache(DynamicCache):
+            ftx_buffers: list[tuple[Any, Any]]
+            ftx_length: int
+
+            def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+                buffers: list[tuple[Any, Any]] = self.ftx_buffers
+                if layer_idx >= len(buffers):  # the first prefill: transformers sets the layer up
+                    super().update(key_states, value_states, layer_idx, *args, **kwargs)
+                    batch, heads, _n, dim = key_states.shape
+                    shape = (batch, heads, self.ftx_length, dim)
+                    buffers.append((key_states.new_zeros(shape), value_states.new_zeros(shape)))
+                    start = 0
+                else:
+                    start = self.layers[layer_idx].keys.shape[-2]  # type: ignore[union-attr]
+                end = start + key_states.shape[-2]
+                keys, values = buffers[layer_idx]
+                keys[:, :, start:end].copy_(key_states)
+                values[:, :, start:end].copy_(value_states)
+                layer = self.layers[layer_idx]
+                layer.keys, layer.values = keys[:, :, :end], values[:, :, :end]
+                return layer.keys, layer.values
+
+            def set_length(self, cached: int) -> None:
+                """The layers' views cut to the first ``cached`` positions (what a step then attends)."""
+                for layer, (keys, values) in zip(self.layers, self.ftx_buffers, strict=False):
+                    layer.keys, layer.values = keys[:, :, :cached], values[:, :, :cached]
+
+        _VIEWS_CLASS.append(ViewsCache)
+    cache = _VIEWS_CLASS[0](config=model.config)
+    cache.ftx_buffers = []
+    cache.ftx_length = length
+    return cache
+
+
+class _causal_skip:  # noqa: N801 - used as a context manager, like contextlib's
+    """While a step is captured, transformers cannot look at the mask (a CUDA graph allows no host reads),
+    so it would build one where ``generate`` builds none; the host's answer stands in: a one-token step of a
+    batch without padding needs no mask (what ``generate`` finds by reading the mask), else it does."""
+
+    def __init__(self, unpadded: bool) -> None:
+        self.unpadded = unpadded
+        self.saved: Any = None
+
+    def __enter__(self) -> None:
+        from transformers import masking_utils
+
+        self.saved = getattr(masking_utils, "_ignore_causal_mask_sdpa", None)
+        if self.saved is not None:
+            masking_utils._ignore_causal_mask_sdpa = lambda *args, **kwargs: self.unpadded
+
+    def __exit__(self, *exc: object) -> None:
+        from transformers import masking_utils
+
+        if self.saved is not None:
+            masking_utils._ignore_causal_mask_sdpa = self.saved
 
 
 def _parameters(model: Any) -> Any:
