@@ -12,6 +12,14 @@
 
     python benchmarks/bench_cached_run.py --repeat 3 --layers 4 --work /tmp/ftx-bench-cached   # 2.4 GB
 
+On a GPU machine, ``--model``/``--run-args`` run another model (``--skip convert``), and ``--compare-loader`` runs
+each repeat twice, with ftx's pinned weight loader and with upstream FasterTransformer's
+(``FTX_FT_LOADER=upstream``), in alternating order: both timelines, the slowest GPU's weight loading from the
+server log (``ftx: weights of rank …`` lines) and their ratios::
+
+    python benchmarks/bench_cached_run.py --skip convert --repeat 3 --model CHECKPOINT --home "$FTX_HOME" \
+        --runtime fastertransformer-native --run-args "--tp 2 --no-tune" --compare-loader
+
 Another version of ftx is measured by putting its sources first on ``PYTHONPATH`` (its server processes inherit it).
 """
 
@@ -20,6 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -29,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_convert import plain_copy, write_checkpoint  # noqa: E402
+from ftx_triton.runtime.fastertransformer.native.weight_load import weight_loads  # noqa: E402
 
 # (step name, the output line that ends it), in order
 RUN_STEPS = (
@@ -84,6 +94,22 @@ def model_loads(log_path: Path) -> dict[str, float]:
     return loads
 
 
+LOADERS = {"pinned": {}, "upstream": {"FTX_FT_LOADER": "upstream"}}
+"""ftx's pinned weight loader (the default) and upstream FasterTransformer's, chosen in the server's environment."""
+
+
+def weights_loaded(log_path: str | None) -> dict[str, float]:
+    """The slowest GPU's weight loading, from the native server log's ``ftx: weights of rank …`` lines (none: {})."""
+    loads = weight_loads(Path(log_path).read_text(errors="replace")) if log_path else []
+    if not loads:
+        return {}
+    return {
+        "  weights: seconds in the loaders (slowest GPU)": max(w.seconds for w in loads),
+        "  weights: GB/s (slowest GPU)": min(w.gb_per_s for w in loads),
+        "  weights: GPU set-up with allocation (slowest)": max(w.total_s for w in loads),
+    }
+
+
 def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
     return {key: statistics.median(run.get(key, 0.0) for run in runs) for key in runs[0]}
 
@@ -96,35 +122,48 @@ def timeline_steps(lines: list[tuple[float, str]]) -> dict[str, float] | None:
     return None
 
 
-def bench_cached_run(ftx: str, env: dict[str, str], repeat: int, runtime: str | None) -> None:
+def bench_cached_run(
+    ftx: str, env: dict[str, str], repeat: int, runtime: str | None, model: str, run_args: list[str], loaders: list[str]
+) -> None:
     python = [sys.executable, "-c"]
-    run = [ftx, "-v", "run", "tiny-gptj", "--detach", *(["--runtime", runtime] if runtime else [])]
-    stop = [ftx, "stop", "tiny-gptj"]
+    name = "bench-cached"
+    run = [ftx, "-v", "run", model, "--detach", "--name", name, *(["--runtime", runtime] if runtime else []), *run_args]
+    stop = [ftx, "stop", name]
     timed(run, env)  # builds what is missing
     timed(stop, env)
-    totals, torch_runs, both_runs, steps, loads = [], [], [], [], []
-    for _ in range(repeat):
+    totals: dict[str, list[float]] = {loader: [] for loader in loaders}
+    steps: dict[str, list[dict[str, float]]] = {loader: [] for loader in loaders}
+    torch_runs, both_runs, ratios = [], [], []
+    for index in range(repeat):
         torch_runs.append(timed([*python, "import torch"], env)[0])
         both_runs.append(timed([*python, "import torch, transformers"], env)[0])
-        total, lines = timed(run, env)
-        log = next((m[1] for _, line in lines if (m := re.search(r"\(log: (\S+)\)", line))), None)
-        timed(stop, env)
-        totals.append(total)
-        steps.append(timeline_steps(lines) or split_steps(total, lines, RUN_STEPS))
-        loads.append(model_loads(Path(log)) if log else {})
-    total, torch_s, both_s = (statistics.median(x) for x in (totals, torch_runs, both_runs))
-    ratio = statistics.median(t / s for t, s in zip(totals, torch_runs, strict=True))
+        for loader in loaders if index % 2 == 0 else loaders[::-1]:  # alternating: neither always runs first
+            wall, lines = timed(run, {**env, **LOADERS[loader]})
+            log = next((m[1] for _, line in lines if (m := re.search(r"\(log: (\S+)\)", line))), None)
+            timed(stop, env)
+            totals[loader].append(wall)
+            found = timeline_steps(lines) or split_steps(wall, lines, RUN_STEPS)
+            steps[loader].append({**found, **(model_loads(Path(log)) if log else {}), **weights_loaded(log)})
+        ratios.append(totals[loaders[0]][-1] / torch_runs[-1])
+    torch_s, both_s = statistics.median(torch_runs), statistics.median(both_runs)
     print(f"\ncached `{' '.join(run[1:])}`, median of {repeat}; {os.cpu_count()} CPUs")
-    print(f"{'step':<52}{'seconds':>9}")
-    for name, seconds in {**median_of(steps), **median_of(loads)}.items():
-        print(f"{name:<52}{seconds:>9.2f}")
-    print(f"{'total to ready (the command, wall)':<52}{total:>9.2f}")
+    print(f"{'step':<52}" + "".join(f"{loader + ' s':>14}" for loader in loaders))
+    medians = {loader: median_of(steps[loader]) for loader in loaders}
+    for key in dict.fromkeys(k for loader in loaders for k in medians[loader]):
+        print(f"{key:<52}" + "".join(f"{medians[loader].get(key, float('nan')):>14.2f}" for loader in loaders))
+    total = {loader: statistics.median(totals[loader]) for loader in loaders}
+    print(f"{'total to ready (the command, wall)':<52}" + "".join(f"{total[loader]:>14.2f}" for loader in loaders))
     for label, seconds in (("import torch", torch_s), ("import torch, transformers", both_s)):
-        print(f"{'python -c ' + repr(label):<52}{seconds:>9.2f}")
+        print(f"{'python -c ' + repr(label):<52}{seconds:>14.2f}")
     print(
-        f"ratio: {ratio:.2f}x import torch (median of per-run ratios; target <= 1.3x), "
-        f"{total / both_s:.2f}x import torch+transformers"
+        f"ratio ({loaders[0]}): {statistics.median(ratios):.2f}x import torch (median of per-run ratios; target <= "
+        f"1.3x), {total[loaders[0]] / both_s:.2f}x import torch+transformers"
     )
+    if len(loaders) == 2:
+        key = "  weights: seconds in the loaders (slowest GPU)"
+        pinned, upstream = medians["pinned"].get(key), medians["upstream"].get(key)
+        print(f"pinned / upstream loader: total to ready {total['pinned'] / total['upstream']:.2f}x", end="")
+        print(f", weight loading {pinned / upstream:.2f}x" if pinned and upstream else "")
 
 
 def bench_convert(ftx: str, env: dict[str, str], work: Path, layers: int, hidden: int, repeat: int) -> None:
@@ -166,12 +205,23 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/ftx-bench-cached"))
     parser.add_argument("--skip", choices=("run", "convert"), help="leave one part out")
     parser.add_argument("--runtime", help="pass --runtime to ftx run (default: the one ftx chooses)")
+    parser.add_argument("--model", default="tiny-gptj", help="what ftx run serves (a preset or a checkpoint)")
+    parser.add_argument(
+        "--home", type=Path, help="the FTX_HOME of the runs (default: WORK/run-home; a GPU's holds the built backend)"
+    )
+    parser.add_argument("--run-args", default="", help='more ftx run arguments, e.g. "--tp 2 --no-tune"')
+    parser.add_argument(
+        "--compare-loader",
+        action="store_true",
+        help="run each repeat with ftx's pinned weight loader and with upstream's (FTX_FT_LOADER=upstream)",
+    )
     args = parser.parse_args()
     ftx = shutil.which("ftx", path=str(Path(sys.executable).parent)) or "ftx"
-    env = {**os.environ, "FTX_HOME": str(args.work / "run-home")}
+    env = {**os.environ, "FTX_HOME": str(args.home or args.work / "run-home")}
     args.work.mkdir(parents=True, exist_ok=True)
     if args.skip != "run":
-        bench_cached_run(ftx, env, args.repeat, args.runtime)
+        loaders = ["pinned", "upstream"] if args.compare_loader else ["pinned"]
+        bench_cached_run(ftx, env, args.repeat, args.runtime, args.model, shlex.split(args.run_args), loaders)
     if args.skip != "convert":
         bench_convert(ftx, env, args.work, args.layers, args.hidden, args.repeat)
 

@@ -567,6 +567,27 @@ def test_the_server_loaded_the_tuned_gemm_config(served: Served) -> None:
     assert "gemm_config.in is not found" not in server.log_path.read_text(errors="replace")
 
 
+def test_each_gpu_logged_its_weight_loading_through_the_loader_that_fits_the_files(served: Served) -> None:
+    """ftx's backend logs every GPU's weight loading (files, GB, seconds, GB/s); files written in the served dtype
+    take the pinned loader, files of another dtype upstream's (and the model still equals transformers: the tests
+    above)."""
+    import configparser
+
+    from ftx_triton.repository.model_config import FT_MODEL_NAME, parameter, parse_config
+    from ftx_triton.runtime.fastertransformer.native.weight_load import weight_loads
+
+    config = parse_config(served.repository / FT_MODEL_NAME / "config.pbtxt")
+    ini = configparser.ConfigParser()
+    ini.read(Path(parameter(config, "model_checkpoint_path") or "") / "config.ini")
+    file_dtypes = {ini[s]["weight_data_type"] for s in ini.sections() if "weight_data_type" in ini[s]}
+    expected = "pinned" if file_dtypes == {parameter(config, "data_type")} else "upstream"
+    loads = weight_loads(served.endpoint.handle.log_path.read_text(errors="replace"))
+    assert sorted(load.rank for load in loads) == list(range(served.tp)), loads
+    for load in loads:
+        assert load.loader == expected and load.files > 0 and load.bytes > 0, (file_dtypes, load)
+        assert 0 <= load.seconds <= load.total_s, load
+
+
 # --------------------------------------------------------------------------- fastertransformer_backend's interface
 
 

@@ -17,6 +17,7 @@ from ftx_triton.errors import ConfigError, ToolError
 from ftx_triton.runtime.fastertransformer.gpus import Gpu
 from ftx_triton.runtime.fastertransformer.native.toolchain import (
     HostProbe,
+    driver_version,
     evaluate,
     gpus_for,
     nvcc_version,
@@ -156,3 +157,37 @@ def test_cli_preflight_and_build_stop_before_building(tmp_path: Path, monkeypatc
     assert not (tmp_path / "home" / "store" / "backend").exists() or not any(
         (tmp_path / "home" / "store" / "backend").iterdir()
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "version"),
+    [
+        (
+            "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Thu Oct  9 01:23:45 UTC 2025\n"
+            "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n",
+            "580.159.04",
+        ),
+        (
+            "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  Release Build  (dvs-builder@U16)  "
+            "Tue Mar  5 22:23:53 UTC 2024\n",
+            "550.54.15",
+        ),
+    ],
+    ids=["proprietary", "open"],
+)
+def test_the_driver_version_is_read_from_the_kernel_modules_proc_file(tmp_path: Path, text: str, version: str) -> None:
+    """No nvidia-smi started for it: the planner of every native run asks."""
+    proc = tmp_path / "version"
+    proc.write_text(text)
+    assert driver_version(proc) == version
+
+
+def test_without_the_proc_file_the_driver_version_comes_from_nvidia_smi_or_is_unknown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    assert driver_version(tmp_path / "absent") is None
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 580.159.04\n")
+    smi.chmod(0o755)
+    assert driver_version(tmp_path / "absent") == "580.159.04"

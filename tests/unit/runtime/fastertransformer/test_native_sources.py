@@ -15,6 +15,7 @@ import pytest
 from ftx_triton.errors import SourceError
 from ftx_triton.runtime.fastertransformer.native import patches as patches_mod
 from ftx_triton.runtime.fastertransformer.native.patches import (
+    BACKEND_CC,
     PATCHES,
     Edit,
     NewFile,
@@ -249,6 +250,41 @@ def test_an_ffn_layer_that_does_not_all_reduce_keeps_its_own_output_and_gptj_can
     text = (tmp_path / decoder).read_text()
     assert 'std::string(ftx_one) == "1"' in text and text.count("!ftx_one_all_reduce_,") == 2
     assert "customAllReduce(ftx_elts, stream_)" in text and "ftNcclAllReduceSum(layer_output" in text
+
+
+@needs_bundle
+def test_weight_files_of_the_weights_own_type_take_the_pinned_loader_and_each_gpu_logs_its_load(
+    upstream: Path, tmp_path: Path
+) -> None:
+    """loadWeightFromBinFunc hands a file already in the weight's type to ftx's pinned loader (built into
+    memory_utils, so into libtransformer-shared) before upstream's host vector; other types still convert as
+    upstream; the backend times each GPU's weight thread and logs the loader's line."""
+    utils = "FasterTransformer/src/fastertransformer/utils"
+    for rel in {e.path for e in PATCHES if isinstance(e, Edit)}:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(upstream / rel, tmp_path / rel)
+    before = (tmp_path / utils / "memory_utils.cu").read_text()
+    assert "ftxPinnedLoaderReady" not in before
+    apply_patches(tmp_path)
+    text = (tmp_path / utils / "memory_utils.cu").read_text()
+    func = text[text.index("int loadWeightFromBinFunc(T* ptr") :]
+    func = func[: func.index("\n}\n")]
+    pinned = func.index("if (std::is_same<T, T_IN>::value && ftxPinnedLoaderReady()) {")
+    assert pinned < func.index("ftxLoadWeightToDevice(ptr, shape, sizeof(T), filename)") < func.index("return 0;")
+    assert pinned < func.index("loadWeightFromBinHelper<T_IN>(shape, filename)")  # the vector only for the rest
+    assert "invokeCudaD2DcpyConvert(ptr, ptr_2, host_array.size());" in func  # conversions as upstream
+    assert text.count('#include "src/fastertransformer/utils/ftx_weight_loader.h"') == 1
+    helper = before[
+        before.index("std::vector<T> loadWeightFromBinHelper") : before.index("template<typename T, typename T_IN>")
+    ]
+    assert helper in text  # upstream's helper (its warnings) untouched
+    assert "memory_utils.cu ftx_weight_loader.cc)" in (tmp_path / utils / "CMakeLists.txt").read_text()
+    loader = (tmp_path / utils / "ftx_weight_loader.cc").read_text()
+    assert "cudaHostAlloc" in loader and "cudaMemcpyAsync" in loader and "cudaStreamLegacy" in loader
+    backend = (tmp_path / BACKEND_CC).read_text()
+    assert "model->createSharedWeights(gid, rank);" in backend
+    assert "ft::ftxWeightLoadMessage(rank, gid, ftx_took.count())" in backend
+    assert "std::thread(&AbstractTransformerModel::createSharedWeights" not in backend
 
 
 @needs_bundle

@@ -153,6 +153,14 @@ RULES: tuple[Rule, ...] = (
         severity="warning",
     ),
     Rule(
+        "weight-loader",
+        r"ftx: cannot pin (?P<bytes>\d+) bytes to load weights through \((?P<why>[^)]*)\)",
+        "ftx's weight loader could not pin its staging buffers ({why}): the weights loaded through upstream "
+        "FasterTransformer's slower path",
+        "the server runs as it should, only its start is slower; the host may be short of free memory",
+        severity="warning",
+    ),
+    Rule(
         "driver",
         r"(?:CUDA runtime error: )?(?:CUDA driver version is insufficient for CUDA runtime "
         r"version|API call is not supported in the installed CUDA driver|"

@@ -8,7 +8,8 @@ pointing at the server's own library) and the python backend for pre/post-proces
 tritonserver directly (MPI singleton); several nodes run it under ``mpirun`` with a hostfile, one
 process per node. Once the server is ready its log is scanned for FasterTransformer's silent
 failures (:mod:`ftx_triton.runtime.fastertransformer.logscan`): a weight file it could not open, a GPU it has no code
-for, or ``gemm_config.in is not found`` when tuning ran are errors, not warnings.
+for, or ``gemm_config.in is not found`` when tuning ran are errors, not warnings; each GPU's weight-loading seconds
+and GB/s are logged (:mod:`~ftx_triton.runtime.fastertransformer.native.weight_load`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from ftx_triton.runtime.fastertransformer.logscan import LogScanner, ScanContext
 from ftx_triton.runtime.fastertransformer.native.build import BuiltBackend
 from ftx_triton.runtime.fastertransformer.native.options import NativeOptions
 from ftx_triton.runtime.fastertransformer.native.tune import runtime_environment
+from ftx_triton.runtime.fastertransformer.native.weight_load import log_weight_loads
 from ftx_triton.server.smoke import check_generates, server_name
 
 log = structlog.get_logger(__name__)
@@ -295,11 +297,13 @@ def serve_native(
         if found is not None:
             raise found from None
         raise
-    scanned = scan_log(_log_text(server.log_path), context)
+    log_text = _log_text(server.log_path)
+    scanned = scan_log(log_text, context)
     found = _finding_error(scanned, server.log_path)
     if found is not None:
         server.stop()
         raise found
+    log_weight_loads(log_text)  # each GPU's seconds and GB/s of weight loading (`ftx -v`)
     for finding in scanned.findings:  # served, but not as asked (custom all-reduce fell back to NCCL)
         if finding.severity == "warning":
             say(f"warning   {finding.message}\n          hint: {finding.hint}")

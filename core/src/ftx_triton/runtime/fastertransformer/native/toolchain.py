@@ -285,7 +285,18 @@ def driver_cuda_version() -> tuple[int, int] | None:
     return version.value // 1000, (version.value % 1000) // 10
 
 
-def driver_version() -> str | None:
+PROC_DRIVER_VERSION = Path("/proc/driver/nvidia/version")
+_NVRM_VERSION = re.compile(r"NVRM version:.*?\s(\d+\.\d+(?:\.\d+)?)\s")
+
+
+def driver_version(proc: Path = PROC_DRIVER_VERSION) -> str | None:
+    """The NVIDIA driver's version: its kernel module's, read from ``/proc`` (every run plans with it, and
+    nvidia-smi takes a fraction of a second to start), else nvidia-smi's."""
+    try:
+        if match := _NVRM_VERSION.search(proc.read_text(errors="replace")):
+            return match[1]
+    except OSError:
+        pass
     text = (
         _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], timeout=20)
         if shutil.which("nvidia-smi")
