@@ -103,8 +103,8 @@ class _Shape:
     step: Callable[[], Any] | None = None  # → float logits [B, V] of the buffers' token
     graph: Any = None
     logits: Any = None  # the captured graph's output
-    lengths: dict[tuple[int, bool], tuple[Any, Any]] = field(default_factory=dict)
-    """``exact``: (graph, logits) per (cached tokens, batch without padding)."""
+    lengths: dict[tuple[int, bool], Any] = field(default_factory=dict)
+    """``exact``: a graph per (cached tokens, batch without padding), each writing its logits to ``logits``."""
     pool: Any = None  # ``exact``: the memory pool its graphs share (they run one at a time)
     eager_only: bool = False  # ``exact``: a capture failed, this shape decodes eagerly
 
@@ -169,9 +169,8 @@ class LeanDecoder:
 
         key = (cached, unpadded)
         if key in shape.lengths:
-            graph, logits = shape.lengths[key]
-            graph.replay()
-            return logits
+            shape.lengths[key].replay()
+            return shape.logits
         shape.cache.set_length(cached)
         mask = shape.mask[:, : cached + 1]
 
@@ -191,13 +190,14 @@ class LeanDecoder:
                 stream = torch.cuda.Stream()
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream):
-                    eager()
+                    shape.logits = torch.empty_like(eager())  # one output for all its graphs
                 torch.cuda.current_stream().wait_stream(stream)
                 shape.cache.set_length(cached)
                 shape.pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
+            # the graphs share one memory pool (they run one at a time): nothing they make outlives them
             with _causal_skip(unpadded), torch.cuda.graph(graph, pool=shape.pool):
-                logits = eager()
+                shape.logits.copy_(eager())
         except Exception as error:  # noqa: BLE001 - any capture failure leaves eager decoding
             reason = f"{self.mode} at batch {shape.ids.shape[0]}: {type(error).__name__}: {error}"
             self.fallbacks.append(reason)
@@ -205,9 +205,9 @@ class LeanDecoder:
             shape.eager_only = True
             shape.cache.set_length(cached)
             return eager()
-        shape.lengths[key] = (graph, logits)
+        shape.lengths[key] = graph
         graph.replay()
-        return logits
+        return shape.logits
 
     def _step(self, shape: _Shape) -> Any:
         """The buffers' one-token forward, captured or compiled on first use in those modes."""
