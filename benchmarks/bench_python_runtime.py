@@ -17,11 +17,20 @@ What it does, in one run:
    printed token (builds the demo, converts, configures, starts), then ``ftx run tiny-gptj`` again
    (every stage cached) from the command to "Ctrl-C stops the server" (ready and printed).
 
+With ``--modes eager,lean,graph,…`` it measures the python runtime's decoding modes instead
+(``FTX_PYTHON_COMPILE``'s values) in this process, without a server: the same checkpoint loaded once,
+ftx's ``Generator`` in each mode, per batch size a warm-up request (which captures or compiles) and
+``--repeats`` timed ones, greedy; then one sampled request (top-k 40, temperature 0.8, seed 1) per mode.
+Every mode's ids are compared with the eager mode's, and the figures are written to ``--json`` after
+each mode, so a run cut short keeps what it measured.
+
 Run on a GPU machine (``--device cuda`` is the default when torch sees CUDA)::
 
     python benchmarks/bench_python_runtime.py                  # ~1B fp16 GPT-J, batch 1 and 8
     python benchmarks/bench_python_runtime.py --json out.json  # also write the figures as JSON
     python benchmarks/bench_python_runtime.py --small          # a few-MB model on CPU (a smoke run)
+    python benchmarks/bench_python_runtime.py --modes eager,lean,graph --layers 28 --hidden 4096 \
+        --vocab 50400 --dtype fp16 --repeats 3 --json modes.json  # GPT-J-6B shape, decoding modes
 
 The figures go into ``docs/benchmarks.md`` by hand.
 """
@@ -230,6 +239,176 @@ def measure_throughput(
     return results
 
 
+# --------------------------------------------------------------------------- decoding modes (no server)
+
+
+SAMPLED = {"runtime_top_k": 40, "temperature": 0.8, "random_seed": 1}
+
+
+def mode_request(ids: np.ndarray, new_tokens: int, end_id: int, sampled: bool) -> dict[str, np.ndarray]:
+    """A raw ``fastertransformer`` request of ``ids`` (every row generates exactly ``new_tokens``)."""
+    batch, length = ids.shape
+    inputs = {
+        "input_ids": ids.astype(np.uint32),
+        "input_lengths": np.full((batch, 1), length, np.uint32),
+        "request_output_len": np.full((batch, 1), new_tokens, np.uint32),
+        "end_id": np.full((batch, 1), end_id, np.uint32),
+    }
+    if sampled:
+        inputs["runtime_top_k"] = np.full((batch, 1), SAMPLED["runtime_top_k"], np.uint32)
+        inputs["temperature"] = np.full((batch, 1), SAMPLED["temperature"], np.float32)
+        inputs["random_seed"] = np.full((batch, 1), SAMPLED["random_seed"], np.uint64)
+    return inputs
+
+
+def difference(got: np.ndarray, expected: np.ndarray) -> dict[str, Any]:
+    """How far two [B, n] id arrays agree: equal rows, and the first differing (row, token), if any."""
+    rows_equal = [bool(np.array_equal(a, b)) for a, b in zip(got, expected, strict=True)]
+    where = np.argwhere(got != expected)
+    first = None if where.size == 0 else [int(where[0][0]), int(where[0][1])]
+    return {"rows_equal": f"{sum(rows_equal)}/{len(rows_equal)}", "first_difference_row_token": first}
+
+
+def run_mode(generator: Any, inputs: dict[str, np.ndarray]) -> tuple[float, np.ndarray]:
+    """Seconds and generated ids [B, n] of one request through ``generator`` (synchronised)."""
+    import torch
+
+    request = generator.parse(inputs)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    results = generator.run(request.items)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    return seconds, np.stack([r.tokens[0] for r in results])
+
+
+def measure_modes(
+    model: Any, modes: list[str], *, batches: list[int], preset: dict[str, Any], json_path: Path | None, report: dict
+) -> list[dict[str, Any]]:
+    """Each mode x batch: median tok/s of ``repeats`` greedy requests after a warm-up, ids against eager's."""
+    from dataclasses import replace
+
+    from ftx_triton.runtime.python.generation import Generator
+
+    vocab, new_tokens = preset["vocab"], preset["new_tokens"]
+    end_id = vocab  # outside the vocabulary: every sequence generates exactly new_tokens tokens
+    base = Generator.for_model(model, end_id=end_id, start_id=0)
+    rows: list[dict[str, Any]] = []
+    reference: dict[tuple[int, bool], np.ndarray] = {}
+    lean: dict[int, np.ndarray] = {}  # the lean loop's greedy ids: a graph replays its kernels, so they must match
+    eager_median: dict[int, float] = {}
+    for mode in modes:
+        generator = replace(base, mode=mode)
+        for batch in batches:
+            ids = prompts(batch, preset["prompt_len"], vocab, seed=batch)
+            row: dict[str, Any] = {"mode": mode, "batch": batch, "tok_s": []}
+            fallbacks_before = len(generator.decoder.fallbacks) if generator.decoder is not None else 0
+            try:
+                started = time.perf_counter()
+                run_mode(generator, mode_request(ids, new_tokens, end_id, sampled=False))  # warm-up: capture/compile
+                row["warmup_s"] = round(time.perf_counter() - started, 2)
+                equal = True
+                for r in range(preset["repeats"]):
+                    seconds, tokens = run_mode(generator, mode_request(ids, new_tokens, end_id, sampled=False))
+                    row["tok_s"].append(round(batch * new_tokens / seconds, 1))
+                    expected = reference.setdefault((batch, False), tokens)
+                    equal &= bool(np.array_equal(tokens, expected))
+                    say(f"  {mode} batch {batch} run {r + 1}/{preset['repeats']}: {row['tok_s'][-1]:8.1f} tok/s")
+                row["median_tok_s"] = statistics.median(row["tok_s"])
+                row["ids_equal_eager"] = equal
+                row["ids_vs_eager"] = difference(tokens, reference[(batch, False)])
+                if mode == "lean":
+                    lean[batch] = tokens
+                elif batch in lean:
+                    row["ids_vs_lean"] = difference(tokens, lean[batch])
+                _seconds, tokens = run_mode(generator, mode_request(ids, new_tokens, end_id, sampled=True))
+                row["sampled_ids_equal_eager"] = bool(
+                    np.array_equal(tokens, reference.setdefault((batch, True), tokens))
+                )
+                if mode == modes[0]:
+                    eager_median[batch] = row["median_tok_s"]
+                if batch in eager_median:
+                    row["vs_first_mode"] = round(row["median_tok_s"] / eager_median[batch], 2)
+            except Exception as error:  # one mode failing leaves the others measured
+                row["error"] = f"{type(error).__name__}: {error}"[:2000]
+                say(f"  {mode} batch {batch} failed: {row['error']}")
+            if generator.decoder is not None and len(generator.decoder.fallbacks) > fallbacks_before:
+                row["fallbacks"] = generator.decoder.fallbacks[fallbacks_before:]
+            rows.append(row)
+            if json_path is not None:
+                json_path.write_text(json.dumps({**report, "modes": rows}, indent=2))
+        generator.decoder = None  # free this mode's static caches and graphs before the next
+        _free_gpu_memory()
+    return rows
+
+
+def _free_gpu_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def run_modes(
+    workdir: Path,
+    preset: dict[str, Any],
+    batches: list[int],
+    device: str,
+    modes: list[str],
+    args: Any,
+    report: dict[str, Any],
+) -> list[dict[str, Any]]:
+    import torch
+    from transformers import GPTJForCausalLM
+
+    say(
+        f"building a synthetic GPT-J ({preset['layers']} x {preset['hidden']}, vocab {preset['vocab']}, {preset['dtype']}) …"
+    )
+    src = build_synthetic_gptj(
+        workdir / "synthetic-gptj",
+        layers=preset["layers"],
+        hidden=preset["hidden"],
+        heads=preset["heads"],
+        rotary=preset["rotary"],
+        vocab=preset["vocab"],
+        dtype=preset["dtype"],
+    )
+    report["parameters"] = json.loads((src / "bench.json").read_text())["parameters"]
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[preset["dtype"]]
+    model = GPTJForCausalLM.from_pretrained(src, dtype=dtype).to(device).eval()
+    say(
+        f"measuring modes {', '.join(modes)} (greedy, prompt {preset['prompt_len']}, {preset['new_tokens']} new tokens) …"
+    )
+    return measure_modes(model, modes, batches=batches, preset=preset, json_path=args.json, report=report)
+
+
+def print_modes(rows: list[dict[str, Any]]) -> None:
+    first = rows[0]["mode"] if rows else "?"
+    print(
+        f"{'mode':>12}  {'batch':>5}  {'tok/s':>8}  {'x ' + first:>9}  {'warm-up s':>9}  ids = eager  sampled = eager"
+    )
+    for r in rows:
+        if "error" in r:
+            print(f"{r['mode']:>12}  {r['batch']:>5}  failed: {r['error'][:200]}")
+            continue
+        print(
+            f"{r['mode']:>12}  {r['batch']:>5}  {r['median_tok_s']:>8.1f}  {r.get('vs_first_mode', float('nan')):>9.2f}  "
+            f"{r['warmup_s']:>9.2f}  {'yes' if r['ids_equal_eager'] else 'NO':>11}  "
+            f"{'yes' if r['sampled_ids_equal_eager'] else 'NO':>14}"
+        )
+        if not r["ids_equal_eager"]:
+            print(f"{'':>12}  against eager: {r['ids_vs_eager']}")
+        if "ids_vs_lean" in r:
+            print(f"{'':>12}  against lean: {r['ids_vs_lean']}")
+        for reason in r.get("fallbacks", []):
+            print(f"{'':>12}  fell back to eager steps: {reason[:300]}")
+
+
 # --------------------------------------------------------------------------- the built-in default
 
 
@@ -317,6 +496,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-default", action="store_true", help="skip the built-in default's timings")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--modes",
+        help="comma-separated FTX_PYTHON_COMPILE modes to compare in-process, the first being the baseline "
+        "(e.g. eager,lean,graph,cudagraphs,inductor); no server, no built-in default",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -348,6 +532,23 @@ def main(argv: list[str] | None = None) -> int:
         "model": preset,
         "batches": batches,
     }
+    if args.modes:
+        from ftx_triton.runtime.python.decode_loop import MODES
+
+        modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+        unknown = sorted(set(modes) - set(MODES))
+        if unknown:
+            parser.error(f"unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES)}")
+        try:
+            report["modes"] = run_modes(workdir, preset, batches, device, modes, args, report)
+        finally:
+            if not args.keep and args.workdir is None:
+                shutil.rmtree(workdir, ignore_errors=True)
+        print_report(report)
+        print_modes(report["modes"])
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=2))
+        return 0
     try:
         if not args.skip_throughput:
             report["throughput"] = run_throughput(workdir, preset, batches, device)

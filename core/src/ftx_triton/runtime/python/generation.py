@@ -37,6 +37,14 @@ from typing import Any
 import numpy as np
 import structlog
 
+from ftx_triton.runtime.python.decode_loop import (
+    EAGER,
+    LOOP_MODES,
+    TRANSFORMERS_STATIC,
+    LeanDecoder,
+    decode_mode,
+    supports_loop,
+)
 from ftx_triton.runtime.python.words import MAX_WORD_TOKENS, MAX_WORDS, trie
 
 log = structlog.get_logger(__name__)
@@ -47,9 +55,6 @@ MAX_BATCH_TOKENS = 32768
 """Default of ``FTX_MAX_BATCH_TOKENS``: rows x (prompt + new tokens) one ``generate`` call may hold,
 so a large dynamic batch runs as several calls instead of exhausting memory."""
 BATCH_TOKENS_ENV = "FTX_MAX_BATCH_TOKENS"
-COMPILE_ENV = "FTX_PYTHON_COMPILE"
-"""1 (the default) or 0: on a CUDA device, greedy and sampled decoding run with a static KV cache, which
-makes transformers compile the model's forward with torch.compile (CUDA graphs); 0 keeps it eager."""
 
 DECODER = "decoder"
 ENCODER_DECODER = "encoder-decoder"
@@ -569,13 +574,17 @@ class _Streamer:
         if self._first:  # generate() first hands over the prompt (or decoder start tokens)
             self._first = False
             return
-        tokens = value.reshape(-1).tolist()
         chosen = None
         if self.logits is not None:
             import torch
 
             log_probs = torch.log_softmax(self.logits.float(), dim=-1)
             chosen = log_probs.gather(-1, value.reshape(-1, 1).to(log_probs.device)).reshape(-1).tolist()
+        self.step(value.reshape(-1).tolist(), chosen)
+
+    def step(self, tokens: Sequence[int], chosen: Sequence[float] | None) -> bool:
+        """One decoding step's token per row (and its log probability): events for the rows still running;
+        whether every row has finished now."""
         events = []
         for r, (item, token) in enumerate(zip(self.items, tokens, strict=True)):
             if self.finished[r]:
@@ -588,6 +597,7 @@ class _Streamer:
             events.append(TokenEvent(self.indices[r], int(token), done, None if chosen is None else chosen[r]))
         if events:
             self.sink.on_tokens(events)
+        return all(self.finished)
 
     def end(self) -> None:
         pass
@@ -615,9 +625,11 @@ class Generator:
     kind: str = DECODER
     device: Any = None
     limits: ModelLimits | None = None
-    compiled: bool = False
-    """Static KV cache + torch.compile (:func:`compiled_on`); beam search stays eager."""
+    mode: str = EAGER
+    """How decoding runs (:func:`~.decode_loop.decode_mode`): ``generate``, or a lean loop for beam width 1."""
     groups_run: int = field(default=0, init=False)
+    decoder: LeanDecoder | None = field(default=None, init=False)
+    """The lean loop's static caches and captured steps (modes in :data:`~.decode_loop.LOOP_MODES`)."""
 
     @classmethod
     def for_model(
@@ -647,7 +659,7 @@ class Generator:
             max_batch_tokens=budget,
         )
         device = device or next(model.parameters()).device
-        return cls(model, kind, device, limits, compiled_on(device))
+        return cls(model, kind, device, limits, decode_mode(device))
 
     def parse(self, inputs: Mapping[str, np.ndarray]) -> ParsedRequest:
         assert self.limits is not None
@@ -684,7 +696,7 @@ class Generator:
         self, sampling: Sampling, items: Sequence[Item], indices: Sequence[int], sink: StepSink | None
     ) -> list[ItemResult]:
         import torch
-        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+        from transformers import GenerationConfig
 
         beam = sampling.beam_width
         max_new = max(item.output_len for item in items)
@@ -697,27 +709,7 @@ class Generator:
         kwargs = sampling.generate_kwargs(vocab)
         if self.kind == ENCODER_DECODER:
             kwargs["decoder_start_token_id"] = sampling.start_id
-        want_scores = sampling.log_probs
-        if self.compiled and beam == 1:
-            kwargs["cache_implementation"] = "static"  # transformers then compiles the forward (CUDA graphs)
-        config = GenerationConfig(
-            max_new_tokens=max_new,
-            min_new_tokens=0,
-            return_dict_in_generate=True,
-            output_scores=want_scores and beam > 1,
-            **kwargs,
-        )
-        start = input_ids.shape[1] if self.kind == DECODER else 1  # drop the prompt / decoder start token
-        criteria: list[Any] = []
-        if any(item.stop_words for item in items):
-            criteria.append(_StopWords([item.stop_words for item in items]))
-        streamer = hook = None
-        if beam == 1 and (sink is not None or want_scores):
-            streamer = _Streamer(items, indices, sink or StepSink())
-            if want_scores:
-                hook = self.model.register_forward_hook(streamer.keep_logits)
-        elif sink is not None:
-            criteria.append(_BeamWatcher(items, indices, beam, start, sink))
+        config = GenerationConfig(max_new_tokens=max_new, min_new_tokens=0, **kwargs)
         processors: list[Any] = []
         if sampling.presence_penalty:
             processors.append(_PresencePenalty(sampling.presence_penalty))
@@ -726,29 +718,25 @@ class Generator:
         torch.manual_seed(sampling.random_seed)
         if torch.cuda.is_available():
             torch.cuda.manual_seed_all(sampling.random_seed)
-        try:
+        if self.mode in LOOP_MODES and beam == 1 and self.kind == DECODER and supports_loop(self.model):
+            if self.decoder is None:
+                self.decoder = LeanDecoder(self.model, self.mode)
+            streamer = _Streamer(items, indices, sink or StepSink())
             with torch.inference_mode():
-                out = self.model.generate(
-                    input_ids=input_ids,
-                    attention_mask=attention,
-                    generation_config=config,
-                    stopping_criteria=StoppingCriteriaList(criteria) if criteria else None,
-                    logits_processor=LogitsProcessorList(processors) if processors else None,
-                    streamer=streamer,
+                generated, log_probs = self.decoder.decode(
+                    input_ids,
+                    attention,
+                    max_new=max_new,
+                    config=config,
+                    processors=processors,
+                    take=streamer.step,
+                    log_probs=sampling.log_probs,
                 )
-        finally:
-            if hook is not None:
-                hook.remove()
+        else:
+            generated, log_probs = self._generate(
+                sampling, items, indices, sink, input_ids, attention, config, processors
+            )
         self.groups_run += 1
-        sequences = out.sequences
-        generated = sequences[:, start:].cpu().numpy().astype(np.int64)
-        log_probs = None
-        if want_scores and beam > 1:
-            log_probs = self._beam_log_probs(out, sequences)
-        elif want_scores and streamer is not None:
-            log_probs = np.zeros((len(items), max(1, max(len(c) for c in streamer.chosen))), np.float32)
-            for r, chosen in enumerate(streamer.chosen):
-                log_probs[r, : len(chosen)] = chosen
         results = []
         for n, item in enumerate(items):
             rows = generated[n * beam : (n + 1) * beam]
@@ -764,19 +752,67 @@ class Generator:
             results.append(ItemResult(tokens, lengths, probs))
         return results
 
+    def _generate(
+        self,
+        sampling: Sampling,
+        items: Sequence[Item],
+        indices: Sequence[int],
+        sink: StepSink | None,
+        input_ids: Any,
+        attention: Any,
+        config: Any,
+        processors: list[Any],
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The group through transformers' ``generate``: generated ids [rows, n] (prompt dropped) and, when
+        asked, each token's log probability."""
+        import torch
+        from transformers import LogitsProcessorList, StoppingCriteriaList
+
+        beam = sampling.beam_width
+        want_scores = sampling.log_probs
+        config.return_dict_in_generate = True
+        config.output_scores = want_scores and beam > 1
+        if self.mode == TRANSFORMERS_STATIC and beam == 1:
+            config.cache_implementation = "static"  # transformers then compiles the forward (inductor)
+        start = input_ids.shape[1] if self.kind == DECODER else 1  # drop the prompt / decoder start token
+        criteria: list[Any] = []
+        if any(item.stop_words for item in items):
+            criteria.append(_StopWords([item.stop_words for item in items]))
+        streamer = hook = None
+        if beam == 1 and (sink is not None or want_scores):
+            streamer = _Streamer(items, indices, sink or StepSink())
+            if want_scores:
+                hook = self.model.register_forward_hook(streamer.keep_logits)
+        elif sink is not None:
+            criteria.append(_BeamWatcher(items, indices, beam, start, sink))
+        try:
+            with torch.inference_mode():
+                out = self.model.generate(
+                    input_ids=input_ids,
+                    attention_mask=attention,
+                    generation_config=config,
+                    stopping_criteria=StoppingCriteriaList(criteria) if criteria else None,
+                    logits_processor=LogitsProcessorList(processors) if processors else None,
+                    streamer=streamer,
+                )
+        finally:
+            if hook is not None:
+                hook.remove()
+        sequences = out.sequences
+        generated = sequences[:, start:].cpu().numpy().astype(np.int64)
+        log_probs = None
+        if want_scores and beam > 1:
+            log_probs = self._beam_log_probs(out, sequences)
+        elif want_scores and streamer is not None:
+            log_probs = np.zeros((len(items), max(1, max(len(c) for c in streamer.chosen))), np.float32)
+            for r, chosen in enumerate(streamer.chosen):
+                log_probs[r, : len(chosen)] = chosen
+        return generated, log_probs
+
     def _beam_log_probs(self, out: Any, sequences: Any) -> np.ndarray:
         """Each beam's token scores as beam search ranked them (log-softmax, after the processors)."""
         scores = self.model.compute_transition_scores(sequences, out.scores, out.beam_indices, normalize_logits=False)
         return scores.float().cpu().numpy()
-
-
-def compiled_on(device: Any) -> bool:
-    """Whether decoding on ``device`` runs compiled: on CUDA when ``FTX_PYTHON_COMPILE=1`` (opt-in: measured 3-4x
-    faster on an H100, but at batch 8 its fp16 ids differed from eager's, and this runtime is the reference
-    that the converted files hold the model; CPU stays eager: compiling costs more there than it saves)."""
-    from ftx_triton.envvars import env_int
-
-    return getattr(device, "type", str(device)) == "cuda" and env_int(COMPILE_ENV, 0, 0, 1) == 1
 
 
 def group_items(items: Iterable[Item]) -> dict[Sampling, list[int]]:

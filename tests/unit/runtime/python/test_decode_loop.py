@@ -1,0 +1,203 @@
+"""The python runtime's lean decode loop (``decode_loop.py``) against transformers' ``generate`` path.
+
+The loop is for CUDA devices; here it runs eagerly on CPU (mode ``lean``: no graph capture, which needs
+a GPU): same ids, lengths, log probabilities and streamed steps as ``generate`` for a batch of prompts of
+different lengths (left padding), greedy and sampled with a seed, with penalties, bad and stop words, and
+rows ending early at ``end_id``. The graph and compile modes differ only in how the one-token forward is
+launched; they are measured on a GPU by ``benchmarks/bench_python_runtime.py --modes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from ftx_triton.errors import ConfigError
+from ftx_triton.repository.textproc import encode_words
+from ftx_triton.runtime.python import decode_loop
+from ftx_triton.runtime.python.decode_loop import COMPILE_ENV, EXACT, LEAN, TRANSFORMERS_STATIC, decode_mode
+from ftx_triton.runtime.python.generation import Generator, StepSink, TokenEvent, build_outputs
+from ftx_triton.runtime.python.hf_model import load_model
+from python_runtime_support import BUILDERS, column, convert, decoder_inputs, registered_families
+
+torch = pytest.importorskip("torch")
+DECODERS = ("gptj", "gptneox")
+PROMPTS = ([5, 6, 7, 8, 9, 10, 11], [11, 12, 13], [20, 21, 22, 23, 24], [30, 31])
+NEW = 12
+
+
+@pytest.fixture(scope="module")
+def generators(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Generator]:
+    """Eager (``generate``) generators of tiny decoder models rebuilt from converted files, on CPU."""
+    families = registered_families()
+    out = {}
+    for name in DECODERS:
+        root = tmp_path_factory.mktemp(f"loop-{name}")
+        ckpt = convert(families[name], BUILDERS[name](root / "hf"), root / "ft", 1)
+        loaded = load_model(families[name], Path(ckpt), device="cpu")
+        spec = families[name].spec_from_ini(loaded.ini)
+        out[name] = Generator.for_model(loaded.model, end_id=spec.end_id, start_id=spec.start_id)
+    return out
+
+
+class _Steps(StepSink):
+    def __init__(self) -> None:
+        self.steps: list[list[TokenEvent]] = []
+
+    def on_tokens(self, events: list[TokenEvent]) -> None:
+        self.steps.append(events)
+
+
+def _run(gen: Generator, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[list[TokenEvent]]]:
+    request = gen.parse(inputs)
+    sink = _Steps()
+    return build_outputs(request, gen.run(request.items, sink)), sink.steps
+
+
+def _end_id_met_early(gen: Generator) -> int:
+    """A token the second row generates (greedy) at its third step, so rows end early at it."""
+    free, _ = _run(gen, decoder_inputs(PROMPTS, NEW, end_id=column(10_000, len(PROMPTS), np.uint32)))
+    return int(free["output_ids"][1, 0, len(PROMPTS[1]) + 2])
+
+
+def _cases(gen: Generator) -> dict[str, dict[str, np.ndarray]]:
+    rows = len(PROMPTS)
+    end = column(_end_id_met_early(gen), rows, np.uint32)
+    logp = column(True, rows, np.bool_)
+    return {
+        "greedy": {"end_id": end, "is_return_log_probs": logp},
+        "top-k": {
+            "runtime_top_k": column(5, rows, np.uint32),
+            "temperature": column(0.8, rows, np.float32),
+            "random_seed": column(1234, rows, np.uint64),
+            "end_id": end,
+            "is_return_log_probs": logp,
+        },
+        "top-p + repetition": {
+            "runtime_top_p": column(0.9, rows, np.float32),
+            "repetition_penalty": column(1.3, rows, np.float32),
+            "random_seed": column(7, rows, np.uint64),
+            "end_id": end,
+        },
+        "presence + bad and stop words": {
+            "presence_penalty": column(0.5, rows, np.float32),
+            "bad_words_list": encode_words([[(40,), (41, 42)]] * rows),
+            "stop_words_list": encode_words([[(7, 8), (50,)]] * rows),
+            "end_id": column(10_000, rows, np.uint32),
+        },
+    }
+
+
+@pytest.mark.parametrize("mode", [LEAN, EXACT])
+@pytest.mark.parametrize("name", DECODERS)
+def test_the_lean_loop_decodes_exactly_like_generate(generators: dict[str, Generator], name: str, mode: str) -> None:
+    """``lean`` on a static cache; ``exact`` on a dynamic cache whose layers are views of fixed buffers."""
+    gen = generators[name]
+    lean = replace(gen, mode=mode)
+    for case, extra in _cases(gen).items():
+        inputs = decoder_inputs(PROMPTS, [NEW, NEW, NEW - 3, NEW], **extra)
+        (expected, expected_steps), (got, got_steps) = _run(gen, inputs), _run(lean, inputs)
+        for output in ("output_ids", "sequence_length"):
+            assert np.array_equal(got[output], expected[output]), (case, output)
+        np.testing.assert_allclose(got["output_log_probs"], expected["output_log_probs"], atol=1e-5, err_msg=case)
+        assert got_steps == [
+            [replace(e, log_prob=pytest.approx(e.log_prob, abs=1e-5)) if e.log_prob is not None else e for e in s]
+            for s in expected_steps
+        ], case
+        if case == "greedy":  # the chosen end id ends some rows early, and they stop there
+            lengths = got["sequence_length"][:, 0] - [len(p) for p in PROMPTS]
+            assert lengths.min() < NEW - 3 and lengths.max() > lengths.min(), lengths
+    assert lean.decoder is not None and lean.decoder.shapes, "the lean loop did not run"
+    assert gen.decoder is None
+
+
+def test_the_loop_stops_once_every_row_has_finished(generators: dict[str, Generator]) -> None:
+    """Rows are read every few steps, so the loop runs past the last end by at most that many steps."""
+    gen = generators["gptj"]
+    lean = replace(gen, mode=LEAN)
+    end = _end_id_met_early(gen)
+    request = lean.parse(decoder_inputs([PROMPTS[1]], 200, end_id=column(end, 1, np.uint32)))
+    seen: list[int] = []
+    assert lean.decoder is None
+    original = decode_loop.LeanDecoder._hand_over
+
+    def spy(tokens: Any, chosen: Any, start: int, take: Any) -> bool:
+        seen.append(start + tokens.shape[1])
+        return original(tokens, chosen, start, take)
+
+    decode_loop.LeanDecoder._hand_over = staticmethod(spy)  # type: ignore[method-assign]
+    try:
+        result = lean.run(request.items)[0]
+    finally:
+        decode_loop.LeanDecoder._hand_over = staticmethod(original)  # type: ignore[method-assign]
+    assert int(result.lengths[0]) == 3
+    assert seen == [1, 3]  # read after steps 1 and 3 (groups of 1, 2, 4 …), then stopped
+
+
+@pytest.mark.parametrize("mode", [LEAN, EXACT])
+def test_the_static_cache_is_reused_and_cleared_between_requests(generators: dict[str, Generator], mode: str) -> None:
+    """A second request of the same shape decodes on the same cache and still gives generate's ids."""
+    gen = generators["gptneox"]
+    lean = replace(gen, mode=mode)
+    first = decoder_inputs(PROMPTS, 6, end_id=column(10_000, 4, np.uint32))
+    second = decoder_inputs([list(reversed(p)) for p in PROMPTS], 6, end_id=column(10_000, 4, np.uint32))
+    _run(lean, first)
+    assert lean.decoder is not None
+    cache = next(iter(lean.decoder.shapes.values())).cache
+    got, _ = _run(lean, second)
+    assert next(iter(lean.decoder.shapes.values())).cache is cache
+    assert np.array_equal(got["output_ids"], _run(gen, second)[0]["output_ids"])
+
+
+def test_beam_search_keeps_using_generate(generators: dict[str, Generator]) -> None:
+    gen = generators["gptj"]
+    lean = replace(gen, mode=LEAN)
+    inputs = decoder_inputs(PROMPTS[:2], 5, beam_width=column(2, 2, np.uint32), end_id=column(10_000, 2, np.uint32))
+    assert np.array_equal(_run(lean, inputs)[0]["output_ids"], _run(gen, inputs)[0]["output_ids"])
+    assert lean.decoder is None
+
+
+@pytest.mark.parametrize(
+    ("value", "mode"),
+    [
+        ("", "eager"),
+        ("0", "eager"),
+        ("1", "graph"),
+        ("graph", "graph"),
+        ("Inductor", "inductor"),
+        ("cudagraphs", "cudagraphs"),
+        ("lean", "lean"),
+        ("exact", "exact"),
+        ("transformers", "transformers"),
+    ],
+)
+def test_the_decoding_mode_comes_from_the_environment_on_cuda_only(
+    monkeypatch: pytest.MonkeyPatch, value: str, mode: str
+) -> None:
+    monkeypatch.setenv(COMPILE_ENV, value)
+    assert decode_mode(torch.device("cuda")) == mode
+    assert decode_mode(torch.device("cuda", 1)) == mode
+    assert decode_mode(torch.device("cpu")) == "eager"  # CPU stays as it was
+
+
+@pytest.mark.parametrize("value", ["yes", "2", "graph;rm -rf /", "GRAPHS"])
+def test_an_unknown_decoding_mode_is_refused_with_a_hint(
+    generators: dict[str, Generator], monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv(COMPILE_ENV, value)
+    with pytest.raises(ConfigError, match=f"{COMPILE_ENV}=.* is not a decoding mode") as caught:
+        decode_mode(torch.device("cuda"))
+    assert "eager, transformers, lean, graph, exact, cudagraphs, inductor" in str(caught.value.hint)
+    gen = generators["gptj"]
+    with pytest.raises(ConfigError, match="is not a decoding mode"):  # even on CPU: a typo is said at start
+        Generator.for_model(gen.model, end_id=0, start_id=0)
+
+
+def test_transformers_static_mode_generates_what_the_eager_one_does(generators: dict[str, Generator]) -> None:
+    gen = generators["gptj"]
+    static = replace(gen, mode=TRANSFORMERS_STATIC)
+    inputs = decoder_inputs(PROMPTS, 6, end_id=column(10_000, 4, np.uint32))
+    assert np.array_equal(_run(static, inputs)[0]["output_ids"], _run(gen, inputs)[0]["output_ids"])
