@@ -165,7 +165,7 @@ def test_beam_search_keeps_using_generate(generators: dict[str, Generator]) -> N
     [
         ("", "eager"),
         ("0", "eager"),
-        ("1", "graph"),
+        ("1", "transformers"),
         ("graph", "graph"),
         ("Inductor", "inductor"),
         ("cudagraphs", "cudagraphs"),
