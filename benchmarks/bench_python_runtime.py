@@ -156,6 +156,23 @@ def build_synthetic_gptj(
 # --------------------------------------------------------------------------- measuring
 
 
+def build_preset_checkpoint(workdir: Path, preset: dict[str, Any]) -> Path:
+    """The synthetic GPT-J of ``preset`` under ``workdir`` (its folder)."""
+    say(
+        f"building a synthetic GPT-J ({preset['layers']} x {preset['hidden']}, vocab {preset['vocab']}, "
+        f"{preset['dtype']}) …"
+    )
+    return build_synthetic_gptj(
+        workdir / "synthetic-gptj",
+        layers=preset["layers"],
+        hidden=preset["hidden"],
+        heads=preset["heads"],
+        rotary=preset["rotary"],
+        vocab=preset["vocab"],
+        dtype=preset["dtype"],
+    )
+
+
 def prompts(batch: int, length: int, vocab: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     return rng.integers(1, min(vocab, 400), size=(batch, length), dtype=np.int64)
@@ -366,18 +383,7 @@ def run_modes(
     import torch
     from transformers import GPTJForCausalLM
 
-    say(
-        f"building a synthetic GPT-J ({preset['layers']} x {preset['hidden']}, vocab {preset['vocab']}, {preset['dtype']}) …"
-    )
-    src = build_synthetic_gptj(
-        workdir / "synthetic-gptj",
-        layers=preset["layers"],
-        hidden=preset["hidden"],
-        heads=preset["heads"],
-        rotary=preset["rotary"],
-        vocab=preset["vocab"],
-        dtype=preset["dtype"],
-    )
+    src = build_preset_checkpoint(workdir, preset)
     report["parameters"] = json.loads((src / "bench.json").read_text())["parameters"]
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[preset["dtype"]]
     model = GPTJForCausalLM.from_pretrained(src, dtype=dtype).to(device).eval()
@@ -572,19 +578,7 @@ def run_throughput(workdir: Path, preset: dict[str, Any], batches: list[int], de
     from ftx_triton.store.artifact_store import ArtifactStore
     from transformers import GPTJForCausalLM
 
-    say(
-        f"building a synthetic GPT-J ({preset['layers']} x {preset['hidden']}, vocab {preset['vocab']}, "
-        f"{preset['dtype']}) …"
-    )
-    src = build_synthetic_gptj(
-        workdir / "synthetic-gptj",
-        layers=preset["layers"],
-        hidden=preset["hidden"],
-        heads=preset["heads"],
-        rotary=preset["rotary"],
-        vocab=preset["vocab"],
-        dtype=preset["dtype"],
-    )
+    src = build_preset_checkpoint(workdir, preset)
     params = json.loads((src / "bench.json").read_text())["parameters"]
     home = workdir / "bench-home"
     home.mkdir(exist_ok=True)
