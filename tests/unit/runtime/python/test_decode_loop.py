@@ -114,6 +114,40 @@ def test_the_lean_loop_decodes_exactly_like_generate(generators: dict[str, Gener
     assert gen.decoder is None
 
 
+@pytest.mark.parametrize("mode", [LEAN, EXACT])
+def test_the_decoding_step_of_an_eager_attention_model_makes_no_host_tensor(
+    generators: dict[str, Generator], mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CUDA graph capture refuses a host-to-device copy, and transformers' own eager-attention mask makes its 0
+    with ``torch.tensor(0.0, device=…)`` (every capture of GPT-J's step failed so on an H100). The loop hands
+    GPT-J (eager attention) its own 4D step mask, made by device operations only: with ``torch.tensor``
+    refused after the prompt's pass, the steps still run and decode as ``generate`` does. (transformers 5, the
+    GPU image's, fails this without the loop's mask; 4.x built its mask without ``torch.tensor``.)"""
+    gen = generators["gptj"]
+    assert gen.model.config._attn_implementation == "eager"
+    loop = replace(gen, mode=mode)
+    inputs = decoder_inputs(PROMPTS, NEW, end_id=column(10_000, len(PROMPTS), np.uint32))
+    expected, _ = _run(gen, inputs)
+    original_forward = decode_loop.LeanDecoder._forward
+    made: list[str] = []
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        made.append(repr(args)[:80])
+        raise AssertionError("torch.tensor called inside a decoding step")
+
+    def forward(self: Any, shape: Any, **inputs: Any) -> Any:
+        if inputs["input_ids"].shape[1] > 1:  # the prompt's pass is never captured
+            return original_forward(self, shape, **inputs)
+        with monkeypatch.context() as patch:
+            patch.setattr(torch, "tensor", refuse)
+            return original_forward(self, shape, **inputs)
+
+    monkeypatch.setattr(decode_loop.LeanDecoder, "_forward", forward)
+    got, _ = _run(loop, inputs)
+    assert not made
+    assert np.array_equal(got["output_ids"], expected["output_ids"])
+
+
 def test_the_loop_stops_once_every_row_has_finished(generators: dict[str, Generator]) -> None:
     """Rows are read every few steps, so the loop runs past the last end by at most that many steps."""
     gen = generators["gptj"]

@@ -71,8 +71,8 @@ GRAPHS_KEPT = 2
 
 def decode_mode(device: Any) -> str:
     """How decoding runs on ``device``: ``FTX_PYTHON_COMPILE`` (one of :data:`MODES`; ``0`` = eager, ``1`` =
-    transformers, the mode measured fastest on a GPU) on a CUDA device, eager elsewhere (compiling costs more on a CPU than it saves). The value is
-    checked on every device, so a typo is refused at start."""
+    transformers, the mode measured fastest on a GPU) on a CUDA device, eager elsewhere (compiling costs more on
+    a CPU than it saves). The value is checked on every device, so a typo is refused at start."""
     import os
 
     raw = os.environ.get(COMPILE_ENV, "").strip().lower()
@@ -134,6 +134,8 @@ class LeanDecoder:
             extra["cache_position"] = cache_position
         if "logits_to_keep" in names:
             extra["logits_to_keep"] = 1
+        if _attention_of(self.model) == "eager" and inputs["input_ids"].shape[1] == 1:  # a step, not the prompt
+            inputs["attention_mask"] = additive_step_mask(inputs["attention_mask"], cache_position, self.model.dtype)
         out = self.model(use_cache=True, return_dict=True, **inputs, **extra)
         return out.logits[:, -1, :]
 
@@ -422,6 +424,25 @@ def _views_cache(model: Any, length: int) -> Any:
     cache.ftx_buffers = []
     cache.ftx_length = length
     return cache
+
+
+def _attention_of(model: Any) -> str | None:
+    """The attention implementation transformers loaded ``model`` with (``eager``, ``sdpa`` …)."""
+    return getattr(model.config, "_attn_implementation", None)
+
+
+def additive_step_mask(mask: Any, cache_position: Any, dtype: Any) -> Any:
+    """The 4D mask transformers' eager attention adds for one query token at ``cache_position``: 0 where the
+    2D ``mask`` keeps a cached position at or before it, the dtype's minimum elsewhere — what its ``eager_mask``
+    builds, but from device operations only: transformers makes its 0 with ``torch.tensor(0.0, device=…)``, a
+    host-to-device copy that a CUDA graph capture refuses (measured on an H100: every capture of GPT-J's step
+    failed so)."""
+    import torch
+
+    positions = torch.arange(mask.shape[-1], device=mask.device)
+    keep = mask.bool() & (positions <= cache_position.reshape(-1)[-1:])
+    zero = torch.zeros((), dtype=dtype, device=mask.device)
+    return torch.where(keep, zero, torch.finfo(dtype).min)[:, None, None, :]
 
 
 class _causal_skip:  # noqa: N801 - used as a context manager, like contextlib's
