@@ -189,7 +189,7 @@ class RepositorySettings(OptionSection):
     )
     stream_interval: int | Auto = option(
         AUTO,
-        help="With --streaming: the model sends every Nth generated token's response and the last (each "
+        help="With --streaming: the model sends the first, every Nth and the last generated token's response (each "
         "holds the whole text so far). auto (the default): N grows with the batch the model generates, "
         "N = ceil(requests in the batch / 4), so the whole batch sends about 4 responses per step (one client "
         "gets every token; config.pbtxt's ftx_stream_auto_responses sets the 4). 1 = every token, as "
@@ -200,7 +200,7 @@ class RepositorySettings(OptionSection):
         auto=True,
         show_default=True,
     )
-    """A streaming model sends every Nth step's response (and the last); 1: every step, as upstream; :data:`AUTO`:
+    """A streaming model sends the first, every Nth and the last step's response; 1: every step, as upstream; :data:`AUTO`:
     N from the batch of each execution (:mod:`ftx_triton.repository.stream_interval`)."""
     max_queue_size: int = option(
         0,

@@ -80,7 +80,7 @@ class FtModelOptions:
     """Dynamic batching of each text model's requests (one Python call per queued group)."""
     streaming: bool = False
     stream_interval: int | Auto = AUTO
-    """A decoupled model sends every Nth step's response and the last (ftx's backend patch, the python runtime);
+    """A decoupled model sends the first, every Nth and the last step's response (ftx's backend patch, the python runtime);
     :data:`AUTO`: every ceil(requests in the batch / R)th step (:mod:`ftx_triton.repository.stream_interval`)."""
     max_queue_size: int = 0
     """Triton's dynamic batcher queue bound for the model: a request beyond it is refused at once (0: none)."""

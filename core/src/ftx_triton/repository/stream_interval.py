@@ -5,14 +5,15 @@ whole output so far (a device-to-host copy, a Triton response and, on the ``text
 ``postprocessing`` call). ftx's backend patch set and the python runtime read two parameters of the model's
 config.pbtxt:
 
-- ``ftx_stream_interval``: ``N`` sends every Nth step's responses (absent or 1: every step, as upstream);
+- ``ftx_stream_interval``: ``N`` sends the first and every Nth step's responses (absent or 1: every step, as upstream);
   ``auto`` sends every ``ceil(requests / R)``th step, where requests are those the model generates in one
   execution (its batch). The whole batch then sends about R responses per step however many clients there
   are, and a request generated alone (one client) gets every step.
 - ``ftx_stream_auto_responses``: R (:data:`STREAM_AUTO_RESPONSES` unless edited; read at each execution, so a
   changed value needs a model reload, not a rebuild).
 
-The final response, with the whole output, always goes.
+The first step's response (the first token, as soon as it exists) and the final one, with the whole output,
+always go.
 """
 
 from __future__ import annotations
@@ -47,6 +48,12 @@ class StreamInterval:
             return max(1, self.every)
         r = max(1, self.responses)
         return max(1, -(-requests // r))
+
+    @staticmethod
+    def sends(step: int, interval: int) -> bool:
+        """Whether generated step ``step`` (1 is the first) sends its response at ``interval``: the first step
+        (a client's first token is never held back), then every ``interval``th (the final one goes anyway)."""
+        return interval <= 1 or step == 1 or step % interval == 0
 
     def parameters(self) -> dict[str, str]:
         """The config.pbtxt parameters that say it (none for every step, upstream's behaviour)."""

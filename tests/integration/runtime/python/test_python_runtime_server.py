@@ -236,7 +236,7 @@ def test_decoupled_model_streams_one_response_per_token(sources: dict[str, tuple
 def test_stream_interval_sends_every_nth_step_and_the_bounded_queue_refuses_at_once(
     sources: dict[str, tuple[Path, Any]], tmp_path: Path
 ) -> None:
-    """``ftx_stream_interval`` 3: replies at steps 3 and 6 and the final one, each holding every token so far.
+    """``ftx_stream_interval`` 3: replies at steps 1, 3 and 6 and the final one, each holding every token so far.
     ``max_queue_size`` 1: while one request generates and one waits, a third is refused at once with Triton's
     own error (admission control), and the queued one is refused once it waited past ``queue_timeout_ms``."""
     import time
@@ -279,9 +279,9 @@ def test_stream_interval_sends_every_nth_step_and_the_bounded_queue_refuses_at_o
             thread.join(120)
     finally:
         server.stop()
-    assert [final for _data, final in responses] == [False, False, True]
+    assert [final for _data, final in responses] == [False, False, False, True]
     expected = hf_greedy(ref, PROMPTS[0], 7, eos_token_id=None)
-    for (data, _final), step in zip(responses, (3, 6, 7), strict=True):
+    for (data, _final), step in zip(responses, (1, 3, 6, 7), strict=True):
         assert _tokens(data, 0) == expected[: len(PROMPTS[0]) + step]
     assert outcome["generating"][2] == "ok", outcome
     refused = [k for k in ("second", "third") if "maximum queue size" in outcome[k][2]]
@@ -297,7 +297,7 @@ def test_auto_stream_interval_counts_the_requests_the_server_batches(
     sources: dict[str, tuple[Path, Any]], tmp_path: Path
 ) -> None:
     """``--stream-interval auto`` (the default, R = 4): five streams that Triton's dynamic batcher runs as one
-    execution get every 2nd step and the final reply (3 responses for 6 tokens, the last holding all of them);
+    execution get the first step, every 2nd and the final reply (4 responses for 6 tokens, the last holding all);
     one request of five rows, alone, gets every step (6), as upstream's batch-of-8 identity client expects."""
     import json
     import urllib.request
@@ -331,9 +331,9 @@ def test_auto_stream_interval_counts_the_requests_the_server_batches(
         server.stop()
     assert batched == 1  # the five streams were one execution of the model
     for index, prompt in enumerate(prompts):
-        assert [final for _data, final in got[index]] == [False, False, True], index
+        assert [final for _data, final in got[index]] == [False, False, False, True], index
         assert [int(data["sequence_length"][0, 0]) for data, _final in got[index]] == [
-            len(prompt) + s for s in (2, 4, 6)
+            len(prompt) + s for s in (1, 2, 4, 6)
         ]
         assert _tokens(got[index][-1][0], 0) == hf_greedy(ref, prompt, 6, eos_token_id=None)
     assert [final for _data, final in alone] == [False] * 5 + [True]

@@ -375,7 +375,7 @@ def test_the_stream_interval_patch_compiled_reads_what_the_config_writer_writes(
     """The C++ the patch adds where the backend fills the streaming callback's context, and its step filter,
     compiled with g++ against Triton's real JSON reader (the backend itself needs CUDA): for config.pbtxt as ftx
     writes it and Triton hands it over (JSON), the interval for 1 … 64 requests in one execution is the python
-    runtime's (``auto``: ceil(requests / R)), and a stream of 12 steps sends every interval-th one."""
+    runtime's (``auto``: ceil(requests / R)), and a stream of 12 steps sends the first and every interval-th one."""
     import subprocess
 
     from ftx_triton.plan.settings import AUTO
@@ -430,6 +430,7 @@ def test_the_stream_interval_patch_compiled_reads_what_the_config_writer_writes(
     expected = []
     for _text, params, n in cases:
         interval = StreamInterval.from_parameters(params).for_batch(n)
-        expected.append((interval, 12 // interval))
+        expected.append((interval, sum(StreamInterval.sends(step, interval) for step in range(1, 13))))
     assert got == expected
-    assert got[:8] == [(1, 12), (1, 12), (1, 12), (2, 6), (2, 6), (3, 4), (8, 1), (16, 0)]  # auto, R = 4
+    # auto, R = 4: the first step, then every interval-th
+    assert got[:8] == [(1, 12), (1, 12), (1, 12), (2, 7), (2, 7), (3, 5), (8, 2), (16, 1)]

@@ -657,7 +657,7 @@ def test_beam_search_streams_one_response_per_step(streaming_gptj: Any) -> None:
 
 def test_auto_stream_interval_grows_with_the_requests_generated_together(streaming_gptj: Any) -> None:
     """``--stream-interval auto`` (the default; R = 4 responses per step for the whole batch), the CPU reference
-    of ftx's backend patch: five requests generated together get every 2nd step and the final reply, each reply
+    of ftx's backend patch: five requests generated together get the first step, every 2nd and the final reply, each reply
     holding every token so far (the stream offsets say where its new ones start); one request alone, even of five
     rows, gets every step."""
     ref, ft = streaming_gptj
@@ -668,9 +668,9 @@ def test_auto_stream_interval_grows_with_the_requests_generated_together(streami
     ft.stream(batch, lambda index, reply: sent.setdefault(index, []).append(reply))
     for index, prompt in enumerate(prompts):
         replies = sent[index]
-        assert [r.final for r in replies] == [False, False, True], index
+        assert [r.final for r in replies] == [False, False, False, True], index
         lengths = [int(r.outputs["sequence_length"][0, 0]) for r in replies]
-        assert lengths == [len(prompt) + step for step in (2, 4, 6)]
+        assert lengths == [len(prompt) + step for step in (1, 2, 4, 6)]
         assert [int(r.outputs["ftx_stream_offset"][0, 0]) for r in replies] == [len(prompt), *lengths[:-1]]
         assert _tokens(replies[-1].outputs) == hf_greedy(ref, prompt, 6, eos_token_id=None)
     alone: list[Any] = []

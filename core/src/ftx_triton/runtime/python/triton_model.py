@@ -140,8 +140,8 @@ class _Stream(StepSink):
         for p in touched.values():
             p.steps += 1
             final = all(p.finished)
-            if not final and p.steps % self.interval:
-                continue  # the stream interval: every Nth step's reply (and the last) holds all tokens so far
+            if not final and not StreamInterval.sends(p.steps, self.interval):
+                continue  # the stream interval: the first, every Nth and the last step's replies, each all so far
             results = [
                 partial_result(item, gen, probs if item.sampling.log_probs else None)
                 for item, gen, probs in zip(p.request.items, p.generated, p.log_probs, strict=True)
@@ -157,7 +157,7 @@ class _Stream(StepSink):
             if len(by_item) < len(p.request.items):
                 continue  # items of one request in different generate calls: wait for the last call
             p.steps += 1
-            if p.steps % self.interval:
+            if not StreamInterval.sends(p.steps, self.interval):
                 continue  # the stream interval (the finished beams go as the final reply)
             results = [partial_beams(item, by_item[k]) for k, item in enumerate(p.request.items)]
             self.reply(p, results, steps=max(b.shape[1] for b in by_item.values()), final=False)

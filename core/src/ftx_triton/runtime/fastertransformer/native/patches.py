@@ -376,8 +376,8 @@ PATCHES: tuple[Change, ...] = (
     # --- behaviour: the stream interval. A decoupled model sent a response per generated token to every request
     # of the batch (a Triton response, a device-to-host copy of the whole output so far, and downstream one
     # Python postprocessing call each). With the model parameter ``ftx_stream_interval`` N > 1 the streaming
-    # callback sends every Nth step only; ``auto``: N = ceil(requests of this execution / R), R from
-    # ``ftx_stream_auto_responses`` (ftx_triton.repository.stream_interval; the python runtime does the same).
+    # callback sends the first step and then every Nth only; ``auto``: N = ceil(requests of this execution / R),
+    # R from ``ftx_stream_auto_responses`` (ftx_triton.repository.stream_interval; the python runtime does the same).
     # The final response (the whole output) always goes. Absent or 1: every step, as upstream.
     Edit(
         BACKEND_CC,
@@ -390,11 +390,11 @@ PATCHES: tuple[Change, ...] = (
         BACKEND_CC,
         "  stream_callback_ctx_t* context =\n      reinterpret_cast<stream_callback_ctx_t*>(ctx);\n",
         "  stream_callback_ctx_t* context =\n      reinterpret_cast<stream_callback_ctx_t*>(ctx);\n"
-        "  if (context->ftx_stream_interval > 1 &&\n"
-        "      ++context->ftx_steps % context->ftx_stream_interval != 0) {\n"
+        "  if (context->ftx_stream_interval > 1 && ++context->ftx_steps != 1 &&\n"
+        "      context->ftx_steps % context->ftx_stream_interval != 0) {\n"
         "    return;  // ftx: not a step of the stream interval (the final response still carries every token)\n"
         "  }\n",
-        "send a streamed response every ftx_stream_interval steps",
+        "send the first step's streamed response, then every ftx_stream_interval steps",
     ),
     Edit(
         BACKEND_CC,
