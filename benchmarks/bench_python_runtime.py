@@ -181,13 +181,7 @@ def prompts(batch: int, length: int, vocab: int, seed: int) -> np.ndarray:
 def server_generate(grpc_url: str, ids: np.ndarray, new_tokens: int, end_id: int) -> tuple[float, np.ndarray]:
     import tritonclient.grpc as grpcclient
 
-    batch, length = ids.shape
-    arrays = {
-        "input_ids": ids.astype(np.uint32),
-        "input_lengths": np.full((batch, 1), length, np.uint32),
-        "request_output_len": np.full((batch, 1), new_tokens, np.uint32),
-        "end_id": np.full((batch, 1), end_id, np.uint32),
-    }
+    arrays = mode_request(ids, new_tokens, end_id, sampled=False)
     client = grpcclient.InferenceServerClient(grpc_url)
     try:
         inputs = []
@@ -200,7 +194,7 @@ def server_generate(grpc_url: str, ids: np.ndarray, new_tokens: int, end_id: int
             "fastertransformer", inputs, outputs=[grpcclient.InferRequestedOutput("output_ids")], client_timeout=3600
         )
         seconds = time.perf_counter() - started
-        return seconds, result.as_numpy("output_ids")[:, 0, length:].astype(np.int64)
+        return seconds, result.as_numpy("output_ids")[:, 0, ids.shape[1] :].astype(np.int64)
     finally:
         client.close()
 
