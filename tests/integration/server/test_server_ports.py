@@ -188,3 +188,14 @@ def test_a_port_held_on_one_interface_is_busy_for_a_server_on_all(listening: soc
     """A server given 0.0.0.0 binds every interface: a listener on 127.0.0.1 alone keeps that port from it."""
     port = listening.getsockname()[1]
     assert not port_free("0.0.0.0", port) and not port_free("127.0.0.1", port)
+
+
+def test_an_internal_port_is_never_one_the_server_already_takes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tritonserver's own ports behind the fronts are picked after its public ones, which are not bound yet, so
+    the kernel may hand one out again (a CI run started tritonserver with its gRPC and metrics ports equal): a
+    port in ``avoid`` is passed over."""
+    from ftx_triton.server import ports
+
+    handed = iter([48241, 48241, 50001])
+    monkeypatch.setattr(ports, "_any_loopback_port", lambda: next(handed))
+    assert ports.loopback_port({48241}) == 50001

@@ -9,7 +9,7 @@ import errno
 import socket
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from ftx_triton.errors import ConfigError, ServeError
@@ -137,11 +137,22 @@ def free_ports(host: str = "127.0.0.1") -> ServerPorts:
     return ServerPorts(*ports)
 
 
-def loopback_port() -> int:
-    """A free port on 127.0.0.1 (tritonserver's own HTTP port behind the front)."""
+def _any_loopback_port() -> int:
+    """A port the kernel hands out as free on 127.0.0.1 now (the socket is closed again at once)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def loopback_port(avoid: Collection[int] = ()) -> int:
+    """A free port on 127.0.0.1 (tritonserver's own HTTP or gRPC port behind a front) that is none of ``avoid``:
+    the ports this server takes already, which are not bound yet when it is picked, so the kernel may hand one
+    out again (seen: tritonserver started with its gRPC and metrics ports equal, and refused)."""
+    for _ in range(100):
+        port = _any_loopback_port()
+        if port not in avoid:
+            return port
+    raise ServeError("no free port on 127.0.0.1", hint="free some local ports, then run the command again")
 
 
 # --------------------------------------------------------------------------- HTTP probes

@@ -430,10 +430,12 @@ class TritonServer:
         """Start the supervisor (and so tritonserver) with output appended to the log; return the log
         offset of this run."""
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        taken = {self.ports.http, self.ports.grpc, self.ports.metrics}
         if self.http_front and self._internal_http_port is None:
-            self._internal_http_port = loopback_port()
+            self._internal_http_port = loopback_port(taken)
+        taken.add(self._internal_http_port or 0)
         if self.grpc_front and self._internal_grpc_port is None:
-            self._internal_grpc_port = loopback_port()
+            self._internal_grpc_port = loopback_port(taken)
         triton = [*self.launcher, *self.command(backends, install.binary, repository)]
         cmd = self.supervisor_command(triton)
         with self._log_path.open("ab") as out:
