@@ -313,6 +313,7 @@ STREAM_HARNESS = r"""
 #define TRITONJSON_STATUSRETURN(M) return 1
 #define TRITONJSON_STATUSSUCCESS 0
 #include "triton/common/triton_json.h"
+#define LOG_MESSAGE(LEVEL, MSG) std::fprintf(stderr, "%s %s\n", #LEVEL, MSG)
 
 namespace triton { namespace harness {
 struct stream_callback_ctx_t {  // the fields the patch adds (the backend's own ones are not read here)
@@ -324,11 +325,16 @@ struct ModelState {
   common::TritonJson::Value& ModelConfig() { return config; }
 };
 
-int Interval(const std::string& json, const uint32_t request_count) {
+int Interval(const std::string& json, const uint32_t request_count, const size_t total_batch_size) {
   ModelState state;
   ModelState* model_state_ = &state;
   if (state.config.Parse(json) != 0) {
     return -1;
+  }
+  bool is_decoupled_ = false;  // as the backend reads it when the instance starts
+  common::TritonJson::Value policy;
+  if (state.config.Find("model_transaction_policy", &policy)) {
+    policy.MemberAsBool("decoupled", &is_decoupled_);
   }
   stream_callback_ctx_t context;
 @FILL@
@@ -351,9 +357,10 @@ int Sent(const int interval, const int steps) {
 }}  // namespace triton::harness
 
 int main(int argc, char** argv) {
-  for (int i = 1; i + 2 < argc; i += 3) {  // config JSON, requests in the execution, generated steps
-    const int interval = triton::harness::Interval(argv[i], (uint32_t)std::atoi(argv[i + 1]));
-    std::printf("%d %d\n", interval, triton::harness::Sent(interval, std::atoi(argv[i + 2])));
+  for (int i = 1; i + 3 < argc; i += 4) {  // config JSON, requests and rows in the execution, generated steps
+    const int interval =
+        triton::harness::Interval(argv[i], (uint32_t)std::atoi(argv[i + 1]), (size_t)std::atoll(argv[i + 2]));
+    std::printf("%d %d\n", interval, triton::harness::Sent(interval, std::atoi(argv[i + 3])));
   }
   return 0;
 }
@@ -375,7 +382,9 @@ def test_the_stream_interval_patch_compiled_reads_what_the_config_writer_writes(
     """The C++ the patch adds where the backend fills the streaming callback's context, and its step filter,
     compiled with g++ against Triton's real JSON reader (the backend itself needs CUDA): for config.pbtxt as ftx
     writes it and Triton hands it over (JSON), the interval for 1 … 64 requests in one execution is the python
-    runtime's (``auto``: ceil(requests / R)), and a stream of 12 steps sends the first and every interval-th one."""
+    runtime's (``auto``: ceil(requests / R)), and a stream of 12 steps sends the first and every interval-th one.
+    A streaming execution logs (verbose) its requests, its rows and the interval: what a GPU run reads to see the
+    batches the backend was given (requests of two rows each here, so the two counts differ)."""
     import subprocess
 
     from ftx_triton.plan.settings import AUTO
@@ -424,13 +433,19 @@ def test_the_stream_interval_patch_compiled_reads_what_the_config_writer_writes(
         config(AUTO, streaming=False),
     ]
     cases = [(text, params, n) for text, params in configs for n in (1, 2, 4, 5, 8, 9, 32, 64)]
-    args = [str(a) for text, _params, n in cases for a in (text, n, 12)]
+    args = [str(a) for text, _params, n in cases for a in (text, n, 2 * n, 12)]
     run = subprocess.run([str(tmp_path / "harness"), *args], capture_output=True, text=True, check=True)
     got = [tuple(map(int, line.split())) for line in run.stdout.splitlines()]
-    expected = []
-    for _text, params, n in cases:
+    expected, logged = [], []
+    for text, params, n in cases:
         interval = StreamInterval.from_parameters(params).for_batch(n)
         expected.append((interval, sum(StreamInterval.sends(step, interval) for step in range(1, 13))))
+        if json.loads(text).get("model_transaction_policy", {}).get("decoupled"):
+            logged.append(
+                f"TRITONSERVER_LOG_VERBOSE ftx stream interval: {n} requests ({2 * n} rows) in this execution, "
+                f"a streamed response every {interval} steps"
+            )
     assert got == expected
+    assert run.stderr.splitlines() == logged and len(logged) == 5 * 8  # the not-streaming model logs nothing
     # auto, R = 4: the first step, then every interval-th
     assert got[:8] == [(1, 12), (1, 12), (1, 12), (2, 7), (2, 7), (3, 5), (8, 2), (16, 1)]

@@ -378,7 +378,9 @@ PATCHES: tuple[Change, ...] = (
     # Python postprocessing call each). With the model parameter ``ftx_stream_interval`` N > 1 the streaming
     # callback sends the first step and then every Nth only; ``auto``: N = ceil(requests of this execution / R),
     # R from ``ftx_stream_auto_responses`` (ftx_triton.repository.stream_interval; the python runtime does the same).
-    # The final response (the whole output) always goes. Absent or 1: every step, as upstream.
+    # The final response (the whole output) always goes. Absent or 1: every step, as upstream. With verbose
+    # logging on (tritonserver --log-verbose=1, or POST /v2/logging {"log_verbose_level": 1} from this host) each
+    # streaming execution logs its request and row counts and the interval it chose.
     Edit(
         BACKEND_CC,
         "  std::vector<TRITONBACKEND_ResponseFactory*>* factories;\n  BackendModelInstance* model;\n};\n",
@@ -421,9 +423,17 @@ PATCHES: tuple[Change, ...] = (
         "      ftx_n = (int)(((size_t)request_count + ftx_r - 1) / ftx_r);\n"
         "    }\n"
         "    context.ftx_stream_interval = ftx_n > 1 ? ftx_n : 1;\n"
+        "    if (is_decoupled_) {\n"
+        "      LOG_MESSAGE(\n"
+        "          TRITONSERVER_LOG_VERBOSE,\n"
+        '          (std::string("ftx stream interval: ") + std::to_string(request_count) + " requests (" +\n'
+        '           std::to_string(total_batch_size) + " rows) in this execution, a streamed response every " +\n'
+        '           std::to_string(context.ftx_stream_interval) + " steps")\n'
+        "              .c_str());\n"
+        "    }\n"
         "  }\n",
         "read the stream interval from the model's parameters (absent: every step, as upstream; auto: from the "
-        "number of requests in this execution)",
+        "number of requests in this execution) and log it per execution (verbose)",
     ),
     # --- behaviour: weight loading. Upstream read every weight file into a zero-filled std::vector and copied it
     # with a pageable cudaMemcpy (each byte faulted in, zeroed, read, then staged again by the driver): 9.0 s of a
