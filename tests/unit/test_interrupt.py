@@ -4,6 +4,7 @@ kept and raised again at the next safe point: before a build is published, or by
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -42,3 +43,24 @@ def test_a_build_interrupted_by_a_swallowed_ctrl_c_is_not_published(tmp_path: Pa
             (tmp / "weights.bin").write_bytes(b"x")
             swallowed()
     assert sorted(p.name for p in tmp_path.iterdir()) == [".built.lock"], "nothing published, no holder left"
+
+
+def test_a_worker_threads_check_leaves_the_swallowed_ctrl_c_to_the_main_thread() -> None:
+    from ftx_triton.interrupt import check
+
+    raised: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            check()
+        except KeyboardInterrupt as exc:
+            raised.append(exc)
+
+    with ftx_interrupts_installed():
+        swallowed()
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join()
+        assert raised == []
+        with pytest.raises(KeyboardInterrupt):
+            check()

@@ -48,8 +48,9 @@ def install() -> None:
 
 
 def check() -> None:
-    """Raise ``KeyboardInterrupt`` if Python swallowed a Ctrl-C since the last call (a safe point)."""
-    if _SWALLOWED.is_set():
+    """Raise ``KeyboardInterrupt`` if Python swallowed a Ctrl-C since the last call (a safe point). Only in the
+    main thread, where Python delivers Ctrl-C: a worker thread's check leaves it to the main thread's next one."""
+    if _SWALLOWED.is_set() and threading.current_thread() is threading.main_thread():
         _SWALLOWED.clear()
         raise KeyboardInterrupt
 
