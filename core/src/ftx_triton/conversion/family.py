@@ -301,10 +301,22 @@ class Family:
 
 
 def _source_of(obj: Any) -> str:
+    """``obj``'s source text, remembered per object: every stage key of a run asks for the same few hundred
+    functions' text (tokenizing them again took ~10 ms a key)."""
+    try:
+        return _remembered_source(obj)
+    except TypeError:  # unhashable: not remembered
+        return _read_source(obj)
+
+
+def _read_source(obj: Any) -> str:
     try:
         return inspect.getsource(obj)
     except (OSError, TypeError):
         return getattr(obj, "__qualname__", repr(obj))
+
+
+_remembered_source = functools.lru_cache(maxsize=None)(_read_source)
 
 
 def read_config_json(path: Path) -> dict[str, Any]:

@@ -12,6 +12,9 @@ from dataclasses import dataclass, replace
 TEXT_MODEL_NAME = "text"
 """The generate-extension ensemble (text in, text out) that ftx's commands and OpenAI front use."""
 
+FT_MODEL_NAME = "fastertransformer"
+"""The FasterTransformer model itself (token ids in and out)."""
+
 
 @dataclass(frozen=True)
 class TensorDecl:

@@ -24,6 +24,7 @@ from ftx_triton.repository.io import (
     ENCODER_DECODER,
     ENCODER_INPUTS,
     ENCODER_MODEL_NAME,
+    FT_MODEL_NAME,
     IO_KINDS,
     TensorDecl,
     encoder_outputs,
@@ -34,8 +35,6 @@ from ftx_triton.repository.stream_interval import StreamInterval
 if TYPE_CHECKING:
     from ftx_triton.conversion.family import Family
     from ftx_triton.plan.settings import RunSettings
-
-FT_MODEL_NAME = "fastertransformer"
 
 DEFAULT_MAX_BATCH_SIZE = 128
 """Default ``max_batch_size`` of every model in a repository.

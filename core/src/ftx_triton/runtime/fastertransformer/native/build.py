@@ -20,6 +20,7 @@ Artifact layout::
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -83,11 +84,18 @@ class BuiltBackend:
         return tuple(self.manifest.get("sm", ()))
 
 
+@functools.lru_cache(maxsize=1)
+def _patches_digest() -> str:
+    """The patch set's digest, made once a process (a run keys the build three times or more: availability,
+    the tune key, the serve stage; each was a JSON dump of every patch and new file)."""
+    return patch_set_digest()
+
+
 def key_inputs(pre: Preflight) -> dict[str, Any]:
     """Everything that determines the binaries."""
     return {
         "pins": pins_fingerprint(),
-        "patches": patch_set_digest(),
+        "patches": _patches_digest(),
         "toolchain": pre.toolchain_key(),
         "recipe": RECIPE_VERSION,
     }

@@ -19,6 +19,7 @@ from ftx_triton.runtime.fastertransformer.options import FtLaunchOptions
 
 if TYPE_CHECKING:
     from ftx_triton.runtime.fastertransformer.native.build import BuiltBackend
+    from ftx_triton.runtime.fastertransformer.native.toolchain import Preflight
     from ftx_triton.store.artifact_store import ArtifactStore
 
 
@@ -55,14 +56,18 @@ def backend_for(
     need_gpu: bool = True,
     say: Callable[[str], None] = lambda text: None,
     show_progress: bool = True,
+    pre: Preflight | None = None,
 ) -> BuiltBackend:
-    """The backend build for this host (``--sm`` or its GPUs): from ``store``, else built into it now."""
+    """The backend build for this host (``--sm`` or its GPUs): from ``store``, else built into it now.
+    ``pre``: this host's preflight for ``sm`` when the caller has judged it already (probing runs nvcc,
+    the compiler, cmake and MPI once more)."""
     import ftx_triton
     from ftx_triton.runtime.fastertransformer.native.build import build_backend
     from ftx_triton.runtime.fastertransformer.native.sources import acquire_sources
     from ftx_triton.runtime.fastertransformer.native.toolchain import preflight
 
-    pre = preflight(sm, need_gpu=need_gpu)
+    if pre is None:
+        pre = preflight(sm, need_gpu=need_gpu)
     cache = store.home / "native" / "sources"
     return build_backend(
         store,

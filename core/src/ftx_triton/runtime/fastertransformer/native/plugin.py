@@ -106,6 +106,7 @@ class NativeFasterTransformer(FasterTransformerRuntime):
             jobs=options.jobs,
             say=ctx.say,
             show_progress=ctx.show_progress,
+            pre=self.preflight(ctx.settings),  # this runtime's probe of the host: made once a run
         )
 
     def identity(self) -> Mapping[str, str]:

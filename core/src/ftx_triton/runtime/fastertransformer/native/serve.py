@@ -25,8 +25,7 @@ import structlog
 from ftx_triton.errors import ConfigError, ServeError
 from ftx_triton.plan.artifacts import Endpoint, GemmConfig, ModelRepository
 from ftx_triton.plan.settings import RunSettings
-from ftx_triton.repository.io import TEXT_MODEL_NAME
-from ftx_triton.repository.model_config import FT_MODEL_NAME
+from ftx_triton.repository.io import FT_MODEL_NAME, TEXT_MODEL_NAME
 from ftx_triton.runtime.fastertransformer.base import prepare_work_dir as prepare_ft_work_dir
 from ftx_triton.runtime.fastertransformer.hosts import FORWARDED_ENV, HOSTFILE_NAME, NodeLayout, node_layout, read_hosts
 from ftx_triton.runtime.fastertransformer.logscan import LogScanner, ScanContext
@@ -34,7 +33,7 @@ from ftx_triton.runtime.fastertransformer.native.build import BuiltBackend
 from ftx_triton.runtime.fastertransformer.native.options import NativeOptions
 from ftx_triton.runtime.fastertransformer.native.tune import runtime_environment
 from ftx_triton.runtime.fastertransformer.native.weight_load import log_weight_loads
-from ftx_triton.server.smoke import check_generates, server_name
+from ftx_triton.server.smoke import check_generates, import_while_loading, server_name
 
 log = structlog.get_logger(__name__)
 
@@ -290,6 +289,7 @@ def serve_native(
         f"serve     tritonserver + FasterTransformer on GPU(s) {','.join(map(str, plan.gpus))}, working "
         f"directory {plan.work_dir}"
     )
+    import_while_loading()  # the smoke generation's imports overlap the model load
     try:
         server.start(progress=say)
     except ServeError:
