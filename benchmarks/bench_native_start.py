@@ -77,7 +77,7 @@ def one_run(cmd: list[str], env: dict[str, str]) -> dict[str, float]:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     out: dict[str, float] = {}
     configured = None
-    tail = []
+    tail: list[str] = []
     for line in proc.stdout:  # type: ignore[union-attr]
         at = time.monotonic() - t0
         tail = [*tail[-20:], line]
@@ -118,12 +118,16 @@ def main() -> None:
             loads.append(os.getloadavg()[0])
             runs[name].append(one_run([*cmd, "--name", f"bench-{name}"], envs[name]))
     keys = list(runs[next(iter(versions))][0])
-    print(f"cached native start to tritonserver spawned, median of {args.repeat} (load average {min(loads):.1f}-"
-          f"{max(loads):.1f}, {os.cpu_count()} CPUs)")
+    print(
+        f"cached native start to tritonserver spawned, median of {args.repeat} (load average {min(loads):.1f}-"
+        f"{max(loads):.1f}, {os.cpu_count()} CPUs)"
+    )
     print(f"| step | {' | '.join(f'{n} s' for n in versions)} |" + (" ratio |" if len(versions) == 2 else ""))
     for key in keys:
         values = [statistics.median(r.get(key, 0.0) for r in runs[n]) for n in versions]
-        ratio = f" {values[0] / values[1]:.2f}x |" if len(values) == 2 and values[1] else (" |" if len(values) == 2 else "")
+        ratio = (
+            f" {values[0] / values[1]:.2f}x |" if len(values) == 2 and values[1] else (" |" if len(values) == 2 else "")
+        )
         print(f"| {key} | {' | '.join(f'{v:.3f}' for v in values)} |{ratio}")
 
 

@@ -282,6 +282,38 @@ def test_availability_says_why(tmp_path: Path) -> None:
     assert ready.ok and ready.reason == f"FasterTransformer is built here for SM 90 ({artifact})"
 
 
+def test_a_run_probes_the_host_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Availability (before fetch), the tune key and the serve stage's backend lookup share one probe of the
+    host (the serve stage probed again: nvcc twice, the compiler, cmake and MPI, a few tenths of a second on a
+    GPU host). Stand-in host and build: no GPU toolchain here."""
+    from types import SimpleNamespace
+
+    from ftx_triton.runtime.fastertransformer.native import toolchain
+
+    probes: list[HostProbe] = []
+
+    def probe_host() -> HostProbe:
+        probes.append(_probe())
+        return probes[-1]
+
+    monkeypatch.setattr(toolchain, "probe_host", probe_host)
+    store = ArtifactStore(tmp_path)
+    s = _settings(tp=2)
+    key = backend_key(evaluate(_probe()))
+
+    def stand_in_build(tmp: Path) -> dict[str, object]:
+        (tmp / "backends" / "fastertransformer").mkdir(parents=True)
+        (tmp / MANIFEST).write_text(json.dumps({"sm": [90]}))
+        return {}
+
+    published, _ = store.build(BACKEND_STAGE, key, stand_in_build, inputs={}, producer={})
+    runtime = NativeFasterTransformer()
+    assert runtime.available(s, store).ok
+    ctx = SimpleNamespace(settings=s, store=store, say=lambda text: None, show_progress=False)
+    assert runtime.built(ctx).path == published.path  # type: ignore[arg-type]
+    assert len(probes) == 1
+
+
 def test_runtime_registers_as_a_fastertransformer_launcher() -> None:
     from ftx_triton.plugins import load_host
 
