@@ -8,7 +8,9 @@ build published in the store under this host's real build key (this machine's nv
 probed for real), and a tiny fp16 GPT-J checkpoint. A first run fills the store; each repeat then runs the
 same command, which goes through every cached stage and the serve stage's set-up until tritonserver is
 spawned (it then fails to load the stand-in backend library, which ends the run). The steps come from ftx's
-``timeline.step`` lines; "serve to spawn" is the arrival of the ``server.spawned`` line after ``configure``.
+``timeline.step`` lines; "serve to spawn" is the arrival of the ``server.spawned`` line after ``configure``. The
+OpenAI front's step is measured apart: a warm front process, left 5 s for its imports (the model's load on a GPU
+host), handed the configured repository until its ``/health`` answers.
 
     python benchmarks/bench_native_start.py --repeat 5
     python benchmarks/bench_native_start.py --repeat 5 --version before=/tmp/old/core/src:/tmp/old/plugins/gptj/src
@@ -38,6 +40,21 @@ case "$*" in
   *) echo "0, NVIDIA H200, GPU-0, 143771"; echo "1, NVIDIA H200, GPU-1, 143771";;
 esac
 """
+FRONT = """
+import sys, time
+from pathlib import Path
+from ftx_triton.openai_api.launch import WarmFront, start_openai
+repository, home, wait_s = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
+warm = WarmFront(detach=False)
+warm.start()
+time.sleep(wait_s)  # what the model's load gives it on a GPU host (seconds)
+started = time.monotonic()
+endpoint = start_openai("http://127.0.0.1:9", repository, "bench", home=home, triton_grpc="127.0.0.1:9", warm=warm)
+print(time.monotonic() - started)
+endpoint.stop()
+"""
+"""The OpenAI front's step: a warm front process started, given the model's load time, then handed its arguments
+(a dead Triton address: ``/health`` answers 503, which counts as up) until it answers."""
 STEP = re.compile(r"^timeline\.step step='?([a-z ]+?)'? seconds=([\d.]+)")
 SPAWNED = re.compile(r"server\.spawned")
 
@@ -94,6 +111,19 @@ def one_run(cmd: list[str], env: dict[str, str]) -> dict[str, float]:
     return out
 
 
+def front_seconds(repository: Path, home: Path, env: dict[str, str]) -> float:
+    """Seconds from handing the warm front its arguments to its first ``/health`` answer."""
+    out = subprocess.run(
+        [sys.executable, "-c", FRONT, str(repository), str(home), "5"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return float(out.stdout.split()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=5)
@@ -117,6 +147,10 @@ def main() -> None:
         for name in order:
             loads.append(os.getloadavg()[0])
             runs[name].append(one_run([*cmd, "--name", f"bench-{name}"], envs[name]))
+            repository = next((Path(envs[name]["FTX_HOME"]) / "store" / "configure").iterdir())
+            runs[name][-1]["openai front (arguments to /health)"] = front_seconds(
+                repository, Path(envs[name]["FTX_HOME"]), envs[name]
+            )
     keys = list(runs[next(iter(versions))][0])
     print(
         f"cached native start to tritonserver spawned, median of {args.repeat} (load average {min(loads):.1f}-"

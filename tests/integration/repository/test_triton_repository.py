@@ -534,3 +534,18 @@ def test_streaming_ensemble_streams_through_generate_stream(home: Path, tmp_path
         assert len(texts) == 4, body  # one response per token
         # each response holds only its new text: no prompt, nothing sent before (#16.2)
         assert not any(t.startswith(prompt) for t in texts if t)
+
+
+def test_a_repository_that_does_not_stream_gets_no_token_route_and_loads_no_tokenizer(
+    repositories: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The OpenAI front asks for the token route as it starts (after the server is ready): the model's config says
+    it does not stream before the tokenizer is loaded for nothing (a GPT-J tokenizer is a tenth of a second)."""
+    from ftx_triton.client.token_stream import TokenRoute
+    from ftx_triton.repository import textproc
+
+    loaded: list[object] = []
+    real = textproc.Preprocessor.from_directory
+    monkeypatch.setattr(textproc.Preprocessor, "from_directory", lambda *a, **k: loaded.append(a) or real(*a, **k))
+    assert TokenRoute.open(repository(repositories, "gptj")) is None
+    assert loaded == []

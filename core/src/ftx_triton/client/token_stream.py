@@ -70,6 +70,13 @@ def is_overload(message: str) -> bool:
 # --------------------------------------------------------------------------- text -> the model's inputs
 
 
+def _streams(repository: Path) -> bool:
+    """Whether the repository's ``fastertransformer`` model is decoupled (streams its ids)."""
+    from ftx_triton.repository.model_config import parse_config
+
+    return bool(parse_config(repository / FT_MODEL / "config.pbtxt").model_transaction_policy.decoupled)
+
+
 class TokenRoute:
     """The deployment's own preprocessing, in this process, and what it needs to read the model's stream."""
 
@@ -95,6 +102,8 @@ class TokenRoute:
         if repository is None:
             return None
         try:
+            if not _streams(Path(repository)):  # before the tokenizer loads (the OpenAI front's start waits on it)
+                return None
             route = cls(Path(repository))
         except Exception:  # noqa: BLE001 - a repository not readable here: the ensemble serves instead
             return None
