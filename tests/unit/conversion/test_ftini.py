@@ -226,3 +226,22 @@ def test_the_fingerprint_follows_the_ini_declaration(monkeypatch: pytest.MonkeyP
     fields["rotary_pct"] = lambda q: q["rotary_embedding"] / q["D"] / 2  # same name, other code
     monkeypatch.setattr(GPTNeoX, "ini", replace(GPTNeoX.ini, hf_fields=fields))
     assert GPTNeoX().fingerprint() != neox
+
+
+def test_the_fingerprint_reads_each_functions_source_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every stage key of a run asks for the fingerprint (six times a cached run): the converter functions' source
+    is read once a process, and the digest is the same as reading it each time."""
+    import inspect
+
+    from ftx_gptj.family import GPTJ
+    from ftx_triton.conversion import family as family_module
+
+    reads: list[object] = []
+    real = inspect.getsource
+    family_module._remembered_source.cache_clear()
+    monkeypatch.setattr(inspect, "getsource", lambda obj: reads.append(obj) or real(obj))
+    first = GPTJ().fingerprint()
+    once = len(reads)
+    assert once > 10 and GPTJ().fingerprint() == first and len(reads) == once
+    family_module._remembered_source.cache_clear()
+    assert GPTJ().fingerprint() == first  # read afresh: the same digest
