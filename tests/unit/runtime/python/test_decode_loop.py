@@ -43,6 +43,23 @@ def generators(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Generator]
     return out
 
 
+@pytest.fixture(scope="module")
+def plain_generators(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Generator]:
+    """Generators of the same tiny decoders built in plain torch (``torch_model.py``), as the runtime builds them."""
+    from ftx_triton.runtime.python.torch_model import load_torch_model
+
+    families = registered_families()
+    out = {}
+    for name in DECODERS:
+        root = tmp_path_factory.mktemp(f"plain-{name}")
+        ckpt = convert(families[name], BUILDERS[name](root / "hf"), root / "ft", 1)
+        loaded = load_torch_model(families[name], Path(ckpt), device="cpu")
+        assert loaded is not None
+        spec = families[name].spec_from_ini(loaded.ini)
+        out[name] = Generator.for_model(loaded.model, end_id=spec.end_id, start_id=spec.start_id)
+    return out
+
+
 class _Steps(StepSink):
     def __init__(self) -> None:
         self.steps: list[list[TokenEvent]] = []
@@ -112,6 +129,39 @@ def test_the_lean_loop_decodes_exactly_like_generate(generators: dict[str, Gener
             assert lengths.min() < NEW - 3 and lengths.max() > lengths.min(), lengths
     assert lean.decoder is not None and lean.decoder.shapes, "the lean loop did not run"
     assert gen.decoder is None
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_the_plain_torch_decoder_decodes_exactly_like_generate(
+    generators: dict[str, Generator], plain_generators: dict[str, Generator], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The python runtime's default model (plain torch, no transformers) against transformers' ``generate`` on the
+    same files: the same ids, lengths, log probabilities and streamed steps, greedy and sampled with a seed."""
+    from transformers.generation.utils import GenerationMixin
+
+    gen, plain = generators[name], plain_generators[name]
+    assert getattr(plain.model, "is_plain_torch", False) and not getattr(gen.model, "is_plain_torch", False)
+    real = GenerationMixin.generate
+    calls: list[str] = []
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(type(self).__name__)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(GenerationMixin, "generate", counted)
+    for case, extra in _cases(gen).items():
+        inputs = decoder_inputs(PROMPTS, [NEW, NEW, NEW - 3, NEW], **extra)
+        calls.clear()
+        (expected, expected_steps), (got, got_steps) = _run(gen, inputs), _run(plain, inputs)
+        assert len(calls) == 1, (case, calls)  # generate ran for the reference only
+        for output in ("output_ids", "sequence_length"):
+            assert np.array_equal(got[output], expected[output]), (case, output)
+        np.testing.assert_allclose(got["output_log_probs"], expected["output_log_probs"], atol=1e-6, err_msg=case)
+        assert got_steps == [
+            [replace(e, log_prob=pytest.approx(e.log_prob, abs=1e-6)) if e.log_prob is not None else e for e in s]
+            for s in expected_steps
+        ], case
+    assert plain.fallback is None  # transformers' model was never built
 
 
 @pytest.mark.parametrize("mode", [LEAN, EXACT])
