@@ -632,7 +632,6 @@ class Generator:
     """The lean loop's static caches and captured steps (modes in :data:`~.decode_loop.LOOP_MODES`)."""
     loader: Callable[[], Any] | None = None
     """For a plain-torch ``model``: builds transformers' model of the same files (see :meth:`transformers_model`)."""
-    fallback: Any = field(default=None, init=False)
 
     @classmethod
     def for_model(
@@ -763,16 +762,17 @@ class Generator:
         return bool(getattr(self.model, "is_plain_torch", False)) and sampling.beam_width == 1 and self.mode == EAGER
 
     def transformers_model(self) -> Any:
-        """The transformers model: ``model`` itself, or for a plain-torch ``model`` the one ``loader`` builds from
-        the same files the first time a request needs it (beam search, a decoding mode of transformers')."""
-        if not getattr(self.model, "is_plain_torch", False):
-            return self.model
-        if self.fallback is None:
+        """The transformers model. A plain-torch ``model`` is replaced, the first time a request needs transformers
+        (beam search, a decoding mode of transformers'), by the one ``loader`` builds from the same files, which
+        then serves every request (it answers greedy and sampled ones exactly as the plain model did): the weights
+        are held once, but for the moment of the swap."""
+        if getattr(self.model, "is_plain_torch", False):
             if self.loader is None:
                 raise RuntimeError("this request needs transformers' model, and the generator has no loader for it")
             log.info("runtime.transformers_model_needed", reason="beam search or a transformers decoding mode")
-            self.fallback = self.loader()
-        return self.fallback
+            self.model = self.loader()
+            self.decoder = None
+        return self.model
 
     def _run_transformers(
         self,

@@ -116,6 +116,43 @@ def config_of(hf: Mapping[str, Any], max_positions: int | None = None) -> Decode
     return config
 
 
+class Linear(nn.Module):
+    """``nn.Linear``'s parameters and forward, without its initialisation: on the meta device ``nn.Linear`` draws
+    its random weights through torch's reference kernels, which import ``torch._dynamo`` (1.7 s)."""
+
+    def __init__(self, inputs: int, outputs: int, bias: bool = True) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(outputs, inputs))
+        self.bias = nn.Parameter(torch.empty(outputs)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class Embedding(nn.Module):
+    """``nn.Embedding``'s parameter and forward, without its initialisation (see :class:`Linear`)."""
+
+    def __init__(self, rows: int, width: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(rows, width))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
+
+
+class LayerNorm(nn.Module):
+    """``nn.LayerNorm``'s parameters and forward, without its initialisation (see :class:`Linear`)."""
+
+    def __init__(self, width: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(width))
+        self.bias = nn.Parameter(torch.empty(width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (self.weight.shape[0],), self.weight, self.bias, self.eps)
+
+
 @dataclass
 class KVCache:
     """Per layer the keys and values [B, heads, tokens, head_dim] seen so far."""
@@ -205,10 +242,10 @@ class _GPTJAttention(nn.Module):
         self.scale = torch.sqrt(torch.tensor(self.head_dim, dtype=torch.float32, device="cpu")).to(
             torch.get_default_dtype()
         )
-        self.q_proj = nn.Linear(config.hidden, config.hidden, bias=False)
-        self.k_proj = nn.Linear(config.hidden, config.hidden, bias=False)
-        self.v_proj = nn.Linear(config.hidden, config.hidden, bias=False)
-        self.out_proj = nn.Linear(config.hidden, config.hidden, bias=False)
+        self.q_proj = Linear(config.hidden, config.hidden, bias=False)
+        self.k_proj = Linear(config.hidden, config.hidden, bias=False)
+        self.v_proj = Linear(config.hidden, config.hidden, bias=False)
+        self.out_proj = Linear(config.hidden, config.hidden, bias=False)
 
     def forward(
         self, hidden: torch.Tensor, mask: torch.Tensor, rotary: Any, cache: KVCache, index: int
@@ -232,8 +269,8 @@ class _GPTJAttention(nn.Module):
 class _GPTJMLP(nn.Module):
     def __init__(self, config: DecoderConfig) -> None:
         super().__init__()
-        self.fc_in = nn.Linear(config.hidden, config.inner)
-        self.fc_out = nn.Linear(config.inner, config.hidden)
+        self.fc_in = Linear(config.hidden, config.inner)
+        self.fc_out = Linear(config.inner, config.hidden)
         self.act = ACTIVATIONS[config.activation]
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -243,7 +280,7 @@ class _GPTJMLP(nn.Module):
 class _GPTJBlock(nn.Module):
     def __init__(self, config: DecoderConfig) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.hidden, eps=config.eps)
+        self.ln_1 = LayerNorm(config.hidden, eps=config.eps)
         self.attn = _GPTJAttention(config)
         self.mlp = _GPTJMLP(config)
 
@@ -255,9 +292,9 @@ class _GPTJBlock(nn.Module):
 class _GPTJBody(nn.Module):
     def __init__(self, config: DecoderConfig) -> None:
         super().__init__()
-        self.wte = nn.Embedding(config.vocab_size, config.hidden)
+        self.wte = Embedding(config.vocab_size, config.hidden)
         self.h = nn.ModuleList(_GPTJBlock(config) for _ in range(config.layers))
-        self.ln_f = nn.LayerNorm(config.hidden, eps=config.eps)
+        self.ln_f = LayerNorm(config.hidden, eps=config.eps)
 
 
 class GPTJ(CausalDecoder):
@@ -270,7 +307,7 @@ class GPTJ(CausalDecoder):
         super().__init__()
         self.config = config
         self.transformer = _GPTJBody(config)
-        self.lm_head = nn.Linear(config.hidden, config.vocab_size)
+        self.lm_head = Linear(config.hidden, config.vocab_size)
         self.register_buffer("sinusoids", _sinusoids(config.max_position_embeddings, config.rotary_dim), False)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -309,8 +346,8 @@ class _NeoXAttention(nn.Module):
         super().__init__()
         self.heads, self.head_dim, self.rotary_dim = config.heads, config.head_dim, config.rotary_dim
         self.scaling = self.head_dim**-0.5
-        self.query_key_value = nn.Linear(config.hidden, 3 * config.hidden)
-        self.dense = nn.Linear(config.hidden, config.hidden)
+        self.query_key_value = Linear(config.hidden, 3 * config.hidden)
+        self.dense = Linear(config.hidden, config.hidden)
 
     def forward(self, hidden: torch.Tensor, mask: Any, rotary: Any, cache: KVCache, index: int) -> torch.Tensor:
         batch, length = hidden.shape[:2]
@@ -331,8 +368,8 @@ class _NeoXAttention(nn.Module):
 class _NeoXMLP(nn.Module):
     def __init__(self, config: DecoderConfig) -> None:
         super().__init__()
-        self.dense_h_to_4h = nn.Linear(config.hidden, config.inner)
-        self.dense_4h_to_h = nn.Linear(config.inner, config.hidden)
+        self.dense_h_to_4h = Linear(config.hidden, config.inner)
+        self.dense_4h_to_h = Linear(config.inner, config.hidden)
         self.act = ACTIVATIONS[config.activation]
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -343,8 +380,8 @@ class _NeoXLayer(nn.Module):
     def __init__(self, config: DecoderConfig) -> None:
         super().__init__()
         self.parallel = config.parallel_residual
-        self.input_layernorm = nn.LayerNorm(config.hidden, eps=config.eps)
-        self.post_attention_layernorm = nn.LayerNorm(config.hidden, eps=config.eps)
+        self.input_layernorm = LayerNorm(config.hidden, eps=config.eps)
+        self.post_attention_layernorm = LayerNorm(config.hidden, eps=config.eps)
         self.attention = _NeoXAttention(config)
         self.mlp = _NeoXMLP(config)
 
@@ -359,9 +396,9 @@ class _NeoXLayer(nn.Module):
 class _NeoXBody(nn.Module):
     def __init__(self, config: DecoderConfig) -> None:
         super().__init__()
-        self.embed_in = nn.Embedding(config.vocab_size, config.hidden)
+        self.embed_in = Embedding(config.vocab_size, config.hidden)
         self.layers = nn.ModuleList(_NeoXLayer(config) for _ in range(config.layers))
-        self.final_layer_norm = nn.LayerNorm(config.hidden, eps=config.eps)
+        self.final_layer_norm = LayerNorm(config.hidden, eps=config.eps)
 
 
 class GPTNeoX(CausalDecoder):
@@ -373,7 +410,7 @@ class GPTNeoX(CausalDecoder):
         super().__init__()
         self.config = config
         self.gpt_neox = _NeoXBody(config)
-        self.embed_out = nn.Linear(config.hidden, config.vocab_size, bias=False)
+        self.embed_out = Linear(config.hidden, config.vocab_size, bias=False)
         dim = config.rotary_dim
         inv_freq = 1.0 / (ROTARY_BASE ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
         self.register_buffer("inv_freq", inv_freq, False)

@@ -181,7 +181,8 @@ class FtModel:
     def from_config(cls, config: Mapping[str, Any], device: str | None = None) -> FtModel:
         """Load the model that config.pbtxt (as Triton's JSON) describes."""
         from ftx_triton.plugins import load_host
-        from ftx_triton.runtime.python.hf_model import load_model
+        from ftx_triton.runtime.python.decode_loop import EAGER, decode_mode
+        from ftx_triton.runtime.python.hf_model import load_model, resolve_device
         from ftx_triton.runtime.python.torch_model import load_torch_model
 
         params = parameters_of(config)
@@ -196,9 +197,13 @@ class FtModel:
             "data_type": params.get("data_type"),
             "max_positions": positions,
         }
-        # plain torch where it covers the architecture (no transformers import at load); transformers' model is
-        # built from the same files only when a request needs it (beam search), or at once for the others (T5)
-        loaded = load_torch_model(family, Path(path), **how) or load_model(family, Path(path), **how)
+        # plain torch where it covers the architecture and the decoding mode is eager (no transformers import at
+        # load); transformers' model is built from the same files when a request needs it (beam search), or at once
+        # for the others (T5, a decoding mode of transformers')
+        plain = decode_mode(resolve_device(how["device"])) == EAGER
+        loaded = (load_torch_model(family, Path(path), **how) if plain else None) or load_model(
+            family, Path(path), **how
+        )
         spec = family.spec_from_ini(loaded.ini)
         generator = Generator.for_model(
             loaded.model,
