@@ -29,18 +29,23 @@ PROMPTS = ([5, 6, 7, 8, 9, 10, 11], [11, 12, 13], [20, 21, 22, 23, 24], [30, 31]
 NEW = 12
 
 
-@pytest.fixture(scope="module")
-def generators(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Generator]:
-    """Eager (``generate``) generators of tiny decoder models rebuilt from converted files, on CPU."""
+def _generators(tmp_path_factory: pytest.TempPathFactory, load: Any, tag: str) -> dict[str, Generator]:
+    """Generators of tiny decoder models rebuilt from converted files by ``load`` (family, directory, device)."""
     families = registered_families()
     out = {}
     for name in DECODERS:
-        root = tmp_path_factory.mktemp(f"loop-{name}")
+        root = tmp_path_factory.mktemp(f"{tag}-{name}")
         ckpt = convert(families[name], BUILDERS[name](root / "hf"), root / "ft", 1)
-        loaded = load_model(families[name], Path(ckpt), device="cpu")
+        loaded = load(families[name], Path(ckpt), device="cpu")
         spec = families[name].spec_from_ini(loaded.ini)
         out[name] = Generator.for_model(loaded.model, end_id=spec.end_id, start_id=spec.start_id)
     return out
+
+
+@pytest.fixture(scope="module")
+def generators(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Generator]:
+    """Eager (``generate``) generators of tiny decoder models rebuilt from converted files, on CPU."""
+    return _generators(tmp_path_factory, load_model, "loop")
 
 
 @pytest.fixture(scope="module")
@@ -48,16 +53,7 @@ def plain_generators(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Gene
     """Generators of the same tiny decoders built in plain torch (``torch_model.py``), as the runtime builds them."""
     from ftx_triton.runtime.python.torch_model import load_torch_model
 
-    families = registered_families()
-    out = {}
-    for name in DECODERS:
-        root = tmp_path_factory.mktemp(f"plain-{name}")
-        ckpt = convert(families[name], BUILDERS[name](root / "hf"), root / "ft", 1)
-        loaded = load_torch_model(families[name], Path(ckpt), device="cpu")
-        assert loaded is not None
-        spec = families[name].spec_from_ini(loaded.ini)
-        out[name] = Generator.for_model(loaded.model, end_id=spec.end_id, start_id=spec.start_id)
-    return out
+    return _generators(tmp_path_factory, load_torch_model, "plain")
 
 
 class _Steps(StepSink):

@@ -168,18 +168,34 @@ def load_model(
     check_complete(model, state, loaded, ft_dir)
     model.to(target)
     seconds = time.perf_counter() - started
+    log_loaded(
+        family,
+        ft_dir,
+        target,
+        dtype,
+        len(loaded),
+        seconds,
+        imports_s,
+        attention=getattr(config, "_attn_implementation", None),
+    )
+    return LoadedModel(model, config, target, dtype, ini, seconds, imports_s)
+
+
+def log_loaded(
+    family: Family, ft_dir: Path, device: Any, dtype: Any, tensors: int, seconds: float, imports_s: float, **extra: Any
+) -> None:
+    """The ``runtime.model_loaded`` event (its seconds are what ``bench_cached_run.py`` reports as the build)."""
     log.info(
         "runtime.model_loaded",
         family=family.name,
         path=str(ft_dir),
-        device=str(target),
+        device=str(device),
         dtype=str(dtype).replace("torch.", ""),
-        tensors=len(loaded),
+        tensors=tensors,
         seconds=round(seconds, 2),
         imports_s=round(imports_s, 2),
-        attention=getattr(config, "_attn_implementation", None),
+        **extra,
     )
-    return LoadedModel(model, config, target, dtype, ini, seconds, imports_s)
 
 
 def tensors_from_files(family: Family, ft_dir: Path, state: dict[str, Any], rename: Any, owner: str) -> dict[str, Any]:

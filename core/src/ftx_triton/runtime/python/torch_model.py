@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import structlog
 
 from ftx_triton.conversion.family import Family
 from ftx_triton.errors import CheckpointError
@@ -26,6 +25,7 @@ from ftx_triton.runtime.python.decode_loop import decode_steps, prompt_positions
 from ftx_triton.runtime.python.hf_model import (
     LoadedModel,
     check_complete,
+    log_loaded,
     resolve_device,
     tensors_from_files,
     torch_dtype,
@@ -33,8 +33,6 @@ from ftx_triton.runtime.python.hf_model import (
 
 if TYPE_CHECKING:
     from ftx_triton.runtime.python.generation import Sampling
-
-log = structlog.get_logger(__name__)
 
 
 def load_torch_model(
@@ -75,17 +73,7 @@ def load_torch_model(
     check_complete(model, model.state_dict(keep_vars=True), set(tensors), ft_dir)
     model.to(target)
     seconds = time.perf_counter() - started
-    log.info(
-        "runtime.model_loaded",
-        family=family.name,
-        path=str(ft_dir),
-        device=str(target),
-        dtype=str(dtype).replace("torch.", ""),
-        tensors=len(tensors),
-        seconds=round(seconds, 2),
-        imports_s=round(imports_s, 2),
-        model=f"torch {config.model_type}",
-    )
+    log_loaded(family, ft_dir, target, dtype, len(tensors), seconds, imports_s, model=f"torch {config.model_type}")
     return LoadedModel(model, config, target, dtype, ini, seconds, imports_s)
 
 
