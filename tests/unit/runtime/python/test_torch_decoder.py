@@ -210,8 +210,9 @@ print(json.dumps(report))
 """
 
 
+@pytest.mark.parametrize("case", ["gptj", "gptneox"])
 def test_the_stub_loads_and_decodes_without_importing_transformers_until_beam_search(
-    checkpoints: dict[str, tuple[Any, Path]],
+    checkpoints: dict[str, tuple[Any, Path]], case: str
 ) -> None:
     """In a fresh interpreter (as Triton's stub starts): building the ``fastertransformer`` model and answering
     greedy and sampled requests import nothing of transformers; a beam-search request builds transformers' model
@@ -221,7 +222,7 @@ def test_the_stub_loads_and_decodes_without_importing_transformers_until_beam_se
     from google.protobuf import json_format
     from python_runtime_support import column, decoder_inputs
 
-    family, ckpt = checkpoints["gptj"]
+    family, ckpt = checkpoints[case]
     message = build_python_ft_model_config(options(family, ckpt, 1), family)
     config = json_format.MessageToDict(message, preserving_proto_field_name=True)
     tests = str(Path(__file__).resolve().parents[3])
