@@ -204,8 +204,10 @@ report["after_greedy_and_sampled"] = sorted(m for m in sys.modules if m.split(".
 beams = ft.infer([decoder_inputs([[5, 6, 7]], 4, beam_width=column(2, 1, np.uint32),
     end_id=column(10_000, 1, np.uint32))])[0].outputs
 report["after_beams"] = "transformers" in sys.modules
+report["swapped"] = not getattr(ft.generator.model, "is_plain_torch", False)
+again = ft.infer([decoder_inputs([[5, 6, 7]], 6, end_id=column(10_000, 1, np.uint32))])[0].outputs
 report["outputs"] = {{k: v["output_ids"].tolist() for k, v in
-    (("greedy", greedy), ("sampled", sampled), ("beams", beams))}}
+    (("greedy", greedy), ("sampled", sampled), ("beams", beams), ("greedy again", again))}}
 print(json.dumps(report))
 """
 
@@ -216,7 +218,8 @@ def test_the_stub_loads_and_decodes_without_importing_transformers_until_beam_se
 ) -> None:
     """In a fresh interpreter (as Triton's stub starts): building the ``fastertransformer`` model and answering
     greedy and sampled requests import nothing of transformers; a beam-search request builds transformers' model
-    then. The answers equal those of the model built with transformers from the start."""
+    then, which serves every later request (greedy ones answered as before). The answers equal those of the model
+    built with transformers from the start."""
     from ftx_triton.runtime.python.repository import build_python_ft_model_config
     from ftx_triton.runtime.python.triton_model import FtModel
     from google.protobuf import json_format
@@ -231,7 +234,8 @@ def test_the_stub_loads_and_decodes_without_importing_transformers_until_beam_se
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["after_load"] == [] and report["after_greedy_and_sampled"] == [], report
-    assert report["after_beams"] is True
+    assert report["after_beams"] is True and report["swapped"] is True  # transformers' model serves from then on
+    assert report["outputs"]["greedy again"] == report["outputs"]["greedy"]
 
     # the same requests through transformers' model (the generator's loader), in this process
     ft = FtModel.from_config(config, device="cpu")
