@@ -5,11 +5,12 @@ For one model shape at one tp (default: GPT-J-6B shape, tp 2, fp16), in one run:
 
 1. ``--prep``: the random checkpoint and its conversion (no backend needed: run it while the backend builds);
 2. variants: the same converted model served under each setting of ``VARIANTS`` (custom all-reduce on or
-   off, ``FTX_GPTJ_ONE_ALLREDUCE``, NCCL protocol), untuned, measured like ``bench_native_ft.py`` (random
-   64-token prompts, exactly 128 new tokens, greedy, median of ``--repeats`` after a warm-up, every answer
-   checked; the sha256 of the generated ids compared with the first variant's);
-3. ``--trace``: the first variant once more with ``benchmarks/native/cupti_trace.cc`` injected into the
-   server (CUDA_INJECTION64_PATH), one batch-1 request, and :func:`analyse` of its trace: per decoding step
+   off, ``FTX_GPTJ_ONE_ALLREDUCE``, NCCL protocol, the decoding step in a CUDA graph: ``FTX_FT_CUDA_GRAPH``),
+   untuned, measured like ``bench_native_ft.py`` (random 64-token prompts, exactly 128 new tokens, greedy,
+   median of ``--repeats`` after a warm-up, every answer checked; speed and the sha256 of the generated ids
+   compared with the first variant's, or a graph variant's with its eager twin's);
+3. ``--trace-lib``: the first variant (or ``--trace-variant``) once more with ``benchmarks/native/cupti_trace.cc``
+   injected into the server (CUDA_INJECTION64_PATH), one batch-1 request, and :func:`analyse` of its trace: per decoding step
    the GPU time of each kernel, how busy each GPU was, the CUDA calls the host made, and how long the host
    waited at the step's end for the GPU (FasterTransformer's length criterion spins on a pinned flag every
    step). A host that launches slower than the GPU runs shows as a GPU idle between kernels and a host that
@@ -46,8 +47,20 @@ VARIANTS: dict[str, tuple[bool, dict[str, str]]] = {
     "NCCL, 2 AR/layer": (False, {"FTX_GPTJ_ONE_ALLREDUCE": "0"}),
     "NCCL, 1 AR/layer": (False, {"FTX_GPTJ_ONE_ALLREDUCE": "1"}),
     "NCCL LL, 2 AR/layer": (False, {"FTX_GPTJ_ONE_ALLREDUCE": "0", "NCCL_PROTO": "LL"}),
+    # GPT-J's decoder step captured in a CUDA graph and replayed (FTX_FT_CUDA_GRAPH=1); each is compared with
+    # its eager twin, the same label without ", graph"
+    "custom AR, 2 AR/layer, graph": (True, {"FTX_GPTJ_ONE_ALLREDUCE": "0", "FTX_FT_CUDA_GRAPH": "1"}),
+    "custom AR, 1 AR/layer, graph": (True, {"FTX_GPTJ_ONE_ALLREDUCE": "1", "FTX_FT_CUDA_GRAPH": "1"}),
+    "NCCL, 2 AR/layer, graph": (False, {"FTX_GPTJ_ONE_ALLREDUCE": "0", "FTX_FT_CUDA_GRAPH": "1"}),
 }
-SET_BY_VARIANTS = {"FTX_GPTJ_ONE_ALLREDUCE", "NCCL_PROTO", "CUDA_INJECTION64_PATH", "FTX_CUPTI_OUT"}
+GRAPH = ", graph"
+SET_BY_VARIANTS = {
+    "FTX_GPTJ_ONE_ALLREDUCE",
+    "FTX_FT_CUDA_GRAPH",
+    "NCCL_PROTO",
+    "CUDA_INJECTION64_PATH",
+    "FTX_CUPTI_OUT",
+}
 
 
 def say(text: str) -> None:
@@ -163,6 +176,9 @@ def main() -> None:
     parser.add_argument("--prep", action="store_true", help="Only make and convert the checkpoint.")
     parser.add_argument("--trace-lib", type=Path, help="libftx_cupti_trace.so: also profile the first variant.")
     parser.add_argument("--trace-after", type=int, default=2, help="Trace after this many variants have run.")
+    parser.add_argument(
+        "--trace-variant", choices=list(VARIANTS), help="The variant to trace (default: the first of --variants)."
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     args.tune = False
@@ -225,7 +241,7 @@ def traced_run(
     args: argparse.Namespace, bn_args: argparse.Namespace, source: Path, home: Path, built: Any, read_bw: float
 ) -> dict[str, Any]:
     """The first variant served with the CUPTI tracer injected, one batch-1 request, and its analysis."""
-    label = args.variants[0]
+    label = args.trace_variant or args.variants[0]
     custom, env = VARIANTS[label]
     trace = args.work / "trace.tsv"
     _environment({**env, "CUDA_INJECTION64_PATH": str(args.trace_lib.resolve()), "FTX_CUPTI_OUT": str(trace)})
@@ -240,31 +256,40 @@ def traced_run(
         _environment({})
 
 
+def _twin(label: str, variants: dict[str, Any], first: str) -> str:
+    """What a variant is compared with: a graph variant's eager twin where it ran, else the first variant."""
+    eager = label.removesuffix(GRAPH)
+    return eager if label.endswith(GRAPH) and "error" not in variants.get(eager, {"error": ""}) else first
+
+
 def table(report: dict[str, Any]) -> str:
-    """Markdown: tok/s, fraction of the HBM bound and ids against the first variant, per variant and batch."""
+    """Markdown: tok/s, fraction of the HBM bound, and speed and ids against the variant each is compared with
+    (a graph variant's eager twin, else the first variant), per variant and batch."""
     lines = [
-        "| variant | batch | tok/s | HBM bound tok/s | / bound | vs first | generated ids |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "| variant | batch | tok/s | HBM bound tok/s | / bound | compared with | speed ratio | generated ids |",
+        "|---|---:|---:|---:|---:|---|---:|---|",
     ]
-    first: dict[str, Any] | None = None
+    variants = report["variants"]
+    ran = [label for label, run in variants.items() if "error" not in run]
     bw = report["read_bandwidth_gbs"] * 1e9
-    for label, run in report["variants"].items():
+    for label, run in variants.items():
         if "error" in run:
-            lines.append(f"| {label} | - | failed: {run['error']} | | | | |")
+            lines.append(f"| {label} | - | failed: {run['error']} | | | | | |")
             continue
-        first = first or run
+        twin = _twin(label, variants, ran[0])
+        other = variants[twin]
         for batch in report["batches"]:
             rate = run["untuned"].get(batch)
-            base = first["untuned"].get(batch)
+            base = other["untuned"].get(batch)
             bound = batch * bw / run["step_bytes_per_gpu"]
-            same = run["untuned"]["ids"].get(batch) == first["untuned"]["ids"].get(batch)
+            same = run["untuned"]["ids"].get(batch) == other["untuned"]["ids"].get(batch)
             if isinstance(rate, (int, float)) and isinstance(base, (int, float)):
                 lines.append(
-                    f"| {label} | {batch} | {rate:.1f} | {bound:.0f} | {rate / bound:.2f} | {rate / base:.3f} "
-                    f"| {'equal' if same else 'differ'} |"
+                    f"| {label} | {batch} | {rate:.1f} | {bound:.0f} | {rate / bound:.2f} | {twin} | "
+                    f"{rate / base:.3f} | {'equal' if same else 'differ'} |"
                 )
             else:
-                lines.append(f"| {label} | {batch} | {rate} | {bound:.0f} | - | - | - |")
+                lines.append(f"| {label} | {batch} | {rate} | {bound:.0f} | - | {twin} | - | - |")
     return "\n".join(lines)
 
 

@@ -336,7 +336,11 @@ class RawLoopPath:
 STEP_MODELS = ("preprocessing", "fastertransformer", "postprocessing")
 
 
-def triton_counters(http: str) -> dict[str, dict[str, int]]:
+Counts = dict[str, dict[str, int]]
+"""Per model: Triton's cumulative counters, and ``batch:N`` the executions of N rows (its ``batch_stats``)."""
+
+
+def triton_counters(http: str) -> Counts:
     """Triton's cumulative statistics of the models a text request runs through (``/v2/models/stats``)."""
     from ftx_triton.client.text_client import HttpTriton
 
@@ -354,13 +358,17 @@ def triton_counters(http: str) -> dict[str, dict[str, int]]:
                 int(stats.get(k, {}).get("ns", 0)) for k in ("compute_input", "compute_infer", "compute_output")
             ),
         }
+        for batch in model.get("batch_stats", ()):
+            size = int(batch.get("batch_size", 0))
+            out[model["name"]][f"batch:{size}"] = int(batch.get("compute_infer", {}).get("count", 0))
     return out
 
 
-def model_costs(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> dict[str, dict[str, float]]:
-    """What each model did between two readings: requests, executions, mean batch per execution, mean
-    queue and compute milliseconds per request (where time goes: a model whose queue time grows with the
-    concurrency wants more instances or dynamic batching)."""
+def model_costs(before: Counts, after: Counts) -> dict[str, dict[str, Any]]:
+    """What each model did between two readings: requests, executions, mean batch per execution, the
+    executions of each batch size (rows: ``{size: executions}``; a mean hides a closed loop's clients splitting
+    into a lone request and all the others), mean queue and compute milliseconds per request (where time goes: a
+    model whose queue time grows with the concurrency wants more instances or dynamic batching)."""
     costs = {}
     for name, now in sorted(after.items(), key=lambda item: STEP_MODELS.index(item[0])):
         was = before.get(name, dict.fromkeys(now, 0))
@@ -371,6 +379,7 @@ def model_costs(before: dict[str, dict[str, int]], after: dict[str, dict[str, in
             "requests": d["requests"],
             "executions": d["executions"],
             "mean_batch": d["inferences"] / d["executions"] if d["executions"] else 0.0,
+            "batches": dict(sorted((int(k[len("batch:") :]), n) for k, n in d.items() if k.startswith("batch:") and n)),
             "queue_ms": d["queue_ns"] / d["requests"] / 1e6,
             "compute_ms": d["compute_ns"] / d["requests"] / 1e6,
         }
@@ -451,7 +460,7 @@ class Level:
     """Requests/s that met the TTFT and ITL targets (``--slo-ttft-ms``, ``--slo-itl-ms``)."""
     vs_loop: float | None = None
     """tokens/s over the closed-loop raw baseline's (``raw-loop``) at the same level."""
-    models: dict[str, dict[str, float]] = field(default_factory=dict)
+    models: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Triton's statistics of each step model over the level (:func:`model_costs`)."""
     samples: list[Sample] = field(default_factory=list, repr=False)
 
@@ -850,14 +859,16 @@ def markdown(report: dict[str, Any]) -> str:
         return "\n".join(lines)
     lines += [
         "",
-        "| path | concurrency | model | requests | executions | mean batch | queue ms / request | compute ms / request |",
-        "|---|---:|---|---:|---:|---:|---:|---:|",
+        "| path | concurrency | model | requests | executions | mean batch | batch x executions "
+        "| queue ms / request | compute ms / request |",
+        "|---|---:|---|---:|---:|---:|---|---:|---:|",
     ]
     for row in report["levels"]:
         for name, cost in row.get("models", {}).items():
+            batches = " ".join(f"{size}x{n}" for size, n in cost.get("batches", {}).items()) or "-"
             lines.append(
                 f"| {row['path']} | {row['concurrency']} | {name} | {cost['requests']} | {cost['executions']} "
-                f"| {cost['mean_batch']:.1f} | {cost['queue_ms']:.1f} | {cost['compute_ms']:.1f} |"
+                f"| {cost['mean_batch']:.1f} | {batches} | {cost['queue_ms']:.1f} | {cost['compute_ms']:.1f} |"
             )
     return "\n".join(lines)
 

@@ -588,6 +588,17 @@ def test_each_gpu_logged_its_weight_loading_through_the_loader_that_fits_the_fil
         assert 0 <= load.seconds <= load.total_s, load
 
 
+def test_gptjs_decoding_step_was_replayed_from_a_cuda_graph_when_asked(served: Served) -> None:
+    """FTX_FT_CUDA_GRAPH=1 in the suite's environment (the server inherits it): GPT-J's greedy requests above
+    (beam width 1, 12 new tokens) captured the decoder step on every rank, and no capture failed (a failure
+    decodes eagerly and says so); the ids equal transformers' in the tests above all the same."""
+    if os.environ.get("FTX_FT_CUDA_GRAPH") != "1" or MODELS[served.case] != "gptj":
+        pytest.skip("FTX_FT_CUDA_GRAPH=1 with a GPT-J case only")
+    log = served.endpoint.handle.log_path.read_text(errors="replace")
+    assert "could not be captured in a CUDA graph" not in log, log[-3000:]
+    assert log.count("ftx: decoding step captured in a CUDA graph") == served.tp, log[-3000:]
+
+
 # --------------------------------------------------------------------------- fastertransformer_backend's interface
 
 

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 
-from bench_ft_profile import analyse  # noqa: E402
+from bench_ft_profile import analyse, table  # noqa: E402
 
 
 def _trace(path: Path, steps: int, host_wait: int) -> Path:
@@ -49,3 +49,27 @@ def test_per_step_time_busy_share_and_host_wait_come_from_the_trace(tmp_path: Pa
 def test_a_trace_with_too_few_steps_says_so(tmp_path: Path) -> None:
     out = analyse(_trace(tmp_path / "t.tsv", 5, host_wait=100), steps=10)
     assert "fewer than 11" in out["devices"][0]["error"]
+
+
+def _run(rates: dict[int, float], ids: dict[int, str]) -> dict[str, object]:
+    return {"untuned": {**rates, "ids": ids}, "step_bytes_per_gpu": 5.84e9}
+
+
+def test_a_graph_variant_is_compared_with_its_eager_twin_and_the_rest_with_the_first() -> None:
+    """The CUDA-graph variants' speed ratio and ids are their eager twin's (the same label without ", graph");
+    a graph variant whose twin failed or did not run falls back to the first variant."""
+    report = {
+        "read_bandwidth_gbs": 3983.0,
+        "batches": [1],
+        "variants": {
+            "custom AR, 2 AR/layer": _run({1: 300.0}, {1: "a"}),
+            "custom AR, 1 AR/layer": {"error": "server did not start"},
+            "custom AR, 2 AR/layer, graph": _run({1: 450.0}, {1: "a"}),
+            "custom AR, 1 AR/layer, graph": _run({1: 480.0}, {1: "b"}),
+        },
+    }
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in table(report).splitlines()[2:]}
+    assert "| custom AR, 2 AR/layer | 1.500 | equal |" in rows["custom AR, 2 AR/layer, graph"]
+    assert "| custom AR, 2 AR/layer | 1.600 | differ |" in rows["custom AR, 1 AR/layer, graph"]
+    assert "failed: server did not start" in rows["custom AR, 1 AR/layer"]
+    assert "| 682 | 0.44 |" in rows["custom AR, 2 AR/layer"]  # 1 x 3983 GB/s / 5.84 GB

@@ -73,7 +73,7 @@ def print_error(exc: FtxError) -> None:
 
 def print_interrupted() -> None:
     """The one line a Ctrl-C prints: that it stopped, and what was kept for the next run."""
-    from ftx_triton.plan.interrupt import interrupted_line
+    from ftx_triton.interrupt import interrupted_line
     from ftx_triton.terminal import console as term
 
     term.say(interrupted_line())
@@ -83,10 +83,11 @@ def print_interrupted() -> None:
 def handle_errors() -> Iterator[None]:
     """Turn FtxError into exit 1 and Ctrl-C into exit 130, each without a traceback; anything
     else keeps its traceback."""
-    from ftx_triton.plan.interrupt import EXIT_CODE
+    from ftx_triton.interrupt import EXIT_CODE, check
 
     try:
         yield
+        check()  # a Ctrl-C Python swallowed while the command ran still ends it as one
     except FtxError as exc:
         print_error(exc)
         sys.exit(1)

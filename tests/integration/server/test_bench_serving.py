@@ -85,11 +85,16 @@ def test_the_table_measures_the_text_model_the_openai_endpoint_and_the_raw_model
         )
         assert list(row["models"]) == steps, row["path"]
         assert row["models"]["fastertransformer"]["requests"] == REQUESTS
+        # the executions by batch size (Triton's batch_stats): one row per request, every execution counted once
+        ft = row["models"]["fastertransformer"]
+        assert sum(int(size) * n for size, n in ft["batches"].items()) == REQUESTS, ft
+        assert sum(ft["batches"].values()) == ft["executions"], ft
         assert all(cost["compute_ms"] > 0 and cost["mean_batch"] >= 1 for cost in row["models"].values())
         if row["path"] != "raw-loop":
             assert row["vs_loop"] > 0
     table = done.stdout.split("\n\n")[0].splitlines()
     assert table[0].startswith("| path | concurrency") and len(table) == 2 + len(report["levels"])
+    assert "| batch x executions |" in done.stdout.split("\n\n")[1].splitlines()[0]
 
 
 def test_open_loop_levels_send_poisson_arrivals_and_count_goodput(env: dict[str, str], tmp_path: Path) -> None:

@@ -95,6 +95,27 @@ def test_ctrl_c_stops_the_deployment_cleanly(tmp_path: Path, monkeypatch: pytest
     assert said == ["stopping"] and handle.stopped == 1
 
 
+def test_a_ctrl_c_python_swallowed_stops_the_deployment_cleanly(tmp_path: Path) -> None:
+    from interrupt_helpers import ftx_interrupts_installed, swallowed
+
+    handle = StillRunning()
+    said: list[str] = []
+    waits = 0
+
+    def swallowed_then_running(self: Any, timeout: float | None = None) -> int:
+        nonlocal waits
+        waits += 1
+        if waits == 1:
+            swallowed()  # Ctrl-C while a weakref callback ran during the wait
+        assert waits < 3, "the swallowed Ctrl-C did not stop the loop"
+        raise subprocess.TimeoutExpired("server", timeout or 0)
+
+    with ftx_interrupts_installed(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(StillRunning, "wait", swallowed_then_running)
+        _deployment(handle, tmp_path).serve_until_stopped(on_stopping=lambda: said.append("stopping"))
+    assert said == ["stopping"] and handle.stopped == 1 and waits == 1
+
+
 def test_an_endpoint_without_a_handle_is_a_clear_error(tmp_path: Path) -> None:
     from ftx_triton.errors import ServeError
 

@@ -8,7 +8,6 @@ adds them all. A module that fails to import is a bug and raises. Plugins add th
 from __future__ import annotations
 
 import importlib
-import signal
 
 import click
 
@@ -86,8 +85,9 @@ _add_commands()
 
 def main() -> None:
     """Console-script entry point."""
-    # Ctrl-C stops ftx even when it was started with SIGINT ignored (a background job of a script).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    from ftx_triton.interrupt import install
+
+    install()  # Ctrl-C stops ftx even when started with SIGINT ignored, or when Python swallowed it
     with handle_errors():
         cli.main(prog_name="ftx", standalone_mode=True)
 

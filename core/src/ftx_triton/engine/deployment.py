@@ -19,6 +19,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Protocol
 
+from ftx_triton import interrupt
 from ftx_triton.client.generate import generate_text
 from ftx_triton.errors import ConfigError, ServeError
 from ftx_triton.plan.artifacts import Endpoint, ModelRepository, ServedDeployment
@@ -222,6 +223,7 @@ class Deployment:
         previous = signal.signal(signal.SIGTERM, on_term)
         try:
             while True:
+                interrupt.check()  # a Ctrl-C Python swallowed stops the foreground too
                 try:
                     server.wait(timeout=0.5)
                 except subprocess.TimeoutExpired:

@@ -33,8 +33,8 @@ from filelock import FileLock, Timeout
 from ftx_triton.errors import SourceError
 from ftx_triton.fetching.archive import FREE_SPACE_RESERVE
 from ftx_triton.fetching.integrity import normalize_sha256
+from ftx_triton.interrupt import keeping
 from ftx_triton.io.hashing import sha256_file
-from ftx_triton.plan.interrupt import keeping
 from ftx_triton.terminal.console import say
 from ftx_triton.terminal.progress import ByteProgress, byte_progress
 from ftx_triton.terminal.redact import redact_url

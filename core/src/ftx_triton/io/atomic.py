@@ -22,6 +22,7 @@ from pathlib import Path
 
 import filelock
 
+from ftx_triton.interrupt import check
 from ftx_triton.io.trees import remove_tree
 
 MARKER = ".ftx-holder"
@@ -118,7 +119,11 @@ def publish_dir(
 
 
 def swap_in(tmp: Path, final: Path, replace: bool) -> None:
-    """Rename ``tmp`` onto ``final``; with ``replace`` an existing ``final`` is moved aside first, then removed."""
+    """Rename ``tmp`` onto ``final``; with ``replace`` an existing ``final`` is moved aside first, then removed.
+
+    A build the user interrupted is never published, even when Python swallowed the Ctrl-C (see
+    :func:`ftx_triton.interrupt.check`): the ``KeyboardInterrupt`` is raised here, before any rename."""
+    check()
     if final.is_dir() and not any(final.iterdir()):
         final.rmdir()
     if final.exists() or final.is_symlink():

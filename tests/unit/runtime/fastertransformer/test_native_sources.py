@@ -239,7 +239,7 @@ def test_an_ffn_layer_that_does_not_all_reduce_keeps_its_own_output_and_gptj_can
 ) -> None:
     """GPT-NeoX's parallel residual builds its FFN layer without an all-reduce; upstream still swapped the custom
     all-reduce's peer buffer in as the FFN's output, so the decoder read a buffer nothing wrote. GPT-J's decoder
-    gets the one-all-reduce path behind FTX_GPTJ_ONE_ALLREDUCE=1."""
+    gets the one-all-reduce path: on by default in fp16, FTX_GPTJ_ONE_ALLREDUCE=0/1 decides for any type."""
     ffn = "FasterTransformer/src/fastertransformer/layers/TensorParallelGeluFfnLayer.cc"
     decoder = "FasterTransformer/src/fastertransformer/models/gptj/GptJDecoder.cc"
     for rel in {e.path for e in PATCHES if isinstance(e, Edit)}:
@@ -251,6 +251,7 @@ def test_an_ffn_layer_that_does_not_all_reduce_keeps_its_own_output_and_gptj_can
     assert f"{swap} && do_all_reduce_) {{" in (tmp_path / ffn).read_text()
     text = (tmp_path / decoder).read_text()
     assert 'std::string(ftx_one) == "1"' in text and text.count("!ftx_one_all_reduce_,") == 2
+    assert "(ftx_one_unset ? std::is_same<T, half>::value :" in text  # the fp16 default
     assert "customAllReduce(ftx_elts, stream_)" in text and "ftNcclAllReduceSum(layer_output" in text
 
 
@@ -313,6 +314,7 @@ STREAM_HARNESS = r"""
 #define TRITONJSON_STATUSRETURN(M) return 1
 #define TRITONJSON_STATUSSUCCESS 0
 #include "triton/common/triton_json.h"
+#define LOG_MESSAGE(LEVEL, MSG) std::fprintf(stderr, "%s %s\n", #LEVEL, MSG)
 
 namespace triton { namespace harness {
 struct stream_callback_ctx_t {  // the fields the patch adds (the backend's own ones are not read here)
@@ -324,11 +326,16 @@ struct ModelState {
   common::TritonJson::Value& ModelConfig() { return config; }
 };
 
-int Interval(const std::string& json, const uint32_t request_count) {
+int Interval(const std::string& json, const uint32_t request_count, const size_t total_batch_size) {
   ModelState state;
   ModelState* model_state_ = &state;
   if (state.config.Parse(json) != 0) {
     return -1;
+  }
+  bool is_decoupled_ = false;  // as the backend reads it when the instance starts
+  common::TritonJson::Value policy;
+  if (state.config.Find("model_transaction_policy", &policy)) {
+    policy.MemberAsBool("decoupled", &is_decoupled_);
   }
   stream_callback_ctx_t context;
 @FILL@
@@ -351,9 +358,10 @@ int Sent(const int interval, const int steps) {
 }}  // namespace triton::harness
 
 int main(int argc, char** argv) {
-  for (int i = 1; i + 2 < argc; i += 3) {  // config JSON, requests in the execution, generated steps
-    const int interval = triton::harness::Interval(argv[i], (uint32_t)std::atoi(argv[i + 1]));
-    std::printf("%d %d\n", interval, triton::harness::Sent(interval, std::atoi(argv[i + 2])));
+  for (int i = 1; i + 3 < argc; i += 4) {  // config JSON, requests and rows in the execution, generated steps
+    const int interval =
+        triton::harness::Interval(argv[i], (uint32_t)std::atoi(argv[i + 1]), (size_t)std::atoll(argv[i + 2]));
+    std::printf("%d %d\n", interval, triton::harness::Sent(interval, std::atoi(argv[i + 3])));
   }
   return 0;
 }
@@ -375,7 +383,9 @@ def test_the_stream_interval_patch_compiled_reads_what_the_config_writer_writes(
     """The C++ the patch adds where the backend fills the streaming callback's context, and its step filter,
     compiled with g++ against Triton's real JSON reader (the backend itself needs CUDA): for config.pbtxt as ftx
     writes it and Triton hands it over (JSON), the interval for 1 … 64 requests in one execution is the python
-    runtime's (``auto``: ceil(requests / R)), and a stream of 12 steps sends the first and every interval-th one."""
+    runtime's (``auto``: ceil(requests / R)), and a stream of 12 steps sends the first and every interval-th one.
+    A streaming execution logs (verbose) its requests, its rows and the interval: what a GPU run reads to see the
+    batches the backend was given (requests of two rows each here, so the two counts differ)."""
     import subprocess
 
     from ftx_triton.plan.settings import AUTO
@@ -424,13 +434,114 @@ def test_the_stream_interval_patch_compiled_reads_what_the_config_writer_writes(
         config(AUTO, streaming=False),
     ]
     cases = [(text, params, n) for text, params in configs for n in (1, 2, 4, 5, 8, 9, 32, 64)]
-    args = [str(a) for text, _params, n in cases for a in (text, n, 12)]
+    args = [str(a) for text, _params, n in cases for a in (text, n, 2 * n, 12)]
     run = subprocess.run([str(tmp_path / "harness"), *args], capture_output=True, text=True, check=True)
     got = [tuple(map(int, line.split())) for line in run.stdout.splitlines()]
-    expected = []
-    for _text, params, n in cases:
+    expected, logged = [], []
+    for text, params, n in cases:
         interval = StreamInterval.from_parameters(params).for_batch(n)
         expected.append((interval, sum(StreamInterval.sends(step, interval) for step in range(1, 13))))
+        if json.loads(text).get("model_transaction_policy", {}).get("decoupled"):
+            logged.append(
+                f"TRITONSERVER_LOG_VERBOSE ftx stream interval: {n} requests ({2 * n} rows) in this execution, "
+                f"a streamed response every {interval} steps"
+            )
     assert got == expected
+    assert run.stderr.splitlines() == logged and len(logged) == 5 * 8  # the not-streaming model logs nothing
     # auto, R = 4: the first step, then every interval-th
     assert got[:8] == [(1, 12), (1, 12), (1, 12), (2, 7), (2, 7), (3, 5), (8, 2), (16, 1)]
+
+
+# --------------------------------------------------------------------------- GPT-J's decoding step in a CUDA graph
+
+NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else None)
+
+
+def _patched_copy(upstream: Path, tmp_path: Path) -> Path:
+    for rel in {e.path for e in PATCHES if isinstance(e, Edit)}:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(upstream / rel, tmp_path / rel)
+    apply_patches(tmp_path)
+    return tmp_path
+
+
+@needs_bundle
+def test_gptj_runs_its_decoder_step_through_the_graph_and_the_attention_reads_the_devices_timestep(
+    upstream: Path, tmp_path: Path
+) -> None:
+    """The pieces FTX_FT_CUDA_GRAPH=1 needs, on the pinned sources: GptJ's forward starts a graph per forward
+    (beam width 1, one pipeline stage, buffers kept) and runs its decoder layers through it; the dispatch gives the
+    kernel the device's timestep while a step is captured; inside the kernel every read of the timestep is the
+    one taken at its start (the device's when set), while the host still sizes the launch from its own; the custom
+    all-reduce counts its flags on the device when the graph is on."""
+    root = _patched_copy(upstream, tmp_path)
+    ft = root / "FasterTransformer/src/fastertransformer"
+    gptj = (ft / "models/gptj/GptJ.cc").read_text()
+    begin = gptj.index("ftx_step_graph_.begin(ftxCudaGraphRequested() && beam_width == 1")
+    loop = gptj.index("for (int step = max_input_length; step < (int)max_output_seq_len; step++)")
+    run = gptj.index("ftx_step_graph_.run(stream_,")
+    assert (
+        begin
+        < loop
+        < run
+        < gptj.index("gpt_decoder_->forward(&decoder_output_tensors,")
+        < gptj.index("invokeGeneralLayerNorm(normed_decoder_output_buf_")
+    )
+    assert (
+        "pipeline_para_.world_size_ == 1" in gptj[begin:loop] and "!is_free_buffer_after_forward_" in gptj[begin:loop]
+    )
+    assert gptj.count("gpt_decoder_->forward(") == 1  # the decoder runs only through the graph's runner
+    assert "FtxStepGraph ftx_step_graph_;" in (ft / "models/gptj/GptJ.h").read_text()
+
+    template = (
+        ft / "kernels/decoder_masked_multihead_attention/decoder_masked_multihead_attention_template.hpp"
+    ).read_text()
+    kernel = template[template.index("__global__ void masked_multihead_attention_kernel(") :]
+    kernel = kernel[: kernel.index("\n}\n")]
+    first = "const int ftx_timestep = params.ftx_timestep_ptr != nullptr ? *params.ftx_timestep_ptr : params.timestep;"
+    assert kernel.count("params.timestep") == 1 and first in kernel  # only the read at its start
+    assert kernel.index(first) < kernel.index("ftx_timestep, params.memory_max_len")
+    host = template[template.index("inline size_t smem_size_in_bytes(") : template.index("inline __device__ constexpr")]
+    assert "min(params.timestep, params.memory_max_len)" in host and "ftx_timestep" not in host
+    assert "const int* ftx_timestep_ptr = nullptr;" in (ft / "kernels/decoder_masked_multihead_attention.h").read_text()
+    dispatch = (ft / "layers/attention_layers/DecoderSelfAttentionLayer.cc").read_text()
+    assert (
+        dispatch.index("params.timestep             = step + max_prefix_prompt_length - 1;")
+        < dispatch.index("params.ftx_timestep_ptr = ftx_step.device_timestep;")
+        < dispatch.index("masked_multihead_attention(params, stream);")
+    )
+    assert "ftx_cuda_graph.cc\n    ftx_cuda_graph_kernels.cu\n" in (ft / "kernels/CMakeLists.txt").read_text()
+    comm = (ft / "utils/ftx_custom_ar_comm.cc").read_text()
+    assert "if (ftxCudaGraphRequested()) {" in comm and "param_.ftx_block_flags = counters;" in comm
+    assert "uint32_t* ftx_block_flags;" in (ft / "kernels/custom_ar_kernels.h").read_text()
+    kernels = (ft / "kernels/ftx_custom_ar_kernels.cu").read_text()
+    assert kernels.count("begin_call<T, NRANKS>(params)") == 2 and kernels.count("end_call(params, flag);") == 2
+
+
+@needs_bundle
+def test_the_graphs_bands_are_the_attention_launchers_thresholds(upstream: Path) -> None:
+    """A graph serves the timesteps of one launch configuration (ftxMmhaBand): every head size's launcher must
+    change its configuration at exactly those timesteps, or a replayed kernel would differ from the eager one."""
+    graph = patches_mod.NewFile("x", "ftx_cuda_graph.cc", "").text
+    assert "timestep < 32 ? 0 : (timestep < 2048 ? 1 : 2)" in graph
+    launchers = sorted(
+        (upstream / "FasterTransformer/src/fastertransformer/kernels/decoder_masked_multihead_attention").glob("*.cu")
+    )
+    assert len(launchers) == 12
+    for launcher in launchers:
+        text = launcher.read_text()
+        assert re.findall(r"tlength < (\d+)", text) == ["32", "2048", "32", "2048"], launcher.name
+
+
+@needs_bundle
+@pytest.mark.skipif(NVCC is None, reason="needs nvcc (the CUDA toolkit) to compile the graph's kernel")
+def test_the_graphs_kernel_compiles_with_nvcc(upstream: Path, tmp_path: Path) -> None:
+    """ftx_cuda_graph_kernels.cu (with its header) compiled by this machine's nvcc for sm_90, as the build does."""
+    import subprocess
+
+    root = _patched_copy(upstream, tmp_path) / "FasterTransformer"  # the patched files, the rest upstream's
+    source = root / "src/fastertransformer/kernels/ftx_cuda_graph_kernels.cu"
+    includes = [f"-I{root}", f"-I{upstream / 'FasterTransformer'}"]
+    command = [str(NVCC), "-std=c++17", *includes, "-gencode=arch=compute_90,code=sm_90", "-c", str(source)]
+    done = subprocess.run([*command, "-o", str(tmp_path / "k.o")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]

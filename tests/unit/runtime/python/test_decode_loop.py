@@ -243,8 +243,9 @@ def test_beam_search_keeps_using_generate(generators: dict[str, Generator]) -> N
 @pytest.mark.parametrize(
     ("value", "mode"),
     [
-        ("", "eager"),
+        ("", "exact"),  # the CUDA default: eager's ids, 4-5x its speed on an H100
         ("0", "eager"),
+        ("eager", "eager"),
         ("1", "transformers"),
         ("graph", "graph"),
         ("Inductor", "inductor"),

@@ -23,7 +23,7 @@ How the one-token forward runs is the mode (``FTX_PYTHON_COMPILE``, CUDA only; s
 ``reduce-overhead`` mode, whose fused kernels round fp16 differently from eager's). These attend over the
 whole static cache with a mask, where ``generate`` attends over the tokens so far, without a mask when
 nothing is padded: transformers' SDPA path may then pick another kernel, with other fp16 rounding.
-``exact`` keeps ``generate``'s attention: a ``DynamicCache`` whose layers are views of fixed buffers, as
+``exact`` (the default on CUDA) keeps ``generate``'s attention: a ``DynamicCache`` whose layers are views of fixed buffers, as
 long as the tokens cached so far, and one CUDA graph per (cached tokens, batch padded or not), captured the
 first time that length comes (the mask decision ``generate`` makes by reading the mask is the host's during
 a capture). A capture or compile that fails is logged (``runtime.decode_step_fallback``) and that batch
@@ -48,12 +48,15 @@ log = structlog.get_logger(__name__)
 
 COMPILE_ENV = "FTX_PYTHON_COMPILE"
 EAGER = "eager"
-"""``generate`` with a dynamic cache, every kernel eager (the default, and always on CPU)."""
+"""``generate`` with a dynamic cache, every kernel eager (always on CPU)."""
 TRANSFORMERS_STATIC = "transformers"
 """``generate`` with ``cache_implementation="static"``: transformers compiles the forward (inductor)."""
 LEAN = "lean"
 GRAPH = "graph"
 EXACT = "exact"
+CUDA_DEFAULT = EXACT
+"""The mode on a CUDA device when ``FTX_PYTHON_COMPILE`` is unset: eager's ids, greedy and sampled, at 4-5x its
+tokens/s (GPT-J-6B shape on one H100)."""
 CUDAGRAPHS = "cudagraphs"
 INDUCTOR = "inductor"
 LOOP_MODES = (LEAN, GRAPH, EXACT, CUDAGRAPHS, INDUCTOR)
@@ -71,16 +74,16 @@ GRAPHS_KEPT = 2
 
 def decode_mode(device: Any) -> str:
     """How decoding runs on ``device``: ``FTX_PYTHON_COMPILE`` (one of :data:`MODES`; ``0`` = eager, ``1`` =
-    transformers, the mode measured fastest on a GPU) on a CUDA device, eager elsewhere (compiling costs more on
-    a CPU than it saves). The value is checked on every device, so a typo is refused at start."""
+    transformers; unset = :data:`CUDA_DEFAULT`) on a CUDA device, eager elsewhere (compiling costs more on a CPU
+    than it saves). The value is checked on every device, so a typo is refused at start."""
     import os
 
     raw = os.environ.get(COMPILE_ENV, "").strip().lower()
-    mode = ALIASES.get(raw, raw) or EAGER
+    mode = ALIASES.get(raw, raw) or CUDA_DEFAULT
     if mode not in MODES:
         raise ConfigError(
             f"{COMPILE_ENV}={raw!r} is not a decoding mode",
-            hint=f"set {COMPILE_ENV} to one of {', '.join(MODES)} (0 = eager, 1 = transformers), or unset it for eager",
+            hint=f"set {COMPILE_ENV} to one of {', '.join(MODES)} (0 = eager, 1 = transformers), or unset it",
         )
     return mode if getattr(device, "type", str(device)) == "cuda" else EAGER
 

@@ -40,6 +40,14 @@ CUB_INCLUDE = "#include <cub/cub.cuh>\n"
 GPTJ_DECODER_CC = f"{FT}/src/fastertransformer/models/gptj/GptJDecoder.cc"
 GPTJ_DECODER_H = f"{FT}/src/fastertransformer/models/gptj/GptJDecoder.h"
 MEMORY_UTILS_CU = f"{FT}/src/fastertransformer/utils/memory_utils.cu"
+GPTJ_CC = f"{FT}/src/fastertransformer/models/gptj/GptJ.cc"
+GPTJ_H = f"{FT}/src/fastertransformer/models/gptj/GptJ.h"
+MMHA_H = f"{FT}/src/fastertransformer/kernels/decoder_masked_multihead_attention.h"
+MMHA_TEMPLATE = (
+    f"{FT}/src/fastertransformer/kernels/decoder_masked_multihead_attention/"
+    "decoder_masked_multihead_attention_template.hpp"
+)
+SELF_ATTENTION_CC = f"{FT}/src/fastertransformer/layers/attention_layers/DecoderSelfAttentionLayer.cc"
 CUB_INCLUDE_CCCL3 = "#include <cub/cub.cuh>\n#include <cuda/functional>\n#include <cuda/std/functional>\n"
 
 
@@ -214,18 +222,20 @@ PATCHES: tuple[Change, ...] = (
         "#define MAX_ALL_REDUCE_BLOCKS 24\n",
         "#define MAX_ALL_REDUCE_BLOCKS 24\n"
         "// ftx's kernels: at most this many blocks, one-shot up to this many bytes at 4 and 8 ranks (always at 2),\n"
-        "// and each rank's flags: start, then one per block and rank for the middle and the end barriers\n"
+        "// and each rank's flags: start, then one per block and rank for the middle and the end barriers and for\n"
+        "// each block's start (device-counted flags)\n"
         "#define FTX_AR_MAX_BLOCKS 64\n"
         "#define FTX_AR_ONE_SHOT_BYTES 393216\n"
-        "#define FTX_AR_FLAG_WORDS (RANKS_PER_NODE * (1 + 2 * FTX_AR_MAX_BLOCKS))\n",
+        "#define FTX_AR_FLAG_WORDS (RANKS_PER_NODE * (1 + 3 * FTX_AR_MAX_BLOCKS))\n",
         "the limits of ftx's all-reduce kernels",
     ),
     Edit(
         f"{FT}/src/fastertransformer/kernels/custom_ar_kernels.h",
         "    uint32_t  barrier_flag;\n",
         "    uint32_t  barrier_flag;\n"
-        "    size_t    ranks;  // ftx: ranks taking part (2, 4 or 8); the arrays hold RANKS_PER_NODE\n",
-        "the kernels are chosen by the rank count",
+        "    size_t    ranks;  // ftx: ranks taking part (2, 4 or 8); the arrays hold RANKS_PER_NODE\n"
+        "    uint32_t* ftx_block_flags;  // ftx: each block's flag counter on this GPU (null: barrier_flag, the host's)\n",
+        "the kernels are chosen by the rank count; device-counted flags for a decoding step replayed from a CUDA graph",
     ),
     Edit(
         "fastertransformer_backend/src/libfastertransformer.cc",
@@ -259,11 +269,11 @@ PATCHES: tuple[Change, ...] = (
     # --- behaviour: GPT-J's decoder at tp > 1 with one all-reduce per layer instead of two. GPT-J adds attention
     # and FFN of the same normed input to the residual, so each rank can add its two partial sums (with the
     # bias on rank 0 and its 1/tp share of the residual) and one all-reduce sums them: GPT-NeoX's parallel-
-    # residual path in FasterTransformer does the same. On at tp > 1 when the server's environment has
-    # FTX_GPTJ_ONE_ALLREDUCE=1; otherwise two, as upstream. Measured on two H200s (GPT-J-6B shape, tp 2,
-    # fp16): 1.05x at batch 1, 1.08x at batch 8. Opt-in until the GPU suite has compared its ids with
-    # transformers at tp 2: the sums are added in another order, so fp16 ids differ from the two-all-reduce
-    # run's where logits nearly tie.
+    # residual path in FasterTransformer does the same. At tp > 1: on by default in fp16, where it was measured
+    # on two H200s (GPT-J-6B shape, tp 2: 1.05x at batch 1, 1.08x at batch 8) and the GPU suite's GPT-J and
+    # KoGPT cases at tp 2 equal transformers with it; FTX_GPTJ_ONE_ALLREDUCE=0 or 1 in the server's environment
+    # decides for any type (bf16 keeps two until measured). The sums are added in another order, so fp16 ids
+    # can differ from the two-all-reduce run's where logits nearly tie.
     Edit(
         GPTJ_DECODER_H,
         "    T* decoder_layer_output_ = nullptr;\n",
@@ -277,7 +287,10 @@ PATCHES: tuple[Change, ...] = (
         "void GptJDecoder<T>::initialize()\n{\n",
         "void GptJDecoder<T>::initialize()\n{\n"
         '    const char* ftx_one = std::getenv("FTX_GPTJ_ONE_ALLREDUCE");\n'
-        '    ftx_one_all_reduce_ = tensor_para_.world_size_ > 1 && ftx_one != nullptr && std::string(ftx_one) == "1";\n',
+        "    const bool  ftx_one_unset = ftx_one == nullptr || *ftx_one == '\\0';\n"
+        "    // unset: on for fp16 (measured, and compared with transformers at tp 2); 1 or 0 decide for any type\n"
+        "    ftx_one_all_reduce_ = tensor_para_.world_size_ > 1\n"
+        '                          && (ftx_one_unset ? std::is_same<T, half>::value : std::string(ftx_one) == "1");\n',
         "read the one-all-reduce switch from the environment",
     ),
     Edit(
@@ -373,12 +386,121 @@ PATCHES: tuple[Change, ...] = (
         "an FFN layer that does not all-reduce must write its own output buffer, not the all-reduce's peer buffer "
         "(upstream swapped it in anyway: GPT-NeoX's parallel residual with custom all-reduce read stale sums)",
     ),
+    # --- behaviour: GPT-J's decoding step in a CUDA graph (opt-in: FTX_FT_CUDA_GRAPH=1 in the server's environment).
+    # At batch 1 and tp 2 the host launched ~318 kernels a step from one thread per GPU and the GPU waited for it
+    # (a CUPTI trace on two H200s: 3.9 ms of host time for 3.6 ms of kernels). GptJ's forward now runs the decoder
+    # layers of each step through ftx's FtxStepGraph (patch_files/ftx_cuda_graph.*): the first step eagerly, then
+    # captured once and replayed, at beam width 1 with one pipeline stage; anything else as upstream. What a step
+    # changes comes from device memory: the attention kernel's timestep (a device int, written before each launch)
+    # and the custom all-reduce's flags (counted on the device). A capture that fails logs one line and the forward
+    # goes on eagerly.
+    NewFile(f"{FT}/src/fastertransformer/kernels/ftx_cuda_graph.h", "ftx_cuda_graph.h", "the captured decoding step"),
+    NewFile(f"{FT}/src/fastertransformer/kernels/ftx_cuda_graph.cc", "ftx_cuda_graph.cc", "capture, replay, fallback"),
+    NewFile(
+        f"{FT}/src/fastertransformer/kernels/ftx_cuda_graph_kernels.cu",
+        "ftx_cuda_graph_kernels.cu",
+        "the kernel that writes the step's timestep",
+    ),
+    Edit(
+        f"{FT}/src/fastertransformer/kernels/CMakeLists.txt",
+        "set(decoder_masked_multihead_attention_files\n    decoder_masked_multihead_attention.cu\n)",
+        "set(decoder_masked_multihead_attention_files\n    decoder_masked_multihead_attention.cu\n"
+        "    ftx_cuda_graph.cc\n    ftx_cuda_graph_kernels.cu\n)",
+        "build the captured decoding step beside the attention kernels that read its timestep",
+    ),
+    Edit(
+        MMHA_H,
+        "    int timestep = 0;\n",
+        "    int timestep = 0;\n"
+        "    // ftx: set while a decoding step is captured in a CUDA graph: the kernel reads its timestep here, and\n"
+        "    // `timestep` only sizes the launch (the largest timestep the graph replays)\n"
+        "    const int* ftx_timestep_ptr = nullptr;\n",
+        "the attention kernel's timestep from device memory in a captured step",
+    ),
+    Edit(MMHA_TEMPLATE, "params.timestep", "ftx_timestep", "the kernel's timestep is read once, below", count=30),
+    Edit(
+        MMHA_TEMPLATE,
+        "    const int max_timesteps = min(ftx_timestep, params.memory_max_len);\n    size_t qk_sz",
+        "    const int max_timesteps = min(params.timestep, params.memory_max_len);\n    size_t qk_sz",
+        "the host's shared memory size keeps the host's timestep",
+    ),
+    Edit(
+        MMHA_TEMPLATE,
+        "__global__ void masked_multihead_attention_kernel(Multihead_attention_params<T, DO_CROSS_ATTENTION> params)\n"
+        "{\n",
+        "__global__ void masked_multihead_attention_kernel(Multihead_attention_params<T, DO_CROSS_ATTENTION> params)\n"
+        "{\n"
+        "    // ftx: the step's timestep from device memory when the step is replayed from a CUDA graph\n"
+        "    const int ftx_timestep = params.ftx_timestep_ptr != nullptr ? *params.ftx_timestep_ptr : params.timestep;\n",
+        "read the timestep once: the device's in a captured step, else the argument",
+    ),
+    Edit(
+        SELF_ATTENTION_CC,
+        '#include "src/fastertransformer/kernels/decoder_masked_multihead_attention.h"\n',
+        '#include "src/fastertransformer/kernels/decoder_masked_multihead_attention.h"\n'
+        '#include "src/fastertransformer/kernels/ftx_cuda_graph.h"\n',
+        "the captured step's timestep",
+    ),
+    Edit(
+        SELF_ATTENTION_CC,
+        "    params.timestep             = step + max_prefix_prompt_length - 1;\n",
+        "    params.timestep             = step + max_prefix_prompt_length - 1;\n"
+        "    const FtxGraphStep& ftx_step = ftxGraphStep();\n"
+        "    if (ftx_step.device_timestep != nullptr) {\n"
+        "        // ftx: this step is being captured in a CUDA graph: the kernel reads the timestep from the device;\n"
+        "        // the launch and its shared memory are sized for the largest timestep the graph replays\n"
+        "        params.timestep         = ftx_step.max_timestep;\n"
+        "        params.ftx_timestep_ptr = ftx_step.device_timestep;\n"
+        "    }\n",
+        "in a captured step the attention kernel reads its timestep from the device",
+    ),
+    Edit(
+        GPTJ_H,
+        '#include "src/fastertransformer/utils/custom_ar_comm.h"\n',
+        '#include "src/fastertransformer/utils/custom_ar_comm.h"\n'
+        '#include "src/fastertransformer/kernels/ftx_cuda_graph.h"\n',
+        "the captured decoding step",
+    ),
+    Edit(
+        GPTJ_H,
+        "    bool* generation_should_stop_ = nullptr;\n",
+        "    bool* generation_should_stop_ = nullptr;\n\n"
+        "    FtxStepGraph ftx_step_graph_;  // ftx: the decoder layers' step in a CUDA graph (FTX_FT_CUDA_GRAPH=1)\n",
+        "each model instance's captured decoding step",
+    ),
+    Edit(
+        GPTJ_CC,
+        "    for (int step = max_input_length; step < (int)max_output_seq_len; step++) {\n",
+        "    // ftx: this forward's decoder step may be captured in a CUDA graph (FTX_FT_CUDA_GRAPH=1): beam width 1,\n"
+        "    // one pipeline stage, buffers kept between steps\n"
+        "    ftx_step_graph_.begin(ftxCudaGraphRequested() && beam_width == 1 && pipeline_para_.world_size_ == 1\n"
+        "                          && !is_free_buffer_after_forward_);\n"
+        "    for (int step = max_input_length; step < (int)max_output_seq_len; step++) {\n",
+        "a new forward drops the last one's graph",
+    ),
+    Edit(
+        GPTJ_CC,
+        "                gpt_decoder_->forward(\n"
+        "                    &decoder_output_tensors, &decoder_input_tensors, &gpt_weights->decoder_layer_weights);\n",
+        "                // ftx: eagerly, or captured once and replayed (FTX_FT_CUDA_GRAPH=1; ftx_cuda_graph.h)\n"
+        "                ftx_step_graph_.run(stream_,\n"
+        "                                    step + max_prefix_prompt_length - 1,\n"
+        "                                    (int)max_output_seq_len - 2 + max_prefix_prompt_length,\n"
+        "                                    [&]() {\n"
+        "                                        gpt_decoder_->forward(&decoder_output_tensors,\n"
+        "                                                              &decoder_input_tensors,\n"
+        "                                                              &gpt_weights->decoder_layer_weights);\n"
+        "                                    });\n",
+        "the decoder layers' step through the CUDA graph",
+    ),
     # --- behaviour: the stream interval. A decoupled model sent a response per generated token to every request
     # of the batch (a Triton response, a device-to-host copy of the whole output so far, and downstream one
     # Python postprocessing call each). With the model parameter ``ftx_stream_interval`` N > 1 the streaming
     # callback sends the first step and then every Nth only; ``auto``: N = ceil(requests of this execution / R),
     # R from ``ftx_stream_auto_responses`` (ftx_triton.repository.stream_interval; the python runtime does the same).
-    # The final response (the whole output) always goes. Absent or 1: every step, as upstream.
+    # The final response (the whole output) always goes. Absent or 1: every step, as upstream. With verbose
+    # logging on (tritonserver --log-verbose=1, or POST /v2/logging {"log_verbose_level": 1} from this host) each
+    # streaming execution logs its request and row counts and the interval it chose.
     Edit(
         BACKEND_CC,
         "  std::vector<TRITONBACKEND_ResponseFactory*>* factories;\n  BackendModelInstance* model;\n};\n",
@@ -421,9 +543,17 @@ PATCHES: tuple[Change, ...] = (
         "      ftx_n = (int)(((size_t)request_count + ftx_r - 1) / ftx_r);\n"
         "    }\n"
         "    context.ftx_stream_interval = ftx_n > 1 ? ftx_n : 1;\n"
+        "    if (is_decoupled_) {\n"
+        "      LOG_MESSAGE(\n"
+        "          TRITONSERVER_LOG_VERBOSE,\n"
+        '          (std::string("ftx stream interval: ") + std::to_string(request_count) + " requests (" +\n'
+        '           std::to_string(total_batch_size) + " rows) in this execution, a streamed response every " +\n'
+        '           std::to_string(context.ftx_stream_interval) + " steps")\n'
+        "              .c_str());\n"
+        "    }\n"
         "  }\n",
         "read the stream interval from the model's parameters (absent: every step, as upstream; auto: from the "
-        "number of requests in this execution)",
+        "number of requests in this execution) and log it per execution (verbose)",
     ),
     # --- behaviour: weight loading. Upstream read every weight file into a zero-filled std::vector and copied it
     # with a pageable cudaMemcpy (each byte faulted in, zeroed, read, then staged again by the driver): 9.0 s of a

@@ -6,6 +6,7 @@
 // the log says so and every rank uses NCCL.
 
 #include "custom_ar_comm.h"
+#include "src/fastertransformer/kernels/ftx_cuda_graph.h"
 
 namespace fastertransformer {
 
@@ -62,6 +63,9 @@ CustomAllReduceComm<T>::~CustomAllReduceComm()
     if (param_.peer_barrier_ptrs[rank_] != nullptr) {
         cudaFree(param_.peer_barrier_ptrs[rank_]);
     }
+    if (param_.ftx_block_flags != nullptr) {
+        cudaFree(param_.ftx_block_flags);
+    }
 }
 
 template<typename T>
@@ -117,6 +121,13 @@ void CustomAllReduceComm<T>::allocateAndExchangePeerAccessPointer(
         for (auto* comm : comms) {
             comm->param_.peer_comm_buffer_ptrs[i] = buffer;
             comm->param_.peer_barrier_ptrs[i]     = flags;
+        }
+        if (ftxCudaGraphRequested()) {
+            // each block's flag counter, on this rank's GPU (the decoding step may be replayed from a CUDA graph)
+            uint32_t* counters = nullptr;
+            check_cuda_error(cudaMalloc(&counters, FTX_AR_MAX_BLOCKS * sizeof(uint32_t)));
+            check_cuda_error(cudaMemset(counters, 0, FTX_AR_MAX_BLOCKS * sizeof(uint32_t)));
+            comms[i]->param_.ftx_block_flags = counters;
         }
     }
     check_cuda_error(cudaDeviceSynchronize());

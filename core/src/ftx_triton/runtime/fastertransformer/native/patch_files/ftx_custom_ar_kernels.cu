@@ -13,6 +13,11 @@
 // value NCCL computes. The barrier that ends each call (upstream's kernels had none) keeps a rank from
 // writing its next input into its buffer while a peer still reads the previous one. Flags count up from 1
 // and are compared for equality (no wrap-around at which the wait would be skipped).
+//
+// Device-counted flags (ftx_block_flags set: FTX_FT_CUDA_GRAPH=1, where a decoding step is captured in a CUDA
+// graph and replayed, so a flag passed by value would repeat): block b of each rank keeps its own counter on its
+// GPU, takes the next flag from it, meets block b of every rank at a start barrier of its own and stores the flag
+// back when it is done. Every rank launches the same grids in the same order, so block b's counters agree.
 
 #include "custom_ar_kernels.h"
 
@@ -133,7 +138,8 @@ __device__ __forceinline__ uint4 sum_ranks(const uint4* const* src, size_t unit)
     return s;
 }
 
-// Each rank's flags: [start: RANKS_PER_NODE][middle: FTX_AR_MAX_BLOCKS x RANKS_PER_NODE][end: the same].
+// Each rank's flags: [start: RANKS_PER_NODE][middle: FTX_AR_MAX_BLOCKS x RANKS_PER_NODE][end: the same]
+// [each block's start, device-counted flags: the same].
 __device__ __forceinline__ size_t middle_slots(int block)
 {
     return RANKS_PER_NODE * (1 + block);
@@ -144,13 +150,41 @@ __device__ __forceinline__ size_t end_slots(int block)
     return RANKS_PER_NODE * (1 + FTX_AR_MAX_BLOCKS + block);
 }
 
+__device__ __forceinline__ size_t start_slots(int block)
+{
+    return RANKS_PER_NODE * (1 + 2 * FTX_AR_MAX_BLOCKS + block);
+}
+
+// This call's flag: the host's, or (device-counted) the next of this block's counter, and the start barrier.
+template<typename T, int NRANKS>
+__device__ __forceinline__ uint32_t begin_call(const AllReduceParams<T>& params)
+{
+    uint32_t* const* peer_flags = params.peer_barrier_ptrs;
+    if (params.ftx_block_flags == nullptr) {
+        start<NRANKS>(peer_flags, params.local_rank, params.barrier_flag);
+        return params.barrier_flag;
+    }
+    const uint32_t last = *(volatile uint32_t*)(params.ftx_block_flags + blockIdx.x);
+    const uint32_t flag = last + 1 == 0 ? 1 : last + 1;
+    barrier<NRANKS>(peer_flags, params.local_rank, start_slots(blockIdx.x), flag);
+    return flag;
+}
+
+// After the end barrier (every thread of the block has read the counter): the block's counter moves on.
+template<typename T>
+__device__ __forceinline__ void end_call(const AllReduceParams<T>& params, uint32_t flag)
+{
+    if (params.ftx_block_flags != nullptr && threadIdx.x == 0) {
+        params.ftx_block_flags[blockIdx.x] = flag;
+    }
+}
+
 template<typename T, int NRANKS>
 __global__ void __launch_bounds__(kThreads) one_shot(AllReduceParams<T> params)
 {
-    const uint32_t   flag       = params.barrier_flag;
+    const uint32_t   flag       = begin_call<T, NRANKS>(params);
     const size_t     local_rank = params.local_rank;
     uint32_t* const* peer_flags = params.peer_barrier_ptrs;
-    start<NRANKS>(peer_flags, local_rank, flag);
 
     const uint4* src[NRANKS];
 #pragma unroll
@@ -164,15 +198,15 @@ __global__ void __launch_bounds__(kThreads) one_shot(AllReduceParams<T> params)
     }
     // the end: this block's share of every peer's buffer has been read by every rank's block of this index
     barrier<NRANKS>(peer_flags, local_rank, end_slots(blockIdx.x), flag);
+    end_call(params, flag);
 }
 
 template<typename T, int NRANKS>
 __global__ void __launch_bounds__(kThreads) two_shot(AllReduceParams<T> params)
 {
-    const uint32_t   flag       = params.barrier_flag;
+    const uint32_t   flag       = begin_call<T, NRANKS>(params);
     const size_t     local_rank = params.local_rank;
     uint32_t* const* peer_flags = params.peer_barrier_ptrs;
-    start<NRANKS>(peer_flags, local_rank, flag);
 
     const uint4* src[NRANKS];
 #pragma unroll
@@ -209,6 +243,7 @@ __global__ void __launch_bounds__(kThreads) two_shot(AllReduceParams<T> params)
         }
     }
     barrier<NRANKS>(peer_flags, local_rank, end_slots(blockIdx.x), flag);
+    end_call(params, flag);
 }
 
 template<typename T, int NRANKS>
