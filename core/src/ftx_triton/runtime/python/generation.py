@@ -1,4 +1,5 @@
-"""FasterTransformer request tensors → ``transformers`` ``generate`` → FasterTransformer outputs.
+"""FasterTransformer request tensors → decoding (a plain-torch decoder, or ``transformers``' ``generate``) →
+FasterTransformer outputs.
 
 The python runtime answers the ``fastertransformer`` model's own interface:
 
@@ -619,7 +620,7 @@ def _is_final(item: Item, generated: Sequence[int]) -> bool:
 
 @dataclass
 class Generator:
-    """Runs items through a transformers model."""
+    """Runs items through the rebuilt model: a plain-torch decoder (greedy and sampled, eager mode) or transformers'."""
 
     model: Any
     kind: str = DECODER
