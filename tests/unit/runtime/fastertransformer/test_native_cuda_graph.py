@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 HARNESS = Path(__file__).parent / "cuda_graph_harness"
+FT_STANDINS = Path(__file__).parent / "ft_standins"  # FasterTransformer's logger.h, shared with the loader's test
 CXX = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
 KERNELS = Path("src/fastertransformer/kernels")
 
@@ -37,7 +38,18 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
     binary = root / "driver"
     sources = [str(kernels / "ftx_cuda_graph.cc"), str(HARNESS / "fake_cuda.cc"), str(HARNESS / "driver.cc")]
     # the harness first: its cuda_runtime.h and FasterTransformer stand-ins, then the copied patch files
-    command = [CXX, "-std=c++17", "-Wall", "-Werror", f"-I{HARNESS}", f"-I{root}", *sources, "-o", str(binary)]
+    command = [
+        CXX,
+        "-std=c++17",
+        "-Wall",
+        "-Werror",
+        f"-I{HARNESS}",
+        f"-I{root}",
+        f"-I{FT_STANDINS}",
+        *sources,
+        "-o",
+        str(binary),
+    ]
     subprocess.run(command, check=True, capture_output=True, text=True, timeout=120)
     return binary
 

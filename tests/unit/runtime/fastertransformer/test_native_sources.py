@@ -239,7 +239,7 @@ def test_an_ffn_layer_that_does_not_all_reduce_keeps_its_own_output_and_gptj_can
 ) -> None:
     """GPT-NeoX's parallel residual builds its FFN layer without an all-reduce; upstream still swapped the custom
     all-reduce's peer buffer in as the FFN's output, so the decoder read a buffer nothing wrote. GPT-J's decoder
-    gets the one-all-reduce path behind FTX_GPTJ_ONE_ALLREDUCE=1."""
+    gets the one-all-reduce path: on by default in fp16, FTX_GPTJ_ONE_ALLREDUCE=0/1 decides for any type."""
     ffn = "FasterTransformer/src/fastertransformer/layers/TensorParallelGeluFfnLayer.cc"
     decoder = "FasterTransformer/src/fastertransformer/models/gptj/GptJDecoder.cc"
     for rel in {e.path for e in PATCHES if isinstance(e, Edit)}:
@@ -251,6 +251,7 @@ def test_an_ffn_layer_that_does_not_all_reduce_keeps_its_own_output_and_gptj_can
     assert f"{swap} && do_all_reduce_) {{" in (tmp_path / ffn).read_text()
     text = (tmp_path / decoder).read_text()
     assert 'std::string(ftx_one) == "1"' in text and text.count("!ftx_one_all_reduce_,") == 2
+    assert "(ftx_one_unset ? std::is_same<T, half>::value :" in text  # the fp16 default
     assert "customAllReduce(ftx_elts, stream_)" in text and "ftNcclAllReduceSum(layer_output" in text
 
 

@@ -51,8 +51,8 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
     patch_files = resources.files("ftx_triton.runtime.fastertransformer.native").joinpath("patch_files")
     for name in ("ftx_weight_loader.h", "ftx_weight_loader.cc"):
         (utils / name).write_text(patch_files.joinpath(name).read_text(encoding="utf-8"))
-    for name in ("cuda_utils.h", "logger.h"):
-        shutil.copy(HARNESS / name, utils / name)
+    shutil.copy(HARNESS / "cuda_utils.h", utils / "cuda_utils.h")
+    shutil.copy(HARNESS.parent / "ft_standins" / UTILS / "logger.h", utils / "logger.h")
     binary = root / "driver"
     sources = [str(utils / "ftx_weight_loader.cc"), str(HARNESS / "fake_cuda.cc"), str(HARNESS / "driver.cc")]
     command = [CXX, "-std=c++17", "-Wall", "-Werror", f"-DFTX_WEIGHT_CHUNK_BYTES={CHUNK}", f"-I{root}", *sources]

@@ -269,11 +269,11 @@ PATCHES: tuple[Change, ...] = (
     # --- behaviour: GPT-J's decoder at tp > 1 with one all-reduce per layer instead of two. GPT-J adds attention
     # and FFN of the same normed input to the residual, so each rank can add its two partial sums (with the
     # bias on rank 0 and its 1/tp share of the residual) and one all-reduce sums them: GPT-NeoX's parallel-
-    # residual path in FasterTransformer does the same. On at tp > 1 when the server's environment has
-    # FTX_GPTJ_ONE_ALLREDUCE=1; otherwise two, as upstream. Measured on two H200s (GPT-J-6B shape, tp 2,
-    # fp16): 1.05x at batch 1, 1.08x at batch 8. Opt-in until the GPU suite has compared its ids with
-    # transformers at tp 2: the sums are added in another order, so fp16 ids differ from the two-all-reduce
-    # run's where logits nearly tie.
+    # residual path in FasterTransformer does the same. At tp > 1: on by default in fp16, where it was measured
+    # on two H200s (GPT-J-6B shape, tp 2: 1.05x at batch 1, 1.08x at batch 8) and the GPU suite's GPT-J and
+    # KoGPT cases at tp 2 equal transformers with it; FTX_GPTJ_ONE_ALLREDUCE=0 or 1 in the server's environment
+    # decides for any type (bf16 keeps two until measured). The sums are added in another order, so fp16 ids
+    # can differ from the two-all-reduce run's where logits nearly tie.
     Edit(
         GPTJ_DECODER_H,
         "    T* decoder_layer_output_ = nullptr;\n",
@@ -287,7 +287,10 @@ PATCHES: tuple[Change, ...] = (
         "void GptJDecoder<T>::initialize()\n{\n",
         "void GptJDecoder<T>::initialize()\n{\n"
         '    const char* ftx_one = std::getenv("FTX_GPTJ_ONE_ALLREDUCE");\n'
-        '    ftx_one_all_reduce_ = tensor_para_.world_size_ > 1 && ftx_one != nullptr && std::string(ftx_one) == "1";\n',
+        "    const bool  ftx_one_unset = ftx_one == nullptr || *ftx_one == '\\0';\n"
+        "    // unset: on for fp16 (measured, and compared with transformers at tp 2); 1 or 0 decide for any type\n"
+        "    ftx_one_all_reduce_ = tensor_para_.world_size_ > 1\n"
+        '                          && (ftx_one_unset ? std::is_same<T, half>::value : std::string(ftx_one) == "1");\n',
         "read the one-all-reduce switch from the environment",
     ),
     Edit(

@@ -1,4 +1,5 @@
-// A stand-in for FasterTransformer's logger.h: its warning and info formats, on stderr.
+// A stand-in for FasterTransformer's logger.h, shared by the tests that build ftx's patch files against a fake
+// CUDA runtime: its warning and info formats on stderr, debug lines dropped.
 #pragma once
 
 #include <cstdarg>
@@ -20,3 +21,6 @@ inline void fakeLog(const char* prefix, const char* format, ...)
 
 #define FT_LOG_WARNING(...) fastertransformer::fakeLog("[FT][WARNING] ", __VA_ARGS__)
 #define FT_LOG_INFO(...) fastertransformer::fakeLog("[FT][INFO] ", __VA_ARGS__)
+#define FT_LOG_DEBUG(...)                                                                                              \
+    do {                                                                                                               \
+    } while (0)
