@@ -20,6 +20,9 @@ FAMILY = re.compile(r"gpt[-_ ]?j|neox|(?<![a-z0-9])t5(?![0-9])", re.IGNORECASE)
 FT_VOCABULARY = "FasterTransformer's own vocabulary"
 ALLOWED: dict[str, str] = {
     "oracle/": "FasterTransformer's model types (GPT, GPT-J, GPT-NeoX, T5), which its CPU reference reproduces",
+    "runtime/python/torch_decoder.py": "transformers' architectures (model types gptj, gpt_neox), which the python "
+    "runtime's plain-torch decoders reproduce with their checkpoints' parameter names; chosen by the model type a "
+    "family's config.ini gives back, never by a family's name",
     "conversion/ftini.py": f"{FT_VOCABULARY}: config.ini keys (use_gptj_residual, t5_with_bias) and their meaning",
     "runtime/fastertransformer/native/build.py": f"{FT_VOCABULARY}: the GEMM tools built (gpt_gemm, t5_gemm)",
     "runtime/fastertransformer/native/patches.py": f"{FT_VOCABULARY}: the sources the patch set edits (GptJDecoder, "

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from ftx_triton.errors import ConfigError
+from ftx_triton.plan.settings import DEFAULT_BATCH_DELAY_US
 from ftx_triton.repository.ensemble import check_ensemble
 from ftx_triton.repository.model_config import (
     DEFAULT_MAX_BATCH_SIZE,
@@ -129,6 +130,7 @@ def test_gptj_repository_layout_and_ft_config(ftx_cli, ftx_home: Path, tiny_gptj
     assert list(batch_input.target_name) == ["input_ids_item_shape"] and list(batch_input.source_input) == ["input_ids"]
     assert batch_input.data_type == mc.TYPE_INT32
     assert ft.HasField("dynamic_batching")
+    assert ft.dynamic_batching.max_queue_delay_microseconds == DEFAULT_BATCH_DELAY_US  # against the 1 / c-1 split
     # FasterTransformer's own names and dtypes
     assert inputs(ft)["input_lengths"].data_type == mc.TYPE_UINT32
     assert inputs(ft)["request_output_len"].data_type == mc.TYPE_UINT32

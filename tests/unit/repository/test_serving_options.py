@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from ftx_triton.errors import ConfigError
-from ftx_triton.plan.settings import AUTO, RepositorySettings
+from ftx_triton.plan.settings import AUTO, DEFAULT_BATCH_DELAY_US, RepositorySettings
 from ftx_triton.repository.model_config import FtModelOptions, build_ft_model_config
 from ftx_triton.repository.stream_interval import STREAM_AUTO_RESPONSES, StreamInterval
 from tritonclient.grpc import model_config_pb2 as mc
@@ -86,9 +86,24 @@ def test_bounded_queue_rejects_beyond_its_size_and_timeout() -> None:
 
 
 def test_batch_delay_is_the_batchers_queue_delay() -> None:
-    assert build_ft_model_config(_options()).dynamic_batching.max_queue_delay_microseconds == 0
-    config = build_ft_model_config(_options(batch_delay_us=2000))
-    assert config.dynamic_batching.max_queue_delay_microseconds == 2000
+    """ftx's default delay with dynamic batching, the given one (0 included) otherwise; without a batcher the
+    default is no delay, not a refusal (only a delay given with --no-dynamic-batching is refused, below)."""
+    assert DEFAULT_BATCH_DELAY_US > 0
+    delay = build_ft_model_config(_options()).dynamic_batching.max_queue_delay_microseconds
+    assert delay == DEFAULT_BATCH_DELAY_US
+    for given in (0, 2000):
+        config = build_ft_model_config(_options(batch_delay_us=given))
+        assert config.dynamic_batching.max_queue_delay_microseconds == given
+    for given in (None, 0):
+        plain = build_ft_model_config(_options(batch_delay_us=given, dynamic_batching=False))
+        assert not plain.HasField("dynamic_batching")
+    assert _options(dynamic_batching=False).batch_delay == 0
+
+
+def test_batch_delay_setting_defaults_to_none_and_reads_a_given_zero() -> None:
+    """The setting keeps "not given" (None, ftx's default) apart from a given 0 (no delay)."""
+    assert RepositorySettings().batch_delay_us is None
+    assert RepositorySettings.from_values({"batch_delay_us": 0}).batch_delay_us == 0
 
 
 @pytest.mark.parametrize(

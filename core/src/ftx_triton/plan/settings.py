@@ -54,6 +54,13 @@ class Auto(enum.Enum):
 
 AUTO = Auto.AUTO
 
+DEFAULT_BATCH_DELAY_US = 20_000
+"""``--batch-delay-us``'s default. At 0, Triton's dynamic batcher sends a closed loop's first request alone to
+the idle instance and the other c - 1 together once it ends; each group's clients then send again while the other
+group generates, so a lone request and c - 1 take turns for good (FasterTransformer generates a whole batch per
+execution). Holding a batch's first request this long gathers clients that send within it into one batch
+(docs/benchmarks.md, issue 38: the batcher delay against the 1 / c - 1 split)."""
+
 
 def is_auto(value: object) -> bool:
     """Whether ``value`` is :data:`AUTO` (or the word ``auto``, as a file or the command line writes it)."""
@@ -221,16 +228,18 @@ class RepositorySettings(OptionSection):
         show_default=True,
     )
     """How long a request may wait in that queue before it is refused; 0: no limit."""
-    batch_delay_us: int = option(
-        0,
-        help="The model's dynamic batcher may hold a request this many microseconds to batch more with it "
-        "(Triton's max_queue_delay_microseconds). 0 = send what is queued as soon as an instance is free.",
+    batch_delay_us: int | None = option(
+        None,
+        help="The model's dynamic batcher holds a batch's first request this many microseconds to batch more "
+        "with it (Triton's max_queue_delay_microseconds), so that clients sending together generate together "
+        f"(default: {DEFAULT_BATCH_DELAY_US} with dynamic batching). 0 = send what is queued as soon as an "
+        "instance is free.",
         kind=int,
         low=0,
         high=10_000_000,
-        show_default=True,
     )
-    """Triton's ``max_queue_delay_microseconds`` on the fastertransformer model; 0: none, as Triton's default."""
+    """Triton's ``max_queue_delay_microseconds`` on the fastertransformer model; None: :data:`DEFAULT_BATCH_DELAY_US`
+    with dynamic batching (none without)."""
     dynamic_batching: bool = option(
         True, help="Batch requests of different prompt lengths (ragged input_ids).", kind=bool, show_default=True
     )

@@ -19,7 +19,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ftx_triton.conversion.family import POSITION_KEYS
 from ftx_triton.errors import ConfigError, FtxError
 from ftx_triton.formats.ftformat import gpu_dir_name
-from ftx_triton.plan.settings import AUTO, Auto
+from ftx_triton.plan.settings import AUTO, DEFAULT_BATCH_DELAY_US, Auto
 from ftx_triton.repository.io import (
     ENCODER_DECODER,
     ENCODER_INPUTS,
@@ -85,8 +85,8 @@ class FtModelOptions:
     """Triton's dynamic batcher queue bound for the model: a request beyond it is refused at once (0: none)."""
     queue_timeout_ms: int = 0
     """A queued request that waited this long is refused (0: no limit)."""
-    batch_delay_us: int = 0
-    """Triton's ``max_queue_delay_microseconds``: how long the batcher may hold a request to batch more (0: none)."""
+    batch_delay_us: int | None = None
+    """``--batch-delay-us`` as given; None: ftx's default (:attr:`batch_delay`)."""
     dynamic_batching: bool = True
     backend: str = "fastertransformer"
     data_types: tuple[str, ...] = DATA_TYPES
@@ -105,6 +105,14 @@ class FtModelOptions:
     def stream(self) -> StreamInterval:
         """Which steps the decoupled model sends (every step when not streaming)."""
         return stream_of(self.streaming, self.stream_interval)
+
+    @property
+    def batch_delay(self) -> int:
+        """Triton's ``max_queue_delay_microseconds``: how long the batcher holds a batch's first request to batch
+        more with it (0: none); :data:`DEFAULT_BATCH_DELAY_US` unless given, none without dynamic batching."""
+        if self.batch_delay_us is not None:
+            return self.batch_delay_us
+        return DEFAULT_BATCH_DELAY_US if self.dynamic_batching else 0
 
     @property
     def custom_all_reduce_on(self) -> bool:
@@ -240,7 +248,7 @@ def check_serving_options(opts: FtModelOptions) -> None:
         )
     if opts.max_queue_size < 0 or opts.queue_timeout_ms < 0:
         raise ConfigError("the queue size and timeout cannot be negative", hint="use 0 for no bound")
-    if opts.batch_delay_us < 0:
+    if opts.batch_delay_us is not None and opts.batch_delay_us < 0:
         raise ConfigError("the batch delay cannot be negative", hint="use 0 for none")
     if (opts.max_queue_size or opts.queue_timeout_ms or opts.batch_delay_us) and not opts.dynamic_batching:
         raise ConfigError(
@@ -311,7 +319,7 @@ def build_ft_model_config(opts: FtModelOptions) -> mc.ModelConfig:
     config.model_transaction_policy.decoupled = opts.streaming
     if opts.dynamic_batching:
         config.dynamic_batching.SetInParent()
-        config.dynamic_batching.max_queue_delay_microseconds = opts.batch_delay_us
+        config.dynamic_batching.max_queue_delay_microseconds = opts.batch_delay
         add_queue_policy(config, opts)
     set_parameters(config, opts.stream.parameters())
     set_parameters(config, backend_parameters(opts, opts.model_type))

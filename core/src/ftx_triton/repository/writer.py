@@ -450,7 +450,7 @@ def deployment_record(plan: RepositoryPlan, backend: str) -> dict[str, Any]:
         "stream_interval": str(ft.stream_interval) if isinstance(ft.stream_interval, Auto) else ft.stream_interval,
         "max_queue_size": ft.max_queue_size,
         "queue_timeout_ms": ft.queue_timeout_ms,
-        "batch_delay_us": ft.batch_delay_us,
+        "batch_delay_us": ft.batch_delay,
         "dynamic_batching": ft.dynamic_batching,
         "custom_all_reduce": ft.custom_all_reduce_on,
         "checkpoint": str(ft.checkpoint_path),

@@ -10,6 +10,7 @@ lengths batch correctly; a decoupled model streams one response per token.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -325,7 +326,10 @@ def test_auto_stream_interval_counts_the_requests_the_server_batches(
             thread.start()
         for thread in threads:
             thread.join(120)
-        batched = executions() - before
+        # Triton counts an execution once execute() returns, which a stream's final reply can beat: wait for it
+        deadline = time.monotonic() + 10
+        while (batched := executions() - before) == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
         alone = stream(server.grpc_url, decoder_inputs(prompts, 6, end_id=column(10_000, 5, np.uint32)))
     finally:
         server.stop()

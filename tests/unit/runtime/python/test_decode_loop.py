@@ -29,18 +29,31 @@ PROMPTS = ([5, 6, 7, 8, 9, 10, 11], [11, 12, 13], [20, 21, 22, 23, 24], [30, 31]
 NEW = 12
 
 
-@pytest.fixture(scope="module")
-def generators(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Generator]:
-    """Eager (``generate``) generators of tiny decoder models rebuilt from converted files, on CPU."""
+def _generators(tmp_path_factory: pytest.TempPathFactory, load: Any, tag: str) -> dict[str, Generator]:
+    """Generators of tiny decoder models rebuilt from converted files by ``load`` (family, directory, device)."""
     families = registered_families()
     out = {}
     for name in DECODERS:
-        root = tmp_path_factory.mktemp(f"loop-{name}")
+        root = tmp_path_factory.mktemp(f"{tag}-{name}")
         ckpt = convert(families[name], BUILDERS[name](root / "hf"), root / "ft", 1)
-        loaded = load_model(families[name], Path(ckpt), device="cpu")
+        loaded = load(families[name], Path(ckpt), device="cpu")
         spec = families[name].spec_from_ini(loaded.ini)
         out[name] = Generator.for_model(loaded.model, end_id=spec.end_id, start_id=spec.start_id)
     return out
+
+
+@pytest.fixture(scope="module")
+def generators(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Generator]:
+    """Eager (``generate``) generators of tiny decoder models rebuilt from converted files, on CPU."""
+    return _generators(tmp_path_factory, load_model, "loop")
+
+
+@pytest.fixture(scope="module")
+def plain_generators(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Generator]:
+    """Generators of the same tiny decoders built in plain torch (``torch_model.py``), as the runtime builds them."""
+    from ftx_triton.runtime.python.torch_model import load_torch_model
+
+    return _generators(tmp_path_factory, load_torch_model, "plain")
 
 
 class _Steps(StepSink):
@@ -112,6 +125,39 @@ def test_the_lean_loop_decodes_exactly_like_generate(generators: dict[str, Gener
             assert lengths.min() < NEW - 3 and lengths.max() > lengths.min(), lengths
     assert lean.decoder is not None and lean.decoder.shapes, "the lean loop did not run"
     assert gen.decoder is None
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_the_plain_torch_decoder_decodes_exactly_like_generate(
+    generators: dict[str, Generator], plain_generators: dict[str, Generator], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The python runtime's default model (plain torch, no transformers) against transformers' ``generate`` on the
+    same files: the same ids, lengths, log probabilities and streamed steps, greedy and sampled with a seed."""
+    from transformers.generation.utils import GenerationMixin
+
+    gen, plain = generators[name], plain_generators[name]
+    assert getattr(plain.model, "is_plain_torch", False) and not getattr(gen.model, "is_plain_torch", False)
+    real = GenerationMixin.generate
+    calls: list[str] = []
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(type(self).__name__)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(GenerationMixin, "generate", counted)
+    for case, extra in _cases(gen).items():
+        inputs = decoder_inputs(PROMPTS, [NEW, NEW, NEW - 3, NEW], **extra)
+        calls.clear()
+        (expected, expected_steps), (got, got_steps) = _run(gen, inputs), _run(plain, inputs)
+        assert len(calls) == 1, (case, calls)  # generate ran for the reference only
+        for output in ("output_ids", "sequence_length"):
+            assert np.array_equal(got[output], expected[output]), (case, output)
+        np.testing.assert_allclose(got["output_log_probs"], expected["output_log_probs"], atol=1e-6, err_msg=case)
+        assert got_steps == [
+            [replace(e, log_prob=pytest.approx(e.log_prob, abs=1e-6)) if e.log_prob is not None else e for e in s]
+            for s in expected_steps
+        ], case
+    assert getattr(plain.model, "is_plain_torch", False)  # transformers' model was never built
 
 
 @pytest.mark.parametrize("mode", [LEAN, EXACT])

@@ -692,20 +692,28 @@ def _hostile(prompt: list[int]) -> dict[str, np.ndarray]:
 
 @pytest.fixture
 def poisoned_generate(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Staged failure inside transformers' generate() for any batch holding POISON: every finite,
-    in-range request value decodes now (a vanishing temperature is greedy, penalties are bounded), so no
-    real request fails there any more, but a model or a device still can."""
+    """Staged failure inside generation for any batch holding POISON, in transformers' generate() and in the
+    plain-torch decoder (the runtime's default model): every finite, in-range request value decodes now (a
+    vanishing temperature is greedy, penalties are bounded), so no real request fails there any more, but a model
+    or a device still can."""
+    from ftx_triton.runtime.python.torch_model import TorchDecoder
     from transformers.generation.utils import GenerationMixin
 
-    real = GenerationMixin.generate
+    def poisoned(real: Any, ids_of: Any) -> Any:
+        def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+            ids = ids_of(args, kwargs)
+            if ids is not None and (ids == POISON).any():
+                raise RuntimeError("staged failure inside generate()")
+            return real(self, *args, **kwargs)
 
-    def generate(self: Any, *args: Any, **kwargs: Any) -> Any:
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is not None and (ids == POISON).any():
-            raise RuntimeError("staged failure inside generate()")
-        return real(self, *args, **kwargs)
+        return run
 
-    monkeypatch.setattr(GenerationMixin, "generate", generate)
+    monkeypatch.setattr(
+        GenerationMixin,
+        "generate",
+        poisoned(GenerationMixin.generate, lambda args, kwargs: kwargs.get("input_ids", args[0] if args else None)),
+    )
+    monkeypatch.setattr(TorchDecoder, "decode", poisoned(TorchDecoder.decode, lambda args, kwargs: args[0]))
 
 
 def test_a_request_that_fails_inside_generate_fails_alone(

@@ -1,7 +1,8 @@
 """The python runtime: a real tritonserver (nvidia-pytriton wheel) whose ``fastertransformer`` model
-is a Python-backend stand-in with FasterTransformer's inputs and outputs, generating with
-``transformers`` from the converted ``<tp>-gpu`` files (CPU, or one GPU when present).
+is a Python-backend stand-in with FasterTransformer's inputs and outputs, generating from the converted
+``<tp>-gpu`` files (CPU, or one GPU when present).
 
-``repository`` writes that model, ``triton_model`` is it, ``hf_model`` rebuilds the transformers
-model from FT files, ``generation`` maps FT requests to ``generate``, ``serve`` starts the server.
+``repository`` writes that model, ``triton_model`` is it, ``torch_model`` builds GPT-J/GPT-NeoX in plain torch
+(``torch_decoder``, ``torch_sampling``: no transformers import), ``hf_model`` rebuilds the transformers model
+(T5, beam search), ``generation`` maps FT requests to either, ``serve`` starts the server.
 """

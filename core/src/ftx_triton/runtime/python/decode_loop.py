@@ -326,13 +326,9 @@ class LeanDecoder:
             model_kwargs={"attention_mask": attention},
         )
         shape = self._shape(batch, cache_length(prompt, max_new), device)
-        sequence = torch.empty((batch, prompt + max_new), dtype=torch.long, device=device)
-        sequence[:, :prompt] = input_ids
-        chosen = torch.zeros((batch, max_new), dtype=torch.float32, device=device) if log_probs else None
         shape.mask.fill_(1)
         shape.mask[:, :prompt] = attention
-        positions = attention.long().cumsum(-1) - 1
-        positions.masked_fill_(attention == 0, 1)
+        positions = prompt_positions(attention)
         logits = self._forward(  # the prompt's own mask, as generate passes it (it picks the attention kernel)
             shape,
             input_ids=input_ids,
@@ -343,34 +339,25 @@ class LeanDecoder:
         shape.positions.copy_(positions[:, -1:])
         shape.cache_position.fill_(prompt - 1)
         unpadded = bool(attention.all()) if self.mode == EXACT else False
-        sample = bool(config.do_sample)
-        done = read = 0
-        group = 1
-        while done < max_new:
-            scores = chain(sequence[:, : prompt + done], logits.to(copy=True, dtype=torch.float32))
-            tokens = (
-                torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
-                if sample
-                else torch.argmax(scores, dim=-1)
-            )
-            sequence[:, prompt + done] = tokens
-            if chosen is not None:
-                chosen[:, done] = torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
-            done += 1
-            if done - read >= group or done == max_new:
-                if self._hand_over(sequence[:, prompt + read : prompt + done], chosen, read, take):
-                    break
-                read, group = done, min(2 * group, CHECK_EVERY)
-            if done < max_new:
-                shape.ids.copy_(tokens[:, None])
-                shape.positions.add_(1)
-                shape.cache_position.add_(1)
-                if self.mode == EXACT:
-                    logits = self._exact_step(shape, prompt + done - 1, unpadded)
-                else:
-                    logits = self._step(shape)
-        generated = sequence[:, prompt : prompt + done].cpu().numpy().astype(np.int64)
-        return generated, None if chosen is None else chosen[:, :done].cpu().numpy()
+
+        def advance(tokens: Any, done: int) -> Any:
+            shape.ids.copy_(tokens[:, None])
+            shape.positions.add_(1)
+            shape.cache_position.add_(1)
+            if self.mode == EXACT:
+                return self._exact_step(shape, prompt + done - 1, unpadded)
+            return self._step(shape)
+
+        return decode_steps(
+            logits,
+            input_ids,
+            max_new=max_new,
+            chain=chain,
+            sample=bool(config.do_sample),
+            log_probs=log_probs,
+            take=take,
+            advance=advance,
+        )
 
     @staticmethod
     def _hand_over(tokens: Any, chosen: Any, start: int, take: Callable[[list[int], list[float] | None], bool]) -> bool:
@@ -383,6 +370,60 @@ class LeanDecoder:
                 [int(t) for t in rows[:, column]], None if probs is None else [float(p) for p in probs[:, column]]
             )
         return finished
+
+
+def prompt_positions(attention: Any) -> Any:
+    """Each prompt token's position (``attention.cumsum() - 1``, 1 on padding), as ``generate`` computes it."""
+    positions = attention.long().cumsum(-1) - 1
+    positions.masked_fill_(attention == 0, 1)
+    return positions
+
+
+def decode_steps(
+    logits: Any,
+    input_ids: Any,
+    *,
+    max_new: int,
+    chain: Callable[[Any, Any], Any],
+    sample: bool,
+    log_probs: bool,
+    take: Callable[[list[int], list[float] | None], bool],
+    advance: Callable[[Any, int], Any],
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The token loop shared by :class:`LeanDecoder` and the plain-torch decoder: from the prompt's last
+    ``logits`` [B, V], each step processes a float32 copy of the logits (``chain(ids so far, scores)``), picks
+    the tokens as ``generate`` does (argmax, or ``multinomial`` of the softmax), keeps their log-softmax when
+    asked, hands them to ``take`` every 1, 2, 4 ... :data:`CHECK_EVERY` steps and stops once it answers that every
+    row has finished; ``advance(tokens, steps done)`` runs the model on the new tokens and gives their logits.
+    Returns the generated ids [B, n] and, when asked, their log probabilities [B, n]."""
+    import torch
+
+    batch, prompt = input_ids.shape
+    device = input_ids.device
+    sequence = torch.empty((batch, prompt + max_new), dtype=torch.long, device=device)
+    sequence[:, :prompt] = input_ids
+    chosen = torch.zeros((batch, max_new), dtype=torch.float32, device=device) if log_probs else None
+    done = read = 0
+    group = 1
+    while done < max_new:
+        scores = chain(sequence[:, : prompt + done], logits.to(copy=True, dtype=torch.float32))
+        tokens = (
+            torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+            if sample
+            else torch.argmax(scores, dim=-1)
+        )
+        sequence[:, prompt + done] = tokens
+        if chosen is not None:
+            chosen[:, done] = torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+        done += 1
+        if done - read >= group or done == max_new:
+            if LeanDecoder._hand_over(sequence[:, prompt + read : prompt + done], chosen, read, take):
+                break
+            read, group = done, min(2 * group, CHECK_EVERY)
+        if done < max_new:
+            logits = advance(tokens, done)
+    generated = sequence[:, prompt : prompt + done].cpu().numpy().astype(np.int64)
+    return generated, None if chosen is None else chosen[:, :done].cpu().numpy()
 
 
 _VIEWS_CLASS: list[Any] = []

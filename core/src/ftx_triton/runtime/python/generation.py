@@ -1,4 +1,5 @@
-"""FasterTransformer request tensors → ``transformers`` ``generate`` → FasterTransformer outputs.
+"""FasterTransformer request tensors → decoding (a plain-torch decoder, or ``transformers``' ``generate``) →
+FasterTransformer outputs.
 
 The python runtime answers the ``fastertransformer`` model's own interface:
 
@@ -30,7 +31,7 @@ every running item (with its log probability when asked) or, for beam search, th
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -619,7 +620,7 @@ def _is_final(item: Item, generated: Sequence[int]) -> bool:
 
 @dataclass
 class Generator:
-    """Runs items through a transformers model."""
+    """Runs items through the rebuilt model: a plain-torch decoder (greedy and sampled, eager mode) or transformers'."""
 
     model: Any
     kind: str = DECODER
@@ -630,13 +631,23 @@ class Generator:
     groups_run: int = field(default=0, init=False)
     decoder: LeanDecoder | None = field(default=None, init=False)
     """The lean loop's static caches and captured steps (modes in :data:`~.decode_loop.LOOP_MODES`)."""
+    loader: Callable[[], Any] | None = None
+    """For a plain-torch ``model``: builds transformers' model of the same files (see :meth:`transformers_model`)."""
 
     @classmethod
     def for_model(
-        cls, model: Any, *, end_id: int, start_id: int, device: Any = None, max_positions: int | None = None
+        cls,
+        model: Any,
+        *,
+        end_id: int,
+        start_id: int,
+        device: Any = None,
+        max_positions: int | None = None,
+        loader: Callable[[], Any] | None = None,
     ) -> Generator:
-        """A generator for ``model``; ``max_positions`` (the source checkpoint's context size) wins
-        over the rebuilt config's, which may hold transformers' default."""
+        """A generator for ``model`` (transformers' or a plain-torch decoder, whose ``loader`` builds transformers'
+        model when a request needs it); ``max_positions`` (the source checkpoint's context size) wins over the
+        rebuilt config's, which may hold transformers' default."""
         from ftx_triton.envvars import env_int
 
         config = model.config
@@ -659,7 +670,7 @@ class Generator:
             max_batch_tokens=budget,
         )
         device = device or next(model.parameters()).device
-        return cls(model, kind, device, limits, decode_mode(device))
+        return cls(model, kind, device, limits, decode_mode(device), loader=loader)
 
     def parse(self, inputs: Mapping[str, np.ndarray]) -> ParsedRequest:
         assert self.limits is not None
@@ -696,7 +707,6 @@ class Generator:
         self, sampling: Sampling, items: Sequence[Item], indices: Sequence[int], sink: StepSink | None
     ) -> list[ItemResult]:
         import torch
-        from transformers import GenerationConfig
 
         beam = sampling.beam_width
         max_new = max(item.output_len for item in items)
@@ -706,10 +716,6 @@ class Generator:
         input_ids, attention = pad_prompts(
             [item.prompt for item in items], pad, left=self.kind == DECODER, device=self.device
         )
-        kwargs = sampling.generate_kwargs(vocab)
-        if self.kind == ENCODER_DECODER:
-            kwargs["decoder_start_token_id"] = sampling.start_id
-        config = GenerationConfig(max_new_tokens=max_new, min_new_tokens=0, **kwargs)
         processors: list[Any] = []
         if sampling.presence_penalty:
             processors.append(_PresencePenalty(sampling.presence_penalty))
@@ -718,23 +724,23 @@ class Generator:
         torch.manual_seed(sampling.random_seed)
         if torch.cuda.is_available():
             torch.cuda.manual_seed_all(sampling.random_seed)
-        if self.mode in LOOP_MODES and beam == 1 and self.kind == DECODER and supports_loop(self.model):
-            if self.decoder is None:
-                self.decoder = LeanDecoder(self.model, self.mode)
+        if self._plain_covers(sampling):
+            from ftx_triton.runtime.python.torch_model import TorchDecoder
+
             streamer = _Streamer(items, indices, sink or StepSink())
             with torch.inference_mode():
-                generated, log_probs = self.decoder.decode(
+                generated, log_probs = TorchDecoder(self.model).decode(
                     input_ids,
                     attention,
                     max_new=max_new,
-                    config=config,
+                    sampling=sampling,
                     processors=processors,
                     take=streamer.step,
                     log_probs=sampling.log_probs,
                 )
         else:
-            generated, log_probs = self._generate(
-                sampling, items, indices, sink, input_ids, attention, config, processors
+            generated, log_probs = self._run_transformers(
+                sampling, items, indices, sink, input_ids, attention, processors
             )
         self.groups_run += 1
         results = []
@@ -752,8 +758,63 @@ class Generator:
             results.append(ItemResult(tokens, lengths, probs))
         return results
 
+    def _plain_covers(self, sampling: Sampling) -> bool:
+        """Whether the plain-torch model decodes this group: greedy or sampled (beam width 1), eager mode."""
+        return bool(getattr(self.model, "is_plain_torch", False)) and sampling.beam_width == 1 and self.mode == EAGER
+
+    def transformers_model(self) -> Any:
+        """The transformers model. A plain-torch ``model`` is replaced, the first time a request needs transformers
+        (beam search, a decoding mode of transformers'), by the one ``loader`` builds from the same files, which
+        then serves every request (it answers greedy and sampled ones exactly as the plain model did): the weights
+        are held once, but for the moment of the swap."""
+        if getattr(self.model, "is_plain_torch", False):
+            if self.loader is None:
+                raise RuntimeError("this request needs transformers' model, and the generator has no loader for it")
+            log.info("runtime.transformers_model_needed", reason="beam search or a transformers decoding mode")
+            self.model = self.loader()
+            self.decoder = None
+        return self.model
+
+    def _run_transformers(
+        self,
+        sampling: Sampling,
+        items: Sequence[Item],
+        indices: Sequence[int],
+        sink: StepSink | None,
+        input_ids: Any,
+        attention: Any,
+        processors: list[Any],
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The group through transformers: ``generate``, or the lean loop of a transformers decoding mode."""
+        import torch
+        from transformers import GenerationConfig
+
+        assert self.limits is not None
+        model = self.transformers_model()
+        kwargs = sampling.generate_kwargs(self.limits.vocab_size)
+        if self.kind == ENCODER_DECODER:
+            kwargs["decoder_start_token_id"] = sampling.start_id
+        max_new = max(item.output_len for item in items)
+        config = GenerationConfig(max_new_tokens=max_new, min_new_tokens=0, **kwargs)
+        if self.mode in LOOP_MODES and sampling.beam_width == 1 and self.kind == DECODER and supports_loop(model):
+            if self.decoder is None:
+                self.decoder = LeanDecoder(model, self.mode)
+            streamer = _Streamer(items, indices, sink or StepSink())
+            with torch.inference_mode():
+                return self.decoder.decode(
+                    input_ids,
+                    attention,
+                    max_new=max_new,
+                    config=config,
+                    processors=processors,
+                    take=streamer.step,
+                    log_probs=sampling.log_probs,
+                )
+        return self._generate(model, sampling, items, indices, sink, input_ids, attention, config, processors)
+
     def _generate(
         self,
+        model: Any,
         sampling: Sampling,
         items: Sequence[Item],
         indices: Sequence[int],
@@ -782,12 +843,12 @@ class Generator:
         if beam == 1 and (sink is not None or want_scores):
             streamer = _Streamer(items, indices, sink or StepSink())
             if want_scores:
-                hook = self.model.register_forward_hook(streamer.keep_logits)
+                hook = model.register_forward_hook(streamer.keep_logits)
         elif sink is not None:
             criteria.append(_BeamWatcher(items, indices, beam, start, sink))
         try:
             with torch.inference_mode():
-                out = self.model.generate(
+                out = model.generate(
                     input_ids=input_ids,
                     attention_mask=attention,
                     generation_config=config,
@@ -802,16 +863,17 @@ class Generator:
         generated = sequences[:, start:].cpu().numpy().astype(np.int64)
         log_probs = None
         if want_scores and beam > 1:
-            log_probs = self._beam_log_probs(out, sequences)
+            log_probs = self._beam_log_probs(model, out, sequences)
         elif want_scores and streamer is not None:
             log_probs = np.zeros((len(items), max(1, max(len(c) for c in streamer.chosen))), np.float32)
             for r, chosen in enumerate(streamer.chosen):
                 log_probs[r, : len(chosen)] = chosen
         return generated, log_probs
 
-    def _beam_log_probs(self, out: Any, sequences: Any) -> np.ndarray:
+    @staticmethod
+    def _beam_log_probs(model: Any, out: Any, sequences: Any) -> np.ndarray:
         """Each beam's token scores as beam search ranked them (log-softmax, after the processors)."""
-        scores = self.model.compute_transition_scores(sequences, out.scores, out.beam_indices, normalize_logits=False)
+        scores = model.compute_transition_scores(sequences, out.scores, out.beam_indices, normalize_logits=False)
         return scores.float().cpu().numpy()
 
 

@@ -106,6 +106,8 @@ def hf_config_for(
 def _model_class(family: Family, config: Any) -> Any:
     import transformers
 
+    transformers.logging.set_verbosity_error()
+
     name = family.hf_model_class or next(iter(getattr(config, "architectures", None) or ()), "")
     cls = getattr(transformers, name, None) if name else None
     if cls is None:
@@ -154,25 +156,7 @@ def load_model(
     untied = getattr(config, "ftx_untied_head", False)
     if untied:
         _untie_head(model)
-    state = model.state_dict(keep_vars=True)
-    tensors: dict[str, Any] = {}
-    rename = _renamer(cls, config)
-    for original, array in invert_checkpoint(family, ft_dir, as_stored=True):
-        name = rename(original)
-        if name not in state:
-            raise CheckpointError(
-                f"{ft_dir}: the {family.name} table yields {name!r}, which {cls.__name__} does not have"
-            )
-        param = state[name]
-        if tuple(param.shape) != tuple(array.shape):
-            raise CheckpointError(
-                f"{ft_dir}: {name} has shape {tuple(array.shape)}, {cls.__name__} expects {tuple(param.shape)}",
-                hint="the config.ini does not match the .bin files; re-run the conversion",
-            )
-        tensor = as_torch(array).to(param.dtype)  # no copy (the mapped file) when the dtype is right
-        # a transposed view is copied once: matmul on a strided weight takes another kernel, whose rounding
-        # would make this reference differ from the model in the last bits
-        tensors[name] = tensor if tensor.is_contiguous() else tensor.contiguous()
+    tensors = tensors_from_files(family, ft_dir, model.state_dict(keep_vars=True), _renamer(cls, config), cls.__name__)
     model.load_state_dict(tensors, strict=False, assign=True)
     loaded = set(tensors)
     head = model.get_output_embeddings()
@@ -181,21 +165,59 @@ def load_model(
     if kept_head is not None and head.weight is not kept_head:  # transformers 5 re-tied the head: undo that
         head.weight = kept_head
     state = model.state_dict(keep_vars=True)
-    _check_complete(model, state, loaded, ft_dir)
+    check_complete(model, state, loaded, ft_dir)
     model.to(target)
     seconds = time.perf_counter() - started
+    log_loaded(
+        family,
+        ft_dir,
+        target,
+        dtype,
+        len(loaded),
+        seconds,
+        imports_s,
+        attention=getattr(config, "_attn_implementation", None),
+    )
+    return LoadedModel(model, config, target, dtype, ini, seconds, imports_s)
+
+
+def log_loaded(
+    family: Family, ft_dir: Path, device: Any, dtype: Any, tensors: int, seconds: float, imports_s: float, **extra: Any
+) -> None:
+    """The ``runtime.model_loaded`` event (its seconds are what ``bench_cached_run.py`` reports as the build)."""
     log.info(
         "runtime.model_loaded",
         family=family.name,
         path=str(ft_dir),
-        device=str(target),
+        device=str(device),
         dtype=str(dtype).replace("torch.", ""),
-        tensors=len(loaded),
+        tensors=tensors,
         seconds=round(seconds, 2),
         imports_s=round(imports_s, 2),
-        attention=getattr(config, "_attn_implementation", None),
+        **extra,
     )
-    return LoadedModel(model, config, target, dtype, ini, seconds, imports_s)
+
+
+def tensors_from_files(family: Family, ft_dir: Path, state: dict[str, Any], rename: Any, owner: str) -> dict[str, Any]:
+    """The tensors of ``ft_dir``'s files by parameter name (``rename``: checkpoint name -> the model's), each
+    checked against ``state`` (the model's parameters, on the meta device or not) and cast to its dtype; a
+    tensor whose dtype needs no cast is the memory-mapped file itself."""
+    tensors: dict[str, Any] = {}
+    for original, array in invert_checkpoint(family, ft_dir, as_stored=True):
+        name = rename(original)
+        if name not in state:
+            raise CheckpointError(f"{ft_dir}: the {family.name} table yields {name!r}, which {owner} does not have")
+        param = state[name]
+        if tuple(param.shape) != tuple(array.shape):
+            raise CheckpointError(
+                f"{ft_dir}: {name} has shape {tuple(array.shape)}, {owner} expects {tuple(param.shape)}",
+                hint="the config.ini does not match the .bin files; re-run the conversion",
+            )
+        tensor = as_torch(array).to(param.dtype)  # no copy (the mapped file) when the dtype is right
+        # a transposed view is copied once: matmul on a strided weight takes another kernel, whose rounding
+        # would make this reference differ from the model in the last bits
+        tensors[name] = tensor if tensor.is_contiguous() else tensor.contiguous()
+    return tensors
 
 
 def as_torch(array: Any) -> Any:
@@ -260,7 +282,7 @@ def _no_init_weights() -> Any:
     return no_init_weights
 
 
-def _check_complete(model: Any, state: dict[str, Any], loaded: set[str], ft_dir: Path) -> None:
+def check_complete(model: Any, state: dict[str, Any], loaded: set[str], ft_dir: Path) -> None:
     """Every parameter must come from the files, or be tied to one that did."""
     buffers = {name for name, _ in model.named_buffers()}
     loaded_ptrs = {state[name].data_ptr() for name in loaded}

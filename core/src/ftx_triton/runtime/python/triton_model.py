@@ -164,7 +164,8 @@ class _Stream(StepSink):
 
 
 class FtModel:
-    """FT-interface generation over a rebuilt transformers model (no Triton types here)."""
+    """FT-interface generation over a model rebuilt from the FT files, in plain torch or transformers (no Triton
+    types here)."""
 
     def __init__(
         self, generator: Generator, output_dtypes: Mapping[str, Any], stream_interval: StreamInterval | None = None
@@ -180,7 +181,9 @@ class FtModel:
     def from_config(cls, config: Mapping[str, Any], device: str | None = None) -> FtModel:
         """Load the model that config.pbtxt (as Triton's JSON) describes."""
         from ftx_triton.plugins import load_host
-        from ftx_triton.runtime.python.hf_model import load_model
+        from ftx_triton.runtime.python.decode_loop import EAGER, decode_mode
+        from ftx_triton.runtime.python.hf_model import load_model, resolve_device
+        from ftx_triton.runtime.python.torch_model import load_torch_model
 
         params = parameters_of(config)
         path = params.get("model_checkpoint_path")
@@ -189,16 +192,26 @@ class FtModel:
             raise ValueError(f"config.pbtxt of {config.get('name')} lacks model_checkpoint_path or {FAMILY_PARAMETER}")
         positions = int(params[POSITIONS_PARAMETER]) if params.get(POSITIONS_PARAMETER, "").isdigit() else None
         family = load_host().family(family_name)
-        loaded = load_model(
-            family,
-            Path(path),
-            device=device or os.environ.get(DEVICE_ENV) or "auto",
-            data_type=params.get("data_type"),
-            max_positions=positions,
+        how: dict[str, Any] = {
+            "device": device or os.environ.get(DEVICE_ENV) or "auto",
+            "data_type": params.get("data_type"),
+            "max_positions": positions,
+        }
+        # plain torch where it covers the architecture and the decoding mode is eager (no transformers import at
+        # load); transformers' model is built from the same files when a request needs it (beam search), or at once
+        # for the others (T5, a decoding mode of transformers')
+        plain = decode_mode(resolve_device(how["device"])) == EAGER
+        loaded = (load_torch_model(family, Path(path), **how) if plain else None) or load_model(
+            family, Path(path), **how
         )
         spec = family.spec_from_ini(loaded.ini)
         generator = Generator.for_model(
-            loaded.model, end_id=spec.end_id, start_id=spec.start_id, device=loaded.device, max_positions=positions
+            loaded.model,
+            end_id=spec.end_id,
+            start_id=spec.start_id,
+            device=loaded.device,
+            max_positions=positions,
+            loader=lambda: load_model(family, Path(path), **how).model,
         )
         dtypes = {out["name"]: _NUMPY_TYPES.get(out["data_type"], np.float32) for out in config.get("output", ())}
         return cls(generator, dtypes, StreamInterval.from_parameters(params))
@@ -350,12 +363,6 @@ class TritonPythonModel:
 
     def initialize(self, args: Mapping[str, Any]) -> None:
         self.pb = self.pb or stub_utils()
-        try:
-            import transformers
-
-            transformers.logging.set_verbosity_error()
-        except ImportError:  # pragma: no cover - load_model reports it
-            pass
         config = json.loads(args["model_config"])
         self.decoupled = bool((config.get("model_transaction_policy") or {}).get("decoupled"))
         self.input_names = [item["name"] for item in config.get("input", ())]
