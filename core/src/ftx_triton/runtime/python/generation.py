@@ -740,7 +740,7 @@ class Generator:
                 )
         else:
             generated, log_probs = self._run_transformers(
-                sampling, items, indices, sink, input_ids, attention, processors
+                sampling, items, indices, sink, input_ids, attention, processors, max_new
             )
         self.groups_run += 1
         results = []
@@ -784,6 +784,7 @@ class Generator:
         input_ids: Any,
         attention: Any,
         processors: list[Any],
+        max_new: int,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """The group through transformers: ``generate``, or the lean loop of a transformers decoding mode."""
         import torch
@@ -794,7 +795,6 @@ class Generator:
         kwargs = sampling.generate_kwargs(self.limits.vocab_size)
         if self.kind == ENCODER_DECODER:
             kwargs["decoder_start_token_id"] = sampling.start_id
-        max_new = max(item.output_len for item in items)
         config = GenerationConfig(max_new_tokens=max_new, min_new_tokens=0, **kwargs)
         if self.mode in LOOP_MODES and sampling.beam_width == 1 and self.kind == DECODER and supports_loop(model):
             if self.decoder is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,17 +80,35 @@ def torch_dtype(data_type: str | None, device: Any) -> Any:
 POSITION_ATTRIBUTES = ("n_positions", "max_position_embeddings")
 
 
-def hf_config_for(
-    family: Family, ft_dir: Path, max_positions: int | None = None
-) -> tuple[Any, dict[str, dict[str, str]]]:
-    """The transformers config rebuilt from ``<ft_dir>/config.ini``, and the parsed ini.
+def read_ft_ini(ft_dir: Path) -> dict[str, dict[str, str]]:
+    """``<ft_dir>/config.ini``, parsed; a directory without one is refused."""
+    if not (ft_dir / "config.ini").is_file():
+        raise CheckpointError(f"{ft_dir} holds no config.ini", hint="point at a converted <tp>-gpu directory")
+    return read_ini(ft_dir / "config.ini")
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: Any) -> Iterator[None]:
+    """torch's default dtype is ``dtype`` inside, as when transformers builds a model under its compute dtype
+    (tables computed at init, such as rotary ones, are then computed in that dtype)."""
+    import torch
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def hf_config_for(family: Family, ini: dict[str, dict[str, str]], max_positions: int | None = None) -> Any:
+    """The transformers config rebuilt from a converted directory's parsed config.ini (:func:`read_ft_ini`).
 
     FasterTransformer's config.ini has no context size for rotary models, so the rebuilt config
     would hold transformers' default; ``max_positions`` (the source checkpoint's) replaces it.
     """
     from transformers import AutoConfig
 
-    ini = read_ini(ft_dir / "config.ini")
     data = dict(family.hf_config_from_ini(ini))
     model_type = data.pop("model_type", None) or family.name
     config = AutoConfig.for_model(model_type, **data)
@@ -100,7 +119,7 @@ def hf_config_for(
         for name in POSITION_ATTRIBUTES:
             if hasattr(config, name):
                 setattr(config, name, int(max_positions))
-    return config, ini
+    return config
 
 
 def _model_class(family: Family, config: Any) -> Any:
@@ -133,11 +152,10 @@ def load_model(
 
     no_init_weights = _no_init_weights()
     ft_dir = Path(ft_dir)
-    if not (ft_dir / "config.ini").is_file():
-        raise CheckpointError(f"{ft_dir} holds no config.ini", hint="point at a converted <tp>-gpu directory")
+    ini = read_ft_ini(ft_dir)
     target = resolve_device(device)
     dtype = torch_dtype(data_type, target)
-    config, ini = hf_config_for(family, ft_dir, max_positions)
+    config = hf_config_for(family, ini, max_positions)
     cls = _model_class(family, config)
     imports_s = time.perf_counter() - started
     # Built the way ``from_pretrained(..., dtype=…).to(device)`` builds it: on the CPU under the
@@ -145,13 +163,8 @@ def load_model(
     # positions) then hold the same values as there; computed on a GPU they round differently.
     # Parameters are made on the meta device (no memory, no initialisation) and then assigned the
     # tensors read from the files: the weights are never held twice, nor copied once more.
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with no_init_weights(), _parameters_on_meta(), torch.device("cpu"):
-            model = cls(config)
-    finally:
-        torch.set_default_dtype(previous)
+    with default_dtype(dtype), no_init_weights(), _parameters_on_meta(), torch.device("cpu"):
+        model = cls(config)
     model.eval()
     untied = getattr(config, "ftx_untied_head", False)
     if untied:

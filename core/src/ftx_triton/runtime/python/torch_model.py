@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ftx_triton.conversion.family import Family
-from ftx_triton.errors import CheckpointError
-from ftx_triton.formats.ftformat import read_ini
 from ftx_triton.runtime.python.decode_loop import decode_steps, prompt_positions
 from ftx_triton.runtime.python.hf_model import (
     LoadedModel,
     check_complete,
+    default_dtype,
     log_loaded,
+    read_ft_ini,
     resolve_device,
     tensors_from_files,
     torch_dtype,
@@ -47,9 +47,7 @@ def load_torch_model(
     its configuration (:func:`~.torch_decoder.config_of`): the caller then builds transformers' model."""
     started = time.perf_counter()
     ft_dir = Path(ft_dir)
-    if not (ft_dir / "config.ini").is_file():
-        raise CheckpointError(f"{ft_dir} holds no config.ini", hint="point at a converted <tp>-gpu directory")
-    ini = read_ini(ft_dir / "config.ini")
+    ini = read_ft_ini(ft_dir)
     import torch
 
     from ftx_triton.runtime.python.torch_decoder import ARCHITECTURES, config_of
@@ -60,13 +58,8 @@ def load_torch_model(
     target = resolve_device(device)
     dtype = torch_dtype(data_type, target)
     imports_s = time.perf_counter() - started
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)  # as transformers' model is built: its tables are computed in this dtype
-    try:
-        with torch.device("meta"):
-            model = ARCHITECTURES[config.model_type](config)
-    finally:
-        torch.set_default_dtype(previous)
+    with default_dtype(dtype), torch.device("meta"):  # as transformers' model is built (see default_dtype)
+        model = ARCHITECTURES[config.model_type](config)
     model.eval().requires_grad_(False)
     tensors = tensors_from_files(family, ft_dir, model.state_dict(keep_vars=True), str, type(model).__name__)
     model.load_state_dict(tensors, strict=False, assign=True)
