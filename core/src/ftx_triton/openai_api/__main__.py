@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -11,6 +10,8 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from ftx_triton.import_ahead import import_ahead
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -65,11 +66,7 @@ def warm() -> None:
     import ftx_triton.openai_api.app
     import ftx_triton.server.home_watch  # noqa: F401
 
-    for name in AHEAD:
-        try:
-            importlib.import_module(name)
-        except ImportError:  # raised again, and reported, where the endpoint imports it
-            continue
+    import_ahead(AHEAD)  # a failure is raised again, and reported, where the endpoint imports the module
     line = sys.stdin.readline()
     if not line.strip():
         return

@@ -6,7 +6,6 @@ a server that is ready but cannot generate is stopped and reported, not handed t
 
 from __future__ import annotations
 
-import importlib
 import queue
 import re
 import threading
@@ -16,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ftx_triton.errors import ServeError
+from ftx_triton.import_ahead import import_ahead
 from ftx_triton.repository.io import FT_MODEL_NAME
 from ftx_triton.server.tritonserver import MAX_NAME_CHARS, TritonServer
 from ftx_triton.terminal import timeline
@@ -37,14 +37,7 @@ def import_while_loading() -> threading.Thread:
     models, so that the first generation after "ready" does not begin with them. An import that fails here
     is left to the smoke generation, which imports the module again and reports what it raises."""
 
-    def load() -> None:
-        for name in SMOKE_MODULES:
-            try:
-                importlib.import_module(name)
-            except Exception:  # noqa: BLE001, S112 - reported where the smoke generation imports it
-                continue
-
-    thread = threading.Thread(target=load, name="ftx-smoke-imports", daemon=True)
+    thread = threading.Thread(target=import_ahead, args=(SMOKE_MODULES,), name="ftx-smoke-imports", daemon=True)
     thread.start()
     return thread
 
