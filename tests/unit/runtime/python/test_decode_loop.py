@@ -202,17 +202,17 @@ def test_the_loop_stops_once_every_row_has_finished(generators: dict[str, Genera
     request = lean.parse(decoder_inputs([PROMPTS[1]], 200, end_id=column(end, 1, np.uint32)))
     seen: list[int] = []
     assert lean.decoder is None
-    original = decode_loop.LeanDecoder._hand_over
+    original = decode_loop._hand_over
 
     def spy(tokens: Any, chosen: Any, start: int, take: Any) -> bool:
         seen.append(start + tokens.shape[1])
         return original(tokens, chosen, start, take)
 
-    decode_loop.LeanDecoder._hand_over = staticmethod(spy)  # type: ignore[method-assign]
+    decode_loop._hand_over = spy
     try:
         result = lean.run(request.items)[0]
     finally:
-        decode_loop.LeanDecoder._hand_over = staticmethod(original)  # type: ignore[method-assign]
+        decode_loop._hand_over = original
     assert int(result.lengths[0]) == 3
     assert seen == [1, 3]  # read after steps 1 and 3 (groups of 1, 2, 4 …), then stopped
 

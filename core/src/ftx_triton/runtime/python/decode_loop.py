@@ -359,24 +359,24 @@ class LeanDecoder:
             advance=advance,
         )
 
-    @staticmethod
-    def _hand_over(tokens: Any, chosen: Any, start: int, take: Callable[[list[int], list[float] | None], bool]) -> bool:
-        """The steps since the last read, one ``take`` call each; whether every row has finished."""
-        rows = tokens.cpu().numpy()
-        probs = None if chosen is None else chosen[:, start : start + rows.shape[1]].cpu().numpy()
-        finished = False
-        for column in range(rows.shape[1]):
-            finished = take(
-                [int(t) for t in rows[:, column]], None if probs is None else [float(p) for p in probs[:, column]]
-            )
-        return finished
-
 
 def prompt_positions(attention: Any) -> Any:
     """Each prompt token's position (``attention.cumsum() - 1``, 1 on padding), as ``generate`` computes it."""
     positions = attention.long().cumsum(-1) - 1
     positions.masked_fill_(attention == 0, 1)
     return positions
+
+
+def _hand_over(tokens: Any, chosen: Any, start: int, take: Callable[[list[int], list[float] | None], bool]) -> bool:
+    """The steps since the last read, one ``take`` call each; whether every row has finished."""
+    rows = tokens.cpu().numpy()
+    probs = None if chosen is None else chosen[:, start : start + rows.shape[1]].cpu().numpy()
+    finished = False
+    for column in range(rows.shape[1]):
+        finished = take(
+            [int(t) for t in rows[:, column]], None if probs is None else [float(p) for p in probs[:, column]]
+        )
+    return finished
 
 
 def decode_steps(
@@ -417,7 +417,7 @@ def decode_steps(
             chosen[:, done] = torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
         done += 1
         if done - read >= group or done == max_new:
-            if LeanDecoder._hand_over(sequence[:, prompt + read : prompt + done], chosen, read, take):
+            if _hand_over(sequence[:, prompt + read : prompt + done], chosen, read, take):
                 break
             read, group = done, min(2 * group, CHECK_EVERY)
         if done < max_new:
