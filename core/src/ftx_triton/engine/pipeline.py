@@ -315,9 +315,12 @@ class Pipeline:
         self.say(f"runtime   {plan.runtime.name} ({plan.runtime_reason})")
 
     def _before_build(self, stage: str) -> None:
-        """Called only when a stage really builds (not on a cache hit): disk for what it writes."""
+        """Called only when a stage really builds (not on a cache hit): a server started ahead of need from the last
+        run's record stops (it serves what this build replaces); disk for what it writes."""
         from ftx_triton.plan.resources import refuse
+        from ftx_triton.server import head_start
 
+        head_start.discard(f"the {stage} stage builds")
         if self._estimate is None or stage not in ("fetch", "convert"):
             return
         if stage == "fetch":

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import socket
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ftx_triton.errors import ConfigError, ServeError
+
+if TYPE_CHECKING:
+    import urllib.request
 
 # --------------------------------------------------------------------------- ports
 
@@ -108,8 +111,8 @@ def ports_for(
 ) -> tuple[ServerPorts, bool]:
     """The ports a local tritonserver takes (see :func:`choose_ports`; a change from Triton's usual ones is
     said) and whether the user gave any. A port the user gave that is busy fails now, before any model loads."""
-    ports, note = choose_ports(host, http, grpc, metrics)
     given = {http, grpc, metrics} - {None}
+    ports, note = choose_ports(host, http, grpc, metrics)
     if busy := [p for p in busy_ports(host, ports) if p in given]:
         raise ServeError(
             f"port(s) {', '.join(map(str, busy))} on {host} are in use",
@@ -158,14 +161,21 @@ def loopback_port(avoid: Collection[int] = ()) -> int:
 # --------------------------------------------------------------------------- HTTP probes
 
 
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
+@functools.cache
+def _opener() -> urllib.request.OpenerDirector:
+    """An opener that never goes through a proxy (urllib is imported when a server is first asked)."""
+    import urllib.request
+
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def http_ok(url: str, timeout_s: float = 2.0, *, signed: tuple[str, str] | None = None) -> bool:
     """True if GET ``url`` answers 200 (a fresh connection each time: no keep-alive left open), with the header
     ``signed`` = (name, value) when given (the answer of one process, not of whoever holds the port)."""
+    import urllib.error
+
     try:
-        with _OPENER.open(url, timeout=timeout_s) as response:
+        with _opener().open(url, timeout=timeout_s) as response:
             if signed is not None and response.headers.get(signed[0]) != signed[1]:
                 return False
             return response.status == 200

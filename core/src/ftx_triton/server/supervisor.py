@@ -17,7 +17,9 @@ of its own. It
   record is gone and no ``ftx stop`` could find it, so it stops the server (exit code :data:`HOME_GONE`);
 * on SIGTERM/SIGINT/SIGHUP (``ftx stop``, Ctrl-C, or ftx dying: it gets SIGTERM then) stops
   tritonserver, kills what is left of the process tree, removes the server's shared memory and
-  exits; when tritonserver dies by itself it does the same and says how it died.
+  exits; when tritonserver dies by itself it does the same and says how it died;
+* with ``--leash`` (a server :mod:`ftx_triton.server.head_start` started before ftx knew it would serve it),
+  does the same when its stdin ends before ftx wrote ``r`` (release) there: ftx ended, or dropped it.
 
 Every line it writes starts with ``ftx-supervisor:`` and goes to the server's log. SPEC is JSON:
 ``command``, ``shm_prefix``, ``exit_timeout_s``, optional ``front`` (``host``, ``port``,
@@ -45,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from ftx_triton.server.home_watch import HomeWatch
+from ftx_triton.server.launch import LEASH_FLAG, RELEASE
 
 if TYPE_CHECKING:
     from ftx_triton.front.limits import Limits
@@ -160,8 +163,9 @@ def remove_shm(prefix: str) -> int:
 
 
 class Supervisor:
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: dict[str, Any], *, leash: bool = False) -> None:
         self.spec = spec
+        self.leash = leash
         self.stop_requested = threading.Event()
         self.triton: subprocess.Popen[bytes] | None = None
         self.front: Any = None
@@ -176,6 +180,8 @@ class Supervisor:
         _prctl(_PR_SET_CHILD_SUBREAPER, 1)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda signum, frame: self.stop_requested.set())
+        if self.leash:
+            threading.Thread(target=self._hold_leash, name="leash", daemon=True).start()
         limits = self._size_stack()
         # With an HTTP front, tritonserver starts first: the fronts' imports (aiohttp, grpc: about half a second)
         # overlap its start. ftx sees the server ready only through that front, which listens last, once the
@@ -197,6 +203,16 @@ class Supervisor:
         finally:
             self._shutdown()
         return self.exit_code
+
+    def _hold_leash(self) -> None:
+        """Stop the server when stdin ends before ftx releases it (``r``): ftx ended or did not take it."""
+        try:
+            released = sys.stdin.buffer.read(1) == RELEASE
+        except (OSError, ValueError):
+            released = False
+        if not released:
+            say("the ftx that started this server ahead of need ended or did not take it: stopping")
+            self.stop_requested.set()
 
     def _size_stack(self) -> Limits | None:
         """Raise the stack limit tritonserver will inherit to what the HTTP front's body limit needs (lowering
@@ -349,10 +365,12 @@ class Supervisor:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    leash = bool(args) and args[0] == LEASH_FLAG
+    args = args[1:] if leash else args
     if len(args) != 1:
-        print("usage: python -m ftx_triton.server.supervisor SPEC_JSON", file=sys.stderr)
+        print(f"usage: python -m ftx_triton.server.supervisor [{LEASH_FLAG}] SPEC_JSON", file=sys.stderr)
         return 2
-    return Supervisor(json.loads(args[0])).run()
+    return Supervisor(json.loads(args[0]), leash=leash).run()
 
 
 if __name__ == "__main__":

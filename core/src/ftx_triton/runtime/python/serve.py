@@ -35,7 +35,7 @@ def serve_python(repository: ModelRepository, ctx: StageContext) -> Endpoint:
     The server binds ``--host`` (127.0.0.1 by default) on the chosen or free ports; with
     ``--detach`` it is started so that it can outlive this process.
     """
-    from ftx_triton.server.ports import ports_for
+    from ftx_triton.server.head_start import ports_for  # the early server's ports, if it is this run's
     from ftx_triton.server.tritonserver import TritonServer
 
     s = ctx.settings.serve
