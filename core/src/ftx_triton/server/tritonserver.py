@@ -79,6 +79,7 @@ _SAFE_PATH = re.compile(r"[A-Za-z0-9_./+=:,@%-]+")
 """Characters that pass through the Python backend's ``bash -c`` stub command line unchanged."""
 MODEL_CONTROL_MODES = ("none", "poll", "explicit")
 _POLL_S = 0.1
+_LOADING_POLL_S = 1.0
 _PORT_ATTEMPTS = 3
 _NAME_RE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -467,18 +468,26 @@ class TritonServer:
         deadline = time.monotonic() + self.ready_timeout_s
         python_models = set(python_backend_models(self.repository))
         loading: dict[str, float] = {}
+        in_load: set[str] = set()  # models the log says are loading: the server cannot be ready before they load
+        asked = 0.0
         while True:
             for line in watch.new_lines():
                 self._scan_line(line, expected, say)
-                if (match := LOADING.search(line)) and match.group(1) in python_models:
-                    loading[match.group(1)] = time.monotonic()
+                if match := LOADING.search(line):
+                    in_load.add(match.group(1))
+                    if match.group(1) in python_models:
+                        loading[match.group(1)] = time.monotonic()
                 elif match := LOADED.search(line):
                     loading.pop(match.group(1), None)
+                    in_load.discard(match.group(1))
             code = self._proc.poll()
             if code is not None:
                 raise _StartFailure(f"tritonserver exited with code {code} while starting")
             self._check_stubs_started(loading)
-            if not server_ready:
+            # each probe costs this process, the front and tritonserver CPU that the loading models need: while
+            # the log shows loads under way it is sent once a second (as a check of the log), else every poll
+            if not server_ready and (not in_load or time.monotonic() - asked >= _LOADING_POLL_S):
+                asked = time.monotonic()
                 server_ready = http_ok(f"{base}/v2/health/ready", signed=signed)
             if server_ready:
                 pending = [
