@@ -54,6 +54,9 @@ GLOG = re.compile(r"^[IWEF]\d{4} (\d\d):(\d\d):(\d\d\.\d+) .*?(loading: ([^:\"]+
 TIMELINE = re.compile(r"^timeline total=([\d.]+) (.*?) family=")
 TIMELINE_STEP = re.compile(r"([a-z][a-z ]*?)=([\d.]+)")
 LOADED_EVENT = re.compile(r"runtime\.model_loaded.*?(?:imports_s=([\d.]+))?.*?seconds=([\d.]+)")
+HEAD_START = re.compile(
+    r"^server\.head_start taken=(True|False).*?(?:ahead_s=([\d.]+))?(?: reason=(.*?))?(?: family=|$)"
+)
 
 
 def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, list[tuple[float, str]]]:
@@ -110,6 +113,20 @@ def weights_loaded(log_path: str | None) -> dict[str, float]:
     }
 
 
+def head_start(lines: list[tuple[float, str]]) -> dict[str, float]:
+    """Whether the run took the server ftx started ahead of need (1/0), and how many seconds before its serve stage
+    that server was started (0 without one); a server started ahead and dropped is said."""
+    for _, line in lines:
+        if match := HEAD_START.match(line):
+            if match[1] == "False":
+                print(f"  (server started ahead was dropped: {match[3]})")
+            return {
+                "server started ahead (taken 1/0)": float(match[1] == "True"),
+                "  seconds ahead": float(match[2] or 0),
+            }
+    return {"server started ahead (taken 1/0)": 0.0, "  seconds ahead": 0.0}
+
+
 def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
     return {key: statistics.median(run.get(key, 0.0) for run in runs) for key in runs[0]}
 
@@ -143,7 +160,8 @@ def bench_cached_run(
             timed(stop, env)
             totals[loader].append(wall)
             found = timeline_steps(lines) or split_steps(wall, lines, RUN_STEPS)
-            steps[loader].append({**found, **(model_loads(Path(log)) if log else {}), **weights_loaded(log)})
+            loads = model_loads(Path(log)) if log else {}
+            steps[loader].append({**found, **loads, **weights_loaded(log), **head_start(lines)})
         ratios.append(totals[loaders[0]][-1] / torch_runs[-1])
     torch_s, both_s = statistics.median(torch_runs), statistics.median(both_runs)
     print(f"\ncached `{' '.join(run[1:])}`, median of {repeat}; {os.cpu_count()} CPUs")

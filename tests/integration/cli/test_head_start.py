@@ -86,9 +86,9 @@ def test_the_same_run_again_is_served_by_the_server_it_started_ahead(checkpoint_
     assert not _processes_naming(repository)
 
 
-def test_an_early_server_nobody_takes_is_gone_with_its_shared_memory(checkpoint_run, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """In this process: the recorded request starts its server (on a leash); a launch that differs in anything is
-    refused and the server stopped at once; one that ftx never takes stops when its leash ends."""
+@pytest.fixture
+def as_the_run(checkpoint_run, monkeypatch):  # type: ignore[no-untyped-def]
+    """This process as the recorded ``ftx run``: its folder, environment and interpreter; forgotten afterwards."""
     argv, env, cwd, repository = checkpoint_run
     monkeypatch.chdir(cwd)
     for key in set(os.environ) - set(env):
@@ -97,6 +97,16 @@ def test_an_early_server_nobody_takes_is_gone_with_its_shared_memory(checkpoint_
         monkeypatch.setenv(key, value)
     monkeypatch.setattr(sys, "executable", Path(FTX).read_text().splitlines()[0].removeprefix("#!"))  # ftx's python
     head_start.reset()
+    try:
+        yield argv, repository
+    finally:
+        head_start.reset()
+
+
+def test_an_early_server_nobody_takes_is_gone_with_its_shared_memory(as_the_run) -> None:  # type: ignore[no-untyped-def]
+    """In this process: the recorded request starts its server (on a leash); a launch that differs in anything is
+    refused and the server stopped at once; one that ftx never takes stops when its leash ends."""
+    argv, repository = as_the_run
     head_start.begin(argv)
     head = head_start.pending()
     assert head is not None and head.proc.poll() is None and LEASH_FLAG in head.proc.args
@@ -110,14 +120,14 @@ def test_an_early_server_nobody_takes_is_gone_with_its_shared_memory(checkpoint_
     head_start.begin(argv)
     leashed = head_start.pending()
     assert leashed is not None
-    log = Path(leashed.launch.log_path)
+    prefix = leashed.launch.spec["shm_prefix"]
     leashed.proc.stdin.close()  # as when ftx dies before taking it
     leashed.proc.wait(timeout=60)
     deadline = time.monotonic() + 30
-    while _processes_naming(leashed.launch.spec["shm_prefix"]) and time.monotonic() < deadline:
+    while _processes_naming(prefix) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _processes_naming(leashed.launch.spec["shm_prefix"])
-    assert "did not take it: stopping" in log.read_text()
+    assert not _processes_naming(prefix)
+    assert "did not take it: stopping" in Path(leashed.launch.log_path).read_text()
     head_start.reset()
     assert _processes_naming(repository) == []
 

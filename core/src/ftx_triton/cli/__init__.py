@@ -90,19 +90,12 @@ cli.make_kit = _command_kit
 
 
 def main() -> None:
-    """Console-script entry point."""
-    import sys
-
+    """Run the command line (the ``ftx`` console script is :func:`ftx_triton.entry.main` around it)."""
     from ftx_triton.interrupt import install
-    from ftx_triton.server import head_start
 
-    head_start.begin(sys.argv[1:])  # a cached run's server starts loading now, adopted only if it is the run's
-    try:
-        install()  # Ctrl-C stops ftx even when started with SIGINT ignored, or when Python swallowed it
-        with handle_errors():
-            cli.main(prog_name="ftx", standalone_mode=True)
-    finally:
-        head_start.end()
+    install()  # Ctrl-C stops ftx even when started with SIGINT ignored, or when Python swallowed it
+    with handle_errors():
+        cli.main(prog_name="ftx", standalone_mode=True)
 
 
 if __name__ == "__main__":  # pragma: no cover
