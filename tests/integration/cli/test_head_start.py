@@ -88,17 +88,23 @@ def test_the_same_run_again_is_served_by_the_server_it_started_ahead(checkpoint_
 
 @pytest.fixture
 def as_the_run(checkpoint_run, monkeypatch):  # type: ignore[no-untyped-def]
-    """This process as the recorded ``ftx run``: its folder, environment and interpreter; forgotten afterwards."""
+    """This process as the recorded ``ftx run`` (its folder and interpreter; its environment as ``begin`` is called,
+    pytest's own variables included); its head start forgotten afterwards."""
     argv, env, cwd, repository = checkpoint_run
     monkeypatch.chdir(cwd)
-    for key in set(os.environ) - set(env):
-        monkeypatch.delenv(key)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
     monkeypatch.setattr(sys, "executable", Path(FTX).read_text().splitlines()[0].removeprefix("#!"))  # ftx's python
-    head_start.reset()
+
+    def begin() -> head_start.HeadStart | None:
+        for key in set(os.environ) - set(env):
+            monkeypatch.delenv(key)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        head_start.reset()
+        head_start.begin(argv)
+        return head_start.pending()
+
     try:
-        yield argv, repository
+        yield begin, repository
     finally:
         head_start.reset()
 
@@ -106,9 +112,8 @@ def as_the_run(checkpoint_run, monkeypatch):  # type: ignore[no-untyped-def]
 def test_an_early_server_nobody_takes_is_gone_with_its_shared_memory(as_the_run) -> None:  # type: ignore[no-untyped-def]
     """In this process: the recorded request starts its server (on a leash); a launch that differs in anything is
     refused and the server stopped at once; one that ftx never takes stops when its leash ends."""
-    argv, repository = as_the_run
-    head_start.begin(argv)
-    head = head_start.pending()
+    begin, repository = as_the_run
+    head = begin()
     assert head is not None and head.proc.poll() is None and LEASH_FLAG in head.proc.args
     prefix = head.launch.spec["shm_prefix"]
     changed = dataclasses.replace(head.launch, env={**head.launch.env, "FTX_EXTRA": "1"})
@@ -116,9 +121,7 @@ def test_an_early_server_nobody_takes_is_gone_with_its_shared_memory(as_the_run)
     assert head.proc.poll() is not None and not _processes_naming(prefix)
     assert not Path(head.launch.log_path).exists() and not list(Path("/dev/shm").glob(f"{prefix}*"))
 
-    head_start.reset()
-    head_start.begin(argv)
-    leashed = head_start.pending()
+    leashed = begin()
     assert leashed is not None
     prefix = leashed.launch.spec["shm_prefix"]
     leashed.proc.stdin.close()  # as when ftx dies before taking it

@@ -44,12 +44,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import psutil
-
 from ftx_triton.server.home_watch import HomeWatch
 from ftx_triton.server.launch import LEASH_FLAG, RELEASE
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # psutil is imported where used, once tritonserver runs: its start need not wait 0.05 s for it
+    import psutil
+
     from ftx_triton.front.limits import Limits
 
 PREFIX = "ftx-supervisor:"
@@ -120,6 +120,8 @@ def signal_name(code: int) -> str:
 
 def stub_model(process: psutil.Process) -> str:
     """The model instance a stub serves (its command line names it, e.g. ``fastertransformer_0_0``)."""
+    import psutil
+
     try:
         args = process.cmdline()
     except psutil.Error:
@@ -143,6 +145,8 @@ def zombie_status(pid: int) -> str | None:
 
 
 def is_stub(process: psutil.Process) -> bool:
+    import psutil
+
     try:
         args = process.cmdline()
     except psutil.Error:
@@ -308,6 +312,8 @@ class Supervisor:
 
     def _dead_stub(self) -> str | None:
         """A stub seen alive before that is now a zombie or gone (tritonserver does not restart them)."""
+        import psutil
+
         assert self.triton is not None
         try:
             children = psutil.Process(self.triton.pid).children()
@@ -328,6 +334,8 @@ class Supervisor:
 
     def _reap_adopted(self) -> None:
         """Reap orphans re-parented to this subreaper (stubs of a tritonserver that died)."""
+        import psutil
+
         for child in psutil.Process().children():
             if self.triton is not None and child.pid == self.triton.pid:
                 continue
@@ -336,6 +344,8 @@ class Supervisor:
                     os.waitpid(child.pid, os.WNOHANG)
 
     def _shutdown(self) -> None:
+        import psutil
+
         timeout = float(self.spec.get("exit_timeout_s", 10)) + 5
         if self.grpc_front is not None:
             self.grpc_front.stop()
