@@ -54,7 +54,8 @@ def _processes_naming(text: str) -> list[str]:
 def checkpoint_run(
     tmp_path_factory: pytest.TempPathFactory, built_demo: Path
 ) -> Iterator[tuple[list[str], dict[str, str], Path, str]]:
-    """A copy of the tiny GPT-J served once with ``ftx run CKPT --detach`` (so its launch is recorded) and stopped:
+    """A copy of the tiny GPT-J built, then served once with ``ftx run CKPT --detach`` (all cached, so its launch is
+    recorded) and stopped:
     the same run's arguments, environment, working folder and the repository it served. The tests run in order:
     the last one changes the checkpoint."""
     tmp_path = tmp_path_factory.mktemp("head-start")
@@ -62,7 +63,9 @@ def checkpoint_run(
     shutil.copytree(built_demo, checkpoint)
     env = {**os.environ, "FTX_HOME": str(tmp_path / "home"), "FTX_DEVICE": "cpu"}
     argv = ["-v", "run", str(checkpoint), "--runtime", "python", "--detach", "--name", "ahead", *own_ports()]
-    first = _ftx(*argv, env=env, cwd=tmp_path)
+    built = _ftx("run", str(checkpoint), "--runtime", "python", "--until", "configure", env=env, cwd=tmp_path)
+    assert built.returncode == 0, built.stderr[-3000:]
+    first = _ftx(*argv, env=env, cwd=tmp_path)  # every stage cached: its launch is recorded
     assert first.returncode == 0, first.stderr[-3000:]
     repository = _served_repository(env, tmp_path, "ahead")
     assert _ftx("stop", "ahead", env=env, cwd=tmp_path).returncode == 0
@@ -149,4 +152,6 @@ def test_a_changed_checkpoint_stops_the_early_server_and_serves_the_new_model(ch
     assert "taken=False" in dropped and "stage builds" in dropped, dropped
     new_repository = _served_repository(env, cwd, "ahead")
     assert new_repository != old_repository
+    (record,) = (cwd / "home" / "triton" / "head-starts").glob("*.json")
+    assert old_repository in record.read_text()  # a run that built is not recorded
     assert not _processes_naming(old_repository)  # the early server, on the old model, is gone

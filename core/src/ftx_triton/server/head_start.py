@@ -2,8 +2,9 @@
 
 ftx's own start, plan and cached stages take about a second (imports, options, plugins, cache keys) before the
 serve stage spawns the server, whose models then load for seconds more (the python runtime's model imports
-torch). A run whose server became ready remembers how it was spawned (:class:`~ftx_triton.server.launch.Launch`),
-under a digest of the request: arguments, working folder, interpreter and environment. The next identical
+torch). A run whose stages were all cached and whose server became ready remembers how that server was spawned
+(:class:`~ftx_triton.server.launch.Launch`), under a digest of the request: arguments, working folder, interpreter
+and environment. The next identical
 request spawns that server again as the command starts (:func:`begin`), so that its load overlaps ftx's start,
 plan and stages. The run goes on as ever; where its serve stage would spawn a server it is handed the early one
 (:func:`adopt`) only when that is exactly the server it would spawn:
@@ -108,7 +109,8 @@ class HeadStart:
 _request: str | None = None
 """This process's request digest, once :func:`begin` ran for an ``ftx run``."""
 _pending: HeadStart | None = None
-_remembered = False
+_recorded = False
+"""Whether this run's launch was recorded, or must not be (a stage built: :func:`stage_builds`)."""
 
 
 def request_digest(argv: Sequence[str]) -> str:
@@ -243,6 +245,15 @@ def discard(reason: str) -> None:
     structlog.get_logger(__name__).info("server.head_start", taken=False, pid=head.proc.pid, reason=reason)
 
 
+def stage_builds(stage: str) -> None:
+    """A stage of this run builds: the early server serves what the build replaces, so it stops; and this run's
+    launch is not recorded (a build's imports leave variables in this process's environment, torch's
+    ``TORCHINDUCTOR_CACHE_DIR``, that the server of a cached run of the same request does not get)."""
+    global _recorded
+    _recorded = True
+    discard(f"the {stage} stage builds")
+
+
 def end() -> None:
     """At the command's end: an early server nobody took stops."""
     discard("the command ended without serving it")
@@ -250,11 +261,12 @@ def end() -> None:
 
 def remember(launch: Launch, host: str, ports: tuple[int, int, int]) -> None:
     """Record the launch of this run's ready server for the next identical request (once a process; only in an
-    ``ftx run`` that :func:`begin` saw). A record that cannot be written is skipped."""
-    global _remembered
-    if _request is None or _remembered:
+    ``ftx run`` that :func:`begin` saw, all of whose stages were cached). A record that cannot be written is
+    skipped."""
+    global _recorded
+    if _request is None or _recorded:
         return
-    _remembered = True
+    _recorded = True
     record = {"format": FORMAT, "request": _request, "launch": launch.to_json(), "host": host, "ports": list(ports)}
     with contextlib.suppress(OSError):
         directory = records_dir(_home())
@@ -269,9 +281,20 @@ def remember(launch: Launch, host: str, ports: tuple[int, int, int]) -> None:
 
 def reset() -> None:
     """Forget this process's request and early server (tests)."""
-    global _request, _pending, _remembered
+    global _request, _pending, _recorded
     discard("reset")
-    _request, _remembered = None, False
+    _request, _recorded = None, False
 
 
-__all__ = ["HeadStart", "adopt", "begin", "discard", "end", "pending", "ports_for", "remember", "request_digest"]
+__all__ = [
+    "HeadStart",
+    "adopt",
+    "begin",
+    "discard",
+    "end",
+    "stage_builds",
+    "pending",
+    "ports_for",
+    "remember",
+    "request_digest",
+]
