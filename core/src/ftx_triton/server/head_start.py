@@ -154,9 +154,13 @@ def _spawn(record: dict[str, Any]) -> HeadStart | None:
     spec = last.spec
     host, ports = str(record["host"]), tuple(int(p) for p in record["ports"])
     internal = [p for p in last.internal_ports if p]
-    free = all(port_free(host, p) for p in {*ports, TRITON_PORTS.http, TRITON_PORTS.grpc, TRITON_PORTS.metrics})
-    if len(ports) != 3 or not free or not all(port_free("127.0.0.1", int(p)) for p in internal):
-        return None  # a run would choose other ports, or tritonserver could not bind its own
+    usual = (TRITON_PORTS.http, TRITON_PORTS.grpc, TRITON_PORTS.metrics)
+    if len(ports) != 3 or not all(port_free(host, p) for p in ports):
+        return None  # tritonserver could not bind them
+    if ports != usual and all(port_free(host, p) for p in usual):
+        return None  # free ports taken while Triton's were in use: a run would take Triton's now
+    if not all(port_free("127.0.0.1", int(p)) for p in internal):
+        return None
     found = identities(last)
     if None in found.values():
         return None  # the repository or the backends are gone: the run rebuilds them
@@ -198,17 +202,16 @@ def ports_for(
     metrics: int | None = None,
     say: Callable[[str], None] | None = None,
 ) -> tuple[ServerPorts, bool]:
-    """:func:`ftx_triton.server.ports.ports_for`, where the early server's ports are the choice when they are what
-    it would choose had that server not started (it started only when they and Triton's usual ones were free);
-    an early server on other ports, or on another host, is stopped first."""
+    """:func:`ftx_triton.server.ports.ports_for`, the early server's ports counted as its own, not as in use: they
+    are the choice when they are the one it would make had that server not started (Triton's usual ones, or, while
+    those are in use by another, the early server's free ones, said as ever). An early server on other ports, or
+    on another host, is stopped first."""
     from ftx_triton.server import ports as server_ports
 
     if _pending is not None:
-        usual = server_ports.TRITON_PORTS
-        wanted = zip((http, grpc, metrics), (usual.http, usual.grpc, usual.metrics), strict=True)
-        if _pending.host == host and all(h == (w if w is not None else u) for h, (w, u) in zip(_pending.ports, wanted)):
-            server_ports.check_host(host)
-            return server_ports.ServerPorts(*_pending.ports), bool({http, grpc, metrics} - {None})
+        held = server_ports.ServerPorts(*_pending.ports)
+        if _pending.host == host and server_ports.choose_ports(host, http, grpc, metrics, held=held)[0] == held:
+            return server_ports.ports_for(host, http, grpc, metrics, say, held=held)
         discard(f"it listens on {_pending.host} ports {_pending.ports}, not this run's")
     return server_ports.ports_for(host, http, grpc, metrics, say)
 

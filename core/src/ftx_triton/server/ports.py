@@ -9,7 +9,7 @@ import errno
 import functools
 import socket
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import TYPE_CHECKING
 
 from ftx_triton.errors import ConfigError, ServeError
@@ -77,21 +77,27 @@ def check_host(host: str, option: str = "--host") -> None:
 
 
 def choose_ports(
-    host: str, http: int | None = None, grpc: int | None = None, metrics: int | None = None
+    host: str,
+    http: int | None = None,
+    grpc: int | None = None,
+    metrics: int | None = None,
+    *,
+    held: ServerPorts | None = None,
 ) -> tuple[ServerPorts, str | None]:
     """The ports a server should take, and a sentence for the user when they are not the usual ones.
 
     Ports given are kept; the others are Triton's 8000/8001/8002 when all three are free, else free ones
-    (the sentence says which defaults were taken).
+    (the sentence says which defaults were taken). ``held``: the ports a server started ahead for this very run
+    holds (:mod:`~ftx_triton.server.head_start`): none of them counts as in use, and they are the free ones taken.
     """
     check_host(host)
     wanted = (http, grpc, metrics)
     if all(p is not None for p in wanted):
         return ServerPorts(*wanted), None  # type: ignore[arg-type]
-    taken = busy_ports(host, TRITON_PORTS)
+    taken = [p for p in busy_ports(host, TRITON_PORTS) if held is None or p not in astuple(held)]
     defaults, note = TRITON_PORTS, None
     if taken:
-        defaults = free_ports(client_host(host).strip("[]"))
+        defaults = held or free_ports(client_host(host).strip("[]"))
         note = (
             f"Triton's usual port(s) {', '.join(map(str, taken))} are in use on {client_host(host)}; "
             "taking free ones (pass --http-port/--grpc-port/--metrics-port to choose)"
@@ -108,12 +114,15 @@ def ports_for(
     grpc: int | None = None,
     metrics: int | None = None,
     say: Callable[[str], None] | None = None,
+    *,
+    held: ServerPorts | None = None,
 ) -> tuple[ServerPorts, bool]:
-    """The ports a local tritonserver takes (see :func:`choose_ports`; a change from Triton's usual ones is
-    said) and whether the user gave any. A port the user gave that is busy fails now, before any model loads."""
+    """The ports a local tritonserver takes (see :func:`choose_ports`, ``held`` too; a change from Triton's usual
+    ones is said) and whether the user gave any. A port the user gave that is busy fails now, before any model
+    loads."""
     given = {http, grpc, metrics} - {None}
-    ports, note = choose_ports(host, http, grpc, metrics)
-    if busy := [p for p in busy_ports(host, ports) if p in given]:
+    ports, note = choose_ports(host, http, grpc, metrics, held=held)
+    if busy := [p for p in busy_ports(host, ports) if p in given and (held is None or p not in astuple(held))]:
         raise ServeError(
             f"port(s) {', '.join(map(str, busy))} on {host} are in use",
             hint="pass free --http-port/--grpc-port/--metrics-port, or leave them out "

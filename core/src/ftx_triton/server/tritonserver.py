@@ -32,7 +32,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import astuple
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -48,7 +47,7 @@ from ftx_triton.server import head_start
 from ftx_triton.server.admin_apis import admin_restriction
 from ftx_triton.server.install import TritonInstall, find_tritonserver, prepare_backends, server_env
 from ftx_triton.server.launch import Launch, log_file_name, new_shm_prefix, release
-from ftx_triton.server.ports import TRITON_PORTS, ServerPorts, client_host, free_ports, http_ok, loopback_port
+from ftx_triton.server.ports import ServerPorts, client_host, free_ports, http_ok, loopback_port
 from ftx_triton.server.process_tree import cmdline, killpg, proc_stat, remove_shm, stub_processes, sweep_orphans
 from ftx_triton.server.records import ServerRecord, list_servers, servers_dir
 from ftx_triton.server.server_log import (
@@ -365,10 +364,8 @@ class TritonServer:
                 raise
             self._started_at = datetime.now(UTC).isoformat(timespec="seconds")
             timeline.step("tritonserver ready", models=len(self.expected_models))
-            ports = (self.ports.http, self.ports.grpc, self.ports.metrics)
-            if self._launch is not None and not (self._auto_ports and ports != astuple(TRITON_PORTS)):
-                # free ports ftx took because Triton's were busy are no choice a next run would make again
-                head_start.remember(self._launch, self.host, ports)
+            if self._launch is not None:
+                head_start.remember(self._launch, self.host, (self.ports.http, self.ports.grpc, self.ports.metrics))
             log.info(
                 "server.started",
                 name=self.name,
