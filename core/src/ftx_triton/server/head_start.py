@@ -4,20 +4,20 @@ ftx's own start, plan and cached stages take about a second (imports, options, p
 serve stage spawns the server, whose models then load for seconds more (the python runtime's model imports
 torch). A run whose stages were all cached and whose server became ready remembers how that server was spawned
 (:class:`~ftx_triton.server.launch.Launch`), under a digest of the request: arguments, working folder, interpreter
-and environment. The next identical
-request spawns that server again as the command starts (:func:`begin`), so that its load overlaps ftx's start,
-plan and stages. The run goes on as ever; where its serve stage would spawn a server it is handed the early one
-(:func:`adopt`) only when that is exactly the server it would spawn:
+and environment. The next identical request spawns that server again as the command starts (:func:`begin`), so
+that its load overlaps ftx's start, plan and stages. The run goes on as ever; where its serve stage would spawn a
+server it is handed the early one (:func:`adopt`) only when that is exactly the server it would spawn:
 
 * the same launch (command line, environment, folder, log file, ports), the random parts taken from the early one;
 * its model repository and backends still the directories they were when it started (a rebuilt one is new);
-* every stage a cache hit: a stage that builds anything drops it first (:func:`discard`);
+* every stage a cache hit: a stage that builds anything drops it first (:func:`stage_builds`);
 * its process still running.
 
 Anything else stops the early server, its whole process group at once and its shared memory removed, before the
 run spawns its own: a wrong or stale model is never served, nor reported ready. Until it is adopted the early
 server is on a leash (the supervisor's stdin, ``--leash``): however ftx ends, the server stops with it. A detached
-server is released when its record is written. Standard library only at import: :func:`begin` runs first.
+server is released when its record is written. Light at import (the standard library and
+:mod:`~ftx_triton.server.launch`): :func:`begin` runs before the command line is imported.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ftx_triton.server.launch import Launch, log_file_name, new_shm_prefix
+from ftx_triton.server.launch import FTX_SHM_PREFIX, Launch, log_file_name, new_shm_prefix
 
 if TYPE_CHECKING:
     from ftx_triton.server.ports import ServerPorts
@@ -97,7 +97,7 @@ class HeadStart:
                 break
             time.sleep(0.01)
         prefix = str(self.launch.spec.get("shm_prefix") or "")
-        if prefix.startswith("triton_python_backend_shm_region_ftx-"):
+        if prefix.startswith(FTX_SHM_PREFIX) and prefix != FTX_SHM_PREFIX:
             for path in _SHM_DIR.glob(f"{prefix}*"):
                 path.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
@@ -143,8 +143,8 @@ def begin(argv: Sequence[str]) -> None:
         if record.get("format") != FORMAT or record.get("request") != _request:
             return
         _pending = _spawn(record)
-    except (OSError, ValueError, KeyError, TypeError):
-        _pending = None  # no record, or one this version cannot use: the run spawns its own server
+    except Exception:  # noqa: BLE001 - no record, an unusable home or record: the run spawns its own server, as ever
+        _pending = None
 
 
 def _spawn(record: dict[str, Any]) -> HeadStart | None:
@@ -271,7 +271,7 @@ def remember(launch: Launch, host: str, ports: tuple[int, int, int]) -> None:
         return
     _recorded = True
     record = {"format": FORMAT, "request": _request, "launch": launch.to_json(), "host": host, "ports": list(ports)}
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(Exception):  # a head start never stands in a run's way
         directory = records_dir(_home())
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = directory / f".{_request}.{os.getpid()}.tmp"
