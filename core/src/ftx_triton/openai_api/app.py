@@ -1,9 +1,11 @@
-"""The aiohttp application: OpenAI's completions and chat completions over a Triton ensemble (and
-``/v1/embeddings``, :mod:`.embeddings`).
+"""The aiohttp application: OpenAI's completions and chat completions over Triton (and ``/v1/embeddings``,
+:mod:`.embeddings`).
 
-Requests are validated (OpenAI's error shape, HTTP 400), turned into generate-extension calls on
-the ensemble (run in a worker thread: the Triton client is synchronous) and answered in OpenAI's
-shapes, streamed as server-sent events (``data: {...}`` … ``data: [DONE]``) when ``stream`` is set.
+Requests are validated (OpenAI's error shape, HTTP 400), sent to the ``fastertransformer`` model as token ids
+over gRPC where the repository is readable here (the token route, :mod:`.token_generation`: tokenized and
+detokenized in this process, streaming or not), else as generate-extension calls on the ``text`` ensemble
+(run in a worker thread: that client is synchronous), and answered in OpenAI's shapes, streamed as
+server-sent events (``data: {...}`` … ``data: [DONE]``) when ``stream`` is set.
 Token counts (``usage``, ``finish_reason``) come from the repository's own tokenizer. Chat templates
 render in a worker process with a time limit (:class:`~.chat.TemplateWorker`). A client that leaves
 ends its request: the front cancels the handler (no further prompt is generated) and a stream's worker
@@ -53,7 +55,7 @@ from ftx_triton.openai_api.embeddings import (
 from ftx_triton.openai_api.launch import PID_HEADER
 from ftx_triton.openai_api.metrics import FrontMetrics, Tracked
 from ftx_triton.openai_api.params import BadRequest, Params, parse_params
-from ftx_triton.openai_api.token_generation import TokenGeneration
+from ftx_triton.openai_api.token_generation import TokenGeneration, WholeGeneration
 from ftx_triton.repository.io import TEXT_MODEL_NAME
 from ftx_triton.repository.textproc import MAX_WORD_TOKENS, RequestError
 
@@ -99,7 +101,7 @@ class Deployment:
     tokens: AsyncTokenClient | None = None
     """Triton's gRPC endpoint, for the token route (None: every request goes through the ensemble)."""
     route: TokenRoute | None = None
-    """The token route of a streaming repository this process can read (:mod:`.token_generation`)."""
+    """The token route of a repository this process can read (:mod:`.token_generation`), streaming or not."""
     metrics: FrontMetrics | None = None
     """Token-level Prometheus series (``/metrics``), when the endpoint keeps them."""
     triton_grpc: str | None = None
@@ -107,16 +109,27 @@ class Deployment:
     _iface: TextInterface | None = None
     _codec: Any = None
 
+    def routed(self, *, log_probs: bool = False) -> bool:
+        """Whether a generation goes over the token route: there is one, and the model answers in one piece
+        (ids and log probabilities) or no log probabilities are wanted (a stream's route reads ids only)."""
+        if self.tokens is None or self.route is None:
+            return False
+        return not (log_probs and self.route.decoupled)
+
     def generation(
         self, prompt: str, values: Mapping[str, Any], stop: list[str], *, log_probs: bool = False
-    ) -> Generation | TokenGeneration | Tracked:
-        """The generation for one prompt: over the token route when there is one and no log probabilities
-        are wanted (the route reads ids only), else the ensemble; measured when the endpoint keeps metrics."""
-        generation: Generation | TokenGeneration
-        if self.tokens is not None and self.route is not None and not log_probs:
-            generation = TokenGeneration(self.tokens, self.route, prompt, values, stop)
-        else:
+    ) -> Generation | TokenGeneration | WholeGeneration | Tracked:
+        """The generation for one prompt: over the token route where :meth:`routed`, else the ensemble;
+        measured when the endpoint keeps metrics."""
+        generation: Generation | TokenGeneration | WholeGeneration
+        if not self.routed(log_probs=log_probs):
             generation = Generation(self, prompt, values, stop)
+        else:
+            assert self.tokens is not None and self.route is not None
+            if self.route.decoupled:
+                generation = TokenGeneration(self.tokens, self.route, prompt, values, stop)
+            else:
+                generation = WholeGeneration(self.tokens, self.route, prompt, values, stop)
         if self.metrics is None:
             return generation
         return self.metrics.track(generation, self.count, lambda: self.count(prompt, prompt=True))
@@ -590,7 +603,7 @@ class Handlers:
         opening = await anext(stream)  # the first choice opens: nothing generated yet
         second = await anext(stream)  # its first piece (or its end): a refusal is still an HTTP error here
         decoupled = self.d.iface().decoupled
-        route = self.d.route is not None and self.d.tokens is not None and not params.logprobs
+        route = self.d.routed(log_probs=params.logprobs)
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",
@@ -731,14 +744,14 @@ def make_app(
     triton_grpc: str | None = None,
 ) -> web.Application:
     """The application for one deployment (``triton_http`` = ``http://host:port`` of Triton; ``triton_grpc``
-    = its ``host:port`` for gRPC, which a streaming repository's token route reads ids from)."""
+    = its ``host:port`` for gRPC, over which the token route sends ids to the model and reads them back)."""
     deployment = Deployment(HttpTriton(triton_http, timeout_s=timeout_s), model_id, ensemble, Path(tokenizer_dir))
     deployment.metrics = FrontMetrics()
     deployment.triton_grpc = triton_grpc
-    if triton_grpc:
-        deployment.route = TokenRoute.open(Path(tokenizer_dir).parent.parent)  # the repository of preprocessing/1
+    if triton_grpc:  # the repository of preprocessing/1
+        deployment.route = TokenRoute.open(Path(tokenizer_dir).parent.parent, streaming_only=False)
         if deployment.route is not None:
-            deployment.tokens = AsyncTokenClient(triton_grpc)
+            deployment.tokens = AsyncTokenClient(triton_grpc, timeout_s=timeout_s)
     handlers = Handlers(deployment)
     app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
     app.add_routes(
