@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ftx_triton.client.send_gate import SendGate
 from ftx_triton.client.text_client import MODEL_FAULT
 from ftx_triton.errors import ServeError
 from ftx_triton.repository.io import GENERATE_INPUTS, PROMPT_TO_FT
@@ -140,7 +141,7 @@ class TokenRoute:
         mapping = PROMPT_TO_FT[self.io_kind]
         tensors = {mapping.get(name, name): array for name, array in out.items()}
         tensors = {name: array for name, array in tensors.items() if name in self.ft_inputs}
-        prompt = [int(t) for t in out["INPUT_ID"][0, : int(np.asarray(out["REQUEST_INPUT_LEN"]).reshape(-1)[0])]]
+        prompt = out["INPUT_ID"][0, : int(np.asarray(out["REQUEST_INPUT_LEN"]).reshape(-1)[0])].tolist()
         return tensors, prompt
 
     def generated(self, outputs: Mapping[str, np.ndarray], prompt_len: int) -> list[int]:
@@ -320,11 +321,13 @@ class _Latest:
 
 class AsyncTokenClient:
     """One gRPC channel to Triton for every stream of an event loop (the OpenAI endpoint); ``timeout_s`` bounds
-    a whole answer's call (None: no bound)."""
+    a whole answer's call (None: no bound); ``gate`` holds requests prepared together so that they reach the model
+    together (:mod:`.send_gate`)."""
 
-    def __init__(self, url: str, timeout_s: float | None = None) -> None:
+    def __init__(self, url: str, timeout_s: float | None = None, gate: SendGate | None = None) -> None:
         self.target = grpc_target(url)
         self.timeout_s = timeout_s
+        self.gate = gate
         self._channel: Any = None
         self._stub: Any = None
 
@@ -366,6 +369,8 @@ async def stream_texts(
         yield request
         await done.wait()  # keep the stream open until the final response came (or the consumer left)
 
+    if client.gate is not None:
+        await client.gate.wait()
     call = client.stub().ModelStreamInfer(requests())
 
     async def reader() -> None:
@@ -433,6 +438,8 @@ async def infer_whole(client: AsyncTokenClient, route: TokenRoute, values: Mappi
 
     tensors, prompt = route.inputs(values)
     request = infer_request(tensors, outputs=route.whole_outputs(), stream=False)
+    if client.gate is not None:
+        await client.gate.wait()
     try:
         response = await client.stub().ModelInfer(request, timeout=client.timeout_s)
     except grpc.aio.AioRpcError as exc:

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from ftx_triton.client.send_gate import send_gate
 from ftx_triton.client.text_client import HttpError, HttpTriton, PieceJoiner, TextInterface, text_interface
 from ftx_triton.client.token_stream import (
     AsyncTokenClient,
@@ -145,6 +146,15 @@ class Deployment:
 
             self._codec = load_codec(self.tokenizer_dir)
         return self._codec
+
+    async def aiface(self) -> TextInterface:
+        """:meth:`iface`, read in a worker thread the first time (over HTTP), then at once: a burst of requests
+        is not spread by a thread hop each."""
+        return self._iface if self._iface is not None else await asyncio.to_thread(self.iface)
+
+    async def acodec(self) -> Any:
+        """:meth:`codec`, loaded in a worker thread the first time, then at once."""
+        return self._codec if self._codec is not None else await asyncio.to_thread(self.codec)
 
     def count(self, text: str, *, prompt: bool = False) -> int:
         return len(self.codec().encode(text, prompt=prompt))
@@ -341,7 +351,7 @@ class Handlers:
 
     async def _params(self, body: Mapping[str, Any], kind: str, prompts: int) -> Params:
         """The request's settings, checked against what this deployment's model can give."""
-        codec = await asyncio.to_thread(self.d.codec)
+        codec = await self.d.acodec()
         params = parse_params(body, kind, codec.vocab_size)
         if params.stop:  # stop strings of more tokens than a stop word may have are only cut in the text
             words = [s for s in params.stop if len(codec.encode(s, prompt=False)) <= MAX_WORD_TOKENS]
@@ -352,7 +362,7 @@ class Handlers:
                 "request may ask for (send several requests)",
                 "best_of" if params.best_of > 1 else "n",
             )
-        iface = await asyncio.to_thread(self.d.iface)
+        iface = await self.d.aiface()
         if (params.logprobs or params.best_of > params.n) and not iface.gives_tokens:
             raise BadRequest(
                 "this deployment's text model does not answer token log probabilities"
@@ -419,7 +429,7 @@ class Handlers:
         body = await self._body(request)
         wanted = parse_embedding_request(body)
         encoder = await asyncio.to_thread(self.embedder.encoder)
-        codec = await asyncio.to_thread(self.d.codec)
+        codec = await self.d.acodec()
         ids = token_ids(wanted, lambda text: codec.encode(text, prompt=True), encoder.vocab_size)
         try:
             vectors = await asyncio.to_thread(encoder.embed, ids)
@@ -580,7 +590,7 @@ class Handlers:
     async def _sse(
         self, request: web.Request, prompt: str, params: Params, chunk: Any, *, echo: bool = False, role: bool = False
     ) -> web.StreamResponse:
-        await asyncio.to_thread(self.d.iface)  # fail before the 200 if the ensemble cannot be read
+        await self.d.aiface()  # fail before the 200 if the ensemble cannot be read
         # the first piece too: a request the model refuses, or a server that is gone, is an HTTP error
         # status (400 / 502 from the middleware), not a 200 whose stream holds the error
         stream = self._events(prompt, params)
@@ -751,7 +761,7 @@ def make_app(
     if triton_grpc:  # the repository of preprocessing/1
         deployment.route = TokenRoute.open(Path(tokenizer_dir).parent.parent, streaming_only=False)
         if deployment.route is not None:
-            deployment.tokens = AsyncTokenClient(triton_grpc, timeout_s=timeout_s)
+            deployment.tokens = AsyncTokenClient(triton_grpc, timeout_s=timeout_s, gate=send_gate())
     handlers = Handlers(deployment)
     app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
     app.add_routes(
