@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -221,6 +222,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--device", default=os.environ.get("FTX_DEVICE", "cpu"))
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--json", type=Path, help="Also write the figures here.")
+    parser.add_argument("--keep-trace", type=Path, help="Copy Triton's trace file here.")
     args = parser.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.paths = [p.strip() for p in args.paths.split(",") if p.strip()]
@@ -258,6 +260,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 break
             time.sleep(0.1)
         records = read_trace(trace_file)
+        if args.keep_trace:
+            shutil.copyfile(trace_file, args.keep_trace)
     report = []
     print(
         "| path | clients | sent ms | entry ms | at model ms | preprocessing executions (requests) | "
