@@ -73,6 +73,7 @@ def test_help_documents_every_option(ftx_cli) -> None:
         "--max-batch-size",
         "--instances",
         "--text-instances",
+        "--text-batch-delay-us",
         "--streaming",
         "--dynamic-batching",
         "--runtime",
