@@ -80,24 +80,31 @@ def forward(max_input: int, max_output: int, prefix: int = 0) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    ("value", "debug", "on", "problem"),
+    ("value", "debug", "default", "on", "problem"),
     [
-        ("-", "-", False, ""),
-        ("", "-", False, ""),
-        ("0", "-", False, ""),
-        ("1", "-", True, ""),
-        ("1", "INFO", True, ""),
-        ("true", "-", False, "FTX_FT_CUDA_GRAPH='true' is neither 1 nor 0"),
-        (" 1", "-", False, "FTX_FT_CUDA_GRAPH=' 1' is neither 1 nor 0"),
-        ("1", "DEBUG", False, "FT_DEBUG_LEVEL=DEBUG synchronizes after every kernel"),
+        ("-", "-", "off", False, ""),
+        ("", "-", "off", False, ""),
+        ("-", "-", "on", True, ""),
+        ("", "-", "on", True, ""),
+        ("0", "-", "on", False, ""),
+        ("0", "-", "off", False, ""),
+        ("1", "-", "off", True, ""),
+        ("1", "INFO", "off", True, ""),
+        ("true", "-", "on", False, "FTX_FT_CUDA_GRAPH='true' is neither 1 nor 0"),
+        (" 1", "-", "off", False, "FTX_FT_CUDA_GRAPH=' 1' is neither 1 nor 0"),
+        ("1", "DEBUG", "off", False, "FT_DEBUG_LEVEL=DEBUG synchronizes after every kernel"),
+        ("-", "DEBUG", "on", False, "FT_DEBUG_LEVEL=DEBUG synchronizes after every kernel"),
+        ("0", "DEBUG", "on", False, ""),
     ],
 )
-def test_the_environment_variable_turns_the_capture_on_only_when_it_is_1(
-    driver: Path, value: str, debug: str, on: bool, problem: str
+def test_the_environment_variable_decides_and_unset_leaves_the_types_default(
+    driver: Path, value: str, debug: str, default: str, on: bool, problem: str
 ) -> None:
-    """A stranger's value is refused with a line that names it (the server logs it once); FasterTransformer's
-    debug level syncs the device after each kernel, which no capture survives, so it keeps the capture off."""
-    said, why = drive(driver, "setting", value, debug).stdout.split("\n")[:2]
+    """1 or 0 decide whatever the model's type; unset or empty leaves the type's default (on in fp16). A stranger's
+    value is refused with a line that names it (the server logs it once) and keeps the capture off even where the
+    default is on; FasterTransformer's debug level syncs the device after each kernel, which no capture survives,
+    so it keeps the capture off, and says so only where the capture would have been on."""
+    said, why = drive(driver, "setting", value, debug, default).stdout.split("\n")[:2]
     assert said == ("on" if on else "off")
     assert why.startswith(problem) and bool(why) == bool(problem)
 

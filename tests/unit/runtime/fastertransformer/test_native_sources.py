@@ -477,7 +477,7 @@ def test_gptj_runs_its_decoder_step_through_the_graph_and_the_attention_reads_th
     root = _patched_copy(upstream, tmp_path)
     ft = root / "FasterTransformer/src/fastertransformer"
     gptj = (ft / "models/gptj/GptJ.cc").read_text()
-    begin = gptj.index("ftx_step_graph_.begin(ftxCudaGraphRequested() && beam_width == 1")
+    begin = gptj.index("ftx_step_graph_.begin(ftxCudaGraphRequested(std::is_same<T, half>::value) && beam_width == 1")
     loop = gptj.index("for (int step = max_input_length; step < (int)max_output_seq_len; step++)")
     run = gptj.index("ftx_step_graph_.run(stream_,")
     assert (
@@ -512,7 +512,10 @@ def test_gptj_runs_its_decoder_step_through_the_graph_and_the_attention_reads_th
     )
     assert "ftx_cuda_graph.cc\n    ftx_cuda_graph_kernels.cu\n" in (ft / "kernels/CMakeLists.txt").read_text()
     comm = (ft / "utils/ftx_custom_ar_comm.cc").read_text()
-    assert "if (ftxCudaGraphRequested()) {" in comm and "param_.ftx_block_flags = counters;" in comm
+    assert (
+        "if (ftxCudaGraphRequested(std::is_same<T, half>::value)) {" in comm
+        and "param_.ftx_block_flags = counters;" in comm
+    )
     assert "uint32_t* ftx_block_flags;" in (ft / "kernels/custom_ar_kernels.h").read_text()
     kernels = (ft / "kernels/ftx_custom_ar_kernels.cu").read_text()
     assert kernels.count("begin_call<T, NRANKS>(params)") == 2 and kernels.count("end_call(params, flag);") == 2

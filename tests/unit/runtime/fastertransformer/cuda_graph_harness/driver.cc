@@ -55,10 +55,11 @@ void forward(FtxStepGraph& graph, int max_input, int max_output, int prefix, boo
 int main(int argc, char** argv)
 {
     const std::string what = argc > 1 ? argv[1] : "";
-    if (what == "setting" && argc == 4) {
+    if (what == "setting" && argc == 5) {
         std::string problem;
         const bool  on = ftxCudaGraphSetting(std::strcmp(argv[2], "-") == 0 ? nullptr : argv[2],
                                             std::strcmp(argv[3], "-") == 0 ? nullptr : argv[3],
+                                            std::strcmp(argv[4], "on") == 0,
                                             &problem);
         std::printf("%s\n%s\n", on ? "on" : "off", problem.c_str());
         return 0;

@@ -5,6 +5,7 @@
 #include "src/fastertransformer/utils/logger.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <exception>
 
 namespace fastertransformer {
@@ -117,6 +118,7 @@ bool FtxStepGraph::capture(cudaStream_t stream, int band, int max_timestep, cons
     if (!said_captured_) {
         said_captured_ = true;
         FT_LOG_INFO("ftx: decoding step captured in a CUDA graph (%zu nodes), replayed at each step", nodes);
+        std::fflush(stdout);  // the logger writes INFO to stdout, which a server's log file would hold until exit
     }
     return true;
 }

@@ -122,7 +122,7 @@ void CustomAllReduceComm<T>::allocateAndExchangePeerAccessPointer(
             comm->param_.peer_comm_buffer_ptrs[i] = buffer;
             comm->param_.peer_barrier_ptrs[i]     = flags;
         }
-        if (ftxCudaGraphRequested()) {
+        if (ftxCudaGraphRequested(std::is_same<T, half>::value)) {
             // each block's flag counter, on this rank's GPU (the decoding step may be replayed from a CUDA graph)
             uint32_t* counters = nullptr;
             check_cuda_error(cudaMalloc(&counters, FTX_AR_MAX_BLOCKS * sizeof(uint32_t)));

@@ -14,7 +14,7 @@
 // writing its next input into its buffer while a peer still reads the previous one. Flags count up from 1
 // and are compared for equality (no wrap-around at which the wait would be skipped).
 //
-// Device-counted flags (ftx_block_flags set: FTX_FT_CUDA_GRAPH=1, where a decoding step is captured in a CUDA
+// Device-counted flags (ftx_block_flags set: the CUDA graph is on, where a decoding step is captured in a CUDA
 // graph and replayed, so a flag passed by value would repeat): block b of each rank keeps its own counter on its
 // GPU, takes the next flag from it, meets block b of every rank at a start barrier of its own and stores the flag
 // back when it is done. Every rank launches the same grids in the same order, so block b's counters agree.
