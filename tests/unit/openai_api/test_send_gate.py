@@ -59,3 +59,19 @@ def test_the_environment_sets_the_quiet_period_and_zero_turns_it_off(monkeypatch
         monkeypatch.setenv(GATHER_ENV, bad)
         with pytest.raises(ConfigError, match=GATHER_ENV):
             send_gate()
+
+
+def test_an_endpoint_given_a_bad_value_says_so_and_exits(tmp_path) -> None:
+    """The endpoint process refuses to start on a bad ``FTX_OPENAI_GATHER_US`` with ``error:``/``hint:`` (what
+    ``ftx run`` shows from its log), not a traceback, and binds nothing."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, GATHER_ENV: "soon"}
+    command = [sys.executable, "-m", "ftx_triton.openai_api", "--triton", "http://127.0.0.1:9", "--model-id", "m"]
+    command += ["--tokenizer", str(tmp_path / "preprocessing" / "1"), "--port", "0"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 2, done.stderr
+    assert f"error: {GATHER_ENV}='soon'" in done.stderr and "hint:" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -758,10 +758,11 @@ def make_app(
     deployment = Deployment(HttpTriton(triton_http, timeout_s=timeout_s), model_id, ensemble, Path(tokenizer_dir))
     deployment.metrics = FrontMetrics()
     deployment.triton_grpc = triton_grpc
+    gate = send_gate()  # read first: a bad FTX_OPENAI_GATHER_US stops the start whatever the route
     if triton_grpc:  # the repository of preprocessing/1
         deployment.route = TokenRoute.open(Path(tokenizer_dir).parent.parent, streaming_only=False)
         if deployment.route is not None:
-            deployment.tokens = AsyncTokenClient(triton_grpc, timeout_s=timeout_s, gate=send_gate())
+            deployment.tokens = AsyncTokenClient(triton_grpc, timeout_s=timeout_s, gate=gate)
     handlers = Handlers(deployment)
     app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
     app.add_routes(
