@@ -77,14 +77,16 @@ def _ensemble(served: Served, prompt: str, max_tokens: int, **extra: Any) -> Any
 
 
 def test_answers_are_the_ensembles_and_no_text_model_runs(served: Served) -> None:
-    """Greedy and sampled text, echo, stop strings, max_tokens, log probabilities, n with seeds, logit_bias, chat
-    and a one-chunk stream: each the ensemble's answer, while preprocessing and postprocessing run not once."""
+    """Greedy and sampled text, echo, stop strings, max_tokens, log probabilities, n with seeds, best_of, logit_bias,
+    chat and a one-chunk stream: each the ensemble's answer, while preprocessing and postprocessing run not once."""
     from ftx_triton.openai_api.chat import chat_template, render
 
     greedy = _ensemble(served, PROMPT, 8)
     long = _ensemble(served, PROMPT, 12)
     cut_at = long.text.split()[2]
-    seeded = [_ensemble(served, PROMPT, 8, temperature=1.0, options={"seed": 10 + i}).text for i in range(2)]
+    sampled = [_ensemble(served, PROMPT, 8, temperature=1.0, options={"seed": 10 + i}) for i in range(3)]
+    seeded = [a.text for a in sampled[:2]]
+    best_text = max(sampled, key=lambda a: float(np.mean(a.log_probs))).text
     banned = sorted(set(greedy.token_ids[:2]))
     biased = _ensemble(served, PROMPT, 8, options={"bad_token_ids": banned})
     messages = [{"role": "user", "content": PROMPT}]
@@ -106,6 +108,8 @@ def test_answers_are_the_ensembles_and_no_text_model_runs(served: Served) -> Non
     assert stopped["choices"][0]["finish_reason"] == "stop"
     two = _answer(served, "/completions", {"prompt": PROMPT, "max_tokens": 8, "temperature": 1.0, "seed": 10, "n": 2})
     assert [c["text"] for c in two["choices"]] == seeded
+    best = {"prompt": PROMPT, "max_tokens": 8, "temperature": 1.0, "seed": 10, "n": 1, "best_of": 3}
+    assert [c["text"] for c in _answer(served, "/completions", best)["choices"]] == [best_text]
     bias = {str(t): -100 for t in banned}
     assert (
         _answer(served, "/completions", {"prompt": PROMPT, "max_tokens": 8, "logit_bias": bias})["choices"][0]["text"]
