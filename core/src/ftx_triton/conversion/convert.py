@@ -26,7 +26,7 @@ from ftx_triton.conversion.shapes import eval_shape
 from ftx_triton.envvars import env_int
 from ftx_triton.errors import CheckpointError
 from ftx_triton.formats.checkpoint import TensorReader, check_weight_dtype, tensor_dtype
-from ftx_triton.formats.ftformat import gpu_dir_name, non_finite_count, read_ini, read_tensor, write_ini
+from ftx_triton.formats.ftformat import gpu_dir_name, read_ini, read_tensor, write_ini
 from ftx_triton.formats.writer import BackgroundWriter
 
 log = structlog.get_logger(__name__)
@@ -90,7 +90,7 @@ def convert_checkpoint(
     started = time.perf_counter()
     largest = max((reader.nbytes(n) for n in waiting), default=0)
     read_seconds = 0.0
-    non_finite: list[str] = []
+    submitted: list[tensormap.Job] = []
     with BackgroundWriter(max_pending_bytes=max(256 << 20, largest), threads=writer_threads()) as writer:
         for name in names:
             if name not in waiting:
@@ -105,23 +105,25 @@ def convert_checkpoint(
                 if remaining[id(job)] == 0:
                     names_out = job.files(tp)
                     out = _run_job(job, held, ctx)
-                    if bad := non_finite_count(out):
-                        non_finite.append(job.dst)
-                        log.warning(
-                            "convert.non_finite",
-                            tensor=job.dst,
-                            sources=list(job.sources),
-                            values=bad,
-                            note="NaN or Inf weights: the model will answer with garbage or errors",
-                        )
-                    writer.submit([target / n for n in names_out], out, job.row.split)
+                    writer.submit([target / n for n in names_out], out, job.row.split, label=job.dst)
                     files.extend(names_out)
+                    submitted.append(job)
                     for source in job.sources:
                         if all(remaining[id(j)] == 0 for j in waiting[source]):
                             held.pop(source, None)
             if progress:
                 progress(done_bytes, total)
     written = writer.bytes_written
+    non_finite = [job.dst for job in submitted if job.dst in writer.non_finite]
+    for job in submitted:
+        if bad := writer.non_finite.get(job.dst):
+            log.warning(
+                "convert.non_finite",
+                tensor=job.dst,
+                sources=list(job.sources),
+                values=bad,
+                note="NaN or Inf weights: the model will answer with garbage or errors",
+            )
     write_ini(target / "config.ini", sections)
     files.append("config.ini")
     seconds = time.perf_counter() - started

@@ -1,7 +1,9 @@
-"""A background writer: materialise, split and write FT files while the next tensors are read.
+"""A background writer: materialise, split, check and write FT files while the next tensors are read.
 
 Bounded: at most ``max_pending_bytes`` of arrays wait for the writer, so memory stays near the
 size of a few tensors whatever the model size. Errors surface on the next submit or at close.
+Each file is written in one pass over its bytes that also hashes them (for the store) and, for a
+labelled submission, counts its NaN and Inf values, in the writer's threads, on the copy it writes.
 """
 
 from __future__ import annotations
@@ -16,20 +18,22 @@ from types import TracebackType
 import numpy as np
 
 from ftx_triton.formats.fastcopy import contiguous
-from ftx_triton.formats.ftformat import write_tensor
+from ftx_triton.formats.ftformat import write_tensor_counted
 
 
 class BackgroundWriter:
     """``submit(path, array)`` returns at once unless too much is pending; ``close()`` waits for all."""
 
     def __init__(self, max_pending_bytes: int = 1 << 30, threads: int | None = None) -> None:
-        self._queue: queue.Queue[tuple[list[Path], np.ndarray, int | None] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[list[Path], np.ndarray, int | None, str | None] | None] = queue.Queue()
         self._pending = 0
         self._limit = max_pending_bytes
         self._cond = threading.Condition()
         self._error: BaseException | None = None
         self.bytes_written = 0
         self.stall_seconds = 0.0
+        self.non_finite: dict[str, int] = {}
+        """NaN and Inf values found, by the label of the submission that held them (only those with some)."""
         count = threads or min(4, os.cpu_count() or 1)
         if count < 1:  # no thread would write, and every submitted tensor would be silently dropped
             raise ValueError(f"a writer needs at least one thread, not {count}")
@@ -37,8 +41,9 @@ class BackgroundWriter:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, paths: list[Path], array: np.ndarray, split: int | None = None) -> None:
-        """Write ``array`` to ``paths[0]``, or split along ``split`` into ``len(paths)`` files."""
+    def submit(self, paths: list[Path], array: np.ndarray, split: int | None = None, label: str | None = None) -> None:
+        """Write ``array`` to ``paths[0]``, or split along ``split`` into ``len(paths)`` files; with a ``label``,
+        count its NaN and Inf values into :attr:`non_finite` under it."""
         with self._cond:
             # One array larger than the limit may still go when nothing else is pending.
             started = time.perf_counter()
@@ -48,19 +53,21 @@ class BackgroundWriter:
             self.stall_seconds += time.perf_counter() - started
             self._raise_if_failed()
             self._pending += array.nbytes
-        self._queue.put((paths, array, split))
+        self._queue.put((paths, array, split, label))
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            paths, array, split = item
+            paths, array, split, label = item
             try:
                 if self._error is None:
-                    written = sum(
-                        write_tensor(path, part)
-                        for path, part in zip(paths, _parts(array, split, len(paths)), strict=True)
-                    )
+                    written = bad = 0
+                    for path, part in zip(paths, _parts(array, split, len(paths)), strict=True):
+                        size, found = write_tensor_counted(path, part, count_non_finite=label is not None)
+                        written, bad = written + size, bad + found
                     with self._cond:
                         self.bytes_written += written
+                        if bad and label is not None:
+                            self.non_finite[label] = self.non_finite.get(label, 0) + bad
             except BaseException as exc:  # handed to the submitting thread
                 self._error = exc
             with self._cond:

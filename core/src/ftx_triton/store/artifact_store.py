@@ -39,7 +39,7 @@ import filelock
 import structlog
 
 from ftx_triton.io.atomic import holders, recover, swap_in
-from ftx_triton.io.hashing import sha256_files
+from ftx_triton.io.hashing import sha256_files, written_digest
 from ftx_triton.io.trees import remove_tree
 from ftx_triton.paths import unusable_home
 from ftx_triton.store import leases
@@ -138,18 +138,22 @@ def _signature(st: os.stat_result) -> dict[str, int]:
 
 
 def _record_outputs(root: Path) -> dict[str, dict[str, Any]]:
-    """The output records of a finished build: sha256 and signature per file, target per symlink."""
+    """The output records of a finished build: sha256 and signature per file, target per symlink. A file whose
+    writer hashed it as it wrote it, and that is unchanged since, is not read again."""
     found = _scan(root)
     outputs: dict[str, dict[str, Any]] = {}
     files = []
+    digests: dict[Path, str] = {}
     for rel, st in found.items():
         if stat.S_ISLNK(st.st_mode):
             outputs[rel] = {"symlink": os.readlink(root / rel)}
         elif stat.S_ISREG(st.st_mode):
             files.append(rel)
+            if known := written_digest(root / rel, st):
+                digests[root / rel] = known
         else:
             raise OSError(f"{root / rel} is neither a file nor a symlink; an artifact cannot hold it")
-    digests = sha256_files(root / rel for rel in files)
+    digests.update(sha256_files(root / rel for rel in files if root / rel not in digests))
     for rel in files:
         outputs[rel] = {"sha256": digests[root / rel], **_signature(found[rel])}
     return dict(sorted(outputs.items()))
