@@ -23,6 +23,7 @@ from ftx_triton.conversion.dtypes import numpy_dtype
 from ftx_triton.conversion.family import Family, ModelSpec
 from ftx_triton.conversion.ops import OpContext
 from ftx_triton.conversion.shapes import eval_shape
+from ftx_triton.conversion.stopping import check_stopped
 from ftx_triton.envvars import env_int
 from ftx_triton.errors import CheckpointError
 from ftx_triton.formats.checkpoint import TensorReader, check_weight_dtype, tensor_dtype
@@ -95,6 +96,7 @@ def convert_checkpoint(
         for name in names:
             if name not in waiting:
                 continue
+            check_stopped()
             t0 = time.perf_counter()
             held[name] = reader.read(name)
             check_weight_dtype(name, held[name].dtype)  # readers that cannot tell the dtype up front

@@ -30,6 +30,7 @@ class BackgroundWriter:
         self._limit = max_pending_bytes
         self._cond = threading.Condition()
         self._error: BaseException | None = None
+        self._abandoned = False
         self.bytes_written = 0
         self.stall_seconds = 0.0
         self.non_finite: dict[str, int] = {}
@@ -59,7 +60,7 @@ class BackgroundWriter:
         while (item := self._queue.get()) is not None:
             paths, array, split, label = item
             try:
-                if self._error is None:
+                if self._error is None and not self._abandoned:
                     written = bad = 0
                     for path, part in zip(paths, _parts(array, split, len(paths)), strict=True):
                         size, found = write_tensor_counted(path, part, count_non_finite=label is not None)
@@ -96,7 +97,8 @@ class BackgroundWriter:
     ) -> None:
         if exc_type is None:
             self.close()
-        else:  # stop quietly; the original exception wins
+        else:  # stop quietly, dropping what waits to be written; the original exception wins
+            self._abandoned = True
             self._stop()
 
 

@@ -23,13 +23,16 @@ from pathlib import Path
 _CHUNK = 4 << 20
 
 
-def sha256_file(path: Path, *, progress: bool = False) -> str:
-    """The hex sha256 of a file, with a ``verifying sha256`` bar on a terminal when asked."""
+def sha256_file(path: Path, *, progress: bool = False, stop: threading.Event | None = None) -> str:
+    """The hex sha256 of a file, with a ``verifying sha256`` bar on a terminal when asked; ``stop``: give up
+    (raise :class:`HashStopped`) at the next chunk once it is set."""
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         if not progress:
             while chunk := fh.read(_CHUNK):
                 digest.update(chunk)
+                if stop is not None and stop.is_set():
+                    raise HashStopped(path)
             return digest.hexdigest()
         from ftx_triton.terminal.progress import byte_progress
 
@@ -38,6 +41,10 @@ def sha256_file(path: Path, *, progress: bool = False) -> str:
                 digest.update(chunk)
                 bar.advance(len(chunk))
     return digest.hexdigest()
+
+
+class HashStopped(Exception):
+    """A hash given up on request (its run failed)."""
 
 
 @functools.cache
