@@ -8,7 +8,9 @@ Face tensors the table maps from.
 
 from __future__ import annotations
 
+import functools
 import math
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -26,7 +28,8 @@ from ftx_triton.conversion.shapes import eval_shape
 from ftx_triton.conversion.stopping import check_stopped
 from ftx_triton.envvars import env_int
 from ftx_triton.errors import CheckpointError
-from ftx_triton.formats.checkpoint import TensorReader, check_weight_dtype, tensor_dtype
+from ftx_triton.formats.buffers import BufferPool
+from ftx_triton.formats.checkpoint import TensorReader, check_weight_dtype, read_into, tensor_dtype
 from ftx_triton.formats.ftformat import gpu_dir_name, read_ini, read_tensor, write_ini
 from ftx_triton.formats.writer import BackgroundWriter
 
@@ -92,13 +95,15 @@ def convert_checkpoint(
     largest = max((reader.nbytes(n) for n in waiting), default=0)
     read_seconds = 0.0
     submitted: list[tensormap.Job] = []
-    with BackgroundWriter(max_pending_bytes=max(256 << 20, largest), threads=writer_threads()) as writer:
+    pool = BufferPool(keep_bytes=max(64 << 20, largest))
+    buffers = _SourceBuffers(pool, waiting)
+    with BackgroundWriter(max_pending_bytes=max(256 << 20, largest), threads=writer_threads(), pool=pool) as writer:
         for name in names:
             if name not in waiting:
                 continue
             check_stopped()
             t0 = time.perf_counter()
-            held[name] = reader.read(name)
+            held[name] = buffers.read(reader, name)
             check_weight_dtype(name, held[name].dtype)  # readers that cannot tell the dtype up front
             read_seconds += time.perf_counter() - t0
             done_bytes += reader.nbytes(name)
@@ -107,7 +112,13 @@ def convert_checkpoint(
                 if remaining[id(job)] == 0:
                     names_out = job.files(tp)
                     out = _run_job(job, held, ctx)
-                    writer.submit([target / n for n in names_out], out, job.row.split, label=job.dst)
+                    writer.submit(
+                        [target / n for n in names_out],
+                        out,
+                        job.row.split,
+                        label=job.dst,
+                        done=functools.partial(buffers.written, job),
+                    )
                     files.extend(names_out)
                     submitted.append(job)
                     for source in job.sources:
@@ -143,6 +154,35 @@ def convert_checkpoint(
     return ConversionResult(
         target, files, done_bytes, written, seconds, read_seconds, writer.stall_seconds, tuple(non_finite)
     )
+
+
+class _SourceBuffers:
+    """Source tensors read into pooled buffers, each buffer given back once every job that reads its tensor has
+    been written (a layout-only job's output is a view of it until then)."""
+
+    def __init__(self, pool: BufferPool, waiting: Mapping[str, list[tensormap.Job]]) -> None:
+        self._pool = pool
+        self._left = {name: len({id(job) for job in jobs}) for name, jobs in waiting.items()}
+        self._buffers: dict[str, np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    def read(self, reader: TensorReader, name: str) -> np.ndarray:
+        buffer = self._pool.take(reader.nbytes(name))
+        array = read_into(reader, name, buffer)
+        if np.may_share_memory(array, buffer):
+            with self._lock:
+                self._buffers[name] = buffer
+        else:  # a reader that reads into buffers of its own
+            self._pool.give(buffer)
+        return array
+
+    def written(self, job: tensormap.Job) -> None:
+        """Called by the writer once ``job``'s files are written (or dropped)."""
+        with self._lock:
+            for name in set(job.sources):
+                self._left[name] -= 1
+                if self._left[name] == 0 and (buffer := self._buffers.pop(name, None)) is not None:
+                    self._pool.give(buffer)
 
 
 def writer_threads() -> int | None:

@@ -17,6 +17,7 @@ import ml_dtypes
 import numpy as np
 
 from ftx_triton.errors import CheckpointError
+from ftx_triton.formats.buffers import BufferPool, as_array
 from ftx_triton.formats.fastcopy import contiguous
 from ftx_triton.io.hashing import remember_written
 from ftx_triton.io.regular import TooLarge, read_regular
@@ -85,10 +86,22 @@ _PASS_BYTES = 1 << 20
 the other two."""
 
 
-def write_tensor_counted(path: Path, array: np.ndarray, *, count_non_finite: bool = True) -> tuple[int, int]:
+def write_tensor_counted(
+    path: Path, array: np.ndarray, *, count_non_finite: bool = True, pool: BufferPool | None = None
+) -> tuple[int, int]:
     """Write raw little-endian C-order bytes in one pass that also hashes them (the store then takes the digest
-    instead of reading the file back) and, when asked, counts their NaN and Inf values; returns (bytes, count)."""
-    data = contiguous(array)
+    instead of reading the file back) and, when asked, counts their NaN and Inf values; returns (bytes, count).
+    A strided ``array`` is copied into a buffer of ``pool`` when given."""
+    if array.flags.c_contiguous or pool is None:
+        return _write_pass(path, contiguous(array), count_non_finite)
+    buffer = pool.take(array.nbytes)
+    try:
+        return _write_pass(path, contiguous(array, as_array(buffer, array.shape, array.dtype)), count_non_finite)
+    finally:
+        pool.give(buffer)
+
+
+def _write_pass(path: Path, data: np.ndarray, count_non_finite: bool) -> tuple[int, int]:
     if data.dtype.byteorder == ">":
         data = data.astype(data.dtype.newbyteorder("<"))
     counter = NonFiniteCounter.for_dtype(data.dtype) if count_non_finite else None

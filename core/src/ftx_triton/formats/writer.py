@@ -12,20 +12,28 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 
 import numpy as np
 
+from ftx_triton.formats.buffers import BufferPool, as_array
 from ftx_triton.formats.fastcopy import contiguous
 from ftx_triton.formats.ftformat import write_tensor_counted
+
+_Item = tuple[list[Path], np.ndarray, int | None, str | None, Callable[[], None] | None]
 
 
 class BackgroundWriter:
     """``submit(path, array)`` returns at once unless too much is pending; ``close()`` waits for all."""
 
-    def __init__(self, max_pending_bytes: int = 1 << 30, threads: int | None = None) -> None:
-        self._queue: queue.Queue[tuple[list[Path], np.ndarray, int | None, str | None] | None] = queue.Queue()
+    def __init__(
+        self, max_pending_bytes: int = 1 << 30, threads: int | None = None, pool: BufferPool | None = None
+    ) -> None:
+        """``pool``: where the copies of strided arrays (transposes) are made, instead of fresh memory."""
+        self._queue: queue.Queue[_Item | None] = queue.Queue()
+        self._pool = pool
         self._pending = 0
         self._limit = max_pending_bytes
         self._cond = threading.Condition()
@@ -42,9 +50,17 @@ class BackgroundWriter:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, paths: list[Path], array: np.ndarray, split: int | None = None, label: str | None = None) -> None:
+    def submit(
+        self,
+        paths: list[Path],
+        array: np.ndarray,
+        split: int | None = None,
+        label: str | None = None,
+        done: Callable[[], None] | None = None,
+    ) -> None:
         """Write ``array`` to ``paths[0]``, or split along ``split`` into ``len(paths)`` files; with a ``label``,
-        count its NaN and Inf values into :attr:`non_finite` under it."""
+        count its NaN and Inf values into :attr:`non_finite` under it. ``done()`` is called (in a writer
+        thread) once the writer holds no view of ``array`` any more: written, failed or dropped."""
         with self._cond:
             # One array larger than the limit may still go when nothing else is pending.
             started = time.perf_counter()
@@ -54,16 +70,18 @@ class BackgroundWriter:
             self.stall_seconds += time.perf_counter() - started
             self._raise_if_failed()
             self._pending += array.nbytes
-        self._queue.put((paths, array, split, label))
+        self._queue.put((paths, array, split, label, done))
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            paths, array, split, label = item
+            paths, array, split, label, done = item
             try:
                 if self._error is None and not self._abandoned:
                     written = bad = 0
-                    for path, part in zip(paths, _parts(array, split, len(paths)), strict=True):
-                        size, found = write_tensor_counted(path, part, count_non_finite=label is not None)
+                    for path, part in zip(paths, _parts(array, split, len(paths), self._pool), strict=True):
+                        size, found = write_tensor_counted(
+                            path, part, count_non_finite=label is not None, pool=self._pool
+                        )
                         written, bad = written + size, bad + found
                     with self._cond:
                         self.bytes_written += written
@@ -71,8 +89,15 @@ class BackgroundWriter:
                             self.non_finite[label] = self.non_finite.get(label, 0) + bad
             except BaseException as exc:  # handed to the submitting thread
                 self._error = exc
+            nbytes = array.nbytes
+            del array  # no view of it is left here when done() hands its memory back
+            if done is not None:
+                try:
+                    done()
+                except BaseException as exc:  # handed to the submitting thread
+                    self._error = self._error or exc
             with self._cond:
-                self._pending -= array.nbytes
+                self._pending -= nbytes
                 self._cond.notify_all()
 
     def _raise_if_failed(self) -> None:
@@ -102,11 +127,17 @@ class BackgroundWriter:
             self._stop()
 
 
-def _parts(array: np.ndarray, split: int | None, count: int) -> list[np.ndarray]:
+def _parts(array: np.ndarray, split: int | None, count: int, pool: BufferPool | None) -> Iterator[np.ndarray]:
     """The per-rank pieces. Splitting on the first axis after one contiguous copy gives contiguous
     pieces; splitting a strided view on a later axis and copying each piece is faster there."""
     if split is None:
-        return [array]
-    if split == 0:
-        array = contiguous(array)
-    return np.split(array, count, axis=split)
+        yield array
+        return
+    if split != 0 or array.flags.c_contiguous or pool is None:
+        yield from np.split(contiguous(array) if split == 0 else array, count, axis=split)
+        return
+    buffer = pool.take(array.nbytes)
+    try:
+        yield from np.split(contiguous(array, as_array(buffer, array.shape, array.dtype)), count, axis=0)
+    finally:
+        pool.give(buffer)
