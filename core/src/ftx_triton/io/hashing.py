@@ -27,10 +27,12 @@ def sha256_file(path: Path, *, progress: bool = False, stop: threading.Event | N
     """The hex sha256 of a file, with a ``verifying sha256`` bar on a terminal when asked; ``stop``: give up
     (raise :class:`HashStopped`) at the next chunk once it is set."""
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open(path, "rb", buffering=0) as fh:
         if not progress:
-            while chunk := fh.read(_CHUNK):
-                digest.update(chunk)
+            buffer = bytearray(_CHUNK)  # one buffer for the whole file: no fresh (zeroed) memory per chunk
+            view = memoryview(buffer)
+            while size := fh.readinto(buffer):
+                digest.update(view[:size])
                 if stop is not None and stop.is_set():
                     raise HashStopped(path)
             return digest.hexdigest()
