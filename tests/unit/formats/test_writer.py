@@ -76,20 +76,21 @@ def test_converting_imports_no_torch(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_the_pool_hands_back_what_fits_and_keeps_no_more_than_it_may() -> None:
+def test_the_pool_hands_back_what_fits_and_lets_the_oldest_go() -> None:
     from ftx_triton.formats.buffers import MIN_POOLED, BufferPool, as_array
 
-    pool = BufferPool(keep_bytes=3 * MIN_POOLED)
+    pool = BufferPool(keep_bytes=4 * MIN_POOLED)
     a, b = pool.take(2 * MIN_POOLED), pool.take(MIN_POOLED)
     pool.give(a)
     pool.give(b)
     assert pool.take(MIN_POOLED) is b  # the smallest that fits
-    assert pool.take(MIN_POOLED) is a  # up to twice the size asked
-    pool.give(a)
+    assert pool.take(MIN_POOLED) is a  # a larger one rather than fresh memory
     assert pool.take(MIN_POOLED // 2).size == MIN_POOLED // 2  # small requests are never pooled
-    assert pool.take(MIN_POOLED // 2 + MIN_POOLED) is a
-    big = pool.take(4 * MIN_POOLED)
-    pool.give(big)  # over what the pool may keep: let go
-    assert pool.take(4 * MIN_POOLED) is not big
+    c = pool.take(2 * MIN_POOLED)
+    pool.give(a)
+    pool.give(b)
+    pool.give(c)  # 5 MiB kept of 4 allowed: the one given back longest ago goes
+    assert pool.take(2 * MIN_POOLED) is c and pool.take(MIN_POOLED) is b
+    assert pool.take(MIN_POOLED) is not a
     view = as_array(np.zeros(64, np.uint8), (4, 4), np.dtype(np.float32))
     assert view.shape == (4, 4) and view.flags.c_contiguous

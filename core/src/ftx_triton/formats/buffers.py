@@ -26,24 +26,23 @@ class BufferPool:
         self._lock = threading.Lock()
 
     def take(self, nbytes: int) -> np.ndarray:
-        """A uint8 buffer of at least ``nbytes`` (at most twice that when it is a reused one)."""
+        """A uint8 buffer of at least ``nbytes``: the smallest free one that fits, else a new one."""
         if nbytes >= MIN_POOLED:
             with self._lock:
-                # the free list is sorted by size: the first that fits is the smallest
-                index = next((i for i, b in enumerate(self._free) if nbytes <= b.size <= 2 * nbytes), None)
-                if index is not None:
-                    return self._free.pop(index)
+                fits = [i for i, b in enumerate(self._free) if b.size >= nbytes]
+                if fits:
+                    return self._free.pop(min(fits, key=lambda i: self._free[i].size))
         return np.empty(nbytes, np.uint8)
 
     def give(self, buffer: np.ndarray) -> None:
-        """Take ``buffer`` back (the caller holds no view of it any more); kept while the pool has room."""
+        """Take ``buffer`` back (the caller holds no view of it any more). Past ``keep_bytes``, the buffers given
+        back longest ago are let go: the sizes a model's layers repeat keep coming back, the others age out."""
         if buffer.size < MIN_POOLED:
             return
         with self._lock:
             self._free.append(buffer)
-            self._free.sort(key=lambda b: b.size)
             while sum(b.size for b in self._free) > self.keep_bytes:
-                self._free.pop()  # the largest goes first: what is kept serves the most requests
+                self._free.pop(0)
 
 
 def as_array(buffer: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
