@@ -8,6 +8,7 @@ Face tensors the table maps from.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import threading
@@ -28,7 +29,7 @@ from ftx_triton.conversion.shapes import eval_shape
 from ftx_triton.conversion.stopping import check_stopped
 from ftx_triton.envvars import env_int
 from ftx_triton.errors import CheckpointError
-from ftx_triton.formats.buffers import BufferPool
+from ftx_triton.formats.buffers import BufferPool, as_array
 from ftx_triton.formats.checkpoint import TensorReader, check_weight_dtype, read_into, tensor_dtype
 from ftx_triton.formats.ftformat import gpu_dir_name, read_ini, read_tensor, write_ini
 from ftx_triton.formats.writer import BackgroundWriter
@@ -111,7 +112,7 @@ def convert_checkpoint(
                 remaining[id(job)] -= 1
                 if remaining[id(job)] == 0:
                     names_out = job.files(tp)
-                    out = _run_job(job, held, ctx)
+                    out = _run_job(job, held, buffers.context(job, ctx))
                     writer.submit(
                         [target / n for n in names_out],
                         out,
@@ -164,6 +165,7 @@ class _SourceBuffers:
         self._pool = pool
         self._left = {name: len({id(job) for job in jobs}) for name, jobs in waiting.items()}
         self._buffers: dict[str, np.ndarray] = {}
+        self._made: dict[int, list[np.ndarray]] = {}
         self._lock = threading.Lock()
 
     def read(self, reader: TensorReader, name: str) -> np.ndarray:
@@ -176,9 +178,23 @@ class _SourceBuffers:
             self._pool.give(buffer)
         return array
 
+    def context(self, job: tensormap.Job, ctx: OpContext) -> OpContext:
+        """``ctx`` for ``job``'s op: the arrays it builds come from the pool, given back with the job's sources."""
+
+        def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+            dtype = np.dtype(dtype)
+            buffer = self._pool.take(math.prod(shape) * dtype.itemsize)
+            with self._lock:
+                self._made.setdefault(id(job), []).append(buffer)
+            return as_array(buffer, shape, dtype)
+
+        return dataclasses.replace(ctx, empty=empty)
+
     def written(self, job: tensormap.Job) -> None:
         """Called by the writer once ``job``'s files are written (or dropped)."""
         with self._lock:
+            for made in self._made.pop(id(job), []):
+                self._pool.give(made)
             for name in set(job.sources):
                 self._left[name] -= 1
                 if self._left[name] == 0 and (buffer := self._buffers.pop(name, None)) is not None:
