@@ -183,6 +183,25 @@ def test_a_retargeted_folder_link_changes_the_key(tmp_path: Path) -> None:
     assert local_content_key(root, home).key != before
 
 
+@pytest.mark.usefixtures("later")
+def test_a_retargeted_file_link_changes_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A weights file that is a link (as in a Hugging Face cache snapshot) pointed at other bytes of the same size
+    and mtime: the remembered digest is not used."""
+    blobs = tmp_path / "blobs"
+    _write(blobs / "a", b"w" * 64)
+    _write(blobs / "b", b"v" * 64)
+    root = tmp_path / "model"
+    _write(root / "config.json", b"{}")
+    (root / "model.safetensors").symlink_to(blobs / "a")
+    home = tmp_path / "home"
+    before = local_content_key(root, home).key
+    calls = _count_hashes(monkeypatch)
+    assert local_content_key(root, home).key == before and calls == []  # remembered
+    (root / "model.safetensors").unlink()
+    (root / "model.safetensors").symlink_to(blobs / "b")
+    assert local_content_key(root, home).key != before and calls == [2]
+
+
 def test_a_file_replaced_while_hashed_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = _linked_checkpoint(tmp_path, "model", b"w" * 32)
     from ftx_triton.io import hashing
