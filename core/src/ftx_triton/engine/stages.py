@@ -297,18 +297,17 @@ class Stages:
                 )
         except ConversionStopped:  # the key is known and its conversion stored: the ordinary (cached) path
             fetch_key = publish_fetch()
-            converted = self._settled[source.path]
+            converted, keyed_ctx = self._settled[source.path], self._context(ctx)
             return self._build(
                 "convert",
                 convert_inputs(fetch_key),
                 family,
                 Checkpoint,
-                ctx,
+                keyed_ctx,
                 lambda dest: self._unchanged_after(
                     converted,
-                    self.host.hook.ftx_convert(family=family, source=converted, spec=spec, dest=dest, ctx=ctx),
+                    self.host.hook.ftx_convert(family=family, source=converted, spec=spec, dest=dest, ctx=keyed_ctx),
                 ),
-                timed=True,
             )
         except BaseException:
             pending.key.cancel()
