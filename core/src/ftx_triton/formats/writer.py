@@ -75,22 +75,13 @@ class BackgroundWriter:
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
             paths, array, split, label, done = item
+            nbytes = array.nbytes
             try:
                 if self._error is None and not self._abandoned:
-                    written = bad = 0
-                    for path, part in zip(paths, _parts(array, split, len(paths), self._pool), strict=True):
-                        size, found = write_tensor_counted(
-                            path, part, count_non_finite=label is not None, pool=self._pool
-                        )
-                        written, bad = written + size, bad + found
-                    with self._cond:
-                        self.bytes_written += written
-                        if bad and label is not None:
-                            self.non_finite[label] = self.non_finite.get(label, 0) + bad
+                    self._write(paths, array, split, label)
             except BaseException as exc:  # handed to the submitting thread
                 self._error = exc
-            nbytes = array.nbytes
-            del array  # no view of it is left here when done() hands its memory back
+            del item, array  # the views of it die with _write's frame: none is left when done() hands it back
             if done is not None:
                 try:
                     done()
@@ -99,6 +90,16 @@ class BackgroundWriter:
             with self._cond:
                 self._pending -= nbytes
                 self._cond.notify_all()
+
+    def _write(self, paths: list[Path], array: np.ndarray, split: int | None, label: str | None) -> None:
+        written = bad = 0
+        for path, part in zip(paths, _parts(array, split, len(paths), self._pool), strict=True):
+            size, found = write_tensor_counted(path, part, count_non_finite=label is not None, pool=self._pool)
+            written, bad = written + size, bad + found
+        with self._cond:
+            self.bytes_written += written
+            if bad and label is not None:
+                self.non_finite[label] = self.non_finite.get(label, 0) + bad
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
