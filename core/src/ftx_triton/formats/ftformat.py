@@ -157,8 +157,8 @@ class NonFiniteCounter:
         self.bits = np.dtype(f"<u{size}")
         mantissa = np.finfo(dtype).nmant if dtype not in _FLOATS else 7
         self.exponent = self.bits.type(((1 << (size * 8 - 1)) - 1) & ~((1 << mantissa) - 1))
-        self._masked = np.empty(_FINITE_CHUNK, self.bits)
-        self._equal = np.empty(_FINITE_CHUNK, np.bool_)
+        self._masked = np.empty(0, self.bits)
+        self._equal = np.empty(0, np.bool_)
 
     @staticmethod
     def for_dtype(dtype: np.dtype) -> NonFiniteCounter | None:
@@ -170,6 +170,9 @@ class NonFiniteCounter:
     def count(self, raw: np.ndarray) -> int:
         """NaN and Inf values in ``raw``: C-contiguous bytes (or values) of whole elements of the dtype."""
         flat = raw.reshape(-1).view(self.bits)
+        if self._masked.size < min(flat.size, _FINITE_CHUNK):  # scratch as large as a chunk needs, made once
+            self._masked = np.empty(min(flat.size, _FINITE_CHUNK), self.bits)
+            self._equal = np.empty(self._masked.size, np.bool_)
         bad = 0
         for start in range(0, flat.size, _FINITE_CHUNK):
             chunk = flat[start : start + _FINITE_CHUNK]
