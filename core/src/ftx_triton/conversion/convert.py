@@ -169,6 +169,8 @@ class _SourceBuffers:
         self._lock = threading.Lock()
 
     def read(self, reader: TensorReader, name: str) -> np.ndarray:
+        if getattr(reader, "read_into", None) is None:  # a reader of its own buffers (torch's mapped .bin files)
+            return reader.read(name)
         buffer = self._pool.take(reader.nbytes(name))
         array = read_into(reader, name, buffer)
         if np.may_share_memory(array, buffer):
