@@ -230,3 +230,21 @@ def test_source_identity_moves_with_every_kind_of_change(tmp_path: Path) -> None
     os.chmod(root / "config.json", 0o600)  # metadata only: ctime moves, so it is hashed again (never stale)
     seen.add(source_identity(root))
     assert len(seen) == 3
+
+
+def test_a_background_key_is_the_same_key_and_gives_up_when_told(tmp_path: Path) -> None:
+    import threading
+
+    from ftx_triton.io.hashing import HashStopped
+
+    root = _linked_checkpoint(tmp_path, "model", b"w" * 32)
+    expected = local_content_key(root, tmp_path / "plain").key
+    pending = local_keys.remembered_key(root, tmp_path / "home")
+    assert isinstance(pending, local_keys.PendingKey)
+    told: list[str] = []
+    background = local_keys.BackgroundKey(pending, lambda key: told.append(key.key))
+    assert background.result().key == expected and told == [expected]
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(HashStopped):
+        local_keys.settle(pending, stop)
