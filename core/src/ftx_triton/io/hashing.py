@@ -61,6 +61,8 @@ def sha256_files(paths: Iterable[Path]) -> dict[Path, str]:
 
 
 _written: dict[str, tuple[str, tuple[int, ...]]] = {}
+_WRITTEN_MAX = 100_000
+"""Digests remembered at most (a conversion writes tens to a few thousand files; forgetting costs only a read)."""
 _written_lock = threading.Lock()
 
 
@@ -72,6 +74,8 @@ def file_identity(st: os.stat_result) -> tuple[int, ...]:
 def remember_written(path: Path, sha256: str, st: os.stat_result) -> None:
     """Remember the sha256 of the bytes just written to ``path``, whose ``fstat`` after the last write is ``st``."""
     with _written_lock:
+        if len(_written) >= _WRITTEN_MAX:  # files written outside any store build are never asked for
+            _written.clear()
         _written[os.path.abspath(path)] = (sha256, file_identity(st))
 
 
