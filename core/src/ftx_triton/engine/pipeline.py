@@ -319,9 +319,13 @@ class Pipeline:
         self.say(f"runtime   {plan.runtime.name} ({plan.runtime_reason})")
 
     def _before_build(self, stage: str) -> None:
-        """Called only when a stage really builds (not on a cache hit): disk for what it writes."""
+        """Called only when a stage really builds (not on a cache hit): a server started ahead of need from the last
+        run's record stops (it serves what this build replaces), and this run's is not recorded; disk for what it
+        writes."""
         from ftx_triton.plan.resources import refuse
+        from ftx_triton.server import head_start
 
+        head_start.stage_builds(stage)
         if self._estimate is None or stage not in ("fetch", "convert"):
             return
         if stage == "fetch":
