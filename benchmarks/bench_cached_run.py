@@ -7,8 +7,9 @@
    come from ftx's own ``timeline total=…`` line (``-v``), else from the time each output line arrives; each
    model's load seconds from tritonserver's own log clock.
 2. ``ftx convert`` of a GPT-J-shaped fp16 safetensors checkpoint (a fresh FTX_HOME) vs a read+write copy
-   of the same bytes on the same disk, and a second ``ftx convert`` of the unchanged source: the seconds to
-   decide "cached" (the fetch and convert lines) and the whole command.
+   of the same bytes on the same disk (and the CPU seconds the first convert used: on a shared machine they
+   move less with the load than its wall time), and a second ``ftx convert`` of the unchanged source: the
+   seconds to decide "cached" (the fetch and convert lines) and the whole command.
 
     python benchmarks/bench_cached_run.py --repeat 3 --layers 4 --work /tmp/ftx-bench-cached   # 2.4 GB
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import shlex
 import shutil
 import statistics
@@ -193,14 +195,17 @@ def bench_convert(ftx: str, env: dict[str, str], work: Path, layers: int, hidden
     src = work / "hf"
     total, _ = write_checkpoint(src, layers, hidden, 50400)
     time.sleep(2.5)  # files just written are hashed again on the next run (their times may yet move)
-    copies, firsts, decides, keyed, seconds = [], [], [], [], []
+    copies, firsts, cpus, decides, keyed, seconds = [], [], [], [], [], []
     for _ in range(repeat):
         home = work / "home"
         shutil.rmtree(home, ignore_errors=True)
         run_env = {**env, "FTX_HOME": str(home)}
         cmd = [ftx, "-v", "convert", str(src), "--tp", "1", "--weight-dtype", "fp16", "-o", str(work / "out")]
         copies.append(plain_copy(src / "model.safetensors", work / "copy.bin"))
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         firsts.append(timed([*cmd, "--overwrite"], run_env)[0])
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
         again, lines = timed([*cmd, "--overwrite"], run_env)
         index = next(i for i, (_, line) in enumerate(lines) if line.startswith("fetch "))
         convert_at, convert_line = next((at, line) for at, line in lines if line.startswith("convert "))
@@ -214,6 +219,8 @@ def bench_convert(ftx: str, env: dict[str, str], work: Path, layers: int, hidden
     print(f"{'what':<52}{'seconds':>9}")
     print(f"{'read+write copy of the same bytes (bound)':<52}{copy_s:>9.2f}")
     print(f"{'ftx convert, first run (fresh FTX_HOME)':<52}{first_s:>9.2f}   {first_s / copy_s:.2f}x copy")
+    cpu_s = statistics.median(cpus)
+    print(f"{'  its CPU seconds (user + system, all threads)':<52}{cpu_s:>9.2f}   {cpu_s / first_s:.2f} CPUs busy")
     print(f"{'second ftx convert: fetch + convert lines (keying)':<52}{statistics.median(keyed):>9.2f}")
     print(f"{'second ftx convert: start to convert cached':<52}{statistics.median(decides):>9.2f}")
     print(f"{'second ftx convert: whole command':<52}{statistics.median(seconds):>9.2f}")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from ftx_triton.errors import ConfigError
-from ftx_triton.plan.settings import DEFAULT_BATCH_DELAY_US
+from ftx_triton.plan.settings import DEFAULT_BATCH_DELAY_US, DEFAULT_TEXT_BATCH_DELAY_US
 from ftx_triton.repository.ensemble import check_ensemble
 from ftx_triton.repository.model_config import (
     DEFAULT_MAX_BATCH_SIZE,
@@ -73,6 +73,7 @@ def test_help_documents_every_option(ftx_cli) -> None:
         "--max-batch-size",
         "--instances",
         "--text-instances",
+        "--text-batch-delay-us",
         "--streaming",
         "--dynamic-batching",
         "--runtime",
@@ -251,7 +252,8 @@ def test_text_instances_count_both_text_models(ftx_cli, tiny_gptj_dir: Path, tmp
     assert counts == {"preprocessing": 3, "postprocessing": 1}  # a stream's pieces keep their order
     plan = ftx_cli("run", str(tiny_gptj_dir), "--dry-run", "--streaming", "--text-instances", "3")
     assert plan.exit_code == 0, plan.stderr
-    assert "preprocessing x3, postprocessing x1, batched, streaming (interval auto: a response every" in plan.stdout
+    told = "preprocessing x3, postprocessing x1, batched (preprocessing holds a batch 10 ms), streaming (interval auto"
+    assert told in plan.stdout
     assert json.loads((streaming / "ftx-deployment.json").read_text())["stream_interval"] == "auto"  # the default
     assert ft_config(streaming).parameters["ftx_stream_interval"].string_value == "auto"
 
@@ -267,6 +269,27 @@ def test_text_models_batch_unless_told_not_to(ftx_cli, tiny_gptj_dir: Path, tmp_
         assert not off.HasField("dynamic_batching") and not any(i.allow_ragged_batch for i in off.input), role
     plan = ftx_cli("run", str(tiny_gptj_dir), "--dry-run", "--no-text-batching")
     assert "preprocessing x1, postprocessing x1, ensemble" in plan.stdout
+
+
+def test_text_batch_delay_holds_preprocessing_requests_only(ftx_cli, tiny_gptj_dir: Path, tmp_path: Path) -> None:
+    """--text-batch-delay-us is preprocessing's batcher delay (a burst tokenized in one call); postprocessing never
+    waits (a stream's pieces would); without text batching there is no batcher to set, so a delay is refused."""
+    out = tmp_path / "repo"
+    configure(ftx_cli, tiny_gptj_dir, out, "--text-batch-delay-us", "3000")
+    delays = {r: parse_config(out / r / "config.pbtxt").dynamic_batching for r in ("preprocessing", "postprocessing")}
+    assert {r: d.max_queue_delay_microseconds for r, d in delays.items()} == {
+        "preprocessing": 3000,
+        "postprocessing": 0,
+    }
+    assert json.loads((out / "ftx-deployment.json").read_text())["text_batch_delay_us"] == 3000
+    default = tmp_path / "default"
+    configure(ftx_cli, tiny_gptj_dir, default)
+    written = parse_config(default / "preprocessing" / "config.pbtxt").dynamic_batching.max_queue_delay_microseconds
+    assert written == DEFAULT_TEXT_BATCH_DELAY_US
+    result = refused(ftx_cli, tiny_gptj_dir, tmp_path / "off", "--no-text-batching", "--text-batch-delay-us", "3000")
+    assert "error: --text-batch-delay-us" in result.stderr and "hint:" in result.stderr
+    assert not (tmp_path / "off").exists()
+    configure(ftx_cli, tiny_gptj_dir, tmp_path / "off-zero", "--no-text-batching", "--text-batch-delay-us", "0")
 
 
 def test_streaming_is_decoupled_and_postprocessing_reads_ft_outputs_only(

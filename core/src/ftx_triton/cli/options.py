@@ -47,6 +47,7 @@ repository_options = options_of(
         "instances",
         "text_instances",
         "text_batching",
+        "text_batch_delay_us",
         "streaming",
         "stream_interval",
         "max_queue_size",

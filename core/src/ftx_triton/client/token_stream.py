@@ -1,4 +1,4 @@
-"""Streaming without a Python model per token: token ids straight from the ``fastertransformer`` model.
+"""Token ids straight to and from the ``fastertransformer`` model: no Python model between the client and it.
 
 A streaming deployment's ``text`` ensemble runs the ``postprocessing`` Python model once per generated token
 and request (one call to a stub process each, one process for every stream). The OpenAI endpoint and
@@ -6,6 +6,12 @@ and request (one call to a stub process each, one process for every stream). The
 preprocessing code (:class:`TokenRoute`, the same checks and limits as the ``preprocessing`` model), send
 the ids to the decoupled ``fastertransformer`` model over gRPC's stream, and detokenize the ids it streams
 back incrementally (:class:`IncrementalText`, Hugging Face ``tokenizers``' ``DecodeStream``).
+
+A deployment that does not stream is reached the same way by the OpenAI endpoint (:func:`infer_whole`: one
+gRPC call, the answer decoded by the repository's own postprocessing code), so that its requests reach the
+model's dynamic batcher as the clients send them: through the ensemble, the one ``preprocessing`` instance
+works through a burst of requests a few at a time, and their arrivals at the model spread beyond the
+batcher's delay (a closed loop then splits into groups that take turns generating).
 
 FasterTransformer's responses each hold the whole output so far, so a client that reads slower than the
 model writes loses nothing when the responses it has not read yet are dropped for the newest one
@@ -26,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ftx_triton.client.send_gate import SendGate
 from ftx_triton.client.text_client import MODEL_FAULT
 from ftx_triton.errors import ServeError
 from ftx_triton.repository.io import GENERATE_INPUTS, PROMPT_TO_FT
@@ -33,6 +40,7 @@ from ftx_triton.repository.io import GENERATE_INPUTS, PROMPT_TO_FT
 FT_MODEL = "fastertransformer"
 PREPROCESSING_DIR = Path("preprocessing") / "1"
 _OUTPUTS = ("output_ids", "sequence_length")
+LOG_PROBS_OUTPUT = "output_log_probs"
 _GENERATE_NAMES = frozenset(d.name for d in GENERATE_INPUTS)
 _ROLE_TO_INPUT = {"prompt": "text_input", "seed": "random_seed"}
 """Roles of a generate request whose preprocessing input has another name (the rest share theirs)."""
@@ -94,20 +102,23 @@ class TokenRoute:
         ft = parse_config(self.repository / FT_MODEL / "config.pbtxt")
         self.decoupled = bool(ft.model_transaction_policy.decoupled)
         self.ft_inputs = {i.name for i in ft.input}
+        self.ft_outputs = {o.name for o in ft.output}
+        self._post: Any = None
 
     @classmethod
-    def open(cls, repository: Path | None) -> TokenRoute | None:
-        """The route for a streaming repository; None when the model does not stream or the repository is not
-        readable here (then the ``text`` ensemble serves)."""
+    def open(cls, repository: Path | None, *, streaming_only: bool = True) -> TokenRoute | None:
+        """The route for a repository readable here; None when it is not (then the ``text`` ensemble serves),
+        and with ``streaming_only`` when its model does not stream."""
         if repository is None:
             return None
         try:
-            if not _streams(Path(repository)):  # before the tokenizer loads (the OpenAI front's start waits on it)
+            # before the tokenizer loads (the OpenAI front's start waits on it)
+            if streaming_only and not _streams(Path(repository)):
                 return None
             route = cls(Path(repository))
         except Exception:  # noqa: BLE001 - a repository not readable here: the ensemble serves instead
             return None
-        return route if route.decoupled else None
+        return route if route.decoupled or not streaming_only else None
 
     def inputs(self, values: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], list[int]]:
         """The fastertransformer model's inputs for a generate request's role values, and the prompt's ids.
@@ -130,7 +141,7 @@ class TokenRoute:
         mapping = PROMPT_TO_FT[self.io_kind]
         tensors = {mapping.get(name, name): array for name, array in out.items()}
         tensors = {name: array for name, array in tensors.items() if name in self.ft_inputs}
-        prompt = [int(t) for t in out["INPUT_ID"][0, : int(np.asarray(out["REQUEST_INPUT_LEN"]).reshape(-1)[0])]]
+        prompt = out["INPUT_ID"][0, : int(np.asarray(out["REQUEST_INPUT_LEN"]).reshape(-1)[0])].tolist()
         return tensors, prompt
 
     def generated(self, outputs: Mapping[str, np.ndarray], prompt_len: int) -> list[int]:
@@ -148,6 +159,37 @@ class TokenRoute:
     def decoder(self, prompt: list[int]) -> IncrementalText:
         context = prompt if self.io_kind == "decoder" else []
         return IncrementalText(self.codec, context)
+
+    def whole_outputs(self) -> tuple[str, ...]:
+        """What a whole answer is asked for: the ids, their lengths, and the log probabilities where the model
+        answers them (the preprocessing code always asks FasterTransformer for them)."""
+        return _OUTPUTS + ((LOG_PROBS_OUTPUT,) if LOG_PROBS_OUTPUT in self.ft_outputs else ())
+
+    def answer(self, outputs: Mapping[str, np.ndarray], prompt_len: int) -> WholeAnswer:
+        """A whole answer as the ``postprocessing`` model makes it (its own code, on the best beam): the text
+        generated up to the first end id, those ids, and FasterTransformer's log probability of each."""
+        from ftx_triton.repository.textproc import Postprocessor
+
+        if self._post is None:
+            self._post = Postprocessor(self.codec, self.settings)
+        ids = np.asarray(outputs["output_ids"])
+        lengths = outputs.get("sequence_length")
+        if lengths is None:
+            lengths = np.full(ids.shape[:-1], ids.shape[-1], np.int64)
+        prompt = np.full((ids.shape[0], 1), prompt_len, np.int64)
+        text = self._post.texts(ids, lengths, prompt)[0][0]
+        tokens, probs = self._post.tokens(ids, lengths, outputs.get(LOG_PROBS_OUTPUT), None, prompt)
+        kept = [int(t) for t in tokens[0] if t >= 0]
+        return WholeAnswer(text, kept, [float(p) for p in probs[0][: len(kept)]])
+
+
+@dataclass(frozen=True)
+class WholeAnswer:
+    """A model's whole answer to one request: the generated text, its ids and their log probabilities."""
+
+    text: str
+    token_ids: list[int]
+    log_probs: list[float]
 
 
 # --------------------------------------------------------------------------- ids -> text, incrementally
@@ -211,8 +253,11 @@ class IncrementalText:
 # --------------------------------------------------------------------------- Triton's gRPC messages
 
 
-def infer_request(tensors: Mapping[str, np.ndarray], request_id: str = "") -> Any:
-    """A ``ModelInferRequest`` for the fastertransformer model that asks for the empty final response."""
+def infer_request(
+    tensors: Mapping[str, np.ndarray], request_id: str = "", *, outputs: tuple[str, ...] = _OUTPUTS, stream: bool = True
+) -> Any:
+    """A ``ModelInferRequest`` for the fastertransformer model; ``stream``: one that asks for the empty final
+    response (a decoupled model's stream then says where it ends)."""
     from tritonclient.grpc import service_pb2
 
     request = service_pb2.ModelInferRequest(model_name=FT_MODEL, id=request_id)
@@ -223,10 +268,21 @@ def infer_request(tensors: Mapping[str, np.ndarray], request_id: str = "") -> An
             raise TypeError(f"{name}: no Triton type for {array.dtype}")
         request.inputs.add(name=name, datatype=datatype, shape=list(array.shape))
         request.raw_input_contents.append(array.tobytes())
-    for name in _OUTPUTS:
+    for name in outputs:
         request.outputs.add(name=name)
-    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    if stream:
+        request.parameters["triton_enable_empty_final_response"].bool_param = True
     return request
+
+
+def response_outputs(response: Any) -> dict[str, np.ndarray]:
+    """The tensors of a ``ModelInferResponse`` (those of a type this module reads)."""
+    outputs = {}
+    for tensor, raw in zip(response.outputs, response.raw_output_contents, strict=False):
+        dtype = _NUMPY_TYPES.get(tensor.datatype)
+        if dtype is not None:
+            outputs[tensor.name] = np.frombuffer(raw, dtype=dtype).reshape(list(tensor.shape))
+    return outputs
 
 
 def read_response(message: Any) -> tuple[dict[str, np.ndarray], bool]:
@@ -240,13 +296,8 @@ def read_response(message: Any) -> tuple[dict[str, np.ndarray], bool]:
             raise StreamFault(text)
         raise ModelRefused(text)
     response = message.infer_response
-    outputs = {}
-    for tensor, raw in zip(response.outputs, response.raw_output_contents, strict=False):
-        dtype = _NUMPY_TYPES.get(tensor.datatype)
-        if dtype is not None:
-            outputs[tensor.name] = np.frombuffer(raw, dtype=dtype).reshape(list(tensor.shape))
     final = "triton_final_response" in response.parameters and response.parameters["triton_final_response"].bool_param
-    return outputs, bool(final)
+    return response_outputs(response), bool(final)
 
 
 def grpc_target(url: str) -> str:
@@ -269,10 +320,14 @@ class _Latest:
 
 
 class AsyncTokenClient:
-    """One gRPC channel to Triton for every stream of an event loop (the OpenAI endpoint)."""
+    """One gRPC channel to Triton for every stream of an event loop (the OpenAI endpoint); ``timeout_s`` bounds
+    a whole answer's call (None: no bound); ``gate`` holds requests prepared together so that they reach the model
+    together (:mod:`.send_gate`)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, timeout_s: float | None = None, gate: SendGate | None = None) -> None:
         self.target = grpc_target(url)
+        self.timeout_s = timeout_s
+        self.gate = gate
         self._channel: Any = None
         self._stub: Any = None
 
@@ -314,6 +369,8 @@ async def stream_texts(
         yield request
         await done.wait()  # keep the stream open until the final response came (or the consumer left)
 
+    if client.gate is not None:
+        await client.gate.wait()
     call = client.stub().ModelStreamInfer(requests())
 
     async def reader() -> None:
@@ -370,6 +427,39 @@ async def stream_texts(
             call.cancel()
             task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def infer_whole(client: AsyncTokenClient, route: TokenRoute, values: Mapping[str, Any]) -> WholeAnswer:
+    """One request to a model that answers in one piece (not decoupled), its answer decoded here. Raises the
+    preprocessing code's ``RequestError`` for a request the ``preprocessing`` model would refuse, and
+    :class:`ModelRefused`, :class:`Overloaded`, :class:`StreamFault` or ``ServeError`` (Triton unreachable,
+    no answer in time) as the model's answer says."""
+    import grpc
+
+    tensors, prompt = route.inputs(values)
+    request = infer_request(tensors, outputs=route.whole_outputs(), stream=False)
+    if client.gate is not None:
+        await client.gate.wait()
+    try:
+        response = await client.stub().ModelInfer(request, timeout=client.timeout_s)
+    except grpc.aio.AioRpcError as exc:
+        raise _unary_error(exc, client.target, client.timeout_s) from None
+    return route.answer(response_outputs(response), len(prompt))
+
+
+def _unary_error(exc: Any, target: str, timeout_s: float | None) -> ServeError:
+    """What a failed ``ModelInfer`` call means: the queue's refusal, Triton out of reach or too slow, the
+    request's fault (INVALID_ARGUMENT, unless the model words a fault of its own), or a fault of the model."""
+    import grpc
+
+    code, details = exc.code(), exc.details() or ""
+    if is_overload(details) or code == grpc.StatusCode.UNAVAILABLE:
+        return _rpc_error(exc, target)
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return ServeError(f"no answer from {target} within {timeout_s:g} s", hint="retry later")
+    if code == grpc.StatusCode.INVALID_ARGUMENT and not MODEL_FAULT.search(details):
+        return ModelRefused(details)
+    return StreamFault(details)
 
 
 def _rpc_error(exc: Any, target: str) -> ServeError:
@@ -434,7 +524,9 @@ __all__ = [
     "ModelRefused",
     "StreamFault",
     "TokenRoute",
+    "WholeAnswer",
     "infer_request",
+    "infer_whole",
     "is_overload",
     "read_response",
     "stream_texts",

@@ -107,7 +107,10 @@ class Pipeline:
         if plan.runtime is not None:
             self._say_runtime(plan)
         self.stages.before_build = self._before_build
-        source = result.source = self.stages.fetch(plan.ref, plan.family, self._context(plan))
+        keyed_later = self._wanted("convert") and not plan.settings.fetch.adapter  # hashed beside the conversion
+        source = result.source = self.stages.fetch(
+            plan.ref, plan.family, self._context(plan), key_with_conversion=keyed_later
+        )
         if not plan.config_is_final:
             had_runtime = plan.runtime is not None
             plan = result.plan = self._complete(plan, source)
@@ -124,6 +127,7 @@ class Pipeline:
             source = result.source = self.stages.adapt(family, source, self._context(plan))
         ctx = self._context(plan)
         checkpoint = result.checkpoint = self.stages.convert(family, source, spec, ctx)
+        source = result.source = self.stages.settled(source)
         if checkpoint.non_finite:
             shown = ", ".join(checkpoint.non_finite[:3]) + (" …" if len(checkpoint.non_finite) > 3 else "")
             self.say(

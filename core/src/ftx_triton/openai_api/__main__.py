@@ -34,11 +34,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--home", type=Path, help="The FTX_HOME of its record: the endpoint stops once it is deleted")
     args = parser.parse_args(argv)
 
+    from ftx_triton.errors import FtxError
     from ftx_triton.front.server import Front, Limits
     from ftx_triton.openai_api.app import MAX_BODY_BYTES, make_app
     from ftx_triton.server.home_watch import HomeWatch
 
-    app = make_app(args.triton, args.model_id, args.tokenizer, args.ensemble, triton_grpc=args.triton_grpc)
+    try:
+        app = make_app(args.triton, args.model_id, args.tokenizer, args.ensemble, triton_grpc=args.triton_grpc)
+    except FtxError as exc:  # a bad FTX_OPENAI_GATHER_US: said, and ftx run shows it from this log
+        print(f"error: {exc.message}" + (f"\nhint: {exc.hint}" if exc.hint else ""), file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     front = Front(app, args.host, args.port, Limits(max_body_bytes=MAX_BODY_BYTES))
 
     def home_gone() -> None:

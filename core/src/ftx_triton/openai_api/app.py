@@ -1,9 +1,11 @@
-"""The aiohttp application: OpenAI's completions and chat completions over a Triton ensemble (and
-``/v1/embeddings``, :mod:`.embeddings`).
+"""The aiohttp application: OpenAI's completions and chat completions over Triton (and ``/v1/embeddings``,
+:mod:`.embeddings`).
 
-Requests are validated (OpenAI's error shape, HTTP 400), turned into generate-extension calls on
-the ensemble (run in a worker thread: the Triton client is synchronous) and answered in OpenAI's
-shapes, streamed as server-sent events (``data: {...}`` … ``data: [DONE]``) when ``stream`` is set.
+Requests are validated (OpenAI's error shape, HTTP 400), sent to the ``fastertransformer`` model as token ids
+over gRPC where the repository is readable here (the token route, :mod:`.token_generation`: tokenized and
+detokenized in this process, streaming or not), else as generate-extension calls on the ``text`` ensemble
+(run in a worker thread: that client is synchronous), and answered in OpenAI's shapes, streamed as
+server-sent events (``data: {...}`` … ``data: [DONE]``) when ``stream`` is set.
 Token counts (``usage``, ``finish_reason``) come from the repository's own tokenizer. Chat templates
 render in a worker process with a time limit (:class:`~.chat.TemplateWorker`). A client that leaves
 ends its request: the front cancels the handler (no further prompt is generated) and a stream's worker
@@ -29,6 +31,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from ftx_triton.client.send_gate import send_gate
 from ftx_triton.client.text_client import HttpError, HttpTriton, PieceJoiner, TextInterface, text_interface
 from ftx_triton.client.token_stream import (
     AsyncTokenClient,
@@ -53,7 +56,7 @@ from ftx_triton.openai_api.embeddings import (
 from ftx_triton.openai_api.launch import PID_HEADER
 from ftx_triton.openai_api.metrics import FrontMetrics, Tracked
 from ftx_triton.openai_api.params import BadRequest, Params, parse_params
-from ftx_triton.openai_api.token_generation import TokenGeneration
+from ftx_triton.openai_api.token_generation import TokenGeneration, WholeGeneration
 from ftx_triton.repository.io import TEXT_MODEL_NAME
 from ftx_triton.repository.textproc import MAX_WORD_TOKENS, RequestError
 
@@ -99,7 +102,7 @@ class Deployment:
     tokens: AsyncTokenClient | None = None
     """Triton's gRPC endpoint, for the token route (None: every request goes through the ensemble)."""
     route: TokenRoute | None = None
-    """The token route of a streaming repository this process can read (:mod:`.token_generation`)."""
+    """The token route of a repository this process can read (:mod:`.token_generation`), streaming or not."""
     metrics: FrontMetrics | None = None
     """Token-level Prometheus series (``/metrics``), when the endpoint keeps them."""
     triton_grpc: str | None = None
@@ -107,16 +110,27 @@ class Deployment:
     _iface: TextInterface | None = None
     _codec: Any = None
 
+    def routed(self, *, log_probs: bool = False) -> bool:
+        """Whether a generation goes over the token route: there is one, and the model answers in one piece
+        (ids and log probabilities) or no log probabilities are wanted (a stream's route reads ids only)."""
+        if self.tokens is None or self.route is None:
+            return False
+        return not (log_probs and self.route.decoupled)
+
     def generation(
         self, prompt: str, values: Mapping[str, Any], stop: list[str], *, log_probs: bool = False
-    ) -> Generation | TokenGeneration | Tracked:
-        """The generation for one prompt: over the token route when there is one and no log probabilities
-        are wanted (the route reads ids only), else the ensemble; measured when the endpoint keeps metrics."""
-        generation: Generation | TokenGeneration
-        if self.tokens is not None and self.route is not None and not log_probs:
-            generation = TokenGeneration(self.tokens, self.route, prompt, values, stop)
-        else:
+    ) -> Generation | TokenGeneration | WholeGeneration | Tracked:
+        """The generation for one prompt: over the token route where :meth:`routed`, else the ensemble;
+        measured when the endpoint keeps metrics."""
+        generation: Generation | TokenGeneration | WholeGeneration
+        if not self.routed(log_probs=log_probs):
             generation = Generation(self, prompt, values, stop)
+        else:
+            assert self.tokens is not None and self.route is not None
+            if self.route.decoupled:
+                generation = TokenGeneration(self.tokens, self.route, prompt, values, stop)
+            else:
+                generation = WholeGeneration(self.tokens, self.route, prompt, values, stop)
         if self.metrics is None:
             return generation
         return self.metrics.track(generation, self.count, lambda: self.count(prompt, prompt=True))
@@ -132,6 +146,15 @@ class Deployment:
 
             self._codec = load_codec(self.tokenizer_dir)
         return self._codec
+
+    async def aiface(self) -> TextInterface:
+        """:meth:`iface`, read in a worker thread the first time (over HTTP), then at once: a burst of requests
+        is not spread by a thread hop each."""
+        return self._iface if self._iface is not None else await asyncio.to_thread(self.iface)
+
+    async def acodec(self) -> Any:
+        """:meth:`codec`, loaded in a worker thread the first time, then at once."""
+        return self._codec if self._codec is not None else await asyncio.to_thread(self.codec)
 
     def count(self, text: str, *, prompt: bool = False) -> int:
         return len(self.codec().encode(text, prompt=prompt))
@@ -328,7 +351,7 @@ class Handlers:
 
     async def _params(self, body: Mapping[str, Any], kind: str, prompts: int) -> Params:
         """The request's settings, checked against what this deployment's model can give."""
-        codec = await asyncio.to_thread(self.d.codec)
+        codec = await self.d.acodec()
         params = parse_params(body, kind, codec.vocab_size)
         if params.stop:  # stop strings of more tokens than a stop word may have are only cut in the text
             words = [s for s in params.stop if len(codec.encode(s, prompt=False)) <= MAX_WORD_TOKENS]
@@ -339,7 +362,7 @@ class Handlers:
                 "request may ask for (send several requests)",
                 "best_of" if params.best_of > 1 else "n",
             )
-        iface = await asyncio.to_thread(self.d.iface)
+        iface = await self.d.aiface()
         if (params.logprobs or params.best_of > params.n) and not iface.gives_tokens:
             raise BadRequest(
                 "this deployment's text model does not answer token log probabilities"
@@ -406,7 +429,7 @@ class Handlers:
         body = await self._body(request)
         wanted = parse_embedding_request(body)
         encoder = await asyncio.to_thread(self.embedder.encoder)
-        codec = await asyncio.to_thread(self.d.codec)
+        codec = await self.d.acodec()
         ids = token_ids(wanted, lambda text: codec.encode(text, prompt=True), encoder.vocab_size)
         try:
             vectors = await asyncio.to_thread(encoder.embed, ids)
@@ -567,7 +590,7 @@ class Handlers:
     async def _sse(
         self, request: web.Request, prompt: str, params: Params, chunk: Any, *, echo: bool = False, role: bool = False
     ) -> web.StreamResponse:
-        await asyncio.to_thread(self.d.iface)  # fail before the 200 if the ensemble cannot be read
+        await self.d.aiface()  # fail before the 200 if the ensemble cannot be read
         # the first piece too: a request the model refuses, or a server that is gone, is an HTTP error
         # status (400 / 502 from the middleware), not a 200 whose stream holds the error
         stream = self._events(prompt, params)
@@ -590,7 +613,7 @@ class Handlers:
         opening = await anext(stream)  # the first choice opens: nothing generated yet
         second = await anext(stream)  # its first piece (or its end): a refusal is still an HTTP error here
         decoupled = self.d.iface().decoupled
-        route = self.d.route is not None and self.d.tokens is not None and not params.logprobs
+        route = self.d.routed(log_probs=params.logprobs)
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",
@@ -731,14 +754,15 @@ def make_app(
     triton_grpc: str | None = None,
 ) -> web.Application:
     """The application for one deployment (``triton_http`` = ``http://host:port`` of Triton; ``triton_grpc``
-    = its ``host:port`` for gRPC, which a streaming repository's token route reads ids from)."""
+    = its ``host:port`` for gRPC, over which the token route sends ids to the model and reads them back)."""
     deployment = Deployment(HttpTriton(triton_http, timeout_s=timeout_s), model_id, ensemble, Path(tokenizer_dir))
     deployment.metrics = FrontMetrics()
     deployment.triton_grpc = triton_grpc
-    if triton_grpc:
-        deployment.route = TokenRoute.open(Path(tokenizer_dir).parent.parent)  # the repository of preprocessing/1
+    gate = send_gate()  # read first: a bad FTX_OPENAI_GATHER_US stops the start whatever the route
+    if triton_grpc:  # the repository of preprocessing/1
+        deployment.route = TokenRoute.open(Path(tokenizer_dir).parent.parent, streaming_only=False)
         if deployment.route is not None:
-            deployment.tokens = AsyncTokenClient(triton_grpc)
+            deployment.tokens = AsyncTokenClient(triton_grpc, timeout_s=timeout_s, gate=gate)
     handlers = Handlers(deployment)
     app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
     app.add_routes(

@@ -1,10 +1,14 @@
-"""One generation through the token route: ids from the ``fastertransformer`` model's stream, text made here.
+"""One generation through the token route: ids to and from the ``fastertransformer`` model, text made here.
 
 The same contract as :class:`~ftx_triton.openai_api.app.Generation` (``astream``, ``awhole``,
-``finish_reason``), for a streaming deployment whose repository this process can read: the prompt is
-tokenized and checked by the repository's own preprocessing code, the model streams ids over gRPC, and
-:mod:`ftx_triton.client.token_stream` detokenizes them incrementally, dropping responses the client was too
-slow to read (each holds the whole output so far). No Python model runs per token.
+``finish_reason``), for a deployment whose repository this process can read: the prompt is tokenized and
+checked by the repository's own preprocessing code and the ids go to the model over gRPC. A streaming model
+streams ids back, which :mod:`ftx_triton.client.token_stream` detokenizes incrementally, dropping responses
+the client was too slow to read (each holds the whole output so far): no Python model runs per token
+(:class:`TokenGeneration`). A model that answers in one piece answers once, decoded by the repository's own
+postprocessing code, with the ids and log probabilities the ``text`` ensemble would give
+(:class:`WholeGeneration`): no Python model runs at all, so requests reach the model's batcher as their
+clients send them.
 
 Segmented generation (opt-in, ``FTX_SEGMENT_TOKENS=k``): the generation is asked for k tokens at a time,
 each segment a new request of the prompt plus the text so far, so that a request arriving while a batch
@@ -15,10 +19,11 @@ round trip); each segment re-reads the context, which costs the GPU a context pa
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any
 
-from ftx_triton.client.token_stream import AsyncTokenClient, TokenRoute, stream_texts
+from ftx_triton.client.token_stream import AsyncTokenClient, TokenRoute, infer_whole, stream_texts
 from ftx_triton.envvars import env_int
 
 SEGMENT_ENV = "FTX_SEGMENT_TOKENS"
@@ -93,6 +98,46 @@ class TokenGeneration:
         return "".join([piece async for piece in self.astream()])
 
 
+class WholeGeneration:
+    """One prompt's generation over the token route of a model that answers in one piece (not decoupled): the
+    ensemble's :class:`~ftx_triton.openai_api.app.Generation` contract, log probabilities included (the model's
+    ``output_log_probs``, read as the ``postprocessing`` model reads them)."""
+
+    def __init__(
+        self, client: AsyncTokenClient, route: TokenRoute, prompt: str, values: Mapping[str, Any], stop: list[str]
+    ) -> None:
+        self.client, self.route, self.stop = client, route, stop
+        self.values = {"prompt": prompt, **values}
+        self.finish_reason = "length"
+        self.stopped = False
+        self.text = ""
+        self.token_ids: list[int] = []
+        self.log_probs: list[float] = []
+        self.piece_tokens: deque[tuple[list[int], list[float]]] = deque()
+
+    @property
+    def tokens(self) -> int:
+        """Tokens generated: the model's own ids up to the first end id."""
+        return len(self.token_ids)
+
+    def mean_log_prob(self) -> float:
+        return sum(self.log_probs) / len(self.log_probs) if self.log_probs else 0.0
+
+    async def astream(self) -> AsyncGenerator[str, None]:
+        """The whole text in one piece (the prompt is not repeated), cut at the first stop string."""
+        answer = await infer_whole(self.client, self.route, self.values)
+        self.token_ids, self.log_probs = answer.token_ids, answer.log_probs
+        self.text, self.stopped = cut_at_stop(answer.text, self.stop)
+        wanted = int(self.values.get("max_tokens") or 0)
+        self.finish_reason = "stop" if self.stopped or self.tokens < wanted else "length"
+        if self.text or self.token_ids:
+            self.piece_tokens.append((self.token_ids, self.log_probs))
+            yield self.text
+
+    async def awhole(self) -> str:
+        return "".join([piece async for piece in self.astream()])
+
+
 class _Counter:
     """Remembers how many ids the model generated (what ``finish_reason`` and metrics count)."""
 
@@ -103,4 +148,4 @@ class _Counter:
         self.count = count
 
 
-__all__ = ["SEGMENT_ENV", "TokenGeneration", "cut_at_stop", "segment_tokens"]
+__all__ = ["SEGMENT_ENV", "TokenGeneration", "WholeGeneration", "cut_at_stop", "segment_tokens"]

@@ -61,6 +61,15 @@ group generates, so a lone request and c - 1 take turns for good (FasterTransfor
 execution). Holding a batch's first request this long gathers clients that send within it into one batch
 (docs/benchmarks.md, issue 38: the batcher delay against the 1 / c - 1 split)."""
 
+DEFAULT_TEXT_BATCH_DELAY_US = 10_000
+"""``--text-batch-delay-us``'s default. At 0, the ``preprocessing`` model tokenizes a burst's first request alone and
+the rest in one long execution after it (Triton's batcher hands an instance everything queued), so the ``text``
+ensemble's requests reach the ``fastertransformer`` model spread by that execution's length, beyond its
+``--batch-delay-us``: a closed loop splits into groups that take turns. Holding the first request this long
+tokenizes the burst in one execution, whose answers reach the model together (docs/benchmarks.md, issue 38: where
+a burst spreads). A lone request through the ensemble pays it; the OpenAI endpoint does not pass through
+``preprocessing``."""
+
 
 def is_auto(value: object) -> bool:
     """Whether ``value`` is :data:`AUTO` (or the word ``auto``, as a file or the command line writes it)."""
@@ -191,6 +200,18 @@ class RepositorySettings(OptionSection):
         kind=bool,
         show_default=True,
     )
+    text_batch_delay_us: int | None = option(
+        None,
+        help="The preprocessing model's dynamic batcher holds a batch's first request this many microseconds to "
+        "batch more with it, so that requests sent together are tokenized in one call and reach the model "
+        "together (its own --batch-delay-us then batches them as one); default: "
+        f"{DEFAULT_TEXT_BATCH_DELAY_US} with --text-batching. 0 = tokenize what is queued at once.",
+        kind=int,
+        low=0,
+        high=1_000_000,
+    )
+    """Triton's ``max_queue_delay_microseconds`` on the ``preprocessing`` model; None: :data:`DEFAULT_TEXT_BATCH_DELAY_US`
+    with text batching (none without)."""
     streaming: bool = option(
         False, help="Decoupled model: one response per generated token (gRPC streaming).", kind=bool, show_default=True
     )

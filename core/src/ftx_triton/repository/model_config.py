@@ -19,7 +19,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ftx_triton.conversion.family import POSITION_KEYS
 from ftx_triton.errors import ConfigError, FtxError
 from ftx_triton.formats.ftformat import gpu_dir_name
-from ftx_triton.plan.settings import AUTO, DEFAULT_BATCH_DELAY_US, Auto
+from ftx_triton.plan.settings import AUTO, DEFAULT_BATCH_DELAY_US, DEFAULT_TEXT_BATCH_DELAY_US, Auto
 from ftx_triton.repository.io import (
     ENCODER_DECODER,
     ENCODER_INPUTS,
@@ -77,6 +77,8 @@ class FtModelOptions:
     """Instances of each Python-backend text model (preprocessing, postprocessing)."""
     text_batching: bool = True
     """Dynamic batching of each text model's requests (one Python call per queued group)."""
+    text_batch_delay_us: int | None = None
+    """``--text-batch-delay-us`` as given; None: ftx's default (:attr:`text_batch_delay`)."""
     streaming: bool = False
     stream_interval: int | Auto = AUTO
     """A decoupled model sends the first, every Nth and the last step's response (ftx's backend patch, the python runtime);
@@ -113,6 +115,14 @@ class FtModelOptions:
         if self.batch_delay_us is not None:
             return self.batch_delay_us
         return DEFAULT_BATCH_DELAY_US if self.dynamic_batching else 0
+
+    @property
+    def text_batch_delay(self) -> int:
+        """How long the ``preprocessing`` model's batcher holds a batch's first request (0: none);
+        :data:`DEFAULT_TEXT_BATCH_DELAY_US` unless given, none without text batching."""
+        if not self.text_batching:
+            return 0
+        return DEFAULT_TEXT_BATCH_DELAY_US if self.text_batch_delay_us is None else self.text_batch_delay_us
 
     @property
     def custom_all_reduce_on(self) -> bool:
@@ -152,6 +162,7 @@ class FtModelOptions:
             instances=repo.instances,
             text_instances=repo.text_instances,
             text_batching=repo.text_batching,
+            text_batch_delay_us=repo.text_batch_delay_us,
             streaming=repo.streaming,
             stream_interval=repo.stream_interval,
             max_queue_size=repo.max_queue_size,
@@ -250,6 +261,13 @@ def check_serving_options(opts: FtModelOptions) -> None:
         raise ConfigError("the queue size and timeout cannot be negative", hint="use 0 for no bound")
     if opts.batch_delay_us is not None and opts.batch_delay_us < 0:
         raise ConfigError("the batch delay cannot be negative", hint="use 0 for none")
+    if opts.text_batch_delay_us is not None and opts.text_batch_delay_us < 0:
+        raise ConfigError("the text batch delay cannot be negative", hint="use 0 for none")
+    if opts.text_batch_delay_us and not opts.text_batching:
+        raise ConfigError(
+            "--text-batch-delay-us sets the preprocessing model's dynamic batcher, which --no-text-batching turns off",
+            hint="leave --no-text-batching out, or use --text-batch-delay-us 0",
+        )
     if (opts.max_queue_size or opts.queue_timeout_ms or opts.batch_delay_us) and not opts.dynamic_batching:
         raise ConfigError(
             "--max-queue-size, --queue-timeout-ms and --batch-delay-us set the dynamic batcher's queue, which "
@@ -373,14 +391,17 @@ def build_python_model_config(
     parameters: Mapping[str, str],
     instances: int = 1,
     batching: bool = False,
+    delay_us: int = 0,
 ) -> mc.ModelConfig:
     """A Python-backend model (preprocessing, postprocessing) on CPU. ``batching``: Triton's dynamic batcher
     hands the model every queued request in one call (ragged: the model answers each request on its own,
-    so their shapes need not agree)."""
+    so their shapes need not agree), holding the first up to ``delay_us`` for others."""
     config = mc.ModelConfig(name=name, backend="python", max_batch_size=max_batch_size)
     if batching:
         inputs = [dataclasses.replace(decl, ragged=True) for decl in inputs]
         config.dynamic_batching.SetInParent()
+        if delay_us:
+            config.dynamic_batching.max_queue_delay_microseconds = delay_us
     add_inputs_outputs(config, inputs, outputs)
     group = config.instance_group.add()
     group.count = instances

@@ -34,7 +34,7 @@ from ftx_triton.errors import CheckpointError, ConfigError
 from ftx_triton.formats.ftformat import gpu_dir_name, read_ini
 from ftx_triton.io.jsonfile import MAX_JSON_BYTES
 from ftx_triton.io.regular import open_regular
-from ftx_triton.plan.settings import Auto
+from ftx_triton.plan.settings import DEFAULT_TEXT_BATCH_DELAY_US, Auto
 from ftx_triton.repository import textproc
 from ftx_triton.repository.ensemble import (
     ENSEMBLE_NAME,
@@ -344,14 +344,19 @@ def text_instances(role: str, *, streaming: bool, count: int) -> int:
 
 
 def describe_text_models(repo: RepositorySettings) -> str:
-    """The text models (and the stream) as a dry run shows them: ``preprocessing x2, postprocessing x1, batched``,
-    then ``, streaming (a response every 4 tokens and the last)`` for a streaming deployment."""
+    """The text models (and the stream) as a dry run shows them: ``preprocessing x2, postprocessing x1, batched``
+    (with ``(preprocessing holds a batch 2 ms)`` when its batcher waits), then ``, streaming (a response every 4
+    tokens and the last)`` for a streaming deployment."""
     pre, post = (
         text_instances(role, streaming=repo.streaming, count=repo.text_instances)
         for role in (PREPROCESSING, POSTPROCESSING)
     )
     stream = f", streaming ({stream_of(True, repo.stream_interval).describe()})" if repo.streaming else ""
-    return f"preprocessing x{pre}, postprocessing x{post}" + (", batched" if repo.text_batching else "") + stream
+    delay = DEFAULT_TEXT_BATCH_DELAY_US if repo.text_batch_delay_us is None else repo.text_batch_delay_us
+    batched = ""
+    if repo.text_batching:
+        batched = f", batched (preprocessing holds a batch {delay / 1000:g} ms)" if delay else ", batched"
+    return f"preprocessing x{pre}, postprocessing x{post}" + batched + stream
 
 
 def write_text_model(dest: Path, role: str, plan: RepositoryPlan) -> None:
@@ -373,6 +378,7 @@ def write_text_model(dest: Path, role: str, plan: RepositoryPlan) -> None:
         parameters=params,
         instances=text_instances(role, streaming=plan.ft.streaming, count=plan.ft.text_instances),
         batching=plan.ft.text_batching,
+        delay_us=plan.ft.text_batch_delay if role == PREPROCESSING else 0,
     )
     model_dir = dest / role
     write_config(config, model_dir)
@@ -446,6 +452,7 @@ def deployment_record(plan: RepositoryPlan, backend: str) -> dict[str, Any]:
         "instances": ft.instances,
         "text_instances": ft.text_instances,
         "text_batching": ft.text_batching,
+        "text_batch_delay_us": ft.text_batch_delay,
         "streaming": ft.streaming,
         "stream_interval": str(ft.stream_interval) if isinstance(ft.stream_interval, Auto) else ft.stream_interval,
         "max_queue_size": ft.max_queue_size,
