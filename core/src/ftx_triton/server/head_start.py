@@ -41,7 +41,7 @@ from ftx_triton.server.launch import FTX_SHM_PREFIX, Launch, log_file_name, new_
 if TYPE_CHECKING:
     from ftx_triton.server.ports import ServerPorts
 
-FORMAT = 1
+FORMAT = 2
 """Version of the records; a record of another version is ignored."""
 RECORDS_DIR = ("triton", "head-starts")
 RECORDS_KEPT = 16
@@ -157,8 +157,8 @@ def _spawn(record: dict[str, Any]) -> HeadStart | None:
     usual = (TRITON_PORTS.http, TRITON_PORTS.grpc, TRITON_PORTS.metrics)
     if len(ports) != 3 or not all(port_free(host, p) for p in ports):
         return None  # tritonserver could not bind them
-    if ports != usual and all(port_free(host, p) for p in usual):
-        return None  # free ports taken while Triton's were in use: a run would take Triton's now
+    if record["auto_ports"] and ports != usual and all(port_free(host, p) for p in usual):
+        return None  # free ports ftx took while Triton's were in use: a run would take Triton's now
     if not all(port_free("127.0.0.1", int(p)) for p in internal):
         return None
     found = identities(last)
@@ -262,15 +262,22 @@ def end() -> None:
     discard("the command ended without serving it")
 
 
-def remember(launch: Launch, host: str, ports: tuple[int, int, int]) -> None:
+def remember(launch: Launch, host: str, ports: tuple[int, int, int], *, auto_ports: bool) -> None:
     """Record the launch of this run's ready server for the next identical request (once a process; only in an
     ``ftx run`` that :func:`begin` saw, all of whose stages were cached). A record that cannot be written is
-    skipped."""
+    skipped. ``auto_ports``: ftx chose the ports (none was given)."""
     global _recorded
     if _request is None or _recorded:
         return
     _recorded = True
-    record = {"format": FORMAT, "request": _request, "launch": launch.to_json(), "host": host, "ports": list(ports)}
+    record = {
+        "format": FORMAT,
+        "request": _request,
+        "launch": launch.to_json(),
+        "host": host,
+        "ports": list(ports),
+        "auto_ports": auto_ports,
+    }
     with contextlib.suppress(Exception):  # a head start never stands in a run's way
         directory = records_dir(_home())
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -365,7 +365,8 @@ class TritonServer:
             self._started_at = datetime.now(UTC).isoformat(timespec="seconds")
             timeline.step("tritonserver ready", models=len(self.expected_models))
             if self._launch is not None:
-                head_start.remember(self._launch, self.host, (self.ports.http, self.ports.grpc, self.ports.metrics))
+                ports = (self.ports.http, self.ports.grpc, self.ports.metrics)
+                head_start.remember(self._launch, self.host, ports, auto_ports=self._auto_ports)
             log.info(
                 "server.started",
                 name=self.name,
