@@ -7,8 +7,9 @@
    come from ftx's own ``timeline total=…`` line (``-v``), else from the time each output line arrives; each
    model's load seconds from tritonserver's own log clock.
 2. ``ftx convert`` of a GPT-J-shaped fp16 safetensors checkpoint (a fresh FTX_HOME) vs a read+write copy
-   of the same bytes on the same disk, and a second ``ftx convert`` of the unchanged source: the seconds to
-   decide "cached" (the fetch and convert lines) and the whole command.
+   of the same bytes on the same disk (and the CPU seconds the first convert used: on a shared machine they
+   move less with the load than its wall time), and a second ``ftx convert`` of the unchanged source: the
+   seconds to decide "cached" (the fetch and convert lines) and the whole command.
 
     python benchmarks/bench_cached_run.py --repeat 3 --layers 4 --work /tmp/ftx-bench-cached   # 2.4 GB
 
@@ -20,7 +21,11 @@ server log (``ftx: weights of rank …`` lines) and their ratios::
     python benchmarks/bench_cached_run.py --skip convert --repeat 3 --model CHECKPOINT --home "$FTX_HOME" \
         --runtime fastertransformer-native --run-args "--tp 2 --no-tune" --compare-loader
 
-Another version of ftx is measured by putting its sources first on ``PYTHONPATH`` (its server processes inherit it).
+Another version of ftx is measured by putting its sources first on ``PYTHONPATH`` (its server processes inherit it;
+the python runtime's stubs do not: give them ``FTX_STUB_PYTHON``, a python whose environment imports those sources).
+Before the measured runs, one run builds what is missing and one cached run serves once: a cached run's server is
+started ahead by the next identical run (``server started ahead`` says whether each measured run took it, and how
+many seconds before its serve stage it was started).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import shlex
 import shutil
 import statistics
@@ -54,6 +60,9 @@ GLOG = re.compile(r"^[IWEF]\d{4} (\d\d):(\d\d):(\d\d\.\d+) .*?(loading: ([^:\"]+
 TIMELINE = re.compile(r"^timeline total=([\d.]+) (.*?) family=")
 TIMELINE_STEP = re.compile(r"([a-z][a-z ]*?)=([\d.]+)")
 LOADED_EVENT = re.compile(r"runtime\.model_loaded.*?(?:imports_s=([\d.]+))?.*?seconds=([\d.]+)")
+HEAD_START = re.compile(
+    r"^server\.head_start taken=(True|False).*?(?:ahead_s=([\d.]+))?(?: reason=(.*?))?(?: family=|$)"
+)
 
 
 def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, list[tuple[float, str]]]:
@@ -110,6 +119,20 @@ def weights_loaded(log_path: str | None) -> dict[str, float]:
     }
 
 
+def head_start(lines: list[tuple[float, str]]) -> dict[str, float]:
+    """Whether the run took the server ftx started ahead of need (1/0), and how many seconds before its serve stage
+    that server was started (0 without one); a server started ahead and dropped is said."""
+    for _, line in lines:
+        if match := HEAD_START.match(line):
+            if match[1] == "False":
+                print(f"  (server started ahead was dropped: {match[3]})")
+            return {
+                "server started ahead (taken 1/0)": float(match[1] == "True"),
+                "  seconds ahead": float(match[2] or 0),
+            }
+    return {"server started ahead (taken 1/0)": 0.0, "  seconds ahead": 0.0}
+
+
 def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
     return {key: statistics.median(run.get(key, 0.0) for run in runs) for key in runs[0]}
 
@@ -129,8 +152,9 @@ def bench_cached_run(
     name = "bench-cached"
     run = [ftx, "-v", "run", model, "--detach", "--name", name, *(["--runtime", runtime] if runtime else []), *run_args]
     stop = [ftx, "stop", name]
-    timed(run, env)  # builds what is missing
-    timed(stop, env)
+    for _ in range(2):  # builds what is missing; then a cached run, whose server the measured runs start ahead
+        timed(run, env)
+        timed(stop, env)
     totals: dict[str, list[float]] = {loader: [] for loader in loaders}
     steps: dict[str, list[dict[str, float]]] = {loader: [] for loader in loaders}
     torch_runs, both_runs, ratios = [], [], []
@@ -143,7 +167,8 @@ def bench_cached_run(
             timed(stop, env)
             totals[loader].append(wall)
             found = timeline_steps(lines) or split_steps(wall, lines, RUN_STEPS)
-            steps[loader].append({**found, **(model_loads(Path(log)) if log else {}), **weights_loaded(log)})
+            loads = model_loads(Path(log)) if log else {}
+            steps[loader].append({**found, **loads, **weights_loaded(log), **head_start(lines)})
         ratios.append(totals[loaders[0]][-1] / torch_runs[-1])
     torch_s, both_s = statistics.median(torch_runs), statistics.median(both_runs)
     print(f"\ncached `{' '.join(run[1:])}`, median of {repeat}; {os.cpu_count()} CPUs")
@@ -170,14 +195,17 @@ def bench_convert(ftx: str, env: dict[str, str], work: Path, layers: int, hidden
     src = work / "hf"
     total, _ = write_checkpoint(src, layers, hidden, 50400)
     time.sleep(2.5)  # files just written are hashed again on the next run (their times may yet move)
-    copies, firsts, decides, keyed, seconds = [], [], [], [], []
+    copies, firsts, cpus, decides, keyed, seconds = [], [], [], [], [], []
     for _ in range(repeat):
         home = work / "home"
         shutil.rmtree(home, ignore_errors=True)
         run_env = {**env, "FTX_HOME": str(home)}
         cmd = [ftx, "-v", "convert", str(src), "--tp", "1", "--weight-dtype", "fp16", "-o", str(work / "out")]
         copies.append(plain_copy(src / "model.safetensors", work / "copy.bin"))
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         firsts.append(timed([*cmd, "--overwrite"], run_env)[0])
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
         again, lines = timed([*cmd, "--overwrite"], run_env)
         index = next(i for i, (_, line) in enumerate(lines) if line.startswith("fetch "))
         convert_at, convert_line = next((at, line) for at, line in lines if line.startswith("convert "))
@@ -191,6 +219,8 @@ def bench_convert(ftx: str, env: dict[str, str], work: Path, layers: int, hidden
     print(f"{'what':<52}{'seconds':>9}")
     print(f"{'read+write copy of the same bytes (bound)':<52}{copy_s:>9.2f}")
     print(f"{'ftx convert, first run (fresh FTX_HOME)':<52}{first_s:>9.2f}   {first_s / copy_s:.2f}x copy")
+    cpu_s = statistics.median(cpus)
+    print(f"{'  its CPU seconds (user + system, all threads)':<52}{cpu_s:>9.2f}   {cpu_s / first_s:.2f} CPUs busy")
     print(f"{'second ftx convert: fetch + convert lines (keying)':<52}{statistics.median(keyed):>9.2f}")
     print(f"{'second ftx convert: start to convert cached':<52}{statistics.median(decides):>9.2f}")
     print(f"{'second ftx convert: whole command':<52}{statistics.median(seconds):>9.2f}")
@@ -209,6 +239,7 @@ def main() -> None:
     parser.add_argument(
         "--home", type=Path, help="the FTX_HOME of the runs (default: WORK/run-home; a GPU's holds the built backend)"
     )
+    parser.add_argument("--ftx", type=Path, help="the ftx command to measure (default: the one beside this python)")
     parser.add_argument("--run-args", default="", help='more ftx run arguments, e.g. "--tp 2 --no-tune"')
     parser.add_argument(
         "--compare-loader",
@@ -216,7 +247,7 @@ def main() -> None:
         help="run each repeat with ftx's pinned weight loader and with upstream's (FTX_FT_LOADER=upstream)",
     )
     args = parser.parse_args()
-    ftx = shutil.which("ftx", path=str(Path(sys.executable).parent)) or "ftx"
+    ftx = str(args.ftx) if args.ftx else shutil.which("ftx", path=str(Path(sys.executable).parent)) or "ftx"
     env = {**os.environ, "FTX_HOME": str(args.home or args.work / "run-home")}
     args.work.mkdir(parents=True, exist_ok=True)
     if args.skip != "run":

@@ -11,8 +11,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ftx_triton.errors import ConfigError
-from ftx_triton.server.ports import TRITON_PORTS, ServerPorts, busy_ports, choose_ports, free_ports, port_free
+from ftx_triton.errors import ConfigError, ServeError
+from ftx_triton.server import ports as ports_module
+from ftx_triton.server.ports import (
+    TRITON_PORTS,
+    ServerPorts,
+    busy_ports,
+    choose_ports,
+    free_ports,
+    port_free,
+    ports_for,
+)
 from ftx_triton.server.tritonserver import TritonServer
 from triton_helpers import INPUT, add_repository, infer_http
 
@@ -50,6 +59,24 @@ def test_taken_defaults_give_free_ports_and_say_which() -> None:
         assert note is not None and "8001" in note and "--http-port" in note
         ports, _ = choose_ports("127.0.0.1", http=9123)  # a port given is kept
         assert ports.http == 9123
+
+
+def test_ports_a_server_started_ahead_holds_are_its_own_not_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The head start's early server holds its ports: they count as the run's, and they are the free ones a run
+    takes while Triton's usual ones are in use by another; once those are free again, the usual ones are chosen.
+    (Triton's usual ports are three free ones here, so that servers on this machine do not decide the test.)"""
+    usual = free_ports()
+    monkeypatch.setattr(ports_module, "TRITON_PORTS", usual)
+    held = free_ports()
+    with _hold(usual.http):
+        ports, note = choose_ports("127.0.0.1", held=held)
+        assert ports == held and note is not None and str(usual.http) in note
+    assert choose_ports("127.0.0.1", held=held) == (usual, None)  # a run would take the usual ones
+    with _hold(usual.grpc):  # the early server holds the usual ones itself: not "in use"
+        assert choose_ports("127.0.0.1", held=usual) == (usual, None)
+        with pytest.raises(ServeError, match=str(usual.grpc)):  # held by another, given: refused as ever
+            ports_for("127.0.0.1", grpc=usual.grpc)
+        assert ports_for("127.0.0.1", grpc=usual.grpc, held=usual)[0] == usual
 
 
 def test_given_ports_are_kept_and_busy_ones_found(listening: socket.socket) -> None:

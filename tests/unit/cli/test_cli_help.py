@@ -10,8 +10,12 @@ from ftx_triton.cli import cli
 
 
 def _commands(group: click.Group, prefix: str = "") -> list[tuple[str, click.Command]]:
+    """Every command under ``group`` (core's are imported when listed, plugins' included), by its full name."""
+    ctx = click.Context(group)
     out = []
-    for name, command in sorted(group.commands.items()):
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        assert command is not None, name
         out.append((f"{prefix}{name}", command))
         if isinstance(command, click.Group):
             out += _commands(command, f"{prefix}{name} ")
@@ -55,7 +59,8 @@ def test_every_option_of_every_command_reads_its_twin_by_the_rule(monkeypatch) -
                 env.setenv(twin, "1")
                 parent = click.Context(cli, info_name="ftx", auto_envvar_prefix="FTX")
                 for part in name.split()[:-1]:
-                    parent = click.Context(cli.commands[part], info_name=part, parent=parent)
+                    group = parent.command.get_command(parent, part)  # type: ignore[attr-defined]
+                    parent = click.Context(group, info_name=part, parent=parent)
                 ctx = click.Context(command, info_name=name.split()[-1], parent=parent, resilient_parsing=True)
                 command.parse_args(ctx, [])
                 if ctx.get_parameter_source(param.name or "") is not ParameterSource.ENVIRONMENT:

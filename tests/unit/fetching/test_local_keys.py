@@ -183,6 +183,25 @@ def test_a_retargeted_folder_link_changes_the_key(tmp_path: Path) -> None:
     assert local_content_key(root, home).key != before
 
 
+@pytest.mark.usefixtures("later")
+def test_a_retargeted_file_link_changes_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A weights file that is a link (as in a Hugging Face cache snapshot) pointed at other bytes of the same size
+    and mtime: the remembered digest is not used."""
+    blobs = tmp_path / "blobs"
+    _write(blobs / "a", b"w" * 64)
+    _write(blobs / "b", b"v" * 64)
+    root = tmp_path / "model"
+    _write(root / "config.json", b"{}")
+    (root / "model.safetensors").symlink_to(blobs / "a")
+    home = tmp_path / "home"
+    before = local_content_key(root, home).key
+    calls = _count_hashes(monkeypatch)
+    assert local_content_key(root, home).key == before and calls == []  # remembered
+    (root / "model.safetensors").unlink()
+    (root / "model.safetensors").symlink_to(blobs / "b")
+    assert local_content_key(root, home).key != before and calls == [2]
+
+
 def test_a_file_replaced_while_hashed_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = _linked_checkpoint(tmp_path, "model", b"w" * 32)
     from ftx_triton.io import hashing
@@ -211,3 +230,21 @@ def test_source_identity_moves_with_every_kind_of_change(tmp_path: Path) -> None
     os.chmod(root / "config.json", 0o600)  # metadata only: ctime moves, so it is hashed again (never stale)
     seen.add(source_identity(root))
     assert len(seen) == 3
+
+
+def test_a_background_key_is_the_same_key_and_gives_up_when_told(tmp_path: Path) -> None:
+    import threading
+
+    from ftx_triton.io.hashing import HashStopped
+
+    root = _linked_checkpoint(tmp_path, "model", b"w" * 32)
+    expected = local_content_key(root, tmp_path / "plain").key
+    pending = local_keys.remembered_key(root, tmp_path / "home")
+    assert isinstance(pending, local_keys.PendingKey)
+    told: list[str] = []
+    background = local_keys.BackgroundKey(pending, lambda key: told.append(key.key))
+    assert background.result().key == expected and told == [expected]
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(HashStopped):
+        local_keys.settle(pending, stop)

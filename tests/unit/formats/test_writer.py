@@ -40,3 +40,57 @@ def test_fast_contiguous_copy_is_byte_identical() -> None:
             out = contiguous(view)
             assert out.flags.c_contiguous and out.dtype == view.dtype
             assert out.tobytes() == np.ascontiguousarray(view).tobytes()
+
+
+def test_the_copy_lands_in_a_given_buffer_and_refuses_a_wrong_one() -> None:
+    a = np.arange(400 * 300, dtype=np.float16).reshape(400, 300)
+    out = np.empty((300, 400), np.float16)
+    assert contiguous(a.T, out) is out and out.tobytes() == np.ascontiguousarray(a.T).tobytes()
+    with pytest.raises(ValueError, match="C-contiguous"):
+        contiguous(a.T, np.empty((300, 400), np.float32))
+
+
+def test_non_finite_values_are_counted_by_the_writer_under_their_label(tmp_path: Path) -> None:
+    values = np.ones((256, 512), np.float16)
+    values[3, 7], values[200, 500] = np.nan, np.inf
+    paths = [tmp_path / f"t.{r}.bin" for r in range(2)]
+    with BackgroundWriter(threads=2) as writer:
+        writer.submit(paths, values.T, 0, label="bad")  # one non-finite value in each rank's file
+        writer.submit([tmp_path / "ok.bin"], np.ones(8, np.float16), label="good")
+        writer.submit([tmp_path / "unchecked.bin"], values)  # no label: not counted
+    assert writer.non_finite == {"bad": 2}
+
+
+def test_converting_imports_no_torch(tmp_path: Path) -> None:
+    """The tiled copy is numpy's: a conversion no longer pays torch's import (1-2 s) for its transposes."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np\n"
+        "from ftx_triton.formats.writer import BackgroundWriter\n"
+        "a = np.ones((512, 1024), np.float16)\n"
+        f"with BackgroundWriter(threads=2) as w: w.submit([__import__('pathlib').Path({str(tmp_path)!r}) / 't.bin'], a.T)\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_pool_hands_back_what_fits_and_lets_the_oldest_go() -> None:
+    from ftx_triton.formats.buffers import MIN_POOLED, BufferPool, as_array
+
+    pool = BufferPool(keep_bytes=4 * MIN_POOLED)
+    a, b = pool.take(2 * MIN_POOLED), pool.take(MIN_POOLED)
+    pool.give(a)
+    pool.give(b)
+    assert pool.take(MIN_POOLED) is b  # the smallest that fits
+    assert pool.take(MIN_POOLED) is a  # a larger one rather than fresh memory
+    assert pool.take(MIN_POOLED // 2).size == MIN_POOLED // 2  # small requests are never pooled
+    c = pool.take(2 * MIN_POOLED)
+    pool.give(a)
+    pool.give(b)
+    pool.give(c)  # 5 MiB kept of 4 allowed: the one given back longest ago goes
+    assert pool.take(2 * MIN_POOLED) is c and pool.take(MIN_POOLED) is b
+    assert pool.take(MIN_POOLED) is not a
+    view = as_array(np.zeros(64, np.uint8), (4, 4), np.dtype(np.float32))
+    assert view.shape == (4, 4) and view.flags.c_contiguous

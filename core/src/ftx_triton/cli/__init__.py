@@ -1,32 +1,41 @@
 """The ``ftx`` command line.
 
-Each module in :data:`COMMAND_MODULES` exposes ``commands: list[click.Command]``; the group
-adds them all. A module that fails to import is a bug and raises. Plugins add theirs through
-``ftx_register_commands`` (the runtimes' ``ftx image``, ``ftx tune``, ``ftx package``, ``ftx backend``).
+Each module named in :data:`COMMANDS` exposes ``commands: list[click.Command]``; the group imports a module when
+one of its commands is asked for (``ftx run`` imports only ``cli.run``), every module when all are (``--help``). A
+module that fails to import is a bug and raises. Plugins add theirs through ``ftx_register_commands`` (the
+runtimes' ``ftx image``, ``ftx tune``, ``ftx package``, ``ftx backend``).
 """
 
 from __future__ import annotations
 
-import importlib
+from typing import TYPE_CHECKING
 
 import click
 
 from ftx_triton.cli.common import ENV_PREFIX, FtxRootGroup, global_options, handle_errors
 
-COMMAND_MODULES = (
-    "ftx_triton.cli.info",
-    "ftx_triton.cli.run",
-    "ftx_triton.cli.convert",
-    "ftx_triton.cli.configure",
-    "ftx_triton.cli.fetch",
-    "ftx_triton.cli.servers",
-    "ftx_triton.cli.pins",
-    "ftx_triton.cli.serving",
-    "ftx_triton.cli.store",
-    "ftx_triton.cli.bench",
-    "ftx_triton.cli.plugin",
-    "ftx_triton.cli.verify",
-)
+if TYPE_CHECKING:
+    from ftx_triton.commandkit import CommandKit
+
+COMMANDS = {
+    "models": "ftx_triton.cli.info",
+    "plugins": "ftx_triton.cli.info",
+    "run": "ftx_triton.cli.run",
+    "convert": "ftx_triton.cli.convert",
+    "configure": "ftx_triton.cli.configure",
+    "pull": "ftx_triton.cli.fetch",
+    "ps": "ftx_triton.cli.servers",
+    "stop": "ftx_triton.cli.servers",
+    "lock": "ftx_triton.cli.pins",
+    "generate": "ftx_triton.cli.serving",
+    "ls": "ftx_triton.cli.store",
+    "rm": "ftx_triton.cli.store",
+    "prune": "ftx_triton.cli.store",
+    "bench": "ftx_triton.cli.bench",
+    "plugin": "ftx_triton.cli.plugin",
+    "verify": "ftx_triton.cli.verify",
+}
+"""Core's commands and the module that defines each."""
 
 
 def _version_text() -> str:
@@ -70,21 +79,18 @@ def cli() -> None:
     configure_logging(meta.get("log_format") or "human", bool(meta.get("verbose")))
 
 
-def _add_commands() -> None:
+def _command_kit() -> CommandKit:
     from ftx_triton.cli.run import command_kit
 
-    for module_name in COMMAND_MODULES:
-        module = importlib.import_module(module_name)
-        for command in module.commands:
-            cli.add_command(command)
-    cli.make_kit = command_kit
+    return command_kit()
 
 
-_add_commands()
+cli.lazy_commands = COMMANDS
+cli.make_kit = _command_kit
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Run the command line (the ``ftx`` console script is :func:`ftx_triton.entry.main` around it)."""
     from ftx_triton.interrupt import install
 
     install()  # Ctrl-C stops ftx even when started with SIGINT ignored, or when Python swallowed it

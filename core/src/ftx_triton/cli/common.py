@@ -6,7 +6,7 @@ shared with the runtimes' commands; its names are re-exported here for core's co
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -74,17 +74,25 @@ PLUGIN_SECTION = "Plugin options"
 
 
 class FtxRootGroup(FtxGroup):
-    """The ``ftx`` group: core's commands plus those plugins add (``ftx_register_commands``, built with the kit
-    ``make_kit`` returns), looked up when asked for, so the plugins of this invocation's environment count."""
+    """The ``ftx`` group: core's commands, each imported with its module when asked for (``lazy_commands``: name
+    to module), plus those plugins add (``ftx_register_commands``, built with the kit ``make_kit`` returns), looked
+    up when asked for, so the plugins of this invocation's environment count."""
 
     make_kit: Callable[[], CommandKit] | None = None
+    lazy_commands: Mapping[str, str] = {}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*super().list_commands(ctx), *plugin_commands(self.commands, self.make_kit)})
+        core = {*super().list_commands(ctx), *self.lazy_commands}
+        return sorted({*core, *plugin_commands(core, self.make_kit)})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in self.lazy_commands:
+            import importlib
+
+            for command in importlib.import_module(self.lazy_commands[cmd_name]).commands:
+                self.add_command(command)
         found = super().get_command(ctx, cmd_name)
-        return found or plugin_commands(self.commands, self.make_kit).get(cmd_name)
+        return found or plugin_commands({*self.commands, *self.lazy_commands}, self.make_kit).get(cmd_name)
 
 
 class PluginOptionsCommand(FtxCommand):
@@ -97,9 +105,7 @@ class PluginOptionsCommand(FtxCommand):
         return [*params[:-1], *extra, params[-1]]  # the help option stays last
 
 
-def plugin_commands(
-    core: Mapping[str, click.Command], make_kit: Callable[[], CommandKit] | None
-) -> dict[str, click.Command]:
+def plugin_commands(core: Iterable[str], make_kit: Callable[[], CommandKit] | None) -> dict[str, click.Command]:
     """Commands the loaded plugins add, by name (once per loaded host)."""
     global _PLUGIN_COMMANDS
     if _PLUGIN_COMMANDS is None:

@@ -8,7 +8,10 @@ Face tensors the table maps from.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -23,10 +26,12 @@ from ftx_triton.conversion.dtypes import numpy_dtype
 from ftx_triton.conversion.family import Family, ModelSpec
 from ftx_triton.conversion.ops import OpContext
 from ftx_triton.conversion.shapes import eval_shape
+from ftx_triton.conversion.stopping import check_stopped
 from ftx_triton.envvars import env_int
 from ftx_triton.errors import CheckpointError
-from ftx_triton.formats.checkpoint import TensorReader, check_weight_dtype, tensor_dtype
-from ftx_triton.formats.ftformat import gpu_dir_name, non_finite_count, read_ini, read_tensor, write_ini
+from ftx_triton.formats.buffers import BufferPool, as_array
+from ftx_triton.formats.checkpoint import TensorReader, check_weight_dtype, read_into, tensor_dtype
+from ftx_triton.formats.ftformat import gpu_dir_name, read_ini, read_tensor, write_ini
 from ftx_triton.formats.writer import BackgroundWriter
 
 log = structlog.get_logger(__name__)
@@ -90,13 +95,16 @@ def convert_checkpoint(
     started = time.perf_counter()
     largest = max((reader.nbytes(n) for n in waiting), default=0)
     read_seconds = 0.0
-    non_finite: list[str] = []
-    with BackgroundWriter(max_pending_bytes=max(256 << 20, largest), threads=writer_threads()) as writer:
+    submitted: list[tensormap.Job] = []
+    pool = BufferPool(keep_bytes=max(64 << 20, largest))
+    buffers = _SourceBuffers(pool, waiting)
+    with BackgroundWriter(max_pending_bytes=max(256 << 20, largest), threads=writer_threads(), pool=pool) as writer:
         for name in names:
             if name not in waiting:
                 continue
+            check_stopped()
             t0 = time.perf_counter()
-            held[name] = reader.read(name)
+            held[name] = buffers.read(reader, name)
             check_weight_dtype(name, held[name].dtype)  # readers that cannot tell the dtype up front
             read_seconds += time.perf_counter() - t0
             done_bytes += reader.nbytes(name)
@@ -104,24 +112,32 @@ def convert_checkpoint(
                 remaining[id(job)] -= 1
                 if remaining[id(job)] == 0:
                     names_out = job.files(tp)
-                    out = _run_job(job, held, ctx)
-                    if bad := non_finite_count(out):
-                        non_finite.append(job.dst)
-                        log.warning(
-                            "convert.non_finite",
-                            tensor=job.dst,
-                            sources=list(job.sources),
-                            values=bad,
-                            note="NaN or Inf weights: the model will answer with garbage or errors",
-                        )
-                    writer.submit([target / n for n in names_out], out, job.row.split)
+                    out = _run_job(job, held, buffers.context(job, ctx))
+                    writer.submit(
+                        [target / n for n in names_out],
+                        out,
+                        job.row.split,
+                        label=job.dst,
+                        done=functools.partial(buffers.written, job),
+                    )
                     files.extend(names_out)
+                    submitted.append(job)
                     for source in job.sources:
                         if all(remaining[id(j)] == 0 for j in waiting[source]):
                             held.pop(source, None)
             if progress:
                 progress(done_bytes, total)
     written = writer.bytes_written
+    non_finite = [job.dst for job in submitted if job.dst in writer.non_finite]
+    for job in submitted:
+        if bad := writer.non_finite.get(job.dst):
+            log.warning(
+                "convert.non_finite",
+                tensor=job.dst,
+                sources=list(job.sources),
+                values=bad,
+                note="NaN or Inf weights: the model will answer with garbage or errors",
+            )
     write_ini(target / "config.ini", sections)
     files.append("config.ini")
     seconds = time.perf_counter() - started
@@ -139,6 +155,52 @@ def convert_checkpoint(
     return ConversionResult(
         target, files, done_bytes, written, seconds, read_seconds, writer.stall_seconds, tuple(non_finite)
     )
+
+
+class _SourceBuffers:
+    """Source tensors read into pooled buffers, each buffer given back once every job that reads its tensor has
+    been written (a layout-only job's output is a view of it until then)."""
+
+    def __init__(self, pool: BufferPool, waiting: Mapping[str, list[tensormap.Job]]) -> None:
+        self._pool = pool
+        self._left = {name: len({id(job) for job in jobs}) for name, jobs in waiting.items()}
+        self._buffers: dict[str, np.ndarray] = {}
+        self._made: dict[int, list[np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def read(self, reader: TensorReader, name: str) -> np.ndarray:
+        if getattr(reader, "read_into", None) is None:  # a reader of its own buffers (torch's mapped .bin files)
+            return reader.read(name)
+        buffer = self._pool.take(reader.nbytes(name))
+        array = read_into(reader, name, buffer)
+        if np.may_share_memory(array, buffer):
+            with self._lock:
+                self._buffers[name] = buffer
+        else:  # a reader that reads into buffers of its own
+            self._pool.give(buffer)
+        return array
+
+    def context(self, job: tensormap.Job, ctx: OpContext) -> OpContext:
+        """``ctx`` for ``job``'s op: the arrays it builds come from the pool, given back with the job's sources."""
+
+        def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+            dtype = np.dtype(dtype)
+            buffer = self._pool.take(math.prod(shape) * dtype.itemsize)
+            with self._lock:
+                self._made.setdefault(id(job), []).append(buffer)
+            return as_array(buffer, shape, dtype)
+
+        return dataclasses.replace(ctx, empty=empty)
+
+    def written(self, job: tensormap.Job) -> None:
+        """Called by the writer once ``job``'s files are written (or dropped)."""
+        with self._lock:
+            for made in self._made.pop(id(job), []):
+                self._pool.give(made)
+            for name in set(job.sources):
+                self._left[name] -= 1
+                if self._left[name] == 0 and (buffer := self._buffers.pop(name, None)) is not None:
+                    self._pool.give(buffer)
 
 
 def writer_threads() -> int | None:

@@ -22,6 +22,8 @@ class OpContext:
     tp: int
     out_dtype: np.dtype
     dims: dict[str, int]
+    empty: Callable[[tuple[int, ...], np.dtype], np.ndarray] = np.empty
+    """Where an op that builds a new array takes its memory (the converter hands out reused buffers)."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,9 @@ transpose = Op(
 
 def _fuse_qkv(xs: Sequence[np.ndarray], ctx: OpContext) -> np.ndarray:
     # three [out, in] projections -> [in, 3, out]
-    return np.stack(xs, axis=0).transpose(2, 0, 1)
+    dtype = np.result_type(*xs)
+    stacked = np.stack(xs, axis=0, out=ctx.empty((len(xs), *xs[0].shape), dtype))
+    return stacked.transpose(2, 0, 1)
 
 
 def _unfuse_qkv(y: np.ndarray, ctx: OpContext) -> list[np.ndarray]:

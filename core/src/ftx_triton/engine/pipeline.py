@@ -107,7 +107,10 @@ class Pipeline:
         if plan.runtime is not None:
             self._say_runtime(plan)
         self.stages.before_build = self._before_build
-        source = result.source = self.stages.fetch(plan.ref, plan.family, self._context(plan))
+        keyed_later = self._wanted("convert") and not plan.settings.fetch.adapter  # hashed beside the conversion
+        source = result.source = self.stages.fetch(
+            plan.ref, plan.family, self._context(plan), key_with_conversion=keyed_later
+        )
         if not plan.config_is_final:
             had_runtime = plan.runtime is not None
             plan = result.plan = self._complete(plan, source)
@@ -124,6 +127,7 @@ class Pipeline:
             source = result.source = self.stages.adapt(family, source, self._context(plan))
         ctx = self._context(plan)
         checkpoint = result.checkpoint = self.stages.convert(family, source, spec, ctx)
+        source = result.source = self.stages.settled(source)
         if checkpoint.non_finite:
             shown = ", ".join(checkpoint.non_finite[:3]) + (" …" if len(checkpoint.non_finite) > 3 else "")
             self.say(
@@ -315,9 +319,13 @@ class Pipeline:
         self.say(f"runtime   {plan.runtime.name} ({plan.runtime_reason})")
 
     def _before_build(self, stage: str) -> None:
-        """Called only when a stage really builds (not on a cache hit): disk for what it writes."""
+        """Called only when a stage really builds (not on a cache hit): a server started ahead of need from the last
+        run's record stops (it serves what this build replaces), and this run's is not recorded; disk for what it
+        writes."""
         from ftx_triton.plan.resources import refuse
+        from ftx_triton.server import head_start
 
+        head_start.stage_builds(stage)
         if self._estimate is None or stage not in ("fetch", "convert"):
             return
         if stage == "fetch":

@@ -11,12 +11,14 @@ path conventions.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import platform
 import shutil
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
@@ -38,8 +40,11 @@ from ftx_triton.plan.context import StageContext
 from ftx_triton.plan.settings import RunSettings, section_fingerprint
 from ftx_triton.plugins import PluginHost
 from ftx_triton.runtime.api import Runtime
-from ftx_triton.store.artifact_store import Artifact, ArtifactStore, make_key
+from ftx_triton.store.artifact_store import PROVENANCE_FILE, Artifact, ArtifactStore, make_key
 from ftx_triton.terminal import timeline
+
+if TYPE_CHECKING:
+    from ftx_triton.fetching.local_keys import BackgroundKey, LocalKey, PendingKey
 
 log = structlog.get_logger(__name__)
 
@@ -85,40 +90,81 @@ class Stages:
         self._last_producer: dict[str, Any] = {}
         self._local_identity: dict[Path, str] = {}
         """The identity of each local source's files when they were keyed (checked again after a conversion)."""
+        self._pending: _PendingFetch | None = None
+        """A local source being hashed beside its conversion (fetch publishes once its key is known)."""
+        self._settled: dict[Path, Source] = {}
         self.before_build: Callable[[str], None] = lambda stage: None
         """Called with the stage name when a stage really builds (a cache miss), before its hook."""
 
     # -- the stages ------------------------------------------------------------------------
 
-    def fetch(self, ref: SourceRef, family: Family | None, ctx: StageContext) -> Source:
-        from ftx_triton.fetching.local_keys import local_content_key
+    def fetch(
+        self, ref: SourceRef, family: Family | None, ctx: StageContext, *, key_with_conversion: bool = False
+    ) -> Source:
+        """The fetched source. ``key_with_conversion``: a local directory whose digest is not remembered is hashed
+        in the background while the next stage converts it; fetch is then published by :meth:`convert`, once
+        the key is known (:meth:`settled` gives the keyed Source)."""
+        from ftx_triton.fetching.local_keys import LocalKey, remembered_key, settle
+
+        if ref.kind == "local" and Path(ref.uri).is_dir():  # keyed by content, not by where it lies
+            found = remembered_key(Path(ref.uri), self.store.home)
+            if isinstance(found, LocalKey):
+                return self._fetch_local(ref, family, ctx, found)
+            if not key_with_conversion or found.keyed_before:
+                return self._fetch_local(ref, family, ctx, settle(found))
+            found.check_readable()
+            self.before_build("fetch")
+            self._local_identity[Path(ref.uri)] = found.identity
+            pending = _PendingFetch(ref, family, ctx, threading.Event())
+            pending.start(found, self._fetch_inputs(family, ctx, None))
+            self._pending = pending
+            timeline.step("fetch", cached=False, keyed="beside the conversion")
+            return Source(ref=ref, path=Path(ref.uri), revision="", origin={"kind": "local", "path": ref.uri})
         from ftx_triton.fetching.refs import resolve_revision
 
-        patterns = list(family.fetch_patterns if family else Family.fetch_patterns)
-        settings = section_fingerprint(ctx.settings.fetch)
-        local_dir = ref.kind == "local" and Path(ref.uri).is_dir()
-        inputs: dict[str, Any]
-        if local_dir:  # keyed by content, not by where it lies: a copy elsewhere is the same artifact
-            local = local_content_key(Path(ref.uri), self.store.home)
-            revision = local.key
-            self._local_identity[Path(ref.uri)] = local.identity
-            inputs = {
-                "ref": "local",
-                "revision": revision,
-                "patterns": patterns,
-                "settings": {**settings, "source": None},
-            }
-        else:
-            revision = resolve_revision(ref)
-            inputs = {
-                "ref": ref.uri,
-                "revision": revision,
-                "sha256": ref.sha256,
-                "patterns": patterns,
-                "settings": settings,
-            }
+        revision = resolve_revision(ref)
+        inputs = {
+            "ref": ref.uri,
+            "revision": revision,
+            "sha256": ref.sha256,
+            "patterns": _fetch_patterns(family),
+            "settings": section_fingerprint(ctx.settings.fetch),
+        }
+        return self._fetch_build(ref, family, ctx, revision, inputs)
+
+    def _fetch_local(
+        self, ref: SourceRef, family: Family | None, ctx: StageContext, local: LocalKey, *, timed: bool = True
+    ) -> Source:
+        """Fetch of a local directory keyed by ``local``: a copy elsewhere is the same artifact."""
+        self._local_identity[Path(ref.uri)] = local.identity
+        inputs = self._fetch_inputs(family, ctx, local.key)
+        source = self._fetch_build(ref, family, ctx, local.key, inputs, timed=timed)
+        if source.path != Path(ref.uri):  # built from a copy that lay elsewhere: read this one
+            source = dataclasses.replace(source, ref=ref, path=Path(ref.uri), origin={**source.origin, "path": ref.uri})
+        return source
+
+    @staticmethod
+    def _fetch_inputs(family: Family | None, ctx: StageContext, key: str | None) -> dict[str, Any]:
+        """The fetch key's inputs for a local directory whose content key is ``key``."""
+        return {
+            "ref": "local",
+            "revision": key,
+            "patterns": _fetch_patterns(family),
+            "settings": {**section_fingerprint(ctx.settings.fetch), "source": None},
+        }
+
+    def _fetch_build(
+        self,
+        ref: SourceRef,
+        family: Family | None,
+        ctx: StageContext,
+        revision: str,
+        inputs: dict[str, Any],
+        *,
+        timed: bool = True,
+    ) -> Source:
         ctx = self._context(ctx)
-        source = self._build(
+        return self._build(
             "fetch",
             inputs,
             family,
@@ -127,10 +173,12 @@ class Stages:
             lambda dest: self.host.hook.ftx_fetch(
                 ref=ref, revision=revision, family=family or Family(), dest=dest, ctx=ctx
             ),
+            timed=timed,
         )
-        if local_dir and source.path != Path(ref.uri):  # built from a copy that lay elsewhere: read this one
-            source = dataclasses.replace(source, ref=ref, path=Path(ref.uri), origin={**source.origin, "path": ref.uri})
-        return source
+
+    def settled(self, source: Source) -> Source:
+        """``source`` as fetch published it, once a key computed beside the conversion is known."""
+        return self._settled.get(source.path, source)
 
     def adapt(self, family: Family, source: Source, ctx: StageContext) -> Source:
         """The source with the run's PEFT LoRA adapter (``--adapter``) merged into its weights: a checkpoint of
@@ -178,14 +226,12 @@ class Stages:
         return self._build("adapt", inputs, family, Source, ctx, merge)
 
     def convert(self, family: Family, source: Source, spec: ModelSpec, ctx: StageContext) -> Checkpoint:
+        pending = self._pending
+        if pending is not None and Path(pending.ref.uri) == source.path:
+            self._pending = None
+            return self._convert_while_keying(family, source, spec, ctx, pending)
         ctx = self._context(ctx)
-        inputs = {
-            "fetch": ctx.artifact_keys.get("adapt") or ctx.artifact_keys["fetch"],
-            "family": family.name,
-            "fingerprint": family.fingerprint(),
-            "format": tensormap.FORMAT_VERSION,
-            "settings": section_fingerprint(ctx.settings.convert),
-        }
+        inputs = self._convert_inputs(family, ctx.artifact_keys.get("adapt") or ctx.artifact_keys["fetch"], ctx)
         return self._build(
             "convert",
             inputs,
@@ -196,6 +242,79 @@ class Stages:
                 source, self.host.hook.ftx_convert(family=family, source=source, spec=spec, dest=dest, ctx=ctx)
             ),
         )
+
+    @staticmethod
+    def _convert_inputs(family: Family, fetch_key: str, ctx: StageContext) -> dict[str, Any]:
+        return {
+            "fetch": fetch_key,
+            "family": family.name,
+            "fingerprint": family.fingerprint(),
+            "format": tensormap.FORMAT_VERSION,
+            "settings": section_fingerprint(ctx.settings.convert),
+        }
+
+    def _convert_while_keying(
+        self, family: Family, source: Source, spec: ModelSpec, ctx: StageContext, pending: _PendingFetch
+    ) -> Checkpoint:
+        """Convert a local source while its digest is computed beside it (one pass of the CPUs instead of two),
+        then publish fetch and convert under the keys that digest gives. The files must be those listed before
+        both began: a change during either refuses the run and keeps nothing. When the digest shows the
+        conversion in the store already (the same files under another path, or files whose times moved), the
+        one in progress stops at its next tensor and the stored one is used."""
+        from ftx_triton.conversion.stopping import ConversionStopped, stoppable
+
+        ctx = self._context(ctx)
+        convert_inputs = functools.partial(self._convert_inputs, family, ctx=ctx)
+        pending.watch(
+            lambda fetch_key: self.store.path("convert", make_key({"stage": "convert", **convert_inputs(fetch_key)}))
+        )
+
+        def build(dest: Path) -> Mapping[str, Any]:
+            self.before_build("convert")
+            value = self.host.hook.ftx_convert(family=family, source=source, spec=spec, dest=dest, ctx=ctx)
+            return self._record("ftx_convert", Checkpoint, value, dest)
+
+        def publish_fetch() -> str:
+            local = pending.key.result()
+            self._unchanged_after(source, None)
+            self._settled[source.path] = self._fetch_local(pending.ref, pending.family, pending.ctx, local, timed=False)
+            return self.keys["fetch"]
+
+        def keyed() -> tuple[str, Mapping[str, Any]]:
+            inputs = convert_inputs(publish_fetch())
+            return make_key({"stage": "convert", **inputs}), inputs
+
+        structlog.contextvars.bind_contextvars(stage="convert")
+        try:
+            with stoppable(pending.stop):
+                artifact, cached = self.store.build_keyed_after(
+                    "convert",
+                    build,
+                    keyed,
+                    producer=self._producer(family, "ftx_convert", ctx),
+                    force="convert" in ctx.settings.force,
+                    accept=lambda hit: _result(Checkpoint, hit),
+                )
+        except ConversionStopped:  # the key is known and its conversion stored: the ordinary (cached) path
+            fetch_key = publish_fetch()
+            converted, keyed_ctx = self._settled[source.path], self._context(ctx)
+            return self._build(
+                "convert",
+                convert_inputs(fetch_key),
+                family,
+                Checkpoint,
+                keyed_ctx,
+                lambda dest: self._unchanged_after(
+                    converted,
+                    self.host.hook.ftx_convert(family=family, source=converted, spec=spec, dest=dest, ctx=keyed_ctx),
+                ),
+            )
+        except BaseException:
+            pending.key.cancel()
+            raise
+        finally:
+            structlog.contextvars.unbind_contextvars("stage")
+        return self._finish("convert", artifact.key, artifact, cached, Checkpoint)
 
     def _unchanged_after(self, source: Source, value: R) -> R:
         """``value``, built from a local source whose files are still those its key was computed from; a
@@ -286,25 +405,18 @@ class Stages:
         result_type: type[R],
         ctx: StageContext,
         call: Callable[[Path], R | None],
+        *,
+        timed: bool = True,
     ) -> R:
-        """Build (or reuse) one stage's artifact and return the hook's typed result."""
+        """Build (or reuse) one stage's artifact and return the hook's typed result. ``timed=False``: the stage
+        began earlier (its timeline step and :attr:`before_build` are done)."""
         key = make_key({"stage": stage, **key_inputs})
         hook_name = f"ftx_{stage}"
 
         def builder(tmp: Path) -> Mapping[str, Any]:
-            self.before_build(stage)
-            value = call(tmp)
-            if value is None:
-                raise PluginError(
-                    f"no plugin implemented {hook_name} for this model",
-                    hint="a plugin overriding this stage declined and core's default is missing",
-                )
-            if not isinstance(value, result_type):
-                raise PluginError(
-                    f"{hook_name} returned {type(value).__name__}, not {result_type.__name__}",
-                    hint="a plugin's stage hook must return the documented record",
-                )
-            return {"result": to_record(value, tmp)}
+            if timed:  # else announced when the stage began (a fetch keyed beside its conversion)
+                self.before_build(stage)
+            return self._record(hook_name, result_type, call(tmp), tmp)
 
         structlog.contextvars.bind_contextvars(stage=stage)
         try:
@@ -319,7 +431,29 @@ class Stages:
             )
         finally:
             structlog.contextvars.unbind_contextvars("stage")
-        timeline.step(stage, cached=cached)
+        return self._finish(stage, key, artifact, cached, result_type, timed=timed)
+
+    @staticmethod
+    def _record(hook_name: str, result_type: type[R], value: object, tmp: Path) -> Mapping[str, Any]:
+        """The provenance of a hook's result, refused when no hook gave one or it is not ``result_type``."""
+        if value is None:
+            raise PluginError(
+                f"no plugin implemented {hook_name} for this model",
+                hint="a plugin overriding this stage declined and core's default is missing",
+            )
+        if not isinstance(value, result_type):
+            raise PluginError(
+                f"{hook_name} returned {type(value).__name__}, not {result_type.__name__}",
+                hint="a plugin's stage hook must return the documented record",
+            )
+        return {"result": to_record(value, tmp)}
+
+    def _finish(
+        self, stage: str, key: str, artifact: Artifact, cached: bool, result_type: type[R], *, timed: bool = True
+    ) -> R:
+        """Say and log what became of a stage, and return its typed result."""
+        if timed:
+            timeline.step(stage, cached=cached)
         value = _result(result_type, artifact)
         detail = getattr(value, "reason", "") if isinstance(value, GemmConfig) and not value.tuned else ""
         if cached:
@@ -361,6 +495,45 @@ class Stages:
             }
         producer["plugins"] = {r.distribution: r.version for r in self.host.records if r.status == "loaded"}
         return producer
+
+
+class _PendingFetch:
+    """A fetch whose key is being computed in the background: what publishing it needs, and the stop signal
+    of the conversion that runs meanwhile."""
+
+    def __init__(self, ref: SourceRef, family: Family | None, ctx: StageContext, stop: threading.Event) -> None:
+        self.ref, self.family, self.ctx, self.stop = ref, family, ctx, stop
+        self._lock = threading.Lock()
+        self._fetch_key: str | None = None
+        self._stored: Callable[[str], Path] | None = None
+        self.key: BackgroundKey
+
+    def start(self, found: PendingKey, fetch_inputs: dict[str, Any]) -> None:
+        """Start hashing ``found``; ``fetch_inputs``: the fetch key's inputs, its revision left to the digest."""
+        from ftx_triton.fetching.local_keys import BackgroundKey
+
+        def on_key(local: LocalKey) -> None:
+            with self._lock:
+                self._fetch_key = make_key({"stage": "fetch", **fetch_inputs, "revision": local.key})
+            self._check()
+
+        self.key = BackgroundKey(found, on_key)
+
+    def watch(self, stored: Callable[[str], Path]) -> None:
+        """``stored(fetch_key)``: where the conversion of that fetch would be; once it is there, stop."""
+        with self._lock:
+            self._stored = stored
+        self._check()
+
+    def _check(self) -> None:
+        with self._lock:
+            fetch_key, stored = self._fetch_key, self._stored
+        if fetch_key is not None and stored is not None and (stored(fetch_key) / PROVENANCE_FILE).is_file():
+            self.stop.set()
+
+
+def _fetch_patterns(family: Family | None) -> list[str]:
+    return list(family.fetch_patterns if family else Family.fetch_patterns)
 
 
 def _download_adapter(uri: str, commit: str, where: Path, ctx: StageContext) -> Path:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,18 +59,33 @@ def source_identity(root: Path) -> str:
     return tree_identity(tree_files(root))
 
 
-def local_content_key(root: Path, home: Path) -> LocalKey:
-    """The key of a local checkpoint directory by what it holds: every file's relative name and sha256
-    (``content-…``), links to files and folders followed, wherever the directory lies, so a copy keys as the
-    original.
+@dataclass(frozen=True)
+class PendingKey:
+    """A local source whose digest is not remembered: its files, and their identity when they were listed."""
 
-    Hashing a multi-GB checkpoint on every run would cost minutes: the digest is remembered in
-    ``<home>/local-keys`` under the identity of every file (device, inode, size, mtime, ctime) and computed
-    again when any of it changes. Files that change while they are hashed are refused.
-    """
-    from ftx_triton.io.hashing import sha256_files
-    from ftx_triton.io.regular import open_regular
+    root: Path
+    files: list[TreeFile]
+    identity: str
+    memo: Path
 
+    @property
+    def keyed_before(self) -> bool:
+        """Whether a digest of this directory was computed before (its files' identity has moved since: touched,
+        copied over, rewritten). Such a source is likely already converted, so a run hashes it first rather
+        than converting it while it is hashed."""
+        return _path_record(self.memo.parent, self.root).is_file()
+
+    def check_readable(self) -> None:
+        """Refuse a file that would never finish hashing (a named pipe blocks, a device never ends) by name."""
+        from ftx_triton.io.regular import open_regular
+
+        for file in self.files:
+            open_regular(file.path).close()
+
+
+def remembered_key(root: Path, home: Path) -> LocalKey | PendingKey:
+    """The key of ``root`` if its digest is remembered for the identity its files have now (no byte read),
+    else what :func:`settle` needs to compute it."""
     files = tree_files(root)
     identity = tree_identity(files)
     memo = Path(home) / "local-keys" / f"{identity[:40]}.json"
@@ -78,22 +95,98 @@ def local_content_key(root: Path, home: Path) -> LocalKey:
             return LocalKey(str(remembered["key"]), identity)
     except (OSError, ValueError):
         pass  # not remembered (or a damaged memo of ftx's own): hashed again
-    for file in files:  # a named pipe would block the hash, a device never end it: refuse them by name
-        open_regular(file.path).close()
+    return PendingKey(Path(root), files, identity, memo)
+
+
+def settle(pending: PendingKey, stop: threading.Event | None = None) -> LocalKey:
+    """Hash every file of ``pending`` and remember the key; a SourceError when a file changed meanwhile.
+
+    Without ``stop`` the files are hashed several at a time; with it, one after the other (a background digest
+    beside a conversion that reads the same files), giving up (``HashStopped``) once ``stop`` is set."""
+    from ftx_triton.io.hashing import HashStopped, sha256_file, sha256_files
+
+    pending.check_readable()
     started = _now_ns()
-    digests = sha256_files([file.path for file in files])
-    if source_identity(root) != identity:
-        raise changed_error(root, "while it was hashed")
+    paths = [file.path for file in pending.files]
+    if stop is None:
+        digests = sha256_files(paths)
+    else:
+        digests = {}
+        for path in paths:
+            if stop.is_set():
+                raise HashStopped(path)
+            digests[path] = sha256_file(path, stop=stop)
+    if source_identity(pending.root) != pending.identity:
+        raise changed_error(pending.root, "while it was hashed")
     digest = hashlib.sha256()
-    for file in files:
+    for file in pending.files:
         digest.update(_digest_name(file) + f"\0{digests[file.path]}\n".encode())
     key = f"content-{digest.hexdigest()[:40]}"
-    if all(max(f.st.st_mtime_ns, f.st.st_ctime_ns) < started - RACY_NS for f in files):
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo.with_name(f".{memo.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"key": key, "path": str(Path(root).resolve())}))
-        os.replace(tmp, memo)
-    return LocalKey(key, identity)
+    _write_json(_path_record(pending.memo.parent, pending.root), {"path": str(pending.root.resolve())})
+    if all(max(f.st.st_mtime_ns, f.st.st_ctime_ns) < started - RACY_NS for f in pending.files):
+        _write_json(pending.memo, {"key": key, "path": str(pending.root.resolve())})
+    return LocalKey(key, pending.identity)
+
+
+def _path_record(folder: Path, root: Path) -> Path:
+    """The file that says the directory ``root`` was hashed before (whatever its files hold now)."""
+    return folder / f"path-{hashlib.sha256(os.fsencode(Path(root).resolve())).hexdigest()[:40]}.json"
+
+
+def _write_json(path: Path, data: dict[str, str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+class BackgroundKey:
+    """:func:`settle` in a thread of its own, so that a conversion reads the source while it is hashed (hashlib
+    releases the GIL): the run keys and publishes what it converted once :meth:`result` is known."""
+
+    def __init__(self, pending: PendingKey, on_key: Callable[[LocalKey], None] | None = None) -> None:
+        """Start hashing; ``on_key(key)`` is called in the hashing thread as soon as the key is known."""
+        self.pending = pending
+        self._on_key = on_key
+        self._stop = threading.Event()
+        self._key: LocalKey | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="ftx-source-key", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._key = settle(self.pending, self._stop)
+        except BaseException as exc:  # handed to result()
+            self._error = exc
+            return
+        if self._on_key is not None:
+            self._on_key(self._key)
+
+    def result(self) -> LocalKey:
+        """The key, once every file is hashed (a SourceError when one changed meanwhile)."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._key is not None
+        return self._key
+
+    def cancel(self) -> None:
+        """Stop hashing (the run failed); the thread ends at its next chunk."""
+        self._stop.set()
+
+
+def local_content_key(root: Path, home: Path) -> LocalKey:
+    """The key of a local checkpoint directory by what it holds: every file's relative name and sha256
+    (``content-…``), links to files and folders followed, wherever the directory lies, so a copy keys as the
+    original.
+
+    Hashing a multi-GB checkpoint on every run would cost minutes: the digest is remembered in
+    ``<home>/local-keys`` under the identity of every file (device, inode, size, mtime, ctime) and computed
+    again when any of it changes. Files that change while they are hashed are refused.
+    """
+    found = remembered_key(root, home)
+    return found if isinstance(found, LocalKey) else settle(found)
 
 
 def changed_error(root: Path, when: str) -> SourceError:

@@ -76,6 +76,13 @@ def tensor_dtype(reader: TensorReader, name: str) -> np.dtype | None:
     return dtype(name) if dtype is not None else None
 
 
+def read_into(reader: TensorReader, name: str, buffer: np.ndarray) -> np.ndarray:
+    """``reader.read_into(name, buffer)`` when the reader can read into a given buffer (``read_into`` is
+    optional), else ``reader.read(name)``; the caller may reuse ``buffer`` only once it holds no view of it."""
+    method = getattr(reader, "read_into", None)
+    return method(name, buffer) if method is not None else reader.read(name)
+
+
 def check_weight_dtype(name: str, dtype: np.dtype | None) -> None:
     """A weight must be floating point: an integer or bool dtype means a corrupt or relabelled header."""
     if dtype is not None and np.dtype(dtype) not in FLOAT_DTYPES:
@@ -200,11 +207,16 @@ class SafetensorsFile:
 
     def read(self, name: str) -> np.ndarray:
         """Read one tensor into its own buffer (pread: no memory map whose pages would pile up in RSS)."""
+        return self.read_into(name, np.empty(self.nbytes(name), np.uint8))
+
+    def read_into(self, name: str, buffer: np.ndarray) -> np.ndarray:
+        """Read one tensor into the first bytes of the uint8 ``buffer`` (at least :meth:`nbytes` long); the
+        tensor is a view of it."""
         entry = self._entries[name]
         begin, end = entry["data_offsets"]
         dtype = SAFETENSORS_DTYPES[entry["dtype"]]
-        array = np.empty((end - begin) // dtype.itemsize, dtype=dtype)
-        view = array.data.cast("B")
+        array = buffer[: end - begin].view(dtype)
+        view = buffer[: end - begin].data
         spans = [(o, min(o + READ_CHUNK, len(view))) for o in range(0, len(view), READ_CHUNK)]
         if len(spans) > 1:  # big tensors: several preads at once (they release the GIL)
             list(_read_pool().map(lambda span: self._pread(view, span[0], span[1], begin, name), spans))
@@ -251,6 +263,10 @@ class ShardedReader:
 
     def read(self, name: str) -> np.ndarray:
         return self._owner[name].read(name)
+
+    def read_into(self, name: str, buffer: np.ndarray) -> np.ndarray:
+        """:meth:`SafetensorsFile.read_into` where the shard can read into a buffer, else its own read."""
+        return read_into(self._owner[name], name, buffer)
 
     def close(self) -> None:
         for part in self._parts:

@@ -1,27 +1,46 @@
-"""Materialise strided (transposed) arrays quickly.
+"""Materialise strided (transposed) arrays quickly, with numpy alone.
 
-numpy copies a transposed matrix at a few hundred MB/s (cache-unfriendly strides); torch's
-tiled, multi-threaded copy is several times faster. Used for large arrays when torch is
-installed; otherwise numpy. Results are byte-identical either way.
+numpy copies a transposed matrix element by element in the output's order, reading the input across its
+rows: every element is a cache miss, a few hundred MB/s. Copied tile by tile (a square of the first and last
+axes at a time, each tile's reads and writes staying in cache), the same copy runs at memory speed, as fast
+as torch's tiled copy, without importing torch (1-2 s) on the conversion path. Results are byte-identical to
+``np.ascontiguousarray``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-TORCH_MIN_ELEMENTS = 1 << 16
-_INT_OF_SIZE = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
+TILED_MIN_ELEMENTS = 1 << 16
+"""Smaller arrays are copied by numpy directly (a tile loop's Python overhead would not pay)."""
+
+_TILE_BYTES = 64 << 10
+"""One tile's bytes (read and written): well inside a core's L2 cache."""
 
 
-def contiguous(array: np.ndarray) -> np.ndarray:
-    """A C-contiguous array with the same values (``array`` itself when it already is)."""
-    if array.flags.c_contiguous:
+def contiguous(array: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """A C-contiguous array with the same values: ``array`` itself when it already is one, else a copy (into
+    ``out`` when given: a C-contiguous array of the same shape and dtype)."""
+    if array.flags.c_contiguous and out is None:
         return array
-    if array.size >= TORCH_MIN_ELEMENTS and array.dtype.itemsize in _INT_OF_SIZE:
-        try:
-            import torch
-        except ImportError:
-            return np.ascontiguousarray(array)
-        as_int = array.view(_INT_OF_SIZE[array.dtype.itemsize])  # same bytes, a dtype torch knows
-        return torch.from_numpy(as_int).contiguous().numpy().view(array.dtype)
-    return np.ascontiguousarray(array)
+    if out is None:
+        out = np.empty(array.shape, dtype=array.dtype)
+    elif out.shape != array.shape or out.dtype != array.dtype or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous {array.dtype} array of shape {array.shape}")
+    if array.ndim < 2 or array.size < TILED_MIN_ELEMENTS or abs(array.strides[-1]) == array.itemsize:
+        np.copyto(out, array)  # rows already run along memory: numpy copies them at memory speed
+        return out
+    side = max(16, int((_TILE_BYTES / (2 * array.itemsize * _middle(array))) ** 0.5))
+    rows, cols = array.shape[0], array.shape[-1]
+    for i in range(0, rows, side):
+        for j in range(0, cols, side):
+            out[i : i + side, ..., j : j + side] = array[i : i + side, ..., j : j + side]
+    return out
+
+
+def _middle(array: np.ndarray) -> int:
+    """Elements of a tile per (first, last) pair: the sizes of the axes between them."""
+    count = 1
+    for size in array.shape[1:-1]:
+        count *= size
+    return max(count, 1)

@@ -8,6 +8,8 @@ after whitespace).
 from __future__ import annotations
 
 import configparser
+import hashlib
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -15,7 +17,9 @@ import ml_dtypes
 import numpy as np
 
 from ftx_triton.errors import CheckpointError
+from ftx_triton.formats.buffers import BufferPool, as_array
 from ftx_triton.formats.fastcopy import contiguous
+from ftx_triton.io.hashing import remember_written
 from ftx_triton.io.regular import TooLarge, read_regular
 
 IniSections = Mapping[str, Mapping[str, object]]
@@ -74,13 +78,48 @@ def read_ini(path: Path) -> dict[str, dict[str, str]]:
 
 def write_tensor(path: Path, array: np.ndarray) -> int:
     """Write raw little-endian C-order bytes; returns the byte count."""
-    data = contiguous(array)
+    return write_tensor_counted(path, array, count_non_finite=False)[0]
+
+
+_PASS_BYTES = 1 << 20
+"""Bytes written, hashed and checked at a time: each piece is read from memory once and stays in cache for
+the other two."""
+
+
+def write_tensor_counted(
+    path: Path, array: np.ndarray, *, count_non_finite: bool = True, pool: BufferPool | None = None
+) -> tuple[int, int]:
+    """Write raw little-endian C-order bytes in one pass that also hashes them (the store then takes the digest
+    instead of reading the file back) and, when asked, counts their NaN and Inf values; returns (bytes, count).
+    A strided ``array`` is copied into a buffer of ``pool`` when given."""
+    if array.flags.c_contiguous or pool is None:
+        return _write_pass(path, contiguous(array), count_non_finite)
+    buffer = pool.take(array.nbytes)
+    try:
+        return _write_pass(path, contiguous(array, as_array(buffer, array.shape, array.dtype)), count_non_finite)
+    finally:
+        pool.give(buffer)
+
+
+def _write_pass(path: Path, data: np.ndarray, count_non_finite: bool) -> tuple[int, int]:
     if data.dtype.byteorder == ">":
         data = data.astype(data.dtype.newbyteorder("<"))
+    counter = NonFiniteCounter.for_dtype(data.dtype) if count_non_finite else None
+    # As bytes: ml_dtypes' bfloat16 does not export the buffer protocol.
+    raw = data.reshape(-1).view(np.uint8)
+    step = _PASS_BYTES - _PASS_BYTES % max(data.itemsize, 1)
+    digest = hashlib.sha256()
+    bad = 0
     with path.open("wb") as fh:
-        # As bytes: ml_dtypes' bfloat16 does not export the buffer protocol.
-        fh.write(data.reshape(-1).view(np.uint8).data)
-    return data.nbytes
+        for start in range(0, raw.size, step):
+            piece = raw[start : start + step]
+            fh.write(piece.data)
+            digest.update(piece.data)
+            if counter is not None:
+                bad += counter.count(piece)
+        fh.flush()
+        remember_written(path, digest.hexdigest(), os.fstat(fh.fileno()))
+    return data.nbytes, bad
 
 
 def read_tensor(path: Path, dtype: np.dtype, shape: tuple[int, ...], *, mmap: bool = False) -> np.ndarray:
@@ -101,30 +140,58 @@ def read_tensor(path: Path, dtype: np.dtype, shape: tuple[int, ...], *, mmap: bo
     return np.fromfile(path, dtype=dtype).reshape(shape)
 
 
-_FINITE_CHUNK = 1 << 24
+_FINITE_CHUNK = 1 << 18
+"""Elements tested at a time, into scratch buffers reused from chunk to chunk (no mask of the whole tensor, and
+no fresh memory, whose page faults cost more than the test)."""
 _FLOATS = (np.dtype(ml_dtypes.bfloat16),)
 """Float types numpy does not class as ``np.floating`` (ml_dtypes' bfloat16)."""
 
 
+class NonFiniteCounter:
+    """Counts NaN and Inf values in the raw bytes of one float dtype. IEEE floats are non-finite exactly when
+    their exponent bits are all ones, so the test runs on the bits as unsigned integers (numpy's ``isfinite``
+    on float16 and bfloat16 converts every element)."""
+
+    def __init__(self, dtype: np.dtype) -> None:
+        size = dtype.itemsize
+        self.bits = np.dtype(f"<u{size}")
+        mantissa = np.finfo(dtype).nmant if dtype not in _FLOATS else 7
+        self.exponent = self.bits.type(((1 << (size * 8 - 1)) - 1) & ~((1 << mantissa) - 1))
+        self._masked = np.empty(0, self.bits)
+        self._equal = np.empty(0, np.bool_)
+
+    @staticmethod
+    def for_dtype(dtype: np.dtype) -> NonFiniteCounter | None:
+        """A counter for ``dtype``, None for a dtype that holds no NaN or Inf (integers, bool)."""
+        if np.issubdtype(dtype, np.floating) or dtype in _FLOATS:
+            return NonFiniteCounter(dtype)
+        return None
+
+    def count(self, raw: np.ndarray) -> int:
+        """NaN and Inf values in ``raw``: C-contiguous bytes (or values) of whole elements of the dtype."""
+        flat = raw.reshape(-1).view(self.bits)
+        if self._masked.size < min(flat.size, _FINITE_CHUNK):  # scratch as large as a chunk needs, made once
+            self._masked = np.empty(min(flat.size, _FINITE_CHUNK), self.bits)
+            self._equal = np.empty(self._masked.size, np.bool_)
+        bad = 0
+        for start in range(0, flat.size, _FINITE_CHUNK):
+            chunk = flat[start : start + _FINITE_CHUNK]
+            masked, equal = self._masked[: chunk.size], self._equal[: chunk.size]
+            np.bitwise_and(chunk, self.exponent, out=masked)
+            np.equal(masked, self.exponent, out=equal)
+            bad += int(np.count_nonzero(equal))
+        return bad
+
+
 def non_finite_count(array: np.ndarray) -> int:
-    """How many NaN or Inf values ``array`` holds, bfloat16 included (checked in chunks: no mask of the
-    whole tensor). IEEE floats are non-finite exactly when their exponent bits are all ones, so the test
-    runs on the bits as unsigned integers: numpy's ``isfinite`` on float16 (and ml_dtypes' bfloat16)
-    converts every element and took most of a conversion's time. The count ignores order, so a transposed
-    view is counted as laid out (numpy's copy of one ran at a few hundred MB/s: most of a conversion)."""
-    if not (np.issubdtype(array.dtype, np.floating) or array.dtype in _FLOATS):
+    """How many NaN or Inf values ``array`` holds, bfloat16 included. The count ignores order, so a transposed
+    view is counted as laid out (no copy); another strided view is copied once."""
+    counter = NonFiniteCounter.for_dtype(array.dtype)
+    if counter is None:
         return 0
-    size = array.dtype.itemsize
-    bits = np.dtype(f"<u{size}")
-    mantissa = np.finfo(array.dtype).nmant if array.dtype not in _FLOATS else 7
-    exponent = bits.type(((1 << (size * 8 - 1)) - 1) & ~((1 << mantissa) - 1))
     if not array.flags.c_contiguous and array.flags.f_contiguous:
         array = array.T  # a transposed weight: the same values in memory order, no copy
-    flat = contiguous(array).reshape(-1).view(bits)
-    return sum(
-        int(np.count_nonzero((flat[i : i + _FINITE_CHUNK] & exponent) == exponent))
-        for i in range(0, flat.size, _FINITE_CHUNK)
-    )
+    return counter.count(contiguous(array))
 
 
 def non_finite_files(directory: Path, dtype: np.dtype) -> dict[str, int]:

@@ -1,7 +1,9 @@
-"""A background writer: materialise, split and write FT files while the next tensors are read.
+"""A background writer: materialise, split, check and write FT files while the next tensors are read.
 
 Bounded: at most ``max_pending_bytes`` of arrays wait for the writer, so memory stays near the
 size of a few tensors whatever the model size. Errors surface on the next submit or at close.
+Each file is written in one pass over its bytes that also hashes them (for the store) and, for a
+labelled submission, counts its NaN and Inf values, in the writer's threads, on the copy it writes.
 """
 
 from __future__ import annotations
@@ -10,26 +12,37 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 
 import numpy as np
 
+from ftx_triton.formats.buffers import BufferPool, as_array
 from ftx_triton.formats.fastcopy import contiguous
-from ftx_triton.formats.ftformat import write_tensor
+from ftx_triton.formats.ftformat import write_tensor_counted
+
+_Item = tuple[list[Path], np.ndarray, int | None, str | None, Callable[[], None] | None]
 
 
 class BackgroundWriter:
     """``submit(path, array)`` returns at once unless too much is pending; ``close()`` waits for all."""
 
-    def __init__(self, max_pending_bytes: int = 1 << 30, threads: int | None = None) -> None:
-        self._queue: queue.Queue[tuple[list[Path], np.ndarray, int | None] | None] = queue.Queue()
+    def __init__(
+        self, max_pending_bytes: int = 1 << 30, threads: int | None = None, pool: BufferPool | None = None
+    ) -> None:
+        """``pool``: where the copies of strided arrays (transposes) are made, instead of fresh memory."""
+        self._queue: queue.Queue[_Item | None] = queue.Queue()
+        self._pool = pool
         self._pending = 0
         self._limit = max_pending_bytes
         self._cond = threading.Condition()
         self._error: BaseException | None = None
+        self._abandoned = False
         self.bytes_written = 0
         self.stall_seconds = 0.0
+        self.non_finite: dict[str, int] = {}
+        """NaN and Inf values found, by the label of the submission that held them (only those with some)."""
         count = threads or min(4, os.cpu_count() or 1)
         if count < 1:  # no thread would write, and every submitted tensor would be silently dropped
             raise ValueError(f"a writer needs at least one thread, not {count}")
@@ -37,8 +50,17 @@ class BackgroundWriter:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, paths: list[Path], array: np.ndarray, split: int | None = None) -> None:
-        """Write ``array`` to ``paths[0]``, or split along ``split`` into ``len(paths)`` files."""
+    def submit(
+        self,
+        paths: list[Path],
+        array: np.ndarray,
+        split: int | None = None,
+        label: str | None = None,
+        done: Callable[[], None] | None = None,
+    ) -> None:
+        """Write ``array`` to ``paths[0]``, or split along ``split`` into ``len(paths)`` files; with a ``label``,
+        count its NaN and Inf values into :attr:`non_finite` under it. ``done()`` is called (in a writer
+        thread) once the writer holds no view of ``array`` any more: written, failed or dropped."""
         with self._cond:
             # One array larger than the limit may still go when nothing else is pending.
             started = time.perf_counter()
@@ -48,24 +70,36 @@ class BackgroundWriter:
             self.stall_seconds += time.perf_counter() - started
             self._raise_if_failed()
             self._pending += array.nbytes
-        self._queue.put((paths, array, split))
+        self._queue.put((paths, array, split, label, done))
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            paths, array, split = item
+            paths, array, split, label, done = item
+            nbytes = array.nbytes
             try:
-                if self._error is None:
-                    written = sum(
-                        write_tensor(path, part)
-                        for path, part in zip(paths, _parts(array, split, len(paths)), strict=True)
-                    )
-                    with self._cond:
-                        self.bytes_written += written
+                if self._error is None and not self._abandoned:
+                    self._write(paths, array, split, label)
             except BaseException as exc:  # handed to the submitting thread
                 self._error = exc
+            del item, array  # the views of it die with _write's frame: none is left when done() hands it back
+            if done is not None:
+                try:
+                    done()
+                except BaseException as exc:  # handed to the submitting thread
+                    self._error = self._error or exc
             with self._cond:
-                self._pending -= array.nbytes
+                self._pending -= nbytes
                 self._cond.notify_all()
+
+    def _write(self, paths: list[Path], array: np.ndarray, split: int | None, label: str | None) -> None:
+        written = bad = 0
+        for path, part in zip(paths, _parts(array, split, len(paths), self._pool), strict=True):
+            size, found = write_tensor_counted(path, part, count_non_finite=label is not None, pool=self._pool)
+            written, bad = written + size, bad + found
+        with self._cond:
+            self.bytes_written += written
+            if bad and label is not None:
+                self.non_finite[label] = self.non_finite.get(label, 0) + bad
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -89,15 +123,22 @@ class BackgroundWriter:
     ) -> None:
         if exc_type is None:
             self.close()
-        else:  # stop quietly; the original exception wins
+        else:  # stop quietly, dropping what waits to be written; the original exception wins
+            self._abandoned = True
             self._stop()
 
 
-def _parts(array: np.ndarray, split: int | None, count: int) -> list[np.ndarray]:
+def _parts(array: np.ndarray, split: int | None, count: int, pool: BufferPool | None) -> Iterator[np.ndarray]:
     """The per-rank pieces. Splitting on the first axis after one contiguous copy gives contiguous
     pieces; splitting a strided view on a later axis and copying each piece is faster there."""
     if split is None:
-        return [array]
-    if split == 0:
-        array = contiguous(array)
-    return np.split(array, count, axis=split)
+        yield array
+        return
+    if split != 0 or array.flags.c_contiguous or pool is None:
+        yield from np.split(contiguous(array) if split == 0 else array, count, axis=split)
+        return
+    buffer = pool.take(array.nbytes)
+    try:
+        yield from np.split(contiguous(array, as_array(buffer, array.shape, array.dtype)), count, axis=0)
+    finally:
+        pool.give(buffer)

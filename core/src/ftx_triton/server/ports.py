@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import socket
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
+from typing import TYPE_CHECKING
 
 from ftx_triton.errors import ConfigError, ServeError
+
+if TYPE_CHECKING:
+    import urllib.request
 
 # --------------------------------------------------------------------------- ports
 
@@ -74,21 +77,27 @@ def check_host(host: str, option: str = "--host") -> None:
 
 
 def choose_ports(
-    host: str, http: int | None = None, grpc: int | None = None, metrics: int | None = None
+    host: str,
+    http: int | None = None,
+    grpc: int | None = None,
+    metrics: int | None = None,
+    *,
+    held: ServerPorts | None = None,
 ) -> tuple[ServerPorts, str | None]:
     """The ports a server should take, and a sentence for the user when they are not the usual ones.
 
     Ports given are kept; the others are Triton's 8000/8001/8002 when all three are free, else free ones
-    (the sentence says which defaults were taken).
+    (the sentence says which defaults were taken). ``held``: the ports a server started ahead for this very run
+    holds (:mod:`~ftx_triton.server.head_start`): none of them counts as in use, and they are the free ones taken.
     """
     check_host(host)
     wanted = (http, grpc, metrics)
     if all(p is not None for p in wanted):
         return ServerPorts(*wanted), None  # type: ignore[arg-type]
-    taken = busy_ports(host, TRITON_PORTS)
+    taken = [p for p in busy_ports(host, TRITON_PORTS) if held is None or p not in astuple(held)]
     defaults, note = TRITON_PORTS, None
     if taken:
-        defaults = free_ports(client_host(host).strip("[]"))
+        defaults = held or free_ports(client_host(host).strip("[]"))
         note = (
             f"Triton's usual port(s) {', '.join(map(str, taken))} are in use on {client_host(host)}; "
             "taking free ones (pass --http-port/--grpc-port/--metrics-port to choose)"
@@ -105,12 +114,15 @@ def ports_for(
     grpc: int | None = None,
     metrics: int | None = None,
     say: Callable[[str], None] | None = None,
+    *,
+    held: ServerPorts | None = None,
 ) -> tuple[ServerPorts, bool]:
-    """The ports a local tritonserver takes (see :func:`choose_ports`; a change from Triton's usual ones is
-    said) and whether the user gave any. A port the user gave that is busy fails now, before any model loads."""
-    ports, note = choose_ports(host, http, grpc, metrics)
+    """The ports a local tritonserver takes (see :func:`choose_ports`, ``held`` too; a change from Triton's usual
+    ones is said) and whether the user gave any. A port the user gave that is busy fails now, before any model
+    loads."""
     given = {http, grpc, metrics} - {None}
-    if busy := [p for p in busy_ports(host, ports) if p in given]:
+    ports, note = choose_ports(host, http, grpc, metrics, held=held)
+    if busy := [p for p in busy_ports(host, ports) if p in given and (held is None or p not in astuple(held))]:
         raise ServeError(
             f"port(s) {', '.join(map(str, busy))} on {host} are in use",
             hint="pass free --http-port/--grpc-port/--metrics-port, or leave them out "
@@ -158,14 +170,21 @@ def loopback_port(avoid: Collection[int] = ()) -> int:
 # --------------------------------------------------------------------------- HTTP probes
 
 
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
+@functools.cache
+def _opener() -> urllib.request.OpenerDirector:
+    """An opener that never goes through a proxy (urllib is imported when a server is first asked)."""
+    import urllib.request
+
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def http_ok(url: str, timeout_s: float = 2.0, *, signed: tuple[str, str] | None = None) -> bool:
     """True if GET ``url`` answers 200 (a fresh connection each time: no keep-alive left open), with the header
     ``signed`` = (name, value) when given (the answer of one process, not of whoever holds the port)."""
+    import urllib.error
+
     try:
-        with _OPENER.open(url, timeout=timeout_s) as response:
+        with _opener().open(url, timeout=timeout_s) as response:
             if signed is not None and response.headers.get(signed[0]) != signed[1]:
                 return False
             return response.status == 200

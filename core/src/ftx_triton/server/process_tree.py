@@ -15,12 +15,11 @@ import psutil
 import structlog
 
 from ftx_triton.server.install import STUB_NAME
+from ftx_triton.server.launch import FTX_SHM_PREFIX, SHM_PREFIX
 
 log = structlog.get_logger(__name__)
 
 SHM_DIR = Path("/dev/shm")
-SHM_PREFIX = "triton_python_backend_shm_region_"
-FTX_SHM_PREFIX = SHM_PREFIX + "ftx-"
 
 
 def proc_stat(pid: int) -> tuple[str, int] | None:

@@ -17,7 +17,9 @@ of its own. It
   record is gone and no ``ftx stop`` could find it, so it stops the server (exit code :data:`HOME_GONE`);
 * on SIGTERM/SIGINT/SIGHUP (``ftx stop``, Ctrl-C, or ftx dying: it gets SIGTERM then) stops
   tritonserver, kills what is left of the process tree, removes the server's shared memory and
-  exits; when tritonserver dies by itself it does the same and says how it died.
+  exits; when tritonserver dies by itself it does the same and says how it died;
+* with ``--leash`` (a server :mod:`ftx_triton.server.head_start` started before ftx knew it would serve it),
+  does the same when its stdin ends before ftx wrote ``r`` (release) there: ftx ended, or dropped it.
 
 Every line it writes starts with ``ftx-supervisor:`` and goes to the server's log. SPEC is JSON:
 ``command``, ``shm_prefix``, ``exit_timeout_s``, optional ``front`` (``host``, ``port``,
@@ -42,11 +44,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import psutil
-
 from ftx_triton.server.home_watch import HomeWatch
+from ftx_triton.server.launch import LEASH_FLAG, RELEASE
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # psutil is imported where used, once tritonserver runs: its start need not wait 0.05 s for it
+    import psutil
+
     from ftx_triton.front.limits import Limits
 
 PREFIX = "ftx-supervisor:"
@@ -117,6 +120,8 @@ def signal_name(code: int) -> str:
 
 def stub_model(process: psutil.Process) -> str:
     """The model instance a stub serves (its command line names it, e.g. ``fastertransformer_0_0``)."""
+    import psutil
+
     try:
         args = process.cmdline()
     except psutil.Error:
@@ -140,6 +145,8 @@ def zombie_status(pid: int) -> str | None:
 
 
 def is_stub(process: psutil.Process) -> bool:
+    import psutil
+
     try:
         args = process.cmdline()
     except psutil.Error:
@@ -160,8 +167,9 @@ def remove_shm(prefix: str) -> int:
 
 
 class Supervisor:
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: dict[str, Any], *, leash: bool = False) -> None:
         self.spec = spec
+        self.leash = leash
         self.stop_requested = threading.Event()
         self.triton: subprocess.Popen[bytes] | None = None
         self.front: Any = None
@@ -176,6 +184,8 @@ class Supervisor:
         _prctl(_PR_SET_CHILD_SUBREAPER, 1)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda signum, frame: self.stop_requested.set())
+        if self.leash:
+            threading.Thread(target=self._hold_leash, name="leash", daemon=True).start()
         limits = self._size_stack()
         # With an HTTP front, tritonserver starts first: the fronts' imports (aiohttp, grpc: about half a second)
         # overlap its start. ftx sees the server ready only through that front, which listens last, once the
@@ -197,6 +207,16 @@ class Supervisor:
         finally:
             self._shutdown()
         return self.exit_code
+
+    def _hold_leash(self) -> None:
+        """Stop the server when stdin ends before ftx releases it (``r``): ftx ended or did not take it."""
+        try:
+            released = sys.stdin.buffer.read(1) == RELEASE
+        except (OSError, ValueError):
+            released = False
+        if not released:
+            say("the ftx that started this server ahead of need ended or did not take it: stopping")
+            self.stop_requested.set()
 
     def _size_stack(self) -> Limits | None:
         """Raise the stack limit tritonserver will inherit to what the HTTP front's body limit needs (lowering
@@ -292,6 +312,8 @@ class Supervisor:
 
     def _dead_stub(self) -> str | None:
         """A stub seen alive before that is now a zombie or gone (tritonserver does not restart them)."""
+        import psutil
+
         assert self.triton is not None
         try:
             children = psutil.Process(self.triton.pid).children()
@@ -312,6 +334,8 @@ class Supervisor:
 
     def _reap_adopted(self) -> None:
         """Reap orphans re-parented to this subreaper (stubs of a tritonserver that died)."""
+        import psutil
+
         for child in psutil.Process().children():
             if self.triton is not None and child.pid == self.triton.pid:
                 continue
@@ -320,6 +344,8 @@ class Supervisor:
                     os.waitpid(child.pid, os.WNOHANG)
 
     def _shutdown(self) -> None:
+        import psutil
+
         timeout = float(self.spec.get("exit_timeout_s", 10)) + 5
         if self.grpc_front is not None:
             self.grpc_front.stop()
@@ -349,10 +375,12 @@ class Supervisor:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    leash = bool(args) and args[0] == LEASH_FLAG
+    args = args[1:] if leash else args
     if len(args) != 1:
-        print("usage: python -m ftx_triton.server.supervisor SPEC_JSON", file=sys.stderr)
+        print(f"usage: python -m ftx_triton.server.supervisor [{LEASH_FLAG}] SPEC_JSON", file=sys.stderr)
         return 2
-    return Supervisor(json.loads(args[0])).run()
+    return Supervisor(json.loads(args[0]), leash=leash).run()
 
 
 if __name__ == "__main__":

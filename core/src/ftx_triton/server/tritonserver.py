@@ -22,7 +22,6 @@ to tritonserver through links of plain characters when they hold anything else (
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import re
@@ -36,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import IO, Self
 from urllib.parse import quote
 
 import structlog
@@ -44,18 +43,12 @@ import structlog
 from ftx_triton.errors import ServeError
 from ftx_triton.front import SERVER_PID_HEADER
 from ftx_triton.front.addresses import is_loopback
+from ftx_triton.server import head_start
 from ftx_triton.server.admin_apis import admin_restriction
 from ftx_triton.server.install import TritonInstall, find_tritonserver, prepare_backends, server_env
+from ftx_triton.server.launch import Launch, log_file_name, new_shm_prefix, release
 from ftx_triton.server.ports import ServerPorts, client_host, free_ports, http_ok, loopback_port
-from ftx_triton.server.process_tree import (
-    FTX_SHM_PREFIX,
-    cmdline,
-    killpg,
-    proc_stat,
-    remove_shm,
-    stub_processes,
-    sweep_orphans,
-)
+from ftx_triton.server.process_tree import cmdline, killpg, proc_stat, remove_shm, stub_processes, sweep_orphans
 from ftx_triton.server.records import ServerRecord, list_servers, servers_dir
 from ftx_triton.server.server_log import (
     LOADED,
@@ -86,6 +79,7 @@ _SAFE_PATH = re.compile(r"[A-Za-z0-9_./+=:,@%-]+")
 """Characters that pass through the Python backend's ``bash -c`` stub command line unchanged."""
 MODEL_CONTROL_MODES = ("none", "poll", "explicit")
 _POLL_S = 0.1
+_LOADING_POLL_S = 1.0
 _PORT_ATTEMPTS = 3
 _NAME_RE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -138,22 +132,6 @@ def safe_path(path: Path, home: Path) -> Path:
         reason="the Python backend's stub command line cannot quote this path",
     )
     return link
-
-
-def _parent_death_signal() -> Callable[[], None] | None:
-    """A preexec_fn that makes the child get SIGTERM when this process dies (Linux only)."""
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
 
 
 # --------------------------------------------------------------------------- the server
@@ -242,7 +220,7 @@ class TritonServer:
         self.stub_start_timeout_s = stub_start_timeout_s
         self._internal_http_port: int | None = None
         self._internal_grpc_port: int | None = None
-        self.shm_prefix = f"{FTX_SHM_PREFIX}{secrets.token_hex(6)}-"
+        self.shm_prefix = new_shm_prefix()
         self.backend_directory = Path(backend_directory) if backend_directory else None
         """Serve with this ``--backend-directory`` instead of the prepared wheel backends (python only)."""
         self.cwd = Path(cwd) if cwd else None
@@ -252,13 +230,13 @@ class TritonServer:
         """What the runtime serves on (``cpu``, ``cuda``, ``gpu``), for ``ftx ps``: in the supervisor's spec and
         the detached record."""
         """Put before the server's command line (``mpirun -n 2 …`` for several nodes)."""
-        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         self._log_path = (
-            Path(log_path)
-            if log_path
-            else (self.home / "triton" / "logs" / f"{self.name}-{stamp}-{self.shm_prefix[-7:-1]}.log")
+            Path(log_path) if log_path else self.home / "triton" / "logs" / log_file_name(self.name, self.shm_prefix)
         )
         self._proc: subprocess.Popen[bytes] | None = None
+        self._launch: Launch | None = None
+        self._leash: IO[bytes] | None = None
+        """The stdin of a supervisor that head_start started (it stops when that ends, unless released)."""
         self._load_began: dict[str, float | None] = {}
         self._start_ticks: int | None = None
         self._state_file: Path | None = None
@@ -365,7 +343,7 @@ class TritonServer:
         env = server_env(install, {**stub_env(self.home), **self.env})
         attempts = _PORT_ATTEMPTS if self._auto_ports else 1
         for attempt in range(1, attempts + 1):
-            offset = self._spawn(install, backends, env, repository)
+            offset = self._spawn(install, backends, env, repository, ahead=attempt == 1)
             say(f"starting tritonserver on {self.http_url} (log: {self._log_path})")
             began = time.monotonic()
             try:
@@ -386,6 +364,8 @@ class TritonServer:
                 raise
             self._started_at = datetime.now(UTC).isoformat(timespec="seconds")
             timeline.step("tritonserver ready", models=len(self.expected_models))
+            if self._launch is not None:
+                head_start.remember(self._launch, self.host, (self.ports.http, self.ports.grpc, self.ports.metrics))
             log.info(
                 "server.started",
                 name=self.name,
@@ -426,10 +406,30 @@ class TritonServer:
             }
         return [sys.executable, "-m", "ftx_triton.server.supervisor", json.dumps(spec)]
 
-    def _spawn(self, install: TritonInstall, backends: Path, env: dict[str, str], repository: Path) -> int:
-        """Start the supervisor (and so tritonserver) with output appended to the log; return the log
-        offset of this run."""
-        self._log_path.parent.mkdir(parents=True, exist_ok=True)
+    def _spawn(
+        self, install: TritonInstall, backends: Path, env: dict[str, str], repository: Path, *, ahead: bool = False
+    ) -> int:
+        """Start the supervisor (and so tritonserver) with output appended to the log; return the log offset of
+        this run. ``ahead``: take the server :mod:`~ftx_triton.server.head_start` started early instead, when it is
+        exactly the one this would start (its random parts, shared-memory prefix, internal ports and log, taken
+        over first); any other is stopped first."""
+        head = head_start.pending() if ahead else None
+        if head is not None:
+            fresh = (self.shm_prefix, self._internal_http_port, self._internal_grpc_port, self._log_path)
+            self.shm_prefix = str(head.launch.spec.get("shm_prefix"))
+            self._internal_http_port, self._internal_grpc_port = head.launch.internal_ports
+            self._log_path = Path(head.launch.log_path)
+            taken = head_start.adopt(self._describe(install, backends, env, repository))
+            if taken is not None:
+                self._proc, self._leash = taken.proc, taken.leash
+                return self._spawned(taken.offset, ahead=True)
+            self.shm_prefix, self._internal_http_port, self._internal_grpc_port, self._log_path = fresh
+        launch = self._describe(install, backends, env, repository)
+        self._proc, offset = launch.spawn()
+        return self._spawned(offset)
+
+    def _describe(self, install: TritonInstall, backends: Path, env: dict[str, str], repository: Path) -> Launch:
+        """The launch of this server (internal ports picked when not yet)."""
         taken = {self.ports.http, self.ports.grpc, self.ports.metrics}
         if self.http_front and self._internal_http_port is None:
             self._internal_http_port = loopback_port(taken)
@@ -437,25 +437,21 @@ class TritonServer:
         if self.grpc_front and self._internal_grpc_port is None:
             self._internal_grpc_port = loopback_port(taken)
         triton = [*self.launcher, *self.command(backends, install.binary, repository)]
-        cmd = self.supervisor_command(triton)
-        with self._log_path.open("ab") as out:
-            out.write(f"# ftx: {' '.join(triton)}\n".encode())
-            out.flush()
-            offset = out.tell()
-            self._proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=self.cwd or self._log_path.parent,
-                start_new_session=True,
-                # only prctl/getppid/kill run between fork and exec
-                preexec_fn=_parent_death_signal() if self.die_with_parent else None,  # noqa: PLW1509
-            )
+        self._launch = Launch(
+            argv=tuple(self.supervisor_command(triton)),
+            env=env,
+            cwd=str(self.cwd or self._log_path.parent),
+            log_path=str(self._log_path),
+            header=f"# ftx: {' '.join(triton)}",
+            die_with_parent=self.die_with_parent,
+        )
+        return self._launch
+
+    def _spawned(self, offset: int, *, ahead: bool = False) -> int:
+        assert self._proc is not None and self._launch is not None
         stat = proc_stat(self._proc.pid)
         self._start_ticks = stat[1] if stat else None
-        log.debug("server.spawned", name=self.name, pid=self._proc.pid, cmd=cmd)
+        log.debug("server.spawned", name=self.name, pid=self._proc.pid, cmd=list(self._launch.argv), ahead=ahead)
         return offset
 
     def _wait_ready(self, offset: int, say: Callable[[str], None]) -> None:
@@ -472,18 +468,26 @@ class TritonServer:
         deadline = time.monotonic() + self.ready_timeout_s
         python_models = set(python_backend_models(self.repository))
         loading: dict[str, float] = {}
+        in_load: set[str] = set()  # models the log says are loading: the server cannot be ready before they load
+        asked = 0.0
         while True:
             for line in watch.new_lines():
                 self._scan_line(line, expected, say)
-                if (match := LOADING.search(line)) and match.group(1) in python_models:
-                    loading[match.group(1)] = time.monotonic()
+                if match := LOADING.search(line):
+                    in_load.add(match.group(1))
+                    if match.group(1) in python_models:
+                        loading[match.group(1)] = time.monotonic()
                 elif match := LOADED.search(line):
                     loading.pop(match.group(1), None)
+                    in_load.discard(match.group(1))
             code = self._proc.poll()
             if code is not None:
                 raise _StartFailure(f"tritonserver exited with code {code} while starting")
             self._check_stubs_started(loading)
-            if not server_ready:
+            # each probe costs this process, the front and tritonserver CPU that the loading models need: while
+            # the log shows loads under way it is sent once a second (as a check of the log), else every poll
+            if not server_ready and (not in_load or time.monotonic() - asked >= _LOADING_POLL_S):
+                asked = time.monotonic()
                 server_ready = http_ok(f"{base}/v2/health/ready", signed=signed)
             if server_ready:
                 pending = [
@@ -639,7 +643,7 @@ class TritonServer:
         tmp = directory / f".{self.name}.{secrets.token_hex(4)}.tmp"
         tmp.write_text(record.to_json())
         os.replace(tmp, path)
-        self._state_file = path
+        release(self._leash)  # recorded: it may outlive this process now        self._state_file = path
         self._detached = True
         log.info("server.detached", name=self.name, pid=self.pid, state=str(path))
         return path

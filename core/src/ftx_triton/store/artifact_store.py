@@ -39,7 +39,7 @@ import filelock
 import structlog
 
 from ftx_triton.io.atomic import holders, recover, swap_in
-from ftx_triton.io.hashing import sha256_files
+from ftx_triton.io.hashing import sha256_files, written_digest
 from ftx_triton.io.trees import remove_tree
 from ftx_triton.paths import unusable_home
 from ftx_triton.store import leases
@@ -50,6 +50,8 @@ log = structlog.get_logger(__name__)
 PROVENANCE_FILE = "ftx-artifact.json"
 SCHEMA = "ftx.artifact/1"
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+UNKEYED = "0" * 24
+"""The key in the name of a build in progress whose key is known only once it is built."""
 
 __all__ = ["PROVENANCE_FILE", "SCHEMA", "Artifact", "ArtifactStore", "make_key", "read_provenance"]
 
@@ -138,18 +140,22 @@ def _signature(st: os.stat_result) -> dict[str, int]:
 
 
 def _record_outputs(root: Path) -> dict[str, dict[str, Any]]:
-    """The output records of a finished build: sha256 and signature per file, target per symlink."""
+    """The output records of a finished build: sha256 and signature per file, target per symlink. A file whose
+    writer hashed it as it wrote it, and that is unchanged since, is not read again."""
     found = _scan(root)
     outputs: dict[str, dict[str, Any]] = {}
     files = []
+    digests: dict[Path, str] = {}
     for rel, st in found.items():
         if stat.S_ISLNK(st.st_mode):
             outputs[rel] = {"symlink": os.readlink(root / rel)}
         elif stat.S_ISREG(st.st_mode):
             files.append(rel)
+            if known := written_digest(root / rel, st):
+                digests[root / rel] = known
         else:
             raise OSError(f"{root / rel} is neither a file nor a symlink; an artifact cannot hold it")
-    digests = sha256_files(root / rel for rel in files)
+    digests.update(sha256_files(root / rel for rel in files if root / rel not in digests))
     for rel in files:
         outputs[rel] = {"sha256": digests[root / rel], **_signature(found[rel])}
     return dict(sorted(outputs.items()))
@@ -300,15 +306,69 @@ class ArtifactStore:
             started = time.time()
             try:
                 extra = dict(builder(tmp))
-                meta = self._provenance(stage, key, tmp, inputs, producer, extra, started)
-                (tmp / PROVENANCE_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True, default=str))
-                final = self.path(stage, key)
-                final.parent.mkdir(parents=True, exist_ok=True)
-                swap_in(tmp, final, replace=True)  # a corrupt or --force'd artifact is swapped out
+                return self._publish(stage, key, tmp, inputs, producer, extra, started), False
             except BaseException:
                 remove_tree(tmp)
                 raise
-            return Artifact(stage, key, final, meta), False
+
+    def build_keyed_after(
+        self,
+        stage: str,
+        builder: Callable[[Path], Mapping[str, Any]],
+        keyed: Callable[[], tuple[str, Mapping[str, Any]]],
+        *,
+        producer: Mapping[str, Any],
+        force: bool = False,
+        accept: Callable[[Artifact], object] | None = None,
+    ) -> tuple[Artifact, bool]:
+        """:meth:`build` for an artifact whose key is known only once it is built: ``builder(tmp_dir)`` runs first,
+        then ``keyed()`` gives (key, inputs), and the build is published under that key; when the key turns out
+        to be in the store already, the fresh build is dropped and the stored one returned (cached)."""
+        self._remove_dead_unkeyed(stage)  # before writing: a killed run's multi-GB leftovers free their disk first
+        # named like a keyed build with this pid: `ftx prune` leaves it alone while this process lives
+        tmp = self.tmp_root / f"{stage}-{UNKEYED}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir(parents=True)
+        started = time.time()
+        try:
+            extra = dict(builder(tmp))
+            key, inputs = keyed()
+            self._hold(stage, key)
+            with self.lock(stage, key):
+                self._recover(stage, key)
+                if not force and (hit := self._usable(stage, key, accept)):
+                    remove_tree(tmp)
+                    return hit, True
+                return self._publish(stage, key, tmp, inputs, producer, extra, started), False
+        except BaseException:
+            remove_tree(tmp)
+            raise
+
+    def _remove_dead_unkeyed(self, stage: str) -> None:
+        """Remove what killed processes left of their unkeyed builds of ``stage`` (a keyed build's leftovers go
+        when its key is built again; these have no key to be found by)."""
+        for stale in self.tmp_root.glob(f"{stage}-{UNKEYED}-*"):
+            match = re.match(rf"^{re.escape(stage)}-{UNKEYED}-(\d+)-", stale.name)
+            if match is not None and not _process_alive(int(match[1])):
+                log.info("cache.stale_removed", stage=stage, path=str(stale))
+                remove_tree(stale)
+
+    def _publish(
+        self,
+        stage: str,
+        key: str,
+        tmp: Path,
+        inputs: Mapping[str, Any],
+        producer: Mapping[str, Any],
+        extra: Mapping[str, Any],
+        started: float,
+    ) -> Artifact:
+        """Record ``tmp``'s outputs and publish it as (stage, key); the caller holds the key's lock."""
+        meta = self._provenance(stage, key, tmp, inputs, producer, extra, started)
+        (tmp / PROVENANCE_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True, default=str))
+        final = self.path(stage, key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        swap_in(tmp, final, replace=True)  # a corrupt or --force'd artifact is swapped out
+        return Artifact(stage, key, final, meta)
 
     def _usable(self, stage: str, key: str, accept: Callable[[Artifact], object] | None) -> Artifact | None:
         hit = self.lookup(stage, key)
@@ -408,12 +468,24 @@ class ArtifactStore:
                 reason="a replacement of it was killed half-way",
             )
         recover(final)
+        self._remove_dead_unkeyed(stage)
         for stale in [*self.tmp_root.glob(f"{stage}-{key}-*"), *self.tmp_root.glob(f"old-{key}-*")]:
             log.info("cache.stale_removed", stage=stage, key=key, path=str(stale))
             if stale.is_dir():
                 remove_tree(stale)
             else:
                 stale.unlink(missing_ok=True)
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _iso(ts: float) -> str:

@@ -197,6 +197,8 @@ import numpy as np
 config = json.loads({config!r})
 ft = FtModel.from_config(config, device="cpu")
 report = {{"after_load": sorted(m for m in sys.modules if m.split(".")[0] == "transformers")}}
+from ftx_triton.plugins import DEFAULT_PLUGINS
+report["core_plugins"] = sorted(m for m in (*DEFAULT_PLUGINS, "click") if m in sys.modules)
 greedy = ft.infer([decoder_inputs([[5, 6, 7]], 6, end_id=column(10_000, 1, np.uint32))])[0].outputs
 sampled = ft.infer([decoder_inputs([[5, 6, 7]], 6, runtime_top_k=column(4, 1, np.uint32),
     random_seed=column(3, 1, np.uint64), end_id=column(10_000, 1, np.uint32))])[0].outputs
@@ -217,7 +219,8 @@ def test_the_stub_loads_and_decodes_without_importing_transformers_until_beam_se
     checkpoints: dict[str, tuple[Any, Path]], case: str
 ) -> None:
     """In a fresh interpreter (as Triton's stub starts): building the ``fastertransformer`` model and answering
-    greedy and sampled requests import nothing of transformers; a beam-search request builds transformers' model
+    greedy and sampled requests import nothing of transformers (nor core's stage and runtime plugins, nor click:
+    the stub's host holds the families only); a beam-search request builds transformers' model
     then, which serves every later request (greedy ones answered as before). The answers equal those of the model
     built with transformers from the start."""
     from ftx_triton.runtime.python.repository import build_python_ft_model_config
@@ -234,6 +237,7 @@ def test_the_stub_loads_and_decodes_without_importing_transformers_until_beam_se
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["after_load"] == [] and report["after_greedy_and_sampled"] == [], report
+    assert report["core_plugins"] == []  # the family alone: no stage, runtime or command module (0.2 s)
     assert report["after_beams"] is True and report["swapped"] is True  # transformers' model serves from then on
     assert report["outputs"]["greedy again"] == report["outputs"]["greedy"]
 

@@ -45,7 +45,7 @@ class EncoderModel:
         if not path or not family_name:
             raise ValueError(f"config.pbtxt of {config.get('name')} lacks model_checkpoint_path or {FAMILY_PARAMETER}")
         loaded = load_model(
-            load_host().family(family_name),
+            load_host(families_only=True).family(family_name),
             Path(path),
             device=os.environ.get(DEVICE_ENV) or "auto",
             data_type=params.get("data_type"),

@@ -12,7 +12,7 @@ from ftx_triton.plan.context import StageContext
 from ftx_triton.repository.io import TEXT_MODEL_NAME
 from ftx_triton.repository.model_config import FT_MODEL_NAME
 from ftx_triton.runtime.python.triton_model import DEVICE_ENV
-from ftx_triton.server.smoke import check_generates, server_name
+from ftx_triton.server.smoke import check_generates, import_while_loading, server_name
 from ftx_triton.terminal.console import say as console_say
 
 log = structlog.get_logger(__name__)
@@ -35,7 +35,7 @@ def serve_python(repository: ModelRepository, ctx: StageContext) -> Endpoint:
     The server binds ``--host`` (127.0.0.1 by default) on the chosen or free ports; with
     ``--detach`` it is started so that it can outlive this process.
     """
-    from ftx_triton.server.ports import ports_for
+    from ftx_triton.server.head_start import ports_for  # the early server's ports, if it is this run's
     from ftx_triton.server.tritonserver import TritonServer
 
     s = ctx.settings.serve
@@ -65,6 +65,7 @@ def serve_python(repository: ModelRepository, ctx: StageContext) -> Endpoint:
         die_with_parent=not s.detach,
         device=served_device(s.device),
     )
+    import_while_loading()  # the smoke generation's imports overlap the model load
     server.start(progress=say)
     seconds = check_generates(server, path, f"the {FT_MODEL_NAME} model")
     log.info(

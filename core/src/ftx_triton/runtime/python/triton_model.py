@@ -191,7 +191,7 @@ class FtModel:
         if not path or not family_name:
             raise ValueError(f"config.pbtxt of {config.get('name')} lacks model_checkpoint_path or {FAMILY_PARAMETER}")
         positions = int(params[POSITIONS_PARAMETER]) if params.get(POSITIONS_PARAMETER, "").isdigit() else None
-        family = load_host().family(family_name)
+        family = load_host(families_only=True).family(family_name)
         how: dict[str, Any] = {
             "device": device or os.environ.get(DEVICE_ENV) or "auto",
             "data_type": params.get("data_type"),

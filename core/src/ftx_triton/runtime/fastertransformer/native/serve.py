@@ -248,7 +248,7 @@ def serve_native(
 ) -> Endpoint:
     """Start tritonserver with the FasterTransformer backend on ``repository``; return once it generates."""
     from ftx_triton.runtime.fastertransformer.gpus import local_gpus
-    from ftx_triton.server.ports import ports_for
+    from ftx_triton.server.head_start import ports_for  # the early server's ports, if it is this run's
     from ftx_triton.server.tritonserver import TritonServer
 
     say = say or (lambda text: print(text, file=sys.stderr, flush=True))

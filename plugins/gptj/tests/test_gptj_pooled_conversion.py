@@ -1,0 +1,69 @@
+"""A conversion reads and copies through reused buffers (no fresh, zeroed memory for every tensor): the files it
+writes are byte for byte those of a conversion into fresh arrays, whatever order the writer threads finish in."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ftx_gptj.family import GPTJ
+from ftx_triton.conversion.convert import convert_directory
+from ftx_triton.formats import buffers
+from safetensors.numpy import save_file
+
+HIDDEN, LAYERS, VOCAB = 1024, 3, 600  # tensors of 1-8 MB: above the pool's threshold
+
+
+def _checkpoint(root: Path) -> Path:
+    rng = np.random.default_rng(7)
+    tensors: dict[str, np.ndarray] = {}
+
+    def add(name: str, *shape: int) -> None:
+        tensors[name] = (rng.standard_normal(shape) * 0.02).astype(np.float16)
+
+    add("transformer.wte.weight", VOCAB, HIDDEN)
+    for i in range(LAYERS):
+        p = f"transformer.h.{i}"
+        add(f"{p}.ln_1.weight", HIDDEN)
+        add(f"{p}.ln_1.bias", HIDDEN)
+        for x in ("q", "k", "v", "out"):
+            add(f"{p}.attn.{x}_proj.weight", HIDDEN, HIDDEN)
+        add(f"{p}.mlp.fc_in.weight", 4 * HIDDEN, HIDDEN)
+        add(f"{p}.mlp.fc_in.bias", 4 * HIDDEN)
+        add(f"{p}.mlp.fc_out.weight", HIDDEN, 4 * HIDDEN)
+        add(f"{p}.mlp.fc_out.bias", HIDDEN)
+    add("transformer.ln_f.weight", HIDDEN)
+    add("transformer.ln_f.bias", HIDDEN)
+    add("lm_head.weight", VOCAB, HIDDEN)
+    add("lm_head.bias", VOCAB)
+    root.mkdir()
+    save_file(tensors, str(root / "model.safetensors"))
+    config = {"model_type": "gptj", "n_embd": HIDDEN, "n_head": HIDDEN // 64, "n_layer": LAYERS, "rotary_dim": 16}
+    (root / "config.json").write_text(json.dumps({**config, "vocab_size": VOCAB, "n_positions": 64}))
+    return root
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_pooled_buffers_write_the_same_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tp: int) -> None:
+    source = _checkpoint(tmp_path / "hf")
+    taken: list[int] = []
+    reused: list[int] = []
+    real_take = buffers.BufferPool.take
+
+    def take(self: buffers.BufferPool, nbytes: int) -> np.ndarray:
+        free = {id(b) for b in self._free}
+        buffer = real_take(self, nbytes)
+        (reused if id(buffer) in free else taken).append(nbytes)
+        return buffer
+
+    monkeypatch.setattr(buffers.BufferPool, "take", take)
+    monkeypatch.setenv("FTX_CONVERT_THREADS", "3")
+    pooled = convert_directory(GPTJ(), source, tmp_path / "pooled", tp=tp, weight_dtype="fp16")
+    assert reused, "no buffer was reused"
+    monkeypatch.setattr(buffers, "MIN_POOLED", 1 << 62)  # every array fresh, as before the pool
+    fresh = convert_directory(GPTJ(), source, tmp_path / "fresh", tp=tp, weight_dtype="fp16")
+    assert sorted(pooled.files) == sorted(fresh.files)
+    for name in fresh.files:
+        assert (pooled.directory / name).read_bytes() == (fresh.directory / name).read_bytes(), name

@@ -1,0 +1,157 @@
+"""The head start: a second identical ``ftx run`` starts the server of the first before it has planned, and takes it
+only when it is the server it would start (real ``ftx run`` processes, the real tritonserver, a tiny GPT-J)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from ftx_triton.server import head_start
+from ftx_triton.server.launch import LEASH_FLAG
+from python_runtime_support import SERVER_MARKS, own_ports
+
+pytestmark = SERVER_MARKS
+
+FTX = str(Path(sys.executable).parent / "ftx")
+
+
+def _ftx(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([FTX, *args], capture_output=True, text=True, timeout=600, env=env, cwd=cwd, check=False)
+
+
+def _events(stderr: str, name: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith(name)]
+
+
+def _served_repository(env: dict[str, str], cwd: Path, name: str) -> str:
+    (row,) = [r for r in json.loads(_ftx("ps", "--json", env=env, cwd=cwd).stdout) if r["name"] == name]
+    assert row["alive"]
+    return str(row["repository"])
+
+
+def _processes_naming(text: str) -> list[str]:
+    """Command lines of running processes that hold ``text`` (a repository or shared-memory prefix)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            line = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in line and "pytest" not in line:
+            found.append(line)
+    return found
+
+
+@pytest.fixture(scope="module")
+def checkpoint_run(
+    tmp_path_factory: pytest.TempPathFactory, built_demo: Path
+) -> Iterator[tuple[list[str], dict[str, str], Path, str]]:
+    """A copy of the tiny GPT-J built, then served once with ``ftx run CKPT --detach`` (all cached, so its launch is
+    recorded) and stopped:
+    the same run's arguments, environment, working folder and the repository it served. The tests run in order:
+    the last one changes the checkpoint."""
+    tmp_path = tmp_path_factory.mktemp("head-start")
+    checkpoint = tmp_path / "ckpt"
+    shutil.copytree(built_demo, checkpoint)
+    env = {**os.environ, "FTX_HOME": str(tmp_path / "home"), "FTX_DEVICE": "cpu"}
+    argv = ["-v", "run", str(checkpoint), "--runtime", "python", "--detach", "--name", "ahead", *own_ports()]
+    built = _ftx("run", str(checkpoint), "--runtime", "python", "--until", "configure", env=env, cwd=tmp_path)
+    assert built.returncode == 0, built.stderr[-3000:]
+    first = _ftx(*argv, env=env, cwd=tmp_path)  # every stage cached: its launch is recorded
+    assert first.returncode == 0, first.stderr[-3000:]
+    repository = _served_repository(env, tmp_path, "ahead")
+    assert _ftx("stop", "ahead", env=env, cwd=tmp_path).returncode == 0
+    assert list((tmp_path / "home" / "triton" / "head-starts").glob("*.json"))
+    try:
+        yield argv, env, tmp_path, repository
+    finally:
+        _ftx("stop", "--all", env=env, cwd=tmp_path)
+
+
+def test_the_same_run_again_is_served_by_the_server_it_started_ahead(checkpoint_run) -> None:  # type: ignore[no-untyped-def]
+    argv, env, cwd, repository = checkpoint_run
+    again = _ftx(*argv, env=env, cwd=cwd)
+    assert again.returncode == 0, again.stderr[-3000:]
+    (taken,) = _events(again.stderr, "server.head_start")
+    assert "taken=True" in taken, again.stderr[-3000:]
+    assert _served_repository(env, cwd, "ahead") == repository
+    answer = _ftx("generate", "Once upon a time", "--max-tokens", "4", env=env, cwd=cwd)
+    assert answer.returncode == 0 and answer.stdout.strip(), answer.stderr[-2000:]
+    assert _ftx("stop", "ahead", env=env, cwd=cwd).returncode == 0  # released when recorded: `ftx stop` finds it
+    assert not _processes_naming(repository)
+
+
+@pytest.fixture
+def as_the_run(checkpoint_run, monkeypatch):  # type: ignore[no-untyped-def]
+    """This process as the recorded ``ftx run`` (its folder and interpreter; its environment as ``begin`` is called,
+    pytest's own variables included); its head start forgotten afterwards."""
+    argv, env, cwd, repository = checkpoint_run
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "executable", Path(FTX).read_text().splitlines()[0].removeprefix("#!"))  # ftx's python
+
+    def begin() -> head_start.HeadStart | None:
+        for key in set(os.environ) - set(env):
+            monkeypatch.delenv(key)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        head_start.reset()
+        head_start.begin(argv)
+        return head_start.pending()
+
+    try:
+        yield begin, repository
+    finally:
+        head_start.reset()
+
+
+def test_an_early_server_nobody_takes_is_gone_with_its_shared_memory(as_the_run) -> None:  # type: ignore[no-untyped-def]
+    """In this process: the recorded request starts its server (on a leash); a launch that differs in anything is
+    refused and the server stopped at once; one that ftx never takes stops when its leash ends."""
+    begin, repository = as_the_run
+    head = begin()
+    assert head is not None and head.proc.poll() is None and LEASH_FLAG in head.proc.args
+    prefix = head.launch.spec["shm_prefix"]
+    changed = dataclasses.replace(head.launch, env={**head.launch.env, "FTX_EXTRA": "1"})
+    assert head_start.adopt(changed) is None  # another environment: not this server
+    assert head.proc.poll() is not None and not _processes_naming(prefix)
+    assert not Path(head.launch.log_path).exists() and not list(Path("/dev/shm").glob(f"{prefix}*"))
+
+    leashed = begin()
+    assert leashed is not None
+    prefix = leashed.launch.spec["shm_prefix"]
+    leashed.proc.stdin.close()  # as when ftx dies before taking it
+    leashed.proc.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while _processes_naming(prefix) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _processes_naming(prefix)
+    assert "did not take it: stopping" in Path(leashed.launch.log_path).read_text()
+    head_start.reset()
+    assert _processes_naming(repository) == []
+
+
+def test_a_changed_checkpoint_stops_the_early_server_and_serves_the_new_model(checkpoint_run) -> None:  # type: ignore[no-untyped-def]
+    """The early server loads the last run's repository; the checkpoint changed since (same path, arguments and
+    environment), so the run builds a new one: the early server must be gone, never served nor reported ready."""
+    argv, env, cwd, old_repository = checkpoint_run
+    weights = cwd / "ckpt" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-64:] = bytes(b ^ 0x5A for b in data[-64:])  # other weights of the same shapes
+    weights.write_bytes(bytes(data))
+    again = _ftx(*argv, env=env, cwd=cwd)
+    assert again.returncode == 0, again.stderr[-3000:]
+    (dropped,) = _events(again.stderr, "server.head_start")
+    assert "taken=False" in dropped and "stage builds" in dropped, dropped
+    new_repository = _served_repository(env, cwd, "ahead")
+    assert new_repository != old_repository
+    (record,) = (cwd / "home" / "triton" / "head-starts").glob("*.json")
+    assert old_repository in record.read_text()  # a run that built is not recorded
+    assert not _processes_naming(old_repository)  # the early server, on the old model, is gone
