@@ -252,7 +252,7 @@ def test_text_instances_count_both_text_models(ftx_cli, tiny_gptj_dir: Path, tmp
     assert counts == {"preprocessing": 3, "postprocessing": 1}  # a stream's pieces keep their order
     plan = ftx_cli("run", str(tiny_gptj_dir), "--dry-run", "--streaming", "--text-instances", "3")
     assert plan.exit_code == 0, plan.stderr
-    told = "preprocessing x3, postprocessing x1, batched (preprocessing holds a batch 10 ms), streaming (interval auto"
+    told = "preprocessing x3, postprocessing x1, batched, streaming (interval auto"
     assert told in plan.stdout
     assert json.loads((streaming / "ftx-deployment.json").read_text())["stream_interval"] == "auto"  # the default
     assert ft_config(streaming).parameters["ftx_stream_interval"].string_value == "auto"

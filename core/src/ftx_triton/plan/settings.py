@@ -61,14 +61,13 @@ group generates, so a lone request and c - 1 take turns for good (FasterTransfor
 execution). Holding a batch's first request this long gathers clients that send within it into one batch
 (docs/benchmarks.md, issue 38: the batcher delay against the 1 / c - 1 split)."""
 
-DEFAULT_TEXT_BATCH_DELAY_US = 10_000
-"""``--text-batch-delay-us``'s default. At 0, the ``preprocessing`` model tokenizes a burst's first request alone and
-the rest in one long execution after it (Triton's batcher hands an instance everything queued), so the ``text``
-ensemble's requests reach the ``fastertransformer`` model spread by that execution's length, beyond its
-``--batch-delay-us``: a closed loop splits into groups that take turns. Holding the first request this long
-tokenizes the burst in one execution, whose answers reach the model together (docs/benchmarks.md, issue 38: where
-a burst spreads). A lone request through the ensemble pays it; the OpenAI endpoint does not pass through
-``preprocessing``."""
+DEFAULT_TEXT_BATCH_DELAY_US = 0
+"""``--text-batch-delay-us``'s default: none. At 0 the ``preprocessing`` model tokenizes a burst's first request alone
+and the rest after it (Triton's batcher hands an instance everything queued), so the ``text`` ensemble's requests
+reach the ``fastertransformer`` model spread by those executions. Holding the first request N µs tokenizes a burst
+in one execution: on the CPU it merged the first round of 32 clients, but on two H100s the ``text`` path's closed
+loop still split at 32 and 64 clients with 10 ms (docs/benchmarks.md, issue 38: where a burst spreads), so a lone
+request through the ensemble does not pay it by default."""
 
 
 def is_auto(value: object) -> bool:
