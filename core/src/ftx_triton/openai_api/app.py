@@ -23,7 +23,6 @@ import threading
 import time
 import traceback
 import uuid
-from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +52,7 @@ from ftx_triton.openai_api.embeddings import (
     token_ids,
     vectors_payload,
 )
+from ftx_triton.openai_api.generation_record import GenerationRecord
 from ftx_triton.openai_api.launch import PID_HEADER
 from ftx_triton.openai_api.metrics import FrontMetrics, Tracked
 from ftx_triton.openai_api.params import BadRequest, Params, parse_params
@@ -194,7 +194,7 @@ class Piece:
     shown: str = ""
 
 
-class Generation:
+class Generation(GenerationRecord):
     """One generation for one prompt over the ``text`` ensemble: the whole text, or its pieces as they arrive.
 
     Token ids and log probabilities come from the text model (``piece_tokens`` holds those of each piece
@@ -204,14 +204,8 @@ class Generation:
     """
 
     def __init__(self, deployment: Deployment, prompt: str, values: Mapping[str, Any], stop: list[str]) -> None:
-        self.deployment, self.prompt, self.stop = deployment, prompt, stop
-        self.values = {"prompt": prompt, **values}
-        self.finish_reason = "length"
-        self.stopped = False
-        self.text = ""
-        self.token_ids: list[int] = []
-        self.log_probs: list[float] = []
-        self.piece_tokens: deque[tuple[list[int], list[float]]] = deque()
+        super().__init__(prompt, values, stop)
+        self.deployment, self.prompt = deployment, prompt
         self.has_tokens = True
 
     def whole(self) -> str:
@@ -251,9 +245,6 @@ class Generation:
     def tokens(self) -> int:
         """Tokens generated: the model's own ids where it gives them, else the tokenizer's count of the text."""
         return len(self.token_ids) if self.has_tokens else self.deployment.count(self.text)
-
-    def mean_log_prob(self) -> float:
-        return sum(self.log_probs) / len(self.log_probs) if self.log_probs else 0.0
 
     def _reason(self, stopped: bool) -> str:
         self.stopped = stopped

@@ -19,12 +19,12 @@ round trip); each segment re-reads the context, which costs the GPU a context pa
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any
 
 from ftx_triton.client.token_stream import AsyncTokenClient, TokenRoute, infer_whole, stream_texts
 from ftx_triton.envvars import env_int
+from ftx_triton.openai_api.generation_record import GenerationRecord
 
 SEGMENT_ENV = "FTX_SEGMENT_TOKENS"
 
@@ -98,7 +98,7 @@ class TokenGeneration:
         return "".join([piece async for piece in self.astream()])
 
 
-class WholeGeneration:
+class WholeGeneration(GenerationRecord):
     """One prompt's generation over the token route of a model that answers in one piece (not decoupled): the
     ensemble's :class:`~ftx_triton.openai_api.app.Generation` contract, log probabilities included (the model's
     ``output_log_probs``, read as the ``postprocessing`` model reads them)."""
@@ -106,22 +106,13 @@ class WholeGeneration:
     def __init__(
         self, client: AsyncTokenClient, route: TokenRoute, prompt: str, values: Mapping[str, Any], stop: list[str]
     ) -> None:
-        self.client, self.route, self.stop = client, route, stop
-        self.values = {"prompt": prompt, **values}
-        self.finish_reason = "length"
-        self.stopped = False
-        self.text = ""
-        self.token_ids: list[int] = []
-        self.log_probs: list[float] = []
-        self.piece_tokens: deque[tuple[list[int], list[float]]] = deque()
+        super().__init__(prompt, values, stop)
+        self.client, self.route = client, route
 
     @property
     def tokens(self) -> int:
         """Tokens generated: the model's own ids up to the first end id."""
         return len(self.token_ids)
-
-    def mean_log_prob(self) -> float:
-        return sum(self.log_probs) / len(self.log_probs) if self.log_probs else 0.0
 
     async def astream(self) -> AsyncGenerator[str, None]:
         """The whole text in one piece (the prompt is not repeated), cut at the first stop string."""
