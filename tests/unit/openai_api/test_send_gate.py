@@ -16,10 +16,11 @@ async def _group(gate: SendGate) -> int:
 
 def test_a_burst_goes_as_one_group_and_a_later_request_as_the_next() -> None:
     """Requests prepared one after another without a pause are released together; one prepared after the front
-    fell quiet goes alone (asyncio fires the gate's timer before the later one's, whatever the machine's load)."""
+    fell quiet goes alone (asyncio fires the gate's timer before the later one's, whatever the machine's load). The
+    cap is set out of the way: 64 turns of a loaded loop can outlast its default 20 ms (the next test covers it)."""
 
     async def scenario() -> tuple[list[int], int]:
-        gate = SendGate(quiet_s=0.2)
+        gate = SendGate(quiet_s=0.2, most_s=30.0)
         burst = []
         for _ in range(64):  # each prepared in its own turn of the loop, as the front's handlers are
             burst.append(asyncio.ensure_future(_group(gate)))
