@@ -46,7 +46,6 @@ FORMAT = 2
 RECORDS_DIR = ("triton", "head-starts")
 RECORDS_KEPT = 16
 _GROUP_GONE_S = 5.0
-_SHM_DIR = Path("/dev/shm")
 
 
 @dataclass
@@ -86,8 +85,9 @@ class HeadStart:
 
     def stop(self) -> None:
         """Kill its process group now, wait until it is gone, remove its shared memory, log and leash."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        from ftx_triton.server.process_tree import killpg, remove_shm  # psutil: not at begin()'s import
+
+        killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
         deadline = time.monotonic() + _GROUP_GONE_S
         while time.monotonic() < deadline:  # tritonserver and its stubs: the ports and memory they hold go with them
@@ -97,9 +97,8 @@ class HeadStart:
                 break
             time.sleep(0.01)
         prefix = str(self.launch.spec.get("shm_prefix") or "")
-        if prefix.startswith(FTX_SHM_PREFIX) and prefix != FTX_SHM_PREFIX:
-            for path in _SHM_DIR.glob(f"{prefix}*"):
-                path.unlink(missing_ok=True)
+        if prefix.startswith(FTX_SHM_PREFIX) and prefix != FTX_SHM_PREFIX:  # never another server's regions
+            remove_shm(prefix)
         with contextlib.suppress(OSError):
             if self.leash is not None:
                 self.leash.close()
