@@ -15,7 +15,8 @@ from typing import Any
 class ClusterDeployment:
     """One deployment on a cluster: where it runs, whether it answers, why it ended.
 
-    ``state`` is ``pending``, ``preparing``, ``starting``, ``running``, ``ended`` or ``unknown`` (the scheduler
+    ``state`` is ``pending``, ``preparing``, ``starting``, ``running``, ``ending`` (the server is gone, the
+    scheduler has yet to end the job), ``ended`` or ``unknown`` (the scheduler
     cannot say: ``cause`` says why); ``http``/``grpc``/``openai``
     are addresses (``HOST:PORT``; the OpenAI one a URL) once ``running``; ``cause`` says why an ended one ended;
     ``stop`` ends it on the cluster and removes its records, returning a line saying what it did.
@@ -42,7 +43,7 @@ class ClusterDeployment:
         return {
             "name": self.name,
             "state": self.state,
-            "alive": self.state != "ended",
+            "alive": self.state not in ("ending", "ended"),
             "scheduler": self.scheduler,
             "where": self.where,
             "model": self.model,

@@ -59,9 +59,10 @@ def _deployment(home: Path, name: str, job: dict[str, Any], state: scheduler.Job
         "repository": str(endpoint.get("repository", "")),
         "stop": lambda: stop(home, name, job_id),
     }
-    ended = state is None or state.ended or endpoint.get("state") == "ended"
-    if ended:
+    if state is None or state.ended:
         return ClusterDeployment(state="ended", where=where, cause=_cause(directory, job_id, state, endpoint), **fields)
+    if endpoint.get("state") == "ended":  # the server is gone; Slurm has yet to end the job (its epilog, its steps)
+        return ClusterDeployment(state="ending", where=where, cause=_cause(directory, job_id, state, endpoint), **fields)
     if state is not None and state.state == "PENDING":
         return ClusterDeployment(state="pending", where=f"{where} ({state.reason or 'queued'})", **fields)
     phase = str(endpoint.get("state") or "preparing")  # the job runs its first steps
@@ -83,7 +84,9 @@ def _deployment(home: Path, name: str, job: dict[str, Any], state: scheduler.Job
 def _cause(directory: Path, job_id: str, state: scheduler.JobState | None, endpoint: dict[str, Any]) -> str:
     """Why the job ended: Slurm's state (FAILED, TIMEOUT, OUT_OF_MEMORY, NODE_FAIL …) and ftx's own error line."""
     said = []
-    if state is not None:
+    if state is not None and not state.ended:
+        said.append(f"the server is gone; Slurm is ending the job (still {state.state})")
+    elif state is not None:
         said.append(f"job {state.state}" + (f" ({state.reason})" if state.reason else ""))
         if state.exit_code and state.exit_code != "0:0":
             said.append(f"exit code {state.exit_code}")

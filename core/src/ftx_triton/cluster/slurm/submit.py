@@ -134,7 +134,7 @@ def follow(
             raise ServeError(f"the records of {name} are gone", hint="was it stopped (`ftx stop`) meanwhile?")
         if found.running:
             return found
-        if found.state == "ended":
+        if found.state in ("ending", "ended"):
             log = deployment_dir(home, name)
             raise ServeError(
                 f"the Slurm job of {name} ended: {found.cause}",
