@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ftx_triton.server.launch import FTX_SHM_PREFIX, Launch, log_file_name, new_shm_prefix
+from ftx_triton.io.atomic_file import write_json_atomic
+from ftx_triton.server.launch import Launch, is_ftx_shm_prefix, log_file_name, new_shm_prefix
 
 if TYPE_CHECKING:
     from ftx_triton.server.ports import ServerPorts
@@ -97,7 +98,7 @@ class HeadStart:
                 break
             time.sleep(0.01)
         prefix = str(self.launch.spec.get("shm_prefix") or "")
-        if prefix.startswith(FTX_SHM_PREFIX) and prefix != FTX_SHM_PREFIX:  # never another server's regions
+        if is_ftx_shm_prefix(prefix):  # never another server's regions
             remove_shm(prefix)
         with contextlib.suppress(OSError):
             if self.leash is not None:
@@ -280,9 +281,7 @@ def remember(launch: Launch, host: str, ports: tuple[int, int, int], *, auto_por
     with contextlib.suppress(Exception):  # a head start never stands in a run's way
         directory = records_dir(_home())
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = directory / f".{_request}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, directory / f"{_request}.json")
+        write_json_atomic(directory / f"{_request}.json", record)
         records = sorted(directory.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
         for old in records[RECORDS_KEPT:]:
             old.unlink(missing_ok=True)
