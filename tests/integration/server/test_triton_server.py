@@ -24,6 +24,7 @@ from ftx_triton.server import install as install_mod
 from ftx_triton.server import process_tree
 from ftx_triton.server import tritonserver as server_mod
 from ftx_triton.server.install import find_tritonserver, prepare_backends, server_env
+from ftx_triton.server.launch import SHM_PREFIX
 from ftx_triton.server.ports import free_ports
 from ftx_triton.server.records import ServerRecord, list_servers, stop_server
 from ftx_triton.server.server_log import diagnose, failed_models
@@ -370,7 +371,7 @@ def _fake_record(home: Path, name: str, pid: int) -> None:
         log_path="/log",
         started_at="now",
         start_ticks=stat[1] if stat else None,
-        shm_prefix=process_tree.SHM_PREFIX + f"ftx-test{name}-",
+        shm_prefix=SHM_PREFIX + f"ftx-test{name}-",
         exit_timeout_s=1,
     )
     (home / "servers").mkdir(parents=True, exist_ok=True)

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 from ftx_triton.server import process_tree
-from ftx_triton.server.launch import FTX_SHM_PREFIX
-from ftx_triton.server.process_tree import SHM_PREFIX, proc_stat
+from ftx_triton.server.launch import FTX_SHM_PREFIX, SHM_PREFIX
+from ftx_triton.server.process_tree import proc_stat
 
 
 @dataclass

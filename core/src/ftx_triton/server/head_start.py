@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ftx_triton.io.atomic_file import write_json_atomic
-from ftx_triton.server.launch import Launch, is_ftx_shm_prefix, log_file_name, new_shm_prefix
+from ftx_triton.server.launch import Launch, log_file_name, new_shm_prefix
 
 if TYPE_CHECKING:
     from ftx_triton.server.ports import ServerPorts
@@ -97,9 +97,7 @@ class HeadStart:
             except (ProcessLookupError, PermissionError):
                 break
             time.sleep(0.01)
-        prefix = str(self.launch.spec.get("shm_prefix") or "")
-        if is_ftx_shm_prefix(prefix):  # never another server's regions
-            remove_shm(prefix)
+        remove_shm(str(self.launch.spec.get("shm_prefix") or ""))  # its own regions only
         with contextlib.suppress(OSError):
             if self.leash is not None:
                 self.leash.close()

@@ -15,7 +15,7 @@ import psutil
 import structlog
 
 from ftx_triton.server.install import STUB_NAME
-from ftx_triton.server.launch import FTX_SHM_PREFIX, SHM_PREFIX, is_ftx_shm_prefix
+from ftx_triton.server.launch import FTX_SHM_PREFIX, is_ftx_shm_prefix
 
 log = structlog.get_logger(__name__)
 
@@ -109,9 +109,12 @@ def end_processes_of(prefix: str, grace_s: float = 5.0) -> list[int]:
 
 
 def remove_shm(prefix: str) -> list[Path]:
-    """Delete Python-backend shared-memory regions whose names start with ``prefix``."""
-    if not prefix.startswith(SHM_PREFIX) or prefix == SHM_PREFIX:
-        raise ValueError(f"refusing to remove shared memory of other servers: {prefix!r}")
+    """Delete the Python-backend shared-memory regions of the ftx server whose prefix is ``prefix`` (names starting
+    with it); return them. A prefix ftx did not make for one server (empty, the start all ftx servers' regions share,
+    another program's) removes nothing: the one guard of every caller (the supervisor, ``ftx stop``, a dropped head
+    start, :class:`~ftx_triton.server.tritonserver.TritonServer`)."""
+    if not is_ftx_shm_prefix(prefix):
+        return []
     removed = []
     for path in SHM_DIR.glob(f"{prefix}*"):
         with contextlib.suppress(FileNotFoundError):

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ftx_triton.server.home_watch import HomeWatch
-from ftx_triton.server.launch import LEASH_FLAG, RELEASE, is_ftx_shm_prefix
+from ftx_triton.server.launch import LEASH_FLAG, RELEASE
 
 if TYPE_CHECKING:  # psutil is imported where used, once tritonserver runs: its start need not wait 0.05 s for it
     import psutil
@@ -349,8 +349,7 @@ class Supervisor:
             say(f"killed {len(leftovers)} leftover process(es): " + ", ".join(f"{p.pid}" for p in leftovers))
         from ftx_triton.server.process_tree import remove_shm  # psutil is imported by now
 
-        prefix = str(self.spec.get("shm_prefix") or "")
-        removed = remove_shm(prefix) if is_ftx_shm_prefix(prefix) else []
+        removed = remove_shm(str(self.spec.get("shm_prefix") or ""))
         if removed:
             say(f"removed {len(removed)} shared-memory region(s)")
 
