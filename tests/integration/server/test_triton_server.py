@@ -171,6 +171,22 @@ def test_detach_list_and_stop_through_the_cli(tmp_path: Path, home: Path) -> Non
 
 
 @needs_triton
+def test_a_detached_server_stopped_by_its_own_process_leaves_no_record(tmp_path: Path, home: Path) -> None:
+    """A run that detached its server and then failed (its front could not be recorded) stops the server: its record
+    goes with it, so `ftx ps` does not list a server that is gone (the record used to stay)."""
+    repo = tmp_path / "repo"
+    add_one_model(repo, "add_one")
+    server = TritonServer(repo, home=home, name="tiny", die_with_parent=False, exit_timeout_s=5)
+    server.start()
+    try:
+        state = server.detach()
+        assert state.is_file()
+    finally:
+        server.stop()
+    assert process_gone(server.pid) and not state.exists() and list_servers(home) == []
+
+
+@needs_triton
 @pytest.mark.parametrize("which", ["grpc", "http"])
 def test_port_in_use_is_reported_and_auto_ports_are_repicked(
     tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch, which: str

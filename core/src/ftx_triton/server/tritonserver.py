@@ -643,7 +643,8 @@ class TritonServer:
             device=self.device,
         )
         write_atomic(path, record.to_json())
-        release(self._leash)  # recorded: it may outlive this process now        self._state_file = path
+        release(self._leash)  # recorded: it may outlive this process now
+        self._state_file = path
         self._detached = True
         log.info("server.detached", name=self.name, pid=self.pid, state=str(path))
         return path
