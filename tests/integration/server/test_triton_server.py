@@ -139,12 +139,18 @@ def test_explicit_model_control_loads_only_listed_models(tmp_path: Path, home: P
     assert process_gone(server.pid)
 
 
-@needs_triton
-def test_detach_list_and_stop_through_the_cli(tmp_path: Path, home: Path) -> None:
+def _detachable(tmp_path: Path, home: Path) -> TritonServer:
+    """A started server of one model (``add_one``), named ``tiny``, that may outlive this process."""
     repo = tmp_path / "repo"
     add_one_model(repo, "add_one")
     server = TritonServer(repo, home=home, name="tiny", die_with_parent=False, exit_timeout_s=5)
     server.start()
+    return server
+
+
+@needs_triton
+def test_detach_list_and_stop_through_the_cli(tmp_path: Path, home: Path) -> None:
+    server = _detachable(tmp_path, home)
     try:
         state = server.detach()
         assert state == home / "servers" / "tiny.json"
@@ -174,10 +180,7 @@ def test_detach_list_and_stop_through_the_cli(tmp_path: Path, home: Path) -> Non
 def test_a_detached_server_stopped_by_its_own_process_leaves_no_record(tmp_path: Path, home: Path) -> None:
     """A run that detached its server and then failed (its front could not be recorded) stops the server: its record
     goes with it, so `ftx ps` does not list a server that is gone (the record used to stay)."""
-    repo = tmp_path / "repo"
-    add_one_model(repo, "add_one")
-    server = TritonServer(repo, home=home, name="tiny", die_with_parent=False, exit_timeout_s=5)
-    server.start()
+    server = _detachable(tmp_path, home)
     try:
         state = server.detach()
         assert state.is_file()
