@@ -337,6 +337,25 @@ def test_backends_prepared_once_and_env(home: Path) -> None:
     assert libs[0] == "/extra" and libs[-1] == str(install.libs)
 
 
+def test_backends_prepared_by_two_processes_at_once_are_published_whole(home: Path) -> None:
+    """Two ftx processes preparing the backends of a fresh home at once: one builds, the other waits for it (the
+    build's lock) and takes it; both get the same, complete directory and nothing is left beside it."""
+    code = (
+        "import sys; from pathlib import Path; from ftx_triton.server.install import find_tritonserver, "
+        "prepare_backends; print(prepare_backends(find_tritonserver(), Path(sys.argv[1])))"
+    )
+    runs = [
+        subprocess.Popen([sys.executable, "-c", code, str(home)], stdout=subprocess.PIPE, text=True) for _ in range(2)
+    ]
+    printed = [run.communicate(timeout=120)[0].strip().splitlines() for run in runs]
+    assert [run.returncode for run in runs] == [0, 0]
+    target = home / "triton" / f"backends-{find_tritonserver().python_version}"
+    assert [lines[-1] for lines in printed] == [str(target), str(target)]
+    assert sum("server.backends_prepared" in line for lines in printed for line in lines) == 1  # built once
+    assert (target / "python" / "triton_python_backend_stub").is_file() and (target / ".ftx-stamp.json").is_file()
+    assert not list((home / "triton").glob(".backends-*"))
+
+
 def test_invalid_options_are_rejected(tmp_path: Path, home: Path) -> None:
     with pytest.raises(ServeError, match="explicit"):
         TritonServer(tmp_path, home=home, load_models=["a"])
