@@ -16,6 +16,7 @@ from pathlib import Path
 
 import structlog
 
+from ftx_triton import start_environ
 from ftx_triton.errors import ServeError
 from ftx_triton.server.stub_env import STUB_PYTHON_ENV
 from ftx_triton.terminal.redact import strip_secrets
@@ -179,8 +180,8 @@ def python_libdir() -> Path | None:
 
 
 def server_env(install: TritonInstall, env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment tritonserver and its stubs need, on top of ``os.environ`` and ``env``."""
-    result = strip_secrets({**os.environ, **(env or {})})  # a server needs no Hub or cloud credentials
+    """The environment tritonserver and its stubs need, on top of the one ftx started with and ``env``."""
+    result = strip_secrets({**start_environ.inherited(), **(env or {})})  # a server needs no Hub or cloud credentials
     # STUB_PYTHON_ENV names another python3 for the stubs (the python runtime's numpy-1 side environment)
     python = result.pop(STUB_PYTHON_ENV, None) or sys.executable
     result["PATH"] = _join_paths(str(Path(python).parent), result.get("PATH") or os.defpath)
