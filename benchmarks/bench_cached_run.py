@@ -133,6 +133,32 @@ def head_start(lines: list[tuple[float, str]]) -> dict[str, float]:
     return {"server started ahead (taken 1/0)": 0.0, "  seconds ahead": 0.0}
 
 
+def deployment_cpu(home: str) -> dict[str, float]:
+    """CPU seconds (user + system) each live process of the deployment under ``home`` has spent so far (the
+    processes whose ``FTX_HOME`` is it: the supervisor, tritonserver, each model's stub, the OpenAI front)."""
+    import psutil
+
+    cpu: dict[str, float] = {}
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if proc.pid == os.getpid() or proc.environ().get("FTX_HOME") != home:
+                continue
+            times = proc.cpu_times()
+        except (psutil.Error, OSError):
+            continue
+        argv = proc.info["cmdline"] or [""]
+        if "ftx_triton.server.supervisor" in argv:
+            name = "supervisor (fronts, readiness probes)"
+        elif "ftx_triton.openai_api" in argv:
+            name = "OpenAI front"
+        elif Path(argv[0]).name == "triton_python_backend_stub" and len(argv) > 1:
+            name = f"stub {Path(argv[1]).parts[-3]}"
+        else:
+            name = Path(argv[0]).name
+        cpu[f"cpu: {name}"] = cpu.get(f"cpu: {name}", 0.0) + times.user + times.system
+    return cpu
+
+
 def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
     return {key: statistics.median(run.get(key, 0.0) for run in runs) for key in runs[0]}
 
@@ -146,7 +172,14 @@ def timeline_steps(lines: list[tuple[float, str]]) -> dict[str, float] | None:
 
 
 def bench_cached_run(
-    ftx: str, env: dict[str, str], repeat: int, runtime: str | None, model: str, run_args: list[str], loaders: list[str]
+    ftx: str,
+    env: dict[str, str],
+    repeat: int,
+    runtime: str | None,
+    model: str,
+    run_args: list[str],
+    loaders: list[str],
+    cpu: bool = False,
 ) -> None:
     python = [sys.executable, "-c"]
     name = "bench-cached"
@@ -162,13 +195,20 @@ def bench_cached_run(
         torch_runs.append(timed([*python, "import torch"], env)[0])
         both_runs.append(timed([*python, "import torch, transformers"], env)[0])
         for loader in loaders if index % 2 == 0 else loaders[::-1]:  # alternating: neither always runs first
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             wall, lines = timed(run, {**env, **LOADERS[loader]})
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
             log = next((m[1] for _, line in lines if (m := re.search(r"\(log: (\S+)\)", line))), None)
+            used: dict[str, float] = {}
+            if cpu:  # the command's own (it is this script's only child meanwhile), then each server process's
+                used = {"cpu: ftx (the command)": after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime}
+                used.update(deployment_cpu(env["FTX_HOME"]))
+                used["cpu: all"] = sum(used.values())
             timed(stop, env)
             totals[loader].append(wall)
             found = timeline_steps(lines) or split_steps(wall, lines, RUN_STEPS)
             loads = model_loads(Path(log)) if log else {}
-            steps[loader].append({**found, **loads, **weights_loaded(log), **head_start(lines)})
+            steps[loader].append({**found, **loads, **weights_loaded(log), **head_start(lines), **used})
         ratios.append(totals[loaders[0]][-1] / torch_runs[-1])
     torch_s, both_s = statistics.median(torch_runs), statistics.median(both_runs)
     print(f"\ncached `{' '.join(run[1:])}`, median of {repeat}; {os.cpu_count()} CPUs")
@@ -246,13 +286,21 @@ def main() -> None:
         action="store_true",
         help="run each repeat with ftx's pinned weight loader and with upstream's (FTX_FT_LOADER=upstream)",
     )
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="also the CPU seconds of the command and of each server process at ready (on a shared machine they "
+        "move less with the load than wall time)",
+    )
     args = parser.parse_args()
     ftx = str(args.ftx) if args.ftx else shutil.which("ftx", path=str(Path(sys.executable).parent)) or "ftx"
     env = {**os.environ, "FTX_HOME": str(args.home or args.work / "run-home")}
     args.work.mkdir(parents=True, exist_ok=True)
     if args.skip != "run":
         loaders = ["pinned", "upstream"] if args.compare_loader else ["pinned"]
-        bench_cached_run(ftx, env, args.repeat, args.runtime, args.model, shlex.split(args.run_args), loaders)
+        bench_cached_run(
+            ftx, env, args.repeat, args.runtime, args.model, shlex.split(args.run_args), loaders, cpu=args.cpu
+        )
     if args.skip != "convert":
         bench_convert(ftx, env, args.work, args.layers, args.hidden, args.repeat)
 

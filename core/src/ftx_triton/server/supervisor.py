@@ -355,6 +355,9 @@ class Supervisor:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ftx_triton.plain_structlog import import_structlog
+
+    import_structlog()  # this process logs into the server log: structlog without rich (its modules import it later)
     args = sys.argv[1:] if argv is None else argv
     leash = bool(args) and args[0] == LEASH_FLAG
     args = args[1:] if leash else args

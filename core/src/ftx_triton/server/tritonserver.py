@@ -81,6 +81,8 @@ _SAFE_PATH = re.compile(r"[A-Za-z0-9_./+=:,@%-]+")
 MODEL_CONTROL_MODES = ("none", "poll", "explicit")
 _POLL_S = 0.1
 _LOADING_POLL_S = 1.0
+_PROBE_GAP_S = 0.02
+"""The least time between two readiness probes when the log grows fast (each look follows its growth)."""
 _PORT_ATTEMPTS = 3
 _NAME_RE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -487,8 +489,9 @@ class TritonServer:
                 raise _StartFailure(f"tritonserver exited with code {code} while starting")
             self._check_stubs_started(loading)
             # each probe costs this process, the front and tritonserver CPU that the loading models need: while
-            # the log shows loads under way it is sent once a second (as a check of the log), else every poll
-            if not server_ready and (not in_load or time.monotonic() - asked >= _LOADING_POLL_S):
+            # the log shows loads under way it is sent once a second (as a check of the log), else on each look
+            since = time.monotonic() - asked
+            if not server_ready and (since >= _LOADING_POLL_S or (not in_load and since >= _PROBE_GAP_S)):
                 asked = time.monotonic()
                 server_ready = http_ok(f"{base}/v2/health/ready", signed=signed)
             if server_ready:
@@ -502,7 +505,9 @@ class TritonServer:
                 raise _StartFailure(
                     f"tritonserver was not ready after {self.ready_timeout_s:g} s (still waiting for {waiting})"
                 )
-            time.sleep(_POLL_S)
+            # the next look comes as soon as the log grows (the last model's "loaded" line, then tritonserver's
+            # "Started HTTPService"), else after a poll interval: readiness is seen within ~10 ms of its line
+            watch.wait(_POLL_S)
 
     def _check_stubs_started(self, loading: dict[str, float]) -> None:
         """A Python model loading for STUB_START_TIMEOUT_S with no stub process of its own never

@@ -6,3 +6,7 @@ is a Python-backend stand-in with FasterTransformer's inputs and outputs, genera
 (``torch_decoder``, ``torch_sampling``: no transformers import), ``hf_model`` rebuilds the transformers model
 (T5, beam search), ``generation`` maps FT requests to either, ``serve`` starts the server.
 """
+
+from ftx_triton.plain_structlog import import_structlog
+
+import_structlog()  # before this package's modules import it: in the stub, structlog without rich (0.1-0.2 s)
