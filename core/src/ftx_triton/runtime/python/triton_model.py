@@ -178,9 +178,11 @@ class FtModel:
         self.lock = threading.Lock()
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], device: str | None = None) -> FtModel:
-        """Load the model that config.pbtxt (as Triton's JSON) describes."""
+    def from_config(cls, config: Mapping[str, Any], device: str | None = None, *, own_process: bool = False) -> FtModel:
+        """Load the model that config.pbtxt (as Triton's JSON) describes; in ``own_process`` (the stub's), a small
+        model on the CPU gets one torch thread (:mod:`.cpu_threads`)."""
         from ftx_triton.plugins import load_host
+        from ftx_triton.runtime.python.cpu_threads import fit_cpu_threads
         from ftx_triton.runtime.python.decode_loop import EAGER, decode_mode
         from ftx_triton.runtime.python.hf_model import load_model, resolve_device
         from ftx_triton.runtime.python.torch_model import load_torch_model
@@ -213,6 +215,8 @@ class FtModel:
             max_positions=positions,
             loader=lambda: load_model(family, Path(path), **how).model,
         )
+        if own_process and (threads := fit_cpu_threads(loaded.model, loaded.device)):
+            log.info("runtime.cpu_threads", threads=threads, reason="a small model on the CPU")
         dtypes = {out["name"]: _NUMPY_TYPES.get(out["data_type"], np.float32) for out in config.get("output", ())}
         return cls(generator, dtypes, StreamInterval.from_parameters(params))
 
@@ -366,7 +370,7 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         self.decoupled = bool((config.get("model_transaction_policy") or {}).get("decoupled"))
         self.input_names = [item["name"] for item in config.get("input", ())]
-        self.model = FtModel.from_config(config)
+        self.model = FtModel.from_config(config, own_process=True)
 
     def _inputs(self, request: Any) -> dict[str, np.ndarray]:
         inputs = {}
