@@ -195,8 +195,11 @@ sys.path.insert(0, {tests!r})
 from python_runtime_support import decoder_inputs, column
 import numpy as np
 config = json.loads({config!r})
-ft = FtModel.from_config(config, device="cpu")
+ft = FtModel.from_config(config, device="cpu", own_process=True)
 report = {{"after_load": sorted(m for m in sys.modules if m.split(".")[0] == "transformers")}}
+import torch
+report["rich"], report["structlog"] = "rich" in sys.modules, "structlog" in sys.modules
+report["threads"] = torch.get_num_threads()
 from ftx_triton.plugins import DEFAULT_PLUGINS
 report["core_plugins"] = sorted(m for m in (*DEFAULT_PLUGINS, "click") if m in sys.modules)
 greedy = ft.infer([decoder_inputs([[5, 6, 7]], 6, end_id=column(10_000, 1, np.uint32))])[0].outputs
@@ -220,7 +223,8 @@ def test_the_stub_loads_and_decodes_without_importing_transformers_until_beam_se
 ) -> None:
     """In a fresh interpreter (as Triton's stub starts): building the ``fastertransformer`` model and answering
     greedy and sampled requests import nothing of transformers (nor core's stage and runtime plugins, nor click:
-    the stub's host holds the families only); a beam-search request builds transformers' model
+    the stub's host holds the families only; nor rich, which structlog would import for tracebacks), and the tiny
+    model runs on one torch thread; a beam-search request builds transformers' model
     then, which serves every later request (greedy ones answered as before). The answers equal those of the model
     built with transformers from the start."""
     from ftx_triton.runtime.python.repository import build_python_ft_model_config
@@ -238,6 +242,8 @@ def test_the_stub_loads_and_decodes_without_importing_transformers_until_beam_se
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["after_load"] == [] and report["after_greedy_and_sampled"] == [], report
     assert report["core_plugins"] == []  # the family alone: no stage, runtime or command module (0.2 s)
+    assert report["structlog"] and not report["rich"]  # structlog's rich tracebacks go unused in a stub (0.1-0.2 s)
+    assert report["threads"] == 1  # a tiny model on the CPU: one torch thread (cpu_threads)
     assert report["after_beams"] is True and report["swapped"] is True  # transformers' model serves from then on
     assert report["outputs"]["greedy again"] == report["outputs"]["greedy"]
 
