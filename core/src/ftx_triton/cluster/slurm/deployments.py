@@ -62,7 +62,9 @@ def _deployment(home: Path, name: str, job: dict[str, Any], state: scheduler.Job
     if state is None or state.ended:
         return ClusterDeployment(state="ended", where=where, cause=_cause(directory, job_id, state, endpoint), **fields)
     if endpoint.get("state") == "ended":  # the server is gone; Slurm has yet to end the job (its epilog, its steps)
-        return ClusterDeployment(state="ending", where=where, cause=_cause(directory, job_id, state, endpoint), **fields)
+        return ClusterDeployment(
+            state="ending", where=where, cause=_cause(directory, job_id, state, endpoint), **fields
+        )
     if state is not None and state.state == "PENDING":
         return ClusterDeployment(state="pending", where=f"{where} ({state.reason or 'queued'})", **fields)
     phase = str(endpoint.get("state") or "preparing")  # the job runs its first steps
