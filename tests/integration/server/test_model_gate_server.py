@@ -76,7 +76,7 @@ def _turns(url: str, http: str) -> dict[int, int]:
     """Client A sends, client B sends while A's request generates (after the gate's window), and A sends again as
     soon as its answer is back: the model's executions per batch size for those three requests."""
     before = _executions(http)
-    b = threading.Thread(target=lambda: (time.sleep(EXECUTION_MS / 1e3 / 3), _generate(url)))
+    b = threading.Thread(target=lambda: (time.sleep(EXECUTION_MS / 1e3 / 2), _generate(url)))
     b.start()
     _generate(url)
     _generate(url)
@@ -103,7 +103,7 @@ def test_a_request_for_the_busy_model_goes_with_the_returning_client_not_alone(s
     from ftx_triton.front.model_gate import ModelGate
 
     http, _log = served
-    for gate, expected in ((None, {1: 3}), (ModelGate(window_s=0.1, quiet_s=0.2), {1: 1, 2: 1})):
+    for gate, expected in ((None, {1: 3}), (ModelGate(window_s=0.25), {1: 1, 2: 1})):
         front = _front(http, gate)
         try:
             assert _turns(f"http://127.0.0.1:{front.port}", http) == expected  # type: ignore[attr-defined]
@@ -116,7 +116,7 @@ def test_a_lone_client_is_not_held(served: tuple[str, Path]) -> None:
     from ftx_triton.front.model_gate import ModelGate
 
     http, _log = served
-    gate = ModelGate(window_s=0.1, quiet_s=0.2)
+    gate = ModelGate(window_s=0.25)
     front = _front(http, gate)
     try:
         for _ in range(3):

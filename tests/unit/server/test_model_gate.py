@@ -57,6 +57,31 @@ def test_a_request_for_a_busy_model_waits_for_its_answers_then_goes_with_the_ret
     assert held == 2 and releases == 1
 
 
+def test_a_client_that_does_not_come_back_delays_the_release_by_the_window_at_most() -> None:
+    """Two requests go together and C is held; only one of the two clients sends again: the gate waits for the
+    other up to ``window_s``, then releases C with the one that came back."""
+
+    async def scenario() -> tuple[float, int]:
+        gate = ModelGate(window_s=0.15)
+        loop = asyncio.get_running_loop()
+        freed: list[float] = []
+
+        async def returning() -> None:
+            await _call(gate, [], "a1", 0.2)
+            freed.append(loop.time())
+            await _call(gate, [], "a2", 0.0)
+
+        async def late() -> None:
+            await asyncio.sleep(0.17)  # after the window: held
+            await _call(gate, [], "c", 0.0)
+
+        await asyncio.gather(returning(), _call(gate, [], "b", 0.2), late())
+        return loop.time() - freed[0], gate.releases
+
+    waited, releases = asyncio.run(scenario())
+    assert 0.1 <= waited < 1.0 and releases == 1
+
+
 def test_a_held_request_whose_client_leaves_holds_nothing_up() -> None:
     async def scenario() -> tuple[int, int]:
         gate = ModelGate(window_s=0.01)

@@ -11,10 +11,11 @@ send again. Through the ``text`` ensemble that halved the tokens/s of a non-stre
 :class:`ModelGate` counts the delay from when the model becomes free instead. A request bound for the model passes
 at once when nothing the gate sent is in flight (a lone client pays nothing), and so does one arriving within
 ``window_s`` of that (a burst). Later ones wait at the front while the model's batch runs. When the last answer is
-back, the gate waits for the batch's clients to send again (until none arrived for ``quiet_s``, ``window_s`` at
-most), then lets every waiting request go at once: they reach the model's queue together and the next batch holds
-both groups. A late client waits for the next round instead of becoming a batch of its own. A held request waits at
-most ``most_s`` (an answer that never comes cannot hold the front's requests longer than that).
+back, the gate waits for that round's clients to send again (as many requests as it let through since its last
+release; ``window_s`` at most, for clients that do not come back), then lets every waiting request go at once:
+they reach the model's queue together and the next batch holds every client. A client later than that waits for
+the next round instead of becoming a batch of its own. A held request waits at most ``most_s`` (an answer that
+never comes cannot hold the front's requests longer than that).
 
 Only requests answered in one piece are gated (their answer comes when the model's batch ended; a stream's end
 depends on how fast its client reads). :func:`gate_spec` says whether a repository wants the gate: its
@@ -38,9 +39,6 @@ FT_MODEL = "fastertransformer"
 WINDOW_ENV = "FTX_FRONT_GATE_US"
 """The gate's window in microseconds; 0, the default, means no gate. Opt-in: on the CPU reproducer it re-merged some
 closed loops and fragmented others (docs/benchmarks.md, issue 38); the model's batch delay is the value to try."""
-QUIET_S = 0.005
-"""Once the model's answers are back, held requests go when no new one arrived for this long (or ``window_s`` after
-the answers at most)."""
 MOST_S = 60.0
 """The longest a request is held (a backstop: an answer that never comes releases everyone after this)."""
 _WHOLE = re.compile(r"/v2/models/([^/]+)(?:/versions/[^/]+)?/(?:infer|generate)")
@@ -49,16 +47,20 @@ _WHOLE = re.compile(r"/v2/models/([^/]+)(?:/versions/[^/]+)?/(?:infer|generate)"
 class ModelGate:
     """Holds requests for a busy model until its answers are back, then releases them together (one event loop)."""
 
-    def __init__(self, window_s: float, most_s: float = MOST_S, quiet_s: float = QUIET_S) -> None:
-        self.window_s, self.most_s, self.quiet_s = window_s, most_s, quiet_s
+    def __init__(self, window_s: float, most_s: float = MOST_S) -> None:
+        self.window_s, self.most_s = window_s, most_s
         self.in_flight = 0
         self.held = 0
         self.releases = 0
         """Times held requests were released because the model's answers were back (tests read it)."""
         self._open_until = 0.0
-        self._last_arrival = 0.0
         self._waiters: list[asyncio.Future[None]] = []
+        self._arrived = asyncio.Event()
         self._settling: asyncio.Task[None] | None = None
+        self._round = 0
+        """Requests that went to the model since the last release: the clients whose next requests are awaited."""
+        self._waiting_at_answer: int | None = None
+        """Requests already held when this round's first answer came (they are not its clients')."""
 
     @contextlib.asynccontextmanager
     async def passage(self) -> AsyncIterator[None]:
@@ -66,22 +68,26 @@ class ModelGate:
         release the held ones."""
         await self._enter()
         self.in_flight += 1
+        self._round += 1
         try:
             yield
         finally:
             self.in_flight -= 1
+            if self._waiting_at_answer is None:
+                self._waiting_at_answer = len(self._waiters)
             if self.in_flight == 0 and self._waiters and self._settling is None:
                 self._settling = asyncio.get_running_loop().create_task(self._settle())
 
     async def _enter(self) -> None:
         now = time.monotonic()
-        self._last_arrival = now
         if self.in_flight == 0 and not self._waiters and self._settling is None and now > self._open_until:
             self._open_until = now + self.window_s  # the model is idle: a batch starts forming
+            self._round, self._waiting_at_answer = 0, None
         if now <= self._open_until:
             return
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
+        self._arrived.set()
         self.held += 1
         try:
             await asyncio.wait_for(asyncio.shield(waiter), self.most_s)
@@ -92,19 +98,20 @@ class ModelGate:
                 self._waiters.remove(waiter)
 
     async def _settle(self) -> None:
-        """The model's answers are back: wait until its clients' next requests stop arriving (``quiet_s`` without
-        one, ``window_s`` at most), then release every held request at once."""
-        free = time.monotonic()
+        """The model's answers are back: wait until the round's clients have sent again (as many held requests as
+        went to the model since the last release, besides those held before its first answer), ``window_s`` at
+        most, then release every held request at once."""
+        until = time.monotonic() + self.window_s
+        expected = self._round + (self._waiting_at_answer or 0)
         try:
-            while True:
-                until = min(max(self._last_arrival, free) + self.quiet_s, free + self.window_s)
-                left = until - time.monotonic()
-                if left <= 0:
-                    break
-                await asyncio.sleep(left)
+            while len(self._waiters) < expected and (left := until - time.monotonic()) > 0:
+                self._arrived.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._arrived.wait(), left)
         finally:
             self._settling = None
             self.releases += 1
+            self._round, self._waiting_at_answer = 0, None
             waiters, self._waiters = self._waiters, []
             for waiter in waiters:
                 if not waiter.done():
