@@ -24,6 +24,10 @@ Triton's timestamps are the steady clock, which is Python's ``time.monotonic_ns`
 ``ftx configure`` (the deployment options under test), then::
 
     python benchmarks/bench_burst_spread.py --repository REPO --concurrency 16,32 --paths text,openai,raw-loop
+
+``--standin-ms N`` serves a copy of the repository whose ``fastertransformer`` model is the python runtime's STAND-IN
+(``ftx_triton.runtime.python.standin``): N ms of wall time per execution whatever the batch and no CPU, as a GPU's
+generation, so that the batcher's steady state shows on a machine without one (docs/benchmarks.md, issue 38).
 """
 
 from __future__ import annotations
