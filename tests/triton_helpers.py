@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from ftx_triton.server.process_tree import SHM_DIR, SHM_PREFIX
+from ftx_triton.server.launch import SHM_PREFIX
+from ftx_triton.server.process_tree import SHM_DIR
 
 IO_CONFIG = """
 max_batch_size: 0

@@ -12,6 +12,9 @@ import sys
 
 
 def main() -> None:
+    from ftx_triton import start_environ
+
+    start_environ.remember()  # before any import can write to the environment
     from ftx_triton.server import head_start
 
     head_start.begin(sys.argv[1:])  # a cached run's server starts loading now; adopted only if it is the run's

@@ -152,6 +152,12 @@ def test_a_changed_checkpoint_stops_the_early_server_and_serves_the_new_model(ch
     assert "taken=False" in dropped and "stage builds" in dropped, dropped
     new_repository = _served_repository(env, cwd, "ahead")
     assert new_repository != old_repository
-    (record,) = (cwd / "home" / "triton" / "head-starts").glob("*.json")
-    assert old_repository in record.read_text()  # a run that built is not recorded
     assert not _processes_naming(old_repository)  # the early server, on the old model, is gone
+    (record,) = (cwd / "home" / "triton" / "head-starts").glob("*.json")
+    assert new_repository in record.read_text()  # the run that built recorded its own server's launch
+    assert _ftx("stop", "ahead", env=env, cwd=cwd).returncode == 0
+    after_build = _ftx(*argv, env=env, cwd=cwd)  # the build's imports wrote to its environment; its server did
+    assert after_build.returncode == 0, after_build.stderr[-3000:]  # not inherit that, so this one matches
+    (taken,) = _events(after_build.stderr, "server.head_start")
+    assert "taken=True" in taken, after_build.stderr[-3000:]
+    assert _served_repository(env, cwd, "ahead") == new_repository

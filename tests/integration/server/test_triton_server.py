@@ -24,6 +24,7 @@ from ftx_triton.server import install as install_mod
 from ftx_triton.server import process_tree
 from ftx_triton.server import tritonserver as server_mod
 from ftx_triton.server.install import find_tritonserver, prepare_backends, server_env
+from ftx_triton.server.launch import SHM_PREFIX
 from ftx_triton.server.ports import free_ports
 from ftx_triton.server.records import ServerRecord, list_servers, stop_server
 from ftx_triton.server.server_log import diagnose, failed_models
@@ -138,12 +139,18 @@ def test_explicit_model_control_loads_only_listed_models(tmp_path: Path, home: P
     assert process_gone(server.pid)
 
 
-@needs_triton
-def test_detach_list_and_stop_through_the_cli(tmp_path: Path, home: Path) -> None:
+def _detachable(tmp_path: Path, home: Path) -> TritonServer:
+    """A started server of one model (``add_one``), named ``tiny``, that may outlive this process."""
     repo = tmp_path / "repo"
     add_one_model(repo, "add_one")
     server = TritonServer(repo, home=home, name="tiny", die_with_parent=False, exit_timeout_s=5)
     server.start()
+    return server
+
+
+@needs_triton
+def test_detach_list_and_stop_through_the_cli(tmp_path: Path, home: Path) -> None:
+    server = _detachable(tmp_path, home)
     try:
         state = server.detach()
         assert state == home / "servers" / "tiny.json"
@@ -167,6 +174,19 @@ def test_detach_list_and_stop_through_the_cli(tmp_path: Path, home: Path) -> Non
         assert not _own_shm(server)
     finally:
         server.stop()
+
+
+@needs_triton
+def test_a_detached_server_stopped_by_its_own_process_leaves_no_record(tmp_path: Path, home: Path) -> None:
+    """A run that detached its server and then failed (its front could not be recorded) stops the server: its record
+    goes with it, so `ftx ps` does not list a server that is gone (the record used to stay)."""
+    server = _detachable(tmp_path, home)
+    try:
+        state = server.detach()
+        assert state.is_file()
+    finally:
+        server.stop()
+    assert process_gone(server.pid) and not state.exists() and list_servers(home) == []
 
 
 @needs_triton
@@ -317,6 +337,25 @@ def test_backends_prepared_once_and_env(home: Path) -> None:
     assert libs[0] == "/extra" and libs[-1] == str(install.libs)
 
 
+def test_backends_prepared_by_two_processes_at_once_are_published_whole(home: Path) -> None:
+    """Two ftx processes preparing the backends of a fresh home at once: one builds, the other waits for it (the
+    build's lock) and takes it; both get the same, complete directory and nothing is left beside it."""
+    code = (
+        "import sys; from pathlib import Path; from ftx_triton.server.install import find_tritonserver, "
+        "prepare_backends; print(prepare_backends(find_tritonserver(), Path(sys.argv[1])))"
+    )
+    runs = [
+        subprocess.Popen([sys.executable, "-c", code, str(home)], stdout=subprocess.PIPE, text=True) for _ in range(2)
+    ]
+    printed = [run.communicate(timeout=120)[0].strip().splitlines() for run in runs]
+    assert [run.returncode for run in runs] == [0, 0]
+    target = home / "triton" / f"backends-{find_tritonserver().python_version}"
+    assert [lines[-1] for lines in printed] == [str(target), str(target)]
+    assert sum("server.backends_prepared" in line for lines in printed for line in lines) == 1  # built once
+    assert (target / "python" / "triton_python_backend_stub").is_file() and (target / ".ftx-stamp.json").is_file()
+    assert not list((home / "triton").glob(".backends-*"))
+
+
 def test_invalid_options_are_rejected(tmp_path: Path, home: Path) -> None:
     with pytest.raises(ServeError, match="explicit"):
         TritonServer(tmp_path, home=home, load_models=["a"])
@@ -370,7 +409,7 @@ def _fake_record(home: Path, name: str, pid: int) -> None:
         log_path="/log",
         started_at="now",
         start_ticks=stat[1] if stat else None,
-        shm_prefix=process_tree.SHM_PREFIX + f"ftx-test{name}-",
+        shm_prefix=SHM_PREFIX + f"ftx-test{name}-",
         exit_timeout_s=1,
     )
     (home / "servers").mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ftx_triton.server.process_tree import SHM_PREFIX, proc_stat
+from ftx_triton.server import process_tree
+from ftx_triton.server.launch import FTX_SHM_PREFIX, SHM_PREFIX
+from ftx_triton.server.process_tree import proc_stat
 
 
 @dataclass
@@ -171,3 +173,25 @@ def test_stop_all_handles_valid_records_beside_malformed_ones(ftx_cli, ftx_home:
 
 PID_DEAD = 2**22 + 1
 """Above Linux's largest pid_max: a well-formed pid that no process has."""
+
+
+@pytest.mark.parametrize("prefix", [FTX_SHM_PREFIX, SHM_PREFIX + "ftx", SHM_PREFIX])
+def test_stop_of_a_record_naming_a_common_shm_prefix_removes_no_other_servers_memory(
+    ftx_cli, ftx_home: Path, bystander: Bystander, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefix: str
+) -> None:
+    """A dead server's record whose shared-memory prefix is the start every ftx server's regions share (a damaged
+    record) removes the record, not the regions of the servers still running (a stand-in /dev/shm)."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(process_tree, "SHM_DIR", shm)
+    others = shm / f"{FTX_SHM_PREFIX}0123456789ab-region"
+    others.write_bytes(b"")
+    (ftx_home / "servers").mkdir()
+    (ftx_home / "servers" / "gone.json").write_text(
+        json.dumps(_server(bystander, name="gone", pid=PID_DEAD, shm_prefix=prefix))
+    )
+    result = ftx_cli("stop", "gone")
+    _assert_clean(result)
+    assert result.exit_code == 0, result.stderr
+    assert "removed record of gone" in result.stdout and others.exists()
+    bystander.assert_alive()

@@ -243,9 +243,9 @@ def write_lock(
 
     An existing file that says something else is replaced only with ``replace`` (``ftx lock --force``): a lock
     is committed and reviewed, so rewriting it silently would lose its pins."""
-    import os
-
     import tomlkit
+
+    from ftx_triton.io.atomic_file import write_atomic
 
     doc = tomlkit.document()
     doc.add(
@@ -287,12 +287,9 @@ def write_lock(
             f"{path} already exists and pins something else; ftx lock does not overwrite it silently",
             hint="pass --force to replace it (review the difference before committing it), or -o another file",
         )
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        write_atomic(path, text)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise ConfigError(
             f"cannot write {path}: {exc.strerror or exc}", hint="pass -o with a writable path in an existing directory"
         ) from None

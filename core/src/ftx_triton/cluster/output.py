@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from ftx_triton.errors import ConfigError
+from ftx_triton.io.atomic_file import write_atomic
 
 
 def write_text(path: Path, text: str) -> None:
@@ -15,11 +15,8 @@ def write_text(path: Path, text: str) -> None:
         raise ConfigError(
             f"{path} exists and is not a regular file", hint="write to a path that is absent or a regular file"
         )
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        write_atomic(path, text)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise ConfigError(f"cannot write {path}: {exc.strerror or exc}", hint="choose a writable path") from None

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ftx_triton.errors import SourceError
+from ftx_triton.io.atomic_file import write_json_atomic
 from ftx_triton.io.source_tree import TreeFile, tree_files
 
 RACY_NS = 2_000_000_000
@@ -50,7 +51,7 @@ def tree_identity(files: list[TreeFile]) -> str:
     and ctimes (a write in place moves ctime even when mtime is set back; a replaced file has a new inode)."""
     digest = hashlib.sha256(_MEMO_VERSION.encode() + b"\n")
     for file in files:
-        digest.update(_digest_name(file) + f"\0{file.identity}\n".encode())
+        digest.update(_digest_name(file) + f"\0{file.identity.token()}\n".encode())
     return digest.hexdigest()
 
 
@@ -122,22 +123,16 @@ def settle(pending: PendingKey, stop: threading.Event | None = None) -> LocalKey
     for file in pending.files:
         digest.update(_digest_name(file) + f"\0{digests[file.path]}\n".encode())
     key = f"content-{digest.hexdigest()[:40]}"
-    _write_json(_path_record(pending.memo.parent, pending.root), {"path": str(pending.root.resolve())})
+    pending.memo.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(_path_record(pending.memo.parent, pending.root), {"path": str(pending.root.resolve())})
     if all(max(f.st.st_mtime_ns, f.st.st_ctime_ns) < started - RACY_NS for f in pending.files):
-        _write_json(pending.memo, {"key": key, "path": str(pending.root.resolve())})
+        write_json_atomic(pending.memo, {"key": key, "path": str(pending.root.resolve())})
     return LocalKey(key, pending.identity)
 
 
 def _path_record(folder: Path, root: Path) -> Path:
     """The file that says the directory ``root`` was hashed before (whatever its files hold now)."""
     return folder / f"path-{hashlib.sha256(os.fsencode(Path(root).resolve())).hexdigest()[:40]}.json"
-
-
-def _write_json(path: Path, data: dict[str, str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
 
 
 class BackgroundKey:

@@ -6,8 +6,8 @@ once at close to the disk's (or the page cache's) speed.
 
 A writer that hashes what it writes (:func:`remember_written`) spares the store a second read of every output
 (2.4 GB for a GPT-J-shaped conversion): :func:`written_digest` hands the digest over only while the file's
-identity (size, mtime, ctime, inode, device) is still the one it had when its writer closed it, the same test
-the store applies to its own records; a file written again since is hashed from disk.
+identity (:class:`~ftx_triton.io.identity.FileIdentity`) is still the one it had when its writer closed it, the
+same test the store applies to its own records; a file written again since is hashed from disk.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from ftx_triton.io.identity import FileIdentity
 
 _CHUNK = 4 << 20
 
@@ -60,15 +62,10 @@ def sha256_files(paths: Iterable[Path]) -> dict[Path, str]:
     return dict(zip(paths, _pool().map(sha256_file, paths), strict=True))
 
 
-_written: dict[str, tuple[str, tuple[int, ...]]] = {}
+_written: dict[str, tuple[str, FileIdentity]] = {}
 _WRITTEN_MAX = 100_000
 """Digests remembered at most (a conversion writes tens to a few thousand files; forgetting costs only a read)."""
 _written_lock = threading.Lock()
-
-
-def file_identity(st: os.stat_result) -> tuple[int, ...]:
-    """What identifies a file's bytes without reading them: size, mtime and ctime (ns), inode, device."""
-    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
 
 
 def remember_written(path: Path, sha256: str, st: os.stat_result) -> None:
@@ -76,7 +73,7 @@ def remember_written(path: Path, sha256: str, st: os.stat_result) -> None:
     with _written_lock:
         if len(_written) >= _WRITTEN_MAX:  # files written outside any store build are never asked for
             _written.clear()
-        _written[os.path.abspath(path)] = (sha256, file_identity(st))
+        _written[os.path.abspath(path)] = (sha256, FileIdentity.of(st))
 
 
 def written_digest(path: Path, st: os.stat_result) -> str | None:
@@ -84,6 +81,6 @@ def written_digest(path: Path, st: os.stat_result) -> str | None:
     it had when written; None when it was not remembered or has changed since."""
     with _written_lock:
         found = _written.pop(os.path.abspath(path), None)
-    if found is None or found[1] != file_identity(st):
+    if found is None or found[1] != FileIdentity.of(st):
         return None
     return found[0]

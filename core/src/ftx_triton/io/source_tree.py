@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from ftx_triton.errors import SourceError
+from ftx_triton.io.identity import FileIdentity
 
 SKIPPED_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__"})
 """Folders never keyed, and never read: a clone's history, not the checkpoint."""
@@ -40,10 +41,9 @@ class TreeFile:
     st: os.stat_result
 
     @property
-    def identity(self) -> str:
-        """What identifies the bytes without reading them: device, inode, size, mtime and ctime (ns)."""
-        st = self.st
-        return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+    def identity(self) -> FileIdentity:
+        """What identifies the bytes without reading them."""
+        return FileIdentity.of(self.st)
 
 
 def tree_files(root: Path, *, skip: frozenset[str] = SKIPPED_DIRS) -> list[TreeFile]:

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from ftx_triton.client.load import LevelWatch, Point, Sender, closed_loop, openai_sender, triton_sender
 from ftx_triton.client.text_client import HttpTriton, text_interface
 from ftx_triton.errors import ConfigError, ServeError, ToolError
+from ftx_triton.io.atomic_file import write_json_atomic
 from ftx_triton.repository.io import TEXT_MODEL_NAME
 from ftx_triton.server.front_metrics import level_figures, read_metrics
 
@@ -179,9 +180,7 @@ def store_result(home: Path, repository: Path, result: BenchResult) -> Path:
     if not isinstance(runs, list):
         runs = []  # a damaged record of ftx's own: started again
     runs.append({**result.as_dict(), "repository": str(Path(repository).resolve())})
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(runs, indent=2))
-    os.replace(tmp, path)
+    write_json_atomic(path, runs, indent=2)
     return path
 
 

@@ -9,11 +9,10 @@ Records are ftx's own files (trusted, as the server records are): one that canno
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 from pathlib import Path
 from typing import Any, TypedDict
 
+from ftx_triton.io.atomic_file import write_json_atomic
 from ftx_triton.server.records import MalformedRecord, RecordError, malformed_records, read_json_record, remove_records
 
 
@@ -40,9 +39,7 @@ def write_record(home: Path, record: dict[str, Any]) -> Path:
     directory = records_dir(home)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{record['name']}.json"
-    tmp = directory / f".{record['name']}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True))
-    os.replace(tmp, path)
+    write_json_atomic(path, record, indent=2, sort_keys=True)
     return path
 
 

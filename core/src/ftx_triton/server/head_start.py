@@ -2,7 +2,7 @@
 
 ftx's own start, plan and cached stages take about a second (imports, options, plugins, cache keys) before the
 serve stage spawns the server, whose models then load for seconds more (the python runtime's model imports
-torch). A run whose stages were all cached and whose server became ready remembers how that server was spawned
+torch). A run whose server became ready (cached or built) remembers how that server was spawned
 (:class:`~ftx_triton.server.launch.Launch`), under a digest of the request: arguments, working folder, interpreter
 and environment. The next identical request spawns that server again as the command starts (:func:`begin`), so
 that its load overlaps ftx's start, plan and stages. The run goes on as ever; where its serve stage would spawn a
@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ftx_triton.server.launch import FTX_SHM_PREFIX, Launch, log_file_name, new_shm_prefix
+from ftx_triton.io.atomic_file import write_json_atomic
+from ftx_triton.server.launch import Launch, log_file_name, new_shm_prefix
 
 if TYPE_CHECKING:
     from ftx_triton.server.ports import ServerPorts
@@ -96,9 +97,7 @@ class HeadStart:
             except (ProcessLookupError, PermissionError):
                 break
             time.sleep(0.01)
-        prefix = str(self.launch.spec.get("shm_prefix") or "")
-        if prefix.startswith(FTX_SHM_PREFIX) and prefix != FTX_SHM_PREFIX:  # never another server's regions
-            remove_shm(prefix)
+        remove_shm(str(self.launch.spec.get("shm_prefix") or ""))  # its own regions only
         with contextlib.suppress(OSError):
             if self.leash is not None:
                 self.leash.close()
@@ -109,7 +108,7 @@ _request: str | None = None
 """This process's request digest, once :func:`begin` ran for an ``ftx run``."""
 _pending: HeadStart | None = None
 _recorded = False
-"""Whether this run's launch was recorded, or must not be (a stage built: :func:`stage_builds`)."""
+"""Whether this run's launch was recorded (once a process)."""
 
 
 def request_digest(argv: Sequence[str]) -> str:
@@ -248,11 +247,10 @@ def discard(reason: str) -> None:
 
 
 def stage_builds(stage: str) -> None:
-    """A stage of this run builds: the early server serves what the build replaces, so it stops; and this run's
-    launch is not recorded (a build's imports leave variables in this process's environment, torch's
-    ``TORCHINDUCTOR_CACHE_DIR``, that the server of a cached run of the same request does not get)."""
-    global _recorded
-    _recorded = True
+    """A stage of this run builds: the early server serves what the build replaces, so it stops. This run's own
+    launch is still recorded once ready: its server inherits the environment ftx started with
+    (:mod:`ftx_triton.start_environ`), not what the build's imports wrote to it, so the next identical run, all
+    cached, spawns exactly that server."""
     discard(f"the {stage} stage builds")
 
 
@@ -263,7 +261,7 @@ def end() -> None:
 
 def remember(launch: Launch, host: str, ports: tuple[int, int, int], *, auto_ports: bool) -> None:
     """Record the launch of this run's ready server for the next identical request (once a process; only in an
-    ``ftx run`` that :func:`begin` saw, all of whose stages were cached). A record that cannot be written is
+    ``ftx run`` that :func:`begin` saw). A record that cannot be written is
     skipped. ``auto_ports``: ftx chose the ports (none was given)."""
     global _recorded
     if _request is None or _recorded:
@@ -280,9 +278,7 @@ def remember(launch: Launch, host: str, ports: tuple[int, int, int], *, auto_por
     with contextlib.suppress(Exception):  # a head start never stands in a run's way
         directory = records_dir(_home())
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = directory / f".{_request}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, directory / f"{_request}.json")
+        write_json_atomic(directory / f"{_request}.json", record)
         records = sorted(directory.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
         for old in records[RECORDS_KEPT:]:
             old.unlink(missing_ok=True)

@@ -4,15 +4,11 @@ prepared for this interpreter, and the environment it runs with.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
 import os
-import secrets
 import shutil
 import sys
 import sysconfig
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import util as importlib_util
@@ -20,6 +16,7 @@ from pathlib import Path
 
 import structlog
 
+from ftx_triton import start_environ
 from ftx_triton.errors import ServeError
 from ftx_triton.server.stub_env import STUB_PYTHON_ENV
 from ftx_triton.terminal.redact import strip_secrets
@@ -127,7 +124,8 @@ def _read_stamp(directory: Path) -> object:
 def prepare_backends(install: TritonInstall, home: Path) -> Path:
     """Return ``<home>/triton/backends-<pyver>``: the wheel's backends plus the matching stub.
 
-    Built once in a temporary directory and published by rename; rebuilt when the wheel changes.
+    Built once beside it and published by rename (:func:`ftx_triton.io.atomic.publish_dir`, under a lock in
+    ``<home>/locks``, so two processes never build it at once); rebuilt when the wheel changes.
     """
     parent = Path(home) / "triton"
     parent.mkdir(parents=True, exist_ok=True)
@@ -135,6 +133,7 @@ def prepare_backends(install: TritonInstall, home: Path) -> Path:
     stamp = _stamp(install)
     if _read_stamp(target) == stamp:
         return target
+    from ftx_triton.io.atomic import announced, lock_for, publish_dir
     from ftx_triton.plan.resources import require_disk
 
     require_disk(
@@ -142,29 +141,15 @@ def prepare_backends(install: TritonInstall, home: Path) -> Path:
         _tree_bytes(install.backends) + install.stub.stat().st_size + BACKENDS_MARGIN_BYTES,
         "installing the python backend",
     )
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=parent))
-    try:
-        shutil.copytree(install.backends, tmp, dirs_exist_ok=True)
-        shutil.copy2(install.stub, tmp / "python" / STUB_NAME)
-        (tmp / ".ftx-stamp.json").write_text(json.dumps(stamp, sort_keys=True))
-        for _ in range(3):
-            if _read_stamp(target) == stamp:  # another process published it meanwhile
-                return target
-            if target.exists():
-                with contextlib.suppress(FileNotFoundError):
-                    target.rename(parent / f".{target.name}-old-{secrets.token_hex(4)}")
-            try:
-                tmp.rename(target)
-                log.info("server.backends_prepared", path=str(target), stub=str(install.stub))
-                return target
-            except OSError as exc:
-                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
-                    raise
-        raise ServeError(f"could not publish {target}", hint=f"remove {target} and retry")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        for old in parent.glob(f".{target.name}-old-*"):
-            shutil.rmtree(old, ignore_errors=True)
+    with announced(lock_for(target, Path(home) / "locks"), f"installing the python backend in {target}"):
+        if _read_stamp(target) == stamp:  # another process published it meanwhile
+            return target
+        with publish_dir(target, replace=True, locked=False) as tmp:
+            shutil.copytree(install.backends, tmp, dirs_exist_ok=True)
+            shutil.copy2(install.stub, tmp / "python" / STUB_NAME)
+            (tmp / ".ftx-stamp.json").write_text(json.dumps(stamp, sort_keys=True))
+    log.info("server.backends_prepared", path=str(target), stub=str(install.stub))
+    return target
 
 
 BACKENDS_MARGIN_BYTES = 4 << 20
@@ -195,8 +180,8 @@ def python_libdir() -> Path | None:
 
 
 def server_env(install: TritonInstall, env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment tritonserver and its stubs need, on top of ``os.environ`` and ``env``."""
-    result = strip_secrets({**os.environ, **(env or {})})  # a server needs no Hub or cloud credentials
+    """The environment tritonserver and its stubs need, on top of the one ftx started with and ``env``."""
+    result = strip_secrets({**start_environ.inherited(), **(env or {})})  # a server needs no Hub or cloud credentials
     # STUB_PYTHON_ENV names another python3 for the stubs (the python runtime's numpy-1 side environment)
     python = result.pop(STUB_PYTHON_ENV, None) or sys.executable
     result["PATH"] = _join_paths(str(Path(python).parent), result.get("PATH") or os.defpath)

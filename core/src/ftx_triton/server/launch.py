@@ -31,6 +31,12 @@ def new_shm_prefix() -> str:
     return f"{FTX_SHM_PREFIX}{secrets.token_hex(6)}-"
 
 
+def is_ftx_shm_prefix(prefix: str) -> bool:
+    """Whether ``prefix`` names one ftx server's shared memory (a prefix ftx made, not its common start, which
+    every ftx server's regions share)."""
+    return prefix.startswith(FTX_SHM_PREFIX) and prefix != FTX_SHM_PREFIX
+
+
 def log_file_name(name: str, shm_prefix: str) -> str:
     """``<name>-<YYYYmmdd-HHMMSS>-<6 hex of the shm prefix>.log``: a server's log, unique per start."""
     return f"{name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}-{shm_prefix[-7:-1]}.log"
@@ -139,6 +145,7 @@ __all__ = [
     "LEASH_FLAG",
     "Launch",
     "log_file_name",
+    "is_ftx_shm_prefix",
     "new_shm_prefix",
     "parent_death_signal",
     "release",

@@ -15,7 +15,7 @@ import psutil
 import structlog
 
 from ftx_triton.server.install import STUB_NAME
-from ftx_triton.server.launch import FTX_SHM_PREFIX, SHM_PREFIX
+from ftx_triton.server.launch import FTX_SHM_PREFIX, is_ftx_shm_prefix
 
 log = structlog.get_logger(__name__)
 
@@ -81,7 +81,7 @@ def terminate_group(pid: int, start_ticks: int | None, grace_s: float) -> None:
 def processes_of(prefix: str) -> list[psutil.Process]:
     """The live processes of the server whose shared-memory prefix is ``prefix`` (tritonserver and its
     stubs carry it on their command lines; it is random per server, so nothing else matches)."""
-    if not prefix.startswith(FTX_SHM_PREFIX) or prefix == FTX_SHM_PREFIX:
+    if not is_ftx_shm_prefix(prefix):
         raise ValueError(f"refusing to look for processes of other servers: {prefix!r}")
     found = []
     for process in psutil.process_iter():
@@ -109,9 +109,12 @@ def end_processes_of(prefix: str, grace_s: float = 5.0) -> list[int]:
 
 
 def remove_shm(prefix: str) -> list[Path]:
-    """Delete Python-backend shared-memory regions whose names start with ``prefix``."""
-    if not prefix.startswith(SHM_PREFIX) or prefix == SHM_PREFIX:
-        raise ValueError(f"refusing to remove shared memory of other servers: {prefix!r}")
+    """Delete the Python-backend shared-memory regions of the ftx server whose prefix is ``prefix`` (names starting
+    with it); return them. A prefix ftx did not make for one server (empty, the start all ftx servers' regions share,
+    another program's) removes nothing: the one guard of every caller (the supervisor, ``ftx stop``, a dropped head
+    start, :class:`~ftx_triton.server.tritonserver.TritonServer`)."""
+    if not is_ftx_shm_prefix(prefix):
+        return []
     removed = []
     for path in SHM_DIR.glob(f"{prefix}*"):
         with contextlib.suppress(FileNotFoundError):
@@ -127,7 +130,8 @@ def cmdline(process: psutil.Process) -> list[str]:
         return []
 
 
-def _is_stub(process: psutil.Process) -> bool:
+def is_stub(process: psutil.Process) -> bool:
+    """Whether ``process`` is a Python-backend stub (its command line names it; a zombie's is empty)."""
     args = cmdline(process)
     return bool(args) and Path(args[0]).name == STUB_NAME
 
@@ -141,7 +145,7 @@ def stub_processes(pid: int) -> list[psutil.Process]:
     live = []
     for process in below:
         with contextlib.suppress(psutil.Error):
-            if _is_stub(process) and process.status() != psutil.STATUS_ZOMBIE:
+            if is_stub(process) and process.status() != psutil.STATUS_ZOMBIE:
                 live.append(process)
     return live
 

@@ -19,16 +19,9 @@ import structlog
 
 from ftx_triton.errors import ServeError
 from ftx_triton.io.jsonfile import json_kind
+from ftx_triton.server.launch import FTX_SHM_PREFIX
 from ftx_triton.server.ports import client_host
-from ftx_triton.server.process_tree import (
-    FTX_SHM_PREFIX,
-    SHM_PREFIX,
-    alive,
-    end_processes_of,
-    reap,
-    remove_shm,
-    terminate_group,
-)
+from ftx_triton.server.process_tree import alive, end_processes_of, reap, remove_shm, terminate_group
 
 log = structlog.get_logger(__name__)
 
@@ -173,10 +166,9 @@ def _stop_record(record: ServerRecord) -> None:
     if record.alive:
         terminate_group(record.pid, record.start_ticks, record.exit_timeout_s + 20)
         reap(record.pid)
-    if record.shm_prefix.startswith(SHM_PREFIX + "ftx-"):
-        if re.fullmatch(rf"{re.escape(FTX_SHM_PREFIX)}[0-9a-f]{{12}}-", record.shm_prefix):
-            end_processes_of(record.shm_prefix)  # what a supervisor killed with SIGKILL left running
-        remove_shm(record.shm_prefix)
+    if re.fullmatch(rf"{re.escape(FTX_SHM_PREFIX)}[0-9a-f]{{12}}-", record.shm_prefix):
+        end_processes_of(record.shm_prefix)  # what a supervisor killed with SIGKILL left running
+    remove_shm(record.shm_prefix)
     Path(record.state_file).unlink(missing_ok=True)
     log.info("server.stopped" if record.alive else "server.record_removed", name=record.name, pid=record.pid)
 

@@ -54,8 +54,6 @@ if TYPE_CHECKING:  # psutil is imported where used, once tritonserver runs: its 
     from ftx_triton.front.limits import Limits
 
 PREFIX = "ftx-supervisor:"
-STUB_NAME = "triton_python_backend_stub"
-SHM_DIR = Path("/dev/shm")
 STUB_DIED = 70
 """Exit code when a Python-backend stub died (the server could answer nothing that needs it)."""
 FRONT_FAILED = 71
@@ -143,28 +141,6 @@ def zombie_status(pid: int) -> str | None:
         return f"killed by {signal_name(-os.WTERMSIG(wait_status))}"
     code = os.WEXITSTATUS(wait_status)
     return f"exit code {code}" if code else None
-
-
-def is_stub(process: psutil.Process) -> bool:
-    import psutil
-
-    try:
-        args = process.cmdline()
-    except psutil.Error:
-        return False
-    return bool(args) and Path(args[0]).name == STUB_NAME
-
-
-def remove_shm(prefix: str) -> int:
-    """Delete this server's shared-memory regions; return how many."""
-    removed = 0
-    if not prefix.startswith("triton_python_backend_shm_region_ftx-"):
-        return 0
-    for path in SHM_DIR.glob(f"{prefix}*"):
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-            removed += 1
-    return removed
 
 
 class Supervisor:
@@ -324,6 +300,9 @@ class Supervisor:
         """A stub seen alive before that is now a zombie or gone (tritonserver does not restart them)."""
         import psutil
 
+        from ftx_triton.server.install import STUB_NAME
+        from ftx_triton.server.process_tree import is_stub
+
         assert self.triton is not None
         try:
             children = psutil.Process(self.triton.pid).children()
@@ -378,9 +357,11 @@ class Supervisor:
         psutil.wait_procs(leftovers, timeout=5)
         if leftovers:
             say(f"killed {len(leftovers)} leftover process(es): " + ", ".join(f"{p.pid}" for p in leftovers))
-        removed = remove_shm(self.spec.get("shm_prefix", ""))
+        from ftx_triton.server.process_tree import remove_shm  # psutil is imported by now
+
+        removed = remove_shm(str(self.spec.get("shm_prefix") or ""))
         if removed:
-            say(f"removed {removed} shared-memory region(s)")
+            say(f"removed {len(removed)} shared-memory region(s)")
 
 
 def main(argv: list[str] | None = None) -> int:

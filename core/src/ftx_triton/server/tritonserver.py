@@ -44,6 +44,7 @@ from ftx_triton.errors import ServeError
 from ftx_triton.front import SERVER_PID_HEADER
 from ftx_triton.front.addresses import is_loopback
 from ftx_triton.front.model_gate import gate_spec
+from ftx_triton.io.atomic_file import write_atomic
 from ftx_triton.server import head_start
 from ftx_triton.server.admin_apis import admin_restriction
 from ftx_triton.server.install import TritonInstall, find_tritonserver, prepare_backends, server_env
@@ -646,10 +647,9 @@ class TritonServer:
             start_ticks=self._start_ticks,
             device=self.device,
         )
-        tmp = directory / f".{self.name}.{secrets.token_hex(4)}.tmp"
-        tmp.write_text(record.to_json())
-        os.replace(tmp, path)
-        release(self._leash)  # recorded: it may outlive this process now        self._state_file = path
+        write_atomic(path, record.to_json())
+        release(self._leash)  # recorded: it may outlive this process now
+        self._state_file = path
         self._detached = True
         log.info("server.detached", name=self.name, pid=self.pid, state=str(path))
         return path

@@ -12,10 +12,11 @@ An artifact counts as done only when its final directory exists; that directory 
 A ``--force`` rebuild swaps the old artifact out with :func:`ftx_triton.io.atomic.swap_in`; a kill between
 its two renames is undone (the old artifact put back) by the next build of that key.
 
-Every output is recorded with its sha256 and its ``lstat`` signature (size, mtime_ns, ctime_ns,
-inode, device). A lookup trusts an artifact only when the files on disk are exactly the recorded
-ones and each is unchanged: a file whose signature still matches is not re-read (no write can
-keep its ctime), any other is re-hashed, and a match refreshes the recorded signature.
+Every output is recorded with its sha256 and its ``lstat`` signature (its
+:class:`~ftx_triton.io.identity.FileIdentity`: size, mtime_ns, ctime_ns, inode, device). A lookup trusts
+an artifact only when the files on disk are exactly the recorded ones and each is unchanged: a file whose
+signature still matches is not re-read (no write can keep its ctime), any other (a record without a whole
+signature, as an older or damaged one, included) is re-hashed, and a match refreshes the recorded signature.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ import filelock
 import structlog
 
 from ftx_triton.io.atomic import holders, recover, swap_in
+from ftx_triton.io.atomic_file import write_json_atomic
 from ftx_triton.io.hashing import sha256_files, written_digest
+from ftx_triton.io.identity import FileIdentity
 from ftx_triton.io.trees import remove_tree
 from ftx_triton.paths import unusable_home
 from ftx_triton.store import leases
@@ -129,16 +132,6 @@ def _drop_bytecode(root: Path, outputs: object) -> None:
         dirnames[:] = [d for d in dirnames if d != "__pycache__"]
 
 
-def _signature(st: os.stat_result) -> dict[str, int]:
-    return {
-        "size": st.st_size,
-        "mtime_ns": st.st_mtime_ns,
-        "ctime_ns": st.st_ctime_ns,
-        "inode": st.st_ino,
-        "device": st.st_dev,
-    }
-
-
 def _record_outputs(root: Path) -> dict[str, dict[str, Any]]:
     """The output records of a finished build: sha256 and signature per file, target per symlink. A file whose
     writer hashed it as it wrote it, and that is unchanged since, is not read again."""
@@ -157,7 +150,7 @@ def _record_outputs(root: Path) -> dict[str, dict[str, Any]]:
             raise OSError(f"{root / rel} is neither a file nor a symlink; an artifact cannot hold it")
     digests.update(sha256_files(root / rel for rel in files if root / rel not in digests))
     for rel in files:
-        outputs[rel] = {"sha256": digests[root / rel], **_signature(found[rel])}
+        outputs[rel] = {"sha256": digests[root / rel], **FileIdentity.of(found[rel]).as_record()}
     return dict(sorted(outputs.items()))
 
 
@@ -192,13 +185,13 @@ def _verify(root: Path, outputs: object) -> tuple[str | None, dict[str, dict[str
                 return f"the symlink {rel} changed", {}
         elif not stat.S_ISREG(st.st_mode) or st.st_size != info["size"]:
             return f"{rel} changed size or type", {}
-        elif _signature(st) != {k: info.get(k) for k in ("size", "mtime_ns", "ctime_ns", "inode", "device")}:
+        elif FileIdentity.of(st) != FileIdentity.from_record(info):  # None (an older or damaged record): re-read
             rehash.append(rel)
     digests = sha256_files(root / rel for rel in rehash)
     for rel in rehash:
         if digests[root / rel] != outputs[rel]["sha256"]:
             return f"the content of {rel} changed", {}
-    return None, {rel: _signature(found[rel]) for rel in rehash}
+    return None, {rel: FileIdentity.of(found[rel]).as_record() for rel in rehash}
 
 
 # --- the store ------------------------------------------------------------------------------
@@ -429,9 +422,9 @@ class ArtifactStore:
             st = found.get(rel)
             if st is None or not _valid_record(info) or "symlink" in info:
                 continue
-            now = _signature(st)
-            if all(now[k] == info.get(k) for k in ("size", "mtime_ns", "inode", "device")):
-                fresh[rel] = now
+            now, recorded = FileIdentity.of(st), FileIdentity.from_record(info)
+            if recorded is not None and now._replace(ctime_ns=recorded.ctime_ns) == recorded:  # only ctime moved
+                fresh[rel] = now.as_record()
         if fresh:
             self._refresh_signatures(stage, key, meta, fresh)
 
@@ -450,11 +443,12 @@ class ArtifactStore:
                     **meta,
                     "outputs": {rel: {**info, **fresh.get(rel, {})} for rel, info in meta["outputs"].items()},
                 }
-                tmp.write_text(json.dumps(updated, indent=2, sort_keys=True, default=str))
-                os.replace(tmp, path / PROVENANCE_FILE)
+                # the temp file is written in store/.tmp, not beside the record: inside the artifact it would be
+                # an output no record names (the artifact corrupt to a concurrent lookup); a kill leaves it where
+                # the next build of the key (or `ftx prune`) removes it
+                write_json_atomic(path / PROVENANCE_FILE, updated, indent=2, sort_keys=True, default=str, tmp=tmp)
         except (filelock.Timeout, OSError) as exc:
             log.debug("cache.signatures_not_refreshed", stage=stage, key=key, error=str(exc))
-            tmp.unlink(missing_ok=True)
 
     def _recover(self, stage: str, key: str) -> None:
         """Undo what killed processes left for this key (we hold the key's lock)."""

@@ -5,12 +5,11 @@ script and the job's log. ftx's own files: trusted, a damaged one is dropped (se
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from ftx_triton.cluster.slurm.script import deployment_dir
+from ftx_triton.io.atomic_file import write_json_atomic
 
 JOB_FILE = "job.json"
 ENDPOINT_FILE = "endpoint.json"
@@ -19,12 +18,9 @@ TOKEN_FILE = "shared-token"
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` atomically (temp file + rename: a reader never sees half a record)."""
+    """Write the record ``data`` atomically (a reader never sees half of it), readable by its owner only."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as out:
-        json.dump(data, out, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+    write_json_atomic(path, data, indent=2, sort_keys=True, mode=0o600)
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from typing import Any
 import structlog
 
 from ftx_triton.errors import ConfigError, ToolError
+from ftx_triton.io.atomic_file import write_json_atomic
 from ftx_triton.paths import ftx_home
 from ftx_triton.runtime.fastertransformer.docker import (
     DEFAULT_BACKEND_REF,
@@ -359,7 +360,7 @@ def record_image(home: Path, tag: str, image_id: str, labels: Mapping[str, str],
         "log": str(log_path) if log_path else None,
         "recorded_at": _now(),
     }
-    path.write_text(json.dumps(data, indent=2, sort_keys=True))
+    write_json_atomic(path, data, indent=2, sort_keys=True)
     return path
 
 
