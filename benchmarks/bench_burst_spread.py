@@ -24,6 +24,10 @@ Triton's timestamps are the steady clock, which is Python's ``time.monotonic_ns`
 ``ftx configure`` (the deployment options under test), then::
 
     python benchmarks/bench_burst_spread.py --repository REPO --concurrency 16,32 --paths text,openai,raw-loop
+
+``--standin-ms N`` serves a copy of the repository whose ``fastertransformer`` model is the python runtime's STAND-IN
+(``ftx_triton.runtime.python.standin``): N ms of wall time per execution whatever the batch and no CPU, as a GPU's
+generation, so that the batcher's steady state shows on a machine without one (docs/benchmarks.md, issue 38).
 """
 
 from __future__ import annotations
@@ -223,6 +227,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--json", type=Path, help="Also write the figures here.")
     parser.add_argument("--keep-trace", type=Path, help="Copy Triton's trace file here.")
+    parser.add_argument(
+        "--standin-ms",
+        type=float,
+        help="Serve a copy of the repository whose fastertransformer model is the STAND-IN "
+        "(ftx_triton.runtime.python.standin): N ms of wall time per execution whatever the batch, no CPU.",
+    )
     args = parser.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.paths = [p.strip() for p in args.paths.split(",") if p.strip()]
@@ -235,6 +245,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     args.streaming = bool(parse_config(repository / FT / "config.pbtxt").model_transaction_policy.decoupled)
     home = ftx_home()
     with tempfile.TemporaryDirectory(prefix="ftx-trace-") as tmp:
+        if args.standin_ms is not None:
+            from ftx_triton.runtime.python.standin import use_standin
+
+            shutil.copytree(repository, Path(tmp) / "repository")
+            repository = Path(tmp) / "repository"
+            use_standin(repository, args.standin_ms)
         trace_file = Path(tmp) / "trace.json"
         server = traced_server(repository, home, trace_file, args.device)
         server.start()

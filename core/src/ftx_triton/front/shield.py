@@ -29,11 +29,12 @@ its charset or validity):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from http import HTTPStatus
 from typing import Any
 
@@ -45,6 +46,7 @@ from yarl import URL
 from ftx_triton.front import SERVER_PID_HEADER
 from ftx_triton.front.addresses import is_loopback
 from ftx_triton.front.answers import MAX_READ_BYTES, reclassified, worth_reading
+from ftx_triton.front.model_gate import ModelGate, gated_model
 from ftx_triton.front.paths import checked_path, forwarded_path
 from ftx_triton.front.server import Refused, read_body, refusal
 
@@ -197,8 +199,13 @@ class Shield:
         max_json_depth: int = MAX_JSON_DEPTH,
         on_refused: Callable[[str], None] | None = None,
         trusted_peer: Callable[[str | None], bool] = is_loopback,
+        gate: ModelGate | None = None,
+        gated_models: Iterable[str] = (),
     ) -> None:
         self.base = f"http://127.0.0.1:{upstream_port}"
+        self.gate = gate
+        """Holds requests answered in one piece by ``gated_models`` while the model is busy (:mod:`.model_gate`)."""
+        self.gated_models = frozenset(gated_models)
         self.max_json_depth = max_json_depth
         self.trusted_peer = trusted_peer
         self.on_refused = on_refused
@@ -277,18 +284,22 @@ class Shield:
                 self.on_refused(f"{request.method} {request.path[:200]}: {refused.status} {refused}")
             return refusal(refused)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        gate = self.gate if request.method == "POST" and gated_model(checked_path(path), self.gated_models) else None
         assert self.session is not None
         try:
-            upstream = await self.session.request(
-                request.method,
-                URL(
-                    self.base + path + (f"?{query}" if (query := request.rel_url.raw_query_string) else ""),
-                    encoded=True,
-                ),
-                data=body if body or request.method in ("POST", "PUT") else None,
-                headers=headers,
-                allow_redirects=False,
-            )
+            # a gated request is in flight until tritonserver's answer (sent whole, once the model's batch ended)
+            # arrives, however fast the client reads it
+            async with gate.passage() if gate is not None else contextlib.nullcontext():
+                upstream = await self.session.request(
+                    request.method,
+                    URL(
+                        self.base + path + (f"?{query}" if (query := request.rel_url.raw_query_string) else ""),
+                        encoded=True,
+                    ),
+                    data=body if body or request.method in ("POST", "PUT") else None,
+                    headers=headers,
+                    allow_redirects=False,
+                )
         except (aiohttp.ClientError, OSError) as exc:
             return web.json_response(
                 {"error": f"tritonserver is not reachable: {exc}"}, status=HTTPStatus.SERVICE_UNAVAILABLE

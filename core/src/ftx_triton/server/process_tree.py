@@ -152,7 +152,12 @@ def stub_processes(pid: int) -> list[psutil.Process]:
 
 def sweep_orphans() -> list[str]:
     """Kill ftx's Python-backend stubs whose tritonserver is gone and remove shared memory no live
-    process uses any more (what a server killed mid-start can leave); return what was removed."""
+    process uses any more (what a server killed mid-start can leave); return what was removed.
+
+    The regions are listed before the processes are read: a server that starts meanwhile (other ``ftx run``s, other
+    users of the machine) makes its region after its tritonserver exists, so a region listed first either has its
+    server among the processes read next or has none; one made during the read is not judged at all."""
+    regions = list(SHM_DIR.glob(f"{FTX_SHM_PREFIX}*"))
     live_prefixes: set[str] = set()
     orphans: list[psutil.Process] = []
     for process in psutil.process_iter():
@@ -171,7 +176,7 @@ def sweep_orphans() -> list[str]:
             process.kill()
             swept.append(f"stub pid {process.pid}")
     psutil.wait_procs(orphans, timeout=5)
-    for path in SHM_DIR.glob(f"{FTX_SHM_PREFIX}*"):
+    for path in regions:
         match = re.match(rf"({re.escape(FTX_SHM_PREFIX)}[0-9a-f]+-)", path.name)
         if match and match.group(1) not in live_prefixes:
             with contextlib.suppress(FileNotFoundError):

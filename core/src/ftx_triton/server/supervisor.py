@@ -23,7 +23,8 @@ of its own. It
 
 Every line it writes starts with ``ftx-supervisor:`` and goes to the server's log. SPEC is JSON:
 ``command``, ``shm_prefix``, ``exit_timeout_s``, optional ``front`` (``host``, ``port``,
-``upstream_port``, ``max_json_depth`` and the fields of :class:`ftx_triton.front.limits.Limits`), optional
+``upstream_port``, ``max_json_depth``, the fields of :class:`ftx_triton.front.limits.Limits` and optional ``gate``:
+:func:`ftx_triton.front.model_gate.gate_spec`'s), optional
 ``grpc_front`` (``host``, ``port``, ``upstream_port``, ``max_message_bytes``), optional ``home`` (the
 directory whose removal stops the server).
 """
@@ -214,15 +215,19 @@ class Supervisor:
         return limits
 
     def _start_front(self, limits: Limits) -> bool:
+        from ftx_triton.front.model_gate import ModelGate
         from ftx_triton.front.server import Front
         from ftx_triton.front.shield import MAX_JSON_DEPTH, Shield
 
         front = self.spec["front"]
         host, port = front["host"], front["port"]
+        gate = front.get("gate")
         shield = Shield(
             front["upstream_port"],
             max_json_depth=front.get("max_json_depth") or MAX_JSON_DEPTH,
             on_refused=lambda line: say(f"HTTP front refused {line}"),
+            gate=ModelGate(gate["window_s"]) if gate else None,
+            gated_models=gate["models"] if gate else (),
         )
         try:
             self.front = Front(shield.app(), host, port, limits)
@@ -236,6 +241,11 @@ class Supervisor:
             f"(bodies up to {limits.max_body_bytes} bytes decoded, JSON up to {shield.max_json_depth} deep, "
             f"headers within {limits.header_timeout_s:g} s, at most {limits.max_connections} connections)"
         )
+        if gate:
+            say(
+                f"HTTP front holds requests for {', '.join(gate['models'])} while the model is busy "
+                f"(window {gate['window_s'] * 1e3:g} ms)"
+            )
         return True
 
     def _start_grpc_front(self) -> bool:

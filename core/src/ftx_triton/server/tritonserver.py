@@ -43,6 +43,7 @@ import structlog
 from ftx_triton.errors import ServeError
 from ftx_triton.front import SERVER_PID_HEADER
 from ftx_triton.front.addresses import is_loopback
+from ftx_triton.front.model_gate import gate_spec
 from ftx_triton.io.atomic_file import write_atomic
 from ftx_triton.server import head_start
 from ftx_triton.server.admin_apis import admin_restriction
@@ -394,13 +395,17 @@ class TritonServer:
         if self.device:
             spec["device"] = self.device
         if self.http_front:
-            spec["front"] = {
+            front: dict[str, object] = {
                 "host": self.host,
                 "port": self.ports.http,
                 "upstream_port": self._internal_http_port,
                 **self.front_limits,
                 "max_body_bytes": self.max_body_bytes,
             }
+            gate = gate_spec(self.repository)
+            if gate:
+                front["gate"] = gate  # requests for the model held while it is busy (front/model_gate.py)
+            spec["front"] = front
         if self.grpc_front:
             spec["grpc_front"] = {
                 "host": self.host,
