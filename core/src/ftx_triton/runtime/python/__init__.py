@@ -7,6 +7,9 @@ is a Python-backend stand-in with FasterTransformer's inputs and outputs, genera
 (T5, beam search), ``generation`` maps FT requests to either, ``serve`` starts the server.
 """
 
-from ftx_triton.plain_structlog import import_structlog
+import sys
 
-import_structlog()  # before this package's modules import it: in the stub, structlog without rich (0.1-0.2 s)
+if "ftx_triton.cli" not in sys.modules:  # a stub (never the `ftx` command, which loads runtimes from its CLI)
+    from ftx_triton.plain_structlog import import_structlog
+
+    import_structlog()  # before this package's modules import it: structlog without rich (0.1-0.2 s)
