@@ -356,7 +356,22 @@ class ArtifactStore:
         started: float,
     ) -> Artifact:
         """Record ``tmp``'s outputs and publish it as (stage, key); the caller holds the key's lock."""
-        meta = self._provenance(stage, key, tmp, inputs, producer, extra, started)
+        outputs = _record_outputs(tmp)  # hashing the outputs is part of the build's time
+        now = time.time()
+        meta = redact_data(
+            {
+                "schema": SCHEMA,
+                "stage": stage,
+                "key": key,
+                "inputs": dict(inputs),
+                "producer": dict(producer),
+                "outputs": outputs,
+                "started_at": _iso(started),
+                "finished_at": _iso(now),
+                "duration_s": round(now - started, 3),
+                **extra,
+            }
+        )
         (tmp / PROVENANCE_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True, default=str))
         final = self.path(stage, key)
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -379,33 +394,6 @@ class ArtifactStore:
             )
             return None
         return hit
-
-    def _provenance(
-        self,
-        stage: str,
-        key: str,
-        tmp: Path,
-        inputs: Mapping[str, Any],
-        producer: Mapping[str, Any],
-        extra: Mapping[str, Any],
-        started: float,
-    ) -> dict[str, Any]:
-        outputs = _record_outputs(tmp)
-        now = time.time()
-        return redact_data(
-            {
-                "schema": SCHEMA,
-                "stage": stage,
-                "key": key,
-                "inputs": dict(inputs),
-                "producer": dict(producer),
-                "outputs": outputs,
-                "started_at": _iso(started),
-                "finished_at": _iso(now),
-                "duration_s": round(now - started, 3),
-                **extra,
-            }
-        )
 
     def linked(self, stage: str, key: str) -> None:
         """Record the signatures of files ftx just hard-linked elsewhere (``ftx convert -o``): a link moves only
