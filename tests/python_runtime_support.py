@@ -7,9 +7,12 @@ trainers; servers are the real tritonserver from the nvidia-pytriton wheel.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib.util import find_spec
 from pathlib import Path
@@ -356,6 +359,20 @@ def detached_run(home: Path, *args: str) -> Iterator[tuple[subprocess.CompletedP
         yield run, env
     finally:
         subprocess.run([FTX_COMMAND, "stop", "--all"], capture_output=True, timeout=120, env=env)
+
+
+DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+"""An opener that never goes through a proxy the environment names (the servers are on 127.0.0.1)."""
+
+
+def post_json(url: str, body: Any, timeout_s: float = 300) -> tuple[int, dict[str, str], str]:
+    """POST ``body`` as JSON: the status, headers and text of the answer, an HTTP error's included."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with DIRECT.open(request, timeout=timeout_s) as response:
+            return response.status, dict(response.headers), response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read().decode()
 
 
 SERVER_MARKS = [

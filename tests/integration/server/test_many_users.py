@@ -15,10 +15,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from python_runtime_support import SERVER_MARKS, detached_run
+from python_runtime_support import SERVER_MARKS, detached_run, post_json
 
 pytestmark = SERVER_MARKS
 
@@ -47,15 +46,6 @@ def served(tmp_path_factory: pytest.TempPathFactory, built_demo: Path) -> Iterat
         yield Served(home, run.stdout)
 
 
-def _post(url: str, body: Any) -> tuple[int, dict[str, str], str]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with _OPENER.open(request, timeout=300) as response:
-            return response.status, dict(response.headers), response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, dict(exc.headers), exc.read().decode()
-
-
 def _stats(served: Served, model: str) -> int:
     with _OPENER.open(f"{served.http}/v2/models/{model}/stats", timeout=60) as response:
         return int(json.loads(response.read())["model_stats"][0]["execution_count"])
@@ -79,7 +69,7 @@ def test_the_text_models_stream_every_third_step_and_lose_nothing(served: Served
     text = "".join(pieces(iter(events), iface, "Once upon a time")).removeprefix("Once upon a time")
     assert _stats(served, "postprocessing") - before <= 4  # 3 streamed responses (+ the final), not 9
     assert len([e for e in events if e]) <= 4
-    status, _headers, body = _post(served.openai + "/completions", {"prompt": "Once upon a time", "max_tokens": 9})
+    status, _headers, body = post_json(served.openai + "/completions", {"prompt": "Once upon a time", "max_tokens": 9})
     assert status == 200 and json.loads(body)["choices"][0]["text"] == text
 
 
@@ -108,7 +98,9 @@ def _overload_burst(served: Served) -> tuple[dict[str, tuple[float, int, dict[st
     def openai(key: str) -> None:
         began = time.monotonic()
         started.append(began)
-        status, headers, body = _post(served.openai + "/completions", {"prompt": "Once upon a time", "max_tokens": 4})
+        status, headers, body = post_json(
+            served.openai + "/completions", {"prompt": "Once upon a time", "max_tokens": 4}
+        )
         results[key] = (time.monotonic() - began, status, headers, body)
 
     def triton(key: str) -> None:
@@ -165,7 +157,7 @@ def test_metrics_count_tokens_time_to_first_token_and_inter_token_latency(served
     before = _metrics(served)
     began = time.monotonic()
     for stream in (True, False):
-        status, _headers, _body = _post(
+        status, _headers, _body = post_json(
             served.openai + "/completions", {"prompt": "Once upon a time", "max_tokens": 12, "stream": stream}
         )
         assert status == 200

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from python_runtime_support import SERVER_MARKS, detached_run, own_ports
+from python_runtime_support import SERVER_MARKS, detached_run, own_ports, post_json
 
 pytestmark = SERVER_MARKS
 
@@ -49,17 +49,8 @@ def served(tmp_path_factory: pytest.TempPathFactory, built_demo: Path) -> Iterat
         yield Served(home, run.stdout)
 
 
-def _post(url: str, body: Any) -> tuple[int, dict[str, str], str]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with _OPENER.open(request, timeout=300) as response:
-            return response.status, dict(response.headers), response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, dict(exc.headers), exc.read().decode()
-
-
 def _answer(served: Served, route: str, body: dict[str, Any]) -> dict[str, Any]:
-    status, _headers, text = _post(served.openai + route, body)
+    status, _headers, text = post_json(served.openai + route, body)
     assert status == 200, text
     return json.loads(text)
 
@@ -119,7 +110,9 @@ def test_answers_are_the_ensembles_and_no_text_model_runs(served: Served) -> Non
     chat = _answer(served, "/chat/completions", {"messages": messages, "max_tokens": 6})
     assert chat["choices"][0]["message"]["content"] == chat_reference.text
     assert chat["usage"]["completion_tokens"] == len(chat_reference.token_ids)
-    status, headers, text = _post(served.openai + "/completions", {"prompt": PROMPT, "max_tokens": 8, "stream": True})
+    status, headers, text = post_json(
+        served.openai + "/completions", {"prompt": PROMPT, "max_tokens": 8, "stream": True}
+    )
     assert status == 200 and headers["X-Ftx-Stream"] == "whole" and headers["X-Ftx-Route"] == "tokens"
     events = [line[len("data: ") :] for line in text.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
@@ -136,11 +129,11 @@ def test_refusals_are_the_ensembles_400s(served: Served) -> None:
     """A request the model refuses (over its output limit) and one the preprocessing code refuses (a prompt
     longer than the context) are the client's 400, in the ensemble's words."""
     for body in ({"prompt": PROMPT, "max_tokens": 5000}, {"prompt": "word " * 300, "max_tokens": 4}):
-        status, _headers, text = _post(served.openai + "/completions", body)
+        status, _headers, text = post_json(served.openai + "/completions", body)
         error = json.loads(text)["error"]
         assert status == 400 and error["type"] == "invalid_request_error", text
         generate = {"text_input": body["prompt"], "max_tokens": body["max_tokens"]}
-        refused, _headers, ensemble = _post(served.http + "/v2/models/text/generate", generate)
+        refused, _headers, ensemble = post_json(served.http + "/v2/models/text/generate", generate)
         reason = error["message"].removeprefix("the model refused the request: ")
         assert refused == 400 and reason in json.loads(ensemble)["error"], (reason, ensemble)
 
@@ -151,7 +144,7 @@ def test_a_full_queue_is_a_fast_429_with_retry_after(served: Served) -> None:
     results: list[tuple[int, dict[str, str], str]] = []
 
     def send() -> None:
-        results.append(_post(served.openai + "/completions", {"prompt": PROMPT, "max_tokens": 200}))
+        results.append(post_json(served.openai + "/completions", {"prompt": PROMPT, "max_tokens": 200}))
 
     threads = [threading.Thread(target=send) for _ in range(6)]
     for thread in threads:
@@ -176,7 +169,7 @@ def test_triton_out_of_reach_over_grpc_is_a_502(served: Served) -> None:
     front = Front(app, "127.0.0.1", 0)
     front.start()
     try:
-        status, _headers, text = _post(
+        status, _headers, text = post_json(
             f"http://127.0.0.1:{front.port}/v1/completions", {"prompt": "Hi", "max_tokens": 2}
         )
     finally:
