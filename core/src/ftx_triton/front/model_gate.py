@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from ftx_triton.envvars import env_int
+from ftx_triton.repository.io import FT_MODEL_NAME
 
-FT_MODEL = "fastertransformer"
 WINDOW_ENV = "FTX_FRONT_GATE_US"
 """The gate's window in microseconds; 0, the default, means no gate. Opt-in: on the CPU reproducer it re-merged some
 closed loops and fragmented others (docs/benchmarks.md, issue 38); the model's batch delay is the value to try."""
@@ -131,22 +131,24 @@ def gate_spec(repository: Path) -> dict[str, Any] | None:
     None: no gate."""
     from ftx_triton.repository.model_config import parse_config
 
-    path = repository / FT_MODEL / "config.pbtxt"
-    if not path.is_file():
+    window_us = env_int(WINDOW_ENV, 0, 0, 10_000_000)
+    path = repository / FT_MODEL_NAME / "config.pbtxt"
+    if not window_us or not path.is_file():  # off (the default): no config is read
         return None
     config = parse_config(path)
     delay_us = config.dynamic_batching.max_queue_delay_microseconds if config.HasField("dynamic_batching") else 0
     instances = sum(group.count or 1 for group in config.instance_group) or 1
-    window_us = env_int(WINDOW_ENV, 0, 0, 10_000_000)
-    if not delay_us or instances != 1 or not window_us:
+    if not delay_us or instances != 1:
         return None
-    models = [FT_MODEL]
-    for model_dir in sorted(p for p in repository.iterdir() if p.is_dir() and p.name != FT_MODEL):
+    models = [FT_MODEL_NAME]
+    for model_dir in sorted(p for p in repository.iterdir() if p.is_dir() and p.name != FT_MODEL_NAME):
         config_path = model_dir / "config.pbtxt"
         if not config_path.is_file():
             continue
         other = parse_config(config_path)
-        if other.platform == "ensemble" and any(step.model_name == FT_MODEL for step in other.ensemble_scheduling.step):
+        if other.platform == "ensemble" and any(
+            step.model_name == FT_MODEL_NAME for step in other.ensemble_scheduling.step
+        ):
             models.append(other.name or model_dir.name)
     return {"models": models, "window_s": window_us / 1e6}
 
