@@ -17,7 +17,6 @@ selects it; ``benchmarks/bench_burst_spread.py --standin-ms N`` does.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from ftx_triton.repository.stream_interval import StreamInterval
 from ftx_triton.runtime.python import triton_model
 from ftx_triton.runtime.python.generation import DECODER, Generator, Item, ItemResult, ModelLimits, StepSink, TokenEvent
 
@@ -92,19 +90,14 @@ def standin_model(config: Mapping[str, Any]) -> triton_model.FtModel:
         max_positions=int(positions) if positions.isdigit() else None,
     )
     generator = StandInGenerator(None, DECODER, None, limits, execution_s=float(params[STANDIN_PARAMETER]) / 1e3)
-    dtypes = {o["name"]: triton_model._NUMPY_TYPES.get(o["data_type"], np.float32) for o in config.get("output", ())}
-    return triton_model.FtModel(generator, dtypes, StreamInterval.from_parameters(params))
+    return triton_model.FtModel.serving(generator, config)
 
 
 class TritonPythonModel(triton_model.TritonPythonModel):
     """The python runtime's Triton entry point over :func:`standin_model`."""
 
-    def initialize(self, args: Mapping[str, Any]) -> None:
-        self.pb = self.pb or triton_model.stub_utils()
-        config = json.loads(args["model_config"])
-        self.decoupled = bool((config.get("model_transaction_policy") or {}).get("decoupled"))
-        self.input_names = [item["name"] for item in config.get("input", ())]
-        self.model = standin_model(config)
+    def load(self, config: Mapping[str, Any]) -> triton_model.FtModel:
+        return standin_model(config)
 
 
 def use_standin(repository: Path, execution_ms: float) -> None:

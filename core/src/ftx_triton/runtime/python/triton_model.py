@@ -217,8 +217,13 @@ class FtModel:
         )
         if own_process and (threads := fit_cpu_threads(loaded.model, loaded.device)):
             log.info("runtime.cpu_threads", threads=threads, reason="a small model on the CPU")
+        return cls.serving(generator, config)
+
+    @classmethod
+    def serving(cls, generator: Generator, config: Mapping[str, Any]) -> FtModel:
+        """``generator`` answering with the output types and the stream interval of config.pbtxt (as Triton's JSON)."""
         dtypes = {out["name"]: _NUMPY_TYPES.get(out["data_type"], np.float32) for out in config.get("output", ())}
-        return cls(generator, dtypes, StreamInterval.from_parameters(params))
+        return cls(generator, dtypes, StreamInterval.from_parameters(parameters_of(config)))
 
     # -- requests -------------------------------------------------------------------------
 
@@ -370,7 +375,11 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         self.decoupled = bool((config.get("model_transaction_policy") or {}).get("decoupled"))
         self.input_names = [item["name"] for item in config.get("input", ())]
-        self.model = FtModel.from_config(config, own_process=True)
+        self.model = self.load(config)
+
+    def load(self, config: Mapping[str, Any]) -> FtModel:
+        """The model this stub serves (config.pbtxt as Triton's JSON)."""
+        return FtModel.from_config(config, own_process=True)
 
     def _inputs(self, request: Any) -> dict[str, np.ndarray]:
         inputs = {}
