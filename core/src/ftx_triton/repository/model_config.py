@@ -58,8 +58,7 @@ CUSTOM_ALL_REDUCE: dict[tuple[str, int], bool] = {("fp16", 2): True, ("fp16", 4)
 default, per (compute type, tp); off wherever not listed. On where it was measured to win: fp16 at tp 2 on
 two H100s (GPT-J-6B shape, greedy, batch 1/8/32: 1.4%/1.3%/2.6% faster than NCCL, generated ids equal) and at
 tp 4 on four H200s (1.09x/1.09x/1.05x; ids differ from NCCL's, which adds the four partial sums in another
-order; docs/benchmarks.md). It is also what lets fp16's CUDA graph capture a tp > 1 decoding step: an NCCL
-all-reduce is never captured. bf16 at tp 2 and 4 passed the GPU suite with it on, but its speed is unmeasured;
+order; docs/benchmarks.md). bf16 at tp 2 and 4 passed the GPU suite with it on, but its speed is unmeasured;
 tp 8 is built, not yet run."""
 
 
