@@ -18,7 +18,10 @@ clients send at once):
   first execution's start to the last's end);
 * after each execution that held every client, the spread of their next requests at the model's queue (a merged
   round that stays within the delay stays merged);
-* the model's ``batch x executions`` over the whole level (Triton's statistics).
+* the model's ``batch x executions`` over the whole level (Triton's statistics);
+* the median latency, and for the ``openai`` path the OpenAI endpoint process's CPU time per request (user +
+  system, every thread): what the endpoint itself costs, which a closed loop of ``c`` clients pays ``c`` times a
+  round on its one event loop.
 
 Triton's timestamps are the steady clock, which is Python's ``time.monotonic_ns`` on Linux. Make the repository with
 ``ftx configure`` (the deployment options under test), then::
@@ -58,6 +61,7 @@ from bench_serving import (  # noqa: E402
     model_costs,
     model_vocab,
     openai_model_id,
+    percentile,
     triton_counters,
 )
 
@@ -163,7 +167,17 @@ class Sending:
         return await self.path(session)
 
 
-async def measure(args: argparse.Namespace, target: Target) -> list[dict[str, Any]]:
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds process ``pid`` has used so far (0 without one)."""
+    import psutil
+
+    if pid is None:
+        return 0.0
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
+async def measure(args: argparse.Namespace, target: Target, endpoint_pid: int | None = None) -> list[dict[str, Any]]:
     import aiohttp
 
     tokens = Tokens(target.repository)
@@ -186,9 +200,11 @@ async def measure(args: argparse.Namespace, target: Target) -> list[dict[str, An
         for path in paths:
             sending = Sending(path)
             before = triton_counters(target.http)
+            cpu_before = cpu_seconds(endpoint_pid)
             began = time.monotonic_ns()
             samples, errors, wall = await closed_loop(sending, c, args.rounds * c, args.timeout)
             ended = time.monotonic_ns()
+            cpu = cpu_seconds(endpoint_pid) - cpu_before
             await asyncio.sleep(0.5)  # Triton counts a request once its response left
             costs = model_costs(before, triton_counters(target.http))
             levels.append(
@@ -199,11 +215,20 @@ async def measure(args: argparse.Namespace, target: Target) -> list[dict[str, An
                     "sends": sending.sends,
                     "errors": errors,
                     "tok_s": sum(s.tokens for s in samples) / wall if wall else 0.0,
+                    "p50_ms": percentile([s.latency_s for s in samples], 50) * 1e3 if samples else 0.0,
+                    "endpoint_cpu_ms": cpu / len(samples) * 1e3 if path.name == "openai" and samples else None,
                     "batches": costs.get(FT, {}).get("batches", {}),
                     "pre_batches": costs.get("preprocessing", {}).get("batches", {}),
                 }
             )
-            say(f"{path.name} c={c}: {levels[-1]['tok_s']:.0f} tok/s, {_batches(levels[-1]['batches'])}")
+            level = levels[-1]
+            cost = (
+                "" if level["endpoint_cpu_ms"] is None else f", endpoint CPU {level['endpoint_cpu_ms']:.2f} ms/request"
+            )
+            say(
+                f"{path.name} c={c}: {level['tok_s']:.0f} tok/s, p50 {level['p50_ms']:.0f} ms{cost}, "
+                f"{_batches(level['batches'])}"
+            )
     return levels
 
 
@@ -266,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     watch_pid=server.pid,
                 )
             target = Target(server.http_url, server.grpc_url, endpoint.url if endpoint else "", repository, "")
-            levels = asyncio.run(measure(args, target))
+            levels = asyncio.run(measure(args, target, endpoint.process.pid if endpoint else None))
         finally:
             if endpoint is not None:
                 endpoint.stop()
@@ -281,9 +306,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     report = []
     print(
         "| path | clients | sent ms | entry ms | at model ms | preprocessing executions (requests) | "
-        "preprocessing ms | merged rounds' returns at model ms | model batch x executions | tok/s |"
+        "preprocessing ms | merged rounds' returns at model ms | model batch x executions | tok/s | p50 ms | "
+        "endpoint CPU ms/request |"
     )
-    print("|---|---:|---:|---:|---:|---|---:|---|---|---:|")
+    print("|---|---:|---:|---:|---:|---|---:|---|---|---:|---:|---:|")
     for level in levels:
         first = first_round(records, level["window"], level["sends"], level["c"], level["path"])
         later = returns(records, level["window"], level["c"], level["path"])
@@ -293,7 +319,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"| {level['path']} | {level['c']} | {first['sent_ms']:.1f} | {first['entry_ms']:.1f} | "
             f"{first['model_ms']:.1f} | {' '.join(map(str, pre)) if pre else '-'} | "
             f"{first.get('preprocessing_ms', 0.0):.1f} | {' '.join(f'{v:.1f}' for v in later) or '-'} | "
-            f"{_batches(level['batches'])} | {level['tok_s']:.0f} |"
+            f"{_batches(level['batches'])} | {level['tok_s']:.0f} | {level['p50_ms']:.0f} | "
+            f"{'-' if level['endpoint_cpu_ms'] is None else format(level['endpoint_cpu_ms'], '.2f')} |"
         )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2, default=str))

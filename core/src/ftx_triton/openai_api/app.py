@@ -23,7 +23,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -56,6 +56,7 @@ from ftx_triton.openai_api.generation_record import GenerationRecord
 from ftx_triton.openai_api.launch import PID_HEADER
 from ftx_triton.openai_api.metrics import FrontMetrics, Tracked
 from ftx_triton.openai_api.params import BadRequest, Params, parse_params
+from ftx_triton.openai_api.sse import SseBuffer
 from ftx_triton.openai_api.token_generation import TokenGeneration, WholeGeneration
 from ftx_triton.repository.io import TEXT_MODEL_NAME
 from ftx_triton.repository.textproc import MAX_WORD_TOKENS, RequestError
@@ -469,7 +470,7 @@ class Handlers:
         for prompt in prompts:
             generations = self._generations(prompt, params)
             texts = [await g.awhole() for g in generations]
-            prompt_tokens += self.d.count(prompt, prompt=True)
+            prompt_tokens += self._prompt_tokens(prompt, generations)
             completion_tokens += sum(self._tokens(g, t) for g, t in zip(generations, texts, strict=True))
             for g in self._best(generations, params):
                 text = texts[generations.index(g)]
@@ -491,6 +492,15 @@ class Handlers:
                 "usage": _usage(prompt_tokens, completion_tokens),
             }
         )
+
+    def _prompt_tokens(self, prompt: str, generations: Iterable[Any]) -> int:
+        """The prompt's tokens for ``usage``: as the token route tokenized it to send it (not encoded again),
+        else the tokenizer's count."""
+        for generation in generations:
+            known = getattr(self._base(generation), "prompt_tokens", None)
+            if known is not None:
+                return int(known)
+        return self.d.count(prompt, prompt=True)
 
     def _tokens(self, generation: Any, text: str) -> int:
         """Tokens generated: the model's own count where the route gives it, else the tokenizer's of the text."""
@@ -558,7 +568,7 @@ class Handlers:
                 "created": created,
                 "model": self.d.model_id,
                 "choices": choices,
-                "usage": _usage(self.d.count(prompt, prompt=True), completion),
+                "usage": _usage(self._prompt_tokens(prompt, generations), completion),
             }
         )
 
@@ -613,13 +623,15 @@ class Handlers:
                 ROUTE_HEADER: "tokens" if route else "ensemble",
             }
         )
-        await response.prepare(request)
+        await response.prepare(request)  # aiohttp sends the headers with the first write
+        # A stream's events go out as they come. A whole answer's are all there at once: they go out together, one
+        # write per choice (the headers, the comment and the first choice's events in one), the last with the end.
+        pending = SseBuffer(response, each=decoupled)
         if not decoupled:  # honest about it: SSE comments reach a client that reads the raw stream
-            await response.write(f": {NOT_STREAMING}\n\n".encode())
+            pending.add(f": {NOT_STREAMING}\n\n")
 
         async def send(data: Mapping[str, Any] | str) -> None:
-            text = data if isinstance(data, str) else json.dumps(data)
-            await response.write(f"data: {text}\n\n".encode())
+            await pending.send(data if isinstance(data, str) else json.dumps(data))
 
         texts: dict[int, str] = {}
         generations: dict[int, Any] = {}
@@ -627,6 +639,7 @@ class Handlers:
         async def handle(index: int, piece: Piece | None, generation: Any) -> None:
             if piece is None:
                 await send(chunk(index, "", None, generation.finish_reason))
+                await pending.flush()  # a choice of a whole answer is complete: its client reads it now
                 return
             if index not in generations:  # the choice opens
                 generations[index], texts[index] = generation, ""
@@ -654,12 +667,12 @@ class Handlers:
                     completion = sum(self._tokens(g, texts[i]) for i, g in generations.items())
                     last = chunk(0, "", None, None)
                     last["choices"] = []
-                    last["usage"] = _usage(self.d.count(prompt, prompt=True), completion)
+                    last["usage"] = _usage(self._prompt_tokens(prompt, generations.values()), completion)
                     await send(last)
             except (HttpError, FtxError, RequestError) as exc:
                 await send({"error": {"message": str(exc), "type": "server_error", "param": None, "code": None}})
-            await send("[DONE]")
-            await response.write_eof()
+            pending.add("data: [DONE]\n\n")
+            await pending.end()
         except ConnectionResetError:  # the client stopped reading; the stream ends here
             pass
         return response
