@@ -23,8 +23,9 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -56,7 +57,7 @@ from ftx_triton.openai_api.generation_record import GenerationRecord
 from ftx_triton.openai_api.launch import PID_HEADER
 from ftx_triton.openai_api.metrics import FrontMetrics, Tracked
 from ftx_triton.openai_api.params import BadRequest, Params, parse_params
-from ftx_triton.openai_api.sse import SseBuffer
+from ftx_triton.openai_api.sse import SseAnswer
 from ftx_triton.openai_api.token_generation import TokenGeneration, WholeGeneration
 from ftx_triton.repository.io import TEXT_MODEL_NAME
 from ftx_triton.repository.textproc import MAX_WORD_TOKENS, RequestError
@@ -470,7 +471,7 @@ class Handlers:
         for prompt in prompts:
             generations = self._generations(prompt, params)
             texts = [await g.awhole() for g in generations]
-            prompt_tokens += self._prompt_tokens(prompt, generations)
+            prompt_tokens += prompt_token_count(generations, partial(self.d.count, prompt, prompt=True))
             completion_tokens += sum(self._tokens(g, t) for g, t in zip(generations, texts, strict=True))
             for g in self._best(generations, params):
                 text = texts[generations.index(g)]
@@ -492,15 +493,6 @@ class Handlers:
                 "usage": _usage(prompt_tokens, completion_tokens),
             }
         )
-
-    def _prompt_tokens(self, prompt: str, generations: Iterable[Any]) -> int:
-        """The prompt's tokens for ``usage``: as the token route tokenized it to send it (not encoded again),
-        else the tokenizer's count."""
-        for generation in generations:
-            known = getattr(self._base(generation), "prompt_tokens", None)
-            if known is not None:
-                return int(known)
-        return self.d.count(prompt, prompt=True)
 
     def _tokens(self, generation: Any, text: str) -> int:
         """Tokens generated: the model's own count where the route gives it, else the tokenizer's of the text."""
@@ -568,7 +560,9 @@ class Handlers:
                 "created": created,
                 "model": self.d.model_id,
                 "choices": choices,
-                "usage": _usage(self._prompt_tokens(prompt, generations), completion),
+                "usage": _usage(
+                    prompt_token_count(generations, partial(self.d.count, prompt, prompt=True)), completion
+                ),
             }
         )
 
@@ -615,19 +609,18 @@ class Handlers:
         second = await anext(stream)  # its first piece (or its end): a refusal is still an HTTP error here
         decoupled = self.d.iface().decoupled
         route = self.d.routed(log_probs=params.logprobs)
-        response = web.StreamResponse(
-            headers={
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                STREAM_HEADER: "tokens" if decoupled else "whole",
-                ROUTE_HEADER: "tokens" if route else "ensemble",
-            }
-        )
-        await response.prepare(request)  # aiohttp sends the headers with the first write
-        # A stream's events go out as they come. A whole answer's are all there at once: they go out together, one
-        # write per choice (the headers, the comment and the first choice's events in one), the last with the end.
-        pending = SseBuffer(response, each=decoupled)
-        if not decoupled:  # honest about it: SSE comments reach a client that reads the raw stream
+        headers = {
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            STREAM_HEADER: "tokens" if decoupled else "whole",
+            ROUTE_HEADER: "tokens" if route else "ensemble",
+        }
+        # A stream's events go out as they come, its headers now. A whole answer's are all there at once: each
+        # choice's go out together, and a one-choice answer (or the last choice) as one response with its end.
+        pending = SseAnswer(request, headers, each=decoupled)
+        if decoupled:
+            await pending.open()
+        else:  # honest about it: SSE comments reach a client that reads the raw stream
             pending.add(f": {NOT_STREAMING}\n\n")
 
         async def send(data: Mapping[str, Any] | str) -> None:
@@ -639,7 +632,8 @@ class Handlers:
         async def handle(index: int, piece: Piece | None, generation: Any) -> None:
             if piece is None:
                 await send(chunk(index, "", None, generation.finish_reason))
-                await pending.flush()  # a choice of a whole answer is complete: its client reads it now
+                if index + 1 < params.best_of:  # a choice of a whole answer is complete: its client reads it now
+                    await pending.flush()
                 return
             if index not in generations:  # the choice opens
                 generations[index], texts[index] = generation, ""
@@ -667,15 +661,26 @@ class Handlers:
                     completion = sum(self._tokens(g, texts[i]) for i, g in generations.items())
                     last = chunk(0, "", None, None)
                     last["choices"] = []
-                    last["usage"] = _usage(self._prompt_tokens(prompt, generations.values()), completion)
+                    used = prompt_token_count(generations.values(), partial(self.d.count, prompt, prompt=True))
+                    last["usage"] = _usage(used, completion)
                     await send(last)
             except (HttpError, FtxError, RequestError) as exc:
                 await send({"error": {"message": str(exc), "type": "server_error", "param": None, "code": None}})
             pending.add("data: [DONE]\n\n")
-            await pending.end()
+            return await pending.end()
         except ConnectionResetError:  # the client stopped reading; the stream ends here
-            pass
-        return response
+            return await pending.open()
+
+
+def prompt_token_count(generations: Iterable[Any], count: Callable[[], int]) -> int:
+    """A prompt's tokens for ``usage``: as the token route tokenized the prompt to send it (not encoded a second
+    time, which cost the endpoint as much as the first), else ``count()`` (the tokenizer's count)."""
+    for generation in generations:
+        base = generation.generation if isinstance(generation, Tracked) else generation
+        known = getattr(base, "prompt_tokens", None)
+        if known is not None:
+            return int(known)
+    return count()
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -790,4 +795,4 @@ def make_app(
     return app
 
 
-__all__ = ["make_app"]
+__all__ = ["make_app", "prompt_token_count"]
