@@ -176,10 +176,11 @@ class TokenRoute:
         if lengths is None:
             lengths = np.full(ids.shape[:-1], ids.shape[-1], np.int64)
         prompt = np.full((ids.shape[0], 1), prompt_len, np.int64)
-        text = self._post.texts(ids, lengths, prompt)[0][0]
         tokens, probs = self._post.tokens(ids, lengths, outputs.get(LOG_PROBS_OUTPUT), None, prompt)
         kept = tokens[0][tokens[0] >= 0].tolist()
-        return WholeAnswer(text, kept, probs[0][: len(kept)].tolist(), prompt_len)
+        # the best beam's text is what its generated ids decode to (the postprocessing model's text_output of
+        # that beam): decoded once, not every beam's
+        return WholeAnswer(self.codec.decode(kept), kept, probs[0][: len(kept)].tolist(), prompt_len)
 
 
 @dataclass(frozen=True)
