@@ -54,6 +54,7 @@ from bench_serving import (  # noqa: E402
     DEFAULT_PROMPT,
     OpenAIPath,
     RawLoopPath,
+    RawRoutePath,
     Target,
     TextPath,
     Tokens,
@@ -189,9 +190,10 @@ async def measure(args: argparse.Namespace, target: Target, endpoint_pid: int | 
         elif name == "openai":
             model = await openai_model_id(target.openai)
             paths.append(OpenAIPath(target.openai, args.prompt, args.max_tokens, tokens, model))
-        elif name == "raw-loop":
+        elif name in ("raw-loop", "raw-route"):
             vocab = model_vocab(target.http)
-            paths.append(RawLoopPath(target, prompt_len, args.max_tokens, vocab, decoupled=args.streaming))
+            raw = RawLoopPath if name == "raw-loop" else RawRoutePath
+            paths.append(raw(target, prompt_len, args.max_tokens, vocab, decoupled=args.streaming))
     for path in paths:  # warm-up
         async with aiohttp.ClientSession() as session:
             await path(session)
