@@ -44,7 +44,9 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -178,8 +180,14 @@ def cpu_seconds(pid: int | None) -> float:
     return float(times.user + times.system)
 
 
-async def measure(args: argparse.Namespace, target: Target, endpoint_pid: int | None = None) -> list[dict[str, Any]]:
+async def measure(
+    args: argparse.Namespace, target: Target, pids: dict[str, int] | None = None, other: str = ""
+) -> list[dict[str, Any]]:
+    """Every level of every path; ``pids``: the endpoint process of each OpenAI path (its CPU time is read),
+    ``other``: the base URL of a second endpoint (``--other-endpoint``), measured after ``openai`` as ``openai-other``."""
     import aiohttp
+
+    pids = pids or {}
 
     tokens = Tokens(target.repository)
     prompt_len = tokens.prompt(args.prompt)
@@ -190,6 +198,9 @@ async def measure(args: argparse.Namespace, target: Target, endpoint_pid: int | 
         elif name == "openai":
             model = await openai_model_id(target.openai)
             paths.append(OpenAIPath(target.openai, args.prompt, args.max_tokens, tokens, model))
+            if other:
+                paths.append(OpenAIPath(other, args.prompt, args.max_tokens, tokens, model))
+                paths[-1].name = "openai-other"
         elif name in ("raw-loop", "raw-route"):
             vocab = model_vocab(target.http)
             raw = RawLoopPath if name == "raw-loop" else RawRoutePath
@@ -202,11 +213,11 @@ async def measure(args: argparse.Namespace, target: Target, endpoint_pid: int | 
         for path in paths:
             sending = Sending(path)
             before = triton_counters(target.http)
-            cpu_before = cpu_seconds(endpoint_pid)
+            cpu_before = cpu_seconds(pids.get(path.name))
             began = time.monotonic_ns()
             samples, errors, wall = await closed_loop(sending, c, args.rounds * c, args.timeout)
             ended = time.monotonic_ns()
-            cpu = cpu_seconds(endpoint_pid) - cpu_before
+            cpu = cpu_seconds(pids.get(path.name)) - cpu_before
             await asyncio.sleep(0.5)  # Triton counts a request once its response left
             costs = model_costs(before, triton_counters(target.http))
             levels.append(
@@ -218,7 +229,7 @@ async def measure(args: argparse.Namespace, target: Target, endpoint_pid: int | 
                     "errors": errors,
                     "tok_s": sum(s.tokens for s in samples) / wall if wall else 0.0,
                     "p50_ms": percentile([s.latency_s for s in samples], 50) * 1e3 if samples else 0.0,
-                    "endpoint_cpu_ms": cpu / len(samples) * 1e3 if path.name == "openai" and samples else None,
+                    "endpoint_cpu_ms": cpu / len(samples) * 1e3 if path.name in pids and samples else None,
                     "batches": costs.get(FT, {}).get("batches", {}),
                     "pre_batches": costs.get("preprocessing", {}).get("batches", {}),
                 }
@@ -232,6 +243,20 @@ async def measure(args: argparse.Namespace, target: Target, endpoint_pid: int | 
                 f"{_batches(level['batches'])}"
             )
     return levels
+
+
+@contextmanager
+def _pythonpath(source: Path) -> Iterator[None]:
+    """Processes started inside import ``ftx_triton`` from ``source`` first."""
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(source.resolve()) + (os.pathsep + before if before else "")
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
 
 
 def _batches(batches: dict[Any, int]) -> str:
@@ -254,6 +279,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--json", type=Path, help="Also write the figures here.")
     parser.add_argument("--keep-trace", type=Path, help="Copy Triton's trace file here.")
+    parser.add_argument(
+        "--other-endpoint",
+        type=Path,
+        help="A directory holding another ftx_triton package (e.g. `git archive COMMIT core/src | tar -x -C DIR`, then "
+        "DIR/core/src): a second OpenAI endpoint runs from it and is measured as path openai-other right after openai "
+        "at each level, an A/B of the endpoint's code in one run.",
+    )
     parser.add_argument(
         "--standin-ms",
         type=float,
@@ -281,10 +313,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         trace_file = Path(tmp) / "trace.json"
         server = traced_server(repository, home, trace_file, args.device)
         server.start()
-        endpoint = None
+        endpoints: dict[str, Any] = {}
         try:
             if "openai" in args.paths:
-                endpoint = start_openai(
+                start = partial(
+                    start_openai,
                     f"http://{server.http_url}",
                     repository,
                     "burst-spread",
@@ -292,10 +325,17 @@ def main(argv: Sequence[str] | None = None) -> None:
                     triton_grpc=server.grpc_url,
                     watch_pid=server.pid,
                 )
-            target = Target(server.http_url, server.grpc_url, endpoint.url if endpoint else "", repository, "")
-            levels = asyncio.run(measure(args, target, endpoint.process.pid if endpoint else None))
+                endpoints["openai"] = start()
+                if args.other_endpoint:
+                    with _pythonpath(args.other_endpoint):
+                        endpoints["openai-other"] = start()
+            url = endpoints["openai"].url if endpoints else ""
+            target = Target(server.http_url, server.grpc_url, url, repository, "")
+            pids = {name: e.process.pid for name, e in endpoints.items()}
+            other = endpoints["openai-other"].url if "openai-other" in endpoints else ""
+            levels = asyncio.run(measure(args, target, pids, other))
         finally:
-            if endpoint is not None:
+            for endpoint in endpoints.values():
                 endpoint.stop()
             server.stop()
         for _ in range(100):  # tritonserver writes the trace as it exits
