@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     from ftx_triton.errors import FtxError
+    from ftx_triton.front.local_aiohttp import import_aiohttp
+
+    import_aiohttp()  # before the front's modules import it: this endpoint speaks plain HTTP to tritonserver
     from ftx_triton.front.server import Front, Limits
     from ftx_triton.openai_api.app import MAX_BODY_BYTES, make_app
     from ftx_triton.server.home_watch import HomeWatch
@@ -67,6 +70,9 @@ def warm() -> None:
     endpoint after all)."""
     import psutil  # noqa: F401 - imported ahead like the rest
 
+    from ftx_triton.front.local_aiohttp import import_aiohttp
+
+    import_aiohttp()
     import ftx_triton.front.server
     import ftx_triton.openai_api.app
     import ftx_triton.server.home_watch  # noqa: F401
