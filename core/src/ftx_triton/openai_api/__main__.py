@@ -59,9 +59,16 @@ def main(argv: list[str] | None = None) -> None:
     front.run()
 
 
-AHEAD = ("ftx_triton.repository.model_config", "ftx_triton.repository.textproc", "tritonclient.grpc")
+AHEAD = (
+    "ftx_triton.repository.model_config",
+    "ftx_triton.repository.textproc",
+    "tritonclient.grpc",
+    "tokenizers",
+    "google.protobuf.descriptor_pb2",
+)
 """What the endpoint imports once it has its arguments (the token route reads the repository's configs, a streaming
-one opens a gRPC client): 0.3-0.8 s that the warm process spends while the model loads instead of after."""
+one opens a gRPC client, loads the tokenizer and parses the configs' text): 0.3-0.8 s that the warm process spends
+while the model loads instead of after, between its arguments and its first answer."""
 
 
 def warm() -> None:
