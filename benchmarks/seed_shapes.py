@@ -190,14 +190,20 @@ def save(model: Any, dest: Path) -> Path:
 
 def random_checkpoint(name: str, dest: Path, full_vocab: bool = False, device: str = "cuda") -> Path:
     """A random fp16 checkpoint of ``SHAPES[name]`` made on ``device``, plus a small trained tokenizer
-    (``full_vocab``: one character per id, :func:`char_tokenizer`)."""
+    (``full_vocab``: one character per id, :func:`char_tokenizer`). A checkpoint this function finished
+    in ``dest`` before (its marker file) is reused: a GPU job can make it beside the backend build."""
     import torch
 
+    finished = dest / ".random-checkpoint-complete"
+    if finished.is_file() and finished.read_text() == f"{name} full_vocab={full_vocab}":
+        say(f"shapes    reusing {dest}")
+        return dest
     model = random_model(name, dest, device, full_vocab)
     save(model, dest)
     del model
     if device == "cuda":
         torch.cuda.empty_cache()
+    finished.write_text(f"{name} full_vocab={full_vocab}")
     return dest
 
 

@@ -602,6 +602,63 @@ def test_gptjs_decoding_step_was_replayed_from_a_cuda_graph_when_asked(served: S
 # --------------------------------------------------------------------------- fastertransformer_backend's interface
 
 
+def _stream_texts(url: str, payload: dict[str, Any]) -> list[str]:
+    """Every ``text_output`` of one ``generate_stream`` request (server-sent events), within 120 s."""
+    request = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+        body = response.read().decode()
+    events = [json.loads(line[len("data: ") :]) for line in body.splitlines() if line.startswith("data: ")]
+    assert events and not any("error" in e for e in events), body[:2000]
+    return [str(e["text_output"]) for e in events if "text_output" in e]
+
+
+@pytest.mark.parametrize("tp", _tps())
+def test_streamed_text_through_the_ensemble_with_the_cuda_graph_equals_transformers(
+    tp: int, checkpoints: dict[str, Path], built: Any, home: Path
+) -> None:
+    """``--streaming``, GPT-J in fp16 (its CUDA graph on by default): what ``text`` streams through the ensemble
+    joins into the text transformers generates, for every prompt, and the server stays up. A streaming deployment
+    with the graph on every rank ended its server (tp 4) or hung (tp 2) at its first request through the
+    ensemble; the rank that streams tokens now decodes eagerly, and the other ranks still capture."""
+    from ftx_triton.engine.pipeline import Pipeline
+    from ftx_triton.plan.settings import RunSettings
+    from ftx_triton.plugins import load_host
+    from ftx_triton.store.artifact_store import ArtifactStore
+
+    if tp > _gpu_count():
+        pytest.skip(f"tp {tp} needs {tp} GPUs")
+    settings = RunSettings.of(
+        str(checkpoints["gptj"]),
+        runtime="fastertransformer-native",
+        tp=tp,
+        data_type="fp16",
+        family="gptj",
+        max_batch_size=4,
+        tune_batch=len(PROMPTS),
+        tune_max_input_len=16,
+        streaming=True,
+        custom_all_reduce=_custom_all_reduce(),
+    )
+    result = Pipeline(load_host(), ArtifactStore(home), settings, say=lambda text: print(text, flush=True)).run()
+    assert result.runtime is not None and result.endpoint is not None and result.repository is not None
+    served = Served("gptj", tp, "fp16", result.endpoint, result.repository.path, checkpoints["gptj"], result.gemm)
+    try:
+        url = f"http://{result.endpoint.http_url}/v2/models/text/generate_stream"
+        for prompt in PROMPTS:
+            texts = _stream_texts(url, {"text_input": prompt, "max_tokens": NEW_TOKENS, "stream": True})
+            _, generated, expected = _reference(served, prompt)
+            assert generated, f"transformers generated nothing for {prompt!r}"
+            assert "".join(texts) == expected, (tp, prompt, texts, expected, generated)
+        handle = result.endpoint.handle
+        log_path = handle.log_path if handle is not None else None
+        log_text = log_path.read_text(errors="replace") if log_path is not None else ""
+        assert "could not be captured" not in log_text, log_text[-3000:]
+    finally:
+        result.runtime.stop(result.endpoint)
+
+
 def _tensor(name: str, value: np.ndarray) -> dict[str, Any]:
     from tritonclient.utils import np_to_triton_dtype
 

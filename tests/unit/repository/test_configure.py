@@ -88,13 +88,15 @@ def test_help_documents_every_option(ftx_cli) -> None:
 
 def test_custom_all_reduce_is_written_as_chosen(ftx_cli, tiny_gptj_dir: Path, tmp_path: Path) -> None:
     """--custom-all-reduce / --no-custom-all-reduce reach FasterTransformer's parameter; left out, the
-    default of CUSTOM_ALL_REDUCE for the compute type and tp applies (on for fp16 at tp 2, where it was
-    measured faster than NCCL; off for bf16 at tp 2, unmeasured)."""
+    default of CUSTOM_ALL_REDUCE for the compute type and tp applies (on for fp16 at tp 2 and 4, where it was
+    measured faster than NCCL; off for bf16, unmeasured)."""
     for args, expected in (
         (("--custom-all-reduce", "--data-type", "bf16"), "1"),
         (("--no-custom-all-reduce",), "0"),
         ((), "1"),
         (("--data-type", "bf16"), "0"),
+        (("--tp", "4"), "1"),
+        (("--tp", "4", "--data-type", "bf16"), "0"),
     ):
         out = tmp_path / f"repo{expected}{'-'.join(args)}"
         configure(ftx_cli, tiny_gptj_dir, out, "--tp", "2", *args)

@@ -35,9 +35,8 @@ import numpy as np
 from ftx_triton.client.send_gate import SendGate
 from ftx_triton.client.text_client import MODEL_FAULT
 from ftx_triton.errors import ServeError
-from ftx_triton.repository.io import GENERATE_INPUTS, PROMPT_TO_FT
+from ftx_triton.repository.io import FT_MODEL_NAME, GENERATE_INPUTS, PROMPT_TO_FT
 
-FT_MODEL = "fastertransformer"
 PREPROCESSING_DIR = Path("preprocessing") / "1"
 _OUTPUTS = ("output_ids", "sequence_length")
 LOG_PROBS_OUTPUT = "output_log_probs"
@@ -82,7 +81,7 @@ def _streams(repository: Path) -> bool:
     """Whether the repository's ``fastertransformer`` model is decoupled (streams its ids)."""
     from ftx_triton.repository.model_config import parse_config
 
-    return bool(parse_config(repository / FT_MODEL / "config.pbtxt").model_transaction_policy.decoupled)
+    return bool(parse_config(repository / FT_MODEL_NAME / "config.pbtxt").model_transaction_policy.decoupled)
 
 
 class TokenRoute:
@@ -99,7 +98,7 @@ class TokenRoute:
         self.codec = self.pre.codec
         self.settings = self.pre.settings
         self.io_kind = self.settings.io_kind
-        ft = parse_config(self.repository / FT_MODEL / "config.pbtxt")
+        ft = parse_config(self.repository / FT_MODEL_NAME / "config.pbtxt")
         self.decoupled = bool(ft.model_transaction_policy.decoupled)
         self.ft_inputs = {i.name for i in ft.input}
         self.ft_outputs = {o.name for o in ft.output}
@@ -260,7 +259,7 @@ def infer_request(
     response (a decoupled model's stream then says where it ends)."""
     from tritonclient.grpc import service_pb2
 
-    request = service_pb2.ModelInferRequest(model_name=FT_MODEL, id=request_id)
+    request = service_pb2.ModelInferRequest(model_name=FT_MODEL_NAME, id=request_id)
     for name, array in tensors.items():
         array = np.ascontiguousarray(array)
         datatype = _TRITON_TYPES.get(array.dtype)

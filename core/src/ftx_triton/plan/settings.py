@@ -279,7 +279,7 @@ class RepositorySettings(OptionSection):
         None,
         help="FasterTransformer's own all-reduce between the GPUs of one node at tp 2, 4 or 8 with one "
         "pipeline stage (ftx's kernels; GPUs without NVLink or PCIe peer access use NCCL, said in the "
-        "server log). Default: on for fp16 at tp 2, where it was measured faster than NCCL; off elsewhere.",
+        "server log). Default: on for fp16 at tp 2 and 4, where it was measured faster than NCCL; off elsewhere.",
         kind=bool,
     )
     """FasterTransformer's own all-reduce between the GPUs of one node at tp > 1 (None: ftx's default for

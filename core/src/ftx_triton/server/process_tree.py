@@ -134,7 +134,11 @@ def cmdline(process: psutil.Process) -> list[str]:
 
 def is_stub(process: psutil.Process) -> bool:
     """Whether ``process`` is a Python-backend stub (its command line names it; a zombie's is empty)."""
-    args = cmdline(process)
+    return _names_stub(cmdline(process))
+
+
+def _names_stub(args: list[str]) -> bool:
+    """Whether a command line is a Python-backend stub's."""
     return bool(args) and Path(args[0]).name == STUB_NAME
 
 
@@ -152,6 +156,10 @@ def stub_processes(pid: int) -> list[psutil.Process]:
     return live
 
 
+_SERVER_PREFIX = re.compile(rf"({re.escape(FTX_SHM_PREFIX)}[0-9a-f]+-)")
+"""One ftx server's shared-memory prefix, in a command line or a region's name."""
+
+
 def sweep_orphans() -> list[str]:
     """Kill ftx's Python-backend stubs whose tritonserver is gone and remove shared memory no live
     process uses any more (what a server killed mid-start can leave); return what was removed.
@@ -165,10 +173,10 @@ def sweep_orphans() -> list[str]:
     for process in psutil.process_iter():
         args = cmdline(process)
         text = " ".join(args)
-        found = re.findall(rf"({re.escape(FTX_SHM_PREFIX)}[0-9a-f]+-)", text)
+        found = _SERVER_PREFIX.findall(text)
         if not found:
             continue
-        if args and Path(args[0]).name == STUB_NAME and len(args) > 5 and args[5].isdigit() and not alive(int(args[5])):
+        if _names_stub(args) and len(args) > 5 and args[5].isdigit() and not alive(int(args[5])):
             orphans.append(process)
             continue
         live_prefixes.update(found)
@@ -179,7 +187,7 @@ def sweep_orphans() -> list[str]:
             swept.append(f"stub pid {process.pid}")
     psutil.wait_procs(orphans, timeout=5)
     for path in regions:
-        match = re.match(rf"({re.escape(FTX_SHM_PREFIX)}[0-9a-f]+-)", path.name)
+        match = _SERVER_PREFIX.match(path.name)
         if match and match.group(1) not in live_prefixes:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()

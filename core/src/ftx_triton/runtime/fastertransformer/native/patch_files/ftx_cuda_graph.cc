@@ -112,6 +112,7 @@ bool FtxStepGraph::capture(cudaStream_t stream, int band, int max_timestep, cons
         FT_LOG_WARNING("ftx: the decoding step could not be captured in a CUDA graph (%s); this forward runs "
                        "eagerly",
                        why.c_str());
+        std::fflush(stdout);  // as below: the log file should hold the line now, not at the server's exit
         return false;
     }
     band_ = band;
