@@ -253,10 +253,8 @@ def _start_on(
     endpoint = OpenAIEndpoint(process, host, chosen, log_path)
     deadline = time.monotonic() + READY_TIMEOUT_S
     health = endpoint.url.removesuffix("/v1") + "/health"
-    started = time.monotonic()
-    pause = (
-        0.01  # a warm process answers within tens of milliseconds (asked every 10 ms); a fresh one in about a second
-    )
+    # a warm process answers within tens of milliseconds (asked every 10 ms at first); a fresh one in about a second
+    started, pause = time.monotonic(), 0.01
     while time.monotonic() < deadline:
         if process.poll() is not None:
             tail = log_path.read_text(errors="replace")[-2000:]

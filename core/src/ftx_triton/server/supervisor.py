@@ -173,8 +173,8 @@ class Supervisor:
             return FRONT_FAILED
         self.triton = subprocess.Popen(self.spec["command"], stdin=subprocess.DEVNULL, preexec_fn=_die_with_supervisor)  # noqa: PLW1509 - prctl/getppid/kill only
         say(f"tritonserver started (pid {self.triton.pid})")
-        _import_after_spawn()
         try:
+            _import_after_spawn()
             if limits is not None and not (
                 (not self.spec.get("grpc_front") or self._start_grpc_front()) and self._start_front(limits)
             ):
