@@ -18,7 +18,10 @@ clients send at once):
   first execution's start to the last's end);
 * after each execution that held every client, the spread of their next requests at the model's queue (a merged
   round that stays within the delay stays merged);
-* the model's ``batch x executions`` over the whole level (Triton's statistics).
+* the model's ``batch x executions`` over the whole level (Triton's statistics);
+* the median latency, and for the ``openai`` path the OpenAI endpoint process's CPU time per request (user +
+  system, every thread): what the endpoint itself costs, which a closed loop of ``c`` clients pays ``c`` times a
+  round on its one event loop.
 
 Triton's timestamps are the steady clock, which is Python's ``time.monotonic_ns`` on Linux. Make the repository with
 ``ftx configure`` (the deployment options under test), then::
@@ -41,7 +44,9 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +56,7 @@ from bench_serving import (  # noqa: E402
     DEFAULT_PROMPT,
     OpenAIPath,
     RawLoopPath,
+    RawRoutePath,
     Target,
     TextPath,
     Tokens,
@@ -58,6 +64,7 @@ from bench_serving import (  # noqa: E402
     model_costs,
     model_vocab,
     openai_model_id,
+    percentile,
     triton_counters,
 )
 
@@ -163,8 +170,24 @@ class Sending:
         return await self.path(session)
 
 
-async def measure(args: argparse.Namespace, target: Target) -> list[dict[str, Any]]:
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds process ``pid`` has used so far (0 without one)."""
+    import psutil
+
+    if pid is None:
+        return 0.0
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
+async def measure(
+    args: argparse.Namespace, target: Target, pids: dict[str, int] | None = None, other: str = ""
+) -> list[dict[str, Any]]:
+    """Every level of every path; ``pids``: the endpoint process of each OpenAI path (its CPU time is read),
+    ``other``: the base URL of a second endpoint (``--other-endpoint``), measured after ``openai`` as ``openai-other``."""
     import aiohttp
+
+    pids = pids or {}
 
     tokens = Tokens(target.repository)
     prompt_len = tokens.prompt(args.prompt)
@@ -175,9 +198,13 @@ async def measure(args: argparse.Namespace, target: Target) -> list[dict[str, An
         elif name == "openai":
             model = await openai_model_id(target.openai)
             paths.append(OpenAIPath(target.openai, args.prompt, args.max_tokens, tokens, model))
-        elif name == "raw-loop":
+            if other:
+                paths.append(OpenAIPath(other, args.prompt, args.max_tokens, tokens, model))
+                paths[-1].name = "openai-other"
+        elif name in ("raw-loop", "raw-route"):
             vocab = model_vocab(target.http)
-            paths.append(RawLoopPath(target, prompt_len, args.max_tokens, vocab, decoupled=args.streaming))
+            raw = RawLoopPath if name == "raw-loop" else RawRoutePath
+            paths.append(raw(target, prompt_len, args.max_tokens, vocab, decoupled=args.streaming))
     for path in paths:  # warm-up
         async with aiohttp.ClientSession() as session:
             await path(session)
@@ -186,9 +213,11 @@ async def measure(args: argparse.Namespace, target: Target) -> list[dict[str, An
         for path in paths:
             sending = Sending(path)
             before = triton_counters(target.http)
+            cpu_before = cpu_seconds(pids.get(path.name))
             began = time.monotonic_ns()
             samples, errors, wall = await closed_loop(sending, c, args.rounds * c, args.timeout)
             ended = time.monotonic_ns()
+            cpu = cpu_seconds(pids.get(path.name)) - cpu_before
             await asyncio.sleep(0.5)  # Triton counts a request once its response left
             costs = model_costs(before, triton_counters(target.http))
             levels.append(
@@ -199,12 +228,35 @@ async def measure(args: argparse.Namespace, target: Target) -> list[dict[str, An
                     "sends": sending.sends,
                     "errors": errors,
                     "tok_s": sum(s.tokens for s in samples) / wall if wall else 0.0,
+                    "p50_ms": percentile([s.latency_s for s in samples], 50) * 1e3 if samples else 0.0,
+                    "endpoint_cpu_ms": cpu / len(samples) * 1e3 if path.name in pids and samples else None,
                     "batches": costs.get(FT, {}).get("batches", {}),
                     "pre_batches": costs.get("preprocessing", {}).get("batches", {}),
                 }
             )
-            say(f"{path.name} c={c}: {levels[-1]['tok_s']:.0f} tok/s, {_batches(levels[-1]['batches'])}")
+            level = levels[-1]
+            cost = (
+                "" if level["endpoint_cpu_ms"] is None else f", endpoint CPU {level['endpoint_cpu_ms']:.2f} ms/request"
+            )
+            say(
+                f"{path.name} c={c}: {level['tok_s']:.0f} tok/s, p50 {level['p50_ms']:.0f} ms{cost}, "
+                f"{_batches(level['batches'])}"
+            )
     return levels
+
+
+@contextmanager
+def _pythonpath(source: Path) -> Iterator[None]:
+    """Processes started inside import ``ftx_triton`` from ``source`` first."""
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(source.resolve()) + (os.pathsep + before if before else "")
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
 
 
 def _batches(batches: dict[Any, int]) -> str:
@@ -227,6 +279,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--json", type=Path, help="Also write the figures here.")
     parser.add_argument("--keep-trace", type=Path, help="Copy Triton's trace file here.")
+    parser.add_argument(
+        "--other-endpoint",
+        type=Path,
+        help="A directory holding another ftx_triton package (e.g. `git archive COMMIT core/src | tar -x -C DIR`, then "
+        "DIR/core/src): a second OpenAI endpoint runs from it and is measured as path openai-other right after openai "
+        "at each level, an A/B of the endpoint's code in one run.",
+    )
     parser.add_argument(
         "--standin-ms",
         type=float,
@@ -254,10 +313,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         trace_file = Path(tmp) / "trace.json"
         server = traced_server(repository, home, trace_file, args.device)
         server.start()
-        endpoint = None
+        endpoints: dict[str, Any] = {}
         try:
             if "openai" in args.paths:
-                endpoint = start_openai(
+                start = partial(
+                    start_openai,
                     f"http://{server.http_url}",
                     repository,
                     "burst-spread",
@@ -265,10 +325,17 @@ def main(argv: Sequence[str] | None = None) -> None:
                     triton_grpc=server.grpc_url,
                     watch_pid=server.pid,
                 )
-            target = Target(server.http_url, server.grpc_url, endpoint.url if endpoint else "", repository, "")
-            levels = asyncio.run(measure(args, target))
+                endpoints["openai"] = start()
+                if args.other_endpoint:
+                    with _pythonpath(args.other_endpoint):
+                        endpoints["openai-other"] = start()
+            url = endpoints["openai"].url if endpoints else ""
+            target = Target(server.http_url, server.grpc_url, url, repository, "")
+            pids = {name: e.process.pid for name, e in endpoints.items()}
+            other = endpoints["openai-other"].url if "openai-other" in endpoints else ""
+            levels = asyncio.run(measure(args, target, pids, other))
         finally:
-            if endpoint is not None:
+            for endpoint in endpoints.values():
                 endpoint.stop()
             server.stop()
         for _ in range(100):  # tritonserver writes the trace as it exits
@@ -281,9 +348,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     report = []
     print(
         "| path | clients | sent ms | entry ms | at model ms | preprocessing executions (requests) | "
-        "preprocessing ms | merged rounds' returns at model ms | model batch x executions | tok/s |"
+        "preprocessing ms | merged rounds' returns at model ms | model batch x executions | tok/s | p50 ms | "
+        "endpoint CPU ms/request |"
     )
-    print("|---|---:|---:|---:|---:|---|---:|---|---|---:|")
+    print("|---|---:|---:|---:|---:|---|---:|---|---|---:|---:|---:|")
     for level in levels:
         first = first_round(records, level["window"], level["sends"], level["c"], level["path"])
         later = returns(records, level["window"], level["c"], level["path"])
@@ -293,7 +361,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"| {level['path']} | {level['c']} | {first['sent_ms']:.1f} | {first['entry_ms']:.1f} | "
             f"{first['model_ms']:.1f} | {' '.join(map(str, pre)) if pre else '-'} | "
             f"{first.get('preprocessing_ms', 0.0):.1f} | {' '.join(f'{v:.1f}' for v in later) or '-'} | "
-            f"{_batches(level['batches'])} | {level['tok_s']:.0f} |"
+            f"{_batches(level['batches'])} | {level['tok_s']:.0f} | {level['p50_ms']:.0f} | "
+            f"{'-' if level['endpoint_cpu_ms'] is None else format(level['endpoint_cpu_ms'], '.2f')} |"
         )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2, default=str))

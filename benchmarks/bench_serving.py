@@ -18,6 +18,10 @@ Three paths, at each concurrency level (default 1, 8, 32, 64):
   ``c`` closed-loop clients, through the same dynamic batcher (the ceiling the user paths can reach with
   FasterTransformer's whole-batch generation; ``vs loop`` = their tokens/s over it).
 
+* ``raw-route``: the raw loop with every input the OpenAI endpoint's token route sends beside its ids (the
+  sampling settings, a seed, ``is_return_log_probs``, the word lists, ``output_log_probs`` asked for): what those
+  inputs cost the model, apart from what the endpoint itself costs (``openai`` against ``raw-route``).
+
 ``text``, ``openai`` and ``raw-loop`` are closed loops: ``c`` clients, each sending its next request as soon as its
 previous one ended, until a FIXED number of requests per level is done (``--requests``, default 4 per
 client and at least 8): never "until stable", so a busy machine slows the figures but cannot make the run
@@ -279,11 +283,11 @@ class RawLoopPath:
         self.seed = 1000
 
     async def __call__(self, _session: aiohttp.ClientSession) -> Sample:
-        from ftx_triton.client.token_stream import infer_request, read_response
+        from ftx_triton.client.token_stream import read_response
 
         self.seed += 1
         columns = random_request(1, self.prompt_len, self.max_tokens, self.vocab, self.seed)
-        request = infer_request(columns)
+        request = self.request(columns)
         started = time.perf_counter()
         first, events, last = None, 0, None
         if self.streams:
@@ -329,6 +333,33 @@ class RawLoopPath:
         except MeasurementFault as fault:
             raise ValueError(f"the raw answer failed its check: {fault}") from None
         return Sample((first or ended) - started, ended - started, tokens, events)
+
+    def request(self, columns: dict[str, Any]) -> Any:
+        from ftx_triton.client.token_stream import infer_request
+
+        return infer_request(columns)
+
+
+class RawRoutePath(RawLoopPath):
+    """The raw loop with the other inputs the OpenAI endpoint's token route sends (its own preprocessing code's
+    for a plain request of ``max_tokens``), and the outputs it asks for: the model's cost of those inputs."""
+
+    name = "raw-route"
+
+    def __init__(self, target: Target, prompt_len: int, max_tokens: int, vocab: int, decoupled: bool) -> None:
+        from ftx_triton.client.token_stream import TokenRoute
+
+        super().__init__(target, prompt_len, max_tokens, vocab, decoupled)
+        route = TokenRoute(target.repository)
+        tensors, _prompt = route.inputs({"prompt": "Hello", "max_tokens": max_tokens})
+        own = random_request(1, 1, max_tokens, vocab, 0)
+        self.extra = {name: array for name, array in tensors.items() if name not in own}
+        self.outputs = route.whole_outputs()
+
+    def request(self, columns: dict[str, Any]) -> Any:
+        from ftx_triton.client.token_stream import infer_request
+
+        return infer_request({**columns, **self.extra}, outputs=self.outputs)
 
 
 # --------------------------------------------------------------------------- Triton's own statistics
@@ -689,6 +720,9 @@ async def run(args: argparse.Namespace, target: Target) -> dict[str, Any]:
             model = await openai_model_id(target.openai)
             paths.append(OpenAIPath(target.openai, args.prompt, args.max_tokens, tokens, model))
     raw = RawModel(target, prompt_len, args.max_tokens, args.raw_repeats, args.vocab) if "raw" in args.paths else None
+    if "raw-route" in args.paths:
+        probe = raw or RawModel(target, prompt_len, args.max_tokens, 1, args.vocab)
+        paths.insert(0, RawRoutePath(target, prompt_len, args.max_tokens, probe.vocab, probe.decoupled))
     if "raw-loop" in args.paths:
         probe = raw or RawModel(target, prompt_len, args.max_tokens, 1, args.vocab)
         paths.insert(0, RawLoopPath(target, prompt_len, args.max_tokens, probe.vocab, probe.decoupled))
@@ -818,7 +852,7 @@ async def run_soak(
 def _sent(counters: Counters, path: Any, requests: int) -> None:
     """Tell Triton's counters what a path sent: through the ensemble, or to the raw model alone (the raw loop,
     and the OpenAI endpoint when it reads the model's ids itself)."""
-    if path.name == "raw-loop" or getattr(path, "route", "ensemble") == "tokens":
+    if path.name in ("raw-loop", "raw-route") or getattr(path, "route", "ensemble") == "tokens":
         counters.sent(raw=requests)
     else:
         counters.sent(text=requests)
@@ -895,8 +929,8 @@ def _rates(text: str) -> list[float]:
 
 def _paths(text: str) -> list[str]:
     paths = [p.strip() for p in text.split(",") if p.strip()]
-    if not paths or set(paths) - {"text", "openai", "raw", "raw-loop"}:
-        raise argparse.ArgumentTypeError("a comma-separated subset of text,openai,raw,raw-loop")
+    if not paths or set(paths) - {"text", "openai", "raw", "raw-loop", "raw-route"}:
+        raise argparse.ArgumentTypeError("a comma-separated subset of text,openai,raw,raw-loop,raw-route")
     return paths
 
 

@@ -549,3 +549,38 @@ def test_a_repository_that_does_not_stream_gets_no_token_route_and_loads_no_toke
     monkeypatch.setattr(textproc.Preprocessor, "from_directory", lambda *a, **k: loaded.append(a) or real(*a, **k))
     assert TokenRoute.open(repository(repositories, "gptj")) is None
     assert loaded == []
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_token_routes_whole_answer_is_the_postprocessing_codes_best_beam(
+    repositories: dict[str, Path], family: str
+) -> None:
+    """``TokenRoute.answer`` decodes the best beam's kept ids once (the OpenAI endpoint's cost per request): the same
+    text, ids and log probabilities as the ``postprocessing`` model's code gives for that beam (``texts`` of every
+    beam, ``tokens`` of the best), for a decoder and for T5, with two beams, an end id and padding after it."""
+    from ftx_triton.client.token_stream import TokenRoute
+    from ftx_triton.repository.textproc import Postprocessor
+
+    route = TokenRoute.open(repository(repositories, family), streaming_only=False)
+    assert route is not None
+    end, prompt_len = route.settings.end_id, 3
+    rng = np.random.default_rng(5)
+    words = route.codec.encode(" café naïve 東京 the end", prompt=False)
+    for cut in (None, 4):
+        beams = np.array([words[:8] + [7] * 4, words[3:11] + [9] * 4], np.int32)
+        if cut is not None:
+            beams[0, prompt_len + cut] = end  # generation ends there; what follows is not text
+        ids = beams[None]
+        outputs = {
+            "output_ids": ids,
+            "sequence_length": np.array([[10, 12]], np.int32),
+            "output_log_probs": rng.normal(size=(1, 2, 12)).astype(np.float32),
+        }
+        answer = route.answer(outputs, prompt_len)
+        post = Postprocessor(route.codec, route.settings)
+        prompt = np.full((1, 1), prompt_len, np.int64)
+        tokens, probs = post.tokens(ids, outputs["sequence_length"], outputs["output_log_probs"], None, prompt)
+        kept = [int(t) for t in tokens[0] if t >= 0]
+        assert answer.text == post.texts(ids, outputs["sequence_length"], prompt)[0][0]
+        assert answer.token_ids == kept and answer.log_probs == [float(p) for p in probs[0][: len(kept)]]
+        assert answer.prompt_tokens == prompt_len

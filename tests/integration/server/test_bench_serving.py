@@ -162,3 +162,14 @@ def test_a_text_longer_than_asked_is_counted_as_garbled_not_as_tokens() -> None:
     samples = [Sample(0.1, 1.0, 6, 6), Sample(0.1, 1.0, 6, 6), Sample(0.1, 1.0, 40, 6)]
     summarize(level, samples, [], wall=1.0, max_tokens=MAX_TOKENS, streams=True)
     assert (level.tokens, level.garbled, level.short, level.tokens_per_s) == (18, 1, 0, 18.0)
+
+
+def test_the_raw_route_path_sends_the_token_routes_inputs(env: dict[str, str], tmp_path: Path) -> None:
+    """``raw-route``: the raw loop with every other input the OpenAI endpoint's token route sends (its preprocessing
+    code's) and the log probabilities asked for; each answer is checked to hold exactly --max-tokens new ids."""
+    done, report = _bench(env, tmp_path, "--paths", "raw-loop,raw-route", "--concurrency", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {row["path"]: row for row in report["levels"]}
+    assert set(rows) == {"raw-loop", "raw-route"}
+    assert rows["raw-route"]["errors"] == 0 and len(rows["raw-route"]["samples"]) == REQUESTS
+    assert rows["raw-route"]["vs_loop"] > 0

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
+from ftx_triton.server.front_records import read_record, records_dir
 from python_runtime_support import SERVER_MARKS, detached_run  # noqa: E402
 
 pytestmark = SERVER_MARKS
@@ -66,9 +68,13 @@ def served(tmp_path_factory: pytest.TempPathFactory, built_demo: Path) -> Iterat
     (tokenizer / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
     with detached_run(home, "tiny-gptj", "--streaming", "--tokenizer", str(tokenizer)) as (run, _env):
         served = Served(home, run.stdout)
+        (record,) = [read_record(path) for path in records_dir(home).glob("*.json")]
+        endpoint = psutil.Process(record["pid"])
         yield served
-    with pytest.raises(urllib.error.URLError):  # `ftx stop` ended the endpoint with the server
-        _OPENER.open(served.openai + "/models", timeout=5)
+    # `ftx stop` ended the endpoint with the server (its process, not its port: another test's endpoint may take
+    # the freed port at once)
+    _gone, alive = psutil.wait_procs([endpoint], timeout=10)
+    assert not alive, f"the OpenAI endpoint (pid {endpoint.pid}) outlived `ftx stop`"
 
 
 def _triton_text(served: Served, prompt: str, max_tokens: int) -> str:

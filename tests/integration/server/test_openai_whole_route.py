@@ -71,8 +71,10 @@ def test_answers_are_the_ensembles_and_no_text_model_runs(served: Served) -> Non
     """Greedy and sampled text, echo, stop strings, max_tokens, log probabilities, n with seeds, best_of, logit_bias,
     chat and a one-chunk stream: each the ensemble's answer, while preprocessing and postprocessing run not once."""
     from ftx_triton.openai_api.chat import chat_template, render
+    from ftx_triton.repository.textproc import load_codec
 
     greedy = _ensemble(served, PROMPT, 8)
+    greedy_prompt_ids = load_codec(served.repository / "preprocessing" / "1").encode(PROMPT, prompt=True)
     long = _ensemble(served, PROMPT, 12)
     cut_at = long.text.split()[2]
     sampled = [_ensemble(served, PROMPT, 8, temperature=1.0, options={"seed": 10 + i}) for i in range(3)]
@@ -118,6 +120,16 @@ def test_answers_are_the_ensembles_and_no_text_model_runs(served: Served) -> Non
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e)["choices"][0] for e in events[:-1]]
     assert "".join(c["text"] for c in chunks) == greedy.text and chunks[-1]["finish_reason"] == "length"
+    # the whole answer's events went out as one response (headers and body in one write), not a chunk each
+    assert headers["Content-Length"] == str(len(text.encode())) and "Transfer-Encoding" not in headers
+    streamed_usage = {"stream": True, "stream_options": {"include_usage": True}}
+    status, _headers, text = post_json(
+        served.openai + "/completions", {"prompt": PROMPT, "max_tokens": 8, **streamed_usage}
+    )
+    usage = json.loads([line for line in text.splitlines() if line.startswith("data: {")][-1][len("data: ") :])["usage"]
+    whole = _answer(served, "/completions", {"prompt": PROMPT, "max_tokens": 8})["usage"]
+    # the prompt's tokens as the route tokenized it to send it (not encoded again)
+    assert usage["prompt_tokens"] == whole["prompt_tokens"] == len(greedy_prompt_ids) and usage == whole
 
     after = {m: _executions(served, m) for m in before}
     assert after["preprocessing"] == before["preprocessing"], "the endpoint tokenizes in its own process"

@@ -176,10 +176,11 @@ class TokenRoute:
         if lengths is None:
             lengths = np.full(ids.shape[:-1], ids.shape[-1], np.int64)
         prompt = np.full((ids.shape[0], 1), prompt_len, np.int64)
-        text = self._post.texts(ids, lengths, prompt)[0][0]
         tokens, probs = self._post.tokens(ids, lengths, outputs.get(LOG_PROBS_OUTPUT), None, prompt)
-        kept = [int(t) for t in tokens[0] if t >= 0]
-        return WholeAnswer(text, kept, [float(p) for p in probs[0][: len(kept)]])
+        kept = tokens[0][tokens[0] >= 0].tolist()
+        # the best beam's text is what its generated ids decode to (the postprocessing model's text_output of
+        # that beam): decoded once, not every beam's
+        return WholeAnswer(self.codec.decode(kept), kept, probs[0][: len(kept)].tolist(), prompt_len)
 
 
 @dataclass(frozen=True)
@@ -189,6 +190,8 @@ class WholeAnswer:
     text: str
     token_ids: list[int]
     log_probs: list[float]
+    prompt_tokens: int = 0
+    """The prompt's ids as the route tokenized it (what the model read; the OpenAI ``usage`` counts them)."""
 
 
 # --------------------------------------------------------------------------- ids -> text, incrementally
@@ -352,13 +355,17 @@ async def stream_texts(
     values: Mapping[str, Any],
     on_first: Callable[[], None] | None = None,
     on_ids: Callable[[int], None] | None = None,
+    on_prompt: Callable[[int], None] | None = None,
 ) -> AsyncGenerator[str, None]:
     """New text as the model generates it, decoded here. Responses the consumer had no time for are dropped
     for the newest (each holds the whole output so far); closing the iterator cancels the model's stream.
-    ``on_first`` is called before the first piece, ``on_ids`` with the count of ids generated so far."""
+    ``on_first`` is called before the first piece, ``on_ids`` with the count of ids generated so far,
+    ``on_prompt`` with the count of the prompt's ids once it is tokenized."""
     import grpc
 
     tensors, prompt = route.inputs(values)
+    if on_prompt is not None:
+        on_prompt(len(prompt))
     request = infer_request(tensors)
     done = asyncio.Event()
     latest = _Latest()

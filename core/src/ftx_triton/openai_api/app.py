@@ -23,8 +23,9 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -56,6 +57,7 @@ from ftx_triton.openai_api.generation_record import GenerationRecord
 from ftx_triton.openai_api.launch import PID_HEADER
 from ftx_triton.openai_api.metrics import FrontMetrics, Tracked
 from ftx_triton.openai_api.params import BadRequest, Params, parse_params
+from ftx_triton.openai_api.sse import SseAnswer
 from ftx_triton.openai_api.token_generation import TokenGeneration, WholeGeneration
 from ftx_triton.repository.io import TEXT_MODEL_NAME
 from ftx_triton.repository.textproc import MAX_WORD_TOKENS, RequestError
@@ -469,7 +471,7 @@ class Handlers:
         for prompt in prompts:
             generations = self._generations(prompt, params)
             texts = [await g.awhole() for g in generations]
-            prompt_tokens += self.d.count(prompt, prompt=True)
+            prompt_tokens += prompt_token_count(generations, partial(self.d.count, prompt, prompt=True))
             completion_tokens += sum(self._tokens(g, t) for g, t in zip(generations, texts, strict=True))
             for g in self._best(generations, params):
                 text = texts[generations.index(g)]
@@ -558,7 +560,9 @@ class Handlers:
                 "created": created,
                 "model": self.d.model_id,
                 "choices": choices,
-                "usage": _usage(self.d.count(prompt, prompt=True), completion),
+                "usage": _usage(
+                    prompt_token_count(generations, partial(self.d.count, prompt, prompt=True)), completion
+                ),
             }
         )
 
@@ -605,21 +609,22 @@ class Handlers:
         second = await anext(stream)  # its first piece (or its end): a refusal is still an HTTP error here
         decoupled = self.d.iface().decoupled
         route = self.d.routed(log_probs=params.logprobs)
-        response = web.StreamResponse(
-            headers={
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                STREAM_HEADER: "tokens" if decoupled else "whole",
-                ROUTE_HEADER: "tokens" if route else "ensemble",
-            }
-        )
-        await response.prepare(request)
-        if not decoupled:  # honest about it: SSE comments reach a client that reads the raw stream
-            await response.write(f": {NOT_STREAMING}\n\n".encode())
+        headers = {
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            STREAM_HEADER: "tokens" if decoupled else "whole",
+            ROUTE_HEADER: "tokens" if route else "ensemble",
+        }
+        # A stream's events go out as they come, its headers now. A whole answer's are all there at once: each
+        # choice's go out together, and a one-choice answer (or the last choice) as one response with its end.
+        pending = SseAnswer(request, headers, each=decoupled)
+        if decoupled:
+            await pending.open()
+        else:  # honest about it: SSE comments reach a client that reads the raw stream
+            pending.add(f": {NOT_STREAMING}\n\n")
 
         async def send(data: Mapping[str, Any] | str) -> None:
-            text = data if isinstance(data, str) else json.dumps(data)
-            await response.write(f"data: {text}\n\n".encode())
+            await pending.send(data if isinstance(data, str) else json.dumps(data))
 
         texts: dict[int, str] = {}
         generations: dict[int, Any] = {}
@@ -627,6 +632,8 @@ class Handlers:
         async def handle(index: int, piece: Piece | None, generation: Any) -> None:
             if piece is None:
                 await send(chunk(index, "", None, generation.finish_reason))
+                if index + 1 < params.best_of:  # a choice of a whole answer is complete: its client reads it now
+                    await pending.flush()
                 return
             if index not in generations:  # the choice opens
                 generations[index], texts[index] = generation, ""
@@ -654,15 +661,26 @@ class Handlers:
                     completion = sum(self._tokens(g, texts[i]) for i, g in generations.items())
                     last = chunk(0, "", None, None)
                     last["choices"] = []
-                    last["usage"] = _usage(self.d.count(prompt, prompt=True), completion)
+                    used = prompt_token_count(generations.values(), partial(self.d.count, prompt, prompt=True))
+                    last["usage"] = _usage(used, completion)
                     await send(last)
             except (HttpError, FtxError, RequestError) as exc:
                 await send({"error": {"message": str(exc), "type": "server_error", "param": None, "code": None}})
-            await send("[DONE]")
-            await response.write_eof()
+            pending.add("data: [DONE]\n\n")
+            return await pending.end()
         except ConnectionResetError:  # the client stopped reading; the stream ends here
-            pass
-        return response
+            return await pending.open()
+
+
+def prompt_token_count(generations: Iterable[Any], count: Callable[[], int]) -> int:
+    """A prompt's tokens for ``usage``: as the token route tokenized the prompt to send it (not encoded a second
+    time, which cost the endpoint as much as the first), else ``count()`` (the tokenizer's count)."""
+    for generation in generations:
+        base = generation.generation if isinstance(generation, Tracked) else generation
+        known = getattr(base, "prompt_tokens", None)
+        if known is not None:
+            return int(known)
+    return count()
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -777,4 +795,4 @@ def make_app(
     return app
 
 
-__all__ = ["make_app"]
+__all__ = ["make_app", "prompt_token_count"]

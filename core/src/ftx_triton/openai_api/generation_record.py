@@ -21,6 +21,8 @@ class GenerationRecord:
         self.token_ids: list[int] = []
         self.log_probs: list[float] = []
         self.piece_tokens: deque[tuple[list[int], list[float]]] = deque()
+        self.prompt_tokens: int | None = None
+        """The prompt's ids as the route that sent it tokenized them (None: not known; usage counts them then)."""
 
     def mean_log_prob(self) -> float:
         return sum(self.log_probs) / len(self.log_probs) if self.log_probs else 0.0

@@ -143,7 +143,8 @@ class Tracked:
             if outcome == "ok":
                 m.latency.observe(ended - began)
                 m.advice.completed(ended - began)
-                m.prompt_tokens.inc(self.prompt_tokens())
+                known = getattr(self.generation, "prompt_tokens", None)  # the route's own count: no second encoding
+                m.prompt_tokens.inc(known if known is not None else self.prompt_tokens())
                 if first is not None and tokens > 1:
                     m.itl.observe((ended - first) / (tokens - 1))
 

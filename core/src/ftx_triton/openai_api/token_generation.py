@@ -61,6 +61,8 @@ class TokenGeneration:
         """Tokens per request (0: the whole generation in one)."""
         self.tokens = 0
         """Tokens generated (counted from the model's ids, not by re-tokenizing text)."""
+        self.prompt_tokens: int | None = None
+        """The prompt's ids as the route tokenized them (the first segment's), once sent."""
 
     async def astream(self) -> AsyncGenerator[str, None]:
         """New text as it is generated (the prompt is not repeated), cut at the first stop string."""
@@ -71,7 +73,9 @@ class TokenGeneration:
             ask = wanted - generated if not self.segment or not wanted else min(self.segment, wanted - generated)
             values = {**self.values, "prompt": self.values["prompt"] + seen, "max_tokens": ask or None}
             counter = _Counter()
-            pieces = stream_texts(self.client, self.route, values, on_first=self._first, on_ids=counter)
+            pieces = stream_texts(
+                self.client, self.route, values, on_first=self._first, on_ids=counter, on_prompt=self._prompt
+            )
             try:
                 async for piece in pieces:
                     seen += piece
@@ -88,6 +92,10 @@ class TokenGeneration:
             ended = not self.segment or not wanted or generated >= wanted or counter.count < ask
         self.tokens = generated
         self.finish_reason = "stop" if stopped or generated < wanted else "length"
+
+    def _prompt(self, count: int) -> None:
+        if self.prompt_tokens is None:
+            self.prompt_tokens = count
 
     def _first(self) -> None:
         if self.on_first is not None:
@@ -118,6 +126,7 @@ class WholeGeneration(GenerationRecord):
         """The whole text in one piece (the prompt is not repeated), cut at the first stop string."""
         answer = await infer_whole(self.client, self.route, self.values)
         self.token_ids, self.log_probs = answer.token_ids, answer.log_probs
+        self.prompt_tokens = answer.prompt_tokens
         self.text, self.stopped = cut_at_stop(answer.text, self.stop)
         wanted = int(self.values.get("max_tokens") or 0)
         self.finish_reason = "stop" if self.stopped or self.tokens < wanted else "length"

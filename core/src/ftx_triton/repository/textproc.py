@@ -72,6 +72,7 @@ class HFCodec(Codec):
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
+        self._vocab_size: int | None = None
 
     @classmethod
     def from_dir(cls, directory: Path) -> HFCodec:
@@ -112,7 +113,11 @@ class HFCodec(Codec):
 
     @property
     def vocab_size(self) -> int:
-        return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
+        """Counted once (``tokenizers`` builds the whole vocabulary to count it; the tokenizer does not change
+        once loaded): the OpenAI endpoint reads it for every request."""
+        if self._vocab_size is None:
+            self._vocab_size = int(self.tokenizer.get_vocab_size(with_added_tokens=True))
+        return self._vocab_size
 
 
 class SentencePieceCodec(Codec):
@@ -653,7 +658,7 @@ class Postprocessor:
             for k in range(beams):
                 end = int(ends[b, k])
                 start = min(int(starts[b, k]), end) if starts is not None else 0
-                generated = [int(t) for t in ids[b, k, start:end]]
+                generated = ids[b, k, start:end].tolist()
                 if whole:
                     row.append(self.codec.decode(generated))
                     continue
@@ -674,7 +679,7 @@ class Postprocessor:
         for b in range(batch):
             row = []
             for k in range(beams):
-                tokens = [int(t) for t in ids[b, k, : int(ends[b, k])]]
+                tokens = ids[b, k, : int(ends[b, k])].tolist()
                 start = min(max(int(starts[b, k]), 0), len(tokens))
                 if self.settings.end_id in tokens[start:]:
                     tokens = tokens[: tokens.index(self.settings.end_id, start)]
@@ -705,7 +710,7 @@ class Postprocessor:
             prompt = int(prompts[b, 0]) if prompts is not None else 0
             start = int(first[b, 0]) if first is not None else prompt
             end = int(ends[b, 0])
-            generated = [int(t) for t in ids[b, 0, start:end]]
+            generated = ids[b, 0, start:end].tolist()
             if self.settings.end_id in generated:
                 generated = generated[: generated.index(self.settings.end_id)]
             values = [0.0] * len(generated)
