@@ -23,6 +23,11 @@ server log (``ftx: weights of rank …`` lines) and their ratios::
 
 Another version of ftx is measured by putting its sources first on ``PYTHONPATH`` (its server processes inherit it;
 the python runtime's stubs do not: give them ``FTX_STUB_PYTHON``, a python whose environment imports those sources).
+``--variant NAME VAR=VALUE ...`` (twice or more) measures versions side by side: each repeat runs every one once,
+in alternating order, after the same ``import torch``, and two variants are also compared run by run::
+
+    python benchmarks/bench_cached_run.py --skip convert --repeat 12 --cpu --ftx ftx-script \
+        --variant before PYTHONPATH=<export of main>/core/src:... --variant after PYTHONPATH=<export of this>/core/src:...
 Before the measured runs, one run builds what is missing and one cached run serves once: a cached run's server is
 started ahead by the next identical run (``server started ahead`` says whether each measured run took it, and how
 many seconds before its serve stage it was started).
@@ -178,25 +183,30 @@ def bench_cached_run(
     runtime: str | None,
     model: str,
     run_args: list[str],
-    loaders: list[str],
+    variants: dict[str, dict[str, str]],
     cpu: bool = False,
 ) -> None:
+    """``variants``: name -> the environment it adds (the loaders, or the versions of ``--variant``); each repeat runs
+    every variant once, in alternating order, after one ``import torch`` that all of them are compared with."""
+    loaders = list(variants)
     python = [sys.executable, "-c"]
     name = "bench-cached"
     run = [ftx, "-v", "run", model, "--detach", "--name", name, *(["--runtime", runtime] if runtime else []), *run_args]
     stop = [ftx, "stop", name]
     for _ in range(2):  # builds what is missing; then a cached run, whose server the measured runs start ahead
-        timed(run, env)
-        timed(stop, env)
+        for extra in variants.values():
+            timed(run, {**env, **extra})
+            timed(stop, {**env, **extra})
     totals: dict[str, list[float]] = {loader: [] for loader in loaders}
     steps: dict[str, list[dict[str, float]]] = {loader: [] for loader in loaders}
-    torch_runs, both_runs, ratios = [], [], []
+    torch_runs, both_runs = [], []
+    ratios: dict[str, list[float]] = {loader: [] for loader in loaders}
     for index in range(repeat):
         torch_runs.append(timed([*python, "import torch"], env)[0])
         both_runs.append(timed([*python, "import torch, transformers"], env)[0])
         for loader in loaders if index % 2 == 0 else loaders[::-1]:  # alternating: neither always runs first
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            wall, lines = timed(run, {**env, **LOADERS[loader]})
+            wall, lines = timed(run, {**env, **variants[loader]})
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             log = next((m[1] for _, line in lines if (m := re.search(r"\(log: (\S+)\)", line))), None)
             used: dict[str, float] = {}
@@ -204,12 +214,13 @@ def bench_cached_run(
                 used = {"cpu: ftx (the command)": after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime}
                 used.update(deployment_cpu(env["FTX_HOME"]))
                 used["cpu: all"] = sum(used.values())
-            timed(stop, env)
+            timed(stop, {**env, **variants[loader]})
             totals[loader].append(wall)
             found = timeline_steps(lines) or split_steps(wall, lines, RUN_STEPS)
             loads = model_loads(Path(log)) if log else {}
             steps[loader].append({**found, **loads, **weights_loaded(log), **head_start(lines), **used})
-        ratios.append(totals[loaders[0]][-1] / torch_runs[-1])
+        for loader in loaders:
+            ratios[loader].append(totals[loader][-1] / torch_runs[-1])
     torch_s, both_s = statistics.median(torch_runs), statistics.median(both_runs)
     print(f"\ncached `{' '.join(run[1:])}`, median of {repeat}; {os.cpu_count()} CPUs")
     print(f"{'step':<52}" + "".join(f"{loader + ' s':>14}" for loader in loaders))
@@ -220,11 +231,19 @@ def bench_cached_run(
     print(f"{'total to ready (the command, wall)':<52}" + "".join(f"{total[loader]:>14.2f}" for loader in loaders))
     for label, seconds in (("import torch", torch_s), ("import torch, transformers", both_s)):
         print(f"{'python -c ' + repr(label):<52}{seconds:>14.2f}")
-    print(
-        f"ratio ({loaders[0]}): {statistics.median(ratios):.2f}x import torch (median of per-run ratios; target <= "
-        f"1.3x), {total[loaders[0]] / both_s:.2f}x import torch+transformers"
-    )
-    if len(loaders) == 2:
+    for loader in loaders:
+        print(
+            f"ratio ({loader}): {statistics.median(ratios[loader]):.2f}x import torch (median of per-run ratios; target "
+            f"<= 1.3x), {total[loader] / both_s:.2f}x import torch+transformers"
+        )
+    if len(loaders) == 2 and loaders != ["pinned", "upstream"]:
+        first, second = loaders
+        paired = [b / a for a, b in zip(totals[first], totals[second], strict=True)]
+        print(
+            f"{second} / {first}: total to ready {statistics.median(paired):.2f}x (median of the repeats' ratios, "
+            f"{min(paired):.2f}-{max(paired):.2f})"
+        )
+    if loaders == ["pinned", "upstream"]:
         key = "  weights: seconds in the loaders (slowest GPU)"
         pinned, upstream = medians["pinned"].get(key), medians["upstream"].get(key)
         print(f"pinned / upstream loader: total to ready {total['pinned'] / total['upstream']:.2f}x", end="")
@@ -287,6 +306,14 @@ def main() -> None:
         help="run each repeat with ftx's pinned weight loader and with upstream's (FTX_FT_LOADER=upstream)",
     )
     parser.add_argument(
+        "--variant",
+        nargs="+",
+        action="append",
+        metavar=("NAME", "VAR=VALUE"),
+        help="a version to measure beside the others, each repeat running every one in alternating order: its name and "
+        "the environment it adds, e.g. --variant before PYTHONPATH=<export of main> --variant after PYTHONPATH=<this>",
+    )
+    parser.add_argument(
         "--cpu",
         action="store_true",
         help="also the CPU seconds of the command and of each server process at ready (on a shared machine they "
@@ -297,9 +324,12 @@ def main() -> None:
     env = {**os.environ, "FTX_HOME": str(args.home or args.work / "run-home")}
     args.work.mkdir(parents=True, exist_ok=True)
     if args.skip != "run":
-        loaders = ["pinned", "upstream"] if args.compare_loader else ["pinned"]
+        if args.variant:
+            variants = {name: dict(pair.split("=", 1) for pair in pairs) for name, *pairs in args.variant}
+        else:
+            variants = LOADERS if args.compare_loader else {"pinned": {}}
         bench_cached_run(
-            ftx, env, args.repeat, args.runtime, args.model, shlex.split(args.run_args), loaders, cpu=args.cpu
+            ftx, env, args.repeat, args.runtime, args.model, shlex.split(args.run_args), variants, cpu=args.cpu
         )
     if args.skip != "convert":
         bench_convert(ftx, env, args.work, args.layers, args.hidden, args.repeat)

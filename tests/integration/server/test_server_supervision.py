@@ -19,8 +19,8 @@ import pytest
 from click.testing import CliRunner
 from ftx_triton.errors import ServeError
 from ftx_triton.server import tritonserver as server_mod
-from ftx_triton.server.install import STUB_NAME, find_tritonserver, prepare_backends
-from ftx_triton.server.process_tree import FTX_SHM_PREFIX, SHM_DIR, stub_processes, sweep_orphans
+from ftx_triton.server.install import find_tritonserver, prepare_backends
+from ftx_triton.server.process_tree import FTX_SHM_PREFIX, SHM_DIR, STUB_NAME, stub_processes, sweep_orphans
 from ftx_triton.server.records import list_servers
 from ftx_triton.server.supervisor import HOME_GONE, STUB_DIED
 from ftx_triton.server.tritonserver import TritonServer

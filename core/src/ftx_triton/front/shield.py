@@ -39,7 +39,6 @@ from http import HTTPStatus
 from typing import Any
 
 import aiohttp
-import numpy as np
 from aiohttp import web
 from yarl import URL
 
@@ -73,7 +72,6 @@ _HOP_BY_HOP = frozenset(
 _BINARY_HEADER = "Inference-Header-Content-Length"
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-_OPEN = np.frombuffer(b"[{", np.uint8)
 _ADMIN = re.compile(
     r"/v2/(?:(?:system|cuda)sharedmemory(?:/.*)?|logging|trace/setting|models/[^/]+(?:/versions/[^/]+)?/trace/setting"
     r"|repository/models/[^/]+/(?:load|unload))/?",
@@ -89,10 +87,12 @@ def json_depth(data: bytes) -> int:
     recurses on them before it finds the body broken)."""
     if data.count(b"[") + data.count(b"{") <= 1:
         return int(b"[" in data or b"{" in data)
+    import numpy as np  # at the first body that nests: the supervisor's start (models loading) does without it
+
     brackets = np.frombuffer(_STRING.sub(b"", data).translate(None, _NOT_BRACKETS), np.uint8)
     if brackets.size == 0:
         return 0
-    steps = np.where(np.isin(brackets, _OPEN), 1, -1).astype(np.int64)
+    steps = np.where(np.isin(brackets, np.frombuffer(b"[{", np.uint8)), 1, -1).astype(np.int64)
     return int(np.cumsum(steps).max(initial=0))
 
 

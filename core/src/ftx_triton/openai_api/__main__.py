@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     from ftx_triton.errors import FtxError
+    from ftx_triton.front.local_aiohttp import import_aiohttp
+
+    import_aiohttp()  # before the front's modules import it: this endpoint speaks plain HTTP to tritonserver
     from ftx_triton.front.server import Front, Limits
     from ftx_triton.openai_api.app import MAX_BODY_BYTES, make_app
     from ftx_triton.server.home_watch import HomeWatch
@@ -56,9 +59,16 @@ def main(argv: list[str] | None = None) -> None:
     front.run()
 
 
-AHEAD = ("ftx_triton.repository.model_config", "ftx_triton.repository.textproc", "tritonclient.grpc")
+AHEAD = (
+    "ftx_triton.repository.model_config",
+    "ftx_triton.repository.textproc",
+    "tritonclient.grpc",
+    "tokenizers",
+    "google.protobuf.descriptor_pb2",
+)
 """What the endpoint imports once it has its arguments (the token route reads the repository's configs, a streaming
-one opens a gRPC client): 0.3-0.8 s that the warm process spends while the model loads instead of after."""
+one opens a gRPC client, loads the tokenizer and parses the configs' text): 0.3-0.8 s that the warm process spends
+while the model loads instead of after, between its arguments and its first answer."""
 
 
 def warm() -> None:
@@ -67,6 +77,9 @@ def warm() -> None:
     endpoint after all)."""
     import psutil  # noqa: F401 - imported ahead like the rest
 
+    from ftx_triton.front.local_aiohttp import import_aiohttp
+
+    import_aiohttp()
     import ftx_triton.front.server
     import ftx_triton.openai_api.app
     import ftx_triton.server.home_watch  # noqa: F401

@@ -18,12 +18,11 @@ import structlog
 
 from ftx_triton import start_environ
 from ftx_triton.errors import ServeError
+from ftx_triton.server.process_tree import STUB_NAME
 from ftx_triton.server.stub_env import STUB_PYTHON_ENV
 from ftx_triton.terminal.redact import strip_secrets
 
 log = structlog.get_logger(__name__)
-
-STUB_NAME = "triton_python_backend_stub"
 
 
 @dataclass(frozen=True)

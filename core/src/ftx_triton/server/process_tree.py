@@ -14,10 +14,12 @@ from pathlib import Path
 import psutil
 import structlog
 
-from ftx_triton.server.install import STUB_NAME
 from ftx_triton.server.launch import FTX_SHM_PREFIX, is_ftx_shm_prefix
 
 log = structlog.get_logger(__name__)
+
+STUB_NAME = "triton_python_backend_stub"
+"""The Python backend's stub program, one process per model instance (its command line names the model)."""
 
 SHM_DIR = Path("/dev/shm")
 
