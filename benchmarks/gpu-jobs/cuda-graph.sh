@@ -20,6 +20,8 @@ PROF="$WORK/prof"
 HERE="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$HERE"
 mkdir -p "$PROF"
+# shellcheck source=benchmarks/gpu-jobs/job-phases.sh
+. benchmarks/gpu-jobs/job-phases.sh
 
 prep() {  # the random GPT-J-6B-shape checkpoint and its tp 2 fp16 conversion (no backend needed)
   echo started > "$PROF/prep.state"
@@ -27,23 +29,9 @@ prep() {  # the random GPT-J-6B-shape checkpoint and its tp 2 fp16 conversion (n
   echo "done $?" > "$PROF/prep.state"
 }
 
-case "${1:-measure}" in
-  prep)  # detached, so it outlives the device call that starts it and runs beside the build
-    setsid nohup bash "$0" prep-now > /dev/null 2>&1 < /dev/null &
-    echo "prep started (log: $RESULTS/graph-prep.log)"
-    exit 0 ;;
-  prep-now) prep; exit 0 ;;
-  measure) ;;
-  *) echo "usage: $0 [prep|measure]" >&2; exit 2 ;;
-esac
-
+job_phase "$@"
 # the prep started beside the build: wait for it (at most 5 minutes); none started: prep now
-if [ -f "$PROF/prep.state" ]; then
-  for _ in $(seq 300); do grep -q '^done' "$PROF/prep.state" && break; sleep 1; done
-else
-  prep
-fi
-echo "prep: $(cat "$PROF/prep.state")"
+await_prep "$PROF/prep.state" 300
 
 TRACE=()
 if nvcc -shared -Xcompiler -fPIC -o "$WORK/libftx_cupti_trace.so" benchmarks/native/cupti_trace.cc -lcupti \

@@ -20,6 +20,8 @@ TPS="${FTX_STREAM_TPS:-2,4}"
 HERE="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$HERE"
 mkdir -p "$SW"
+# shellcheck source=benchmarks/gpu-jobs/job-phases.sh
+. benchmarks/gpu-jobs/job-phases.sh
 ftx() { python3 -c 'from ftx_triton.cli import main; main()' "$@"; }
 
 prep() {  # the random GPT-J-6B-shape checkpoint (one character per id) and its conversion at each tp
@@ -35,18 +37,8 @@ random_checkpoint('gptj', Path('$SW/checkpoint-gptj'), full_vocab=True)" > "$RES
   echo "done $?" > "$SW/prep.state"
 }
 
-case "${1:-measure}" in
-  prep)  # detached, so it outlives the device call that starts it and runs beside the build
-    setsid nohup bash "$0" prep-now > /dev/null 2>&1 < /dev/null &
-    echo "prep started (log: $RESULTS/stream-prep.log)"
-    exit 0 ;;
-  prep-now) prep; exit 0 ;;
-  measure) ;;
-  *) echo "usage: $0 [prep|measure]" >&2; exit 2 ;;
-esac
-
-for _ in $(seq 300); do grep -q '^done' "$SW/prep.state" 2>/dev/null && break; sleep 1; done
-grep -q '^done' "$SW/prep.state" 2>/dev/null || prep
+job_phase "$@"
+await_prep "$SW/prep.state" 300
 variants=()
 for tp in ${TPS//,/ }; do variants+=("--tp $tp --streaming --no-tune -v"); done
 FTX_SERVING_WORK="$SW" FTX_SERVING_TAG=serving-stream \

@@ -18,6 +18,8 @@ RESULTS="${FTX_GPU_RESULTS:-$WORK/logs}"
 HERE="$(cd "$(dirname "$0")/../.." && pwd)"
 CK="$WORK/fp32-gptj"
 cd "$HERE"
+# shellcheck source=benchmarks/gpu-jobs/job-phases.sh
+. benchmarks/gpu-jobs/job-phases.sh
 ftx() { python3 -c 'from ftx_triton.cli import main; main()' "$@"; }
 
 prep() {
@@ -31,16 +33,8 @@ save(model, Path('$CK'))" > "$RESULTS/weight-dtype-prep.log" 2>&1
   echo "done $?" > "$CK.state"
 }
 
-case "${1:-measure}" in
-  prep) setsid nohup bash "$0" prep-now > /dev/null 2>&1 < /dev/null & echo "fp32 checkpoint started"; exit 0 ;;
-  prep-now) prep; exit 0 ;;
-  measure) ;;
-  *) echo "usage: $0 [prep|measure]" >&2; exit 2 ;;
-esac
-
-[ -f "$CK.state" ] || prep
-for _ in $(seq 600); do grep -q '^done' "$CK.state" && break; sleep 1; done
-echo "checkpoint: $(cat "$CK.state")"
+job_phase "$@"
+await_prep "$CK.state" 600
 grep -q '^done 0' "$CK.state" || { echo "error: no fp32 checkpoint (see weight-dtype-prep.log)" >&2; exit 1; }
 source_gb=$(du -sb --apparent-size "$CK" | awk '{printf "%.1f", $1/1e9}')
 {

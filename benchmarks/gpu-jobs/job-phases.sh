@@ -1,0 +1,23 @@
+# Sourced by the GPU jobs here (bash): a job's `prep` phase (its checkpoints and conversions: no backend needed) runs
+# detached beside the backend build, so it outlives the device call that starts it; `measure` (the default) runs
+# after the build. The job defines prep(), which ends by writing "done RC" to its state file, then calls
+#   job_phase "$@"                  # returns only for measure
+#   await_prep STATE_FILE SECONDS   # waits for the detached prep; none was started: runs it now
+job_phase() {
+  case "${1:-measure}" in
+    prep)
+      setsid nohup bash "$0" prep-now > /dev/null 2>&1 < /dev/null &
+      echo "prep started beside the build"
+      exit 0 ;;
+    prep-now) prep; exit 0 ;;
+    measure) ;;
+    *) echo "usage: $0 [prep|measure]" >&2; exit 2 ;;
+  esac
+}
+
+await_prep() {
+  local state="$1" seconds="$2"
+  [ -f "$state" ] || prep
+  for _ in $(seq "$seconds"); do grep -q '^done' "$state" 2>/dev/null && break; sleep 1; done
+  echo "prep: $(cat "$state" 2>/dev/null)"
+}
