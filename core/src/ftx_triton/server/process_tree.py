@@ -34,6 +34,35 @@ def proc_stat(pid: int) -> tuple[str, int] | None:
     return fields[0], int(fields[19])
 
 
+def children_of(pid: int) -> list[psutil.Process]:
+    """The direct children of process ``pid`` (none when it is gone).
+
+    Read from ``/proc/PID/task/*/children`` where the kernel has it, by hand: psutil's ``children()`` reads the
+    parent of every process on the machine, which the supervisor, polling a few times a second, paid in CPU
+    while its server sat idle. A child that starts or ends during the read is seen at the next poll."""
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return []
+    pids: list[int] = []
+    listed = False
+    for task in tasks:
+        try:
+            pids.extend(int(field) for field in (task / "children").read_text().split())
+        except OSError:  # a thread that ended meanwhile, or a kernel without the file
+            continue
+        listed = True
+    if not listed:
+        with contextlib.suppress(psutil.Error):
+            return psutil.Process(pid).children()
+        return []
+    children = []
+    for child in dict.fromkeys(pids):
+        with contextlib.suppress(psutil.Error):
+            children.append(psutil.Process(child))
+    return children
+
+
 def reap(pid: int) -> None:
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)

@@ -304,14 +304,10 @@ class Supervisor:
         """A stub seen alive before that is now a zombie or gone (tritonserver does not restart them)."""
         import psutil
 
-        from ftx_triton.server.process_tree import STUB_NAME, is_stub
+        from ftx_triton.server.process_tree import STUB_NAME, children_of, is_stub
 
         assert self.triton is not None
-        try:
-            children = psutil.Process(self.triton.pid).children()
-        except psutil.Error:
-            return None
-        for process in children:
+        for process in children_of(self.triton.pid):
             pid = process.pid
             status = zombie_status(pid)
             if status is None:
@@ -328,7 +324,9 @@ class Supervisor:
         """Reap orphans re-parented to this subreaper (stubs of a tritonserver that died)."""
         import psutil
 
-        for child in psutil.Process().children():
+        from ftx_triton.server.process_tree import children_of
+
+        for child in children_of(os.getpid()):
             if self.triton is not None and child.pid == self.triton.pid:
                 continue
             with contextlib.suppress(psutil.Error, ChildProcessError):
