@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The streaming deployment with GPT-J's CUDA graph (fp16 default) at tp 2 and tp 4, after the fix that keeps the rank
 # that streams tokens eager: the serving matrix's streaming variant (a server that ended or hung at the first `text`
-# request before the fix), then the GPU suite's streamed-text test at each tp. Needs tp GPUs (four for tp 4; at tp 2
+# request before the fix; `raw-route` beside the raw loop tells the model's cost of the inputs the OpenAI token route sends
+# from the endpoint's own), then the GPU suite's streamed-text test at each tp. Needs tp GPUs (four for tp 4; at tp 2
 # only: FTX_STREAM_TPS=2).
 #
 # One device call (the backend builds in gpu-suite's job; the checkpoint and its conversions beside it):
@@ -43,7 +44,7 @@ variants=()
 for tp in ${TPS//,/ }; do variants+=("--tp $tp --streaming --no-tune -v"); done
 FTX_SERVING_WORK="$SW" FTX_SERVING_TAG=serving-stream \
   FTX_SERVING_VARIANTS="$(IFS=';'; echo "${variants[*]}")" \
-  FTX_SERVING_BENCH='--concurrency 1,32,64 --paths raw-loop,text,openai --max-tokens 128' \
+  FTX_SERVING_BENCH='--concurrency 1,32,64 --paths raw-loop,raw-route,text,openai --max-tokens 128' \
   bash scripts/serving-matrix.sh "$RESULTS" shape:gptj --runtime fastertransformer-native > "$RESULTS/serving-stream.log" 2>&1
 echo "serving matrix rc=$?"
 grep -h "captured\|could not be captured\|NCCL error\|Signal (" "$FTX_HOME"/triton/logs/bench-v*.log | sort | uniq -c \
