@@ -72,6 +72,8 @@ SERVICE_FAILED = re.compile(r"failed to start (\w+) service: (.*)$")
 LOADING = re.compile(r'"loading: ([^:"]+):\d+"')
 STUB_LAUNCH = re.compile(r"^bash: (?:line \d+: )?(.*)$", re.MULTILINE)
 _CRASH = re.compile(r"Signal \((\d+)\) received")
+_NCCL_FAILED = re.compile(r"^Failed, NCCL error (\S+) '([^'\n]*)'", re.MULTILINE)
+"""FasterTransformer's NCCL check, which ends the process after this line (a crash signal may follow it)."""
 _SUPERVISOR = re.compile(r"^ftx-supervisor: (.*)$", re.MULTILINE)
 _MPI_RANK_SIGNALED = re.compile(
     r"(?:mpirun|prterun|prte) noticed that process rank (\d+) with PID \d+ on node (\S+) exited on\s+signal (\d+)"
@@ -167,9 +169,11 @@ def diagnose(text: str, *, log_path: Path | None = None) -> Diagnosis | None:
 
 
 def exit_cause(text: str) -> str | None:
-    """Why a running tritonserver stopped, from its log: the supervisor's report of a dead stub or of
-    how tritonserver ended, a crash signal, or a model failure."""
-    causes = []
+    """Why a running tritonserver stopped, from its log: a failed NCCL call of FasterTransformer's, a crash
+    signal, an MPI rank's end, or the supervisor's report of a dead stub or of how tritonserver ended."""
+    causes = [
+        f"FasterTransformer's NCCL call failed: {reason} ({where})" for where, reason in _NCCL_FAILED.findall(text)[:1]
+    ]
     crashes = [int(n) for n in _CRASH.findall(text) if int(n) not in (signal.SIGTERM, signal.SIGINT)]
     if crashes:  # tritonserver also says "Signal (15) received." when it is asked to stop
         causes.append(f"tritonserver crashed with {signal_name(-crashes[0])}")
