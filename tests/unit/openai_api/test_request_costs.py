@@ -11,8 +11,7 @@ from typing import Any
 
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
-from ftx_triton.openai_api.app import prompt_token_count
-from ftx_triton.openai_api.metrics import FrontMetrics
+from ftx_triton.openai_api.metrics import FrontMetrics, prompt_token_count
 from ftx_triton.openai_api.sse import SseAnswer
 from ftx_triton.repository.textproc import HFCodec, load_codec
 

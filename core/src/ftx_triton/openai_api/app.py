@@ -23,7 +23,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -55,7 +55,7 @@ from ftx_triton.openai_api.embeddings import (
 )
 from ftx_triton.openai_api.generation_record import GenerationRecord
 from ftx_triton.openai_api.launch import PID_HEADER
-from ftx_triton.openai_api.metrics import FrontMetrics, Tracked
+from ftx_triton.openai_api.metrics import FrontMetrics, Tracked, measured, prompt_token_count
 from ftx_triton.openai_api.params import BadRequest, Params, parse_params
 from ftx_triton.openai_api.sse import SseAnswer
 from ftx_triton.openai_api.token_generation import TokenGeneration, WholeGeneration
@@ -376,16 +376,11 @@ class Handlers:
             for i in range(params.best_of)
         ]
 
-    @staticmethod
-    def _base(generation: Any) -> Any:
-        """The generation a metrics wrapper measures (or the generation itself)."""
-        return generation.generation if isinstance(generation, Tracked) else generation
-
     def _best(self, generations: list[Any], params: Params) -> list[Any]:
         """The ``n`` answered: all of them, or with best_of the n of highest mean token log probability."""
         if params.best_of == params.n:
             return generations
-        return sorted(generations, key=lambda g: self._base(g).mean_log_prob(), reverse=True)[: params.n]
+        return sorted(generations, key=lambda g: measured(g).mean_log_prob(), reverse=True)[: params.n]
 
     def _logprobs(self, ids: Sequence[int], probs: Sequence[float], start: int, limit: int | None) -> dict[str, Any]:
         """OpenAI's completions ``logprobs`` for these tokens, the first at text offset ``start``; tokens
@@ -414,7 +409,7 @@ class Handlers:
         return {"content": content, "refusal": None}
 
     def _choice_logprobs(self, generation: Any, start: int) -> dict[str, Any]:
-        g = self._base(generation)
+        g = measured(generation)
         return self._logprobs(g.token_ids, g.log_probs, start, len(g.text) if g.stopped else None)
 
     async def embeddings(self, request: web.Request) -> web.Response:
@@ -496,7 +491,7 @@ class Handlers:
 
     def _tokens(self, generation: Any, text: str) -> int:
         """Tokens generated: the model's own count where the route gives it, else the tokenizer's of the text."""
-        return int(getattr(self._base(generation), "tokens", 0) or 0) or (self.d.count(text) if text else 0)
+        return int(getattr(measured(generation), "tokens", 0) or 0) or (self.d.count(text) if text else 0)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
@@ -571,7 +566,7 @@ class Handlers:
         an empty first piece opens a choice, a ``None`` piece ends it."""
         for index, generation in enumerate(self._generations(prompt, params)):
             yield index, Piece("", [], [], ""), generation
-            base = self._base(generation)
+            base = measured(generation)
             stream = generation.astream()
             try:
                 async for text in stream:
@@ -670,17 +665,6 @@ class Handlers:
             return await pending.end()
         except ConnectionResetError:  # the client stopped reading; the stream ends here
             return await pending.open()
-
-
-def prompt_token_count(generations: Iterable[Any], count: Callable[[], int]) -> int:
-    """A prompt's tokens for ``usage``: as the token route tokenized the prompt to send it (not encoded a second
-    time, which cost the endpoint as much as the first), else ``count()`` (the tokenizer's count)."""
-    for generation in generations:
-        base = generation.generation if isinstance(generation, Tracked) else generation
-        known = getattr(base, "prompt_tokens", None)
-        if known is not None:
-            return int(known)
-    return count()
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -795,4 +779,4 @@ def make_app(
     return app
 
 
-__all__ = ["make_app", "prompt_token_count"]
+__all__ = ["make_app"]

@@ -25,8 +25,8 @@ openai`` reads them around each level (:mod:`ftx_triton.server.front_metrics`).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, Callable
-from typing import Protocol
+from collections.abc import AsyncGenerator, Callable, Iterable
+from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -143,13 +143,27 @@ class Tracked:
             if outcome == "ok":
                 m.latency.observe(ended - began)
                 m.advice.completed(ended - began)
-                known = getattr(self.generation, "prompt_tokens", None)  # the route's own count: no second encoding
-                m.prompt_tokens.inc(known if known is not None else self.prompt_tokens())
+                m.prompt_tokens.inc(prompt_token_count([self.generation], self.prompt_tokens))
                 if first is not None and tokens > 1:
                     m.itl.observe((ended - first) / (tokens - 1))
 
     async def awhole(self) -> str:
         return "".join([piece async for piece in self.astream()])
+
+
+def measured(generation: Any) -> Any:
+    """The generation a :class:`Tracked` wrapper measures (or the generation itself)."""
+    return generation.generation if isinstance(generation, Tracked) else generation
+
+
+def prompt_token_count(generations: Iterable[Any], count: Callable[[], int]) -> int:
+    """A prompt's tokens for ``usage``: as the token route tokenized the prompt to send it (not encoded a second
+    time, which cost the endpoint as much as the first), else ``count()`` (the tokenizer's count)."""
+    for generation in generations:
+        known = getattr(measured(generation), "prompt_tokens", None)
+        if known is not None:
+            return int(known)
+    return count()
 
 
 def _is_rejection(exc: BaseException) -> bool:
