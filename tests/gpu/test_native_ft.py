@@ -604,11 +604,10 @@ def test_gptjs_decoding_step_was_replayed_from_a_cuda_graph_when_asked(served: S
 
 def _stream_texts(url: str, payload: dict[str, Any]) -> list[str]:
     """Every ``text_output`` of one ``generate_stream`` request (server-sent events), within 120 s."""
-    request = urllib.request.Request(
-        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=120) as response:
-        body = response.read().decode()
+    from python_runtime_support import post_json
+
+    status, _headers, body = post_json(url, payload, timeout_s=120)
+    assert status == 200, body[:2000]
     events = [json.loads(line[len("data: ") :]) for line in body.splitlines() if line.startswith("data: ")]
     assert events and not any("error" in e for e in events), body[:2000]
     return [str(e["text_output"]) for e in events if "text_output" in e]

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
+from fresh_python import fresh_report
 
 REPORT = """
 import json, os, ssl, sys
@@ -22,26 +20,13 @@ print(json.dumps({{
 """
 
 
-def fresh(setup: str, env: dict[str, str]) -> dict[str, object]:
-    done = subprocess.run(
-        [sys.executable, "-c", REPORT.format(setup=setup)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def _env(**set_: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("SSL_CERT_FILE", "SSL_CERT_DIR")}
     return {**env, **set_}
 
 
 def _machine_has_certificates() -> bool:
-    return any(fresh("import aiohttp", _env())["ca"])
+    return any(fresh_report(REPORT.format(setup="import aiohttp"), _env())["ca"])
 
 
 @pytest.mark.parametrize(
@@ -54,7 +39,7 @@ def _machine_has_certificates() -> bool:
 )
 @pytest.mark.parametrize("user_env", [{}, {"SSL_CERT_FILE": "/etc/ssl/custom.pem", "SSL_CERT_DIR": "/etc/ssl/custom"}])
 def test_aiohttp_loads_no_ca_certificate_and_the_environment_is_kept(setup: str, user_env: dict[str, str]) -> None:
-    report = fresh(setup, _env(**user_env))
+    report = fresh_report(REPORT.format(setup=setup), _env(**user_env))
     assert report["ca"] == [0, 0]
     assert report["verified_requires_a_certificate"] is True  # an HTTPS request fails verification, never unverified
     assert report["env"] == [user_env.get("SSL_CERT_FILE"), user_env.get("SSL_CERT_DIR")]
@@ -64,4 +49,4 @@ def test_where_aiohttp_came_first_nothing_changes() -> None:
     if not _machine_has_certificates():
         pytest.skip("OpenSSL finds no CA certificate on this machine: nothing to tell apart")
     setup = "import aiohttp\nfrom ftx_triton.front.local_aiohttp import import_aiohttp; import_aiohttp()"
-    assert all(fresh(setup, _env())["ca"])
+    assert all(fresh_report(REPORT.format(setup=setup), _env())["ca"])

@@ -2,19 +2,8 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
-
-
-def fresh(code: str) -> dict[str, object]:
-    """Run ``code`` in a fresh interpreter; the JSON it prints last."""
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
+from fresh_python import fresh_report
 
 REPORT = """
 import json, sys
@@ -35,12 +24,12 @@ print(json.dumps(report))
     ],
 )
 def test_structlog_is_imported_without_rich(setup: str) -> None:
-    report = fresh(REPORT.format(setup=setup))
+    report = fresh_report(REPORT.format(setup=setup))
     assert report == {"rich_after": False, "structlog": True, "structlog_sees_rich": False}
 
 
 def test_where_rich_or_structlog_came_first_nothing_changes() -> None:
     setup = "import rich\nfrom ftx_triton.plain_structlog import import_structlog; import_structlog()"
-    assert fresh(REPORT.format(setup=setup))["structlog_sees_rich"] is True
+    assert fresh_report(REPORT.format(setup=setup))["structlog_sees_rich"] is True
     setup = "import structlog\nfrom ftx_triton.plain_structlog import import_structlog; import_structlog()"
-    assert fresh(REPORT.format(setup=setup))["structlog_sees_rich"] is True
+    assert fresh_report(REPORT.format(setup=setup))["structlog_sees_rich"] is True

@@ -4,25 +4,23 @@ program it starts as "tritonserver" is a Python one-liner that exits at once, as
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from ftx_triton.server.ports import loopback_port
 
 
 def _supervise_with_importtime() -> list[str]:
     """Run a supervisor with both fronts under ``-X importtime``; its output and import lines, in order."""
+    ports: list[int] = []
+    for _ in range(4):
+        ports.append(loopback_port(avoid=ports))
     spec = {
         "command": [sys.executable, "-c", "import time; time.sleep(0.2)"],
         "shm_prefix": "",
         "exit_timeout_s": 1,
-        "front": {"host": "127.0.0.1", "port": _free_port(), "upstream_port": _free_port()},
-        "grpc_front": {"host": "127.0.0.1", "port": _free_port(), "upstream_port": _free_port()},
+        "front": {"host": "127.0.0.1", "port": ports[0], "upstream_port": ports[1]},
+        "grpc_front": {"host": "127.0.0.1", "port": ports[2], "upstream_port": ports[3]},
     }
     done = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "ftx_triton.server.supervisor", json.dumps(spec)],
