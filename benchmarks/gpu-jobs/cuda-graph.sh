@@ -12,16 +12,10 @@
 # (gpu-logs.tar.gz under $OUT): graph.json, graph.log (the table at its end), graph-capture.txt (the server
 # logs' capture lines: each graph variant must say "captured", none "could not be captured").
 set -uo pipefail
-WORK="${FTX_GPU_WORK:-/tmp/ftx-gpu}"
-# shellcheck disable=SC1091
-. "$WORK/env.sh"
-RESULTS="${FTX_GPU_RESULTS:-$WORK/logs}"
-PROF="$WORK/prof"
-HERE="$(cd "$(dirname "$0")/../.." && pwd)"
-cd "$HERE"
-mkdir -p "$PROF"
 # shellcheck source=benchmarks/gpu-jobs/job-phases.sh
-. benchmarks/gpu-jobs/job-phases.sh
+. "$(dirname "$0")/job-phases.sh"
+PROF="$WORK/prof"
+mkdir -p "$PROF"
 
 prep() {  # the random GPT-J-6B-shape checkpoint and its tp 2 fp16 conversion (no backend needed)
   echo started > "$PROF/prep.state"

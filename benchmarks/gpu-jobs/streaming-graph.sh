@@ -12,17 +12,11 @@
 # Results in the job's logs folder: serving-stream-v*.md (the tables), graph-capture.txt (every server log's capture,
 # fallback and fault lines), suite-streaming.log.
 set -uo pipefail
-WORK="${FTX_GPU_WORK:-/tmp/ftx-gpu}"
-# shellcheck disable=SC1091
-. "$WORK/env.sh"
-RESULTS="${FTX_GPU_RESULTS:-$WORK/logs}"
+# shellcheck source=benchmarks/gpu-jobs/job-phases.sh
+. "$(dirname "$0")/job-phases.sh"
 SW="$WORK/stream-work"
 TPS="${FTX_STREAM_TPS:-2,4}"
-HERE="$(cd "$(dirname "$0")/../.." && pwd)"
-cd "$HERE"
 mkdir -p "$SW"
-# shellcheck source=benchmarks/gpu-jobs/job-phases.sh
-. benchmarks/gpu-jobs/job-phases.sh
 ftx() { python3 -c 'from ftx_triton.cli import main; main()' "$@"; }
 
 prep() {  # the random GPT-J-6B-shape checkpoint (one character per id) and its conversion at each tp

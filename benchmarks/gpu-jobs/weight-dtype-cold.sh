@@ -11,15 +11,9 @@
 # is cached: compare the convert and "tritonserver ready" steps, and the totals less fetch. Results in the job's
 # logs folder: weight-dtype-cold.md (the table), weight-dtype-<dtype>.log (each run's -v timeline).
 set -uo pipefail
-WORK="${FTX_GPU_WORK:-/tmp/ftx-gpu}"
-# shellcheck disable=SC1091
-. "$WORK/env.sh"
-RESULTS="${FTX_GPU_RESULTS:-$WORK/logs}"
-HERE="$(cd "$(dirname "$0")/../.." && pwd)"
-CK="$WORK/fp32-gptj"
-cd "$HERE"
 # shellcheck source=benchmarks/gpu-jobs/job-phases.sh
-. benchmarks/gpu-jobs/job-phases.sh
+. "$(dirname "$0")/job-phases.sh"
+CK="$WORK/fp32-gptj"
 ftx() { python3 -c 'from ftx_triton.cli import main; main()' "$@"; }
 
 prep() {
