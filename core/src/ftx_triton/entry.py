@@ -1,7 +1,9 @@
 """The ``ftx`` console script.
 
 Before the command line is even imported, a cached ``ftx run``'s server is started ahead
-(:mod:`ftx_triton.server.head_start`); once the command is done and its output flushed, the process ends at once
+(:mod:`ftx_triton.server.head_start`), then structlog is imported without rich's tracebacks
+(:mod:`ftx_triton.plain_structlog`: ftx's renderers never use them, and on a small machine their 0.05-0.1 CPU-s
+run beside that server's model load); once the command is done and its output flushed, the process ends at once
 instead of tearing its interpreter down (grpc, protobuf and the rest of what a run loaded: 0.1-0.2 s after the
 last line). In-process callers use :func:`ftx_triton.cli.main`, which exits as any Python program does.
 """
@@ -18,6 +20,9 @@ def main() -> None:
     from ftx_triton.server import head_start
 
     head_start.begin(sys.argv[1:])  # a cached run's server starts loading now; adopted only if it is the run's
+    from ftx_triton.plain_structlog import import_structlog
+
+    import_structlog()  # without rich's tracebacks and pretty-printer, which ftx's renderers never use
     try:
         from ftx_triton.cli import main as cli_main
 

@@ -3,8 +3,11 @@ output), without the interpreter's teardown; a thread still running is waited fo
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -32,3 +35,30 @@ def test_the_console_script_ends_as_sys_exit_would(code: object, status: int, st
     assert done.stderr == stderr
     expected = ["said", "atexit", "ran"] if not thread else ["said", "thread", "done", "atexit", "ran"]
     assert done.stdout.split() == expected
+
+
+RUN_PROBE = """
+import atexit, json, sys
+sys.argv = ["ftx", "-v", "run", {source!r}, "--detach"]
+atexit.register(lambda: print(json.dumps(sorted(sys.modules)), file=sys.stderr))
+from ftx_triton.entry import main
+main()
+"""
+UNUSED_RICH = ("rich.traceback", "rich.pretty", "rich.progress", "pygments")
+
+
+def test_a_run_imports_structlog_without_richs_tracebacks_and_no_progress_bar(tmp_path: Path) -> None:
+    """The ``ftx`` command's CPU runs beside a cached run's model load on small machines: structlog comes without
+    rich's traceback and pretty-printer (0.05-0.1 CPU-s with pygments; ftx's own renderers never use them), and
+    rich's progress bars are imported only when one is drawn. A run that plans and fails on its source."""
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_PROBE.format(source=str(tmp_path / "missing"))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "FTX_HOME": str(tmp_path / "home")},
+    )
+    assert done.returncode == 1 and "error: unknown model source" in done.stderr
+    loaded = set(json.loads(done.stderr.strip().splitlines()[-1]))
+    assert {"structlog", "rich.console", "ftx_triton.engine.pipeline", "ftx_triton.terminal.progress"} <= loaded
+    assert not {name for name in loaded if name.startswith(UNUSED_RICH)}, sorted(loaded)

@@ -2,25 +2,20 @@
 
 The one progress helper of ftx. Drawn with rich on the shared stderr console (:mod:`ftx_triton.terminal.console`,
 so log lines print above a live bar) when stderr is a terminal and JSON logs were not asked for;
-stdout stays for results. Silent (a no-op) otherwise, so JSON logs and CI output stay clean.
+stdout stays for results. Silent (a no-op) otherwise, so JSON logs and CI output stay clean; rich.progress is
+imported only when a bar is drawn.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
+from typing import TYPE_CHECKING
 
 from ftx_triton.terminal.console import console, is_terminal
+
+if TYPE_CHECKING:  # rich.progress is imported when a bar is drawn (a cached run draws none)
+    from rich.progress import Progress, TaskID
 
 
 def progress_enabled(requested: bool = True) -> bool:
@@ -63,6 +58,8 @@ def byte_progress(
     if not progress_enabled(enabled):
         yield ByteProgress()
         return
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),

@@ -288,15 +288,18 @@ def test_a_run_probes_the_host_once(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     GPU host). Stand-in host and build: no GPU toolchain here."""
     from types import SimpleNamespace
 
+    from ftx_triton.runtime.fastertransformer import gpus
     from ftx_triton.runtime.fastertransformer.native import toolchain
 
     probes: list[HostProbe] = []
+    asked: list[str] = []
 
-    def probe_host() -> HostProbe:
+    def probe_host(gpus: object = None) -> HostProbe:
         probes.append(_probe())
         return probes[-1]
 
     monkeypatch.setattr(toolchain, "probe_host", probe_host)
+    monkeypatch.setattr(gpus, "local_gpus", lambda: asked.append("gpus") or GPUS)
     store = ArtifactStore(tmp_path)
     s = _settings(tp=2)
     key = backend_key(evaluate(_probe()))
@@ -311,7 +314,25 @@ def test_a_run_probes_the_host_once(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert runtime.available(s, store).ok
     ctx = SimpleNamespace(settings=s, store=store, say=lambda text: None, show_progress=False)
     assert runtime.built(ctx).path == published.path  # type: ignore[arg-type]
-    assert len(probes) == 1
+    assert len(probes) == 1 and asked == ["gpus"]
+
+
+def test_a_host_without_gpus_runs_no_toolchain_to_say_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every run plans, and planning asks each runtime whether it can serve: on a host without GPUs the native
+    runtime says no without running nvcc, the compiler, cmake or MPI (0.03-0.05 CPU-s of subprocesses beside a
+    cached run's model load, on a 2-CPU development machine). A stand-in host without GPUs (this test may run
+    on a GPU machine); the toolchain probe is a spy."""
+    from ftx_triton.runtime.fastertransformer import gpus
+    from ftx_triton.runtime.fastertransformer.native import toolchain
+
+    probes: list[object] = []
+    monkeypatch.setattr(toolchain, "probe_host", lambda gpus=None: probes.append(gpus) or _probe(gpus=()))
+    monkeypatch.setattr(gpus, "local_gpus", lambda: ())
+    runtime = NativeFasterTransformer()
+    assert runtime.available(_settings(tp=1), ArtifactStore(tmp_path)).reason == "no NVIDIA GPU or driver found"
+    assert probes == []
+    runtime.probe()  # a later probe (a build's preflight) does not ask for the GPUs again
+    assert probes == [()]
 
 
 def test_runtime_registers_as_a_fastertransformer_launcher() -> None:

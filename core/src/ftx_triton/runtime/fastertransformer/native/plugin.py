@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from ftx_triton.plan.artifacts import Endpoint, GemmConfig, ModelRepository
     from ftx_triton.plan.context import StageContext
     from ftx_triton.plan.settings import RunSettings
+    from ftx_triton.runtime.fastertransformer.gpus import Gpu
     from ftx_triton.runtime.fastertransformer.native.build import BuiltBackend
     from ftx_triton.runtime.fastertransformer.native.toolchain import HostProbe, Preflight
     from ftx_triton.store.artifact_store import ArtifactStore
@@ -33,14 +34,25 @@ class NativeFasterTransformer(FasterTransformerRuntime):
 
     def __init__(self) -> None:
         self._probe: HostProbe | None = None
+        self._gpus: tuple[Gpu, ...] | None = None
 
     # -- what this host has ---------------------------------------------------------------
+
+    def gpus(self) -> tuple[Gpu, ...]:
+        """This host's GPUs: the probe's once made, else asked alone (no compiler, CUDA or MPI is asked)."""
+        if self._probe is not None:
+            return self._probe.gpus
+        if self._gpus is None:
+            from ftx_triton.runtime.fastertransformer.gpus import local_gpus
+
+            self._gpus = tuple(local_gpus())
+        return self._gpus
 
     def probe(self) -> HostProbe:
         from ftx_triton.runtime.fastertransformer.native.toolchain import probe_host
 
         if self._probe is None:
-            self._probe = probe_host()
+            self._probe = probe_host(gpus=self._gpus)
         return self._probe
 
     def preflight(self, settings: RunSettings) -> Preflight:
@@ -55,12 +67,12 @@ class NativeFasterTransformer(FasterTransformerRuntime):
         hosts, tp = settings.options(FtLaunchSection).hosts, settings.convert.known_tp
         if hosts and tp:
             self.check_hosts(settings)
-        probe = self.probe()
-        if not probe.gpus:
+        gpus = self.gpus()  # a host without GPUs runs no compiler, nvcc, cmake or MPI to say so (every run plans)
+        if not gpus:
             return Availability(False, "no NVIDIA GPU or driver found")
         wanted = (tp or 0) * settings.configure.pp
-        if not hosts and len(probe.gpus) < wanted:
-            return Availability(False, f"tp x pp needs {wanted} GPUs but this machine has {len(probe.gpus)}")
+        if not hosts and len(gpus) < wanted:
+            return Availability(False, f"tp x pp needs {wanted} GPUs but this machine has {len(gpus)}")
         pre = self.preflight(settings)
         built = find_backend(store, pre) if pre.sm else None
         if built is not None:

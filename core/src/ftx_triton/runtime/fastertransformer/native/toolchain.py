@@ -306,10 +306,11 @@ def driver_version(proc: Path = PROC_DRIVER_VERSION) -> str | None:
     return text.splitlines()[0].strip() if text and text.strip() else None
 
 
-def probe_host() -> HostProbe:
+def probe_host(gpus: Sequence[Gpu] | None = None) -> HostProbe:
     """Look for everything the native backend needs (no side effects). The tools are asked at the same time
     (nvcc twice, the compiler, cmake, MPI, nvidia-smi, the driver library): every run probes, and one after
-    the other they took a few tenths of a second on a GPU host."""
+    the other they took a few tenths of a second on a GPU host. ``gpus``: the GPUs already found (not asked
+    again)."""
     with ThreadPoolExecutor(max_workers=8, thread_name_prefix="ftx-probe") as pool:
         nvcc = find_nvcc()
         root_f = pool.submit(cuda_root, nvcc) if nvcc else None
@@ -318,7 +319,7 @@ def probe_host() -> HostProbe:
         cmake = shutil.which("cmake")
         cmake_f = pool.submit(_run, [cmake, "--version"]) if cmake else None
         mpi_f = pool.submit(find_mpi)
-        gpus_f = pool.submit(local_gpus)
+        gpus_f = pool.submit(local_gpus) if gpus is None else None
         driver_f = pool.submit(driver_version)
         driver_cuda_f = pool.submit(driver_cuda_version)
         nccl_include, nccl_lib = find_nccl()
@@ -345,7 +346,7 @@ def probe_host() -> HostProbe:
             missing_headers=missing_headers,
             missing_libs=missing_libs,
             python_include=py_include if (py_include / "Python.h").is_file() else None,
-            gpus=tuple(gpus_f.result()),
+            gpus=tuple(gpus_f.result()) if gpus_f is not None else tuple(gpus or ()),
             driver_version=driver_f.result(),
             driver_cuda=driver_cuda_f.result(),
         )
