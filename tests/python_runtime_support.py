@@ -187,7 +187,20 @@ def reference_model(src: Path) -> Any:
 
 
 def hf_greedy(model: Any, prompt: Sequence[int], max_new_tokens: int, **kwargs: Any) -> list[int]:
-    """transformers generate on one prompt: decoder → prompt + new tokens; T5 → decoder tokens (no start)."""
+    """transformers' greedy generate on one prompt: decoder → prompt + new tokens; T5 → decoder tokens (no start)."""
+    return _hf_generate(model, prompt, max_new_tokens, do_sample=False, **kwargs)
+
+
+def hf_sampled(model: Any, prompt: Sequence[int], max_new_tokens: int, seed: int, **kwargs: Any) -> list[int]:
+    """transformers' sampling generate on one prompt (like :func:`hf_greedy`), torch seeded with ``seed`` first
+    as the python runtime seeds it."""
+    import torch
+
+    torch.manual_seed(seed)
+    return _hf_generate(model, prompt, max_new_tokens, do_sample=True, **kwargs)
+
+
+def _hf_generate(model: Any, prompt: Sequence[int], max_new_tokens: int, **kwargs: Any) -> list[int]:
     import torch
 
     ids = torch.tensor([list(prompt)])
@@ -197,7 +210,6 @@ def hf_greedy(model: Any, prompt: Sequence[int], max_new_tokens: int, **kwargs: 
             ids,
             attention_mask=torch.ones_like(ids),
             max_new_tokens=max_new_tokens,
-            do_sample=False,
             eos_token_id=eos,
             pad_token_id=eos,
             **kwargs,
