@@ -51,35 +51,10 @@ def tiny_gptneox(dest: Path) -> Path:
 
 
 def tiny_kogpt(dest: Path, vocab_size: int = 504) -> Path:
-    """KoGPT's shape scaled down: GPT-J with [BOS] 0 / [EOS] 1 / [PAD] 3 and a tokenizer holding them
-    (``vocab_size``: KoGPT's own is 64512)."""
-    from ftx_gptj.tiny import tiny_gptj as build
-    from ftx_triton.tiny import train_bpe_tokenizer
+    """KoGPT's shape scaled down (``vocab_size``: KoGPT's own is 64512), with its tokenizer."""
+    from ftx_kogpt.tiny import tiny_kogpt as build
 
-    build(
-        dest,
-        n_embd=64,
-        n_head=4,
-        n_layer=2,
-        rotary_dim=4,
-        vocab_size=vocab_size,
-        tokenizer=False,
-        token_ids={"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 3},
-        random_init=True,
-        seed=7,
-    )
-    train_bpe_tokenizer(
-        dest,
-        specials=("[BOS]", "[EOS]", "[UNK]", "[PAD]", "[MASK]"),
-        extra_config={
-            "bos_token": "[BOS]",
-            "eos_token": "[EOS]",
-            "unk_token": "[UNK]",
-            "pad_token": "[PAD]",
-            "mask_token": "[MASK]",
-        },
-    )
-    return dest
+    return build(dest, vocab_size=vocab_size)
 
 
 def train_t5_spiece(dest: Path, vocab_size: int = 120) -> Any:

@@ -86,34 +86,13 @@ def _causal_model(kind: str, dest: Path) -> Path:
     import transformers
     from ftx_gptj.tiny import tiny_gptj
     from ftx_gptneox.tiny import tiny_gptneox
-    from ftx_triton import tiny
+    from ftx_kogpt.tiny import tiny_kogpt
     from tokenizers import Tokenizer
 
     if kind == "gptj":
         tiny_gptj(dest, n_embd=128, n_head=4, rotary_dim=16, vocab_size=256, random_init=True, seed=3)
     elif kind == "kogpt":
-        tiny_gptj(
-            dest,
-            n_embd=128,
-            n_head=4,
-            rotary_dim=16,
-            vocab_size=256,
-            tokenizer=False,
-            token_ids={"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 3},
-            random_init=True,
-            seed=7,
-        )
-        tiny.train_bpe_tokenizer(
-            dest,
-            specials=("[BOS]", "[EOS]", "[UNK]", "[PAD]", "[MASK]"),
-            extra_config={
-                "bos_token": "[BOS]",
-                "eos_token": "[EOS]",
-                "unk_token": "[UNK]",
-                "pad_token": "[PAD]",
-                "mask_token": "[MASK]",
-            },
-        )
+        tiny_kogpt(dest, n_embd=128, rotary_dim=16, vocab_size=256)
     else:
         tiny_gptneox(
             dest,
