@@ -7,14 +7,17 @@ the families had before core's one writer and reader (:mod:`ftx_triton.conversio
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tiny_families import GPT2_TINY, template_module
+from ftx_triton.cli.scaffold import TEMPLATE
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
+TEMPLATE_FAMILY = TEMPLATE / "src" / "ftx_gpt2" / "family.py"
 SNAPSHOT = Path(__file__).resolve().parent / "ftini_snapshot.json"
 
 
@@ -32,6 +35,17 @@ class IniCase:
 def _golden_json(case: str) -> dict[str, Any]:
     return json.loads((GOLDEN / case / "hf" / "config.json").read_text())
 
+
+GPT2_TINY = {
+    "model_type": "gpt2",
+    "n_layer": 2,
+    "n_embd": 64,
+    "n_head": 4,
+    "n_positions": 64,
+    "vocab_size": 128,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
 
 CASES: tuple[IniCase, ...] = (
     IniCase("gptj-preset-fp16", "gptj", "fp16", preset="gptj"),
@@ -130,6 +144,17 @@ CASES: tuple[IniCase, ...] = (
         {**GPT2_TINY, "n_inner": 200, "layer_norm_epsilon": 1e-6, "_name_or_path": "distilgpt2"},
     ),
 )
+
+
+def template_module() -> Any:
+    """The plugin template's family module, imported from its file (the template is not installed here)."""
+    name = "ftx_gpt2_template_family"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, TEMPLATE_FAMILY)
+        assert spec is not None and spec.loader is not None
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def family_of(name: str) -> Any:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 from ftx_triton.testing.conformance import TINY_WEIGHT_STD, build_tiny_checkpoint
-from tiny_families import GPTJ_TINY
+from tiny_configs import GPTJ_TINY
 
 NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
 

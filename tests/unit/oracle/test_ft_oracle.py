@@ -13,13 +13,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from ftini_cases import GPT2_TINY, template_module
 from ftx_triton.conversion.convert import convert_directory
 from ftx_triton.conversion.tensormap import M, TensorMap
 from ftx_triton.errors import CheckpointError
 from ftx_triton.oracle import verify
 from ftx_triton.oracle.files import FtFiles
 from ftx_triton.testing.conformance import TINY_WEIGHT_STD, build_tiny_checkpoint
-from tiny_families import GPT2_TINY, GPTJ_TINY, NEOX_TINY, T5_TINY, template_module
+from tiny_configs import GPTJ_TINY, NEOX_TINY, T5_TINY
 
 pytest_plugins = ["pytester"]
 
