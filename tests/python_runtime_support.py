@@ -13,7 +13,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
@@ -159,6 +159,17 @@ def reference_model(src: Path) -> Any:
     config = transformers.AutoConfig.from_pretrained(src)
     cls = getattr(transformers, config.architectures[0])
     return cls.from_pretrained(src).eval()
+
+
+def tiny_sources(
+    tmp_path_factory: pytest.TempPathFactory, families: Iterable[str], prefix: str
+) -> dict[str, tuple[Path, Any]]:
+    """Each family's tiny checkpoint (in a fresh ``<prefix>-<family>`` folder) and its model in transformers."""
+    out = {}
+    for name in families:
+        src = BUILDERS[name](tmp_path_factory.mktemp(f"{prefix}-{name}") / "hf")
+        out[name] = (src, reference_model(src))
+    return out
 
 
 def hf_greedy(model: Any, prompt: Sequence[int], max_new_tokens: int, **kwargs: Any) -> list[int]:
