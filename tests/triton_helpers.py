@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 from ftx_triton.server.launch import SHM_PREFIX
-from ftx_triton.server.process_tree import SHM_DIR
+from ftx_triton.server.process_tree import SHM_DIR, stat_fields
 
 IO_CONFIG = """
 max_batch_size: 0
@@ -143,18 +143,11 @@ def home_shm_prefixes(home: Path) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-def _stat(path: Path) -> list[str] | None:
-    try:
-        return path.read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
 def process_gone(pid: int | None) -> bool:
     """True if neither ``pid`` nor any process of its group runs (zombies awaiting reaping count as gone)."""
     assert pid is not None
-    for stat_file in Path("/proc").glob("[0-9]*/stat"):
-        fields = _stat(stat_file)
-        if fields and fields[0] not in ("Z", "X") and (stat_file.parent.name == str(pid) or fields[2] == str(pid)):
+    for proc in Path("/proc").glob("[0-9]*"):
+        fields = stat_fields(int(proc.name))
+        if fields and fields[0] not in ("Z", "X") and (proc.name == str(pid) or fields[2] == str(pid)):
             return False
     return True
