@@ -65,14 +65,19 @@ ensemble_scheduling {{
 """
 
 
-def python_model(repo: Path, name: str, source: str) -> Path:
-    """Write a Python-backend model ``name`` with the int32 input_ids → output_ids signature."""
+def model_files(repo: Path, name: str, config: str, source: str) -> Path:
+    """Write model ``name`` of a repository: its ``config.pbtxt`` and version 1's ``model.py``."""
     model = repo / name
     (model / "1").mkdir(parents=True)
-    config = f'name: "{name}"\nbackend: "python"\n{IO_CONFIG}\ninstance_group [{{ count: 1, kind: KIND_CPU }}]\n'
     (model / "config.pbtxt").write_text(config)
     (model / "1" / "model.py").write_text(source)
     return model
+
+
+def python_model(repo: Path, name: str, source: str) -> Path:
+    """Write a Python-backend model ``name`` with the int32 input_ids → output_ids signature."""
+    config = f'name: "{name}"\nbackend: "python"\n{IO_CONFIG}\ninstance_group [{{ count: 1, kind: KIND_CPU }}]\n'
+    return model_files(repo, name, config, source)
 
 
 def add_one_model(repo: Path, name: str) -> Path:
