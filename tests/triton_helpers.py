@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from ftx_triton.server.launch import SHM_PREFIX
@@ -110,22 +111,21 @@ def infer_http(url: str, model: str, data: np.ndarray = INPUT) -> np.ndarray:
     """One request over HTTP; the client is closed before returning (no keep-alive left open)."""
     import tritonclient.http as httpclient
 
-    client = httpclient.InferenceServerClient(url)
-    try:
-        tensor = httpclient.InferInput("input_ids", list(data.shape), "INT32")
-        tensor.set_data_from_numpy(data)
-        return client.infer(model, [tensor]).as_numpy("output_ids")
-    finally:
-        client.close()
+    return _infer(httpclient, url, model, data)
 
 
 def infer_grpc(url: str, model: str, data: np.ndarray = INPUT) -> np.ndarray:
     """One request over gRPC; the client is closed before returning."""
     import tritonclient.grpc as grpcclient
 
-    client = grpcclient.InferenceServerClient(url)
+    return _infer(grpcclient, url, model, data)
+
+
+def _infer(protocol: Any, url: str, model: str, data: np.ndarray) -> np.ndarray:
+    """``input_ids`` -> ``output_ids`` through ``protocol`` (``tritonclient.http`` or ``tritonclient.grpc``)."""
+    client = protocol.InferenceServerClient(url)
     try:
-        tensor = grpcclient.InferInput("input_ids", list(data.shape), "INT32")
+        tensor = protocol.InferInput("input_ids", list(data.shape), "INT32")
         tensor.set_data_from_numpy(data)
         return client.infer(model, [tensor]).as_numpy("output_ids")
     finally:
