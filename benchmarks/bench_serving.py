@@ -348,7 +348,13 @@ class RawRoutePath(RawLoopPath):
     name = "raw-route"
 
     def __init__(  # noqa: PLR0913 - the raw loop's arguments and the run's prompt
-        self, target: Target, prompt: str, prompt_len: int, max_tokens: int, vocab: int, decoupled: bool
+        self,
+        target: Target,
+        prompt_len: int,
+        max_tokens: int,
+        vocab: int,
+        decoupled: bool,
+        prompt: str = DEFAULT_PROMPT,
     ) -> None:
         from ftx_triton.client.token_stream import TokenRoute
 
@@ -726,7 +732,7 @@ async def run(args: argparse.Namespace, target: Target) -> dict[str, Any]:
     raw = RawModel(target, prompt_len, args.max_tokens, args.raw_repeats, args.vocab) if "raw" in args.paths else None
     if "raw-route" in args.paths:
         probe = raw or RawModel(target, prompt_len, args.max_tokens, 1, args.vocab)
-        paths.insert(0, RawRoutePath(target, args.prompt, prompt_len, args.max_tokens, probe.vocab, probe.decoupled))
+        paths.insert(0, RawRoutePath(target, prompt_len, args.max_tokens, probe.vocab, probe.decoupled, args.prompt))
     if "raw-loop" in args.paths:
         probe = raw or RawModel(target, prompt_len, args.max_tokens, 1, args.vocab)
         paths.insert(0, RawLoopPath(target, prompt_len, args.max_tokens, probe.vocab, probe.decoupled))
