@@ -221,6 +221,16 @@ def bench_cached_run(
             steps[loader].append({**found, **loads, **weights_loaded(log), **head_start(lines), **used})
         for loader in loaders:
             ratios[loader].append(totals[loader][-1] / torch_runs[-1])
+        each = ", ".join(f"{loader} {totals[loader][-1]:.2f} s = {ratios[loader][-1]:.2f}x" for loader in loaders)
+        pair = (
+            f", {loaders[1]} / {loaders[0]} {totals[loaders[1]][-1] / totals[loaders[0]][-1]:.2f}x"
+            if len(loaders) == 2
+            else ""
+        )
+        print(
+            f"repeat {index + 1} (load average {os.getloadavg()[0]:.2f}): import torch {torch_runs[-1]:.2f} s, {each}{pair}",
+            flush=True,
+        )
     torch_s, both_s = statistics.median(torch_runs), statistics.median(both_runs)
     print(f"\ncached `{' '.join(run[1:])}`, median of {repeat}; {os.cpu_count()} CPUs")
     print(f"{'step':<52}" + "".join(f"{loader + ' s':>14}" for loader in loaders))
