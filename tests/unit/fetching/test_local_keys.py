@@ -125,14 +125,13 @@ def _count_hashes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     from ftx_triton.io import hashing
 
     calls: list[int] = []
-    real = hashing.sha256_files
+    real = hashing.chunked_digests
 
-    def counting(paths):  # type: ignore[no-untyped-def]
-        paths = list(paths)
-        calls.append(len(paths))
-        return real(paths)
+    def counting(files, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(len(files))
+        return real(files, **kwargs)
 
-    monkeypatch.setattr(hashing, "sha256_files", counting)
+    monkeypatch.setattr(hashing, "chunked_digests", counting)
     return calls
 
 
@@ -206,15 +205,15 @@ def test_a_file_replaced_while_hashed_is_refused(tmp_path: Path, monkeypatch: py
     root = _linked_checkpoint(tmp_path, "model", b"w" * 32)
     from ftx_triton.io import hashing
 
-    real = hashing.sha256_files
+    real = hashing.chunked_digests
 
-    def replaced_meanwhile(paths):  # type: ignore[no-untyped-def]
-        digests = real(paths)
+    def replaced_meanwhile(files, **kwargs):  # type: ignore[no-untyped-def]
+        digests = real(files, **kwargs)
         _write(root / "config.json.new", b'{"n_head": 8}')
         os.replace(root / "config.json.new", root / "config.json")  # a new inode
         return digests
 
-    monkeypatch.setattr(hashing, "sha256_files", replaced_meanwhile)
+    monkeypatch.setattr(hashing, "chunked_digests", replaced_meanwhile)
     with pytest.raises(SourceError, match="changed while it was hashed"):
         local_content_key(root, tmp_path / "home")
     assert not list((tmp_path / "home").glob("local-keys/*.json"))
