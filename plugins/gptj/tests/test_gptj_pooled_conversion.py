@@ -67,3 +67,25 @@ def test_pooled_buffers_write_the_same_bytes(tmp_path: Path, monkeypatch: pytest
     assert sorted(pooled.files) == sorted(fresh.files)
     for name in fresh.files:
         assert (pooled.directory / name).read_bytes() == (fresh.directory / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_files_split_over_helper_threads_are_the_same_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tp: int
+) -> None:
+    """On a many-core host each large file is copied, written and counted in pieces by helper threads while its
+    writer hashes it: the files are those one thread per file writes (pieces made small here, so that every
+    tensor of this model is split into many)."""
+    from ftx_triton.formats import fastcopy, ftformat
+
+    source = _checkpoint(tmp_path / "hf")
+    monkeypatch.setenv("FTX_CONVERT_THREADS", "1")
+    whole = convert_directory(GPTJ(), source, tmp_path / "whole", tp=tp, weight_dtype="fp16")
+    monkeypatch.setattr(ftformat, "SPLIT_MIN_BYTES", 1 << 16)
+    monkeypatch.setattr(ftformat, "_SPLIT_WRITE_BYTES", 48 << 10)
+    monkeypatch.setattr(fastcopy, "SPLIT_COPY_BYTES", 40 << 10)
+    monkeypatch.setenv("FTX_CONVERT_THREADS", "5")
+    split = convert_directory(GPTJ(), source, tmp_path / "split", tp=tp, weight_dtype="fp16")
+    assert sorted(split.files) == sorted(whole.files)
+    for name in whole.files:
+        assert (split.directory / name).read_bytes() == (whole.directory / name).read_bytes(), name

@@ -98,7 +98,10 @@ def convert_checkpoint(
     submitted: list[tensormap.Job] = []
     pool = BufferPool(keep_bytes=max(64 << 20, largest))
     buffers = _SourceBuffers(pool, waiting)
-    with BackgroundWriter(max_pending_bytes=max(256 << 20, largest), threads=writer_threads(), pool=pool) as writer:
+    threads = writer_threads()
+    with BackgroundWriter(
+        max_pending_bytes=max(256 << 20, largest), threads=threads, pool=pool, helpers=threads
+    ) as writer:
         for name in names:
             if name not in waiting:
                 continue
@@ -204,7 +207,8 @@ class _SourceBuffers:
 
 
 def writer_threads() -> int | None:
-    """``FTX_CONVERT_THREADS`` (1-64) overrides the number of writer threads (default: up to 4)."""
+    """``FTX_CONVERT_THREADS`` (1-64) overrides the number of writer threads and of the helper threads that split
+    one large file (default: :func:`~ftx_triton.formats.writer.default_threads`, from the usable CPUs)."""
     return env_int("FTX_CONVERT_THREADS", None, 1, 64)
 
 
