@@ -171,7 +171,7 @@ _counters = threading.local()
 
 def _write_piece(fd: int, raw: np.ndarray, start: int, step: int, dtype: np.dtype | None) -> int:
     """Write ``raw[start:start+step]`` at its offset of ``fd``; its NaN and Inf count when ``dtype`` is given."""
-    view = memoryview(raw[start : start + step])
+    view = raw[start : start + step].data
     done = 0
     while done < len(view):
         done += os.pwrite(fd, view[done:], start + done)
