@@ -99,9 +99,9 @@ def convert_checkpoint(
     pool = BufferPool(keep_bytes=max(64 << 20, largest))
     buffers = _SourceBuffers(pool, waiting)
     threads = writer_threads()
-    with BackgroundWriter(
-        max_pending_bytes=max(256 << 20, largest), threads=threads, pool=pool, helpers=threads
-    ) as writer:
+    # twice the largest tensor: one strided tensor and its copy, or two contiguous ones (writer.memory_cost)
+    pending = 2 * max(256 << 20, largest)
+    with BackgroundWriter(max_pending_bytes=pending, threads=threads, pool=pool, helpers=threads) as writer:
         for name in names:
             if name not in waiting:
                 continue

@@ -1,8 +1,8 @@
 """A background writer: materialise, split, check and write FT files while the next tensors are read.
 
-Bounded: at most ``max_pending_bytes`` of arrays wait for the writer, so memory stays near the
-size of a few tensors whatever the model size. Errors surface on the next submit or at close.
-Each file is written in one pass over its bytes that also hashes them (for the store) and, for a
+Bounded: the arrays waiting for the writer, and the contiguous copies it makes of strided ones, hold at most
+``max_pending_bytes``, so memory stays near the size of a few tensors whatever the model size. Errors surface
+on the next submit or at close. Each file is written in one pass over its bytes that also hashes them (for the store) and, for a
 labelled submission, counts its NaN and Inf values, in the writer's threads, on the copy it writes. On a host
 of several cores a large file's copy, writes and count are also split over a pool of helper threads while its
 writer hashes it (:func:`~ftx_triton.formats.ftformat.write_tensor_counted`), so one 400 MB tensor does not
@@ -40,7 +40,7 @@ def default_threads() -> tuple[int, int]:
     return min(MAX_WRITERS, cpus), (min(MAX_HELPERS, cpus) if cpus >= 4 else 0)
 
 
-_Item = tuple[list[Path], np.ndarray, int | None, str | None, Callable[[], None] | None]
+_Item = tuple[list[Path], np.ndarray, int | None, str | None, Callable[[], None] | None, int]
 
 
 class BackgroundWriter:
@@ -90,21 +90,19 @@ class BackgroundWriter:
         """Write ``array`` to ``paths[0]``, or split along ``split`` into ``len(paths)`` files; with a ``label``,
         count its NaN and Inf values into :attr:`non_finite` under it. ``done()`` is called (in a writer
         thread) once the writer holds no view of ``array`` any more: written, failed or dropped."""
+        cost = memory_cost(array, split)
         with self._cond:
             # One array larger than the limit may still go when nothing else is pending.
             started = time.perf_counter()
-            self._cond.wait_for(
-                lambda: self._error or self._pending == 0 or self._pending + array.nbytes <= self._limit
-            )
+            self._cond.wait_for(lambda: self._error or self._pending == 0 or self._pending + cost <= self._limit)
             self.stall_seconds += time.perf_counter() - started
             self._raise_if_failed()
-            self._pending += array.nbytes
-        self._queue.put((paths, array, split, label, done))
+            self._pending += cost
+        self._queue.put((paths, array, split, label, done, cost))
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            paths, array, split, label, done = item
-            nbytes = array.nbytes
+            paths, array, split, label, done, nbytes = item
             try:
                 if self._error is None and not self._abandoned:
                     self._write(paths, array, split, label)
@@ -160,6 +158,14 @@ class BackgroundWriter:
         else:  # stop quietly, dropping what waits to be written; the original exception wins
             self._abandoned = True
             self._stop()
+
+
+def memory_cost(array: np.ndarray, split: int | None) -> int:
+    """The bytes a submission holds until it is written: the array, and the contiguous copy of it that a strided
+    array (a transpose) or a split on a later axis needs. Counting the copy lets contiguous tensors (embeddings,
+    heads: the largest) go two at a time within the bound that a strided one and its copy take."""
+    copied = not array.flags.c_contiguous or split not in (None, 0)
+    return array.nbytes * (2 if copied else 1)
 
 
 def _parts(
