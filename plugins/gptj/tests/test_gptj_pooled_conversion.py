@@ -89,3 +89,27 @@ def test_files_split_over_helper_threads_are_the_same_bytes(
     assert sorted(split.files) == sorted(whole.files)
     for name in whole.files:
         assert (split.directory / name).read_bytes() == (whole.directory / name).read_bytes(), name
+
+
+def test_the_largest_lone_tensors_are_read_first_and_the_rest_in_storage_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The largest outputs (hashed by one thread each: a 6B model's embedding and head) start first, beside the
+    rest, instead of one stored last being hashed alone at the end; q, k and v, which one job reads together, are
+    not pulled forward even where they are as large. In this small model the MLP matrices (8 MB) are the largest."""
+    from ftx_triton.formats.checkpoint import SafetensorsFile, open_checkpoint
+
+    source = _checkpoint(tmp_path / "hf")
+    read: list[str] = []
+    real = SafetensorsFile.read_into
+
+    def recording(self: SafetensorsFile, name: str, buffer: np.ndarray) -> np.ndarray:
+        read.append(name)
+        return real(self, name, buffer)
+
+    monkeypatch.setattr(SafetensorsFile, "read_into", recording)
+    convert_directory(GPTJ(), source, tmp_path / "out", tp=1, weight_dtype="fp16")
+    stored = open_checkpoint(source).names()
+    first = [name for name in stored if name.endswith(("fc_in.weight", "fc_out.weight"))]
+    assert len(first) == 2 * LAYERS and read[: len(first)] == first
+    assert read[len(first) :] == [name for name in stored if name not in first]

@@ -102,9 +102,7 @@ def convert_checkpoint(
     # twice the largest tensor: one strided tensor and its copy, or two contiguous ones (writer.memory_cost)
     pending = 2 * max(256 << 20, largest)
     with BackgroundWriter(max_pending_bytes=pending, threads=threads, pool=pool, helpers=threads) as writer:
-        for name in names:
-            if name not in waiting:
-                continue
+        for name in read_order(names, waiting, reader.nbytes):
             check_stopped()
             t0 = time.perf_counter()
             held[name] = buffers.read(reader, name)
@@ -204,6 +202,22 @@ class _SourceBuffers:
                 self._left[name] -= 1
                 if self._left[name] == 0 and (buffer := self._buffers.pop(name, None)) is not None:
                     self._pool.give(buffer)
+
+
+def read_order(names: list[str], waiting: Mapping[str, list[tensormap.Job]], nbytes: Callable[[str], int]) -> list[str]:
+    """The tensors to read, in storage order, except that the large ones that no job shares with another tensor
+    (embedding and head matrices) come first. Each output's sha256 is one thread's pass, so the largest files set
+    the conversion's floor on a many-core host: started first, they are hashed beside everything else instead of
+    after it (a head stored last was hashed alone at the end). Tensors read with others (q, k, v) keep their
+    order, so none is held longer than before."""
+    needed = [name for name in names if name in waiting]
+    largest = max((nbytes(name) for name in needed), default=0)
+
+    def alone_and_large(name: str) -> bool:
+        return nbytes(name) * 2 >= largest and all(len(set(job.sources)) == 1 for job in waiting[name])
+
+    first = [name for name in needed if alone_and_large(name)]
+    return first + [name for name in needed if not alone_and_large(name)]
 
 
 def writer_threads() -> int | None:
