@@ -219,6 +219,29 @@ def test_a_file_replaced_while_hashed_is_refused(tmp_path: Path, monkeypatch: py
     assert not list((tmp_path / "home").glob("local-keys/*.json"))
 
 
+@pytest.mark.parametrize("when", ["before its check", "after its check"])
+def test_a_file_removed_before_it_is_hashed_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """Listed, then removed before its check or between the check and the hash: the error names the change."""
+    root = _linked_checkpoint(tmp_path, "model", b"w" * 32)
+    pending = local_keys.remembered_key(root, tmp_path / "home")
+    assert isinstance(pending, local_keys.PendingKey)
+    shard = root / "shard_1" / "0.npz"
+    if when == "before its check":
+        shard.unlink()
+    else:
+        real = local_keys.PendingKey.check_readable
+
+        def checked_then_removed(self: local_keys.PendingKey) -> None:
+            real(self)
+            shard.unlink()
+
+        monkeypatch.setattr(local_keys.PendingKey, "check_readable", checked_then_removed)
+    with pytest.raises(SourceError, match="changed while it was hashed"):
+        local_keys.settle(pending)
+
+
 def test_source_identity_moves_with_every_kind_of_change(tmp_path: Path) -> None:
     root = _linked_checkpoint(tmp_path, "model", b"w" * 32)
     seen = {source_identity(root)}

@@ -85,7 +85,10 @@ class PendingKey:
         from ftx_triton.io.regular import open_regular
 
         for file in self.files:
-            open_regular(file.path).close()
+            try:
+                open_regular(file.path).close()
+            except FileNotFoundError:  # removed (or a link retargeted at nothing) since it was listed
+                raise changed_error(self.root, "while it was hashed") from None
 
 
 def remembered_key(root: Path, home: Path) -> LocalKey | PendingKey:
@@ -113,7 +116,10 @@ def settle(pending: PendingKey, stop: threading.Event | None = None) -> LocalKey
 
     pending.check_readable()
     started = _now_ns()
-    digests = chunked_digests([(file.path, file.st.st_size) for file in pending.files], stop=stop)
+    try:
+        digests = chunked_digests([(file.path, file.st.st_size) for file in pending.files], stop=stop)
+    except FileNotFoundError:  # removed (or a link retargeted at nothing) since it was listed
+        raise changed_error(pending.root, "while it was hashed") from None
     if source_identity(pending.root) != pending.identity:
         raise changed_error(pending.root, "while it was hashed")
     digest = hashlib.sha256(_KEY_VERSION + b"\n")

@@ -95,43 +95,42 @@ def chunked_digests(
         for start in range(0, size, CHUNKED_BYTES)
     ]
     count = max(1, min(threads or hash_threads(), len(chunks)))
-    fds: dict[Path, int] = {}
     local = threading.local()
 
     def chunk_digest(chunk: tuple[Path, int, int]) -> bytes:
+        """One chunk's sha256, its file opened for it alone (a source of thousands of files never holds as many
+        descriptors; a pipe put in a file's place never blocks)."""
         path, start, end = chunk
         buffer = getattr(local, "buffer", None)
         if buffer is None:
             buffer = local.buffer = memoryview(bytearray(_PIECE))
         digest = hashlib.sha256()
-        at = start
-        while at < end:
-            if stop is not None and stop.is_set():
-                raise HashStopped(path)
-            got = os.preadv(fds[path], [buffer[: min(_PIECE, end - at)]], at)
-            if got == 0:  # shorter than listed: changed meanwhile, which the caller's identity check refuses
-                break
-            digest.update(buffer[:got])
-            at += got
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            at = start
+            while at < end:
+                if stop is not None and stop.is_set():
+                    raise HashStopped(path)
+                got = os.preadv(fd, [buffer[: min(_PIECE, end - at)]], at)
+                if got == 0:  # shorter than listed: changed meanwhile, which the caller's identity check refuses
+                    break
+                digest.update(buffer[:got])
+                at += got
+        finally:
+            os.close(fd)
         return digest.digest()
 
-    try:
-        for path, _size in files:
-            fds[path] = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a pipe never blocks
-        if count == 1:
-            parts = [chunk_digest(chunk) for chunk in chunks]
-        else:
-            with ThreadPoolExecutor(max_workers=count, thread_name_prefix="ftx-key") as pool:
-                futures = [pool.submit(chunk_digest, chunk) for chunk in chunks]
-                try:
-                    parts = [future.result() for future in futures]
-                except BaseException:
-                    for future in futures:
-                        future.cancel()
-                    raise
-    finally:
-        for fd in fds.values():
-            os.close(fd)
+    if count == 1:
+        parts = [chunk_digest(chunk) for chunk in chunks]
+    else:
+        with ThreadPoolExecutor(max_workers=count, thread_name_prefix="ftx-key") as pool:
+            futures = [pool.submit(chunk_digest, chunk) for chunk in chunks]
+            try:
+                parts = [future.result() for future in futures]
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
     by_file: dict[Path, list[bytes]] = {path: [] for path, _size in files}
     for (path, _start, _end), part in zip(chunks, parts, strict=True):
         by_file[path].append(part)
