@@ -102,7 +102,8 @@ def convert_checkpoint(
     # twice the largest tensor: one strided tensor and its copy, or two contiguous ones (writer.memory_cost)
     pending = 2 * max(256 << 20, largest)
     with BackgroundWriter(max_pending_bytes=pending, threads=threads, pool=pool, helpers=threads) as writer:
-        for name in read_order(names, waiting, reader.nbytes):
+        random_access = getattr(reader, "read_into", None) is not None  # pread readers; archives stream in order
+        for name in read_order(names, waiting, reader.nbytes) if random_access else (n for n in names if n in waiting):
             check_stopped()
             t0 = time.perf_counter()
             held[name] = buffers.read(reader, name)
@@ -209,7 +210,8 @@ def read_order(names: list[str], waiting: Mapping[str, list[tensormap.Job]], nby
     (embedding and head matrices) come first. Each output's sha256 is one thread's pass, so the largest files set
     the conversion's floor on a many-core host: started first, they are hashed beside everything else instead of
     after it (a head stored last was hashed alone at the end). Tensors read with others (q, k, v) keep their
-    order, so none is held longer than before."""
+    order, so none is held longer than before. Only for readers that read any tensor at its offset (``read_into``):
+    a reader of archive members streams them in storage order."""
     needed = [name for name in names if name in waiting]
     largest = max((nbytes(name) for name in needed), default=0)
 
