@@ -203,8 +203,10 @@ async def measure(
                 paths[-1].name = "openai-other"
         elif name in ("raw-loop", "raw-route"):
             vocab = model_vocab(target.http)
-            raw = RawLoopPath if name == "raw-loop" else RawRoutePath
-            paths.append(raw(target, prompt_len, args.max_tokens, vocab, decoupled=args.streaming))
+            if name == "raw-loop":
+                paths.append(RawLoopPath(target, prompt_len, args.max_tokens, vocab, decoupled=args.streaming))
+            else:
+                paths.append(RawRoutePath(target, prompt_len, args.max_tokens, vocab, args.streaming, args.prompt))
     for path in paths:  # warm-up
         async with aiohttp.ClientSession() as session:
             await path(session)

@@ -342,16 +342,26 @@ class RawLoopPath:
 
 class RawRoutePath(RawLoopPath):
     """The raw loop with the other inputs the OpenAI endpoint's token route sends (its own preprocessing code's
-    for a plain request of ``max_tokens``), and the outputs it asks for: the model's cost of those inputs."""
+    for a plain request of ``prompt`` and ``max_tokens``), and the outputs it asks for: the model's cost of those
+    inputs."""
 
     name = "raw-route"
 
-    def __init__(self, target: Target, prompt_len: int, max_tokens: int, vocab: int, decoupled: bool) -> None:
+    def __init__(  # noqa: PLR0913 - the raw loop's arguments and the run's prompt
+        self,
+        target: Target,
+        prompt_len: int,
+        max_tokens: int,
+        vocab: int,
+        decoupled: bool,
+        prompt: str = DEFAULT_PROMPT,
+    ) -> None:
         from ftx_triton.client.token_stream import TokenRoute
 
         super().__init__(target, prompt_len, max_tokens, vocab, decoupled)
         route = TokenRoute(target.repository)
-        tensors, _prompt = route.inputs({"prompt": "Hello", "max_tokens": max_tokens})
+        # the run's own prompt: one the deployment's tokenizer reads (a character tokenizer may know no "Hello")
+        tensors, _prompt = route.inputs({"prompt": prompt, "max_tokens": max_tokens})
         own = random_request(1, 1, max_tokens, vocab, 0)
         self.extra = {name: array for name, array in tensors.items() if name not in own}
         self.outputs = route.whole_outputs()
@@ -722,7 +732,7 @@ async def run(args: argparse.Namespace, target: Target) -> dict[str, Any]:
     raw = RawModel(target, prompt_len, args.max_tokens, args.raw_repeats, args.vocab) if "raw" in args.paths else None
     if "raw-route" in args.paths:
         probe = raw or RawModel(target, prompt_len, args.max_tokens, 1, args.vocab)
-        paths.insert(0, RawRoutePath(target, prompt_len, args.max_tokens, probe.vocab, probe.decoupled))
+        paths.insert(0, RawRoutePath(target, prompt_len, args.max_tokens, probe.vocab, probe.decoupled, args.prompt))
     if "raw-loop" in args.paths:
         probe = raw or RawModel(target, prompt_len, args.max_tokens, 1, args.vocab)
         paths.insert(0, RawLoopPath(target, prompt_len, args.max_tokens, probe.vocab, probe.decoupled))

@@ -56,8 +56,6 @@ SHAPES: dict[str, dict[str, Any]] = {
     "t5-3b": {"family": "t5", "layers": 24, "hidden": 1024, "heads": 32, "d_kv": 128, "vocab": 32128, "inter": 16384},
 }
 
-KOGPT_SPECIALS = ("[BOS]", "[EOS]", "[UNK]", "[PAD]", "[MASK]")
-
 
 def vocab_characters(count: int) -> list[str]:
     """``count`` distinct characters, one per token of a full-vocabulary tokenizer: the CJK ideographs
@@ -122,11 +120,9 @@ def _config(name: str, dest: Path, full_vocab: bool = False) -> tuple[Any, Any]:
         )
         return config, transformers.T5ForConditionalGeneration
     if s["family"] == "kogpt":
-        tok = train_bpe_tokenizer(
-            dest,
-            specials=KOGPT_SPECIALS,
-            extra_config={"bos_token": "[BOS]", "eos_token": "[EOS]", "unk_token": "[UNK]", "pad_token": "[PAD]"},
-        )
+        from ftx_kogpt.tiny import train_kogpt_tokenizer
+
+        tok = train_kogpt_tokenizer(dest)
         ids = {"bos_token_id": tok.token_to_id("[BOS]"), "eos_token_id": tok.token_to_id("[EOS]")}
         ids["pad_token_id"] = tok.token_to_id("[PAD]")
     else:

@@ -457,14 +457,6 @@ def can_raise(limit: int) -> bool:
     return subprocess.run([sys.executable, "-c", script], capture_output=True, check=False).returncode == 0
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, str]:
     import urllib.error
     import urllib.request

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
@@ -51,35 +51,10 @@ def tiny_gptneox(dest: Path) -> Path:
 
 
 def tiny_kogpt(dest: Path, vocab_size: int = 504) -> Path:
-    """KoGPT's shape scaled down: GPT-J with [BOS] 0 / [EOS] 1 / [PAD] 3 and a tokenizer holding them
-    (``vocab_size``: KoGPT's own is 64512)."""
-    from ftx_gptj.tiny import tiny_gptj as build
-    from ftx_triton.tiny import train_bpe_tokenizer
+    """KoGPT's shape scaled down (``vocab_size``: KoGPT's own is 64512), with its tokenizer."""
+    from ftx_kogpt.tiny import tiny_kogpt as build
 
-    build(
-        dest,
-        n_embd=64,
-        n_head=4,
-        n_layer=2,
-        rotary_dim=4,
-        vocab_size=vocab_size,
-        tokenizer=False,
-        token_ids={"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 3},
-        random_init=True,
-        seed=7,
-    )
-    train_bpe_tokenizer(
-        dest,
-        specials=("[BOS]", "[EOS]", "[UNK]", "[PAD]", "[MASK]"),
-        extra_config={
-            "bos_token": "[BOS]",
-            "eos_token": "[EOS]",
-            "unk_token": "[UNK]",
-            "pad_token": "[PAD]",
-            "mask_token": "[MASK]",
-        },
-    )
-    return dest
+    return build(dest, vocab_size=vocab_size)
 
 
 def train_t5_spiece(dest: Path, vocab_size: int = 120) -> Any:
@@ -186,8 +161,32 @@ def reference_model(src: Path) -> Any:
     return cls.from_pretrained(src).eval()
 
 
+def tiny_sources(
+    tmp_path_factory: pytest.TempPathFactory, families: Iterable[str], prefix: str
+) -> dict[str, tuple[Path, Any]]:
+    """Each family's tiny checkpoint (in a fresh ``<prefix>-<family>`` folder) and its model in transformers."""
+    out = {}
+    for name in families:
+        src = BUILDERS[name](tmp_path_factory.mktemp(f"{prefix}-{name}") / "hf")
+        out[name] = (src, reference_model(src))
+    return out
+
+
 def hf_greedy(model: Any, prompt: Sequence[int], max_new_tokens: int, **kwargs: Any) -> list[int]:
-    """transformers generate on one prompt: decoder → prompt + new tokens; T5 → decoder tokens (no start)."""
+    """transformers' greedy generate on one prompt: decoder → prompt + new tokens; T5 → decoder tokens (no start)."""
+    return _hf_generate(model, prompt, max_new_tokens, do_sample=False, **kwargs)
+
+
+def hf_sampled(model: Any, prompt: Sequence[int], max_new_tokens: int, seed: int, **kwargs: Any) -> list[int]:
+    """transformers' sampling generate on one prompt (like :func:`hf_greedy`), torch seeded with ``seed`` first
+    as the python runtime seeds it."""
+    import torch
+
+    torch.manual_seed(seed)
+    return _hf_generate(model, prompt, max_new_tokens, do_sample=True, **kwargs)
+
+
+def _hf_generate(model: Any, prompt: Sequence[int], max_new_tokens: int, **kwargs: Any) -> list[int]:
     import torch
 
     ids = torch.tensor([list(prompt)])
@@ -197,7 +196,6 @@ def hf_greedy(model: Any, prompt: Sequence[int], max_new_tokens: int, **kwargs: 
             ids,
             attention_mask=torch.ones_like(ids),
             max_new_tokens=max_new_tokens,
-            do_sample=False,
             eos_token_id=eos,
             pad_token_id=eos,
             **kwargs,

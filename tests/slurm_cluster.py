@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ftx_triton.server.ports import loopback_port
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 
@@ -37,12 +38,6 @@ def missing() -> str | None:
     if os.geteuid() != 0:
         return "slurmd must run as root"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _die_with_parent() -> None:
@@ -79,11 +74,12 @@ class SlurmCluster:
         for sub in ("state", "spool", "log"):
             (self.root / sub).mkdir()
         r = self.root
+        ctld_port = loopback_port()
         self.conf.write_text(
             f"""ClusterName=ftxtest
 SlurmctldHost={self.node}(127.0.0.1)
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={ctld_port}
+SlurmdPort={loopback_port(avoid={ctld_port})}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge

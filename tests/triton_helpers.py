@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from ftx_triton.server.launch import SHM_PREFIX
-from ftx_triton.server.process_tree import SHM_DIR
+from ftx_triton.server.process_tree import SHM_DIR, stat_fields
 
 IO_CONFIG = """
 max_batch_size: 0
@@ -65,14 +66,19 @@ ensemble_scheduling {{
 """
 
 
-def python_model(repo: Path, name: str, source: str) -> Path:
-    """Write a Python-backend model ``name`` with the int32 input_ids → output_ids signature."""
+def model_files(repo: Path, name: str, config: str, source: str) -> Path:
+    """Write model ``name`` of a repository: its ``config.pbtxt`` and version 1's ``model.py``."""
     model = repo / name
     (model / "1").mkdir(parents=True)
-    config = f'name: "{name}"\nbackend: "python"\n{IO_CONFIG}\ninstance_group [{{ count: 1, kind: KIND_CPU }}]\n'
     (model / "config.pbtxt").write_text(config)
     (model / "1" / "model.py").write_text(source)
     return model
+
+
+def python_model(repo: Path, name: str, source: str) -> Path:
+    """Write a Python-backend model ``name`` with the int32 input_ids → output_ids signature."""
+    config = f'name: "{name}"\nbackend: "python"\n{IO_CONFIG}\ninstance_group [{{ count: 1, kind: KIND_CPU }}]\n'
+    return model_files(repo, name, config, source)
 
 
 def add_one_model(repo: Path, name: str) -> Path:
@@ -105,22 +111,21 @@ def infer_http(url: str, model: str, data: np.ndarray = INPUT) -> np.ndarray:
     """One request over HTTP; the client is closed before returning (no keep-alive left open)."""
     import tritonclient.http as httpclient
 
-    client = httpclient.InferenceServerClient(url)
-    try:
-        tensor = httpclient.InferInput("input_ids", list(data.shape), "INT32")
-        tensor.set_data_from_numpy(data)
-        return client.infer(model, [tensor]).as_numpy("output_ids")
-    finally:
-        client.close()
+    return _infer(httpclient, url, model, data)
 
 
 def infer_grpc(url: str, model: str, data: np.ndarray = INPUT) -> np.ndarray:
     """One request over gRPC; the client is closed before returning."""
     import tritonclient.grpc as grpcclient
 
-    client = grpcclient.InferenceServerClient(url)
+    return _infer(grpcclient, url, model, data)
+
+
+def _infer(protocol: Any, url: str, model: str, data: np.ndarray) -> np.ndarray:
+    """``input_ids`` -> ``output_ids`` through ``protocol`` (``tritonclient.http`` or ``tritonclient.grpc``)."""
+    client = protocol.InferenceServerClient(url)
     try:
-        tensor = grpcclient.InferInput("input_ids", list(data.shape), "INT32")
+        tensor = protocol.InferInput("input_ids", list(data.shape), "INT32")
         tensor.set_data_from_numpy(data)
         return client.infer(model, [tensor]).as_numpy("output_ids")
     finally:
@@ -143,18 +148,11 @@ def home_shm_prefixes(home: Path) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-def _stat(path: Path) -> list[str] | None:
-    try:
-        return path.read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
 def process_gone(pid: int | None) -> bool:
     """True if neither ``pid`` nor any process of its group runs (zombies awaiting reaping count as gone)."""
     assert pid is not None
-    for stat_file in Path("/proc").glob("[0-9]*/stat"):
-        fields = _stat(stat_file)
-        if fields and fields[0] not in ("Z", "X") and (stat_file.parent.name == str(pid) or fields[2] == str(pid)):
+    for proc in Path("/proc").glob("[0-9]*"):
+        fields = stat_fields(int(proc.name))
+        if fields and fields[0] not in ("Z", "X") and (proc.name == str(pid) or fields[2] == str(pid)):
             return False
     return True

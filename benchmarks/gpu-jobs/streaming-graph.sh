@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The streaming deployment with GPT-J's CUDA graph (fp16 default) at tp 2 and tp 4, after the fix that keeps the rank
-# that streams tokens eager: the serving matrix's streaming variant (a server that ended or hung at the first `text`
-# request before the fix; `raw-route` beside the raw loop tells the model's cost of the inputs the OpenAI token route sends
-# from the endpoint's own), then the GPU suite's streamed-text test at each tp. Needs tp GPUs (four for tp 4; at tp 2
-# only: FTX_STREAM_TPS=2).
+# A streaming deployment of GPT-J in fp16 (where the CUDA graph is on when not streaming) at tp 2 and tp 4: ftx
+# serves it with FTX_FT_CUDA_GRAPH=0, since every streamed request hung (tp 2) or ended the server (tp 4) with the
+# graph on. The serving matrix's streaming variant (`raw-route` beside the raw loop tells the model's cost of the
+# inputs the OpenAI token route sends from the endpoint's own), then the GPU suite's streamed-text test at each tp.
+# Needs tp GPUs (four for tp 4; at tp 2 only: FTX_STREAM_TPS=2). What hung is reproduced by stream_bisect.py here.
 #
 # One device call (the backend builds in gpu-suite's job; the checkpoint and its conversions beside it):
 #   scripts/gpu-suite.sh start --sources ft-src.tar.xz --wheels WHEELS --no-tests \

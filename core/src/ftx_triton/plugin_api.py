@@ -23,7 +23,7 @@ from ftx_triton.conversion.family import (
     head_size_of,
     read_config_json,
 )
-from ftx_triton.conversion.ftini import FtIni, IniSection, Key
+from ftx_triton.conversion.ftini import ROTARY_GPT_KEYS, FtIni, IniSection, Key
 from ftx_triton.conversion.ops import Op, OpContext, Shape
 from ftx_triton.conversion.tensormap import M, Skip, TensorMap
 from ftx_triton.conversion.tokenizer_ids import reconcile_token_ids
@@ -43,6 +43,7 @@ __all__ = [
     "Op",
     "OpContext",
     "Preset",
+    "ROTARY_GPT_KEYS",
     "Shape",
     "Skip",
     "TensorMap",

@@ -20,23 +20,10 @@ from ftx_triton.conversion.dtypes import numpy_dtype
 from ftx_triton.errors import ConfigError
 from ftx_triton.formats.checkpoint import open_checkpoint
 from ftx_triton.formats.ftformat import read_ini, read_tensor
-from ftx_triton.testing.golden import GoldenRun, load_runs, mismatches
+from ftx_triton.testing.golden import GoldenRun, ini_mismatches, load_runs, mismatches
 from repo_paths import GOLDEN_DIR
 
 CASE = "gptneox-parallel"
-INI_KEYS_FT_READS = (
-    "model_name",
-    "head_num",
-    "size_per_head",
-    "inter_size",
-    "num_layer",
-    "rotary_embedding",
-    "vocab_size",
-    "start_id",
-    "end_id",
-    "use_gptj_residual",
-    "weight_data_type",
-)
 SEPARATE_BIASES = ("attention.dense.bias", "mlp.dense_4h_to_h.bias")
 
 
@@ -47,11 +34,6 @@ def _runs() -> list[GoldenRun]:
 def _convert(src: Path, out: Path, *, tp: int, weight_dtype: str = "fp32", family: GPTNeoX | None = None) -> Path:
     family = family or GPTNeoX()
     return convert_directory(family, src, out, tp=tp, weight_dtype=weight_dtype).directory
-
-
-def _upstream_ini(run: GoldenRun) -> dict[str, str]:
-    lines = (line.split("=", 1) for line in run.config_ini.splitlines() if "=" in line)
-    return {k.strip(): v.strip() for k, v in lines}
 
 
 def _assert_parity(out_root: Path, run: GoldenRun) -> None:
@@ -69,10 +51,7 @@ def _assert_parity(out_root: Path, run: GoldenRun) -> None:
         ours = np.fromfile(out_root / rel, dtype=dtype)
         as_upstream = ours / np.asarray(run.tp, dtype=dtype) if run.tp > 1 else ours
         assert hashlib.sha256(as_upstream.tobytes()).hexdigest() == run.files[rel]["sha256"], rel
-    ours_ini = read_ini(out_root / f"{run.tp}-gpu" / "config.ini")["gptneox"]
-    upstream = _upstream_ini(run)
-    for key in INI_KEYS_FT_READS:
-        assert ours_ini[key] == upstream[key], key
+    assert ini_mismatches(out_root, run) == []
 
 
 @pytest.mark.parametrize("run", _runs(), ids=lambda r: r.id)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import inspect
 import json
 from pathlib import Path
+from typing import Any
 
 import ftx_kogpt.family
+import ftx_kogpt.tiny
 import numpy as np
 import pytest
 from ftx_gptj.family import GPTJ
@@ -16,22 +18,8 @@ from ftx_triton.conversion.tokenizer_ids import tokenizer_token_ids
 from ftx_triton.errors import ConfigError
 from ftx_triton.formats.checkpoint import open_checkpoint
 from ftx_triton.formats.ftformat import read_ini
-from ftx_triton.testing.golden import GoldenRun, load_runs, mismatches
+from ftx_triton.testing.golden import GoldenRun, ini_mismatches, load_runs, mismatches
 from repo_paths import GOLDEN_DIR
-
-KOGPT_SPECIALS = ("[BOS]", "[EOS]", "[UNK]", "[PAD]", "[MASK]")
-"""Trained in this order, the tokenizer's ids are [BOS] 0, [EOS] 1, [UNK] 2, [PAD] 3, [MASK] 4."""
-INI_KEYS_FT_READS = (
-    "head_num",
-    "size_per_head",
-    "inter_size",
-    "num_layer",
-    "rotary_embedding",
-    "vocab_size",
-    "start_id",
-    "end_id",
-    "weight_data_type",
-)
 
 
 def _gptj_runs() -> list[GoldenRun]:
@@ -43,52 +31,9 @@ def _convert(family: GPTJ, src: Path, out: Path, *, tp: int, weight_dtype: str =
     return convert_directory(family, src, out, tp=tp, weight_dtype=weight_dtype).directory
 
 
-def _kogpt_tokenizer(dest: Path, specials: tuple[str, ...] = KOGPT_SPECIALS) -> None:
-    from ftx_triton.tiny import train_bpe_tokenizer
-
-    train_bpe_tokenizer(
-        dest,
-        specials=specials,
-        extra_config={
-            "bos_token": "[BOS]",
-            "eos_token": "[EOS]",
-            "unk_token": "[UNK]",
-            "pad_token": "[PAD]",
-            "mask_token": "[MASK]",
-        },
-    )
-
-
-def _tiny_kogpt(
-    dest: Path,
-    *,
-    token_ids: dict[str, int] | None = None,
-    tokenizer: bool = True,
-    dtype: str = "float16",
-    safetensors: bool = False,
-) -> Path:
-    """KoGPT6B's shape scaled down (as the golden generator does): head dim 16, rotary_dim 4 (= D/4),
-    vocab 504 (= 64512 / 128), fp16 pytorch_model.bin like the KoGPT6B-ryan1.5b-float16 branch."""
-    from ftx_gptj.tiny import tiny_gptj
-
-    ids = token_ids or {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 3}
-    tiny_gptj(
-        dest,
-        n_embd=64,
-        n_head=4,
-        n_layer=2,
-        rotary_dim=4,
-        vocab_size=504,
-        dtype=dtype,
-        safetensors=safetensors,
-        tokenizer=False,
-        token_ids=ids,
-        random_init=True,
-        seed=7,
-    )
-    if tokenizer:
-        _kogpt_tokenizer(dest)
-    return dest
+def _tiny_kogpt(dest: Path, **changes: Any) -> Path:
+    """:func:`ftx_kogpt.tiny.tiny_kogpt` in fp16 pytorch_model.bin, like the KoGPT6B-ryan1.5b-float16 branch."""
+    return ftx_kogpt.tiny.tiny_kogpt(dest, **{"dtype": "float16", "safetensors": False, **changes})
 
 
 @pytest.fixture(scope="module")
@@ -104,12 +49,7 @@ def test_kogpt_matches_upstream_gptj_bytes(golden: Path, tmp_path: Path, run: Go
     """KoGPT is converted by upstream's GPT-J converter unchanged: same golden bytes, same [gptj] ini."""
     _convert(KoGPT(), golden / run.case / "hf", tmp_path, tp=run.tp, weight_dtype=run.dtype)
     assert mismatches(tmp_path, run) == []
-    ours = read_ini(tmp_path / f"{run.tp}-gpu" / "config.ini")["gptj"]
-    upstream = {
-        k.strip(): v.strip() for k, v in (line.split("=", 1) for line in run.config_ini.splitlines() if "=" in line)
-    }
-    for key in INI_KEYS_FT_READS:
-        assert ours[key] == upstream[key], key
+    assert ini_mismatches(tmp_path, run) == []
 
 
 @pytest.mark.parametrize("weight_dtype", ["fp32", "fp16"])

@@ -27,15 +27,14 @@ from ftx_triton.client.generate import generate_answer, generate_text
 from ftx_triton.client.text_client import sampling_values
 from ftx_triton.errors import ServeError
 from python_runtime_support import (
-    BUILDERS,
     SERVER_MARKS,
     build_repository,
     decoder_inputs,
     hf_greedy,
     infer,
-    reference_model,
     registered_families,
     t5_inputs,
+    tiny_sources,
 )
 from triton_helpers import home_shm_prefixes
 
@@ -109,11 +108,7 @@ class Deployment:
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Any]]:
-    out = {}
-    for name in FAMILIES:
-        src = BUILDERS[name](tmp_path_factory.mktemp(f"cli-src-{name}") / "hf")
-        out[name] = (src, reference_model(src))
-    return out
+    return tiny_sources(tmp_path_factory, FAMILIES, "cli-src")
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[f"{n}-tp{tp}" for n, tp in CASES])

@@ -33,7 +33,6 @@ from google.protobuf import text_format
 pytestmark = pytest.mark.skipif(find_spec("pytriton") is None, reason="nvidia-pytriton is not installed")
 
 FAMILIES = ("gptj", "gptneox", "kogpt", "t5")
-KOGPT_SPECIALS = ("[BOS]", "[EOS]", "[UNK]", "[PAD]", "[MASK]")
 PROMPTS = {
     "gptj": "The quick brown fox jumps over the lazy dog.",
     "gptneox": "Hello world, this is a tiny model.",
@@ -67,23 +66,16 @@ def tiny_source(family: str, dest: Path) -> tuple[Path, tuple[str, ...]]:
     """A tiny checkpoint of ``family`` with its tokenizer, and the configure options it needs."""
     from ftx_gptj.tiny import tiny_gptj
     from ftx_gptneox.tiny import tiny_gptneox
+    from ftx_kogpt.tiny import TOKEN_IDS, train_kogpt_tokenizer
     from ftx_t5.tiny import tiny_t5, train_sentencepiece_tokenizer
-    from ftx_triton import tiny
 
     if family == "gptj":
         return tiny_gptj(dest), ()
     if family == "gptneox":
         return tiny_gptneox(dest), ()
     if family == "kogpt":
-        tiny_gptj(dest, tokenizer=False)
-        tiny.train_bpe_tokenizer(
-            dest,
-            specials=KOGPT_SPECIALS,
-            extra_config={"bos_token": "[BOS]", "eos_token": "[EOS]", "unk_token": "[UNK]", "pad_token": "[PAD]"},
-        )
-        config = json.loads((dest / "config.json").read_text())
-        config.update(bos_token_id=0, eos_token_id=1, pad_token_id=3)
-        (dest / "config.json").write_text(json.dumps(config))
+        tiny_gptj(dest, tokenizer=False, token_ids=TOKEN_IDS)
+        train_kogpt_tokenizer(dest)
         return dest, ("--family", "kogpt")
     if family == "t5":
         tiny_t5(dest)

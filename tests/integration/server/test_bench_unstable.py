@@ -10,6 +10,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
+from triton_helpers import model_files
 
 pytestmark = pytest.mark.skipif(find_spec("pytriton") is None, reason="nvidia-pytriton is not installed")
 
@@ -51,10 +52,7 @@ def test_perf_analyzer_reports_windows_that_are_not_stable(tmp_path: Path) -> No
     binary = find_perf_analyzer()
     if binary is None:
         pytest.skip("perf_analyzer is not installed here (scripts/setup.sh --dev installs it)")
-    model = tmp_path / "repo" / "slower"
-    (model / "1").mkdir(parents=True)
-    (model / "config.pbtxt").write_text(CONFIG)
-    (model / "1" / "model.py").write_text(SLOWER_EACH_TIME)
+    model_files(tmp_path / "repo", "slower", CONFIG, SLOWER_EACH_TIME)
     with TritonServer(tmp_path / "repo", home=tmp_path / "home") as server:
         points = run_perf_analyzer(binary, server.grpc_url, "slower", "Hi", 4, [1], 4)
     assert [p.concurrency for p in points] == [1]

@@ -9,6 +9,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
+from triton_helpers import model_files
 
 pytestmark = pytest.mark.skipif(find_spec("pytriton") is None, reason="nvidia-pytriton is not installed")
 
@@ -46,10 +47,7 @@ def test_a_failed_generation_is_a_500_and_a_refusal_a_400(tmp_path: Path) -> Non
     from ftx_triton.client.text_client import HttpError, HttpTriton, text_interface
     from ftx_triton.server.tritonserver import TritonServer
 
-    model = tmp_path / "repo" / "erring"
-    (model / "1").mkdir(parents=True)
-    (model / "config.pbtxt").write_text(CONFIG)
-    (model / "1" / "model.py").write_text(ERRING)
+    model_files(tmp_path / "repo", "erring", CONFIG, ERRING)
     with TritonServer(tmp_path / "repo", home=tmp_path / "home") as server:
         triton = HttpTriton(f"http://{server.http_url}")
         iface = text_interface(triton, "erring")

@@ -17,14 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from python_runtime_support import (
-    BUILDERS,
-    SERVER_MARKS,
-    build_repository,
-    hf_greedy,
-    reference_model,
-    registered_families,
-)
+from python_runtime_support import SERVER_MARKS, build_repository, hf_greedy, registered_families, tiny_sources
 from repo_paths import TESTS
 
 pytestmark = SERVER_MARKS
@@ -103,11 +96,7 @@ class Deployment:
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Any]]:
-    out = {}
-    for name in FAMILIES:
-        src = BUILDERS[name](tmp_path_factory.mktemp(f"up-src-{name}") / "hf")
-        out[name] = (src, reference_model(src))
-    return out
+    return tiny_sources(tmp_path_factory, FAMILIES, "up-src")
 
 
 def _deploy(name: str, sources: dict[str, tuple[Path, Any]], home: Path, **settings: Any) -> Iterator[Deployment]:

@@ -11,19 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 from ftx_triton.testing.conformance import TINY_WEIGHT_STD, build_tiny_checkpoint
+from tiny_configs import GPTJ_TINY
 
 NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
-GPTJ_TINY = {
-    "model_type": "gptj",
-    "n_layer": 2,
-    "n_embd": 64,
-    "n_head": 4,
-    "rotary_dim": 8,
-    "vocab_size": 128,
-    "n_positions": 64,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-}
 
 
 @pytest.fixture(scope="module")

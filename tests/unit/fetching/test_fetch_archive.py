@@ -26,7 +26,7 @@ def expected_model_tree() -> dict[str, bytes | str]:
 
 def assert_nothing_left(dest: Path) -> None:
     assert not dest.exists()
-    assert [p.name for p in dest.parent.iterdir() if ".extracting" in p.name] == []
+    assert [p.name for p in dest.parent.iterdir() if p.name.startswith(f".{dest.name}.")] == []
 
 
 @pytest.mark.parametrize("name", FORMATS)

@@ -13,55 +13,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+from ftini_cases import GPT2_TINY, template_module
 from ftx_triton.conversion.convert import convert_directory
 from ftx_triton.conversion.tensormap import M, TensorMap
 from ftx_triton.errors import CheckpointError
 from ftx_triton.oracle import verify
 from ftx_triton.oracle.files import FtFiles
 from ftx_triton.testing.conformance import TINY_WEIGHT_STD, build_tiny_checkpoint
+from tiny_configs import GPTJ_TINY, NEOX_TINY, T5_TINY
 
 pytest_plugins = ["pytester"]
-
-GPTJ_TINY = {
-    "model_type": "gptj",
-    "n_layer": 2,
-    "n_embd": 64,
-    "n_head": 4,
-    "rotary_dim": 8,
-    "vocab_size": 128,
-    "n_positions": 64,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-}
-T5_TINY = {
-    "model_type": "t5",
-    "vocab_size": 128,
-    "relative_attention_num_buckets": 32,
-    "decoder_start_token_id": 0,
-    "eos_token_id": 1,
-    "pad_token_id": 0,
-    "d_model": 64,
-    "d_kv": 16,
-    "num_heads": 4,
-    "d_ff": 128,
-    "num_layers": 2,
-    "feed_forward_proj": "relu",
-    "tie_word_embeddings": True,
-}
-NEOX_TINY = {
-    "model_type": "gpt_neox",
-    "vocab_size": 128,
-    "max_position_embeddings": 64,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "tie_word_embeddings": False,
-    "hidden_size": 64,
-    "num_attention_heads": 4,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "rotary_pct": 0.25,
-    "use_parallel_residual": True,
-}
 
 
 def _swap_fused_sources(row: M, first: int, second: int) -> M:
@@ -181,25 +142,7 @@ def test_half_precision_files_pass_with_the_same_tolerance(tmp_path: Path, weigh
 
 def test_the_template_gpt2_passes_as_ft_gpt(tmp_path: Path) -> None:
     """FT's GPT model type (multi_gpu_gpt), through the plugin template's GPT-2 family, at tp 2."""
-    import importlib.util
-
-    from ftx_triton.cli.scaffold import TEMPLATE
-
-    spec = importlib.util.spec_from_file_location("ftx_gpt2_oracle_case", TEMPLATE / "src" / "ftx_gpt2" / "family.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = {
-        "model_type": "gpt2",
-        "n_layer": 2,
-        "n_embd": 64,
-        "n_head": 4,
-        "n_positions": 64,
-        "vocab_size": 128,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-    }
-    directory, checkpoint = _converted(module.GPT2(), config, tmp_path, 2)
+    directory, checkpoint = _converted(template_module().GPT2(), GPT2_TINY, tmp_path, 2)
     verdict = verify(directory, checkpoint, model_class="GPT2LMHeadModel")
     assert verdict.model_type == "GPT" and verdict.passed, verdict.describe()
 

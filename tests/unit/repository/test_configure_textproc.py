@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ftx_kogpt.tiny import train_kogpt_tokenizer
 from ftx_t5.tiny import train_sentencepiece_tokenizer
 from ftx_triton.repository import textproc
 from ftx_triton.repository.textproc import (
@@ -24,8 +25,6 @@ from ftx_triton.repository.textproc import (
 )
 from ftx_triton.tiny import END_OF_TEXT, train_bpe_tokenizer
 
-KOGPT_SPECIALS = ("[BOS]", "[EOS]", "[UNK]", "[PAD]", "[MASK]")
-
 
 @pytest.fixture(scope="module")
 def bpe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -37,11 +36,7 @@ def bpe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def kogpt_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("kogpt-tok")
-    train_bpe_tokenizer(
-        path,
-        specials=KOGPT_SPECIALS,
-        extra_config={"bos_token": "[BOS]", "eos_token": "[EOS]", "unk_token": "[UNK]", "pad_token": "[PAD]"},
-    )
+    train_kogpt_tokenizer(path)
     return path
 
 

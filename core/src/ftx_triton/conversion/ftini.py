@@ -111,6 +111,20 @@ KEYS: Mapping[str, Key] = _keys(
 )
 """Every config.ini key a family may use, by name."""
 
+ROTARY_GPT_KEYS = (
+    "model_name",
+    "head_num",
+    "size_per_head",
+    "inter_size",
+    "num_layer",
+    "rotary_embedding",
+    "vocab_size",
+    "start_id",
+    "end_id",
+)
+"""The keys FasterTransformer's rotary decoders (``[gptj]``, ``[gptneox]``) share, in upstream's order;
+a family's section adds its own after them (``weight_data_type`` last)."""
+
 
 @dataclass(frozen=True)
 class IniSection:

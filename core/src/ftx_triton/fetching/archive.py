@@ -8,8 +8,9 @@ or bidi-override characters), no encrypted zip member. Members are written by :c
 every path one component at a time from the root with ``O_NOFOLLOW``: nothing is ever written
 through a symlink, including one the archive itself created a moment before. Written bytes are
 capped (a multiple of the archive's size, and the free space), so a decompression bomb stops
-early. Extraction goes to a fresh temporary directory next to ``dest`` that is renamed onto
-``dest`` only when everything succeeded, so a refused or broken archive leaves nothing at ``dest``.
+early. Extraction goes to a temporary directory next to ``dest`` (:func:`ftx_triton.io.atomic.publish_dir`)
+that is renamed onto ``dest`` only when everything succeeded, so a refused or broken archive leaves nothing at
+``dest``.
 
 The stdlib's ``tarfile`` filters and ``zipfile.extract`` are not used for writing: both open the
 destination by path and so follow links already on disk.
@@ -25,7 +26,6 @@ import posixpath
 import shutil
 import stat
 import tarfile
-import tempfile
 import time
 import unicodedata
 import zipfile
@@ -39,6 +39,7 @@ import structlog
 import zstandard
 
 from ftx_triton.errors import OutputError, SourceError
+from ftx_triton.io.atomic import publish_dir
 from ftx_triton.terminal.progress import ByteProgress, byte_progress
 
 log = structlog.get_logger(__name__)
@@ -132,29 +133,30 @@ def safe_extract(
     _make_parent(dest)
     started = time.monotonic()
     log.info("extract.started", archive=str(archive), dest=str(dest))
-    with _staging(dest) as tmp:
-        budget = _Budget(archive, tmp, max_bytes, max_ratio)
-        try:
-            with (
-                byte_progress(f"extracting {archive.name}", archive.stat().st_size, enabled=progress) as bar,
-                _Writer(tmp, budget) as writer,
-            ):
-                if fmt == "zip":
-                    _extract_zip(archive, writer, bar)
-                else:
-                    _extract_tar(archive, writer, bar, zstd=fmt == "tar.zst")
-            _check_links_inside(tmp)
-        except _Unsafe as exc:
-            raise SourceError(f"refusing to extract {archive.name}: {exc}", hint=exc.hint or _UNSAFE_HINT) from exc
-        except _TooBig as exc:
-            raise SourceError(f"refusing to extract {archive.name}: {exc}", hint=_BOMB_HINT) from exc
-        except _CORRUPT_ERRORS as exc:
-            raise SourceError(
-                f"cannot extract {archive.name}: the archive is corrupt or truncated ({exc})",
-                hint="delete it and fetch it again; pass --sha256 to check the download",
-            ) from exc
-        except OSError as exc:
-            raise _output_error(exc, dest) from exc
+    try:
+        with publish_dir(dest, locked=False) as tmp:  # dest is a fresh directory of the caller's
+            budget = _Budget(archive, tmp, max_bytes, max_ratio)
+            try:
+                with (
+                    byte_progress(f"extracting {archive.name}", archive.stat().st_size, enabled=progress) as bar,
+                    _Writer(tmp, budget) as writer,
+                ):
+                    if fmt == "zip":
+                        _extract_zip(archive, writer, bar)
+                    else:
+                        _extract_tar(archive, writer, bar, zstd=fmt == "tar.zst")
+                _check_links_inside(tmp)
+            except _Unsafe as exc:
+                raise SourceError(f"refusing to extract {archive.name}: {exc}", hint=exc.hint or _UNSAFE_HINT) from exc
+            except _TooBig as exc:
+                raise SourceError(f"refusing to extract {archive.name}: {exc}", hint=_BOMB_HINT) from exc
+            except _CORRUPT_ERRORS as exc:
+                raise SourceError(
+                    f"cannot extract {archive.name}: the archive is corrupt or truncated ({exc})",
+                    hint="delete it and fetch it again; pass --sha256 to check the download",
+                ) from exc
+    except OSError as exc:
+        raise _output_error(exc, dest) from exc
     root = _single_top_dir(dest)
     log.info("extract.finished", archive=str(archive), root=str(root), seconds=round(time.monotonic() - started, 3))
     return root
@@ -191,23 +193,6 @@ def _output_error(exc: OSError, dest: Path) -> OutputError:
         f"cannot extract into {dest}: {exc.strerror or exc}",
         hint=f"make {dest.parent} writable (or set FTX_HOME elsewhere)",
     )
-
-
-@contextmanager
-def _staging(dest: Path) -> Iterator[Path]:
-    """A fresh temp dir next to ``dest``, renamed onto it on success and removed on any failure."""
-    try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".extracting", dir=dest.parent))
-    except OSError as exc:
-        raise _output_error(exc, dest) from exc
-    try:
-        yield tmp
-        if dest.is_dir():
-            dest.rmdir()  # empty: checked before
-        os.rename(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 # --- member checks ------------------------------------------------------------------------

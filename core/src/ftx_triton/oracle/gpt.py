@@ -16,15 +16,14 @@ import numpy as np
 
 from ftx_triton.errors import ConfigError
 from ftx_triton.oracle import nn
-from ftx_triton.oracle.files import FtFiles, split
+from ftx_triton.oracle.decoder import DecoderDims
+from ftx_triton.oracle.files import FtFiles
 
 
 def logits(files: FtFiles, input_ids: Sequence[int]) -> np.ndarray:
     """``[tokens, vocab]`` logits of ``input_ids`` (context phase, positions from 0)."""
     ini = files.section("gpt")
-    dtype, tp = ini.file_dtype(), files.tp
-    heads, size = ini.size("head_num"), ini.size("size_per_head")
-    hidden, inter, vocab = heads * size, ini.size("inter_size"), ini.size("vocab_size")
+    d = DecoderDims.of(files, ini)
     eps = ini.number("layernorm_eps", 1e-6)
     post_norm = _layernorm_type(ini.text("layernorm_type", "pre_layernorm"))
     act_name = ini.text("activation_type", "Gelu").lower()
@@ -40,15 +39,9 @@ def logits(files: FtFiles, input_ids: Sequence[int]) -> np.ndarray:
                 hint="ftx verify cannot check this model",
             )
     act = nn.ACTIVATIONS[act_name]
-    local, local_inter = split(hidden, tp, "head_num * size_per_head"), split(inter, tp, "inter_size")
-
-    def norm(stem: str, x: np.ndarray) -> np.ndarray:
-        return nn.layer_norm(
-            x, files.whole(f"{stem}.weight", (hidden,), dtype), files.whole(f"{stem}.bias", (hidden,), dtype), eps
-        )
 
     ids = np.asarray(input_ids)
-    wte = files.whole("model.wte", (vocab, hidden), dtype)
+    wte = d.whole("model.wte", d.vocab, d.hidden)
     x = wte[ids]
     if ini.flag("has_positional_encoding", True):
         positions = ini.size("max_pos_seq_len")
@@ -57,34 +50,25 @@ def logits(files: FtFiles, input_ids: Sequence[int]) -> np.ndarray:
                 f"[gpt] max_pos_seq_len = {positions} is shorter than the {len(ids)}-token prompt the reference runs",
                 hint="ftx verify cannot check a model this short",
             )
-        x = x + files.whole("model.wpe", (positions, hidden), dtype)[np.arange(len(ids))]
+        x = x + d.whole("model.wpe", positions, d.hidden)[np.arange(len(ids))]
     if ini.flag("has_pre_decoder_layernorm", False):
-        x = norm("model.pre_decoder_layernorm", x)
+        x = d.layer_norm("model.pre_decoder_layernorm", x, eps)
     for layer in range(ini.integer("num_layer")):
         stem = f"model.layers.{layer}"
-        qkv = files.ranks(f"{stem}.attention.query_key_value.weight", (hidden, 3 * local), dtype)
-        qkv_bias = files.ranks(f"{stem}.attention.query_key_value.bias", (3 * local,), dtype)
-        dense = files.ranks(f"{stem}.attention.dense.weight", (local, hidden), dtype)
-        up = files.ranks(f"{stem}.mlp.dense_h_to_4h.weight", (hidden, local_inter), dtype)
-        up_bias = files.ranks(f"{stem}.mlp.dense_h_to_4h.bias", (local_inter,), dtype)
-        down = files.ranks(f"{stem}.mlp.dense_4h_to_h.weight", (local_inter, hidden), dtype)
-        dense_bias = files.whole(f"{stem}.attention.dense.bias", (hidden,), dtype)
-        down_bias = files.whole(f"{stem}.mlp.dense_4h_to_h.bias", (hidden,), dtype)
-        h = x if post_norm else norm(f"{stem}.input_layernorm", x)
-        a = (
-            x
-            + nn.all_reduce(nn.gpt_attention(h, qkv[r], qkv_bias[r], dense[r], head_size=size) for r in range(tp))
-            + dense_bias
-        )
+        w = d.layer(stem, qkv_bias=True)
+        dense_bias = d.whole(f"{stem}.attention.dense.bias", d.hidden)
+        down_bias = d.whole(f"{stem}.mlp.dense_4h_to_h.bias", d.hidden)
+        h = x if post_norm else d.layer_norm(f"{stem}.input_layernorm", x, eps)
+        a = x + nn.all_reduce(w.attention(h, r, head_size=d.head_size) for r in range(files.tp)) + dense_bias
         if post_norm:
-            a = norm(f"{stem}.input_layernorm", a)
-        h2 = a if post_norm else norm(f"{stem}.post_attention_layernorm", a)
-        x = a + nn.all_reduce(act(h2 @ up[r] + up_bias[r]) @ down[r] for r in range(tp)) + down_bias
+            a = d.layer_norm(f"{stem}.input_layernorm", a, eps)
+        h2 = a if post_norm else d.layer_norm(f"{stem}.post_attention_layernorm", a, eps)
+        x = a + nn.all_reduce(w.mlp(h2, r, act) for r in range(files.tp)) + down_bias
         if post_norm:
-            x = norm(f"{stem}.post_attention_layernorm", x)
+            x = d.layer_norm(f"{stem}.post_attention_layernorm", x, eps)
     if ini.flag("has_post_decoder_layernorm", True):
-        x = norm("model.final_layernorm", x)
-    head = files.whole("model.lm_head.weight", (vocab, hidden), dtype) if files.exists("model.lm_head.weight") else wte
+        x = d.layer_norm("model.final_layernorm", x, eps)
+    head = d.whole("model.lm_head.weight", d.vocab, d.hidden) if files.exists("model.lm_head.weight") else wte
     return x @ head.T
 
 

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from ftx_triton.oracle import nn
-from ftx_triton.oracle.files import FtFiles, rotary_of, split
+from ftx_triton.oracle.decoder import DecoderDims
+from ftx_triton.oracle.files import FtFiles, rotary_of
 
 LAYERNORM_EPS = 1e-6
 
@@ -20,37 +21,18 @@ LAYERNORM_EPS = 1e-6
 def logits(files: FtFiles, input_ids: Sequence[int]) -> np.ndarray:
     """``[tokens, vocab]`` logits of ``input_ids`` (context phase, positions from 0)."""
     ini = files.section("gptj")
-    dtype, tp = ini.file_dtype(), files.tp
-    heads, size = ini.size("head_num"), ini.size("size_per_head")
-    hidden, inter, vocab = heads * size, ini.size("inter_size"), ini.size("vocab_size")
-    rotary_dim = rotary_of(ini, size)
-    local, local_inter = split(hidden, tp, "head_num * size_per_head"), split(inter, tp, "inter_size")
+    d = DecoderDims.of(files, ini)
+    rotary_dim = rotary_of(ini, d.head_size)
 
-    x = files.whole("model.wte", (vocab, hidden), dtype)[np.asarray(input_ids)]
+    x = d.whole("model.wte", d.vocab, d.hidden)[np.asarray(input_ids)]
     for layer in range(ini.integer("num_layer")):
         stem = f"model.layers.{layer}"
-        h = nn.layer_norm(
-            x,
-            files.whole(f"{stem}.input_layernorm.weight", (hidden,), dtype),
-            files.whole(f"{stem}.input_layernorm.bias", (hidden,), dtype),
-            LAYERNORM_EPS,
-        )
-        qkv = files.ranks(f"{stem}.attention.query_key_value.weight", (hidden, 3 * local), dtype)
-        dense = files.ranks(f"{stem}.attention.dense.weight", (local, hidden), dtype)
-        up = files.ranks(f"{stem}.mlp.dense_h_to_4h.weight", (hidden, local_inter), dtype)
-        up_bias = files.ranks(f"{stem}.mlp.dense_h_to_4h.bias", (local_inter,), dtype)
-        down = files.ranks(f"{stem}.mlp.dense_4h_to_h.weight", (local_inter, hidden), dtype)
+        h = d.layer_norm(f"{stem}.input_layernorm", x, LAYERNORM_EPS)
+        w = d.layer(stem, qkv_bias=False)
         attention = nn.all_reduce(
-            nn.gpt_attention(h, qkv[r], None, dense[r], head_size=size, rotary_dim=rotary_dim, neox_style=False)
-            for r in range(tp)
+            w.attention(h, r, head_size=d.head_size, rotary_dim=rotary_dim, neox_style=False) for r in range(files.tp)
         )
-        mlp = nn.all_reduce(nn.gelu(h @ up[r] + up_bias[r]) @ down[r] for r in range(tp))
-        x = x + attention + mlp + files.whole(f"{stem}.mlp.dense_4h_to_h.bias", (hidden,), dtype)
-    x = nn.layer_norm(
-        x,
-        files.whole("model.final_layernorm.weight", (hidden,), dtype),
-        files.whole("model.final_layernorm.bias", (hidden,), dtype),
-        LAYERNORM_EPS,
-    )
-    head = files.whole("model.lm_head.weight", (vocab, hidden), dtype)
-    return x @ head.T + files.whole("model.lm_head.bias", (vocab,), dtype)
+        mlp = nn.all_reduce(w.mlp(h, r) for r in range(files.tp))
+        x = x + attention + mlp + d.whole(f"{stem}.mlp.dense_4h_to_h.bias", d.hidden)
+    x = d.layer_norm("model.final_layernorm", x, LAYERNORM_EPS)
+    return x @ d.whole("model.lm_head.weight", d.vocab, d.hidden).T + d.whole("model.lm_head.bias", d.vocab)

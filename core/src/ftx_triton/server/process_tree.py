@@ -24,14 +24,20 @@ STUB_NAME = "triton_python_backend_stub"
 SHM_DIR = Path("/dev/shm")
 
 
-def proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state, start time in clock ticks) of a process, or None if there is none."""
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (the state first: proc(5)'s field N is
+    index N - 3), or None if there is no such process."""
     try:
-        data = Path(f"/proc/{pid}/stat").read_text()
+        _, paren, tail = Path(f"/proc/{pid}/stat").read_text().rpartition(")")
     except OSError:
         return None
-    fields = data.rsplit(")", 1)[1].split()
-    return fields[0], int(fields[19])
+    return tail.split() if paren else None
+
+
+def proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time in clock ticks) of a process, or None if there is none."""
+    fields = stat_fields(pid)
+    return None if fields is None else (fields[0], int(fields[19]))
 
 
 def children_of(pid: int) -> list[psutil.Process]:

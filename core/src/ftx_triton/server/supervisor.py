@@ -42,7 +42,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ftx_triton.server.home_watch import HomeWatch
@@ -130,11 +129,10 @@ def stub_model(process: psutil.Process) -> str:
 
 def zombie_status(pid: int) -> str | None:
     """How a zombie (dead, not yet reaped) process ended, unless it exited 0; None for a live one."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    if fields[0] != "Z" or len(fields) < 50:
+    from ftx_triton.server.process_tree import stat_fields  # imported by now: the stub check uses it
+
+    fields = stat_fields(pid)
+    if fields is None or fields[0] != "Z" or len(fields) < 50:
         return None
     wait_status = int(fields[49])  # exit_code: the wait status, as waitpid would report it
     if os.WIFSIGNALED(wait_status):

@@ -7,12 +7,15 @@ byte-identical; ``config.ini`` keys FT reads are equal; files the loader never r
 
 from __future__ import annotations
 
+import configparser
 import hashlib
 import json
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ftx_triton.formats.ftformat import read_ini
 
 TP_FLAGS = ("--n-inference-gpus", "-i_g", "-infer_gpu_num", "-inference_tensor_para_size")
 
@@ -56,3 +59,17 @@ def mismatches(out_root: Path, run: GoldenRun, *, may_omit: Collection[str] = ()
         if hashlib.sha256(path.read_bytes()).hexdigest() != info["sha256"]:
             problems.append(f"differs {rel}")
     return problems
+
+
+def ini_mismatches(out_root: Path, run: GoldenRun) -> list[str]:
+    """Keys of upstream's ``config.ini`` whose value in ``out_root/<tp>-gpu/config.ini`` differs or is
+    missing (empty = parity; upstream writes only keys FasterTransformer reads)."""
+    upstream = configparser.ConfigParser(interpolation=None)
+    upstream.read_string(run.config_ini)
+    ours = read_ini(out_root / f"{run.tp}-gpu" / "config.ini")
+    return [
+        f"[{section}] {key}: ours {ours.get(section, {}).get(key)!r}, upstream {value!r}"
+        for section in upstream.sections()
+        for key, value in upstream[section].items()
+        if ours.get(section, {}).get(key) != value
+    ]

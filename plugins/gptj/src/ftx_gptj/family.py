@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ftx_triton.plugin_api import (
+    ROTARY_GPT_KEYS,
     Family,
     FtIni,
     IniSection,
@@ -76,23 +77,7 @@ GPTJ_6B_CONFIG = {
 
 
 INI = FtIni(
-    sections=(
-        IniSection(
-            "gptj",
-            (
-                "model_name",
-                "head_num",
-                "size_per_head",
-                "inter_size",
-                "num_layer",
-                "rotary_embedding",
-                "vocab_size",
-                "start_id",
-                "end_id",
-                "weight_data_type",
-            ),
-        ),
-    ),
+    sections=(IniSection("gptj", (*ROTARY_GPT_KEYS, "weight_data_type")),),
     hf_fields={
         "n_embd": "H",
         "n_head": "N",

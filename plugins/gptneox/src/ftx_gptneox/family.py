@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 from ftx_triton.plugin_api import (
+    ROTARY_GPT_KEYS,
     ConfigError,
     Family,
     FtIni,
@@ -193,25 +194,7 @@ HIDDEN_ACT = Key(
 )
 
 INI = FtIni(
-    sections=(
-        IniSection(
-            "gptneox",
-            (
-                "model_name",
-                "head_num",
-                "size_per_head",
-                "inter_size",
-                "num_layer",
-                "rotary_embedding",
-                "vocab_size",
-                "start_id",
-                "end_id",
-                "use_gptj_residual",
-                "weight_data_type",
-                HIDDEN_ACT,
-            ),
-        ),
-    ),
+    sections=(IniSection("gptneox", (*ROTARY_GPT_KEYS, "use_gptj_residual", "weight_data_type", HIDDEN_ACT)),),
     hf_fields={
         "hidden_size": "H",
         "num_attention_heads": "N",

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import pytest
 from python_runtime_support import (
-    BUILDERS,
     SERVER_MARKS,
     T5_REFERENCES,
     T5_SENTENCES,
@@ -29,10 +28,10 @@ from python_runtime_support import (
     ft_only_repository,
     hf_greedy,
     infer,
-    reference_model,
     registered_families,
     stream,
     t5_inputs,
+    tiny_sources,
 )
 
 pytestmark = SERVER_MARKS
@@ -45,11 +44,7 @@ MAX_BATCH = 4
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Any]]:
-    out = {}
-    for name in FAMILIES:
-        src = BUILDERS[name](tmp_path_factory.mktemp(f"src-{name}") / "hf")
-        out[name] = (src, reference_model(src))
-    return out
+    return tiny_sources(tmp_path_factory, FAMILIES, "src")
 
 
 class Served:

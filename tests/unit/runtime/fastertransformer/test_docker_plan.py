@@ -7,21 +7,12 @@ import shlex
 from pathlib import Path
 
 import pytest
-from ftx_gptj.family import GPTJ
+from ftx_gptj.family import GPTJ, GPTJ_6B_CONFIG
 from ftx_triton.plan.settings import RunSettings
 from ftx_triton.runtime.fastertransformer import gpus as gpus_mod
 from ftx_triton.runtime.fastertransformer.docker.plan import describe_run
 from ftx_triton.runtime.fastertransformer.gpus import Gpu
 
-GPTJ_6B = {
-    "n_embd": 4096,
-    "n_head": 16,
-    "n_layer": 28,
-    "rotary_dim": 64,
-    "vocab_size": 50400,
-    "bos_token_id": 50256,
-    "eos_token_id": 50256,
-}
 H100 = tuple(Gpu(i, "NVIDIA H100 80GB HBM3", (9, 0)) for i in range(8))
 
 
@@ -33,7 +24,7 @@ def plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], Pa
     ckpt = tmp_path / "home" / "store" / "convert" / "c0ffee" / "4-gpu"
     repo = tmp_path / "home" / "store" / "configure" / "beef"
     settings = RunSettings.of("gptj", tp=4, runtime="fastertransformer", weight_dtype="fp16", dry_run=True)
-    lines = describe_run(settings, GPTJ(), GPTJ().spec(GPTJ_6B), ckpt, repo)
+    lines = describe_run(settings, GPTJ(), GPTJ().spec(GPTJ_6B_CONFIG), ckpt, repo)
     return lines, ckpt, repo, tmp_path / "home" / "docker" / "work" / "ftx-gptj-tp4pp1"
 
 
@@ -176,7 +167,7 @@ def test_no_tune_and_multi_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     hosts = tmp_path / "hosts"
     hosts.write_text("node-a gpus=4\nnode-b gpus=4  # second node\n")
     settings = RunSettings.of("gptj", tp=4, pp=2, tune=False, hosts=str(hosts), weight_dtype="fp32")
-    lines = describe_run(settings, GPTJ(), GPTJ().spec(GPTJ_6B), tmp_path / "c" / "4-gpu", tmp_path / "r")
+    lines = describe_run(settings, GPTJ(), GPTJ().spec(GPTJ_6B_CONFIG), tmp_path / "c" / "4-gpu", tmp_path / "r")
     text = "\n".join(lines)
     assert "3. tune       skipped — --no-tune: FasterTransformer will use cuBLAS's default GEMM" in text
     assert "no local GPU found" in text and "pass --sm 90" in text

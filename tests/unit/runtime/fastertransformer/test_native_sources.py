@@ -490,7 +490,6 @@ def test_gptj_runs_its_decoder_step_through_the_graph_and_the_attention_reads_th
     assert (
         "pipeline_para_.world_size_ == 1" in gptj[begin:loop] and "!is_free_buffer_after_forward_" in gptj[begin:loop]
     )
-    assert "&& token_generated_cb_ == nullptr" in gptj[begin:loop]  # a rank that streams tokens decodes eagerly
     assert gptj.count("gpt_decoder_->forward(") == 1  # the decoder runs only through the graph's runner
     assert "FtxStepGraph ftx_step_graph_;" in (ft / "models/gptj/GptJ.h").read_text()
 

@@ -4,6 +4,7 @@ on the GPUs left, and a clear error for a model that fits nowhere."""
 from __future__ import annotations
 
 import pytest
+from ftx_gptj.family import GPTJ_6B_CONFIG
 from ftx_triton.errors import ConfigError
 from ftx_triton.runtime.fastertransformer.placement import Footprint, GiB, layouts, plan_placement
 
@@ -64,19 +65,7 @@ def test_footprint_of_gpt_j_6b_from_its_published_config() -> None:
     from ftx_triton.runtime.fastertransformer.placement import footprint_of
 
     family = load_host().family("gptj")
-    config = {
-        "model_type": "gptj",
-        "architectures": ["GPTJForCausalLM"],
-        "n_layer": 28,
-        "n_embd": 4096,
-        "n_head": 16,
-        "rotary_dim": 64,
-        "vocab_size": 50400,
-        "n_positions": 2048,
-        "bos_token_id": 50256,
-        "eos_token_id": 50256,
-    }
-    fp = footprint_of(family, family.spec(config), "fp16")
+    fp = footprint_of(family, family.spec(GPTJ_6B_CONFIG), "fp16")
     assert 6.0e9 * 2 < fp.weight_bytes < 6.2e9 * 2 and fp.layers == 28 and fp.kv_width == 4096
     assert 16 in fp.tp_divides
     assert plan_placement(fp, [H100, H100], batch=8, seq_len=2048).instances == 2
@@ -91,18 +80,8 @@ class _Runtime:
 
 
 def _gptj_config(layers: int = 28) -> dict:
-    return {
-        "model_type": "gptj",
-        "architectures": ["GPTJForCausalLM"],
-        "n_layer": layers,
-        "n_embd": 4096,
-        "n_head": 16,
-        "rotary_dim": 64,
-        "vocab_size": 50400,
-        "n_positions": 2048,
-        "bos_token_id": 50256,
-        "eos_token_id": 50256,
-    }
+    """GPT-J 6B's config.json with ``layers`` layers."""
+    return {**GPTJ_6B_CONFIG, "n_layer": layers}
 
 
 def test_auto_layout_for_a_fastertransformer_runtime_uses_the_gpus_given() -> None:

@@ -30,6 +30,7 @@ from python_runtime_support import (
     convert,
     decoder_inputs,
     hf_greedy,
+    hf_sampled,
     options,
     reference_model,
     registered_families,
@@ -208,20 +209,7 @@ def test_top_k_sampling_matches_transformers_with_the_same_seed(gptj: Any) -> No
     a = _tokens(_run(gen, decoder_inputs([prompt], 10, **extra)))
     b = _tokens(_run(gen, decoder_inputs([prompt], 10, **extra)))
     assert a == b  # same seed, same tokens
-    torch.manual_seed(1234)
-    ids = torch.tensor([prompt])
-    expected = ref.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=10,
-        do_sample=True,
-        top_k=5,
-        top_p=1.0,
-        temperature=0.7,
-        eos_token_id=10_000,
-        pad_token_id=10_000,
-    )[0].tolist()
-    assert a == expected
+    assert a == hf_sampled(ref, prompt, 10, 1234, top_k=5, top_p=1.0, temperature=0.7, eos_token_id=10_000)
     other = _tokens(_run(gen, decoder_inputs([prompt], 10, **{**extra, "random_seed": column(99, 1, np.uint64)})))
     assert len(other) == len(a)
 
@@ -236,20 +224,7 @@ def test_top_p_and_repetition_penalty_match_transformers(gptj: Any) -> None:
         "end_id": column(10_000, 1, np.uint32),
     }
     got = _tokens(_run(gen, decoder_inputs([prompt], 10, **extra)))
-    torch.manual_seed(7)
-    ids = torch.tensor([prompt])
-    expected = ref.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=10,
-        do_sample=True,
-        top_k=0,
-        top_p=0.8,
-        repetition_penalty=1.3,
-        eos_token_id=10_000,
-        pad_token_id=10_000,
-    )[0].tolist()
-    assert got == expected
+    assert got == hf_sampled(ref, prompt, 10, 7, top_k=0, top_p=0.8, repetition_penalty=1.3, eos_token_id=10_000)
 
 
 def test_top_k_one_is_greedy(gptj: Any) -> None:

@@ -15,9 +15,10 @@ from typing import Any
 
 import docker_daemon
 import pytest
-from docker_daemon import free_port, http_get, make_repository, permitted_ulimits
+from docker_daemon import http_get, make_repository, permitted_ulimits
 from ftx_triton.repository.model_config import parse_config
 from ftx_triton.runtime.fastertransformer.docker.package import PackageInputs, package_image, run_spec
+from ftx_triton.server.ports import free_ports
 
 docker_client = docker_daemon.docker_client  # a session fixture (shared daemon and images; see docker_daemon)
 docker_env = docker_daemon.docker_env  # a session fixture (shared daemon and images; see docker_daemon)
@@ -32,19 +33,19 @@ def run_packaged(client: Any, tag: str, gpus: int = 1) -> tuple[Any, int]:
     """`docker run` the packaged image as its org.ftx.run label says (no GPU request on this daemon)."""
     spec = run_spec(tag, gpus)
     spec = spec.with_(gpus=None, ulimits=permitted_ulimits(dict(spec.ulimits)))
-    port = free_port()
+    ports = free_ports()
     kwargs = spec.create_kwargs()
     kwargs["environment"] = {
-        "FTX_HTTP_PORT": str(port),
-        "FTX_GRPC_PORT": str(free_port()),
-        "FTX_METRICS_PORT": str(free_port()),
+        "FTX_HTTP_PORT": str(ports.http),
+        "FTX_GRPC_PORT": str(ports.grpc),
+        "FTX_METRICS_PORT": str(ports.metrics),
         "FTX_HTTP_ADDRESS": "127.0.0.1",
     }
     container = client.containers.run(detach=True, **kwargs)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        if http_get(f"http://127.0.0.1:{port}/v2/health/ready", 1)[0] == 200:
-            return container, port
+        if http_get(f"http://127.0.0.1:{ports.http}/v2/health/ready", 1)[0] == 200:
+            return container, ports.http
         container.reload()
         if container.status == "exited":
             break

@@ -22,7 +22,7 @@ from typing import Any
 
 import docker_daemon
 import pytest
-from docker_daemon import can_raise, free_port, http_get, make_repository, permitted_ulimits
+from docker_daemon import can_raise, http_get, make_repository, permitted_ulimits
 from ftx_triton.errors import ServeError
 from ftx_triton.plan.artifacts import GemmConfig, ModelRepository
 from ftx_triton.plan.context import StageContext
@@ -36,17 +36,13 @@ from ftx_triton.runtime.fastertransformer.docker.serve import (
     serve_fastertransformer,
 )
 from ftx_triton.runtime.fastertransformer.logscan import ScanContext
-from ftx_triton.server.ports import ServerPorts
+from ftx_triton.server.ports import free_ports
 from ftx_triton.store.artifact_store import ArtifactStore
 
 docker_client = docker_daemon.docker_client  # a session fixture (shared daemon and images; see docker_daemon)
 standin_image = docker_daemon.standin_image  # a session fixture (shared daemon and images; see docker_daemon)
 
 pytestmark = pytest.mark.docker
-
-
-def _ports() -> ServerPorts:
-    return ServerPorts(free_port(), free_port(), free_port())
 
 
 @pytest.fixture
@@ -79,7 +75,7 @@ def _server(
         family="gptj",
         options=DockerOptions.from_settings(settings),
         gemm=gemm_config,
-        ports=_ports(),
+        ports=free_ports(),
     )
     # the test daemon has no NVIDIA runtime: run the planned container without its GPU request (and with
     # memlock clamped to what this sandbox allows, see permitted_ulimits)
@@ -316,13 +312,14 @@ def test_serve_without_nvidia_runtime_says_how_to_fix(
 ) -> None:
     """The whole serve_fastertransformer path with its GPU device request, on a daemon without NVIDIA runtime."""
     repo, _ = make_repository(tmp_path / "store")
+    ports = free_ports()
     settings = RunSettings.of(
         "tiny",
         runtime="fastertransformer",
         tp=1,
-        http_port=free_port(),
-        grpc_port=free_port(),
-        metrics_port=free_port(),
+        http_port=ports.http,
+        grpc_port=ports.grpc,
+        metrics_port=ports.metrics,
         image=standin_image,
     )
     ctx = StageContext(settings=settings, store=ArtifactStore(home), home=home, runtime=DockerFasterTransformer())

@@ -15,7 +15,7 @@ from typing import Any
 
 import docker_daemon
 import pytest
-from ftx_gptj.family import GPTJ
+from ftx_gptj.family import GPTJ, GPTJ_6B_CONFIG
 from ftx_t5.family import T5
 from ftx_triton.engine.default_plugins import tune as tune_plugin
 from ftx_triton.engine.stages import tune_key_inputs
@@ -33,21 +33,12 @@ docker_client = docker_daemon.docker_client  # a session fixture (shared daemon 
 docker_env = docker_daemon.docker_env  # a session fixture (shared daemon and images; see docker_daemon)
 standin_image = docker_daemon.standin_image  # a session fixture (shared daemon and images; see docker_daemon)
 
-GPTJ_6B = {
-    "n_embd": 4096,
-    "n_head": 16,
-    "n_layer": 28,
-    "rotary_dim": 64,
-    "vocab_size": 50400,
-    "bos_token_id": 50256,
-    "eos_token_id": 50256,
-}
 BIN = "/workspace/build/fastertransformer_backend/build/bin"
 
 
 def test_gpt_gemm_arguments_follow_the_guide() -> None:
     """The backend guide's example: gpt_gemm 8 1 32 16 256 16384 50400 1 2."""
-    spec = GPTJ().spec(GPTJ_6B)
+    spec = GPTJ().spec(GPTJ_6B_CONFIG)
     s = RunSettings.of("gptj", tp=2, data_type="fp16", tune_batch=8, tune_beam=1, tune_max_input_len=32)
     assert gemm_command(GPTJ(), spec, s) == [f"{BIN}/gpt_gemm", "8", "1", "32", "16", "256", "16384", "50400", "1", "2"]
 
@@ -98,7 +89,7 @@ def test_standin_gemm_tool_writes_gemm_config_in_the_work_dir(
     docker_client: Any, standin_image: str, tmp_path: Path
 ) -> None:
     """Stand-in gpt_gemm in the tuning container (no GPU request here): gemm_config.in lands in the work dir."""
-    spec = GPTJ().spec(GPTJ_6B)
+    spec = GPTJ().spec(GPTJ_6B_CONFIG)
     command = gemm_command(GPTJ(), spec, RunSettings.of("gptj", tp=4, data_type="fp16"))
     container = tune_spec(image=standin_image, command=command, work_dir=tmp_path, gpu=0).with_(gpus=None)
     lines: list[str] = []
@@ -133,11 +124,13 @@ def _ctx(tmp_path: Path, **settings: Any) -> StageContext:
 
 
 def _tune(ctx: StageContext, dest: Path) -> Any:
-    return tune_plugin.ftx_tune(family=GPTJ(), spec=GPTJ().spec(GPTJ_6B), dest=dest, ctx=ctx, runtime=ctx.runtime)
+    return tune_plugin.ftx_tune(
+        family=GPTJ(), spec=GPTJ().spec(GPTJ_6B_CONFIG), dest=dest, ctx=ctx, runtime=ctx.runtime
+    )
 
 
 def _key(ctx: StageContext, spec: Any = None) -> dict[str, Any]:
-    return tune_key_inputs(GPTJ(), spec or GPTJ().spec(GPTJ_6B), ctx.runtime, ctx.settings)
+    return tune_key_inputs(GPTJ(), spec or GPTJ().spec(GPTJ_6B_CONFIG), ctx.runtime, ctx.settings)
 
 
 def test_no_tune_says_what_it_costs(tmp_path: Path) -> None:
@@ -163,7 +156,7 @@ def test_tune_key_holds_gpu_model_image_id_and_arguments(
 ) -> None:
     h100 = (Gpu(0, "NVIDIA H100 80GB HBM3", (9, 0)), Gpu(1, "NVIDIA H100 80GB HBM3", (9, 0)))
     monkeypatch.setattr(gpus_mod, "local_gpus", lambda: h100)
-    spec = GPTJ().spec(GPTJ_6B)
+    spec = GPTJ().spec(GPTJ_6B_CONFIG)
     key = _key(_ctx(tmp_path, tp=2, image=standin_image), spec)["target"]
     assert key["gpu"] == "NVIDIA H100 80GB HBM3"
     assert key["image_id"] == docker_env.images.get(standin_image).id

@@ -25,6 +25,7 @@ from ftx_triton.runtime.fastertransformer.native.build import MANIFEST, BuiltBac
 from ftx_triton.runtime.fastertransformer.native.options import NativeOptions
 from ftx_triton.runtime.fastertransformer.native.plugin import NativeFasterTransformer
 from ftx_triton.runtime.fastertransformer.native.serve import (
+    FORWARD,
     NativeServePlan,
     backends_directory,
     plan_native_serve,
@@ -119,6 +120,19 @@ def test_plan_takes_the_gpus_and_env_the_user_names(built: BuiltBackend, tmp_pat
     s = _settings(tp=2, gpus="2,3", env=("FT_LOG_LEVEL=DEBUG",))
     plan = _plan(s, built, tmp_path, base={})
     assert plan.env["CUDA_VISIBLE_DEVICES"] == "2,3" and plan.env["FT_LOG_LEVEL"] == "DEBUG"
+
+
+def test_a_streaming_plan_turns_the_cuda_graph_off_on_every_rank(built: BuiltBackend, tmp_path: Path) -> None:
+    """On GPUs every streamed request hung (tp 2) or ended the server (tp 4) with GPT-J's CUDA graph on, and
+    passed with FTX_FT_CUDA_GRAPH=0: a streaming deployment's server gets it, whatever the user's environment or
+    --env asked, and mpirun forwards it to other nodes; a non-streaming one keeps what it was given."""
+    streaming = _plan(_settings(tp=2, streaming=True), built, tmp_path, base={"FTX_FT_CUDA_GRAPH": "1"})
+    assert streaming.env["FTX_FT_CUDA_GRAPH"] == "0"
+    forced = _plan(_settings(tp=2, streaming=True, env=("FTX_FT_CUDA_GRAPH=1",)), built, tmp_path, base={})
+    assert forced.env["FTX_FT_CUDA_GRAPH"] == "0"
+    assert "FTX_FT_CUDA_GRAPH" not in _plan(_settings(tp=2), built, tmp_path, base={}).env
+    assert _plan(_settings(tp=2), built, tmp_path, base={"FTX_FT_CUDA_GRAPH": "1"}).env["FTX_FT_CUDA_GRAPH"] == "1"
+    assert "FTX_FT_CUDA_GRAPH" in FORWARD
 
 
 def test_plan_refuses_fewer_gpus_than_tp_times_pp_and_no_gpu(built: BuiltBackend, tmp_path: Path) -> None:

@@ -391,11 +391,11 @@ PATCHES: tuple[Change, ...] = (
     # At batch 1 and tp 2 the host launched ~318 kernels a step from one thread per GPU and the GPU waited for it
     # (a CUPTI trace on two H200s: 3.9 ms of host time for 3.6 ms of kernels). GptJ's forward now runs the decoder
     # layers of each step through ftx's FtxStepGraph (patch_files/ftx_cuda_graph.*): the first step eagerly, then
-    # captured once and replayed, at beam width 1 with one pipeline stage, except on the rank that streams tokens
-    # during the forward (a decoupled model's first rank): on GPUs a streaming deployment with the graph on ended
-    # its server at its first request through the ensemble (tp 4, NCCL: "unhandled cuda error" under capture) or
-    # hung there (tp 2, custom all-reduce), while the same requests not streamed and streamed without the ensemble
-    # passed; anything else as upstream. What a step
+    # captured once and replayed, at beam width 1 with one pipeline stage; anything else as upstream. A streaming
+    # (decoupled) deployment is served with the graph off (ftx's serve sets FTX_FT_CUDA_GRAPH=0 for it): with the
+    # graph on, every streamed request hung after its third response at tp 2 (custom all-reduce; raw ids alone as
+    # well as through the ensemble, also with the streaming rank kept eager) and ended the server at tp 4 (NCCL),
+    # while the same requests with FTX_FT_CUDA_GRAPH=0 passed. What a step
     # changes comes from device memory: the attention kernel's timestep (a device int, written before each launch)
     # and the custom all-reduce's flags (counted on the device). A capture that fails logs one line and the forward
     # goes on eagerly. Measured on two H200s (GPT-J-6B shape, tp 2, batch 1 and 8): 1.10-1.14x the eager step with
@@ -479,11 +479,9 @@ PATCHES: tuple[Change, ...] = (
         GPTJ_CC,
         "    for (int step = max_input_length; step < (int)max_output_seq_len; step++) {\n",
         "    // ftx: this forward's decoder step may be captured in a CUDA graph (fp16, FTX_FT_CUDA_GRAPH): beam width 1,\n"
-        "    // one pipeline stage, buffers kept between steps, and no tokens streamed from this rank during the forward\n"
-        "    // (Triton works on the streamed responses on this GPU while the next step would be captured)\n"
+        "    // one pipeline stage, buffers kept between steps (a streaming deployment is served with the graph off)\n"
         "    ftx_step_graph_.begin(ftxCudaGraphRequested(std::is_same<T, half>::value) && beam_width == 1\n"
         "                          && pipeline_para_.world_size_ == 1\n"
-        "                          && token_generated_cb_ == nullptr\n"
         "                          && !is_free_buffer_after_forward_);\n"
         "    for (int step = max_input_length; step < (int)max_output_seq_len; step++) {\n",
         "a new forward drops the last one's graph",

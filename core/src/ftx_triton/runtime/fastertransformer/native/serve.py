@@ -37,7 +37,9 @@ from ftx_triton.server.smoke import check_generates, import_while_loading, serve
 
 log = structlog.get_logger(__name__)
 
-FORWARD = (*FORWARDED_ENV, "LD_LIBRARY_PATH", "OPAL_PREFIX", "PATH", "PYTHONPATH", "NCCL_NVLS_ENABLE")
+CUDA_GRAPH_ENV = "FTX_FT_CUDA_GRAPH"
+"""The backend's switch for GPT-J's decoding step in a CUDA graph ("1" on, "0" off; unset: on in fp16)."""
+FORWARD = (*FORWARDED_ENV, "LD_LIBRARY_PATH", "OPAL_PREFIX", "PATH", "PYTHONPATH", "NCCL_NVLS_ENABLE", CUDA_GRAPH_ENV)
 """Variables mpirun passes to the other nodes."""
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
@@ -93,10 +95,22 @@ def plan_native_serve(
     gpus = select_gpus(here, options.gpus, gpus_here)  # type: ignore[arg-type]
     work = work_dir_for(home, settings)
     env = runtime_environment(built, gpus, options.env, base=base_env)
+    if settings.configure.streaming:
+        _graph_off_for_streaming(env)
     mpirun = str(built.opal_prefix / "bin" / "mpirun") if built.opal_prefix else "mpirun"
     launcher = rank_launcher(layout, options, work, mpirun)
     expect = bool(gemm and gemm.tuned and gemm.path)
     return NativeServePlan(gpus, layout, env, work, launcher, gemm.path if expect and gemm else None, expect)
+
+
+def _graph_off_for_streaming(env: dict[str, str]) -> None:
+    """A streaming (decoupled) model decodes eagerly on every rank: with GPT-J's CUDA graph on, its streamed
+    requests hung after their third response at tp 2 and ended the server at tp 4 on GPUs, raw ids as well as
+    through the ensemble, while the same requests with the graph off passed. Whatever the environment asked."""
+    asked = env.get(CUDA_GRAPH_ENV)
+    if asked not in (None, "", "0"):
+        log.warning("serve.cuda_graph_off", asked=asked, reason="a streaming deployment decodes without the CUDA graph")
+    env[CUDA_GRAPH_ENV] = "0"
 
 
 def native_layout(settings: RunSettings, options: NativeOptions) -> NodeLayout:

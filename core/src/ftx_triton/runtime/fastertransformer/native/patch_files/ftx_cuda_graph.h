@@ -13,8 +13,8 @@
  * - the custom all-reduce's barrier flags: while the capture is on every all-reduce counts its flags on the
  *   device (ftx_custom_ar_kernels.cu), eager or replayed alike.
  * The first decoding step of a forward runs eagerly (its buffers are sized then, outside any capture); a capture
- * that fails (any CUDA error, any call a capture refuses) logs one line and that forward goes on eagerly. The rank
- * that streams tokens during a forward (a decoupled model's first rank) decodes it eagerly: GptJ's forward decides.
+ * that fails (any CUDA error, any call a capture refuses) logs one line and that forward goes on eagerly. A
+ * streaming (decoupled) deployment is served with FTX_FT_CUDA_GRAPH=0: its streamed requests hung with the graph on.
  */
 #pragma once
 
