@@ -242,6 +242,26 @@ def test_a_file_removed_before_it_is_hashed_is_refused(
         local_keys.settle(pending)
 
 
+def test_a_file_replaced_by_a_pipe_after_its_check_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checked as a regular file, then swapped for a FIFO before its chunks are read (a stranger's checkpoint
+    racing the hash): the error names the change, never a traceback or a hang."""
+    root = _linked_checkpoint(tmp_path, "model", b"w" * 32)
+    pending = local_keys.remembered_key(root, tmp_path / "home")
+    assert isinstance(pending, local_keys.PendingKey)
+    shard = root / "shard_1" / "0.npz"
+    real = local_keys.PendingKey.check_readable
+
+    def checked_then_piped(self: local_keys.PendingKey) -> None:
+        real(self)
+        target = shard.resolve()
+        target.unlink()
+        os.mkfifo(target)
+
+    monkeypatch.setattr(local_keys.PendingKey, "check_readable", checked_then_piped)
+    with pytest.raises(SourceError, match="changed while it was hashed"):
+        local_keys.settle(pending)
+
+
 def test_source_identity_moves_with_every_kind_of_change(tmp_path: Path) -> None:
     root = _linked_checkpoint(tmp_path, "model", b"w" * 32)
     seen = {source_identity(root)}

@@ -118,7 +118,7 @@ def settle(pending: PendingKey, stop: threading.Event | None = None) -> LocalKey
     started = _now_ns()
     try:
         digests = chunked_digests([(file.path, file.st.st_size) for file in pending.files], stop=stop)
-    except FileNotFoundError:  # removed (or a link retargeted at nothing) since it was listed
+    except OSError:  # checked readable a moment ago: removed, retargeted or swapped (a pipe) since it was listed
         raise changed_error(pending.root, "while it was hashed") from None
     if source_identity(pending.root) != pending.identity:
         raise changed_error(pending.root, "while it was hashed")
