@@ -67,3 +67,49 @@ def test_pooled_buffers_write_the_same_bytes(tmp_path: Path, monkeypatch: pytest
     assert sorted(pooled.files) == sorted(fresh.files)
     for name in fresh.files:
         assert (pooled.directory / name).read_bytes() == (fresh.directory / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_files_split_over_helper_threads_are_the_same_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tp: int
+) -> None:
+    """On a many-core host each large file is copied, written and counted in pieces by helper threads while its
+    writer hashes it: the files are those one thread per file writes (pieces made small here, so that every
+    tensor of this model is split into many)."""
+    from ftx_triton.formats import fastcopy, ftformat
+
+    source = _checkpoint(tmp_path / "hf")
+    monkeypatch.setenv("FTX_CONVERT_THREADS", "1")
+    whole = convert_directory(GPTJ(), source, tmp_path / "whole", tp=tp, weight_dtype="fp16")
+    monkeypatch.setattr(ftformat, "SPLIT_MIN_BYTES", 1 << 16)
+    monkeypatch.setattr(ftformat, "_SPLIT_WRITE_BYTES", 48 << 10)
+    monkeypatch.setattr(fastcopy, "SPLIT_COPY_BYTES", 40 << 10)
+    monkeypatch.setenv("FTX_CONVERT_THREADS", "5")
+    split = convert_directory(GPTJ(), source, tmp_path / "split", tp=tp, weight_dtype="fp16")
+    assert sorted(split.files) == sorted(whole.files)
+    for name in whole.files:
+        assert (split.directory / name).read_bytes() == (whole.directory / name).read_bytes(), name
+
+
+def test_the_largest_lone_tensors_are_read_first_and_the_rest_in_storage_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The largest outputs (hashed by one thread each: a 6B model's embedding and head) start first, beside the
+    rest, instead of one stored last being hashed alone at the end; q, k and v, which one job reads together, are
+    not pulled forward even where they are as large. In this small model the MLP matrices (8 MB) are the largest."""
+    from ftx_triton.formats.checkpoint import SafetensorsFile, open_checkpoint
+
+    source = _checkpoint(tmp_path / "hf")
+    read: list[str] = []
+    real = SafetensorsFile.read_into
+
+    def recording(self: SafetensorsFile, name: str, buffer: np.ndarray) -> np.ndarray:
+        read.append(name)
+        return real(self, name, buffer)
+
+    monkeypatch.setattr(SafetensorsFile, "read_into", recording)
+    convert_directory(GPTJ(), source, tmp_path / "out", tp=1, weight_dtype="fp16")
+    stored = open_checkpoint(source).names()
+    first = [name for name in stored if name.endswith(("fc_in.weight", "fc_out.weight"))]
+    assert len(first) == 2 * LAYERS and read[: len(first)] == first
+    assert read[len(first) :] == [name for name in stored if name not in first]

@@ -125,14 +125,13 @@ def _count_hashes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     from ftx_triton.io import hashing
 
     calls: list[int] = []
-    real = hashing.sha256_files
+    real = hashing.chunked_digests
 
-    def counting(paths):  # type: ignore[no-untyped-def]
-        paths = list(paths)
-        calls.append(len(paths))
-        return real(paths)
+    def counting(files, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(len(files))
+        return real(files, **kwargs)
 
-    monkeypatch.setattr(hashing, "sha256_files", counting)
+    monkeypatch.setattr(hashing, "chunked_digests", counting)
     return calls
 
 
@@ -206,18 +205,61 @@ def test_a_file_replaced_while_hashed_is_refused(tmp_path: Path, monkeypatch: py
     root = _linked_checkpoint(tmp_path, "model", b"w" * 32)
     from ftx_triton.io import hashing
 
-    real = hashing.sha256_files
+    real = hashing.chunked_digests
 
-    def replaced_meanwhile(paths):  # type: ignore[no-untyped-def]
-        digests = real(paths)
+    def replaced_meanwhile(files, **kwargs):  # type: ignore[no-untyped-def]
+        digests = real(files, **kwargs)
         _write(root / "config.json.new", b'{"n_head": 8}')
         os.replace(root / "config.json.new", root / "config.json")  # a new inode
         return digests
 
-    monkeypatch.setattr(hashing, "sha256_files", replaced_meanwhile)
+    monkeypatch.setattr(hashing, "chunked_digests", replaced_meanwhile)
     with pytest.raises(SourceError, match="changed while it was hashed"):
         local_content_key(root, tmp_path / "home")
     assert not list((tmp_path / "home").glob("local-keys/*.json"))
+
+
+@pytest.mark.parametrize("when", ["before its check", "after its check"])
+def test_a_file_removed_before_it_is_hashed_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """Listed, then removed before its check or between the check and the hash: the error names the change."""
+    root = _linked_checkpoint(tmp_path, "model", b"w" * 32)
+    pending = local_keys.remembered_key(root, tmp_path / "home")
+    assert isinstance(pending, local_keys.PendingKey)
+    shard = root / "shard_1" / "0.npz"
+    if when == "before its check":
+        shard.unlink()
+    else:
+        real = local_keys.PendingKey.check_readable
+
+        def checked_then_removed(self: local_keys.PendingKey) -> None:
+            real(self)
+            shard.unlink()
+
+        monkeypatch.setattr(local_keys.PendingKey, "check_readable", checked_then_removed)
+    with pytest.raises(SourceError, match="changed while it was hashed"):
+        local_keys.settle(pending)
+
+
+def test_a_file_replaced_by_a_pipe_after_its_check_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checked as a regular file, then swapped for a FIFO before its chunks are read (a stranger's checkpoint
+    racing the hash): the error names the change, never a traceback or a hang."""
+    root = _linked_checkpoint(tmp_path, "model", b"w" * 32)
+    pending = local_keys.remembered_key(root, tmp_path / "home")
+    assert isinstance(pending, local_keys.PendingKey)
+    shard = root / "shard_1" / "0.npz"
+    real = local_keys.PendingKey.check_readable
+
+    def checked_then_piped(self: local_keys.PendingKey) -> None:
+        real(self)
+        target = shard.resolve()
+        target.unlink()
+        os.mkfifo(target)
+
+    monkeypatch.setattr(local_keys.PendingKey, "check_readable", checked_then_piped)
+    with pytest.raises(SourceError, match="changed while it was hashed"):
+        local_keys.settle(pending)
 
 
 def test_source_identity_moves_with_every_kind_of_change(tmp_path: Path) -> None:

@@ -61,6 +61,38 @@ def test_non_finite_values_are_counted_by_the_writer_under_their_label(tmp_path:
     assert writer.non_finite == {"bad": 2}
 
 
+@pytest.mark.parametrize("split", [None, 0, 1])
+def test_a_file_split_over_helpers_is_the_same_file_with_its_digest_and_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, split: int | None
+) -> None:
+    """Large files go to helper threads in pieces (copied, written with pwrite, counted) while the writer hashes
+    them: the bytes, the digest the store takes and the NaN/Inf count are those of one pass by one thread."""
+    import hashlib
+    import os
+
+    import ml_dtypes
+    from ftx_triton.formats import fastcopy, ftformat
+    from ftx_triton.io.hashing import written_digest
+
+    monkeypatch.setattr(ftformat, "SPLIT_MIN_BYTES", 1 << 12)
+    monkeypatch.setattr(ftformat, "_SPLIT_WRITE_BYTES", 3000)  # not a multiple of 4: pieces end on whole elements
+    monkeypatch.setattr(fastcopy, "SPLIT_COPY_BYTES", 2000)
+    values = (np.random.default_rng(1).standard_normal((96, 160)) * 3).astype(ml_dtypes.bfloat16)
+    values[5, 9], values[90, 150] = np.nan, -np.inf
+    results = {}
+    for helpers in (0, 4):
+        out = tmp_path / f"helpers{helpers}"
+        out.mkdir()
+        paths = [out / f"t.{r}.bin" for r in range(1 if split is None else 2)]
+        with BackgroundWriter(threads=2, helpers=helpers) as writer:
+            writer.submit(paths, values.T, split, label="w")
+        contents = [path.read_bytes() for path in paths]
+        for path, content in zip(paths, contents, strict=True):
+            assert written_digest(path, os.lstat(path)) == hashlib.sha256(content).hexdigest()
+        results[helpers] = (contents, writer.non_finite, writer.bytes_written)
+    assert results[0] == results[4] and results[4][1] == {"w": 2}
+
+
 def test_converting_imports_no_torch(tmp_path: Path) -> None:
     """The tiled copy is numpy's: a conversion no longer pays torch's import (1-2 s) for its transposes."""
     import subprocess

@@ -98,10 +98,12 @@ def convert_checkpoint(
     submitted: list[tensormap.Job] = []
     pool = BufferPool(keep_bytes=max(64 << 20, largest))
     buffers = _SourceBuffers(pool, waiting)
-    with BackgroundWriter(max_pending_bytes=max(256 << 20, largest), threads=writer_threads(), pool=pool) as writer:
-        for name in names:
-            if name not in waiting:
-                continue
+    threads = writer_threads()
+    # twice the largest tensor: one strided tensor and its copy, or two contiguous ones (writer.memory_cost)
+    pending = 2 * max(256 << 20, largest)
+    with BackgroundWriter(max_pending_bytes=pending, threads=threads, pool=pool, helpers=threads) as writer:
+        random_access = getattr(reader, "read_into", None) is not None  # pread readers; archives stream in order
+        for name in read_order(names, waiting, reader.nbytes) if random_access else (n for n in names if n in waiting):
             check_stopped()
             t0 = time.perf_counter()
             held[name] = buffers.read(reader, name)
@@ -203,8 +205,26 @@ class _SourceBuffers:
                     self._pool.give(buffer)
 
 
+def read_order(names: list[str], waiting: Mapping[str, list[tensormap.Job]], nbytes: Callable[[str], int]) -> list[str]:
+    """The tensors to read, in storage order, except that the large ones that no job shares with another tensor
+    (embedding and head matrices) come first. Each output's sha256 is one thread's pass, so the largest files set
+    the conversion's floor on a many-core host: started first, they are hashed beside everything else instead of
+    after it (a head stored last was hashed alone at the end). Tensors read with others (q, k, v) keep their
+    order, so none is held longer than before. Only for readers that read any tensor at its offset (``read_into``):
+    a reader of archive members streams them in storage order."""
+    needed = [name for name in names if name in waiting]
+    largest = max((nbytes(name) for name in needed), default=0)
+
+    def alone_and_large(name: str) -> bool:
+        return nbytes(name) * 2 >= largest and all(len(set(job.sources)) == 1 for job in waiting[name])
+
+    first = [name for name in needed if alone_and_large(name)]
+    return first + [name for name in needed if not alone_and_large(name)]
+
+
 def writer_threads() -> int | None:
-    """``FTX_CONVERT_THREADS`` (1-64) overrides the number of writer threads (default: up to 4)."""
+    """``FTX_CONVERT_THREADS`` (1-64) overrides the number of writer threads and of the helper threads that split
+    one large file (default: :func:`~ftx_triton.formats.writer.default_threads`, from the usable CPUs)."""
     return env_int("FTX_CONVERT_THREADS", None, 1, 64)
 
 

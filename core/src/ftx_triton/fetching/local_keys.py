@@ -21,7 +21,11 @@ RACY_NS = 2_000_000_000
 """A file changed this close to the moment it is read may change again within the same timestamp (file
 systems keep times in ticks, FAT in 2 s): its digest is used for the run but not remembered."""
 
-_MEMO_VERSION = "tree-identity-v2"
+_MEMO_VERSION = "tree-identity-v3"
+"""Part of every memo's name: v3 memos hold keys of :data:`_KEY_VERSION` (v2's held keys of whole-file sha256s)."""
+_KEY_VERSION = b"local-content-key-v2"
+"""Domain of the content key: v2 hashes each file's chunked digest (v1, before it, each file's plain sha256), so a
+store entry keyed by a v1 key is never found by a v2 one, whatever bytes either covered."""
 _now_ns = time.time_ns
 
 
@@ -81,7 +85,10 @@ class PendingKey:
         from ftx_triton.io.regular import open_regular
 
         for file in self.files:
-            open_regular(file.path).close()
+            try:
+                open_regular(file.path).close()
+            except FileNotFoundError:  # removed (or a link retargeted at nothing) since it was listed
+                raise changed_error(self.root, "while it was hashed") from None
 
 
 def remembered_key(root: Path, home: Path) -> LocalKey | PendingKey:
@@ -102,24 +109,20 @@ def remembered_key(root: Path, home: Path) -> LocalKey | PendingKey:
 def settle(pending: PendingKey, stop: threading.Event | None = None) -> LocalKey:
     """Hash every file of ``pending`` and remember the key; a SourceError when a file changed meanwhile.
 
-    Without ``stop`` the files are hashed several at a time; with it, one after the other (a background digest
-    beside a conversion that reads the same files), giving up (``HashStopped``) once ``stop`` is set."""
-    from ftx_triton.io.hashing import HashStopped, sha256_file, sha256_files
+    The files' chunks are hashed on every usable CPU at once (:func:`~ftx_triton.io.hashing.chunked_digests`), the
+    same key whatever the thread count; ``stop`` (a background digest beside a conversion): give up
+    (``HashStopped``) once it is set."""
+    from ftx_triton.io.hashing import chunked_digests
 
     pending.check_readable()
     started = _now_ns()
-    paths = [file.path for file in pending.files]
-    if stop is None:
-        digests = sha256_files(paths)
-    else:
-        digests = {}
-        for path in paths:
-            if stop.is_set():
-                raise HashStopped(path)
-            digests[path] = sha256_file(path, stop=stop)
+    try:
+        digests = chunked_digests([(file.path, file.st.st_size) for file in pending.files], stop=stop)
+    except OSError:  # checked readable a moment ago: removed, retargeted or swapped (a pipe) since it was listed
+        raise changed_error(pending.root, "while it was hashed") from None
     if source_identity(pending.root) != pending.identity:
         raise changed_error(pending.root, "while it was hashed")
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(_KEY_VERSION + b"\n")
     for file in pending.files:
         digest.update(_digest_name(file) + f"\0{digests[file.path]}\n".encode())
     key = f"content-{digest.hexdigest()[:40]}"
@@ -172,9 +175,9 @@ class BackgroundKey:
 
 
 def local_content_key(root: Path, home: Path) -> LocalKey:
-    """The key of a local checkpoint directory by what it holds: every file's relative name and sha256
-    (``content-…``), links to files and folders followed, wherever the directory lies, so a copy keys as the
-    original.
+    """The key of a local checkpoint directory by what it holds: every file's relative name and chunked sha256
+    (``content-…``; :func:`~ftx_triton.io.hashing.chunked_digests`), links to files and folders followed, wherever
+    the directory lies, so a copy keys as the original.
 
     Hashing a multi-GB checkpoint on every run would cost minutes: the digest is remembered in
     ``<home>/local-keys`` under the identity of every file (device, inode, size, mtime, ctime) and computed

@@ -19,6 +19,7 @@ import ml_dtypes
 import numpy as np
 
 from ftx_triton.errors import CheckpointError
+from ftx_triton.io.cores import usable_cpus
 from ftx_triton.io.jsonfile import json_kind, read_json_object
 from ftx_triton.io.regular import open_regular
 from ftx_triton.io.source_tree import SKIPPED_DIRS
@@ -43,7 +44,7 @@ READ_CHUNK = 32 << 20
 
 @functools.cache
 def _read_pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="ftx-read")
+    return ThreadPoolExecutor(max_workers=min(8, usable_cpus()), thread_name_prefix="ftx-read")
 
 
 class TensorReader(Protocol):

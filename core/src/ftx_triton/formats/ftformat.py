@@ -10,7 +10,9 @@ from __future__ import annotations
 import configparser
 import hashlib
 import os
+import threading
 from collections.abc import Mapping
+from concurrent.futures import Executor, wait
 from pathlib import Path
 
 import ml_dtypes
@@ -18,7 +20,7 @@ import numpy as np
 
 from ftx_triton.errors import CheckpointError
 from ftx_triton.formats.buffers import BufferPool, as_array
-from ftx_triton.formats.fastcopy import contiguous
+from ftx_triton.formats.fastcopy import contiguous, contiguous_split
 from ftx_triton.io.hashing import remember_written
 from ftx_triton.io.regular import TooLarge, read_regular
 
@@ -86,19 +88,41 @@ _PASS_BYTES = 1 << 20
 the other two."""
 
 
+SPLIT_MIN_BYTES = 16 << 20
+"""A file at least this large is copied and written by several threads (:func:`write_tensor_counted`'s
+``workers``), its sha256 taken meanwhile by the writing thread."""
+_SPLIT_WRITE_BYTES = 8 << 20
+"""Bytes of one task of a split write (written with ``pwrite`` and counted)."""
+
+
 def write_tensor_counted(
-    path: Path, array: np.ndarray, *, count_non_finite: bool = True, pool: BufferPool | None = None
+    path: Path,
+    array: np.ndarray,
+    *,
+    count_non_finite: bool = True,
+    pool: BufferPool | None = None,
+    workers: Executor | None = None,
 ) -> tuple[int, int]:
     """Write raw little-endian C-order bytes in one pass that also hashes them (the store then takes the digest
     instead of reading the file back) and, when asked, counts their NaN and Inf values; returns (bytes, count).
-    A strided ``array`` is copied into a buffer of ``pool`` when given."""
-    if array.flags.c_contiguous or pool is None:
-        return _write_pass(path, contiguous(array), count_non_finite)
-    buffer = pool.take(array.nbytes)
+    A strided ``array`` is copied into a buffer of ``pool`` when given. ``workers``: a file of at least
+    :data:`SPLIT_MIN_BYTES` is copied, written and counted in pieces by them at once while this thread hashes
+    it (a many-core host writes one large tensor at the speed of sha256, not of the whole pass)."""
+    split = workers is not None and array.nbytes >= SPLIT_MIN_BYTES and array.dtype.byteorder != ">"
+    if array.flags.c_contiguous or (pool is None and not split):
+        data = contiguous(array)
+        return (
+            _write_split(path, data, count_non_finite, workers) if split else _write_pass(path, data, count_non_finite)
+        )
+    buffer = pool.take(array.nbytes) if pool is not None else np.empty(array.nbytes, np.uint8)
     try:
-        return _write_pass(path, contiguous(array, as_array(buffer, array.shape, array.dtype)), count_non_finite)
+        out = as_array(buffer, array.shape, array.dtype)
+        if split:
+            return _write_split(path, contiguous_split(array, out, workers), count_non_finite, workers)
+        return _write_pass(path, contiguous(array, out), count_non_finite)
     finally:
-        pool.give(buffer)
+        if pool is not None:
+            pool.give(buffer)
 
 
 def _write_pass(path: Path, data: np.ndarray, count_non_finite: bool) -> tuple[int, int]:
@@ -120,6 +144,44 @@ def _write_pass(path: Path, data: np.ndarray, count_non_finite: bool) -> tuple[i
         fh.flush()
         remember_written(path, digest.hexdigest(), os.fstat(fh.fileno()))
     return data.nbytes, bad
+
+
+def _write_split(path: Path, data: np.ndarray, count_non_finite: bool, workers: Executor | None) -> tuple[int, int]:
+    """:func:`_write_pass` of a C-contiguous little-endian ``data`` whose pieces ``workers`` write (``pwrite``) and
+    count at once, while this thread takes the sha256 of the whole (hashlib releases the GIL)."""
+    assert workers is not None
+    raw = data.reshape(-1).view(np.uint8)
+    step = _SPLIT_WRITE_BYTES - _SPLIT_WRITE_BYTES % max(data.itemsize, 1)
+    dtype = data.dtype if count_non_finite else None
+    with path.open("wb") as fh:
+        fd = fh.fileno()
+        futures = [workers.submit(_write_piece, fd, raw, start, step, dtype) for start in range(0, raw.size, step)]
+        try:
+            digest = hashlib.sha256(raw.data).hexdigest()
+        finally:
+            wait(futures)  # no task may still write to the file once it is closed
+        bad = sum(future.result() for future in futures)
+        remember_written(path, digest, os.fstat(fd))
+    return data.nbytes, bad
+
+
+_counters = threading.local()
+"""Each worker thread's :class:`NonFiniteCounter` by dtype (their scratch arrays made once per thread)."""
+
+
+def _write_piece(fd: int, raw: np.ndarray, start: int, step: int, dtype: np.dtype | None) -> int:
+    """Write ``raw[start:start+step]`` at its offset of ``fd``; its NaN and Inf count when ``dtype`` is given."""
+    view = raw[start : start + step].data
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], start + done)
+    if dtype is None:
+        return 0
+    cache = _counters.__dict__.setdefault("by_dtype", {})
+    if dtype not in cache:
+        cache[dtype] = NonFiniteCounter.for_dtype(dtype)
+    counter = cache[dtype]
+    return counter.count(raw[start : start + step]) if counter is not None else 0
 
 
 def read_tensor(path: Path, dtype: np.dtype, shape: tuple[int, ...], *, mmap: bool = False) -> np.ndarray:

@@ -1,37 +1,61 @@
 """A background writer: materialise, split, check and write FT files while the next tensors are read.
 
-Bounded: at most ``max_pending_bytes`` of arrays wait for the writer, so memory stays near the
-size of a few tensors whatever the model size. Errors surface on the next submit or at close.
-Each file is written in one pass over its bytes that also hashes them (for the store) and, for a
-labelled submission, counts its NaN and Inf values, in the writer's threads, on the copy it writes.
+Bounded: the arrays waiting for the writer, and the contiguous copies it makes of strided ones, hold at most
+``max_pending_bytes``, so memory stays near the size of a few tensors whatever the model size. Errors surface
+on the next submit or at close. Each file is written in one pass over its bytes that also hashes them (for the store) and, for a
+labelled submission, counts its NaN and Inf values, in the writer's threads, on the copy it writes. On a host
+of several cores a large file's copy, writes and count are also split over a pool of helper threads while its
+writer hashes it (:func:`~ftx_triton.formats.ftformat.write_tensor_counted`), so one 400 MB tensor does not
+keep a single core busy while the others wait.
 """
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 
 import numpy as np
 
 from ftx_triton.formats.buffers import BufferPool, as_array
-from ftx_triton.formats.fastcopy import contiguous
+from ftx_triton.formats.fastcopy import contiguous, contiguous_split
 from ftx_triton.formats.ftformat import write_tensor_counted
+from ftx_triton.io.cores import usable_cpus
 
-_Item = tuple[list[Path], np.ndarray, int | None, str | None, Callable[[], None] | None]
+MAX_WRITERS = 8
+"""Writer threads at most by default: more tensors in flight would only hold more memory (the pending bytes
+bound them), while each large one is split over the helper threads anyway."""
+MAX_HELPERS = 32
+
+
+def default_threads() -> tuple[int, int]:
+    """(writer threads, helper threads that split one large file) for this host: one writer per usable CPU up to
+    :data:`MAX_WRITERS`; helpers only where there are 4 or more CPUs (on fewer, the writers keep every core busy
+    already and splitting would add work, not speed)."""
+    cpus = usable_cpus()
+    return min(MAX_WRITERS, cpus), (min(MAX_HELPERS, cpus) if cpus >= 4 else 0)
+
+
+_Item = tuple[list[Path], np.ndarray, int | None, str | None, Callable[[], None] | None, int]
 
 
 class BackgroundWriter:
     """``submit(path, array)`` returns at once unless too much is pending; ``close()`` waits for all."""
 
     def __init__(
-        self, max_pending_bytes: int = 1 << 30, threads: int | None = None, pool: BufferPool | None = None
+        self,
+        max_pending_bytes: int = 1 << 30,
+        threads: int | None = None,
+        pool: BufferPool | None = None,
+        helpers: int | None = None,
     ) -> None:
-        """``pool``: where the copies of strided arrays (transposes) are made, instead of fresh memory."""
+        """``pool``: where the copies of strided arrays (transposes) are made, instead of fresh memory. ``threads``:
+        writer threads; ``helpers``: threads that split one large file's copy and writes (0 or 1: none); each
+        defaults to :func:`default_threads`."""
         self._queue: queue.Queue[_Item | None] = queue.Queue()
         self._pool = pool
         self._pending = 0
@@ -43,9 +67,14 @@ class BackgroundWriter:
         self.stall_seconds = 0.0
         self.non_finite: dict[str, int] = {}
         """NaN and Inf values found, by the label of the submission that held them (only those with some)."""
-        count = threads or min(4, os.cpu_count() or 1)
+        default_writers, default_helpers = default_threads()
+        count = default_writers if threads is None else threads
         if count < 1:  # no thread would write, and every submitted tensor would be silently dropped
             raise ValueError(f"a writer needs at least one thread, not {count}")
+        helpers = default_helpers if helpers is None else helpers
+        self._helpers: Executor | None = (
+            ThreadPoolExecutor(max_workers=helpers, thread_name_prefix="ftx-split") if helpers > 1 else None
+        )
         self._threads = [threading.Thread(target=self._run, name=f"ftx-writer-{i}", daemon=True) for i in range(count)]
         for thread in self._threads:
             thread.start()
@@ -61,21 +90,19 @@ class BackgroundWriter:
         """Write ``array`` to ``paths[0]``, or split along ``split`` into ``len(paths)`` files; with a ``label``,
         count its NaN and Inf values into :attr:`non_finite` under it. ``done()`` is called (in a writer
         thread) once the writer holds no view of ``array`` any more: written, failed or dropped."""
+        cost = memory_cost(array, split)
         with self._cond:
             # One array larger than the limit may still go when nothing else is pending.
             started = time.perf_counter()
-            self._cond.wait_for(
-                lambda: self._error or self._pending == 0 or self._pending + array.nbytes <= self._limit
-            )
+            self._cond.wait_for(lambda: self._error or self._pending == 0 or self._pending + cost <= self._limit)
             self.stall_seconds += time.perf_counter() - started
             self._raise_if_failed()
-            self._pending += array.nbytes
-        self._queue.put((paths, array, split, label, done))
+            self._pending += cost
+        self._queue.put((paths, array, split, label, done, cost))
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            paths, array, split, label, done = item
-            nbytes = array.nbytes
+            paths, array, split, label, done, nbytes = item
             try:
                 if self._error is None and not self._abandoned:
                     self._write(paths, array, split, label)
@@ -93,8 +120,11 @@ class BackgroundWriter:
 
     def _write(self, paths: list[Path], array: np.ndarray, split: int | None, label: str | None) -> None:
         written = bad = 0
-        for path, part in zip(paths, _parts(array, split, len(paths), self._pool), strict=True):
-            size, found = write_tensor_counted(path, part, count_non_finite=label is not None, pool=self._pool)
+        parts = _parts(array, split, len(paths), self._pool, self._helpers)
+        for path, part in zip(paths, parts, strict=True):
+            size, found = write_tensor_counted(
+                path, part, count_non_finite=label is not None, pool=self._pool, workers=self._helpers
+            )
             written, bad = written + size, bad + found
         with self._cond:
             self.bytes_written += written
@@ -110,6 +140,8 @@ class BackgroundWriter:
             self._queue.put(None)
         for thread in self._threads:
             thread.join()
+        if self._helpers is not None:
+            self._helpers.shutdown()
 
     def close(self) -> None:
         self._stop()
@@ -128,7 +160,17 @@ class BackgroundWriter:
             self._stop()
 
 
-def _parts(array: np.ndarray, split: int | None, count: int, pool: BufferPool | None) -> Iterator[np.ndarray]:
+def memory_cost(array: np.ndarray, split: int | None) -> int:
+    """The bytes a submission holds until it is written: the array, and the contiguous copy of it that a strided
+    array (a transpose) or a split on a later axis needs. Counting the copy lets contiguous tensors (embeddings,
+    heads: the largest) go two at a time within the bound that a strided one and its copy take."""
+    copied = not array.flags.c_contiguous or split not in (None, 0)
+    return array.nbytes * (2 if copied else 1)
+
+
+def _parts(
+    array: np.ndarray, split: int | None, count: int, pool: BufferPool | None, helpers: Executor | None
+) -> Iterator[np.ndarray]:
     """The per-rank pieces. Splitting on the first axis after one contiguous copy gives contiguous
     pieces; splitting a strided view on a later axis and copying each piece is faster there."""
     if split is None:
@@ -139,6 +181,6 @@ def _parts(array: np.ndarray, split: int | None, count: int, pool: BufferPool | 
         return
     buffer = pool.take(array.nbytes)
     try:
-        yield from np.split(contiguous(array, as_array(buffer, array.shape, array.dtype)), count, axis=0)
+        yield from np.split(contiguous_split(array, as_array(buffer, array.shape, array.dtype), helpers), count, axis=0)
     finally:
         pool.give(buffer)
