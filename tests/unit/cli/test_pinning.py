@@ -281,3 +281,29 @@ def test_lock_resolve_records_what_this_machine_chooses(ftx_cli, in_tmp_cwd: Pat
     assert locked.exit_code == 0, locked.stderr
     settings = tomllib.loads((in_tmp_cwd / "ftx.toml").read_text())["settings"]
     assert (settings["runtime"], settings["tp"], settings["weight_dtype"]) == ("python", 1, "fp32")
+
+
+def test_an_adapter_locked_by_an_earlier_ftx_still_replays_and_a_changed_one_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before chunked content keys, ``ftx lock`` recorded an adapter's revision from each file's plain sha256: such
+    a lock still accepts the same files (it once said they had changed) and still refuses changed ones."""
+    import hashlib
+
+    from ftx_triton.cli.manifest import Manifest, locked_adapter
+    from ftx_triton.errors import ConfigError
+
+    monkeypatch.setenv("FTX_HOME", str(tmp_path / "home"))
+    adapter = tmp_path / "project" / "adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text('{"r": 4}')
+    (adapter / "adapter_model.safetensors").write_bytes(b"a" * 3000)
+    earlier = hashlib.sha256()  # the earlier definition, spelled out here
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        earlier.update(name.encode() + f"\0{hashlib.sha256((adapter / name).read_bytes()).hexdigest()}\n".encode())
+    lock = tmp_path / "project" / "ftx.toml"
+    manifest = Manifest(lock, model={"adapter": "adapter", "adapter_revision": f"content-{earlier.hexdigest()[:40]}"})
+    assert locked_adapter(manifest) == str(adapter)
+    (adapter / "adapter_config.json").write_text('{"r": 8}')
+    with pytest.raises(ConfigError, match="changed since `ftx lock`"):
+        locked_adapter(manifest)

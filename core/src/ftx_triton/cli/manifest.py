@@ -316,7 +316,7 @@ def locked_source(manifest: Manifest) -> str:
 def locked_adapter(manifest: Manifest) -> str | None:
     """``[model] adapter`` as ``--adapter`` takes it: a Hub adapter at its locked commit, or a folder (relative to
     the lock file) that must still hold what it held at ``ftx lock`` time."""
-    from ftx_triton.fetching.local_keys import local_content_key
+    from ftx_triton.fetching.local_keys import local_content_key, whole_file_key
     from ftx_triton.paths import ftx_home
 
     adapter, revision = manifest.model.get("adapter"), manifest.model.get("adapter_revision")
@@ -325,7 +325,12 @@ def locked_adapter(manifest: Manifest) -> str | None:
     if str(adapter).startswith("hf://"):
         return f"{adapter}@{revision}" if revision else str(adapter)
     folder = (manifest.path.parent / str(adapter)).resolve()
-    if revision and folder.is_dir() and local_content_key(folder, ftx_home()).key != revision:
+    if (
+        revision
+        and folder.is_dir()
+        and local_content_key(folder, ftx_home()).key != revision
+        and whole_file_key(folder) != revision  # a lock of an earlier ftx, whose keys were whole-file sha256s
+    ):
         raise ConfigError(
             f"the locked adapter {folder} changed since `ftx lock` (its files' sha256 differ)",
             hint="restore the locked adapter, or run `ftx lock` again to pin the new one",

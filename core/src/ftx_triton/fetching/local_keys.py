@@ -187,6 +187,18 @@ def local_content_key(root: Path, home: Path) -> LocalKey:
     return found if isinstance(found, LocalKey) else settle(found)
 
 
+def whole_file_key(root: Path) -> str:
+    """The content key ftx gave a local directory before chunked digests (every file's relative name and plain
+    sha256, links followed): the adapter revision an earlier ``ftx lock`` recorded, recomputed (not remembered)
+    so that such a lock still tells an unchanged adapter from a changed one."""
+    from ftx_triton.io.hashing import sha256_file
+
+    digest = hashlib.sha256()
+    for file in tree_files(root):
+        digest.update(_digest_name(file) + f"\0{sha256_file(file.path)}\n".encode())
+    return f"content-{digest.hexdigest()[:40]}"
+
+
 def changed_error(root: Path, when: str) -> SourceError:
     """The error for a local source whose files changed under a run."""
     return SourceError(
