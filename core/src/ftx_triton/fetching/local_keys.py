@@ -9,7 +9,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,15 +122,20 @@ def settle(pending: PendingKey, stop: threading.Event | None = None) -> LocalKey
         raise changed_error(pending.root, "while it was hashed") from None
     if source_identity(pending.root) != pending.identity:
         raise changed_error(pending.root, "while it was hashed")
-    digest = hashlib.sha256(_KEY_VERSION + b"\n")
-    for file in pending.files:
-        digest.update(_digest_name(file) + f"\0{digests[file.path]}\n".encode())
-    key = f"content-{digest.hexdigest()[:40]}"
+    key = _content_key(pending.files, digests, _KEY_VERSION + b"\n")
     pending.memo.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(_path_record(pending.memo.parent, pending.root), {"path": str(pending.root.resolve())})
     if all(max(f.st.st_mtime_ns, f.st.st_ctime_ns) < started - RACY_NS for f in pending.files):
         write_json_atomic(pending.memo, {"key": key, "path": str(pending.root.resolve())})
     return LocalKey(key, pending.identity)
+
+
+def _content_key(files: list[TreeFile], digests: Mapping[Path, str], domain: bytes = b"") -> str:
+    """``content-…`` over ``domain`` and every file's relative name and digest, in the listing's order."""
+    digest = hashlib.sha256(domain)
+    for file in files:
+        digest.update(_digest_name(file) + f"\0{digests[file.path]}\n".encode())
+    return f"content-{digest.hexdigest()[:40]}"
 
 
 def _path_record(folder: Path, root: Path) -> Path:
@@ -191,12 +196,10 @@ def whole_file_key(root: Path) -> str:
     """The content key ftx gave a local directory before chunked digests (every file's relative name and plain
     sha256, links followed): the adapter revision an earlier ``ftx lock`` recorded, recomputed (not remembered)
     so that such a lock still tells an unchanged adapter from a changed one."""
-    from ftx_triton.io.hashing import sha256_file
+    from ftx_triton.io.hashing import sha256_files
 
-    digest = hashlib.sha256()
-    for file in tree_files(root):
-        digest.update(_digest_name(file) + f"\0{sha256_file(file.path)}\n".encode())
-    return f"content-{digest.hexdigest()[:40]}"
+    files = tree_files(root)
+    return _content_key(files, sha256_files(file.path for file in files))
 
 
 def changed_error(root: Path, when: str) -> SourceError:
