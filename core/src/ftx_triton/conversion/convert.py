@@ -212,14 +212,14 @@ def read_order(names: list[str], waiting: Mapping[str, list[tensormap.Job]], nby
     after it (a head stored last was hashed alone at the end). Tensors read with others (q, k, v) keep their
     order, so none is held longer than before. Only for readers that read any tensor at its offset (``read_into``):
     a reader of archive members streams them in storage order."""
-    needed = [name for name in names if name in waiting]
-    largest = max((nbytes(name) for name in needed), default=0)
-
-    def alone_and_large(name: str) -> bool:
-        return nbytes(name) * 2 >= largest and all(len(set(job.sources)) == 1 for job in waiting[name])
-
-    first = [name for name in needed if alone_and_large(name)]
-    return first + [name for name in needed if not alone_and_large(name)]
+    sizes = {name: nbytes(name) for name in names if name in waiting}
+    largest = max(sizes.values(), default=0)
+    first: list[str] = []
+    rest: list[str] = []
+    for name, size in sizes.items():
+        alone = all(len(set(job.sources)) == 1 for job in waiting[name])
+        (first if alone and size * 2 >= largest else rest).append(name)
+    return first + rest
 
 
 def writer_threads() -> int | None:
