@@ -138,6 +138,19 @@ def head_start(lines: list[tuple[float, str]]) -> dict[str, float]:
     return {"server started ahead (taken 1/0)": 0.0, "  seconds ahead": 0.0}
 
 
+def deployment_role(argv: list[str]) -> str:
+    """What a process of a deployment is, from its command line: the supervisor, the OpenAI front, a model's stub
+    (``stub <model>``), else its program's name (``tritonserver``, ``ftx``)."""
+    if "ftx_triton.server.supervisor" in argv:
+        return "supervisor (fronts, readiness probes)"
+    if "ftx_triton.openai_api" in argv:
+        return "OpenAI front"
+    if Path(argv[0]).name == "triton_python_backend_stub":
+        model = Path(argv[1]).parts if len(argv) > 1 else ()
+        return f"stub {model[-3]}" if len(model) >= 3 else "stub"  # <repository>/<model>/<version>/model.py
+    return Path(argv[0]).name
+
+
 def deployment_cpu(home: str) -> dict[str, float]:
     """CPU seconds (user + system) each live process of the deployment under ``home`` has spent so far (the
     processes whose ``FTX_HOME`` is it: the supervisor, tritonserver, each model's stub, the OpenAI front)."""
@@ -151,15 +164,7 @@ def deployment_cpu(home: str) -> dict[str, float]:
             times = proc.cpu_times()
         except (psutil.Error, OSError):
             continue
-        argv = proc.info["cmdline"] or [""]
-        if "ftx_triton.server.supervisor" in argv:
-            name = "supervisor (fronts, readiness probes)"
-        elif "ftx_triton.openai_api" in argv:
-            name = "OpenAI front"
-        elif Path(argv[0]).name == "triton_python_backend_stub" and len(argv) > 1:
-            name = f"stub {Path(argv[1]).parts[-3]}"
-        else:
-            name = Path(argv[0]).name
+        name = deployment_role(proc.info["cmdline"] or [""])
         cpu[f"cpu: {name}"] = cpu.get(f"cpu: {name}", 0.0) + times.user + times.system
     return cpu
 

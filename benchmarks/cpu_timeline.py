@@ -23,9 +23,13 @@ import subprocess
 import time
 from pathlib import Path
 
+from bench_cached_run import deployment_role
+from ftx_triton.server.process_tree import stat_fields
+
 TICK = os.sysconf("SC_CLK_TCK")
-STUBS = ("preprocessing", "postprocessing", "fastertransformer")
 WAITS = "stub fastertransformer"
+ROLES = ("supervisor", "OpenAI front", "tritonserver", "stub ")
+"""The deployment's own processes (:func:`deployment_role`'s names start so); others under its FTX_HOME are not."""
 
 
 def role(pid: str, home: str, command: int) -> str | None:
@@ -38,24 +42,18 @@ def role(pid: str, home: str, command: int) -> str | None:
             return None
     except OSError:
         return None
-    line = " ".join(argv)
-    if "ftx_triton.openai_api" in line:
-        return "openai front"
-    if "ftx_triton.server.supervisor" in line:
-        return "supervisor"
-    if argv[0].endswith("/tritonserver"):
-        return "tritonserver"
-    if "triton_python_backend_stub" in argv[0]:
-        return next((f"stub {m}" for m in STUBS if f"/{m}/" in line), "stub")
-    return None
+    name = deployment_role(argv)
+    return name if name.startswith(ROLES) else None
 
 
 def cpu_wait_session(pid: str) -> tuple[float, float, int] | None:
     """CPU seconds, seconds runnable but waiting for a CPU (``schedstat``), session id."""
+    fields = stat_fields(int(pid))
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         waited = int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
     except (OSError, IndexError, ValueError):
+        return None
+    if fields is None:
         return None
     return (int(fields[11]) + int(fields[12])) / TICK, waited, int(fields[3])
 
