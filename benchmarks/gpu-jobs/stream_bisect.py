@@ -104,19 +104,17 @@ def stream_raw(grpc_url: str, tensors: dict[str, np.ndarray], outputs: tuple[str
 
 
 def stream_text(http_url: str, prompt: str, timeout: float) -> str:
-    import urllib.request
+    """'ok N events', 'hung/error ...' or 'error ...' of one ``generate_stream`` request through the ensemble."""
+    from python_runtime_support import post_json
 
-    body = json.dumps({"text_input": prompt, "max_tokens": 12, "stream": True}).encode()
-    request = urllib.request.Request(
-        f"http://{http_url}/v2/models/text/generate_stream", body, {"Content-Type": "application/json"}
-    )
+    payload = {"text_input": prompt, "max_tokens": 12, "stream": True}
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            text = response.read().decode()
+        status, _headers, text = post_json(f"http://{http_url}/v2/models/text/generate_stream", payload, timeout)
     except Exception as exc:  # noqa: BLE001 - a diagnostic: the fault is the result
         return f"hung/error {type(exc).__name__}: {exc}"[:300]
     events = [line for line in text.splitlines() if line.startswith("data: ")]
-    return f"ok {len(events)} events" if events and "error" not in text else f"error {text[:300]}"
+    ok = status == 200 and events and "error" not in text
+    return f"ok {len(events)} events" if ok else f"error {status} {text[:300]}"
 
 
 class Session:
