@@ -217,7 +217,7 @@ def bench_cached_run(
             used: dict[str, float] = {}
             if cpu:  # the command's own (it is this script's only child meanwhile), then each server process's
                 used = {"cpu: ftx (the command)": after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime}
-                used.update(deployment_cpu(env["FTX_HOME"]))
+                used.update(deployment_cpu({**env, **variants[loader]}["FTX_HOME"]))  # a variant may have its own
                 used["cpu: all"] = sum(used.values())
             timed(stop, {**env, **variants[loader]})
             totals[loader].append(wall)

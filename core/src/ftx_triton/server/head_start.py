@@ -85,11 +85,14 @@ class HeadStart:
         return None
 
     def stop(self) -> None:
-        """Kill its process group now, wait until it is gone, remove its shared memory, log and leash."""
-        from ftx_triton.server.process_tree import killpg, remove_shm  # psutil: not at begin()'s import
+        """Kill its process group and its stubs in sessions of their own now, wait until they are gone, remove its
+        shared memory, log and leash."""
+        from ftx_triton.server.process_tree import kill_processes_of, killpg, remove_shm  # psutil: not at begin()'s
 
+        prefix = str(self.launch.spec.get("shm_prefix") or "")
         killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+        kill_processes_of(prefix)  # after the group: tritonserver, which starts stubs, is gone
         deadline = time.monotonic() + _GROUP_GONE_S
         while time.monotonic() < deadline:  # tritonserver and its stubs: the ports and memory they hold go with them
             try:
@@ -97,7 +100,7 @@ class HeadStart:
             except (ProcessLookupError, PermissionError):
                 break
             time.sleep(0.01)
-        remove_shm(str(self.launch.spec.get("shm_prefix") or ""))  # its own regions only
+        remove_shm(prefix)  # its own regions only
         with contextlib.suppress(OSError):
             if self.leash is not None:
                 self.leash.close()

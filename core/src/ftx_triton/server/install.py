@@ -18,6 +18,7 @@ import structlog
 
 from ftx_triton import start_environ
 from ftx_triton.errors import ServeError
+from ftx_triton.server import stub_launcher
 from ftx_triton.server.process_tree import STUB_NAME
 from ftx_triton.server.stub_env import STUB_PYTHON_ENV
 from ftx_triton.terminal.redact import strip_secrets
@@ -109,6 +110,7 @@ def _stamp(install: TritonInstall) -> dict[str, object]:
     return {
         "source": str(install.backends),
         "stub": str(install.stub),
+        "launcher": stub_launcher.version(),
         "files": {str(p): [p.stat().st_size, p.stat().st_mtime_ns] for p in files},
     }
 
@@ -121,7 +123,8 @@ def _read_stamp(directory: Path) -> object:
 
 
 def prepare_backends(install: TritonInstall, home: Path) -> Path:
-    """Return ``<home>/triton/backends-<pyver>``: the wheel's backends plus the matching stub.
+    """Return ``<home>/triton/backends-<pyver>``: the wheel's backends plus the matching stub, behind ftx's launcher
+    (:mod:`~ftx_triton.server.stub_launcher`).
 
     Built once beside it and published by rename (:func:`ftx_triton.io.atomic.publish_dir`, under a lock in
     ``<home>/locks``, so two processes never build it at once); rebuilt when the wheel changes.
@@ -145,7 +148,7 @@ def prepare_backends(install: TritonInstall, home: Path) -> Path:
             return target
         with publish_dir(target, replace=True, locked=False) as tmp:
             shutil.copytree(install.backends, tmp, dirs_exist_ok=True)
-            shutil.copy2(install.stub, tmp / "python" / STUB_NAME)
+            stub_launcher.install(tmp / "python", install.stub)
             (tmp / ".ftx-stamp.json").write_text(json.dumps(stamp, sort_keys=True))
     log.info("server.backends_prepared", path=str(target), stub=str(install.stub))
     return target

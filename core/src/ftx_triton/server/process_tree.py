@@ -136,13 +136,28 @@ def end_processes_of(prefix: str, grace_s: float = 5.0) -> list[int]:
         with contextlib.suppress(psutil.Error):
             process.terminate()
     _, alive_after = psutil.wait_procs(left, timeout=grace_s)
-    for process in alive_after:
-        with contextlib.suppress(psutil.Error):
-            process.kill()
-    psutil.wait_procs(alive_after, timeout=5)
+    _kill(alive_after)
     if left:
         log.warning("server.leftovers_ended", pids=[p.pid for p in left], prefix=prefix)
     return [p.pid for p in left]
+
+
+def kill_processes_of(prefix: str) -> list[int]:
+    """SIGKILL the live processes of the server whose shared-memory prefix is ``prefix`` and wait until they are
+    gone; return their pids. What a kill of the server's process group leaves: its stubs that run in a session of
+    their own (:mod:`~ftx_triton.server.stub_launcher`). A prefix ftx did not make for one server kills nothing."""
+    if not is_ftx_shm_prefix(prefix):
+        return []
+    left = processes_of(prefix)
+    _kill(left)
+    return [p.pid for p in left]
+
+
+def _kill(processes: list[psutil.Process]) -> None:
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(processes, timeout=5)
 
 
 def remove_shm(prefix: str) -> list[Path]:

@@ -50,7 +50,15 @@ from ftx_triton.server.admin_apis import admin_restriction
 from ftx_triton.server.install import TritonInstall, find_tritonserver, prepare_backends, server_env
 from ftx_triton.server.launch import Launch, log_file_name, new_shm_prefix, release
 from ftx_triton.server.ports import ServerPorts, client_host, free_ports, http_ok, loopback_port
-from ftx_triton.server.process_tree import cmdline, killpg, proc_stat, remove_shm, stub_processes, sweep_orphans
+from ftx_triton.server.process_tree import (
+    cmdline,
+    kill_processes_of,
+    killpg,
+    proc_stat,
+    remove_shm,
+    stub_processes,
+    sweep_orphans,
+)
 from ftx_triton.server.records import ServerRecord, list_servers, servers_dir
 from ftx_triton.server.server_log import (
     LOADED,
@@ -568,11 +576,13 @@ class TritonServer:
         return ServeError(message, hint=hint)
 
     def _cleanup_process(self) -> None:
-        """Stop the process (if any), kill stragglers in its group, remove its shared memory."""
+        """Stop the process (if any), kill stragglers in its group and its stubs in sessions of their own, remove its
+        shared memory."""
         if self._proc is not None and not self._swept:
             if self._proc.poll() is None:
                 self._terminate()
             killpg(self._proc.pid, signal.SIGKILL)  # stubs of a killed server; the group is ours
+            kill_processes_of(self.shm_prefix)
             self._swept = True
         remove_shm(self.shm_prefix)
 

@@ -13,6 +13,7 @@ from ftx_triton.repository.io import TEXT_MODEL_NAME
 from ftx_triton.repository.model_config import FT_MODEL_NAME
 from ftx_triton.runtime.python.triton_model import DEVICE_ENV
 from ftx_triton.server.smoke import check_generates, import_while_loading, server_name
+from ftx_triton.server.stub_launcher import OWN_SESSION_ENV
 from ftx_triton.terminal.console import say as console_say
 
 log = structlog.get_logger(__name__)
@@ -60,7 +61,8 @@ def serve_python(repository: ModelRepository, ctx: StageContext) -> Endpoint:
         ports_given=given,
         name=s.name or server_name(ctx.settings.model),
         number_if_taken=s.name is None,
-        env={DEVICE_ENV: s.device},
+        # the model's stub (torch) is what the server waits for: a session of its own gets it a CPU sooner
+        env={DEVICE_ENV: s.device, OWN_SESSION_ENV: FT_MODEL_NAME},
         ready_timeout_s=READY_TIMEOUT_S,
         die_with_parent=not s.detach,
         device=served_device(s.device),
