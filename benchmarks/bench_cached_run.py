@@ -153,20 +153,24 @@ def deployment_role(argv: list[str]) -> str:
 
 def deployment_cpu(home: str) -> dict[str, float]:
     """CPU seconds (user + system) each live process of the deployment under ``home`` has spent so far (the
-    processes whose ``FTX_HOME`` is it: the supervisor, tritonserver, each model's stub, the OpenAI front)."""
+    processes whose ``FTX_HOME`` is it: the supervisor, tritonserver, each model's stub, the OpenAI front), and the
+    seconds each one's main thread was runnable but waited for a CPU (``/proc/<pid>/schedstat``)."""
     import psutil
 
     cpu: dict[str, float] = {}
+    waits: dict[str, float] = {}
     for proc in psutil.process_iter(["pid", "cmdline"]):
         try:
             if proc.pid == os.getpid() or proc.environ().get("FTX_HOME") != home:
                 continue
             times = proc.cpu_times()
-        except (psutil.Error, OSError):
+            waited = int(Path(f"/proc/{proc.pid}/schedstat").read_text().split()[1]) / 1e9
+        except (psutil.Error, OSError, IndexError, ValueError):
             continue
         name = deployment_role(proc.info["cmdline"] or [""])
         cpu[f"cpu: {name}"] = cpu.get(f"cpu: {name}", 0.0) + times.user + times.system
-    return cpu
+        waits[f"waited for a CPU: {name}"] = waits.get(f"waited for a CPU: {name}", 0.0) + waited
+    return {**cpu, **waits}
 
 
 def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -218,7 +222,7 @@ def bench_cached_run(
             if cpu:  # the command's own (it is this script's only child meanwhile), then each server process's
                 used = {"cpu: ftx (the command)": after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime}
                 used.update(deployment_cpu({**env, **variants[loader]}["FTX_HOME"]))  # a variant may have its own
-                used["cpu: all"] = sum(used.values())
+                used["cpu: all"] = sum(v for k, v in used.items() if k.startswith("cpu: "))
             timed(stop, {**env, **variants[loader]})
             totals[loader].append(wall)
             found = timeline_steps(lines) or split_steps(wall, lines, RUN_STEPS)
