@@ -5,9 +5,10 @@ stub (installed beside it, in ``ftx-stub/``), in a session of its own for the mo
 Why a session: where the kernel schedules by session (``/proc/sys/kernel/sched_autogroup_enabled``, on in most
 distributions' kernels), each session's processes share one equal part of the CPUs. A server's stubs start in its
 session beside the supervisor and the other models' stubs, so the python runtime's model, whose stub imports torch
-and is what a cached ``ftx run`` waits for, shared a third of two cores with them for its first second (0.5 s of
-waiting for a CPU). In a session of its own it has a group's part to itself from its exec on; where the kernel
-does not group by session, or the cores are idle, nothing changes.
+and is what a cached ``ftx run`` waits for, got 20-50% of a core for its first second on two cores (0.5 s of
+waiting for a CPU). In a session of its own it has a group's part to itself from its exec on (on two busy cores,
+its wait 0.5-1.4 s shorter, the server ready 0.5-1 s sooner); where the kernel does not group by session, or the
+cores are idle, nothing changes.
 
 The stub keeps its pid (the launcher and ``setsid`` exec it; ``setsid`` forks only a process group leader, which
 the launcher checks a stub forked by tritonserver is not), its program name and arguments
@@ -39,8 +40,7 @@ REAL_DIR = "ftx-stub"
 
 LAUNCHER = f"""#!/bin/sh
 # ftx: runs tritonserver's Python-backend stub, in a session of its own for the models named in ${OWN_SESSION_ENV}
-# (ftx_triton.server.stub_launcher). tritonserver runs it by its path: <model repository>/<model>/<version>/model.py
-# is its first argument.
+# (ftx_triton.server.stub_launcher). tritonserver runs it by its path, <repository>/<model>/<version>/model.py first.
 stub="${{0%/*}}/{REAL_DIR}/{STUB_NAME}"
 own_session() {{
     [ -n "$1" ] || return 1
