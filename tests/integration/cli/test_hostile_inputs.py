@@ -117,7 +117,7 @@ def test_every_stage_hashes_its_outputs_convert_included(ftx_cli, ftx_home: Path
     run_until_configure(ftx_cli, tiny_gptj_dir)
     for meta_path in (ftx_home / "store").glob(f"*/*/{PROVENANCE_FILE}"):
         outputs = json.loads(meta_path.read_text())["outputs"]
-        assert all(len(o["sha256"]) == 64 for o in outputs.values()), meta_path
+        assert all(len(o["chunked_sha256"]) == 64 for o in outputs.values()), meta_path
 
 
 @pytest.mark.parametrize(
