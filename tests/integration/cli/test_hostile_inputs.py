@@ -83,7 +83,7 @@ TAMPERINGS: dict[str, Callable[[Path], None]] = {
     "outputs-empty": rewrite_meta(lambda m: m.update(outputs={})),
     "outputs-missing": rewrite_meta(lambda m: m.pop("outputs")),
     "outputs-a-list": rewrite_meta(lambda m: m.update(outputs=list(m["outputs"]))),
-    "output-without-sha256": rewrite_meta(lambda m: [o.pop("sha256") for o in m["outputs"].values()]),
+    "output-without-digest": rewrite_meta(lambda m: [o.pop("chunked_sha256") for o in m["outputs"].values()]),
     "output-size-a-string": rewrite_meta(lambda m: [o.update(size="x") for o in m["outputs"].values()]),
     "provenance-of-another-key": rewrite_meta(lambda m: m.update(key="other")),
 }
