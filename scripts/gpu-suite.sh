@@ -106,6 +106,7 @@ start() {
   printf '%s\n' "$AFTER" > "$WORK/after.sh"
   local has_after=0  # a flag, not the command itself: its quotes would break the job's script below
   [ -n "$AFTER" ] && has_after=1
+  date +%s > "$WORK/job.started"  # what `wait` looks for: a fresh machine has no job to wait for
   setsid bash -c "
     cd '$WORK/code'
     . '$WORK/env.sh'
@@ -152,6 +153,11 @@ report() {
 }
 
 wait_job() {
+  if [ ! -e "$WORK/job.started" ]; then
+    # a device machine that was handed back comes fresh: no job to wait for (waiting would only spend device time)
+    echo "--- no GPU job on this machine (none started here, or the machine is a fresh one): start it again" >&2
+    return 3
+  fi
   local until=$(( $(date +%s) + MAX ))
   while [ ! -e "$WORK/done" ] && [ "$(date +%s)" -lt "$until" ]; do sleep 5; done
   report

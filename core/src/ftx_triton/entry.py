@@ -17,9 +17,11 @@ def main() -> None:
     from ftx_triton import start_environ
 
     start_environ.remember()  # before any import can write to the environment
-    from ftx_triton.server import head_start
+    ahead = "run" in sys.argv[1:]  # only a run is started ahead (head_start.begin's test): others skip its imports
+    if ahead:
+        from ftx_triton.server import head_start
 
-    head_start.begin(sys.argv[1:])  # a cached run's server starts loading now; adopted only if it is the run's
+        head_start.begin(sys.argv[1:])  # a cached run's server starts loading now; adopted only if it is the run's
     from ftx_triton.plain_structlog import import_structlog
 
     import_structlog()  # without rich's tracebacks and pretty-printer, which ftx's renderers never use
@@ -31,7 +33,10 @@ def main() -> None:
     except SystemExit as exc:
         code = exc.code
     finally:
-        head_start.end()
+        if ahead:
+            from ftx_triton.server import head_start
+
+            head_start.end()
     end(code)
 
 

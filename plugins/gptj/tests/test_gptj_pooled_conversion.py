@@ -4,6 +4,7 @@ writes are byte for byte those of a conversion into fresh arrays, whatever order
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -73,22 +74,27 @@ def test_pooled_buffers_write_the_same_bytes(tmp_path: Path, monkeypatch: pytest
 def test_files_split_over_helper_threads_are_the_same_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tp: int
 ) -> None:
-    """On a many-core host each large file is copied, written and counted in pieces by helper threads while its
-    writer hashes it: the files are those one thread per file writes (pieces made small here, so that every
+    """On a many-core host each large file is copied, then written, hashed and counted in pieces by helper threads:
+    the files are those one thread per file writes (pieces made small here, so that every
     tensor of this model is split into many)."""
     from ftx_triton.formats import fastcopy, ftformat
+    from ftx_triton.io import hashing
 
     source = _checkpoint(tmp_path / "hf")
     monkeypatch.setenv("FTX_CONVERT_THREADS", "1")
     whole = convert_directory(GPTJ(), source, tmp_path / "whole", tp=tp, weight_dtype="fp16")
     monkeypatch.setattr(ftformat, "SPLIT_MIN_BYTES", 1 << 16)
-    monkeypatch.setattr(ftformat, "_SPLIT_WRITE_BYTES", 48 << 10)
+    monkeypatch.setattr(hashing, "CHUNKED_BYTES", 48 << 10)  # a split file's pieces are the digest's chunks
     monkeypatch.setattr(fastcopy, "SPLIT_COPY_BYTES", 40 << 10)
     monkeypatch.setenv("FTX_CONVERT_THREADS", "5")
     split = convert_directory(GPTJ(), source, tmp_path / "split", tp=tp, weight_dtype="fp16")
     assert sorted(split.files) == sorted(whole.files)
     for name in whole.files:
         assert (split.directory / name).read_bytes() == (whole.directory / name).read_bytes(), name
+        path = split.directory / name
+        if path.suffix == ".bin":  # the digest its writers made from their chunks: the one a read of it gives
+            found = hashing.written_digest(path, os.lstat(path))
+            assert found == hashing.chunked_digests([(path, path.stat().st_size)])[path], name
 
 
 def test_the_largest_lone_tensors_are_read_first_and_the_rest_in_storage_order(

@@ -83,7 +83,7 @@ TAMPERINGS: dict[str, Callable[[Path], None]] = {
     "outputs-empty": rewrite_meta(lambda m: m.update(outputs={})),
     "outputs-missing": rewrite_meta(lambda m: m.pop("outputs")),
     "outputs-a-list": rewrite_meta(lambda m: m.update(outputs=list(m["outputs"]))),
-    "output-without-sha256": rewrite_meta(lambda m: [o.pop("sha256") for o in m["outputs"].values()]),
+    "output-without-digest": rewrite_meta(lambda m: [o.pop("chunked_sha256") for o in m["outputs"].values()]),
     "output-size-a-string": rewrite_meta(lambda m: [o.update(size="x") for o in m["outputs"].values()]),
     "provenance-of-another-key": rewrite_meta(lambda m: m.update(key="other")),
 }
@@ -117,7 +117,7 @@ def test_every_stage_hashes_its_outputs_convert_included(ftx_cli, ftx_home: Path
     run_until_configure(ftx_cli, tiny_gptj_dir)
     for meta_path in (ftx_home / "store").glob(f"*/*/{PROVENANCE_FILE}"):
         outputs = json.loads(meta_path.read_text())["outputs"]
-        assert all(len(o["sha256"]) == 64 for o in outputs.values()), meta_path
+        assert all(len(o["chunked_sha256"]) == 64 for o in outputs.values()), meta_path
 
 
 @pytest.mark.parametrize(

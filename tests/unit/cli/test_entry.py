@@ -60,5 +60,45 @@ def test_a_run_imports_structlog_without_richs_tracebacks_and_no_progress_bar(tm
     )
     assert done.returncode == 1 and "error: unknown model source" in done.stderr
     loaded = set(json.loads(done.stderr.strip().splitlines()[-1]))
-    assert {"structlog", "rich.console", "ftx_triton.engine.pipeline", "ftx_triton.terminal.progress"} <= loaded
+    assert {"structlog", "rich.console", "ftx_triton.engine.pipeline"} <= loaded  # (no download or archive either)
     assert not {name for name in loaded if name.startswith(UNUSED_RICH)}, sorted(loaded)
+
+
+CONVERT_PROBE = """
+import atexit, json, sys
+sys.argv = ["ftx", "-v", "convert", {source!r}, "--tp", "1", "--weight-dtype", "fp32", "-o", {output!r}]
+atexit.register(lambda: print(json.dumps(sorted(sys.modules)), file=sys.stderr))
+from ftx_triton.entry import main
+main()
+"""
+NOT_FOR_CONVERT = (
+    "ftx_triton.server.head_start",  # only `ftx run` starts a server ahead
+    "ftx_triton.engine.deployment",  # a served model's lifecycle and its HTTP client
+    "ftx_triton.client",
+    "ftx_triton.fetching.http",  # downloads and archives: not for a local directory
+    "ftx_triton.fetching.archive",
+    "urllib.request",
+    "http.client",
+    "ftx_triton.server.install",  # the runtimes' availability checks: no runtime decides these files
+    "ftx_triton.runtime.fastertransformer.native.build",
+    "ftx_triton.runtime.fastertransformer.native.toolchain",
+)
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["first", "cached"])
+def test_a_conversion_with_its_dtype_and_tp_named_imports_only_what_converting_needs(
+    tmp_path: Path, tiny_gptj_dir: Path, cached: bool
+) -> None:
+    """`ftx convert SRC --tp N --weight-dtype D` of a local directory (the copy bound's benchmark) starts without a
+    run's head start, a deployment's client, the fetching of URLs and archives, or a runtime's host probe: the
+    files are the same whatever runtime would serve them."""
+    env = {**os.environ, "FTX_HOME": str(tmp_path / "home")}
+    code = CONVERT_PROBE.format(source=str(tiny_gptj_dir), output=str(tmp_path / "out"))
+    for _ in range(2 if cached else 1):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert ("convert   cached" in done.stderr) is cached
+    assert "runtime   " not in done.stderr  # no runtime was chosen, so none is named
+    loaded = set(json.loads(done.stderr.strip().splitlines()[-1]))
+    assert "ftx_triton.engine.pipeline" in loaded
+    assert not {name for name in loaded if name.startswith(NOT_FOR_CONVERT)}, sorted(loaded)

@@ -65,22 +65,26 @@ def test_non_finite_values_are_counted_by_the_writer_under_their_label(tmp_path:
 def test_a_file_split_over_helpers_is_the_same_file_with_its_digest_and_count(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, split: int | None
 ) -> None:
-    """Large files go to helper threads in pieces (copied, written with pwrite, counted) while the writer hashes
-    them: the bytes, the digest the store takes and the NaN/Inf count are those of one pass by one thread."""
-    import hashlib
+    """Large files go to helper threads chunk by chunk (copied, then written with pwrite, hashed and counted): the
+    bytes, the NaN/Inf count and the digest the store takes are those of one pass by one thread whatever the number
+    of helpers, and that digest is the chunked digest of the file's bytes (each chunk hashed by the thread that
+    wrote it: no thread hashes a whole file)."""
     import os
 
     import ml_dtypes
+    from chunked_digest import spelled_out
     from ftx_triton.formats import fastcopy, ftformat
-    from ftx_triton.io.hashing import written_digest
+    from ftx_triton.io import hashing
+    from ftx_triton.io.hashing import chunked_digests, written_digest
 
     monkeypatch.setattr(ftformat, "SPLIT_MIN_BYTES", 1 << 12)
-    monkeypatch.setattr(ftformat, "_SPLIT_WRITE_BYTES", 3000)  # not a multiple of 4: pieces end on whole elements
+    monkeypatch.setattr(hashing, "CHUNKED_BYTES", 3000)  # pieces of a split file: not a multiple of 4, of 2 yes
+    monkeypatch.setattr(ftformat, "_PASS_BYTES", 1100)  # one pass's pieces straddle the chunks' edges
     monkeypatch.setattr(fastcopy, "SPLIT_COPY_BYTES", 2000)
     values = (np.random.default_rng(1).standard_normal((96, 160)) * 3).astype(ml_dtypes.bfloat16)
     values[5, 9], values[90, 150] = np.nan, -np.inf
     results = {}
-    for helpers in (0, 4):
+    for helpers in (0, 2, 5):
         out = tmp_path / f"helpers{helpers}"
         out.mkdir()
         paths = [out / f"t.{r}.bin" for r in range(1 if split is None else 2)]
@@ -88,9 +92,10 @@ def test_a_file_split_over_helpers_is_the_same_file_with_its_digest_and_count(
             writer.submit(paths, values.T, split, label="w")
         contents = [path.read_bytes() for path in paths]
         for path, content in zip(paths, contents, strict=True):
-            assert written_digest(path, os.lstat(path)) == hashlib.sha256(content).hexdigest()
+            assert written_digest(path, os.lstat(path)) == spelled_out(content, 3000)
+            assert chunked_digests([(path, len(content))])[path] == spelled_out(content, 3000)
         results[helpers] = (contents, writer.non_finite, writer.bytes_written)
-    assert results[0] == results[4] and results[4][1] == {"w": 2}
+    assert results[0] == results[2] == results[5] and results[5][1] == {"w": 2}
 
 
 def test_converting_imports_no_torch(tmp_path: Path) -> None:

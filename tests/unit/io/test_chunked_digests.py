@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from chunked_digest import spelled_out
 from ftx_triton.fetching import local_keys
 from ftx_triton.fetching.local_keys import local_content_key
 from ftx_triton.io import hashing
@@ -45,10 +46,7 @@ def test_the_digest_is_the_same_for_every_thread_count(tmp_path: Path) -> None:
 def test_the_digest_is_sha256_over_the_chunks_digests(tmp_path: Path) -> None:
     """The definition, spelled out independently: a change of chunk size, order or version is a change of key."""
     (path, size) = _files(tmp_path)[-1]
-    data = path.read_bytes()
-    chunks = b"".join(hashlib.sha256(data[i : i + 1000]).digest() for i in range(0, size, 1000))
-    expected = hashlib.sha256(b"ftx-chunked-sha256-v1\0" + f"{size}\0".encode() + chunks).hexdigest()
-    assert chunked_digests([(path, size)], threads=4)[path] == expected
+    assert chunked_digests([(path, size)], threads=4)[path] == spelled_out(path.read_bytes(), 1000)
 
 
 @pytest.mark.usefixtures("small_chunks")
@@ -107,3 +105,35 @@ def test_a_file_shorter_than_listed_hashes_what_it_holds(tmp_path: Path) -> None
     whole = chunked_digests([(path, size)])[path]
     os.truncate(path, 4321)
     assert chunked_digests([(path, size)])[path] != whole
+
+
+@pytest.mark.usefixtures("small_chunks")
+@pytest.mark.parametrize("piece", [1, 299, 1000, 1001, 20_000])
+def test_bytes_fed_in_pieces_of_any_size_give_the_files_digest(tmp_path: Path, piece: int) -> None:
+    """A writer's digest of the bytes it writes (:class:`ChunkedHasher`) is the one the store computes from disk."""
+    for path, size in _files(tmp_path):
+        data = path.read_bytes()
+        hasher = hashing.ChunkedHasher()
+        for start in range(0, size, piece):
+            hasher.update(data[start : start + piece])
+        assert hasher.hexdigest() == chunked_digests([(path, size)])[path] == spelled_out(data, 1000)
+
+
+@pytest.mark.usefixtures("small_chunks")
+def test_chunks_and_whole_files_are_hashed_by_one_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No pool of threads per call: every chunked digest runs on the threads that hash whole files."""
+    files = _files(tmp_path)
+    seen: list[set[threading.Thread]] = []
+    real = os.preadv
+
+    def spy(*args):  # type: ignore[no-untyped-def]
+        seen[-1].add(threading.current_thread())
+        return real(*args)
+
+    monkeypatch.setattr(os, "preadv", spy)
+    for _ in range(2):
+        seen.append(set())
+        chunked_digests(files, threads=2)
+    pool = hashing._pool(2)
+    assert seen[0] | seen[1] <= set(pool._threads)  # type: ignore[attr-defined]
+    assert all(thread.name.startswith("ftx-hash") for thread in seen[0])

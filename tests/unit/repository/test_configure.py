@@ -311,6 +311,27 @@ def test_streaming_is_decoupled_and_postprocessing_reads_ft_outputs_only(
     assert params["streaming"].string_value == "1"
 
 
+def test_the_native_runtime_streams_each_piece_once_through_its_stream_offset(
+    ftx_cli, tiny_gptj_dir: Path, tmp_path: Path
+) -> None:
+    """FasterTransformer resends the whole sequence in every streamed response; ftx's patched backend (the native
+    runtime) also answers where the new tokens start and the prompt lengths, so its streaming FT model declares
+    the offset and the text ensemble hands both to postprocessing (which then decodes only the new tokens). The
+    upstream-built backend (the default runtime here) answers neither, so nothing reads them there."""
+    native = tmp_path / "native"
+    configure(ftx_cli, tiny_gptj_dir, native, "--streaming", "--runtime", "fastertransformer-native")
+    assert "ftx_stream_offset" in {o.name for o in ft_config(native).output}
+    post = parse_config(native / "text" / "config.pbtxt").ensemble_scheduling.step[2]
+    assert {"ftx_stream_offset", "RESPONSE_INPUT_LENGTHS"} <= set(post.input_map)
+
+    upstream = tmp_path / "upstream"
+    configure(ftx_cli, tiny_gptj_dir, upstream, "--streaming")
+    assert "ftx_stream_offset" not in {o.name for o in ft_config(upstream).output}
+    not_streaming = tmp_path / "not-streaming"
+    configure(ftx_cli, tiny_gptj_dir, not_streaming, "--runtime", "fastertransformer-native")
+    assert "ftx_stream_offset" not in {o.name for o in ft_config(not_streaming).output}
+
+
 def test_no_dynamic_batching(ftx_cli, tiny_gptj_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "repo"
     configure(ftx_cli, tiny_gptj_dir, out, "--no-dynamic-batching")

@@ -246,6 +246,26 @@ def test_a_run_asks_whether_its_runtime_is_available_once(
     assert (ftx_home / "toy-probes").read_text().splitlines() == ["probed"]
 
 
+@pytest.mark.parametrize(
+    ("named", "probed"),
+    [
+        (["--tp", "1", "--weight-dtype", "fp16"], False),  # `ftx convert`'s case: the files are the same on any runtime
+        (["--tp", "1"], True),  # --weight-dtype auto: the runtime may convert to its compute type
+        (["--weight-dtype", "fp16"], True),  # --tp auto: the runtime lays the model out
+    ],
+    ids=["both-named", "dtype-auto", "tp-auto"],
+)
+def test_a_conversion_probes_for_a_runtime_only_where_the_runtime_decides_its_files(
+    toy_plugin: Path, ftx_cli: Any, ftx_home: Path, tiny_gptj_dir: Path, named: list[str], probed: bool
+) -> None:
+    """A run that stops at convert with its weight dtype and tp named does not ask any runtime whether it can serve
+    here (on a GPU host: nvidia-smi, Docker's daemon, compilers); where a runtime decides either, it is chosen."""
+    result = ftx_cli("run", str(tiny_gptj_dir), "--runtime", "abacus", "--until", "convert", *named)  # an alias: probed
+    assert result.exit_code == 0, result.stderr + repr(result.exception)
+    assert (ftx_home / "toy-probes").exists() is probed
+    assert ("runtime   toy" in result.stderr) is probed
+
+
 def test_a_third_party_runtime_describes_its_dry_run(toy_plugin: Path, ftx_cli: Any, tiny_gptj_dir: Path) -> None:
     result = ftx_cli("run", str(tiny_gptj_dir), "--runtime", "toy", "--tp", "2", "--dry-run")
     assert result.exit_code == 0, result.stderr

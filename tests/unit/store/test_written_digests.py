@@ -1,14 +1,14 @@
-"""The store records a converted file's sha256 from the pass that wrote it, never from a second read, and
+"""The store records a converted file's chunked digest from the pass that wrote it, never from a second read, and
 only while the file is as its writer left it."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+from chunked_digest import spelled_out
 from ftx_triton.formats.ftformat import write_tensor
 from ftx_triton.io import hashing
 from ftx_triton.store import artifact_store
@@ -19,14 +19,13 @@ from ftx_triton.store.artifact_store import ArtifactStore
 def hashed_from_disk(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The names of the files the store reads back to hash."""
     read: list[str] = []
-    real = hashing.sha256_files
+    real = hashing.chunked_digests
 
-    def spy(paths):  # type: ignore[no-untyped-def]
-        paths = list(paths)
-        read.extend(Path(p).name for p in paths)
-        return real(paths)
+    def spy(files, **kwargs):  # type: ignore[no-untyped-def]
+        read.extend(Path(path).name for path, _size in files)
+        return real(files, **kwargs)
 
-    monkeypatch.setattr(artifact_store, "sha256_files", spy)
+    monkeypatch.setattr(artifact_store, "chunked_digests", spy)
     return read
 
 
@@ -45,7 +44,7 @@ def test_a_written_tensor_is_recorded_without_reading_it_back(tmp_path: Path, ha
         (tmp / "config.ini").write_text("[x]\n")  # written by other code: hashed from disk
 
     outputs = _build(tmp_path / "home", write)
-    assert outputs["w.bin"]["sha256"] == hashlib.sha256(np.ascontiguousarray(values.T).tobytes()).hexdigest()
+    assert outputs["w.bin"]["chunked_sha256"] == spelled_out(np.ascontiguousarray(values.T).tobytes(), 16 << 20)
     assert hashed_from_disk == ["config.ini"]
 
 
@@ -58,12 +57,12 @@ def test_a_file_changed_after_its_writer_is_hashed_from_disk(tmp_path: Path, has
         os.utime(tmp / "w.bin", ns=(st.st_atime_ns, st.st_mtime_ns - 10**9))  # moves ctime, as any write does
 
     outputs = _build(tmp_path / "home", write)
-    assert outputs["w.bin"]["sha256"] == hashlib.sha256(b"\x01" * 8 + bytes(4096 - 8)).hexdigest()
+    assert outputs["w.bin"]["chunked_sha256"] == spelled_out(b"\x01" * 8 + bytes(4096 - 8), 16 << 20)
     assert hashed_from_disk == ["w.bin"]
 
 
 def test_a_digest_is_handed_over_once(tmp_path: Path) -> None:
     write_tensor(tmp_path / "w.bin", np.ones(16, np.float32))
     st = os.lstat(tmp_path / "w.bin")
-    assert hashing.written_digest(tmp_path / "w.bin", st) == hashlib.sha256(np.ones(16, np.float32)).hexdigest()
+    assert hashing.written_digest(tmp_path / "w.bin", st) == spelled_out(np.ones(16, np.float32).tobytes(), 16 << 20)
     assert hashing.written_digest(tmp_path / "w.bin", st) is None

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
 from ftx_triton.conversion.family import Family, ModelSpec
-from ftx_triton.engine.deployment import Deployment
 from ftx_triton.engine.sources import resolve_source
 from ftx_triton.engine.stages import StageOutcome, Stages
 from ftx_triton.errors import ConfigError
@@ -29,6 +29,9 @@ from ftx_triton.runtime.api import DryRunPlan, Layout, Runtime
 from ftx_triton.runtime.select import choose_runtime
 from ftx_triton.store.artifact_store import ArtifactStore
 from ftx_triton.terminal import timeline
+
+if TYPE_CHECKING:
+    from ftx_triton.engine.deployment import Deployment  # its HTTP client: only a run that serves imports it
 
 log = structlog.get_logger(__name__)
 
@@ -143,6 +146,8 @@ class Pipeline:
             return result
         repository = result.repository = self.stages.configure(family, spec, source, checkpoint, gemm, runtime, ctx)
         if self._wanted("serve"):
+            from ftx_triton.engine.deployment import Deployment  # before serving, as when this module imported it
+
             self.before_serve()
             endpoint = result.endpoint = self.stages.serve(repository, gemm, runtime, ctx)
             result.deployment = Deployment(endpoint, runtime, repository, plan.settings, self.store.home)
@@ -207,8 +212,7 @@ class Pipeline:
         if auto_weights:
             settings = settings.replace(weight_dtype=default_weight_dtype(family, dtype))
         runtime, reason = plan.runtime, plan.runtime_reason
-        # chosen from convert on: the runtime decides the weight dtype (--weight-dtype auto) and --tp auto
-        if runtime is None and self._wanted("convert"):  # --tp auto is the chosen runtime's layout: probe as tp 1
+        if runtime is None and self._runtime_decides(settings, auto_weights):  # --tp auto: probe as tp 1
             probe = settings.replace(tp=1) if settings.convert.tp is AUTO else settings
             runtime, reason = choose_runtime(self.host.runtimes, probe, self.store)
         settings = self._resolve_parallelism(settings, family, hf_config, runtime)
@@ -233,6 +237,15 @@ class Pipeline:
             runtime_reason=reason,
             estimate=estimate,
         )
+
+    def _runtime_decides(self, settings: RunSettings, auto_weights: bool) -> bool:
+        """Whether the plan needs a runtime: a run past convert (tune, configure and serve are the runtime's), or a
+        conversion whose weight dtype (``--weight-dtype auto``) or tp (``--tp auto``) the chosen runtime decides.
+        A conversion with both named (``ftx convert --tp 1 --weight-dtype fp16``) writes the same files whatever
+        would serve them, so the host is not probed for one (GPUs, Docker, compilers: seconds on a GPU host)."""
+        if not self._wanted("convert"):
+            return False
+        return self._wanted("tune") or auto_weights or settings.convert.tp is AUTO
 
     def _resolve_parallelism(
         self, settings: RunSettings, family: Family, hf_config: dict, runtime: Runtime | None
@@ -323,9 +336,11 @@ class Pipeline:
         run's record stops (it serves what this build replaces), and this run's is not recorded; disk for what it
         writes."""
         from ftx_triton.plan.resources import refuse
-        from ftx_triton.server import head_start
 
-        head_start.stage_builds(stage)
+        if self._wanted("serve"):  # only a run that serves has a server started ahead (one that served is recorded)
+            from ftx_triton.server import head_start
+
+            head_start.stage_builds(stage)
         if self._estimate is None or stage not in ("fetch", "convert"):
             return
         if stage == "fetch":

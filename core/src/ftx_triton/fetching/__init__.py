@@ -7,25 +7,34 @@ progress on a terminal. Publishing the result as an artifact is the core's job.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from ftx_triton.fetching.archive import is_archive, safe_extract
-from ftx_triton.fetching.http import download
-from ftx_triton.fetching.integrity import normalize_sha256
-from ftx_triton.fetching.local_keys import local_content_key, local_fingerprint
-from ftx_triton.fetching.refs import parse_ref, resolve_revision
-from ftx_triton.io.hashing import sha256_file
-
-_FROM_HUB = ("download_snapshot", "list_repo_files")
+_WHERE = {
+    "is_archive": "archive",
+    "safe_extract": "archive",
+    "download": "http",
+    "normalize_sha256": "integrity",
+    "local_content_key": "local_keys",
+    "local_fingerprint": "local_keys",
+    "parse_ref": "refs",
+    "resolve_revision": "refs",
+    "download_snapshot": "hub",
+    "list_repo_files": "hub",
+}
+"""Each name's module. Every one is imported on first use: huggingface_hub takes a noticeable part of a second, and
+downloads and archives (http, ssl, tarfile, zipfile, zstandard) tens of milliseconds, which a run of a local or
+cached source does not need (it parses its reference through :mod:`~ftx_triton.fetching.refs`, which imports this
+package first)."""
 
 
 def __getattr__(name: str) -> Any:
-    """The Hugging Face functions, imported on first use: huggingface_hub takes a noticeable part of a second,
-    which a run of a local or cached source does not need."""
-    if name in _FROM_HUB:
-        from ftx_triton.fetching import hub
+    if name == "sha256_file":
+        from ftx_triton.io.hashing import sha256_file
 
-        return getattr(hub, name)
+        return sha256_file
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -14,14 +14,11 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from urllib.error import URLError
 from urllib.parse import SplitResult, unquote, urlsplit
-from urllib.request import Request, url2pathname, urlopen
 
 import structlog
 
 from ftx_triton.errors import SourceError
-from ftx_triton.fetching.archive import archive_format, supported_suffixes
 from ftx_triton.fetching.integrity import normalize_sha256
 from ftx_triton.fetching.local_keys import local_fingerprint
 from ftx_triton.plan.artifacts import SourceRef
@@ -58,6 +55,8 @@ def parse_ref(text: str, *, presets: Mapping[str, SourceRef] | None = None, revi
     if parts.scheme.lower() in ("http", "https"):
         return _with_no_revision(_parse_http(text), revision)
     if parts.scheme.lower() == "file":
+        from urllib.request import url2pathname
+
         return _with_no_revision(_parse_path(Path(url2pathname(parts.path)), text), revision)
     if text in presets and not _looks_like_path(text):
         return _from_preset(text, presets[text], revision)
@@ -131,6 +130,8 @@ def download_name(url: str) -> str:
     Raises :class:`SourceError` for a segment that is empty, ``.``, ``..``, holds a slash, is over 255
     bytes (no file system takes it) or does not end in an archive suffix (only archives are extracted).
     """
+    from ftx_triton.fetching.archive import archive_format, supported_suffixes  # tarfile, zstandard: not for a path
+
     raw = urlsplit(url).path.rsplit("/", 1)[-1]
     name = unquote(raw)
     hint = f"give the URL of an archive whose last path segment ends in {', '.join(supported_suffixes())}"
@@ -223,6 +224,8 @@ def _url_key(url: str) -> str:
 
 
 def _file_validators(url: str) -> list[str]:
+    from urllib.request import url2pathname
+
     path = Path(url2pathname(urlsplit(url).path))
     try:
         st = path.stat()
@@ -233,6 +236,9 @@ def _file_validators(url: str) -> list[str]:
 
 def _http_validators(url: str, timeout_s: float = 10) -> list[str]:
     """ETag / Last-Modified from a HEAD; none when the server is unreachable or says nothing."""
+    from urllib.error import URLError
+    from urllib.request import Request, urlopen  # http.client and ssl: only for a URL
+
     try:
         with urlopen(Request(url, method="HEAD", headers={"User-Agent": "ftx"}), timeout=timeout_s) as resp:  # noqa: S310
             headers = resp.headers

@@ -11,7 +11,7 @@ import configparser
 import hashlib
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, wait
 from pathlib import Path
 
@@ -21,7 +21,8 @@ import numpy as np
 from ftx_triton.errors import CheckpointError
 from ftx_triton.formats.buffers import BufferPool, as_array
 from ftx_triton.formats.fastcopy import contiguous, contiguous_split
-from ftx_triton.io.hashing import remember_written
+from ftx_triton.io import hashing
+from ftx_triton.io.hashing import ChunkedHasher, combine_chunks, remember_written
 from ftx_triton.io.regular import TooLarge, read_regular
 
 IniSections = Mapping[str, Mapping[str, object]]
@@ -90,9 +91,7 @@ the other two."""
 
 SPLIT_MIN_BYTES = 16 << 20
 """A file at least this large is copied and written by several threads (:func:`write_tensor_counted`'s
-``workers``), its sha256 taken meanwhile by the writing thread."""
-_SPLIT_WRITE_BYTES = 8 << 20
-"""Bytes of one task of a split write (written with ``pwrite`` and counted)."""
+``workers``), each of its chunks hashed by the thread that writes it."""
 
 
 def write_tensor_counted(
@@ -103,12 +102,18 @@ def write_tensor_counted(
     pool: BufferPool | None = None,
     workers: Executor | None = None,
 ) -> tuple[int, int]:
-    """Write raw little-endian C-order bytes in one pass that also hashes them (the store then takes the digest
-    instead of reading the file back) and, when asked, counts their NaN and Inf values; returns (bytes, count).
-    A strided ``array`` is copied into a buffer of ``pool`` when given. ``workers``: a file of at least
-    :data:`SPLIT_MIN_BYTES` is copied, written and counted in pieces by them at once while this thread hashes
-    it (a many-core host writes one large tensor at the speed of sha256, not of the whole pass)."""
-    split = workers is not None and array.nbytes >= SPLIT_MIN_BYTES and array.dtype.byteorder != ">"
+    """Write raw little-endian C-order bytes in one pass that also hashes them (their chunked digest,
+    :func:`~ftx_triton.io.hashing.chunked_digests`' definition: the store then takes it instead of reading the
+    file back) and, when asked, counts their NaN and Inf values; returns (bytes, count). A strided ``array`` is
+    copied into a buffer of ``pool`` when given. ``workers``: a file of at least :data:`SPLIT_MIN_BYTES` is
+    copied, then written, hashed and counted chunk by chunk by them at once (a many-core host writes one large
+    tensor at the speed of its pieces side by side; no thread hashes the whole file)."""
+    split = (
+        workers is not None
+        and array.nbytes >= SPLIT_MIN_BYTES
+        and array.dtype.byteorder != ">"
+        and hashing.CHUNKED_BYTES % max(array.itemsize, 1) == 0  # every chunk holds whole elements to count
+    )
     if array.flags.c_contiguous or (pool is None and not split):
         data = contiguous(array)
         return (
@@ -128,60 +133,77 @@ def write_tensor_counted(
 def _write_pass(path: Path, data: np.ndarray, count_non_finite: bool) -> tuple[int, int]:
     if data.dtype.byteorder == ">":
         data = data.astype(data.dtype.newbyteorder("<"))
-    counter = NonFiniteCounter.for_dtype(data.dtype) if count_non_finite else None
+    counter = _counter(data.dtype) if count_non_finite else None
     # As bytes: ml_dtypes' bfloat16 does not export the buffer protocol.
     raw = data.reshape(-1).view(np.uint8)
-    step = _PASS_BYTES - _PASS_BYTES % max(data.itemsize, 1)
-    digest = hashlib.sha256()
-    bad = 0
+    digest = ChunkedHasher()
     with path.open("wb") as fh:
-        for start in range(0, raw.size, step):
-            piece = raw[start : start + step]
-            fh.write(piece.data)
-            digest.update(piece.data)
-            if counter is not None:
-                bad += counter.count(piece)
-        fh.flush()
+        bad = _write_range(fh.fileno(), raw, 0, raw.size, digest.update, counter)
         remember_written(path, digest.hexdigest(), os.fstat(fh.fileno()))
     return data.nbytes, bad
 
 
 def _write_split(path: Path, data: np.ndarray, count_non_finite: bool, workers: Executor | None) -> tuple[int, int]:
-    """:func:`_write_pass` of a C-contiguous little-endian ``data`` whose pieces ``workers`` write (``pwrite``) and
-    count at once, while this thread takes the sha256 of the whole (hashlib releases the GIL)."""
+    """:func:`_write_pass` of a C-contiguous little-endian ``data`` whose chunks (the chunked digest's) ``workers``
+    write (``pwrite``), hash and count at once; the file's digest is then made from the chunks' digests."""
     assert workers is not None
     raw = data.reshape(-1).view(np.uint8)
-    step = _SPLIT_WRITE_BYTES - _SPLIT_WRITE_BYTES % max(data.itemsize, 1)
+    step = hashing.CHUNKED_BYTES
     dtype = data.dtype if count_non_finite else None
     with path.open("wb") as fh:
         fd = fh.fileno()
-        futures = [workers.submit(_write_piece, fd, raw, start, step, dtype) for start in range(0, raw.size, step)]
-        try:
-            digest = hashlib.sha256(raw.data).hexdigest()
-        finally:
-            wait(futures)  # no task may still write to the file once it is closed
-        bad = sum(future.result() for future in futures)
-        remember_written(path, digest, os.fstat(fd))
-    return data.nbytes, bad
+        futures = [workers.submit(_write_chunk, fd, raw, at, at + step, dtype) for at in range(0, raw.size, step)]
+        wait(futures)  # no task may still write to the file once it is closed
+        done = [future.result() for future in futures]
+        remember_written(path, combine_chunks(raw.size, (digest for digest, _ in done)), os.fstat(fd))
+    return data.nbytes, sum(bad for _, bad in done)
+
+
+def _write_chunk(fd: int, raw: np.ndarray, start: int, end: int, dtype: np.dtype | None) -> tuple[bytes, int]:
+    """Write ``raw[start:end]`` (one chunk of the chunked digest) at its offset of ``fd``: (its sha256, its NaN and
+    Inf count when ``dtype`` is given)."""
+    digest = hashlib.sha256()
+    bad = _write_range(
+        fd, raw, start, min(end, raw.size), digest.update, _counter(dtype) if dtype is not None else None
+    )
+    return digest.digest(), bad
+
+
+def _write_range(
+    fd: int,
+    raw: np.ndarray,
+    start: int,
+    end: int,
+    hash_piece: Callable[[memoryview], None],
+    counter: NonFiniteCounter | None,
+) -> int:
+    """``pwrite`` the bytes ``raw[start:end]`` at their offsets of ``fd`` in :data:`_PASS_BYTES` pieces, each hashed
+    (``hash_piece``) and counted (``counter``) while it is in cache; returns the NaN and Inf count. ``start`` and
+    ``end`` fall on whole elements of ``counter``'s dtype."""
+    step = _PASS_BYTES - _PASS_BYTES % (counter.bits.itemsize if counter is not None else 1)
+    bad = 0
+    for at in range(start, end, step):
+        piece = raw[at : min(at + step, end)]
+        view = piece.data
+        done = 0
+        while done < len(view):
+            done += os.pwrite(fd, view[done:], at + done)
+        hash_piece(view)
+        if counter is not None:
+            bad += counter.count(piece)
+    return bad
 
 
 _counters = threading.local()
-"""Each worker thread's :class:`NonFiniteCounter` by dtype (their scratch arrays made once per thread)."""
+"""Each thread's :class:`NonFiniteCounter` by dtype (their scratch arrays made once per thread, not per file)."""
 
 
-def _write_piece(fd: int, raw: np.ndarray, start: int, step: int, dtype: np.dtype | None) -> int:
-    """Write ``raw[start:start+step]`` at its offset of ``fd``; its NaN and Inf count when ``dtype`` is given."""
-    view = raw[start : start + step].data
-    done = 0
-    while done < len(view):
-        done += os.pwrite(fd, view[done:], start + done)
-    if dtype is None:
-        return 0
+def _counter(dtype: np.dtype) -> NonFiniteCounter | None:
+    """This thread's counter for ``dtype`` (None for a dtype without NaN or Inf)."""
     cache = _counters.__dict__.setdefault("by_dtype", {})
     if dtype not in cache:
         cache[dtype] = NonFiniteCounter.for_dtype(dtype)
-    counter = cache[dtype]
-    return counter.count(raw[start : start + step]) if counter is not None else 0
+    return cache[dtype]
 
 
 def read_tensor(path: Path, dtype: np.dtype, shape: tuple[int, ...], *, mmap: bool = False) -> np.ndarray:

@@ -2,10 +2,10 @@
 
 Bounded: the arrays waiting for the writer, and the contiguous copies it makes of strided ones, hold at most
 ``max_pending_bytes``, so memory stays near the size of a few tensors whatever the model size. Errors surface
-on the next submit or at close. Each file is written in one pass over its bytes that also hashes them (for the store) and, for a
-labelled submission, counts its NaN and Inf values, in the writer's threads, on the copy it writes. On a host
-of several cores a large file's copy, writes and count are also split over a pool of helper threads while its
-writer hashes it (:func:`~ftx_triton.formats.ftformat.write_tensor_counted`), so one 400 MB tensor does not
+on the next submit or at close. Each file is written in one pass over its bytes that also hashes them (the store's
+chunked digest) and, for a labelled submission, counts its NaN and Inf values, in the writer's threads, on the copy it
+writes. On a host of several cores a large file's copy, then its writes, chunk digests and count, are also split over a
+pool of helper threads (:func:`~ftx_triton.formats.ftformat.write_tensor_counted`), so one 400 MB tensor does not
 keep a single core busy while the others wait.
 """
 

@@ -1,14 +1,16 @@
 """Content hashes of files: the one ``sha256_file``, many files hashed in parallel, chunked digests that one
-large file spreads over every CPU (:func:`chunked_digests`), and the digests of files ftx just wrote, taken while
-their bytes were in memory.
+large file spreads over every CPU (:func:`chunked_digests`; :class:`ChunkedHasher` and :func:`combine_chunks` give
+the same value from bytes in memory), and the digests of files ftx just wrote, taken while their bytes were in
+memory.
 
 ``hashlib`` releases the GIL while it digests large blocks, so threads hash several files at
-once at close to the disk's (or the page cache's) speed.
+once at close to the disk's (or the page cache's) speed. One pool of threads (:func:`_pool`) does all of it.
 
-A writer that hashes what it writes (:func:`remember_written`) spares the store a second read of every output
-(2.4 GB for a GPT-J-shaped conversion): :func:`written_digest` hands the digest over only while the file's
-identity (:class:`~ftx_triton.io.identity.FileIdentity`) is still the one it had when its writer closed it, the
-same test the store applies to its own records; a file written again since is hashed from disk.
+A writer that hashes what it writes (:func:`remember_written`: the chunked digest, whose chunks its threads hash
+side by side) spares the store a second read of every output (2.4 GB for a GPT-J-shaped conversion):
+:func:`written_digest` hands the digest over only while the file's identity
+(:class:`~ftx_triton.io.identity.FileIdentity`) is still the one it had when its writer closed it, the same test
+the store applies to its own records; a file written again since is hashed from disk.
 """
 
 from __future__ import annotations
@@ -54,14 +56,16 @@ class HashStopped(Exception):
 
 
 @functools.cache
-def _pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=min(8, usable_cpus()), thread_name_prefix="ftx-hash")
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """The hashing threads: one pool of :func:`hash_threads` for whole files and chunks alike (another size only
+    where a caller asks for it)."""
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ftx-hash")
 
 
 def sha256_files(paths: Iterable[Path]) -> dict[Path, str]:
     """The sha256 of each file, several at a time."""
     paths = list(paths)
-    return dict(zip(paths, _pool().map(sha256_file, paths), strict=True))
+    return dict(zip(paths, _pool(hash_threads()).map(sha256_file, paths), strict=True))
 
 
 CHUNKED_BYTES = 16 << 20
@@ -95,15 +99,14 @@ def chunked_digests(
         for start in range(0, size, CHUNKED_BYTES)
     ]
     count = max(1, min(threads or hash_threads(), len(chunks)))
-    local = threading.local()
 
     def chunk_digest(chunk: tuple[Path, int, int]) -> bytes:
         """One chunk's sha256, its file opened for it alone (a source of thousands of files never holds as many
         descriptors; a pipe put in a file's place never blocks)."""
         path, start, end = chunk
-        buffer = getattr(local, "buffer", None)
-        if buffer is None:
-            buffer = local.buffer = memoryview(bytearray(_PIECE))
+        buffer = getattr(_local, "buffer", None)
+        if buffer is None or len(buffer) != _PIECE:
+            buffer = _local.buffer = memoryview(bytearray(_PIECE))
         digest = hashlib.sha256()
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
@@ -123,21 +126,54 @@ def chunked_digests(
     if count == 1:
         parts = [chunk_digest(chunk) for chunk in chunks]
     else:
-        with ThreadPoolExecutor(max_workers=count, thread_name_prefix="ftx-key") as pool:
-            futures = [pool.submit(chunk_digest, chunk) for chunk in chunks]
-            try:
-                parts = [future.result() for future in futures]
-            except BaseException:
-                for future in futures:
-                    future.cancel()
-                raise
+        futures = [_pool(count).submit(chunk_digest, chunk) for chunk in chunks]
+        try:
+            parts = [future.result() for future in futures]
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
     by_file: dict[Path, list[bytes]] = {path: [] for path, _size in files}
     for (path, _start, _end), part in zip(chunks, parts, strict=True):
         by_file[path].append(part)
-    return {
-        path: hashlib.sha256(CHUNKED_VERSION + f"\0{size}\0".encode() + b"".join(by_file[path])).hexdigest()
-        for path, size in files
-    }
+    return {path: combine_chunks(size, by_file[path]) for path, size in files}
+
+
+_local = threading.local()
+"""Each hashing thread's read buffer (one :data:`_PIECE`, made once per thread)."""
+
+
+def combine_chunks(size: int, chunks: Iterable[bytes]) -> str:
+    """The chunked digest (:func:`chunked_digests`' definition) of ``size`` bytes whose :data:`CHUNKED_BYTES`
+    chunks have, in order, the sha256 digests (raw, not hex) ``chunks``."""
+    return hashlib.sha256(CHUNKED_VERSION + f"\0{size}\0".encode() + b"".join(chunks)).hexdigest()
+
+
+class ChunkedHasher:
+    """The chunked digest of bytes fed in order, in pieces of any size (a writer that writes a file in one pass
+    hashes it so): the same value as :func:`chunked_digests` of the file they make."""
+
+    def __init__(self) -> None:
+        self._chunks: list[bytes] = []
+        self._chunk = hashlib.sha256()
+        self._filled = 0
+        self._size = 0
+
+    def update(self, data: bytes | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        self._size += len(view)
+        while view:
+            take = min(len(view), CHUNKED_BYTES - self._filled)
+            self._chunk.update(view[:take])
+            self._filled += take
+            view = view[take:]
+            if self._filled == CHUNKED_BYTES:
+                self._chunks.append(self._chunk.digest())
+                self._chunk, self._filled = hashlib.sha256(), 0
+
+    def hexdigest(self) -> str:
+        tail = [self._chunk.digest()] if self._filled else []
+        return combine_chunks(self._size, [*self._chunks, *tail])
 
 
 _written: dict[str, tuple[str, FileIdentity]] = {}
@@ -146,17 +182,18 @@ _WRITTEN_MAX = 100_000
 _written_lock = threading.Lock()
 
 
-def remember_written(path: Path, sha256: str, st: os.stat_result) -> None:
-    """Remember the sha256 of the bytes just written to ``path``, whose ``fstat`` after the last write is ``st``."""
+def remember_written(path: Path, chunked: str, st: os.stat_result) -> None:
+    """Remember the chunked digest (:func:`chunked_digests`' definition) of the bytes just written to ``path``,
+    whose ``fstat`` after the last write is ``st``."""
     with _written_lock:
         if len(_written) >= _WRITTEN_MAX:  # files written outside any store build are never asked for
             _written.clear()
-        _written[os.path.abspath(path)] = (sha256, FileIdentity.of(st))
+        _written[os.path.abspath(path)] = (chunked, FileIdentity.of(st))
 
 
 def written_digest(path: Path, st: os.stat_result) -> str | None:
-    """The remembered sha256 of ``path`` (forgotten once asked) when ``st`` (its ``lstat`` now) is the identity
-    it had when written; None when it was not remembered or has changed since."""
+    """The remembered chunked digest of ``path`` (forgotten once asked) when ``st`` (its ``lstat`` now) is the
+    identity it had when written; None when it was not remembered or has changed since."""
     with _written_lock:
         found = _written.pop(os.path.abspath(path), None)
     if found is None or found[1] != FileIdentity.of(st):

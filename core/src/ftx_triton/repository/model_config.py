@@ -26,6 +26,7 @@ from ftx_triton.repository.io import (
     ENCODER_MODEL_NAME,
     FT_MODEL_NAME,
     IO_KINDS,
+    STREAM_OFFSET_DECL,
     TensorDecl,
     encoder_outputs,
     ft_outputs,
@@ -314,8 +315,9 @@ def set_parameters(config: mc.ModelConfig, params: Mapping[str, str]) -> None:
         config.parameters[key].string_value = str(value)
 
 
-def build_ft_model_config(opts: FtModelOptions) -> mc.ModelConfig:
-    """The fastertransformer model's config as a ModelConfig message."""
+def build_ft_model_config(opts: FtModelOptions, *, stream_offset: bool = False) -> mc.ModelConfig:
+    """The fastertransformer model's config as a ModelConfig message. ``stream_offset``: the model (ftx's
+    patched backend, the python runtime) answers ``ftx_stream_offset`` when streaming, so it is declared."""
     check_ft_options(opts)
     config = mc.ModelConfig(name=FT_MODEL_NAME, backend=opts.backend, max_batch_size=opts.max_batch_size)
     inputs, outputs = IO_KINDS[opts.io_kind][0], ft_outputs(opts.io_kind, dict(opts.output_dtypes))
@@ -342,6 +344,8 @@ def build_ft_model_config(opts: FtModelOptions) -> mc.ModelConfig:
         add_queue_policy(config, opts)
     set_parameters(config, opts.stream.parameters())
     set_parameters(config, backend_parameters(opts, opts.model_type))
+    if stream_offset and opts.streaming:
+        add_inputs_outputs(config, (), (STREAM_OFFSET_DECL,))
     return config
 
 

@@ -320,9 +320,12 @@ def plan_repository(
 # --------------------------------------------------------------------------- write
 
 
-def write_backend_ft_model(model_dir: Path, options: FtModelOptions, family: Family) -> str:
-    """``fastertransformer/`` on the FasterTransformer backend (what every FT launcher serves)."""
-    write_config(build_ft_model_config(options), model_dir)
+def write_backend_ft_model(
+    model_dir: Path, options: FtModelOptions, family: Family, *, stream_offset: bool = False
+) -> str:
+    """``fastertransformer/`` on the FasterTransformer backend (what every FT launcher serves); ``stream_offset``:
+    the backend is ftx's patched build, which answers the stream offset when streaming."""
+    write_config(build_ft_model_config(options, stream_offset=stream_offset), model_dir)
     return options.backend
 
 

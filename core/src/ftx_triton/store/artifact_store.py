@@ -12,8 +12,12 @@ An artifact counts as done only when its final directory exists; that directory 
 A ``--force`` rebuild swaps the old artifact out with :func:`ftx_triton.io.atomic.swap_in`; a kill between
 its two renames is undone (the old artifact put back) by the next build of that key.
 
-Every output is recorded with its sha256 and its ``lstat`` signature (its
-:class:`~ftx_triton.io.identity.FileIdentity`: size, mtime_ns, ctime_ns, inode, device). A lookup trusts
+Every output is recorded with its digest and its ``lstat`` signature (its
+:class:`~ftx_triton.io.identity.FileIdentity`: size, mtime_ns, ctime_ns, inode, device). The digest is the chunked
+sha256 of :func:`~ftx_triton.io.hashing.chunked_digests` (``chunked_sha256``, schema ``ftx.artifact/2``): a converter's
+writer threads make it from the chunks they write, and a re-hash spreads one file's chunks over every CPU. A record of
+``ftx.artifact/1`` holds a plain ``sha256`` instead and is verified by that definition (the field names which), so an
+artifact published by an earlier ftx stays usable; neither digest is ever compared with the other. A lookup trusts
 an artifact only when the files on disk are exactly the recorded ones and each is unchanged: a file whose
 signature still matches is not re-read (no write can keep its ctime), any other (a record without a whole
 signature, as an older or damaged one, included) is re-hashed, and a match refreshes the recorded signature.
@@ -41,7 +45,7 @@ import structlog
 
 from ftx_triton.io.atomic import holders, recover, swap_in
 from ftx_triton.io.atomic_file import write_json_atomic
-from ftx_triton.io.hashing import sha256_files, written_digest
+from ftx_triton.io.hashing import chunked_digests, sha256_files, written_digest
 from ftx_triton.io.identity import FileIdentity
 from ftx_triton.io.trees import remove_tree
 from ftx_triton.paths import unusable_home
@@ -51,8 +55,12 @@ from ftx_triton.terminal.redact import redact_data
 log = structlog.get_logger(__name__)
 
 PROVENANCE_FILE = "ftx-artifact.json"
-SCHEMA = "ftx.artifact/1"
+SCHEMA = "ftx.artifact/2"
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+CHUNKED = "chunked_sha256"
+"""The record's digest field: :func:`~ftx_triton.io.hashing.chunked_digests` of the file."""
+PLAIN = "sha256"
+"""The digest field of records written before ``ftx.artifact/2``: the plain sha256 of the file."""
 UNKEYED = "0" * 24
 """The key in the name of a build in progress whose key is known only once it is built."""
 
@@ -133,8 +141,8 @@ def _drop_bytecode(root: Path, outputs: object) -> None:
 
 
 def _record_outputs(root: Path) -> dict[str, dict[str, Any]]:
-    """The output records of a finished build: sha256 and signature per file, target per symlink. A file whose
-    writer hashed it as it wrote it, and that is unchanged since, is not read again."""
+    """The output records of a finished build: chunked digest and signature per file, target per symlink. A file
+    whose writer hashed it as it wrote it, and that is unchanged since, is not read again."""
     found = _scan(root)
     outputs: dict[str, dict[str, Any]] = {}
     files = []
@@ -148,10 +156,19 @@ def _record_outputs(root: Path) -> dict[str, dict[str, Any]]:
                 digests[root / rel] = known
         else:
             raise OSError(f"{root / rel} is neither a file nor a symlink; an artifact cannot hold it")
-    digests.update(sha256_files(root / rel for rel in files if root / rel not in digests))
+    digests.update(chunked_digests([(root / rel, found[rel].st_size) for rel in files if root / rel not in digests]))
     for rel in files:
-        outputs[rel] = {"sha256": digests[root / rel], **FileIdentity.of(found[rel]).as_record()}
+        outputs[rel] = {CHUNKED: digests[root / rel], **FileIdentity.of(found[rel]).as_record()}
     return dict(sorted(outputs.items()))
+
+
+def _digest_field(info: dict[str, Any]) -> str | None:
+    """Which digest a file's record holds (:data:`CHUNKED`, or :data:`PLAIN` in an older record); None when it
+    holds neither, or both (no record of ftx's has both: such a record is not ftx's)."""
+    fields = [field for field in (CHUNKED, PLAIN) if field in info]
+    if len(fields) != 1 or not isinstance(info[fields[0]], str) or not _SHA256_RE.match(info[fields[0]]):
+        return None
+    return fields[0]
 
 
 def _valid_record(info: object) -> bool:
@@ -159,11 +176,16 @@ def _valid_record(info: object) -> bool:
         return False
     if "symlink" in info:
         return isinstance(info["symlink"], str)
-    return (
-        isinstance(info.get("size"), int)
-        and isinstance(info.get("sha256"), str)
-        and bool(_SHA256_RE.match(info["sha256"]))
-    )
+    return isinstance(info.get("size"), int) and _digest_field(info) is not None
+
+
+def _digests(root: Path, records: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Each file's digest now, by the definition its record names (chunked, or plain for an older record)."""
+    plain = [rel for rel, info in records.items() if _digest_field(info) == PLAIN]
+    chunked = [rel for rel in records if rel not in plain]
+    found = chunked_digests([(root / rel, records[rel]["size"]) for rel in chunked])
+    found.update(sha256_files(root / rel for rel in plain))
+    return {rel: found[root / rel] for rel in records}
 
 
 def _verify(root: Path, outputs: object) -> tuple[str | None, dict[str, dict[str, int]]]:
@@ -171,7 +193,7 @@ def _verify(root: Path, outputs: object) -> tuple[str | None, dict[str, dict[str
     if not isinstance(outputs, dict):
         return "its provenance records no outputs", {}
     if bad := next((rel for rel, info in outputs.items() if not _valid_record(info)), None):
-        return f"the record of {bad} has no size and sha256", {}
+        return f"the record of {bad} has no size and digest", {}
     found = _scan(root)
     if extra := sorted(set(found) - set(outputs)):
         return f"{extra[0]} is not one of its recorded outputs", {}
@@ -187,9 +209,9 @@ def _verify(root: Path, outputs: object) -> tuple[str | None, dict[str, dict[str
             return f"{rel} changed size or type", {}
         elif FileIdentity.of(st) != FileIdentity.from_record(info):  # None (an older or damaged record): re-read
             rehash.append(rel)
-    digests = sha256_files(root / rel for rel in rehash)
+    digests = _digests(root, {rel: outputs[rel] for rel in rehash})
     for rel in rehash:
-        if digests[root / rel] != outputs[rel]["sha256"]:
+        if digests[rel] != outputs[rel][_digest_field(outputs[rel])]:
             return f"the content of {rel} changed", {}
     return None, {rel: FileIdentity.of(found[rel]).as_record() for rel in rehash}
 

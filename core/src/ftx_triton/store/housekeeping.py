@@ -382,10 +382,10 @@ def rotate_logs(home: Path, keep: int = LOGS_KEPT) -> list[Path]:
 
 def _open_for_writing(paths: set[Path]) -> set[Path]:
     """Those of ``paths`` that a running process (a detached server's stdout) has open."""
-    import psutil
-
     if not paths:
         return set()
+    import psutil  # only when there are logs to rotate: not on every run's start
+
     found: set[Path] = set()
     for process in psutil.process_iter():
         with contextlib.suppress(psutil.Error):

@@ -2,7 +2,8 @@
 against transformers, on tiny random checkpoints converted to FT files, on the CPU in fp32.
 
 Logits equal transformers' bit for bit (GPT-J, KoGPT, GPT-NeoX with the parallel and the sequential residual,
-with and without left padding, over a prompt and then token by token on the cache); each logits processor
+with and without left padding, over a prompt and then token by token on the cache, whose keys and values
+equal and are laid out as ``DynamicCache``'s); each logits processor
 equals transformers' own on random scores; the python runtime's model loads and answers greedy and sampled
 requests without importing transformers, and imports it for beam search, answering as transformers does.
 Decoding equality with ``generate`` (ids, log probabilities, streamed steps) is in ``test_decode_loop.py``.
@@ -74,6 +75,7 @@ def test_logits_equal_transformers_bit_for_bit_over_the_prompt_and_each_step(
             )
             got = plain(ids, attention, positions, cache)
             assert torch.equal(got, expected.logits[:, -1].float()), case
+            _assert_caches_alike(cache, expected.past_key_values)
             mask, position, token = attention, positions[:, -1:], got.argmax(-1)[:, None]
             for _ in range(3):  # one token at a time on the caches
                 mask = torch.cat([mask, mask.new_ones((2, 1))], dim=-1)
@@ -89,6 +91,16 @@ def test_logits_equal_transformers_bit_for_bit_over_the_prompt_and_each_step(
                 got = plain(token, mask, position, cache)
                 assert torch.equal(got, expected.logits[:, -1].float()), case
                 token = got.argmax(-1)[:, None]
+            _assert_caches_alike(cache, expected.past_key_values)
+
+
+def _assert_caches_alike(cache: KVCache, past: Any) -> None:
+    """Equal keys and values laid out alike: on some CPUs (MKL on AVX2) the attention matmul rounds by layout,
+    so a permuted view where ``DynamicCache`` holds a contiguous copy changes the logits' last bits."""
+    assert len(cache.layers) == len(past.layers)
+    for (keys, values), layer in zip(cache.layers, past.layers, strict=True):
+        for ours, theirs in ((keys, layer.keys), (values, layer.values)):
+            assert torch.equal(ours, theirs) and ours.stride() == theirs.stride(), (ours.stride(), theirs.stride())
 
 
 def test_configurations_no_plain_module_covers_are_left_to_transformers(

@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
-from urllib.request import url2pathname
 
 from ftx_triton import hookimpl
 from ftx_triton.errors import SourceError
@@ -80,6 +79,8 @@ def _local_file(ref: SourceRef) -> Path | None:
     if ref.kind == "local":
         return Path(ref.uri)
     if ref.uri.startswith("file:"):
+        from urllib.request import url2pathname  # http.client, email: not for a local directory
+
         return Path(url2pathname(urlsplit(ref.uri).path))
     return None
 

@@ -46,6 +46,8 @@ class FasterTransformerRuntime(Runtime):
     default_data_type: ClassVar[str | None] = "fp16"
     weights_in_compute_type: ClassVar[bool] = True
     uses_gemm_config: ClassVar[bool] = True
+    answers_stream_offset: ClassVar[bool] = False
+    """The backend is built with ftx's patch set, whose streamed responses say where their new tokens start."""
     option_sections: ClassVar[tuple[type[OptionSection], ...]] = (FtLaunchSection,)
 
     def layout(self, settings: RunSettings, family: Family, hf_config: Mapping[str, object]) -> Layout:
@@ -58,7 +60,7 @@ class FasterTransformerRuntime(Runtime):
     def write_ft_model(self, model_dir: Path, options: FtModelOptions, family: Family) -> str:
         from ftx_triton.repository.writer import write_backend_ft_model
 
-        return write_backend_ft_model(model_dir, options, family)
+        return write_backend_ft_model(model_dir, options, family, stream_offset=self.answers_stream_offset)
 
     def write_encoder_model(self, model_dir: Path, options: FtModelOptions, family: Family) -> str:
         """The backend's ``T5-Encoder`` model over the same converted files, at tp x pp = 1 only."""

@@ -17,11 +17,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ftx_triton.conversion.family import Family
 from ftx_triton.errors import ConfigError
-from ftx_triton.repository.io import STREAM_OFFSET_DECL
 from ftx_triton.repository.model_config import (
     FT_MODEL_NAME,
     FtModelOptions,
-    add_inputs_outputs,
     build_encoder_model_config,
     build_ft_model_config,
     write_config,
@@ -68,13 +66,11 @@ def build_python_ft_model_config(opts: FtModelOptions, family: Family) -> mc.Mod
     into one ``execute``); the ``input_ids_item_shape`` batch input is dropped, because the
     Python backend sees every request's own tensors and has no use for it.
     """
-    config = build_ft_model_config(replace(opts, backend="python"))
+    config = build_ft_model_config(replace(opts, backend="python"), stream_offset=True)
     del config.batch_input[:]
     config.parameters[FAMILY_PARAMETER].string_value = family.name
     if opts.max_positions:
         config.parameters[POSITIONS_PARAMETER].string_value = str(opts.max_positions)
-    if opts.streaming:
-        add_inputs_outputs(config, (), (STREAM_OFFSET_DECL,))
     return config
 
 

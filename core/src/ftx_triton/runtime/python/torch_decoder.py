@@ -15,7 +15,8 @@ so the family's inverted tensor table fills it directly, and runs the operations
   ``rotary_pct`` of each head, parallel or sequential residual (``use_parallel_residual``), LM head
   ``embed_out`` without bias, applied to the last position only (as ``generate`` asks with ``logits_to_keep``).
 
-The KV cache is :class:`KVCache` (keys and values grow by concatenation, as transformers' ``DynamicCache``).
+The KV cache is :class:`KVCache` (keys and values contiguous, growing by concatenation, as transformers'
+``DynamicCache``).
 """
 
 from __future__ import annotations
@@ -164,9 +165,13 @@ class KVCache:
         return self.layers[0][0].shape[-2] if self.layers else 0
 
     def update(self, index: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append this step's keys and values of layer ``index``; all of the layer's so far."""
+        """Append this step's keys and values of layer ``index``; all of the layer's so far.
+
+        The first step's are stored contiguous, as ``DynamicCache`` stores them (it concatenates them onto an
+        empty tensor): the attention matmul's rounding follows its operands' layout on some CPUs (MKL on AVX2
+        rounds ``query @ key.T`` differently for a permuted ``key``)."""
         if index == len(self.layers):
-            self.layers.append((keys, values))
+            self.layers.append((keys.contiguous(), values.contiguous()))
         else:
             old_keys, old_values = self.layers[index]
             self.layers[index] = (torch.cat([old_keys, keys], dim=-2), torch.cat([old_values, values], dim=-2))

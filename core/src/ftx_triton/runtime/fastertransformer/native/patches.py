@@ -563,6 +563,70 @@ PATCHES: tuple[Change, ...] = (
         "read the stream interval from the model's parameters (absent: every step, as upstream; auto: from the "
         "number of requests in this execution) and log it per execution (verbose)",
     ),
+    # --- behaviour: the stream offset. FasterTransformer resends the whole sequence, prompt included, in every
+    # streamed response, and Triton lets no ensemble step after a decoupled model read another model's outputs, so
+    # postprocessing could not tell which tokens a response adds: generate_stream answered the whole text so far,
+    # prompt first, at every step (two H200s, tp 2 and 4). A decoupled model now also answers ``ftx_stream_offset``
+    # (as the python runtime does) and, where the model has none of its own, ``response_input_lengths``
+    # (``patch_files/ftx_stream_outputs.h`` says how). Outputs are handed to Triton from the memory they are in
+    # (upstream called every output GPU memory, its host-side error_message too).
+    NewFile(
+        "fastertransformer_backend/src/ftx_stream_outputs.h",
+        "ftx_stream_outputs.h",
+        "the stream offset and prompt length outputs of a decoupled model",
+    ),
+    Edit(
+        BACKEND_CC,
+        '#include "src/fastertransformer/utils/nccl_utils.h"\n',
+        '#include "src/fastertransformer/utils/nccl_utils.h"\n#include "ftx_stream_outputs.h"\n',
+        "the stream outputs",
+    ),
+    Edit(
+        BACKEND_CC,
+        "  int ftx_stream_interval = 1;\n  int ftx_steps = 0;\n};\n",
+        "  int ftx_stream_interval = 1;\n  int ftx_steps = 0;\n"
+        "  ftx::StreamOutputs<Tensor> ftx_stream;  // ftx: where each streamed response's new tokens start\n};\n",
+        "the streaming callback's context keeps the execution's stream offsets",
+    ),
+    Edit(
+        BACKEND_CC,
+        "  auto output_tensors =\n      Execute(&responses, &context, request_count, input_tensors);\n",
+        "  if (is_decoupled_) {\n"
+        '    auto ftx_prompt = input_tensors->find("input_lengths");  // ftx: new tokens first follow the prompt\n'
+        "    context.ftx_stream.start(\n"
+        "        total_batch_size, ftx_prompt == input_tensors->end() ? nullptr : &ftx_prompt->second);\n"
+        "  }\n"
+        "  auto output_tensors =\n      Execute(&responses, &context, request_count, input_tensors);\n",
+        "each row's first stream offset is its prompt length",
+    ),
+    Edit(
+        BACKEND_CC,
+        "  model->ReadOutputTensors(\n"
+        "      context->total_batch_size, output_tensors, context->requests,\n"
+        "      context->request_count, responses);\n",
+        "  context->ftx_stream.attach(output_tensors.get());\n"
+        "  model->ReadOutputTensors(\n"
+        "      context->total_batch_size, output_tensors, context->requests,\n"
+        "      context->request_count, responses);\n"
+        "  context->ftx_stream.sent(output_tensors.get());\n",
+        "a streamed response carries its stream offset; the next starts after what it carried",
+    ),
+    Edit(
+        BACKEND_CC,
+        "  ReadOutputTensors(\n      total_batch_size, output_tensors, requests, request_count, &responses);\n",
+        "  if (is_decoupled_) {\n"
+        "    context.ftx_stream.attach(output_tensors.get());  // ftx: the final response's too\n"
+        "  }\n"
+        "  ReadOutputTensors(\n      total_batch_size, output_tensors, requests, request_count, &responses);\n",
+        "the final streamed response carries its stream offset",
+    ),
+    Edit(
+        BACKEND_CC,
+        "        TRITONSERVER_MEMORY_GPU, model_instance_device_id_start_);\n",
+        "        output.where,\n"
+        "        output.where == TRITONSERVER_MEMORY_GPU ? model_instance_device_id_start_ : 0);  // ftx\n",
+        "hand each output to Triton from the memory it is in (the stream outputs are host memory)",
+    ),
     # --- behaviour: weight loading. Upstream read every weight file into a zero-filled std::vector and copied it
     # with a pageable cudaMemcpy (each byte faulted in, zeroed, read, then staged again by the driver): 9.0 s of a
     # cached GPT-J-6B start at tp 2 on two H200s (2 x 6 GB). A file already in the weight's type (what ftx's

@@ -31,6 +31,7 @@ class NativeFasterTransformer(FasterTransformerRuntime):
     name = "fastertransformer-native"
     priority = 20
     description = "FasterTransformer built on this host (ftx backend build) in the embedded tritonserver; tp x pp GPUs"
+    answers_stream_offset = True
 
     def __init__(self) -> None:
         self._probe: HostProbe | None = None
