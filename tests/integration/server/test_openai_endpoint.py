@@ -593,7 +593,8 @@ def test_streams_read_ids_from_the_model_and_run_no_python_model_per_token(serve
     """A streamed completion and `ftx generate --stream` read the fastertransformer model's ids over gRPC and
     detokenize in their own process: postprocessing runs not once for them, and the text is the ensemble's."""
     expected = _triton_text(served, "Once upon a time", 12)
-    before = _executions(served, "postprocessing"), _executions(served, "fastertransformer")
+    # settled: the ensemble request above may be counted after its answer was read (CI on a loaded machine: one more)
+    before = _settled_executions(served, "postprocessing"), _settled_executions(served, "fastertransformer")
     status, text = _post(
         served.openai + "/completions", {"prompt": "Once upon a time", "max_tokens": 12, "stream": True}, raw=True
     )
@@ -611,7 +612,7 @@ def test_streams_read_ids_from_the_model_and_run_no_python_model_per_token(serve
     )
     assert cli.returncode == 0, cli.stderr
     assert cli.stdout.strip() == ("Once upon a time" + expected).strip()
-    after = _executions(served, "postprocessing"), _executions(served, "fastertransformer")
+    after = _settled_executions(served, "postprocessing"), _settled_executions(served, "fastertransformer")
     assert after[0] == before[0], "no postprocessing call for a stream on the token route"
     assert after[1] >= before[1] + 2
 

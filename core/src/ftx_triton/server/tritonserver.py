@@ -197,6 +197,7 @@ class TritonServer:
         ports_given: bool | None = None,
         number_if_taken: bool | None = None,
         device: str = "",
+        gpu_metrics: bool = True,
     ) -> None:
         if model_control not in MODEL_CONTROL_MODES:
             raise ServeError(
@@ -238,10 +239,13 @@ class TritonServer:
         self.cwd = Path(cwd) if cwd else None
         """The server's working directory (default: its log folder); FasterTransformer reads gemm_config.in there."""
         self.launcher = tuple(launcher)
+        """Put before the server's command line (``mpirun -n 2 …`` for several nodes)."""
         self.device = device
         """What the runtime serves on (``cpu``, ``cuda``, ``gpu``), for ``ftx ps``: in the supervisor's spec and
         the detached record."""
-        """Put before the server's command line (``mpirun -n 2 …`` for several nodes)."""
+        self.gpu_metrics = gpu_metrics
+        """tritonserver's GPU metrics (DCGM); off for a deployment on the CPU, where starting them can hold the
+        server a minute after its models loaded (seen about once in 80 cached runs on a machine without GPUs)."""
         self._log_path = (
             Path(log_path) if log_path else self.home / "triton" / "logs" / log_file_name(self.name, self.shm_prefix)
         )
@@ -314,6 +318,7 @@ class TritonServer:
             *http,
             *grpc,
             "--allow-metrics=true",
+            *(() if self.gpu_metrics else ("--allow-gpu-metrics=false",)),
             f"--metrics-address={self.host}",
             f"--metrics-port={self.ports.metrics}",
             f"--exit-timeout-secs={self.exit_timeout_s}",

@@ -66,6 +66,7 @@ def serve_python(repository: ModelRepository, ctx: StageContext) -> Endpoint:
         ready_timeout_s=READY_TIMEOUT_S,
         die_with_parent=not s.detach,
         device=served_device(s.device),
+        gpu_metrics=served_device(s.device) != "cpu",
     )
     import_while_loading()  # the smoke generation's imports overlap the model load
     server.start(progress=say)
