@@ -28,7 +28,7 @@ from ftx_triton.conversion.ops import Op, OpContext, Shape
 from ftx_triton.conversion.tensormap import M, Skip, TensorMap
 from ftx_triton.conversion.tokenizer_ids import reconcile_token_ids
 from ftx_triton.errors import CheckpointError, ConfigError
-from ftx_triton.formats.checkpoint import TensorReader
+from ftx_triton.formats.reader import TensorReader
 
 __all__ = [
     "BuiltinModel",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -102,3 +103,24 @@ def test_a_conversion_with_its_dtype_and_tp_named_imports_only_what_converting_n
     loaded = set(json.loads(done.stderr.strip().splitlines()[-1]))
     assert "ftx_triton.engine.pipeline" in loaded
     assert not {name for name in loaded if name.startswith(NOT_FOR_CONVERT)}, sorted(loaded)
+
+
+NUMPY = ("numpy", "ml_dtypes")
+
+
+def test_a_cached_conversion_imports_no_numpy(tmp_path: Path, tiny_gptj_dir: Path) -> None:
+    """A second `ftx convert SRC --tp 1 --weight-dtype D` of a source whose config.json names its dtype decides
+    "cached" without numpy (0.1 CPU-s of its start): the family tables, the plugins, the plan's estimate and the
+    output's directory name come without it; numpy comes with the readers and writers of tensors."""
+    source = tmp_path / "src"
+    shutil.copytree(tiny_gptj_dir, source)
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "torch_dtype": "float32"}))
+    env = {**os.environ, "FTX_HOME": str(tmp_path / "home")}
+    code = CONVERT_PROBE.format(source=str(source), output=str(tmp_path / "out"))
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert "convert   cached" in done.stderr
+    loaded = set(json.loads(done.stderr.strip().splitlines()[-1]))
+    assert not {name for name in loaded if name.startswith(NUMPY)}, sorted(loaded)

@@ -50,7 +50,7 @@ def convert(
     resource_check: bool,
 ) -> None:
     """Convert SOURCE to FasterTransformer's layout in OUTPUT/<tp>-gpu/."""
-    from ftx_triton.formats.ftformat import gpu_dir_name  # with numpy: not at `ftx --help`
+    from ftx_triton.formats.layout import gpu_dir_name
     from ftx_triton.terminal import timeline
 
     timeline.step("start")  # the interpreter, imports and option parsing

@@ -24,6 +24,8 @@ import structlog
 from ftx_triton.conversion import tensormap
 from ftx_triton.conversion.dtypes import numpy_dtype
 from ftx_triton.conversion.family import Family, ModelSpec
+from ftx_triton.conversion.layout import ft_element_count as ft_element_count  # their old home
+from ftx_triton.conversion.layout import ft_layout as ft_layout
 from ftx_triton.conversion.ops import OpContext
 from ftx_triton.conversion.shapes import eval_shape
 from ftx_triton.conversion.stopping import check_stopped
@@ -295,33 +297,6 @@ def invert_checkpoint(
                     tensormap.bind(pattern.split("|")[0], binding),
                     tensor if as_stored else np.ascontiguousarray(tensor),
                 )
-
-
-def _shaped_rows(family: Family, spec: ModelSpec) -> Iterator[tuple[tensormap.M, tuple[int, ...]]]:
-    """Each table row with source shapes, and the full shape of the FT tensor it writes (one layer's)."""
-    ctx = OpContext(tp=1, out_dtype=np.dtype(np.float32), dims=dict(spec.dims))
-    for row in family.tensor_map(spec).rows:
-        if row.source_shapes is not None:
-            yield row, row.op.shape(tuple(eval_shape(s, spec.dims) for s in row.source_shapes), ctx)
-
-
-def ft_layout(family: Family, spec: ModelSpec) -> dict[str, tuple[tuple[int, ...], int | None]]:
-    """Every FT tensor the table writes for ``spec``: file stem -> (full shape, split axis)."""
-    return {
-        tensormap.bind(row.dst, binding): (shape, row.split)
-        for row, shape in _shaped_rows(family, spec)
-        for binding in tensormap.expand(row, spec.layers)
-    }
-
-
-def ft_element_count(family: Family, spec: ModelSpec) -> int:
-    """Elements of every FT tensor the table writes for ``spec``: each row's shape times its layer bindings,
-    without expanding the table (a config claiming a billion layers costs nothing here)."""
-    per_row = {
-        row.dst: math.prod(shape) * math.prod(spec.layers[name] for name in row.placeholders())
-        for row, shape in _shaped_rows(family, spec)
-    }
-    return sum(per_row.values())
 
 
 def _exists(ft_dir: Path, dst: str, split: int | None) -> bool:

@@ -16,13 +16,15 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ftx_triton.conversion import ftini
 from ftx_triton.conversion.tensormap import TensorMap
 from ftx_triton.errors import CheckpointError, ConfigError, FtxError
-from ftx_triton.formats.checkpoint import TensorReader, open_checkpoint
 from ftx_triton.io.jsonfile import read_json_object
+
+if TYPE_CHECKING:  # the readers (numpy) are imported where weights are opened: not on a cached convert or run
+    from ftx_triton.formats.reader import TensorReader
 
 SLUG = re.compile(r"^[a-z][a-z0-9]*$")
 
@@ -261,6 +263,8 @@ class Family:
 
     def open_weights(self, path: Path) -> TensorReader:
         """Open the source weights lazily."""
+        from ftx_triton.formats.checkpoint import open_checkpoint
+
         return open_checkpoint(path)
 
     def claims_source(self, path: Path) -> bool:

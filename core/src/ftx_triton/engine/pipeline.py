@@ -18,7 +18,7 @@ from ftx_triton.conversion.family import Family, ModelSpec
 from ftx_triton.engine.sources import resolve_source
 from ftx_triton.engine.stages import StageOutcome, Stages
 from ftx_triton.errors import ConfigError
-from ftx_triton.formats.ftformat import gpu_dir_name
+from ftx_triton.formats.layout import gpu_dir_name
 from ftx_triton.plan.artifacts import Checkpoint, Endpoint, GemmConfig, ModelRepository, Source, SourceRef
 from ftx_triton.plan.context import StageContext
 from ftx_triton.plan.plan import Plan

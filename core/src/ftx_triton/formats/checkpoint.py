@@ -13,12 +13,13 @@ import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
-from typing import Any, Protocol
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 
 from ftx_triton.errors import CheckpointError
+from ftx_triton.formats.reader import TensorReader as TensorReader  # its old home
 from ftx_triton.io.cores import usable_cpus
 from ftx_triton.io.jsonfile import json_kind, read_json_object
 from ftx_triton.io.regular import open_regular
@@ -45,25 +46,6 @@ READ_CHUNK = 32 << 20
 @functools.cache
 def _read_pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=min(8, usable_cpus()), thread_name_prefix="ftx-read")
-
-
-class TensorReader(Protocol):
-    """What the converter needs from a checkpoint."""
-
-    def names(self) -> list[str]:
-        """Tensor names in storage order (reading in this order is sequential I/O)."""
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        """Shape without reading data."""
-
-    def nbytes(self, name: str) -> int:
-        """Stored size in bytes."""
-
-    def read(self, name: str) -> np.ndarray:
-        """Load one tensor (may be a read-only view of a memory map)."""
-
-    def close(self) -> None:
-        """Release files."""
 
 
 FLOAT_DTYPES = frozenset(

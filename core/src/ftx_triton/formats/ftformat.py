@@ -21,6 +21,7 @@ import numpy as np
 from ftx_triton.errors import CheckpointError
 from ftx_triton.formats.buffers import BufferPool, as_array
 from ftx_triton.formats.fastcopy import contiguous, contiguous_split
+from ftx_triton.formats.layout import gpu_dir_name as gpu_dir_name  # its old home
 from ftx_triton.io import hashing
 from ftx_triton.io.hashing import ChunkedHasher, combine_chunks, remember_written
 from ftx_triton.io.regular import TooLarge, read_regular
@@ -288,8 +289,3 @@ def non_finite_files(directory: Path, dtype: np.dtype) -> dict[str, int]:
         if bad := non_finite_count(np.memmap(file, dtype=dtype, mode="r")):
             found[file.name] = bad
     return found
-
-
-def gpu_dir_name(tp: int | str) -> str:
-    """The directory FasterTransformer reads a checkpoint split for ``tp`` GPUs from: ``<tp>-gpu``."""
-    return f"{tp}-gpu"

@@ -1,7 +1,7 @@
 """Before fetching: how big a model is, what the source stores, and whether disk and memory suffice.
 
 The parameter count comes from the family's own table evaluated on the checkpoint's config
-(:func:`ftx_triton.conversion.convert.ft_layout`), so it needs no weights. From it and the data types:
+(:func:`ftx_triton.conversion.layout.ft_layout`), so it needs no weights. From it and the data types:
 
 - download: parameters x the source's dtype (``torch_dtype``/``dtype`` in config.json, else the
   weight files' headers);
@@ -22,9 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from ftx_triton.conversion.dtypes import WEIGHT_DTYPES
+from ftx_triton.conversion.dtype_names import WEIGHT_DTYPE_BYTES
 from ftx_triton.errors import FtxError, ResourceError
 
 GiB = 1 << 30
@@ -35,7 +33,6 @@ DISK_MARGIN = 1.05
 OVERRIDE_FLAG = "--no-resource-check"
 
 _CONFIG_DTYPES = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"}
-_NUMPY_NAMES = {dtype: name for name, dtype in WEIGHT_DTYPES.items()}
 
 
 def config_dtype(hf_config: Mapping[str, Any] | None) -> str | None:
@@ -51,10 +48,15 @@ def stored_dtype(reader: Any) -> str | None:
     dtype_of = getattr(reader, "dtype", None)
     if dtype_of is None:
         return None
+    import numpy as np  # a reader is open: numpy is (a cached plan reads no weights and imports none)
+
+    from ftx_triton.conversion.dtypes import WEIGHT_DTYPES
+
+    numpy_names = {dtype: name for name, dtype in WEIGHT_DTYPES.items()}
     weights: Counter[str] = Counter()
     for name in reader.names():
         dtype = dtype_of(name)  # None: a type numpy cannot name
-        found = _NUMPY_NAMES.get(np.dtype(dtype)) if dtype is not None else None
+        found = numpy_names.get(np.dtype(dtype)) if dtype is not None else None
         if found:
             weights[found] += reader.nbytes(name)
     return weights.most_common(1)[0][0] if weights else None
@@ -94,13 +96,13 @@ def weights_for_runtime(family: Any, runtime: Any, settings: Any) -> str:
 
 def parameter_count(family: Any, spec: Any) -> int:
     """Every element of every tensor the family's table writes for ``spec``."""
-    from ftx_triton.conversion.convert import ft_element_count
+    from ftx_triton.conversion.layout import ft_element_count
 
     return ft_element_count(family, spec)
 
 
 def _bytes(dtype: str | None) -> int:
-    return WEIGHT_DTYPES[dtype or "fp32"].itemsize
+    return WEIGHT_DTYPE_BYTES[dtype or "fp32"]
 
 
 def human_bytes(n: float) -> str:

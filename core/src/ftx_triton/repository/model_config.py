@@ -18,7 +18,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ftx_triton.conversion.family import POSITION_KEYS
 from ftx_triton.errors import ConfigError, FtxError
-from ftx_triton.formats.ftformat import gpu_dir_name
+from ftx_triton.formats.layout import gpu_dir_name
 from ftx_triton.plan.settings import AUTO, DEFAULT_BATCH_DELAY_US, DEFAULT_TEXT_BATCH_DELAY_US, Auto
 from ftx_triton.repository.io import (
     ENCODER_DECODER,

@@ -31,7 +31,8 @@ import structlog
 
 from ftx_triton.conversion.family import Family, ModelSpec
 from ftx_triton.errors import CheckpointError, ConfigError
-from ftx_triton.formats.ftformat import gpu_dir_name, read_ini
+from ftx_triton.formats.ftformat import read_ini
+from ftx_triton.formats.layout import gpu_dir_name
 from ftx_triton.io.jsonfile import MAX_JSON_BYTES
 from ftx_triton.io.regular import open_regular
 from ftx_triton.plan.settings import DEFAULT_TEXT_BATCH_DELAY_US, Auto

@@ -56,12 +56,13 @@ import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-import ml_dtypes
-import numpy as np
 import structlog
 from ftx_triton.plugin_api import CheckpointError, ConfigError
+
+if TYPE_CHECKING:  # numpy is imported where a slim checkpoint is read: the plugin loads without it
+    import numpy as np
 
 log = structlog.get_logger(__name__)
 
@@ -76,8 +77,9 @@ DEFAULT_TOKEN_ID = 50256
 
 _SHARD_RE = re.compile(r"shard_(\d+)\Z")
 _PIECE_RE = re.compile(r"(\d+)\.npz\Z")
-_STORED_DTYPES = (np.dtype("V2"), np.dtype(np.float16), np.dtype(np.float32))
-"""bfloat16 (opaque ``V2``, as np.savez writes jax's bfloat16), float16, float32."""
+_STORED_DTYPES = ("V2", "float16", "float32")
+"""bfloat16 (opaque ``V2``, as np.savez writes jax's bfloat16), float16, float32 (numpy dtypes compare equal to
+their names)."""
 _INCOMPLETE_HINT = (
     "the checkpoint is incomplete (an interrupted download or extraction?): fetch the "
     "archive again; every shard_<s>/ folder must hold the same numbered .npz pieces"
@@ -107,6 +109,8 @@ class Member:
 
     @property
     def nbytes(self) -> int:
+        import numpy as np
+
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
 
@@ -159,6 +163,8 @@ def layer_order(layers: int) -> list[str]:
 
 
 def _read_header(fh: IO[bytes]) -> tuple[tuple[int, ...], np.dtype]:
+    import numpy as np
+
     version = np.lib.format.read_magic(fh)
     if version == (1, 0):
         shape, _fortran, dtype = np.lib.format.read_array_header_1_0(fh)
@@ -171,6 +177,7 @@ def _read_header(fh: IO[bytes]) -> tuple[tuple[int, ...], np.dtype]:
 
 def _scan_piece(path: Path, piece: int) -> list[Member]:
     """The members of one ``.npz`` in file order (``np.load`` order), from headers only."""
+
     members = []
     try:
         with zipfile.ZipFile(path) as zf:
@@ -337,6 +344,9 @@ class SlimCheckpointReader:
 
     def _load(self, shard: int, member: Member) -> np.ndarray:
         """One shard's copy of one leaf, as stored (bf16 viewed through ml_dtypes)."""
+        import ml_dtypes
+        import numpy as np
+
         where = f"shard_{shard}/{member.piece}.npz:{member.name}"
         try:
             with self._zip(shard, member.piece).open(member.name) as fh:
@@ -351,6 +361,8 @@ class SlimCheckpointReader:
 
     def _merge(self, leaf: Leaf) -> np.ndarray:
         """The un-sharded leaf in jax layout (kernels ``[in, out]``), float32."""
+        import numpy as np
+
         shards, shape = self.shards, leaf.shard_shape
         if leaf.kind in (COL, ROW, CAT):
             axis = 0 if leaf.kind == ROW else len(shape) - 1
@@ -416,6 +428,8 @@ _BLOCK = 1 << 22
 
 def _round_through_fp16(x: np.ndarray, name: str) -> None:
     """Upstream's ``torch.half`` step, in place on a C-contiguous float32 array, with its Inf/NaN check."""
+    import numpy as np
+
     if not x.flags.c_contiguous:
         raise ValueError("_round_through_fp16 works in place on a C-contiguous array")
     flat = x.reshape(-1)  # a view

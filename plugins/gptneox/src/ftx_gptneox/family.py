@@ -22,9 +22,8 @@ Differences from upstream's ``huggingface_gptneox_convert.py``, each shown by a 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from ftx_triton.plugin_api import (
     ROTARY_GPT_KEYS,
     ConfigError,
@@ -44,6 +43,9 @@ from ftx_triton.plugin_api import (
     head_size_of,
     ops,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # -- ops: Hugging Face's head-interleaved fused QKV <-> FT's [q | k | v] blocks ------------------
 
@@ -93,6 +95,8 @@ def _bias_sum(xs: Sequence[np.ndarray], ctx: OpContext) -> np.ndarray:
     # the file dtype, divided by tp and summed in the file dtype.
     attn, mlp = (x.astype(ctx.out_dtype) for x in xs)
     if ctx.tp > 1:
+        import numpy as np  # here, not at the top: the plugin loads without numpy (a cached convert or run)
+
         tp = np.asarray(ctx.tp, dtype=ctx.out_dtype)
         attn, mlp = attn / tp, mlp / tp
     return (attn + mlp).astype(ctx.out_dtype)
