@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -156,3 +158,31 @@ def process_gone(pid: int | None) -> bool:
         if fields and fields[0] not in ("Z", "X") and (proc.name == str(pid) or fields[2] == str(pid)):
             return False
     return True
+
+
+def command_lines() -> list[str]:
+    """The command line of every running process, its arguments joined by spaces (processes that end while they
+    are read are left out)."""
+    lines = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            lines.append(cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue
+    return lines
+
+
+def python_child(code: str, *args: str) -> subprocess.Popen[str]:
+    """A child Python running ``code`` with ``args``, ftx's sources on its path, its stdin and stdout piped to the
+    test (text) and its stderr dropped."""
+    import ftx_triton
+
+    src = str(Path(ftx_triton.__file__).parents[1])
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": src},
+    )

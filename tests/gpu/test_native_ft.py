@@ -667,6 +667,35 @@ def _upstream_expected(served: Served) -> list[str]:
     return texts
 
 
+def _greedy_sampling(batch: int) -> dict[str, np.ndarray]:
+    """fastertransformer_backend's sampling inputs for greedy decoding (top-k 1, one beam, seed 0), one row a
+    prompt."""
+    ones = np.ones((batch, 1))
+    return {
+        "runtime_top_k": ones.astype(np.uint32),
+        "runtime_top_p": 0 * ones.astype(np.float32),
+        "temperature": ones.astype(np.float32),
+        "len_penalty": ones.astype(np.float32),
+        "repetition_penalty": ones.astype(np.float32),
+        "beam_width": ones.astype(np.uint32),
+        "random_seed": 0 * ones.astype(np.uint64),
+        "is_return_log_probs": ones.astype(bool),
+    }
+
+
+def _assert_one_starts_the_other(served: Served, got: list[str], expected: list[str]) -> None:
+    """Each prompt's text starts the expected one or the other way round (a length cut either side)."""
+    for text, want, prompt in zip(got, expected, PROMPTS, strict=True):
+        assert text.startswith(want) or want.startswith(text), (
+            served.case,
+            served.tp,
+            served.dtype,
+            prompt,
+            text,
+            want,
+        )
+
+
 def test_upstream_ensemble_request_equals_transformers(served: Served) -> None:
     """fastertransformer_backend's ``ensemble`` interface (sample_request_ensemble.json's tensors):
     INPUT_0..INPUT_3 and greedy sampling inputs in, OUTPUT_0 out."""
@@ -677,28 +706,14 @@ def test_upstream_ensemble_request_equals_transformers(served: Served) -> None:
         "INPUT_1": (NEW_TOKENS * ones).astype(np.uint32),
         "INPUT_2": np.array([[b""]] * batch, dtype=object),
         "INPUT_3": np.array([[b""]] * batch, dtype=object),
-        "runtime_top_k": ones.astype(np.uint32),
-        "runtime_top_p": 0 * ones.astype(np.float32),
-        "temperature": ones.astype(np.float32),
-        "len_penalty": ones.astype(np.float32),
-        "repetition_penalty": ones.astype(np.float32),
-        "beam_width": ones.astype(np.uint32),
-        "random_seed": 0 * ones.astype(np.uint64),
-        "is_return_log_probs": ones.astype(bool),
+        **_greedy_sampling(batch),
     }
     out = _infer(served.endpoint.http_url, "ensemble", inputs)
     assert {"OUTPUT_0", "sequence_length", "cum_log_probs", "output_log_probs"} <= set(out)
     got = [row[0] for row in out["OUTPUT_0"].tolist()]
     expected = _upstream_expected(served)
+    _assert_one_starts_the_other(served, got, expected)
     for text, want, prompt in zip(got, expected, PROMPTS, strict=True):
-        assert text.startswith(want) or want.startswith(text), (
-            served.case,
-            served.tp,
-            served.dtype,
-            prompt,
-            text,
-            want,
-        )
         assert len(text) >= len(want) - 1, (served.case, prompt, text, want)
 
 
@@ -728,14 +743,7 @@ def test_end_to_end_sequence_preprocessing_fastertransformer_postprocessing(serv
         {
             "input_ids": pre["INPUT_ID"].astype(np.uint32),
             **lengths,
-            "runtime_top_k": ones.astype(np.uint32),
-            "runtime_top_p": 0 * ones.astype(np.float32),
-            "temperature": ones.astype(np.float32),
-            "len_penalty": ones.astype(np.float32),
-            "repetition_penalty": ones.astype(np.float32),
-            "beam_width": ones.astype(np.uint32),
-            "random_seed": 0 * ones.astype(np.uint64),
-            "is_return_log_probs": ones.astype(bool),
+            **_greedy_sampling(batch),
             "bad_words_list": pre["BAD_WORDS_IDS"].astype(np.int32),
             "stop_words_list": pre["STOP_WORDS_IDS"].astype(np.int32),
         },
@@ -747,16 +755,7 @@ def test_end_to_end_sequence_preprocessing_fastertransformer_postprocessing(serv
         {"TOKENS_BATCH": ft["output_ids"].astype(tokens_dtype), "sequence_length": ft["sequence_length"]},
     )  # in the dtype the model declares
     got = [row[0] for row in post["OUTPUT"].reshape(batch, -1).tolist()]
-    expected = _upstream_expected(served)
-    for text, want, prompt in zip(got, expected, PROMPTS, strict=True):
-        assert text.startswith(want) or want.startswith(text), (
-            served.case,
-            served.tp,
-            served.dtype,
-            prompt,
-            text,
-            want,
-        )
+    _assert_one_starts_the_other(served, got, _upstream_expected(served))
 
 
 # --------------------------------------------------------------------------- embeddings (T5-Encoder)

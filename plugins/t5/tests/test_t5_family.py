@@ -283,12 +283,8 @@ def test_heads_not_divisible_by_tp_fails_before_any_write(tmp_path: Path, ftx_cl
     from ftx_t5.tiny import tiny_t5
 
     src = tiny_t5(tmp_path / "hf", d_model=48, d_kv=16, num_heads=3, d_ff=64)
-    family = T5()
-    hf_config = family.read_hf_config(src)
     with pytest.raises(ConfigError, match=r"head count = 3 is not divisible by --tp 2"):
-        convert_checkpoint(
-            family, open_checkpoint(src), hf_config, family.spec(hf_config), tmp_path / "out", tp=2, weight_dtype="fp32"
-        )
+        convert(src, tmp_path / "out", tp=2)
     assert not (tmp_path / "out").exists()
     result = ftx_cli("convert", str(src), "--tp", "2", "-o", str(tmp_path / "cli"))
     assert result.exit_code == 1 and result.exception is None
@@ -300,24 +296,16 @@ def test_inner_size_not_divisible_by_tp_fails(tmp_path: Path) -> None:
     from ftx_t5.tiny import tiny_t5
 
     src = tiny_t5(tmp_path / "hf", d_ff=66)
-    family = T5()
-    hf_config = family.read_hf_config(src)
     with pytest.raises(ConfigError, match=r"inner \(FFN\) size = 66 is not divisible by --tp 4"):
-        convert_checkpoint(
-            family, open_checkpoint(src), hf_config, family.spec(hf_config), tmp_path / "out", tp=4, weight_dtype="fp32"
-        )
+        convert(src, tmp_path / "out", tp=4)
     assert not (tmp_path / "out").exists()
 
 
 def test_missing_tensor_is_named(golden: Path, tmp_path: Path, ftx_cli) -> None:
     name = "decoder.block.1.layer.1.EncDecAttention.k.weight"
     src = copy_checkpoint(golden / "t5-v1_0-tied" / "hf", tmp_path / "ckpt", lambda t: t.pop(name))
-    family = T5()
-    hf_config = family.read_hf_config(src)
     with pytest.raises(MappingError, match=name.replace(".", r"\.")):
-        convert_checkpoint(
-            family, open_checkpoint(src), hf_config, family.spec(hf_config), tmp_path / "out", tp=1, weight_dtype="fp32"
-        )
+        convert(src, tmp_path / "out", tp=1)
     assert not (tmp_path / "out").exists()
     result = ftx_cli("convert", str(src), "-o", str(tmp_path / "cli"))
     assert result.exit_code == 1 and result.exception is None
@@ -328,12 +316,8 @@ def test_missing_tensor_is_named(golden: Path, tmp_path: Path, ftx_cli) -> None:
 def test_untied_checkpoint_without_lm_head_is_refused(tiny, tmp_path: Path) -> None:
     """shared.weight stands in for lm_head.weight only when the embeddings are tied."""
     src = copy_checkpoint(tiny("relu-untied"), tmp_path / "ckpt", lambda t: t.pop("lm_head.weight"))
-    family = T5()
-    hf_config = family.read_hf_config(src)
     with pytest.raises(MappingError, match=r"lm_head\.weight"):
-        convert_checkpoint(
-            family, open_checkpoint(src), hf_config, family.spec(hf_config), tmp_path / "out", tp=1, weight_dtype="fp32"
-        )
+        convert(src, tmp_path / "out", tp=1)
 
 
 def test_config_saying_relu_for_gated_weights_is_refused(golden: Path, tmp_path: Path) -> None:
@@ -342,12 +326,8 @@ def test_config_saying_relu_for_gated_weights_is_refused(golden: Path, tmp_path:
         tmp_path / "ckpt",
         config_edit=lambda c: c.update(feed_forward_proj="relu", is_gated_act=False),
     )
-    family = T5()
-    hf_config = family.read_hf_config(src)
     with pytest.raises(MappingError) as err:
-        convert_checkpoint(
-            family, open_checkpoint(src), hf_config, family.spec(hf_config), tmp_path / "out", tp=1, weight_dtype="fp32"
-        )
+        convert(src, tmp_path / "out", tp=1)
     assert "DenseReluDense.wi_0.weight" in str(err.value) and "DenseReluDense.wi.weight" in str(err.value)
     assert not (tmp_path / "out").exists()
 

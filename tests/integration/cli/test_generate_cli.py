@@ -36,7 +36,7 @@ from python_runtime_support import (
     t5_inputs,
     tiny_sources,
 )
-from triton_helpers import home_shm_prefixes
+from triton_helpers import command_lines, home_shm_prefixes
 
 pytestmark = SERVER_MARKS
 
@@ -65,14 +65,7 @@ def _no_ftx_servers_left(home: Path) -> None:
     assert prefixes, f"no server log under {home}"
     deadline = time.monotonic() + 15
     while True:
-        procs = []
-        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-            try:
-                text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if "tritonserver" in text and str(home) in text:
-                procs.append(text)
+        procs = [text for text in command_lines() if "tritonserver" in text and str(home) in text]
         shm = [p.name for prefix in prefixes for p in SHM_DIR.glob(f"{prefix}*")]
         if not procs and not shm:
             return

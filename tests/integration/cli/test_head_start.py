@@ -17,6 +17,7 @@ import pytest
 from ftx_triton.server import head_start
 from ftx_triton.server.launch import LEASH_FLAG
 from python_runtime_support import SERVER_MARKS, own_ports
+from triton_helpers import command_lines
 
 pytestmark = SERVER_MARKS
 
@@ -40,11 +41,7 @@ def _served_repository(env: dict[str, str], cwd: Path, name: str) -> str:
 def _processes_naming(text: str) -> list[str]:
     """Command lines of running processes that hold ``text`` (a repository or shared-memory prefix)."""
     found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            line = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
+    for line in command_lines():
         words = line.split()
         # not this test run itself (whose arguments may name the path); every path here is under pytest's tmp folder
         ours = bool(words) and (Path(words[0]).name == "pytest" or words[1:3] == ["-m", "pytest"])

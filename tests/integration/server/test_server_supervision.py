@@ -24,7 +24,15 @@ from ftx_triton.server.process_tree import FTX_SHM_PREFIX, SHM_DIR, STUB_NAME, s
 from ftx_triton.server.records import list_servers
 from ftx_triton.server.supervisor import HOME_GONE, STUB_DIED
 from ftx_triton.server.tritonserver import TritonServer
-from triton_helpers import add_one_model, add_repository, infer_http, process_gone, python_model, shm_regions
+from triton_helpers import (
+    add_one_model,
+    add_repository,
+    infer_http,
+    process_gone,
+    python_child,
+    python_model,
+    shm_regions,
+)
 
 pytestmark = pytest.mark.skipif(find_spec("pytriton") is None, reason="nvidia-pytriton is not installed")
 
@@ -216,15 +224,7 @@ sys.stdin.read()
 
 
 def _start_in_child(repo: Path, home: Path) -> subprocess.Popen[str]:
-    src = str(Path(server_mod.__file__).parents[2])
-    return subprocess.Popen(
-        [sys.executable, "-c", STARTER, str(repo), str(home)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "PYTHONPATH": src},
-    )
+    return python_child(STARTER, str(repo), str(home))
 
 
 def _wait_for(child: subprocess.Popen[str], text: str) -> tuple[int, str]:

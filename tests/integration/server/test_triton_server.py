@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from triton_helpers import (
     infer_grpc,
     infer_http,
     process_gone,
+    python_child,
     python_model,
     shm_regions,
 )
@@ -282,15 +282,7 @@ sys.stdin.read()
 def test_server_dies_with_a_killed_parent(tmp_path: Path, home: Path) -> None:
     repo = tmp_path / "empty"
     repo.mkdir()
-    src = str(Path(server_mod.__file__).parents[2])
-    parent = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(repo), str(home)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "PYTHONPATH": src},
-    )
+    parent = python_child(CHILD, str(repo), str(home))
     try:
         lines = iter(parent.stdout.readline, "")  # type: ignore[union-attr]
         pid = next(int(line.split()[1]) for line in lines if line.startswith("PID "))

@@ -391,25 +391,27 @@ def test_fp8_data_type_is_a_click_choice_error(ftx_cli, ftx_home: Path, tiny_gpt
     _nothing_written(ftx_home, out, ("fetch", "convert", "configure"))
 
 
-def test_missing_tokenizer_is_refused_before_converting(
-    ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path
-) -> None:
+@pytest.fixture
+def no_tokenizer_dir(tiny_gptj_dir: Path, tmp_path: Path) -> Path:
+    """The tiny GPT-J checkpoint without its tokenizer files."""
     source = tmp_path / "src"
     shutil.copytree(tiny_gptj_dir, source, ignore=shutil.ignore_patterns("tokenizer*"))
+    return source
+
+
+def test_missing_tokenizer_is_refused_before_converting(
+    ftx_cli, ftx_home: Path, no_tokenizer_dir: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "repo"
-    result = refused(ftx_cli, source, out)
+    result = refused(ftx_cli, no_tokenizer_dir, out)
     assert result.exit_code == 1
     assert "error:" in result.stderr and "no tokenizer" in result.stderr and "--tokenizer" in result.stderr
     _nothing_written(ftx_home, out, ("fetch", "convert", "configure"))
 
 
-def test_missing_tokenizer_in_the_stage_writes_no_repository(
-    ftx_cli, ftx_home: Path, tiny_gptj_dir: Path, tmp_path: Path
-) -> None:
+def test_missing_tokenizer_in_the_stage_writes_no_repository(ftx_cli, ftx_home: Path, no_tokenizer_dir: Path) -> None:
     """`ftx run --until configure` reaches the stage itself: it fails before publishing anything."""
-    source = tmp_path / "src"
-    shutil.copytree(tiny_gptj_dir, source, ignore=shutil.ignore_patterns("tokenizer*"))
-    result = ftx_cli("run", str(source), "--until", "configure", "--runtime", "python")
+    result = ftx_cli("run", str(no_tokenizer_dir), "--until", "configure", "--runtime", "python")
     assert result.exit_code == 1 and "no tokenizer" in result.stderr
     assert not list((ftx_home / "store" / "configure").glob("*"))
 

@@ -148,6 +148,14 @@ def test_preprocessing_maps_generate_names_to_ft_types(bpe_dir: Path) -> None:
     assert abs(float(out["temperature"][0, 0]) - 0.7) < 1e-6
 
 
+def _assert_one_value_refused(bpe_dir: Path, name: str, value: np.ndarray, message: str) -> None:
+    """A one-prompt generate request with input ``name`` set to ``value`` is refused with ``message``."""
+    codec = load_codec(bpe_dir, "hf")
+    inputs = {"text_input": text_batch("Hello"), "max_tokens": np.array([[3]], dtype=np.int64), name: value}
+    with pytest.raises(RequestError, match=message):
+        Preprocessor(codec, decoder_settings(codec)).run(inputs)
+
+
 @pytest.mark.parametrize(
     "name, value, message",
     [
@@ -158,10 +166,7 @@ def test_preprocessing_maps_generate_names_to_ft_types(bpe_dir: Path) -> None:
     ],
 )
 def test_preprocessing_refuses_bad_request_values(bpe_dir: Path, name: str, value: np.ndarray, message: str) -> None:
-    codec = load_codec(bpe_dir, "hf")
-    inputs = {"text_input": text_batch("Hello"), "max_tokens": np.array([[3]], dtype=np.int64), name: value}
-    with pytest.raises(RequestError, match=message):
-        Preprocessor(codec, decoder_settings(codec)).run(inputs)
+    _assert_one_value_refused(bpe_dir, name, value, message)
 
 
 def test_t5_preprocessing_appends_eos_under_fastertransformer_backends_names(spiece_dir: Path) -> None:
@@ -477,10 +482,7 @@ def test_ft_interface_preprocessing_reads_queries_lengths_and_csv_word_lists(bpe
 def test_non_finite_and_out_of_range_values_are_refused(
     bpe_dir: Path, name: str, value: np.ndarray, message: str
 ) -> None:
-    codec = load_codec(bpe_dir, "hf")
-    inputs = {"text_input": text_batch("Hello"), "max_tokens": np.array([[3]], dtype=np.int64), name: value}
-    with pytest.raises(RequestError, match=message):
-        Preprocessor(codec, decoder_settings(codec)).run(inputs)
+    _assert_one_value_refused(bpe_dir, name, value, message)
 
 
 def test_invalid_utf8_is_a_request_error_without_a_traceback(bpe_dir: Path) -> None:

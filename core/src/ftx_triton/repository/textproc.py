@@ -21,9 +21,12 @@ import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:  # typing.Self is Python 3.11+; the serving environment may run an older Python
+    from typing import Self
 
 HF_FILES = ("tokenizer.json",)
 BPE_FILES = ("vocab.json", "merges.txt")
@@ -422,21 +425,26 @@ def _finite(name: str, values: np.ndarray) -> None:
         raise RequestError(f"{name} must be a finite number (got {float(values[~np.isfinite(values)][0])})")
 
 
-class Preprocessor:
-    """Text inputs → FasterTransformer inputs, for either ensemble.
-
-    The generate ensemble sends ``text_input``, ``max_tokens`` and sampling settings; FT's ensemble
-    sends ``QUERY``, ``REQUEST_OUTPUT_LEN`` and CSV word lists (its sampling inputs bypass this model).
-    """
+class _TextModel:
+    """What the ``preprocessing`` and ``postprocessing`` models share: a codec and the model's text settings."""
 
     def __init__(self, codec: Codec, settings: TextSettings) -> None:
         self.codec = codec
         self.settings = settings
 
     @classmethod
-    def from_directory(cls, directory: Path, params: Mapping[str, str], max_batch_size: int = 0) -> Preprocessor:
+    def from_directory(cls, directory: Path, params: Mapping[str, str], max_batch_size: int = 0) -> Self:
+        """The model of the repository folder ``directory`` (its tokenizer files) and config ``params``."""
         settings = TextSettings.from_parameters(params, max_batch_size)
         return cls(load_codec(directory, settings.tokenizer_kind), settings)
+
+
+class Preprocessor(_TextModel):
+    """Text inputs → FasterTransformer inputs, for either ensemble.
+
+    The generate ensemble sends ``text_input``, ``max_tokens`` and sampling settings; FT's ensemble
+    sends ``QUERY``, ``REQUEST_OUTPUT_LEN`` and CSV word lists (its sampling inputs bypass this model).
+    """
 
     def run(self, inputs: Mapping[str, np.ndarray], wanted: Iterable[str] | None = None) -> dict[str, np.ndarray]:
         """Every output (one encoding makes them all: ``wanted`` changes nothing here)."""
@@ -596,7 +604,7 @@ class Preprocessor:
         return {"INPUT_ID": input_ids, "REQUEST_INPUT_LEN": lengths, "REQUEST_OUTPUT_LEN": output_lengths}
 
 
-class Postprocessor:
+class Postprocessor(_TextModel):
     """FasterTransformer outputs (``TOKENS_BATCH``, ``sequence_length``) → ``text_output`` and ``OUTPUT``.
 
     ``text_output`` is the generated part: ``output_ids[b, k, start:sequence_length[b, k]]`` where
@@ -610,15 +618,6 @@ class Postprocessor:
     lengths), as FasterTransformer's ensemble has it. Neither drops what the tokenizer makes of a
     character whose last bytes were not generated (``\ufffd``): the text is what the ids decode to.
     """
-
-    def __init__(self, codec: Codec, settings: TextSettings) -> None:
-        self.codec = codec
-        self.settings = settings
-
-    @classmethod
-    def from_directory(cls, directory: Path, params: Mapping[str, str], max_batch_size: int = 0) -> Postprocessor:
-        settings = TextSettings.from_parameters(params, max_batch_size)
-        return cls(load_codec(directory, settings.tokenizer_kind), settings)
 
     def _shaped(self, output_ids: np.ndarray, sequence_length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ids = np.asarray(output_ids)

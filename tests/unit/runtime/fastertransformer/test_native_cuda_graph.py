@@ -12,46 +12,26 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
-from importlib import resources
 from pathlib import Path
 
 import pytest
+from fake_cuda_build import compile_driver, copy_patch_files
 
 HARNESS = Path(__file__).parent / "cuda_graph_harness"
 FT_STANDINS = Path(__file__).parent / "ft_standins"  # FasterTransformer's logger.h, shared with the loader's test
-CXX = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
 KERNELS = Path("src/fastertransformer/kernels")
 
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if CXX is None:
-        pytest.skip("no C++ compiler (g++) to build the captured step against the fake CUDA runtime")
     root = tmp_path_factory.mktemp("graph")
     kernels = root / KERNELS
-    kernels.mkdir(parents=True)
-    patch_files = resources.files("ftx_triton.runtime.fastertransformer.native").joinpath("patch_files")
-    for name in ("ftx_cuda_graph.h", "ftx_cuda_graph.cc"):
-        (kernels / name).write_text(patch_files.joinpath(name).read_text(encoding="utf-8"))
-    binary = root / "driver"
+    copy_patch_files(kernels, "ftx_cuda_graph.h", "ftx_cuda_graph.cc")
     sources = [str(kernels / "ftx_cuda_graph.cc"), str(HARNESS / "fake_cuda.cc"), str(HARNESS / "driver.cc")]
     # the harness first: its cuda_runtime.h and FasterTransformer stand-ins, then the copied patch files
-    command = [
-        CXX,
-        "-std=c++17",
-        "-Wall",
-        "-Werror",
-        f"-I{HARNESS}",
-        f"-I{root}",
-        f"-I{FT_STANDINS}",
-        *sources,
-        "-o",
-        str(binary),
-    ]
-    subprocess.run(command, check=True, capture_output=True, text=True, timeout=120)
-    return binary
+    includes = [f"-I{HARNESS}", f"-I{root}", f"-I{FT_STANDINS}"]
+    return compile_driver(root / "driver", *includes, *sources, what="the captured step")
 
 
 def drive(driver: Path, *args: object, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -11,28 +11,21 @@ do. The real backend is compiled on the GPU machine (``ftx backend build``); the
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-from importlib import resources
 from pathlib import Path
 
 import pytest
+from fake_cuda_build import compile_driver, copy_patch_files
 
 HARNESS = Path(__file__).parent / "stream_outputs_harness"
-CXX = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
 
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if CXX is None:
-        pytest.skip("no C++ compiler (g++) to build the stream outputs against the fake CUDA runtime")
     root = tmp_path_factory.mktemp("stream-outputs")
-    patch_files = resources.files("ftx_triton.runtime.fastertransformer.native").joinpath("patch_files")
-    (root / "ftx_stream_outputs.h").write_text(patch_files.joinpath("ftx_stream_outputs.h").read_text("utf-8"))
-    binary = root / "driver"
-    command = [CXX, "-std=c++17", "-Wall", "-Werror", f"-I{HARNESS}", f"-I{root}", str(HARNESS / "driver.cc")]
-    subprocess.run([*command, "-o", str(binary)], check=True, capture_output=True, text=True, timeout=120)
-    return binary
+    copy_patch_files(root, "ftx_stream_outputs.h")
+    args = [f"-I{HARNESS}", f"-I{root}", str(HARNESS / "driver.cc")]
+    return compile_driver(root / "driver", *args, what="the stream outputs")
 
 
 def responses(driver: Path, *args: object, **env: str) -> list[dict[str, list[int] | None]]:

@@ -15,10 +15,10 @@ import shutil
 import subprocess
 import threading
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import pytest
+from fake_cuda_build import compile_driver, copy_patch_files
 from ftx_triton.runtime.fastertransformer.logscan import LogScanner
 from ftx_triton.runtime.fastertransformer.native.weight_load import WeightLoad, log_weight_loads, weight_loads
 from structlog.testing import capture_logs
@@ -26,7 +26,6 @@ from structlog.testing import capture_logs
 HARNESS = Path(__file__).parent / "weight_loader_harness"
 CHUNK = 4096
 UTILS = Path("src/fastertransformer/utils")
-CXX = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
 
 
 @dataclass
@@ -43,21 +42,14 @@ class Loaded:
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if CXX is None:
-        pytest.skip("no C++ compiler (g++) to build the loader against the fake CUDA runtime")
     root = tmp_path_factory.mktemp("loader")
     utils = root / UTILS
-    utils.mkdir(parents=True)
-    patch_files = resources.files("ftx_triton.runtime.fastertransformer.native").joinpath("patch_files")
-    for name in ("ftx_weight_loader.h", "ftx_weight_loader.cc"):
-        (utils / name).write_text(patch_files.joinpath(name).read_text(encoding="utf-8"))
+    copy_patch_files(utils, "ftx_weight_loader.h", "ftx_weight_loader.cc")
     shutil.copy(HARNESS / "cuda_utils.h", utils / "cuda_utils.h")
     shutil.copy(HARNESS.parent / "ft_standins" / UTILS / "logger.h", utils / "logger.h")
-    binary = root / "driver"
     sources = [str(utils / "ftx_weight_loader.cc"), str(HARNESS / "fake_cuda.cc"), str(HARNESS / "driver.cc")]
-    command = [CXX, "-std=c++17", "-Wall", "-Werror", f"-DFTX_WEIGHT_CHUNK_BYTES={CHUNK}", f"-I{root}", *sources]
-    subprocess.run([*command, "-o", str(binary)], check=True, capture_output=True, text=True, timeout=120)
-    return binary
+    flags = [f"-DFTX_WEIGHT_CHUNK_BYTES={CHUNK}", f"-I{root}"]
+    return compile_driver(root / "driver", *flags, *sources, what="the loader")
 
 
 def load(driver: Path, tmp_path: Path, *specs: str, env: dict[str, str] | None = None) -> Loaded:

@@ -64,10 +64,28 @@ class _Steps(StepSink):
         self.steps.append(events)
 
 
-def _run(gen: Generator, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[list[TokenEvent]]]:
+_Decoded = tuple[dict[str, np.ndarray], list[list[TokenEvent]]]
+"""A run's outputs and the token events it streamed, step by step."""
+
+
+def _run(gen: Generator, inputs: dict[str, np.ndarray]) -> _Decoded:
     request = gen.parse(inputs)
     sink = _Steps()
     return build_outputs(request, gen.run(request.items, sink)), sink.steps
+
+
+def _assert_same_decoding(case: str, got: _Decoded, expected: _Decoded, atol: float) -> None:
+    """The same ids and lengths, and log probabilities (outputs and streamed steps) within ``atol``."""
+    (got_outputs, got_steps), (expected_outputs, expected_steps) = got, expected
+    for output in ("output_ids", "sequence_length"):
+        assert np.array_equal(got_outputs[output], expected_outputs[output]), (case, output)
+    np.testing.assert_allclose(
+        got_outputs["output_log_probs"], expected_outputs["output_log_probs"], atol=atol, err_msg=case
+    )
+    assert got_steps == [
+        [replace(e, log_prob=pytest.approx(e.log_prob, abs=atol)) if e.log_prob is not None else e for e in s]
+        for s in expected_steps
+    ], case
 
 
 def _end_id_met_early(gen: Generator) -> int:
@@ -113,13 +131,7 @@ def test_the_lean_loop_decodes_exactly_like_generate(generators: dict[str, Gener
     for case, extra in _cases(gen).items():
         inputs = decoder_inputs(PROMPTS, [NEW, NEW, NEW - 3, NEW], **extra)
         (expected, expected_steps), (got, got_steps) = _run(gen, inputs), _run(lean, inputs)
-        for output in ("output_ids", "sequence_length"):
-            assert np.array_equal(got[output], expected[output]), (case, output)
-        np.testing.assert_allclose(got["output_log_probs"], expected["output_log_probs"], atol=1e-5, err_msg=case)
-        assert got_steps == [
-            [replace(e, log_prob=pytest.approx(e.log_prob, abs=1e-5)) if e.log_prob is not None else e for e in s]
-            for s in expected_steps
-        ], case
+        _assert_same_decoding(case, (got, got_steps), (expected, expected_steps), atol=1e-5)
         if case == "greedy":  # the chosen end id ends some rows early, and they stop there
             lengths = got["sequence_length"][:, 0] - [len(p) for p in PROMPTS]
             assert lengths.min() < NEW - 3 and lengths.max() > lengths.min(), lengths
@@ -150,13 +162,7 @@ def test_the_plain_torch_decoder_decodes_exactly_like_generate(
         calls.clear()
         (expected, expected_steps), (got, got_steps) = _run(gen, inputs), _run(plain, inputs)
         assert len(calls) == 1, (case, calls)  # generate ran for the reference only
-        for output in ("output_ids", "sequence_length"):
-            assert np.array_equal(got[output], expected[output]), (case, output)
-        np.testing.assert_allclose(got["output_log_probs"], expected["output_log_probs"], atol=1e-6, err_msg=case)
-        assert got_steps == [
-            [replace(e, log_prob=pytest.approx(e.log_prob, abs=1e-6)) if e.log_prob is not None else e for e in s]
-            for s in expected_steps
-        ], case
+        _assert_same_decoding(case, (got, got_steps), (expected, expected_steps), atol=1e-6)
     assert getattr(plain.model, "is_plain_torch", False)  # transformers' model was never built
 
 

@@ -12,11 +12,13 @@ daemon has no NVIDIA runtime, and one test checks the error ftx gives for exactl
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import resource
 import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -252,24 +254,26 @@ def test_readiness_timeout_stops_the_container(
     assert _gone(docker_client, server.name)
 
 
-def _interrupt_after(seconds: float) -> threading.Timer:
+@contextlib.contextmanager
+def _ctrl_c_after(seconds: float) -> Iterator[None]:
+    """A SIGINT to this process ``seconds`` in; the block must end in KeyboardInterrupt."""
     # A shell that starts pytest in the background leaves SIGINT ignored; Ctrl-C must still mean stop.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()
-    return timer
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            yield
+    finally:
+        timer.cancel()
 
 
 def test_ctrl_c_while_loading_stops_and_removes(
     docker_client: Any, standin_image: str, tmp_path: Path, home: Path
 ) -> None:
     server = _server(docker_client, standin_image, tmp_path, env={"FTX_STANDIN_DELAY": "60"})
-    timer = _interrupt_after(1.5)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            server.start()
-    finally:
-        timer.cancel()
+    with _ctrl_c_after(1.5):
+        server.start()
     assert _gone(docker_client, server.name)
 
 
@@ -282,12 +286,8 @@ def test_ctrl_c_while_serving_stops_and_removes(
 
     with pytest.raises(subprocess.TimeoutExpired):
         server.wait(timeout=0.3)
-    timer = _interrupt_after(0.5)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            server.wait()
-    finally:
-        timer.cancel()
+    with _ctrl_c_after(0.5):
+        server.wait()
     assert _gone(docker_client, server.name)
 
 
