@@ -98,7 +98,7 @@ def chunked_digests(
         for path, size in files
         for start in range(0, size, CHUNKED_BYTES)
     ]
-    count = max(1, min(threads or hash_threads(), len(chunks)))
+    workers = threads or hash_threads()  # the pool's size, whatever the chunk count: one pool, not one per count
 
     def chunk_digest(chunk: tuple[Path, int, int]) -> bytes:
         """One chunk's sha256, its file opened for it alone (a source of thousands of files never holds as many
@@ -123,10 +123,10 @@ def chunked_digests(
             os.close(fd)
         return digest.digest()
 
-    if count == 1:
+    if workers == 1 or len(chunks) <= 1:
         parts = [chunk_digest(chunk) for chunk in chunks]
     else:
-        futures = [_pool(count).submit(chunk_digest, chunk) for chunk in chunks]
+        futures = [_pool(workers).submit(chunk_digest, chunk) for chunk in chunks]
         try:
             parts = [future.result() for future in futures]
         except BaseException:
