@@ -53,6 +53,7 @@ def serve_python(repository: ModelRepository, ctx: StageContext) -> Endpoint:
             console_say(text)
 
     ports, given = ports_for(s.host, s.http_port, s.grpc_port, s.metrics_port, say)
+    device = served_device(s.device)
     server = TritonServer(
         path,
         home=ctx.home,
@@ -65,8 +66,8 @@ def serve_python(repository: ModelRepository, ctx: StageContext) -> Endpoint:
         env={DEVICE_ENV: s.device, OWN_SESSION_ENV: FT_MODEL_NAME},
         ready_timeout_s=READY_TIMEOUT_S,
         die_with_parent=not s.detach,
-        device=served_device(s.device),
-        gpu_metrics=served_device(s.device) != "cpu",
+        device=device,
+        gpu_metrics=device != "cpu",
     )
     import_while_loading()  # the smoke generation's imports overlap the model load
     server.start(progress=say)
