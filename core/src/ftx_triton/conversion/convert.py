@@ -209,9 +209,10 @@ class _SourceBuffers:
 
 def read_order(names: list[str], waiting: Mapping[str, list[tensormap.Job]], nbytes: Callable[[str], int]) -> list[str]:
     """The tensors to read, in storage order, except that the large ones that no job shares with another tensor
-    (embedding and head matrices) come first. Each output's sha256 is one thread's pass, so the largest files set
-    the conversion's floor on a many-core host: started first, they are hashed beside everything else instead of
-    after it (a head stored last was hashed alone at the end). Tensors read with others (q, k, v) keep their
+    (embedding and head matrices) come first. Each output file is one writer's work (split over helper threads on
+    hosts of 4 or more CPUs, one thread's pass on fewer), so the largest files set the conversion's floor: started
+    first, they are written beside everything else instead of after it (a head stored last was written alone at the
+    end). Tensors read with others (q, k, v) keep their
     order, so none is held longer than before. Only for readers that read any tensor at its offset (``read_into``):
     a reader of archive members streams them in storage order."""
     sizes = {name: nbytes(name) for name in names if name in waiting}
