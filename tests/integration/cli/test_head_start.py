@@ -93,6 +93,37 @@ def test_the_same_run_again_is_served_by_the_server_it_started_ahead(checkpoint_
     assert not _processes_naming(repository)
 
 
+RUN_PROBE = """
+import atexit, json, sys
+sys.argv = ["ftx", *{argv!r}]
+atexit.register(lambda: print(json.dumps(sorted(sys.modules)), file=sys.stderr))
+from ftx_triton.entry import main
+main()
+"""
+NOT_FOR_A_CACHED_RUN = ("numpy", "tritonclient", "grpc", "google.protobuf", "ftx_triton.repository.model_config")
+"""What ftx's own process does without on a run whose model is not decoupled: its serve stage asks the server for
+the model's config and its first token over HTTP (JSON), and reads numpy's version from its metadata."""
+
+
+def test_a_cached_run_imports_no_numpy_grpc_or_protobuf_in_ftxs_process(checkpoint_run) -> None:  # type: ignore[no-untyped-def]
+    """On a small machine ftx's CPU competes with the model's load: its serve stage imports nothing of numpy,
+    tritonclient, gRPC or protobuf (0.2-0.3 CPU-s), and still checks that the server generates."""
+    argv, env, cwd, _repository = checkpoint_run
+    python = Path(FTX).read_text().splitlines()[0].removeprefix("#!")  # ftx's python: the request's interpreter
+    done = subprocess.run(
+        [python, "-c", RUN_PROBE.format(argv=argv)], capture_output=True, text=True, timeout=600, env=env, cwd=cwd
+    )
+    try:
+        assert done.returncode == 0, done.stderr[-3000:]
+        (taken,) = _events(done.stderr, "server.head_start")
+        assert "taken=True" in taken, done.stderr[-3000:]
+        assert "step='smoke generation'" in done.stderr and "serve.ready" in done.stderr
+        loaded = set(json.loads(done.stderr.strip().splitlines()[-1]))
+        assert not {m for m in loaded for n in NOT_FOR_A_CACHED_RUN if m == n or m.startswith(n + ".")}
+    finally:
+        assert _ftx("stop", "ahead", env=env, cwd=cwd).returncode == 0
+
+
 @pytest.fixture
 def as_the_run(checkpoint_run, monkeypatch):  # type: ignore[no-untyped-def]
     """This process as the recorded ``ftx run`` (its folder and interpreter; its environment as ``begin`` is called,

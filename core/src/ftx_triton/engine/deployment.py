@@ -95,7 +95,10 @@ class Deployment:
 
     @property
     def streams(self) -> bool:
-        """Whether the served model answers as a stream (a decoupled ``fastertransformer`` model)."""
+        """Whether the served model answers as a stream (a decoupled ``fastertransformer`` model): what the server
+        said, else its repository's config (protobuf's parser, which a run whose server said does without)."""
+        if self.endpoint.streams is not None:
+            return self.endpoint.streams
         from ftx_triton.repository.model_config import FT_MODEL_NAME, parse_config
 
         try:

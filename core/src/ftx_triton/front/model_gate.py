@@ -129,12 +129,12 @@ def gate_spec(repository: Path) -> dict[str, Any] | None:
     """``{"models": [...], "window_s": s}`` for a repository whose ``fastertransformer`` model batches dynamically
     with a delay on one instance (the models whose requests reach it: itself and the ensembles that call it), or
     None: no gate."""
-    from ftx_triton.repository.model_config import parse_config
-
     window_us = env_int(WINDOW_ENV, 0, 0, 10_000_000)
     path = repository / FT_MODEL_NAME / "config.pbtxt"
-    if not window_us or not path.is_file():  # off (the default): no config is read
+    if not window_us or not path.is_file():  # off (the default): no config is read, nor its parser imported
         return None
+    from ftx_triton.repository.model_config import parse_config  # protobuf and tritonclient's gRPC package
+
     config = parse_config(path)
     delay_us = config.dynamic_batching.max_queue_delay_microseconds if config.HasField("dynamic_batching") else 0
     instances = sum(group.count or 1 for group in config.instance_group) or 1

@@ -128,6 +128,8 @@ class Endpoint:
     grpc_url: str
     model: str = "text"  # the repository's generate-extension model
     handle: ServedDeployment | None = None
+    streams: bool | None = None
+    """Whether the ``fastertransformer`` model is decoupled, as the server said; None: not asked."""
 
 
 # --------------------------------------------------------------------------- stage results on disk

@@ -2,6 +2,11 @@
 
 Shared by every runtime that serves with the embedded tritonserver (python, FasterTransformer native):
 a server that is ready but cannot generate is stopped and reported, not handed to the user.
+
+The model's config comes from the server (HTTP, JSON) and a model that answers in one piece is asked over
+HTTP too (:mod:`ftx_triton.client.text_client`, the standard library): a run whose model is not decoupled imports
+neither numpy nor gRPC's client nor protobuf, which on a small machine would take CPU from the model's own load.
+Only a decoupled (streaming) model, which Triton's HTTP ``infer`` route does not serve, is asked over gRPC.
 """
 
 from __future__ import annotations
@@ -10,9 +15,9 @@ import queue
 import re
 import threading
 import time
-from pathlib import Path
-
-import numpy as np
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
 
 from ftx_triton.errors import ServeError
 from ftx_triton.import_ahead import import_ahead
@@ -28,18 +33,59 @@ def server_name(model: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:MAX_NAME_CHARS].strip("-.") or "ftx"
 
 
-SMOKE_MODULES = ("tritonclient.grpc", "ftx_triton.repository.model_config")
-"""What the smoke generation imports (gRPC's client and protobuf's config parser: 0.2-0.3 s)."""
+SMOKE_MODULES = ("ftx_triton.client.text_client",)
+"""What the smoke generation imports (the standard library's HTTP client)."""
+STREAMED_SMOKE_MODULES = ("tritonclient.grpc",)
+"""What the smoke generation of a decoupled model imports besides (gRPC's client with numpy: 0.2-0.3 s)."""
 
 
-def import_while_loading() -> threading.Thread:
+@dataclass(frozen=True)
+class Smoke:
+    """What the first generation found: its seconds, and whether the model answers as a stream."""
+
+    seconds: float
+    decoupled: bool
+
+
+def import_while_loading(decoupled: bool = False) -> threading.Thread:
     """Import the smoke generation's modules in a background thread, started before tritonserver loads its
-    models, so that the first generation after "ready" does not begin with them. An import that fails here
-    is left to the smoke generation, which imports the module again and reports what it raises."""
-
-    thread = threading.Thread(target=import_ahead, args=(SMOKE_MODULES,), name="ftx-smoke-imports", daemon=True)
+    models, so that the first generation after "ready" does not begin with them; gRPC's client only for a
+    ``decoupled`` model. An import that fails here is left to the smoke generation, which imports the module
+    again and reports what it raises."""
+    names = SMOKE_MODULES + (STREAMED_SMOKE_MODULES if decoupled else ())
+    thread = threading.Thread(target=import_ahead, args=(names,), name="ftx-smoke-imports", daemon=True)
     thread.start()
     return thread
+
+
+def _input_names(io_kind: str) -> tuple[str, str, str]:
+    """The ids, their length and the tokens to generate, as the raw model names them."""
+    if io_kind == "decoder":
+        return ("input_ids", "input_lengths", "request_output_len")
+    return ("input_ids", "sequence_length", "max_output_len")
+
+
+def io_kind_of(config: dict[str, Any]) -> str:
+    """``decoder`` or ``encoder-decoder``: the raw model's inputs, from its config as the server gives it (JSON)."""
+    names = {str(i.get("name")) for i in config.get("input") or () if isinstance(i, dict)}
+    return "decoder" if "input_lengths" in names else "encoder-decoder"
+
+
+def smoke_http(http_url: str, io_kind: str = "decoder", timeout_s: float = 300.0) -> float:
+    """Generate one token through the raw fastertransformer model with one HTTP ``infer`` request (JSON) of a
+    model that is not decoupled; return the seconds it took."""
+    from ftx_triton.client.text_client import HttpTriton
+
+    started = time.perf_counter()
+    inputs = [
+        {"name": name, "shape": [1, 1], "datatype": "UINT32", "data": [value]}
+        for name, value in zip(_input_names(io_kind), (0, 1, 1), strict=True)
+    ]
+    body = {"inputs": inputs, "outputs": [{"name": "output_ids"}]}
+    answer = HttpTriton(http_url, timeout_s).post_json(f"/v2/models/{quote(FT_MODEL_NAME, safe='')}/infer", body)
+    if not any(isinstance(o, dict) and o.get("name") == "output_ids" for o in answer.get("outputs") or ()):
+        raise ServeError(f"its answer holds no output_ids: {str(answer)[:200]}")
+    return time.perf_counter() - started
 
 
 def smoke_test(grpc_url: str, io_kind: str = "decoder", decoupled: bool = False, timeout_s: float = 300.0) -> float:
@@ -47,16 +93,13 @@ def smoke_test(grpc_url: str, io_kind: str = "decoder", decoupled: bool = False,
     return the seconds it took."""
     import queue
 
+    import numpy as np
     import tritonclient.grpc as grpcclient
 
     started = time.perf_counter()
     ids = np.zeros((1, 1), np.uint32)
     one = np.ones((1, 1), np.uint32)
-    names = (
-        ("input_ids", "input_lengths", "request_output_len")
-        if io_kind == "decoder"
-        else ("input_ids", "sequence_length", "max_output_len")
-    )
+    names = _input_names(io_kind)
     inputs = []
     for name, value in zip(names, (ids, one, one), strict=True):
         tensor = grpcclient.InferInput(name, list(value.shape), "UINT32")
@@ -85,17 +128,21 @@ def smoke_test(grpc_url: str, io_kind: str = "decoder", decoupled: bool = False,
     return time.perf_counter() - started
 
 
-def check_generates(server: TritonServer, repository: Path, what: str) -> float:
-    """Smoke-test a started server on ``repository``'s fastertransformer model; stop it and raise a ServeError
-    naming ``what`` (the model, or the backend) when it cannot generate; return the seconds it took."""
-    from ftx_triton.repository.model_config import parse_config
+def check_generates(server: TritonServer, what: str) -> Smoke:
+    """Smoke-test a started server's fastertransformer model (its config as the server loaded it); stop it and
+    raise a ServeError naming ``what`` (the model, or the backend) when it cannot generate."""
+    from ftx_triton.client.text_client import HttpTriton
 
-    config = parse_config(repository / FT_MODEL_NAME / "config.pbtxt")  # it parsed before the server loaded it
-    io_kind = "decoder" if "input_lengths" in {i.name for i in config.input} else "encoder-decoder"
     try:
-        seconds = smoke_test(server.grpc_url, io_kind, config.model_transaction_policy.decoupled)
+        config = HttpTriton(server.http_url, 60.0).get_json(f"/v2/models/{quote(FT_MODEL_NAME, safe='')}/config")
+        io_kind = io_kind_of(config)
+        decoupled = bool((config.get("model_transaction_policy") or {}).get("decoupled"))
+        if decoupled:  # Triton's HTTP infer route refuses a decoupled model
+            seconds = smoke_test(server.grpc_url, io_kind, decoupled=True)
+        else:
+            seconds = smoke_http(server.http_url, io_kind)
         timeline.step("smoke generation")
-        return seconds
+        return Smoke(seconds, decoupled)
     except queue.Empty:
         server.stop()
         raise ServeError(
@@ -112,4 +159,14 @@ def check_generates(server: TritonServer, repository: Path, what: str) -> float:
         raise
 
 
-__all__ = ["SMOKE_MODULES", "check_generates", "import_while_loading", "server_name", "smoke_test"]
+__all__ = [
+    "SMOKE_MODULES",
+    "STREAMED_SMOKE_MODULES",
+    "Smoke",
+    "check_generates",
+    "import_while_loading",
+    "io_kind_of",
+    "server_name",
+    "smoke_http",
+    "smoke_test",
+]

@@ -9,9 +9,8 @@ import structlog
 from ftx_triton.errors import ServeError
 from ftx_triton.plan.artifacts import Endpoint, ModelRepository
 from ftx_triton.plan.context import StageContext
-from ftx_triton.repository.io import TEXT_MODEL_NAME
-from ftx_triton.repository.model_config import FT_MODEL_NAME
-from ftx_triton.runtime.python.triton_model import DEVICE_ENV
+from ftx_triton.repository.io import FT_MODEL_NAME, TEXT_MODEL_NAME
+from ftx_triton.server.records import DEVICE_ENV  # triton_model.DEVICE_ENV, without that module's numpy
 from ftx_triton.server.smoke import check_generates, import_while_loading, server_name
 from ftx_triton.server.stub_launcher import OWN_SESSION_ENV
 from ftx_triton.terminal.console import say as console_say
@@ -69,17 +68,19 @@ def serve_python(repository: ModelRepository, ctx: StageContext) -> Endpoint:
         device=device,
         gpu_metrics=device != "cpu",
     )
-    import_while_loading()  # the smoke generation's imports overlap the model load
+    import_while_loading(ctx.settings.configure.streaming)  # the smoke generation's imports overlap the model load
     server.start(progress=say)
-    seconds = check_generates(server, path, f"the {FT_MODEL_NAME} model")
+    smoke = check_generates(server, f"the {FT_MODEL_NAME} model")
     log.info(
         "serve.ready",
         runtime="python",
         http=server.http_url,
         grpc=server.grpc_url,
-        smoke_s=round(seconds, 3),
+        smoke_s=round(smoke.seconds, 3),
         device=s.device,
     )
     models = tuple(repository.models) or ()
     model = TEXT_MODEL_NAME if TEXT_MODEL_NAME in models or (path / TEXT_MODEL_NAME).is_dir() else FT_MODEL_NAME
-    return Endpoint(http_url=server.http_url, grpc_url=server.grpc_url, model=model, handle=server)
+    return Endpoint(
+        http_url=server.http_url, grpc_url=server.grpc_url, model=model, handle=server, streams=smoke.decoupled
+    )

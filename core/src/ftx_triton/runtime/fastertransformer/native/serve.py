@@ -303,7 +303,7 @@ def serve_native(
         f"serve     tritonserver + FasterTransformer on GPU(s) {','.join(map(str, plan.gpus))}, working "
         f"directory {plan.work_dir}"
     )
-    import_while_loading()  # the smoke generation's imports overlap the model load
+    import_while_loading(settings.configure.streaming)  # the smoke generation's imports overlap the model load
     try:
         server.start(progress=say)
     except ServeError:
@@ -321,19 +321,21 @@ def serve_native(
     for finding in scanned.findings:  # served, but not as asked (custom all-reduce fell back to NCCL)
         if finding.severity == "warning":
             say(f"warning   {finding.message}\n          hint: {finding.hint}")
-    seconds = check_generates(server, repository.path, "FasterTransformer")
+    smoke = check_generates(server, "FasterTransformer")
     log.info(
         "serve.ready",
         runtime="fastertransformer-native",
         http=server.http_url,
         grpc=server.grpc_url,
-        smoke_s=round(seconds, 3),
+        smoke_s=round(smoke.seconds, 3),
         gpus=list(plan.gpus),
         tuned=plan.expect_gemm,
     )
     text = TEXT_MODEL_NAME
     model = text if text in repository.models or (repository.path / text).is_dir() else FT_MODEL_NAME
-    return Endpoint(http_url=server.http_url, grpc_url=server.grpc_url, model=model, handle=server)
+    return Endpoint(
+        http_url=server.http_url, grpc_url=server.grpc_url, model=model, handle=server, streams=smoke.decoupled
+    )
 
 
 def _log_text(path: Path) -> str:
