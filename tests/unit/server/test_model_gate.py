@@ -4,6 +4,10 @@ are back, then goes with the others; a lone request and a burst pass at once; no
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -171,3 +175,20 @@ def test_the_environment_sets_the_window_and_zero_leaves_the_gate_off(
     monkeypatch.setenv(WINDOW_ENV, "soon")
     with pytest.raises(ConfigError, match=WINDOW_ENV):
         gate_spec(repo)
+
+
+def test_the_gate_off_reads_no_config_and_imports_no_config_parser(tmp_path: Path) -> None:
+    """Off (the default), a server's start decides it without protobuf's parser (tritonclient's gRPC package with
+    numpy: 0.2 CPU-s of ftx's serve stage, beside the models' load)."""
+    repo = _repository(tmp_path, delay_us=20000, instances=1)
+    code = (
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "from ftx_triton.front.model_gate import gate_spec\n"
+        f"spec = gate_spec(Path({str(repo)!r}))\n"
+        "print(json.dumps([spec, 'ftx_triton.repository.model_config' in sys.modules, 'numpy' in sys.modules]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != WINDOW_ENV}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == [None, False, False]

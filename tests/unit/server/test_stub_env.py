@@ -9,6 +9,7 @@ is installed here, and the stubs' numpy 1 environment is only built under numpy 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import zipfile
@@ -117,3 +118,20 @@ def test_the_stub_environment_is_probed_when_built(
     for module in ("fakeformers.losses", "fakeformers.generation"):
         assert _imports(python, module), module
     assert not _imports(python, "learnlike") and not _imports(python, "sciplike")
+
+
+def test_whether_the_stubs_need_numpy_1_is_decided_without_importing_numpy() -> None:
+    """A run's serve stage asks it beside the models' load: numpy's version comes from its distribution (importing
+    numpy took 0.1 CPU-s there), and it is the version numpy itself says."""
+    code = (
+        "import json, sys\n"
+        "from ftx_triton.server import stub_env\n"
+        "needed = stub_env.needed()\n"
+        "imported = 'numpy' in sys.modules\n"
+        "import numpy\n"
+        "print(json.dumps([needed, imported, int(numpy.__version__.split('.')[0]) >= 2]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    needed, imported, by_numpy = json.loads(done.stdout)
+    assert not imported and needed == by_numpy
