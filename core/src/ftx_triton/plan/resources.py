@@ -44,20 +44,12 @@ def config_dtype(hf_config: Mapping[str, Any] | None) -> str | None:
 
 
 def stored_dtype(reader: Any) -> str | None:
-    """The dtype holding most bytes in a weight reader (safetensors header, memory-mapped .bin)."""
-    dtype_of = getattr(reader, "dtype", None)
-    if dtype_of is None:
-        return None
-    import numpy as np  # a reader is open: numpy is (a cached plan reads no weights and imports none)
+    """The weight dtype holding most bytes in a weight reader (safetensors header, memory-mapped .bin)."""
+    from ftx_triton.formats.checkpoint import stored_weight_dtype
 
-    from ftx_triton.conversion.dtypes import WEIGHT_DTYPES
-
-    numpy_names = {dtype: name for name, dtype in WEIGHT_DTYPES.items()}
     weights: Counter[str] = Counter()
     for name in reader.names():
-        dtype = dtype_of(name)  # None: a type numpy cannot name
-        found = numpy_names.get(np.dtype(dtype)) if dtype is not None else None
-        if found:
+        if found := stored_weight_dtype(reader, name):
             weights[found] += reader.nbytes(name)
     return weights.most_common(1)[0][0] if weights else None
 
