@@ -106,21 +106,26 @@ def test_a_conversion_with_its_dtype_and_tp_named_imports_only_what_converting_n
 
 
 NUMPY = ("numpy", "ml_dtypes")
+DTYPE_KEYS = ("torch_dtype", "dtype")  # config.json names the dtype under either (transformers 4, 5)
 
 
-def test_a_cached_conversion_imports_no_numpy(tmp_path: Path, tiny_gptj_dir: Path) -> None:
-    """A second `ftx convert SRC --tp 1 --weight-dtype D` of a source whose config.json names its dtype decides
-    "cached" without numpy (0.1 CPU-s of its start): the family tables, the plugins, the plan's estimate and the
-    output's directory name come without it; numpy comes with the readers and writers of tensors."""
+@pytest.mark.parametrize("dtype_named", [True, False], ids=["config-dtype", "header-dtype"])
+def test_a_cached_conversion_imports_no_numpy(tmp_path: Path, tiny_gptj_dir: Path, dtype_named: bool) -> None:
+    """A second `ftx convert SRC --tp 1 --weight-dtype D` decides "cached" without numpy (0.1 CPU-s of its start):
+    the family tables, the plugins, the plan's estimate and the output's directory name come without it; numpy
+    comes with the readers and writers of tensors. A source whose config.json names no dtype (as the copy bound's
+    benchmark writes it) is planned from its safetensors header's dtype names, without numpy either."""
     source = tmp_path / "src"
     shutil.copytree(tiny_gptj_dir, source)
-    config = json.loads((source / "config.json").read_text())
-    (source / "config.json").write_text(json.dumps({**config, "torch_dtype": "float32"}))
+    config = {k: v for k, v in json.loads((source / "config.json").read_text()).items() if k not in DTYPE_KEYS}
+    (source / "config.json").write_text(json.dumps({**config, "torch_dtype": "float32"} if dtype_named else config))
     env = {**os.environ, "FTX_HOME": str(tmp_path / "home")}
     code = CONVERT_PROBE.format(source=str(source), output=str(tmp_path / "out"))
+    said = []
     for _ in range(2):
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
         assert done.returncode == 0, done.stderr[-2000:]
-    assert "convert   cached" in done.stderr
+        said.append(done.stderr)
+    assert "source stored as fp32" in said[0] and "convert   cached" in said[1]
     loaded = set(json.loads(done.stderr.strip().splitlines()[-1]))
     assert not {name for name in loaded if name.startswith(NUMPY)}, sorted(loaded)
