@@ -38,6 +38,29 @@ def test_the_console_script_ends_as_sys_exit_would(code: object, status: int, st
     assert done.stdout.split() == expected
 
 
+POOL_PROBE = """
+import atexit, time
+from concurrent.futures import ThreadPoolExecutor
+from ftx_triton.entry import end
+class Teardown:
+    def __del__(self):
+        print("teardown")
+kept = Teardown()
+atexit.register(lambda: print("atexit ran"))
+ThreadPoolExecutor(1).submit(lambda: (time.sleep(0.3), print("task done")))
+print("said", end=" ")
+end(0)
+"""
+
+
+def test_a_pool_left_by_the_command_is_waited_for_without_the_teardown() -> None:
+    """A first conversion leaves its reading pool's (non-daemon) workers: the exit still waits for their work, as
+    the usual exit does, and then skips the interpreter's teardown (module globals are not collected)."""
+    done = subprocess.run([sys.executable, "-c", POOL_PROBE], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stderr == ""
+    assert done.stdout.split() == ["said", "task", "done", "atexit", "ran"]
+
+
 RUN_PROBE = """
 import atexit, json, sys
 sys.argv = ["ftx", "-v", "run", {source!r}, "--detach"]
