@@ -5,14 +5,29 @@ structlog imports rich, when it is installed, for one thing: rendering an except
 syntax highlighting), on the critical path of a model's load in the stub. These processes never render through it:
 they do not configure structlog, so their events are structlog's default console lines in the server log, and an
 exception there is a plain traceback instead of a boxed one. rich itself stays importable for any later import.
+
+structlog also imports asyncio (0.02-0.04 s) for its async logging methods alone (``ainfo``, ...), which ftx never
+calls at start: its modules get a stand-in that imports asyncio at first use. Any other ``import asyncio`` is the
+real one.
 """
 
 from __future__ import annotations
 
 import sys
 from types import ModuleType
+from typing import Any
 
 HIDDEN = "rich"
+DEFERRED = "asyncio"
+
+
+class _ImportedOnUse(ModuleType):
+    """Stands for :data:`DEFERRED` in the modules imported beside it: the real module at first attribute use."""
+
+    def __getattr__(self, name: str) -> Any:
+        if sys.modules.get(self.__name__) is self:  # used while they import: the real module from now on
+            del sys.modules[self.__name__]
+        return getattr(__import__(self.__name__), name)
 
 
 def import_structlog() -> ModuleType:
@@ -22,11 +37,14 @@ def import_structlog() -> ModuleType:
 
         return structlog
     sys.modules[HIDDEN] = None  # type: ignore[assignment]  # `import rich` raises ImportError, which structlog expects
+    stand_in = sys.modules.setdefault(DEFERRED, _ImportedOnUse(DEFERRED))
     try:
         import structlog
     finally:
         if sys.modules.get(HIDDEN, ...) is None:
             del sys.modules[HIDDEN]
+        if sys.modules.get(DEFERRED) is stand_in and isinstance(stand_in, _ImportedOnUse):
+            del sys.modules[DEFERRED]
     return structlog
 
 

@@ -106,6 +106,7 @@ NOT_FOR_CONVERT = (
     "ftx_triton.server.install",  # the runtimes' availability checks: no runtime decides these files
     "ftx_triton.runtime.fastertransformer.native.build",
     "ftx_triton.runtime.fastertransformer.native.toolchain",
+    "asyncio",  # structlog's, for its async methods alone (imported at their first use)
 )
 
 
