@@ -107,6 +107,7 @@ NOT_FOR_CONVERT = (
     "ftx_triton.runtime.fastertransformer.native.build",
     "ftx_triton.runtime.fastertransformer.native.toolchain",
     "asyncio",  # structlog's, for its async methods alone (imported at their first use)
+    "psutil",  # the available RAM: a plan asks only where the model is to be loaded in RAM
 )
 
 

@@ -118,7 +118,8 @@ class Estimate:
     """None when the runtime does not load the model into this machine's memory."""
     home: Path
     free_disk: int
-    available_ram: int
+    available_ram: int | None
+    """None where ``ram_bytes`` is (not asked: psutil is imported only for a run that loads the model in RAM)."""
 
     def lines(self) -> list[str]:
         """Human lines for ``--dry-run`` and the run itself."""
@@ -129,7 +130,7 @@ class Estimate:
             disk.append(f"download {human_bytes(self.download_bytes)}")
         disk.append(f"converted {human_bytes(self.converted_bytes)} ({self.weight_dtype})")
         parts.append(f"disk      {', '.join(disk)}; {human_bytes(self.free_disk)} free at {self.home}")
-        if self.ram_bytes is not None:
+        if self.ram_bytes is not None and self.available_ram is not None:
             parts.append(
                 f"memory    python runtime needs about {human_bytes(self.ram_bytes)} of RAM; "
                 f"{human_bytes(self.available_ram)} available"
@@ -145,7 +146,12 @@ class Estimate:
         need = self.disk_needed(download=download, convert=convert)
         if need > self.free_disk:
             found.append(f"disk: {human_bytes(need)} needed at {self.home}, {human_bytes(self.free_disk)} free")
-        if serve and self.ram_bytes is not None and self.ram_bytes > self.available_ram:
+        if (
+            serve
+            and self.ram_bytes is not None
+            and self.available_ram is not None
+            and self.ram_bytes > self.available_ram
+        ):
             found.append(
                 f"memory: the python runtime needs about {human_bytes(self.ram_bytes)} of RAM, "
                 f"{human_bytes(self.available_ram)} available"
@@ -165,14 +171,15 @@ def estimate(
     loads_in_ram: bool,
 ) -> Estimate:
     """Sizes for ``family``/``spec`` with these data types, and the free disk at ``home`` and RAM."""
-    import psutil
-
     params = parameter_count(family, spec)
-    ram = None
+    ram = available = None
     if loads_in_ram:
+        import psutil
+
         compute = compute_dtype or weight_dtype
         per_param = 4 if compute == "fp16" else _bytes(compute)  # fp16 computes as fp32 on a CPU
         ram = params * per_param + SERVER_OVERHEAD_BYTES
+        available = psutil.virtual_memory().available
     Path(home).mkdir(parents=True, exist_ok=True)
     return Estimate(
         parameters=params,
@@ -183,7 +190,7 @@ def estimate(
         ram_bytes=ram,
         home=Path(home),
         free_disk=shutil.disk_usage(home).free,
-        available_ram=psutil.virtual_memory().available,
+        available_ram=available,
     )
 
 
