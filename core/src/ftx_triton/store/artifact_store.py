@@ -38,9 +38,8 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import filelock
 import structlog
 
 from ftx_triton.io.atomic import holders, recover, swap_in
@@ -51,6 +50,9 @@ from ftx_triton.io.trees import remove_tree
 from ftx_triton.paths import unusable_home
 from ftx_triton.store import leases
 from ftx_triton.terminal.redact import redact_data
+
+if TYPE_CHECKING:
+    import filelock
 
 log = structlog.get_logger(__name__)
 
@@ -287,6 +289,8 @@ class ArtifactStore:
     def lock(self, stage: str, key: str, timeout_s: float = -1) -> Iterator[None]:
         """One builder per (stage, key), re-entrant within this store object; a process that has to wait says
         so first."""
+        import filelock  # here: a cached lookup takes no lock
+
         from ftx_triton.io.atomic import announced
 
         lock = self._locks.setdefault(key + stage, filelock.FileLock(str(self.lock_path(stage, key))))
@@ -444,6 +448,8 @@ class ArtifactStore:
         Best effort: skipped when another process holds the key or the store is read-only.
         """
         path = self.path(stage, key)
+        import filelock
+
         tmp = self.tmp_root / f"{stage}-{key}-provenance-{uuid.uuid4().hex[:8]}"
         try:
             with self.lock(stage, key, timeout_s=0):
