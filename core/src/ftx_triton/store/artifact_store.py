@@ -336,13 +336,14 @@ class ArtifactStore:
         builder: Callable[[Path], Mapping[str, Any]],
         keyed: Callable[[], tuple[str, Mapping[str, Any]]],
         *,
-        producer: Mapping[str, Any],
+        producer: Callable[[], Mapping[str, Any]],
         force: bool = False,
         accept: Callable[[Artifact], object] | None = None,
     ) -> tuple[Artifact, bool]:
         """:meth:`build` for an artifact whose key is known only once it is built: ``builder(tmp_dir)`` runs first,
         then ``keyed()`` gives (key, inputs), and the build is published under that key; when the key turns out
-        to be in the store already, the fresh build is dropped and the stored one returned (cached)."""
+        to be in the store already, the fresh build is dropped and the stored one returned (cached).
+        ``producer()`` is asked once the build is done, as the key is: nothing of it delays the build."""
         self._remove_dead_unkeyed(stage)  # before writing: a killed run's multi-GB leftovers free their disk first
         # named like a keyed build with this pid: `ftx prune` leaves it alone while this process lives
         tmp = self.tmp_root / f"{stage}-{UNKEYED}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -357,7 +358,7 @@ class ArtifactStore:
                 if not force and (hit := self._usable(stage, key, accept)):
                     remove_tree(tmp)
                     return hit, True
-                return self._publish(stage, key, tmp, inputs, producer, extra, started), False
+                return self._publish(stage, key, tmp, inputs, producer(), extra, started), False
         except BaseException:
             remove_tree(tmp)
             raise
