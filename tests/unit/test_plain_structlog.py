@@ -39,7 +39,7 @@ ASYNC_REPORT = """
 import json, sys
 from ftx_triton.plain_structlog import import_structlog
 structlog = import_structlog()
-report = {"asyncio_after": "asyncio" in sys.modules}
+report = {"asyncio_after": "asyncio" in sys.modules, "colorama_after": "colorama" in sys.modules}
 import asyncio
 async def log() -> None:
     await structlog.get_logger().ainfo("logged from a coroutine")
@@ -49,7 +49,8 @@ print(json.dumps(report))
 """
 
 
-def test_structlog_imports_asyncio_at_its_first_use() -> None:
-    """structlog's asyncio (for its async methods alone) is imported when one is called, not with structlog."""
+def test_structlog_imports_asyncio_at_its_first_use_and_no_colorama() -> None:
+    """structlog's asyncio (for its async methods alone) is imported when one is called, not with structlog; nor is
+    colorama imported (structlog writes the same colour codes itself outside Windows)."""
     report = fresh_report(ASYNC_REPORT)
-    assert report == {"asyncio_after": False, "real_asyncio": True}
+    assert report == {"asyncio_after": False, "colorama_after": False, "real_asyncio": True}
