@@ -4,6 +4,8 @@ Each version is a ``git archive`` export run through ``benchmarks/ftx-of-export.
 (``<work>/home-<name>``; make the command cached in each before measuring). Per run: the ``timeline.step`` seconds of
 ``start`` and ``plan`` that ``ftx -v`` prints, the wall time to exit and the CPU seconds of the command (user + system
 of the waited-for processes: a detached server is not among them). Medians and the ratio after / before are printed.
+Both exports are byte-compiled first, as an installed ftx is: an export run with ``PYTHONDONTWRITEBYTECODE=1`` (set
+on some machines) would compile its sources again in every measured run (0.1 CPU-s of a convert's start and plan).
 Usage::
 
     python benchmarks/bench_start_plan.py --before /tmp/x-main --after /tmp/x-head --work /tmp/x --rounds 15 -- \\
@@ -49,6 +51,8 @@ def main() -> None:
     args = parser.parse_args()
     command = [a for a in args.command if a != "--"]
     versions = {"before": args.before, "after": args.after}
+    for root in versions.values():
+        subprocess.run([sys.executable, "-m", "compileall", "-q", root], check=True, stdout=subprocess.DEVNULL)
     figures: dict[str, dict[str, list[float]]] = {v: {"start": [], "plan": [], "wall": [], "cpu": []} for v in versions}
     for round_ in range(args.rounds):
         for name in list(versions)[:: 1 if round_ % 2 == 0 else -1]:
