@@ -11,6 +11,10 @@ Usage::
     python benchmarks/bench_start_plan.py --before /tmp/x-main --after /tmp/x-head --work /tmp/x --rounds 15 -- \\
         convert SRC --tp 1 --weight-dtype fp16 -o '{work}/out-{version}'
     python benchmarks/bench_start_plan.py ... --after-each 'stop --all' -- run tiny-gptj --detach --runtime python
+
+``--fresh`` makes every run a first one (its ``FTX_HOME`` and ``{work}/out-*`` removed before it, not timed): with a
+small checkpoint, the wall time is then the fixed part of a first convert (start, plan, the store's commit, the
+output's placement, the exit) beside a conversion of a few milliseconds.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import os
 import re
 import resource
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -47,6 +52,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, required=True, help="folder of the FTX_HOMEs (home-before, home-after)")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--after-each", default="", help="ftx arguments run after each measured run (not timed)")
+    parser.add_argument("--fresh", action="store_true", help="remove the FTX_HOME and outputs before each run")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the ftx arguments ({work}, {version})")
     args = parser.parse_args()
     command = [a for a in args.command if a != "--"]
@@ -58,6 +64,9 @@ def main() -> None:
         for name in list(versions)[:: 1 if round_ % 2 == 0 else -1]:
             home = args.work / f"home-{name}"
             argv = [a.format(work=args.work, version=name) for a in command]
+            if args.fresh:
+                for path in (home, *args.work.glob(f"out-{name}*")):
+                    shutil.rmtree(path, ignore_errors=True)
             done, wall, cpu = ftx(versions[name], home, ["-v", *argv])
             if done.returncode != 0:
                 sys.exit(f"error: {name} exited {done.returncode}:\n{done.stderr[-2000:]}")
