@@ -41,6 +41,8 @@ SAFETENSORS_ITEMSIZES: dict[str, int] = {
 the plan reads a source's dtype, without numpy: a cached convert imports none)."""
 SAFETENSORS_WEIGHT_DTYPES = {"F32": "fp32", "F16": "fp16", "BF16": "bf16"}
 """The header names that are FasterTransformer weight dtypes, and those dtypes' names."""
+FLOAT_NAMES = ("F16", "F32", "F64", "BF16")
+"""The safetensors dtypes of floating point, the ones a weight may be stored as."""
 
 
 @functools.cache
@@ -66,10 +68,6 @@ READ_CHUNK = 32 << 20
 @functools.cache
 def _read_pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=min(8, usable_cpus()), thread_name_prefix="ftx-read")
-
-
-FLOAT_NAMES = ("F16", "F32", "F64", "BF16")
-"""The safetensors dtypes of floating point, the ones a weight may be stored as."""
 
 
 def tensor_dtype(reader: TensorReader, name: str) -> np.dtype | None:
