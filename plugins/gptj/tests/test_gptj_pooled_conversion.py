@@ -77,7 +77,7 @@ def test_files_split_over_helper_threads_are_the_same_bytes(
     """On a many-core host each large file is copied, then written, hashed and counted in pieces by helper threads:
     the files are those one thread per file writes (pieces made small here, so that every
     tensor of this model is split into many)."""
-    from ftx_triton.formats import fastcopy, ftformat
+    from ftx_triton.formats import ftformat
     from ftx_triton.io import hashing
 
     source = _checkpoint(tmp_path / "hf")
@@ -85,7 +85,7 @@ def test_files_split_over_helper_threads_are_the_same_bytes(
     whole = convert_directory(GPTJ(), source, tmp_path / "whole", tp=tp, weight_dtype="fp16")
     monkeypatch.setattr(ftformat, "SPLIT_MIN_BYTES", 1 << 16)
     monkeypatch.setattr(hashing, "CHUNKED_BYTES", 48 << 10)  # a split file's pieces are the digest's chunks
-    monkeypatch.setattr(fastcopy, "SPLIT_COPY_BYTES", 40 << 10)
+    monkeypatch.setattr(ftformat, "_BAND_BYTES", 40 << 10)
     monkeypatch.setenv("FTX_CONVERT_THREADS", "5")
     split = convert_directory(GPTJ(), source, tmp_path / "split", tp=tp, weight_dtype="fp16")
     assert sorted(split.files) == sorted(whole.files)

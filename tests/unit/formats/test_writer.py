@@ -73,14 +73,14 @@ def test_a_file_split_over_helpers_is_the_same_file_with_its_digest_and_count(
 
     import ml_dtypes
     from chunked_digest import spelled_out
-    from ftx_triton.formats import fastcopy, ftformat
+    from ftx_triton.formats import ftformat
     from ftx_triton.io import hashing
     from ftx_triton.io.hashing import chunked_digests, written_digest
 
     monkeypatch.setattr(ftformat, "SPLIT_MIN_BYTES", 1 << 12)
     monkeypatch.setattr(hashing, "CHUNKED_BYTES", 3000)  # pieces of a split file: not a multiple of 4, of 2 yes
     monkeypatch.setattr(ftformat, "_PASS_BYTES", 1100)  # one pass's pieces straddle the chunks' edges
-    monkeypatch.setattr(fastcopy, "SPLIT_COPY_BYTES", 2000)
+    monkeypatch.setattr(ftformat, "_BAND_BYTES", 2000)  # a transpose's bands straddle the chunks' edges
     values = (np.random.default_rng(1).standard_normal((96, 160)) * 3).astype(ml_dtypes.bfloat16)
     values[5, 9], values[90, 150] = np.nan, -np.inf
     results = {}

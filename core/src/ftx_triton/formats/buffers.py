@@ -2,9 +2,9 @@
 already mapped.
 
 Fresh memory costs a page fault and the kernel's zeroing of every page; numpy hands a large array's memory
-back to the system when it is freed, so a converter that reads each tensor into a new array and copies each
-transpose into another zeroes twice the model's size (a quarter of a conversion's CPU time, measured). A pool
-keeps a few freed buffers, up to ``keep_bytes``, and hands out the smallest that fits.
+back to the system when it is freed, so a converter that reads each tensor into a new array zeroes the model's size
+again (the writer copies transposes a band at a time into a small buffer of its own instead: no pool needed there).
+A pool keeps a few freed buffers, up to ``keep_bytes``, and hands out the smallest that fits.
 """
 
 from __future__ import annotations

@@ -15,8 +15,6 @@ transposed from there.
 
 from __future__ import annotations
 
-from concurrent.futures import Executor
-
 import numpy as np
 
 TILED_MIN_ELEMENTS = 1 << 16
@@ -45,25 +43,6 @@ def contiguous(array: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     for i in range(0, rows, side):
         for j in range(0, cols, side):
             out[i : i + side, ..., j : j + side] = array[i : i + side, ..., j : j + side]
-    return out
-
-
-SPLIT_COPY_BYTES = 8 << 20
-"""Bytes of the output one task of :func:`contiguous_split` copies (whole rows of the first axis)."""
-
-
-def contiguous_split(array: np.ndarray, out: np.ndarray, workers: Executor | None) -> np.ndarray:
-    """:func:`contiguous` into ``out``, in bands of the first axis copied by ``workers`` at once (numpy's copies
-    release the GIL); without workers, or for a small array, one :func:`contiguous`. Byte-identical either way."""
-    rows = array.shape[0] if array.ndim else 0
-    band = max(1, SPLIT_COPY_BYTES // max(1, array.nbytes // max(rows, 1)))
-    if workers is None or array.ndim < 2 or rows <= band:
-        return contiguous(array, out)
-    if out.shape != array.shape or out.dtype != array.dtype or not out.flags.c_contiguous:
-        raise ValueError(f"out must be a C-contiguous {array.dtype} array of shape {array.shape}")
-    bands = [slice(start, start + band) for start in range(0, rows, band)]
-    for _ in workers.map(lambda rows: contiguous(array[rows], out[rows]), bands):
-        pass
     return out
 
 
