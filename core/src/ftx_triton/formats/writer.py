@@ -46,10 +46,7 @@ class BackgroundWriter:
     """``submit(path, array)`` returns at once unless too much is pending; ``close()`` waits for all."""
 
     def __init__(
-        self,
-        max_pending_bytes: int = 1 << 30,
-        threads: int | None = None,
-        helpers: int | None = None,
+        self, max_pending_bytes: int = 1 << 30, threads: int | None = None, helpers: int | None = None
     ) -> None:
         """``threads``: writer threads; ``helpers``: threads that split one large file's copies and writes (0 or 1:
         none); each defaults to :func:`default_threads`."""
@@ -152,4 +149,3 @@ class BackgroundWriter:
         else:  # stop quietly, dropping what waits to be written; the original exception wins
             self._abandoned = True
             self._stop()
-
