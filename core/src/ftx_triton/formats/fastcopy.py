@@ -60,7 +60,8 @@ def _transpose(array: np.ndarray, out: np.ndarray) -> np.ndarray:
     row_bytes += _LINE if (row_bytes // _LINE) % 2 == 0 else 0
     scratch = np.empty((side, -(-row_bytes // array.itemsize)), array.dtype)
     for middle in np.ndindex(*array.shape[1:-1]):
-        source, target = array[(slice(None), *middle)].T, out[(slice(None), *middle)]
+        index: tuple[slice | int, ...] = (slice(None), *middle)
+        source, target = array[index].T, out[index]
         for j in range(0, source.shape[0], side):
             for i in range(0, source.shape[1], side):
                 tile = scratch[: min(side, source.shape[0] - j), : min(side, source.shape[1] - i)]
