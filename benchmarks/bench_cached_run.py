@@ -273,7 +273,7 @@ def bench_convert(ftx: str, env: dict[str, str], work: Path, layers: int, hidden
     src = work / "hf"
     total, _ = write_checkpoint(src, layers, hidden, 50400)
     time.sleep(2.5)  # files just written are hashed again on the next run (their times may yet move)
-    copies, firsts, cpus, decides, keyed, seconds = [], [], [], [], [], []
+    copies, firsts, cpus, users, decides, keyed, seconds = [], [], [], [], [], [], []
     for _ in range(repeat):
         home = work / "home"
         shutil.rmtree(home, ignore_errors=True)
@@ -284,6 +284,7 @@ def bench_convert(ftx: str, env: dict[str, str], work: Path, layers: int, hidden
         firsts.append(timed([*cmd, "--overwrite"], run_env)[0])
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+        users.append(after.ru_utime - before.ru_utime)
         again, lines = timed([*cmd, "--overwrite"], run_env)
         index = next(i for i, (_, line) in enumerate(lines) if line.startswith("fetch "))
         convert_at, convert_line = next((at, line) for at, line in lines if line.startswith("convert "))
@@ -299,6 +300,8 @@ def bench_convert(ftx: str, env: dict[str, str], work: Path, layers: int, hidden
     print(f"{'ftx convert, first run (fresh FTX_HOME)':<52}{first_s:>9.2f}   {first_s / copy_s:.2f}x copy")
     cpu_s = statistics.median(cpus)
     print(f"{'  its CPU seconds (user + system, all threads)':<52}{cpu_s:>9.2f}   {cpu_s / first_s:.2f} CPUs busy")
+    user_s, system_s = statistics.median(users), statistics.median(c - u for c, u in zip(cpus, users, strict=True))
+    print(f"{'  of which user (ftx: numpy, sha256, Python)':<52}{user_s:>9.2f}   system (kernel) {system_s:.2f}")
     print(f"{'second ftx convert: fetch + convert lines (keying)':<52}{statistics.median(keyed):>9.2f}")
     print(f"{'second ftx convert: start to convert cached':<52}{statistics.median(decides):>9.2f}")
     print(f"{'second ftx convert: whole command':<52}{statistics.median(seconds):>9.2f}")

@@ -4,11 +4,17 @@ Each version is a ``git archive`` export run through ``benchmarks/ftx-of-export.
 (``<work>/home-<name>``; make the command cached in each before measuring). Per run: the ``timeline.step`` seconds of
 ``start`` and ``plan`` that ``ftx -v`` prints, the wall time to exit and the CPU seconds of the command (user + system
 of the waited-for processes: a detached server is not among them). Medians and the ratio after / before are printed.
+Both exports are byte-compiled first, as an installed ftx is: an export run with ``PYTHONDONTWRITEBYTECODE=1`` (set
+on some machines) would compile its sources again in every measured run (0.1 CPU-s of a convert's start and plan).
 Usage::
 
     python benchmarks/bench_start_plan.py --before /tmp/x-main --after /tmp/x-head --work /tmp/x --rounds 15 -- \\
         convert SRC --tp 1 --weight-dtype fp16 -o '{work}/out-{version}'
     python benchmarks/bench_start_plan.py ... --after-each 'stop --all' -- run tiny-gptj --detach --runtime python
+
+``--fresh`` makes every run a first one (its ``FTX_HOME`` and ``{work}/out-*`` removed before it, not timed): with a
+small checkpoint, the wall time is then the fixed part of a first convert (start, plan, the store's commit, the
+output's placement, the exit) beside a conversion of a few milliseconds.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import os
 import re
 import resource
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -45,15 +52,21 @@ def main() -> None:
     parser.add_argument("--work", type=Path, required=True, help="folder of the FTX_HOMEs (home-before, home-after)")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--after-each", default="", help="ftx arguments run after each measured run (not timed)")
+    parser.add_argument("--fresh", action="store_true", help="remove the FTX_HOME and outputs before each run")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the ftx arguments ({work}, {version})")
     args = parser.parse_args()
     command = [a for a in args.command if a != "--"]
     versions = {"before": args.before, "after": args.after}
+    for root in versions.values():
+        subprocess.run([sys.executable, "-m", "compileall", "-q", root], check=True, stdout=subprocess.DEVNULL)
     figures: dict[str, dict[str, list[float]]] = {v: {"start": [], "plan": [], "wall": [], "cpu": []} for v in versions}
     for round_ in range(args.rounds):
         for name in list(versions)[:: 1 if round_ % 2 == 0 else -1]:
             home = args.work / f"home-{name}"
             argv = [a.format(work=args.work, version=name) for a in command]
+            if args.fresh:
+                for path in (home, *args.work.glob(f"out-{name}*")):
+                    shutil.rmtree(path, ignore_errors=True)
             done, wall, cpu = ftx(versions[name], home, ["-v", *argv])
             if done.returncode != 0:
                 sys.exit(f"error: {name} exited {done.returncode}:\n{done.stderr[-2000:]}")

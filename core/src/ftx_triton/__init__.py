@@ -60,10 +60,11 @@ __all__ = ["PLUGIN_API_VERSION", "__version__", "hookimpl", *sorted(_EXPORTS)]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "__version__":
+    if name == "__version__":  # looked up once: every stage's producer record names it
         from importlib.metadata import version
 
-        return version("ftx-triton")
+        globals()["__version__"] = found = version("ftx-triton")
+        return found
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'ftx_triton' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""A conversion reads and copies through reused buffers (no fresh, zeroed memory for every tensor): the files it
+"""A conversion reads through reused buffers (no fresh, zeroed memory for every tensor): the files it
 writes are byte for byte those of a conversion into fresh arrays, whatever order the writer threads finish in."""
 
 from __future__ import annotations
@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from ftx_gptj.family import GPTJ
 from ftx_triton.conversion.convert import convert_directory
 from ftx_triton.formats import buffers
+from ftx_triton.formats.writer import BackgroundWriter
 from safetensors.numpy import save_file
 
 HIDDEN, LAYERS, VOCAB = 1024, 3, 600  # tensors of 1-8 MB: above the pool's threshold
@@ -59,7 +61,16 @@ def test_pooled_buffers_write_the_same_bytes(tmp_path: Path, monkeypatch: pytest
         (reused if id(buffer) in free else taken).append(nbytes)
         return buffer
 
+    def submit_and_drain(self: BackgroundWriter, *args: Any, **kwargs: Any) -> None:
+        """Each submission written before the next read (in this small model every tensor would fit in flight at
+        once, and whether a read finds a buffer given back would be a race): every later read can reuse one."""
+        real_submit(self, *args, **kwargs)
+        with self._cond:
+            self._cond.wait_for(lambda: self._pending == 0)
+
+    real_submit = BackgroundWriter.submit
     monkeypatch.setattr(buffers.BufferPool, "take", take)
+    monkeypatch.setattr(BackgroundWriter, "submit", submit_and_drain)
     monkeypatch.setenv("FTX_CONVERT_THREADS", "3")
     pooled = convert_directory(GPTJ(), source, tmp_path / "pooled", tp=tp, weight_dtype="fp16")
     assert reused, "no buffer was reused"
@@ -77,7 +88,7 @@ def test_files_split_over_helper_threads_are_the_same_bytes(
     """On a many-core host each large file is copied, then written, hashed and counted in pieces by helper threads:
     the files are those one thread per file writes (pieces made small here, so that every
     tensor of this model is split into many)."""
-    from ftx_triton.formats import fastcopy, ftformat
+    from ftx_triton.formats import ftformat
     from ftx_triton.io import hashing
 
     source = _checkpoint(tmp_path / "hf")
@@ -85,7 +96,7 @@ def test_files_split_over_helper_threads_are_the_same_bytes(
     whole = convert_directory(GPTJ(), source, tmp_path / "whole", tp=tp, weight_dtype="fp16")
     monkeypatch.setattr(ftformat, "SPLIT_MIN_BYTES", 1 << 16)
     monkeypatch.setattr(hashing, "CHUNKED_BYTES", 48 << 10)  # a split file's pieces are the digest's chunks
-    monkeypatch.setattr(fastcopy, "SPLIT_COPY_BYTES", 40 << 10)
+    monkeypatch.setattr(ftformat, "_BAND_BYTES", 40 << 10)
     monkeypatch.setenv("FTX_CONVERT_THREADS", "5")
     split = convert_directory(GPTJ(), source, tmp_path / "split", tp=tp, weight_dtype="fp16")
     assert sorted(split.files) == sorted(whole.files)

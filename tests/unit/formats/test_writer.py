@@ -73,14 +73,14 @@ def test_a_file_split_over_helpers_is_the_same_file_with_its_digest_and_count(
 
     import ml_dtypes
     from chunked_digest import spelled_out
-    from ftx_triton.formats import fastcopy, ftformat
+    from ftx_triton.formats import ftformat
     from ftx_triton.io import hashing
     from ftx_triton.io.hashing import chunked_digests, written_digest
 
     monkeypatch.setattr(ftformat, "SPLIT_MIN_BYTES", 1 << 12)
     monkeypatch.setattr(hashing, "CHUNKED_BYTES", 3000)  # pieces of a split file: not a multiple of 4, of 2 yes
     monkeypatch.setattr(ftformat, "_PASS_BYTES", 1100)  # one pass's pieces straddle the chunks' edges
-    monkeypatch.setattr(fastcopy, "SPLIT_COPY_BYTES", 2000)
+    monkeypatch.setattr(ftformat, "_BAND_BYTES", 2000)  # a transpose's bands straddle the chunks' edges
     values = (np.random.default_rng(1).standard_normal((96, 160)) * 3).astype(ml_dtypes.bfloat16)
     values[5, 9], values[90, 150] = np.nan, -np.inf
     results = {}
@@ -121,13 +121,30 @@ def test_the_pool_hands_back_what_fits_and_lets_the_oldest_go() -> None:
     pool.give(a)
     pool.give(b)
     assert pool.take(MIN_POOLED) is b  # the smallest that fits
-    assert pool.take(MIN_POOLED) is a  # a larger one rather than fresh memory
     assert pool.take(MIN_POOLED // 2).size == MIN_POOLED // 2  # small requests are never pooled
-    c = pool.take(2 * MIN_POOLED)
-    pool.give(a)
+    c = pool.take(3 * MIN_POOLED)
     pool.give(b)
-    pool.give(c)  # 5 MiB kept of 4 allowed: the one given back longest ago goes
-    assert pool.take(2 * MIN_POOLED) is c and pool.take(MIN_POOLED) is b
-    assert pool.take(MIN_POOLED) is not a
+    pool.give(c)  # 6 MiB kept of 4 allowed: the one given back longest ago (a) goes
+    assert pool.take(3 * MIN_POOLED) is c and pool.take(MIN_POOLED) is b
+    assert pool.take(MIN_POOLED).base is None  # fresh memory: a is gone
     view = as_array(np.zeros(64, np.uint8), (4, 4), np.dtype(np.float32))
     assert view.shape == (4, 4) and view.flags.c_contiguous
+
+
+def test_a_large_free_buffer_serves_smaller_requests_at_once_and_is_whole_again_once_given_back() -> None:
+    """An embedding's 400 MB buffer, once written, holds the next layer's matrices side by side instead of one of
+    them while the others take fresh memory (which the kernel must fault in and zero); the pieces given back in any
+    order join into the whole buffer again, ready for a request of its size."""
+    from ftx_triton.formats.buffers import MIN_POOLED, BufferPool
+
+    pool = BufferPool(keep_bytes=16 * MIN_POOLED)
+    whole = pool.take(10 * MIN_POOLED)
+    pool.give(whole)
+    pieces = [pool.take(size * MIN_POOLED) for size in (3, 2, 4)]
+    assert [piece.base for piece in pieces] == [whole] * 3
+    assert len({piece.ctypes.data for piece in pieces}) == 3  # no two share memory
+    assert pool.take(MIN_POOLED).base is whole and pool.take(MIN_POOLED).base is None  # 1 MiB left, then none
+    for piece in (pieces[2], pieces[0], pieces[1]):
+        pool.give(piece)
+    again = pool.take(9 * MIN_POOLED)
+    assert again.base is whole and again.ctypes.data == whole.ctypes.data

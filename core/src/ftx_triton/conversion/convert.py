@@ -101,9 +101,8 @@ def convert_checkpoint(
     pool = BufferPool(keep_bytes=max(64 << 20, largest))
     buffers = _SourceBuffers(pool, waiting)
     threads = writer_threads()
-    # twice the largest tensor: one strided tensor and its copy, or two contiguous ones (writer.memory_cost)
-    pending = 2 * max(256 << 20, largest)
-    with BackgroundWriter(max_pending_bytes=pending, threads=threads, pool=pool, helpers=threads) as writer:
+    pending = 2 * max(256 << 20, largest)  # two of the largest tensors in flight (a transpose is copied band by band)
+    with BackgroundWriter(max_pending_bytes=pending, threads=threads, helpers=threads) as writer:
         random_access = getattr(reader, "read_into", None) is not None  # pread readers; archives stream in order
         for name in read_order(names, waiting, reader.nbytes) if random_access else (n for n in names if n in waiting):
             check_stopped()

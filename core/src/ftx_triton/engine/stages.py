@@ -260,7 +260,9 @@ class Stages:
         then publish fetch and convert under the keys that digest gives. The files must be those listed before
         both began: a change during either refuses the run and keeps nothing. When the digest shows the
         conversion in the store already (the same files under another path, or files whose times moved), the
-        one in progress stops at its next tensor and the stored one is used."""
+        one in progress stops at its next tensor and the stored one is used. Nothing of the keys delays the
+        conversion's start: the family's fingerprint (the source text of its table's functions) is first read by
+        the digest's thread, to look the key up, and the producer record is made once the conversion is done."""
         from ftx_triton.conversion.stopping import ConversionStopped, stoppable
 
         ctx = self._context(ctx)
@@ -291,7 +293,7 @@ class Stages:
                     "convert",
                     build,
                     keyed,
-                    producer=self._producer(family, "ftx_convert", ctx),
+                    producer=lambda: self._producer(family, "ftx_convert", ctx),
                     force="convert" in ctx.settings.force,
                     accept=lambda hit: _result(Checkpoint, hit),
                 )

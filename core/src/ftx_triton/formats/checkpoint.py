@@ -13,10 +13,7 @@ import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
-from typing import Any
-
-import ml_dtypes
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from ftx_triton.errors import CheckpointError
 from ftx_triton.formats.reader import TensorReader as TensorReader  # its old home
@@ -25,18 +22,43 @@ from ftx_triton.io.jsonfile import json_kind, read_json_object
 from ftx_triton.io.regular import open_regular
 from ftx_triton.io.source_tree import SKIPPED_DIRS
 
-SAFETENSORS_DTYPES: dict[str, np.dtype] = {
-    "F64": np.dtype(np.float64),
-    "F32": np.dtype(np.float32),
-    "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "I64": np.dtype(np.int64),
-    "I32": np.dtype(np.int32),
-    "I16": np.dtype(np.int16),
-    "I8": np.dtype(np.int8),
-    "U8": np.dtype(np.uint8),
-    "BOOL": np.dtype(np.bool_),
+if TYPE_CHECKING:
+    import numpy as np
+
+SAFETENSORS_ITEMSIZES: dict[str, int] = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
 }
+"""The safetensors dtypes ftx reads, by their header names, and their bytes per element (a header is checked, and
+the plan reads a source's dtype, without numpy: a cached convert imports none)."""
+SAFETENSORS_WEIGHT_DTYPES = {"F32": "fp32", "F16": "fp16", "BF16": "bf16"}
+"""The header names that are FasterTransformer weight dtypes, and those dtypes' names."""
+FLOAT_NAMES = ("F16", "F32", "F64", "BF16")
+"""The safetensors dtypes of floating point, the ones a weight may be stored as."""
+
+
+@functools.cache
+def safetensors_dtype(name: str) -> np.dtype:
+    """The numpy dtype of a safetensors header dtype name (one of :data:`SAFETENSORS_ITEMSIZES`)."""
+    import ml_dtypes
+    import numpy as np
+
+    types = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "I64": np.int64,
+             "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}  # fmt: skip
+    return np.dtype(types[name])
+
+
+@functools.cache
+def _float_dtypes() -> frozenset[np.dtype]:
+    return frozenset(safetensors_dtype(name) for name in FLOAT_NAMES)
 
 
 READ_CHUNK = 32 << 20
@@ -48,15 +70,25 @@ def _read_pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=min(8, usable_cpus()), thread_name_prefix="ftx-read")
 
 
-FLOAT_DTYPES = frozenset(
-    {np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64), np.dtype(ml_dtypes.bfloat16)}
-)
-
-
 def tensor_dtype(reader: TensorReader, name: str) -> np.dtype | None:
     """The stored dtype from the header when the reader tells it (``dtype(name)`` is optional), else None."""
     dtype = getattr(reader, "dtype", None)
     return dtype(name) if dtype is not None else None
+
+
+def stored_weight_dtype(reader: TensorReader, name: str) -> str | None:
+    """The weight dtype (``fp32``, ``fp16``, ``bf16``) a tensor is stored as; None when it is none of them or the
+    reader cannot tell. From ``weight_dtype_name(name)`` where the reader has it (a safetensors header: no numpy),
+    else from its ``dtype(name)`` (both optional)."""
+    by_name = getattr(reader, "weight_dtype_name", None)
+    if by_name is not None:
+        return by_name(name)
+    dtype = tensor_dtype(reader, name)
+    if dtype is None:
+        return None
+    from ftx_triton.conversion.dtypes import WEIGHT_DTYPES
+
+    return next((weight for weight, numpy_dtype in WEIGHT_DTYPES.items() if numpy_dtype == dtype), None)
 
 
 def read_into(reader: TensorReader, name: str, buffer: np.ndarray) -> np.ndarray:
@@ -68,7 +100,9 @@ def read_into(reader: TensorReader, name: str, buffer: np.ndarray) -> np.ndarray
 
 def check_weight_dtype(name: str, dtype: np.dtype | None) -> None:
     """A weight must be floating point: an integer or bool dtype means a corrupt or relabelled header."""
-    if dtype is not None and np.dtype(dtype) not in FLOAT_DTYPES:
+    import numpy as np
+
+    if dtype is not None and np.dtype(dtype) not in _float_dtypes():
         raise CheckpointError(
             f"tensor {name} is stored as {np.dtype(dtype).name}, not floating point",
             hint="a weight is F16, BF16, F32 or F64; this checkpoint's header says otherwise, so the file is "
@@ -88,10 +122,10 @@ def _check_entry(path: Path, name: str, entry: object, data_len: int) -> None:
     if not isinstance(entry, dict):
         raise bad(f"is described by {json_kind(entry)}, not an object with dtype, shape and data_offsets")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype not in SAFETENSORS_DTYPES:
+    if dtype not in SAFETENSORS_ITEMSIZES:
         raise bad(
             f"has unsupported dtype {dtype!r}",
-            hint=f"ftx reads {', '.join(SAFETENSORS_DTYPES)}; save the checkpoint in one of them",
+            hint=f"ftx reads {', '.join(SAFETENSORS_ITEMSIZES)}; save the checkpoint in one of them",
         )
     if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
         raise bad(f"has shape {shape!r}, not a list of sizes >= 0")
@@ -105,7 +139,7 @@ def _check_entry(path: Path, name: str, entry: object, data_len: int) -> None:
             f"{path} is truncated: tensor {name} needs bytes {begin}..{end} of data but the file holds {data_len}",
             hint="the download is incomplete; delete the file and fetch it again",
         )
-    expected = math.prod(shape) * SAFETENSORS_DTYPES[dtype].itemsize
+    expected = math.prod(shape) * SAFETENSORS_ITEMSIZES[dtype]
     if end - begin != expected:
         raise bad(f"spans {end - begin} bytes but its shape {shape} of {dtype} needs {expected}")
 
@@ -176,7 +210,11 @@ class SafetensorsFile:
         self._entries: dict[str, dict[str, Any]] = header
 
     def dtype(self, name: str) -> np.dtype:
-        return SAFETENSORS_DTYPES[self._entries[name]["dtype"]]
+        return safetensors_dtype(self._entries[name]["dtype"])
+
+    def weight_dtype_name(self, name: str) -> str | None:
+        """The weight dtype (``fp16``, ...) the header names, without numpy; None for a non-float type."""
+        return SAFETENSORS_WEIGHT_DTYPES.get(self._entries[name]["dtype"])
 
     def names(self) -> list[str]:
         return sorted(self._entries, key=lambda n: self._entries[n]["data_offsets"][0])
@@ -190,6 +228,8 @@ class SafetensorsFile:
 
     def read(self, name: str) -> np.ndarray:
         """Read one tensor into its own buffer (pread: no memory map whose pages would pile up in RSS)."""
+        import numpy as np
+
         return self.read_into(name, np.empty(self.nbytes(name), np.uint8))
 
     def read_into(self, name: str, buffer: np.ndarray) -> np.ndarray:
@@ -197,7 +237,7 @@ class SafetensorsFile:
         tensor is a view of it."""
         entry = self._entries[name]
         begin, end = entry["data_offsets"]
-        dtype = SAFETENSORS_DTYPES[entry["dtype"]]
+        dtype = safetensors_dtype(entry["dtype"])
         array = buffer[: end - begin].view(dtype)
         view = buffer[: end - begin].data
         spans = [(o, min(o + READ_CHUNK, len(view))) for o in range(0, len(view), READ_CHUNK)]
@@ -243,6 +283,9 @@ class ShardedReader:
 
     def dtype(self, name: str) -> np.dtype | None:
         return tensor_dtype(self._owner[name], name)
+
+    def weight_dtype_name(self, name: str) -> str | None:
+        return stored_weight_dtype(self._owner[name], name)
 
     def read(self, name: str) -> np.ndarray:
         return self._owner[name].read(name)
@@ -295,6 +338,8 @@ class TorchBinFile:
         return int(t.numel() * t.element_size())
 
     def dtype(self, name: str) -> np.dtype | None:
+        import ml_dtypes
+        import numpy as np
         import torch
 
         tensor = self._state[name]
@@ -306,6 +351,7 @@ class TorchBinFile:
             return None
 
     def read(self, name: str) -> np.ndarray:
+        import ml_dtypes
         import torch
 
         tensor = self._state[name]

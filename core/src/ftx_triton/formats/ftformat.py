@@ -11,7 +11,7 @@ import configparser
 import hashlib
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Executor, wait
 from pathlib import Path
 
@@ -19,8 +19,8 @@ import ml_dtypes
 import numpy as np
 
 from ftx_triton.errors import CheckpointError
-from ftx_triton.formats.buffers import BufferPool, as_array
-from ftx_triton.formats.fastcopy import contiguous, contiguous_split
+from ftx_triton.formats.buffers import as_array
+from ftx_triton.formats.fastcopy import contiguous
 from ftx_triton.formats.layout import gpu_dir_name as gpu_dir_name  # its old home
 from ftx_triton.io import hashing
 from ftx_triton.io.hashing import ChunkedHasher, combine_chunks, remember_written
@@ -86,105 +86,87 @@ def write_tensor(path: Path, array: np.ndarray) -> int:
 
 
 _PASS_BYTES = 1 << 20
-"""Bytes written, hashed and checked at a time: each piece is read from memory once and stays in cache for
-the other two."""
+"""Bytes of a C-contiguous array written, hashed and checked at a time: each piece is read from memory once and
+stays in cache for the other two."""
+_BAND_BYTES = 4 << 20
+"""Bytes of a strided array's output (whole rows of its first axis) copied into a thread's scratch buffer at a time,
+then written, hashed and checked from there (a band of a few MiB keeps the tiled transpose's reads of each source row
+long enough to use whole cache lines)."""
 
 
 SPLIT_MIN_BYTES = 16 << 20
-"""A file at least this large is copied and written by several threads (:func:`write_tensor_counted`'s
-``workers``), each of its chunks hashed by the thread that writes it."""
+"""A file at least this large is written by several threads (:func:`write_tensor_counted`'s ``workers``), each of
+its chunks copied (when strided), written and hashed by one of them."""
 
 
 def write_tensor_counted(
-    path: Path,
-    array: np.ndarray,
-    *,
-    count_non_finite: bool = True,
-    pool: BufferPool | None = None,
-    workers: Executor | None = None,
+    path: Path, array: np.ndarray, *, count_non_finite: bool = True, workers: Executor | None = None
 ) -> tuple[int, int]:
     """Write raw little-endian C-order bytes in one pass that also hashes them (their chunked digest,
     :func:`~ftx_triton.io.hashing.chunked_digests`' definition: the store then takes it instead of reading the
-    file back) and, when asked, counts their NaN and Inf values; returns (bytes, count). A strided ``array`` is
-    copied into a buffer of ``pool`` when given. ``workers``: a file of at least :data:`SPLIT_MIN_BYTES` is
-    copied, then written, hashed and counted chunk by chunk by them at once (a many-core host writes one large
-    tensor at the speed of its pieces side by side; no thread hashes the whole file)."""
+    file back) and, when asked, counts their NaN and Inf values; returns (bytes, count). A strided ``array`` (a
+    transpose) is copied band by band into a small buffer that each band is written from, never whole: no copy
+    of the tensor's size is made (and zeroed by the kernel), and each band is still in cache when it is written,
+    hashed and counted. ``workers``: a file of at least :data:`SPLIT_MIN_BYTES` is written, hashed and counted
+    chunk by chunk by them at once (a many-core host writes one large tensor at the speed of its pieces side by
+    side; no thread hashes the whole file)."""
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
     split = (
         workers is not None
         and array.nbytes >= SPLIT_MIN_BYTES
-        and array.dtype.byteorder != ">"
         and hashing.CHUNKED_BYTES % max(array.itemsize, 1) == 0  # every chunk holds whole elements to count
     )
-    if array.flags.c_contiguous or (pool is None and not split):
-        data = contiguous(array)
-        return (
-            _write_split(path, data, count_non_finite, workers) if split else _write_pass(path, data, count_non_finite)
-        )
-    buffer = pool.take(array.nbytes) if pool is not None else np.empty(array.nbytes, np.uint8)
-    try:
-        out = as_array(buffer, array.shape, array.dtype)
-        if split:
-            return _write_split(path, contiguous_split(array, out, workers), count_non_finite, workers)
-        return _write_pass(path, contiguous(array, out), count_non_finite)
-    finally:
-        if pool is not None:
-            pool.give(buffer)
+    return _write_split(path, array, count_non_finite, workers) if split else _write_pass(path, array, count_non_finite)
 
 
-def _write_pass(path: Path, data: np.ndarray, count_non_finite: bool) -> tuple[int, int]:
-    if data.dtype.byteorder == ">":
-        data = data.astype(data.dtype.newbyteorder("<"))
-    counter = _counter(data.dtype) if count_non_finite else None
-    # As bytes: ml_dtypes' bfloat16 does not export the buffer protocol.
-    raw = data.reshape(-1).view(np.uint8)
+def _write_pass(path: Path, array: np.ndarray, count_non_finite: bool) -> tuple[int, int]:
+    counter = _counter(array.dtype) if count_non_finite else None
     digest = ChunkedHasher()
     with path.open("wb") as fh:
-        bad = _write_range(fh.fileno(), raw, 0, raw.size, digest.update, counter)
+        bad = _write_range(fh.fileno(), array, 0, array.nbytes, digest.update, counter)
         remember_written(path, digest.hexdigest(), os.fstat(fh.fileno()))
-    return data.nbytes, bad
+    return array.nbytes, bad
 
 
-def _write_split(path: Path, data: np.ndarray, count_non_finite: bool, workers: Executor | None) -> tuple[int, int]:
-    """:func:`_write_pass` of a C-contiguous little-endian ``data`` whose chunks (the chunked digest's) ``workers``
-    write (``pwrite``), hash and count at once; the file's digest is then made from the chunks' digests."""
+def _write_split(path: Path, array: np.ndarray, count_non_finite: bool, workers: Executor | None) -> tuple[int, int]:
+    """:func:`_write_pass` of a little-endian ``array`` whose chunks (the chunked digest's) ``workers`` write
+    (``pwrite``), hash and count at once; the file's digest is then made from the chunks' digests."""
     assert workers is not None
-    raw = data.reshape(-1).view(np.uint8)
     step = hashing.CHUNKED_BYTES
-    dtype = data.dtype if count_non_finite else None
+    dtype = array.dtype if count_non_finite else None
     with path.open("wb") as fh:
         fd = fh.fileno()
-        futures = [workers.submit(_write_chunk, fd, raw, at, at + step, dtype) for at in range(0, raw.size, step)]
+        futures = [workers.submit(_write_chunk, fd, array, at, at + step, dtype) for at in range(0, array.nbytes, step)]
         wait(futures)  # no task may still write to the file once it is closed
         done = [future.result() for future in futures]
-        remember_written(path, combine_chunks(raw.size, (digest for digest, _ in done)), os.fstat(fd))
-    return data.nbytes, sum(bad for _, bad in done)
+        remember_written(path, combine_chunks(array.nbytes, (digest for digest, _ in done)), os.fstat(fd))
+    return array.nbytes, sum(bad for _, bad in done)
 
 
-def _write_chunk(fd: int, raw: np.ndarray, start: int, end: int, dtype: np.dtype | None) -> tuple[bytes, int]:
-    """Write ``raw[start:end]`` (one chunk of the chunked digest) at its offset of ``fd``: (its sha256, its NaN and
-    Inf count when ``dtype`` is given)."""
+def _write_chunk(fd: int, array: np.ndarray, start: int, end: int, dtype: np.dtype | None) -> tuple[bytes, int]:
+    """Write bytes ``start:end`` of ``array`` (one chunk of the chunked digest) at their offset of ``fd``: (their
+    sha256, their NaN and Inf count when ``dtype`` is given)."""
     digest = hashlib.sha256()
     bad = _write_range(
-        fd, raw, start, min(end, raw.size), digest.update, _counter(dtype) if dtype is not None else None
+        fd, array, start, min(end, array.nbytes), digest.update, _counter(dtype) if dtype is not None else None
     )
     return digest.digest(), bad
 
 
 def _write_range(
     fd: int,
-    raw: np.ndarray,
+    array: np.ndarray,
     start: int,
     end: int,
     hash_piece: Callable[[memoryview], None],
     counter: NonFiniteCounter | None,
 ) -> int:
-    """``pwrite`` the bytes ``raw[start:end]`` at their offsets of ``fd`` in :data:`_PASS_BYTES` pieces, each hashed
-    (``hash_piece``) and counted (``counter``) while it is in cache; returns the NaN and Inf count. ``start`` and
-    ``end`` fall on whole elements of ``counter``'s dtype."""
-    step = _PASS_BYTES - _PASS_BYTES % (counter.bits.itemsize if counter is not None else 1)
+    """``pwrite`` the C-order bytes ``start:end`` of ``array`` at their offsets of ``fd`` piece by piece
+    (:func:`_pieces`), each hashed (``hash_piece``) and counted (``counter``) while it is in cache; returns the NaN
+    and Inf count. ``start`` and ``end`` fall on whole elements."""
     bad = 0
-    for at in range(start, end, step):
-        piece = raw[at : min(at + step, end)]
+    for at, piece in _pieces(array, start, end):
         view = piece.data
         done = 0
         while done < len(view):
@@ -193,6 +175,47 @@ def _write_range(
         if counter is not None:
             bad += counter.count(piece)
     return bad
+
+
+def _pieces(array: np.ndarray, start: int, end: int) -> Iterator[tuple[int, np.ndarray]]:
+    """(offset, bytes) pieces of the C-order bytes ``start:end`` of ``array``: views of a C-contiguous one, else
+    bands of whole rows of its first axis copied into this thread's scratch buffer (valid until the next piece)."""
+    if end <= start:
+        return
+    if array.flags.c_contiguous:
+        raw = array.reshape(-1).view(np.uint8)  # as bytes: ml_dtypes' bfloat16 does not export the buffer protocol
+        step = _PASS_BYTES - _PASS_BYTES % array.itemsize
+        for at in range(start, end, step):
+            yield at, raw[at : min(at + step, end)]
+        return
+    row = array.nbytes // array.shape[0]
+    rows = max(1, _BAND_BYTES // row)
+    scratch = _scratch(rows * row)
+    at = start
+    while at < end:
+        first = at // row
+        last = min(first + rows, -(-end // row))
+        band = array[first:last]
+        data = contiguous(band, as_array(scratch, band.shape, band.dtype)).reshape(-1).view(np.uint8)
+        stop = min(end, last * row)
+        yield at, data[at - first * row : stop - first * row]
+        at = stop
+
+
+_scratches = threading.local()
+"""Each thread's band buffer of :func:`_pieces` (made once per thread, not per file)."""
+
+
+def _scratch(nbytes: int) -> np.ndarray:
+    """A uint8 buffer of at least ``nbytes``: this thread's, kept while it holds at most two bands of
+    :data:`_BAND_BYTES` (a band of one huge row gets a buffer of its own)."""
+    kept = getattr(_scratches, "buffer", None)
+    if kept is not None and kept.size >= nbytes:
+        return kept
+    buffer = np.empty(nbytes, np.uint8)
+    if nbytes <= 2 * _BAND_BYTES:
+        _scratches.buffer = buffer
+    return buffer
 
 
 _counters = threading.local()

@@ -1,12 +1,13 @@
 """A background writer: materialise, split, check and write FT files while the next tensors are read.
 
-Bounded: the arrays waiting for the writer, and the contiguous copies it makes of strided ones, hold at most
-``max_pending_bytes``, so memory stays near the size of a few tensors whatever the model size. Errors surface
-on the next submit or at close. Each file is written in one pass over its bytes that also hashes them (the store's
-chunked digest) and, for a labelled submission, counts its NaN and Inf values, in the writer's threads, on the copy it
-writes. On a host of several cores a large file's copy, then its writes, chunk digests and count, are also split over a
-pool of helper threads (:func:`~ftx_triton.formats.ftformat.write_tensor_counted`), so one 400 MB tensor does not
-keep a single core busy while the others wait.
+Bounded: the arrays waiting for the writer hold at most ``max_pending_bytes``, so memory stays near the size of a
+few tensors whatever the model size (a strided array, a transpose, is copied a band of a few MiB at a time as it is
+written, never whole). Errors surface on the next submit or at close. Each file is written in one pass over its bytes
+that also hashes them (the store's chunked digest) and, for a labelled submission, counts its NaN and Inf values, in
+the writer's threads, on the bytes it writes. On a host of several cores a large file's copies, writes, chunk
+digests and count are also split over a pool of helper threads
+(:func:`~ftx_triton.formats.ftformat.write_tensor_counted`), so one 400 MB tensor does not keep a single core busy
+while the others wait.
 """
 
 from __future__ import annotations
@@ -14,15 +15,13 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 
 import numpy as np
 
-from ftx_triton.formats.buffers import BufferPool, as_array
-from ftx_triton.formats.fastcopy import contiguous, contiguous_split
 from ftx_triton.formats.ftformat import write_tensor_counted
 from ftx_triton.io.cores import usable_cpus
 
@@ -47,17 +46,11 @@ class BackgroundWriter:
     """``submit(path, array)`` returns at once unless too much is pending; ``close()`` waits for all."""
 
     def __init__(
-        self,
-        max_pending_bytes: int = 1 << 30,
-        threads: int | None = None,
-        pool: BufferPool | None = None,
-        helpers: int | None = None,
+        self, max_pending_bytes: int = 1 << 30, threads: int | None = None, helpers: int | None = None
     ) -> None:
-        """``pool``: where the copies of strided arrays (transposes) are made, instead of fresh memory. ``threads``:
-        writer threads; ``helpers``: threads that split one large file's copy and writes (0 or 1: none); each
-        defaults to :func:`default_threads`."""
+        """``threads``: writer threads; ``helpers``: threads that split one large file's copies and writes (0 or 1:
+        none); each defaults to :func:`default_threads`."""
         self._queue: queue.Queue[_Item | None] = queue.Queue()
-        self._pool = pool
         self._pending = 0
         self._limit = max_pending_bytes
         self._cond = threading.Condition()
@@ -90,7 +83,7 @@ class BackgroundWriter:
         """Write ``array`` to ``paths[0]``, or split along ``split`` into ``len(paths)`` files; with a ``label``,
         count its NaN and Inf values into :attr:`non_finite` under it. ``done()`` is called (in a writer
         thread) once the writer holds no view of ``array`` any more: written, failed or dropped."""
-        cost = memory_cost(array, split)
+        cost = array.nbytes
         with self._cond:
             # One array larger than the limit may still go when nothing else is pending.
             started = time.perf_counter()
@@ -120,11 +113,9 @@ class BackgroundWriter:
 
     def _write(self, paths: list[Path], array: np.ndarray, split: int | None, label: str | None) -> None:
         written = bad = 0
-        parts = _parts(array, split, len(paths), self._pool, self._helpers)
+        parts = [array] if split is None else np.split(array, len(paths), axis=split)
         for path, part in zip(paths, parts, strict=True):
-            size, found = write_tensor_counted(
-                path, part, count_non_finite=label is not None, pool=self._pool, workers=self._helpers
-            )
+            size, found = write_tensor_counted(path, part, count_non_finite=label is not None, workers=self._helpers)
             written, bad = written + size, bad + found
         with self._cond:
             self.bytes_written += written
@@ -158,29 +149,3 @@ class BackgroundWriter:
         else:  # stop quietly, dropping what waits to be written; the original exception wins
             self._abandoned = True
             self._stop()
-
-
-def memory_cost(array: np.ndarray, split: int | None) -> int:
-    """The bytes a submission holds until it is written: the array, and the contiguous copy of it that a strided
-    array (a transpose) or a split on a later axis needs. Counting the copy lets contiguous tensors (embeddings,
-    heads: the largest) go two at a time within the bound that a strided one and its copy take."""
-    copied = not array.flags.c_contiguous or split not in (None, 0)
-    return array.nbytes * (2 if copied else 1)
-
-
-def _parts(
-    array: np.ndarray, split: int | None, count: int, pool: BufferPool | None, helpers: Executor | None
-) -> Iterator[np.ndarray]:
-    """The per-rank pieces. Splitting on the first axis after one contiguous copy gives contiguous
-    pieces; splitting a strided view on a later axis and copying each piece is faster there."""
-    if split is None:
-        yield array
-        return
-    if split != 0 or array.flags.c_contiguous or pool is None:
-        yield from np.split(contiguous(array) if split == 0 else array, count, axis=split)
-        return
-    buffer = pool.take(array.nbytes)
-    try:
-        yield from np.split(contiguous_split(array, as_array(buffer, array.shape, array.dtype), helpers), count, axis=0)
-    finally:
-        pool.give(buffer)

@@ -19,8 +19,10 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import filelock
+if TYPE_CHECKING:
+    import filelock  # imported where a lock is taken: a cached command takes none
 
 from ftx_triton.interrupt import check
 from ftx_triton.io.trees import remove_tree
@@ -58,6 +60,8 @@ def lock_for(final: Path, lock_dir: Path | None = None) -> filelock.FileLock:
     """The lock that serialises builders of ``final``: a hidden file beside it, or, for a directory of
     the user's (``ftx convert -o``), a file in ``lock_dir`` named by the target's absolute path, so
     nothing is left beside what the user asked for."""
+    import filelock
+
     final.parent.mkdir(parents=True, exist_ok=True)
     if lock_dir is None:
         return filelock.FileLock(str(final.parent / f".{final.name}.lock"))
@@ -69,6 +73,8 @@ def lock_for(final: Path, lock_dir: Path | None = None) -> filelock.FileLock:
 @contextlib.contextmanager
 def announced(lock: filelock.BaseFileLock, what: str, timeout_s: float = -1) -> Iterator[None]:
     """Hold ``lock``; if another process holds it, say so (``what`` it is doing) before waiting."""
+    import filelock
+
     try:
         lock.acquire(timeout=0)
     except filelock.Timeout:

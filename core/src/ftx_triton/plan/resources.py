@@ -44,20 +44,12 @@ def config_dtype(hf_config: Mapping[str, Any] | None) -> str | None:
 
 
 def stored_dtype(reader: Any) -> str | None:
-    """The dtype holding most bytes in a weight reader (safetensors header, memory-mapped .bin)."""
-    dtype_of = getattr(reader, "dtype", None)
-    if dtype_of is None:
-        return None
-    import numpy as np  # a reader is open: numpy is (a cached plan reads no weights and imports none)
+    """The weight dtype holding most bytes in a weight reader (safetensors header, memory-mapped .bin)."""
+    from ftx_triton.formats.checkpoint import stored_weight_dtype
 
-    from ftx_triton.conversion.dtypes import WEIGHT_DTYPES
-
-    numpy_names = {dtype: name for name, dtype in WEIGHT_DTYPES.items()}
     weights: Counter[str] = Counter()
     for name in reader.names():
-        dtype = dtype_of(name)  # None: a type numpy cannot name
-        found = numpy_names.get(np.dtype(dtype)) if dtype is not None else None
-        if found:
+        if found := stored_weight_dtype(reader, name):
             weights[found] += reader.nbytes(name)
     return weights.most_common(1)[0][0] if weights else None
 
@@ -126,7 +118,8 @@ class Estimate:
     """None when the runtime does not load the model into this machine's memory."""
     home: Path
     free_disk: int
-    available_ram: int
+    available_ram: int | None
+    """None where ``ram_bytes`` is (not asked: psutil is imported only for a run that loads the model in RAM)."""
 
     def lines(self) -> list[str]:
         """Human lines for ``--dry-run`` and the run itself."""
@@ -137,7 +130,7 @@ class Estimate:
             disk.append(f"download {human_bytes(self.download_bytes)}")
         disk.append(f"converted {human_bytes(self.converted_bytes)} ({self.weight_dtype})")
         parts.append(f"disk      {', '.join(disk)}; {human_bytes(self.free_disk)} free at {self.home}")
-        if self.ram_bytes is not None:
+        if self.ram_bytes is not None and self.available_ram is not None:
             parts.append(
                 f"memory    python runtime needs about {human_bytes(self.ram_bytes)} of RAM; "
                 f"{human_bytes(self.available_ram)} available"
@@ -153,7 +146,12 @@ class Estimate:
         need = self.disk_needed(download=download, convert=convert)
         if need > self.free_disk:
             found.append(f"disk: {human_bytes(need)} needed at {self.home}, {human_bytes(self.free_disk)} free")
-        if serve and self.ram_bytes is not None and self.ram_bytes > self.available_ram:
+        if (
+            serve
+            and self.ram_bytes is not None
+            and self.available_ram is not None
+            and self.ram_bytes > self.available_ram
+        ):
             found.append(
                 f"memory: the python runtime needs about {human_bytes(self.ram_bytes)} of RAM, "
                 f"{human_bytes(self.available_ram)} available"
@@ -173,14 +171,15 @@ def estimate(
     loads_in_ram: bool,
 ) -> Estimate:
     """Sizes for ``family``/``spec`` with these data types, and the free disk at ``home`` and RAM."""
-    import psutil
-
     params = parameter_count(family, spec)
-    ram = None
+    ram = available = None
     if loads_in_ram:
+        import psutil
+
         compute = compute_dtype or weight_dtype
         per_param = 4 if compute == "fp16" else _bytes(compute)  # fp16 computes as fp32 on a CPU
         ram = params * per_param + SERVER_OVERHEAD_BYTES
+        available = psutil.virtual_memory().available
     Path(home).mkdir(parents=True, exist_ok=True)
     return Estimate(
         parameters=params,
@@ -191,7 +190,7 @@ def estimate(
         ram_bytes=ram,
         home=Path(home),
         free_disk=shutil.disk_usage(home).free,
-        available_ram=psutil.virtual_memory().available,
+        available_ram=available,
     )
 
 

@@ -38,9 +38,8 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import filelock
 import structlog
 
 from ftx_triton.io.atomic import holders, recover, swap_in
@@ -51,6 +50,9 @@ from ftx_triton.io.trees import remove_tree
 from ftx_triton.paths import unusable_home
 from ftx_triton.store import leases
 from ftx_triton.terminal.redact import redact_data
+
+if TYPE_CHECKING:
+    import filelock
 
 log = structlog.get_logger(__name__)
 
@@ -287,6 +289,8 @@ class ArtifactStore:
     def lock(self, stage: str, key: str, timeout_s: float = -1) -> Iterator[None]:
         """One builder per (stage, key), re-entrant within this store object; a process that has to wait says
         so first."""
+        import filelock  # here: a cached lookup takes no lock
+
         from ftx_triton.io.atomic import announced
 
         lock = self._locks.setdefault(key + stage, filelock.FileLock(str(self.lock_path(stage, key))))
@@ -332,13 +336,14 @@ class ArtifactStore:
         builder: Callable[[Path], Mapping[str, Any]],
         keyed: Callable[[], tuple[str, Mapping[str, Any]]],
         *,
-        producer: Mapping[str, Any],
+        producer: Callable[[], Mapping[str, Any]],
         force: bool = False,
         accept: Callable[[Artifact], object] | None = None,
     ) -> tuple[Artifact, bool]:
         """:meth:`build` for an artifact whose key is known only once it is built: ``builder(tmp_dir)`` runs first,
         then ``keyed()`` gives (key, inputs), and the build is published under that key; when the key turns out
-        to be in the store already, the fresh build is dropped and the stored one returned (cached)."""
+        to be in the store already, the fresh build is dropped and the stored one returned (cached).
+        ``producer()`` is asked once the build is done, as the key is: nothing of it delays the build."""
         self._remove_dead_unkeyed(stage)  # before writing: a killed run's multi-GB leftovers free their disk first
         # named like a keyed build with this pid: `ftx prune` leaves it alone while this process lives
         tmp = self.tmp_root / f"{stage}-{UNKEYED}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -353,7 +358,7 @@ class ArtifactStore:
                 if not force and (hit := self._usable(stage, key, accept)):
                     remove_tree(tmp)
                     return hit, True
-                return self._publish(stage, key, tmp, inputs, producer, extra, started), False
+                return self._publish(stage, key, tmp, inputs, producer(), extra, started), False
         except BaseException:
             remove_tree(tmp)
             raise
@@ -444,6 +449,8 @@ class ArtifactStore:
         Best effort: skipped when another process holds the key or the store is read-only.
         """
         path = self.path(stage, key)
+        import filelock
+
         tmp = self.tmp_root / f"{stage}-{key}-provenance-{uuid.uuid4().hex[:8]}"
         try:
             with self.lock(stage, key, timeout_s=0):

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import filelock
 import structlog
 
 from ftx_triton.errors import ConfigError
@@ -306,6 +305,8 @@ def remove_entry(store: ArtifactStore, entry: StoreEntry) -> int:
     run waiting to look it up waits for a rename. One removed meanwhile by another ftx frees nothing.
     (The build lock's file stays: filelock cannot tell a waiter that its file was unlinked.)
     """
+    import filelock  # here: every run imports this module for rotate_logs, which takes no lock
+
     lock = filelock.FileLock(str(store.lock_path(entry.stage, entry.key)))
     try:
         lock.acquire(timeout=0)
