@@ -130,6 +130,34 @@ def test_a_conversion_with_its_dtype_and_tp_named_imports_only_what_converting_n
     assert not {name for name in loaded if name.startswith(NOT_FOR_CONVERT)}, sorted(loaded)
 
 
+IMPORTING_THREAD_PROBE = """
+import sys, threading
+class Seen:
+    def find_spec(self, name, path=None, target=None):
+        if name == {module!r}:
+            print("imported by " + threading.current_thread().name, file=sys.stderr)
+sys.meta_path.insert(0, Seen())
+sys.argv = ["ftx", "convert", {source!r}, "--tp", "1", "--weight-dtype", "fp32", "-o", {output!r}]
+from ftx_triton.entry import main
+main()
+"""
+
+
+def test_a_first_conversion_imports_its_lock_library_in_the_source_key_thread(
+    tmp_path: Path, tiny_gptj_dir: Path
+) -> None:
+    """A first convert publishes under a file lock, after the conversion: filelock (0.1 s on some hosts) is
+    imported by the thread that hashes the source once it has the key, while the conversion still runs, not by
+    the main thread after it."""
+    env = {**os.environ, "FTX_HOME": str(tmp_path / "home")}
+    code = IMPORTING_THREAD_PROBE.format(module="filelock", source=str(tiny_gptj_dir), output=str(tmp_path / "out"))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [line for line in done.stderr.splitlines() if line.startswith("imported by")] == [
+        "imported by ftx-source-key"
+    ], done.stderr[-2000:]
+
+
 NOT_WHEN_CACHED = ("numpy", "ml_dtypes", "filelock")  # tensors' readers and writers, a build's lock
 DTYPE_KEYS = ("torch_dtype", "dtype")  # config.json names the dtype under either (transformers 4, 5)
 

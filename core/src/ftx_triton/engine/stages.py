@@ -26,6 +26,7 @@ import ftx_triton
 from ftx_triton.conversion import tensormap
 from ftx_triton.conversion.family import Family, ModelSpec
 from ftx_triton.errors import PluginError, SourceError
+from ftx_triton.import_ahead import import_ahead
 from ftx_triton.plan.artifacts import (
     Checkpoint,
     Endpoint,
@@ -40,7 +41,7 @@ from ftx_triton.plan.context import StageContext
 from ftx_triton.plan.settings import RunSettings, section_fingerprint
 from ftx_triton.plugins import PluginHost
 from ftx_triton.runtime.api import Runtime
-from ftx_triton.store.artifact_store import PROVENANCE_FILE, Artifact, ArtifactStore, make_key
+from ftx_triton.store.artifact_store import PROVENANCE_FILE, PUBLISH_IMPORTS, Artifact, ArtifactStore, make_key
 from ftx_triton.terminal import timeline
 
 if TYPE_CHECKING:
@@ -518,6 +519,8 @@ class _PendingFetch:
             with self._lock:
                 self._fetch_key = make_key({"stage": "fetch", **fetch_inputs, "revision": local.key})
             self._check()
+            # the conversion still runs: what publishing it will import is imported here, not after it
+            import_ahead(PUBLISH_IMPORTS)
 
         self.key = BackgroundKey(found, on_key)
 

@@ -56,6 +56,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
+PUBLISH_IMPORTS = ("filelock",)
+"""What publishing a build imports that a cached lookup does not (its lock's library: 0.1 s on some hosts), for
+a thread with time to spare before the publish to import ahead."""
 PROVENANCE_FILE = "ftx-artifact.json"
 SCHEMA = "ftx.artifact/2"
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
