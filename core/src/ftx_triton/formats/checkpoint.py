@@ -86,9 +86,9 @@ def stored_weight_dtype(reader: TensorReader, name: str) -> str | None:
     dtype = tensor_dtype(reader, name)
     if dtype is None:
         return None
-    from ftx_triton.conversion.dtypes import WEIGHT_DTYPES
-
-    return next((weight for weight, numpy_dtype in WEIGHT_DTYPES.items() if numpy_dtype == dtype), None)
+    return next(
+        (weight for header, weight in SAFETENSORS_WEIGHT_DTYPES.items() if safetensors_dtype(header) == dtype), None
+    )
 
 
 def read_into(reader: TensorReader, name: str, buffer: np.ndarray) -> np.ndarray:
