@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import platform
 import shutil
 import threading
@@ -117,6 +118,9 @@ class Stages:
             self.before_build("fetch")
             self._local_identity[Path(ref.uri)] = found.identity
             pending = _PendingFetch(ref, family, ctx, threading.Event())
+            # the converter's modules (numpy: 0.2-0.3 s on some hosts) before the hashing threads start: imported
+            # beside them, they waited on the GIL (0.5 s on a 32-CPU host)
+            importlib.import_module("ftx_triton.conversion.convert")
             pending.start(found, self._fetch_inputs(family, ctx, None))
             self._pending = pending
             timeline.step("fetch", cached=False, keyed="beside the conversion")
