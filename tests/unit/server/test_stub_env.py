@@ -135,3 +135,14 @@ def test_whether_the_stubs_need_numpy_1_is_decided_without_importing_numpy() -> 
     assert done.returncode == 0, done.stderr[-2000:]
     needed, imported, by_numpy = json.loads(done.stdout)
     assert not imported and needed == by_numpy
+
+
+def test_a_numpy_without_distribution_metadata_is_asked_its_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A numpy found on a path without its distribution's metadata still decides: numpy's own version."""
+    import numpy
+
+    def unknown(name: str) -> str:
+        raise stub_env.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(stub_env.metadata, "version", unknown)
+    assert stub_env.needed() == (int(numpy.__version__.split(".")[0]) >= 2)

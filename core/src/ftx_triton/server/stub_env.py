@@ -45,7 +45,13 @@ WHEEL_ENV = "FTX_STUB_NUMPY"
 def needed() -> bool:
     """Whether this environment's numpy is one the stub cannot exchange tensors with: its distribution's version,
     read without importing numpy (0.1 s of CPU that a run's serve stage would take from the models' load)."""
-    return int(metadata.version("numpy").split(".", 1)[0]) >= 2
+    try:
+        version = metadata.version("numpy")
+    except metadata.PackageNotFoundError:  # a numpy without its distribution's metadata (a bare folder on a path)
+        import numpy as np
+
+        version = np.__version__
+    return int(version.split(".", 1)[0]) >= 2
 
 
 def _numpy1_wheel(home: Path) -> Path:
