@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # numpy is imported where an op runs: the family tables load without it (a cached convert)
     import numpy as np
@@ -17,11 +17,11 @@ if TYPE_CHECKING:  # numpy is imported where an op runs: the family tables load 
 Shape = tuple[int, ...]
 
 
-def _numpy() -> Any:
-    """numpy, imported on an op's first run."""
-    import numpy
+def _new_array(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """``np.empty``, numpy imported on an op's first run."""
+    import numpy as np
 
-    return numpy
+    return np.empty(shape, dtype)
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class OpContext:
     tp: int
     out_dtype: np.dtype
     dims: dict[str, int]
-    empty: Callable[[tuple[int, ...], np.dtype], np.ndarray] = lambda shape, dtype: _numpy().empty(shape, dtype)
+    empty: Callable[[tuple[int, ...], np.dtype], np.ndarray] = _new_array
     """Where an op that builds a new array takes its memory (the converter hands out reused buffers)."""
 
 
@@ -70,9 +70,10 @@ transpose = Op(
 
 def _fuse_qkv(xs: Sequence[np.ndarray], ctx: OpContext) -> np.ndarray:
     # three [out, in] projections -> [in, 3, out]
-    numpy = _numpy()
-    dtype = numpy.result_type(*xs)
-    stacked = numpy.stack(xs, axis=0, out=ctx.empty((len(xs), *xs[0].shape), dtype))
+    import numpy as np
+
+    dtype = np.result_type(*xs)
+    stacked = np.stack(xs, axis=0, out=ctx.empty((len(xs), *xs[0].shape), dtype))
     return stacked.transpose(2, 0, 1)
 
 
@@ -114,8 +115,9 @@ def drop_rows(count: int) -> Op:
         raise ValueError("drop_rows needs a count of at least 1")
 
     def inverse(y: np.ndarray, ctx: OpContext) -> list[np.ndarray]:
-        numpy = _numpy()
-        return [numpy.concatenate([numpy.zeros((count, *y.shape[1:]), dtype=y.dtype), y])]
+        import numpy as np
+
+        return [np.concatenate([np.zeros((count, *y.shape[1:]), dtype=y.dtype), y])]
 
     return Op(
         f"drop_rows({count})",
