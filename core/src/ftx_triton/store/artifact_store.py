@@ -451,9 +451,9 @@ class ArtifactStore:
 
         Best effort: skipped when another process holds the key or the store is read-only.
         """
-        path = self.path(stage, key)
-        import filelock
+        import filelock  # here: for its Timeout; a cached lookup that re-hashed nothing takes no lock
 
+        path = self.path(stage, key)
         tmp = self.tmp_root / f"{stage}-{key}-provenance-{uuid.uuid4().hex[:8]}"
         try:
             with self.lock(stage, key, timeout_s=0):
