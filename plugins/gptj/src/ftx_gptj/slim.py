@@ -177,7 +177,6 @@ def _read_header(fh: IO[bytes]) -> tuple[tuple[int, ...], np.dtype]:
 
 def _scan_piece(path: Path, piece: int) -> list[Member]:
     """The members of one ``.npz`` in file order (``np.load`` order), from headers only."""
-
     members = []
     try:
         with zipfile.ZipFile(path) as zf:
