@@ -299,22 +299,26 @@ class Supervisor:
         say("stop requested")
 
     def _dead_stub(self) -> str | None:
-        """A stub seen alive before that is now a zombie or gone (tritonserver does not restart them)."""
+        """A stub of a model instance that is now a zombie (tritonserver does not restart them).
+
+        tritonserver also runs the stub program with no arguments, which exits 1 at once: a probe, not a model's
+        stub. Between its exit and tritonserver reaping it, it is a zombie child like a dead stub, so a stub counts
+        only if it was seen alive with a model's arguments, or, never seen alive, if a signal ended it."""
         import psutil
 
-        from ftx_triton.server.process_tree import STUB_NAME, children_of, is_stub
+        from ftx_triton.server.process_tree import STUB_NAME, children_of, cmdline, is_stub
 
         assert self.triton is not None
         for process in children_of(self.triton.pid):
             pid = process.pid
             status = zombie_status(pid)
             if status is None:
-                if is_stub(process):  # named while alive: a zombie's command line is empty
+                if is_stub(process) and len(cmdline(process)) > 1:  # a zombie's command line is empty
                     self.seen_stubs[pid] = stub_model(process)
                 continue
             # an unloaded model's stub exits 0 and is reaped; a killed or crashed one lingers
             with contextlib.suppress(psutil.Error):
-                if pid in self.seen_stubs or process.name() == STUB_NAME[:15]:
+                if pid in self.seen_stubs or (status.startswith("killed") and process.name() == STUB_NAME[:15]):
                     return f"{self.seen_stubs.get(pid, f'(pid {pid})')} ({status})"
         return None
 
