@@ -269,17 +269,24 @@ def bench_cached_run(
         print(f", weight loading {pinned / upstream:.2f}x" if pinned and upstream else "")
 
 
-def bench_convert(ftx: str, env: dict[str, str], work: Path, layers: int, hidden: int, repeat: int) -> None:
+def bench_convert(
+    ftx: str, env: dict[str, str], work: Path, layers: int, hidden: int, repeat: int, *, sync: bool = False
+) -> None:
+    """``sync``: write every dirty page out before each timed copy and convert, so each starts as on a machine
+    whose disk caught up (without it, the writeback of what the step before wrote throttles this step's writes)."""
     src = work / "hf"
     total, _ = write_checkpoint(src, layers, hidden, 50400)
     time.sleep(2.5)  # files just written are hashed again on the next run (their times may yet move)
+    settle = os.sync if sync else (lambda: None)
     copies, firsts, cpus, users, decides, keyed, seconds = [], [], [], [], [], [], []
     for _ in range(repeat):
         home = work / "home"
         shutil.rmtree(home, ignore_errors=True)
         run_env = {**env, "FTX_HOME": str(home)}
         cmd = [ftx, "-v", "convert", str(src), "--tp", "1", "--weight-dtype", "fp16", "-o", str(work / "out")]
+        settle()
         copies.append(plain_copy(src / "model.safetensors", work / "copy.bin"))
+        settle()
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         firsts.append(timed([*cmd, "--overwrite"], run_env)[0])
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -298,6 +305,8 @@ def bench_convert(ftx: str, env: dict[str, str], work: Path, layers: int, hidden
     print(f"{'what':<52}{'seconds':>9}")
     print(f"{'read+write copy of the same bytes (bound)':<52}{copy_s:>9.2f}")
     print(f"{'ftx convert, first run (fresh FTX_HOME)':<52}{first_s:>9.2f}   {first_s / copy_s:.2f}x copy")
+    pairs = [f / c for f, c in zip(firsts, copies, strict=True)]
+    print(f"{'  pair by pair (convert / the copy before it)':<52}{min(pairs):>9.2f}x to {max(pairs):.2f}x")
     cpu_s = statistics.median(cpus)
     print(f"{'  its CPU seconds (user + system, all threads)':<52}{cpu_s:>9.2f}   {cpu_s / first_s:.2f} CPUs busy")
     user_s, system_s = statistics.median(users), statistics.median(c - u for c, u in zip(cpus, users, strict=True))
@@ -315,6 +324,12 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=4096)
     parser.add_argument("--work", type=Path, default=Path("/tmp/ftx-bench-cached"))
     parser.add_argument("--skip", choices=("run", "convert"), help="leave one part out")
+    parser.add_argument(
+        "--sync",
+        action="store_true",
+        help="convert part: write dirty pages out (sync) before each timed copy and convert, so that neither is "
+        "throttled by the writeback of what the step before wrote",
+    )
     parser.add_argument("--runtime", help="pass --runtime to ftx run (default: the one ftx chooses)")
     parser.add_argument("--model", default="tiny-gptj", help="what ftx run serves (a preset or a checkpoint)")
     parser.add_argument(
@@ -354,7 +369,7 @@ def main() -> None:
             ftx, env, args.repeat, args.runtime, args.model, shlex.split(args.run_args), variants, cpu=args.cpu
         )
     if args.skip != "convert":
-        bench_convert(ftx, env, args.work, args.layers, args.hidden, args.repeat)
+        bench_convert(ftx, env, args.work, args.layers, args.hidden, args.repeat, sync=args.sync)
 
 
 if __name__ == "__main__":
