@@ -96,3 +96,16 @@ def test_a_model_stub_that_ends_or_is_killed_is_a_dead_stub(triton_with: StartTr
     os.kill(killed, signal.SIGKILL)
     assert _wait_zombie(killed).startswith("killed")
     assert f"(pid {killed})" in (supervisor._dead_stub() or "")
+
+
+def test_a_stub_seen_alive_is_checked_without_listing_tritonservers_children(
+    triton_with: StartTriton, tmp_path: Path
+) -> None:
+    """Between the scans of tritonserver's children (one read per thread of it), the checks look at the stubs seen
+    alive only: one that a signal ends is found at the next check."""
+    supervisor, (stub,) = triton_with([_stub_link(tmp_path, "sleep"), "30"])
+    assert supervisor._dead_stub(scan=True) is None
+    assert stub in supervisor.seen_stubs
+    os.kill(stub, signal.SIGKILL)
+    assert _wait_zombie(stub).startswith("killed")
+    assert "killed by SIGKILL" in (supervisor._dead_stub(scan=False) or "")

@@ -62,6 +62,12 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _POLL_S = 0.2
 _STUB_CHECK_S = 0.5
+"""How often the stubs seen alive are checked (a few /proc reads) and FTX_HOME is looked at."""
+_SCAN_S = 5.0
+"""How often, once started, tritonserver's children are listed anew (new stubs, dead ones never seen alive) and
+adopted orphans are reaped: one read per tritonserver thread (over a hundred), so not at every check."""
+_START_SCAN_S = 30.0
+"""For this long after the start, the children are listed at every check: stubs start as models load."""
 _STACK_MARGIN = 16 << 20
 DEFAULT_BODY_BYTES = 64 << 20
 """tritonserver's own body limit (--http-max-input-size) when nothing in front of it sets one."""
@@ -271,15 +277,21 @@ class Supervisor:
 
     def _watch(self) -> None:
         assert self.triton is not None
-        next_check = time.monotonic() + _STUB_CHECK_S
+        started = time.monotonic()
+        next_check = next_scan = started + _STUB_CHECK_S
         while not self.stop_requested.wait(_POLL_S):
             code = self.triton.poll()
             if code is not None:
                 say(f"tritonserver exited by itself: {signal_name(code)}")
                 self.exit_code = 128 - code if code < 0 else code
                 return
-            if time.monotonic() >= next_check:
-                next_check = time.monotonic() + _STUB_CHECK_S
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + _STUB_CHECK_S
+                scan = now >= next_scan
+                if scan:
+                    next_scan = now + (_STUB_CHECK_S if now - started < _START_SCAN_S else _SCAN_S)
+                    self._reap_adopted()
                 if self.home.gone():
                     say(
                         f"{self.home.path} (this server's FTX_HOME) was deleted: its record went with it and no "
@@ -287,7 +299,7 @@ class Supervisor:
                     )
                     self.exit_code = HOME_GONE
                     return
-                dead = self._dead_stub()
+                dead = self._dead_stub(scan=scan)
                 if dead:
                     say(
                         f"the Python-backend stub of model instance {dead} died; every request to it would "
@@ -295,21 +307,29 @@ class Supervisor:
                     )
                     self.exit_code = STUB_DIED
                     return
-            self._reap_adopted()
         say("stop requested")
 
-    def _dead_stub(self) -> str | None:
+    def _dead_stub(self, *, scan: bool = True) -> str | None:
         """A stub of a model instance that is now a zombie (tritonserver does not restart them).
 
         tritonserver also runs the stub program with no arguments, which exits 1 at once: a probe, not a model's
         stub. Between its exit and tritonserver reaping it, it is a zombie child like a dead stub, so a stub counts
-        only if it was seen alive with a model's arguments, or, never seen alive, if a signal ended it."""
+        only if it was seen alive with a model's arguments, or, never seen alive, if a signal ended it. ``scan``:
+        list tritonserver's children (new stubs, dead ones never seen); else only the stubs seen are looked at."""
+        if not scan:
+            for pid, model in self.seen_stubs.items():
+                if status := zombie_status(pid):
+                    return f"{model} ({status})"
+            return None
         import psutil
 
         from ftx_triton.server.process_tree import STUB_NAME, children_of, cmdline, is_stub
 
         assert self.triton is not None
-        for process in children_of(self.triton.pid):
+        children = children_of(self.triton.pid)
+        for gone in self.seen_stubs.keys() - {c.pid for c in children}:
+            del self.seen_stubs[gone]  # reaped (an unloaded model's stub exits 0): its pid may be another's now
+        for process in children:
             pid = process.pid
             status = zombie_status(pid)
             if status is None:
