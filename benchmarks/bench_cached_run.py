@@ -202,6 +202,10 @@ def bench_cached_run(
     name = "bench-cached"
     run = [ftx, "-v", "run", model, "--detach", "--name", name, *(["--runtime", runtime] if runtime else []), *run_args]
     stop = [ftx, "stop", name]
+    for extra in variants.values():  # another server of the home would share the CPUs and be counted as the run's
+        home = {**env, **extra}["FTX_HOME"]
+        if cpu and deployment_cpu(home):
+            raise SystemExit(f"servers are running under {home}: stop them (FTX_HOME={home} ftx stop --all) first")
     for _ in range(2):  # builds what is missing; then a cached run, whose server the measured runs start ahead
         for extra in variants.values():
             timed(run, {**env, **extra})
