@@ -65,6 +65,14 @@ def triton_with() -> Iterator[StartTriton]:
         parent.wait()
 
 
+def _wait_exec(pid: int) -> None:
+    """Until ``pid`` shows its command line: the kernel sets it a moment after the exec that ``Popen`` waits for."""
+    deadline = time.monotonic() + 10
+    while not psutil.Process(pid).cmdline():
+        assert time.monotonic() < deadline, f"process {pid} shows no command line"
+        time.sleep(0.01)
+
+
 def _wait_zombie(pid: int) -> str:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -87,8 +95,12 @@ def test_a_model_stub_that_ends_or_is_killed_is_a_dead_stub(triton_with: StartTr
     """A stub seen serving (arguments on its command line) that exits 1, and one never seen that a signal
     ended, both count."""
     sh = _stub_link(tmp_path, "sh")
-    supervisor, (crashing,) = triton_with([sh, "-c", "sleep 1; exit 1"])
+    go = tmp_path / "go"  # the stub exits 1 once told, so the supervisor surely sees it alive first
+    supervisor, (crashing,) = triton_with([sh, "-c", f"until [ -e '{go}' ]; do sleep 0.02; done; exit 1"])
+    _wait_exec(crashing)
     assert supervisor._dead_stub() is None  # alive: seen, with its arguments
+    assert crashing in supervisor.seen_stubs
+    go.touch()
     assert _wait_zombie(crashing) == "exit code 1"
     assert "exit code 1" in (supervisor._dead_stub() or "")
 
@@ -104,6 +116,7 @@ def test_a_stub_seen_alive_is_checked_without_listing_tritonservers_children(
     """Between the scans of tritonserver's children (one read per thread of it), the checks look at the stubs seen
     alive only: one that a signal ends is found at the next check."""
     supervisor, (stub,) = triton_with([_stub_link(tmp_path, "sleep"), "30"])
+    _wait_exec(stub)
     assert supervisor._dead_stub(scan=True) is None
     assert stub in supervisor.seen_stubs
     os.kill(stub, signal.SIGKILL)
