@@ -88,11 +88,9 @@ def smoke_http(http_url: str, io_kind: str = "decoder", timeout_s: float = 300.0
     return time.perf_counter() - started
 
 
-def smoke_test(grpc_url: str, io_kind: str = "decoder", decoupled: bool = False, timeout_s: float = 300.0) -> float:
-    """Generate one token through the raw fastertransformer model (gRPC, streamed when decoupled);
-    return the seconds it took."""
-    import queue
-
+def smoke_stream(grpc_url: str, io_kind: str = "decoder", timeout_s: float = 300.0) -> float:
+    """Generate one token through the raw fastertransformer model of a decoupled model (a gRPC stream, to its final
+    response); return the seconds it took."""
     import numpy as np
     import tritonclient.grpc as grpcclient
 
@@ -108,21 +106,18 @@ def smoke_test(grpc_url: str, io_kind: str = "decoder", decoupled: bool = False,
     outputs = [grpcclient.InferRequestedOutput("output_ids")]
     client = grpcclient.InferenceServerClient(grpc_url)
     try:
-        if not decoupled:
-            client.infer(FT_MODEL_NAME, inputs, outputs=outputs, client_timeout=timeout_s)
-        else:
-            answers: queue.Queue = queue.Queue()
-            client.start_stream(callback=lambda result, error: answers.put((result, error)))
-            try:
-                client.async_stream_infer(FT_MODEL_NAME, inputs, outputs=outputs, enable_empty_final_response=True)
-                while True:
-                    result, error = answers.get(timeout=timeout_s)
-                    if error is not None:
-                        raise error
-                    if result.get_response().parameters["triton_final_response"].bool_param:
-                        break
-            finally:
-                client.stop_stream()
+        answers: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        try:
+            client.async_stream_infer(FT_MODEL_NAME, inputs, outputs=outputs, enable_empty_final_response=True)
+            while True:
+                result, error = answers.get(timeout=timeout_s)
+                if error is not None:
+                    raise error
+                if result.get_response().parameters["triton_final_response"].bool_param:
+                    break
+        finally:
+            client.stop_stream()
     finally:
         client.close()
     return time.perf_counter() - started
@@ -138,7 +133,7 @@ def check_generates(server: TritonServer, what: str) -> Smoke:
         io_kind = io_kind_of(config)
         decoupled = bool((config.get("model_transaction_policy") or {}).get("decoupled"))
         if decoupled:  # Triton's HTTP infer route refuses a decoupled model
-            seconds = smoke_test(server.grpc_url, io_kind, decoupled=True)
+            seconds = smoke_stream(server.grpc_url, io_kind)
         else:
             seconds = smoke_http(server.http_url, io_kind)
         timeline.step("smoke generation")
@@ -168,5 +163,5 @@ __all__ = [
     "io_kind_of",
     "server_name",
     "smoke_http",
-    "smoke_test",
+    "smoke_stream",
 ]
