@@ -13,7 +13,6 @@ export of another commit first on ``PYTHONPATH`` (its supervisor and endpoint in
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -23,54 +22,26 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_cached_run import deployment_cpu  # noqa: E402
 
 NAME = "bench-idle"
 
 
-def _kind(process: psutil.Process, supervisor: int) -> str:
-    if process.pid == supervisor:
-        return "supervisor"
-    args = process.cmdline()
-    if not args:
-        return "?"
-    program = Path(args[0]).name
-    if program == "tritonserver":
-        return "tritonserver"
-    if program == "triton_python_backend_stub" and len(args) > 1:
-        return f"stub {Path(args[1]).parent.parent.name}"
-    if "ftx_triton.openai_api" in args:
-        return "OpenAI endpoint"
-    return program
-
-
-def _processes(supervisor: int, openai_port: int | None) -> dict[str, psutil.Process]:
-    root = psutil.Process(supervisor)
-    found = {_kind(p, supervisor): p for p in [root, *root.children(recursive=True)]}
-    if openai_port is not None:
-        for conn in psutil.net_connections(kind="tcp"):
-            if conn.laddr and conn.laddr.port == openai_port and conn.status == psutil.CONN_LISTEN and conn.pid:
-                found["OpenAI endpoint"] = psutil.Process(conn.pid)
-    return found
-
-
-def _cpu(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return times.user + times.system
+def _cpu(home: str) -> dict[str, float]:
+    """CPU seconds so far of each process of the deployment under ``home``, by role."""
+    return {k.removeprefix("cpu: "): v for k, v in deployment_cpu(home).items() if k.startswith("cpu: ")}
 
 
 def measure(ftx: str, env: dict[str, str], seconds: float, settle: float) -> dict[str, float]:
-    """Percent of one core per process kind over ``seconds`` of idling."""
+    """Percent of one core per process role over ``seconds`` of idling."""
     subprocess.run([ftx, "run", "tiny-gptj", "--detach", "--name", NAME], env=env, check=True, capture_output=True)
     try:
-        listing = subprocess.run([ftx, "ps", "--json"], env=env, check=True, capture_output=True, text=True).stdout
-        record = next(r for r in json.loads(listing) if r["name"] == NAME)
-        port = int(record["openai"].rsplit(":", 1)[1].split("/")[0]) if record.get("openai") else None
         time.sleep(settle)
-        processes = _processes(int(record["pid"]), port)
-        before = {kind: _cpu(p) for kind, p in processes.items()}
+        before = _cpu(env["FTX_HOME"])
         time.sleep(seconds)
-        return {kind: (_cpu(p) - before[kind]) / seconds * 100 for kind, p in processes.items()}
+        after = _cpu(env["FTX_HOME"])
+        return {role: (used - before.get(role, 0.0)) / seconds * 100 for role, used in after.items()}
     finally:
         subprocess.run([ftx, "stop", NAME], env=env, check=False, capture_output=True)
 
@@ -93,15 +64,15 @@ def main() -> None:
                 env = {**os.environ, "FTX_HOME": str(home / name), **extra}
                 results[name].append(measure(args.ftx, env, args.seconds, args.settle))
                 print(f"repeat {repeat + 1} {name}: load {os.getloadavg()[0]:.2f}", file=sys.stderr)
-        kinds = sorted({k for runs in results.values() for run in runs for k in run})
+        roles = sorted({k for runs in results.values() for run in runs for k in run})
         print(f"\nidle detached tiny-gptj, % of one core over {args.seconds:g} s, median of {args.repeat}")
-        print(f"{'process':<34}" + "".join(f"{name:>12}" for name, _ in variants))
-        for kind in [*kinds, "all"]:
+        print(f"{'process':<40}" + "".join(f"{name:>12}" for name, _ in variants))
+        for role in [*roles, "all"]:
             cells = []
             for name, _ in variants:
-                values = [sum(run.values()) if kind == "all" else run.get(kind, 0.0) for run in results[name]]
+                values = [sum(run.values()) if role == "all" else run.get(role, 0.0) for run in results[name]]
                 cells.append(f"{statistics.median(values):>12.2f}")
-            print(f"{kind:<34}" + "".join(cells))
+            print(f"{role:<40}" + "".join(cells))
     finally:
         shutil.rmtree(home, ignore_errors=True)
 
